@@ -1,0 +1,153 @@
+"""The contract between a bridge and the fleet supervisor.
+
+A bridge is a vendor adapter: its receiver (trio tasks it owns) turns what the
+vendor publishes into *emissions* (the mapping pins' ``expected`` shape:
+``{type, data?, subject?, step?, severity?}``) and hands them to its
+:class:`BridgeContext`, which stamps them into AEP envelopes
+(:class:`bridges.core.envelope.Stamper`) and feeds the fleet's one relay
+channel. Commands routed to the bridge's sessions arrive on
+``ctx.commands``. Design: ``shared/DESIGN.md`` ("How data flows",
+"Identity": each bridge is its own emitter).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import trio
+
+from .envelope import Stamper
+
+Emission = dict[str, Any]
+"""One mapped moment, shaped like a mapping pin's ``expected`` object:
+``{"type": str, "data"?: dict, "subject"?: str, "step"?: str,
+"severity"?: str}``."""
+
+
+class Outbound(NamedTuple):
+    """One item on the fleet's relay channel.
+
+    ``bridge`` names the emitting bridge identity (the key the sinks use to
+    pick the emitter connection); ``event`` is a stamped AEP envelope;
+    ``redelivery`` marks a byte-identical re-send of an already-logged event
+    (AEP-0004 §3 re-acknowledgement): sinks forward it, the JSONL log does
+    not append it twice."""
+
+    bridge: str
+    event: dict[str, Any]
+    redelivery: bool = False
+
+
+class Saturated(Exception):
+    """The relay channel is full; the caller must push back on its source
+    (OTLP answers 503/UNAVAILABLE with Retry-After) instead of dropping."""
+
+
+@dataclass
+class BridgeHealth:
+    """What ``/healthz`` reports per bridge (DESIGN.md "The supervisor").
+
+    ``source``: the vendor surface is reachable and healthy (``False`` while
+    disconnected, ``"degraded"`` for a connected but silent stream);
+    ``relay``: the bridge's emitter connection is up (set by the fleet);
+    ``control``: the control gate is open (``True``) or closed (``False``);
+    ``detail``: one short human line on the last problem (never a secret);
+    ``counters``: monotonic counts (drops, malformed frames...) shown only
+    behind the token."""
+
+    source: bool | str = False
+    relay: bool = False
+    control: bool = False
+    detail: str | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.source is True and self.relay
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def public(self) -> dict[str, Any]:
+        return {"ok": self.ok, "relay": self.relay, "source": self.source,
+                "control": self.control}
+
+
+class BridgeContext:
+    """Everything a running bridge may touch (its only way out).
+
+    - :meth:`emit` / :meth:`emit_nowait` stamp an emission and put it on the
+      relay channel; the stamped envelope is returned (the ledger records acks
+      this way).
+    - :meth:`redeliver` re-sends a recorded envelope byte-identically.
+    - ``commands`` yields command envelopes (``control.*``) the relay or the
+      uplink routed to this bridge's sessions.
+    - ``health`` is this bridge's :class:`BridgeHealth`.
+    """
+
+    def __init__(self, name: str, stamper: Stamper, channel: trio.MemorySendChannel,
+                 commands: trio.MemoryReceiveChannel, health: BridgeHealth,
+                 log: logging.Logger) -> None:
+        self.name = name
+        self.stamper = stamper
+        self._channel = channel
+        self.commands = commands
+        self.health = health
+        self.log = log
+
+    @property
+    def agent(self) -> str:
+        return self.stamper.agent
+
+    async def emit(self, session: str, emission: Emission, **envelope: Any) -> dict[str, Any]:
+        """Stamp ``emission`` for ``session`` and wait for room on the relay
+        channel. ``envelope`` keywords: ``run``, ``cause``, ``time``
+        (datetime or RFC 3339 str), ``severity``, ``extensions``. Returns the
+        envelope as sent."""
+        ev = self.stamper.stamp(session, emission, **envelope)
+        await self._channel.send(Outbound(self.name, ev))
+        return ev
+
+    def emit_nowait(self, session: str, emission: Emission, **envelope: Any) -> dict[str, Any]:
+        """Like :meth:`emit` but never waits. Raises :class:`Saturated` when
+        the channel is full; nothing is stamped then (no ``seq`` is burnt)."""
+        if self.saturated():
+            raise Saturated(self.name)
+        ev = self.stamper.stamp(session, emission, **envelope)
+        try:
+            self._channel.send_nowait(Outbound(self.name, ev))
+        except trio.WouldBlock:  # raced to full between check and send
+            raise Saturated(self.name) from None
+        return ev
+
+    def saturated(self) -> bool:
+        stats = self._channel.statistics()
+        return stats.current_buffer_used >= stats.max_buffer_size
+
+    async def redeliver(self, event: dict[str, Any]) -> None:
+        """Re-send an already-emitted envelope verbatim (same ``id``, same
+        ``(epoch, seq)``), AEP-0004 §3."""
+        await self._channel.send(Outbound(self.name, event, redelivery=True))
+
+
+class Bridge(Protocol):
+    """What the supervisor runs. One instance per emitter identity.
+
+    ``name``: config/health key (``otlp_in.codex``); ``agent``: the AEP agent
+    id; :meth:`capabilities` is the ``hello`` capability block (``emits``,
+    ``capture``, ``control: {accepts, ack_window_ms}``); :meth:`preflight`
+    returns one problem line per bad setting (checked before anything binds);
+    :meth:`run` owns every task of the bridge in its own nursery, calls
+    ``task_status.started()`` once its listeners are bound, and returns or
+    raises only when the bridge stops (the supervisor restarts it with
+    backoff)."""
+
+    name: str
+    agent: str
+
+    def capabilities(self) -> dict[str, Any]: ...
+
+    def preflight(self) -> list[str]: ...
+
+    async def run(self, ctx: BridgeContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None: ...

@@ -1,0 +1,159 @@
+"""Envelope stamping (AEP-0001 §5, §7): ULID ids, ``source`` URIs,
+per-session monotonic ``seq``, a never-repeating ``epoch``, default severity,
+and the capture gate applied to every payload (AEP-0003 §9.1, §9.5).
+
+Design: ``shared/DESIGN.md`` ("Envelope stamping is shared")."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+import time as _time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from aep_sdk import ulid
+
+from . import capture as _capture
+
+log = logging.getLogger("aep.core.envelope")
+
+AEP_VERSION = "0.1"
+
+# Default severity per type where AEP-0002 recommends one; the emission's own
+# ``severity`` wins. Everything else is ``info`` (omitted on the wire).
+_DEFAULT_SEVERITY = {
+    "attention.requested": "notice",
+    "attention.timeout": "warning",
+    "error.raised": "error",
+    "run.failed": "error",
+    "tool.failed": "warning",
+    "tool.denied": "notice",
+    "control.rejected": "notice",
+    "control.accepted": "notice",
+    "session.started": "notice",
+    "session.ended": "notice",
+    "run.cancelled": "notice",
+}
+
+
+def rfc3339(dt: datetime | None = None) -> str:
+    """``2026-11-30T12:00:00.123Z`` (UTC, millisecond precision)."""
+    dt = dt or datetime.now(timezone.utc)
+    return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def is_agent_scoped(type_: str) -> bool:
+    """``agent.*`` events omit ``session``/``run``/``step``/``seq`` (AEP-0001 §5.2)."""
+    return type_.startswith("agent.")
+
+
+class EpochStore:
+    """Hands out the daemon's epoch: a counter persisted at
+    ``{state_dir}/epoch`` and bumped once per daemon start, so no session ever
+    sees an epoch twice across restarts (AEP-0001 §7 rule 2).
+
+    When the state directory cannot be written the epoch is seeded from the
+    wall clock in seconds (monotonic across restarts on any sane host); the
+    fallback is logged once."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(state_dir) / "epoch"
+
+    def next_epoch(self) -> int:
+        seed = int(_time.time())
+        try:
+            prev = int(json.loads(self.path.read_text())["epoch"])
+        except FileNotFoundError:
+            prev = -1
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("epoch file unreadable (%s); seeding from the clock", type(e).__name__)
+            prev = seed - 1
+        epoch = prev + 1
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".epoch.")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"epoch": epoch}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError as e:
+            log.warning("cannot persist epoch under %s (%s); seeding from the clock",
+                        self.path.parent, e.strerror or type(e).__name__)
+            return max(epoch, seed)
+        return epoch
+
+
+class Stamper:
+    """Turns emissions into envelopes for one emitter identity.
+
+    ``agent``: the AEP agent id; ``host``: the ``source`` authority;
+    ``epoch``: this daemon run's epoch; ``policy``: the capture posture.
+    Not thread-safe; one per bridge, used from trio tasks only."""
+
+    def __init__(self, agent: str, *, epoch: int = 0, host: str | None = None,
+                 policy: _capture.CapturePolicy | None = None) -> None:
+        self.agent = agent
+        self.host = host or socket.gethostname() or "localhost"
+        self.epoch = epoch
+        self.policy = policy or _capture.CapturePolicy()
+        self._seq: dict[str, int] = {}
+
+    def source(self, session: str | None) -> str:
+        base = f"aep://{self.host}/agent/{self.agent}"
+        return f"{base}/session/{session}" if session else base
+
+    def next_seq(self, session: str) -> int:
+        seq = self._seq.get(session, 0)
+        self._seq[session] = seq + 1
+        return seq
+
+    def stamp(self, session: str | None, emission: dict[str, Any], *, run: str | None = None,
+              cause: str | None = None, time: datetime | str | None = None,
+              severity: str | None = None,
+              extensions: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Build one envelope. ``emission`` is ``{type, data?, subject?,
+        step?, severity?}``. The payload passes the capture gate at the
+        ceiling for its type; ``capture`` is stamped with the level honored.
+        Raises ``ValueError`` for an ill-formed extension attribute
+        (AEP-0001 §5.4) or a session-scoped type without a session."""
+        type_ = emission["type"]
+        agent_scoped = is_agent_scoped(type_)
+        if not agent_scoped and not session:
+            raise ValueError(f"{type_} is session-scoped and needs a session")
+        ev: dict[str, Any] = {
+            "aep": AEP_VERSION,
+            "id": ulid(),
+            "type": type_,
+            "time": time if isinstance(time, str) else rfc3339(time),
+            "source": self.source(None if agent_scoped else session),
+            "agent": self.agent,
+        }
+        if extensions:
+            from aep_sdk.emit import _check_extensions  # the SDK's §5.4 gate
+            ev.update(_check_extensions(dict(extensions)))
+        if emission.get("subject") is not None:
+            ev["subject"] = emission["subject"]
+        if not agent_scoped:
+            ev["session"] = session
+            if run is not None:
+                ev["run"] = run
+            if emission.get("step") is not None:
+                ev["step"] = emission["step"]
+            ev["seq"] = self.next_seq(session)  # type: ignore[arg-type]
+            ev["epoch"] = self.epoch
+        if cause is not None:
+            ev["cause"] = cause
+        sev = severity or emission.get("severity") or _DEFAULT_SEVERITY.get(type_)
+        if sev and sev != "info":
+            ev["severity"] = sev
+        ceiling = self.policy.ceiling_for(type_)
+        data, level = _capture.gate(type_, emission.get("data"), ceiling, self.policy)
+        ev["capture"] = level
+        if data:
+            ev["data"] = data
+        return ev

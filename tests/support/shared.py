@@ -1,0 +1,35 @@
+"""Locate ``shared/`` (the AEP spec, schemas and conformance fixtures).
+
+Checkouts live beside ``shared/`` (``/work/main`` and ``/work/shared``; CI: a
+fresh clone with a copy of ``shared/`` beside it). ``AEP_SHARED`` overrides."""
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@lru_cache(maxsize=1)
+def shared_dir() -> Path:
+    env = os.environ.get("AEP_SHARED")
+    candidates = [Path(env)] if env else []
+    candidates += [ROOT.parent / "shared", ROOT / "shared"]
+    for c in candidates:
+        if (c / "aep" / "schemas").is_dir():
+            return c
+    raise RuntimeError(
+        "shared/ (the AEP spec and fixtures) not found beside the checkout; "
+        "set AEP_SHARED=/path/to/shared")
+
+
+def aep_dir() -> Path:
+    return shared_dir() / "aep"
+
+
+def fixture(rel: str) -> Any:
+    """Load ``shared/aep/conformance/fixtures/<rel>`` as JSON."""
+    return json.loads((aep_dir() / "conformance" / "fixtures" / rel).read_text())
