@@ -1,25 +1,88 @@
-"""The command ledger (AEP-0004 §2.3, §3, §7; shared/DESIGN.md). PLACEHOLDER:
-the signatures and docstrings below are the contract bridges code against;
-the implementation is filled in by the ledger work item.
+"""The command ledger (AEP-0004 §2.3, §3, §4.2, §7; shared/DESIGN.md "The
+command ledger is shared"; the "Ack discipline: REST-settled" sections of
+``docs/bridge-openhands-design.md`` and ``docs/adapter-opencode-design.md``).
 
 One ledger per control-capable bridge. For every command envelope routed to
 the bridge, :meth:`CommandLedger.handle` makes exactly one ack decision and
-emits it as ``control.accepted`` / ``control.rejected`` in the target session
-(``cause`` = command id), within the declared ack window."""
+emits it as ``control.accepted`` / ``control.rejected`` in the command's
+target session (``cause`` = command id, ``run`` copied from the command),
+within the declared ack window.
+
+Usage (the ledger owns a nursery for writes that outlive the guard, so it is
+an async context manager)::
+
+    async with CommandLedger(ctx, accepts=["control.cancel"]) as ledger:
+        # either hand it the inbox (one decision task per command) ...
+        await ledger.serve(ctx.commands, check=self.check, write=self.write,
+                           arm=self.arm_note, on_accepted=None)
+        # ... or call handle() yourself, concurrently, one task per command:
+        ack = await ledger.handle(cmd, check=..., write=...)
+
+Bridge callbacks (all optional):
+
+``check(cmd)``
+    sync or async; validates against the bridge's last-observed state and
+    raises :class:`Refuse` to nack. Runs under the guard deadline; a check
+    still running at the deadline is cancelled and nacked ``busy``. A
+    ``Refuse`` (or any exception) here means ``write`` is never called.
+``arm(cmd) -> disarm | None``
+    sync; called after ``check`` passed, immediately before ``write`` starts
+    (or before the ``control.accepted`` ack when there is no ``write``): the
+    place to set a pending note (``pendingCancel``, a settling mark) so a
+    vendor outcome that beats the REST reply is still ``cause``-linked to the
+    command id. The returned ``disarm()`` (sync) is called exactly once if
+    the command ends rejected, or if a write that outlived the guard
+    (already acked ``accepted``) later fails (non-2xx, :class:`Unreachable`,
+    an exception): a stale note must not mislink a later, unrelated outcome.
+``write(cmd) -> WriteResult``
+    async; the bridge's only REST write path. Runs as a task in the ledger's
+    nursery so it can outlive the guard. Convert transport failures to
+    :class:`Unreachable`; may raise :class:`Refuse` too.
+``on_accepted(cmd, ack)``
+    sync or async; called once, right after the ``control.accepted`` ack was
+    emitted (``ack`` is the envelope as sent). Exceptions are logged and
+    counted, never change the decision.
+
+Counters (in ``ctx.health.counters``): ``control_commands``,
+``control_accepted``, ``control_rejected``, ``control_redelivered`` (a
+recorded ack re-sent), ``control_inflight_duplicates`` (a duplicate answered
+by the forthcoming ack), ``control_malformed`` (no ``id``/``session``: no ack
+possible), ``control_guard_expired``, ``control_late_write_failed``,
+``control_callback_errors``, ``control_overload``.
+"""
 from __future__ import annotations
 
+import copy
+import inspect
+import logging
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
+
+import trio
+
+log = logging.getLogger("aep.core.ledger")
+
+NACK_REASONS = ("unsupported", "unauthorized", "busy", "refused", "invalid")
+"""The closed ``control.rejected.reason`` set (``schemas/registry/nack-reasons.json``;
+``timeout`` is sender-side only and never emitted)."""
+
+DETAIL_MAX = 500
+"""Characters kept of a nack ``detail`` (a vendor error page can be large);
+the stamper's capture gate decides whether it leaves at all (``redacted``)."""
 
 
 class Refuse(Exception):
-    """Raised by a bridge's ``check`` to refuse a command.
+    """Raised by a bridge's ``check`` (or ``write``) to refuse a command.
 
     ``reason``: one of ``unsupported``, ``unauthorized``, ``busy``,
-    ``refused``, ``invalid`` (``schemas/registry/nack-reasons.json``);
-    ``detail``: human text, capture-gated (``redacted``) by the stamper."""
+    ``refused``, ``invalid`` (``schemas/registry/nack-reasons.json``;
+    anything else raises ``ValueError``); ``detail``: human text,
+    capture-gated (``redacted``) by the stamper."""
 
     def __init__(self, reason: str, detail: str | None = None) -> None:
+        if reason not in NACK_REASONS:
+            raise ValueError(f"nack reason {reason!r} not in {NACK_REASONS}")
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
@@ -27,7 +90,8 @@ class Refuse(Exception):
 
 class Unreachable(Exception):
     """Raised by a bridge's ``write`` when the vendor could not be reached
-    (connect error, reset); the ledger acks ``busy``."""
+    (connect error, reset, timeout); the ledger acks ``busy``. The message
+    becomes the (capture-gated) ``detail``: never put a secret in it."""
 
 
 @dataclass
@@ -41,28 +105,356 @@ class WriteResult:
 
 Check = Callable[[dict[str, Any]], Awaitable[None] | None]
 Write = Callable[[dict[str, Any]], Awaitable[WriteResult]]
+Arm = Callable[[dict[str, Any]], Callable[[], None] | None]
+OnAccepted = Callable[[dict[str, Any], dict[str, Any]], Awaitable[None] | None]
+
+
+@dataclass
+class _Record:
+    """Dedupe state of one command: ``ack`` is ``None`` while the decision is
+    pending, then a private deep copy of the ack envelope as emitted."""
+
+    ack: dict[str, Any] | None = None
+
+
+@dataclass
+class _Decision:
+    accepted: bool
+    reason: str | None = None
+    detail: str | None = None
+
+
+def _clip(detail: str | None) -> str | None:
+    if detail is None:
+        return None
+    detail = str(detail).strip()
+    if not detail:
+        return None
+    return detail if len(detail) <= DETAIL_MAX else detail[:DETAIL_MAX - 1] + "\u2026"
 
 
 class CommandLedger:
     """Dedupe + one ack decision per command + byte-identical re-ack.
 
-    Constructor: ``CommandLedger(ctx, accepts, *, ack_window_ms=10000,
-    guard_ms=8000, retain=10000)`` where ``ctx`` is the bridge's
-    :class:`bridges.core.bridge.BridgeContext` (acks go out through
-    ``ctx.emit`` / ``ctx.redeliver``).
+    ``CommandLedger(ctx, accepts, *, ack_window_ms=10000, guard_ms=8000,
+    retain=10000, max_pending=256)``:
 
-    ``await ledger.handle(cmd, check=..., write=...)`` returns the ack
-    envelope (or ``None`` for a duplicate that arrived mid-decision), after:
+    - ``ctx``: the bridge's :class:`bridges.core.bridge.BridgeContext`; acks
+      go out through ``ctx.emit`` (first decision) and ``ctx.redeliver``
+      (byte-identical re-send).
+    - ``accepts``: the bridge's declared ``control.accepts`` (AEP-0004 §4.2;
+      authoritative).
+    - ``ack_window_ms``: the window declared at ``hello`` (> 0).
+    - ``guard_ms``: the REST-settled ack guard (``*_ACK_GUARD_MS``), clamped
+      to ``[0, ack_window_ms * 4 // 5]`` so at least a fifth of the window is
+      left to stamp and deliver the ack (8000 of 10000 by default). The guard
+      clock starts when :meth:`handle` is called and covers ``check`` and
+      ``write``.
+    - ``retain``: decided commands remembered for dedupe (LRU: a redelivery
+      refreshes its entry). The recorded ack lives exactly as long as the
+      dedupe entry (AEP-0004 §3); a forgotten command's redelivery is a new
+      command.
+    - ``max_pending``: concurrent undecided commands; past it a new command
+      is nacked ``busy`` at once (bounded memory under a command flood).
 
-    1. dedupe on ``(cmd.source, cmd.id)``: a remembered command gets its
-       recorded ack re-sent byte-identically (same ``id``, same ``seq``);
-       one still being decided gets nothing (no second ack);
-    2. ``cmd.type`` not in ``accepts`` -> ``control.rejected`` ``unsupported``;
-    3. ``check(cmd)`` (sync or async) may raise :class:`Refuse`;
-    4. ``write(cmd)`` (optional; the bridge's only REST write path) runs under
-       the REST-settled ack guard: 2xx -> accepted; 4xx -> rejected
-       ``refused`` with the vendor detail; 5xx or :class:`Unreachable` ->
-       rejected ``busy``; no answer within ``guard_ms`` -> accepted (the write
-       keeps running in the ledger's nursery; its outcome arrives as observed
-       vendor events). ``guard_ms`` is clamped inside ``ack_window_ms``.
-    """
+    Must be entered (``async with ledger:``) before :meth:`handle`: the
+    context owns the nursery in which writes keep running past the guard.
+    Leaving the context cancels writes still running (the bridge is
+    stopping; their acks already went out as ``accepted`` = will-try).
+
+    ``ledger.declaration`` is the ``hello`` ``capabilities.control`` block:
+    ``{"accepts": [...], "ack_window_ms": N}``.
+
+    Acks are emitted with ``await ctx.emit``; when the fleet's relay channel
+    is saturated that wait counts against the window (the channel is the
+    fleet's backpressure, not the ledger's)."""
+
+    def __init__(self, ctx: Any, accepts: Iterable[str], *, ack_window_ms: int = 10000,
+                 guard_ms: int = 8000, retain: int = 10000, max_pending: int = 256) -> None:
+        if ack_window_ms <= 0:
+            raise ValueError("ack_window_ms must be > 0")
+        if retain < 1 or max_pending < 1:
+            raise ValueError("retain and max_pending must be >= 1")
+        self.ctx = ctx
+        self.accepts: tuple[str, ...] = tuple(accepts)
+        self.ack_window_ms = int(ack_window_ms)
+        self.guard_ms = max(0, min(int(guard_ms), self.ack_window_ms * 4 // 5))
+        self.retain = retain
+        self.max_pending = max_pending
+        self._records: OrderedDict[tuple[Any, str], _Record] = OrderedDict()
+        self._pending = 0
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+
+    # -- lifecycle -------------------------------------------------------
+    async def __aenter__(self) -> "CommandLedger":
+        if self._nursery is not None:
+            raise RuntimeError("CommandLedger entered twice")
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        assert self._nursery is not None and self._nursery_cm is not None
+        self._nursery.cancel_scope.cancel()  # lingering writes: see class doc
+        try:
+            return await self._nursery_cm.__aexit__(*exc)
+        finally:
+            self._nursery = None
+            self._nursery_cm = None
+
+    @property
+    def declaration(self) -> dict[str, Any]:
+        """``hello.capabilities.control`` (AEP-0003 §4)."""
+        return {"accepts": list(self.accepts), "ack_window_ms": self.ack_window_ms}
+
+    def __len__(self) -> int:
+        """Commands currently remembered (pending + decided)."""
+        return len(self._records)
+
+    def recorded(self, source: Any, cmd_id: str) -> dict[str, Any] | None:
+        """The recorded ack for ``(source, id)``, a copy, or ``None`` (unknown
+        or still pending). For diagnostics and tests."""
+        rec = self._records.get((source, cmd_id))
+        return copy.deepcopy(rec.ack) if rec and rec.ack is not None else None
+
+    # -- the inbox loop --------------------------------------------------
+    async def serve(self, commands: trio.MemoryReceiveChannel, *, check: Check | None = None,
+                    write: Write | None = None, arm: Arm | None = None,
+                    on_accepted: OnAccepted | None = None) -> None:
+        """Read ``commands`` (normally ``ctx.commands``) until it closes and
+        run :meth:`handle` for each in its own task in the ledger's nursery
+        (so a slow write never delays the next command's decision, and a
+        duplicate really can arrive mid-decision). Returns when the inbox
+        closes; decisions still running finish in the ledger's nursery."""
+        nursery = self._require_nursery()
+        async for cmd in commands:
+            nursery.start_soon(self._handle_quiet, cmd, check, write, arm, on_accepted)
+
+    async def _handle_quiet(self, cmd: Any, check: Check | None, write: Write | None,
+                            arm: Arm | None, on_accepted: OnAccepted | None) -> None:
+        try:
+            await self.handle(cmd, check=check, write=write, arm=arm, on_accepted=on_accepted)
+        except Exception:  # a ledger bug must not take the bridge down
+            log.exception("%s: command handling failed", self.ctx.name)
+            self.ctx.health.count("control_errors")
+
+    # -- one command -----------------------------------------------------
+    async def handle(self, cmd: dict[str, Any], *, check: Check | None = None,
+                     write: Write | None = None, arm: Arm | None = None,
+                     on_accepted: OnAccepted | None = None) -> dict[str, Any] | None:
+        """Make (or recall) the one ack decision for ``cmd``; returns the ack
+        envelope as sent, or ``None`` when no ack goes out (a duplicate that
+        arrived mid-decision, or a command with no string ``id`` / no
+        ``session`` to ack in: counted ``control_malformed``).
+
+        Order: (1) dedupe on ``(cmd.source, cmd.id)``: a decided command gets
+        its recorded ack re-sent via ``ctx.redeliver`` (same ``id``, same
+        ``epoch``/``seq``) and is returned; a pending one gets nothing;
+        (2) ``cmd.type`` not in ``accepts`` -> ``control.rejected``
+        ``unsupported``; (3) ``check(cmd)`` may raise :class:`Refuse` (any
+        other exception -> ``invalid``, logged); (4) ``arm(cmd)``;
+        (5) ``write(cmd)`` under the guard: 2xx -> accepted; other non-5xx ->
+        ``refused`` with ``HTTP {status}: {detail}``; 5xx,
+        :class:`Unreachable` or an unexpected exception -> ``busy``;
+        :class:`Refuse` -> its reason; still running at the guard deadline ->
+        accepted (the write keeps running in the ledger's nursery; its
+        outcome arrives as observed vendor events). No ``write`` -> accepted
+        once ``check`` passes. Raises ``RuntimeError`` outside ``async with``.
+
+        Cancellation before the decision forgets the command (its
+        redelivery is then a new command)."""
+        nursery = self._require_nursery()
+        self.ctx.health.count("control_commands")
+        cmd_id = cmd.get("id") if isinstance(cmd, dict) else None
+        session = cmd.get("session") if isinstance(cmd, dict) else None
+        if not isinstance(cmd_id, str) or not cmd_id or not isinstance(session, str) or not session:
+            self.ctx.health.count("control_malformed")
+            log.warning("%s: command without id/session, no ack possible", self.ctx.name)
+            return None
+        key = (cmd.get("source"), cmd_id)
+
+        rec = self._records.get(key)
+        if rec is not None:
+            if rec.ack is None:  # §3: the one forthcoming ack answers every delivery
+                self.ctx.health.count("control_inflight_duplicates")
+                return None
+            self._records.move_to_end(key)
+            again = copy.deepcopy(rec.ack)
+            self.ctx.health.count("control_redelivered")
+            await self.ctx.redeliver(again)
+            return again
+
+        rec = _Record()
+        self._records[key] = rec
+        self._pending += 1
+        decided = False
+        try:
+            deadline = trio.current_time() + self.guard_ms / 1000
+            disarm: Callable[[], None] | None = None
+            if self._pending > self.max_pending:
+                self.ctx.health.count("control_overload")
+                decision = _Decision(False, "busy", "too many commands pending")
+            else:
+                decision, disarm = await self._decide(cmd, nursery, deadline, check, write, arm)
+            if not decision.accepted and disarm is not None:
+                self._call_disarm(disarm)
+            ack = await self._emit_ack(cmd, decision)
+            rec.ack = copy.deepcopy(ack)
+            decided = True
+            self._evict()
+        finally:
+            self._pending -= 1
+            if not decided:
+                self._records.pop(key, None)
+        if decision.accepted and on_accepted is not None:
+            try:
+                res = on_accepted(cmd, ack)
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:
+                log.exception("%s: on_accepted failed for %s", self.ctx.name, cmd_id)
+                self.ctx.health.count("control_callback_errors")
+        return ack
+
+    # -- internals -------------------------------------------------------
+    def _require_nursery(self) -> trio.Nursery:
+        if self._nursery is None:
+            raise RuntimeError("use `async with CommandLedger(...)` before handling commands")
+        return self._nursery
+
+    async def _decide(self, cmd: dict[str, Any], nursery: trio.Nursery, deadline: float,
+                      check: Check | None, write: Write | None,
+                      arm: Arm | None) -> tuple[_Decision, Callable[[], None] | None]:
+        if cmd.get("type") not in self.accepts:
+            return _Decision(False, "unsupported", f"{cmd.get('type')!s} is not accepted"), None
+
+        if check is not None:
+            refused: _Decision | None = None
+            with trio.move_on_at(deadline) as cs:
+                try:
+                    res = check(cmd)
+                    if inspect.isawaitable(res):
+                        await res
+                except Refuse as r:
+                    refused = _Decision(False, r.reason, r.detail)
+                except Exception as e:
+                    log.exception("%s: check failed for %s", self.ctx.name, cmd.get("id"))
+                    refused = _Decision(False, "invalid", type(e).__name__)
+            if cs.cancelled_caught:
+                return _Decision(False, "busy", "check did not settle within the ack guard"), None
+            if refused is not None:
+                return refused, None
+
+        disarm: Callable[[], None] | None = None
+        if arm is not None:
+            try:
+                disarm = arm(cmd)
+            except Refuse as r:
+                return _Decision(False, r.reason, r.detail), None
+            except Exception as e:
+                log.exception("%s: arm failed for %s", self.ctx.name, cmd.get("id"))
+                return _Decision(False, "invalid", type(e).__name__), None
+
+        if write is None:
+            return _Decision(True), disarm
+
+        # The write runs in the ledger's nursery, not under this task's
+        # cancel scope, so the guard can expire without cancelling it.
+        done = trio.Event()
+        box: dict[str, Any] = {"late": False}
+
+        async def run_write() -> None:
+            try:
+                box["result"] = await write(cmd)
+            except Exception as e:  # Cancelled (BaseException) propagates
+                box["error"] = e
+            finally:
+                done.set()
+            if box["late"]:
+                self._settle_late(cmd, box, disarm)
+
+        nursery.start_soon(run_write)
+        with trio.move_on_at(deadline):
+            await done.wait()
+        if not done.is_set():
+            box["late"] = True
+            self.ctx.health.count("control_guard_expired")
+            return _Decision(True), disarm
+        return self._verdict(cmd, box), disarm
+
+    def _verdict(self, cmd: dict[str, Any], box: dict[str, Any]) -> _Decision:
+        err = box.get("error")
+        if isinstance(err, Refuse):
+            return _Decision(False, err.reason, err.detail)
+        if isinstance(err, Unreachable):
+            return _Decision(False, "busy", str(err) or "vendor unreachable")
+        if err is not None:
+            log.error("%s: write failed for %s: %s", self.ctx.name, cmd.get("id"),
+                      type(err).__name__, exc_info=err)
+            return _Decision(False, "busy", type(err).__name__)
+        result = box.get("result")
+        status = getattr(result, "status", None)
+        if not isinstance(status, int):
+            log.error("%s: write returned %r, not a WriteResult", self.ctx.name, type(result).__name__)
+            return _Decision(False, "busy", "write returned no status")
+        if 200 <= status < 300:
+            return _Decision(True)
+        detail = getattr(result, "detail", None)
+        text = f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
+        if status >= 500:
+            return _Decision(False, "busy", text)
+        return _Decision(False, "refused", text)
+
+    def _settle_late(self, cmd: dict[str, Any], box: dict[str, Any],
+                     disarm: Callable[[], None] | None) -> None:
+        """A write that outlived the guard finished; its command was already
+        acked ``accepted``. Success needs nothing (the outcome arrives as
+        vendor events); failure disarms the pending note and is counted."""
+        verdict = self._verdict(cmd, box)
+        if verdict.accepted:
+            return
+        self.ctx.health.count("control_late_write_failed")
+        log.warning("%s: write for %s failed after its accepted ack (%s)",
+                    self.ctx.name, cmd.get("id"), verdict.reason)
+        if disarm is not None:
+            self._call_disarm(disarm)
+
+    def _call_disarm(self, disarm: Callable[[], None]) -> None:
+        try:
+            disarm()
+        except Exception:
+            log.exception("%s: disarm failed", self.ctx.name)
+            self.ctx.health.count("control_callback_errors")
+
+    async def _emit_ack(self, cmd: dict[str, Any], decision: _Decision) -> dict[str, Any]:
+        if decision.accepted:
+            emission: dict[str, Any] = {"type": "control.accepted", "data": {}}
+            self.ctx.health.count("control_accepted")
+        else:
+            data: dict[str, Any] = {"reason": decision.reason}
+            detail = _clip(decision.detail)
+            if detail is not None:
+                data["detail"] = detail
+            emission = {"type": "control.rejected", "data": data}
+            self.ctx.health.count("control_rejected")
+        kw: dict[str, Any] = {"cause": cmd["id"]}
+        if isinstance(cmd.get("run"), str):
+            kw["run"] = cmd["run"]
+        return await self.ctx.emit(cmd["session"], emission, **kw)
+
+    def _evict(self) -> None:
+        """Forget the least recently used *decided* commands beyond
+        ``retain``; pending ones are never evicted (bounded by
+        ``max_pending`` instead)."""
+        excess = len(self._records) - self.retain
+        if excess <= 0:
+            return
+        doomed = []
+        for key, rec in self._records.items():  # oldest first
+            if rec.ack is not None:
+                doomed.append(key)
+                if len(doomed) == excess:
+                    break
+        for key in doomed:
+            del self._records[key]
