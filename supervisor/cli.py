@@ -1,0 +1,74 @@
+"""``aep-bridges``: the console script (DESIGN.md "The operator's interface").
+
+- ``aep-bridges run``: the fleet (bridges + embedded relay or uplink).
+- ``aep-bridges relay``: the embedded AEP relay alone.
+- ``aep-bridges check``: validate the configuration and exit (0 or 2).
+
+Bad configuration is refused before anything binds: one line per problem on
+stderr, exit status 2."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import trio
+
+from . import config as config_mod
+from . import logs
+
+
+def _refuse(problems: list[str]) -> int:
+    for p in problems:
+        print(f"aep-bridges: config: {p}", file=sys.stderr)
+    return 2
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .daemon import build_bridges, run_daemon
+    cfg, problems = config_mod.load(check_ports=True)
+    if not problems:
+        bridges, problems = build_bridges(cfg)
+    if problems:
+        return _refuse(problems)
+    logs.setup(cfg.environ)
+    return trio.run(run_daemon, cfg, bridges)
+
+
+def _cmd_relay(args: argparse.Namespace) -> int:
+    from .daemon import run_daemon
+    cfg, problems = config_mod.load(relay_only=True, check_ports=True)
+    if problems:
+        return _refuse(problems)
+    logs.setup(cfg.environ)
+    return trio.run(run_daemon, cfg, [])
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from .daemon import build_bridges
+    cfg, problems = config_mod.load(check_ports=not args.no_ports)
+    if not problems:
+        _, problems = build_bridges(cfg)
+    if problems:
+        return _refuse(problems)
+    print("aep-bridges: configuration ok: bridges "
+          + (", ".join(s.key for s in cfg.enabled) or "none"))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="aep-bridges",
+        description="Bridge coding-agent vendor surfaces to the Agent Event Protocol (AEP 0.1). "
+                    "Configured from the environment; see the README.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("run", help="run the bridge fleet (and the embedded relay unless AEP_RELAY_URL is set)")
+    sub.add_parser("relay", help="run the embedded AEP relay alone on AEP_LISTEN")
+    chk = sub.add_parser("check", help="validate the configuration and exit")
+    chk.add_argument("--no-ports", action="store_true", help="skip the port-in-use checks")
+    args = parser.parse_args(argv)
+    handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check}[args.cmd]
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The daemon's lifecycle: build the fleet from a :class:`Config`, serve the
+embedded relay (or the bare health app when uplinking), signal readiness,
+and on SIGTERM/SIGINT drain in order within a hard deadline.
+
+Shutdown (DESIGN.md "The supervisor"): stop the bridges (no new input),
+deliver what the relay channel holds, flush the session logs, close every
+uplink with a ``closing`` frame, end SSE streams and close WebSockets with
+1001, exit 0; if the drain outlives ``drain_deadline`` (5 s), exit 1."""
+from __future__ import annotations
+
+import importlib
+import logging
+import signal
+from typing import Any
+
+import trio
+
+from .config import Config
+from .fleet import Fleet
+from .http import health_app, serve_asgi
+from .notify import Notifier
+
+log = logging.getLogger("aep.daemon")
+
+EXIT_OK, EXIT_DEADLINE, EXIT_CONFIG = 0, 1, 2
+
+
+def build_bridges(cfg: Config) -> tuple[list[Any], list[str]]:
+    """Instantiate every enabled bridge through its ``from_env`` factory and
+    collect its ``preflight()`` problems. Returns ``(bridges, problems)``."""
+    bridges: list[Any] = []
+    problems: list[str] = []
+    for spec in cfg.enabled:
+        mod_name, _, fn_name = (spec.factory or "").partition(":")
+        try:
+            factory = getattr(importlib.import_module(mod_name), fn_name)
+        except (ImportError, AttributeError) as e:
+            problems.append(f"{spec.flag}=1: the {spec.key} bridge cannot be loaded ({e})")
+            continue
+        try:
+            made = factory(cfg.environ, policy=cfg.policy)
+        except ValueError as e:
+            problems.append(str(e))
+            continue
+        for b in made if isinstance(made, (list, tuple)) else [made]:
+            problems.extend(b.preflight())
+            bridges.append(b)
+    names = [b.name for b in bridges]
+    for n in {n for n in names if names.count(n) > 1}:
+        problems.append(f"two bridges share the name {n!r}")
+    return bridges, problems
+
+
+async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | None = None,
+                     task_status=trio.TASK_STATUS_IGNORED) -> int:
+    """Run until SIGTERM/SIGINT; returns the process exit status."""
+    notifier = notifier or Notifier(cfg.environ)
+    relay = None
+    if cfg.embedded_relay:
+        from .relay.core import Relay
+        relay = Relay(token=cfg.token, buffer=cfg.buffer, max_sessions=cfg.max_sessions)
+    fleet = Fleet(cfg, bridges, relay=relay)
+    stop_http = trio.Event()
+    status = EXIT_OK
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as root:
+            if relay is not None:
+                from .relay.app import make_app
+                app = make_app(relay, healthz=fleet.healthz)
+            else:
+                app = health_app(cfg.token, fleet.healthz)
+            host, port = cfg.listen
+            bound = await root.start(serve_asgi, app, host, port, stop_http)
+            await root.start(fleet.run)
+            await notifier.notify("READY=1")
+            root.start_soon(notifier.watchdog_loop)
+            log.info("aep-bridges up: %s on %s; bridges: %s; epoch %d; %s",
+                     "embedded relay" if relay else "health", ", ".join(bound),
+                     ", ".join(fleet.members) or "none", fleet.epoch,
+                     "control routing on (token set)" if cfg.token
+                     else "watch-only (no AEP_TOKEN: commands refused)")
+            task_status.started(bound)
+            async for signum in signals:
+                log.info("received %s: draining", signal.Signals(signum).name)
+                break
+            await notifier.notify("STOPPING=1")
+            with trio.move_on_after(cfg.drain_deadline) as deadline:
+                await fleet.drain()
+                if relay is not None:
+                    await relay.close("shutdown")
+                stop_http.set()
+                await trio.sleep(0)
+            if deadline.cancelled_caught:
+                log.error("drain exceeded %.1fs; exiting at the hard deadline", cfg.drain_deadline)
+                status = EXIT_DEADLINE
+            root.cancel_scope.cancel()
+    log.info("aep-bridges stopped (status %d)", status)
+    return status

@@ -1,0 +1,254 @@
+"""The fleet supervisor: one nursery per bridge, the one relay channel, and
+its sinks (DESIGN.md "The supervisor", "How data flows").
+
+Order of delivery for every event a bridge emits: the JSONL session log first
+(durable history), then the bridge's emitter connection: the embedded
+relay's in-process emitter connection (the same path a remote emitter's
+WebSocket takes, so routing and refusals are one code path) or, when
+``AEP_RELAY_URL`` is set, the bridge's own uplink WebSocket.
+
+A bridge that raises is logged and restarted with capped exponential backoff
+and full jitter; it never takes its siblings, the pump or the relay down.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import trio
+
+from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, Outbound
+from bridges.core.envelope import EpochStore, Stamper
+
+from .config import Config
+from .jsonlog import SessionLog, encode_line
+
+log = logging.getLogger("aep.fleet")
+
+BACKOFF_INITIAL = 0.5
+BACKOFF_MAX = 30.0
+STABLE_AFTER = 60.0  # a run this long resets the backoff
+
+
+class Sink(Protocol):
+    """Where one bridge's envelopes go after the JSONL log."""
+
+    connected: bool
+
+    async def send(self, event: dict[str, Any], redelivery: bool) -> None: ...
+
+
+def backoff_delay(attempt: int, *, initial: float = BACKOFF_INITIAL, cap: float = BACKOFF_MAX,
+                  rng: Callable[[], float] = random.random) -> float:
+    """Capped exponential backoff with full jitter: uniform in
+    ``[0.5, 1.0] * min(cap, initial * 2**attempt)`` seconds (never zero, so
+    a crashing bridge can't hot-loop)."""
+    base = min(cap, initial * (2 ** min(attempt, 30)))
+    return base * (0.5 + 0.5 * rng())
+
+
+def hello_for(bridge: Bridge, host: str) -> dict[str, Any]:
+    """The AEP-0003 §4 emitter ``hello`` for one bridge identity."""
+    return {
+        "type": "hello",
+        "versions": ["0.1"],
+        "role": "emitter",
+        "identity": {"agent": bridge.agent, "instance": f"{host}/{os.getpid()}/{bridge.name}"},
+        "capabilities": bridge.capabilities(),
+    }
+
+
+class _RelaySink:
+    """The embedded relay's in-process emitter connection for one bridge."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.connected = True
+
+    async def send(self, event: dict[str, Any], redelivery: bool) -> None:
+        await self.conn.ingest(event)
+
+
+class _UplinkSink:
+    def __init__(self, uplink: Any) -> None:
+        self.uplink = uplink
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.uplink.connected)
+
+    async def send(self, event: dict[str, Any], redelivery: bool) -> None:
+        await self.uplink.put(event, redelivery=redelivery)
+
+
+@dataclass
+class Member:
+    """One bridge in the fleet with everything the supervisor keeps for it."""
+
+    bridge: Bridge
+    ctx: BridgeContext
+    health: BridgeHealth
+    inbox: trio.MemorySendChannel
+    sink: Sink | None = None
+    uplink: Any = None
+    restarts: int = 0
+    started: trio.Event = field(default_factory=trio.Event)
+
+
+class Fleet:
+    """Owns the bridges, the relay channel and the sinks.
+
+    ``relay`` is the embedded :class:`supervisor.relay.core.Relay` (``None``
+    when uplinking). Use :meth:`run` inside a nursery via ``nursery.start``;
+    :meth:`drain` performs the orderly part of shutdown."""
+
+    def __init__(self, cfg: Config, bridges: list[Bridge], *, relay: Any = None,
+                 host: str | None = None) -> None:
+        self.cfg = cfg
+        self.relay = relay
+        self.host = host or socket.gethostname() or "localhost"
+        self.epoch = EpochStore(cfg.state_dir).next_epoch()
+        self.session_log = SessionLog(cfg.state_dir / "logs")
+        self._send, self._recv = trio.open_memory_channel[Outbound](cfg.channel_size)
+        self.members: dict[str, Member] = {}
+        self.started_at = time.monotonic()
+        self.counters: dict[str, int] = {"events": 0, "sink_errors": 0}
+        for b in bridges:
+            health = BridgeHealth()
+            inbox_send, inbox_recv = trio.open_memory_channel[dict[str, Any]](256)
+            stamper = Stamper(b.agent, epoch=self.epoch, host=self.host, policy=cfg.policy)
+            ctx = BridgeContext(b.name, stamper, self._send.clone(), inbox_recv, health,
+                                logging.getLogger(f"aep.bridge.{b.name}"))
+            health.control = bool(b.capabilities().get("control", {}).get("accepts"))
+            self.members[b.name] = Member(b, ctx, health, inbox_send)
+        self._bridges_scope = trio.CancelScope()
+        self._pump_done = trio.Event()
+
+    # -- running -------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Attach sinks, start the pump and every bridge; ``started()`` once
+        every bridge has bound its listeners (or failed its first start)."""
+        async with trio.open_nursery() as nursery:
+            for m in self.members.values():
+                await self._attach(nursery, m)
+            nursery.start_soon(self._pump)
+            with self._bridges_scope:
+                async with trio.open_nursery() as bridges:
+                    for m in self.members.values():
+                        bridges.start_soon(self._supervise, m)
+                    for m in self.members.values():
+                        await m.started.wait()
+                    task_status.started()
+                    await trio.sleep_forever()
+
+    async def _attach(self, nursery: trio.Nursery, m: Member) -> None:
+        hello = hello_for(m.bridge, self.host)
+        if self.relay is not None:
+            conn = self.relay.attach_emitter(hello, m.inbox.send)
+            m.sink = _RelaySink(conn)
+        else:
+            from .uplink import Uplink
+            m.uplink = Uplink(self.cfg.relay_url, self.cfg.token, hello, m.inbox)
+            m.sink = _UplinkSink(m.uplink)
+            await nursery.start(m.uplink.run)
+        m.health.relay = m.sink.connected
+
+    async def _supervise(self, m: Member) -> None:
+        attempt = 0
+        while True:
+            t0 = trio.current_time()
+            try:
+                async with trio.open_nursery() as n:
+                    await n.start(self._run_bridge, m)
+                    m.started.set()
+                log.warning("bridge %s returned; restarting", m.bridge.name)
+            except Exception as e:  # noqa: BLE001 -- isolate the sibling bridges
+                log.error("bridge %s crashed: %s: %s", m.bridge.name, type(e).__name__, e,
+                          exc_info=log.isEnabledFor(logging.DEBUG))
+                m.health.detail = f"crashed: {type(e).__name__}"
+            m.started.set()
+            m.health.source = False
+            m.restarts += 1
+            m.health.count("restarts")
+            if trio.current_time() - t0 > STABLE_AFTER:
+                attempt = 0
+            delay = backoff_delay(attempt)
+            attempt += 1
+            log.info("restarting bridge %s in %.1fs", m.bridge.name, delay)
+            await trio.sleep(delay)
+
+    async def _run_bridge(self, m: Member, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await m.bridge.run(m.ctx, task_status=task_status)
+
+    async def _pump(self) -> None:
+        """The relay channel's one consumer: JSONL first, then the sink."""
+        async for item in self._recv:
+            await self._deliver(item)
+        self._pump_done.set()
+
+    async def _deliver(self, item: Outbound) -> None:
+        ev = item.event
+        if not item.redelivery:
+            self.session_log.write(ev, encode_line(ev))
+            self.counters["events"] += 1
+        m = self.members.get(item.bridge)
+        if m is None or m.sink is None:
+            return
+        try:
+            await m.sink.send(ev, item.redelivery)
+        except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
+            self.counters["sink_errors"] += 1
+            log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
+
+    # -- shutdown --------------------------------------------------------------
+    async def drain(self) -> None:
+        """Stop the bridges (no new input), deliver what the relay channel
+        holds, flush the session logs, and close every uplink with a
+        ``closing`` frame. Bounded by the caller's deadline."""
+        self._bridges_scope.cancel()
+        while True:
+            try:
+                item = self._recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            await self._deliver(item)
+        self.session_log.close()
+        for m in self.members.values():
+            if m.uplink is not None:
+                await m.uplink.close("shutdown")
+
+    # -- health ----------------------------------------------------------------
+    def healthz(self, authorized: bool) -> dict[str, Any]:
+        """``{ok, relay, bridges: {name: {ok, relay, source, control}}}``;
+        counts only when ``authorized`` (DESIGN.md)."""
+        bridges = {}
+        for name, m in self.members.items():
+            if m.sink is not None:
+                m.health.relay = m.sink.connected
+            bridges[name] = m.health.public()
+            if authorized:
+                bridges[name]["counters"] = dict(m.health.counters)
+                if m.health.detail:
+                    bridges[name]["detail"] = m.health.detail
+                if m.uplink is not None:
+                    bridges[name]["uplink"] = dict(getattr(m.uplink, "counters", {}))
+        relay_ok = all(b["relay"] for b in bridges.values()) if self.relay is None else True
+        body: dict[str, Any] = {
+            "ok": relay_ok and all(b["ok"] for b in bridges.values()),
+            "relay": relay_ok,
+            "bridges": bridges,
+        }
+        if authorized:
+            body["counts"] = {
+                **self.counters,
+                "jsonl_lines": self.session_log.lines,
+                "jsonl_errors": self.session_log.errors,
+                "uptime_s": round(time.monotonic() - self.started_at, 1),
+                "epoch": self.epoch,
+            }
+        return body

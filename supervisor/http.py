@@ -1,0 +1,78 @@
+"""Serving ASGI apps with hypercorn's trio worker, and the daemon's bare
+health app for uplink mode (no embedded relay on ``AEP_LISTEN``)."""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import urllib.parse
+from typing import Any, Callable
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+log = logging.getLogger("aep.http")
+
+
+def hyper_config(host: str, port: int, *, graceful_timeout: float = 1.0) -> HyperConfig:
+    """A hypercorn config bound to one address, access log off (query strings
+    may carry ``access_token``, AEP-0003 §8.1)."""
+    hc = HyperConfig()
+    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.graceful_timeout = graceful_timeout
+    hc.keep_alive_timeout = 75
+    return hc
+
+
+async def serve_asgi(app: Any, host: str, port: int, shutdown: trio.Event, *,
+                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on ``host:port`` until ``shutdown`` is set (graceful),
+    reporting the bound addresses through ``task_status.started``."""
+    await serve(app, hyper_config(host, port), shutdown_trigger=shutdown.wait,
+                task_status=task_status)
+
+
+def bearer_ok(token: str | None, headers: list[tuple[bytes, bytes]], query: bytes) -> bool:
+    """True when no token is configured or the request carries it in
+    ``Authorization: Bearer`` or ``?access_token=`` (constant-time compare)."""
+    if not token:
+        return True
+    for k, v in headers:
+        if k.lower() == b"authorization":
+            scheme, _, cred = v.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and hmac.compare_digest(cred.strip(), token):
+                return True
+    for k, v in urllib.parse.parse_qsl(query.decode("latin-1")):
+        if k == "access_token" and hmac.compare_digest(v, token):
+            return True
+    return False
+
+
+def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> Any:
+    """An ASGI app answering only ``GET /healthz`` (everything else 404)."""
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
+            authed = bool(token) and bearer_ok(token, scope["headers"], scope["query_string"])
+            body, status = json.dumps(healthz(authed)).encode(), 200
+        else:
+            body, status = b'{"error":"not-found"}', 404
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
