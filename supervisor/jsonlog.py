@@ -25,15 +25,14 @@ _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,150}\Z")
 def safe_name(value: str) -> str:
     """A file-system-safe, collision-free name for an untrusted id: the id
     itself when it fits ``[A-Za-z0-9][A-Za-z0-9._-]*`` (and is short), else
-    its percent-encoding, shortened with a digest suffix when long."""
-    if _SAFE.match(value) and value not in (".", ".."):
+    ``~`` + its percent-encoding (shortened with a digest suffix when long).
+    The two forms cannot collide: one starts alphanumeric, the other ``~``."""
+    if _SAFE.match(value):
         return value
     enc = urllib.parse.quote(value, safe="")
-    if enc.startswith("."):
-        enc = "%2E" + enc[1:]
     if len(enc) > 150:
         enc = enc[:100] + "~" + hashlib.sha256(value.encode()).hexdigest()[:24]
-    return enc
+    return "~" + enc
 
 
 def encode_line(event: dict[str, Any]) -> bytes:
@@ -60,7 +59,7 @@ class SessionLog:
     def path_for(self, event: dict[str, Any]) -> Path:
         agent = safe_name(str(event.get("agent") or "unknown"))
         session = event.get("session")
-        name = safe_name(str(session)) if session else "_agent"
+        name = safe_name(str(session)) if session else "_agent"  # cannot collide: see safe_name
         return self.root / agent / f"{name}.jsonl"
 
     def _fd(self, path: Path) -> int:

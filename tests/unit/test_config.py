@@ -1,0 +1,90 @@
+"""Configuration: DESIGN.md names and defaults; bad settings refused with one
+line each before anything binds."""
+import socket
+
+import pytest
+
+from supervisor import config
+
+
+def load(env, **kw):
+    kw.setdefault("check_ports", False)
+    return config.load({"HOME": "/home/u", **env}, **kw)
+
+
+def test_defaults_match_design():
+    cfg, problems = load({})
+    assert problems == []
+    assert cfg.listen == ("127.0.0.1", 8787)
+    assert cfg.relay_url is None and cfg.embedded_relay
+    assert cfg.token is None
+    assert (cfg.buffer, cfg.max_sessions) == (10_000, 500)
+    assert [s.key for s in cfg.enabled] == ["otlp_in"]  # only OTLP on by default
+    assert str(cfg.state_dir) == "/home/u/.local/state/aep-bridges"
+    assert cfg.policy.ceiling == "metadata"
+    assert cfg.policy.ceiling_for("attention.requested") == "redacted"
+
+
+def test_xdg_state_home_and_explicit_state_dir():
+    cfg, _ = load({"XDG_STATE_HOME": "/x/state"})
+    assert str(cfg.state_dir) == "/x/state/aep-bridges"
+    cfg, _ = load({"XDG_STATE_HOME": "/x/state", "AEP_STATE_DIR": "/y"})
+    assert str(cfg.state_dir) == "/y"
+
+
+def test_every_problem_gets_its_own_line():
+    _, problems = load({
+        "AEP_BRIDGE_NOPE": "1",
+        "AEP_LISTEN": "localhost",
+        "AEP_BUFFER": "lots",
+        "AEP_MAX_SESSIONS": "0",
+        "AEP_RELAY_URL": "ftp://x",
+        "AEP_BRIDGE_OTLP_IN": "maybe",
+        "AEP_CAPTURE": "everything",
+    })
+    joined = "\n".join(problems)
+    assert len(problems) == 7, joined
+    for needle in ("AEP_BRIDGE_NOPE: unknown bridge", "AEP_LISTEN='localhost'", "AEP_BUFFER='lots'",
+                   "AEP_MAX_SESSIONS=0", "AEP_RELAY_URL='ftp://x'", "AEP_BRIDGE_OTLP_IN='maybe'",
+                   "AEP_CAPTURE"):
+        assert needle in joined
+
+
+def test_unbuilt_bridge_is_refused_not_ignored():
+    _, problems = load({"AEP_BRIDGE_KIMI_WEB": "1"})
+    assert problems and "kimi_web" in problems[0]
+
+
+def test_bridges_enable_and_disable():
+    cfg, problems = load({"AEP_BRIDGE_OTLP_IN": "0", "AEP_BRIDGE_OPENHANDS": "1"})
+    assert problems == []
+    assert [s.key for s in cfg.enabled] == ["openhands"]
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("127.0.0.1:1", ("127.0.0.1", 1)),
+    ("[::1]:8787", ("::1", 8787)),
+    ("0.0.0.0:0", ("0.0.0.0", 0)),
+])
+def test_parse_hostport(value, expected):
+    assert config.parse_hostport(value, "X") == expected
+
+
+@pytest.mark.parametrize("value", ["", ":80", "host:", "host:99999", "host:http", "[::1]8787"])
+def test_parse_hostport_refuses(value):
+    with pytest.raises(ValueError, match="X="):
+        config.parse_hostport(value, "X")
+
+
+def test_port_in_use_is_refused():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        _, problems = config.load({"AEP_LISTEN": f"127.0.0.1:{port}", "HOME": "/h"})
+    assert problems == [f"AEP_LISTEN=127.0.0.1:{port}: address in use or not bindable"]
+
+
+def test_relay_only_ignores_bridge_flags():
+    cfg, problems = load({"AEP_BRIDGE_NOPE": "1", "AEP_RELAY_URL": "http://r:1"}, relay_only=True)
+    assert problems == [] and cfg.enabled == [] and cfg.relay_url is None
