@@ -198,10 +198,14 @@ class CommandLedger:
         assert self._nursery is not None and self._nursery_cm is not None
         self._nursery.cancel_scope.cancel()  # lingering writes: see class doc
         try:
-            return await self._nursery_cm.__aexit__(*exc)
+            # The ledger's tasks never raise (they catch and count), so the
+            # body's own exception is passed through unwrapped instead of as
+            # an ExceptionGroup from the nursery.
+            await self._nursery_cm.__aexit__(None, None, None)
         finally:
             self._nursery = None
             self._nursery_cm = None
+        return False
 
     @property
     def declaration(self) -> dict[str, Any]:
