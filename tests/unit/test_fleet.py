@@ -1,0 +1,149 @@
+"""The fleet supervisor: crash isolation, restart with backoff, JSONL first,
+drain. The relay here is a recording stand-in for the embedded relay's
+emitter-connection interface (the real relay is exercised in the
+integration tests)."""
+import json
+
+import trio
+import trio.testing
+
+from supervisor.config import Config
+from supervisor.fleet import Fleet
+
+
+class RecordingRelay:
+    def __init__(self):
+        self.hellos = []
+        self.events = []
+
+    def attach_emitter(self, hello, deliver):
+        self.hellos.append(hello)
+        relay = self
+
+        class Conn:
+            async def ingest(self, ev):
+                relay.events.append(ev)
+        return Conn()
+
+
+class Steady:
+    """Emits one event per tick, forever."""
+    agent = "steady"
+    name = "steady"
+
+    def capabilities(self):
+        return {"emits": ["x"], "control": {"accepts": [], "ack_window_ms": 10000}}
+
+    def preflight(self):
+        return []
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        ctx.health.source = True
+        task_status.started()
+        while True:
+            await ctx.emit("s1", {"type": "x.steady.tick.seen"})
+            await trio.sleep(0.1)
+
+
+class Crashy:
+    """Emits one event, then crashes; counts its starts."""
+    agent = "crashy"
+    name = "crashy"
+
+    def __init__(self):
+        self.starts = 0
+
+    def capabilities(self):
+        return {"emits": ["x"], "control": {"accepts": ["control.cancel"], "ack_window_ms": 10000}}
+
+    def preflight(self):
+        return []
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        self.starts += 1
+        task_status.started()
+        await ctx.emit("c1", {"type": "x.crashy.run.began"})
+        raise RuntimeError("vendor said no")
+
+
+async def test_a_crashing_bridge_restarts_and_never_disturbs_its_sibling(tmp_path, autojump_clock):
+    relay = RecordingRelay()
+    crashy = Crashy()
+    fleet = Fleet(Config(state_dir=tmp_path), [Steady(), crashy], relay=relay, host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        await trio.sleep(20)
+        health = fleet.healthz(authorized=True)
+        n.cancel_scope.cancel()
+    assert crashy.starts >= 4  # restarted again and again, with backoff (not thousands)
+    assert crashy.starts < 30
+    ticks = [e for e in relay.events if e["agent"] == "steady"]
+    assert len(ticks) >= 150  # the sibling kept its 10/s pace throughout
+    assert [e["seq"] for e in ticks] == list(range(len(ticks)))
+    # one stamper per identity survives restarts: seq keeps climbing, same epoch
+    crashes = [e for e in relay.events if e["agent"] == "crashy"]
+    assert [e["seq"] for e in crashes] == list(range(len(crashes)))
+    assert health["bridges"]["crashy"]["counters"]["restarts"] >= 3
+    assert health["bridges"]["crashy"]["source"] is False
+    assert health["bridges"]["steady"] == {"ok": True, "relay": True, "source": True,
+                                           "control": False, "counters": {}}
+    assert health["bridges"]["crashy"]["control"] is True
+    assert health["ok"] is False
+    # each bridge is its own emitter identity on the relay
+    assert [h["identity"]["agent"] for h in relay.hellos] == ["steady", "crashy"]
+    assert relay.hellos[1]["capabilities"]["control"]["accepts"] == ["control.cancel"]
+
+
+async def test_jsonl_is_written_before_the_relay_sees_the_event(tmp_path):
+    seen_on_disk = []
+
+    class CheckingRelay(RecordingRelay):
+        def attach_emitter(self, hello, deliver):
+            class Conn:
+                async def ingest(self, ev):
+                    path = tmp_path / "logs" / ev["agent"] / f"{ev['session']}.jsonl"
+                    lines = path.read_text().splitlines()
+                    seen_on_disk.append(json.loads(lines[-1])["id"] == ev["id"])
+            return Conn()
+
+    fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=CheckingRelay(), host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        await trio.sleep(0.35)
+        n.cancel_scope.cancel()
+    assert seen_on_disk and all(seen_on_disk)
+
+
+async def test_epoch_is_new_on_every_fleet_start(tmp_path):
+    e1 = Fleet(Config(state_dir=tmp_path), [], relay=RecordingRelay()).epoch
+    e2 = Fleet(Config(state_dir=tmp_path), [], relay=RecordingRelay()).epoch
+    assert e2 > e1
+
+
+async def test_drain_delivers_what_the_channel_holds(tmp_path):
+    """Events already on the relay channel when shutdown starts are logged
+    (and delivered) by drain(), not lost with the pump."""
+    fleet = Fleet(Config(state_dir=tmp_path, channel_size=64), [Steady()], relay=RecordingRelay(),
+                  host="h")
+    ctx = fleet.members["steady"].ctx
+    for _ in range(50):
+        ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+    assert ctx.saturated() is False
+    await fleet.drain()  # the pump never ran
+    lines = (tmp_path / "logs" / "steady" / "s.jsonl").read_text().splitlines()
+    assert len(lines) == 50 and fleet.session_log.lines == 50
+
+
+async def test_emit_nowait_reports_saturation_without_burning_a_seq(tmp_path):
+    fleet = Fleet(Config(state_dir=tmp_path, channel_size=2), [Steady()], relay=RecordingRelay())
+    ctx = fleet.members["steady"].ctx
+    ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+    ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+    assert ctx.saturated()
+    import pytest
+    from bridges.core.bridge import Saturated
+    with pytest.raises(Saturated):
+        ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+    await fleet.drain()
+    nxt = ctx.stamper.stamp("s", {"type": "x.steady.tick.seen"})
+    assert nxt["seq"] == 2
