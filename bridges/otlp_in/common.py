@@ -1,0 +1,260 @@
+"""Pure helpers shared by the vendor mappers (no I/O, no clocks, no globals).
+
+The mappers turn one flattened record (:mod:`bridges.otlp_in.flatten`) plus
+the :class:`Posture` into a list of emissions shaped exactly like the pins'
+``companion``/``primary`` objects: ``{"type", "data"?, "subject"?}``.
+
+Capture (design record "Capture"; AEP-0003 §9): vendor ``x.*`` types have no
+payload schema, so the stamper's field gate cannot prune them: the mapper
+itself only puts fields allowed at the ceiling. Per known event an
+:class:`EventSpec` lists the metadata-grade keys (forwarded verbatim, scalars
+only), the ``redacted``-gated free-text keys (through
+:func:`bridges.core.capture.redact_text` at ``redacted``, verbatim at
+``full``) and the ``full``-gated keys. Any other attribute is dropped: an
+allowlist, because the vendor adds attributes per version and capture honesty
+is the emitter's obligation (AEP-0001 §8.2), not upstream's.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from bridges.core import capture as _capture
+from bridges.core.capture import CapturePolicy
+
+Emission = dict[str, Any]
+
+MAX_META_STR = 512
+"""Longest metadata-grade string forwarded; longer ones are cut (noted)."""
+
+MAX_EVENT_NAME = 128
+
+_EVENT_NAME_RE = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)+")
+_SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_LEAF_RE = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)*")
+
+
+@dataclass(frozen=True)
+class Posture:
+    """What the mapper may emit. ``primary``: core types for the profile's
+    primary subset (``AEP_OTLP_PRIMARY=1``); companion otherwise (vendor
+    namespace only). ``policy``: the capture posture; the ceiling used is
+    ``policy.ceiling_for(type)`` of the emitted type."""
+
+    primary: bool = False
+    policy: CapturePolicy = field(default_factory=CapturePolicy)
+
+    def allows(self, type_: str, level: str) -> bool:
+        """True when ``level`` content may go into a ``type_`` payload."""
+        return _capture.rank(self.policy.ceiling_for(type_)) >= _capture.rank(level)
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """One known vendor event: its vendor-namespace leaf (``tool_result`` ->
+    ``x.codex.otel.tool_result``) and which attributes its payload carries at
+    which capture level."""
+
+    leaf: str
+    meta: tuple[str, ...] = ()
+    redacted: tuple[str, ...] = ()
+    full: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------- values
+
+def is_scalar(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool)) and v is not None
+
+
+def to_int(v: Any) -> int | None:
+    """A non-negative whole number from an int, an integral float, or a
+    decimal string (the vendors send both: ``"412"`` and ``412``)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    if isinstance(v, float):
+        return int(v) if v.is_integer() and v >= 0 else None
+    if isinstance(v, str):
+        s = v.strip()
+        if s.isascii() and s.isdigit() and len(s) <= 19:
+            return int(s)
+    return None
+
+
+def to_bool(v: Any) -> bool | None:
+    """``True``/``False`` from a bool or the strings ``"true"``/``"false"``
+    (any case; Codex sends its flags as strings)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s == "true":
+            return True
+        if s == "false":
+            return False
+    return None
+
+
+def text_of(v: Any) -> str | None:
+    """Free text from a value: strings as-is, other JSON as compact JSON."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+
+
+def short_str(v: Any, notes: list[str]) -> str | None:
+    """A metadata-grade identifier (tool name, model id): a non-empty string,
+    cut to :data:`MAX_META_STR` characters."""
+    if not isinstance(v, str) or not v:
+        if v is not None:
+            notes.append("otlp.value_unexpected")
+        return None
+    if len(v) > MAX_META_STR:
+        notes.append("otlp.value_truncated")
+        return v[:MAX_META_STR]
+    return v
+
+
+# --------------------------------------------------------------------------- record view
+
+def event_name(rec: dict[str, Any], notes: list[str]) -> str | None:
+    """The record's event name, wherever the exporter put it: the
+    ``event.name`` attribute (the pins, Codex's tracing bridge), else the
+    LogRecord's own ``event_name`` field (OTLP proto >= 1.5, the OTel Events
+    model), else a body that is exactly a dotted name (older event APIs).
+    ``None`` when none holds a usable name (noted ``otlp.no_event_name``)."""
+    attrs = rec.get("attributes")
+    a = attrs.get("event.name") if isinstance(attrs, dict) else None
+    if isinstance(a, str) and a:
+        return a[:MAX_EVENT_NAME]
+    if a is not None:
+        notes.append("otlp.value_unexpected")
+    e = rec.get("event_name")
+    if isinstance(e, str) and e:
+        return e[:MAX_EVENT_NAME]
+    b = rec.get("body")
+    if isinstance(b, str) and len(b) <= MAX_EVENT_NAME and _EVENT_NAME_RE.fullmatch(b):
+        return b
+    notes.append("otlp.no_event_name")
+    return None
+
+
+def attrs(rec: dict[str, Any]) -> dict[str, Any]:
+    a = rec.get("attributes")
+    return a if isinstance(a, dict) else {}
+
+
+def resource(rec: dict[str, Any]) -> dict[str, Any]:
+    r = rec.get("resource")
+    return r if isinstance(r, dict) else {}
+
+
+def session_id(raw: Any, notes: list[str]) -> str | None:
+    """A vendor session id as an AEP ``session``. Ids within the interop
+    grammar ``[A-Za-z0-9][A-Za-z0-9._-]*`` (AEP-0003 §9 item 6; Codex thread
+    ids and VS Code session ids are UUIDs) pass unchanged; anything else is
+    mapped deterministically to a safe id (sanitized prefix + digest, noted
+    ``otlp.session_id_sanitized``), so it stays stable and usable in the
+    ``source`` URI and the log path. ``None`` for a missing/empty id."""
+    if isinstance(raw, bool) or raw is None:
+        return None
+    if isinstance(raw, (int, float)):
+        raw = str(raw)
+    if not isinstance(raw, str) or not raw:
+        return None
+    if _SESSION_RE.fullmatch(raw):
+        return raw
+    notes.append("otlp.session_id_sanitized")
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", raw)[:48].lstrip("._-")
+    tag = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{safe}-{tag}" if safe else f"s-{tag}"
+
+
+def record_time(rec: dict[str, Any]) -> datetime | None:
+    """The moment a record describes: ``time_unix_nano``, else the vendor's
+    ``event.timestamp`` attribute (RFC 3339; Codex stamps it while leaving
+    the LogRecord timestamp unset), else ``observed_time_unix_nano``. ``None``
+    when none is usable (the stamper then uses the receive time)."""
+    for key in ("time_unix_nano",):
+        t = _from_nanos(rec.get(key))
+        if t:
+            return t
+    ts = attrs(rec).get("event.timestamp")
+    if isinstance(ts, str) and 10 <= len(ts) <= 40:
+        try:
+            t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError:
+            t = None
+        if t is not None:
+            if t.tzinfo is None:
+                t = t.replace(tzinfo=timezone.utc)
+            if 1971 <= t.year <= 9998:
+                return t
+    return _from_nanos(rec.get("observed_time_unix_nano"))
+
+
+def _from_nanos(n: Any) -> datetime | None:
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        return None
+    try:
+        t = datetime.fromtimestamp(n / 1e9, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return t if 1971 <= t.year <= 9998 else None
+
+
+# --------------------------------------------------------------------------- payloads
+
+def vendor_type(namespace: str, leaf: str) -> str:
+    """``x.codex.otel`` + ``tool_result`` -> ``x.codex.otel.tool_result``.
+    A leaf outside the AEP type grammar yields the ``unknown`` fallback."""
+    if not _LEAF_RE.fullmatch(leaf):
+        leaf = "unknown"
+    return f"{namespace}.{leaf}"
+
+
+def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Posture,
+                  notes: list[str]) -> dict[str, Any]:
+    """The vendor-namespace payload of a known event: the spec's metadata
+    keys verbatim (scalars only; strings cut to :data:`MAX_META_STR`), the
+    ``redacted`` keys through the redaction pipeline at ``redacted`` and
+    verbatim at ``full``, the ``full`` keys only at ``full``. Attribute order
+    is kept."""
+    data: dict[str, Any] = {}
+    red_ok = posture.allows(type_, "redacted")
+    full_ok = posture.allows(type_, "full")
+    for key, val in a.items():
+        if key in spec.meta:
+            if not is_scalar(val):
+                if val is not None:
+                    notes.append("otlp.value_unexpected")
+                continue
+            if isinstance(val, str) and len(val) > MAX_META_STR:
+                notes.append("otlp.value_truncated")
+                val = val[:MAX_META_STR]
+            data[key] = val
+        elif key in spec.redacted and red_ok and val is not None:
+            data[key] = val if full_ok else _capture.redact_text(text_of(val) or "", posture.policy)
+        elif key in spec.full and full_ok and val is not None:
+            data[key] = val
+    return data
+
+
+def unknown(namespace: str, name: str | None) -> Emission:
+    """The fallback for foreign/future records (pins ``unknown``): only the
+    event name travels, never the attributes (nothing is guessed at)."""
+    em: Emission = {"type": f"{namespace}.unknown", "data": {}}
+    if name:
+        em["data"]["event.name"] = name
+    return em
+
+
+Mapper = Callable[[dict[str, Any], Posture, list[str]], list[Emission]]
