@@ -15,7 +15,9 @@ receiver, and checks
   names, and per event name each attribute key with its OTLP value type, the
   resource attribute keys, the scope, which LogRecord fields are set): when a
   Codex bump changes what it sends, this fails and says to regenerate the
-  fixtures and re-read the drift analysis in their README.
+  fixtures and re-read the drift analysis in their README;
+- Codex does not retry an export refused with a retryable status (so the
+  bridge must not shed Codex's exports with 503 lightly).
 """
 from __future__ import annotations
 
@@ -23,14 +25,17 @@ import json
 from pathlib import Path
 
 import pytest
+import trio
 
 from tests.support import codex as cx
-from tests.support.otlp_capture import Captured, decode_logs, log_records
+from tests.support.mock_responses import MockResponsesServer
+from tests.support.otlp_capture import Captured, OtlpCapture, decode_logs, log_records
 
 pytestmark = pytest.mark.vendor
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex_otel_real"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
+SCENARIO_BY_KIND = {s.name: s for s in cx.SCENARIOS if s.name in cx.EXPORTER_KINDS}
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +141,23 @@ async def test_real_codex_exports_the_conversation(scenario, codex_bin, tmp_path
         f"Codex {cx.CODEX_VERSION} now sends a different shape than "
         f"tests/fixtures/codex_otel_real/{scenario.name}: regenerate the fixtures and "
         "re-check the drift analysis in their README")
+
+
+@pytest.mark.parametrize("kind", cx.EXPORTER_KINDS)
+async def test_real_codex_does_not_retry_a_refused_export(kind, codex_bin, tmp_path):
+    """Codex's exporter (OTel Rust SDK 0.31) makes one attempt at exit: a retryable
+    refusal (HTTP 503 + Retry-After, gRPC UNAVAILABLE) loses the whole run's logs.
+    The bridge must therefore not answer Codex with 503 lightly (see the fixtures'
+    README, "Delivery"). If a Codex bump starts retrying, this fails: re-evaluate."""
+    mock, cap = MockResponsesServer(), OtlpCapture(refuse_first=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mock.serve)
+        await nursery.start(cap.serve)
+        endpoint = cap.grpc_url if kind == "otlp-grpc" else cap.http_url
+        run = await cx.run_scenario(codex_bin, tmp_path / "home", SCENARIO_BY_KIND[kind],
+                                    otlp_endpoint=endpoint, mock=mock)
+        nursery.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    assert cap.refused == 1
+    assert len(cap.logs()) == 1, "Codex retried: the drop-on-refusal note no longer holds"
+    assert "ExportError" in run.stderr

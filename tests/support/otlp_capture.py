@@ -86,12 +86,24 @@ class OtlpCapture:
     """Both OTLP listeners on loopback with OS-chosen ports; see the module docstring."""
 
     captures: list[Captured] = field(default_factory=list)
+    #: answer this many export requests with a retryable refusal (HTTP 503 +
+    #: ``Retry-After: 1``, gRPC ``UNAVAILABLE``) before accepting: does the exporter retry?
+    refuse_first: int = 0
+    refused: int = 0
     http_url: str | None = None   # http://127.0.0.1:<port>  (append /v1/logs)
     grpc_url: str | None = None   # http://127.0.0.1:<port>
     _changed: trio.Event = field(default_factory=trio.Event)
 
     def logs(self) -> list[Captured]:
         return [c for c in self.captures if c.signal == "logs"]
+
+    def _refuse(self, cap: Captured) -> bool:
+        """Record ``cap``; True when it is to be refused (see ``refuse_first``)."""
+        self._add(cap)
+        if self.refused < self.refuse_first:
+            self.refused += 1
+            return True
+        return False
 
     def _add(self, cap: Captured) -> None:
         self.captures.append(cap)
@@ -133,7 +145,8 @@ class OtlpCapture:
                       for k, v in context.invocation_metadata()}
                 cap = Captured("grpc", _signal, f"/{_service}/Export", "application/grpc",
                                md.get("grpc-encoding", ""), request, md)
-                trio.from_thread.run_sync(self._add, cap, trio_token=token)
+                if trio.from_thread.run_sync(self._refuse, cap, trio_token=token):
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "capture: refused (test)")
                 return b""  # an empty Export*ServiceResponse encodes to zero bytes
             handler = grpc.method_handlers_generic_handler(service, {
                 "Export": grpc.unary_unary_rpc_method_handler(
@@ -167,10 +180,13 @@ class OtlpCapture:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         signal = _HTTP_PATHS.get(scope["path"], "unknown")
         ctype = headers.get("content-type", "")
+        refuse = False
         if scope["method"] == "POST":
-            self._add(Captured("http", signal, scope["path"], ctype,
-                               headers.get("content-encoding", ""), body, headers))
-        if scope["method"] != "POST" or signal == "unknown":
+            refuse = self._refuse(Captured("http", signal, scope["path"], ctype,
+                                           headers.get("content-encoding", ""), body, headers))
+        if refuse:
+            await _respond(send, 503, "text/plain", b"refused (test)", [(b"retry-after", b"1")])
+        elif scope["method"] != "POST" or signal == "unknown":
             await _respond(send, 404, "text/plain", b"not found")
         elif "json" in ctype:
             await _respond(send, 200, "application/json", b"{}")
@@ -179,9 +195,10 @@ class OtlpCapture:
                            logs_service_pb2.ExportLogsServiceResponse().SerializeToString())
 
 
-async def _respond(send, status: int, ctype: str, data: bytes) -> None:
+async def _respond(send, status: int, ctype: str, data: bytes, extra=()) -> None:
     await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", ctype.encode()), (b"content-length", str(len(data)).encode())]})
+        (b"content-type", ctype.encode()), (b"content-length", str(len(data)).encode()),
+        *extra]})
     await send({"type": "http.response.body", "body": data})
 
 
