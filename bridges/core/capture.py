@@ -1,67 +1,588 @@
 """Capture posture and the payload gate (AEP-0001 §8.2, AEP-0002 §5.1,
-AEP-0003 §9). PLACEHOLDER API: the field table, synthesis rules, digests and
-down-leveling are filled in by the capture work item; the signatures below
-are the contract the stamper and the bridges use."""
+AEP-0003 §9, AEP-0006).
+
+Four public operations:
+
+- :func:`gate`: the emitter-side gate every payload passes in
+  :meth:`bridges.core.envelope.Stamper.stamp`: prune to the ceiling by the
+  field table (:mod:`bridges.core.captable`), synthesize the ``[metadata*]``
+  fields, compute missing digests from the original content, run the §9.4
+  pipeline over ``redacted``-gated text, and report the level honored.
+- :func:`downlevel`: a relay hop's mechanical down-level of a whole envelope
+  (AEP-0001 §8.2(b)(e); fixture ``downlevel/cases.json``).
+- :func:`redact_text` / :func:`redact_value`: the §9.4 pipeline under a
+  policy (:mod:`bridges.core.redaction`; fixture ``redaction/cases.json``).
+- :func:`digest`: ``*_digest`` values (AEP-0003 §9.3).
+
+Everything here is pure: no I/O at import or call time, no clocks.
+"""
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Collection, Mapping
+
+from . import captable as _ct
+from . import redaction as _red
 
 LEVELS = ("none", "metadata", "redacted", "full")
+_RANK = {lvl: i for i, lvl in enumerate(LEVELS)}
+
+#: Credentials of the daemon itself (shared/DESIGN.md operator interface):
+#: their values are always treated as configured secrets (§9.4 b).
+BUILTIN_SECRET_NAMES = (
+    "AEP_TOKEN",
+    "AEP_OPENHANDS_SESSION_API_KEY",
+    "AEP_OPENCODE_PASSWORD",
+    "AEP_KILOCODE_PASSWORD",
+)
+
+_FALSE = {"0", "false", "no", "off"}
+_TRUE = {"1", "true", "yes", "on", ""}
 
 
 def rank(level: str) -> int:
-    return LEVELS.index(level)
+    """Position of ``level`` in ``none < metadata < redacted < full``.
+    Raises ``ValueError`` for anything else."""
+    try:
+        return _RANK[level]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown capture level {level!r} (expected one of {', '.join(LEVELS)})") from None
+
+
+def _max(a: str, b: str) -> str:
+    return a if _RANK[a] >= _RANK[b] else b
+
+
+class CaptureConfigError(ValueError):
+    """Bad capture configuration; ``problems`` holds one line per problem
+    (the supervisor prints each and exits 2)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
 @dataclass(frozen=True)
 class CapturePolicy:
-    """The operator's capture posture (``AEP_CAPTURE``).
+    """The operator's capture posture (AEP-0003 §9.1, §9.4).
 
-    ``ceiling``: the global ceiling (default ``metadata``); ``attention``:
-    the ceiling for ``attention.*`` (default ``redacted``, AEP-0003 §9.1,
-    never above ``ceiling`` unless explicitly configured);
-    ``secret_names``: values of these environment variables are redacted
-    (§9.4 b); ``home``: the home prefix replaced with ``~`` (§9.4 c);
-    ``pii``: redact emails/phones (§9.4 d)."""
+    ``ceiling``: the global ceiling (``AEP_CAPTURE``, default ``metadata``).
+
+    ``attention``: the ceiling for ``attention.*``. ``None`` (the default)
+    means the RECOMMENDED per-category override of AEP-0003 §9.1: ``redacted``
+    so prompts stay readable, or the global ceiling when that is higher
+    (``full`` stays ``full``). An explicit level is used as given, above or
+    below the global ceiling (``AEP_CAPTURE_ATTENTION``).
+
+    ``overrides``: per-type or per-category ceilings (``{"tool.completed":
+    "full", "progress": "redacted"}``); the longest matching dotted prefix
+    wins over ``attention`` and ``ceiling``.
+
+    The rule that binds them all: a global ``none`` is absolute. With
+    ``ceiling="none"`` every type's ceiling is ``none`` whatever
+    ``attention``/``overrides`` say (:meth:`from_env` refuses such a
+    configuration outright rather than silently ignoring it).
+
+    ``secret_values``: literal values redacted by §9.4 rule (b) (normalized:
+    deduplicated, longest first, values under 4 characters dropped).
+    ``home``: the prefix rule (c) replaces with ``~`` (ignored when empty,
+    relative or ``/``). ``pii``: rule (d) (default on).
+
+    Raises ``ValueError`` for an unknown level."""
 
     ceiling: str = "metadata"
-    attention: str = "redacted"
+    attention: str | None = None
     secret_values: tuple[str, ...] = ()
     home: str | None = None
     pii: bool = True
-    overrides: dict[str, str] = field(default_factory=dict)
+    overrides: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        rank(self.ceiling)
+        if self.attention is not None:
+            rank(self.attention)
+        for k, v in dict(self.overrides).items():
+            rank(v)
+        object.__setattr__(self, "secret_values",
+                           _red.normalize_secret_values(self.secret_values))
+        object.__setattr__(self, "home", _red.usable_home(self.home))
+        object.__setattr__(self, "overrides", dict(self.overrides))
 
     def ceiling_for(self, type_: str) -> str:
+        """The ceiling that applies to events of ``type_`` (see the class
+        docstring for the precedence)."""
+        if self.ceiling == "none":
+            return "none"
+        if self.overrides:
+            parts = type_.split(".")
+            for n in range(len(parts), 0, -1):
+                hit = self.overrides.get(".".join(parts[:n]))
+                if hit is not None:
+                    return hit
         if type_.startswith("attention."):
-            return self.attention
+            if self.attention is not None:
+                return self.attention
+            return _max(self.ceiling, "redacted")
         return self.ceiling
 
+    # ------------------------------------------------------------ configuration
 
-def gate(type_: str, data: dict[str, Any] | None, ceiling: str,
-         policy: CapturePolicy) -> tuple[dict[str, Any] | None, str]:
-    """Prune ``data`` to ``ceiling`` by the field table; returns
-    ``(data, honored_level)``."""
-    return data, "metadata" if rank(ceiling) >= 1 else "none"
+    @classmethod
+    def config_problems(cls, environ: Mapping[str, str]) -> list[str]:
+        """One line per problem in the capture configuration of ``environ``
+        (empty when it is usable). See :meth:`from_env`."""
+        return cls._parse(environ)[1]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "CapturePolicy":
+        """The posture from the environment (``os.environ`` or a dict):
+
+        - ``AEP_CAPTURE``: ``none|metadata|redacted|full`` (default
+          ``metadata``; case-insensitive).
+        - ``AEP_CAPTURE_ATTENTION``: explicit ``attention.*`` ceiling (unset:
+          ``redacted`` or the global ceiling when higher; see the class
+          docstring). Refused when above a global ``none``.
+        - ``AEP_REDACT_NAMES``: comma-separated environment variable names
+          whose values are secrets (§9.4 b); the daemon's own credentials
+          (:data:`BUILTIN_SECRET_NAMES`) are always included.
+        - ``HOME``: the home prefix for rule (c).
+        - ``AEP_REDACT_PII``: ``0``/``false``/``no``/``off`` disables rule
+          (d); default on.
+
+        Raises :class:`CaptureConfigError` (a ``ValueError``) listing every
+        problem."""
+        policy, problems = cls._parse(environ)
+        if problems:
+            raise CaptureConfigError(problems)
+        assert policy is not None
+        return policy
+
+    @classmethod
+    def _parse(cls, environ: Mapping[str, str]) -> tuple["CapturePolicy | None", list[str]]:
+        problems: list[str] = []
+
+        def level(name: str, default: str | None) -> str | None:
+            raw = environ.get(name)
+            if raw is None or raw.strip() == "":
+                return default
+            val = raw.strip().lower()
+            if val not in _RANK:
+                problems.append(f"{name}={raw!r} is not a capture level "
+                                f"(expected one of {', '.join(LEVELS)})")
+                return default
+            return val
+
+        ceiling = level("AEP_CAPTURE", "metadata") or "metadata"
+        attention = level("AEP_CAPTURE_ATTENTION", None)
+        if ceiling == "none" and attention not in (None, "none"):
+            problems.append(f"AEP_CAPTURE_ATTENTION={attention} exceeds AEP_CAPTURE=none "
+                            "(none is absolute: unset AEP_CAPTURE_ATTENTION or raise AEP_CAPTURE)")
+        names = list(BUILTIN_SECRET_NAMES)
+        for n in (environ.get("AEP_REDACT_NAMES") or "").split(","):
+            n = n.strip()
+            if n and n not in names:
+                names.append(n)
+        values = [environ[n] for n in names if environ.get(n)]
+        pii_raw = (environ.get("AEP_REDACT_PII") or "").strip().lower()
+        if pii_raw in _FALSE:
+            pii = False
+        elif pii_raw in _TRUE:
+            pii = True
+        else:
+            problems.append(f"AEP_REDACT_PII={environ.get('AEP_REDACT_PII')!r} is not a boolean "
+                            "(expected 1 or 0)")
+            pii = True
+        if problems:
+            return None, problems
+        return cls(ceiling=ceiling, attention=attention, secret_values=tuple(values),
+                   home=environ.get("HOME"), pii=pii), []
+
+
+_DEFAULT_POLICY = CapturePolicy()
+
+# ------------------------------------------------------------------ redaction, digests
+
+
+def redact_text(text: str, policy: CapturePolicy | None = None) -> str:
+    """The AEP-0003 §9.4 pipeline over one string under ``policy`` (secrets,
+    configured values, home paths, PII when enabled); see
+    :mod:`bridges.core.redaction`. Idempotent; never raises for a ``str``;
+    a non-``str`` is returned unchanged."""
+    p = policy or _DEFAULT_POLICY
+    return _red.redact_text(text, secret_values=p.secret_values, home=p.home, pii=p.pii)
+
+
+def redact_value(value: Any, policy: CapturePolicy | None = None) -> Any:
+    """The pipeline over a JSON value: strings redacted, containers walked,
+    credential-named keys' values replaced (see
+    :func:`bridges.core.redaction.redact_value`). Returns a new value."""
+    p = policy or _DEFAULT_POLICY
+    return _red.redact_value(value, secret_values=p.secret_values, home=p.home, pii=p.pii)
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical JSON form digests are computed over
+    (``shared/aep/README.md``): keys sorted, no spaces, ``ensure_ascii=False``;
+    a string is its JSON string form (quoted)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      default=str)
+
+
+def digest(value: Any) -> str:
+    """``*_digest``: SHA-256 over :func:`canonical_json` of the ORIGINAL
+    value (before any redaction), hex, first 16 bytes (32 hex characters);
+    AEP-0003 §9.3. Never raises for JSON-shaped input (non-JSON leaves are
+    stringified; lone surrogates are kept via ``surrogatepass``)."""
+    raw = canonical_json(value)
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+# ------------------------------------------------------------------ the gate
+
+
+def _copy(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _copy(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_copy(x) for x in v]
+    return v
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def synthesize_prompt(agent: Any, kind: Any, subject: Any) -> str:
+    """The ``metadata`` form of ``attention.requested.prompt`` (AEP-0003
+    §9.2): ``"{agent} requests {kind}: {subject}"``, built only from the
+    envelope's ``agent`` and ``subject`` and the payload's ``kind``.
+    Without a subject the ``: {subject}`` tail is left off."""
+    a = agent if isinstance(agent, str) and agent else "agent"
+    k = kind if isinstance(kind, str) and kind else "attention"
+    if isinstance(subject, str) and subject:
+        return f"{a} requests {k}: {subject}"
+    return f"{a} requests {k}"
+
+
+def _placeholder(item: Any, index: int) -> str:
+    """A label's structural placeholder: the item's own ``id`` (metadata-
+    gated, so structural by definition; downlevel DL3/DL4 and
+    mappings/claude-code.json), else its 1-based index."""
+    if isinstance(item, dict):
+        ident = item.get("id")
+        if isinstance(ident, str) and ident:
+            return ident
+    return str(index + 1)
+
+
+def _field_kinds(fields: Any) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if isinstance(fields, (list, tuple)):
+        for f in fields:
+            if isinstance(f, dict) and isinstance(f.get("id"), str):
+                out.setdefault(f["id"], f)
+    return out
+
+
+def _structural_value(spec: dict[str, Any] | None, v: Any) -> bool:
+    """True when a ``values`` entry is structural (``[metadata]``) per its
+    ``field_spec`` (AEP-0006): a number for ``number``, a boolean for
+    ``boolean``, a ``choices[].id`` (or an array of them) for ``select``.
+    Without a spec (a hop, or an emitter that lost the request) only
+    numbers and booleans count: a string may be free text."""
+    if spec is None:
+        return isinstance(v, bool) or _is_number(v)
+    t = spec.get("type")
+    if t == "number":
+        return _is_number(v)
+    if t == "boolean":
+        return isinstance(v, bool)
+    if t == "select":
+        choices = spec.get("choices")
+        ids = {c.get("id") for c in choices if isinstance(c, dict)} \
+            if isinstance(choices, list) else set()
+        ids.discard(None)
+        if isinstance(v, str):
+            return v in ids
+        if isinstance(v, list) and v:
+            return all(isinstance(x, str) and x in ids for x in v)
+        return False
+    return False  # "string" and anything unknown: free text
+
+
+class _Gate:
+    """One gating pass; accumulates the level honored."""
+
+    def __init__(self, ceiling: str, policy: CapturePolicy, *, agent: Any, subject: Any,
+                 form_fields: Any, levels: Mapping[str, str] | None,
+                 structural: Collection[str], derive: bool) -> None:
+        self.ceiling = ceiling
+        self.policy = policy
+        self.agent = agent
+        self.subject = subject
+        self.specs = _field_kinds(form_fields) if form_fields is not None else None
+        self.levels = levels or {}
+        self.structural = structural
+        self.derive = derive
+        self.honored = "metadata"
+
+    def allowed(self, level: str) -> bool:
+        return _RANK[level] <= _RANK[self.ceiling]
+
+    def content(self, v: Any) -> Any:
+        """A kept redacted/full-level value: the pipeline at ``redacted``,
+        verbatim at ``full``."""
+        if self.ceiling == "redacted":
+            self.honored = _max(self.honored, "redacted")
+            return redact_value(v, self.policy)
+        self.honored = _max(self.honored, "full")
+        return _copy(v)
+
+    def text(self, v: Any) -> Any:
+        """A kept ``[metadata*]`` content string at ``redacted``+."""
+        return self.content(v)
+
+    def declared(self, path: str) -> str | None:
+        lvl = self.levels.get(path)
+        return lvl if lvl in _RANK and lvl != "none" else None
+
+    def obj(self, node: _ct.Node | None, value: dict[str, Any], path: str,
+            index: int = 0) -> dict[str, Any]:
+        props = node.props if node is not None and node.props is not None else {}
+        out: dict[str, Any] = {}
+        for key, v in value.items():
+            child = props.get(key) if isinstance(key, str) else None
+            cpath = f"{path}.{key}" if path else str(key)
+            star = child.star if child is not None else None
+            if star == "prompt":
+                continue  # handled below: needs the whole object
+            if star == "label":
+                continue
+            if star == "values":
+                kept = self.values(v)
+                if kept is not None:
+                    out[key] = kept
+                continue
+            level = child.level if child is not None else "metadata"
+            decl = self.declared(cpath)
+            if decl is not None:
+                level = _max(level, decl)
+            if not self.allowed(level):
+                continue
+            if level != "metadata":
+                out[key] = self.content(v)
+            elif child is not None and child.props is not None:
+                if isinstance(v, dict):  # an object expected: any other shape is dropped
+                    out[key] = self.obj(child, v, cpath)
+            elif child is not None and child.items is not None:
+                if isinstance(v, list):  # an array expected: any other shape is dropped
+                    out[key] = self.arr(child.items, v, cpath + "[]")
+            elif isinstance(v, dict) and any(k.startswith(cpath + ".") for k in self.levels):
+                out[key] = self.obj(None, v, cpath)
+            else:
+                out[key] = _copy(v)
+        for key, child in props.items():
+            if child.star == "prompt":
+                out[key] = self.prompt(value.get(key), value.get("kind"), f"{path}.{key}" if path else key)
+            elif child.star == "label":
+                out[key] = self.label(value, value.get(key), index,
+                                      f"{path}.{key}" if path else key)
+            elif self.derive and child.digest_of and key not in value \
+                    and child.digest_of in value and self.allowed(child.level):
+                out[key] = digest(value[child.digest_of])
+            elif self.derive and child.twin_of and key not in value \
+                    and child.twin_of in value and self.ceiling == "redacted":
+                out[key] = self.content(value[child.twin_of])
+        return out
+
+    def arr(self, item: _ct.Node, values: list[Any], path: str) -> list[Any]:
+        out = []
+        for i, v in enumerate(values):
+            if item.props is not None:
+                if isinstance(v, dict):  # an object item expected: other shapes dropped
+                    out.append(self.obj(item, v, path, i))
+            elif item.level != "metadata":
+                if self.allowed(item.level):
+                    out.append(self.content(v))
+            else:
+                out.append(_copy(v))
+        return out
+
+    def prompt(self, v: Any, kind: Any, path: str) -> str:
+        if isinstance(v, str) and path in self.structural:
+            return v
+        if self.ceiling == "metadata" or not isinstance(v, str):
+            return synthesize_prompt(self.agent, kind, self.subject)
+        return self.text(v)
+
+    def label(self, item: dict[str, Any], v: Any, index: int, path: str) -> str:
+        if isinstance(v, str) and path in self.structural:
+            return v
+        if self.ceiling == "metadata" or not isinstance(v, str):
+            return _placeholder(item, index)
+        return self.text(v)
+
+    def values(self, v: Any) -> dict[str, Any] | None:
+        if not isinstance(v, dict):
+            return None
+        out, lvl = _gate_values(self.specs, v, self.ceiling, self.policy)
+        self.honored = _max(self.honored, lvl)
+        return out
+
+
+def _gate_values(specs: dict[str, dict[str, Any]] | None, values: dict[str, Any], ceiling: str,
+                 policy: CapturePolicy) -> tuple[dict[str, Any], str]:
+    honored = "metadata"
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if specs is not None and k not in specs:
+            continue  # not in the request's contract: dropped (capture-gating case 6)
+        spec = specs.get(k) if specs is not None else None
+        if _structural_value(spec, v):
+            out[k] = _copy(v)
+        elif ceiling == "redacted":
+            out[k] = redact_value(v, policy)
+            honored = _max(honored, "redacted")
+        elif ceiling == "full":
+            out[k] = _copy(v)
+            honored = "full"
+        # metadata / none: free text is dropped
+    return out, honored
+
+
+def gate_form_values(fields: Any, values: Any, ceiling: str,
+                     policy: CapturePolicy | None = None) -> dict[str, Any]:
+    """AEP-0006 type-dependent gating of ``answer.values`` (fixture
+    ``capture-gating/cases.json``): ``fields`` is the request's
+    ``field_spec`` list. Keys without a matching spec are dropped;
+    number/boolean/closed-select values are structural and always kept;
+    string-typed and ``other`` free-text values are dropped below
+    ``redacted``, pass the §9.4 pipeline at ``redacted`` and stay verbatim
+    at ``full``. At ``none`` this function still keeps structural values:
+    the envelope-level drop of ``data`` is the caller's job. Returns a new
+    dict (``{}`` for a non-object ``values``)."""
+    rank(ceiling)
+    if not isinstance(values, dict):
+        return {}
+    out, _ = _gate_values(_field_kinds(fields), values, ceiling, policy or _DEFAULT_POLICY)
+    return out
+
+
+def gate(type_: str, data: dict[str, Any] | None, ceiling: str, policy: CapturePolicy, *,
+         agent: str | None = None, subject: str | None = None, form_fields: Any = None,
+         levels: Mapping[str, str] | None = None,
+         structural: Collection[str] = ()) -> tuple[dict[str, Any] | None, str]:
+    """Gate one payload to ``ceiling`` (AEP-0003 §9.1-§9.5); returns
+    ``(data, honored_level)`` with ``data`` a new dict or ``None`` when
+    nothing is left.
+
+    Registered types (:data:`bridges.core.captable.TABLE`):
+
+    - every field whose annotation exceeds the ceiling is dropped (nested
+      objects and array items included); unannotated fields are
+      ``metadata`` (AEP-0002 §5.1 rule 4);
+    - missing ``*_digest`` fields are computed from the original content
+      first (``args_digest`` from ``args``...; §9.3 digests before
+      redaction), when the digest is allowed;
+    - at ``redacted`` every kept ``redacted``-gated value passes the §9.4
+      pipeline, and a missing ``*_redacted`` twin (``args_redacted``,
+      ``result_redacted``, ``content_redacted``, ``cited_text_redacted``)
+      is filled from its ``full`` sibling through the pipeline; at ``full``
+      content is verbatim;
+    - ``[metadata*]`` (AEP-0002 §5.3, §8): at ``metadata``
+      ``attention.requested.prompt`` becomes ``"{agent} requests {kind}:
+      {subject}"`` (``agent``/``subject`` are the envelope's, keyword
+      arguments here) and every ``options[].label`` / ``fields[].label`` /
+      ``fields[].choices[].label`` becomes its item's ``id`` (else the
+      1-based index); both are synthesized when missing since the schema
+      requires them; at ``redacted``+ they are content. ``structural``
+      names the starred paths (``"prompt"``, ``"options[].label"``,
+      ``"fields[].label"``, ``"fields[].choices[].label"``) the caller
+      asserts are ALREADY structural (a mapper's own synthesis such as
+      ``"claude-code asks 2 questions"``): kept as given at any ceiling;
+    - ``answer.values`` is gated per the request's ``form_fields`` (the
+      ``field_spec`` list) as :func:`gate_form_values`; without
+      ``form_fields`` only numbers and booleans survive ``metadata``.
+
+    Unregistered types (``x.*``, reserved ``message.*``): there is no
+    table, so the mapper shaped ``data`` to the ceiling (AEP-0002 §5.1 rule
+    4 makes every field ``metadata`` by default). ``levels`` (dotted path ->
+    level, e.g. ``{"file": "redacted"}``) declares content fields: they are
+    dropped above the ceiling and redacted at ``redacted`` like annotated
+    ones. For registered types ``levels`` can only raise a level.
+
+    ``honored_level`` (AEP-0003 §9.5, AEP-0001 §8.2(a)): ``none`` when the
+    ceiling is ``none`` (and ``data`` is ``None``: envelope only); else the
+    highest level of any value actually kept, floored at ``metadata``: a
+    kept ``redacted``-gated (or ``[metadata*]`` content) value counts
+    ``redacted`` after the pipeline and ``full`` when verbatim; a kept
+    ``full``-gated value counts ``full``. It never exceeds the ceiling. For
+    an unregistered type without ``levels`` and non-empty data the gate
+    cannot tell what the mapper put there, so it claims the ceiling
+    itself: over-claiming is safe (a downstream hop strips more), an
+    under-claim would leak past a lower consumer ceiling.
+
+    Never raises for JSON-shaped ``data``/``form_fields``; a non-object
+    ``data`` is dropped. Raises ``ValueError`` for an unknown ``ceiling``."""
+    rank(ceiling)
+    if ceiling == "none":
+        return None, "none"
+    if not isinstance(data, dict) or not data:
+        return None, "metadata"
+    node = _ct.node_for(type_)
+    if node is None and levels is None:
+        return _copy(data), ceiling
+    g = _Gate(ceiling, policy, agent=agent, subject=subject, form_fields=form_fields,
+              levels=levels, structural=frozenset(structural or ()), derive=True)
+    out = g.obj(node, data, "")
+    return (out or None), (g.honored if out else "metadata")
+
+
+# ------------------------------------------------------------------ relay hop
 
 
 def downlevel(event: dict[str, Any], ceiling: str) -> dict[str, Any]:
     """A relay hop's mechanical down-level of a whole envelope to ``ceiling``
-    (AEP-0001 §8.2(b)(e), fixture ``downlevel/cases.json``). Returns a new
-    dict; never up-levels; never mints ``redacted``."""
-    return event
+    (AEP-0001 §8.2(b)(e), AEP-0002 §5.1 rule 3, AEP-0003 §6.4; fixture
+    ``downlevel/cases.json``). Returns a new dict; never up-levels; never
+    mints ``redacted``.
 
+    - ``ceiling`` at or above the event's ``capture`` (absent: ``metadata``):
+      unchanged copy.
+    - ``none``: ``data`` removed, ``capture: none``.
+    - otherwise the target is ``metadata``: a ``redacted`` ceiling on a
+      ``full`` event lands on ``metadata`` (§8.2(e): dropping fields cannot
+      establish the redaction provenance claim).
+    - registered types: fields above ``metadata`` dropped by the table;
+      ``[metadata*]`` content degraded structurally (prompt synthesized
+      from the envelope ``agent``/``subject`` and ``data.kind``, labels to
+      their item ids, ``answer.values`` keeps numbers/booleans only: a hop
+      has no request context to classify strings). No digest is derived.
+    - unregistered types: ``data`` dropped wholesale (no annotations, so the
+      conservative direction).
 
-def redact_text(text: str, policy: CapturePolicy) -> str:
-    """The AEP-0003 §9.4 pipeline over one string (fixture
-    ``redaction/cases.json``)."""
-    return text
-
-
-def digest(value: Any) -> str:
-    """``*_digest``: SHA-256 hex, first 16 bytes, over canonical JSON (keys
-    sorted, no spaces, ``ensure_ascii=False``); AEP-0003 §9.3."""
-    import hashlib
-    import json
-    raw = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(raw.encode("utf-8")).hexdigest()[:32]
+    An unknown ``capture`` value on the event is treated as ``full``. Raises
+    ``ValueError`` for an unknown ``ceiling``."""
+    rank(ceiling)
+    ev = _copy(event)
+    cap = event.get("capture", "metadata")
+    if cap not in _RANK:
+        cap = "full"
+    if _RANK[ceiling] >= _RANK[cap]:
+        return ev
+    target = "metadata" if ceiling == "redacted" else ceiling
+    ev["capture"] = target
+    data = ev.pop("data", None)
+    if target == "none":
+        return ev
+    node = _ct.node_for(str(event.get("type")))
+    if node is None or not isinstance(data, dict):
+        return ev
+    g = _Gate("metadata", _DEFAULT_POLICY, agent=event.get("agent"), subject=event.get("subject"),
+              form_fields=None, levels=None, structural=(), derive=False)
+    out = g.obj(node, data, "")
+    if out:
+        ev["data"] = out
+    return ev

@@ -117,8 +117,10 @@ class Stamper:
               severity: str | None = None,
               extensions: dict[str, Any] | None = None) -> dict[str, Any]:
         """Build one envelope. ``emission`` is ``{type, data?, subject?,
-        step?, severity?}``. The payload passes the capture gate at the
-        ceiling for its type; ``capture`` is stamped with the level honored.
+        step?, severity?, gating?}`` (``gating``: hints for
+        :func:`bridges.core.capture.gate`, not emitted). The payload passes
+        the capture gate at the ceiling for its type; ``capture`` is stamped
+        with the level honored.
         Raises ``ValueError`` for an ill-formed extension attribute
         (AEP-0001 §5.4) or a session-scoped type without a session."""
         type_ = emission["type"]
@@ -152,7 +154,14 @@ class Stamper:
         if sev and sev != "info":
             ev["severity"] = sev
         ceiling = self.policy.ceiling_for(type_)
-        data, level = _capture.gate(type_, emission.get("data"), ceiling, self.policy)
+        # ``gating``: optional hints for the gate, never put on the wire
+        # (``form_fields``, ``levels``, ``structural``; see capture.gate).
+        hints = emission.get("gating") or {}
+        data, level = _capture.gate(
+            type_, emission.get("data"), ceiling, self.policy,
+            agent=self.agent, subject=emission.get("subject"),
+            form_fields=hints.get("form_fields"), levels=hints.get("levels"),
+            structural=hints.get("structural") or ())
         ev["capture"] = level
         if data:
             ev["data"] = data

@@ -1,0 +1,139 @@
+"""Vendor fallback type naming: ``x.{vendor}.{family}.{leaf}`` (AEP-0001 §6).
+
+A vendor moment with no core equivalent degrades to a vendor extension type,
+named mechanically, never guessed, never dropped. The envelope grammar
+(``shared/aep/schemas/aep-event.schema.json``) is::
+
+    x\\.[a-z0-9_-]+\\.[a-z0-9_]+(\\.[a-z0-9_]+)+
+
+so the vendor token allows ``-`` and at least TWO ``[a-z0-9_]+`` segments
+follow it. Every function here returns a string matching that grammar for
+any input (property-tested in ``tests/unit/test_naming.py``).
+
+The design records name vendor moments in four mechanical ways, each a
+function below, each checked against the mapping pins:
+
+- :func:`kind_type`: a CamelCase (OpenHands ``kind``) or UPPER_SNAKE (AG-UI
+  ``type``) name: snake-case it, drop a trailing ``_event`` (OpenHands
+  only), split family from leaf at the LAST underscore, single-segment names
+  gain ``.event`` (``SandboxCheckpointEvent`` ->
+  ``x.openhands.sandbox.checkpoint``; ``MessageEvent`` ->
+  ``x.openhands.message.event``; ``TEXT_MESSAGE_CONTENT`` ->
+  ``x.agui.text_message.content``). Records:
+  ``docs/bridge-openhands-design.md``, ``docs/bridge-agui-design.md``.
+- :func:`path_type`: a JSON-RPC method or ``sessionUpdate`` tag (ACP): every
+  ``/`` and ``_`` separates a segment (``fs/read_text_file`` ->
+  ``x.acp.fs.read.text.file``; ``initialize`` -> ``x.acp.initialize.event``).
+  Record: ``docs/bridge-acp-design.md``.
+- :func:`dotted_type`: an already dotted bus/wire type (OpenCode and Kilo
+  Code SSE ``some.future.event``; Kimi web ``turn.started`` under the
+  ``web`` channel prefix). Records: ``docs/adapter-opencode-design.md``,
+  ``docs/adapter-kilocode-design.md``, ``docs/adapter-kimi-code-design.md``.
+- :func:`fallback_type` with a fixed family: the OTLP channel
+  (``x.codex.otel.{snake_of_event_name}``,
+  ``docs/bridge-otlp-inbound-design.md``) and hook vocabularies
+  (``x.kimi-code.session.{snake_case}``).
+
+Pure functions: no I/O, no globals beyond compiled patterns.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+
+TYPE_GRAMMAR = re.compile(r"^x\.[a-z0-9_-]+\.[a-z0-9_]+(\.[a-z0-9_]+)+$")
+"""The vendor-extension branch of the envelope ``type`` pattern."""
+
+MAX_SEGMENT = 64
+"""Longest segment emitted; longer ones are cut (a type is a routing key,
+not a payload)."""
+
+MAX_SEGMENTS = 12
+"""Most segments after the vendor token; deeper names keep their first ones."""
+
+_ACRONYM = re.compile(r"([A-Z]+)([A-Z][a-z])")
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
+_NOT_TOKEN = re.compile(r"[^a-z0-9]+")
+_NOT_VENDOR = re.compile(r"[^a-z0-9_-]+")
+
+
+def _ascii(name: str) -> str:
+    # "Réponse" -> "Reponse": keep what is legible, drop what is not.
+    return unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode("ascii")
+
+
+def snake(name: str) -> str:
+    """``CamelCase`` / ``UPPER_SNAKE`` / ``kebab-case`` / dotted -> ``snake_case``
+    tokens of ``[a-z0-9_]``: acronyms stay together (``ACPToolCallEvent`` ->
+    ``acp_tool_call_event``), every run of other characters becomes one
+    ``_``, leading/trailing ``_`` are stripped. May return ``""`` (nothing
+    legible); :func:`token` never does."""
+    s = _ascii(str(name))
+    s = _ACRONYM.sub(r"\1_\2", s)
+    s = _CAMEL.sub(r"\1_\2", s)
+    s = _NOT_TOKEN.sub("_", s.lower())
+    return s.strip("_")
+
+
+def token(name: str, default: str = "unknown") -> str:
+    """One type segment ``[a-z0-9_]+``: :func:`snake` of ``name``, cut to
+    :data:`MAX_SEGMENT`, ``default`` when nothing legible remains."""
+    s = snake(name)[:MAX_SEGMENT].strip("_")
+    return s or default
+
+
+def vendor_token(vendor: str) -> str:
+    """The vendor segment ``[a-z0-9_-]+``: lowercased, any other run of
+    characters becomes ``-`` (``Kimi Code`` -> ``kimi-code``, ``kilo.ai`` ->
+    ``kilo-ai``); ``vendor`` when nothing legible remains."""
+    s = _NOT_VENDOR.sub("-", _ascii(str(vendor)).lower()).strip("-_")
+    return s[:MAX_SEGMENT].strip("-_") or "vendor"
+
+
+def _segments(part: str) -> list[str]:
+    return [t for t in (token(p, "") for p in str(part).split(".")) if t]
+
+
+def fallback_type(vendor: str, family: str, leaf: str) -> str:
+    """``x.{vendor}.{family}.{leaf}``. ``family`` and ``leaf`` may each be
+    dotted (every segment sanitized by :func:`token`, empty segments
+    dropped). When fewer than two segments remain after the vendor, the
+    missing ones are ``unknown`` (family) / ``event`` (leaf), and at most
+    :data:`MAX_SEGMENTS` are kept, so the result always satisfies the grammar (``fallback_type("acp", "initialize", "")``
+    -> ``x.acp.initialize.event``)."""
+    segs = (_segments(family) + _segments(leaf))[:MAX_SEGMENTS]
+    if not segs:
+        segs = ["unknown", "event"]
+    elif len(segs) == 1:
+        segs.append("event")
+    return ".".join(["x", vendor_token(vendor), *segs])
+
+
+def kind_type(vendor: str, kind: str, *, drop_event_suffix: bool = True) -> str:
+    """OpenHands ``kind`` / AG-UI ``type`` naming (see the module
+    docstring): ``snake``, drop a trailing ``_event`` when
+    ``drop_event_suffix`` (OpenHands; AG-UI passes ``False``), split at the
+    last underscore, ``.event`` for single-segment names."""
+    s = token(kind)
+    if drop_event_suffix and s.endswith("_event") and len(s) > len("_event"):
+        s = s[: -len("_event")]
+    family, _, leaf = s.rpartition("_")
+    if not family:
+        return fallback_type(vendor, leaf, "event")
+    return fallback_type(vendor, family, leaf)
+
+
+def path_type(vendor: str, name: str) -> str:
+    """ACP method / update-tag naming: every ``/``, ``.`` and ``_``
+    (after snake-casing each piece) separates a segment; single-segment
+    names gain ``.event``."""
+    segs = [t for p in re.split(r"[/.]", str(name)) for t in snake(p).split("_") if t]
+    return fallback_type(vendor, ".".join(segs), "")
+
+
+def dotted_type(vendor: str, name: str, *, prefix: str | None = None) -> str:
+    """A dotted vendor type kept as its own segments (each sanitized by
+    :func:`token`), optionally under a channel ``prefix`` (Kimi web:
+    ``prefix="web"``, ``turn.started`` -> ``x.kimi-code.web.turn.started``).
+    A single segment gains ``.event``."""
+    return fallback_type(vendor, prefix or "", str(name))
