@@ -95,6 +95,7 @@ async def test_real_codex_exports_the_conversation(scenario, codex_bin, tmp_path
     assert run.returncode == 0, run.describe()
     assert not mock.egress(), f"Codex tried to leave the machine: " \
         f"{[(r.method, r.path, r.headers.get('host')) for r in mock.egress()]}"
+    assert not mock.problems, mock.problems
     assert len(mock.tool_calls) == 1, run.describe()
     call_id, _tool, _args = mock.tool_calls[0]
     outputs = [o for o in mock.tool_outputs() if o.get("call_id") == call_id]

@@ -78,6 +78,8 @@ class MockResponsesServer:
     Attributes:
         requests: every request received, in arrival order.
         tool_calls: ``(call_id, tool_name, arguments_dict)`` for each tool call sent.
+        problems: script failures (e.g. no shell-like tool offered); the request
+            got a ``response.failed`` event. Tests assert this stays empty.
         base_url: ``http://127.0.0.1:<port>/v1`` once :meth:`serve` has started.
     """
 
@@ -85,6 +87,7 @@ class MockResponsesServer:
     final_text: str = FINAL_TEXT
     requests: list[RecordedRequest] = field(default_factory=list)
     tool_calls: list[tuple[str, str, dict]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
     base_url: str | None = None
     _seq: int = 0
 
@@ -199,7 +202,10 @@ class MockResponsesServer:
         names = _tool_names(payload)
         name = next((n for n in _SHELL_TOOLS if n in names), None)
         if name is None:
-            raise AssertionError(f"mock: no shell-like tool offered; tools={sorted(names)}")
+            self.problems.append(f"no shell-like tool offered; tools={sorted(names)}")
+            return [_created(resp_id), {"type": "response.failed", "response": {
+                "id": resp_id, "status": "failed",
+                "error": {"code": "mock_script", "message": self.problems[-1]}}}]
         args = _SHELL_TOOLS[name](self.command)
         call_id = self._next_id("call")
         self.tool_calls.append((call_id, name, args))
