@@ -12,7 +12,6 @@ import json
 import logging
 from typing import Any
 
-import jsonschema
 import pytest
 import trio
 
@@ -20,6 +19,7 @@ from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.core.ledger import CommandLedger, Refuse, Unreachable, WriteResult
+from tests.support.schema import validate_event, validate_stream
 from tests.support.shared import aep_dir
 
 ACCEPTS = ["control.cancel", "control.pause"]
@@ -27,14 +27,9 @@ SENDER = "aep://phone/agent/telegram-sink"
 EPOCH = 7
 
 
-def _schema(path: str) -> dict[str, Any]:
-    return json.loads((aep_dir() / "schemas" / path).read_text())
-
-
 def assert_valid(ev: dict[str, Any]) -> None:
-    """Envelope schema + payload schema (schemas/types/{type}.schema.json)."""
-    jsonschema.validate(ev, _schema("aep-event.schema.json"))
-    jsonschema.validate(ev.get("data", {}), _schema(f"types/{ev['type']}.schema.json"))
+    """Envelope schema + payload schema + capture honesty (tests/support/schema.py)."""
+    validate_event(ev)
 
 
 def command(type_: str = "control.cancel", *, id_: str = "01CMD0000000000000000000001",
@@ -135,6 +130,8 @@ async def test_redelivery_reemits_the_recorded_ack_byte_identically_without_re_e
         again = await ledger.handle(dict(cmd), write=write)
         third = await ledger.handle(dict(cmd), write=write)
     outs = rig.drain()
+    # one decision; re-sends are pure duplicates (outs[0] is the dict mutated above)
+    validate_stream([json.loads(wire_first), outs[1].event, outs[2].event])
     assert [o.redelivery for o in outs] == [False, True, True]
     assert json.dumps(outs[1].event) == wire_first
     assert json.dumps(outs[2].event) == wire_first
@@ -515,6 +512,7 @@ async def test_serve_decides_commands_concurrently_from_the_inbox(autojump_clock
         # both writes ran side by side: everything decided well inside one guard
         assert trio.current_time() - t0 < 8
     outs = rig.drain()
+    validate_stream(o.event for o in outs)
     by_cause = {o.event["cause"]: o.event["type"] for o in outs}
     assert len(outs) == 3
     assert by_cause == {"S1": "control.accepted", "S2": "control.accepted",
