@@ -51,12 +51,15 @@ EVENTS: dict[str, EventSpec] = {
         meta=("prompt_length", "text_input_count", "image_input_count",
               "local_image_input_count")),
     "codex.tool_decision": EventSpec(
-        "tool_decision", meta=("tool_name", "call_id", "decision", "source")),
+        "tool_decision",
+        meta=("tool_name", "tool_namespace", "call_id", "decision", "source")),
     "codex.tool_result": EventSpec(
         "tool_result",
-        meta=("tool_name", "call_id", "success", "duration_ms", "mcp_server", "tool_origin",
-              "mcp_tool", "arguments_length", "output_length", "output_line_count"),
-        redacted=_ERR + ("mcp_server_origin",),
+        meta=("tool_name", "tool_namespace", "call_id", "tool_result_seq", "success",
+              "duration_ms", "output_truncated", "mcp_server", "tool_origin", "mcp_tool",
+              "arguments_length", "output_length", "output_line_count"),
+        # agent_name is a filesystem path on 0.171 ("/root"): redacted-grade.
+        redacted=_ERR + ("mcp_server_origin", "agent_name"),
         full=("arguments", "output")),
     "codex.api_request": EventSpec(
         "api_request",
@@ -66,8 +69,8 @@ EVENTS: dict[str, EventSpec] = {
     "codex.sse_event": EventSpec(
         "sse_event",
         meta=("kind", "event.kind", "success", "duration_ms", "input_token_count",
-              "output_token_count", "cached_token_count", "reasoning_token_count",
-              "tool_token_count"),
+              "output_token_count", "cached_token_count", "cache_write_token_count",
+              "reasoning_token_count", "tool_token_count", "ttft_ms"),
         redacted=_ERR),
     "codex.websocket_request": EventSpec(
         "websocket_request", meta=("duration_ms", "success", "auth.connection_reused"),
@@ -205,9 +208,14 @@ def _tool_result(a: dict[str, Any], posture: Posture, notes: list[str]) -> list[
     # synthesized; the text is redacted-gated (pin tool_result_fail).
     error: dict[str, Any] = {"type": "tool_error"}
     text = a.get("error", a.get("error.message"))
+    output = a.get("output")
     if isinstance(text, str) and text and posture.allows("tool.failed", "redacted"):
         error["message"] = (text if posture.allows("tool.failed", "full")
                             else _capture.redact_text(text, posture.policy))
+    elif isinstance(output, str) and output and posture.allows("tool.failed", "full"):
+        # 0.171 sends no error attribute; the reason is in the output,
+        # which is full-grade content (design record).
+        error["message"] = output
     return [{"type": "tool.failed", "data": {"tool": tool, "error": error},
              "subject": tool["name"]}]
 

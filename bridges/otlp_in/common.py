@@ -129,7 +129,8 @@ def event_name(rec: dict[str, Any], notes: list[str]) -> str | None:
     """The record's event name, wherever the exporter put it: the
     ``event.name`` attribute (the pins, Codex's tracing bridge), else the
     LogRecord's own ``event_name`` field (OTLP proto >= 1.5, the OTel Events
-    model), else a body that is exactly a dotted name (older event APIs).
+    model) when it is a dotted name, else a body that is exactly a dotted
+    name (older event APIs).
     ``None`` when none holds a usable name (noted ``otlp.no_event_name``)."""
     attrs = rec.get("attributes")
     a = attrs.get("event.name") if isinstance(attrs, dict) else None
@@ -137,9 +138,11 @@ def event_name(rec: dict[str, Any], notes: list[str]) -> str | None:
         return a[:MAX_EVENT_NAME]
     if a is not None:
         notes.append("otlp.value_unexpected")
+    # Codex 0.171 fills event_name with its tracing callsite ("event
+    # otel/src/events/session_telemetry.rs:737"): only a dotted name counts.
     e = rec.get("event_name")
-    if isinstance(e, str) and e:
-        return e[:MAX_EVENT_NAME]
+    if isinstance(e, str) and len(e) <= MAX_EVENT_NAME and _EVENT_NAME_RE.fullmatch(e):
+        return e
     b = rec.get("body")
     if isinstance(b, str) and len(b) <= MAX_EVENT_NAME and _EVENT_NAME_RE.fullmatch(b):
         return b

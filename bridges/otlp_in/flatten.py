@@ -171,7 +171,7 @@ def _json_int(x: Any) -> int | None:
         return int(x)
     if isinstance(x, str):
         s = x.strip()
-        if s[:1] in "+-":
+        if s[:1] and s[0] in "+-":
             sign, s = s[0], s[1:]
         else:
             sign = ""

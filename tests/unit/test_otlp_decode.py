@@ -1,0 +1,119 @@
+"""Body decoding of the OTLP/HTTP receiver without sockets: content types,
+content encodings, capped gzip inflation (bombs), undecodable payloads
+(OTLP spec "OTLP/HTTP": 400 / 413 / 415)."""
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+
+import pytest
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from bridges.otlp_in.receiver import (Accepted, BadRequest, decode_http_body, gunzip_capped,
+                                      response_message)
+
+LIMIT = 64 * 1024
+
+
+def _bomb(size: int) -> bytes:
+    # zeros compress ~1000:1: a 4 MiB target is a ~4 KiB body
+    co = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    chunk = b"\x00" * (1 << 20)
+    out = bytearray()
+    for _ in range(size >> 20):
+        out += co.compress(chunk)
+    return bytes(out + co.flush())
+
+
+def test_gunzip_roundtrip_and_multi_member():
+    assert gunzip_capped(gzip.compress(b"abc"), LIMIT) == b"abc"
+    assert gunzip_capped(gzip.compress(b"ab") + gzip.compress(b"cd"), LIMIT) == b"abcd"
+
+
+def test_gzip_bomb_is_refused_without_inflating_it_all():
+    bomb = _bomb(1 << 28)  # 256 MiB of zeros
+    assert len(bomb) < 2 * 1024 * 1024
+    with pytest.raises(BadRequest) as e:
+        gunzip_capped(bomb, LIMIT)
+    assert e.value.status == 413 and e.value.counter == "otlp.too_large"
+
+
+def test_gzip_bomb_spread_over_members_is_refused():
+    member = gzip.compress(b"\x00" * (LIMIT // 2 + 1))
+    with pytest.raises(BadRequest) as e:
+        gunzip_capped(member + member, LIMIT)
+    assert e.value.status == 413
+
+
+@pytest.mark.parametrize("body", [b"\x1f\x8b\x08\x00garbage", gzip.compress(b"x" * 100)[:-9],
+                                  b"plain, not gzip", gzip.compress(b"ok") + b"junk"])
+def test_corrupt_or_truncated_gzip_is_400(body):
+    with pytest.raises(BadRequest) as e:
+        gunzip_capped(body, LIMIT)
+    assert e.value.status == 400
+
+
+@pytest.mark.parametrize("ctype,status", [
+    (None, 415), ("text/plain", 415), ("application/grpc", 415), ("application/xml", 415),
+    ("multipart/form-data; boundary=x", 415),
+])
+def test_unsupported_content_types(ctype, status):
+    with pytest.raises(BadRequest) as e:
+        decode_http_body(ctype, None, b"{}", LIMIT, [])
+    assert e.value.status == status and e.value.counter == "otlp.unsupported_media_type"
+
+
+@pytest.mark.parametrize("enc", ["br", "deflate", "zstd", "gzip, br"])
+def test_unsupported_content_encodings(enc):
+    with pytest.raises(BadRequest) as e:
+        decode_http_body("application/json", enc, b"{}", LIMIT, [])
+    assert e.value.status == 415 and e.value.counter == "otlp.unsupported_encoding"
+
+
+def test_accepted_media_types_and_parameters():
+    assert decode_http_body("application/json; charset=utf-8", None, b"{}", LIMIT, []) == (True, [])
+    assert decode_http_body("Application/X-Protobuf", "identity", b"", LIMIT, []) == (False, [])
+    assert decode_http_body("application/protobuf", "GZIP", gzip.compress(b""), LIMIT, []) == \
+        (False, [])
+
+
+@pytest.mark.parametrize("ctype,body", [
+    ("application/x-protobuf", b"garbage bytes \x00\xff\xfe"),
+    ("application/x-protobuf", b"\x0a\xff"),  # a length prefix running past the end
+    ("application/json", b"{not json"),
+    ("application/json", b"\xff\xfe\x00"),
+    ("application/json", b"[" * 100_000),  # recursion bomb for the JSON parser
+    ("application/json", b'["a", "list"]'),
+    ("application/json", b'{"resourceLogs": {"not": "a list"}}'),
+])
+def test_undecodable_payloads_are_400(ctype, body):
+    with pytest.raises(BadRequest) as e:
+        decode_http_body(ctype, None, body, LIMIT, [])
+    assert e.value.status == 400 and e.value.counter == "otlp.undecodable"
+
+
+def test_truncated_protobuf_is_400():
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    req = ExportLogsServiceRequest()
+    lr = req.resource_logs.add().scope_logs.add().log_records.add()
+    lr.attributes.append(KeyValue(key="event.name", value=AnyValue(string_value="codex.x" * 20)))
+    raw = req.SerializeToString()
+    assert decode_http_body("application/x-protobuf", None, raw, LIMIT, [])[1]
+    with pytest.raises(BadRequest) as e:
+        decode_http_body("application/x-protobuf", None, raw[:-7], LIMIT, [])
+    assert e.value.status == 400
+
+
+def test_inflated_size_limit_applies_to_gzip_bodies():
+    body = json.dumps({"pad": "x" * LIMIT}).encode()
+    with pytest.raises(BadRequest) as e:
+        decode_http_body("application/json", "gzip", gzip.compress(body), LIMIT, [])
+    assert e.value.status == 413
+
+
+def test_response_message_partial_success():
+    assert response_message(Accepted()).SerializeToString() == b""
+    resp = response_message(Accepted(2, "2 LogRecords rejected: no session key"))
+    assert resp.partial_success.rejected_log_records == 2
+    assert resp.partial_success.error_message == "2 LogRecords rejected: no session key"
