@@ -1,0 +1,504 @@
+"""The real OpenHands agent server for the tests, and the mock model it talks to.
+
+Three parts, all loopback-only:
+
+- :func:`install_agent_server` / :func:`require_agent_server`: the real
+  ``openhands-agent-server`` from PyPI (pinned :data:`OH_VERSION`), installed
+  ONCE into its own Python >= 3.12 virtual environment under the vendor cache
+  outside the checkout, keyed by version::
+
+      ${AEP_VENDOR_CACHE:-~/.cache/aep-bridges/vendors}/openhands-agent-server@<ver>/venv
+
+  An exclusive ``fcntl`` lock serialises concurrent installers and a marker
+  file is written only after pip succeeded. The interpreter is found by
+  :func:`find_python312` (``AEP_PYTHON312``, ``python3.12``/``3.13`` on PATH,
+  then pyenv's versions); none found, or the registry unreachable, skips the
+  calling test LOUDLY (``warnings.warn`` + ``pytest.skip``).
+- :class:`AgentServer`: one server process (``python -m openhands.agent_server
+  --host 127.0.0.1 --port P``; the host is ALWAYS passed: with a session key
+  and no host the server binds every interface) with a session API key, its
+  offline switches (no tool preloading, no VS Code, no browser, telemetry off
+  by ``DO_NOT_TRACK``, litellm's bundled model-cost map) and every data
+  directory in a scratch directory. Synchronous (``subprocess``) so one server
+  can serve a whole test module while each test runs its own trio loop.
+- :class:`MockModel`: an OpenAI-compatible ``/v1/chat/completions`` endpoint
+  (hypercorn, trio worker, in the test's own trio loop; the server's litellm
+  layer calls it). Stateless per conversation: a request whose last message is
+  the user's gets a ``terminal`` tool call (``echo`` of a marker), a request
+  whose last message is a tool result gets a ``finish`` tool call. A user text
+  containing ``[hold]`` makes the answer wait until :meth:`MockModel.release`
+  (a way to keep a conversation ``running``); ``[chat]`` answers with plain
+  text; ``MockModel.fail_status`` answers every request with that HTTP status.
+  The "unreachable model" mode is a base URL nobody listens on
+  (:func:`dead_url`).
+
+``python -m tests.support.openhands capture`` regenerates
+``tests/fixtures/openhands_real/`` from a live server (see that README).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+OH_VERSION = "1.58.2"
+PACKAGE = "openhands-agent-server"
+MARKER = ".aep-installed"
+PIP_TIMEOUT_S = 900
+START_TIMEOUT_S = 120
+SESSION_KEY = "aep-test-session-key-" + "0123456789abcdef"
+
+
+class VendorUnavailable(RuntimeError):
+    """The environment cannot provide the vendor (no 3.12 interpreter, the
+    registry unreachable). Tests skip loudly on this."""
+
+
+# ---------------------------------------------------------------------------
+# install
+# ---------------------------------------------------------------------------
+
+def cache_root() -> Path:
+    try:
+        from tests.support.vendors import cache_root as _root
+        return _root()
+    except ImportError:  # pragma: no cover - the npm helper is absent
+        env = os.environ.get("AEP_VENDOR_CACHE")
+        if env:
+            return Path(env).expanduser()
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aep-bridges" / "vendors"
+
+
+def skip_loudly(reason: str) -> None:
+    """``warnings.warn`` + ``pytest.skip`` with the same message (never returns)."""
+    import pytest
+    msg = f"REAL VENDOR UNAVAILABLE, test NOT run: {reason}"
+    warnings.warn(msg, stacklevel=2)
+    pytest.skip(msg)
+
+
+def _py_version(exe: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run([exe, "-c", "import sys; print(sys.version_info[0], sys.version_info[1])"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    try:
+        major, minor = (int(x) for x in out.stdout.split())
+    except ValueError:
+        return None
+    return major, minor
+
+
+def find_python312() -> str | None:
+    """A Python >= 3.12 interpreter: ``$AEP_PYTHON312``, then ``python3.12`` /
+    ``python3.13`` on PATH, then pyenv (``$PYENV_ROOT`` or ``~/.pyenv``)
+    versions, newest 3.12 first. ``None`` when there is none."""
+    cands: list[str] = []
+    if os.environ.get("AEP_PYTHON312"):
+        cands.append(os.environ["AEP_PYTHON312"])
+    for name in ("python3.12", "python3.13"):
+        p = shutil.which(name)
+        if p:
+            cands.append(p)
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    if root.is_dir():
+        vers = sorted((d for d in root.iterdir() if d.name.startswith(("3.12", "3.13"))),
+                      key=lambda d: d.name, reverse=True)
+        vers.sort(key=lambda d: not d.name.startswith("3.12"))  # 3.12 first: the tested line
+        for d in vers:
+            for exe in ("python3.12", "python3.13", "python3"):
+                if (d / "bin" / exe).exists():
+                    cands.append(str(d / "bin" / exe))
+                    break
+    for c in cands:
+        v = _py_version(c)
+        if v and v >= (3, 12):
+            return c
+    return None
+
+
+def install_dir(version: str = OH_VERSION) -> Path:
+    return cache_root() / f"{PACKAGE}@{version}"
+
+
+def install_agent_server(version: str = OH_VERSION) -> Path:
+    """Install ``openhands-agent-server==version`` (once) and return the
+    venv's python. Raises :class:`VendorUnavailable` when no 3.12 interpreter
+    exists or pip cannot reach the registry; ``RuntimeError`` for anything
+    else (a wrong pin fails the test, it is not an environment problem)."""
+    target = install_dir(version)
+    py = target / "venv" / "bin" / "python"
+    if (target / MARKER).exists() and py.exists():
+        return py
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock = open(str(target) + ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / MARKER).exists() and py.exists():
+            return py
+        base = find_python312()
+        if base is None:
+            raise VendorUnavailable(
+                f"{PACKAGE} needs Python >= 3.12 and none was found "
+                "(set AEP_PYTHON312, put python3.12 on PATH, or install one with pyenv)")
+        if target.exists():
+            shutil.rmtree(target)  # an interrupted install is redone, never half-used
+        target.mkdir(parents=True)
+        t0 = time.monotonic()
+        subprocess.run([base, "-m", "venv", str(target / "venv")], check=True, timeout=120)
+        res = subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+             f"{PACKAGE}=={version}"],
+            capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        if res.returncode != 0:
+            err = (res.stderr or res.stdout)[-2000:]
+            shutil.rmtree(target, ignore_errors=True)
+            low = err.lower()
+            if any(s in low for s in ("connection", "temporary failure", "name resolution",
+                                      "timed out", "network is unreachable", "proxy")):
+                raise VendorUnavailable(f"pip could not reach the registry for {PACKAGE}: {err[-300:]}")
+            raise RuntimeError(f"pip install {PACKAGE}=={version} failed:\n{err}")
+        (target / MARKER).write_text(json.dumps({
+            "package": PACKAGE, "version": version, "python": base,
+            "install_seconds": round(time.monotonic() - t0, 1)}) + "\n")
+        return py
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+def require_agent_server(version: str = OH_VERSION) -> Path:
+    """:func:`install_agent_server` for tests: skips loudly when the
+    environment cannot provide the server."""
+    try:
+        return install_agent_server(version)
+    except VendorUnavailable as e:
+        skip_loudly(str(e))
+        raise  # unreachable
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def dead_url() -> str:
+    """A base URL on loopback where nothing listens (the unreachable model)."""
+    return f"http://127.0.0.1:{free_port()}/v1"
+
+
+# ---------------------------------------------------------------------------
+# the server process
+# ---------------------------------------------------------------------------
+
+@dataclass
+class AgentServer:
+    """One real agent server bound to 127.0.0.1. ``url``, ``key``,
+    ``scratch`` (its data dirs), ``log_path`` (its stdout+stderr)."""
+
+    python: Path
+    key: str | None = SESSION_KEY
+    scratch: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="aep-oh-")))
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.scratch / "server.log"
+
+    @property
+    def workspace(self) -> Path:
+        return self.scratch / "workspace" / "project"
+
+    def env(self) -> dict[str, str]:
+        s = self.scratch
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("OH_", "OPENHANDS_", "LITELLM_", "SESSION_API_KEY", "AEP_"))}
+        env.update({
+            "HOME": str(s / "home"),
+            "OPENHANDS_AGENT_SERVER_CONFIG_PATH": str(s / "no-config.json"),
+            "OH_CONVERSATIONS_PATH": str(s / "workspace" / "conversations"),
+            "OH_WORKSPACE_PATH": str(self.workspace),
+            "OH_BASH_EVENTS_DIR": str(s / "workspace" / "bash_events"),
+            "OH_PERSISTENCE_DIR": str(s / "persistence"),
+            "OH_CONVERSATION_WORKTREE_ROOT": str(s / "worktrees"),
+            "OH_PRELOAD_TOOLS": "false",
+            "OH_ENABLE_VSCODE": "false",
+            "OH_ENABLE_BROWSER": "false",
+            "OH_LEASE_TTL_SECONDS": "0",
+            "OH_TELEMETRY_CONSENT": "denied",
+            "DO_NOT_TRACK": "1",
+            "OPENHANDS_SUPPRESS_BANNER": "1",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "LOG_JSON": "false",
+            "TMUX_TMPDIR": str(s / "tmux"),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        })
+        if self.key:
+            env["SESSION_API_KEY"] = self.key
+        return env
+
+    def start(self) -> "AgentServer":
+        for d in ("home", "workspace/project", "workspace/conversations", "persistence", "tmux"):
+            (self.scratch / d).mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(self.python), "-m", "openhands.agent_server",
+             "--host", "127.0.0.1", "--port", str(self.port)],
+            env=self.env(), cwd=self.scratch, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"agent server exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                r = httpx.get(self.url + "/health", timeout=2)
+                if r.status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"agent server not ready in {START_TIMEOUT_S}s:\n{self.tail()}")
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=10)
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    # -- REST helpers (the test's own client; the bridge has its own) ---
+    def headers(self) -> dict[str, str]:
+        return {"X-Session-API-Key": self.key} if self.key else {}
+
+    def conversation_request(self, model_url: str, text: str | None = "list the files [mark]",
+                             *, confirm: bool = True, retries: int = 0) -> dict[str, Any]:
+        """A ``StartConversationRequest`` body: the mock model at
+        ``model_url`` (chat completions), the terminal tool only, a local
+        workspace, ``AlwaysConfirm`` (or ``NeverConfirm``)."""
+        body: dict[str, Any] = {
+            "agent_settings": {
+                "agent_kind": "openhands",
+                "llm": {
+                    "model": "openai/aep-mock",
+                    "base_url": model_url,
+                    "api_key": "mock-key",
+                    "api_mode": "chat",
+                    "num_retries": retries,
+                    "retry_min_wait": 1,
+                    "retry_max_wait": 1,
+                    "timeout": 60,
+                    "usage_id": "aep-mock",
+                },
+                "tools": [{"name": "terminal"}],
+            },
+            "workspace": {"working_dir": str(self.workspace)},
+            "confirmation_policy": {"kind": "AlwaysConfirm" if confirm else "NeverConfirm"},
+            "autotitle": False,
+            "stuck_detection": False,
+            "max_iterations": 20,
+        }
+        if text is not None:
+            body["initial_message"] = {"role": "user", "content": [{"type": "text", "text": text}],
+                                       "run": False}
+        return body
+
+
+# ---------------------------------------------------------------------------
+# the mock model
+# ---------------------------------------------------------------------------
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+@dataclass
+class MockModel:
+    """See the module docstring. ``url`` (``http://127.0.0.1:P/v1``) once
+    :meth:`serve` started; ``requests``: every chat body received;
+    ``held``: how many requests are waiting on :meth:`release`."""
+
+    url: str | None = None
+    requests: list[dict] = field(default_factory=list)
+    fail_status: int | None = None
+    held: int = 0
+    command: str = "echo aep-mock-ran"
+    _release: trio.Event = field(default_factory=trio.Event)
+    _seq: int = 0
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        from hypercorn.config import Config as HypercornConfig
+        from hypercorn.trio import serve as hypercorn_serve
+        config = HypercornConfig()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        config.errorlog = None
+        config.graceful_timeout = 0.2
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
+            self.url = binds[0].rstrip("/") + "/v1"
+            task_status.started(self.url)
+
+    def release(self) -> None:
+        """Let every held request (and every later ``[hold]``) answer."""
+        self._release.set()
+
+    def rearm(self) -> None:
+        self._release = trio.Event()
+
+    def _answer(self, body: dict) -> tuple[dict, float]:
+        msgs = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        last = msgs[-1] if msgs else {}
+        self._seq += 1
+        n = self._seq
+        user_texts = [_text_of(m.get("content")) for m in msgs if m.get("role") == "user"]
+        if last.get("role") == "tool":
+            call = {"id": f"call_finish_{n}", "type": "function",
+                    "function": {"name": "finish",
+                                 "arguments": json.dumps({"message": "Done: the command ran."})}}
+            return self._completion(n, None, [call]), 0
+        if user_texts and "[chat]" in user_texts[-1]:
+            return self._completion(n, "Hello from the mock model.", None), 0
+        call = {"id": f"call_term_{n}", "type": "function",
+                "function": {"name": "terminal",
+                             "arguments": json.dumps({"command": self.command,
+                                                      "summary": "run the marker command",
+                                                      "security_risk": "LOW"})}}
+        return self._completion(n, None, [call]), 0
+
+    def _completion(self, n: int, text: str | None, calls: list | None) -> dict:
+        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            msg["tool_calls"] = calls
+        return {"id": f"chatcmpl-aep-{n}", "object": "chat.completion", "created": int(time.time()),
+                "model": "aep-mock",
+                "choices": [{"index": 0, "message": msg,
+                             "finish_reason": "tool_calls" if calls else "stop"}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+
+    async def _app(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.request":
+                raw += msg.get("body", b"")
+                if not msg.get("more_body"):
+                    break
+            else:
+                return
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = {}
+        path = scope.get("path", "")
+        if not path.endswith("/chat/completions"):
+            await _send_json(send, 404, {"error": {"message": f"no route {path}"}})
+            return
+        self.requests.append(body)
+        if self.fail_status:
+            await _send_json(send, self.fail_status,
+                             {"error": {"message": "mock model failure", "type": "server_error",
+                                        "code": str(self.fail_status)}})
+            return
+        users = [_text_of(m.get("content")) for m in body.get("messages") or []
+                 if isinstance(m, dict) and m.get("role") == "user"]
+        last = (body.get("messages") or [{}])[-1]
+        if users and "[hold]" in users[-1] and isinstance(last, dict) and last.get("role") == "user":
+            self.held += 1
+            try:
+                await self._release.wait()
+            finally:
+                self.held -= 1
+        answer, _ = self._answer(body)
+        if body.get("stream"):
+            await _send_stream(send, answer)
+        else:
+            await _send_json(send, 200, answer)
+
+
+async def _send_json(send, status: int, obj: Any) -> None:
+    data = json.dumps(obj).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _send_stream(send, answer: dict) -> None:
+    """The same completion as one SSE chunk + ``[DONE]`` (for ``stream: true``)."""
+    choice = answer["choices"][0]
+    delta = dict(choice["message"])
+    if delta.get("tool_calls"):
+        delta["tool_calls"] = [dict(c, index=i) for i, c in enumerate(delta["tool_calls"])]
+    chunk = {"id": answer["id"], "object": "chat.completion.chunk", "created": answer["created"],
+             "model": answer["model"],
+             "choices": [{"index": 0, "delta": delta, "finish_reason": choice["finish_reason"]}]}
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")]})
+    await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
+                "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def new_conversation_id() -> str:
+    return str(uuid.uuid4())
