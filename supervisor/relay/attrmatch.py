@@ -1,0 +1,177 @@
+"""The ``attr-match`` filter dialect (AEP-0003 §6): validation that fails
+closed and a compiled matcher for the fan-out hot path.
+
+Pure: no I/O, no clocks, no globals beyond constants. The corpus
+``conformance/fixtures/attr-match/cases.json`` pins the behavior
+(``tests/unit/test_attrmatch.py``).
+
+Grammar (§6.1)::
+
+    Filter      = { (AttrName : Predicate)* }        conjunction; {} matches all
+    Predicate   = Scalar | [Scalar+]                  equality / any-of
+                | TypePattern | [TypePattern+]        "type" only ("p.*")
+                | {"gte": L} | {"lte": L} | both      "severity" only
+    Scalar      = JSON string / integer / boolean     (no float, no null)
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Mapping
+
+SEVERITIES = ("debug", "info", "notice", "warning", "error", "critical")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+CAPTURES = ("none", "metadata", "redacted", "full")
+CAPTURE_RANK = {c: i for i, c in enumerate(CAPTURES)}
+
+#: Every core envelope attribute (AEP-0001 §5.1); none is a legal extension key.
+CORE_ATTRS = frozenset({
+    "aep", "id", "type", "subject", "time", "source", "agent", "session", "run",
+    "step", "seq", "epoch", "cause", "traceparent", "severity", "capture", "data",
+})
+#: The filterable core subset (§6.2 rule 1); ``time``, ``seq``, ``aep``,
+#: ``traceparent`` and ``data`` are carried, never filtered.
+FILTERABLE = frozenset({
+    "id", "type", "subject", "source", "agent", "session", "run", "step",
+    "epoch", "cause", "severity", "capture",
+})
+#: AEP-0001 defaults applied before matching when the event omits them (§6.2 rule 5).
+DEFAULTS: Mapping[str, Any] = {"severity": "info", "capture": "metadata", "epoch": 0}
+
+_EXT_NAME = re.compile(r"[a-z0-9]{1,20}\Z")
+# "p.*": one or more dot-separated tokens, then ".*" (never "*" alone).
+_TYPE_PATTERN = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.\*\Z")
+_MISSING = object()
+
+
+class InvalidFilter(ValueError):
+    """The filter is malformed or names an illegal key (§6.5 ``invalid-filter``).
+    ``str(exc)`` is a one-line detail safe to send back to the client."""
+
+
+def _tag(v: Any) -> str | None:
+    """JSON type tag for exact, coercion-free comparison (``true`` != ``1``)."""
+    if isinstance(v, bool):
+        return "b"
+    if isinstance(v, int):
+        return "i"
+    if isinstance(v, str):
+        return "s"
+    return None
+
+
+def _check_scalar(key: str, v: Any) -> None:
+    if _tag(v) is None:
+        raise InvalidFilter(
+            f"predicate values must be JSON strings, integers or booleans ({key})")
+    if isinstance(v, str) and "*" in v:
+        if key != "type":
+            raise InvalidFilter(f'glob patterns are only legal on "type" ({key})')
+        if not _TYPE_PATTERN.match(v):
+            raise InvalidFilter(f"bad type pattern {v!r} (form: prefix.*)")
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, str):
+        raise InvalidFilter("filter keys must be strings")
+    if key in FILTERABLE:
+        return
+    if key in CORE_ATTRS:
+        raise InvalidFilter(f"attribute not filterable: {key}")
+    if not _EXT_NAME.match(key):
+        raise InvalidFilter(f"unknown filter key: {key}")
+
+
+def validate_filter(flt: Any) -> None:
+    """Raise :class:`InvalidFilter` unless ``flt`` is a valid attr-match filter
+    (§6.1, §6.2 rule 1). Never partially accepts: fail closed."""
+    if not isinstance(flt, dict):
+        raise InvalidFilter("filter must be a JSON object")
+    for key, pred in flt.items():
+        _check_key(key)
+        if isinstance(pred, dict):
+            if key != "severity":
+                raise InvalidFilter(f"comparison objects are only legal on \"severity\" ({key})")
+            if not pred:
+                raise InvalidFilter("severity comparison needs gte and/or lte")
+            for op, level in pred.items():
+                if op not in ("gte", "lte"):
+                    raise InvalidFilter(f"severity comparison allows gte/lte only (got {op!r})")
+                if not isinstance(level, str) or level not in SEVERITY_RANK:
+                    raise InvalidFilter(f"unknown severity level: {level!r}")
+            continue
+        if isinstance(pred, list):
+            if not pred:
+                raise InvalidFilter(f"empty inclusion array on {key}")
+            for v in pred:
+                _check_scalar(key, v)
+            continue
+        _check_scalar(key, pred)
+
+
+def _compile_one(key: str, pred: Any) -> Callable[[Any], bool]:
+    if isinstance(pred, dict):  # severity comparison (validated)
+        lo = SEVERITY_RANK[pred["gte"]] if "gte" in pred else 0
+        hi = SEVERITY_RANK[pred["lte"]] if "lte" in pred else len(SEVERITIES) - 1
+
+        def sev_cmp(v: Any) -> bool:
+            r = SEVERITY_RANK.get(v) if isinstance(v, str) else None
+            return r is not None and lo <= r <= hi
+        return sev_cmp
+
+    alts = pred if isinstance(pred, list) else [pred]
+    exact = frozenset((_tag(a), a) for a in alts
+                      if not (key == "type" and isinstance(a, str) and a.endswith(".*")))
+    prefixes = tuple(a[:-1] for a in alts
+                     if key == "type" and isinstance(a, str) and a.endswith(".*"))
+
+    if not prefixes:
+        def eq(v: Any) -> bool:
+            t = _tag(v)
+            return t is not None and (t, v) in exact
+        return eq
+
+    def eq_or_prefix(v: Any) -> bool:
+        t = _tag(v)
+        if t is None:
+            return False
+        if (t, v) in exact:
+            return True
+        # "p.*" matches types strictly beginning with "p." (never "p" itself)
+        return t == "s" and any(v.startswith(p) and len(v) > len(p) for p in prefixes)
+    return eq_or_prefix
+
+
+class Filter:
+    """A validated, compiled attr-match filter.
+
+    ``Filter(obj)`` raises :class:`InvalidFilter`; ``f.matches(attrs)`` tests
+    one event's envelope attributes (a mapping; ``data`` is never consulted).
+    ``f.source`` is the filter object as given."""
+
+    __slots__ = ("source", "_preds", "sessions")
+
+    def __init__(self, flt: Any) -> None:
+        validate_filter(flt)
+        self.source = flt
+        self._preds = tuple((k, DEFAULTS.get(k, _MISSING), _compile_one(k, p))
+                            for k, p in flt.items())
+        s = flt.get("session")
+        #: the exact session names this filter pins, if it pins any (replay hint)
+        self.sessions: tuple[str, ...] = tuple(
+            v for v in (s if isinstance(s, list) else [s]) if isinstance(v, str)) \
+            if s is not None else ()
+
+    def matches(self, attrs: Mapping[str, Any]) -> bool:
+        for key, default, test in self._preds:
+            v = attrs.get(key, default)
+            if v is _MISSING or not test(v):
+                return False  # absent attributes never match (§6.2 rule 5)
+        return True
+
+
+MATCH_ALL = Filter({})
+
+
+def attr_match(flt: Any, event: Mapping[str, Any]) -> bool:
+    """Convenience: validate ``flt`` and test ``event`` (raises :class:`InvalidFilter`)."""
+    return Filter(flt).matches(event)

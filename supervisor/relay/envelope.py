@@ -1,0 +1,140 @@
+"""Relay-grade envelope validation and classification (AEP-0001 §5, §6;
+AEP-0004 §2.2), written from the spec rules rather than run through
+jsonschema at ingest: the relay checks every event on the hot path.
+
+The rules mirror ``schemas/aep-event.schema.json`` exactly (the unit tests
+compare verdicts against jsonschema on the fixture corpora and on fuzzed
+envelopes), plus the two ``format`` assertions jsonschema skips by default:
+``time`` is an RFC 3339 date-time and ``source`` an absolute URI.
+Payloads (``data``) are never inspected beyond "is an object" (AEP-0001 §5:
+relays MUST NOT require parsing ``data``)."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .attrmatch import CAPTURE_RANK, CORE_ATTRS, SEVERITY_RANK
+
+AEP_VERSION = "0.1"
+
+_TYPE = re.compile(
+    r"(?:(?:agent|session|run|progress|tool|delegation|attention|resource|error|state"
+    r"|assessment|message|control)(?:\.[a-z0-9_]+)+"
+    r"|x\.[a-z0-9_-]+\.[a-z0-9_]+(?:\.[a-z0-9_]+)+)\Z")
+# Commands (AEP-0004 §5 + vendor x.{vendor}.control.*): routed, never sequenced.
+_COMMAND = re.compile(
+    r"(?:control\.attention\.respond|control\.cancel|control\.pause|control\.resume"
+    r"|x\.[a-z0-9_-]+\.control\..+)\Z")
+_EXT_NAME = re.compile(r"[a-z0-9]{1,20}\Z")
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.\d+)?"
+    r"(?:[Zz]|[+-](\d{2}):(\d{2}))\Z")
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s\x00-\x1f\x7f]*\Z")
+_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_OPTIONAL_STRINGS = ("subject", "session", "run", "step", "cause")
+
+
+class InvalidEvent(ValueError):
+    """The envelope breaks an AEP-0001 rule. ``str(exc)`` is a one-line
+    detail (safe to return to the emitter: names the attribute, never echoes
+    a value beyond the offending ``type``)."""
+
+
+def is_command_type(type_: str) -> bool:
+    """``control.{attention.respond,cancel,pause,resume}`` or
+    ``x.{vendor}.control.*`` (AEP-0004 §2, §5): routed, carries no ``seq``."""
+    return _COMMAND.match(type_) is not None
+
+
+def is_foreign(type_: str) -> bool:
+    """Foreign-emitter session events (AEP-0001 §5.2 exception): commands and
+    consumer-emitted ``attention.routed``. They carry ``session`` but no ``seq``."""
+    return type_ == "attention.routed" or is_command_type(type_)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _time_ok(s: str) -> bool:
+    m = _RFC3339.match(s)
+    if not m:
+        return False
+    y, mo, d, h, mi, sec = (int(g) for g in m.groups()[:6])
+    if not (1 <= mo <= 12 and 1 <= d <= _DAYS[mo - 1] and h <= 23 and mi <= 59 and sec <= 60):
+        return False
+    if mo == 2 and d == 29 and not (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)):
+        return False
+    oh, om = m.group(7), m.group(8)
+    return oh is None or (int(oh) <= 23 and int(om) <= 59)
+
+
+def validate(ev: Any) -> None:
+    """Raise :class:`InvalidEvent` unless ``ev`` is a valid AEP 0.1 envelope.
+
+    Covers: object shape; required ``aep``/``id``/``type``/``time``/
+    ``source``/``agent``; attribute types and enums; the ``type`` grammar
+    (AEP-0001 §6, closed category set); extension names ``[a-z0-9]{1,20}``
+    with scalar values (§5.4); session scoping (§5.2): ``agent.*`` omits
+    ``session``/``run``/``step``/``seq``, commands and ``attention.routed``
+    carry ``session`` and omit ``seq`` (AEP-0004 §2.2), everything else
+    carries ``session`` and ``seq``."""
+    if not isinstance(ev, dict):
+        raise InvalidEvent("event must be a JSON object")
+    if ev.get("aep") != AEP_VERSION:
+        raise InvalidEvent(f"aep must be \"{AEP_VERSION}\"")
+    for k in ("id", "type", "time", "source", "agent"):
+        v = ev.get(k)
+        if not isinstance(v, str) or not v:
+            raise InvalidEvent(f"{k} is required (non-empty string)")
+    t = ev["type"]
+    if not _TYPE.match(t):
+        raise InvalidEvent("bad type syntax (AEP-0001 §6)")
+    if not _time_ok(ev["time"]):
+        raise InvalidEvent("time must be an RFC 3339 date-time")
+    if not _URI.match(ev["source"]):
+        raise InvalidEvent("source must be an absolute URI")
+    for k in _OPTIONAL_STRINGS:
+        if k in ev and (not isinstance(ev[k], str) or not ev[k]):
+            raise InvalidEvent(f"{k} must be a non-empty string when present")
+    for k in ("seq", "epoch"):
+        if k in ev and (not _is_int(ev[k]) or ev[k] < 0):
+            raise InvalidEvent(f"{k} must be an integer >= 0")
+    if "traceparent" in ev and not (isinstance(ev["traceparent"], str)
+                                    and _TRACEPARENT.match(ev["traceparent"])):
+        raise InvalidEvent("malformed traceparent")
+    if "severity" in ev and not (isinstance(ev["severity"], str) and ev["severity"] in SEVERITY_RANK):
+        raise InvalidEvent("unknown severity")
+    if "capture" in ev and not (isinstance(ev["capture"], str) and ev["capture"] in CAPTURE_RANK):
+        raise InvalidEvent("unknown capture level")
+    if "data" in ev and not isinstance(ev["data"], dict):
+        raise InvalidEvent("data must be an object")
+    for k, v in ev.items():
+        if k in CORE_ATTRS:
+            continue
+        if not isinstance(k, str) or not _EXT_NAME.match(k):
+            raise InvalidEvent("extension attribute names must match [a-z0-9]{1,20} (AEP-0001 §5.4)")
+        if not (isinstance(v, (str, bool)) or _is_int(v)):
+            raise InvalidEvent(f"extension attribute {k} must be a string, integer or boolean")
+    if t.startswith("agent."):
+        for k in ("session", "run", "step", "seq"):
+            if k in ev:
+                raise InvalidEvent(f"agent-scoped events omit {k} (AEP-0001 §5.2)")
+    elif is_foreign(t):
+        if "session" not in ev:
+            raise InvalidEvent("commands and attention.routed carry session (the target)")
+        if "seq" in ev:
+            raise InvalidEvent("commands and attention.routed omit seq (AEP-0004 §2.2)")
+    else:
+        if "session" not in ev or "seq" not in ev:
+            raise InvalidEvent("session-scoped events carry session and seq (AEP-0001 §5.2)")
+
+
+def envelope_error(ev: Any) -> str | None:
+    """``None`` when ``ev`` is valid, else the :class:`InvalidEvent` detail."""
+    try:
+        validate(ev)
+    except InvalidEvent as e:
+        return str(e)
+    return None

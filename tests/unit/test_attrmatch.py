@@ -1,0 +1,81 @@
+"""attr-match (AEP-0003 §6): every case of the golden corpus
+``conformance/fixtures/attr-match/cases.json``, plus the grammar edges the
+corpus leaves implicit (exact JSON typing, pattern forms, defaults)."""
+from __future__ import annotations
+
+import pytest
+
+from supervisor.relay.attrmatch import Filter, InvalidFilter, attr_match, validate_filter
+from tests.support.shared import fixture
+
+CASES = fixture("attr-match/cases.json")
+
+
+@pytest.mark.parametrize("case", CASES["match"], ids=[c["name"] for c in CASES["match"]])
+def test_corpus_match(case):
+    validate_filter(case["filter"])  # `match` cases assume a valid filter
+    assert Filter(case["filter"]).matches(case["event"]) is case["match"]
+
+
+@pytest.mark.parametrize("case", CASES["invalid"], ids=[c["name"] for c in CASES["invalid"]])
+def test_corpus_invalid_fails_closed(case):
+    with pytest.raises(InvalidFilter):
+        Filter(case["filter"])
+
+
+def test_corpus_is_not_empty():
+    assert len(CASES["match"]) >= 10 and len(CASES["invalid"]) >= 10
+
+
+# -- beyond the corpus: rules stated in §6.1/§6.2 ------------------------------
+
+def test_no_coercion_between_json_types():
+    # "compares JSON values exactly (no coercion)": true is not 1, "0" is not 0
+    assert not attr_match({"epoch": True}, {"epoch": 1})
+    assert not attr_match({"epoch": 1}, {"epoch": True})
+    assert not attr_match({"epoch": "0"}, {"type": "run.started"})
+    assert attr_match({"acmeflag": True}, {"acmeflag": True})
+    assert not attr_match({"acmeflag": 1}, {"acmeflag": True})
+
+
+def test_type_pattern_needs_strict_prefix_and_dot():
+    f = Filter({"type": "attention.*"})
+    assert f.matches({"type": "attention.requested"})
+    assert not f.matches({"type": "attention"})
+    assert not f.matches({"type": "attentionx.requested"})
+    assert Filter({"type": ["tool.*", "run.started"]}).matches({"type": "run.started"})
+    assert Filter({"type": "x.acme.*"}).matches({"type": "x.acme.tool.ran"})
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "attention*"}, {"type": ".*"}, {"type": "a.*.b"}, {"type": ["tool.*", "*"]},
+    {"session": ["a", ["b"]]}, {"session": None}, {"session": 1.5}, {"agent": {"gte": "x"}},
+    {"severity": {}}, {"severity": {"gte": "loud"}}, {"severity": [{"gte": "info"}]},
+    {"Type": "x"}, {"acme-region": "x"}, {"abcdefghijklmnopqrstu": "x"},
+    [], "x", None, {"seq": [1]},
+])
+def test_more_invalid_filters(bad):
+    with pytest.raises(InvalidFilter):
+        validate_filter(bad)
+
+
+def test_severity_band_and_defaults():
+    band = Filter({"severity": {"gte": "notice", "lte": "error"}})
+    assert band.matches({"severity": "warning"})
+    assert band.matches({"severity": "error"})
+    assert not band.matches({"severity": "critical"})
+    assert not band.matches({})  # default info
+    assert Filter({"severity": "info"}).matches({})
+    assert Filter({"capture": "metadata"}).matches({})
+    assert not Filter({"capture": "full"}).matches({})
+
+
+def test_extension_key_is_legal_even_when_absent():
+    f = Filter({"acmeregion": ["eu-1", "us-2"]})  # valid: whether events carry it is matching
+    assert not f.matches({"type": "run.started"})
+    assert f.matches({"acmeregion": "us-2"})
+
+
+def test_filter_reports_pinned_sessions():
+    assert Filter({"session": ["a", "b"]}).sessions == ("a", "b")
+    assert Filter({"type": "run.started"}).sessions == ()

@@ -1,0 +1,122 @@
+"""The relay's compact envelope validator (AEP-0001 §5/§6, AEP-0004 §2.2)
+agrees with the normative JSON Schema: on the golden corpus, on every
+envelope case of ``invalid/cases.json``, and on fuzzed mutations of golden
+events. jsonschema runs here only (tests), never at ingest."""
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.relay.envelope import InvalidEvent, envelope_error, is_command_type, validate
+from tests.support.shared import aep_dir, fixture
+
+SCHEMA = json.loads((aep_dir() / "schemas" / "aep-event.schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+GOLDEN = [json.loads(ln) for ln in
+          (aep_dir() / "conformance/fixtures/golden/golden.jsonl").read_text().splitlines() if ln]
+INVALID = fixture("invalid/cases.json")["cases"]
+# single-event cases of envelope rules; payload-schema and stream (cross-event)
+# cases are out of a relay's scope: it never parses data (AEP-0001 §5)
+ENVELOPE_RULES = ("AEP-0001 §5", "AEP-0001 §6", "AEP-0001 §8", "AEP-0002 §3", "AEP-0004 §2.2")
+ENVELOPE_CASES = [c for c in INVALID if "event" in c and c["rule"].startswith(ENVELOPE_RULES)]
+
+
+def schema_ok(ev) -> bool:
+    return VALIDATOR.is_valid(ev)
+
+
+def test_golden_corpus_is_valid():
+    assert len(GOLDEN) > 20
+    for ev in GOLDEN:
+        assert schema_ok(ev), ev["id"]
+        assert envelope_error(ev) is None, (ev["id"], envelope_error(ev))
+
+
+@pytest.mark.parametrize("case", ENVELOPE_CASES, ids=[c["name"] for c in ENVELOPE_CASES])
+def test_invalid_corpus_is_refused(case):
+    assert not schema_ok(case["event"])
+    with pytest.raises(InvalidEvent):
+        validate(case["event"])
+
+
+def test_envelope_cases_cover_the_rules():
+    # the selection above must not silently shrink to nothing
+    assert len(ENVELOPE_CASES) >= 17
+
+
+@pytest.mark.parametrize("t,cmd", [
+    ("control.cancel", True), ("control.attention.respond", True), ("control.pause", True),
+    ("control.resume", True), ("x.openhands.control.send_input", True),
+    ("control.accepted", False), ("control.rejected", False), ("attention.routed", False),
+    ("tool.completed", False), ("x.acme.tool.ran", False),
+])
+def test_command_classification(t, cmd):
+    assert is_command_type(t) is cmd
+
+
+@pytest.mark.parametrize("time_", ["2026-07-03T10:00:00Z", "2026-07-03t10:00:00.123456+02:00",
+                                   "2024-02-29T00:00:00Z", "2026-12-31T23:59:60-00:30"])
+def test_rfc3339_times_accepted(time_):
+    ev = dict(GOLDEN[0], time=time_)
+    assert envelope_error(ev) is None
+
+
+@pytest.mark.parametrize("time_", ["2026-07-03", "2026-07-03 10:00:00Z", "2026-13-03T10:00:00Z",
+                                   "2026-02-30T10:00:00Z", "2025-02-29T10:00:00Z",
+                                   "2026-07-03T24:00:00Z", "2026-07-03T10:00:00", "yesterday"])
+def test_bad_times_refused(time_):
+    # the schema's `format: date-time` is an annotation jsonschema skips by
+    # default; the relay asserts it (AEP-0001 §5.1 #5)
+    assert envelope_error(dict(GOLDEN[0], time=time_)) is not None
+
+
+@pytest.mark.parametrize("source,ok", [("aep://h/agent/a", True), ("urn:x", True),
+                                       ("not a uri", False), ("/relative", False), ("h/agent", False)])
+def test_source_is_absolute_uri(source, ok):
+    assert (envelope_error(dict(GOLDEN[0], source=source)) is None) is ok
+
+
+def test_float_positions_refused_strictly():
+    # stricter than jsonschema (which counts 1.0 as an integer): a relay
+    # would otherwise re-emit `"seq":1.0` and an `id: s:0:1.0` SSE position
+    assert envelope_error(dict(GOLDEN[0], seq=1.0)) is not None
+
+
+# -- differential fuzz against the schema ----------------------------------------
+VALUES = st.sampled_from([
+    None, "", "x", "0.1", "0.2", 0, -1, 7, True, False, 1.5, [], {}, {"k": 1}, ["a"],
+    "tool.Completed", "agent.presence", "agent.heartbeat", "control.cancel", "control.accepted",
+    "attention.routed", "x.acme.foo", "x.acme.tool.ran", "x.Acme.tool.ran", "banana.peeled",
+    "run", "notice", "fatal", "full", "redacted", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+])
+KEYS = st.sampled_from(["aep", "id", "type", "subject", "time", "source", "agent", "session", "run",
+                        "step", "seq", "epoch", "cause", "traceparent", "severity", "capture",
+                        "data", "acmeregion", "Acme", "acme_x", "a" * 21, "b" * 20, "x1"])
+
+
+@st.composite
+def mutated(draw):
+    ev = copy.deepcopy(draw(st.sampled_from(GOLDEN)))
+    for _ in range(draw(st.integers(1, 3))):
+        k = draw(KEYS)
+        if draw(st.booleans()) and k in ev:
+            del ev[k]
+            continue
+        v = draw(VALUES)
+        if k in ("time", "source") and isinstance(v, str):
+            continue  # formats: covered by the explicit tests above
+        if isinstance(v, float) and v.is_integer():
+            continue
+        ev[k] = v
+    return ev
+
+
+@settings(max_examples=600, deadline=None)
+@given(mutated())
+def test_validator_agrees_with_schema(ev):
+    assert (envelope_error(ev) is None) == schema_ok(ev), (envelope_error(ev), ev)
