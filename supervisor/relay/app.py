@@ -1,0 +1,386 @@
+"""The relay's ASGI face, served by hypercorn's trio worker (AEP-0003 §3):
+
+- ``POST /events``: one event (``application/json``) or an NDJSON batch
+  (``application/x-ndjson``); ``AEP-Version: 0.1`` required. 202
+  ``{"accepted": n}``; 400 ``{"error": "invalid-event", "detail", "line"?}``
+  (the batch is rejected whole, nothing ingested); 401 without the token;
+  403 for commands (control flows only on the WebSocket, AEP-0004 §4.1);
+  413 ``payload-too-large`` (``AEP_MAX_BODY``) or ``too-many-events``
+  (``AEP_MAX_BATCH``); 415 for another content type; 426
+  ``{"versions": ["0.1"]}`` for a missing or unsupported version.
+- ``GET /events`` and ``GET /.well-known/aep``: the discovery document.
+- ``GET /stream``: SSE with ``filter``, ``capture``, ``from`` (JSON array
+  or ``all``), ``live=0`` and ``Last-Event-ID``; refusals (400) go out
+  before any header.
+- ``GET /socket``: the WebSocket duplex (hello, subscriptions, roster,
+  events, commands, ping/pong).
+- ``GET /healthz``: ``{"ok": true}`` to anyone; counts only when
+  authorized.
+
+Authentication: ``Authorization: Bearer <token>`` or ``?access_token=``.
+Nothing here logs a request line or a query string (the token may ride
+it, §8.1)."""
+from __future__ import annotations
+
+import json
+import logging
+import urllib.parse
+from typing import Any, Callable
+
+import trio
+
+from .attrmatch import Filter, InvalidFilter
+from .core import (AEP_VERSION, CLOSED, Outlet, Relay, SocketConnection, loads,
+                   parse_capture, parse_from, parse_last_event_id)
+from .envelope import InvalidEvent, is_command_type
+
+log = logging.getLogger("aep.relay.http")
+
+#: ``scope["state"]`` key under which :mod:`supervisor.relay.serve` puts a
+#: callable that aborts the connection's socket (sheds a stalled peer).
+ABORT_KEY = "aep.abort"
+
+_CORS = [(b"access-control-allow-origin", b"*")]
+_JSON = b"application/json"
+
+
+async def _respond(send: Callable, status: int, body: Any = None, *,
+                   headers: list[tuple[bytes, bytes]] | None = None, close: bool = False) -> None:
+    data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    hs = [(b"content-length", str(len(data)).encode())] + list(headers or [])
+    if body is not None:
+        hs.append((b"content-type", _JSON))
+    if close:
+        hs.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+def _query(scope: dict[str, Any]) -> dict[str, str]:
+    qs = scope.get("query_string", b"").decode("utf-8", "replace")
+    return dict(urllib.parse.parse_qsl(qs, keep_blank_values=True))
+
+
+class RelayApp:
+    """The ASGI application for one :class:`~supervisor.relay.core.Relay`.
+    ``healthz(authorized) -> dict`` replaces the relay's own health body
+    (the daemon adds per-bridge status); when authorized and the body has no
+    ``relay_counts`` key, the relay's counts are added under it."""
+
+    def __init__(self, relay: Relay, healthz: Callable[[bool], dict[str, Any]] | None = None) -> None:
+        self.relay = relay
+        self.healthz = healthz
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await self._websocket(scope, receive, send)
+        elif kind == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    # -- HTTP ------------------------------------------------------------------
+    async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        path, method = scope["path"], scope["method"]
+        relay = self.relay
+        if path == "/healthz":
+            if method not in ("GET", "HEAD"):
+                return await _respond(send, 405, {"error": "method-not-allowed"})
+            return await self._healthz(scope, send)
+        if method == "OPTIONS" and path in ("/stream", "/events", "/.well-known/aep"):
+            # preflight carries no token by design: it grants only the right to ask
+            return await _respond(send, 204, headers=_CORS + [
+                (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+                (b"access-control-allow-headers",
+                 b"authorization, accept, content-type, last-event-id, aep-version"),
+                (b"access-control-max-age", b"86400")])
+        if path not in ("/events", "/.well-known/aep", "/stream"):
+            return await _respond(send, 404, {"error": "not-found"})
+        if not relay.authorized(scope["headers"], scope.get("query_string", b"")):
+            return await _respond(send, 401, {"error": "unauthorized"},
+                                  headers=_CORS + [(b"www-authenticate", b"Bearer")])
+        if relay.closing:
+            return await _respond(send, 503, {"error": "shutting-down"}, headers=_CORS, close=True)
+        if path == "/stream":
+            if method not in ("GET", "HEAD"):
+                return await _respond(send, 405, {"error": "method-not-allowed"})
+            return await self._stream(scope, receive, send)
+        if method in ("GET", "HEAD"):
+            return await _respond(send, 200, relay.discovery(), headers=_CORS)
+        if path == "/events" and method == "POST":
+            return await self._post(scope, receive, send)
+        return await _respond(send, 405, {"error": "method-not-allowed"})
+
+    async def _healthz(self, scope: dict[str, Any], send: Callable) -> None:
+        authed = self.relay.authorized(scope["headers"], scope.get("query_string", b""))
+        if self.healthz is not None:
+            body = dict(self.healthz(authed))
+            if authed and "relay_counts" not in body:
+                body["relay_counts"] = self.relay.stats()
+        else:
+            body = {"ok": True}
+            if authed:
+                body.update(self.relay.stats())
+        await _respond(send, 200, body, headers=[(b"cache-control", b"no-store")])
+
+    async def _read_body(self, scope: dict[str, Any], receive: Callable) -> bytes | None:
+        """The request body, or ``None`` when it exceeds ``max_body`` (the
+        remainder is drained up to the same amount again so the emitter can
+        read the 413 instead of a reset)."""
+        limit = self.relay.max_body
+        body = bytearray()
+        over = False
+        drained = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise trio.BrokenResourceError("client went away")
+            chunk = msg.get("body", b"")
+            if over:
+                drained += len(chunk)
+            else:
+                body += chunk
+                if len(body) > limit:
+                    over, body = True, bytearray()
+            if not msg.get("more_body") or drained > limit:
+                return None if over else bytes(body)
+
+    async def _post(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        relay = self.relay
+        if (_header(scope, b"aep-version") or "").strip() != AEP_VERSION:
+            return await _respond(send, 426, {"versions": [AEP_VERSION]},
+                                  headers=[(b"upgrade", b"AEP/" + AEP_VERSION.encode())])
+        ctype = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
+        if ctype not in ("application/json", "application/x-ndjson"):
+            return await _respond(send, 415, {
+                "error": "unsupported-media-type",
+                "detail": "use application/json (one event) or application/x-ndjson (a batch)"})
+        declared = _header(scope, b"content-length")
+        too_large = {"error": "payload-too-large", "max_bytes": relay.max_body}
+        if declared is not None and declared.isdigit() and int(declared) > 2 * relay.max_body:
+            return await _respond(send, 413, too_large, close=True)
+        try:
+            body = await self._read_body(scope, receive)
+        except trio.BrokenResourceError:
+            return
+        if body is None:
+            return await _respond(send, 413, too_large, close=True)
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return await _respond(send, 400, {"error": "invalid-event", "detail": "body is not UTF-8"})
+        if ctype == "application/json":
+            lines = [(0, text)]
+        else:
+            lines = [(i, ln) for i, ln in enumerate(text.split("\n")) if ln.strip()]
+            if len(lines) > relay.max_batch:
+                return await _respond(send, 413, {"error": "too-many-events",
+                                                  "max": relay.max_batch, "count": len(lines)})
+        entries = []
+        batch = ctype != "application/json"
+        for idx, (lineno, ln) in enumerate(lines):
+            where = {"line": idx} if batch else {}
+            try:
+                ev = loads(ln)
+                entry = relay.entry(ev)
+            except (ValueError, InvalidEvent) as e:
+                relay.counters["invalid_events"] += 1
+                detail = str(e) if isinstance(e, InvalidEvent) else f"not valid JSON: {e}"
+                return await _respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
+            if is_command_type(ev["type"]):
+                return await _respond(send, 403, {
+                    "error": "unauthorized", **where,
+                    "detail": "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)"})
+            entries.append(entry)
+        if relay.closing:
+            return await _respond(send, 503, {"error": "shutting-down"}, close=True)
+        relay.ingest_http(entries)
+        await _respond(send, 202, {"accepted": len(entries)})
+
+    # -- SSE -------------------------------------------------------------------
+    async def _stream(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        relay = self.relay
+        q = _query(scope)
+        try:
+            raw_filter = q.get("filter")
+            try:
+                flt = Filter(json.loads(raw_filter) if raw_filter else {})
+            except ValueError as e:
+                if isinstance(e, InvalidFilter):
+                    raise
+                raise InvalidFilter("filter is not valid JSON") from None
+            ceiling = parse_capture(q.get("capture") or None)
+            raw_from = q.get("from")
+            if raw_from and raw_from != "all":
+                try:
+                    raw_from = json.loads(raw_from)
+                except ValueError:
+                    raise InvalidFilter("from is not valid JSON") from None
+            plan_all, positions = parse_from(raw_from or None)
+        except InvalidFilter as e:
+            return await _respond(send, 400, {"error": "invalid-filter", "detail": str(e)},
+                                  headers=_CORS)
+        if positions is not None and len(positions) > relay.max_from:
+            return await _respond(send, 400, {
+                "error": "limit-exceeded",
+                "detail": f"from exceeds AEP_MAX_FROM={relay.max_from} resume positions"},
+                headers=_CORS)
+        if not plan_all and not positions:
+            lei = _header(scope, b"last-event-id")
+            parsed = parse_last_event_id(lei) if lei else None
+            if parsed is not None:
+                positions = [parsed]
+        live = q.get("live") != "0"
+        await send({"type": "http.response.start", "status": 200, "headers": _CORS + [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no")]})
+        if scope["method"] == "HEAD":
+            return await send({"type": "http.response.body", "body": b""})
+        outlet = relay.open_stream(flt, ceiling, plan_all=plan_all, positions=positions, live=live)
+        outlet.abort = scope.get("state", {}).get(ABORT_KEY)
+        await self._pump_sse(outlet, receive, send)
+
+    async def _pump_sse(self, outlet: Outlet, receive: Callable, send: Callable) -> None:
+        heartbeat = self.relay.heartbeat_s
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+                while True:
+                    with trio.move_on_after(heartbeat) as idle:
+                        payloads, end = await outlet.next_batch()
+                    if idle.cancelled_caught:
+                        payloads, end = [b": ping\n\n"], None
+                    body = b"".join(payloads)
+                    if body or end is not None:
+                        outlet.in_send = True
+                        try:
+                            await send({"type": "http.response.body", "body": body,
+                                        "more_body": end is None})
+                        finally:
+                            outlet.in_send = False
+                    if end is not None:
+                        break
+                nursery.cancel_scope.cancel()
+        except Exception as e:  # noqa: BLE001 -- a broken stream costs nothing more
+            if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
+                log.debug("relay: SSE stream ended: %s", type(e).__name__)
+        finally:
+            outlet.closed()
+
+    # -- WebSocket ---------------------------------------------------------------
+    async def _websocket(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        relay = self.relay
+        msg = await receive()
+        if msg["type"] != "websocket.connect":
+            return
+        status = None
+        if scope["path"] != "/socket":
+            status, body = 404, {"error": "not-found"}
+        elif not relay.authorized(scope["headers"], scope.get("query_string", b"")):
+            status, body = 401, {"error": "unauthorized"}
+        elif relay.closing:
+            status, body = 503, {"error": "shutting-down"}
+        if status is not None:
+            return await _ws_refuse(scope, send, status, body)
+        await send({"type": "websocket.accept"})
+        conn = relay.open_socket(relay.authenticated(scope["headers"], scope.get("query_string", b"")))
+        conn.outlet.abort = scope.get("state", {}).get(ABORT_KEY)
+        last_rx = [trio.current_time()]
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._ws_reader, conn, receive, nursery.cancel_scope, last_rx)
+                nursery.start_soon(self._ws_pinger, conn, last_rx)
+                await self._ws_writer(conn, send)
+                nursery.cancel_scope.cancel()
+        except Exception as e:  # noqa: BLE001 -- one socket's fault stays with it
+            if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
+                log.warning("relay: websocket ended on %s", type(e).__name__)
+        finally:
+            conn.close()
+
+    async def _ws_reader(self, conn: SocketConnection, receive: Callable,
+                         scope: trio.CancelScope, last_rx: list[float]) -> None:
+        while True:
+            msg = await receive()
+            last_rx[0] = trio.current_time()
+            t = msg["type"]
+            if t == "websocket.disconnect":
+                scope.cancel()
+                return
+            if t != "websocket.receive":
+                continue
+            if msg.get("text") is not None:
+                try:
+                    await conn.handle_text(msg["text"])
+                except Exception as e:  # noqa: BLE001 -- a bug answers, never crashes the socket
+                    log.exception("relay: frame handling failed")
+                    conn.error("internal-error", type(e).__name__)
+            elif msg.get("bytes") is not None:
+                conn.handle_binary()
+
+    async def _ws_pinger(self, conn: SocketConnection, last_rx: list[float]) -> None:
+        relay = self.relay
+        while True:
+            await trio.sleep(relay.ws_ping_s)
+            now = trio.current_time()
+            if now - last_rx[0] > relay.ws_timeout_s:
+                conn.outlet.terminate("ping-timeout", code=1001)
+                return
+            conn.ping(int(now * 1000))
+
+    async def _ws_writer(self, conn: SocketConnection, send: Callable) -> None:
+        outlet = conn.outlet
+        while outlet.state != CLOSED:
+            payloads, end = await outlet.next_batch()
+            for text in payloads:
+                outlet.in_send = True
+                try:
+                    await send({"type": "websocket.send", "text": text})
+                finally:
+                    outlet.in_send = False
+            if end is not None:
+                code, reason = end if isinstance(end, tuple) else (1000, "")
+                await send({"type": "websocket.close", "code": code, "reason": reason})
+                return
+
+
+async def _watch_disconnect(receive: Callable, scope: trio.CancelScope) -> None:
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+async def _ws_refuse(scope: dict[str, Any], send: Callable, status: int, body: Any) -> None:
+    """Refuse the upgrade with a real HTTP status when the server supports
+    the ASGI websocket denial extension (hypercorn does), else close (403)."""
+    if "websocket.http.response" in scope.get("extensions", {}):
+        data = json.dumps(body).encode()
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", _JSON), (b"content-length", str(len(data)).encode())]
+                    + ([(b"www-authenticate", b"Bearer")] if status == 401 else [])})
+        await send({"type": "websocket.http.response.body", "body": data})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+def make_app(relay: Relay, *, healthz: Callable[[bool], dict[str, Any]] | None = None) -> RelayApp:
+    """The relay's ASGI app. ``healthz(authorized) -> dict`` optionally
+    replaces the bare health body (see :class:`RelayApp`)."""
+    return RelayApp(relay, healthz)
