@@ -131,7 +131,11 @@ class Uplink:
     4``), ``backoff`` (``(initial, cap)`` seconds, default ``(0.5, 30)``),
     ``ping_interval`` (s, 30), ``ping_timeout`` (s, 90), ``hello_timeout``
     (s, 10), ``connect_timeout`` (s, 10), ``flush_deadline`` (s, 2: how long
-    :meth:`close` waits for the outbox to drain), ``stable_after`` (s, 10).
+    :meth:`close` waits for the outbox to drain), ``stable_after`` (s, 10),
+    ``max_frame`` (characters per event frame, default 16 MiB like the
+    relay's ``AEP_MAX_BODY``; a larger event is not sent, counted
+    ``oversize`` and logged: a relay would close on it, and re-sending it
+    would wedge the outbox).
 
     Public state: ``connected`` (``hello`` completed and the connection is
     up), ``counters`` (a snapshot dict for ``/healthz``), ``outbox``."""
@@ -141,7 +145,8 @@ class Uplink:
                  window: int | None = None, backoff: tuple[float, float] = (0.5, 30.0),
                  ping_interval: float = 30.0, ping_timeout: float = 90.0,
                  hello_timeout: float = 10.0, connect_timeout: float = 10.0,
-                 flush_deadline: float = 2.0, stable_after: float = 10.0) -> None:
+                 flush_deadline: float = 2.0, stable_after: float = 10.0,
+                 max_frame: int = 16 << 20) -> None:
         self.url = socket_url(url)
         self._safe_url = redact_url(self.url)
         self._headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
@@ -158,6 +163,7 @@ class Uplink:
         self.connect_timeout = connect_timeout
         self.flush_deadline = flush_deadline
         self.stable_after = stable_after
+        self.max_frame = max_frame
         self.connected = False
         self.version: str | None = None
         self._changed = trio.lowlevel.ParkingLot()  # any outbox/connection change
@@ -173,6 +179,7 @@ class Uplink:
             "sent": 0, "connects": 0, "disconnects": 0, "connect_failures": 0,
             "commands": 0, "commands_dropped": 0, "relay_errors": 0, "malformed_frames": 0,
             "pings": 0, "dead_peer": 0, "put_waits": 0, "undelivered_at_close": 0,
+            "oversize": 0,
         }
         self._logged_codes: set[str] = set()
         self._hello_done = False
@@ -194,6 +201,14 @@ class Uplink:
         After :meth:`close` began, never waits: what does not fit is counted
         ``undelivered_at_close`` (it is in the JSONL log)."""
         wire = encode(event)
+        if len(wire) > self.max_frame:
+            # a relay closes the socket on an oversized message (1009): queued,
+            # it would be re-sent forever and wedge the outbox behind it
+            self._c["oversize"] += 1
+            log.error("uplink %s: event %s is %d chars, over the %d frame limit; not sent "
+                      "(it is in the JSONL log)", self.name, event.get("id"), len(wire),
+                      self.max_frame)
+            return
         sev = event.get("severity")
         waited = False
         dropped = self.outbox.counters["dropped"]

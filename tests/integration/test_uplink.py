@@ -416,3 +416,16 @@ async def test_backpressure_sheds_debug_info_and_blocks_on_notice(nursery):
     await wait_for(lambda: len(stub.events()) == 5, "all notice+ delivered")
     assert stub.ids() == [f"EV{i:05d}" for i in range(5)]
     await up.close()
+
+
+async def test_an_oversized_event_is_refused_counted_and_does_not_wedge_the_outbox(nursery):
+    stub = StubRelay()
+    await nursery.start(stub.run)
+    up = make_uplink(stub.port, max_frame=2000)
+    await nursery.start(up.run)
+    big = {**event(0), "data": {"blob": "x" * 5000}}
+    await up.put(big)
+    await up.put(event(1))
+    await wait_for(lambda: stub.ids() == ["EV00001"], "the next event flows")
+    assert up.counters["oversize"] == 1
+    await up.close()
