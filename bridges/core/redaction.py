@@ -89,7 +89,8 @@ _SHAPES = re.compile(
     r"|hf_[A-Za-z0-9]{30,}"                                                # Hugging Face
     r")(?![A-Za-z0-9])")
 # ``scheme://user:password@host``: keep the user, drop the password.
-_URL_CRED = re.compile(r"(?P<pre>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]+:)(?P<val>[^\s@/]+)(?=@)")
+_URL_CRED = re.compile(
+    r"(?<![a-zA-Z0-9+.-])(?P<pre>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s:/@]+:)(?P<val>[^\s@/]+)(?=@)")
 
 # ---------------------------------------------------------------- (c) home paths
 
