@@ -218,9 +218,10 @@ class Fleet:
                 break
             await self._deliver(item)
         self.session_log.close()
-        for m in self.members.values():
-            if m.uplink is not None:
-                await m.uplink.close("shutdown")
+        async with trio.open_nursery() as closing:  # concurrently: one deadline for all
+            for m in self.members.values():
+                if m.uplink is not None:
+                    closing.start_soon(m.uplink.close, "shutdown")
 
     # -- health ----------------------------------------------------------------
     def healthz(self, authorized: bool) -> dict[str, Any]:
