@@ -58,9 +58,9 @@ def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None
             elif i == 0:
                 listen[kind], settings[kind] = environ.get(shared) or default, shared
             else:
-                # A second profile on the first one's ports would be refused
-                # anyway; say which setting to add instead.
-                listen[kind], settings[kind] = environ.get(shared) or default, own
+                # Two profiles cannot share listeners: preflight names the
+                # missing per-profile setting ("" = not set).
+                listen[kind], settings[kind] = "", own
         bridges.append(OtlpInBridge(vendor, grpc_listen=listen["grpc"],
                                     http_listen=listen["http"], primary=primary,
                                     policy=policy, max_body=max_body, settings=settings))

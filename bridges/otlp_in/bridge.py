@@ -152,6 +152,10 @@ class OtlpInBridge:
         addrs: dict[str, Address] = {}
         for kind in ("grpc", "http"):
             raw = self.grpc_listen if kind == "grpc" else self.http_listen
+            if raw == "":
+                problems.append(f"{self.settings[kind]}: not set; every OTLP vendor after the "
+                                "first needs its own listeners (host:port or off)")
+                continue
             try:
                 addr = parse_listen(raw)
             except ValueError as e:
@@ -203,21 +207,28 @@ class OtlpInBridge:
         token = trio.lowlevel.current_trio_token()
         grpc_rx: GrpcReceiver | None = None
         try:
-            async with trio.open_nursery() as nursery:
-                if listen["grpc"] is not None:
-                    host, port = listen["grpc"]
-                    grpc_rx = GrpcReceiver(self.export, token, max_body=self.max_body,
-                                           on_problem=self._problem, workers=self.grpc_workers)
-                    self.grpc_address = (host, grpc_rx.start(host, port))
-                if listen["http"] is not None:
-                    self.http_address = await nursery.start(self._serve_http, *listen["http"])
-                ctx.health.source = True
-                ctx.health.detail = None
-                ctx.log.info("%s listening: %s", self.name, ", ".join(
-                    f"{k} {a[0]}:{a[1]}" for k, a in (("grpc", self.grpc_address),
-                                                       ("http", self.http_address)) if a))
-                task_status.started()
-                await trio.sleep_forever()
+            if listen["grpc"] is not None:
+                host, port = listen["grpc"]
+                grpc_rx = GrpcReceiver(self.export, token, max_body=self.max_body,
+                                       on_problem=self._problem, workers=self.grpc_workers)
+                self.grpc_address = (host, grpc_rx.start(host, port))
+            try:
+                async with trio.open_nursery() as nursery:
+                    if listen["http"] is not None:
+                        self.http_address = await nursery.start(self._serve_http,
+                                                                *listen["http"])
+                    ctx.health.source = True
+                    ctx.health.detail = None
+                    ctx.log.info("%s listening: %s", self.name, ", ".join(
+                        f"{k} {a[0]}:{a[1]}" for k, a in (("grpc", self.grpc_address),
+                                                           ("http", self.http_address)) if a))
+                    task_status.started()
+                    await trio.sleep_forever()
+            except BaseExceptionGroup as eg:
+                err = _bind_error(eg)
+                if err is eg:
+                    raise
+                raise err from None
         finally:
             ctx.health.source = False
             self._closing = True
@@ -298,11 +309,17 @@ class OtlpInBridge:
         emitted = 0
         for pos, (idx, sess, em, when) in enumerate(planned):
             if not await self._room():
+                stopping = self._closing
+                if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
+                    raise Unavailable("receiver is stopping; retry later" if stopping else
+                                      "relay channel saturated; retry later", self.retry_after)
                 lost = {i for i, *_ in planned[pos:]}
-                reasons["relay channel saturated"] += len(lost)
-                health.count("otlp.rejected_saturated", len(lost))
-                ctx.log.warning("%s: relay channel saturated for %.1fs; %d LogRecords rejected "
-                                "via partial_success", self.name, self.emit_grace, len(lost))
+                why = "receiver stopping" if stopping else "relay channel saturated"
+                reasons[why] += len(lost)
+                health.count("otlp.rejected_stopping" if stopping else "otlp.rejected_saturated",
+                             len(lost))
+                ctx.log.warning("%s: %s; %d LogRecords rejected via partial_success",
+                                self.name, why, len(lost))
                 break
             try:
                 ctx.emit_nowait(sess, em, time=when)
@@ -324,12 +341,32 @@ class OtlpInBridge:
         return Accepted(rejected=rejected, error_message=msg)
 
     async def _room(self) -> bool:
-        """Wait (at most ``emit_grace`` s) until the relay channel has room."""
+        """Wait (at most ``emit_grace`` s, and not past the bridge's stop)
+        until the relay channel has room. Polls: the channel offers no
+        "room available" event, and stamping before the wait would burn a
+        ``seq`` on timeout."""
         ctx = self._ctx
         assert ctx is not None
-        if not ctx.saturated():
-            return True
         with trio.move_on_after(self.emit_grace):
-            while ctx.saturated():
+            while ctx.saturated() and not self._closing:
                 await trio.sleep(0.005)
-        return not ctx.saturated()
+        return not ctx.saturated() and not self._closing
+
+
+def _bind_error(eg: BaseExceptionGroup) -> BaseException:
+    """hypercorn binds inside its own nurseries: a bind failure arrives
+    wrapped. Surface a lone ``OSError`` as itself (one clear log line for
+    the supervisor); anything else stays the group it was."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.append(e)
+
+    walk(eg)
+    if len(leaves) == 1 and isinstance(leaves[0], OSError):
+        return leaves[0]
+    return eg
