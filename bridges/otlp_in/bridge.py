@@ -9,13 +9,16 @@ protobuf), this bridge serves OTLP/gRPC ``LogsService/Export`` and OTLP/HTTP
 (:mod:`bridges.otlp_in.codex`, :mod:`bridges.otlp_in.vscode`).
 
 Delivery (AEP-0003 §8.4: never a silent drop at ``notice``+): a request
-arriving while the relay channel is full is refused retryably (503 /
-``UNAVAILABLE`` with ``Retry-After``) before anything is emitted, so the
-exporter's retry cannot duplicate. Once a request is admitted its emissions
-go out in order; if the channel fills mid-request the bridge waits for room
-up to ``emit_grace`` seconds, and records still unsent then are reported to
-the sender in ``partial_success`` (rejected, counted, logged), not dropped
-silently.
+arriving while the relay channel is full waits up to ``emit_grace`` seconds
+for room, and only then is refused retryably (503 / ``UNAVAILABLE`` with
+``Retry-After``), before anything is emitted, so the exporter's retry cannot
+duplicate. The wait comes first because the real Codex exporter (0.171,
+OTel Rust SDK 0.31) never retries: its one export at exit carries the whole
+run, and a 503 loses it (``tests/fixtures/codex_otel_real/README.md``,
+"Delivery"). Once a request is admitted its emissions go out in order; if
+the channel fills mid-request the bridge again waits up to ``emit_grace``,
+and records still unsent then are reported to the sender in
+``partial_success`` (rejected, counted, logged), not dropped silently.
 """
 from __future__ import annotations
 
@@ -90,8 +93,9 @@ class OtlpInBridge:
     otherwise; ``policy``: the capture posture (used for ``capabilities``;
     mapping uses the stamper's policy, the one that gates the envelopes);
     ``max_body``: request size limit in bytes, compressed and inflated;
-    ``emit_grace``: seconds an admitted request may wait for room on the
-    relay channel; ``retry_after``: seconds suggested on 503/UNAVAILABLE;
+    ``emit_grace``: seconds a request may wait for room on the relay
+    channel, before admission (then 503) and again mid-request (then
+    ``partial_success``); ``retry_after``: seconds suggested on 503/UNAVAILABLE;
     ``grpc_workers``: grpcio handler threads; ``settings``: the names of the
     settings behind ``grpc_listen``/``http_listen``/``vendor``/``max_body``
     for :meth:`preflight` lines."""
@@ -99,7 +103,7 @@ class OtlpInBridge:
     def __init__(self, vendor: str = "codex", *, grpc_listen: str | None = DEFAULT_GRPC_LISTEN,
                  http_listen: str | None = DEFAULT_HTTP_LISTEN, primary: bool = False,
                  policy: CapturePolicy | None = None, max_body: int = DEFAULT_MAX_BODY,
-                 emit_grace: float = 2.0, retry_after: int = 1, grpc_workers: int = 4,
+                 emit_grace: float = 3.0, retry_after: int = 1, grpc_workers: int = 4,
                  settings: dict[str, str] | None = None) -> None:
         self.vendor = vendor
         self.profile: Profile | None = PROFILES.get(vendor)
@@ -275,9 +279,9 @@ class OtlpInBridge:
         health.count("otlp.records", len(records))
         for n in notes:
             health.count(n)
-        if self._closing:
-            raise Unavailable("receiver is stopping; retry later", self.retry_after)
-        if ctx.saturated():
+        if not await self._room():
+            if self._closing:
+                raise Unavailable("receiver is stopping; retry later", self.retry_after)
             health.count("otlp.saturated")
             raise Unavailable("relay channel saturated; retry later", self.retry_after)
 

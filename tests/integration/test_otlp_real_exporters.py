@@ -140,8 +140,9 @@ def _saturate_then_relay_later(sink: list[dict]):
 
 @pytest.mark.parametrize("kind", ["grpc", "http"])
 async def test_real_exporter_retries_through_saturation_without_loss(kind):
+    # emit_grace shorter than the relay's stall, so the first attempt is refused
     b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0" if kind == "grpc" else "off",
-                     http_listen="127.0.0.1:0" if kind == "http" else "off")
+                     http_listen="127.0.0.1:0" if kind == "http" else "off", emit_grace=0.1)
 
     def factory():
         if kind == "grpc":

@@ -328,7 +328,8 @@ def fill(ctx: BridgeContext) -> None:
 
 
 async def test_saturated_channel_answers_retryable_and_emits_nothing():
-    b = local()
+    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
+                     emit_grace=0.2)
     async with running(b, channel=8) as (ctx, recv), httpx.AsyncClient() as c:
         fill(ctx)
         r = await c.post(url(b), content=PB, headers=PROTO)
@@ -345,6 +346,33 @@ async def test_saturated_channel_answers_retryable_and_emits_nothing():
         # the retry after the relay drained goes through, whole
         r = await c.post(url(b), content=JSON_BODY, headers=JSON)
         assert r.status_code == 200
+
+
+async def test_momentary_saturation_is_waited_out_not_refused():
+    # Codex never retries a refused export (tests/fixtures/codex_otel_real/
+    # README.md, "Delivery"): a relay that drains within emit_grace must not
+    # cost its whole run.
+    b = local()
+    async with running(b, channel=8) as (ctx, recv), httpx.AsyncClient() as c:
+        fill(ctx)
+        got: list[dict] = []
+
+        async def relay_soon():
+            await trio.sleep(0.3)
+            async for out in recv:
+                got.append(out.event)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(relay_soon)
+            r = await c.post(url(b), content=PB, headers=PROTO)
+            assert r.status_code == 200
+            _, code, _, _ = await trio.to_thread.run_sync(grpc_call, b.grpc_address[1], PB)
+            assert code == grpc.StatusCode.OK
+            with trio.fail_after(10):
+                while len([e for e in got if e["session"] == PB_CONV]) < 2 * N_PB:
+                    await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+        assert "otlp.saturated" not in ctx.health.counters
 
 
 async def test_channel_filling_mid_request_waits_for_room():
