@@ -1,0 +1,124 @@
+"""The daemon as an operator runs it: ``aep-bridges run`` in its own process.
+
+Refusal of bad configuration before anything binds (exit 2, one line per
+problem), OTLP in -> JSONL + SDK consumer out, ``/healthz`` with and without
+the token, and SIGTERM -> orderly exit 0."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.support.daemon import Collector, console_script, free_port, run_daemon
+from tests.support.schema import validate_event
+
+
+def otlp_json(conversation: str, name: str = "codex.conversation_starts", **attrs) -> dict:
+    kv = [{"key": "event.name", "value": {"stringValue": name}},
+          {"key": "conversation.id", "value": {"stringValue": conversation}},
+          {"key": "model", "value": {"stringValue": "mock-model"}}]
+    kv += [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]
+    return {"resourceLogs": [{
+        "resource": {"attributes": [{"key": "service.name", "value": {"stringValue": "codex_exec"}}]},
+        "scopeLogs": [{"logRecords": [{"timeUnixNano": str(time.time_ns()), "attributes": kv}]}],
+    }]}
+
+
+def test_bad_configuration_is_refused_before_anything_binds(tmp_path):
+    port = free_port()
+    env = {"AEP_LISTEN": f"127.0.0.1:{port}", "AEP_BRIDGE_BOGUS": "1", "AEP_BUFFER": "x",
+           "AEP_CAPTURE": "most", "AEP_OTLP_GRPC_LISTEN": "nowhere"}
+    with run_daemon(tmp_path, env, wait=False) as d:
+        assert d.proc.wait(timeout=30) == 2
+        lines = [ln for ln in d.log().splitlines() if ln.strip()]
+    assert all(ln.startswith("aep-bridges: config: ") for ln in lines), lines
+    text = "\n".join(lines)
+    for needle in ("AEP_BRIDGE_BOGUS", "AEP_BUFFER", "AEP_CAPTURE"):
+        assert needle in text
+    # nothing bound: the relay port is still free
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_bridge_preflight_problems_are_refused_too(tmp_path):
+    with run_daemon(tmp_path, {"AEP_OTLP_GRPC_LISTEN": "nowhere"}, wait=False) as d:
+        assert d.proc.wait(timeout=30) == 2
+    assert "AEP_OTLP_GRPC_LISTEN" in d.log()
+
+
+def test_port_in_use_is_refused(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with run_daemon(tmp_path, {"AEP_LISTEN": f"127.0.0.1:{port}"}, wait=False) as d:
+            assert d.proc.wait(timeout=30) == 2
+    assert f"AEP_LISTEN=127.0.0.1:{port}: address in use" in d.log()
+
+
+def test_check_subcommand(tmp_path):
+    ok = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True, text=True,
+                        env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert ok.returncode == 0 and "otlp_in" in ok.stdout
+    bad = subprocess.run(console_script() + ["check"], capture_output=True, text=True,
+                         env={"HOME": str(tmp_path), "AEP_BRIDGE_ACP": "1"}, timeout=60)
+    assert bad.returncode == 2 and "acp" in bad.stderr
+
+
+def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
+    token = "t0k-" + "x" * 20
+    with run_daemon(tmp_path, {"AEP_TOKEN": token}) as d:
+        col = Collector(d.url, token=token, filter={"agent": "codex"})
+        try:
+            time.sleep(0.5)  # the SDK consumer attaches live-only
+            http = d.env["AEP_OTLP_HTTP_LISTEN"]
+            r = httpx.post(f"http://{http}/v1/logs", json=otlp_json("conv-d1"), timeout=10)
+            assert r.status_code == 200, r.text
+            ev = col.wait_for(lambda e: e.get("session") == "conv-d1")
+        finally:
+            col.close()
+        assert ev["type"] == "x.codex.otel.conversation_starts"
+        assert ev["agent"] == "codex" and ev["source"].endswith("/agent/codex/session/conv-d1")
+        validate_event(ev)
+        log_file = tmp_path / "state" / "logs" / "codex" / "conv-d1.jsonl"
+        assert json.loads(log_file.read_text().splitlines()[0])["id"] == ev["id"]
+
+        anon = d.healthz()
+        authed = d.healthz(token)
+        assert anon["ok"] is True and anon["relay"] is True
+        assert anon["bridges"]["otlp_in.codex"] == {"ok": True, "relay": True, "source": True,
+                                                    "control": False}
+        assert "counts" not in anon and "counts" in authed
+        assert authed["counts"]["events"] >= 1 and authed["counts"]["jsonl_lines"] >= 1
+
+        t0 = time.monotonic()
+        status = d.terminate(timeout=15)
+        elapsed = time.monotonic() - t0
+    assert status == 0, d.log()
+    assert elapsed < 15  # generous: the daemon's own hard deadline is 5 s
+    assert '"received SIGTERM: draining"' in d.log() or "received SIGTERM" in d.log()
+    assert token not in d.log()
+
+
+def test_epoch_increases_across_daemon_restarts(tmp_path):
+    epochs = []
+    for _ in range(2):
+        with run_daemon(tmp_path) as d:
+            http = d.env["AEP_OTLP_HTTP_LISTEN"]
+            httpx.post(f"http://{http}/v1/logs", json=otlp_json("conv-e"), timeout=10)
+            time.sleep(0.3)
+            assert d.terminate() == 0
+        lines = (tmp_path / "state" / "logs" / "codex" / "conv-e.jsonl").read_text().splitlines()
+        epochs.append(json.loads(lines[-1])["epoch"])
+    assert epochs[1] > epochs[0]
+
+
+def test_sigint_also_drains(tmp_path):
+    import signal
+    with run_daemon(tmp_path) as d:
+        d.proc.send_signal(signal.SIGINT)
+        assert d.proc.wait(timeout=15) == 0
