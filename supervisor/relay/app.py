@@ -30,7 +30,7 @@ from typing import Any, Callable
 import trio
 
 from .attrmatch import Filter, InvalidFilter
-from .core import (AEP_VERSION, CLOSED, Outlet, Relay, SocketConnection, loads,
+from .core import (AEP_VERSION, CLOSED, TERMINATED, Outlet, Relay, SocketConnection, loads,
                    parse_capture, parse_from, parse_last_event_id)
 from .envelope import InvalidEvent, is_command_type
 
@@ -276,6 +276,8 @@ class RelayApp:
                     if end is not None:
                         break
                 nursery.cancel_scope.cancel()
+            if outlet.state == TERMINATED:
+                outlet.kill()  # a shed consumer's connection is closed, not kept alive
         except Exception as e:  # noqa: BLE001 -- a broken stream costs nothing more
             if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
                 log.debug("relay: SSE stream ended: %s", type(e).__name__)

@@ -159,6 +159,7 @@ class Outlet:
         self.state = OPEN
         self.in_send = False
         self.abort: Callable[[], None] | None = None
+        self._killed = False
         self.subs: list[Subscriber] = []
         self.dropped = 0
         #: ws only: sub id -> session -> last delivered (epoch, seq)
@@ -260,7 +261,9 @@ class Outlet:
 
     def kill(self) -> None:
         """Abort the socket (if the server gave us the means)."""
-        if self.abort is not None:
+        if self.abort is not None and not self._killed:
+            self._killed = True
+            self.relay.counters["connections_aborted"] += 1
             try:
                 self.abort()
             except Exception:  # noqa: BLE001 -- already gone
@@ -503,6 +506,8 @@ class LocalEmitter(Connection):
         refusal = await self.relay._ingest(event, self)
         if refusal is not None:
             raise CommandRefused(*refusal)
+        # a checkpoint per event: a tight ingest loop never starves the writers
+        await trio.lowlevel.checkpoint()
 
     def close(self) -> None:
         self._release()
@@ -792,7 +797,7 @@ class Relay:
         self._started = time.monotonic()
         self.counters: dict[str, int] = {
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
-            "streams_terminated": 0, "downlevel_errors": 0, "commands_routed": 0,
+            "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
             "commands_refused": 0,
         }
 
