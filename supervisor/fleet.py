@@ -149,7 +149,7 @@ class Fleet:
     async def _attach(self, nursery: trio.Nursery, m: Member) -> None:
         hello = hello_for(m.bridge, self.host)
         if self.relay is not None:
-            conn = self.relay.attach_emitter(hello, m.inbox.send)
+            conn = self.relay.attach_emitter(hello, self._inbox_deliver(m))
             m.sink = _RelaySink(conn)
         else:
             from .uplink import Uplink
@@ -157,6 +157,19 @@ class Fleet:
             m.sink = _UplinkSink(m.uplink)
             await nursery.start(m.uplink.run)
         m.health.relay = m.sink.connected
+
+    @staticmethod
+    def _inbox_deliver(m: Member) -> Callable[[dict[str, Any]], Any]:
+        """Hand a routed command to the bridge without ever blocking the
+        relay: a full inbox drops it and counts (the sender's retry with the
+        same id recovers it, AEP-0004 §2.3)."""
+        async def deliver(cmd: dict[str, Any]) -> None:
+            try:
+                m.inbox.send_nowait(cmd)
+            except trio.WouldBlock:
+                m.health.count("commands_dropped")
+                log.warning("bridge %s control inbox full; command dropped", m.bridge.name)
+        return deliver
 
     async def _supervise(self, m: Member) -> None:
         attempt = 0

@@ -1,0 +1,135 @@
+"""Control through the embedded relay, end to end, with the protocol's own
+SDK as the sender and consumer: ``ControlClient`` -> relay ``/socket`` ->
+the fleet's in-process emitter connection -> the bridge's inbox -> the shared
+command ledger -> ack envelope -> relay channel -> JSONL + relay -> back to
+the client (AEP-0004 §3, §4.1).
+
+The bridge is a minimal control-capable test bridge; the relay, fleet,
+ledger, stamper, hypercorn and the SDK are the real ones."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+
+from aep_sdk import ControlClient, NackError
+from bridges.core.ledger import CommandLedger, Refuse, WriteResult
+from supervisor.config import Config
+from supervisor.fleet import Fleet
+from supervisor.http import serve_asgi
+from supervisor.relay.app import make_app
+from supervisor.relay.core import Relay
+from tests.support.daemon import Collector
+from tests.support.schema import validate_event
+
+TOKEN = "fleet-control-token-0123456789"
+
+
+class ToyBridge:
+    """Owns session ``toy-1``; accepts ``control.cancel`` for runs it knows."""
+
+    name = "toy"
+    agent = "toy-agent"
+
+    def __init__(self):
+        self.writes: list[dict] = []
+
+    def capabilities(self):
+        return {"emits": ["session", "run"],
+                "control": {"accepts": ["control.cancel"], "ack_window_ms": 10000}}
+
+    def preflight(self):
+        return []
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        ctx.health.source = True
+        await ctx.emit("toy-1", {"type": "session.started", "data": {}})
+        await ctx.emit("toy-1", {"type": "run.started", "data": {}}, run="r1")
+
+        def check(cmd):
+            if cmd.get("run") != "r1":
+                raise Refuse("refused", "no such run")
+
+        async def write(cmd):
+            self.writes.append(cmd)
+            return WriteResult(200)
+
+        async with CommandLedger(ctx, ["control.cancel"]) as ledger:
+            task_status.started()
+            await ledger.serve(ctx.commands, check=check, write=write)
+
+
+async def _serve(tmp_path, token):
+    relay = Relay(token=token)
+    bridge = ToyBridge()
+    fleet = Fleet(Config(state_dir=tmp_path, token=token), [bridge], relay=relay, host="h")
+    return relay, bridge, fleet
+
+
+@pytest.mark.parametrize("token", [TOKEN, None], ids=["token", "no-token"])
+async def test_sdk_control_client_through_the_embedded_relay(tmp_path, token):
+    relay, bridge, fleet = await _serve(tmp_path, token)
+    stop = trio.Event()
+    async with trio.open_nursery() as n:
+        bound = await n.start(serve_asgi, make_app(relay, healthz=fleet.healthz), "127.0.0.1", 0, stop)
+        url = bound[0]
+        await n.start(fleet.run)
+        col = Collector(url, token=token, filter={"session": "toy-1"}, from_="all")
+
+        def drive():
+            client = ControlClient(url, agent="operator", host="ops-laptop", token=token)
+            client.connect()
+            out = {}
+            try:
+                try:
+                    out["ack"] = client.send("control.cancel", "toy-1", run="r1",
+                                             data={"scope": "run"}, retries=0)
+                except NackError as e:
+                    out["nack"] = e
+                try:
+                    client.send("control.pause", "toy-1", data={}, retries=0)
+                except NackError as e:
+                    out["undeclared"] = e
+                try:
+                    client.send("control.cancel", "toy-1", run="r9", data={"scope": "run"},
+                                retries=0)
+                except NackError as e:
+                    out["stale"] = e
+                try:
+                    client.send("control.cancel", "nobody-owns-this", data={"scope": "run"},
+                                retries=0)
+                except NackError as e:
+                    out["no_route"] = e
+            finally:
+                client.close()
+            return out
+
+        with trio.fail_after(60):
+            out = await trio.to_thread.run_sync(drive)
+        events = await trio.to_thread.run_sync(col.drain, 1.0)
+        col.close()
+        stop.set()
+        n.cancel_scope.cancel()
+
+    for ev in events:
+        validate_event(ev)
+    if token is None:
+        # watch-only: control never flows on an unauthenticated binding
+        assert out["nack"].reason == "unauthorized"
+        assert out["undeclared"].reason == "unauthorized"
+        assert bridge.writes == []
+        assert not [e for e in events if e["type"].startswith("control.")]
+        return
+    ack = out["ack"]
+    assert ack["type"] == "control.accepted" and ack["session"] == "toy-1"
+    assert ack["source"].endswith("/agent/toy-agent/session/toy-1") and ack["run"] == "r1"
+    assert [w["id"] for w in bridge.writes] == [ack["cause"]]
+    assert out["undeclared"].reason == "unsupported"
+    assert out["stale"].reason == "refused"
+    assert out["no_route"].reason in ("no-route", "invalid")
+    # the acks are ordinary sequenced session events on the stream too
+    seen = {e["id"]: e for e in events}
+    assert ack["id"] in seen and seen[ack["id"]] == ack
+    assert [e["type"] for e in events][:2] == ["session.started", "run.started"]
+    assert len(bridge.writes) == 1  # refusals never reached the write path
