@@ -22,10 +22,8 @@ and records still unsent then are reported to the sender in
 """
 from __future__ import annotations
 
-import logging
 import socket
 from collections import Counter
-from functools import partial
 from typing import Any, Sequence
 
 import trio
@@ -41,7 +39,6 @@ from .flatten import FlatRecord
 from .profiles import PROFILES, Profile
 from .receiver import DEFAULT_MAX_BODY, Accepted, GrpcReceiver, HttpReceiver, Unavailable
 
-log = logging.getLogger("aep.bridge.otlp_in")
 
 DEFAULT_GRPC_LISTEN = "127.0.0.1:4317"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:4318"
@@ -198,10 +195,15 @@ class OtlpInBridge:
 
     async def run(self, ctx: BridgeContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Bind the listeners, call ``task_status.started()``, serve until
-        cancelled. On the way out the gRPC server stops accepting and
-        in-flight exports are answered ``UNAVAILABLE`` (retryable); the HTTP
-        server closes with the nursery. Raises ``OSError`` when a listener
-        cannot bind, ``RuntimeError`` for an unknown vendor."""
+        cancelled. ``ctx.health.source`` is ``True`` while serving. On the
+        way out the gRPC server stops accepting (``grpc`` stop with a 1 s
+        grace, awaited in a worker thread under a shielded scope) and an
+        export still waiting for room is answered at once: ``UNAVAILABLE``
+        if nothing of it was emitted, else ``partial_success`` for the rest;
+        the HTTP server closes with the nursery. Raises ``OSError`` (bare,
+        not grouped) when a listener cannot bind, ``RuntimeError`` for an
+        unknown vendor, ``ValueError`` for an unparsable address (all three
+        are :meth:`preflight` lines first)."""
         if self.profile is None:
             raise RuntimeError(f"unknown OTLP vendor profile {self.vendor!r}")
         listen = self.listeners()

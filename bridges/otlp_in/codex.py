@@ -17,14 +17,27 @@ Annex A (Codex OTel channel).
   decided (no tool name, no success flag...: degraded and noted).
 - unknown event names -> ``x.codex.otel.unknown`` carrying only the name.
 
+Primary-mode choices the pins leave open: an approval (``decision =
+"approved"``) has no core type and stays ``x.codex.otel.tool_decision``; a
+deny whose source is neither user, config nor automation, and a tool result
+without a tool name or a readable success flag, degrade to their vendor type
+(noted ``otlp.degraded``).
+
 The event set covers the pins, the design record's table and what the real
-Codex exporter sends (``codex-rs/otel`` ``session_telemetry``: the
-``event.kind`` key of ``codex.sse_event``, ``http.response.status_code`` and
-``attempt`` on ``codex.api_request``, ``call_id``/``arguments``/``output``
-on tool results, capitalised decision sources, and the later events
+Codex exporter sends (captured from 0.171.0 in
+``tests/fixtures/codex_otel_real/``, whose README lists the drift; the
+vendor source ``codex-rs/otel`` for the rarer events): the ``event.kind``
+key of ``codex.sse_event`` and its token counts, ``http.response.status_code``
+and ``attempt`` (ints) on ``codex.api_request``, ``tool_namespace``,
+``call_id``, ``tool_result_seq``, ``output_truncated`` and the always-sent
+``arguments``/``output`` (``full`` only) on tool results, capitalised
+decision sources (``Config``, ``AutomatedReviewer``), and the later events
+``codex.startup_phase``, ``codex.turn_ttft`` (seen live),
 ``codex.websocket_connect``, ``codex.sandbox_outcome``,
-``codex.startup_phase``, ``codex.turn_ttft``, ``codex.auth_recovery``,
-``codex.plugin_install_*``).
+``codex.auth_recovery``, ``codex.plugin_install_*`` (vendor source).
+Typed values pass through as sent (``"412"`` and ``412`` alike); the
+primary mapping normalises them (:func:`~bridges.otlp_in.common.to_int`,
+:func:`~bridges.otlp_in.common.to_bool`).
 """
 from __future__ import annotations
 

@@ -32,7 +32,6 @@ body: gzip is inflated incrementally with a cap, so a gzip bomb costs at most
 from __future__ import annotations
 
 import json
-import logging
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -339,7 +338,3 @@ class GrpcReceiver:
         except trio.RunFinishedError:
             context.abort(grpc.StatusCode.UNAVAILABLE, "receiver is shutting down")
         return response_message(result)
-
-
-def log_problem(log: logging.Logger, line: str) -> None:
-    log.debug("otlp refused a request: %s", line)
