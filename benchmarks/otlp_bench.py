@@ -1,0 +1,212 @@
+"""OTLP inbound throughput and relay fan-out (issue 2, section 8).
+
+Everything runs against the real daemon (``aep-bridges run``, its own
+process) on loopback:
+
+1. OTLP LogRecords/s over gRPC and over HTTP protobuf, through decode,
+   mapping, stamping, the JSONL session log and the embedded relay to one SSE
+   subscriber (a record counts when the subscriber has it). The requests are
+   the real Codex 0.171.0 export (``tests/fixtures/codex_otel_real``), its
+   records replicated across conversations.
+2. The floor, measured in the same run: decode the same requests with
+   opentelemetry-proto and ``json.dumps`` the mapped events, no I/O. Reported
+   as ``daemon / floor`` (how much of the bare decode+encode rate the whole
+   path keeps).
+3. The embedded relay's fan-out to 1, 10 and 100 SSE subscribers (NDJSON
+   batches POSTed to ``/events``), as deliveries/s, beside the floor of
+   ``json.loads`` + one ``json.dumps`` per delivery.
+4. The daemon's resident memory (VmRSS) at steady state after the runs.
+
+The driver and the daemon share the machine's cores: figures are for
+comparing runs on one machine, not absolutes."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.daemon import run_daemon  # noqa: E402
+
+CAPTURE = ROOT / "tests" / "fixtures" / "codex_otel_real" / "otlp-grpc" / "export-000.pb"
+RECORDS_PER_REQUEST = 200
+
+
+def build_requests(n_requests: int) -> list[logs_service_pb2.ExportLogsServiceRequest]:
+    """``n_requests`` requests of ``RECORDS_PER_REQUEST`` real Codex records,
+    each request its own conversation id (so sessions spread out)."""
+    base = logs_service_pb2.ExportLogsServiceRequest.FromString(CAPTURE.read_bytes())
+    records = [lr for rl in base.resource_logs for sl in rl.scope_logs for lr in sl.log_records]
+    out = []
+    for i in range(n_requests):
+        req = logs_service_pb2.ExportLogsServiceRequest()
+        rl = req.resource_logs.add()
+        rl.resource.CopyFrom(base.resource_logs[0].resource)
+        sl = rl.scope_logs.add()
+        sl.scope.CopyFrom(base.resource_logs[0].scope_logs[0].scope)
+        for j in range(RECORDS_PER_REQUEST):
+            lr = sl.log_records.add()
+            lr.CopyFrom(records[j % len(records)])
+            for kv in lr.attributes:
+                if kv.key == "conversation.id":
+                    kv.value.string_value = f"bench-conv-{i}"
+        out.append(req)
+    return out
+
+
+def floor_rate(requests: list[logs_service_pb2.ExportLogsServiceRequest]) -> float:
+    """Records/s for decode (opentelemetry-proto) + json.dumps of the mapped
+    events (mapped once beforehand with the bridge's own pure mapper)."""
+    from bridges.core.envelope import Stamper
+    from bridges.otlp_in import codex
+    from bridges.otlp_in.common import Posture
+    from bridges.otlp_in.flatten import records_from_proto
+
+    blobs = [r.SerializeToString() for r in requests]
+    posture = Posture()
+    stamper = Stamper("codex", host="bench")
+    mapped = []
+    for r in requests:
+        for rec in records_from_proto(r, []):
+            for em in codex.map_record(rec, posture):
+                mapped.append(stamper.stamp(str(codex.session_key(rec)), em))
+    per_req = len(mapped) // len(requests)
+    t0 = time.perf_counter()
+    for i, blob in enumerate(blobs):
+        logs_service_pb2.ExportLogsServiceRequest.FromString(blob)
+        for ev in mapped[i * per_req:(i + 1) * per_req]:
+            json.dumps(ev, separators=(",", ":"))
+    return len(requests) * RECORDS_PER_REQUEST / (time.perf_counter() - t0)
+
+
+class SseCounter(threading.Thread):
+    """One SSE subscriber counting ``data:`` lines (events) it receives."""
+
+    def __init__(self, url: str, params: dict[str, str]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.params = url, params
+        self.count = 0
+        self.ready = threading.Event()
+        self.stop = False
+
+    def run(self) -> None:
+        with httpx.Client(timeout=None) as c:
+            with c.stream("GET", self.url + "/stream", params=self.params) as r:
+                self.ready.set()
+                for line in r.iter_lines():
+                    if self.stop:
+                        return
+                    if line.startswith("data:"):
+                        self.count += 1
+
+
+def wait_count(counters: list[SseCounter], target: int, timeout: float = 300) -> float:
+    t_end = time.monotonic() + timeout
+    while sum(c.count for c in counters) < target:
+        if time.monotonic() > t_end:
+            raise RuntimeError(f"only {sum(c.count for c in counters)}/{target} delivered")
+        time.sleep(0.01)
+    return time.perf_counter()
+
+
+def otlp_rate(d, kind: str, requests) -> float:
+    sub = SseCounter(d.url, {"filter": json.dumps({"agent": "codex"})})
+    sub.start()
+    sub.ready.wait(10)
+    time.sleep(0.3)
+    total = len(requests) * RECORDS_PER_REQUEST
+    t0 = time.perf_counter()
+    if kind == "grpc":
+        with grpc.insecure_channel(d.env["AEP_OTLP_GRPC_LISTEN"]) as ch:
+            stub = logs_service_pb2_grpc.LogsServiceStub(ch)
+            for r in requests:
+                stub.Export(r, timeout=60)
+    else:
+        with httpx.Client(timeout=60) as c:
+            for r in requests:
+                resp = c.post(f"http://{d.env['AEP_OTLP_HTTP_LISTEN']}/v1/logs",
+                              content=r.SerializeToString(),
+                              headers={"content-type": "application/x-protobuf"})
+                resp.raise_for_status()
+    t1 = wait_count([sub], total)
+    sub.stop = True
+    return total / (t1 - t0)
+
+
+def fanout(d, n_subs: int, n_events: int) -> tuple[float, float]:
+    """(deliveries/s through the relay, floor deliveries/s)."""
+    session = f"fan-{n_subs}"
+    subs = [SseCounter(d.url, {"filter": json.dumps({"session": session})}) for _ in range(n_subs)]
+    for s in subs:
+        s.start()
+    for s in subs:
+        s.ready.wait(10)
+    time.sleep(0.5)
+    lines = []
+    for i in range(n_events):
+        lines.append(json.dumps({
+            "aep": "0.1", "id": f"01BENCH{n_subs:04d}{i:010d}", "type": "tool.completed",
+            "time": "2026-11-30T12:00:00.000Z", "source": f"aep://b/agent/bench/session/{session}",
+            "agent": "bench", "session": session, "seq": i, "epoch": 0,
+            "data": {"tool": {"name": "bash", "call_id": f"c{i}"}, "status": "success",
+                     "duration_ms": 12}}))
+    batches = ["\n".join(lines[i:i + 500]).encode() for i in range(0, n_events, 500)]
+    t0 = time.perf_counter()
+    with httpx.Client(timeout=60) as c:
+        for b in batches:
+            c.post(d.url + "/events", content=b, headers={
+                "content-type": "application/x-ndjson", "AEP-Version": "0.1"}).raise_for_status()
+    t1 = wait_count(subs, n_events * n_subs)
+    for s in subs:
+        s.stop = True
+    rate = n_events * n_subs / (t1 - t0)
+    f0 = time.perf_counter()
+    for line in lines:
+        ev = json.loads(line)
+        for _ in range(n_subs):
+            json.dumps(ev, separators=(",", ":"))
+    floor = n_events * n_subs / (time.perf_counter() - f0)
+    return rate, floor
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main(argv: list[str]) -> None:
+    quick = "--quick" in argv
+    n_req = 10 if quick else 50
+    requests = build_requests(n_req)
+    floor = floor_rate(requests)
+    with tempfile.TemporaryDirectory() as tmp:
+        with run_daemon(Path(tmp), {"AEP_BUFFER": "2000", "AEP_LOG_LEVEL": "warning"}) as d:
+            rss0 = rss_mib(d.proc.pid)
+            print(f"OTLP LogRecords/s ({n_req} requests x {RECORDS_PER_REQUEST} real Codex records,"
+                  " -> JSONL + 1 SSE subscriber)")
+            print(f"  floor (protobuf decode + json.dumps of mapped events, no I/O): {floor:,.0f}/s")
+            for kind in ("grpc", "http-protobuf"):
+                rate = otlp_rate(d, kind, requests)
+                print(f"  {kind:<14} {rate:>10,.0f}/s   ratio to floor {rate / floor:.3f}")
+            print("Relay fan-out (events POSTed as NDJSON, delivered over SSE)")
+            n_events = 400 if quick else 2000
+            for n_subs in (1, 10, 100):
+                rate, ffloor = fanout(d, n_subs, n_events if n_subs < 100 else n_events // 4)
+                print(f"  {n_subs:>3} subscribers: {rate:>10,.0f} deliveries/s"
+                      f"   floor {ffloor:,.0f}/s   ratio {rate / ffloor:.3f}")
+            time.sleep(1.0)
+            print(f"Daemon resident memory: {rss0:.1f} MiB at start, "
+                  f"{rss_mib(d.proc.pid):.1f} MiB at steady state after the runs")
+            d.terminate()
