@@ -310,7 +310,7 @@ class OtlpInBridge:
             finally:
                 for n in rnotes:
                     health.count(n)
-            planned.extend((idx, sess, em, when) for em in emissions)
+            planned.extend((idx, sess, profile.stampable(em), when) for em in emissions)
 
         emitted = 0
         for pos, (idx, sess, em, when) in enumerate(planned):

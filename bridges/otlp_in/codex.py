@@ -46,7 +46,7 @@ from typing import Any
 from bridges.core import capture as _capture
 
 from .common import (Emission, EventSpec, Posture, attrs, event_name, gated_payload, resource,
-                     short_str, to_bool, to_int, unknown, vendor_type)
+                     short_str, spec_levels, to_bool, to_int, unknown, vendor_type)
 
 NAMESPACE = "x.codex.otel"
 CLIENT = "codex"
@@ -117,6 +117,15 @@ EVENTS: dict[str, EventSpec] = {
               "plugin_install.completed")),
 }
 """The known ``event.name`` set -> vendor leaf and capture grades."""
+
+LEVELS: dict[str, dict[str, str]] = {
+    vendor_type(NAMESPACE, spec.leaf): spec_levels(spec, {
+        "codex.user_prompt": {"prompt": "redacted"},
+        "codex.conversation_starts": {"host.name": "redacted", "user.email": "full"},
+    }.get(name))
+    for name, spec in EVENTS.items()}
+"""Per vendor type, the content keys :func:`map_record` may put in its
+payload and their grade (the stamper's ``gating.levels`` hint)."""
 
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed", "tool.denied")
 """The core subset this profile emits in primary mode (design record)."""

@@ -251,6 +251,17 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
     return data
 
 
+def spec_levels(spec: EventSpec, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The gate's ``levels`` hint for a vendor type (``x.*`` types have no
+    schema): the content keys and their grade, so the stamper claims the
+    level actually honored (``metadata`` when only metadata keys are kept)
+    instead of the ceiling (AEP-0003 §9.5)."""
+    lv = {k: "redacted" for k in spec.redacted}
+    lv.update({k: "full" for k in spec.full})
+    lv.update(extra or {})
+    return lv
+
+
 def unknown(namespace: str, name: str | None) -> Emission:
     """The fallback for foreign/future records (pins ``unknown``): only the
     event name travels, never the attributes (nothing is guessed at)."""

@@ -21,7 +21,8 @@ class Profile:
     id (``None`` when absent); ``map_record``: record, posture, notes ->
     emissions; ``namespace``: the ``x.<vendor>.otel`` family;
     ``primary_types``: the core subset emitted in primary mode;
-    ``known``: the event names mapped to named vendor types."""
+    ``known``: the event names mapped to named vendor types; ``levels``:
+    per vendor type, its content keys and their grade."""
 
     vendor: str
     agent: str
@@ -30,11 +31,23 @@ class Profile:
     namespace: str
     primary_types: tuple[str, ...]
     known: frozenset[str]
+    levels: dict[str, dict[str, str]]
+
+    def stampable(self, emission: Emission) -> Emission:
+        """``emission`` plus the stamper's ``gating`` hint for a vendor
+        type (:meth:`bridges.core.envelope.Stamper.stamp`): the gate then
+        claims the capture level actually honored rather than the ceiling.
+        Core types need none (their schema annotations are the table)."""
+        type_ = emission.get("type", "")
+        if not type_.startswith(self.namespace + "."):
+            return emission
+        return {**emission, "gating": {"levels": self.levels.get(type_, {})}}
 
 
 PROFILES: dict[str, Profile] = {
     "codex": Profile("codex", "codex", codex.session_key, codex.map_record, codex.NAMESPACE,
-                     codex.PRIMARY_TYPES, frozenset(codex.EVENTS)),
+                     codex.PRIMARY_TYPES, frozenset(codex.EVENTS), codex.LEVELS),
     "vscode": Profile("vscode", "vscode", vscode.session_key, vscode.map_record,
-                      vscode.NAMESPACE, vscode.PRIMARY_TYPES, frozenset(vscode.EVENTS)),
+                      vscode.NAMESPACE, vscode.PRIMARY_TYPES, frozenset(vscode.EVENTS),
+                      vscode.LEVELS),
 }

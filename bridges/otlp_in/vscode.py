@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .common import (Emission, EventSpec, Posture, attrs, event_name, gated_payload, resource,
-                     short_str, to_bool, to_int, unknown, vendor_type)
+                     short_str, spec_levels, to_bool, to_int, unknown, vendor_type)
 
 NAMESPACE = "x.vscode.otel"
 CLIENT = "vscode"
@@ -47,6 +47,10 @@ EVENTS: dict[str, EventSpec] = {
               "has_remaining_edits", "is_notebook")),
 }
 """The known ``event.name`` set -> vendor leaf and capture grades."""
+
+LEVELS: dict[str, dict[str, str]] = {
+    vendor_type(NAMESPACE, spec.leaf): spec_levels(spec) for spec in EVENTS.values()}
+"""Per vendor type, the content keys and their grade (``gating.levels``)."""
 
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed")
 """The core subset this profile emits in primary mode (design record)."""

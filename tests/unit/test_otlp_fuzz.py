@@ -106,7 +106,8 @@ def _check_all_postures(rec):
                                 or em["type"] in profile.primary_types)
                     json.dumps(em, allow_nan=False)
                     if sess is not None:
-                        validate_event(stamper.stamp(sess, em, time=record_time(rec)))
+                        validate_event(stamper.stamp(sess, profile.stampable(em),
+                                                     time=record_time(rec)))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

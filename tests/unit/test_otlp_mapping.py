@@ -325,3 +325,31 @@ def test_real_capture_payload_types_validate():
                 p = aep_dir() / "schemas" / "types" / f"{ev['type']}.schema.json"
                 if p.exists():
                     jsonschema.validate(ev.get("data", {}), json.loads(p.read_text()))
+
+
+# --------------------------------------------------------------------------- honest capture claims
+
+@pytest.mark.parametrize("ceiling", ["metadata", "redacted", "full"])
+def test_stamped_capture_is_the_level_actually_honored(ceiling):
+    # x.* types have no schema: the profile's gating hint lets the stamper
+    # claim what was kept, not the ceiling (AEP-0003 §9.5).
+    from bridges.otlp_in.profiles import PROFILES
+    profile = PROFILES["codex"]
+    policy = CapturePolicy(ceiling=ceiling)
+    stamper = Stamper("codex", host="h", policy=policy)
+    posture = Posture(False, policy)
+    api = _pin("codex", "api_request")
+    (em,) = codex.map_record(api, posture, [])
+    assert stamper.stamp("c1", profile.stampable(em))["capture"] == "metadata"
+    rec = _pin("codex", "user_prompt")
+    rec["attributes"]["prompt"] = PROMPT
+    (em,) = codex.map_record(rec, posture, [])
+    ev = stamper.stamp("c1", profile.stampable(em))
+    assert ev["capture"] == ceiling
+    assert ("prompt" in ev["data"]) == (ceiling != "metadata")
+    if ceiling == "redacted":
+        assert ev["data"]["prompt"] == capture.redact_text(PROMPT, policy)
+    # the hint never reaches the wire, and core types get none
+    assert "gating" not in ev
+    prim = codex.map_record(_pin("codex", "tool_result_ok"), Posture(True, policy), [])[0]
+    assert profile.stampable(prim) is prim
