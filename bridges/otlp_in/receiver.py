@@ -208,7 +208,10 @@ class HttpReceiver:
             return
         path = scope.get("path", "")
         if path.rstrip("/") != LOGS_PATH:
-            await _respond(send, 404, b"not found\n", "text/plain")
+            # Codex posts to its configured endpoint verbatim: a base URL
+            # without the signal path lands here, so say where logs go.
+            await _respond(send, 404, b"not found: OTLP logs are accepted at POST /v1/logs\n",
+                           "text/plain")
             return
         if scope.get("method") != "POST":
             await _respond(send, 405, b"method not allowed\n", "text/plain",

@@ -270,6 +270,8 @@ async def test_http_routes_and_methods():
     b = local()
     async with running(b) as (ctx, recv), httpx.AsyncClient() as c:
         assert (await c.post(url(b, "/v1/traces"), content=PB, headers=PROTO)).status_code == 404
+        r = await c.post(url(b, "/"), content=PB, headers=PROTO)
+        assert r.status_code == 404 and b"POST /v1/logs" in r.content
         r = await c.get(url(b))
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert (await c.post(url(b, "/v1/logs/"), content=PB, headers=PROTO)).status_code == 200
