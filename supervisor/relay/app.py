@@ -267,12 +267,8 @@ class RelayApp:
                         payloads, end = [b": ping\n\n"], None
                     body = b"".join(payloads)
                     if body or end is not None:
-                        outlet.in_send = True
-                        try:
-                            await send({"type": "http.response.body", "body": body,
-                                        "more_body": end is None})
-                        finally:
-                            outlet.in_send = False
+                        await _send_shielded(outlet, send, {"type": "http.response.body", "body": body,
+                                                            "more_body": end is None})
                     if end is not None:
                         break
                 nursery.cancel_scope.cancel()
@@ -350,15 +346,25 @@ class RelayApp:
         while outlet.state != CLOSED:
             payloads, end = await outlet.next_batch()
             for text in payloads:
-                outlet.in_send = True
-                try:
-                    await send({"type": "websocket.send", "text": text})
-                finally:
-                    outlet.in_send = False
+                await _send_shielded(outlet, send, {"type": "websocket.send", "text": text})
             if end is not None:
                 code, reason = end if isinstance(end, tuple) else (1000, "")
-                await send({"type": "websocket.close", "code": code, "reason": reason})
+                await _send_shielded(outlet, send, {"type": "websocket.close", "code": code,
+                                                    "reason": reason})
                 return
+
+
+async def _send_shielded(outlet: Outlet, send: Callable, message: dict[str, Any]) -> None:
+    """One ASGI send, never interrupted by our own cancellation: a cancel
+    landing inside the server's send path (e.g. on a disconnect) would leave
+    its connection half torn down. A send stuck on a peer that stopped
+    reading is ended by :meth:`Outlet.kill` (socket abort) instead."""
+    outlet.in_send = True
+    try:
+        with trio.CancelScope(shield=True):
+            await send(message)
+    finally:
+        outlet.in_send = False
 
 
 async def _watch_disconnect(receive: Callable, scope: trio.CancelScope) -> None:
