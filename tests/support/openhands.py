@@ -38,7 +38,9 @@ Three parts, all loopback-only:
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
+import re
 import os
 import shutil
 import signal
@@ -257,6 +259,7 @@ class AgentServer:
             "OPENHANDS_SUPPRESS_BANNER": "1",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "LOG_JSON": "false",
+            "COLUMNS": "400",  # rich: one log line per record (server_posts reads them)
             "TMUX_TMPDIR": str(s / "tmux"),
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
@@ -502,3 +505,93 @@ async def _send_stream(send, answer: dict) -> None:
 
 def new_conversation_id() -> str:
     return str(uuid.uuid4())
+
+
+# ---------------------------------------------------------------------------
+# an in-process bridge rig (a real BridgeContext, the test as the relay)
+# ---------------------------------------------------------------------------
+
+_EPOCHS = itertools.count(int(time.time()))
+
+
+class Rig:
+    """One :class:`bridges.openhands.OpenHandsBridge` running in the test's
+    trio loop with a real :class:`bridges.core.bridge.BridgeContext`:
+    ``events`` collects every stamped envelope in channel order,
+    :meth:`command` plays the relay (puts a command envelope on the bridge's
+    control inbox). ``env`` is the bridge's environment (``from_env``)."""
+
+    def __init__(self, env: dict[str, str], *, policy=None, agent: str = "openhands") -> None:
+        import logging
+
+        from bridges.core.bridge import BridgeContext, BridgeHealth
+        from bridges.core.capture import CapturePolicy
+        from bridges.core.envelope import Stamper
+        from bridges.openhands import from_env
+        self.policy = policy or CapturePolicy.from_env(env)
+        self.bridge = from_env(env, policy=self.policy)
+        self.events: list[dict] = []
+        self._send, self._recv = trio.open_memory_channel(10_000)
+        self._csend, crecv = trio.open_memory_channel(64)
+        self.health = BridgeHealth()
+        self.ctx = BridgeContext("openhands", Stamper(self.bridge.agent, epoch=next(_EPOCHS),
+                                                      host="test-host", policy=self.policy),
+                                 self._send, crecv, self.health, logging.getLogger("aep.test.openhands"))
+        self._changed = trio.Event()
+        self.scope: trio.CancelScope | None = None
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with trio.CancelScope() as scope:
+            self.scope = scope
+            async with trio.open_nursery() as n:
+                n.start_soon(self._drain)
+                await n.start(self.bridge.run, self.ctx)
+                task_status.started()
+
+    def stop(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+    async def _drain(self) -> None:
+        async for item in self._recv:
+            self.events.append(item.event)
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def wait(self, predicate, timeout: float = 60, what: str = "condition") -> Any:
+        """Wait until ``predicate(events)`` is truthy; returns its value."""
+        with trio.move_on_after(timeout):
+            while True:
+                got = predicate(self.events)
+                if got:
+                    return got
+                await self._changed.wait()
+        raise AssertionError(f"timed out waiting for {what}; events:\n" + "\n".join(
+            f"  {e.get('seq')} {e['type']} {json.dumps(e.get('data'))[:100]}" for e in self.events[-40:]))
+
+    def of(self, session: str, type_: str | None = None) -> list[dict]:
+        return [e for e in self.events if e.get("session") == session and (type_ is None or e["type"] == type_)]
+
+    async def command(self, type_: str, session: str, *, data: dict | None = None,
+                      subject: str | None = None, cmd_id: str | None = None) -> dict:
+        from aep_sdk import ulid
+        cmd = {"aep": "0.1", "id": cmd_id or ulid(), "type": type_, "time": "2026-01-01T00:00:00Z",
+               "source": "aep://laptop/agent/tester", "agent": "tester", "session": session,
+               "data": data or {}}
+        if subject is not None:
+            cmd["subject"] = subject
+        await self._csend.send(cmd)
+        return cmd
+
+    async def ack_for(self, cmd: dict, timeout: float = 30) -> dict:
+        return await self.wait(lambda evs: next((e for e in evs if e["type"] in ("control.accepted", "control.rejected")
+                                                 and e.get("cause") == cmd["id"]), None),
+                               timeout, f"the ack of {cmd['type']}")
+
+
+def server_posts(server: AgentServer, cid: str) -> list[str]:
+    """The POST request lines the server logged for conversation ``cid`` (its
+    uvicorn access log): the vendor-side proof of which writes it received."""
+    text = server.log_path.read_text(errors="replace")
+    flat = re.sub(r"\s*\n\s*", "", text)  # rich wraps long log lines
+    return re.findall(r'"POST (/api/conversations/' + re.escape(cid) + r'[^ "]*)', flat)

@@ -1,0 +1,659 @@
+"""The OpenHands receiver: discovery, one observer socket per conversation,
+run synthesis and the attention loop (receiver state).
+
+Design record: ``shared/aep/docs/bridge-openhands-design.md`` ("Attach
+shape", "Identity", "Run synthesis", "The attention loop", "Timestamps",
+"Discovery", "The opt-in control gate" for the notes control sets).
+
+- **Discovery**: ``GET /api/conversations/search`` (paged, ``limit=100``,
+  at most :data:`MAX_PAGES` pages a poll) every ``poll`` seconds; failures
+  back off exponentially (1 s doubling to :data:`MAX_BACKOFF`) with jitter.
+  A conversation missing from a COMPLETE listing is confirmed gone with
+  ``GET /api/conversations/{id}`` (404) before it is detached: the real
+  server deletes without broadcasting ``deleting`` to observers, so the
+  vanish is the observed fact and closes the session like the ``deleting``
+  transition (attention dismissed, run cancelled, ``session.ended``
+  ``killed``).
+- **One socket per conversation** on ``/sockets/events/{id}``: the
+  first-message auth frame (``{"type": "auth", "session_api_key": ...}``) is
+  the ONLY frame this module ever writes (:meth:`Receiver._socket_once`
+  is the one ``send_message`` call site, gate on or off); the key is never in
+  a URL and never logged. First attach replays everything
+  (``resend_mode=all``); a reconnect replays since the anchor
+  (``resend_mode=since&after_timestamp=<the last persisted vendor
+  timestamp seen>``), and the vendor event id dedupes the overlap. The
+  anchor advances with every persisted event (never with the ephemeral
+  ``full_state`` snapshot the server pushes first to every subscriber,
+  which is newer than the history that follows it).
+- **Run synthesis** from the server's own ``execution_status`` facts
+  (:func:`bridges.openhands.mapping.status_moments` with the receiver's own
+  ``run_open``). The connect snapshot states the PRESENT, then the replay
+  states the PAST: the snapshot's status is held as pending and applied
+  once a newer frame arrives or the socket goes quiet, and a status fact
+  older than the last one applied is never applied (still mapped).
+- **Per-conversation bounded state** (:class:`Conversation`): status, the
+  open run, the pending attention, the anchor and a ring of
+  :data:`SEEN_IDS` recent vendor ids; persisted (atomic JSON) under
+  ``{AEP_STATE_DIR}/openhands/<server>/<conversation>.json`` so a restarted
+  daemon reattaches with ``since`` and emits no duplicates, no second
+  ``session.started`` and no dangling run or attention.
+
+Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
+``frames_malformed``, ``frames_duplicate``, ``search_errors``,
+``search_pages_capped``, ``search_bad_items``, ``socket_connects``,
+``socket_errors``, ``socket_auth_failed``, ``conversations_attached``,
+``conversations_detached``, ``conversations_capped``, ``state_write_errors``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+import tempfile
+import urllib.parse
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+import trio
+import trio_websocket
+
+from . import mapping as M
+
+log = logging.getLogger("aep.bridge.openhands")
+
+SEEN_IDS = 128
+"""Recent vendor event ids remembered per conversation (the dedupe window:
+the ``since`` overlap and live/replay interleaving are a handful of events)."""
+MAX_PAGES = 100
+"""Search pages read per poll (100 conversations each); a server that pages
+beyond it is counted (``search_pages_capped``) and nothing is detached."""
+MAX_CONVERSATIONS = 10_000
+MAX_BACKOFF = 60.0
+SNAPSHOT_QUIET = 0.5
+"""Seconds of socket silence after which a held connect snapshot applies."""
+REST_TIMEOUT = 10.0
+MAX_FRAME = 16 * 1024 * 1024
+FLUSH_EVERY = 1.0
+STATE_VERSION = 1
+
+
+class AuthRefused(Exception):
+    """The server refused the session API key (REST 401/403, socket 4001)."""
+
+
+class Gone(Exception):
+    """The conversation does not exist on the server (socket 4004)."""
+
+
+def _parse_ts(value: Any) -> datetime | None:
+    """A vendor timestamp as a comparable naive datetime (aware ones are
+    converted to naive UTC), or ``None``."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+    return dt
+
+
+@dataclass
+class Settling:
+    """A ``control.attention.respond`` in flight: when the status leaves
+    ``waiting_for_confirmation`` the answer and the resolution are emitted
+    cause-linked to ``cmd_id``."""
+
+    cmd_id: str
+    answer: dict[str, Any]
+
+
+@dataclass
+class Conversation:
+    """Per-conversation receiver state (bounded: a few scalars and a ring
+    of :data:`SEEN_IDS` ids)."""
+
+    id: str
+    status: str | None = None
+    status_ts: str | None = None
+    run_n: int = 0
+    run_id: str | None = None
+    attention_id: str | None = None
+    anchor: str | None = None
+    started: bool = False
+    ended: bool = False
+    seen: OrderedDict = field(default_factory=OrderedDict)
+    # runtime only
+    pending_snap: tuple[str | None, str, str] | None = None  # (vendor ts, status, envelope id)
+    notes: dict[str, str] = field(default_factory=dict)  # pause/resume/interrupt -> cmd id
+    settling: Settling | None = None
+    attention_t0: float | None = None
+    frames_in_conn: int = 0
+    dirty: bool = False
+    last_flush: float = 0.0
+    scope: trio.CancelScope | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+    def remember(self, eid: str) -> bool:
+        """Record a vendor id; ``False`` when it was already seen."""
+        if eid in self.seen:
+            return False
+        self.seen[eid] = None
+        while len(self.seen) > SEEN_IDS:
+            self.seen.popitem(last=False)
+        return True
+
+    def persisted(self) -> dict[str, Any]:
+        return {"v": STATE_VERSION, "id": self.id, "status": self.status, "status_ts": self.status_ts,
+                "run_n": self.run_n, "run_id": self.run_id, "attention_id": self.attention_id,
+                "anchor": self.anchor, "started": self.started, "ended": self.ended,
+                "seen": list(self.seen)[-32:]}
+
+    @classmethod
+    def restore(cls, body: Any, cid: str) -> "Conversation":
+        c = cls(cid)
+        if not isinstance(body, dict) or body.get("v") != STATE_VERSION or body.get("id") != cid:
+            return c
+
+        def s(k: str) -> str | None:
+            v = body.get(k)
+            return v if isinstance(v, str) and v else None
+        c.status, c.status_ts, c.run_id = s("status"), s("status_ts"), s("run_id")
+        c.attention_id, c.anchor = s("attention_id"), s("anchor")
+        c.run_n = body["run_n"] if isinstance(body.get("run_n"), int) and body["run_n"] >= 0 else 0
+        c.started, c.ended = body.get("started") is True, body.get("ended") is True
+        for eid in body.get("seen") or []:
+            if isinstance(eid, str):
+                c.remember(eid)
+        return c
+
+
+@dataclass
+class Settings:
+    """The receiver's configuration (see :func:`bridges.openhands.from_env`)."""
+
+    url: str = "http://127.0.0.1:8000"
+    key: str | None = None
+    poll: float = 15.0
+    deltas: bool = False
+    control: bool = False
+    guard_ms: int = 8000
+    state_dir: Path | None = None
+    agent: str = "openhands"
+
+
+class ReadOnlyRest:
+    """The receiver's REST client: GET only (the read-only posture is a
+    property of this class: there is no other method). The session key
+    rides the ``X-Session-API-Key`` header, never the URL."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def get(self, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
+        return await self._client.get(path, params=params)
+
+
+def rest_client(settings: Settings, **kw: Any) -> httpx.AsyncClient:
+    headers = {"X-Session-API-Key": settings.key} if settings.key else {}
+    return httpx.AsyncClient(base_url=settings.url, headers=headers,
+                             timeout=kw.pop("timeout", REST_TIMEOUT), trust_env=False, **kw)
+
+
+def _server_key(url: str) -> str:
+    p = urllib.parse.urlsplit(url)
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{p.hostname or 'server'}_{p.port or ''}").strip("_")
+
+
+class Receiver:
+    """Runs discovery and the per-conversation sockets for one server.
+
+    ``ctx``: the bridge's :class:`bridges.core.bridge.BridgeContext`;
+    ``rest``: a :class:`ReadOnlyRest`; ``decorate``: called with each
+    ``attention.requested`` emission before it is stamped (the control gate
+    adds options and the respond path; ``None`` gated off)."""
+
+    def __init__(self, settings: Settings, posture: M.Posture, ctx: Any, rest: ReadOnlyRest, *,
+                 decorate: Callable[[dict[str, Any]], None] | None = None,
+                 ws_connect: Callable[..., Any] | None = None) -> None:
+        self.settings = settings
+        self.posture = posture
+        self.ctx = ctx
+        self.rest = rest
+        self.decorate = decorate
+        self._ws_connect = ws_connect or trio_websocket.open_websocket_url
+        self.conversations: dict[str, Conversation] = {}
+        self._nursery: trio.Nursery | None = None
+        self._auth_logged = False
+        p = urllib.parse.urlsplit(settings.url)
+        self._ws_base = ("wss" if p.scheme == "https" else "ws") + "://" + p.netloc + p.path.rstrip("/")
+        self._host = p.netloc
+        self._state_dir = (settings.state_dir / "openhands" / _server_key(settings.url)
+                           if settings.state_dir else None)
+
+    # ------------------------------------------------------------------ health
+    def _source(self, value: bool | str, detail: str | None = None) -> None:
+        self.ctx.health.source = value
+        if detail is not None:
+            self.ctx.health.detail = detail
+
+    def _auth_failed(self, where: str) -> None:
+        self.ctx.health.count("socket_auth_failed" if where == "socket" else "search_errors")
+        self._source(False, f"session API key refused ({where})")
+        if not self._auth_logged:
+            self._auth_logged = True
+            log.error("the OpenHands agent server at %s refused the session API key on the %s; "
+                      "check AEP_OPENHANDS_SESSION_API_KEY (retrying with backoff)",
+                      self.settings.url, where)
+
+    # ------------------------------------------------------------------ running
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            try:
+                await self._discover_loop()
+            finally:
+                self._nursery = None
+
+    async def _discover_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                listed, complete = await self.search()
+            except AuthRefused:
+                self._auth_failed("REST API")
+                failures += 1
+            except (httpx.HTTPError, OSError, ValueError) as e:
+                failures += 1
+                self.ctx.health.count("search_errors")
+                self._source(False if isinstance(e, (httpx.TransportError, OSError)) else "degraded",
+                             f"conversation search failed: {type(e).__name__}")
+                log.warning("OpenHands conversation search failed (%s); retrying", _why(e))
+            else:
+                if failures or self.ctx.health.source is not True:
+                    log.info("OpenHands agent server at %s reachable", self.settings.url)
+                failures = 0
+                self._auth_logged = False
+                self._source(True, None)
+                self.ctx.health.detail = None
+                await self._reconcile(listed, complete)
+            if failures:
+                delay = min(MAX_BACKOFF, 2 ** min(failures - 1, 10)) * (0.5 + random.random() / 2)
+            else:
+                delay = self.settings.poll
+            await trio.sleep(delay)
+
+    async def search(self) -> tuple[list[str], bool]:
+        """All conversation ids the server lists, and whether the listing is
+        complete (``False`` when :data:`MAX_PAGES` was hit or a page id
+        repeated). Raises :class:`AuthRefused`, ``httpx.HTTPError``,
+        ``ValueError`` (an unparsable page)."""
+        ids: list[str] = []
+        page_id: str | None = None
+        seen_pages: set[str] = set()
+        for _ in range(MAX_PAGES):
+            params: dict[str, Any] = {"limit": 100}
+            if page_id:
+                params["page_id"] = page_id
+            r = await self.rest.get("/api/conversations/search", params)
+            if r.status_code in (401, 403):
+                raise AuthRefused()
+            r.raise_for_status()
+            body = r.json()
+            if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+                raise ValueError("search page is not {items: [...]}")
+            for item in body["items"]:
+                cid = item.get("id") if isinstance(item, dict) else None
+                if isinstance(cid, str) and re.fullmatch(r"[0-9A-Fa-f-]{32,36}", cid):
+                    ids.append(cid)
+                else:
+                    self.ctx.health.count("search_bad_items")
+            nxt = body.get("next_page_id")
+            if not isinstance(nxt, str) or not nxt:
+                return ids, True
+            if nxt in seen_pages:
+                self.ctx.health.count("search_pages_capped")
+                return ids, False
+            seen_pages.add(nxt)
+            page_id = nxt
+        self.ctx.health.count("search_pages_capped")
+        return ids, False
+
+    async def _reconcile(self, listed: list[str], complete: bool) -> None:
+        assert self._nursery is not None
+        listed_set = set(listed)
+        for cid in listed:
+            if cid in self.conversations:
+                continue
+            if len(self.conversations) >= MAX_CONVERSATIONS:
+                self.ctx.health.count("conversations_capped")
+                continue
+            conv = self._load(cid)
+            if conv.ended:
+                continue
+            self.conversations[cid] = conv
+            self.ctx.health.count("conversations_attached")
+            self._nursery.start_soon(self._conversation_task, conv)
+        if not complete:
+            return
+        for cid in [c for c in self.conversations if c not in listed_set]:
+            if await self._confirmed_gone(cid):
+                await self._detach(self.conversations[cid], vanished=True)
+
+    async def _confirmed_gone(self, cid: str) -> bool:
+        try:
+            r = await self.rest.get(f"/api/conversations/{cid}")
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 404
+
+    async def _detach(self, conv: Conversation, *, vanished: bool) -> None:
+        """Stop observing ``conv``. ``vanished``: the server no longer has it,
+        so the deletion closes the session (attention dismissed, run
+        cancelled, ``session.ended`` ``killed``) and its state file goes."""
+        if conv.scope is not None:
+            conv.scope.cancel()
+        with trio.move_on_after(10):
+            await conv.done.wait()
+        self.conversations.pop(conv.id, None)
+        self.ctx.health.count("conversations_detached")
+        if vanished and not conv.ended:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await self._transition(conv, M.DELETING, None, cause=None)
+        if vanished:
+            self._forget(conv.id)
+
+    # ------------------------------------------------------------------ one conversation
+    async def _conversation_task(self, conv: Conversation) -> None:
+        failures = 0
+        try:
+            with trio.CancelScope() as scope:
+                conv.scope = scope
+                if not conv.started:
+                    await self._emit(conv, {"type": "session.started", "data": {
+                        "client": {"name": "openhands-agent-server"}, "server": self._host}})
+                    conv.started = True
+                    self._flush(conv, force=True)
+                while not conv.ended:
+                    conv.frames_in_conn = 0
+                    try:
+                        await self._socket_once(conv)
+                    except Exception as e:  # noqa: BLE001 -- a socket fault never kills the task
+                        leaves = _leaves(e)
+                        if any(isinstance(x, AuthRefused) for x in leaves):
+                            self._auth_failed("events socket")
+                        else:
+                            self.ctx.health.count("socket_errors")
+                            if not any(isinstance(x, Gone) for x in leaves):
+                                log.info("OpenHands socket for %s dropped (%s); reconnecting",
+                                         conv.id, _why(e))
+                    if conv.ended:
+                        break
+                    if conv.frames_in_conn:
+                        failures = 0  # the connection worked: reconnect soon
+                    failures += 1
+                    await trio.sleep(min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7)) * (0.5 + random.random() / 2))
+        finally:
+            self._flush(conv, force=True)
+            conv.done.set()
+
+    def _socket_url(self, conv: Conversation) -> str:
+        if conv.anchor:
+            q = urllib.parse.urlencode({"resend_mode": "since", "after_timestamp": conv.anchor})
+        else:
+            q = "resend_mode=all"
+        return f"{self._ws_base}/sockets/events/{conv.id}?{q}"
+
+    async def _socket_once(self, conv: Conversation) -> None:
+        """One connection: connect, authenticate, read until it closes.
+        Raises :class:`AuthRefused` (close 4001), :class:`Gone` (4004) or the
+        transport's own error."""
+        async with self._ws_connect(self._socket_url(conv), max_message_size=MAX_FRAME,
+                                    message_queue_size=16, connect_timeout=REST_TIMEOUT,
+                                    disconnect_timeout=2) as ws:
+            self.ctx.health.count("socket_connects")
+            # The one frame this bridge ever writes to the server's socket.
+            await ws.send_message(json.dumps({"type": "auth", "session_api_key": self.settings.key or ""}))
+            conv.pending_snap = None
+            while not conv.ended:
+                raw = None
+                try:
+                    with trio.move_on_after(SNAPSHOT_QUIET if conv.pending_snap else 3600) as quiet:
+                        raw = await ws.get_message()
+                except trio_websocket.ConnectionClosed as e:
+                    code = getattr(e.reason, "code", None)
+                    if code == 4001:
+                        raise AuthRefused() from None
+                    if code == 4004:
+                        raise Gone() from None
+                    raise
+                if quiet.cancelled_caught:
+                    await self._apply_pending(conv)
+                    continue
+                conv.frames_in_conn += 1
+                await self.handle_raw(conv, raw)
+
+    # ------------------------------------------------------------------ frames
+    async def handle_raw(self, conv: Conversation, raw: Any) -> None:
+        """Process one socket frame (shielded with a deadline, so a frame's
+        emissions land whole even when the bridge is being stopped)."""
+        self.ctx.health.count("frames")
+        try:
+            ev = json.loads(raw)
+        except (TypeError, ValueError):
+            self.ctx.health.count("frames_not_json")
+            return
+        if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str) or not ev["kind"]:
+            self.ctx.health.count("frames_malformed")
+            return
+        with trio.CancelScope(shield=True), trio.move_on_after(10):
+            await self.handle_event(conv, ev)
+            self._flush(conv)
+
+    async def handle_event(self, conv: Conversation, ev: dict[str, Any]) -> None:
+        eid = ev.get("id")
+        if isinstance(eid, str) and eid and not conv.remember(eid):
+            self.ctx.health.count("frames_duplicate")
+            return
+        ts = ev.get("timestamp") if isinstance(ev.get("timestamp"), str) else None
+        tdt = _parse_ts(ts)
+        snap = M.is_snapshot(ev)
+        if conv.pending_snap is not None and not snap:
+            pdt = _parse_ts(conv.pending_snap[0])
+            if tdt is not None and (pdt is None or tdt >= pdt):
+                await self._apply_pending(conv)
+        status = M.status_of(ev)
+        fresh = status is not None and self._fresh(conv, tdt)
+        cause = None
+        if fresh and not snap and status != conv.status:
+            cause = self._note_cause(conv, status)
+        conv.dirty = True
+        env = None
+        for emission in M.map_event(ev, self.posture):
+            env = await self._emit(conv, emission, cause=cause)
+        if fresh:
+            if snap:
+                conv.pending_snap = (ts, status, env["id"] if env else None)  # type: ignore[assignment]
+            else:
+                await self._transition(conv, status, ts, cause=env["id"] if env else None)
+        if not M.is_ephemeral(ev) and tdt is not None:
+            adt = _parse_ts(conv.anchor)
+            if adt is None or tdt >= adt:
+                conv.anchor = ts
+
+    def _fresh(self, conv: Conversation, tdt: datetime | None) -> bool:
+        """A status fact is applied unless it is older than the last one."""
+        sdt = _parse_ts(conv.status_ts)
+        return tdt is None or sdt is None or tdt >= sdt
+
+    async def _apply_pending(self, conv: Conversation) -> None:
+        pend, conv.pending_snap = conv.pending_snap, None
+        if pend is None:
+            return
+        ts, status, env_id = pend
+        if status != conv.status and self._fresh(conv, _parse_ts(ts)):
+            await self._transition(conv, status, ts, cause=env_id)
+            self._flush(conv)
+
+    def _note_cause(self, conv: Conversation, new: str) -> str | None:
+        """The command a status flip answers (the record's pending notes):
+        pause/interrupt -> ``paused``, resume -> out of ``paused``, a settling
+        respond -> out of ``waiting_for_confirmation``."""
+        n = conv.notes
+        if conv.status == M.WAITING and conv.settling is not None:
+            return conv.settling.cmd_id
+        if new == M.PAUSED and (n.get("pause") or n.get("interrupt")):
+            return n.get("pause") or n.get("interrupt")
+        if conv.status == M.PAUSED and new == M.RUNNING and n.get("resume"):
+            return n["resume"]
+        return None
+
+    async def _transition(self, conv: Conversation, new: str, ts: str | None, *,
+                          cause: str | None) -> None:
+        """Apply one status change: emit its moments (runs, attention, session
+        end), cause-linked to the status event or the settling command."""
+        prev = conv.status
+        if ts is not None:
+            conv.status_ts = ts
+        if new == prev:
+            return
+        settle = conv.settling if prev == M.WAITING else None
+        moments = M.status_moments(prev, new, run_open=conv.run_id is not None)
+        conv.status = new
+        conv.notes.clear()
+        if prev == M.WAITING:
+            conv.settling = None
+        conv.dirty = True
+        for m in moments:
+            t = m["type"]
+            if t == "attention.resolved":
+                if conv.attention_id is None:
+                    continue  # no request of ours is open: nothing to resolve
+                subject = conv.attention_id
+                data = dict(m["data"])
+                if conv.attention_t0 is not None:
+                    data["latency_ms"] = max(0, int((trio.current_time() - conv.attention_t0) * 1000))
+                link = cause
+                if settle is not None and data["resolution"] == "answered":
+                    link = settle.cmd_id
+                    await self._emit(conv, {"type": "attention.answered", "subject": subject,
+                                            "data": {"answer": settle.answer, "via": "control"}},
+                                     cause=link)
+                await self._emit(conv, {"type": "attention.resolved", "subject": subject, "data": data},
+                                 cause=link)
+                conv.attention_id = None
+                conv.attention_t0 = None
+            elif t == "attention.requested":
+                em = dict(m, data=dict(m["data"]))
+                if self.decorate is not None:
+                    self.decorate(em)
+                env = await self._emit(conv, em, cause=cause)
+                conv.attention_id = env["id"]
+                conv.attention_t0 = trio.current_time()
+            elif t == "run.started":
+                conv.run_n += 1
+                conv.run_id = f"run:{conv.id}:{conv.run_n}"
+                await self._emit(conv, m, cause=cause)
+            elif t in ("run.finished", "run.failed", "run.cancelled"):
+                await self._emit(conv, m, cause=cause)
+                conv.run_id = None
+            elif t == "session.ended":
+                await self._emit(conv, m, cause=cause)
+                conv.ended = True
+            else:  # pragma: no cover - the table has no other moments
+                await self._emit(conv, m, cause=cause)
+        self._flush(conv, force=True)
+
+    async def _emit(self, conv: Conversation, emission: dict[str, Any], *,
+                    cause: str | None = None) -> dict[str, Any]:
+        kw: dict[str, Any] = {}
+        if conv.run_id is not None:
+            kw["run"] = conv.run_id
+        if cause is not None:
+            kw["cause"] = cause
+        return await self.ctx.emit(conv.id, emission, **kw)
+
+    async def emit_outcome(self, session: str, emission: dict[str, Any], cause: str) -> None:
+        """For control: an outcome event in ``session`` (its open run)."""
+        conv = self.conversations.get(session)
+        if conv is None:
+            await self.ctx.emit(session, emission, cause=cause)
+        else:
+            await self._emit(conv, emission, cause=cause)
+
+    # ------------------------------------------------------------------ persistence
+    def _path(self, cid: str) -> Path | None:
+        if self._state_dir is None or not re.fullmatch(r"[0-9A-Za-z-]+", cid):
+            return None
+        return self._state_dir / f"{cid}.json"
+
+    def _load(self, cid: str) -> Conversation:
+        path = self._path(cid)
+        if path is None:
+            return Conversation(cid)
+        try:
+            return Conversation.restore(json.loads(path.read_text()), cid)
+        except FileNotFoundError:
+            return Conversation(cid)
+        except (OSError, ValueError) as e:
+            log.warning("OpenHands state for %s unreadable (%s); starting fresh", cid, type(e).__name__)
+            return Conversation(cid)
+
+    def _flush(self, conv: Conversation, *, force: bool = False) -> None:
+        """Write the conversation's state (atomic replace) when dirty, at
+        most once per :data:`FLUSH_EVERY` seconds unless ``force``."""
+        if not conv.dirty:
+            return
+        now = trio.current_time()
+        if not force and now - conv.last_flush < FLUSH_EVERY:
+            return
+        path = self._path(conv.id)
+        conv.dirty = False
+        conv.last_flush = now
+        if path is None:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".oh.")
+            with os.fdopen(fd, "w") as f:
+                json.dump(conv.persisted(), f)
+            os.replace(tmp, path)
+        except OSError as e:
+            self.ctx.health.count("state_write_errors")
+            log.warning("cannot persist OpenHands state under %s (%s)", path.parent,
+                        e.strerror or type(e).__name__)
+
+    def _forget(self, cid: str) -> None:
+        path = self._path(cid)
+        if path is not None:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+
+
+def _leaves(e: BaseException) -> list[BaseException]:
+    if isinstance(e, BaseExceptionGroup):
+        return [x for sub in e.exceptions for x in _leaves(sub)]
+    return [e]
+
+
+def _why(e: BaseException) -> str:
+    """A short, secret-free description of a transport failure."""
+    if isinstance(e, BaseExceptionGroup):
+        return ", ".join(_why(x) for x in e.exceptions)
+    if isinstance(e, httpx.HTTPStatusError):
+        return f"HTTP {e.response.status_code}"
+    if isinstance(e, trio_websocket.ConnectionClosed):
+        return f"closed {getattr(e.reason, 'code', '?')}"
+    if isinstance(e, trio_websocket.ConnectionRejected):
+        return f"rejected HTTP {e.status_code}"
+    return type(e).__name__

@@ -1,0 +1,488 @@
+"""The OpenHands bridge in-process (a real ``BridgeContext``; the test plays the
+relay) against the REAL ``openhands-agent-server`` (PyPI, pinned in
+``tests/support/openhands.py``) and the mock chat-completions model.
+
+One server for the module; every test creates its own conversations (their
+ids scope every assertion). The test's own REST calls drive the vendor the
+way a user of the server would (create, send a message, approve on the
+vendor side); the bridge's writes are only ever the five gated ones, and the
+server's own access log is read to prove which POSTs it received.
+"""
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+import trio
+
+from tests.support.openhands import (AgentServer, MockModel, Rig, dead_url, require_agent_server,
+                                     server_posts)
+from tests.support.schema import validate_event, validate_stream
+
+pytestmark = pytest.mark.vendor
+TOKEN = "test-token-0123456789"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = AgentServer(require_agent_server()).start()
+    yield srv
+    srv.cleanup()
+
+
+def bridge_env(server: AgentServer, tmp_path, *, control: bool = False, key: str | None = None,
+               **extra: str) -> dict[str, str]:
+    env = {"AEP_OPENHANDS_URL": server.url,
+           "AEP_OPENHANDS_SESSION_API_KEY": key if key is not None else server.key,
+           "AEP_OPENHANDS_POLL": "0.5", "AEP_STATE_DIR": str(tmp_path / "state")}
+    if control:
+        env.update({"AEP_OPENHANDS_CONTROL": "1", "AEP_TOKEN": TOKEN})
+    env.update(extra)
+    return env
+
+
+class Vendor:
+    """The test's own REST client for the agent server (a user's writes)."""
+
+    def __init__(self, server: AgentServer, model_url: str) -> None:
+        self.server, self.model_url = server, model_url
+        self.http = httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=60,
+                                      trust_env=False)
+
+    async def create(self, model_url: str | None = None, *, confirm: bool = True) -> str:
+        r = await self.http.post("/api/conversations",
+                                 json=self.server.conversation_request(model_url or self.model_url, text=None,
+                                                                       confirm=confirm))
+        r.raise_for_status()
+        return r.json()["id"]
+
+    async def say(self, cid: str, text: str, run: bool = True) -> None:
+        r = await self.http.post(f"/api/conversations/{cid}/events",
+                                 json={"role": "user", "content": [{"type": "text", "text": text}], "run": run})
+        r.raise_for_status()
+
+    async def confirm(self, cid: str, accept: bool = True) -> None:
+        r = await self.http.post(f"/api/conversations/{cid}/events/respond_to_confirmation",
+                                 json={"accept": accept})
+        r.raise_for_status()
+
+
+def types(events: list[dict]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+async def wait_status(rig: Rig, cid: str, status: str, timeout: float = 60) -> None:
+    with trio.fail_after(timeout):
+        while True:
+            conv = rig.bridge.receiver.conversations.get(cid) if rig.bridge.receiver else None
+            if conv is not None and conv.status == status:
+                return
+            await trio.sleep(0.05)
+
+
+async def wait_held(mock: MockModel, timeout: float = 30) -> None:
+    with trio.fail_after(timeout):
+        while mock.held == 0:
+            await trio.sleep(0.05)
+
+
+def check_stream(rig: Rig, cid: str) -> list[dict]:
+    evs = rig.of(cid)
+    for e in evs:
+        validate_event(e)
+    validate_stream(evs)
+    return evs
+
+
+# --------------------------------------------------------------------------- observe (gate off)
+
+async def test_discovers_a_new_conversation_and_synthesizes_the_run(server, tmp_path):
+    """Scenario 1 (in-process): a conversation created after the bridge started
+    is discovered; run.started ... run.finished from the real status facts;
+    the confirmation is observed read-only (no options, no respond path) and
+    approved on the vendor side (scenario 4: observed, no control claim)."""
+    rig = Rig(bridge_env(server, tmp_path))
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(rig.run)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await rig.wait(lambda e: rig.of(cid, "session.started"), what="session.started")
+        await vendor.say(cid, "list the files [mark]")
+        req = await rig.wait(lambda e: rig.of(cid, "attention.requested"), what="attention.requested")
+        await vendor.confirm(cid)
+        await rig.wait(lambda e: rig.of(cid, "run.finished"), what="run.finished")
+        evs = check_stream(rig, cid)
+        n.cancel_scope.cancel()
+    t = types(evs)
+    assert t[0] == "session.started" and evs[0]["data"]["client"] == {"name": "openhands-agent-server"}
+    assert t.index("run.started") < t.index("tool.requested") < t.index("attention.requested") \
+        < t.index("attention.resolved") < t.index("tool.completed") < t.index("run.finished")
+    run_id = rig.of(cid, "run.started")[0]["run"]
+    assert run_id == f"run:{cid}:1"
+    assert all(e.get("run") == run_id for e in evs if e["type"].startswith(("tool.", "attention.")))
+    r = req[0]
+    assert r["data"]["kind"] == "permission" and "options" not in r["data"] and "respond_via" not in r["data"]
+    res = rig.of(cid, "attention.resolved")[0]
+    assert res["subject"] == r["id"] and res["data"]["resolution"] == "answered"
+    assert not rig.of(cid, "attention.answered"), "a vendor-side approval makes no control claim"
+    tool_req = [e for e in rig.of(cid, "tool.requested") if e["subject"] == "terminal"][0]
+    assert tool_req["step"].startswith("chatcmpl-aep-") and tool_req["data"]["tool"]["name"] == "terminal"
+    done = [e for e in rig.of(cid, "tool.completed") if e["subject"] == "terminal"][0]
+    assert "T" in done["data"]["vendor_ts"] and not done["data"]["vendor_ts"].endswith("Z")
+    assert done["time"].endswith("Z")  # receive time, RFC 3339 UTC; the naive vendor time rides at data
+    vendor_ids = [e["data"]["vendor_event_id"] for e in evs if "vendor_event_id" in (e.get("data") or {})]
+    assert len(vendor_ids) == len(set(vendor_ids)), "a vendor event mapped twice"
+    assert rig.health.public()["source"] is True
+
+
+async def test_gate_off_declares_nothing_and_writes_nothing(server, tmp_path):
+    """Gated off: accepts [] and every command is nacked unsupported; the
+    server's own access log shows no POST for the conversation but the
+    test's own."""
+    rig = Rig(bridge_env(server, tmp_path))
+    assert rig.bridge.capabilities()["control"] == {"accepts": [], "ack_window_ms": 10000}
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(rig.run)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await vendor.say(cid, "wait for me [hold]")
+        await wait_status(rig, cid, "running")
+        await wait_held(mock)
+        before = server_posts(server, cid)
+        for t in ("control.pause", "x.openhands.control.interrupt", "x.openhands.control.send_input"):
+            cmd = await rig.command(t, cid, data={"text": "hi"} if "send_input" in t else {})
+            ack = await rig.ack_for(cmd)
+            assert ack["type"] == "control.rejected" and ack["data"]["reason"] == "unsupported"
+        mock.release()
+        req = await rig.wait(lambda e: rig.of(cid, "attention.requested"))
+        cmd = await rig.command("control.attention.respond", cid, subject=req[0]["id"],
+                                data={"answer": {"option": "approve"}})
+        assert (await rig.ack_for(cmd))["data"]["reason"] == "unsupported"
+        await trio.sleep(1)
+        assert server_posts(server, cid) == before == [f"/api/conversations/{cid}/events"]
+        assert rig.bridge.receiver.conversations[cid].status == "waiting_for_confirmation"
+        n.cancel_scope.cancel()
+
+
+async def test_first_attach_replays_the_history(server, tmp_path):
+    """A conversation that ran to the end before the bridge started: the
+    first attach (resend_mode=all) replays it and the run is synthesized
+    from the replayed status facts, not from the connect snapshot."""
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await vendor.say(cid, "just talk [chat]")
+        with trio.fail_after(60):
+            while (await vendor.http.get(f"/api/conversations/{cid}")).json()["execution_status"] != "finished":
+                await trio.sleep(0.2)
+        rig = Rig(bridge_env(server, tmp_path))
+        await n.start(rig.run)
+        await rig.wait(lambda e: rig.of(cid, "run.finished"), what="the replayed run")
+        await trio.sleep(1)
+        evs = check_stream(rig, cid)
+        n.cancel_scope.cancel()
+    t = types(evs)
+    assert t[:2] == ["session.started", "state.snapshot"]
+    assert t.count("run.started") == 1 and t.count("run.finished") == 1
+    assert t.index("run.started") < t.index("run.finished")
+    msgs = [e for e in evs if e["type"] == "x.openhands.message.event"]
+    assert [m["data"]["role"] for m in msgs] == ["user", "assistant"]
+    assert all(m["severity"] == "debug" for m in msgs)
+
+
+async def test_model_unreachable_fails_the_run(server, tmp_path):
+    """Scenario 7 (in-process): run.failed {reason: error} and error.raised."""
+    rig = Rig(bridge_env(server, tmp_path))
+    async with trio.open_nursery() as n:
+        await n.start(rig.run)
+        vendor = Vendor(server, dead_url())
+        cid = await vendor.create()
+        await vendor.say(cid, "list the files [mark]")
+        await rig.wait(lambda e: rig.of(cid, "run.failed"), what="run.failed")
+        await rig.wait(lambda e: rig.of(cid, "error.raised"), what="error.raised")
+        evs = check_stream(rig, cid)
+        n.cancel_scope.cancel()
+    failed = rig.of(cid, "run.failed")[0]
+    assert failed["data"] == {"reason": "error"} and failed["severity"] == "error"
+    err = rig.of(cid, "error.raised")[0]
+    assert err["data"]["code"] == "LLMServiceUnavailableError" and "error" not in err["data"]
+
+
+async def test_deleted_conversation_ends_the_session(server, tmp_path):
+    """The real server deletes without broadcasting ``deleting``; the vanish
+    from search (confirmed 404) closes the session: run cancelled, attention
+    dismissed, session.ended killed."""
+    rig = Rig(bridge_env(server, tmp_path))
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(rig.run)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await vendor.say(cid, "list the files [mark]")
+        await rig.wait(lambda e: rig.of(cid, "attention.requested"))
+        (await vendor.http.delete(f"/api/conversations/{cid}")).raise_for_status()
+        await rig.wait(lambda e: rig.of(cid, "session.ended"), what="session.ended")
+        evs = check_stream(rig, cid)
+        n.cancel_scope.cancel()
+    t = types(evs)
+    assert t[-3:] == ["attention.resolved", "run.cancelled", "session.ended"]
+    assert evs[-3]["data"]["resolution"] == "dismissed"
+    # run.cancelled.reason is [redacted] (AEP-0002 §5.3): gone at the metadata ceiling
+    assert "data" not in evs[-2] and evs[-1]["data"] == {"reason": "killed"}
+    assert cid not in rig.bridge.receiver.conversations
+
+
+async def test_wrong_key_is_a_clear_line_and_source_false(server, tmp_path, caplog):
+    """Scenario 9 (in-process): the key never appears in the log."""
+    caplog.set_level(logging.INFO)
+    rig = Rig(bridge_env(server, tmp_path, key="definitely-wrong-key"))
+    async with trio.open_nursery() as n:
+        await n.start(rig.run)
+        with trio.fail_after(20):
+            while rig.health.counters.get("search_errors", 0) < 2:
+                await trio.sleep(0.1)
+        n.cancel_scope.cancel()
+    assert rig.health.public()["source"] is False
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("aep.bridge.openhands")]
+    assert sum("refused the session API key" in m for m in lines) == 1, lines
+    assert "AEP_OPENHANDS_SESSION_API_KEY" in next(m for m in lines if "refused" in m)
+    assert not any("definitely-wrong-key" in r.getMessage() for r in caplog.records)
+    assert not rig.events
+
+
+# --------------------------------------------------------------------------- the gate on
+
+async def test_approve_over_control(server, tmp_path):
+    """Scenario 2 (in-process): respond approve -> accepted, the command runs,
+    answered + resolved cause-linked to the command, the tool events follow."""
+    rig = Rig(bridge_env(server, tmp_path, control=True))
+    assert rig.bridge.capabilities()["control"]["accepts"] == [
+        "control.attention.respond", "control.pause", "control.resume",
+        "x.openhands.control.send_input", "x.openhands.control.interrupt"]
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(rig.run)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await vendor.say(cid, "list the files [mark]")
+        req = (await rig.wait(lambda e: rig.of(cid, "attention.requested")))[0]
+        assert req["data"]["options"] == [{"id": "approve", "label": "Approve"}, {"id": "deny", "label": "Deny"}]
+        assert req["data"]["respond_via"] == ["control"]
+        # the wrong subject is refused and writes nothing
+        bad = await rig.command("control.attention.respond", cid, subject="not-the-request",
+                                data={"answer": {"option": "approve"}})
+        assert (await rig.ack_for(bad))["data"]["reason"] == "refused"
+        cmd = await rig.command("control.attention.respond", cid, subject=req["id"],
+                                data={"answer": {"text": "  APPROVE "}})
+        ack = await rig.ack_for(cmd)
+        assert ack["type"] == "control.accepted"
+        await rig.wait(lambda e: rig.of(cid, "run.finished"))
+        evs = check_stream(rig, cid)
+        n.cancel_scope.cancel()
+    ans, res = rig.of(cid, "attention.answered")[0], rig.of(cid, "attention.resolved")[0]
+    assert ans["cause"] == res["cause"] == cmd["id"]
+    assert ans["subject"] == res["subject"] == req["id"]
+    assert ans["data"] == {"answer": {"option": "approve"}, "via": "control"}
+    assert res["data"]["resolution"] == "answered"
+    t = types(evs)
+    assert t.index("control.accepted") < t.index("attention.answered") < t.index("attention.resolved") \
+        < t.index("tool.completed")
+    assert [p for p in server_posts(server, cid) if "confirmation" in p] == \
+        [f"/api/conversations/{cid}/events/respond_to_confirmation"]
+    assert mock.requests and any(m.get("role") == "tool" for m in mock.requests[-1]["messages"])
+
+
+async def test_deny_over_control_with_text(server, tmp_path):
+    """Scenario 3 (in-process): unmatched text denies with the text as the
+    reason (AEP-0008); the vendor's user rejection maps per the record; the
+    run closes when the status lands on idle."""
+    rig = Rig(bridge_env(server, tmp_path, control=True, AEP_CAPTURE="redacted"))
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(rig.run)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await vendor.say(cid, "list the files [mark]")
+        req = (await rig.wait(lambda e: rig.of(cid, "attention.requested")))[0]
+        cmd = await rig.command("control.attention.respond", cid, subject=req["id"],
+                                data={"answer": {"text": "Not on this machine, please."}})
+        assert (await rig.ack_for(cmd))["type"] == "control.accepted"
+        rej = await rig.wait(lambda e: rig.of(cid, "x.openhands.user_reject.observation"))
+        await rig.wait(lambda e: rig.of(cid, "run.finished"))
+        evs = check_stream(rig, cid)
+        n.cancel_scope.cancel()
+    ans = rig.of(cid, "attention.answered")[0]
+    assert ans["data"]["answer"] == {"option": "deny", "text": "Not on this machine, please."}
+    assert ans["cause"] == cmd["id"]
+    assert rej[0]["data"]["reason"] == "Not on this machine, please."  # the vendor got our reason
+    assert rig.of(cid, "run.finished")[0]["data"] == {"reason": "idle"}
+    assert not rig.of(cid, "tool.completed")
+
+
+async def test_pause_resume_and_the_refusals(server, tmp_path):
+    """Scenario 5 (in-process). Refused with no write to the vendor: pause
+    and resume from idle, resume from waiting_for_confirmation (the detail
+    names the respond verb). Accepted and cause-linked: pause while running.
+    Real-server facts this pins: the vendor flips to paused at once but the
+    in-flight step still completes, so a resume sent before it has is
+    refused BY THE VENDOR (409 -> refused, its detail carried), and under
+    AlwaysConfirm the completed step lands waiting_for_confirmation (where
+    resume is ours to refuse). The resumable pause -> resume -> finish is
+    exercised on a conversation without confirmation."""
+    rig = Rig(bridge_env(server, tmp_path, control=True, AEP_CAPTURE="redacted"))  # nack details ride
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(rig.run)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await wait_status(rig, cid, "idle")
+        for t in ("control.pause", "control.resume", "x.openhands.control.interrupt"):
+            ack = await rig.ack_for(await rig.command(t, cid))
+            assert ack["type"] == "control.rejected" and ack["data"]["reason"] == "refused"
+            assert "idle" in ack["data"]["detail"]
+        assert server_posts(server, cid) == []
+        await vendor.say(cid, "wait for me [hold]")
+        await wait_status(rig, cid, "running")
+        await wait_held(mock)
+        pause = await rig.command("control.pause", cid)
+        assert (await rig.ack_for(pause))["type"] == "control.accepted"
+        await wait_status(rig, cid, "paused")
+        early = await rig.command("control.resume", cid)
+        early_ack = await rig.ack_for(early)
+        assert early_ack["type"] == "control.rejected" and early_ack["data"]["reason"] == "refused"
+        mock.release()
+        await wait_status(rig, cid, "waiting_for_confirmation")
+        posts = server_posts(server, cid)
+        waiting = await rig.command("control.resume", cid)
+        ack = await rig.ack_for(waiting)
+        assert ack["type"] == "control.rejected" and ack["data"]["reason"] == "refused"
+        assert server_posts(server, cid) == posts, "a refused command wrote to the vendor"
+        req = rig.of(cid, "attention.requested")[-1]
+        await rig.ack_for(await rig.command("control.attention.respond", cid, subject=req["id"],
+                                            data={"answer": {"option": "approve"}}))
+        await rig.wait(lambda e: rig.of(cid, "run.finished"))
+        evs = check_stream(rig, cid)
+
+        # the resumable pause, on a conversation that does not confirm
+        mock.rearm()
+        cid2 = await vendor.create(confirm=False)
+        await vendor.say(cid2, "wait for me [hold]")
+        await wait_status(rig, cid2, "running")
+        await wait_held(mock)
+        pause2 = await rig.command("control.pause", cid2)
+        assert (await rig.ack_for(pause2))["type"] == "control.accepted"
+        await wait_status(rig, cid2, "paused")
+        mock.release()
+        await rig.wait(lambda e: rig.of(cid2, "tool.completed"), what="the in-flight step")
+        await trio.sleep(0.5)
+        assert rig.bridge.receiver.conversations[cid2].status == "paused"
+        resume = await rig.command("control.resume", cid2)
+        assert (await rig.ack_for(resume))["type"] == "control.accepted"
+        await rig.wait(lambda e: rig.of(cid2, "run.finished"))
+        evs2 = check_stream(rig, cid2)
+        n.cancel_scope.cancel()
+    flips = [e for e in evs if e["type"] == "state.delta" and e["data"].get("key") == "execution_status"]
+    assert [f for f in flips if f.get("cause") == pause["id"]], "the paused flip is cause-linked"
+    assert "HTTP 409" in early_ack["data"]["detail"]
+    assert posts == [f"/api/conversations/{cid}/events", f"/api/conversations/{cid}/pause",
+                     f"/api/conversations/{cid}/run"]
+    assert "control.attention.respond" in ack["data"]["detail"]
+    flips2 = {e.get("cause") for e in evs2 if e["type"] == "state.delta"
+              and e["data"].get("key") == "execution_status"}
+    assert pause2["id"] in flips2 and resume["id"] in flips2
+    assert sum(1 for e in evs2 if e["type"] == "run.started") == 1, "a resumed run is the same run"
+    assert [e["type"] for e in evs2 if e["type"].startswith("run.")] == ["run.started", "run.finished"]
+
+
+async def test_send_input_and_interrupt(server, tmp_path):
+    """Scenario 6 (in-process): send_input appends a user message (run pinned
+    false: an idle conversation stays idle), its outcome never echoes the
+    text; interrupt while running lands paused, cause-linked."""
+    rig = Rig(bridge_env(server, tmp_path, control=True))
+    secret_text = "please also check the README"
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(rig.run)
+        vendor = Vendor(server, mock.url)
+        cid = await vendor.create()
+        await wait_status(rig, cid, "idle")
+        send = await rig.command("x.openhands.control.send_input", cid, data={"text": secret_text})
+        assert (await rig.ack_for(send))["type"] == "control.accepted"
+        sent = await rig.wait(lambda e: rig.of(cid, "x.openhands.input.sent"))
+        await rig.wait(lambda e: [m for m in rig.of(cid, "x.openhands.message.event")
+                                  if m["data"].get("role") == "user"])
+        too_long = await rig.command("x.openhands.control.send_input", cid, data={"text": "x" * 4001})
+        assert (await rig.ack_for(too_long))["data"]["reason"] == "invalid"
+        await trio.sleep(0.5)
+        assert rig.bridge.receiver.conversations[cid].status == "idle"
+        assert not rig.of(cid, "run.started"), "send_input never starts work"
+        await vendor.say(cid, "wait for me [hold]")
+        await wait_status(rig, cid, "running")
+        await wait_held(mock)
+        intr = await rig.command("x.openhands.control.interrupt", cid)
+        assert (await rig.ack_for(intr))["type"] == "control.accepted"
+        await wait_status(rig, cid, "paused")
+        await rig.wait(lambda e: rig.of(cid, "x.openhands.interrupt.event"))
+        mock.release()
+        evs = check_stream(rig, cid)
+        n.cancel_scope.cancel()
+    assert sent[0]["cause"] == send["id"] and "data" not in sent[0]
+    assert secret_text not in str(evs)
+    flips = [e for e in evs if e["type"] == "state.delta" and e.get("cause") == intr["id"]]
+    assert len(flips) == 1 and flips[0]["data"]["key"] == "execution_status"
+    assert server_posts(server, cid).count(f"/api/conversations/{cid}/interrupt") == 1
+
+
+async def test_restart_reattaches_without_duplicates(server, tmp_path):
+    """Scenario 8 (in-process): the bridge stopped while a confirmation is
+    pending, restarted on the same state dir: since-replay, no duplicate
+    vendor event, no second session.started, the same run and attention are
+    closed later."""
+    env = bridge_env(server, tmp_path)
+    first = Rig(env)
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        vendor = Vendor(server, mock.url)
+        await n.start(first.run)
+        cid = await vendor.create()
+        await vendor.say(cid, "list the files [mark]")
+        req = (await first.wait(lambda e: first.of(cid, "attention.requested")))[0]
+        await trio.sleep(0.7)
+        first.stop()
+        await trio.sleep(0.2)
+        await vendor.confirm(cid)  # happens while nobody observes
+        second = Rig(env)
+        await n.start(second.run)
+        await second.wait(lambda e: second.of(cid, "run.finished"), what="run.finished after restart")
+        await trio.sleep(1)
+        n.cancel_scope.cancel()
+    a, b = first.of(cid), second.of(cid)
+    assert not [e for e in b if e["type"] == "session.started"]
+    ids_a = {e["data"]["vendor_event_id"] for e in a if "vendor_event_id" in (e.get("data") or {})}
+    dup = [e for e in b if (e.get("data") or {}).get("vendor_event_id") in ids_a
+           and e["type"] != "state.snapshot"]
+    assert not dup, dup
+    res = second.of(cid, "attention.resolved")
+    assert len(res) == 1 and res[0]["subject"] == req["id"]
+    run_id = first.of(cid, "run.started")[0]["run"]
+    assert second.of(cid, "run.finished")[0]["run"] == run_id
+    assert not second.of(cid, "run.started")
+    for e in a + b:
+        validate_event(e)
+    # one stream across the restart: epochs differ, each stamper's seq restarts
+    merged = a + b
+    assert sum(e["type"] == "attention.requested" for e in merged) == \
+        sum(e["type"] == "attention.resolved" for e in merged) == 1
