@@ -134,8 +134,13 @@ class MockChatProvider:
             parsed = json.loads(body) if body else None
         except ValueError:
             parsed = None
-        self.requests.append(RecordedRequest(scope["method"], scope["path"], parsed))
+        if not scope["path"].startswith("/_aep/"):
+            self.requests.append(RecordedRequest(scope["method"], scope["path"], parsed))
         path = scope["path"].rstrip("/")
+        if path == "/_aep/requests":  # the recorder, for a test in another process
+            await _send_json(send, 200, {"chat": self.chat_requests(),
+                                         "slow_chunks": self.slow_chunks})
+            return
         if scope["method"] == "POST" and path.endswith("/chat/completions"):
             await self._chat(parsed if isinstance(parsed, dict) else {}, receive, send)
         elif scope["method"] == "GET" and path.endswith("/models"):
@@ -245,6 +250,71 @@ async def _send_json(send, status: int, obj: Any) -> None:
     await send({"type": "http.response.body", "body": data})
 
 
+class MockProviderProcess:
+    """:class:`MockChatProvider` in its own process (for module-scoped
+    fixtures, which cannot hold a trio task): ``start()`` launches
+    ``python -m tests.support.opencode mock`` and reads its base URL;
+    :meth:`chat_requests` / :meth:`tool_results` / :meth:`slow_chunks` ask
+    the process over HTTP; :meth:`stop` ends it."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.base_url: str | None = None
+
+    def start(self, timeout: float = 30) -> "MockProviderProcess":
+        import sys
+        root = Path(__file__).resolve().parents[2]
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.opencode", "mock"],
+                                     cwd=str(root), stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                     text=True, start_new_session=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"mock provider did not start: {line!r}")
+        self.base_url = line
+        return self
+
+    def _recorded(self) -> dict:
+        assert self.base_url is not None
+        root = self.base_url.rsplit("/v1", 1)[0]
+        return httpx.get(f"{root}/_aep/requests", timeout=10).json()
+
+    def chat_requests(self) -> list[dict]:
+        return self._recorded()["chat"]
+
+    def tool_results(self) -> list[str]:
+        out = []
+        for body in self.chat_requests():
+            for m in body.get("messages") or []:
+                if isinstance(m, dict) and m.get("role") == "tool":
+                    out.append(_text_of(m.get("content")))
+        return out
+
+    def slow_chunks(self) -> int:
+        return self._recorded()["slow_chunks"]
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+
+async def _serve_mock_forever() -> None:
+    import sys
+    mock = MockChatProvider()
+    async with trio.open_nursery() as n:
+        url = await n.start(mock.serve)
+        sys.stdout.write(url + "\n")
+        sys.stdout.flush()
+
+
 # --------------------------------------------------------------------------
 # vendor binaries
 # --------------------------------------------------------------------------
@@ -340,14 +410,15 @@ def vendor_config(provider_url: str) -> dict:
 
 
 class VendorServer:
-    """One running vendor server (see the module docstring).
+    """One vendor server process (see the module docstring).
 
-    ``await server.start()`` spawns it and waits until ``GET /global/health``
-    answers; ``await server.stop()`` terminates it (SIGTERM, then SIGKILL
-    after 5 s); ``await server.restart()`` does both on the same port.
-    ``url``, ``username``, ``password`` and ``directory`` (the project dir,
-    the server's cwd) are what a bridge needs; ``client()`` is an httpx
-    client with the credentials, for driving the server in tests."""
+    The process is a plain ``subprocess.Popen`` of the native binary (its
+    own session, so a kill reaches only it): module-scoped fixtures start it
+    synchronously (:meth:`start_sync`), trio tests drive it asynchronously
+    (:meth:`start`, :meth:`restart`). ``url``, ``username``, ``password`` and
+    ``directory`` (the project dir, the server's cwd) are what a bridge
+    needs; :meth:`client` is an httpx client with the credentials, for
+    driving the server like a user."""
 
     def __init__(self, spec: VendorSpec, binary: Path, workdir: Path, provider_url: str,
                  *, password: str = "s3cret-test-pw", port: int | None = None) -> None:
@@ -360,9 +431,12 @@ class VendorServer:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.directory = self.workdir / "project"
-        self.proc: trio.Process | None = None
+        self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / "server.log"
-        self._log_file = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def env(self) -> dict[str, str]:
         home = self.workdir / "home"
@@ -381,35 +455,52 @@ class VendorServer:
         env.update(dict(self.spec.offline))
         return env
 
-    def auth_header(self) -> str:
-        raw = f"{self.username}:{self.password}".encode()
-        return "Basic " + base64.b64encode(raw).decode()
-
     def client(self, **kw: Any) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, auth=(self.username, self.password),
                                  params={"directory": str(self.directory)},
                                  timeout=kw.pop("timeout", 30), **kw)
 
-    async def start(self, *, timeout: float = 90) -> None:
+    # -- process ----------------------------------------------------------
+    def spawn(self) -> None:
+        """Start the process (returns at once; see :meth:`start`)."""
         for d in ("home", "tmp", "project"):
             (self.workdir / d).mkdir(parents=True, exist_ok=True)
-        self._log_file = open(self.log_path, "ab")
         argv = [str(self.binary), "serve", "--hostname", "127.0.0.1", "--port", str(self.port)]
-        self.proc = await trio.lowlevel.open_process(
-            argv, env=self.env(), cwd=str(self.directory), stdin=subprocess.DEVNULL,
-            stdout=self._log_file, stderr=self._log_file, start_new_session=True)
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(argv, env=self.env(), cwd=str(self.directory),
+                                         stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                         start_new_session=True)
+
+    def _ready_once(self, c: httpx.Client) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"{self.spec.name} exited {self.proc.returncode}: {self.tail()}")
+        try:
+            return c.get(f"{self.url}/global/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start_sync(self, *, timeout: float = 90) -> None:
+        self.spawn()
+        t0 = time.monotonic()
+        with httpx.Client(auth=(self.username, self.password), timeout=5) as c:
+            while not self._ready_once(c):
+                if time.monotonic() - t0 > timeout:
+                    raise RuntimeError(f"{self.spec.name} not ready in {timeout}s: {self.tail()}")
+                time.sleep(0.2)
+
+    async def start(self, *, timeout: float = 90) -> None:
+        self.spawn()
         await self.wait_ready(timeout)
 
-    async def wait_ready(self, timeout: float) -> None:
+    async def wait_ready(self, timeout: float = 90) -> None:
         t0 = time.monotonic()
         async with httpx.AsyncClient(auth=(self.username, self.password), timeout=5) as c:
             while True:
-                if self.proc is not None and self.proc.returncode is not None:
+                if self.proc is not None and self.proc.poll() is not None:
                     raise RuntimeError(f"{self.spec.name} exited {self.proc.returncode}: "
                                        f"{self.tail()}")
                 try:
-                    r = await c.get(f"{self.url}/global/health")
-                    if r.status_code == 200:
+                    if (await c.get(f"{self.url}/global/health")).status_code == 200:
                         return
                 except httpx.HTTPError:
                     pass
@@ -423,29 +514,33 @@ class VendorServer:
         except OSError:
             return ""
 
-    async def stop(self, *, kill: bool = False) -> None:
+    def stop(self, *, kill: bool = False) -> None:
+        """Terminate (or kill) the process and reap it (SIGKILL after 5 s)."""
         proc, self.proc = self.proc, None
-        if proc is None:
+        if proc is None or proc.poll() is not None:
             return
-        if proc.returncode is None:
-            proc.kill() if kill else proc.terminate()
-            with trio.move_on_after(5) as cs:
-                await proc.wait()
-            if cs.cancelled_caught:
-                proc.kill()
-                with trio.move_on_after(5):
-                    await proc.wait()
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        proc.kill() if kill else proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
 
     async def restart(self, *, kill: bool = True) -> None:
-        await self.stop(kill=kill)
+        """Kill the server (SIGKILL by default: a crash) and start it again
+        on the same port with the same state directories."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill() if kill else proc.terminate()
+            with trio.fail_after(10):
+                while proc.poll() is None:
+                    await trio.sleep(0.05)
         await self.start()
 
     # -- driving the server like a user ---------------------------------
-    async def new_session(self, c: httpx.AsyncClient) -> str:
-        r = await c.post("/session", json={})
+    async def new_session(self, c: httpx.AsyncClient, *, directory: str | None = None) -> str:
+        params = {"directory": directory} if directory else None
+        r = await c.post("/session", json={}, params=params)
         r.raise_for_status()
         return r.json()["id"]
 
@@ -455,6 +550,11 @@ class VendorServer:
             "parts": [{"type": "text", "text": text}],
             "model": {"providerID": "mock", "modelID": MODEL}})
         r.raise_for_status()
+
+    async def pending_permissions(self, c: httpx.AsyncClient) -> list[dict]:
+        r = await c.get("/permission")
+        r.raise_for_status()
+        return r.json()
 
 
 # --------------------------------------------------------------------------
@@ -604,7 +704,7 @@ async def capture(vendor: str, dest: Path, *, heartbeat_wait: float = 35) -> Non
                            f"/session/{r.json()['id']}?directory={other}")
                 # heartbeats
                 await trio.sleep(heartbeat_wait)
-            await srv.stop()
+            srv.stop()
             n.cancel_scope.cancel()
       finally:
         _write_capture(dest, tmp, spec, mock, frames, rest)
@@ -628,8 +728,12 @@ def _sid(p: dict) -> str | None:
     return props.get("sessionID") or (props.get("info") or {}).get("sessionID")
 
 
-if __name__ == "__main__":  # python -m tests.support.opencode capture opencode DEST
+if __name__ == "__main__":
     import sys
-    if len(sys.argv) != 4 or sys.argv[1] != "capture":
-        raise SystemExit("usage: python -m tests.support.opencode capture opencode|kilocode DEST")
-    trio.run(capture, sys.argv[2], Path(sys.argv[3]))
+    if len(sys.argv) == 2 and sys.argv[1] == "mock":  # the provider, for another process
+        trio.run(_serve_mock_forever)
+    elif len(sys.argv) == 4 and sys.argv[1] == "capture":
+        trio.run(capture, sys.argv[2], Path(sys.argv[3]))
+    else:
+        raise SystemExit("usage: python -m tests.support.opencode mock\n"
+                         "       python -m tests.support.opencode capture opencode|kilocode DEST")
