@@ -63,8 +63,17 @@ def codex_binary(version: str = CODEX_VERSION) -> Path:
 
     Loud skip when npm/the registry is unavailable; ``VendorInstallError`` otherwise.
     """
+    import subprocess
     prefix = vendors.npm_install(CODEX_PACKAGE, version)
-    return vendors.find_binary(prefix / "node_modules", "codex")
+    binary = vendors.find_binary(prefix / "node_modules", "codex")
+    # the cache entry must hold the release we pin, and the binary must run here
+    out = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
+                         timeout=60, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    if out.returncode != 0 or out.stdout.split()[-1:] != [version]:
+        raise vendors.VendorInstallError(
+            f"{binary} --version: exit {out.returncode}, {out.stdout.strip()!r} "
+            f"{out.stderr.strip()[-300:]!r} (expected codex-cli {version})")
+    return binary
 
 
 def exporter_toml(kind: str, endpoint: str) -> str:
