@@ -48,6 +48,12 @@ MAX_SEGMENT = 64
 """Longest segment emitted; longer ones are cut (a type is a routing key,
 not a payload)."""
 
+RESERVED_FAMILY_RENAME = "vendor_control"
+"""``x.{vendor}.control.*`` is the vendor COMMAND namespace (AEP-0004 §2.2;
+the envelope schema's foreign-emitter branch forbids ``seq`` there), so a
+fallback for an emitted vendor fact never lands in it: a ``control``
+family is renamed to this."""
+
 MAX_SEGMENTS = 12
 """Most segments after the vendor token; deeper names keep their first ones."""
 
@@ -99,13 +105,16 @@ def fallback_type(vendor: str, family: str, leaf: str) -> str:
     dotted (every segment sanitized by :func:`token`, empty segments
     dropped). When fewer than two segments remain after the vendor, the
     missing ones are ``unknown`` (family) / ``event`` (leaf), and at most
-    :data:`MAX_SEGMENTS` are kept, so the result always satisfies the grammar (``fallback_type("acp", "initialize", "")``
+    :data:`MAX_SEGMENTS` are kept, so the result always satisfies the grammar
+    and is never a vendor command type (:data:`RESERVED_FAMILY_RENAME`) (``fallback_type("acp", "initialize", "")``
     -> ``x.acp.initialize.event``)."""
     segs = (_segments(family) + _segments(leaf))[:MAX_SEGMENTS]
     if not segs:
         segs = ["unknown", "event"]
     elif len(segs) == 1:
         segs.append("event")
+    if segs[0] == "control":
+        segs[0] = RESERVED_FAMILY_RENAME
     return ".".join(["x", vendor_token(vendor), *segs])
 
 

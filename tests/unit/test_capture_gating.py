@@ -543,7 +543,7 @@ def test_gate_never_raises_never_exceeds_the_ceiling_and_is_idempotent(inp, ceil
         assert out["prompt"] == capture.synthesize_prompt(agent, out.get("kind"), subject)
         for opt in out.get("options") or []:
             if isinstance(opt, dict):
-                assert opt["label"] == opt["id"] or opt["label"].isdigit()
+                assert opt["label"] == opt.get("id") or opt["label"].isdigit()
     again, level2 = gate(type_, copy.deepcopy(out), ceiling, POLICY, agent=agent,
                          subject=subject, form_fields=form_fields)
     assert again == out

@@ -173,6 +173,12 @@ def test_fallback_type(args, expected):
     assert fallback_type(*args) == expected
 
 
+def test_fallbacks_never_enter_the_vendor_command_namespace():
+    assert kind_type("openhands", "ControlStateEvent") == "x.openhands.vendor_control.state"
+    assert dotted_type("opencode", "control.changed") == "x.opencode.vendor_control.changed"
+    assert path_type("acp", "control") == "x.acp.vendor_control.event"
+
+
 def test_event_suffix_alone_is_not_dropped_to_nothing():
     assert kind_type("openhands", "Event") == "x.openhands.event.event"
     assert kind_type("openhands", "") == "x.openhands.unknown.event"
@@ -181,7 +187,9 @@ def test_event_suffix_alone_is_not_dropped_to_nothing():
 # ---------------------------------------------------------------- the grammar, for any input
 
 
-_names = st.one_of(st.text(max_size=40), st.from_regex(r"[A-Za-z_./ -]{0,30}", fullmatch=True))
+_names = st.one_of(st.text(max_size=40), st.from_regex(r"[A-Za-z_./ -]{0,30}", fullmatch=True),
+                   st.sampled_from(["control", "Control.x", "CONTROL_EVENT", "ControlEvent",
+                                    "session/control", "", "Event", "_event"]))
 
 
 @settings(max_examples=500, deadline=None)
@@ -192,10 +200,10 @@ def test_every_helper_produces_a_grammatical_type(vendor, family, leaf, name):
               dotted_type(vendor, name), dotted_type(vendor, name, prefix=family)):
         assert TYPE_GRAMMAR.match(t), t
         assert ENVELOPE_TYPE.match(t), t
+        # An emitted (sequenced) vendor fact: never the x.{vendor}.control.*
+        # command namespace, where the envelope forbids seq.
         ev = {"aep": "0.1", "id": "1", "type": t, "time": "2026-07-03T10:00:00Z",
               "source": "aep://h/agent/a/session/s", "agent": "a", "session": "s", "seq": 0}
-        if ".control." in t:
-            del ev["seq"]  # x.*.control.* are foreign-emitter commands (no seq)
         assert event_problems(ev) == []
 
 
