@@ -741,3 +741,194 @@ class StreamReader:
 
     def close(self) -> None:
         self.sub.close()
+
+
+# ---------------------------------------------------------------------------
+# a stub agent server (fault injection and benchmarks; never instead of the real one)
+# ---------------------------------------------------------------------------
+
+@dataclass
+class StubConversation:
+    id: str
+    frames: list[str] = field(default_factory=list)  # sent after auth (raw text frames)
+    status: str = "idle"
+
+
+@dataclass
+class StubAgentServer:
+    """Speaks the agent server's observer protocol: ``GET
+    /api/conversations/search`` (pages of ``page_size``), ``GET
+    /api/conversations/{id}``, the events socket with first-message auth
+    (close 4001 on a wrong/missing key, 4004 for an unknown id) and the five
+    POST routes. Faults are switches:
+
+    - ``search_status``: answer search with this HTTP status;
+      ``search_forever``: every page names a next page (a server that pages
+      forever); ``search_garbage``: a 200 that is not a page.
+    - ``socket_close_on_auth``: accept, read the auth frame, close 4001;
+      ``socket_garbage``: send non-JSON frames first.
+    - ``post_status``: answer every POST with this status;
+      ``post_hang``: never answer a POST (until the server stops).
+
+    Records every socket frame received per connection (``inbound``), every
+    POST (``posts``) and every socket URL (``socket_urls``)."""
+
+    key: str | None = SESSION_KEY
+    page_size: int = 100
+    conversations: dict[str, StubConversation] = field(default_factory=dict)
+    search_status: int = 200
+    search_forever: bool = False
+    search_garbage: bool = False
+    socket_close_on_auth: bool = False
+    socket_garbage: bool = False
+    post_status: int = 200
+    post_hang: bool = False
+    inbound: list[list[str]] = field(default_factory=list)
+    posts: list[tuple[str, Any]] = field(default_factory=list)
+    socket_urls: list[str] = field(default_factory=list)
+    searches: int = 0
+    url: str | None = None
+    open_sockets: int = 0
+
+    def add(self, cid: str | None = None, frames: list[Any] | None = None,
+            status: str = "idle") -> StubConversation:
+        cid = cid or new_conversation_id()
+        conv = StubConversation(cid, [f if isinstance(f, str) else json.dumps(f) for f in frames or []], status)
+        self.conversations[cid] = conv
+        return conv
+
+    async def serve(self, *, host: str = "127.0.0.1", port: int = 0,
+                    task_status=trio.TASK_STATUS_IGNORED) -> None:
+        from hypercorn.config import Config as HypercornConfig
+        from hypercorn.trio import serve as hypercorn_serve
+        config = HypercornConfig()
+        config.bind = [f"{host}:{port}"]
+        config.accesslog = None
+        config.errorlog = None
+        config.graceful_timeout = 0.2
+        config.websocket_max_message_size = 64 * 1024 * 1024
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
+            self.url = binds[0].rstrip("/")
+            task_status.started(self.url)
+
+    def _authorized(self, headers: list) -> bool:
+        if not self.key:
+            return True
+        return any(k.lower() == b"x-session-api-key" and v.decode() == self.key for k, v in headers)
+
+    async def _app(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] == "websocket":
+            await self._socket(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        raw = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.request":
+                raw += msg.get("body", b"")
+                if not msg.get("more_body"):
+                    break
+            else:
+                return
+        path, method = scope["path"], scope["method"]
+        if not self._authorized(scope.get("headers") or []):
+            await _send_json(send, 401, {"detail": "Unauthorized"})
+            return
+        if method == "GET" and path == "/api/conversations/search":
+            self.searches += 1
+            if self.search_status != 200:
+                await _send_json(send, self.search_status, {"detail": "stub failure"})
+                return
+            if self.search_garbage:
+                await _send_json(send, 200, ["not", "a", "page"])
+                return
+            qs = dict(p.split("=", 1) for p in scope.get("query_string", b"").decode().split("&") if "=" in p)
+            start = int(qs.get("page_id") or 0) if (qs.get("page_id") or "0").isdigit() else 0
+            ids = list(self.conversations)
+            items = [{"id": c, "execution_status": self.conversations[c].status}
+                     for c in ids[start:start + self.page_size]]
+            nxt = start + self.page_size
+            body = {"items": items,
+                    "next_page_id": str(nxt) if (nxt < len(ids) or self.search_forever) else None}
+            await _send_json(send, 200, body)
+            return
+        if method == "GET" and path.startswith("/api/conversations/"):
+            cid = path.rsplit("/", 1)[-1]
+            conv = self.conversations.get(cid)
+            if conv is None:
+                await _send_json(send, 404, {"detail": "Not Found"})
+            else:
+                await _send_json(send, 200, {"id": cid, "execution_status": conv.status})
+            return
+        if method == "POST":
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None
+            self.posts.append((path, body))
+            if self.post_hang:
+                await trio.sleep_forever()
+            await _send_json(send, self.post_status,
+                             {"success": True} if self.post_status < 300 else {"detail": f"stub {self.post_status}"})
+            return
+        await _send_json(send, 404, {"detail": "Not Found"})
+
+    async def _socket(self, scope, receive, send) -> None:
+        msg = await receive()
+        if msg["type"] != "websocket.connect":
+            return
+        path = scope["path"]
+        self.socket_urls.append(path + "?" + scope.get("query_string", b"").decode())
+        await send({"type": "websocket.accept"})
+        got: list[str] = []
+        self.inbound.append(got)
+        self.open_sockets += 1
+        try:
+            with trio.move_on_after(10) as cs:
+                first = await receive()
+            if cs.cancelled_caught or first["type"] != "websocket.receive":
+                await send({"type": "websocket.close", "code": 4001})
+                return
+            text = first.get("text") or ""
+            got.append(text)
+            try:
+                auth = json.loads(text)
+            except ValueError:
+                auth = None
+            ok = isinstance(auth, dict) and auth.get("type") == "auth" and \
+                (not self.key or auth.get("session_api_key") == self.key)
+            if self.socket_close_on_auth or not ok:
+                await send({"type": "websocket.close", "code": 4001, "reason": "Authentication failed"})
+                return
+            cid = path.rsplit("/", 1)[-1]
+            conv = self.conversations.get(cid)
+            if conv is None:
+                await send({"type": "websocket.close", "code": 4004, "reason": "Conversation not found"})
+                return
+            if self.socket_garbage:
+                for junk in ("not json", "{truncated", "[1, 2", "\x00\x01"):
+                    await send({"type": "websocket.send", "text": junk})
+            for frame in list(conv.frames):
+                await send({"type": "websocket.send", "text": frame})
+            while True:
+                m = await receive()
+                if m["type"] == "websocket.disconnect":
+                    return
+                got.append(m.get("text") or "")
+        finally:
+            self.open_sockets -= 1
+
+
+def state_frame(key: str, value: Any, ts: str, eid: str | None = None) -> dict:
+    return {"kind": "ConversationStateUpdateEvent", "id": eid or new_conversation_id(), "timestamp": ts,
+            "source": "environment", "key": key, "value": value}

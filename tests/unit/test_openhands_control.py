@@ -1,0 +1,196 @@
+"""The OpenHands control gate without sockets: configuration and preflight,
+the hello declaration in both postures, the AEP-0008 answer rule, and the
+guards (every refusal is decided before any write)."""
+from __future__ import annotations
+
+import pytest
+
+from bridges.core.capture import CapturePolicy
+from bridges.core.ledger import Refuse
+from bridges.openhands import from_env
+from bridges.openhands import control as C
+from bridges.openhands.receiver import Conversation, Settling
+
+POLICY = CapturePolicy()
+
+
+def bridge(**env):
+    return from_env(env, policy=POLICY)
+
+
+# --------------------------------------------------------------------------- configuration
+
+def test_defaults():
+    b = bridge()
+    s = b.settings
+    assert s.url == "http://127.0.0.1:8000" and s.poll == 15.0 and s.guard_ms == 8000
+    assert s.deltas is False and s.control is False and s.key is None and b.agent == "openhands"
+    assert b.preflight() == []
+
+
+def test_every_knob_is_read():
+    b = bridge(AEP_OPENHANDS_URL="http://127.0.0.1:9000/", AEP_OPENHANDS_SESSION_API_KEY="k3y-value",
+               AEP_OPENHANDS_POLL="2.5", AEP_OPENHANDS_DELTAS="1", AEP_OPENHANDS_CONTROL="1",
+               AEP_OPENHANDS_ACK_GUARD_MS="3000", AEP_TOKEN="tok", AEP_AGENT_NAME="oh-prod",
+               AEP_STATE_DIR="/tmp/aep-x")
+    s = b.settings
+    assert (s.url, s.key, s.poll, s.deltas, s.control, s.guard_ms, b.agent) == \
+        ("http://127.0.0.1:9000", "k3y-value", 2.5, True, True, 3000, "oh-prod")
+    assert str(s.state_dir) == "/tmp/aep-x" and b.preflight() == []
+
+
+@pytest.mark.parametrize("env, needle", [
+    ({"AEP_OPENHANDS_CONTROL": "1"}, "AEP_OPENHANDS_CONTROL=1 needs AEP_TOKEN"),
+    ({"AEP_OPENHANDS_URL": "ftp://x"}, "AEP_OPENHANDS_URL"),
+    ({"AEP_OPENHANDS_URL": "http://h:notaport"}, "port is not a number"),
+    ({"AEP_OPENHANDS_URL": "http://127.0.0.1:8000/?session_api_key=x"}, "no query"),
+    ({"AEP_OPENHANDS_POLL": "0"}, "AEP_OPENHANDS_POLL"),
+    ({"AEP_OPENHANDS_POLL": "soon"}, "AEP_OPENHANDS_POLL"),
+    ({"AEP_OPENHANDS_ACK_GUARD_MS": "10000"}, "inside the declared 10000 ms"),
+    ({"AEP_OPENHANDS_ACK_GUARD_MS": "-1"}, "AEP_OPENHANDS_ACK_GUARD_MS"),
+    ({"AEP_OPENHANDS_DELTAS": "maybe"}, "AEP_OPENHANDS_DELTAS"),
+    ({"AEP_OPENHANDS_CONTROL": "yes please"}, "AEP_OPENHANDS_CONTROL"),
+])
+def test_bad_settings_are_one_clear_line_each(env, needle):
+    problems = bridge(**env).preflight()
+    assert len(problems) == 1 and needle in problems[0], problems
+
+
+def test_several_problems_are_several_lines_and_never_the_key():
+    problems = bridge(AEP_OPENHANDS_CONTROL="1", AEP_OPENHANDS_POLL="x", AEP_OPENHANDS_URL="nope",
+                      AEP_OPENHANDS_SESSION_API_KEY="the-secret-key").preflight()
+    assert len(problems) == 3
+    assert not any("the-secret-key" in p for p in problems)
+
+
+def test_hello_gated_off_declares_nothing():
+    for env in ({}, {"AEP_OPENHANDS_CONTROL": "1"}, {"AEP_TOKEN": "t"}):
+        caps = bridge(**env).capabilities()
+        assert caps["control"] == {"accepts": [], "ack_window_ms": 10000}
+        assert "x.openhands" in caps["emits"] and caps["capture"] == ["none", "metadata"]
+
+
+def test_hello_gated_on_declares_exactly_five_and_never_cancel():
+    caps = bridge(AEP_OPENHANDS_CONTROL="1", AEP_TOKEN="t").capabilities()
+    assert caps["control"] == {"accepts": ["control.attention.respond", "control.pause", "control.resume",
+                                           "x.openhands.control.send_input", "x.openhands.control.interrupt"],
+                               "ack_window_ms": 10000}
+    assert "control.cancel" not in caps["control"]["accepts"]
+
+
+# --------------------------------------------------------------------------- AEP-0008 answers
+
+@pytest.mark.parametrize("answer, want", [
+    ({"option": "approve"}, (True, None, {"option": "approve"})),
+    ({"option": "approve", "text": "fine"}, (True, None, {"option": "approve"})),
+    ({"option": "deny"}, (False, None, {"option": "deny"})),
+    ({"option": "deny", "text": " not here "}, (False, "not here", {"option": "deny", "text": "not here"})),
+    ({"text": "approve"}, (True, None, {"option": "approve"})),
+    ({"text": "  Approve "}, (True, None, {"option": "approve"})),
+    ({"text": "DENY"}, (False, None, {"option": "deny"})),
+    ({"text": "deny"}, (False, None, {"option": "deny"})),
+    # unmatched text never grants: it denies with the text as the reason
+    ({"text": "yes go ahead"}, (False, "yes go ahead", {"option": "deny", "text": "yes go ahead"})),
+    ({"text": "approve it"}, (False, "approve it", {"option": "deny", "text": "approve it"})),
+])
+def test_answer_rule(answer, want):
+    assert C.decide_answer(answer) == want
+
+
+@pytest.mark.parametrize("answer", [None, "approve", {}, {"option": "always"}, {"text": "   "},
+                                    {"values": {"a": 1}}, {"text": 3}, {"option": None, "text": ""}])
+def test_answer_rule_invalid(answer):
+    with pytest.raises(Refuse) as e:
+        C.decide_answer(answer)
+    assert e.value.reason == "invalid"
+
+
+# --------------------------------------------------------------------------- guards
+
+class _Recv:
+    def __init__(self, conv: Conversation) -> None:
+        self.conversations = {conv.id: conv}
+
+
+def control_for(status: str | None, *, attention: str | None = None):
+    conv = Conversation("c1", status=status, attention_id=attention)
+    b = bridge(AEP_OPENHANDS_CONTROL="1", AEP_TOKEN="t")
+    return C.OpenHandsControl(b.settings, _Recv(conv)), conv
+
+
+def cmd(type_: str, **kw) -> dict:
+    return {"id": "cmd-1", "type": type_, "session": "c1", "source": "aep://x/agent/t", "data": {}, **kw}
+
+
+def refused(ctl, c) -> str:
+    with pytest.raises(Refuse) as e:
+        ctl.check(c)
+    assert e.value.reason in ("refused", "invalid")
+    return f"{e.value.reason}: {e.value.detail}"
+
+
+@pytest.mark.parametrize("status", ["idle", "paused", "waiting_for_confirmation", "finished", "error", None])
+def test_pause_and_interrupt_only_from_running(status):
+    ctl, _ = control_for(status)
+    for t in (C.PAUSE, C.INTERRUPT):
+        assert refused(ctl, cmd(t)).startswith("refused")
+    ctl_ok, _ = control_for("running")
+    ctl_ok.check(cmd(C.PAUSE))
+    ctl_ok.check(cmd(C.INTERRUPT))
+
+
+def test_resume_only_from_paused_and_names_respond_from_waiting():
+    ctl, _ = control_for("waiting_for_confirmation", attention="req-1")
+    assert "control.attention.respond" in refused(ctl, cmd(C.RESUME))
+    for status in ("idle", "running", "finished"):
+        ctl, _ = control_for(status)
+        assert f"(it is {status})" in refused(ctl, cmd(C.RESUME))
+    control_for("paused")[0].check(cmd(C.RESUME))
+
+
+def test_respond_only_to_the_live_pending_request():
+    ctl, conv = control_for("waiting_for_confirmation", attention="req-1")
+    good = cmd(C.RESPOND, subject="req-1", data={"answer": {"option": "approve"}})
+    ctl.check(good)
+    assert "not the live pending" in refused(ctl, cmd(C.RESPOND, subject="req-0",
+                                                     data={"answer": {"option": "approve"}}))
+    assert refused(ctl, cmd(C.RESPOND, subject="req-1", data={"answer": {"option": "maybe"}})).startswith("invalid")
+    conv.settling = Settling("other", {"option": "approve"})
+    assert "already settling" in refused(ctl, good)
+    ctl2, _ = control_for("running", attention=None)
+    assert "no confirmation is pending" in refused(ctl2, good)
+
+
+def test_send_input_has_no_status_guard_but_a_cap():
+    for status in ("idle", "running", "waiting_for_confirmation", "paused", "finished"):
+        ctl, _ = control_for(status)
+        ctl.check(cmd(C.SEND_INPUT, data={"text": "x" * 4000}))
+        assert refused(ctl, cmd(C.SEND_INPUT, data={"text": "x" * 4001})).startswith("invalid")
+        assert refused(ctl, cmd(C.SEND_INPUT, data={})).startswith("invalid")
+
+
+def test_unknown_session_is_refused():
+    ctl, _ = control_for("running")
+    assert "no OpenHands conversation" in refused(ctl, dict(cmd(C.PAUSE), session="elsewhere"))
+
+
+def test_arm_sets_and_disarm_clears_exactly_its_note():
+    ctl, conv = control_for("running")
+    disarm = ctl.arm(cmd(C.PAUSE))
+    assert conv.notes == {"pause": "cmd-1"}
+    conv.notes["pause"] = "cmd-2"  # a newer command took the note
+    disarm()
+    assert conv.notes == {"pause": "cmd-2"}
+    ctl, conv = control_for("waiting_for_confirmation", attention="req-1")
+    disarm = ctl.arm(cmd(C.RESPOND, subject="req-1", data={"answer": {"text": "nope"}}))
+    assert conv.settling == Settling("cmd-1", {"option": "deny", "text": "nope"})
+    disarm()
+    assert conv.settling is None
+
+
+def test_decorate_adds_options_and_the_respond_path_only():
+    em = {"type": "attention.requested", "data": {"kind": "permission", "prompt": "p"}}
+    C.decorate(em)
+    assert em["data"] == {"kind": "permission", "prompt": "p",
+                          "options": [{"id": "approve", "label": "Approve"}, {"id": "deny", "label": "Deny"}],
+                          "respond_via": ["control"]}
