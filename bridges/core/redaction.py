@@ -142,14 +142,27 @@ def _sub_authz(m: re.Match[str]) -> str:
     return m.group("key") + (m.group("scheme") or "") + SECRET
 
 
+# Cheap substring prefilters: most text carries no credential vocabulary at
+# all, and a regex that cannot match still costs a scan per position.
+_ASSIGN_HINT = re.compile(
+    r"(?i)(?:passw(?:or)?d|passphrase|secret|key|token|credentials?)(?:\\{0,3}[\"'])?\s*[=:]")
+
+
 def _secrets(text: str) -> str:
-    text = _PEM.sub(SECRET, text)
-    text = _URL_CRED.sub(lambda m: m.group("pre") + SECRET, text)
+    if "-----BEGIN" in text:
+        text = _PEM.sub(SECRET, text)
+    if "://" in text:
+        text = _URL_CRED.sub(lambda m: m.group("pre") + SECRET, text)
     text = _SHAPES.sub(SECRET, text)
-    text = _AUTHZ.sub(_sub_authz, text)
-    text = _BEARER.sub(_sub_bearer, text)
-    text = _FLAG.sub(lambda m: m.group("key") + m.group("sep") + SECRET, text)
-    text = _ASSIGN.sub(_sub_assign, text)
+    low = text.lower()
+    if "authorization" in low:
+        text = _AUTHZ.sub(_sub_authz, text)
+    if "bearer" in low:
+        text = _BEARER.sub(_sub_bearer, text)
+    if "-" in text:
+        text = _FLAG.sub(lambda m: m.group("key") + m.group("sep") + SECRET, text)
+    if _ASSIGN_HINT.search(text):
+        text = _ASSIGN.sub(_sub_assign, text)
     return text
 
 
@@ -161,19 +174,23 @@ def _configured(text: str, values: tuple[str, ...]) -> str:
 
 
 def _home(text: str, home: str | None) -> str:
-    if home:
+    if home and home in text:
         text = re.sub(r"(?<![\w.-])" + re.escape(home) + r"(?=$|[/\\]|[^\w.-])", "~", text)
-    return _HOME_ANY.sub("~", text)
+    if "/home/" in text or "/Users/" in text or ":\\Users\\" in text:
+        text = _HOME_ANY.sub("~", text)
+    return text
 
 
 def _pii(text: str) -> str:
-    text = _EMAIL.sub(PII, text)
+    if "@" in text:
+        text = _EMAIL.sub(PII, text)
 
     def intl(m: re.Match[str]) -> str:
         digits = sum(c.isdigit() for c in m.group(0))
         return PII if digits >= 8 else m.group(0)
 
-    text = _PHONE_INTL.sub(intl, text)
+    if "+" in text:
+        text = _PHONE_INTL.sub(intl, text)
     return _PHONE_NANP.sub(PII, text)
 
 
