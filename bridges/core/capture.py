@@ -301,9 +301,8 @@ def _structural_value(spec: dict[str, Any] | None, v: Any) -> bool:
         return isinstance(v, bool)
     if t == "select":
         choices = spec.get("choices")
-        ids = {c.get("id") for c in choices if isinstance(c, dict)} \
+        ids = {c["id"] for c in choices if isinstance(c, dict) and isinstance(c.get("id"), str)} \
             if isinstance(choices, list) else set()
-        ids.discard(None)
         if isinstance(v, str):
             return v in ids
         if isinstance(v, list) and v:

@@ -273,7 +273,8 @@ def _values_problems(fields: list[Any], values: dict[str, Any], capture: str) ->
             out.append(f"answer.values.{k} answers no field of the request (AEP-0006)")
             continue
         t = spec.get("type")
-        ids = {c.get("id") for c in spec.get("choices") or [] if isinstance(c, dict)}
+        choices = spec.get("choices") if isinstance(spec.get("choices"), list) else []
+        ids = {c["id"] for c in choices if isinstance(c, dict) and isinstance(c.get("id"), str)}
         free = False
         if t == "select":
             items = v if isinstance(v, list) else [v]

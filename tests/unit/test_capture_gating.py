@@ -565,3 +565,49 @@ def test_golden_payloads_regated_stay_schema_valid(ev, ceiling):
     if out:
         stamped["data"] = out
     validate_event(stamped)
+
+
+_ids = st.sampled_from(["a", "b", "1", "2"])
+_field_specs = st.lists(st.fixed_dictionaries(
+    {"id": st.one_of(_ids, st.integers()),
+     "type": st.sampled_from(["string", "number", "boolean", "select", "weird"])},
+    optional={"other": st.booleans(), "multi": st.booleans(),
+              "choices": st.one_of(st.integers(), st.lists(st.fixed_dictionaries(
+                  {"id": st.one_of(_ids, st.lists(st.integers(), max_size=1))}), max_size=3))}),
+    max_size=4)
+_answers = st.dictionaries(_ids, st.one_of(_leaf, st.lists(st.one_of(_ids, st.integers()),
+                                                            max_size=3)), max_size=4)
+
+
+def _spec_says_structural(spec, v) -> bool:
+    # AEP-0002 §5.3 values rule, restated for the check.
+    t = spec.get("type")
+    choices = spec.get("choices") if isinstance(spec.get("choices"), list) else []
+    ids = [c.get("id") for c in choices if isinstance(c, dict)]
+    if t == "number":
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if t == "boolean":
+        return isinstance(v, bool)
+    if t == "select":
+        return (isinstance(v, str) and v in ids) or (
+            isinstance(v, list) and bool(v) and all(isinstance(x, str) and x in ids for x in v))
+    return False
+
+
+@settings(max_examples=400, deadline=None)
+@given(fields=_field_specs, values=_answers, ceiling=st.sampled_from(CEILINGS))
+def test_form_values_never_leak_free_text_below_redacted(fields, values, ceiling):
+    out, level = gate("attention.answered", {"answer": {"values": values}}, ceiling, POLICY,
+                      form_fields=fields)
+    kept = (out or {}).get("answer", {}).get("values", {})
+    specs = {}
+    for f in fields:
+        if isinstance(f["id"], str):
+            specs.setdefault(f["id"], f)
+    assert set(kept) <= set(specs)
+    if ceiling == "metadata":
+        assert all(_spec_says_structural(specs[k], values[k]) for k in kept), kept
+        assert level == "metadata"
+    else:  # redacted+: every answer with a spec survives (free text redacted)
+        assert set(kept) == {k for k in values if k in specs}
+    assert gate_form_values(fields, values, ceiling) == kept
