@@ -58,14 +58,16 @@ class SseBridge:
     """One vendor server as an AEP emitter (see the module docstring).
 
     Construct with :meth:`from_env` (the supervisor's path) or directly in
-    tests. ``receiver_settings`` tunes liveness/backoff (tests shorten it)."""
+    tests. ``receiver_settings`` tunes liveness/backoff (tests shorten it);
+    ``transport`` replaces httpx's network transport (tests only)."""
 
     def __init__(self, profile: SseProfile, *, url: str | None = None,
                  username: str | None = None, password: str | None = None,
                  primary: bool = False, control: bool = False, token: str | None = None,
                  guard_ms: int = DEFAULT_GUARD_MS, policy: CapturePolicy | None = None,
                  receiver_settings: ReceiverSettings | None = None,
-                 problems: list[str] | None = None) -> None:
+                 problems: list[str] | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.profile = profile
         self.name = profile.name
         self.agent = profile.agent
@@ -79,6 +81,7 @@ class SseBridge:
         self.policy = policy or CapturePolicy()
         self.receiver_settings = receiver_settings or ReceiverSettings()
         self._problems = list(problems or [])
+        self._transport = transport  # tests inject a fault-injecting/recording transport
         self.receiver: SseReceiver | None = None
         self.tracker: Tracker | None = None
 
@@ -157,7 +160,8 @@ class SseBridge:
     def _client(self) -> httpx.AsyncClient:
         auth = (self.username, self._password) if self._password else None
         return httpx.AsyncClient(base_url=self.url, auth=auth, timeout=10.0,
-                                 headers={"User-Agent": "aep-bridges"})
+                                 headers={"User-Agent": "aep-bridges"},
+                                 transport=self._transport)
 
     # ------------------------------------------------------------ running
     async def run(self, ctx: BridgeContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

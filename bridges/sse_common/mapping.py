@@ -38,6 +38,7 @@ the stamper's gate runs again and agrees (tested).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -352,6 +353,8 @@ def _tool_ref(name: Any, call: Any) -> dict[str, Any]:
 def _args(data: dict[str, Any], args: Any, posture: Posture, t: str) -> None:
     data["args_digest"] = _capture.digest(args)
     level = posture.content(t)
+    if not isinstance(args, dict):  # the schema's args are an object
+        return
     if level == "full":
         data["args"] = args
     elif level == "redacted":
@@ -361,6 +364,10 @@ def _args(data: dict[str, Any], args: Any, posture: Posture, t: str) -> None:
 def _result(data: dict[str, Any], result: Any, posture: Posture, t: str) -> None:
     data["result_digest"] = _capture.digest(result)
     level = posture.content(t)
+    if result is None:
+        return
+    if not isinstance(result, (dict, str)):  # the schema's result: object | string
+        result = json.dumps(result, ensure_ascii=False, default=str)
     if level == "full":
         data["result"] = result
     elif level == "redacted":
