@@ -3,6 +3,7 @@ against the mapping pins read from shared/ at test time, and the grammar
 property for any input."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -14,8 +15,6 @@ from tests.support.schema import event_problems
 from tests.support.shared import aep_dir, fixture
 
 # The envelope's own pattern, read from the schema (not copied).
-import json
-
 _ENVELOPE = json.loads((aep_dir() / "schemas/aep-event.schema.json").read_text())
 ENVELOPE_TYPE = re.compile(_ENVELOPE["properties"]["type"]["pattern"])
 
