@@ -231,7 +231,9 @@ class Receiver:
         self._ws_connect = ws_connect or trio_websocket.open_websocket_url
         self.conversations: dict[str, Conversation] = {}
         self._nursery: trio.Nursery | None = None
-        self._auth_logged = False
+        self._auth_logged: set[str] = set()
+        self._socket_refused: set[str] = set()
+        self._rest_refused = False
         p = urllib.parse.urlsplit(settings.url)
         self._ws_base = ("wss" if p.scheme == "https" else "ws") + "://" + p.netloc + p.path.rstrip("/")
         self._host = p.netloc
@@ -244,14 +246,30 @@ class Receiver:
         if detail is not None:
             self.ctx.health.detail = detail
 
-    def _auth_failed(self, where: str) -> None:
-        self.ctx.health.count("socket_auth_failed" if where == "socket" else "search_errors")
+    def _auth_failed(self, where: str, conv: Conversation | None = None) -> None:
+        """Latch an auth refusal: ``source`` false, ONE clear log line per
+        episode and channel (``REST API`` / ``events socket``), no key."""
+        if conv is not None:
+            self._socket_refused.add(conv.id)
+            self.ctx.health.count("socket_auth_failed")
+        else:
+            self._rest_refused = True
+            self.ctx.health.count("search_errors")
         self._source(False, f"session API key refused ({where})")
-        if not self._auth_logged:
-            self._auth_logged = True
+        if where not in self._auth_logged:
+            self._auth_logged.add(where)
             log.error("the OpenHands agent server at %s refused the session API key on the %s; "
                       "check AEP_OPENHANDS_SESSION_API_KEY (retrying with backoff)",
                       self.settings.url, where)
+
+    def _socket_ok(self, conv: Conversation) -> None:
+        if conv.id in self._socket_refused:
+            self._socket_refused.discard(conv.id)
+            if not self._socket_refused:
+                self._auth_logged.discard("events socket")
+                if not self._rest_refused and self.ctx.health.source is not True:
+                    self._source(True)
+                    self.ctx.health.detail = None
 
     # ------------------------------------------------------------------ running
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -276,14 +294,18 @@ class Receiver:
                 self.ctx.health.count("search_errors")
                 self._source(False if isinstance(e, (httpx.TransportError, OSError)) else "degraded",
                              f"conversation search failed: {type(e).__name__}")
-                log.warning("OpenHands conversation search failed (%s); retrying", _why(e))
+                if failures == 1 or failures % 10 == 0:  # once per episode, then a reminder
+                    log.warning("OpenHands conversation search at %s failed (%s); retrying with backoff"
+                                " (%d failures)", self.settings.url, _why(e), failures)
             else:
-                if failures or self.ctx.health.source is not True:
+                if failures:
                     log.info("OpenHands agent server at %s reachable", self.settings.url)
                 failures = 0
-                self._auth_logged = False
-                self._source(True, None)
-                self.ctx.health.detail = None
+                self._rest_refused = False
+                self._auth_logged.discard("REST API")
+                if not self._socket_refused:
+                    self._source(True)
+                    self.ctx.health.detail = None
                 await self._reconcile(listed, complete)
             if failures:
                 delay = min(MAX_BACKOFF, 2 ** min(failures - 1, 10)) * (0.5 + random.random() / 2)
@@ -389,7 +411,7 @@ class Receiver:
                     except Exception as e:  # noqa: BLE001 -- a socket fault never kills the task
                         leaves = _leaves(e)
                         if any(isinstance(x, AuthRefused) for x in leaves):
-                            self._auth_failed("events socket")
+                            self._auth_failed("events socket", conv)
                         else:
                             self.ctx.health.count("socket_errors")
                             if not any(isinstance(x, Gone) for x in leaves):
@@ -439,6 +461,8 @@ class Receiver:
                     await self._apply_pending(conv)
                     continue
                 conv.frames_in_conn += 1
+                if conv.frames_in_conn == 1:
+                    self._socket_ok(conv)
                 await self.handle_raw(conv, raw)
 
     # ------------------------------------------------------------------ frames

@@ -771,7 +771,8 @@ class StubAgentServer:
       ``post_hang``: never answer a POST (until the server stops).
 
     Records every socket frame received per connection (``inbound``), every
-    POST (``posts``) and every socket URL (``socket_urls``)."""
+    POST (``posts``), every HTTP request line (``requests``) and every socket
+    URL (``socket_urls``)."""
 
     key: str | None = SESSION_KEY
     page_size: int = 100
@@ -786,6 +787,7 @@ class StubAgentServer:
     inbound: list[list[str]] = field(default_factory=list)
     posts: list[tuple[str, Any]] = field(default_factory=list)
     socket_urls: list[str] = field(default_factory=list)
+    requests: list[tuple[str, str]] = field(default_factory=list)
     searches: int = 0
     url: str | None = None
     open_sockets: int = 0
@@ -841,6 +843,7 @@ class StubAgentServer:
             else:
                 return
         path, method = scope["path"], scope["method"]
+        self.requests.append((method, path + "?" + scope.get("query_string", b"").decode()))
         if not self._authorized(scope.get("headers") or []):
             await _send_json(send, 401, {"detail": "Unauthorized"})
             return

@@ -1,0 +1,236 @@
+"""Bad input and faults (issue section 5) with a stub speaking the agent
+server's protocol (``tests/support/openhands.py`` ``StubAgentServer``): each
+has a defined, tested answer, every drop is counted, no task dies. Also the
+posture proofs that need to see the wire: the events socket carries the auth
+frame and nothing else (gate on or off), gated off nothing is POSTed, gated
+on only the five enumerated writes are, and the key never rides a URL."""
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from tests.support.openhands import SESSION_KEY, Rig, StubAgentServer, state_frame
+from tests.support.schema import validate_event, validate_stream
+
+TOKEN = "fault-token-0123456789"
+TS = "2026-11-30T10:00:0{}.000001"
+
+
+def env_for(stub: StubAgentServer, tmp_path, *, control: bool = False, **extra) -> dict[str, str]:
+    env = {"AEP_OPENHANDS_URL": stub.url, "AEP_OPENHANDS_SESSION_API_KEY": SESSION_KEY,
+           "AEP_OPENHANDS_POLL": "0.2", "AEP_STATE_DIR": str(tmp_path / "state")}
+    if control:
+        env.update({"AEP_OPENHANDS_CONTROL": "1", "AEP_TOKEN": TOKEN})
+    env.update(extra)
+    return env
+
+
+@asynccontextmanager
+async def running(stub: StubAgentServer, tmp_path, **kw):
+    """The stub serving, then the bridge (in-process) pointed at it."""
+    async with trio.open_nursery() as n:
+        await n.start(stub.serve)
+        rig = Rig(env_for(stub, tmp_path, **kw))
+        await n.start(rig.run)
+        yield rig
+        n.cancel_scope.cancel()
+
+
+async def until(pred, timeout: float = 20, what: str = "condition"):
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.05)
+
+
+def running_conv(stub: StubAgentServer, status: str = "running"):
+    return stub.add(frames=[state_frame("full_state", {"execution_status": status}, TS.format(1))])
+
+
+def auth_frame() -> str:
+    return json.dumps({"type": "auth", "session_api_key": SESSION_KEY})
+
+
+# --------------------------------------------------------------------------- frames
+
+async def test_unknown_kinds_and_unexpected_fields_degrade_to_visibility(tmp_path):
+    stub = StubAgentServer()
+    conv = stub.add(frames=[
+        {"kind": "SandboxCheckpointEvent", "id": "u1", "timestamp": TS.format(1), "anything": [1, {"a": None}]},
+        {"kind": "ActionEvent", "id": "u2", "timestamp": TS.format(2), "action": "not-an-object"},
+        {"kind": "ObservationEvent", "id": "u3", "timestamp": TS.format(3), "tool_name": "terminal",
+         "observation": ["not", "an", "object"]},
+        {"kind": "ConversationStateUpdateEvent", "id": "u4", "timestamp": TS.format(4), "key": 7,
+         "value": {"deep": {"deeper": [1, 2]}}},
+        {"kind": "MessageEvent", "id": "u5", "timestamp": "not a time", "llm_message": "just a string"},
+        {"kind": "ConversationStateUpdateEvent", "id": "u6", "timestamp": TS.format(5),
+         "key": "execution_status", "value": {"not": "a string"}},
+    ])
+    async with running(stub, tmp_path) as rig:
+        await rig.wait(lambda e: len(rig.of(conv.id)) >= 7, what="all frames mapped")
+    evs = rig.of(conv.id)
+    for e in evs:
+        validate_event(e)
+    validate_stream(evs)
+    assert [e["type"] for e in evs] == ["session.started", "x.openhands.sandbox.checkpoint",
+                                        "x.openhands.action.event", "x.openhands.observation.event",
+                                        "state.delta", "x.openhands.message.event", "state.delta"]
+    assert rig.bridge.receiver.conversations[conv.id].status is None
+    assert rig.health.public()["source"] is True
+
+
+async def test_non_json_frames_are_counted_and_the_socket_goes_on(tmp_path):
+    stub = StubAgentServer(socket_garbage=True)
+    conv = running_conv(stub)
+    async with running(stub, tmp_path) as rig:
+        await rig.wait(lambda e: rig.of(conv.id, "run.started"), what="the valid frame after the garbage")
+    assert rig.health.counters["frames_not_json"] == 4
+    assert rig.health.counters.get("socket_errors", 0) == 0
+
+
+async def test_socket_that_closes_on_auth(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    stub = StubAgentServer(socket_close_on_auth=True)
+    conv = running_conv(stub)
+    async with running(stub, tmp_path) as rig:
+        await until(lambda: rig.health.counters.get("socket_auth_failed", 0) >= 3, what="reconnects")
+        assert rig.health.public()["source"] is False
+        assert conv.id in rig.bridge.receiver.conversations  # the task lives on, backing off
+        stub.socket_close_on_auth = False
+        await rig.wait(lambda e: rig.of(conv.id, "run.started"), timeout=30, what="recovery")
+        await until(lambda: rig.health.public()["source"] is True, what="source back")
+    refusals = [r for r in caplog.records if "refused the session API key" in r.getMessage()]
+    assert len(refusals) == 1 and SESSION_KEY not in caplog.text
+
+
+async def test_search_that_pages_forever(tmp_path):
+    """Capped at MAX_PAGES; the listing counts as incomplete, so nothing is
+    detached on its evidence."""
+    stub = StubAgentServer(page_size=1, search_forever=True)
+    a, b = running_conv(stub), running_conv(stub)
+    async with running(stub, tmp_path) as rig:
+        await rig.wait(lambda e: rig.of(a.id, "run.started") and rig.of(b.id, "run.started"))
+        del stub.conversations[b.id]
+        await until(lambda: rig.health.counters.get("search_pages_capped", 0) >= 3, timeout=60)
+    assert b.id in rig.bridge.receiver.conversations and not rig.of(b.id, "session.ended")
+
+
+async def test_search_500_then_recovery(tmp_path):
+    stub = StubAgentServer(search_status=500)
+    conv = running_conv(stub)
+    async with running(stub, tmp_path) as rig:
+        await until(lambda: rig.health.counters.get("search_errors", 0) >= 2)
+        assert rig.health.public()["source"] == "degraded" and not rig.events
+        stub.search_status = 200
+        await rig.wait(lambda e: rig.of(conv.id, "run.started"), timeout=30)
+        assert rig.health.public()["source"] is True
+        stub.search_garbage = True
+        errors = rig.health.counters["search_errors"]
+        await until(lambda: rig.health.counters["search_errors"] > errors)
+    assert conv.id in rig.bridge.receiver.conversations  # a bad page detaches nothing
+
+
+async def test_vanished_conversation_is_detached(tmp_path):
+    stub = StubAgentServer()
+    conv = stub.add(frames=[state_frame("execution_status", "running", TS.format(1)),
+                            state_frame("execution_status", "waiting_for_confirmation", TS.format(2))])
+    async with running(stub, tmp_path) as rig:
+        await rig.wait(lambda e: rig.of(conv.id, "attention.requested"))
+        state_file = next((tmp_path / "state" / "openhands").rglob(f"{conv.id}.json"))
+        assert state_file.exists()
+        del stub.conversations[conv.id]
+        await rig.wait(lambda e: rig.of(conv.id, "session.ended"))
+    evs = rig.of(conv.id)
+    validate_stream(evs)
+    assert [e["type"] for e in evs][-3:] == ["attention.resolved", "run.cancelled", "session.ended"]
+    assert not state_file.exists() and conv.id not in rig.bridge.receiver.conversations
+
+
+# --------------------------------------------------------------------------- writes
+
+@pytest.mark.parametrize("status, reason", [(409, "refused"), (429, "refused"), (401, "refused"),
+                                            (500, "busy"), (503, "busy")])
+async def test_rest_write_errors_become_nacks(tmp_path, status, reason):
+    stub = StubAgentServer(post_status=status)
+    conv = running_conv(stub)
+    async with running(stub, tmp_path, control=True, AEP_CAPTURE="redacted") as rig:
+        await rig.wait(lambda e: rig.of(conv.id, "run.started"))
+        cmd = await rig.command("control.pause", conv.id)
+        ack = await rig.ack_for(cmd)
+    assert ack["type"] == "control.rejected" and ack["data"]["reason"] == reason
+    assert f"HTTP {status}" in ack["data"]["detail"]
+    assert rig.bridge.receiver.conversations[conv.id].notes == {}, "a failed write disarms its note"
+    assert [p for p, _ in stub.posts] == [f"/api/conversations/{conv.id}/pause"]
+
+
+async def test_rest_write_that_hangs_past_the_guard_is_accepted(tmp_path):
+    """Guard expiry -> accepted (will-try); the note stays armed for the
+    outcome the vendor may still produce."""
+    stub = StubAgentServer(post_hang=True)
+    conv = running_conv(stub)
+    async with running(stub, tmp_path, control=True, AEP_OPENHANDS_ACK_GUARD_MS="300") as rig:
+        await rig.wait(lambda e: rig.of(conv.id, "run.started"))
+        cmd = await rig.command("x.openhands.control.interrupt", conv.id)
+        ack = await rig.ack_for(cmd)
+        assert ack["type"] == "control.accepted"
+        assert rig.bridge.receiver.conversations[conv.id].notes == {"interrupt": cmd["id"]}
+        assert rig.health.counters["control_guard_expired"] == 1
+
+
+async def test_the_socket_is_auth_frame_only_and_writes_are_exactly_the_five(tmp_path):
+    """Gate on: every command type, accepted ones included, and the socket
+    still carried exactly one frame per connection (the auth frame); the
+    only POSTs are the five enumerated routes. The key rides no URL."""
+    stub = StubAgentServer()
+    conv = stub.add(frames=[state_frame("execution_status", "running", TS.format(1)),
+                            state_frame("execution_status", "waiting_for_confirmation", TS.format(2))])
+    other = running_conv(stub)
+    async with running(stub, tmp_path, control=True) as rig:
+        req = (await rig.wait(lambda e: rig.of(conv.id, "attention.requested")))[0]
+        await rig.wait(lambda e: rig.of(other.id, "run.started"))
+        acks = []
+        for t, sess, kw in [
+            ("control.attention.respond", conv.id, {"subject": req["id"], "data": {"answer": {"option": "deny"}}}),
+            ("x.openhands.control.send_input", conv.id, {"data": {"text": "hello"}}),
+            ("control.pause", other.id, {}),
+            ("x.openhands.control.interrupt", other.id, {}),
+            ("control.cancel", other.id, {"data": {"scope": "run"}}),
+        ]:
+            acks.append(await rig.ack_for(await rig.command(t, sess, **kw)))
+        rig.bridge.receiver.conversations[other.id].status = "paused"  # as if the pause had landed
+        acks.append(await rig.ack_for(await rig.command("control.resume", other.id)))
+        await trio.sleep(0.5)
+    assert [a["type"] for a in acks] == ["control.accepted"] * 4 + ["control.rejected", "control.accepted"]
+    assert acks[4]["data"]["reason"] == "unsupported"  # cancel is not declared
+    assert sorted(p for p, _ in stub.posts) == sorted([
+        f"/api/conversations/{conv.id}/events/respond_to_confirmation",
+        f"/api/conversations/{conv.id}/events", f"/api/conversations/{other.id}/pause",
+        f"/api/conversations/{other.id}/interrupt", f"/api/conversations/{other.id}/run"])
+    bodies = dict(stub.posts)
+    assert bodies[f"/api/conversations/{conv.id}/events"] == {
+        "role": "user", "content": [{"type": "text", "text": "hello"}], "run": False}
+    assert bodies[f"/api/conversations/{conv.id}/events/respond_to_confirmation"] == {"accept": False}
+    assert stub.inbound and all(frames == [auth_frame()] for frames in stub.inbound)
+    assert all(SESSION_KEY not in u for u in stub.socket_urls)
+    assert all(SESSION_KEY not in line for _, line in stub.requests)
+
+
+async def test_gate_off_writes_nothing_at_all(tmp_path):
+    stub = StubAgentServer()
+    conv = stub.add(frames=[state_frame("execution_status", "running", TS.format(1)),
+                            state_frame("execution_status", "waiting_for_confirmation", TS.format(2))])
+    async with running(stub, tmp_path, AEP_TOKEN=TOKEN) as rig:  # a token, but no opt-in
+        req = (await rig.wait(lambda e: rig.of(conv.id, "attention.requested")))[0]
+        assert "options" not in req["data"] and "respond_via" not in req["data"]
+        for t in ("control.attention.respond", "control.pause", "control.resume",
+                  "x.openhands.control.send_input", "x.openhands.control.interrupt"):
+            ack = await rig.ack_for(await rig.command(t, conv.id, subject=req["id"],
+                                                      data={"answer": {"option": "approve"}, "text": "x"}))
+            assert ack["data"]["reason"] == "unsupported"
+        await trio.sleep(0.5)
+    assert stub.posts == [] and all(m == "GET" for m, _ in stub.requests)
+    assert all(frames == [auth_frame()] for frames in stub.inbound)
+    assert rig.health.public()["control"] is False
