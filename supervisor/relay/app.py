@@ -256,13 +256,14 @@ class RelayApp:
         await self._pump_sse(outlet, receive, send)
 
     async def _pump_sse(self, outlet: Outlet, receive: Callable, send: Callable) -> None:
-        heartbeat = self.relay.heartbeat_s
+        relay = self.relay
+        heartbeat = relay.heartbeat_s
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
                 while True:
                     with trio.move_on_after(heartbeat) as idle:
-                        payloads, end = await outlet.next_batch()
+                        payloads, end = await outlet.next_batch(linger=relay.sse_linger())
                     if idle.cancelled_caught:
                         payloads, end = [b": ping\n\n"], None
                     body = b"".join(payloads)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import trio
+import trio.testing
 
 from supervisor.relay import core as core_mod
 from supervisor.relay.attrmatch import Filter
@@ -625,3 +626,36 @@ async def test_close_aborts_a_stream_that_cannot_drain():
 def test_repr_never_shows_the_token():
     assert "s3cret" not in repr(Relay(token="s3cret"))
     assert Relay(token="s3cret").check_token("s3cret") and not Relay(token="s3cret").check_token("x")
+
+
+# -- write coalescing -----------------------------------------------------------
+
+async def test_sse_writer_lingers_so_a_burst_leaves_in_one_write(mock_clock):
+    relay = Relay(sse_linger_s=0.05)
+    outlet = relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
+    got = []
+
+    async def writer():
+        got.append(await outlet.next_batch(linger=relay.sse_linger()))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(writer)
+        await trio.testing.wait_all_tasks_blocked()
+        for s in range(10):
+            relay.ingest_http([relay.entry(ev(s))])
+            await trio.sleep(0)  # the writer is woken, and lingers
+        assert got == []
+        mock_clock.jump(0.05)
+    payloads, end = got[0]
+    assert len(payloads) == 10 and end is None
+
+
+def test_linger_scales_with_open_streams():
+    relay = Relay(sse_linger_s=0.005)
+    assert relay.sse_linger() == 0.005
+    for _ in range(100):
+        relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
+    assert relay.sse_linger() == 0.05
+    for _ in range(300):
+        relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
+    assert relay.sse_linger() == 0.1
