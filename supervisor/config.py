@@ -150,7 +150,7 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     try:
         cfg.policy = CapturePolicy.from_env(env)
     except ValueError as e:
-        problems.append(str(e))
+        problems.extend(getattr(e, "problems", None) or [str(e)])
 
     url = env.get("AEP_RELAY_URL") or None
     if url and not relay_only:

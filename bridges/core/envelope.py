@@ -64,6 +64,10 @@ class EpochStore:
         self.path = Path(state_dir) / "epoch"
 
     def next_epoch(self) -> int:
+        """``max(persisted + 1, now in seconds)``: strictly above every epoch
+        this state dir handed out, and above any clock-seeded epoch a start
+        with an unwritable state dir may have used (so the fallback can
+        never make a later epoch regress)."""
         seed = int(_time.time())
         try:
             prev = int(json.loads(self.path.read_text())["epoch"])
@@ -71,8 +75,8 @@ class EpochStore:
             prev = -1
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("epoch file unreadable (%s); seeding from the clock", type(e).__name__)
-            prev = seed - 1
-        epoch = prev + 1
+            prev = -1
+        epoch = max(prev + 1, seed)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".epoch.")
@@ -82,9 +86,8 @@ class EpochStore:
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except OSError as e:
-            log.warning("cannot persist epoch under %s (%s); seeding from the clock",
+            log.warning("cannot persist epoch under %s (%s); seeded from the clock",
                         self.path.parent, e.strerror or type(e).__name__)
-            return max(epoch, seed)
         return epoch
 
 

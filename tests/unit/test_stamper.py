@@ -223,3 +223,21 @@ def test_restamped_golden_events_validate_one_by_one_and_as_a_stream():
             out.append(ev)
         assert len(out) >= 50
         validate_stream(out)
+
+
+def test_epoch_never_regresses_below_a_clock_seeded_start(tmp_path, monkeypatch):
+    # A start whose state dir is unwritable hands out a clock-seeded epoch;
+    # the next, writable start (whose file still holds a small counter) must
+    # land above it, never back on the old counter.
+    from bridges.core import envelope
+    clock = [1_800_000_000.0]
+    monkeypatch.setattr(envelope._time, "time", lambda: clock[0])
+    state = tmp_path / "state"
+    state.write_text("a file where the directory should be")
+    clocked = EpochStore(state).next_epoch()
+    assert clocked == 1_800_000_000
+    state.unlink()
+    state.mkdir()
+    (state / "epoch").write_text('{"epoch": 5}')
+    clock[0] += 2
+    assert EpochStore(state).next_epoch() > clocked
