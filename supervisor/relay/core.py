@@ -282,6 +282,15 @@ class Outlet:
             self.done.set()
 
     # consumer (writer) side ------------------------------------------------
+    def mark_delivered(self, sid: Any, session: str, pos: Position) -> None:
+        """Track the last delivered position per (subscription, session) for
+        the ``closing`` frame; bounded like the buffers (``max_sessions``)."""
+        per = self.delivered.setdefault(sid, {})
+        per.pop(session, None)  # re-insert: most recent last
+        per[session] = pos
+        if len(per) > self.relay.max_sessions:
+            del per[next(iter(per))]
+
     def delivered_positions(self) -> list[dict[str, Any]]:
         return [{"sub": sid, "session": s, "epoch": p[0], "seq": p[1]}
                 for sid, per in self.delivered.items() for s, p in per.items()]
@@ -321,8 +330,7 @@ class Outlet:
             if kind == _END:
                 return out, payload if payload is not None else True
             if meta is not None:
-                sid, session, pos = meta
-                self.delivered.setdefault(sid, {})[session] = pos
+                self.mark_delivered(*meta)
             elif callable(payload):
                 payload = payload()
             out.append(payload)
@@ -404,7 +412,7 @@ class ReplayJob:
                 out.append(view.sse())
             else:
                 out.append(view.text())
-                outlet.delivered.setdefault(self.sub.sid, {})[e.attrs["session"]] = e.pos  # type: ignore[index]
+                outlet.mark_delivered(self.sub.sid, e.attrs["session"], e.pos)  # type: ignore[arg-type]
         if not out:
             if self._cur or self.plan:
                 return out  # budget spent on non-matching entries; more to scan

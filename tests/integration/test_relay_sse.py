@@ -229,3 +229,32 @@ async def test_many_subscribers_each_get_every_event_in_order():
             n.cancel_scope.cancel()
         for r in readers:
             assert [m["id"] for m in r.messages] == [f"s1:0:{s}" for s in range(50)]
+
+
+def _aio_live(base: str, n: int) -> list:
+    async def main():
+        sub = await aep_sdk.aio.subscribe(base, filter={"session": "live"})
+        got = []
+        async for ev in sub:
+            got.append(ev)
+            if len(got) == n:
+                sub.close()
+        return got
+    return asyncio.run(asyncio.wait_for(main(), WAIT))
+
+
+async def test_aio_subscribe_live():
+    async with running_relay() as (relay, base):
+        conn = relay.attach_emitter(emitter_hello(), _noop)
+        async with trio.open_nursery() as n:
+            result = []
+
+            async def consume():
+                result.extend(await trio.to_thread.run_sync(_aio_live, base, 3))
+
+            n.start_soon(consume)
+            await wait_until(lambda: relay.stats()["subscribers"] == 1)
+            for s in range(3):
+                await conn.ingest(event(s, session="other"))
+                await conn.ingest(event(s, session="live"))
+        assert [(e["session"], e["seq"]) for e in result] == [("live", 0), ("live", 1), ("live", 2)]

@@ -218,3 +218,13 @@ async def test_consumer_may_emit_foreign_events_without_claiming():
             await ws.send_message(json.dumps(routed))
             assert await recv(ws) == routed
             assert relay.roster() == [] and relay.buffers.held("s1") == 0
+
+
+async def test_oversize_message_closes_with_1009():
+    async with running_relay(max_body=2048) as (relay, base):
+        async with open_websocket_url(ws_url(base), max_message_size=1 << 20) as ws:
+            await ws.send_message(json.dumps(hello()))
+            await recv(ws)
+            await ws.send_message(json.dumps({"type": "ping", "t": "x" * 4096}))
+            assert await closed_code(ws) == 1009
+        await wait_until(lambda: relay.stats()["connections"] == 0)

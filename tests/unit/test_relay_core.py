@@ -659,3 +659,13 @@ def test_linger_scales_with_open_streams():
     for _ in range(300):
         relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
     assert relay.sse_linger() == 0.1
+
+
+async def test_delivered_positions_stay_bounded():
+    relay = Relay(max_sessions=3)
+    conn = await ws(relay)
+    await conn.handle_text(json.dumps({"type": "subscribe", "id": "x"}))
+    for i in range(10):
+        relay.ingest_http([relay.entry(ev(0, session=f"s{i}", source=SRC + f"s{i}"))])
+    await take(conn.outlet)
+    assert [p["session"] for p in conn.outlet.delivered_positions()] == ["s7", "s8", "s9"]
