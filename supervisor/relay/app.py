@@ -192,8 +192,8 @@ class RelayApp:
                                                   "max": relay.max_batch, "count": len(lines)})
         entries = []
         batch = ctype != "application/json"
-        for idx, (lineno, ln) in enumerate(lines):
-            where = {"line": idx} if batch else {}
+        for lineno, ln in lines:
+            where = {"line": lineno} if batch else {}  # 0-based line of the body
             try:
                 ev = loads(ln)
                 entry = relay.entry(ev)
@@ -218,7 +218,7 @@ class RelayApp:
         try:
             raw_filter = q.get("filter")
             try:
-                flt = Filter(json.loads(raw_filter) if raw_filter else {})
+                flt = Filter(loads(raw_filter) if raw_filter else {})
             except ValueError as e:
                 if isinstance(e, InvalidFilter):
                     raise
@@ -227,7 +227,7 @@ class RelayApp:
             raw_from = q.get("from")
             if raw_from and raw_from != "all":
                 try:
-                    raw_from = json.loads(raw_from)
+                    raw_from = loads(raw_from)
                 except ValueError:
                     raise InvalidFilter("from is not valid JSON") from None
             plan_all, positions = parse_from(raw_from or None)

@@ -34,10 +34,11 @@ async def test_post_single_and_batch_accepted():
 
 async def test_post_batch_rejected_whole_with_line_index():
     async with running_relay() as (relay, base), httpx.AsyncClient() as c:
-        lines = [json.dumps(event(0)), json.dumps(event(1)), json.dumps({**event(2), "seq": -2})]
+        lines = [json.dumps(event(0)), "", json.dumps(event(1)), json.dumps({**event(2), "seq": -2})]
         r = await c.post(base + "/events", content="\n".join(lines), headers={**V, **NDJSON})
         assert r.status_code == 400
-        assert r.json()["error"] == "invalid-event" and r.json()["line"] == 2
+        # `line` is the 0-based line of the body (blank lines are skipped, not renumbered)
+        assert r.json()["error"] == "invalid-event" and r.json()["line"] == 3
         assert "seq" in r.json()["detail"]
         assert await held(relay) == 0  # nothing from the batch was ingested
         r = await c.post(base + "/events", content="{nope", headers={**V, **JSON})
@@ -167,6 +168,8 @@ async def test_unknown_path_and_wrong_method():
     ({"filter": "{bad json"}, "invalid-filter"),
     ({"filter": json.dumps({"seq": 3})}, "invalid-filter"),
     ({"filter": json.dumps({"NotAnAttr": "y"})}, "invalid-filter"),
+    ({"filter": '{"epoch": NaN}'}, "invalid-filter"),
+    ({"filter": "[" * 3000}, "invalid-filter"),  # nesting past the recursion limit
     ({"capture": "everything"}, "invalid-filter"),
     ({"from": "[{"}, "invalid-filter"),
     ({"from": json.dumps({"session": "s1"})}, "invalid-filter"),

@@ -139,13 +139,14 @@ async def test_malformed_frames_answered_and_connection_survives():
     relay = Relay()
     conn = await ws(relay)
     await conn.handle_text("{oops")
+    await conn.handle_text("[" * 5000 + "]" * 5000)  # valid JSON, nested past the recursion limit
     await conn.handle_text("[1,2]")
     await conn.handle_text(json.dumps({"type": "no-such-frame"}))  # ignored (§2)
     await conn.handle_text(json.dumps({"type": "ping", "t": 7}))
     out = await take(conn.outlet)
-    assert [f.get("code", f["type"]) for f in out] == ["bad-json", "bad-frame", "pong"]
+    assert [f.get("code", f["type"]) for f in out] == ["bad-json", "bad-json", "bad-frame", "pong"]
     assert out[-1] == {"type": "pong", "t": 7}
-    assert relay.counters["bad_frames"] == 2
+    assert relay.counters["bad_frames"] == 3
 
 
 # -- subscriptions -------------------------------------------------------------------
