@@ -63,6 +63,8 @@ import httpx
 import trio
 import trio_websocket
 
+from bridges.core.bridge import Saturated
+
 from . import mapping as M
 
 log = logging.getLogger("aep.bridge.openhands")
@@ -478,7 +480,7 @@ class Receiver:
         if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str) or not ev["kind"]:
             self.ctx.health.count("frames_malformed")
             return
-        with trio.CancelScope(shield=True), trio.move_on_after(10):
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 10):
             await self.handle_event(conv, ev)
             self._flush(conv)
 
@@ -603,7 +605,10 @@ class Receiver:
             kw["run"] = conv.run_id
         if cause is not None:
             kw["cause"] = cause
-        return await self.ctx.emit(conv.id, emission, **kw)
+        try:  # no checkpoint while the channel has room (a frame's emissions stay together)
+            return self.ctx.emit_nowait(conv.id, emission, **kw)
+        except Saturated:
+            return await self.ctx.emit(conv.id, emission, **kw)
 
     async def emit_outcome(self, session: str, emission: dict[str, Any], cause: str) -> None:
         """For control: an outcome event in ``session`` (its open run)."""

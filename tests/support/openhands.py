@@ -935,3 +935,47 @@ class StubAgentServer:
 def state_frame(key: str, value: Any, ts: str, eid: str | None = None) -> dict:
     return {"kind": "ConversationStateUpdateEvent", "id": eid or new_conversation_id(), "timestamp": ts,
             "source": "environment", "key": key, "value": value}
+
+
+def stub_frames(i: int, n_events: int = 6) -> list[dict]:
+    """A small realistic conversation history for the stub: the connect
+    snapshot, a run with one confirmed tool call, finished."""
+    base = f"2026-11-30T10:{i // 3600 % 60:02d}:{i // 60 % 60:02d}.{i % 60:06d}"
+    frames = [state_frame("full_state", {"execution_status": "finished"}, "2026-11-30T23:59:59.000000"),
+              state_frame("execution_status", "running", base),
+              {"kind": "ActionEvent", "id": new_conversation_id(), "timestamp": base, "source": "agent",
+               "tool_name": "terminal", "tool_call_id": f"call_{i}", "llm_response_id": f"resp_{i}",
+               "action": {"command": "ls", "kind": "TerminalAction"}},
+              {"kind": "ObservationEvent", "id": new_conversation_id(), "timestamp": base,
+               "source": "environment", "tool_name": "terminal", "tool_call_id": f"call_{i}",
+               "observation": {"content": [{"type": "text", "text": "README.md"}], "is_error": False}},
+              state_frame("execution_status", "finished", base)]
+    return frames[: max(1, n_events)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.support.openhands stub --conversations N [--port P]``:
+    serve a :class:`StubAgentServer` with N finished conversations; prints
+    its URL on the first stdout line (for benchmarks)."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m tests.support.openhands")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("stub")
+    st.add_argument("--conversations", type=int, default=10)
+    st.add_argument("--port", type=int, default=0)
+    args = ap.parse_args(argv)
+    stub = StubAgentServer()
+    for i in range(args.conversations):
+        stub.add(frames=stub_frames(i), status="finished")
+
+    async def serve() -> None:
+        async with trio.open_nursery() as n:
+            url = await n.start(partial(stub.serve, port=args.port))
+            print(url, flush=True)
+
+    trio.run(serve)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""OpenHands bridge: throughput and memory per attached conversation
+(issue 4, section 6).
+
+1. Frames (and events) per second through the bridge's own path, in
+   process: socket text frame -> ``Receiver.handle_raw`` (``json.loads``,
+   vendor-id dedupe, the pure mapping, run/attention synthesis, envelope
+   stamping with the capture gate) -> the relay channel -> the fleet's JSONL
+   session log (``supervisor.jsonlog.SessionLog`` + ``encode_line``, real
+   files). The frames are the real agent server's captured sequences
+   (``tests/fixtures/openhands_real``) replayed over many conversations with
+   fresh ids. The floor, measured in the same run: ``json.loads`` of the same
+   frames and ``encode_line`` of the same number of events, no mapping, no
+   I/O. Reported as ``path / floor``.
+2. Memory per attached conversation at 10, 100 and 1000 conversations: a
+   stub agent server (``python -m tests.support.openhands stub``, its own
+   process, speaking the same REST + first-message-auth socket protocol)
+   serves N finished conversations; the bridge (in this process) discovers
+   them, attaches one socket each and replays them. Reported per
+   conversation: the growth of this process's resident set (VmRSS) and of
+   Python-allocated memory (tracemalloc), after everything is attached and
+   idle, beside the idle baseline.
+
+Figures compare runs on one machine (2 shared cores here); not absolutes."""
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
+from bridges.core.capture import CapturePolicy  # noqa: E402
+from bridges.core.envelope import Stamper  # noqa: E402
+from bridges.openhands import mapping as M  # noqa: E402
+from bridges.openhands import from_env  # noqa: E402
+from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
+from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
+
+REAL = ROOT / "tests" / "fixtures" / "openhands_real"
+CAPTURES = ("approve", "reject", "pause_resume", "interrupt", "idle_pause_and_409", "model_500", "chat")
+
+
+def corpus(n_conversations: int) -> list[tuple[str, list[str]]]:
+    """``n_conversations`` copies of the captured sequences, each with fresh
+    vendor ids (so nothing dedupes across copies)."""
+    seqs = [json.loads((REAL / f"{c}.json").read_text())["frames"] for c in CAPTURES]
+    out = []
+    for i in range(n_conversations):
+        frames = []
+        for f in seqs[i % len(seqs)]:
+            g = dict(f)
+            g["id"] = str(uuid.uuid4())
+            frames.append(json.dumps(g))
+        out.append((str(uuid.uuid4()), frames))
+    return out
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# --------------------------------------------------------------------------- throughput
+
+async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path) -> tuple[float, int, int]:
+    send, recv = trio.open_memory_channel(4096)
+    _, crecv = trio.open_memory_channel(1)
+    health = BridgeHealth()
+    ctx = BridgeContext("openhands", Stamper("openhands", epoch=1, host="bench", policy=CapturePolicy()),
+                        send, crecv, health, logging.getLogger("bench"))
+    rx = Receiver(Settings(url="http://127.0.0.1:1"), M.Posture(), ctx, None)
+    log = SessionLog(logdir)
+    n_frames = sum(len(f) for _, f in convs)
+    written = 0
+
+    async def sink() -> None:
+        nonlocal written
+        async for item in recv:
+            log.write(item.event, encode_line(item.event))
+            written += 1
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as n:
+        n.start_soon(sink)
+        for cid, frames in convs:
+            conv = Conversation(cid)
+            rx.conversations[cid] = conv
+            for raw in frames:
+                await rx.handle_raw(conv, raw)
+            await rx._apply_pending(conv)
+        await send.aclose()
+    dt = time.perf_counter() - t0
+    log.close()
+    return n_frames / dt, n_frames, written
+
+
+def floor_rate(convs: list[tuple[str, list[str]]], n_events: int) -> float:
+    """json.loads of every frame + encode_line of as many (representative,
+    stamped-shape) events as the path produced; no mapping, no I/O."""
+    frames = [raw for _, fs in convs for raw in fs]
+    sample = {"aep": "0.1", "id": "01M8P9BB1GXGD4GD9HDDSTFTN3", "type": "tool.completed",
+              "time": "2026-11-30T13:12:17.067Z", "source": "aep://bench/agent/openhands/session/x",
+              "agent": "openhands", "session": "x", "run": "run:x:1", "seq": 7, "epoch": 1,
+              "capture": "metadata", "subject": "terminal",
+              "data": {"vendor_ts": "2026-11-30T13:12:17.067038", "vendor_event_id": "5f442091",
+                       "tool": {"name": "terminal", "call_id": "call_term_1"},
+                       "result_digest": "ad5c679d78b027a0fe8f7592a602326e"}}
+    t0 = time.perf_counter()
+    for raw in frames:
+        json.loads(raw)
+    for _ in range(n_events):
+        encode_line(sample)
+    return len(frames) / (time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------- memory
+
+def start_stub(n: int) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.openhands", "stub", "--conversations", str(n)],
+                            cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    url = proc.stdout.readline().strip()
+    if not url.startswith("http"):
+        proc.kill()
+        raise RuntimeError("stub did not start")
+    return proc, url
+
+
+async def memory_per_conversation(n: int) -> dict[str, float]:
+    proc, url = start_stub(n)
+    try:
+        with tempfile.TemporaryDirectory() as state:
+            bridge = from_env({"AEP_OPENHANDS_URL": url, "AEP_OPENHANDS_SESSION_API_KEY":
+                               "aep-test-session-key-0123456789abcdef", "AEP_OPENHANDS_POLL": "1",
+                               "AEP_STATE_DIR": state}, policy=CapturePolicy())
+            send, recv = trio.open_memory_channel(4096)
+            _, crecv = trio.open_memory_channel(1)
+            health = BridgeHealth()
+            ctx = BridgeContext("openhands", Stamper("openhands", epoch=1, host="bench"), send, crecv, health,
+                                logging.getLogger("bench"))
+            events = 0
+
+            async def drain() -> None:
+                nonlocal events
+                async for _ in recv:
+                    events += 1
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drain)
+                gc.collect()
+                tracemalloc.start()
+                base_py = tracemalloc.get_traced_memory()[0]
+                base_rss = rss_mib()
+                t0 = time.perf_counter()
+                await nursery.start(bridge.run, ctx)
+                want = n * 6  # session.started + 5 mapped frames + run moments: at least this many
+                with trio.fail_after(300):
+                    while True:
+                        convs = bridge.receiver.conversations
+                        if health.source is True and len(convs) == n and all(
+                                c.status == "finished" and c.pending_snap is None
+                                for c in convs.values()) and events >= want:
+                            break
+                        await trio.sleep(0.2)
+                attach_s = time.perf_counter() - t0
+                await trio.sleep(2)  # idle: sockets open, nothing flowing
+                gc.collect()
+                py = tracemalloc.get_traced_memory()[0] - base_py
+                rss = rss_mib() - base_rss
+                tracemalloc.stop()
+                nursery.cancel_scope.cancel()
+            return {"n": n, "rss_kib": rss * 1024, "py_kib": py / 1024, "attach_s": attach_s,
+                    "events": events}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: list[str]) -> None:
+    quick = "--quick" in argv
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    n_convs = 200 if quick else 2000
+    convs = corpus(n_convs)
+    with tempfile.TemporaryDirectory() as tmp:
+        rate, n_frames, n_events = trio.run(path_rate, convs, Path(tmp))
+    floor = floor_rate(convs, n_events)
+    print(f"Frames through mapping to the JSONL log ({n_frames:,} real captured frames over {n_convs} "
+          f"conversations -> {n_events:,} events)")
+    print(f"  path:  {rate:>10,.0f} frames/s  ({rate * n_events / n_frames:,.0f} events/s)")
+    print(f"  floor: {floor:>10,.0f} frames/s  (json.loads + encode_line, no mapping, no I/O)")
+    print(f"  ratio to floor: {rate / floor:.3f}")
+    print("Memory per attached conversation (stub agent server in its own process; marginal over a "
+          "running bridge with no conversation)")
+    trio.run(memory_per_conversation, 5)  # warm-up: lazy imports, first sockets, allocator arenas
+    base = trio.run(memory_per_conversation, 0)
+    print(f"  bridge with 0 conversations: {base['rss_kib']:.0f} KiB RSS, {base['py_kib']:.0f} KiB "
+          "Python-allocated (fixed cost)")
+    for n in ((10, 100) if quick else (10, 100, 1000)):
+        r = trio.run(memory_per_conversation, n)
+        print(f"  {n:>5} conversations: {(r['rss_kib'] - base['rss_kib']) / n:7.1f} KiB RSS/conv, "
+              f"{(r['py_kib'] - base['py_kib']) / n:7.1f} KiB Python-allocated/conv; attached+replayed "
+              f"in {r['attach_s']:.1f} s ({r['events']:,} events)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
