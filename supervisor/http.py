@@ -10,7 +10,6 @@ from typing import Any, Callable
 
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
 log = logging.getLogger("aep.http")
 
@@ -30,9 +29,21 @@ def hyper_config(host: str, port: int, *, graceful_timeout: float = 1.0) -> Hype
 async def serve_asgi(app: Any, host: str, port: int, shutdown: trio.Event, *,
                      task_status=trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set (graceful),
-    reporting the bound addresses through ``task_status.started``."""
-    await serve(app, hyper_config(host, port), shutdown_trigger=shutdown.wait,
-                task_status=task_status)
+    reporting the bound addresses through ``task_status.started``.
+
+    Runs hypercorn's trio worker through :func:`supervisor.relay.serve.serve_app`,
+    which gives every connection an abort handle: hypercorn shields its
+    socket writes, so an SSE consumer that stopped reading would otherwise
+    hold the drain (and the process) forever."""
+    from .relay.serve import bind_socket, serve_app
+
+    class _Started:
+        def started(self, addr: tuple[str, int]) -> None:
+            h, p = addr
+            task_status.started([f"http://[{h}]:{p}" if ":" in h else f"http://{h}:{p}"])
+
+    await serve_app(app, bind_socket(host, port), shutdown, config=hyper_config(host, port),
+                    task_status=_Started())
 
 
 def bearer_ok(token: str | None, headers: list[tuple[bytes, bytes]], query: bytes) -> bool:
