@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-from functools import partial
 
 import httpx
 import pytest

@@ -11,7 +11,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-from tests.support.relay_harness import TOKEN, auth, event, running_relay, wait_until
+from tests.support.relay_harness import TOKEN, event, running_relay, wait_until
 
 WAIT = 20
 
