@@ -53,6 +53,9 @@ class Config:
     state_dir: Path = Path(".")
     buffer: int = 10_000
     max_sessions: int = 500
+    max_body: int = 16 << 20
+    max_batch: int = 10_000
+    max_from: int | None = None
     channel_size: int = 4096
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy)
@@ -143,6 +146,9 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     cfg.state_dir = _state_dir(env)
     cfg.buffer = _int(env, "AEP_BUFFER", 10_000, problems)
     cfg.max_sessions = _int(env, "AEP_MAX_SESSIONS", 500, problems)
+    cfg.max_body = _int(env, "AEP_MAX_BODY", 16 << 20, problems)
+    cfg.max_batch = _int(env, "AEP_MAX_BATCH", 10_000, problems)
+    cfg.max_from = _int(env, "AEP_MAX_FROM", cfg.max_sessions, problems)
     try:
         cfg.listen = parse_hostport(env.get("AEP_LISTEN") or DEFAULT_LISTEN, "AEP_LISTEN")
     except ValueError as e:
