@@ -197,6 +197,33 @@ async def test_first_attach_replays_the_history(server, tmp_path):
     assert all(m["severity"] == "debug" for m in msgs)
 
 
+async def test_deltas_only_with_the_opt_in(server, tmp_path):
+    """A streaming model makes the real server publish StreamingDeltaEvent;
+    they map only with AEP_OPENHANDS_DELTAS=1."""
+    off = Rig(bridge_env(server, tmp_path / "off"))
+    on = Rig(bridge_env(server, tmp_path / "on", AEP_OPENHANDS_DELTAS="1"))
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        await n.start(off.run)
+        await n.start(on.run)
+        vendor = Vendor(server, mock.url)
+        r = await vendor.http.post("/api/conversations", json=server.conversation_request(
+            mock.url, text=None, stream=True))
+        cid = r.json()["id"]
+        await on.wait(lambda e: on.of(cid, "session.started") and off.of(cid, "session.started"))
+        await vendor.say(cid, "just talk [chat]")
+        await on.wait(lambda e: on.of(cid, "run.finished"))
+        await off.wait(lambda e: off.of(cid, "run.finished"))
+        n.cancel_scope.cancel()
+    assert len(on.of(cid, "x.openhands.streaming.delta")) >= 1
+    assert not off.of(cid, "x.openhands.streaming.delta")
+    # same everything else (state.* differ only by each socket's own connect snapshot)
+    def core(evs):
+        return [e["type"] for e in evs if not e["type"].startswith(("state.", "x.openhands.streaming."))]
+    assert core(on.of(cid)) == core(off.of(cid))
+
+
 async def test_model_unreachable_fails_the_run(server, tmp_path):
     """Scenario 7 (in-process): run.failed {reason: error} and error.raised."""
     rig = Rig(bridge_env(server, tmp_path))

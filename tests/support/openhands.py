@@ -321,10 +321,12 @@ class AgentServer:
         return {"X-Session-API-Key": self.key} if self.key else {}
 
     def conversation_request(self, model_url: str, text: str | None = "list the files [mark]",
-                             *, confirm: bool = True, retries: int = 0) -> dict[str, Any]:
+                             *, confirm: bool = True, retries: int = 0,
+                             stream: bool = False) -> dict[str, Any]:
         """A ``StartConversationRequest`` body: the mock model at
-        ``model_url`` (chat completions), the terminal tool only, a local
-        workspace, ``AlwaysConfirm`` (or ``NeverConfirm``)."""
+        ``model_url`` (chat completions; ``stream``: SSE, which makes the
+        server publish ``StreamingDeltaEvent``), the terminal tool only, a
+        local workspace, ``AlwaysConfirm`` (or ``NeverConfirm``)."""
         body: dict[str, Any] = {
             "agent_settings": {
                 "agent_kind": "openhands",
@@ -338,6 +340,7 @@ class AgentServer:
                     "retry_max_wait": 1,
                     "timeout": 60,
                     "usage_id": "aep-mock",
+                    "stream": stream,
                 },
                 "tools": [{"name": "terminal"}],
             },

@@ -194,3 +194,48 @@ def test_decorate_adds_options_and_the_respond_path_only():
     assert em["data"] == {"kind": "permission", "prompt": "p",
                           "options": [{"id": "approve", "label": "Approve"}, {"id": "deny", "label": "Deny"}],
                           "respond_via": ["control"]}
+
+
+# --------------------------------------------------------------------------- the write path
+
+async def test_write_bodies_and_transport_failures():
+    """The five request shapes, and a transport failure becomes Unreachable
+    (acked busy) with a detail that never carries the key."""
+    import httpx
+
+    from bridges.core.ledger import Unreachable
+
+    seen: list[tuple[str, str, bytes, str | None]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.method, request.url.path, request.content,
+                     request.headers.get("x-session-api-key")))
+        if request.url.path.endswith("/interrupt"):
+            raise httpx.ConnectError("boom")
+        if request.url.path.endswith("/pause"):
+            return httpx.Response(409, json={"detail": "Conversation already running."})
+        return httpx.Response(200, json={"success": True})
+
+    b = bridge(AEP_OPENHANDS_CONTROL="1", AEP_TOKEN="t", AEP_OPENHANDS_SESSION_API_KEY="k-secret-1")
+    client = httpx.AsyncClient(base_url=b.settings.url, headers={"X-Session-API-Key": "k-secret-1"},
+                               transport=httpx.MockTransport(handler))
+    conv = Conversation("c1", status="waiting_for_confirmation", attention_id="r1")
+    ctl = C.OpenHandsControl(b.settings, _Recv(conv), client=client)
+    res = await ctl.write(cmd(C.RESPOND, subject="r1", data={"answer": {"text": "no way"}}))
+    assert res.status == 200
+    res = await ctl.write(cmd(C.PAUSE))
+    assert (res.status, res.detail) == (409, "Conversation already running.")
+    await ctl.write(cmd(C.RESUME))
+    await ctl.write(cmd(C.SEND_INPUT, data={"text": "hi"}))
+    with pytest.raises(Unreachable) as e:
+        await ctl.write(cmd(C.INTERRUPT))
+    assert "k-secret-1" not in str(e.value)
+    await client.aclose()
+    import json as _json
+    assert [(m, p) for m, p, _, _ in seen] == [
+        ("POST", "/api/conversations/c1/events/respond_to_confirmation"), ("POST", "/api/conversations/c1/pause"),
+        ("POST", "/api/conversations/c1/run"), ("POST", "/api/conversations/c1/events"),
+        ("POST", "/api/conversations/c1/interrupt")]
+    assert _json.loads(seen[0][2]) == {"accept": False, "reason": "no way"}
+    assert _json.loads(seen[3][2]) == {"role": "user", "content": [{"type": "text", "text": "hi"}], "run": False}
+    assert all(k == "k-secret-1" for *_, k in seen) and all("k-secret-1" not in p for _, p, _, _ in seen)

@@ -371,3 +371,18 @@ def test_fuzz_status_moments_are_valid_and_never_double_close(prev, nxt, run_ope
     assert types.count("run.started") <= 1
     for ev in stamp_all(out):
         validate_event(ev)
+
+
+def test_real_streaming_delta_is_live_only():
+    """Real (llm stream=true): StreamingDeltaEvent {id, timestamp, source,
+    content} rides the socket and is absent from the persisted log (REST
+    search), as the record says: replay legitimately lacks it."""
+    cap = real("streaming")
+    delta = one([f for f in cap["frames"] if f["kind"] == "StreamingDeltaEvent"])
+    assert delta["id"] not in {e["id"] for e in cap["rest"]["events_search"]["items"]}
+    assert is_ephemeral(delta) and map_event(delta) == []
+    e = one(map_event(delta, Posture(deltas=True)))
+    assert pin_view(e) == {"type": "x.openhands.streaming.delta",
+                           "data": {"vendor_ts": delta["timestamp"], "vendor_event_id": delta["id"]}}
+    red = one(map_event(delta, Posture(CapturePolicy(ceiling="redacted"), deltas=True)))
+    assert red["data"]["content"] == "Hello from the mock model."
