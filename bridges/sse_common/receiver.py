@@ -66,6 +66,7 @@ class ReceiverSettings:
     this long resets the backoff; ``degraded_interval``: how often a quiet
     stream is checked against REST; ``recent_sessions``: on reconcile,
     directories of sessions updated this recently are read too;
+    ``reconcile_retry``: delay before re-running a partial reconcile;
     ``max_frame``: largest event data parsed (characters)."""
 
     heartbeat_timeout: float = 30.0
@@ -75,6 +76,7 @@ class ReceiverSettings:
     degraded_interval: float = 15.0
     recent_sessions: float = 3600.0
     request_timeout: float = 10.0
+    reconcile_retry: float = 2.0
     max_frame: int = MAX_FRAME
 
 
@@ -148,6 +150,7 @@ class SseReceiver:
         self.session_frames = 0
         self._problem: str | None = None
         self.connects = 0
+        self.reconcile_pending = False
 
     # -------------------------------------------------------------- running
     async def run(self) -> None:
@@ -155,6 +158,7 @@ class SseReceiver:
         reconnect. Returns only when cancelled."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watchdog)
+            nursery.start_soon(self._reconcile_retry)
             attempt = 0
             while True:
                 t0 = trio.current_time()
@@ -326,10 +330,23 @@ class SseReceiver:
                                     {"limit": limit})
         return msgs if isinstance(msgs, list) else []
 
+    async def _reconcile_retry(self) -> None:
+        """A reconcile that could not read every directory (the server was
+        still starting, a read timed out) is retried while connected."""
+        while True:
+            await trio.sleep(self.settings.reconcile_retry)
+            if self.connected and self.reconcile_pending:
+                try:
+                    await self.reconcile()
+                except (httpx.HTTPError, HttpStatus, AuthFailed, ValueError):
+                    self.ctx.health.count("reconcile_errors")
+
     async def reconcile(self) -> None:
         """Read the REST snapshot and let the tracker settle what changed
         while the stream was away (primary mode only; companion owns no
-        runs or asks). Failures leave the state as it is (counted)."""
+        runs or asks). Directories that could not be read are left as they
+        are (counted) and the whole reconcile is retried shortly
+        (:attr:`reconcile_pending`); the tracker never emits a thing twice."""
         if not self.tracker.primary:
             return
         dirs: set[str | None] = {None} | self.tracker.directories()
@@ -357,6 +374,7 @@ class SseReceiver:
             perms += p if isinstance(p, list) else []
             questions += q if isinstance(q, list) else []
         messages: dict[str, list[Any]] = {}
+        complete = queried == dirs
         for sid in self.tracker.needs_messages(busy, queried):
             st = self.tracker.sessions.get(sid)
             d = directory_of.get(sid) or (st.directory if st else None)
@@ -364,10 +382,16 @@ class SseReceiver:
                 messages[sid] = await self._messages(sid, d)
             except (httpx.HTTPError, HttpStatus, ValueError):
                 self.ctx.health.count("reconcile_errors")
+                complete = False
+                # without its messages a run's end cannot be told apart: keep
+                # the session's directory out of this pass
+                if st is not None and st.run is not None and sid not in busy:
+                    queried.discard(st.directory)
         outs = self.tracker.reconcile(queried=queried, busy=busy, permissions=perms,
                                       questions=questions, messages=messages,
                                       directory_of=directory_of)
         self.ctx.health.count("reconciles")
+        self.reconcile_pending = not complete
         await self.emit(outs)
 
     # -------------------------------------------------------------- degraded

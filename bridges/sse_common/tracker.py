@@ -119,6 +119,7 @@ class SessionState:
     todos: list[Any] | None = None
     tools: dict[str, list[bool]] = field(default_factory=dict)  # callID -> [requested, terminal]
     asks: dict[str, Ask] = field(default_factory=dict)
+    settled: OrderedDict = field(default_factory=OrderedDict)  # vendor ask ids already closed
     rejected: dict[str, str | None] = field(default_factory=dict)  # callID -> command id | None
     cancel: Cancel | None = None
     messages: OrderedDict = field(default_factory=OrderedDict)  # reduction keys seen
@@ -364,8 +365,8 @@ class Tracker:
         if not isinstance(vid, str) or not vid:
             self.count("asks_without_id")
             return self._out(st, map_bus(t, p, self.posture), run=st.run)
-        if vid in st.asks:
-            return []
+        if vid in st.asks or vid in st.settled:
+            return []  # a repeat, or a stale REST snapshot of an ask already closed
         emissions = map_bus(t, p, self.posture)
         if not emissions:
             return []
@@ -398,6 +399,9 @@ class Tracker:
 
     def _resolve(self, st: SessionState, ask: Ask, resolution: str, *,
                  reply: Any = None) -> list[Out]:
+        st.settled[ask.vendor_id] = None
+        if len(st.settled) > CLOSED_RUNS_KEPT:
+            st.settled.popitem(last=False)
         subject = ask.event_id or ask.vendor_id
         run = ask.run or st.run
         ours = ask.settling is not None and resolution == "answered" and (

@@ -329,3 +329,14 @@ def test_companion_never_reconciles():
     tr = Tracker(Posture("opencode", "companion"))
     assert tr.reconcile(queried={None}, busy={S: "busy"}, permissions=[ask().properties],
                         questions=[], messages={}) == []
+
+
+def test_a_stale_snapshot_never_re_raises_a_settled_ask():
+    """A reconcile's REST snapshot may predate a settle the stream already
+    delivered (reads and the stream run concurrently): the ask stays closed."""
+    r = Run()
+    r.feed(user(), ask())
+    r.feed(ev("permission.replied", requestID="per_1", reply="once"))
+    outs = r.tr.reconcile(queried={None}, busy={S: "busy"}, permissions=[ask().properties],
+                          questions=[], messages={})
+    assert outs == []

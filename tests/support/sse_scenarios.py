@@ -1,0 +1,384 @@
+"""The eight scenarios of the SSE-bridge issue (section 5), written once and
+run against BOTH real servers (``tests/integration/test_opencode_daemon.py``,
+``test_kilocode_daemon.py``): the real vendor binary, the daemon
+(``aep-bridges run``, its own process, the embedded relay), the SDK consumer
+(``aep_sdk.subscribe`` on ``/stream``) and the SDK ``ControlClient`` through
+the relay. Every assertion is scoped to the scenario's own session ids, so a
+module shares one server, one gated-on primary daemon and one reader.
+
+The SDK clients are thread-based by design; blocking ``ControlClient`` calls
+are handed to a worker thread with ``trio.to_thread.run_sync``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aep_sdk
+import trio
+
+from tests.support.openhands import StreamReader
+from tests.support.opencode import MockProviderProcess, SseDaemon, VendorServer
+from tests.support.schema import validate_event, validate_stream
+
+OPTIONS = [{"id": "once", "label": "Allow once"}, {"id": "always", "label": "Always allow"},
+           {"id": "reject", "label": "Reject"}]
+
+
+@dataclass
+class Env:
+    """What a vendor module shares: ``daemon`` is primary with the gate on."""
+
+    vendor: str
+    server: VendorServer
+    provider: MockProviderProcess
+    daemon: SseDaemon
+    stream: StreamReader
+    tmp: Path
+
+
+# ---------------------------------------------------------------- helpers
+
+def send(daemon: SseDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
+    """One command with the SDK ControlClient: ``("accepted", ack)`` or
+    ``(reason, detail)`` for a nack (a target nack or a relay refusal)."""
+    client = aep_sdk.ControlClient(daemon.url, agent="tester", host="laptop", token=daemon.token)
+    client.connect(connect_timeout_ms=10_000)
+    try:
+        return "accepted", client.send(type_, session, ack_window_ms=10_000, retries=0, **kw)
+    except aep_sdk.NackError as e:
+        return e.reason, e.detail
+    finally:
+        client.close()
+
+
+async def command(daemon: SseDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
+    with trio.fail_after(40):
+        return await trio.to_thread.run_sync(lambda: send(daemon, type_, session, **kw))
+
+
+async def start_prompt(env_or_server: Any, text: str, session: str | None = None) -> str:
+    server = env_or_server.server if isinstance(env_or_server, Env) else env_or_server
+    async with server.client() as c:
+        sid = session or await server.new_session(c)
+        await server.prompt_async(c, sid, text)
+    return sid
+
+
+def checked(stream: StreamReader, sid: str) -> list[dict]:
+    evs = stream.of(sid)
+    for e in evs:
+        validate_event(e)
+    validate_stream(evs)
+    return evs
+
+
+def types(evs: list[dict]) -> list[str]:
+    return [e["type"] for e in evs]
+
+
+def core(evs: list[dict]) -> list[dict]:
+    return [e for e in evs if not e["type"].startswith("x.")]
+
+
+def only(evs: list[dict], type_: str) -> dict:
+    hits = [e for e in evs if e["type"] == type_]
+    assert len(hits) == 1, (type_, types(evs))
+    return hits[0]
+
+
+async def pending_permission(server: VendorServer, sid: str) -> dict:
+    async with server.client() as c:
+        with trio.fail_after(30):
+            while True:
+                r = await c.get("/permission")
+                hit = [p for p in r.json() if p.get("sessionID") == sid]
+                if hit:
+                    return hit[0]
+                await trio.sleep(0.1)
+
+
+async def wait_idle(server: VendorServer, sid: str, timeout: float = 60) -> None:
+    async with server.client() as c:
+        with trio.fail_after(timeout):
+            while sid in (await c.get("/session/status")).json():
+                await trio.sleep(0.1)
+
+
+async def slow_started(provider: MockProviderProcess, before: int) -> None:
+    with trio.fail_after(30):
+        while provider.slow_chunks() < before + 3:
+            await trio.sleep(0.1)
+
+
+# ---------------------------------------------------------------- 1: plain prompt
+
+async def plain_prompt_primary(env: Env) -> None:
+    """session.started, run.started -> run.finished (primary)."""
+    sid = await start_prompt(env, "say hello")
+    await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+    evs = checked(env.stream, sid)
+    c = core(evs)
+    assert c[0]["type"] == "session.started"
+    assert c[0]["data"]["client"]["name"] == env.vendor
+    started, finished = only(evs, "run.started"), only(evs, "run.finished")
+    assert started["data"] == {"trigger": "user"} and started["run"] == finished["run"]
+    assert started["run"].startswith("msg_")
+    assert evs.index(started) < evs.index(finished)
+    assert {"progress.status"} >= {e["type"] for e in c if e.get("run") == started["run"]} - {
+        "run.started", "run.finished"}
+    assert all(e["agent"] == env.vendor for e in evs)
+
+
+async def plain_prompt_companion(server: VendorServer, stream: StreamReader, vendor: str) -> None:
+    """Companion: the same prompt as ``x.{vendor}.*`` only, zero core types."""
+    sid = await start_prompt(server, "say hello")
+    await stream.wait_for(lambda s: s.of(sid, f"x.{vendor}.session.idle"), what="idle")
+    evs = checked(stream, sid)
+    assert evs and all(e["type"].startswith(f"x.{vendor}.") for e in evs), types(evs)
+    assert f"x.{vendor}.session.created" in types(evs)
+    assert f"x.{vendor}.message.updated" in types(evs)
+
+
+# ---------------------------------------------------------------- 2: answered over AEP
+
+async def permission_answered_over_aep(env: Env) -> None:
+    sid = await start_prompt(env, "AEP_BASH echo aep-approved")
+    req = (await env.stream.wait_for(lambda s: s.of(sid, "attention.requested"),
+                                     what="attention.requested"))[0]
+    assert req["data"]["kind"] == "permission" and req["subject"] == "bash"
+    assert req["data"]["options"] == OPTIONS and req["data"]["respond_via"] == ["control"]
+    status, ack = await command(env.daemon, "control.attention.respond", sid, subject=req["id"],
+                                cause=req["id"], data={"answer": {"option": "once"}})
+    assert status == "accepted", (status, ack)
+    cmd_id = ack["cause"]
+    await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+    evs = checked(env.stream, sid)
+    answered, resolved = only(evs, "attention.answered"), only(evs, "attention.resolved")
+    assert answered["cause"] == cmd_id and answered["subject"] == req["id"]
+    assert answered["data"] == {"answer": {"option": "once"}, "via": "control"}
+    assert resolved["cause"] == answered["id"] and resolved["subject"] == req["id"]
+    assert resolved["data"] == {"resolution": "answered"}
+    done = only(evs, "tool.completed")
+    assert done["data"]["tool"]["name"] == "bash"
+    order = types(evs)
+    assert order.index("attention.answered") < order.index("attention.resolved") \
+        < order.index("tool.completed") < order.index("run.finished")
+    assert any("aep-approved" in t for t in env.provider.tool_results())
+
+
+# ---------------------------------------------------------------- 3: answered vendor-side
+
+async def permission_answered_vendor_side(env: Env) -> None:
+    sid = await start_prompt(env, "AEP_BASH echo vendor-side")
+    req = (await env.stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
+    perm = await pending_permission(env.server, sid)
+    async with env.server.client() as c:
+        r = await c.post(f"/permission/{perm['id']}/reply", json={"reply": "once"})
+        assert r.status_code == 200
+    await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+    evs = checked(env.stream, sid)
+    assert "attention.answered" not in types(evs)  # no control claim
+    resolved = only(evs, "attention.resolved")
+    assert resolved["subject"] == req["id"] and resolved["data"] == {"resolution": "answered"}
+    assert "cause" not in resolved or resolved["cause"] == req["id"]
+    only(evs, "tool.completed")
+
+
+# ---------------------------------------------------------------- 4: reject with free text
+
+async def reject_with_free_text(env: Env) -> None:
+    reason = "not on this branch, use make clean"
+    sid = await start_prompt(env, "AEP_BASH rm -rf build")
+    req = (await env.stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
+    status, ack = await command(env.daemon, "control.attention.respond", sid, subject=req["id"],
+                                capture="redacted", data={"answer": {"text": reason}})
+    assert status == "accepted", (status, ack)
+    await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+    evs = checked(env.stream, sid)
+    answered = only(evs, "attention.answered")
+    # AEP-0008: unmatched text applies the refusing option with the text kept
+    assert answered["data"]["answer"] == {"option": "reject", "text": reason}
+    assert answered["cause"] == ack["cause"]
+    denied = only(evs, "tool.denied")
+    assert denied["data"]["by"] == "policy" and denied["cause"] == ack["cause"]
+    assert "tool.completed" not in types(evs)
+    # the text reached the server: it answered the model with it
+    assert any(reason in t for t in env.provider.tool_results())
+
+
+# ---------------------------------------------------------------- 2b: a question form
+
+async def question_answered_over_aep(env: Env) -> None:
+    sid = await start_prompt(env, "AEP_QUESTION")
+    req = (await env.stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
+    assert req["data"]["kind"] == "form" and req["data"]["respond_via"] == ["control"]
+    field = req["data"]["fields"][0]
+    sqlite = next(c["id"] for c in field["choices"] if c["label"] == "SQLite")
+    status, ack = await command(env.daemon, "control.attention.respond", sid, subject=req["id"],
+                                data={"answer": {"values": {field["id"]: sqlite}}})
+    assert status == "accepted", (status, ack)
+    await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+    evs = checked(env.stream, sid)
+    answered = only(evs, "attention.answered")
+    assert answered["data"]["answer"] == {"values": {field["id"]: sqlite}}
+    assert only(evs, "attention.resolved")["cause"] == answered["id"]
+    assert any('"SQLite"' in t for t in env.provider.tool_results())
+
+
+# ---------------------------------------------------------------- 5: cancel mid-run
+
+async def cancel_mid_run(env: Env) -> None:
+    before = env.provider.slow_chunks()
+    sid = await start_prompt(env, "AEP_SLOW")
+    started = (await env.stream.wait_for(lambda s: s.of(sid, "run.started")))[0]
+    await slow_started(env.provider, before)
+    status, ack = await command(env.daemon, "control.cancel", sid, run=started["run"],
+                                capture="redacted", data={"scope": "run", "reason": "operator stop"})
+    assert status == "accepted", (status, ack)
+    cancelled = (await env.stream.wait_for(lambda s: s.of(sid, "run.cancelled"),
+                                           what="run.cancelled"))[0]
+    assert cancelled["cause"] == ack["cause"] and cancelled["run"] == started["run"]
+    assert cancelled["data"] == {"by": "control"}
+    await wait_idle(env.server, sid)
+    await trio.sleep(1.0)  # the vendor re-broadcasts idle: still one terminal
+    evs = checked(env.stream, sid)
+    terminals = [e for e in evs if e["type"] in ("run.finished", "run.failed", "run.cancelled")]
+    assert terminals == [cancelled]
+    # refusals: scope session is destruction, and no run is open any more
+    status, detail = await command(env.daemon, "control.cancel", sid, data={"scope": "session"})
+    assert status == "refused", (status, detail)
+    status, detail = await command(env.daemon, "control.cancel", sid, data={"scope": "run"})
+    assert status == "refused", (status, detail)
+    status, detail = await command(env.daemon, "control.attention.respond", sid,
+                                   subject="01NOSUCHREQUEST", data={"answer": {"option": "once"}})
+    assert status == "refused", (status, detail)
+
+
+# ---------------------------------------------------------------- 6: server killed
+
+async def server_killed_and_restarted(env: Env) -> None:
+    sid = await start_prompt(env, "AEP_BASH echo before-the-crash")
+    req = (await env.stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
+    run = req["run"]
+    await env.server.restart(kill=True)  # SIGKILL: a crash mid-run with an ask pending
+    # the bridge reconnects and reconciles: the ask and the run are closed
+    await env.stream.wait_for(
+        lambda s: [e for e in s.of(sid) if e["type"] in ("run.finished", "run.failed")
+                   and e.get("run") == run], timeout=90, what="the crashed run closed")
+    evs = checked(env.stream, sid)  # every request resolved, one terminal per run
+    resolved = only(evs, "attention.resolved")
+    assert resolved["subject"] == req["id"] and resolved["data"] == {"resolution": "dismissed"}
+    terminal = next(e for e in evs if e.get("run") == run and e["type"].startswith("run.")
+                    and e["type"] != "run.started")
+    assert terminal["type"] == "run.failed" and terminal["data"] == {"reason": "interrupted"}
+    with trio.fail_after(30):
+        while env.daemon.bridge_health()["source"] is not True:
+            await trio.sleep(0.2)
+    # the same session works after the restart; nothing is emitted twice
+    await start_prompt(env, "say hello again", session=sid)
+    await env.stream.wait_for(
+        lambda s: len(s.of(sid, "run.finished")) == 1 and s.of(sid, "run.finished"), timeout=60)
+    evs = checked(env.stream, sid)
+    assert types(evs).count("run.started") == 2
+    assert types(evs).count("attention.requested") == 1
+    assert len({e["id"] for e in evs}) == len(evs)
+
+
+# ---------------------------------------------------------------- 7: wrong password
+
+async def wrong_password(server: VendorServer, tmp: Path) -> None:
+    d = SseDaemon(server, tmp / "wrong-pw", password="definitely-not-it-0x42").start()
+    try:
+        with trio.fail_after(30):
+            while d.bridge_health().get("counters", {}).get("auth_failures", 0) < 2:
+                await trio.sleep(0.2)
+        await trio.sleep(2.0)
+        h = d.bridge_health()
+        assert h["source"] is False and h["ok"] is False
+        assert "HTTP 401" in h["detail"]
+        # backoff, not a hot loop: a handful of attempts in several seconds
+        assert 2 <= h["counters"]["auth_failures"] <= 12, h["counters"]
+        logs = d.logs()
+        lines = [ln for ln in logs.splitlines() if "refused the credentials" in ln]
+        assert len(lines) == 1, lines  # one clear line per episode
+        assert f"{d.prefix}_PASSWORD" in lines[0]
+        assert "definitely-not-it" not in logs and server.password not in logs
+    finally:
+        assert d.stop() == 0, d.logs()
+
+
+# ---------------------------------------------------------------- 8: gate off
+
+async def gate_off_primary(server: VendorServer, tmp: Path) -> None:
+    """Primary without the gate: the ask is read-only, a respond is refused
+    (the relay answers for the target: accepts is []), the vendor gets no
+    write (its ask stays pending until the test answers it itself)."""
+    d = SseDaemon(server, tmp / "gate-off", primary=True, control=False).start()
+    stream = StreamReader(d.url, d.token)
+    try:
+        assert d.healthz()["bridges"][d.bridge]["control"] is False
+        sid = await start_prompt(server, "AEP_BASH echo gate-off")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
+        assert "options" not in req["data"] and "respond_via" not in req["data"]
+        status, _ = await command(d, "control.attention.respond", sid, subject=req["id"],
+                                  data={"answer": {"option": "once"}})
+        assert status == "unsupported"
+        status, _ = await command(d, "control.cancel", sid, data={"scope": "run"})
+        assert status == "unsupported"
+        perm = await pending_permission(server, sid)  # still pending: nothing was written
+        await trio.sleep(0.5)
+        assert (await pending_permission(server, sid))["id"] == perm["id"]
+        async with server.client() as c:
+            assert (await c.post(f"/permission/{perm['id']}/reply",
+                                 json={"reply": "reject"})).status_code == 200
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"))
+        checked(stream, sid)
+    finally:
+        stream.close()
+        assert d.stop() == 0, d.logs()
+
+
+async def companion_mode(server: VendorServer, provider: MockProviderProcess, tmp: Path,
+                         vendor: str) -> None:
+    """Companion with the gate flag AND the token set (the preflight refuses
+    that combination, so the flag is off here and the token on): only
+    ``x.{vendor}.*``; a cancel is refused and the run keeps going."""
+    d = SseDaemon(server, tmp / "companion", primary=False, control=False).start()
+    stream = StreamReader(d.url, d.token)
+    try:
+        await plain_prompt_companion(server, stream, vendor)
+        before = provider.slow_chunks()
+        sid = await start_prompt(server, "AEP_SLOW")
+        await slow_started(provider, before)
+        status, _ = await command(d, "control.cancel", sid, data={"scope": "run"})
+        assert status == "unsupported"
+        mark = provider.slow_chunks()
+        await trio.sleep(1.0)
+        assert provider.slow_chunks() > mark  # the vendor was not aborted
+        async with server.client() as c:
+            assert sid in (await c.get("/session/status")).json()
+            await c.post(f"/session/{sid}/abort")  # clean up as the user would
+        await wait_idle(server, sid)
+        evs = checked(stream, sid)
+        assert all(e["type"].startswith(f"x.{vendor}.") for e in evs)
+    finally:
+        stream.close()
+        assert d.stop() == 0, d.logs()
+
+
+def companion_gate_is_refused_at_start(server: VendorServer, tmp: Path) -> None:
+    """The control flag in companion mode is a configuration error: the
+    daemon refuses to start with one clear line (exit 2)."""
+    import subprocess
+    import sys
+    d = SseDaemon(server, tmp / "refused", primary=False, control=True)
+    d.port = 1
+    env = d.env()
+    proc = subprocess.run([sys.executable, "-m", "supervisor.cli", "check", "--no-ports"],
+                          env=env, capture_output=True, text=True, timeout=60,
+                          cwd=str(Path(__file__).resolve().parents[2]))
+    assert proc.returncode == 2, proc
+    lines = [ln for ln in proc.stderr.splitlines() if "SSE_CONTROL" in ln]
+    assert len(lines) == 1 and "ignored in companion mode" in lines[0]
