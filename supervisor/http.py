@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 import trio
 from hypercorn.config import Config as HyperConfig
+from supervisor.asgi import lifespan
 
 log = logging.getLogger("aep.http")
 
@@ -67,13 +68,7 @@ def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> 
 
     async def app(scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
         if scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):

@@ -49,6 +49,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (ExportLogsSe
 
 from . import flatten
 from .flatten import FlatRecord, NotOtlp
+from supervisor.asgi import lifespan
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 """Default request size limit in bytes (compressed and inflated)."""
@@ -197,13 +198,7 @@ class HttpReceiver:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
         path = scope.get("path", "")

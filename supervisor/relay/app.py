@@ -33,6 +33,7 @@ from .attrmatch import Filter, InvalidFilter
 from .core import (AEP_VERSION, CLOSED, TERMINATED, Outlet, Relay, SocketConnection, loads,
                    parse_capture, parse_from, parse_last_event_id)
 from .envelope import InvalidEvent, is_command_type
+from ..asgi import lifespan
 
 log = logging.getLogger("aep.relay.http")
 
@@ -85,13 +86,7 @@ class RelayApp:
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
 
     # -- HTTP ------------------------------------------------------------------
     async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:

@@ -44,6 +44,7 @@ from typing import Any
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+from supervisor.asgi import lifespan, read_body, send_json
 
 #: the command the mock asks the agent to run
 SHELL_COMMAND = "echo hello"
@@ -137,24 +138,12 @@ class MockResponsesServer:
 
     async def _app(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                body += msg.get("body", b"")
-                if not msg.get("more_body"):
-                    break
-            elif msg["type"] == "http.disconnect":
-                return
+        body = await read_body(receive)
+        if body is None:
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         parsed = None
         if body:
@@ -167,17 +156,17 @@ class MockResponsesServer:
 
         path = scope["path"].rstrip("/")
         if req in self.egress():
-            await _send_json(send, 403, {"error": {"message": "mock: offline test, no egress"}})
+            await send_json(send, 403, {"error": {"message": "mock: offline test, no egress"}})
         elif scope["method"] == "POST" and path.endswith("/responses"):
             await self._responses(req, send)
         elif scope["method"] == "GET" and path.endswith("/models"):
-            await _send_json(send, 200, {"object": "list", "data": [
+            await send_json(send, 200, {"object": "list", "data": [
                 {"id": MODEL, "object": "model", "created": 0, "owned_by": "mock"}]})
         elif scope["method"] == "POST" and "/analytics/" in path:
             # codex 0.171 posts turn-cost analytics to the provider's base URL
-            await _send_json(send, 200, {})
+            await send_json(send, 200, {})
         else:
-            await _send_json(send, 404, {"error": {"message": f"mock: no route {path}",
+            await send_json(send, 404, {"error": {"message": f"mock: no route {path}",
                                                    "type": "not_found"}})
 
     async def _responses(self, req: RecordedRequest, send) -> None:
@@ -265,11 +254,3 @@ def _completed(resp_id: str, output: list[dict]) -> dict:
                                    "output_tokens": 12,
                                    "output_tokens_details": {"reasoning_tokens": 0},
                                    "total_tokens": 132}}}
-
-
-async def _send_json(send, status: int, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})

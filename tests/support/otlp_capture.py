@@ -39,6 +39,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+from supervisor.asgi import lifespan, read_body
 
 #: OTLP signal per gRPC service / HTTP path
 _GRPC_SERVICES = {
@@ -159,24 +160,12 @@ class OtlpCapture:
     # -- HTTP ---------------------------------------------------------------
     async def _http_app(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                body += msg.get("body", b"")
-                if not msg.get("more_body"):
-                    break
-            elif msg["type"] == "http.disconnect":
-                return
+        body = await read_body(receive)
+        if body is None:
+            return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         signal = _HTTP_PATHS.get(scope["path"], "unknown")
         ctype = headers.get("content-type", "")
