@@ -12,7 +12,7 @@ any JSON-shaped input and never raises for it (hypothesis-fuzzed).
   (the transport shape the socket or the REST search sends) to zero or one
   emission shaped like a pin's ``expected`` (``{type, data, subject?, step?}``)
   plus, for the stamper, ``severity`` (``debug`` on the vendor plane) and
-  ``levels``/``structural`` (capture declarations, see below).
+  ``gating`` (``levels``/``structural`` capture hints, see below).
 - :func:`status_of` ``(event) -> str | None``: the ``execution_status`` an
   event states (the ``execution_status`` key delta or a ``full_state``
   snapshot), the one input of run synthesis.
@@ -29,7 +29,8 @@ types under their schema names (``args``, ``result``, ``error.message``,
 ``state``, ``delta``), which the stamper's gate redacts or keeps per the
 schema annotations; for ``x.openhands.*`` types (no schema) the content is
 passed through the AEP-0003 §9.4 pipeline here already at ``redacted`` and
-declared in ``levels`` so the gate drops it at any lower hop.
+declared in ``gating.levels`` so the gate drops it below ``redacted`` and
+claims the level honestly.
 
 Transport shape (``tests/fixtures/openhands_real/README.md``): the pinned
 version's ``event_transport_dump`` stripped ``parent_id``; the current server
@@ -145,9 +146,9 @@ def _vendor(ev: dict[str, Any], kind: str, posture: Posture, *,
                 continue
             data[k] = v if lvl >= _FULL else _capture.redact_value(v, posture.policy)
             levels[k] = "redacted"
-    out: Emission = {"type": type_, "data": data, "severity": "debug"}
-    if levels:
-        out["levels"] = levels
+    # the gate hint is always given: with no content the honored level is
+    # metadata (an unhinted x.* payload would claim the whole ceiling)
+    out: Emission = {"type": type_, "data": data, "severity": "debug", "gating": {"levels": levels}}
     if subject is not None:
         out["subject"] = subject
     if step is not None:
@@ -182,7 +183,7 @@ def _action(ev: dict[str, Any], posture: Posture) -> Emission | None:
     if lvl >= _REDACTED and isinstance(ev.get("summary"), str):
         data["summary"] = ev["summary"] if lvl >= _FULL else _capture.redact_text(
             ev["summary"], posture.policy)
-        out["levels"] = {"summary": "redacted"}
+        out["gating"] = {"levels": {"summary": "redacted"}}
     step = _str(ev.get("llm_response_id"))
     if step is not None:
         out["step"] = step
@@ -256,7 +257,7 @@ def _condensation(ev: dict[str, Any], posture: Posture) -> Emission:
     if lvl >= _REDACTED and isinstance(ev.get("summary"), str):
         data["summary"] = ev["summary"] if lvl >= _FULL else _capture.redact_text(
             ev["summary"], posture.policy)
-        out["levels"] = {"summary": "redacted"}
+        out["gating"] = {"levels": {"summary": "redacted"}}
     return out
 
 
@@ -411,7 +412,7 @@ def status_moments(prev: str | None, next_: str | None, *,
     if next_ == WAITING:
         out.append({"type": "attention.requested",
                     "data": {"kind": "permission", "prompt": ATTENTION_PROMPT},
-                    "structural": ["prompt"]})
+                    "gating": {"structural": ["prompt"]}})
     if next_ == RUNNING:
         if not is_open:
             out.append({"type": "run.started", "data": {}})
@@ -441,7 +442,7 @@ def closes_run(moments: list[Emission]) -> bool:
 
 def pin_view(emission: Emission) -> dict[str, Any]:
     """The pin-comparable part of an emission: ``{type, data, subject?,
-    step?}`` (``severity``/``levels``/``structural`` are stamper hints)."""
+    step?}`` (``severity``/``gating`` are stamper hints)."""
     out = {"type": emission["type"], "data": emission.get("data", {})}
     for k in ("subject", "step"):
         if emission.get(k) is not None:

@@ -44,7 +44,7 @@ def one(events: list) -> dict:
 def stamp_all(emissions: list[dict], policy: CapturePolicy | None = None) -> list[dict]:
     st_ = Stamper("openhands", epoch=1, host="test-host", policy=policy or CapturePolicy())
     return [st_.stamp("conv-1", {k: v for k, v in e.items() if k in
-                                 ("type", "data", "subject", "step", "severity")}) for e in emissions]
+                                 ("type", "data", "subject", "step", "severity", "gating")}) for e in emissions]
 
 
 # --------------------------------------------------------------------------- the pins
@@ -101,7 +101,7 @@ def test_attention_request_is_read_only_in_the_table():
     req = one([m for m in status_moments("running", "waiting_for_confirmation")])
     assert req["data"] == {"kind": "permission", "prompt": ATTENTION_PROMPT}
     assert "options" not in req["data"] and "respond_via" not in req["data"]
-    assert req["structural"] == ["prompt"]
+    assert req["gating"] == {"structural": ["prompt"]}
 
 
 def test_token_event_maps_to_nothing_ever():
@@ -209,7 +209,7 @@ def test_real_user_rejection_from_the_environment_source():
                                     "tool": {"name": "terminal", "call_id": rej["tool_call_id"]}}}
     assert "Not on this machine." not in json.dumps(e)
     red = one(map_event(rej, Posture(CapturePolicy(ceiling="redacted"))))
-    assert red["data"]["reason"] == "Not on this machine." and red["levels"] == {"reason": "redacted"}
+    assert red["data"]["reason"] == "Not on this machine." and red["gating"] == {"levels": {"reason": "redacted"}}
 
 
 def test_real_conversation_error_classification():
@@ -296,6 +296,21 @@ def test_redacted_content_passes_the_pipeline():
     e = one(map_event(msg, Posture(policy)))
     assert "sekrit-value-123" not in json.dumps(e) and "token" in e["data"]["content"]
     assert "content" not in one(map_event(msg))["data"]
+
+
+def test_capture_claims_are_honest():
+    """With the gate hints the stamper claims what it kept: an x.openhands
+    event without content is metadata even under a redacted ceiling; with
+    content it is redacted; the structural ask prompt survives a metadata
+    attention ceiling verbatim."""
+    pol = CapturePolicy(ceiling="redacted")
+    pause = one(stamp_all(map_event(PINS["events"]["pause"]["input"], Posture(pol)), pol))
+    assert pause["capture"] == "metadata"
+    msg = one(stamp_all(map_event(PINS["events"]["message_user"]["input"], Posture(pol)), pol))
+    assert msg["capture"] == "redacted" and msg["data"]["content"] == "Please fix the failing test."
+    meta = CapturePolicy(attention="metadata")
+    req = one(stamp_all([m for m in status_moments("running", "waiting_for_confirmation")], meta))
+    assert req["data"]["prompt"] == ATTENTION_PROMPT and req["capture"] == "metadata"
 
 
 def test_deltas_ride_only_with_the_opt_in():
