@@ -80,5 +80,11 @@ def test_8c_control_in_companion_is_refused_at_start(env):
     sc.companion_gate_is_refused_at_start(env.server, env.tmp)
 
 
+async def test_in_process_bridge_other_directory(env):
+    """The bridge with a real BridgeContext (no daemon) against the real server:
+    a session in another directory, answered through ctx.commands."""
+    await sc.in_process_other_directory(env.server, env.provider, env.tmp, VENDOR)
+
+
 async def test_6_server_killed_and_restarted(env):
     await sc.server_killed_and_restarted(env)

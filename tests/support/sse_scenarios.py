@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aep_sdk
+import httpx
 import trio
 
 from tests.support.openhands import StreamReader
@@ -382,3 +383,84 @@ def companion_gate_is_refused_at_start(server: VendorServer, tmp: Path) -> None:
     assert proc.returncode == 2, proc
     lines = [ln for ln in proc.stderr.splitlines() if "SSE_CONTROL" in ln]
     assert len(lines) == 1 and "ignored in companion mode" in lines[0]
+
+
+# ---------------------------------------------------------------- in-process
+
+async def in_process_other_directory(server: VendorServer, provider: MockProviderProcess,
+                                     tmp: Path, vendor: str) -> None:
+    """The bridge in-process with a real :class:`BridgeContext` against the
+    real server: a session started in ANOTHER directory than the server's is
+    observed (the global stream), its ask is answered through a command on
+    ``ctx.commands`` and the reply is routed to that directory's instance;
+    the per-instance stream is never used."""
+    import logging
+
+    from bridges.core.bridge import BridgeContext, BridgeHealth
+    from bridges.core.envelope import Stamper
+    from bridges.kilocode_sse import PROFILE as KILO
+    from bridges.opencode_sse import PROFILE as OC
+    from bridges.sse_common.bridge import SseBridge
+    from bridges.core.capture import CapturePolicy
+
+    profile = OC if vendor == "opencode" else KILO
+    seen: list[tuple[str, str]] = []
+
+    class Spy(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request):
+            seen.append((request.method, request.url.path,
+                         request.url.params.get("directory")))
+            return await super().handle_async_request(request)
+
+    bridge = SseBridge(profile, url=server.url, password=server.password, primary=True,
+                       control=True, token="t", policy=CapturePolicy(), transport=Spy())
+    out_s, out_r = trio.open_memory_channel(10_000)
+    cmd_s, cmd_r = trio.open_memory_channel(16)
+    ctx = BridgeContext(profile.name, Stamper(vendor, epoch=7, host="test"), out_s, cmd_r,
+                        BridgeHealth(), logging.getLogger("test"))
+    events: list[dict] = []
+    other = tmp / "elsewhere"
+    other.mkdir(exist_ok=True)
+
+    def of(sid, t):
+        return [e for e in events if e.get("session") == sid and e["type"] == t]
+
+    async def until(pred, what):
+        with trio.fail_after(60):
+            while not pred():
+                await trio.sleep(0.05)
+
+    async with trio.open_nursery() as n:
+        await n.start(bridge.run, ctx)
+
+        async def collect():
+            async for o in out_r:
+                events.append(o.event)
+        n.start_soon(collect)
+        await until(lambda: ctx.health.source is True, "connected")
+        async with server.client() as c:
+            sid = await server.new_session(c, directory=str(other))
+            r = await c.post(f"/session/{sid}/prompt_async", params={"directory": str(other)},
+                             json={"parts": [{"type": "text", "text": "AEP_BASH echo far"}]})
+            assert r.status_code == 204
+        await until(lambda: of(sid, "attention.requested"), "ask")
+        req = of(sid, "attention.requested")[0]
+        await cmd_s.send({"aep": "0.1", "id": "cmd-far", "type": "control.attention.respond",
+                          "time": "2026-01-01T00:00:00Z", "source": "aep://t/agent/op",
+                          "agent": "op", "session": sid, "subject": req["id"],
+                          "data": {"answer": {"option": "once"}}})
+        await until(lambda: of(sid, "run.finished"), "run.finished")
+        n.cancel_scope.cancel()
+    evs = [e for e in events if e.get("session") == sid]
+    validate_stream(evs)
+    ack = only(evs, "control.accepted")
+    assert ack["cause"] == "cmd-far"
+    assert only(evs, "attention.answered")["cause"] == "cmd-far"
+    only(evs, "tool.completed")
+    paths = {(m, p) for m, p, _ in seen}
+    assert ("GET", "/event") not in paths and ("GET", "/global/event") in paths
+    writes = [(m, p, d) for m, p, d in seen if m != "GET"]
+    assert len(writes) == 1, writes
+    method, path, directory = writes[0]
+    assert method == "POST" and path.startswith("/permission/per_") and path.endswith("/reply")
+    assert directory == str(other)  # routed to the session's own instance
