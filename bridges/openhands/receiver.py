@@ -42,7 +42,8 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 ``frames_malformed``, ``frames_duplicate``, ``search_errors``,
 ``search_pages_capped``, ``search_bad_items``, ``socket_connects``,
 ``socket_errors``, ``socket_auth_failed``, ``conversations_attached``,
-``conversations_detached``, ``conversations_capped``, ``state_write_errors``.
+``conversations_detached``, ``conversations_capped``, ``state_write_errors``,
+``frames_timed_out``.
 """
 from __future__ import annotations
 
@@ -82,6 +83,8 @@ SNAPSHOT_QUIET = 0.5
 REST_TIMEOUT = 10.0
 MAX_FRAME = 16 * 1024 * 1024
 FLUSH_EVERY = 1.0
+FRAME_DEADLINE = 10.0
+"""Seconds one frame's emissions may wait for room on the relay channel."""
 STATE_VERSION = 1
 
 
@@ -480,9 +483,13 @@ class Receiver:
         if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str) or not ev["kind"]:
             self.ctx.health.count("frames_malformed")
             return
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + 10):
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + FRAME_DEADLINE) as scope:
             await self.handle_event(conv, ev)
             self._flush(conv)
+        if scope.cancelled_caught:  # the relay channel stayed full: part of the frame is lost
+            self.ctx.health.count("frames_timed_out")
+            log.warning("OpenHands frame for %s not fully delivered within %ss (relay channel full)",
+                        conv.id, FRAME_DEADLINE)
 
     async def handle_event(self, conv: Conversation, ev: dict[str, Any]) -> None:
         eid = ev.get("id")

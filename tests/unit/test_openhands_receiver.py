@@ -188,3 +188,20 @@ def test_restore_rejects_garbage():
 def M_state(key, value, ts):
     return {"kind": "ConversationStateUpdateEvent", "id": f"{key}-{ts}", "timestamp": ts,
             "source": "environment", "key": key, "value": value}
+
+
+async def test_a_frame_stuck_on_a_full_channel_is_counted_not_fatal(autojump_clock):
+    """The relay channel never drains: the frame's emissions give up after
+    FRAME_DEADLINE (shielded from the bridge's own cancellation until then),
+    the loss is counted, and the receiver carries on."""
+    send, _recv = trio.open_memory_channel(0)
+    _, crecv = trio.open_memory_channel(1)
+    health = BridgeHealth()
+    ctx = BridgeContext("openhands", Stamper("openhands", epoch=1, host="h"), send, crecv, health,
+                        logging.getLogger("t"))
+    rx = Receiver(Settings(url="http://127.0.0.1:1"), M.Posture(), ctx, None)
+    conv = Conversation("c0ffee00-0000-4000-8000-000000000002")
+    await rx.handle_raw(conv, json.dumps({"kind": "PauseEvent", "id": "p1", "timestamp": "2026-01-01T00:00:00"}))
+    assert health.counters["frames_timed_out"] == 1
+    await rx.handle_raw(conv, json.dumps({"kind": "PauseEvent", "id": "p2", "timestamp": "2026-01-01T00:00:01"}))
+    assert health.counters["frames_timed_out"] == 2 and conv.anchor == "2026-01-01T00:00:01"
