@@ -268,14 +268,18 @@ class AgentServer:
             env["SESSION_API_KEY"] = self.key
         return env
 
+    def argv(self) -> list[str]:
+        """The host is ALWAYS passed: with a session key and no ``--host``
+        the server binds every interface."""
+        return [str(self.python), "-m", "openhands.agent_server", "--host", "127.0.0.1",
+                "--port", str(self.port)]
+
     def start(self) -> "AgentServer":
         for d in ("home", "workspace/project", "workspace/conversations", "persistence", "tmux"):
             (self.scratch / d).mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [str(self.python), "-m", "openhands.agent_server",
-             "--host", "127.0.0.1", "--port", str(self.port)],
-            env=self.env(), cwd=self.scratch, stdout=log, stderr=subprocess.STDOUT,
+            self.argv(), env=self.env(), cwd=self.scratch, stdout=log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
