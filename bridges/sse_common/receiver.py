@@ -186,7 +186,11 @@ class SseReceiver:
                     self._trouble("overflow", f"{self.profile.agent} sent an event larger than "
                                   f"{2 * self.settings.max_frame} characters; reconnecting",
                                   logging.WARNING)
-                except (httpx.HTTPError, SSEError, OSError) as e:
+                except SSEError as e:
+                    self._trouble("sse", f"{self.profile.agent} event stream at "
+                                  f"{safe_url(self.url)} is not SSE (SSEError: {e})",
+                                  logging.WARNING)
+                except (httpx.HTTPError, OSError) as e:
                     self._trouble(f"net:{type(e).__name__}", f"{self.profile.agent} event stream "
                                   f"at {safe_url(self.url)} failed: {type(e).__name__}",
                                   logging.WARNING)
@@ -221,6 +225,9 @@ class SseReceiver:
                 raise AuthFailed()
             if response.status_code != 200:
                 raise HttpStatus(response.status_code)
+            ctype = response.headers.get("content-type", "").partition(";")[0].strip()
+            if ctype != "text/event-stream":
+                raise SSEError(f"content-type {ctype or 'missing'}, not text/event-stream")
             source = EventSource(_Bounded(response, 2 * self.settings.max_frame))  # type: ignore[arg-type]
             events = source.aiter_sse()
             self.connected = True

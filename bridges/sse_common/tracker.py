@@ -509,7 +509,6 @@ class Tracker:
                     st.run = user
                     outs.append(Out(sid, {"type": "run.started", "data": {"trigger": "resume"}},
                                     run=user))
-            st.status = status
         # asks raised while we were away
         for vid, a in list(pending_p.items()) + list(pending_q.items()):
             sid = a["sessionID"]
@@ -529,7 +528,7 @@ class Tracker:
                     outs += self._resolve(st, ask, "answered" if ask.settling else "dismissed")
             if st.run is not None and sid not in busy:
                 outs += self._close_run(st, terminal=_terminal(st.run, messages.get(sid)))
-                st.status = "idle"
+                st.status = None  # the next live status is news again
         return outs
 
     def needs_messages(self, busy: dict[str, str], queried: set[str | None]) -> list[str]:

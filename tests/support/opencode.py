@@ -843,3 +843,115 @@ class SseDaemon:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
         return self.proc.returncode
+
+
+# --------------------------------------------------------------------------
+# a stub server speaking the OpenCode protocol (faults and benchmarks only;
+# never instead of the real servers)
+# --------------------------------------------------------------------------
+
+def sse_frame(obj: Any, *, directory: str = "/stub") -> bytes:
+    """One ``/global/event`` frame for ``obj`` (a bus event dict, wrapped)."""
+    return f"data: {json.dumps({'directory': directory, 'payload': obj})}\n\n".encode()
+
+
+@dataclass
+class StubSseServer:
+    """Serves ``GET /global/event`` from scripts and the REST routes from a
+    table, on ``127.0.0.1`` with hypercorn (trio).
+
+    ``streams``: one script per connection, in order (the last repeats);
+    a script is a list of steps: ``bytes`` (sent as is), ``("sleep", s)``,
+    ``("wait", trio.Event)``, ``("close",)`` (end the response),
+    ``("hang",)`` (send nothing more, keep the connection open). A script that runs out ends the response.
+    ``stream_status`` / ``stream_type``: the stream's HTTP status and
+    content type. ``rest``: ``{(method, path): (status, json) | "hang" |
+    callable(request_body) -> (status, json)}``; unknown GETs answer ``{}``
+    (``[]`` for list routes), unknown writes 404. ``requests`` records
+    ``(method, path, query, body)``; ``connections`` counts stream opens."""
+
+    streams: list[list[Any]] = field(default_factory=list)
+    stream_status: int = 200
+    stream_type: str = "text/event-stream"
+    rest: dict[tuple[str, str], Any] = field(default_factory=dict)
+    requests: list[tuple[str, str, str, Any]] = field(default_factory=list)
+    connections: int = 0
+    url: str | None = None
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        config = HypercornConfig()
+        config.bind = ["127.0.0.1:0"]
+        config.accesslog = None
+        config.errorlog = None
+        config.graceful_timeout = 0.1
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
+            self.url = binds[0].rstrip("/")
+            task_status.started(self.url)
+
+    def writes(self) -> list[tuple[str, str, str, Any]]:
+        return [r for r in self.requests if r[0] != "GET"]
+
+    async def _app(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.request":
+                body += msg.get("body", b"")
+                if not msg.get("more_body"):
+                    break
+            elif msg["type"] == "http.disconnect":
+                return
+        method, path = scope["method"], scope["path"]
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = body
+        self.requests.append((method, path, scope["query_string"].decode(), parsed))
+        if method == "GET" and path == "/global/event":
+            await self._stream(send)
+            return
+        handler = self.rest.get((method, path))
+        if handler == "hang":
+            await trio.sleep_forever()
+        if callable(handler):
+            handler = handler(parsed)
+        if handler is None:
+            if method != "GET":
+                handler = (404, {"_tag": "NotFound", "message": f"no route {path}"})
+            elif path in ("/permission", "/question", "/session") or path.endswith("/message"):
+                handler = (200, [])
+            else:
+                handler = (200, {})
+        status, obj = handler
+        await _send_json(send, status, obj)
+
+    async def _stream(self, send) -> None:
+        script = self.streams[min(self.connections, len(self.streams) - 1)] if self.streams \
+            else [("hang",)]
+        self.connections += 1
+        await send({"type": "http.response.start", "status": self.stream_status,
+                    "headers": [(b"content-type", self.stream_type.encode()),
+                                (b"cache-control", b"no-cache")]})
+        for step in script:
+            if isinstance(step, (bytes, bytearray)):
+                await send({"type": "http.response.body", "body": bytes(step), "more_body": True})
+            elif step[0] == "sleep":
+                await trio.sleep(step[1])
+            elif step[0] == "close":
+                break
+            elif step[0] == "hang":
+                await trio.sleep_forever()
+            elif step[0] == "wait":  # a trio.Event the test sets
+                await step[1].wait()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
