@@ -80,3 +80,6 @@ def setup(environ: Mapping[str, str], *, stream=None, level: str | None = None) 
     root.setLevel((level or environ.get("AEP_LOG_LEVEL") or "info").upper())
     # hypercorn's access log would print query strings (access_token): off.
     logging.getLogger("hypercorn.access").disabled = True
+    # httpx logs every vendor poll at INFO: noise in a daemon's log.
+    for name in ("httpx", "httpcore", "hpack"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
