@@ -1,0 +1,301 @@
+"""OpenCode / Kilo Code SSE bridges: throughput and added latency (issue 3,
+section 7).
+
+1. **Events per second**, local SSE source -> mapping -> the JSONL log. The
+   source is a separate process (``python -m benchmarks.sse_bench --source``)
+   serving ``GET /global/event`` as fast as the socket takes it: the real
+   servers' captured ``/global/event`` frames (``tests/fixtures/*_real``,
+   both vendors, both frame forms, heartbeats and deltas included) replayed
+   over many sessions with fresh session and event ids. The path: the
+   bridge's own receiver (httpx + httpx-sse, ``parse_frame``, vendor-id
+   dedupe, the tracker and pure mapping, envelope stamping with the capture
+   gate) -> the relay channel -> the fleet's JSONL session log
+   (``supervisor.jsonlog``, real files), in primary mode. The floor, measured
+   in the same run on the same stream: httpx-sse parsing + ``json.loads`` of
+   every frame + ``json.dumps`` of it, nothing else. Reported: frames/s and
+   events/s of the path, frames/s of the floor, and ``path time / floor
+   time``.
+2. **Added latency**, vendor frame -> the relay's SSE output: the real daemon
+   (``aep-bridges run``, its own process, embedded relay, primary mode) reads
+   a source in this process that emits one ``session.created`` per new
+   session at a steady rate; this process also reads the daemon's ``/stream``
+   and times each ``session.started`` against the moment its frame was
+   written. p50 / p99 / max in milliseconds.
+
+Figures compare runs on one machine (2 shared cores here); not absolutes.
+``python -m benchmarks sse`` (``scripts/dev bench sse``)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import httpx
+import trio
+from httpx_sse import aconnect_sse
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
+from bridges.core.capture import CapturePolicy  # noqa: E402
+from bridges.core.envelope import Stamper  # noqa: E402
+from bridges.opencode_sse import PROFILE  # noqa: E402
+from bridges.sse_common.bridge import SseBridge  # noqa: E402
+from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
+from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
+
+REAL = ROOT / "tests" / "fixtures"
+END = "ses_benchmark_end"
+
+
+def corpus(copies: int) -> list[str]:
+    """The captured global frames, ``copies`` times, each copy with fresh
+    session and event ids (nothing dedupes across copies); a final
+    ``session.created``/``session.deleted`` pair marks the end."""
+    frames = []
+    for vendor in ("opencode", "kilocode"):
+        for f in json.loads((REAL / f"{vendor}_real" / "frames.json").read_text()):
+            if f["stream"].startswith("/global") and "data" in f:
+                frames.append(f["data"])
+    out = []
+    for i in range(copies):
+        for data in frames:
+            out.append(data.replace("ses_", f"ses_{i:05d}x").replace("evt_", f"evt_{i:05d}x"))
+    for t in ("session.created", "session.deleted"):
+        out.append(json.dumps({"directory": "/b", "payload": {
+            "id": f"evt_{t}_end", "type": t,
+            "properties": {"sessionID": END, "info": {"id": END, "version": "0"}}}}))
+    return out
+
+
+# ------------------------------------------------------------------ the source process
+
+async def _serve_source(frames_path: str) -> None:
+    body = b"".join(f"data: {line}\n\n".encode() for line in
+                    Path(frames_path).read_text().splitlines())
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                if m["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["path"] == "/global/event":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            for i in range(0, len(body), 1 << 16):
+                await send({"type": "http.response.body", "body": body[i:i + (1 << 16)],
+                            "more_body": True})
+            await trio.sleep_forever()
+        obj = [] if scope["path"] in ("/permission", "/question", "/session") else {}
+        data = json.dumps(obj).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": data})
+
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = config.errorlog = None
+    async with trio.open_nursery() as n:
+        binds = await n.start(partial(hypercorn_serve, app, config))
+        print(binds[0], flush=True)
+
+
+def start_source(frames: list[str], tmp: Path) -> tuple[subprocess.Popen, str]:
+    path = tmp / "frames.txt"
+    path.write_text("\n".join(frames))
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.sse_bench", "--source", str(path)],
+                            cwd=str(ROOT), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+# ------------------------------------------------------------------ 1. throughput
+
+async def floor_run(url: str, n_frames: int) -> float:
+    """httpx-sse parse + json.loads + json.dumps of every frame."""
+    async with httpx.AsyncClient(timeout=None) as c:
+        async with aconnect_sse(c, "GET", url + "/global/event") as es:
+            t0 = None
+            n = 0
+            async for sse in es.aiter_sse():
+                if t0 is None:
+                    t0 = time.perf_counter()
+                json.dumps(json.loads(sse.data))
+                n += 1
+                if n == n_frames:
+                    return time.perf_counter() - t0
+    raise RuntimeError("source ended early")
+
+
+async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
+    """The bridge's path to the JSONL log; returns (seconds, events, counters)."""
+    bridge = SseBridge(PROFILE, url=url, primary=True, policy=CapturePolicy(),
+                       receiver_settings=ReceiverSettings(degraded_interval=3600))
+    send, recv = trio.open_memory_channel(4096)
+    _, cmd_r = trio.open_memory_channel(1)
+    ctx = BridgeContext(bridge.name, Stamper("opencode", epoch=1, host="bench"), send, cmd_r,
+                        BridgeHealth(), logging.getLogger("bench"))
+    log = SessionLog(logdir)
+    box: dict = {"events": 0}
+    done = trio.Event()
+
+    async def pump():
+        async for item in recv:
+            ev = item.event
+            if box["events"] == 0:
+                box["t0"] = time.perf_counter()
+            log.write(ev, encode_line(ev))
+            box["events"] += 1
+            if ev.get("session") == END and ev["type"] == "session.ended":
+                box["t1"] = time.perf_counter()
+                done.set()
+
+    async with trio.open_nursery() as n:
+        n.start_soon(pump)
+        await n.start(bridge.run, ctx)
+        await done.wait()
+        n.cancel_scope.cancel()
+    return box["t1"] - box["t0"], box["events"], dict(ctx.health.counters)
+
+
+async def throughput(copies: int = 40) -> dict:
+    frames = corpus(copies)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_source(frames, Path(tmp))
+        try:
+            floor = await floor_run(url, len(frames))
+            path, events, counters = await path_run(url, Path(tmp) / "logs")
+        finally:
+            proc.terminate()
+            proc.wait()
+    return {"frames": len(frames), "events": events,
+            "path_frames_per_s": len(frames) / path, "path_events_per_s": events / path,
+            "floor_frames_per_s": len(frames) / floor, "ratio": path / floor,
+            "skipped": {k: v for k, v in counters.items()
+                        if k in ("duplicates", "deltas_skipped", "sessionless_skipped",
+                                 "repeats_reduced", "heartbeats")}}
+
+
+# ------------------------------------------------------------------ 2. latency
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def latency(n: int = 1500, rate: float = 150.0) -> dict:
+    sent: dict[str, float] = {}
+    got: dict[str, float] = {}
+    go = trio.Event()
+
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                m = await receive()
+                if m["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["path"] == "/global/event":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            await go.wait()
+            for i in range(n):
+                sid = f"ses_lat{i:06d}"
+                frame = {"directory": "/b", "payload": {"id": f"evt_{i}", "type": "session.created",
+                                                        "properties": {"sessionID": sid, "info": {
+                                                            "id": sid, "version": "0"}}}}
+                sent[sid] = time.perf_counter()
+                await send({"type": "http.response.body", "more_body": True,
+                            "body": f"data: {json.dumps(frame)}\n\n".encode()})
+                await trio.sleep(1 / rate)
+            await trio.sleep_forever()
+        obj = [] if scope["path"] in ("/permission", "/question", "/session") else {}
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": json.dumps(obj).encode()})
+
+    config = HypercornConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = config.errorlog = None
+    with tempfile.TemporaryDirectory() as tmp:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(hypercorn_serve, app, config))
+            port = free_port()
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AEP_")}
+            env.update({"AEP_BRIDGE_OPENCODE_SSE": "1", "AEP_BRIDGE_OTLP_IN": "0",
+                        "AEP_OPENCODE_URL": binds[0], "AEP_OPENCODE_SSE_PRIMARY": "1",
+                        "AEP_LISTEN": f"127.0.0.1:{port}", "AEP_STATE_DIR": tmp,
+                        "AEP_LOG_LEVEL": "warning"})
+            daemon = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run"], env=env,
+                                      cwd=str(ROOT), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            try:
+                async with httpx.AsyncClient(timeout=None) as c:
+                    with trio.fail_after(30):
+                        while True:
+                            try:
+                                await c.get(f"http://127.0.0.1:{port}/healthz")
+                                break
+                            except httpx.HTTPError:
+                                await trio.sleep(0.1)
+
+                    async def read():
+                        async with aconnect_sse(c, "GET", f"http://127.0.0.1:{port}/stream") as es:
+                            go.set()
+                            async for sse in es.aiter_sse():
+                                if not sse.data:
+                                    continue
+                                ev = json.loads(sse.data)
+                                if ev.get("type") == "session.started":
+                                    got[ev["session"]] = time.perf_counter()
+                                    if len(got) == n:
+                                        return
+                    with trio.fail_after(n / rate + 60):
+                        await read()
+            finally:
+                daemon.terminate()
+                daemon.wait(timeout=10)
+                nursery.cancel_scope.cancel()
+    lat = sorted((got[s] - sent[s]) * 1000 for s in got if s in sent)
+    q = statistics.quantiles(lat, n=100)
+    return {"events": len(lat), "rate_per_s": rate, "p50_ms": q[49], "p99_ms": q[98],
+            "max_ms": lat[-1]}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 2 and argv[0] == "--source":
+        trio.run(_serve_source, argv[1])
+        return
+    t = trio.run(throughput)
+    print(f"throughput ({t['frames']} real frames -> {t['events']} events, primary mode):")
+    print(f"  path  {t['path_frames_per_s']:>9.0f} frames/s  {t['path_events_per_s']:>8.0f} "
+          f"events/s  (SSE -> mapping -> stamped -> JSONL)")
+    print(f"  floor {t['floor_frames_per_s']:>9.0f} frames/s  (SSE parse + json.loads + "
+          f"json.dumps)")
+    print(f"  path / floor time = {t['ratio']:.1f}x   skipped: {t['skipped']}")
+    lat = trio.run(latency)
+    print(f"latency vendor frame -> relay /stream ({lat['events']} events at "
+          f"{lat['rate_per_s']:.0f}/s through the daemon): p50 {lat['p50_ms']:.1f} ms, "
+          f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
