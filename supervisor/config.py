@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Mapping
 
 from bridges.core.capture import CapturePolicy
+from bridges.core.paths import state_dir
 
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
@@ -99,13 +100,6 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
-def _state_dir(env: Mapping[str, str]) -> Path:
-    if env.get("AEP_STATE_DIR"):
-        return Path(env["AEP_STATE_DIR"]).expanduser()
-    xdg = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")
-    return Path(xdg).expanduser() / "aep-bridges"
-
-
 def _flag(env: Mapping[str, str], name: str, default: bool, problems: list[str]) -> bool:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -143,7 +137,7 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     problems: list[str] = []
     cfg = Config(environ=env)
     cfg.token = env.get("AEP_TOKEN") or None
-    cfg.state_dir = _state_dir(env)
+    cfg.state_dir = state_dir(env)
     cfg.buffer = _int(env, "AEP_BUFFER", 10_000, problems)
     cfg.max_sessions = _int(env, "AEP_MAX_SESSIONS", 500, problems)
     cfg.max_body = _int(env, "AEP_MAX_BODY", 16 << 20, problems)

@@ -23,11 +23,10 @@ variable                           default                     meaning
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Mapping
 
 from bridges.core.capture import CapturePolicy
+from bridges.core.paths import state_dir as _state_dir
 
 from .bridge import OpenHandsBridge, url_problem
 from .receiver import Settings
@@ -37,13 +36,6 @@ __all__ = ["OpenHandsBridge", "from_env", "Settings"]
 DEFAULT_URL = "http://127.0.0.1:8000"
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
-
-
-def _state_dir(env: Mapping[str, str]) -> Path:
-    if env.get("AEP_STATE_DIR"):
-        return Path(env["AEP_STATE_DIR"]).expanduser()
-    xdg = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")
-    return Path(xdg).expanduser() / "aep-bridges"
 
 
 def from_env(environ: Mapping[str, str], *, policy: CapturePolicy) -> OpenHandsBridge:
