@@ -31,7 +31,6 @@ Binaries come from npm into the version-keyed cache outside the checkout
 """
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -622,92 +621,95 @@ async def capture(vendor: str, dest: Path, *, heartbeat_wait: float = 35) -> Non
     def of_type(t, sid=None):
         return lambda p: p.get("type") == t and (sid is None or _sid(p) == sid)
 
+    srv: VendorServer | None = None
     with tempfile.TemporaryDirectory(prefix=f"aep-capture-{vendor}-") as tmp:
-      try:
-        async with trio.open_nursery() as n:
-            await n.start(mock.serve)
-            srv = VendorServer(spec, binary, Path(tmp), mock.base_url)
-            await srv.start()
-            n.start_soon(_record_stream, srv, "/global/event", frames, t0)
-            n.start_soon(_record_stream, srv, f"/event?directory={srv.directory}", frames, t0)
-            await trio.sleep(1.0)
-            async with srv.client() as c:
-                await call(c, "health", "GET", "/global/health")
-                # 1. plain prompt
-                r = await call(c, "create session", "POST", "/session", {})
-                sid = r.json()["id"]
-                await call(c, "prompt", "POST", f"/session/{sid}/prompt_async",
-                           {"parts": [{"type": "text", "text": "say hi"}]})
-                await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
-                await call(c, "status idle", "GET", "/session/status")
-                # 2. bash ask -> reply once (current route)
-                await call(c, "prompt bash", "POST", f"/session/{sid}/prompt_async",
-                           {"parts": [{"type": "text", "text": "AEP_BASH echo captured-once"}]})
-                ask = await _wait_for(frames, of_type("permission.asked", sid), start=mark[0])
-                await call(c, "status busy", "GET", "/session/status")
-                await call(c, "pending permissions", "GET", "/permission")
-                await call(c, "reply once", "POST", f"/permission/{ask['properties']['id']}/reply",
-                           {"reply": "once"})
-                await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
-                # 3. bash ask -> legacy reply route
-                await call(c, "prompt bash 2", "POST", f"/session/{sid}/prompt_async",
-                           {"parts": [{"type": "text", "text": "AEP_BASH echo captured-legacy"}]})
-                ask = await _wait_for(frames, of_type("permission.asked", sid), start=mark[0])
-                await call(c, "legacy reply", "POST",
-                           f"/session/{sid}/permissions/{ask['properties']['id']}",
-                           {"response": "once"})
-                await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
-                # 4. bash ask -> reject with a message
-                await call(c, "prompt bash 3", "POST", f"/session/{sid}/prompt_async",
-                           {"parts": [{"type": "text", "text": "AEP_BASH rm -rf build"}]})
-                ask = await _wait_for(frames, of_type("permission.asked", sid), start=mark[0])
-                await call(c, "reject with message", "POST",
-                           f"/permission/{ask['properties']['id']}/reply",
-                           {"reply": "reject", "message": "not on this branch, use make clean"})
-                await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
-                await call(c, "reply unknown id", "POST", "/permission/per_unknown/reply",
-                           {"reply": "once"})
-                await call(c, "legacy reply unknown id", "POST",
-                           f"/session/{sid}/permissions/per_unknown", {"response": "once"})
-                # 5. question -> reply
-                await call(c, "prompt question", "POST", f"/session/{sid}/prompt_async",
-                           {"parts": [{"type": "text", "text": "AEP_QUESTION"}]})
-                q = None
-                with trio.move_on_after(20):
-                    q = await _wait_for(frames, of_type("question.asked", sid), start=mark[0])
-                if q is not None:
-                    await call(c, "pending questions", "GET", "/question")
-                    await call(c, "question reply", "POST",
-                               f"/question/{q['properties']['id']}/reply",
-                               {"answers": [["SQLite"]]})
-                await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
-                # 6. slow stream -> abort
-                await call(c, "prompt slow", "POST", f"/session/{sid}/prompt_async",
-                           {"parts": [{"type": "text", "text": "AEP_SLOW"}]})
-                with trio.fail_after(30):
-                    while mock.slow_chunks < 5:
-                        await trio.sleep(0.05)
-                await call(c, "status busy slow", "GET", "/session/status")
-                await call(c, "abort", "POST", f"/session/{sid}/abort")
-                await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
-                await call(c, "abort idle", "POST", f"/session/{sid}/abort")
-                # 7. a second directory (the per-instance stream scoping)
-                other = Path(tmp) / "other"
-                other.mkdir()
-                r = await c.post("/session", json={}, params={"directory": str(other)})
-                rest.append({"t": round(time.monotonic() - t0, 3),
-                             "label": "create session other dir", "method": "POST",
-                             "path": "/session?directory=<other>",
-                             "status": r.status_code, "answer": r.json()})
-                await call(c, "sessions", "GET", "/session")
-                await call(c, "delete other-dir session", "DELETE",
-                           f"/session/{r.json()['id']}?directory={other}")
-                # heartbeats
-                await trio.sleep(heartbeat_wait)
-            srv.stop()
-            n.cancel_scope.cancel()
-      finally:
-        _write_capture(dest, tmp, spec, mock, frames, rest)
+        try:
+            async with trio.open_nursery() as n:
+                await n.start(mock.serve)
+                srv = VendorServer(spec, binary, Path(tmp), mock.base_url)
+                await srv.start()
+                n.start_soon(_record_stream, srv, "/global/event", frames, t0)
+                n.start_soon(_record_stream, srv, f"/event?directory={srv.directory}", frames, t0)
+                await trio.sleep(1.0)
+                async with srv.client() as c:
+                    await call(c, "health", "GET", "/global/health")
+                    # 1. plain prompt
+                    r = await call(c, "create session", "POST", "/session", {})
+                    sid = r.json()["id"]
+                    await call(c, "prompt", "POST", f"/session/{sid}/prompt_async",
+                               {"parts": [{"type": "text", "text": "say hi"}]})
+                    await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
+                    await call(c, "status idle", "GET", "/session/status")
+                    # 2. bash ask -> reply once (current route)
+                    await call(c, "prompt bash", "POST", f"/session/{sid}/prompt_async",
+                               {"parts": [{"type": "text", "text": "AEP_BASH echo captured-once"}]})
+                    ask = await _wait_for(frames, of_type("permission.asked", sid), start=mark[0])
+                    await call(c, "status busy", "GET", "/session/status")
+                    await call(c, "pending permissions", "GET", "/permission")
+                    await call(c, "reply once", "POST", f"/permission/{ask['properties']['id']}/reply",
+                               {"reply": "once"})
+                    await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
+                    # 3. bash ask -> legacy reply route
+                    await call(c, "prompt bash 2", "POST", f"/session/{sid}/prompt_async",
+                               {"parts": [{"type": "text", "text": "AEP_BASH echo captured-legacy"}]})
+                    ask = await _wait_for(frames, of_type("permission.asked", sid), start=mark[0])
+                    await call(c, "legacy reply", "POST",
+                               f"/session/{sid}/permissions/{ask['properties']['id']}",
+                               {"response": "once"})
+                    await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
+                    # 4. bash ask -> reject with a message
+                    await call(c, "prompt bash 3", "POST", f"/session/{sid}/prompt_async",
+                               {"parts": [{"type": "text", "text": "AEP_BASH rm -rf build"}]})
+                    ask = await _wait_for(frames, of_type("permission.asked", sid), start=mark[0])
+                    await call(c, "reject with message", "POST",
+                               f"/permission/{ask['properties']['id']}/reply",
+                               {"reply": "reject", "message": "not on this branch, use make clean"})
+                    await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
+                    await call(c, "reply unknown id", "POST", "/permission/per_unknown/reply",
+                               {"reply": "once"})
+                    await call(c, "legacy reply unknown id", "POST",
+                               f"/session/{sid}/permissions/per_unknown", {"response": "once"})
+                    # 5. question -> reply
+                    await call(c, "prompt question", "POST", f"/session/{sid}/prompt_async",
+                               {"parts": [{"type": "text", "text": "AEP_QUESTION"}]})
+                    q = None
+                    with trio.move_on_after(20):
+                        q = await _wait_for(frames, of_type("question.asked", sid), start=mark[0])
+                    if q is not None:
+                        await call(c, "pending questions", "GET", "/question")
+                        await call(c, "question reply", "POST",
+                                   f"/question/{q['properties']['id']}/reply",
+                                   {"answers": [["SQLite"]]})
+                    await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
+                    # 6. slow stream -> abort
+                    await call(c, "prompt slow", "POST", f"/session/{sid}/prompt_async",
+                               {"parts": [{"type": "text", "text": "AEP_SLOW"}]})
+                    with trio.fail_after(30):
+                        while mock.slow_chunks < 5:
+                            await trio.sleep(0.05)
+                    await call(c, "status busy slow", "GET", "/session/status")
+                    await call(c, "abort", "POST", f"/session/{sid}/abort")
+                    await _wait_for(frames, of_type("session.idle", sid), start=mark[0])
+                    await call(c, "abort idle", "POST", f"/session/{sid}/abort")
+                    # 7. a second directory (the per-instance stream scoping)
+                    other = Path(tmp) / "other"
+                    other.mkdir()
+                    r = await c.post("/session", json={}, params={"directory": str(other)})
+                    rest.append({"t": round(time.monotonic() - t0, 3),
+                                 "label": "create session other dir", "method": "POST",
+                                 "path": "/session?directory=<other>",
+                                 "status": r.status_code, "answer": r.json()})
+                    await call(c, "sessions", "GET", "/session")
+                    await call(c, "delete other-dir session", "DELETE",
+                               f"/session/{r.json()['id']}?directory={other}")
+                    # heartbeats
+                    await trio.sleep(heartbeat_wait)
+                srv.stop()
+                n.cancel_scope.cancel()
+        finally:
+            if srv is not None:
+                srv.stop()
+            _write_capture(dest, tmp, spec, mock, frames, rest)
 
 
 def _write_capture(dest, tmp, spec, mock, frames, rest) -> None:

@@ -17,7 +17,6 @@ from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.core.ledger import Refuse
-from bridges.kilocode_sse import PROFILE as KILO
 from bridges.kilocode_sse import from_env as kilo_from_env
 from bridges.opencode_sse import PROFILE as OC
 from bridges.opencode_sse import from_env as oc_from_env
