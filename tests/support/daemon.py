@@ -68,6 +68,7 @@ def run_daemon(tmp_path: Path, env: dict[str, str] | None = None, *, args: tuple
         "AEP_LOG_FORMAT": "json",
     })
     full.update(env or {})
+    tmp_path.mkdir(parents=True, exist_ok=True)
     log_path = tmp_path / f"daemon-{port}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(console_script() + list(args), env=full, cwd=ROOT,
