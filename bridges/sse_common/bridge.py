@@ -5,6 +5,9 @@ One implementation, configured by a :class:`~bridges.sse_common.profile.SseProfi
 the receiver (stream, reconcile, watchdog) and the command ledger serving
 ``ctx.commands``. Design record: ``shared/aep/docs/adapter-opencode-design.md``
 (the SSE bridge section); DESIGN.md (the operator's interface names).
+In primary mode the open runs and pending asks are kept in a small state
+file under ``AEP_STATE_DIR`` (:mod:`bridges.sse_common.state`) so a daemon
+restart continues them instead of leaving them dangling.
 
 Control is honored only when ALL of: primary mode, ``AEP_TOKEN`` set, the
 gate ``AEP_{VENDOR}_SSE_CONTROL=1`` (:attr:`SseBridge.control_honored`).
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import httpx
 import trio
@@ -26,11 +30,13 @@ from bridges.core import capture as _capture
 from bridges.core.bridge import BridgeContext
 from bridges.core.capture import CapturePolicy
 from bridges.core.ledger import CommandLedger
+from bridges.core.paths import state_dir as _state_dir
 
 from .control import ACCEPTS, ACK_WINDOW_MS, ControlGate, ReadOnlyClient
 from .mapping import Posture
 from .profile import SseProfile
 from .receiver import ReceiverSettings, SseReceiver
+from .state import StateFile, state_path
 from .tracker import Tracker
 
 log = logging.getLogger("aep.sse.bridge")
@@ -59,7 +65,9 @@ class SseBridge:
 
     Construct with :meth:`from_env` (the supervisor's path) or directly in
     tests. ``receiver_settings`` tunes liveness/backoff (tests shorten it);
-    ``transport`` replaces httpx's network transport (tests only)."""
+    ``transport`` replaces httpx's network transport (tests only);
+    ``state_dir``: where open runs and pending asks survive a daemon restart
+    (:mod:`bridges.sse_common.state`; ``None``: not persisted)."""
 
     def __init__(self, profile: SseProfile, *, url: str | None = None,
                  username: str | None = None, password: str | None = None,
@@ -67,7 +75,8 @@ class SseBridge:
                  guard_ms: int = DEFAULT_GUARD_MS, policy: CapturePolicy | None = None,
                  receiver_settings: ReceiverSettings | None = None,
                  problems: list[str] | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 state_dir: Path | None = None) -> None:
         self.profile = profile
         self.name = profile.name
         self.agent = profile.agent
@@ -82,6 +91,7 @@ class SseBridge:
         self.receiver_settings = receiver_settings or ReceiverSettings()
         self._problems = list(problems or [])
         self._transport = transport  # tests inject a fault-injecting/recording transport
+        self.state_dir = state_dir
         self.receiver: SseReceiver | None = None
         self.tracker: Tracker | None = None
 
@@ -122,7 +132,7 @@ class SseBridge:
                    password=environ.get(f"{e}_PASSWORD") or None,
                    primary=flag(f"{e}_SSE_PRIMARY"), control=flag(f"{e}_SSE_CONTROL"),
                    token=environ.get("AEP_TOKEN") or None, guard_ms=guard, policy=policy,
-                   problems=problems)
+                   problems=problems, state_dir=_state_dir(environ))
 
     @property
     def control_honored(self) -> bool:
@@ -168,15 +178,41 @@ class SseBridge:
         """Run the receiver and the command ledger until cancelled."""
         ctx.health.control = self.control_honored
         self.tracker = tracker = Tracker(self.posture())
+        self._state = StateFile(state_path(self.state_dir, self.name, self.url)
+                                if self.primary else None)
+        restored = tracker.restore(self._state.load())
+        if restored:
+            log.info("%s: %d session(s) with open runs or asks restored from %s", self.name,
+                     restored, self._state.path)
         async with self._client() as read_http:
             self.receiver = SseReceiver(self.profile, ReadOnlyClient(read_http), tracker, ctx,
-                                        url=self.url, settings=self.receiver_settings)
+                                        url=self.url, settings=self.receiver_settings,
+                                        persist=self.persist)
             if self.control_honored:
                 async with self._client() as write_http:
                     gate = ControlGate(self.profile, write_http, tracker)
                     await self._serve(ctx, gate, task_status)
             else:
                 await self._serve(ctx, None, task_status)
+
+    def persist(self) -> None:
+        """Save the tracker's persistent part if it changed."""
+        if self.tracker is not None and self.tracker.dirty:
+            self.tracker.dirty = False
+            self._state.save(self.tracker.snapshot())
+
+    def _arm(self, gate: ControlGate) -> Callable[[dict[str, Any]], Callable[[], None] | None]:
+        """``gate.arm`` with the note persisted on arm and on disarm."""
+        def arm(cmd: dict[str, Any]) -> Callable[[], None] | None:
+            undo = gate.arm(cmd)
+            self.persist()
+
+            def disarm() -> None:
+                if undo is not None:
+                    undo()
+                self.persist()
+            return disarm
+        return arm
 
     async def _serve(self, ctx: BridgeContext, gate: ControlGate | None, task_status) -> None:
         accepts = gate.accepts if gate is not None else ()
@@ -187,7 +223,7 @@ class SseBridge:
                 nursery.start_soon(self.receiver.run)
                 if gate is not None:
                     nursery.start_soon(lambda: ledger.serve(
-                        ctx.commands, check=gate.check, write=gate.write, arm=gate.arm))
+                        ctx.commands, check=gate.check, write=gate.write, arm=self._arm(gate)))
                 else:  # read-only: every command is nacked unsupported, nothing else runs
                     nursery.start_soon(lambda: ledger.serve(ctx.commands))
                 task_status.started()

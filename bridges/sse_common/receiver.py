@@ -42,7 +42,7 @@ import random
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import httpx
 import trio
@@ -137,7 +137,7 @@ class SseReceiver:
 
     def __init__(self, profile: SseProfile, reader: ReadOnlyClient, tracker: Tracker,
                  ctx: BridgeContext, *, url: str, settings: ReceiverSettings | None = None,
-                 rng=random.random) -> None:
+                 rng=random.random, persist: Callable[[], None] | None = None) -> None:
         self.profile = profile
         self.reader = reader
         self.tracker = tracker
@@ -145,6 +145,7 @@ class SseReceiver:
         self.url = url
         self.settings = settings or ReceiverSettings()
         self.rng = rng
+        self.persist = persist or (lambda: None)
         self.connected = False
         self.degraded = False
         self.session_frames = 0
@@ -285,6 +286,7 @@ class SseReceiver:
         await self.emit(outs)
 
     async def emit(self, outs: list[Out]) -> None:
+        """Stamp and send ``outs`` in order, then persist what changed."""
         for o in outs:
             try:
                 o.envelope = await self.ctx.emit(o.session, o.emission, run=o.run,
@@ -293,6 +295,7 @@ class SseReceiver:
                 self.ctx.health.count("emit_errors")
                 log.warning("%s: could not stamp %s: %s", self.ctx.name,
                             o.emission.get("type"), e)
+        self.persist()
 
     # -------------------------------------------------------------- REST reads
     async def _get_json(self, path: str, directory: str | None = None,

@@ -36,7 +36,11 @@ section; AEP-0002 §2, §7; AEP-0004 §5):
   pending asks and the last messages closes runs that ended unseen
   (``run.finished``, or ``run.failed{reason: interrupted}`` when the server
   lost the run mid-step), re-opens busy runs unseen (``trigger: resume``),
-  raises asks unseen and resolves asks that vanished.
+  reports a busy status it had not reported (``progress.status``; after a
+  daemon restart this is also what re-claims the session at the relay, so
+  commands route to it again), raises asks unseen and resolves asks that
+  vanished. Open runs and pending asks survive a daemon restart through
+  :meth:`Tracker.snapshot` / :meth:`Tracker.restore`.
 """
 from __future__ import annotations
 
@@ -144,6 +148,7 @@ class Tracker:
         self.ended: OrderedDict[str, None] = OrderedDict()
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.counters: dict[str, int] = {}
+        self.dirty = False  # the persistent part (snapshot()) changed
 
     # ------------------------------------------------------------ helpers
     def count(self, name: str, n: int = 1) -> None:
@@ -200,20 +205,24 @@ class Tracker:
     def arm_answer(self, ask: Ask, command: str, applied: dict[str, Any]) -> Callable[[], None]:
         """Mark ``ask`` settling by ``command``; returns the disarm."""
         ask.settling, ask.applied = command, applied
+        self.dirty = True
 
         def disarm() -> None:
             if ask.settling == command:
                 ask.settling, ask.applied = None, None
+                self.dirty = True
         return disarm
 
     def arm_cancel(self, session: str, command: str, run: str) -> Callable[[], None]:
         """Arm the pendingCancel note; returns the disarm."""
         st = self.state(session)
         note = st.cancel = Cancel(command, run)
+        self.dirty = True
 
         def disarm() -> None:
             if st.cancel is note:
                 st.cancel = None
+                self.dirty = True
         return disarm
 
     def _seen_id(self, ident: str | None) -> bool:
@@ -339,6 +348,7 @@ class Tracker:
                 if st.run is not None or not isinstance(mid, str) or mid in st.closed_runs:
                     return []
                 st.run = mid
+                self.dirty = True
                 return self._out(st, map_bus(t, p, self.posture), run=mid)
             return self._out(st, map_bus(t, p, self.posture), run=st.run)
         if t == "message.part.updated":
@@ -380,6 +390,7 @@ class Tracker:
                   questions=questions,
                   fields=question_fields(questions, self.posture) if kind == "form" else [])
         st.asks[vid] = ask
+        self.dirty = True
         return [out] + self._out(st, emissions[1:], run=st.run)
 
     def _settle(self, st: SessionState, vid: Any, resolution: str, *,
@@ -399,6 +410,7 @@ class Tracker:
 
     def _resolve(self, st: SessionState, ask: Ask, resolution: str, *,
                  reply: Any = None) -> list[Out]:
+        self.dirty = True
         st.settled[ask.vendor_id] = None
         if len(st.settled) > CLOSED_RUNS_KEPT:
             st.settled.popitem(last=False)
@@ -472,7 +484,71 @@ class Tracker:
         st.run = None
         st.tools.clear()
         st.rejected.clear()
+        self.dirty = True
         return outs
+
+    # ------------------------------------------------------------ persistence
+    def snapshot(self) -> dict[str, Any]:
+        """The state a daemon restart must not lose (JSON-shaped): per
+        session with an open run, a pending ask or a cancel note: the
+        directory, the run, the asks with their ``attention.requested``
+        envelope ids (the AEP subject of everything that follows), settling
+        marks, the cancel note, and the recently settled/closed ids."""
+        out: dict[str, Any] = {}
+        for sid, st in self.sessions.items():
+            if st.run is None and not st.asks and st.cancel is None:
+                continue
+            out[sid] = {
+                "directory": st.directory, "run": st.run, "started": st.started,
+                "closed_runs": list(st.closed_runs)[-32:],
+                "settled": list(st.settled)[-32:],
+                "cancel": [st.cancel.command, st.cancel.run] if st.cancel else None,
+                "asks": [{"vendor_id": a.vendor_id, "kind": a.kind, "surface": a.surface,
+                          "event_id": a.event_id, "run": a.run, "call_id": a.call_id,
+                          "questions": a.questions, "fields": a.fields,
+                          "settling": a.settling, "applied": a.applied}
+                         for a in st.asks.values() if a.event_id],
+            }
+        return {"version": 1, "sessions": out}
+
+    def restore(self, snap: Any) -> int:
+        """Load a :meth:`snapshot` (tolerant: anything malformed is skipped).
+        Returns the number of sessions restored. Reconcile then settles them
+        against the server as usual."""
+        sessions = snap.get("sessions") if isinstance(snap, dict) else None
+        n = 0
+        for sid, d in (sessions.items() if isinstance(sessions, dict) else []):
+            if not isinstance(sid, str) or not isinstance(d, dict):
+                continue
+            st = self.state(sid, d.get("directory") if isinstance(d.get("directory"), str)
+                            else None)
+            st.started = bool(d.get("started"))
+            if isinstance(d.get("run"), str):
+                st.run = d["run"]
+            for r in d.get("closed_runs") or []:
+                if isinstance(r, str):
+                    st.closed_runs[r] = None
+            for v in d.get("settled") or []:
+                if isinstance(v, str):
+                    st.settled[v] = None
+            c = d.get("cancel")
+            if isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c):
+                st.cancel = Cancel(c[0], c[1])
+            for a in d.get("asks") or []:
+                if not isinstance(a, dict) or not all(isinstance(a.get(k), str) for k in (
+                        "vendor_id", "kind", "surface", "event_id")):
+                    continue
+                out = Out(sid, {"type": "attention.requested"}, envelope={"id": a["event_id"]})
+                st.asks[a["vendor_id"]] = Ask(
+                    a["vendor_id"], sid, a["kind"], a["surface"], out,
+                    run=a.get("run") if isinstance(a.get("run"), str) else None,
+                    call_id=a.get("call_id") if isinstance(a.get("call_id"), str) else None,
+                    questions=a["questions"] if isinstance(a.get("questions"), list) else [],
+                    fields=a["fields"] if isinstance(a.get("fields"), list) else [],
+                    settling=a.get("settling") if isinstance(a.get("settling"), str) else None,
+                    applied=a.get("applied") if isinstance(a.get("applied"), dict) else None)
+            n += 1
+        return n
 
     # ------------------------------------------------------------ reconcile
     def reconcile(self, *, queried: set[str | None], busy: dict[str, str],
@@ -507,8 +583,13 @@ class Tracker:
                 user = _last_user_message(messages.get(sid) or [])
                 if user and user not in st.closed_runs:
                     st.run = user
+                    self.dirty = True
                     outs.append(Out(sid, {"type": "run.started", "data": {"trigger": "resume"}},
                                     run=user))
+            if st.status != status:  # observed over REST: news, and it claims the session
+                st.status = status
+                outs.append(Out(sid, {"type": "progress.status", "data": {}, "subject": status},
+                                run=st.run))
         # asks raised while we were away
         for vid, a in list(pending_p.items()) + list(pending_q.items()):
             sid = a["sessionID"]

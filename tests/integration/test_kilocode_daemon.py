@@ -64,6 +64,14 @@ async def test_5_cancel_mid_run(env):
     await sc.cancel_mid_run(env)
 
 
+async def test_5b_todos_become_task_events(env):
+    await sc.todos_become_task_events(env)
+
+
+async def test_6b_daemon_restarted_mid_run(env):
+    await sc.daemon_restarted_mid_run(env)
+
+
 async def test_7_wrong_password(env):
     await sc.wrong_password(env.server, env.tmp)
 

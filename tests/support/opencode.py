@@ -11,6 +11,7 @@ Two pieces, both used by the integration tests, the capture script
   - ``AEP_BASH <command>``: one ``bash`` tool call (the servers' own tool),
     then, once the tool result comes back, a final text;
   - ``AEP_QUESTION``: one ``question`` tool call (the ask-the-user tool);
+  - ``AEP_TODO``: one ``todowrite`` call (a two-item plan, one completed);
   - ``AEP_SLOW``: a text stream that trickles one chunk every 0.2 s for up to
     60 s (for abort tests); it stops when the client disconnects;
   - anything else: a short final text.
@@ -174,6 +175,10 @@ class MockChatProvider:
                 "header": "Database",
                 "options": [{"label": "PostgreSQL", "description": "relational"},
                             {"label": "SQLite", "description": "embedded"}]}]})
+        elif "AEP_TODO" in user_text and "todowrite" in tools:
+            await self._tool(send, cid, "todowrite", {"todos": [
+                {"content": "write the fix", "status": "completed", "priority": "high"},
+                {"content": "run the suite", "status": "pending", "priority": "medium"}]})
         elif "AEP_SLOW" in user_text:
             await self._slow(send, receive, cid)
         else:

@@ -11,6 +11,7 @@ are handed to a worker thread with ``trio.to_thread.run_sync``.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -464,3 +465,69 @@ async def in_process_other_directory(server: VendorServer, provider: MockProvide
     method, path, directory = writes[0]
     assert method == "POST" and path.startswith("/permission/per_") and path.endswith("/reply")
     assert directory == str(other)  # routed to the session's own instance
+
+
+# ---------------------------------------------------------------- todos (real shape)
+
+async def todos_become_task_events(env: Env) -> None:
+    """The real ``todowrite`` tool's ``todo.updated`` snapshot (current
+    ``Todo``: no id) diffs into plan-item transitions inside the run."""
+    from bridges.core.capture import digest
+    sid = await start_prompt(env, "AEP_TODO")
+    await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+    evs = checked(env.stream, sid)
+    run = only(evs, "run.started")["run"]
+    planned = [e for e in evs if e["type"] == "progress.task.planned"]
+    completed = [e for e in evs if e["type"] == "progress.task.completed"]
+    sub = {c: "todo-" + digest(c)[:16] for c in ("write the fix", "run the suite")}
+    assert [e["subject"] for e in planned] == [sub["write the fix"], sub["run the suite"]]
+    assert [e["subject"] for e in completed] == [sub["write the fix"]]
+    assert all(e["run"] == run and "data" not in e for e in planned + completed)
+
+
+# ---------------------------------------------------------------- daemon restart
+
+async def daemon_restarted_mid_run(env: Env) -> None:
+    """A daemon restart while a run waits on a permission: the new daemon
+    restores its open runs and pending asks (the state dir) and reconciles
+    from REST (the stream has no replay). The run continues under the same
+    id without a second ``run.started``, the ask keeps its id and is
+    answered over AEP after the restart, and the session's JSONL history
+    across both daemon lives is one valid stream: nothing dangles, nothing
+    twice."""
+    state = env.tmp / "restart"
+    d = SseDaemon(env.server, state).start()
+    stream = StreamReader(d.url, d.token)
+    try:
+        sid = await start_prompt(env, "AEP_BASH echo across-restart")
+        first = (await stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
+        stream.close()
+        assert d.stop() == 0, d.logs()
+        d.start()
+        stream = StreamReader(d.url, d.token)
+        # the reconcile's observation of the busy session (it also re-claims
+        # the session at the relay, so the command can be routed)
+        busy = (await stream.wait_for(lambda s: s.of(sid, "progress.status")))[0]
+        assert busy["subject"] == "busy" and busy["run"] == first["run"]
+        status, ack = await command(d, "control.attention.respond", sid, subject=first["id"],
+                                    data={"answer": {"option": "once"}})
+        assert status == "accepted", (status, ack)
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+        after = stream.of(sid)
+        assert "run.started" not in types(after) and "attention.requested" not in types(after)
+        assert types(after)[0] == "progress.status"
+        answered = only(after, "attention.answered")
+        assert answered["subject"] == first["id"] and answered["cause"] == ack["cause"]
+        assert answered["epoch"] > first["epoch"]
+        assert only(after, "run.finished")["run"] == first["run"]
+        log = state / "logs" / env.vendor
+        lines = [json.loads(x) for f in sorted(log.glob("*.jsonl"))
+                 for x in f.read_text().splitlines() if x.strip()]
+        history = [e for e in lines if e.get("session") == sid]
+        validate_stream(history)
+        assert types(history).count("run.started") == 1
+        assert types(history).count("run.finished") == 1
+        assert types(history).count("attention.requested") == 1
+    finally:
+        stream.close()
+        assert d.stop() == 0, d.logs()

@@ -296,9 +296,9 @@ def test_reconcile_resumes_a_busy_run_and_raises_a_pending_ask_once():
     kw = dict(queried={None}, busy={S: "busy"}, permissions=[perm], questions=[],
               messages={S: [msg("msg_u0", "user", created=1), msg("msg_u1", "user", created=5)]})
     outs = stamp(r.tr.reconcile(**kw), r.st)
-    assert r.types(outs) == ["run.started", "attention.requested"]
+    assert r.types(outs) == ["run.started", "progress.status", "attention.requested"]
     assert outs[0]["run"] == "msg_u1" and outs[0]["data"] == {"trigger": "resume"}
-    assert outs[1]["run"] == "msg_u1"
+    assert outs[1]["subject"] == "busy" and outs[2]["run"] == "msg_u1"
     assert r.tr.reconcile(**kw) == []
     # the live stream then repeats the ask and the user message: no duplicates
     assert r.feed(ask(), user("msg_u1")) == []
@@ -311,9 +311,10 @@ def test_reconcile_resolves_a_vanished_ask_and_claims_it_when_ours():
     r.tr.arm_answer(mine, "cmd-5", {"option": "always"})
     outs = stamp(r.tr.reconcile(queried={None}, busy={S: "busy"}, permissions=[], questions=[],
                                 messages={}), r.st)
-    assert r.types(outs) == ["attention.resolved", "attention.answered", "attention.resolved"]
-    assert outs[0]["data"]["resolution"] == "dismissed"
-    assert outs[1]["cause"] == "cmd-5"
+    assert r.types(outs) == ["progress.status", "attention.resolved", "attention.answered",
+                             "attention.resolved"]
+    assert outs[1]["data"]["resolution"] == "dismissed"
+    assert outs[2]["cause"] == "cmd-5"
 
 
 def test_reconcile_leaves_sessions_of_unread_directories_alone():
@@ -339,4 +340,37 @@ def test_a_stale_snapshot_never_re_raises_a_settled_ask():
     r.feed(ev("permission.replied", requestID="per_1", reply="once"))
     outs = r.tr.reconcile(queried={None}, busy={S: "busy"}, permissions=[ask().properties],
                           questions=[], messages={})
-    assert outs == []
+    assert [o.emission["type"] for o in outs] == ["progress.status"]
+
+
+def test_snapshot_restore_round_trip_continues_the_run_and_the_ask():
+    """What a daemon restart keeps: the open run (no second run.started), the
+    ask under its original request id (answerable, settled once), the
+    settling mark and the cancel note; the snapshot is JSON."""
+    import json
+    r = Run()
+    r.feed(user(), tool("call_1", "pending", input={}), ask())
+    req = r.evs[-1]
+    r.tr.arm_cancel(S, "cmd-c", "msg_u1")
+    snap = json.loads(json.dumps(r.tr.snapshot()))
+    fresh = Tracker(Posture("opencode", "primary", answerable=True))
+    assert fresh.restore(snap) == 1 and fresh.open_run(S) == "msg_u1"
+    a = fresh.find_ask(S, req["id"])
+    assert a is not None and a.vendor_id == "per_1" and a.call_id == "call_1"
+    fresh.arm_answer(a, "cmd-a", {"option": "once"})
+    st2 = Stamper("opencode", epoch=2, host="test")
+    outs = stamp(fresh.feed(user("msg_u1")), st2)  # the live repeat: nothing
+    outs += stamp(fresh.feed(ev("permission.replied", requestID="per_1", reply="once")), st2)
+    outs += stamp(fresh.feed(ev("session.idle")), st2)
+    assert [e["type"] for e in outs] == ["attention.answered", "attention.resolved",
+                                         "run.cancelled"]
+    assert outs[0]["subject"] == req["id"] and outs[2]["cause"] == "cmd-c"
+    validate_stream(r.evs + outs)
+
+
+def test_restore_tolerates_garbage():
+    tr = Tracker(Posture("opencode", "primary"))
+    for junk in (None, [], {"sessions": []}, {"sessions": {"s": 5, 7: {}}},
+                 {"sessions": {"s": {"asks": [{"vendor_id": 1}], "cancel": ["x"]}}}):
+        tr.restore(junk)
+    assert all(not st.asks and st.cancel is None for st in tr.sessions.values())
