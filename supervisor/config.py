@@ -8,7 +8,6 @@ list of problems, one clear line each, so the CLI can refuse to start (exit
 from __future__ import annotations
 
 import os
-import socket
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Mapping
 
 from bridges.core.capture import CapturePolicy
 from bridges.core.paths import state_dir
+from bridges.core.settings import EnvReader, bindable
 
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
@@ -68,91 +68,29 @@ class Config:
         return self.relay_url is None
 
 
-def parse_hostport(value: str, what: str) -> tuple[str, int]:
-    """``host:port`` / ``[v6]:port`` -> ``(host, port)``. Raises ``ValueError``
-    with a message naming ``what``."""
-    v = value.strip()
-    if v.startswith("["):
-        host, sep, port = v[1:].partition("]:")
-    else:
-        host, sep, port = v.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what}={value!r} is not host:port (e.g. 127.0.0.1:8787)")
-    return host, int(port)
-
-
-def port_free(host: str, port: int) -> bool:
-    """True when ``host:port`` can be bound right now (TCP). Port 0 is
-    always free. An unresolvable host counts as not free."""
-    if port == 0:
-        return True
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    family, kind, proto, _, addr = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(addr)
-        except OSError:
-            return False
-    return True
-
-
-def _flag(env: Mapping[str, str], name: str, default: bool, problems: list[str]) -> bool:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    problems.append(f"{name}={raw!r}: expected 1 or 0")
-    return default
-
-
-def _int(env: Mapping[str, str], name: str, default: int, problems: list[str],
-         minimum: int = 1) -> int:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        problems.append(f"{name}={raw!r}: expected a whole number")
-        return default
-    if v < minimum:
-        problems.append(f"{name}={v}: must be at least {minimum}")
-        return default
-    return v
-
-
 def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
          check_ports: bool = True) -> tuple[Config, list[str]]:
     """Parse the environment. Returns ``(config, problems)``; a non-empty
     ``problems`` list means: refuse to start. ``relay_only`` is
     ``aep-bridges relay`` (no bridges, no uplink)."""
     env = dict(os.environ if env is None else env)
-    problems: list[str] = []
+    r = EnvReader(env)
+    problems = r.problems
     cfg = Config(environ=env)
-    cfg.token = env.get("AEP_TOKEN") or None
+    cfg.token = r.text("AEP_TOKEN")
     cfg.state_dir = state_dir(env)
-    cfg.buffer = _int(env, "AEP_BUFFER", 10_000, problems)
-    cfg.max_sessions = _int(env, "AEP_MAX_SESSIONS", 500, problems)
-    cfg.max_body = _int(env, "AEP_MAX_BODY", 16 << 20, problems)
-    cfg.max_batch = _int(env, "AEP_MAX_BATCH", 10_000, problems)
-    cfg.max_from = _int(env, "AEP_MAX_FROM", cfg.max_sessions, problems)
-    try:
-        cfg.listen = parse_hostport(env.get("AEP_LISTEN") or DEFAULT_LISTEN, "AEP_LISTEN")
-    except ValueError as e:
-        problems.append(str(e))
+    cfg.buffer = r.integer("AEP_BUFFER", 10_000, minimum=1)
+    cfg.max_sessions = r.integer("AEP_MAX_SESSIONS", 500, minimum=1)
+    cfg.max_body = r.integer("AEP_MAX_BODY", 16 << 20, minimum=1, unit="bytes")
+    cfg.max_batch = r.integer("AEP_MAX_BATCH", 10_000, minimum=1)
+    cfg.max_from = r.integer("AEP_MAX_FROM", cfg.max_sessions, minimum=1)
+    cfg.listen = r.hostport("AEP_LISTEN", DEFAULT_LISTEN) or cfg.listen
     try:
         cfg.policy = CapturePolicy.from_env(env)
     except ValueError as e:
         problems.extend(getattr(e, "problems", None) or [str(e)])
 
-    url = env.get("AEP_RELAY_URL") or None
+    url = r.text("AEP_RELAY_URL")
     if url and not relay_only:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
@@ -166,12 +104,12 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
                 known = ", ".join(sorted(_FLAGS))
                 problems.append(f"{name}: unknown bridge (known: {known})")
         for spec in FLEET:
-            if _flag(env, spec.flag, spec.default, problems):
+            if r.flag(spec.flag, spec.default):
                 if spec.factory is None:
                     problems.append(f"{spec.flag}=1: the {spec.key} bridge is not part of this build")
                 else:
                     cfg.enabled.append(spec)
 
-    if check_ports and cfg.embedded_relay and not problems and not port_free(*cfg.listen):
+    if check_ports and cfg.embedded_relay and not problems and not bindable(*cfg.listen):
         problems.append(f"AEP_LISTEN={cfg.listen[0]}:{cfg.listen[1]}: address in use or not bindable")
     return cfg, problems

@@ -13,7 +13,6 @@ write exists to be made.
 from __future__ import annotations
 
 import logging
-import urllib.parse
 from typing import Any
 
 import trio
@@ -82,16 +81,3 @@ async def _refuse_all(ctx: Any) -> None:
     no ``write`` and this bridge has no write path at all."""
     async with CommandLedger(ctx, (), ack_window_ms=_control.ACK_WINDOW_MS) as ledger:
         await ledger.serve(ctx.commands)
-
-
-def url_problem(url: str) -> str | None:
-    p = urllib.parse.urlsplit(url)
-    if p.scheme not in ("http", "https") or not p.hostname:
-        return f"AEP_OPENHANDS_URL={url!r}: expected http(s)://host:port (the agent server's base URL)"
-    try:
-        p.port
-    except ValueError:
-        return f"AEP_OPENHANDS_URL={url!r}: the port is not a number"
-    if p.query or p.fragment:
-        return f"AEP_OPENHANDS_URL={url!r}: no query or fragment (the key goes in AEP_OPENHANDS_SESSION_API_KEY)"
-    return None

@@ -22,7 +22,6 @@ and records still unsent then are reported to the sender in
 """
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from typing import Any, Sequence
 
@@ -33,6 +32,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from bridges.core import capture as _capture
 from bridges.core.bridge import BridgeContext, Saturated
 from bridges.core.capture import CapturePolicy
+from bridges.core.settings import Address, bindable, parse_hostport
 
 from .common import Posture, record_time, session_id
 from .flatten import FlatRecord
@@ -44,7 +44,6 @@ DEFAULT_GRPC_LISTEN = "127.0.0.1:4317"
 DEFAULT_HTTP_LISTEN = "127.0.0.1:4318"
 OFF = ("off", "none", "disabled", "0")
 
-Address = tuple[str, int]
 
 
 def parse_listen(value: str | None) -> Address | None:
@@ -52,30 +51,10 @@ def parse_listen(value: str | None) -> Address | None:
     -> ``None`` (listener disabled). Raises ``ValueError`` otherwise."""
     if value is None or value.strip().lower() in OFF:
         return None
-    v = value.strip()
-    if v.startswith("["):
-        host, sep, port = v[1:].partition("]:")
-    else:
-        host, sep, port = v.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:4318) or off")
-    return host, int(port)
-
-
-def _bindable(addr: Address) -> bool:
-    host, port = addr
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    family, kind, proto, _, sockaddr = infos[0]
-    with socket.socket(family, kind, proto) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(sockaddr)
-        except OSError:
-            return False
-    return True
+        return parse_hostport(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:4318) or off") from None
 
 
 class OtlpInBridge:
@@ -185,7 +164,7 @@ class OtlpInBridge:
             if addr in taken:
                 problems.append(f"{self.settings[kind]}={addr[0]}:{addr[1]}: also used by "
                                 f"{taken[addr]}; each OTLP vendor needs its own listeners")
-            elif not _bindable(addr):
+            elif not bindable(*addr):
                 problems.append(f"{self.settings[kind]}={addr[0]}:{addr[1]}: address in use or "
                                 "not bindable")
         if not isinstance(self.max_body, int) or self.max_body < 1024:

@@ -19,7 +19,6 @@ other path that writes to the vendor.
 from __future__ import annotations
 
 import logging
-import urllib.parse
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -31,6 +30,7 @@ from bridges.core.bridge import BridgeContext
 from bridges.core.capture import CapturePolicy
 from bridges.core.ledger import CommandLedger
 from bridges.core.paths import state_dir as _state_dir
+from bridges.core.settings import EnvReader
 
 from .control import ACCEPTS, ACK_WINDOW_MS, ControlGate, ReadOnlyClient
 from .mapping import Posture
@@ -41,23 +41,10 @@ from .tracker import Tracker
 
 log = logging.getLogger("aep.sse.bridge")
 
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 DEFAULT_GUARD_MS = 8000
 
 #: Core type families the primary mapping emits (``hello.capabilities.emits``).
 PRIMARY_EMITS = ("session", "run", "tool", "attention", "progress", "control")
-
-
-def url_problem(name: str, url: str) -> str | None:
-    p = urllib.parse.urlsplit(url)
-    if p.scheme not in ("http", "https") or not p.hostname:
-        return f"{name}={url!r}: expected http(s)://host:port"
-    try:
-        p.port
-    except ValueError:
-        return f"{name}={url!r}: bad port"
-    return None
 
 
 class SseBridge:
@@ -103,36 +90,17 @@ class SseBridge:
         ``{env}_PASSWORD``, ``{env}_SSE_PRIMARY``, ``{env}_SSE_CONTROL``,
         ``{env}_SSE_ACK_GUARD_MS``, ``AEP_TOKEN``). Never raises for bad
         values: each becomes one :meth:`preflight` line."""
-        problems: list[str] = []
+        r = EnvReader(environ)
         e = profile.env
-
-        def flag(name: str) -> bool:
-            raw = (environ.get(name) or "").strip().lower()
-            if raw in _TRUE:
-                return True
-            if raw not in _FALSE:
-                problems.append(f"{name}={environ.get(name)!r}: expected 1 or 0")
-            return False
-
-        url = (environ.get(f"{e}_URL") or profile.default_url).strip()
-        if (p := url_problem(f"{e}_URL", url)) is not None:
-            problems.append(p)
-        guard = DEFAULT_GUARD_MS
-        raw = environ.get(f"{e}_SSE_ACK_GUARD_MS")
-        if raw not in (None, ""):
-            try:
-                guard = int(raw)
-                if not 0 <= guard < ACK_WINDOW_MS:
-                    raise ValueError
-            except ValueError:
-                problems.append(f"{e}_SSE_ACK_GUARD_MS={raw!r}: expected milliseconds in "
-                                f"[0, {ACK_WINDOW_MS}) (default {DEFAULT_GUARD_MS})")
-                guard = DEFAULT_GUARD_MS
+        url = r.url(f"{e}_URL", profile.default_url)
+        guard = r.integer(f"{e}_SSE_ACK_GUARD_MS", DEFAULT_GUARD_MS, minimum=0,
+                          maximum=ACK_WINDOW_MS - 1, unit="milliseconds inside the ack window")
+        primary, control = r.flag(f"{e}_SSE_PRIMARY"), r.flag(f"{e}_SSE_CONTROL")
         return cls(profile, url=url, username=environ.get(f"{e}_USERNAME") or None,
                    password=environ.get(f"{e}_PASSWORD") or None,
-                   primary=flag(f"{e}_SSE_PRIMARY"), control=flag(f"{e}_SSE_CONTROL"),
+                   primary=primary, control=control,
                    token=environ.get("AEP_TOKEN") or None, guard_ms=guard, policy=policy,
-                   problems=problems, state_dir=_state_dir(environ))
+                   problems=r.problems, state_dir=_state_dir(environ))
 
     @property
     def control_honored(self) -> bool:

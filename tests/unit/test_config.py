@@ -4,6 +4,7 @@ import socket
 
 import pytest
 
+from bridges.core.settings import EnvReader, parse_hostport
 from supervisor import config
 
 
@@ -67,13 +68,25 @@ def test_bridges_enable_and_disable():
     ("0.0.0.0:0", ("0.0.0.0", 0)),
 ])
 def test_parse_hostport(value, expected):
-    assert config.parse_hostport(value, "X") == expected
+    assert parse_hostport(value) == expected
 
 
 @pytest.mark.parametrize("value", ["", ":80", "host:", "host:99999", "host:http", "[::1]8787"])
 def test_parse_hostport_refuses(value):
-    with pytest.raises(ValueError, match="X="):
-        config.parse_hostport(value, "X")
+    with pytest.raises(ValueError, match="is not host:port"):
+        parse_hostport(value)
+
+
+def test_env_reader_collects_one_line_per_problem_and_keeps_defaults():
+    r = EnvReader({"F": "maybe", "I": "x", "J": "0", "S": "-1", "U": "ftp://h", "H": "nope",
+                   "OK": "On"})
+    assert r.flag("F") is False and r.flag("OK") is True and r.flag("MISSING", True) is True
+    assert r.integer("I", 7) == 7 and r.integer("J", 5, minimum=1) == 5
+    assert r.seconds("S", 15.0) == 15.0
+    assert r.url("U", "http://d:1") == "ftp://h"
+    assert r.hostport("H", "127.0.0.1:1") is None
+    assert len(r.problems) == 6
+    assert r.problems[0] == "F='maybe': expected 1 or 0"
 
 
 def test_port_in_use_is_refused():
