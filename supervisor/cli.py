@@ -23,11 +23,20 @@ def _refuse(problems: list[str]) -> int:
     return 2
 
 
+def _load(*, relay_only: bool = False, check_ports: bool = True):
+    """Config + bridges with every problem collected (core and bridge
+    settings alike); warnings (misspelt names) printed, not fatal."""
+    from .daemon import build_bridges
+    cfg, problems = config_mod.load(relay_only=relay_only, check_ports=check_ports)
+    for w in cfg.warnings:
+        print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
+    bridges, more = ([], []) if relay_only else build_bridges(cfg, check_ports=check_ports)
+    return cfg, bridges, problems + more
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .daemon import build_bridges, run_daemon
-    cfg, problems = config_mod.load(check_ports=True)
-    if not problems:
-        bridges, problems = build_bridges(cfg)
+    from .daemon import run_daemon
+    cfg, bridges, problems = _load()
     if problems:
         return _refuse(problems)
     logs.setup(cfg.environ)
@@ -36,7 +45,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_relay(args: argparse.Namespace) -> int:
     from .daemon import run_daemon
-    cfg, problems = config_mod.load(relay_only=True, check_ports=True)
+    cfg, _, problems = _load(relay_only=True)
     if problems:
         return _refuse(problems)
     logs.setup(cfg.environ)
@@ -44,10 +53,7 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from .daemon import build_bridges
-    cfg, problems = config_mod.load(check_ports=not args.no_ports)
-    if not problems:
-        _, problems = build_bridges(cfg)
+    cfg, _, problems = _load(check_ports=not args.no_ports)
     if problems:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "

@@ -7,6 +7,7 @@ list of problems, one clear line each, so the CLI can refuse to start (exit
 2) before anything binds."""
 from __future__ import annotations
 
+import difflib
 import os
 import urllib.parse
 from dataclasses import dataclass, field
@@ -42,6 +43,26 @@ FLEET: tuple[BridgeSpec, ...] = (
 )
 _FLAGS = {s.flag for s in FLEET}
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+# Every AEP_* name something in this project reads (the README's tables),
+# so a misspelt setting is pointed out instead of silently ignored.
+KNOWN_SETTINGS = frozenset({
+    "AEP_TOKEN", "AEP_RELAY_URL", "AEP_LISTEN", "AEP_STATE_DIR", "AEP_BUFFER",
+    "AEP_MAX_SESSIONS", "AEP_MAX_BODY", "AEP_MAX_BATCH", "AEP_MAX_FROM", "AEP_CAPTURE",
+    "AEP_CAPTURE_ATTENTION", "AEP_REDACT_NAMES", "AEP_REDACT_PII", "AEP_LOG_LEVEL",
+    "AEP_LOG_FORMAT", "AEP_AGENT_NAME",
+    "AEP_OTLP_GRPC_LISTEN", "AEP_OTLP_HTTP_LISTEN", "AEP_OTLP_VENDOR", "AEP_OTLP_PRIMARY",
+    "AEP_OTLP_MAX_BODY", "AEP_OTLP_CODEX_GRPC_LISTEN", "AEP_OTLP_CODEX_HTTP_LISTEN",
+    "AEP_OTLP_VSCODE_GRPC_LISTEN", "AEP_OTLP_VSCODE_HTTP_LISTEN",
+    "AEP_OPENHANDS_URL", "AEP_OPENHANDS_SESSION_API_KEY", "AEP_OPENHANDS_POLL",
+    "AEP_OPENHANDS_DELTAS", "AEP_OPENHANDS_CONTROL", "AEP_OPENHANDS_ACK_GUARD_MS",
+    *(f"AEP_{v}_{k}" for v in ("OPENCODE", "KILOCODE")
+      for k in ("URL", "USERNAME", "PASSWORD", "SSE_PRIMARY", "SSE_CONTROL", "SSE_ACK_GUARD_MS")),
+    # scripts/dev and the test suite
+    "AEP_PYTHON", "AEP_PYTHON312", "AEP_SHARED", "AEP_VENDOR_CACHE",
+}) | _FLAGS
+
 
 @dataclass
 class Config:
@@ -61,6 +82,7 @@ class Config:
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy)
     enabled: list[BridgeSpec] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @property
@@ -85,6 +107,12 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     cfg.max_batch = r.integer("AEP_MAX_BATCH", 10_000, minimum=1)
     cfg.max_from = r.integer("AEP_MAX_FROM", cfg.max_sessions, minimum=1)
     cfg.listen = r.hostport("AEP_LISTEN", DEFAULT_LISTEN) or cfg.listen
+    level = (r.text("AEP_LOG_LEVEL") or "info").strip().lower()
+    if level not in LOG_LEVELS:
+        problems.append(f"AEP_LOG_LEVEL={level!r}: expected one of {', '.join(LOG_LEVELS)}")
+    fmt = r.text("AEP_LOG_FORMAT")
+    if fmt is not None and fmt.strip().lower() not in ("json", "text"):
+        problems.append(f"AEP_LOG_FORMAT={fmt!r}: expected json or text")
     try:
         cfg.policy = CapturePolicy.from_env(env)
     except ValueError as e:
@@ -99,16 +127,22 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
             cfg.relay_url = url.rstrip("/")
 
     if not relay_only:
+        buildable = ", ".join(s.flag for s in FLEET if s.factory)
         for name in sorted(env):
             if name.startswith("AEP_BRIDGE_") and name not in _FLAGS:
-                known = ", ".join(sorted(_FLAGS))
-                problems.append(f"{name}: unknown bridge (known: {known})")
+                problems.append(f"{name}: unknown bridge (known: {buildable})")
         for spec in FLEET:
             if r.flag(spec.flag, spec.default):
                 if spec.factory is None:
                     problems.append(f"{spec.flag}=1: the {spec.key} bridge is not part of this build")
                 else:
                     cfg.enabled.append(spec)
+
+    for name in sorted(env):
+        if name.startswith("AEP_") and name not in KNOWN_SETTINGS and not name.startswith("AEP_BRIDGE_"):
+            close = difflib.get_close_matches(name, KNOWN_SETTINGS, n=1)
+            cfg.warnings.append(f"{name} is not a setting (ignored)"
+                                + (f"; did you mean {close[0]}?" if close else ""))
 
     if check_ports and cfg.embedded_relay and not problems and not bindable(*cfg.listen):
         problems.append(f"AEP_LISTEN={cfg.listen[0]}:{cfg.listen[1]}: address in use or not bindable")

@@ -25,7 +25,7 @@ log = logging.getLogger("aep.daemon")
 EXIT_OK, EXIT_DEADLINE, EXIT_CONFIG = 0, 1, 2
 
 
-def build_bridges(cfg: Config) -> tuple[list[Any], list[str]]:
+def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], list[str]]:
     """Instantiate every enabled bridge through its ``from_env`` factory and
     collect its ``preflight()`` problems. Returns ``(bridges, problems)``."""
     bridges: list[Any] = []
@@ -43,7 +43,7 @@ def build_bridges(cfg: Config) -> tuple[list[Any], list[str]]:
             problems.append(str(e))
             continue
         for b in made if isinstance(made, (list, tuple)) else [made]:
-            problems.extend(b.preflight())
+            problems.extend(b.preflight(check_ports=check_ports))
             bridges.append(b)
     names = [b.name for b in bridges]
     for n in {n for n in names if names.count(n) > 1}:

@@ -71,13 +71,13 @@ def setup(environ: Mapping[str, str], *, stream=None, level: str | None = None) 
     ``AEP_LOG_LEVEL`` (default ``info``); ``AEP_LOG_FORMAT`` = ``json`` |
     ``text`` overrides the TTY detection."""
     stream = stream or sys.stderr
-    fmt = environ.get("AEP_LOG_FORMAT")
+    fmt = (environ.get("AEP_LOG_FORMAT") or "").strip().lower()
     as_json = fmt == "json" if fmt in ("json", "text") else not stream.isatty()
     handler = logging.StreamHandler(stream)
     handler.setFormatter(_Formatter(as_json, secret_values(environ)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel((level or environ.get("AEP_LOG_LEVEL") or "info").upper())
+    root.setLevel((level or environ.get("AEP_LOG_LEVEL") or "info").strip().upper())
     # hypercorn's access log would print query strings (access_token): off.
     logging.getLogger("hypercorn.access").disabled = True
     # httpx logs every vendor poll at INFO: noise in a daemon's log.

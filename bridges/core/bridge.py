@@ -137,7 +137,8 @@ class Bridge(Protocol):
     ``name``: config/health key (``otlp_in.codex``); ``agent``: the AEP agent
     id; :meth:`capabilities` is the ``hello`` capability block (``emits``,
     ``capture``, ``control: {accepts, ack_window_ms}``); :meth:`preflight`
-    returns one problem line per bad setting (checked before anything binds);
+    returns one problem line per bad setting (checked before anything binds;
+    ``check_ports=False`` skips the are-my-ports-free probe, for ``aep-bridges check``);
     :meth:`run` owns every task of the bridge in its own nursery, calls
     ``task_status.started()`` once its listeners are bound, and returns or
     raises only when the bridge stops (the supervisor restarts it with
@@ -148,6 +149,6 @@ class Bridge(Protocol):
 
     def capabilities(self) -> dict[str, Any]: ...
 
-    def preflight(self) -> list[str]: ...
+    def preflight(self, *, check_ports: bool = True) -> list[str]: ...
 
     async def run(self, ctx: BridgeContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None: ...

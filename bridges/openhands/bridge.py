@@ -57,7 +57,7 @@ class OpenHandsBridge:
                 "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),
                 "control": {"accepts": accepts, "ack_window_ms": _control.ACK_WINDOW_MS}}
 
-    def preflight(self) -> list[str]:
+    def preflight(self, *, check_ports: bool = True) -> list[str]:
         return list(self._problems)
 
     async def run(self, ctx: Any, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

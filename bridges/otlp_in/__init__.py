@@ -24,13 +24,13 @@ from __future__ import annotations
 from typing import Mapping
 
 from bridges.core.capture import CapturePolicy
+from bridges.core.settings import EnvReader
 
 from .bridge import DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, OtlpInBridge
 from .receiver import DEFAULT_MAX_BODY
 
 __all__ = ["OtlpInBridge", "from_env"]
 
-_TRUE = ("1", "true", "yes", "on")
 
 
 def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None
@@ -40,7 +40,8 @@ def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None
     lines (one per problem)."""
     vendors = [v.strip().lower() for v in (environ.get("AEP_OTLP_VENDOR") or "codex").split(",")]
     vendors = [v for v in dict.fromkeys(vendors) if v] or ["codex"]
-    primary = (environ.get("AEP_OTLP_PRIMARY") or "").strip().lower() in _TRUE
+    reader = EnvReader(environ)
+    primary = reader.flag("AEP_OTLP_PRIMARY")
     raw_max = (environ.get("AEP_OTLP_MAX_BODY") or "").strip()
     max_body: int = DEFAULT_MAX_BODY
     if raw_max:
@@ -63,7 +64,8 @@ def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None
                 listen[kind], settings[kind] = "", own
         bridges.append(OtlpInBridge(vendor, grpc_listen=listen["grpc"],
                                     http_listen=listen["http"], primary=primary,
-                                    policy=policy, max_body=max_body, settings=settings))
+                                    policy=policy, max_body=max_body, settings=settings,
+                                    problems=reader.problems if i == 0 else None))
     for b in bridges:
         b.peers = tuple(bridges)
     return bridges

@@ -54,7 +54,7 @@ def parse_listen(value: str | None) -> Address | None:
     try:
         return parse_hostport(value)
     except ValueError:
-        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:4318) or off") from None
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:4317) or off") from None
 
 
 class OtlpInBridge:
@@ -80,8 +80,10 @@ class OtlpInBridge:
                  http_listen: str | None = DEFAULT_HTTP_LISTEN, primary: bool = False,
                  policy: CapturePolicy | None = None, max_body: int = DEFAULT_MAX_BODY,
                  emit_grace: float = 3.0, retry_after: int = 1, grpc_workers: int = 4,
-                 settings: dict[str, str] | None = None) -> None:
+                 settings: dict[str, str] | None = None,
+                 problems: list[str] | None = None) -> None:
         self.vendor = vendor
+        self._env_problems = list(problems or [])
         self.profile: Profile | None = PROFILES.get(vendor)
         self.name = f"otlp_in.{vendor}"
         self.agent = self.profile.agent if self.profile else vendor
@@ -120,12 +122,12 @@ class OtlpInBridge:
         """The configured listeners (``ValueError`` if unparsable)."""
         return {"grpc": parse_listen(self.grpc_listen), "http": parse_listen(self.http_listen)}
 
-    def preflight(self) -> list[str]:
+    def preflight(self, *, check_ports: bool = True) -> list[str]:
         """One line per problem, checked before anything binds: unknown
         vendor, unparsable address, both listeners off, an address used twice
         (within this bridge or by a sibling profile), port in use, a bad size
         limit."""
-        problems: list[str] = []
+        problems: list[str] = list(self._env_problems)
         if self.profile is None:
             problems.append(f"{self.settings['vendor']}: unknown vendor {self.vendor!r} "
                             f"(known: {', '.join(sorted(PROFILES))})")
@@ -164,7 +166,7 @@ class OtlpInBridge:
             if addr in taken:
                 problems.append(f"{self.settings[kind]}={addr[0]}:{addr[1]}: also used by "
                                 f"{taken[addr]}; each OTLP vendor needs its own listeners")
-            elif not bindable(*addr):
+            elif check_ports and not bindable(*addr):
                 problems.append(f"{self.settings[kind]}={addr[0]}:{addr[1]}: address in use or "
                                 "not bindable")
         if not isinstance(self.max_body, int) or self.max_body < 1024:

@@ -107,7 +107,7 @@ class SseBridge:
         """The gate: primary mode AND ``AEP_TOKEN`` AND ``{env}_SSE_CONTROL=1``."""
         return self.primary and self._token_set and self.control_requested
 
-    def preflight(self) -> list[str]:
+    def preflight(self, *, check_ports: bool = True) -> list[str]:
         """One line per bad setting (the supervisor refuses to start on any)."""
         out = list(self._problems)
         e = self.profile.env

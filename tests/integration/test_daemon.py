@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from tests.support.daemon import Collector, console_script, free_port, run_daemon
+from tests.support.daemon import Collector, console_script, run_daemon
+from tests.support.net import free_port
 from tests.support.schema import validate_event
 
 
@@ -78,7 +79,7 @@ def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
             http = d.env["AEP_OTLP_HTTP_LISTEN"]
             r = httpx.post(f"http://{http}/v1/logs", json=otlp_json("conv-d1"), timeout=10)
             assert r.status_code == 200, r.text
-            ev = col.wait_for(lambda e: e.get("session") == "conv-d1")
+            ev = col.first(lambda e: e.get("session") == "conv-d1")
         finally:
             col.close()
         assert ev["type"] == "x.codex.otel.conversation_starts"
@@ -96,7 +97,7 @@ def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
         assert authed["counts"]["events"] >= 1 and authed["counts"]["jsonl_lines"] >= 1
 
         t0 = time.monotonic()
-        status = d.terminate(timeout=15)
+        status = d.stop(timeout=15)
         elapsed = time.monotonic() - t0
     assert status == 0, d.log()
     assert elapsed < 15  # generous: the daemon's own hard deadline is 5 s
@@ -111,7 +112,7 @@ def test_epoch_increases_across_daemon_restarts(tmp_path):
             http = d.env["AEP_OTLP_HTTP_LISTEN"]
             httpx.post(f"http://{http}/v1/logs", json=otlp_json("conv-e"), timeout=10)
             time.sleep(0.3)
-            assert d.terminate() == 0
+            assert d.stop() == 0
         lines = (tmp_path / "state" / "logs" / "codex" / "conv-e.jsonl").read_text().splitlines()
         epochs.append(json.loads(lines[-1])["epoch"])
     assert epochs[1] > epochs[0]
@@ -122,3 +123,30 @@ def test_sigint_also_drains(tmp_path):
     with run_daemon(tmp_path) as d:
         d.proc.send_signal(signal.SIGINT)
         assert d.proc.wait(timeout=15) == 0
+
+
+def test_core_and_bridge_problems_are_reported_together(tmp_path):
+    env = {"AEP_BUFFER": "abc", "AEP_OTLP_VENDOR": "foo", "AEP_OTLP_PRIMARY": "maybe",
+           "AEP_LOG_LEVEL": "loud", "AEP_LISTN": "x"}
+    with run_daemon(tmp_path, env, wait=False) as d:
+        assert d.proc.wait(timeout=30) == 2
+    log = d.log()
+    for needle in ("AEP_BUFFER='abc'", "unknown vendor 'foo'", "AEP_OTLP_PRIMARY='maybe'",
+                   "AEP_LOG_LEVEL='loud'", "warning: AEP_LISTN is not a setting"):
+        assert needle in log, log
+    assert "Traceback" not in log
+
+
+def test_check_no_ports_skips_every_port_probe(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"HOME": str(tmp_path), "AEP_OTLP_GRPC_LISTEN": f"127.0.0.1:{port}",
+               "AEP_LISTEN": f"127.0.0.1:{port}", "AEP_OTLP_HTTP_LISTEN": "127.0.0.1:0"}
+        loose = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True,
+                               text=True, env=env, timeout=60)
+        strict = subprocess.run(console_script() + ["check"], capture_output=True, text=True,
+                                env=env, timeout=60)
+    assert loose.returncode == 0, loose.stderr
+    assert strict.returncode == 2 and "address in use" in strict.stderr

@@ -538,7 +538,7 @@ def test_preflight_problems_one_line_each():
     codex_b, vscode_b, cursor_b = from_env(env)
     cp = codex_b.preflight()
     assert "AEP_OTLP_GRPC_LISTEN='localhost': 'localhost' is not host:port " \
-           "(e.g. 127.0.0.1:4318) or off" in cp
+           "(e.g. 127.0.0.1:4317) or off" in cp
     assert "AEP_OTLP_MAX_BODY='lots': must be a whole number of bytes, at least 1024" in cp
     # the second profile must get its own listeners, named by its own settings
     assert vscode_b.preflight() == [

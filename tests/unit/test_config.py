@@ -101,3 +101,24 @@ def test_port_in_use_is_refused():
 def test_relay_only_ignores_bridge_flags():
     cfg, problems = load({"AEP_BRIDGE_NOPE": "1", "AEP_RELAY_URL": "http://r:1"}, relay_only=True)
     assert problems == [] and cfg.enabled == [] and cfg.relay_url is None
+
+
+def test_log_settings_are_validated():
+    _, problems = load({"AEP_LOG_LEVEL": "loud", "AEP_LOG_FORMAT": "xml"})
+    assert problems == ["AEP_LOG_LEVEL='loud': expected one of debug, info, warning, error, critical",
+                        "AEP_LOG_FORMAT='xml': expected json or text"]
+    _, ok = load({"AEP_LOG_LEVEL": "DEBUG", "AEP_LOG_FORMAT": "Text"})
+    assert ok == []
+
+
+def test_misspelt_settings_are_pointed_out_not_fatal():
+    cfg, problems = load({"AEP_LISTN": "127.0.0.1:1", "AEP_FOO": "1"})
+    assert problems == []
+    assert cfg.warnings[0].startswith("AEP_FOO is not a setting (ignored)")
+    assert cfg.warnings[1] == "AEP_LISTN is not a setting (ignored); did you mean AEP_LISTEN?"
+    assert len(cfg.warnings) == 2
+
+
+def test_unknown_bridge_lists_only_bridges_that_can_be_enabled():
+    _, problems = load({"AEP_BRIDGE_X": "1"})
+    assert "AEP_BRIDGE_OTLP_IN" in problems[0] and "AEP_BRIDGE_ACP" not in problems[0]
