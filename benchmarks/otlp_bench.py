@@ -209,4 +209,4 @@ def main(argv: list[str]) -> None:
             time.sleep(1.0)
             print(f"Daemon resident memory: {rss0:.1f} MiB at start, "
                   f"{rss_mib(d.proc.pid):.1f} MiB at steady state after the runs")
-            d.terminate()
+            d.stop()

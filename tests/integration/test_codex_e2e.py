@@ -34,20 +34,16 @@ of the same scenario, ``tests/fixtures/codex_otel_real/``, whose live shape
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
 
 from tests.support import codex as cx
+from tests.support.daemon import DaemonProcess
 from tests.support.mock_responses import MockResponsesServer
-from tests.support.otlp_capture import Captured, free_port, log_records
+from tests.support.otlp_capture import Captured, log_records
 from tests.support.schema import validate_event
 
 pytestmark = pytest.mark.vendor
@@ -102,142 +98,17 @@ def expected_types(scenario: str, primary: bool) -> Counter:
 # the daemon
 # --------------------------------------------------------------------------
 
-def daemon_cmd() -> list[str]:
-    script = Path(sys.executable).with_name("aep-bridges")
-    if script.exists():
-        return [str(script), "run"]
-    return [sys.executable, "-m", "supervisor.cli", "run"]  # not installed yet (editable dev)
+def codex_daemon(tmp: Path, *, primary: bool) -> DaemonProcess:
+    """``aep-bridges run`` with the OTLP inbound bridge (companion or primary)."""
+    env = {"AEP_BRIDGE_OTLP_IN": "1"}
+    if primary:
+        env["AEP_OTLP_PRIMARY"] = "1"
+    return DaemonProcess(tmp / "state", env)
 
 
-class Daemon:
-    """``aep-bridges run`` as a subprocess on free loopback ports."""
-
-    def __init__(self, tmp: Path, *, primary: bool):
-        self.tmp, self.primary = tmp, primary
-        self.state = tmp / "state"
-        self.log_path = tmp / "daemon.stderr"
-        self.proc: trio.Process | None = None
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AEP_")}
-        env.update({
-            "AEP_LISTEN": f"127.0.0.1:{self.relay_port}",
-            "AEP_OTLP_GRPC_LISTEN": f"127.0.0.1:{self.grpc_port}",
-            "AEP_OTLP_HTTP_LISTEN": f"127.0.0.1:{self.http_port}",
-            "AEP_STATE_DIR": str(self.state),
-            "AEP_BRIDGE_OTLP_IN": "1",
-            "PYTHONUNBUFFERED": "1",
-        })
-        if "AEP_SHARED" in os.environ:
-            env["AEP_SHARED"] = os.environ["AEP_SHARED"]
-        if self.primary:
-            env["AEP_OTLP_PRIMARY"] = "1"
-        return env
-
-    @property
-    def relay_url(self) -> str:
-        return f"http://127.0.0.1:{self.relay_port}"
-
-    def otlp_endpoint(self, kind: str) -> str:
-        port = self.grpc_port if kind == "otlp-grpc" else self.http_port
-        return f"http://127.0.0.1:{port}"
-
-    def stderr(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-6000:]
-        except OSError:
-            return ""
-
-    async def start(self) -> None:
-        """Start and wait for ``/healthz`` ok; a port taken between picking and
-        binding (exit 2) is retried on new ports."""
-        for _attempt in range(3):
-            self.relay_port, self.grpc_port, self.http_port = free_port(), free_port(), \
-                free_port()
-            with open(self.log_path, "wb") as errf:
-                self.proc = await trio.lowlevel.open_process(
-                    daemon_cmd(), env=self.env(), cwd=str(ROOT), stdin=subprocess.DEVNULL,
-                    stdout=errf, stderr=errf)
-            if await self._wait_healthy():
-                return
-            if self.proc.returncode == 2 and "in use" in self.stderr():
-                continue
-            break
-        raise AssertionError(f"daemon did not become healthy "
-                             f"(exit {self.proc.returncode})\n{self.stderr()}")
-
-    async def _wait_healthy(self) -> bool:
-        async with httpx.AsyncClient(timeout=2) as client:
-            with trio.move_on_after(30):
-                while self.proc.returncode is None:
-                    try:
-                        r = await client.get(f"{self.relay_url}/healthz")
-                        body = r.json()
-                        bridges = body.get("bridges") or {}
-                        if r.status_code == 200 and body.get("ok") is True and all(
-                                (b or {}).get("ok", True) for b in bridges.values()):
-                            return True
-                    except (httpx.HTTPError, ValueError):
-                        pass
-                    await trio.sleep(0.1)
-        return False
-
-    async def stop(self) -> int:
-        """SIGTERM, wait for the exit (generous deadline), return the status."""
-        if self.proc is None or self.proc.returncode is not None:
-            return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
-        with trio.move_on_after(30):
-            return await self.proc.wait()
-        self.proc.kill()
-        await self.proc.wait()
-        raise AssertionError(f"daemon ignored SIGTERM for 30 s\n{self.stderr()}")
-
-    async def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            with trio.CancelScope(shield=True):
-                await self.proc.wait()
-
-
-# --------------------------------------------------------------------------
-# the SDK consumer, handed back to trio
-# --------------------------------------------------------------------------
-
-class StreamReader:
-    """``aep_sdk.subscribe`` on the relay (its own thread, as the SDK does);
-    every event is handed to trio with ``trio.from_thread.run_sync``."""
-
-    def __init__(self, relay_url: str):
-        import aep_sdk
-        self.events: list[dict] = []
-        self.errors: list[Exception] = []
-        self._changed = trio.Event()
-        token = trio.lowlevel.current_trio_token()
-
-        def on_event(ev: dict) -> None:
-            try:
-                trio.from_thread.run_sync(self._add, ev, trio_token=token)
-            except (trio.RunFinishedError, RuntimeError):
-                pass  # the test is over
-
-        # from_="all": events emitted before the SSE connection opened are replayed
-        self.sub = aep_sdk.subscribe(relay_url, on_event, from_="all",
-                                     on_error=self.errors.append, backoff_initial_ms=100,
-                                     backoff_max_ms=1000, timeout_ms=60_000)
-
-    def _add(self, ev: dict) -> None:
-        self.events.append(ev)
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_for(self, predicate, timeout: float = 60) -> None:
-        with trio.fail_after(timeout):
-            while not predicate(self.events):
-                await self._changed.wait()
-
-    def close(self) -> None:
-        self.sub.close()
+def otlp_endpoint(daemon: DaemonProcess, kind: str) -> str:
+    listen = "AEP_OTLP_GRPC_LISTEN" if kind == "otlp-grpc" else "AEP_OTLP_HTTP_LISTEN"
+    return f"http://{daemon.env[listen]}"
 
 
 # --------------------------------------------------------------------------
@@ -245,16 +116,16 @@ class StreamReader:
 # --------------------------------------------------------------------------
 
 async def run_e2e(codex_bin: Path, tmp_path: Path, scenario: cx.Scenario, primary: bool):
-    daemon = Daemon(tmp_path, primary=primary)
+    daemon = codex_daemon(tmp_path, primary=primary)
     mock = MockResponsesServer()
     reader = None
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(mock.serve)
-            await daemon.start()
-            reader = StreamReader(daemon.relay_url)
+            await trio.to_thread.run_sync(daemon.start)
+            reader = daemon.subscribe()
             run = await cx.run_scenario(codex_bin, tmp_path / "home", scenario,
-                                        otlp_endpoint=daemon.otlp_endpoint(scenario.kind),
+                                        otlp_endpoint=otlp_endpoint(daemon, scenario.kind),
                                         mock=mock)
             assert run.returncode == 0, run.describe()
             assert run.thread_id, run.describe()
@@ -263,25 +134,24 @@ async def run_e2e(codex_bin: Path, tmp_path: Path, scenario: cx.Scenario, primar
             want = expected_types(scenario.name, primary)
             session = run.thread_id
             try:
-                await reader.wait_for(lambda evs: sum(
-                    1 for e in evs if e.get("session") == session) >= sum(want.values()))
-            except trio.TooSlowError:
+                await reader.wait_for(lambda r: len(r.of(session)) >= sum(want.values()))
+            except AssertionError:
                 got = Counter(e.get("type") for e in reader.events)
                 raise AssertionError(
                     f"stream incomplete: want {dict(want)}\ngot {dict(got)}\n"
-                    f"errors {reader.errors}\n{daemon.stderr()}") from None
+                    f"errors {reader.errors}\n{daemon.log()[-6000:]}") from None
             await trio.sleep(0.5)  # anything beyond the expected would show up here
             events = list(reader.events)
-            status = await daemon.stop()
+            status = await trio.to_thread.run_sync(daemon.stop)
             nursery.cancel_scope.cancel()
     finally:
         if reader is not None:
             reader.close()
-        await daemon.kill()
+        daemon.kill()
     return run, events, status, daemon
 
 
-def check_common(run: cx.CodexRun, events: list[dict], daemon: Daemon) -> list[dict]:
+def check_common(run: cx.CodexRun, events: list[dict], daemon: DaemonProcess) -> list[dict]:
     session = run.thread_id
     mine = [e for e in events if e.get("session") == session]
     strangers = [e for e in events if e.get("session") != session]
@@ -327,7 +197,7 @@ async def test_real_codex_conversation_arrives_on_the_stream(kind, primary, code
         assert done["data"]["tool"]["name"] == "exec_command"
         assert isinstance(done["data"]["duration_ms"], int) and done["data"]["duration_ms"] >= 0
         assert started["seq"] < done["seq"]
-    assert status == 0, f"daemon exit {status} on SIGTERM\n{daemon.stderr()}"
+    assert status == 0, f"daemon exit {status} on SIGTERM\n{daemon.log()[-6000:]}"
 
 
 async def test_real_codex_forbidden_command_is_tool_failed_in_primary(codex_bin, tmp_path):
@@ -340,4 +210,4 @@ async def test_real_codex_forbidden_command_is_tool_failed_in_primary(codex_bin,
     assert failed["data"]["tool"]["name"] == "exec_command"
     assert failed["data"]["error"]["type"] == "tool_error"  # synthesized (pins)
     assert "tool.completed" not in {e["type"] for e in mine}
-    assert status == 0, daemon.stderr()
+    assert status == 0, daemon.log()[-6000:]

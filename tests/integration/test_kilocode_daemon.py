@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 
 from tests.support import sse_scenarios as sc
-from tests.support.openhands import StreamReader
 from tests.support.opencode import KILOCODE, MockProviderProcess, SseDaemon, VendorServer, install
 
 pytestmark = pytest.mark.vendor
@@ -29,7 +28,7 @@ def env(tmp_path_factory):
     try:
         server.start_sync()
         daemon = SseDaemon(server, tmp / "primary").start()
-        stream = StreamReader(daemon.url, daemon.token)
+        stream = daemon.subscribe()
         yield sc.Env(VENDOR, server, provider, daemon, stream, tmp)
     finally:
         if stream is not None:
@@ -37,7 +36,7 @@ def env(tmp_path_factory):
         status = daemon.stop() if daemon is not None else 0
         server.stop()
         provider.stop()
-        assert status == 0, daemon.logs()
+        assert status == 0, daemon.log()
 
 
 async def test_1_plain_prompt_primary(env):

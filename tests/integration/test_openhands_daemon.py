@@ -20,7 +20,8 @@ import httpx
 import pytest
 import trio
 
-from tests.support.openhands import (AgentServer, Daemon, MockModel, StreamReader, dead_url,
+from tests.support.daemon import Collector
+from tests.support.openhands import (AgentServer, MockModel, OpenHandsDaemon, dead_url,
                                      require_agent_server, server_posts)
 from tests.support.schema import validate_event, validate_stream
 
@@ -36,16 +37,16 @@ def server():
 
 @pytest.fixture(scope="module")
 def daemon(server, tmp_path_factory):
-    d = Daemon(server, tmp_path_factory.mktemp("oh-daemon") / "state",
-               env_extra={"AEP_OPENHANDS_CONTROL": "1", "AEP_CAPTURE": "redacted"}).start()
+    d = OpenHandsDaemon(server, tmp_path_factory.mktemp("oh-daemon") / "state",
+                        {"AEP_OPENHANDS_CONTROL": "1", "AEP_CAPTURE": "redacted"}).start()
     yield d
     status = d.stop()
-    assert status == 0, d.stderr()
+    assert status == 0, d.log()
 
 
 @pytest.fixture(scope="module")
 def stream(daemon):
-    reader = StreamReader(daemon.url, daemon.token)
+    reader = daemon.subscribe()
     yield reader
     reader.close()
 
@@ -77,7 +78,7 @@ class Vendor:
         return (await self.http.get(f"/api/conversations/{cid}")).json()["execution_status"]
 
 
-def send(daemon: Daemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
+def send(daemon: OpenHandsDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
     """One command with the SDK ControlClient: ``("accepted", ack)`` or
     ``(reason, detail)`` for a nack."""
     client = aep_sdk.ControlClient(daemon.url, agent="tester", host="laptop", token=daemon.token)
@@ -90,14 +91,14 @@ def send(daemon: Daemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]
         client.close()
 
 
-async def command(daemon: Daemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
+async def command(daemon: OpenHandsDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
     with trio.fail_after(30):
         return await trio.to_thread.run_sync(lambda: send(daemon, type_, session, **kw))
 
 
-async def until_status(stream: StreamReader, cid: str, status: str, timeout: float = 60) -> dict:
+async def until_status(stream: Collector, cid: str, status: str, timeout: float = 60) -> dict:
     """The state.delta that carried the flip to ``status`` (the last one)."""
-    def find(s: StreamReader):
+    def find(s: Collector):
         flips = [e for e in s.of(cid, "state.delta") if (e.get("data") or {}).get("key") == "execution_status"
                  and (e["data"].get("delta") or [{}])[0].get("value") == status]
         return flips[-1] if flips else None
@@ -110,7 +111,7 @@ async def wait_held(mock: MockModel) -> None:
             await trio.sleep(0.05)
 
 
-def checked(stream: StreamReader, cid: str) -> list[dict]:
+def checked(stream: Collector, cid: str) -> list[dict]:
     evs = stream.of(cid)
     for e in evs:
         validate_event(e)
@@ -315,8 +316,9 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
     """The daemon stopped (SIGTERM) while a confirmation is pending and the
     vendor moves on meanwhile; restarted on the same state dir it reattaches
     (since-replay): no duplicate on the stream, no dangling run or attention."""
-    d = Daemon(server, tmp_path / "state", env_extra={"AEP_OPENHANDS_CONTROL": "1"}).start()
-    reader = StreamReader(d.url, d.token)
+    d = OpenHandsDaemon(server, tmp_path / "state", {"AEP_OPENHANDS_CONTROL": "1"})
+    await trio.to_thread.run_sync(d.start)
+    reader = d.subscribe()
     try:
         async with trio.open_nursery() as n:
             mock = MockModel()
@@ -328,13 +330,13 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
             await trio.sleep(1)
             before = reader.of(cid)
             reader.close()
-            assert await trio.to_thread.run_sync(d.stop) == 0, d.stderr()
+            assert await trio.to_thread.run_sync(d.stop) == 0, d.log()
             await vendor.confirm(cid)  # nobody observes this
             with trio.fail_after(30):
                 while await vendor.status(cid) != "finished":
                     await trio.sleep(0.2)
             await trio.to_thread.run_sync(d.start)
-            reader = StreamReader(d.url, d.token)
+            reader = d.subscribe()
             await reader.wait_for(lambda s: s.of(cid, "run.finished"), what="run.finished after the restart")
             await trio.sleep(1.5)
             n.cancel_scope.cancel()
@@ -360,8 +362,9 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
 async def test_9_wrong_key(server, tmp_path):
     """A clear log line (once, naming the setting, never the key),
     /healthz source false, and backoff (it keeps retrying)."""
-    d = Daemon(server, tmp_path / "state",
-               env_extra={"AEP_OPENHANDS_SESSION_API_KEY": "not-the-key-at-all"}).start(healthy=False)
+    d = OpenHandsDaemon(server, tmp_path / "state",
+                        {"AEP_OPENHANDS_SESSION_API_KEY": "not-the-key-at-all"})
+    await trio.to_thread.run_sync(lambda: d.start(healthy=False))
     try:
         with trio.fail_after(30):
             while (d.healthz()["bridges"]["openhands"].get("counters") or {}).get("search_errors", 0) < 3:
@@ -370,7 +373,7 @@ async def test_9_wrong_key(server, tmp_path):
         oh = body["bridges"]["openhands"]
         assert oh["source"] is False and oh["ok"] is False and body["ok"] is False
         assert oh["control"] is False
-        log = d.stderr()
+        log = d.log()
         lines = [ln for ln in log.splitlines() if "refused the session API key" in ln]
         assert len(lines) == 1 and "AEP_OPENHANDS_SESSION_API_KEY" in lines[0]
         assert "not-the-key-at-all" not in log

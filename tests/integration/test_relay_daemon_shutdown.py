@@ -35,7 +35,7 @@ def test_sigterm_with_a_stalled_sse_consumer(tmp_path):
             counters = d.healthz("tok")["relay_counts"]["counters"]
             # the relay shed it (§8.4) or it is still stuck mid-send: either way
             # SIGTERM must end the process
-            assert d.terminate(timeout=20) == 0, d.log()
+            assert d.stop(timeout=20) == 0, d.log()
         finally:
             stalled.close()
     assert counters["events"] == 200

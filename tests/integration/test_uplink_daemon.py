@@ -11,7 +11,8 @@ import time
 
 import httpx
 
-from tests.support.daemon import Collector, free_port, run_daemon
+from tests.support.daemon import Collector, run_daemon
+from tests.support.net import free_port
 from tests.support.schema import validate_event
 
 TOKEN = "uplink-daemon-token-0123456789"
@@ -45,7 +46,7 @@ def test_fleet_uplinks_to_a_remote_relay_that_dies_and_returns(tmp_path):
                 time.sleep(0.1)
             time.sleep(0.5)
             post_conversation(fleet, "conv-up", 20)
-            col.wait_for(lambda e: e.get("data", {}).get("attempt") in (19, "19"), what="first 20")
+            col.first(lambda e: e.get("data", {}).get("attempt") in (19, "19"), what="first 20")
 
             relay.proc.send_signal(signal.SIGKILL)  # abrupt: no closing frame
             relay.proc.wait(timeout=10)
@@ -56,12 +57,12 @@ def test_fleet_uplinks_to_a_remote_relay_that_dies_and_returns(tmp_path):
                 time.sleep(0.1)
 
             with run_daemon(tmp_path / "r2", relay_env, args=("relay",)):
-                col.wait_for(lambda e: e.get("data", {}).get("attempt") in (39, "39"),
+                col.first(lambda e: e.get("data", {}).get("attempt") in (39, "39"),
                              timeout=60, what="events sent while the relay was down")
                 events = col.drain(1.0)
         finally:
             col.close()
-        assert fleet.terminate() == 0, fleet.log()
+        assert fleet.stop() == 0, fleet.log()
     attempts = [int(e["data"]["attempt"]) for e in events if e["session"] == "conv-up"]
     assert sorted(set(attempts)) == list(range(40)), attempts  # none lost
     assert len(attempts) == len(set(attempts))  # the SDK consumer deduped on (source, id)

@@ -48,6 +48,8 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from tests.support.daemon import DaemonProcess
+
 log = logging.getLogger("tests.opencode")
 
 MODEL = "mock-model"
@@ -750,106 +752,38 @@ if __name__ == "__main__":
 # the daemon under test: ``aep-bridges run`` with one SSE bridge
 # --------------------------------------------------------------------------
 
-class SseDaemon:
-    """``aep-bridges run`` (its own process, the embedded relay on a free
-    loopback port) with only the OpenCode or Kilo Code SSE bridge enabled
-    (``AEP_BRIDGE_OTLP_IN=0``), a token, and the bridge pointed at
+class SseDaemon(DaemonProcess):
+    """``aep-bridges run`` with only the OpenCode or Kilo Code SSE bridge
+    enabled (``AEP_BRIDGE_OTLP_IN=0``), a token, and the bridge pointed at
     ``server``. ``primary`` / ``control`` set the bridge's mode and gate;
-    ``password`` overrides the server's (scenario 7); ``env_extra`` goes on
-    top. Synchronous (subprocess), so a module can share one."""
+    ``password`` overrides the server's (scenario 7); ``env`` goes on top
+    (:class:`tests.support.daemon.DaemonProcess`: free ports, restartable on
+    ``state``). Synchronous (subprocess), so a module can share one."""
 
     token = "daemon-test-token-0123456789"
+    scrub = ("AEP_", "OPENCODE_", "KILO_")
 
     def __init__(self, server: VendorServer, state: Path, *, primary: bool = True,
                  control: bool = True, password: str | None = None,
-                 env_extra: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None) -> None:
         self.server = server
-        self.state = Path(state)
         self.primary = primary
         self.control = control
         self.password = server.password if password is None else password
-        self.env_extra = dict(env_extra or {})
-        self.port = 0
-        self.proc: subprocess.Popen | None = None
-        self.log_path: Path | None = None
         self.prefix = "AEP_OPENCODE" if server.spec.name == "opencode" else "AEP_KILOCODE"
         self.bridge = "opencode_sse" if server.spec.name == "opencode" else "kilocode_sse"
+        super().__init__(state, env)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "OPENCODE_",
-                                                                        "KILO_"))}
-        flag = "AEP_BRIDGE_OPENCODE_SSE" if self.prefix == "AEP_OPENCODE" else \
-            "AEP_BRIDGE_KILOCODE_SSE"
-        env.update({
-            flag: "1", "AEP_BRIDGE_OTLP_IN": "0", "AEP_LISTEN": f"127.0.0.1:{self.port}",
-            "AEP_STATE_DIR": str(self.state), "AEP_TOKEN": self.token,
+    def vendor_env(self) -> dict[str, str]:
+        return {
+            f"AEP_BRIDGE_{self.bridge.upper()}": "1", "AEP_BRIDGE_OTLP_IN": "0",
             f"{self.prefix}_URL": self.server.url, f"{self.prefix}_PASSWORD": self.password,
             f"{self.prefix}_SSE_PRIMARY": "1" if self.primary else "0",
             f"{self.prefix}_SSE_CONTROL": "1" if self.control else "0",
-            "PYTHONUNBUFFERED": "1",
-        })
-        if "AEP_SHARED" in os.environ:
-            env["AEP_SHARED"] = os.environ["AEP_SHARED"]
-        env.update(self.env_extra)
-        return env
-
-    def start(self, *, timeout: float = 30) -> "SseDaemon":
-        import sys
-        root = Path(__file__).resolve().parents[2]
-        script = Path(sys.executable).with_name("aep-bridges")
-        cmd = [str(script), "run"] if script.exists() else [sys.executable, "-m",
-                                                             "supervisor.cli", "run"]
-        self.state.mkdir(parents=True, exist_ok=True)
-        for _attempt in range(3):
-            self.port = free_port()
-            self.log_path = self.state.parent / f"{self.state.name}-daemon-{self.port}.log"
-            with open(self.log_path, "wb") as f:
-                self.proc = subprocess.Popen(cmd, env=self.env(), cwd=str(root),
-                                             stdin=subprocess.DEVNULL, stdout=f, stderr=f)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    if "bridges" in self.healthz():
-                        return self
-                except (httpx.HTTPError, ValueError):
-                    pass
-                time.sleep(0.1)
-            if self.proc.poll() == 2 and "in use" in self.logs():
-                continue
-            break
-        self.stop()
-        raise AssertionError(f"daemon did not come up (exit {self.proc.poll()}):\n{self.logs()}")
-
-    def healthz(self) -> dict:
-        r = httpx.get(self.url + "/healthz", headers={"Authorization": f"Bearer {self.token}"},
-                      timeout=3, trust_env=False)
-        return r.json()
+        }
 
     def bridge_health(self) -> dict:
         return self.healthz()["bridges"][self.bridge]
-
-    def logs(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace") if self.log_path else ""
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 15) -> int | None:
-        """SIGTERM, wait, return the exit status (SIGKILL past ``timeout``)."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        return self.proc.returncode
 
 
 # --------------------------------------------------------------------------

@@ -59,6 +59,8 @@ from typing import Any
 import httpx
 import trio
 
+from tests.support.daemon import DaemonProcess
+
 OH_VERSION = "1.58.2"
 PACKAGE = "openhands-agent-server"
 MARKER = ".aep-installed"
@@ -605,149 +607,27 @@ def server_posts(server: AgentServer, cid: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------
-# the daemon (``aep-bridges run`` subprocess) and the SDK consumer
+# the daemon (``aep-bridges run`` subprocess)
 # ---------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def daemon_cmd() -> list[str]:
-    script = Path(sys.executable).with_name("aep-bridges")
-    if script.exists():
-        return [str(script), "run"]
-    return [sys.executable, "-m", "supervisor.cli", "run"]
-
-
-@dataclass
-class Daemon:
+class OpenHandsDaemon(DaemonProcess):
     """``aep-bridges run`` with only the OpenHands bridge (``AEP_BRIDGE_OPENHANDS=1``,
-    ``AEP_BRIDGE_OTLP_IN=0``), the embedded relay on a free loopback port, a
-    token, and ``env`` on top. Synchronous (``subprocess``) so a test module
-    can share one. ``state`` survives :meth:`restart` (scenario 8)."""
+    ``AEP_BRIDGE_OTLP_IN=0``) pointed at ``server``, polling every 0.5 s, a
+    token, and ``env`` on top (:class:`tests.support.daemon.DaemonProcess`:
+    free ports, restartable on ``state``)."""
 
-    server: AgentServer
-    state: Path
-    token: str = "daemon-test-token-0123456789"
-    env_extra: dict[str, str] = field(default_factory=dict)
-    port: int = 0
-    proc: subprocess.Popen | None = None
-    log_path: Path | None = None
+    token = "daemon-test-token-0123456789"
+    scrub = ("AEP_", "OH_")
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __init__(self, server: AgentServer, state: Path, env: dict[str, str] | None = None) -> None:
+        self.server = server
+        super().__init__(state, env)
 
-    def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "OH_"))}
-        env.update({
-            "AEP_BRIDGE_OPENHANDS": "1", "AEP_BRIDGE_OTLP_IN": "0",
-            "AEP_LISTEN": f"127.0.0.1:{self.port}", "AEP_STATE_DIR": str(self.state),
-            "AEP_TOKEN": self.token, "AEP_OPENHANDS_URL": self.server.url,
-            "AEP_OPENHANDS_SESSION_API_KEY": self.server.key or "",
-            "AEP_OPENHANDS_POLL": "0.5", "PYTHONUNBUFFERED": "1",
-        })
-        if "AEP_SHARED" in os.environ:
-            env["AEP_SHARED"] = os.environ["AEP_SHARED"]
-        env.update(self.env_extra)
-        return env
-
-    def start(self, *, healthy: bool = True, timeout: float = 30) -> "Daemon":
-        self.state.mkdir(parents=True, exist_ok=True)
-        for _attempt in range(3):
-            self.port = free_port()
-            self.log_path = self.state.parent / f"daemon-{self.port}.stderr"
-            with open(self.log_path, "wb") as errf:
-                self.proc = subprocess.Popen(daemon_cmd(), env=self.env(), cwd=str(ROOT),
-                                             stdin=subprocess.DEVNULL, stdout=errf, stderr=errf)
-            if self._wait_up(healthy, timeout):
-                return self
-            if self.proc.poll() == 2 and "in use" in self.stderr():
-                continue
-            break
-        self.kill()
-        raise AssertionError(f"daemon did not come up (exit {self.proc.poll()}):\n{self.stderr()}")
-
-    def _wait_up(self, healthy: bool, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            try:
-                body = self.healthz()
-                if not healthy or (body.get("ok") is True):
-                    return True
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(0.1)
-        return False
-
-    def healthz(self) -> dict:
-        r = httpx.get(self.url + "/healthz", headers={"Authorization": f"Bearer {self.token}"},
-                      timeout=3, trust_env=False)
-        return r.json()
-
-    def stderr(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace") if self.log_path else ""
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 30) -> int | None:
-        """SIGTERM and wait; returns the exit status."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.poll() if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"daemon ignored SIGTERM for {timeout}s\n{self.stderr()}")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-
-class StreamReader:
-    """``aep_sdk.subscribe`` on the daemon's ``/stream`` (the SDK's own thread),
-    ``from_="all"``; events land in a lock-guarded list any test (any trio
-    loop, or none) can poll with :meth:`wait_for`."""
-
-    def __init__(self, url: str, token: str) -> None:
-        import threading
-
-        import aep_sdk
-        self._lock = threading.Lock()
-        self._events: list[dict] = []
-        self.errors: list[Exception] = []
-        self.sub = aep_sdk.subscribe(url, self._add, token=token, from_="all",
-                                     on_error=self.errors.append, backoff_initial_ms=100,
-                                     backoff_max_ms=1000, timeout_ms=60_000)
-
-    def _add(self, ev: dict) -> None:
-        with self._lock:
-            self._events.append(ev)
-
-    @property
-    def events(self) -> list[dict]:
-        with self._lock:
-            return list(self._events)
-
-    def of(self, session: str, type_: str | None = None) -> list[dict]:
-        return [e for e in self.events if e.get("session") == session and (type_ is None or e["type"] == type_)]
-
-    async def wait_for(self, predicate, timeout: float = 60, what: str = "condition") -> Any:
-        with trio.move_on_after(timeout):
-            while True:
-                got = predicate(self)
-                if got:
-                    return got
-                await trio.sleep(0.05)
-        tail = "\n".join(f"  {e.get('session', '')[:8]} {e.get('seq')} {e['type']} "
-                         f"{json.dumps(e.get('data'))[:90]}" for e in self.events[-40:])
-        raise AssertionError(f"timed out waiting for {what}; stream tail:\n{tail}")
-
-    def close(self) -> None:
-        self.sub.close()
+    def vendor_env(self) -> dict[str, str]:
+        return {"AEP_BRIDGE_OPENHANDS": "1", "AEP_BRIDGE_OTLP_IN": "0",
+                "AEP_OPENHANDS_URL": self.server.url,
+                "AEP_OPENHANDS_SESSION_API_KEY": self.server.key or "",
+                "AEP_OPENHANDS_POLL": "0.5"}
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import aep_sdk
 import httpx
 import trio
 
-from tests.support.openhands import StreamReader
+from tests.support.daemon import Collector
 from tests.support.opencode import MockProviderProcess, SseDaemon, VendorServer
 from tests.support.schema import validate_event, validate_stream
 
@@ -36,7 +36,7 @@ class Env:
     server: VendorServer
     provider: MockProviderProcess
     daemon: SseDaemon
-    stream: StreamReader
+    stream: Collector
     tmp: Path
 
 
@@ -68,7 +68,7 @@ async def start_prompt(env_or_server: Any, text: str, session: str | None = None
     return sid
 
 
-def checked(stream: StreamReader, sid: str) -> list[dict]:
+def checked(stream: Collector, sid: str) -> list[dict]:
     evs = stream.of(sid)
     for e in evs:
         validate_event(e)
@@ -133,7 +133,7 @@ async def plain_prompt_primary(env: Env) -> None:
     assert all(e["agent"] == env.vendor for e in evs)
 
 
-async def plain_prompt_companion(server: VendorServer, stream: StreamReader, vendor: str) -> None:
+async def plain_prompt_companion(server: VendorServer, stream: Collector, vendor: str) -> None:
     """Companion: the same prompt as ``x.{vendor}.*`` only, zero core types."""
     sid = await start_prompt(server, "say hello")
     await stream.wait_for(lambda s: s.of(sid, f"x.{vendor}.session.idle"), what="idle")
@@ -291,7 +291,8 @@ async def server_killed_and_restarted(env: Env) -> None:
 # ---------------------------------------------------------------- 7: wrong password
 
 async def wrong_password(server: VendorServer, tmp: Path) -> None:
-    d = SseDaemon(server, tmp / "wrong-pw", password="definitely-not-it-0x42").start()
+    d = SseDaemon(server, tmp / "wrong-pw", password="definitely-not-it-0x42")
+    await trio.to_thread.run_sync(lambda: d.start(healthy=False))
     try:
         with trio.fail_after(30):
             while d.bridge_health().get("counters", {}).get("auth_failures", 0) < 2:
@@ -302,13 +303,13 @@ async def wrong_password(server: VendorServer, tmp: Path) -> None:
         assert "HTTP 401" in h["detail"]
         # backoff, not a hot loop: a handful of attempts in several seconds
         assert 2 <= h["counters"]["auth_failures"] <= 12, h["counters"]
-        logs = d.logs()
+        logs = d.log()
         lines = [ln for ln in logs.splitlines() if "refused the credentials" in ln]
         assert len(lines) == 1, lines  # one clear line per episode
         assert f"{d.prefix}_PASSWORD" in lines[0]
         assert "definitely-not-it" not in logs and server.password not in logs
     finally:
-        assert d.stop() == 0, d.logs()
+        assert d.stop() == 0, d.log()
 
 
 # ---------------------------------------------------------------- 8: gate off
@@ -317,8 +318,9 @@ async def gate_off_primary(server: VendorServer, tmp: Path) -> None:
     """Primary without the gate: the ask is read-only, a respond is refused
     (the relay answers for the target: accepts is []), the vendor gets no
     write (its ask stays pending until the test answers it itself)."""
-    d = SseDaemon(server, tmp / "gate-off", primary=True, control=False).start()
-    stream = StreamReader(d.url, d.token)
+    d = SseDaemon(server, tmp / "gate-off", primary=True, control=False)
+    await trio.to_thread.run_sync(d.start)
+    stream = d.subscribe()
     try:
         assert d.healthz()["bridges"][d.bridge]["control"] is False
         sid = await start_prompt(server, "AEP_BASH echo gate-off")
@@ -339,7 +341,7 @@ async def gate_off_primary(server: VendorServer, tmp: Path) -> None:
         checked(stream, sid)
     finally:
         stream.close()
-        assert d.stop() == 0, d.logs()
+        assert d.stop() == 0, d.log()
 
 
 async def companion_mode(server: VendorServer, provider: MockProviderProcess, tmp: Path,
@@ -347,8 +349,9 @@ async def companion_mode(server: VendorServer, provider: MockProviderProcess, tm
     """Companion with the gate flag AND the token set (the preflight refuses
     that combination, so the flag is off here and the token on): only
     ``x.{vendor}.*``; a cancel is refused and the run keeps going."""
-    d = SseDaemon(server, tmp / "companion", primary=False, control=False).start()
-    stream = StreamReader(d.url, d.token)
+    d = SseDaemon(server, tmp / "companion", primary=False, control=False)
+    await trio.to_thread.run_sync(d.start)
+    stream = d.subscribe()
     try:
         await plain_prompt_companion(server, stream, vendor)
         before = provider.slow_chunks()
@@ -367,7 +370,7 @@ async def companion_mode(server: VendorServer, provider: MockProviderProcess, tm
         assert all(e["type"].startswith(f"x.{vendor}.") for e in evs)
     finally:
         stream.close()
-        assert d.stop() == 0, d.logs()
+        assert d.stop() == 0, d.log()
 
 
 def companion_gate_is_refused_at_start(server: VendorServer, tmp: Path) -> None:
@@ -375,9 +378,7 @@ def companion_gate_is_refused_at_start(server: VendorServer, tmp: Path) -> None:
     daemon refuses to start with one clear line (exit 2)."""
     import subprocess
     import sys
-    d = SseDaemon(server, tmp / "refused", primary=False, control=True)
-    d.port = 1
-    env = d.env()
+    env = SseDaemon(server, tmp / "refused", primary=False, control=True).build_env()
     proc = subprocess.run([sys.executable, "-m", "supervisor.cli", "check", "--no-ports"],
                           env=env, capture_output=True, text=True, timeout=60,
                           cwd=str(Path(__file__).resolve().parents[2]))
@@ -496,15 +497,15 @@ async def daemon_restarted_mid_run(env: Env) -> None:
     across both daemon lives is one valid stream: nothing dangles, nothing
     twice."""
     state = env.tmp / "restart"
-    d = SseDaemon(env.server, state).start()
-    stream = StreamReader(d.url, d.token)
+    d = SseDaemon(env.server, state)
+    await trio.to_thread.run_sync(d.start)
+    stream = d.subscribe()
     try:
         sid = await start_prompt(env, "AEP_BASH echo across-restart")
         first = (await stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
         stream.close()
-        assert d.stop() == 0, d.logs()
-        d.start()
-        stream = StreamReader(d.url, d.token)
+        assert await trio.to_thread.run_sync(d.restart) == 0
+        stream = d.subscribe()
         # the reconcile's observation of the busy session (it also re-claims
         # the session at the relay, so the command can be routed)
         busy = (await stream.wait_for(lambda s: s.of(sid, "progress.status")))[0]
@@ -530,4 +531,4 @@ async def daemon_restarted_mid_run(env: Env) -> None:
         assert types(history).count("attention.requested") == 1
     finally:
         stream.close()
-        assert d.stop() == 0, d.logs()
+        assert d.stop() == 0, d.log()
