@@ -90,11 +90,26 @@ class Config:
         return self.relay_url is None
 
 
+def state_dir_problem(path: Path) -> str | None:
+    """``None`` when the state directory exists (or can be created) and a
+    file can be written in it; else the problem line. Session logs and the
+    epoch live there: a daemon that cannot write them has no history."""
+    probe = path / ".aep-bridges-probe"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        return f"AEP_STATE_DIR={str(path)!r}: not writable ({e.strerror or type(e).__name__})"
+    return None
+
+
 def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
          check_ports: bool = True) -> tuple[Config, list[str]]:
     """Parse the environment. Returns ``(config, problems)``; a non-empty
     ``problems`` list means: refuse to start. ``relay_only`` is
-    ``aep-bridges relay`` (no bridges, no uplink)."""
+    ``aep-bridges relay`` (no bridges, no uplink); ``check_ports`` probes
+    the machine (listen ports free, state directory writable)."""
     env = dict(os.environ if env is None else env)
     r = EnvReader(env)
     problems = r.problems
@@ -144,6 +159,8 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
             cfg.warnings.append(f"{name} is not a setting (ignored)"
                                 + (f"; did you mean {close[0]}?" if close else ""))
 
+    if check_ports and (problem := state_dir_problem(cfg.state_dir)):
+        problems.append(problem)
     if check_ports and cfg.embedded_relay and not problems and not bindable(*cfg.listen):
         problems.append(f"AEP_LISTEN={cfg.listen[0]}:{cfg.listen[1]}: address in use or not bindable")
     return cfg, problems

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 from typing import Any
 
@@ -63,6 +64,12 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
     fleet = Fleet(cfg, bridges, relay=relay)
     stop_http = trio.Event()
     status = EXIT_OK
+    # The receiver below takes SIGTERM/SIGINT for the daemon's life; when it
+    # closes it re-raises any still pending under the handlers it found, so a
+    # second signal during the drain must find "ignore" there, not the
+    # default action (which would turn a clean exit 0 into 143).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as root:
             if relay is not None:
@@ -85,6 +92,10 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 log.info("received %s: draining", signal.Signals(signum).name)
                 break
             await notifier.notify("STOPPING=1")
+            # Backstop: a send hypercorn shields from cancellation (a client
+            # that stopped reading) can hold the nursery's teardown forever;
+            # SIGALRM's default action ends the process regardless.
+            signal.alarm(int(cfg.drain_deadline) + 3)
             with trio.move_on_after(cfg.drain_deadline) as deadline:
                 await fleet.drain()
                 if relay is not None:
@@ -93,7 +104,7 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 await trio.sleep(0)
             if deadline.cancelled_caught:
                 log.error("drain exceeded %.1fs; exiting at the hard deadline", cfg.drain_deadline)
-                status = EXIT_DEADLINE
+                os._exit(EXIT_DEADLINE)  # the deadline is hard: nothing may hold the exit
             root.cancel_scope.cancel()
     log.info("aep-bridges stopped (status %d)", status)
     return status

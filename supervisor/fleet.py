@@ -26,7 +26,7 @@ from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, Outbound
 from bridges.core.envelope import EpochStore, Stamper
 
 from .config import Config
-from .jsonlog import SessionLog, encode_line
+from .jsonlog import SessionLog, encode_line, scrub_surrogates
 
 log = logging.getLogger("aep.fleet")
 
@@ -141,6 +141,8 @@ class Fleet:
                 async with trio.open_nursery() as bridges:
                     for m in self.members.values():
                         bridges.start_soon(self._supervise, m)
+                        if "control" not in m.bridge.capabilities():
+                            bridges.start_soon(self._answer_unsupported, m)
                     for m in self.members.values():
                         await m.started.wait()
                     task_status.started()
@@ -163,12 +165,19 @@ class Fleet:
         """Hand a routed command to the bridge without ever blocking the
         relay: a full inbox drops it and counts (the sender's retry with the
         same id recovers it, AEP-0004 §2.3)."""
+        warned = False
+
         async def deliver(cmd: dict[str, Any]) -> None:
+            nonlocal warned
             try:
                 m.inbox.send_nowait(cmd)
+                warned = False
             except trio.WouldBlock:
                 m.health.count("commands_dropped")
-                log.warning("bridge %s control inbox full; command dropped", m.bridge.name)
+                if not warned:  # once per full spell, not once per command
+                    warned = True
+                    log.warning("bridge %s control inbox full; commands dropped until it drains "
+                                "(counted in commands_dropped)", m.bridge.name)
         return deliver
 
     async def _supervise(self, m: Member) -> None:
@@ -195,6 +204,17 @@ class Fleet:
             log.info("restarting bridge %s in %.1fs", m.bridge.name, delay)
             await trio.sleep(delay)
 
+    @staticmethod
+    async def _answer_unsupported(m: Member) -> None:
+        """A bridge that declares no ``control`` block never reads its inbox;
+        the target must still nack what reaches it (AEP-0004 §4.2, §7: a
+        relay that routes anyway, e.g. a remote one in uplink mode), so the
+        fleet answers ``unsupported`` on its behalf through the shared
+        ledger."""
+        from bridges.core.ledger import CommandLedger
+        async with CommandLedger(m.ctx, accepts=()) as ledger:
+            await ledger.serve(m.ctx.commands)
+
     async def _run_bridge(self, m: Member, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await m.bridge.run(m.ctx, task_status=task_status)
 
@@ -206,8 +226,21 @@ class Fleet:
 
     async def _deliver(self, item: Outbound) -> None:
         ev = item.event
+        try:
+            line = encode_line(ev)
+        except UnicodeEncodeError:
+            # vendor text with a lone surrogate: no UTF-8 form, so not an AEP
+            # event as it stands; U+FFFD it, once, for the log and the relay
+            ev = scrub_surrogates(ev)
+            line = encode_line(ev)
+            self.counters["unencodable_text"] = self.counters.get("unencodable_text", 0) + 1
+        except (TypeError, ValueError) as e:  # not JSON at all: a bridge bug, never fatal
+            self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
+            log.error("bridge %s emitted an unserializable event (%s): dropped",
+                      item.bridge, type(e).__name__)
+            return
         if not item.redelivery:
-            self.session_log.write(ev, encode_line(ev))
+            self.session_log.write(ev, line)
             self.counters["events"] += 1
         m = self.members.get(item.bridge)
         if m is None or m.sink is None:
@@ -252,9 +285,11 @@ class Fleet:
                 if m.uplink is not None:
                     bridges[name]["uplink"] = dict(getattr(m.uplink, "counters", {}))
         relay_ok = all(b["relay"] for b in bridges.values()) if self.relay is None else True
+        log_ok = not self.session_log.failing
         body: dict[str, Any] = {
-            "ok": relay_ok and all(b["ok"] for b in bridges.values()),
+            "ok": relay_ok and log_ok and all(b["ok"] for b in bridges.values()),
             "relay": relay_ok,
+            "log": log_ok,
             "bridges": bridges,
         }
         if authorized:

@@ -35,9 +35,29 @@ def safe_name(value: str) -> str:
     return "~" + enc
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def encode_line(event: dict[str, Any]) -> bytes:
-    """One JSONL line (compact JSON, UTF-8, trailing newline)."""
-    return (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+    """One JSONL line (compact JSON, UTF-8, trailing newline). Raises
+    ``UnicodeEncodeError`` for text with a lone UTF-16 surrogate (no UTF-8
+    form; see :func:`scrub_surrogates`) and ``TypeError``/``ValueError`` for
+    anything that is not JSON."""
+    return (json.dumps(event, ensure_ascii=False, separators=(",", ":"),
+                       allow_nan=False) + "\n").encode("utf-8")
+
+
+def scrub_surrogates(value: Any) -> Any:
+    """A copy of ``value`` with every lone surrogate (legal as a JSON
+    ``\\ud800`` escape from a vendor, but not UTF-8, so not an AEP event)
+    replaced by U+FFFD, in keys and strings at any depth."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    return value
 
 
 class SessionLog:
@@ -55,6 +75,7 @@ class SessionLog:
         self._failed: set[Path] = set()
         self.errors = 0
         self.lines = 0
+        self.failing = False  # the last write failed (health)
 
     def path_for(self, event: dict[str, Any]) -> Path:
         agent = safe_name(str(event.get("agent") or "unknown"))
@@ -81,8 +102,10 @@ class SessionLog:
             if n != len(data):  # regular files don't short-write short of ENOSPC
                 raise OSError(f"short write ({n}/{len(data)} bytes)")
             self.lines += 1
+            self.failing = False
         except OSError as e:
             self.errors += 1
+            self.failing = True
             if path not in self._failed:
                 self._failed.add(path)
                 log.error("cannot write session log %s: %s", path, e)

@@ -79,6 +79,11 @@ class RelayApp:
         self.relay = relay
         self.healthz = healthz
 
+    def connection_fault(self, kind: str) -> None:
+        """Count a connection the server had to close on an exception
+        (called by :func:`supervisor.relay.serve.serve_app`)."""
+        self.relay.counters["connection_errors"] += 1
+
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         kind = scope["type"]
         if kind == "http":
@@ -291,7 +296,11 @@ class RelayApp:
             status, body = 503, {"error": "shutting-down"}
         if status is not None:
             return await _ws_refuse(scope, send, status, body)
-        await send({"type": "websocket.accept"})
+        try:
+            await send({"type": "websocket.accept"})
+        except Exception:  # noqa: BLE001 -- the server's connection broke under the handshake
+            # (h11 refuses the 101 when bytes were pipelined behind the upgrade)
+            return
         conn = relay.open_socket(relay.authenticated(scope["headers"], scope.get("query_string", b"")))
         conn.outlet.abort = scope.get("state", {}).get(ABORT_KEY)
         last_rx = [trio.current_time()]

@@ -15,11 +15,22 @@ Shutdown order (``docs/relay.md`` "Shutdown: drain, don't drop"): stop
 accepting, close idle keep-alive connections, :meth:`Relay.close` (``:
 shutting-down`` + clean end on every SSE stream, ``closing`` + close 1001 on
 every WebSocket, stragglers aborted), then give handlers
-``graceful_timeout`` to finish."""
+``graceful_timeout`` to finish.
+
+Per-connection faults stay with the connection: hypercorn's handler can
+raise out of a connection (h11 ``LocalProtocolError`` on a WebSocket
+upgrade with bytes pipelined behind it, hypercorn#225), and under
+``trio.serve_listeners`` that would cancel every other connection and
+reach the daemon's root nursery. :class:`_AbortableTCPServer` catches any
+``Exception`` a connection raises, closes that socket, counts it
+(``on_fault(kind)``) and logs it once per kind (then at most once per
+:data:`FAULT_LOG_INTERVAL_S` with the count since), by exception type
+names only: an h11 message can quote request bytes (a token)."""
 from __future__ import annotations
 
 import logging
 import socket
+import time
 from functools import partial
 from typing import Any, Awaitable, Callable
 
@@ -35,15 +46,83 @@ from .core import Relay
 
 log = logging.getLogger("aep.relay.serve")
 
+#: After the first log line of a fault kind, at most one more per this many seconds.
+FAULT_LOG_INTERVAL_S = 60.0
+_MAX_KINDS = 256
+
+
+def fault_kind(exc: BaseException) -> str:
+    """A short, secret-free name for a connection fault: the sorted,
+    de-duplicated type names of its leaf exceptions (``"LocalProtocolError"``,
+    ``"KeyError+LocalProtocolError"``); never an exception message."""
+    leaves: set[str] = set()
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for sub in e.exceptions:
+                walk(sub)
+        else:
+            leaves.add(type(e).__name__)
+
+    walk(exc)
+    return "+".join(sorted(leaves)) or type(exc).__name__
+
+
+class FaultLog:
+    """Rate-limited logging of connection faults: the first of each kind is
+    logged at WARNING; later ones at most once per ``interval`` seconds (with
+    how many were suppressed). Kinds are bounded (``_MAX_KINDS``)."""
+
+    def __init__(self, interval: float = FAULT_LOG_INTERVAL_S) -> None:
+        self.interval = interval
+        self._kinds: dict[str, list[float]] = {}  # kind -> [last logged, suppressed]
+
+    def record(self, kind: str, where: str) -> None:
+        now = time.monotonic()
+        seen = self._kinds.get(kind)
+        if seen is None:
+            if len(self._kinds) >= _MAX_KINDS:
+                self._kinds.pop(next(iter(self._kinds)))
+            self._kinds[kind] = [now, 0]
+            log.warning("%s: a connection failed (%s); closed it, serving on", where, kind)
+        elif now - seen[0] >= self.interval:
+            log.warning("%s: a connection failed (%s); closed it, serving on "
+                        "(%d more of this kind since the last report)", where, kind, seen[1])
+            seen[0], seen[1] = now, 0
+        else:
+            seen[1] += 1
+
+
+_FAULTS = FaultLog()
+
 
 class _AbortableTCPServer(TCPServer):
     """hypercorn's connection handler plus an abort handle in the connection
-    state (shallow-copied into every request's ``scope["state"]``)."""
+    state (shallow-copied into every request's ``scope["state"]``), and a
+    fault barrier: an ``Exception`` out of the connection is counted,
+    logged (rate-limited) and closes that connection only."""
 
     def __init__(self, app: Any, config: HyperConfig, context: WorkerContext,
-                 state: ConnectionState, stream: Any) -> None:
+                 state: ConnectionState, stream: Any, *,
+                 on_fault: Callable[[str], None] | None = None, where: str = "http") -> None:
         state = ConnectionState({**state, ABORT_KEY: self._abort})
         super().__init__(app, config, context, state, stream)
+        self._on_fault = on_fault
+        self._where = where
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        except* Exception as eg:  # trio.Cancelled (a BaseException) still propagates
+            kind = fault_kind(eg)
+            _FAULTS.record(kind, self._where)
+            if self._on_fault is not None:
+                try:
+                    self._on_fault(kind)
+                except Exception:  # noqa: BLE001 -- a counting bug must not re-raise the fault
+                    pass
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
 
     def _abort(self) -> None:
         stream = self.stream
@@ -88,16 +167,27 @@ def hyper_config(*, graceful_timeout: float = 3.0, max_message: int = 16 << 20) 
 async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
                     config: HyperConfig | None = None,
                     before_drain: Callable[[], Awaitable[None]] | None = None,
+                    on_fault: Callable[[str], None] | None = None, where: str | None = None,
                     task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the ASGI ``app`` on the listening ``sock`` until ``shutdown`` is
     set, then: stop accepting, let idle keep-alive connections close, await
     ``before_drain()`` (the relay's orderly close), and give open handlers
     ``config.graceful_timeout`` seconds before cancelling them. Reports the
-    bound ``(host, port)`` through ``task_status.started``."""
+    bound ``(host, port)`` through ``task_status.started``.
+
+    A connection that raises is closed, counted through ``on_fault(kind)``
+    (default: the app's own ``connection_fault`` method when it has one,
+    e.g. :class:`~supervisor.relay.app.RelayApp`) and logged once per kind
+    under ``where`` (default ``"http host:port"``); it never reaches the
+    caller. Raises only for the listener itself."""
     config = config or hyper_config()
     context = WorkerContext(None)
-    handler = partial(_AbortableTCPServer, ASGIWrapper(app), config, context, ConnectionState({}))
     host, port = sock.getsockname()[:2]
+    if on_fault is None:
+        on_fault = getattr(app, "connection_fault", None)
+    handler = partial(_AbortableTCPServer, ASGIWrapper(app), config, context,
+                      ConnectionState({}), on_fault=on_fault,
+                      where=where or f"http {host}:{port}")
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as acceptor:

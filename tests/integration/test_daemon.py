@@ -150,3 +150,57 @@ def test_check_no_ports_skips_every_port_probe(tmp_path):
                                 env=env, timeout=60)
     assert loose.returncode == 0, loose.stderr
     assert strict.returncode == 2 and "address in use" in strict.stderr
+
+
+def test_unwritable_state_dir_is_refused(tmp_path):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state directory should be")
+    with run_daemon(tmp_path, {"AEP_STATE_DIR": str(blocker / "state")}, wait=False) as d:
+        assert d.proc.wait(timeout=30) == 2
+    assert "AEP_STATE_DIR=" in d.log() and "not writable" in d.log()
+
+
+def test_a_second_signal_during_the_drain_still_exits_0(tmp_path):
+    import signal
+    with run_daemon(tmp_path) as d:
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        d.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        d.proc.send_signal(signal.SIGINT)
+        assert d.proc.wait(timeout=15) == 0, d.log()
+
+
+def test_a_consumer_stuck_on_http2_flow_control_cannot_hold_the_exit(tmp_path):
+    """An h2 (prior knowledge) SSE consumer announcing a zero window blocks
+    the relay's shielded send on flow control; the drain's hard deadline
+    must still end the process (non-zero), not hang on it."""
+    import signal
+
+    import h2.config
+    import h2.connection
+    import h2.settings
+
+    with run_daemon(tmp_path) as d:
+        host, port = d.url.removeprefix("http://").rsplit(":", 1)
+        s = socket.create_connection((host, int(port)))
+        try:
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, [(":method", "GET"), (":path", "/stream"), (":scheme", "http"),
+                                    (":authority", f"{host}:{port}")], end_stream=True)
+            s.sendall(conn.data_to_send())
+            time.sleep(0.5)
+            http = d.env["AEP_OTLP_HTTP_LISTEN"]
+            for i in range(20):
+                httpx.post(f"http://{http}/v1/logs", json=otlp_json(f"conv-h2-{i}"), timeout=10)
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            d.proc.send_signal(signal.SIGTERM)
+            status = d.proc.wait(timeout=30)  # the stuck client is still connected
+            elapsed = time.monotonic() - t0
+        finally:
+            s.close()
+    assert elapsed < 30 and status in (0, 1, -signal.SIGALRM), (status, d.log())

@@ -147,3 +147,109 @@ async def test_emit_nowait_reports_saturation_without_burning_a_seq(tmp_path):
     await fleet.drain()
     nxt = ctx.stamper.stamp("s", {"type": "x.steady.tick.seen"})
     assert nxt["seq"] == 2
+
+
+class OneShot(Steady):
+    """Emits the events it is given, then idles."""
+
+    def __init__(self, emissions, name="oneshot", caps=None):
+        self.emissions = emissions
+        self.name = self.agent = name
+        self.caps = caps
+
+    def capabilities(self):
+        return self.caps if self.caps is not None else super().capabilities()
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        ctx.health.source = True
+        task_status.started()
+        for em in self.emissions:
+            await ctx.emit("s\ud800x", em)
+        await trio.sleep_forever()
+
+
+async def test_lone_surrogates_never_kill_the_pump(tmp_path):
+    """A vendor string with a lone UTF-16 surrogate has no UTF-8 form: the
+    fleet replaces it (U+FFFD) once, for the log and the relay alike, and
+    keeps delivering (the break-it review crashed the daemon with one)."""
+    relay = RecordingRelay()
+    bridge = OneShot([{"type": "x.oneshot.tool.seen", "data": {"model": "gpt\ud800"}},
+                      {"type": "x.oneshot.tool.seen", "data": {"ok": True}}])
+    fleet = Fleet(Config(state_dir=tmp_path), [bridge], relay=relay, host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        with trio.fail_after(5):
+            while len(relay.events) < 2:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    first = relay.events[0]
+    assert first["data"]["model"] == "gpt\ufffd" and first["session"] == "s\ufffdx"
+    assert first["source"].endswith("/session/s\ufffdx")
+    assert relay.events[1]["data"] == {"ok": True}
+    files = list((tmp_path / "logs" / "oneshot").iterdir())
+    lines = files[0].read_bytes().decode("utf-8").splitlines()  # valid UTF-8
+    assert [json.loads(x)["id"] for x in lines] == [e["id"] for e in relay.events]
+    assert fleet.counters["unencodable_text"] == 2  # both carry the session
+
+
+async def test_an_unserializable_event_is_dropped_and_counted_not_fatal(tmp_path):
+    relay = RecordingRelay()
+    bridge = OneShot([{"type": "x.oneshot.tool.seen", "data": {"n": float("nan")}},
+                      {"type": "x.oneshot.tool.seen", "data": {"n": 1}}])
+    fleet = Fleet(Config(state_dir=tmp_path), [bridge], relay=relay, host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        with trio.fail_after(5):
+            while not relay.events:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    assert [e["data"] for e in relay.events] == [{"n": 1}]
+    assert fleet.counters["unserializable"] == 1
+
+
+async def test_the_fleet_nacks_commands_for_a_bridge_without_control(tmp_path):
+    """AEP-0004 §4.2/§7: the target nacks what it does not accept, even when
+    a (remote) relay routed it anyway; a bridge that declares no control
+    block never reads its inbox, so the fleet answers for it."""
+    delivers = {}
+
+    class CapturingRelay(RecordingRelay):
+        def attach_emitter(self, hello, deliver):
+            delivers[hello["identity"]["agent"]] = deliver
+            return super().attach_emitter(hello, deliver)
+
+    relay = CapturingRelay()
+    bridge = OneShot([], name="nocontrol", caps={"emits": ["x"]})
+    fleet = Fleet(Config(state_dir=tmp_path), [bridge], relay=relay, host="h")
+    cmd = {"aep": "0.1", "id": "01CMD", "type": "control.cancel", "time": "2026-11-30T12:00:00Z",
+           "source": "aep://ops/agent/operator", "agent": "operator", "session": "s1",
+           "data": {"scope": "run"}}
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        for _ in range(3):  # a retransmit gets the recorded ack again, no new decision
+            await delivers["nocontrol"](dict(cmd))
+        with trio.fail_after(5):
+            while len(relay.events) < 3:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    acks = relay.events
+    assert {a["type"] for a in acks} == {"control.rejected"}
+    assert acks[0]["data"]["reason"] == "unsupported" and acks[0]["cause"] == "01CMD"
+    assert acks[1] == acks[0] and acks[2] == acks[0]  # byte-identical re-ack
+
+
+async def test_health_reports_a_failing_session_log(tmp_path):
+    (tmp_path / "logs").write_text("not a directory")
+    relay = RecordingRelay()
+    fleet = Fleet(Config(state_dir=tmp_path), [OneShot([{"type": "x.oneshot.tool.seen"}])],
+                  relay=relay, host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        with trio.fail_after(5):
+            while not relay.events:
+                await trio.sleep(0.01)
+        health = fleet.healthz(authorized=True)
+        n.cancel_scope.cancel()
+    assert health["log"] is False and health["ok"] is False
+    assert health["counts"]["jsonl_errors"] == 1
+    assert len(relay.events) == 1  # the relay still got it: the log is history, not a gate
