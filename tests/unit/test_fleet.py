@@ -226,11 +226,11 @@ async def test_the_fleet_nacks_commands_for_a_bridge_without_control(tmp_path):
            "data": {"scope": "run"}}
     async with trio.open_nursery() as n:
         await n.start(fleet.run)
-        for _ in range(3):  # a retransmit gets the recorded ack again, no new decision
+        for want in (1, 2, 3):  # a retransmit after the decision gets the recorded ack again
             await delivers["nocontrol"](dict(cmd))
-        with trio.fail_after(5):
-            while len(relay.events) < 3:
-                await trio.sleep(0.01)
+            with trio.fail_after(5):
+                while len(relay.events) < want:
+                    await trio.sleep(0.01)
         n.cancel_scope.cancel()
     acks = relay.events
     assert {a["type"] for a in acks} == {"control.rejected"}
