@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 from functools import partial
 from typing import Any
 
@@ -20,15 +19,10 @@ import trio
 from trio_websocket import ConnectionClosed, serve_websocket
 
 from supervisor.uplink import Uplink, socket_url
+from tests.support.net import free_port
 
 TOKEN = "s3cret-token-value"
 WAIT = 15  # seconds; generous on a noisy machine
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def event(i: int, severity: str | None = "notice", session: str = "ses-1") -> dict[str, Any]:

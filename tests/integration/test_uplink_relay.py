@@ -15,7 +15,6 @@ demands it); the test polls what they collected. Real clock, generous
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from functools import partial
 from typing import Any
@@ -29,17 +28,12 @@ from bridges.core.ledger import CommandLedger, Refuse, WriteResult
 from supervisor.relay.core import Relay
 from supervisor.relay.serve import serve_relay
 from supervisor.uplink import Uplink
+from tests.support.net import free_port
 
 TOKEN = "relay-token-for-tests"
 WAIT = 30
 SESSION = "ses-uplink"
 EPOCH = 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def event(i: int, severity: str) -> dict[str, Any]:

@@ -37,14 +37,15 @@ start it with ``await nursery.start(server.serve)``.
 from __future__ import annotations
 
 import json
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+
+from supervisor.asgi import headers as request_headers
 from supervisor.asgi import lifespan, read_body, send_json
+from tests.support.net import serve_loopback
 
 #: the command the mock asks the agent to run
 SHELL_COMMAND = "echo hello"
@@ -121,15 +122,9 @@ class MockResponsesServer:
 
         ``task_status.started(base_url)`` reports ``http://127.0.0.1:<port>/v1``.
         """
-        config = HypercornConfig()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        config.errorlog = None
-        config.graceful_timeout = 0.5
-
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
-            self.base_url = binds[0].rstrip("/") + "/v1"
+            url = await nursery.start(partial(serve_loopback, self._app, graceful_timeout=0.5))
+            self.base_url = url + "/v1"
             task_status.started(self.base_url)
 
     def _next_id(self, prefix: str) -> str:
@@ -144,7 +139,7 @@ class MockResponsesServer:
         body = await read_body(receive)
         if body is None:
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = request_headers(scope)
         parsed = None
         if body:
             try:

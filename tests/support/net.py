@@ -1,8 +1,16 @@
 """Loopback plumbing for the tests: a free port number for processes that need
-one up front (the daemon's listeners, a vendor server's ``--port``)."""
+one up front (the daemon's listeners, a vendor server's ``--port``), and
+hypercorn serving a test double's ASGI app on 127.0.0.1. The app-side ASGI
+chores (lifespan, body, headers, JSON responses) are ``supervisor.asgi``'s."""
 from __future__ import annotations
 
 import socket
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
 
 
 def free_port() -> int:
@@ -12,3 +20,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+async def serve_loopback(app: Any, *, port: int = 0, graceful_timeout: float = 0.2,
+                         websocket_max_message_size: int | None = None,
+                         task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` with hypercorn (trio worker) on ``127.0.0.1:port`` (0: any
+    free port), logs off, until cancelled; ``task_status.started`` reports the
+    base URL (``http://127.0.0.1:P``, no trailing slash)."""
+    config = HypercornConfig()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = graceful_timeout
+    if websocket_max_message_size is not None:
+        config.websocket_max_message_size = websocket_max_message_size
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(hypercorn_serve, app, config))
+        task_status.started(binds[0].rstrip("/"))

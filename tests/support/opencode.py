@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -45,10 +44,10 @@ from typing import Any
 
 import httpx
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
+from supervisor.asgi import lifespan, read_body, send_json
 from tests.support.daemon import DaemonProcess
+from tests.support.net import free_port, serve_loopback
 
 log = logging.getLogger("tests.opencode")
 
@@ -83,14 +82,8 @@ class MockChatProvider:
     _seq: int = 0
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        config = HypercornConfig()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        config.errorlog = None
-        config.graceful_timeout = 0.2
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
-            self.base_url = binds[0].rstrip("/") + "/v1"
+            self.base_url = await nursery.start(serve_loopback, self._app) + "/v1"
             task_status.started(self.base_url)
 
     # -- queries ---------------------------------------------------------
@@ -114,24 +107,12 @@ class MockChatProvider:
 
     async def _app(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                body += msg.get("body", b"")
-                if not msg.get("more_body"):
-                    break
-            elif msg["type"] == "http.disconnect":
-                return
+        body = await read_body(receive)
+        if body is None:
+            return
         try:
             parsed = json.loads(body) if body else None
         except ValueError:
@@ -140,16 +121,16 @@ class MockChatProvider:
             self.requests.append(RecordedRequest(scope["method"], scope["path"], parsed))
         path = scope["path"].rstrip("/")
         if path == "/_aep/requests":  # the recorder, for a test in another process
-            await _send_json(send, 200, {"chat": self.chat_requests(),
+            await send_json(send, 200, {"chat": self.chat_requests(),
                                          "slow_chunks": self.slow_chunks})
             return
         if scope["method"] == "POST" and path.endswith("/chat/completions"):
             await self._chat(parsed if isinstance(parsed, dict) else {}, receive, send)
         elif scope["method"] == "GET" and path.endswith("/models"):
-            await _send_json(send, 200, {"object": "list", "data": [
+            await send_json(send, 200, {"object": "list", "data": [
                 {"id": MODEL, "object": "model", "created": 0, "owned_by": "mock"}]})
         else:
-            await _send_json(send, 404, {"error": {"message": "mock: no route", "type": "nf"}})
+            await send_json(send, 404, {"error": {"message": "mock: no route", "type": "nf"}})
 
     async def _chat(self, body: dict, receive, send) -> None:
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
@@ -247,13 +228,6 @@ def _text_of(content: Any) -> str:
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return ""
-
-
-async def _send_json(send, status: int, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
 
 
 class MockProviderProcess:
@@ -383,12 +357,6 @@ def install(spec: VendorSpec) -> Path:
     if vendors.is_native_executable(path):
         return path
     return vendors.find_binary(prefix / "node_modules", Path(spec.binary).name)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------
@@ -820,14 +788,9 @@ class StubSseServer:
     url: str | None = None
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        config = HypercornConfig()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        config.errorlog = None
-        config.graceful_timeout = 0.1
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
-            self.url = binds[0].rstrip("/")
+            self.url = await nursery.start(partial(serve_loopback, self._app,
+                                                   graceful_timeout=0.1))
             task_status.started(self.url)
 
     def writes(self) -> list[tuple[str, str, str, Any]]:
@@ -835,24 +798,12 @@ class StubSseServer:
 
     async def _app(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                body += msg.get("body", b"")
-                if not msg.get("more_body"):
-                    break
-            elif msg["type"] == "http.disconnect":
-                return
+        body = await read_body(receive)
+        if body is None:
+            return
         method, path = scope["method"], scope["path"]
         try:
             parsed = json.loads(body) if body else None
@@ -875,7 +826,7 @@ class StubSseServer:
             else:
                 handler = (200, {})
         status, obj = handler
-        await _send_json(send, status, obj)
+        await send_json(send, status, obj)
 
     async def _stream(self, send) -> None:
         script = self.streams[min(self.connections, len(self.streams) - 1)] if self.streams \

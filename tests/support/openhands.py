@@ -44,7 +44,6 @@ import re
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,7 +58,9 @@ from typing import Any
 import httpx
 import trio
 
+from supervisor.asgi import headers, lifespan, read_body, send_json
 from tests.support.daemon import DaemonProcess
+from tests.support.net import free_port, serve_loopback
 
 OH_VERSION = "1.58.2"
 PACKAGE = "openhands-agent-server"
@@ -198,14 +199,6 @@ def require_agent_server(version: str = OH_VERSION) -> Path:
     except VendorUnavailable as e:
         skip_loudly(str(e))
         raise  # unreachable
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def dead_url() -> str:
@@ -389,16 +382,8 @@ class MockModel:
     _seq: int = 0
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        from hypercorn.config import Config as HypercornConfig
-        from hypercorn.trio import serve as hypercorn_serve
-        config = HypercornConfig()
-        config.bind = ["127.0.0.1:0"]
-        config.accesslog = None
-        config.errorlog = None
-        config.graceful_timeout = 0.2
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
-            self.url = binds[0].rstrip("/") + "/v1"
+            self.url = await nursery.start(serve_loopback, self._app) + "/v1"
             task_status.started(self.url)
 
     def release(self) -> None:
@@ -440,35 +425,23 @@ class MockModel:
 
     async def _app(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                raw += msg.get("body", b"")
-                if not msg.get("more_body"):
-                    break
-            else:
-                return
+        raw = await read_body(receive)
+        if raw is None:
+            return
         try:
             body = json.loads(raw) if raw else {}
         except ValueError:
             body = {}
         path = scope.get("path", "")
         if not path.endswith("/chat/completions"):
-            await _send_json(send, 404, {"error": {"message": f"no route {path}"}})
+            await send_json(send, 404, {"error": {"message": f"no route {path}"}})
             return
         self.requests.append(body)
         if self.fail_status:
-            await _send_json(send, self.fail_status,
+            await send_json(send, self.fail_status,
                              {"error": {"message": "mock model failure", "type": "server_error",
                                         "code": str(self.fail_status)}})
             return
@@ -485,15 +458,7 @@ class MockModel:
         if body.get("stream"):
             await _send_stream(send, answer)
         else:
-            await _send_json(send, 200, answer)
-
-
-async def _send_json(send, status: int, obj: Any) -> None:
-    data = json.dumps(obj).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
+            await send_json(send, 200, answer)
 
 
 async def _send_stream(send, answer: dict) -> None:
@@ -686,61 +651,36 @@ class StubAgentServer:
         self.conversations[cid] = conv
         return conv
 
-    async def serve(self, *, host: str = "127.0.0.1", port: int = 0,
-                    task_status=trio.TASK_STATUS_IGNORED) -> None:
-        from hypercorn.config import Config as HypercornConfig
-        from hypercorn.trio import serve as hypercorn_serve
-        config = HypercornConfig()
-        config.bind = [f"{host}:{port}"]
-        config.accesslog = None
-        config.errorlog = None
-        config.graceful_timeout = 0.2
-        config.websocket_max_message_size = 64 * 1024 * 1024
+    async def serve(self, *, port: int = 0, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(partial(hypercorn_serve, self._app, config))
-            self.url = binds[0].rstrip("/")
+            self.url = await nursery.start(partial(
+                serve_loopback, self._app, port=port,
+                websocket_max_message_size=64 * 1024 * 1024))
             task_status.started(self.url)
-
-    def _authorized(self, headers: list) -> bool:
-        if not self.key:
-            return True
-        return any(k.lower() == b"x-session-api-key" and v.decode() == self.key for k, v in headers)
 
     async def _app(self, scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["type"] == "websocket":
             await self._socket(scope, receive, send)
             return
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.request":
-                raw += msg.get("body", b"")
-                if not msg.get("more_body"):
-                    break
-            else:
-                return
+        raw = await read_body(receive)
+        if raw is None:
+            return
         path, method = scope["path"], scope["method"]
         self.requests.append((method, path + "?" + scope.get("query_string", b"").decode()))
-        if not self._authorized(scope.get("headers") or []):
-            await _send_json(send, 401, {"detail": "Unauthorized"})
+        if self.key and headers(scope).get("x-session-api-key") != self.key:
+            await send_json(send, 401, {"detail": "Unauthorized"})
             return
         if method == "GET" and path == "/api/conversations/search":
             self.searches += 1
             if self.search_status != 200:
-                await _send_json(send, self.search_status, {"detail": "stub failure"})
+                await send_json(send, self.search_status, {"detail": "stub failure"})
                 return
             if self.search_garbage:
-                await _send_json(send, 200, ["not", "a", "page"])
+                await send_json(send, 200, ["not", "a", "page"])
                 return
             qs = dict(p.split("=", 1) for p in scope.get("query_string", b"").decode().split("&") if "=" in p)
             start = int(qs.get("page_id") or 0) if (qs.get("page_id") or "0").isdigit() else 0
@@ -750,15 +690,15 @@ class StubAgentServer:
             nxt = start + self.page_size
             body = {"items": items,
                     "next_page_id": str(nxt) if (nxt < len(ids) or self.search_forever) else None}
-            await _send_json(send, 200, body)
+            await send_json(send, 200, body)
             return
         if method == "GET" and path.startswith("/api/conversations/"):
             cid = path.rsplit("/", 1)[-1]
             conv = self.conversations.get(cid)
             if conv is None:
-                await _send_json(send, 404, {"detail": "Not Found"})
+                await send_json(send, 404, {"detail": "Not Found"})
             else:
-                await _send_json(send, 200, {"id": cid, "execution_status": conv.status})
+                await send_json(send, 200, {"id": cid, "execution_status": conv.status})
             return
         if method == "POST":
             try:
@@ -768,10 +708,10 @@ class StubAgentServer:
             self.posts.append((path, body))
             if self.post_hang:
                 await trio.sleep_forever()
-            await _send_json(send, self.post_status,
+            await send_json(send, self.post_status,
                              {"success": True} if self.post_status < 300 else {"detail": f"stub {self.post_status}"})
             return
-        await _send_json(send, 404, {"detail": "Not Found"})
+        await send_json(send, 404, {"detail": "Not Found"})
 
     async def _socket(self, scope, receive, send) -> None:
         msg = await receive()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
 from concurrent import futures
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,10 +35,10 @@ from typing import Callable
 
 import grpc
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
-from supervisor.asgi import lifespan, read_body
+from supervisor.asgi import headers as request_headers
+from supervisor.asgi import lifespan, read_body, send_bytes
+from tests.support.net import serve_loopback
 
 #: OTLP signal per gRPC service / HTTP path
 _GRPC_SERVICES = {
@@ -123,14 +122,9 @@ class OtlpCapture:
         grpc_server, port = self._start_grpc(trio.lowlevel.current_trio_token())
         self.grpc_url = f"http://127.0.0.1:{port}"
         try:
-            config = HypercornConfig()
-            config.bind = ["127.0.0.1:0"]
-            config.accesslog = None
-            config.errorlog = None
-            config.graceful_timeout = 0.5
             async with trio.open_nursery() as nursery:
-                binds = await nursery.start(partial(hypercorn_serve, self._http_app, config))
-                self.http_url = binds[0].rstrip("/")
+                self.http_url = await nursery.start(partial(serve_loopback, self._http_app,
+                                                            graceful_timeout=0.5))
                 task_status.started(self)
         finally:
             # stop() returns an Event; waiting for it blocks, so do it off the trio thread
@@ -166,7 +160,7 @@ class OtlpCapture:
         body = await read_body(receive)
         if body is None:
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers = request_headers(scope)
         signal = _HTTP_PATHS.get(scope["path"], "unknown")
         ctype = headers.get("content-type", "")
         refuse = False
@@ -174,29 +168,17 @@ class OtlpCapture:
             refuse = self._refuse(Captured("http", signal, scope["path"], ctype,
                                            headers.get("content-encoding", ""), body, headers))
         if refuse:
-            await _respond(send, 503, "text/plain", b"refused (test)", [(b"retry-after", b"1")])
+            await send_bytes(send, 503, b"refused (test)", "text/plain", [(b"retry-after", b"1")])
         elif scope["method"] != "POST" or signal == "unknown":
-            await _respond(send, 404, "text/plain", b"not found")
+            await send_bytes(send, 404, b"not found", "text/plain")
         elif "json" in ctype:
-            await _respond(send, 200, "application/json", b"{}")
+            await send_bytes(send, 200, b"{}", "application/json")
         else:
-            await _respond(send, 200, "application/x-protobuf",
-                           logs_service_pb2.ExportLogsServiceResponse().SerializeToString())
+            await send_bytes(send, 200,
+                             logs_service_pb2.ExportLogsServiceResponse().SerializeToString(),
+                             "application/x-protobuf")
 
 
-async def _respond(send, status: int, ctype: str, data: bytes, extra=()) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", ctype.encode()), (b"content-length", str(len(data)).encode()),
-        *extra]})
-    await send({"type": "http.response.body", "body": data})
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for processes we don't
-    control that need a port number up front, e.g. the daemon's listeners)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def decode_logs(cap: Captured):
