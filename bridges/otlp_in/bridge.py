@@ -27,7 +27,6 @@ from typing import Any, Sequence
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from bridges.core import capture as _capture
 from bridges.core.bridge import BridgeContext, Saturated
@@ -226,22 +225,30 @@ class OtlpInBridge:
 
     async def _serve_http(self, host: str, port: int, *,
                           task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve OTLP/HTTP on ``host:port`` until cancelled, through the
+        relay's hardened :func:`~supervisor.relay.serve.serve_app` (a
+        connection that makes hypercorn raise is closed, counted as
+        ``otlp.connection_errors`` and logged once per kind, instead of
+        ending the listener; hypercorn#225). Raises ``OSError`` when the
+        address cannot be bound."""
+        from supervisor.relay.serve import bind_socket, serve_app
+
         assert self._ctx is not None
+        ctx = self._ctx
         cfg = HypercornConfig()
-        cfg.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
         cfg.accesslog = None
-        cfg.errorlog = self._ctx.log.getChild("http")
+        cfg.errorlog = ctx.log.getChild("http")
         cfg.graceful_timeout = 1.0
         app = HttpReceiver(self.export, max_body=self.max_body, on_problem=self._problem)
+        sock = bind_socket(host, port)
 
-        async def serve(*, task_status=trio.TASK_STATUS_IGNORED) -> None:
-            await hypercorn_serve(app, cfg, mode="asgi", task_status=task_status)
+        class _Started:
+            def started(self, addr: tuple[str, int]) -> None:
+                task_status.started((host, addr[1]))
 
-        async with trio.open_nursery() as nursery:
-            bound = await nursery.start(serve)
-            # hypercorn reports "http://127.0.0.1:4318" / "http://[::1]:4318"
-            hostport = bound[0].split("://", 1)[1]
-            task_status.started((host, int(hostport.rsplit(":", 1)[1])))
+        await serve_app(app, sock, trio.Event(), config=cfg, task_status=_Started(),
+                        on_fault=lambda kind: ctx.health.count("otlp.connection_errors"),
+                        where=f"{self.name} OTLP/HTTP {host}:{sock.getsockname()[1]}")
 
     # ------------------------------------------------------------------ export
 

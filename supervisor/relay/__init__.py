@@ -29,11 +29,15 @@ Public API (what the daemon uses):
   ``serve_app(app, sock, shutdown, ...)`` / ``bind_socket(host, port)``
   (:mod:`.serve`): hypercorn's trio worker with a per-connection abort
   handle, so a consumer that stopped reading can always be shed (§8.4) and
-  shutdown stays bounded.
+  shutdown stays bounded, and a fault barrier: a connection that makes
+  hypercorn (or the app) raise is closed, counted (``connection_errors`` /
+  ``handler_errors``) and logged once per kind, never reaching the caller.
+  The OTLP/HTTP listener is served the same way.
 
 Modules: :mod:`.attrmatch` (filter dialect, pure), :mod:`.envelope`
 (relay-grade envelope validation, pure), :mod:`.buffer` (replay buffers,
-pure), :mod:`.core`, :mod:`.app`, :mod:`.serve`.
+pure), :mod:`.core`, :mod:`.app`, :mod:`.serve`, :mod:`.faults` (rate-limited,
+secret-free fault logging).
 """
 from .core import CommandRefused, LocalEmitter, Relay, RelayClosed  # noqa: F401
 from .envelope import InvalidEvent  # noqa: F401

@@ -33,9 +33,11 @@ from .attrmatch import Filter, InvalidFilter
 from .core import (AEP_VERSION, CLOSED, TERMINATED, Outlet, Relay, SocketConnection, loads,
                    parse_capture, parse_from, parse_last_event_id)
 from .envelope import InvalidEvent, is_command_type
+from .faults import FaultLog, fault_kind
 from ..asgi import lifespan
 
 log = logging.getLogger("aep.relay.http")
+_FAULTS = FaultLog(log)
 
 #: ``scope["state"]`` key under which :mod:`supervisor.relay.serve` puts a
 #: callable that aborts the connection's socket (sheds a stalled peer).
@@ -86,12 +88,18 @@ class RelayApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         kind = scope["type"]
-        if kind == "http":
-            await self._http(scope, receive, send)
-        elif kind == "websocket":
-            await self._websocket(scope, receive, send)
-        elif kind == "lifespan":
-            await lifespan(receive, send)
+        try:
+            if kind == "http":
+                await self._http(scope, receive, send)
+            elif kind == "websocket":
+                await self._websocket(scope, receive, send)
+            elif kind == "lifespan":
+                await lifespan(receive, send)
+        except Exception as e:  # noqa: BLE001 -- one request's fault stays with it
+            # (e.g. h11 refusing our answer on a connection a hostile client
+            # already broke): counted, logged once per kind, no traceback flood
+            self.relay.counters["handler_errors"] += 1
+            _FAULTS.record(fault_kind(e), f"relay {kind} handler", e)
 
     # -- HTTP ------------------------------------------------------------------
     async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:

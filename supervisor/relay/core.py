@@ -819,7 +819,7 @@ class Relay:
         self.counters: dict[str, int] = {
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
-            "commands_refused": 0, "connection_errors": 0,
+            "commands_refused": 0, "connection_errors": 0, "handler_errors": 0,
         }
 
     def __repr__(self) -> str:  # never the token

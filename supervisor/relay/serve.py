@@ -24,13 +24,12 @@ upgrade with bytes pipelined behind it, hypercorn#225), and under
 reach the daemon's root nursery. :class:`_AbortableTCPServer` catches any
 ``Exception`` a connection raises, closes that socket, counts it
 (``on_fault(kind)``) and logs it once per kind (then at most once per
-:data:`FAULT_LOG_INTERVAL_S` with the count since), by exception type
+:data:`~supervisor.relay.faults.FAULT_LOG_INTERVAL_S` with the count since), by exception type
 names only: an h11 message can quote request bytes (a token)."""
 from __future__ import annotations
 
 import logging
 import socket
-import time
 from functools import partial
 from typing import Any, Awaitable, Callable
 
@@ -43,57 +42,11 @@ from hypercorn.typing import ConnectionState
 
 from .app import ABORT_KEY, make_app
 from .core import Relay
+from .faults import FaultLog, fault_kind
 
 log = logging.getLogger("aep.relay.serve")
 
-#: After the first log line of a fault kind, at most one more per this many seconds.
-FAULT_LOG_INTERVAL_S = 60.0
-_MAX_KINDS = 256
-
-
-def fault_kind(exc: BaseException) -> str:
-    """A short, secret-free name for a connection fault: the sorted,
-    de-duplicated type names of its leaf exceptions (``"LocalProtocolError"``,
-    ``"KeyError+LocalProtocolError"``); never an exception message."""
-    leaves: set[str] = set()
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        else:
-            leaves.add(type(e).__name__)
-
-    walk(exc)
-    return "+".join(sorted(leaves)) or type(exc).__name__
-
-
-class FaultLog:
-    """Rate-limited logging of connection faults: the first of each kind is
-    logged at WARNING; later ones at most once per ``interval`` seconds (with
-    how many were suppressed). Kinds are bounded (``_MAX_KINDS``)."""
-
-    def __init__(self, interval: float = FAULT_LOG_INTERVAL_S) -> None:
-        self.interval = interval
-        self._kinds: dict[str, list[float]] = {}  # kind -> [last logged, suppressed]
-
-    def record(self, kind: str, where: str) -> None:
-        now = time.monotonic()
-        seen = self._kinds.get(kind)
-        if seen is None:
-            if len(self._kinds) >= _MAX_KINDS:
-                self._kinds.pop(next(iter(self._kinds)))
-            self._kinds[kind] = [now, 0]
-            log.warning("%s: a connection failed (%s); closed it, serving on", where, kind)
-        elif now - seen[0] >= self.interval:
-            log.warning("%s: a connection failed (%s); closed it, serving on "
-                        "(%d more of this kind since the last report)", where, kind, seen[1])
-            seen[0], seen[1] = now, 0
-        else:
-            seen[1] += 1
-
-
-_FAULTS = FaultLog()
+_FAULTS = FaultLog(log)
 
 
 class _AbortableTCPServer(TCPServer):
@@ -115,7 +68,7 @@ class _AbortableTCPServer(TCPServer):
             await super().run()
         except* Exception as eg:  # trio.Cancelled (a BaseException) still propagates
             kind = fault_kind(eg)
-            _FAULTS.record(kind, self._where)
+            _FAULTS.record(kind, self._where, eg)
             if self._on_fault is not None:
                 try:
                     self._on_fault(kind)

@@ -1,0 +1,91 @@
+"""Hostile clients against the relay's listeners (and the OTLP/HTTP
+listener, served through the same ``serve_app``): every answer is a
+defined refusal or a closed connection, never a dead server.
+
+Each test sends what a hostile-client review found to break the daemon,
+then asserts the listener still answers an ordinary request."""
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import trio
+
+from tests.support.relay_harness import running_relay
+
+WAIT = 20
+
+UPGRADE = (b"GET /socket HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+           b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+           b"Sec-WebSocket-Version: 13\r\n\r\n")
+
+
+def _masked_text_frame(text: str) -> bytes:
+    b = text.encode()
+    mask = b"\x01\x02\x03\x04"
+    return bytes([0x81, 0x80 | len(b)]) + mask + bytes(c ^ mask[i % 4] for i, c in enumerate(b))
+
+
+async def _raw(port: int, payload: bytes) -> bytes:
+    """Send ``payload`` on a fresh TCP connection in one write and read
+    whatever comes back until the server closes (or a short quiet time)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    got = b""
+    async with stream:
+        await stream.send_all(payload)
+        with trio.move_on_after(2):
+            while True:
+                chunk = await stream.receive_some(65536)
+                if not chunk:
+                    break
+                got += chunk
+    return got
+
+
+HOSTILE = [
+    UPGRADE + b"x",  # hypercorn#225: h11 LocalProtocolError out of the connection handler
+    UPGRADE + _masked_text_frame('{"type":"hello","versions":["0.1"]}'),
+    UPGRADE.replace(b"/socket", b"/nowhere") + b"x",
+    UPGRADE.replace(b"Version: 13", b"Version: 12") + b"x",
+    b"POST /events HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Content-Length: 1\r\n\r\nx",
+    b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: h2c\r\n"
+    b"Connection: Upgrade, HTTP2-Settings\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\nx",
+]
+
+
+async def test_pipelined_websocket_upgrade_never_kills_the_relay(caplog):
+    caplog.set_level(logging.DEBUG)
+    async with running_relay() as (relay, base), httpx.AsyncClient() as c:
+        port = int(base.rsplit(":", 1)[1])
+        for _ in range(3):  # repeated: each kind is logged once, counted every time
+            with trio.fail_after(WAIT):
+                async with trio.open_nursery() as n:
+                    for payload in HOSTILE:
+                        n.start_soon(_raw, port, payload)
+        with trio.fail_after(WAIT):
+            r = await c.get(base + "/healthz")
+        assert r.status_code == 200 and r.json()["ok"] is True
+        assert relay.counters["connection_errors"] >= 3
+        warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        faults = [r.getMessage() for r in warned if "connection failed" in r.getMessage()]
+        assert faults and len(faults) == len(set(faults))  # once per kind, not per connection
+        assert not any(r.exc_info for r in warned)  # no traceback per hostile request
+
+
+async def test_pipelined_upgrade_never_kills_the_otlp_http_listener():
+    from tests.integration.test_otlp_receiver import local, running, url
+
+    bridge = local()
+    async with running(bridge) as (ctx, recv), httpx.AsyncClient() as c:
+        port = bridge.http_address[1]
+        req = UPGRADE.replace(b"/socket", b"/v1/logs")
+        for payload in (req + b"x", req + b"xyz"):
+            with trio.fail_after(WAIT):
+                await _raw(port, payload)
+        with trio.fail_after(WAIT):
+            r = await c.post(url(bridge), content=json.dumps({"resourceLogs": []}),
+                             headers={"content-type": "application/json"})
+        assert r.status_code == 200
+        assert ctx.health.counters.get("otlp.connection_errors", 0) >= 1
