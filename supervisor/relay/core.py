@@ -39,7 +39,7 @@ import trio
 
 from .attrmatch import CAPTURE_RANK, CAPTURES, SEVERITY_RANK, Filter, InvalidFilter
 from .buffer import Entry, Position, SessionBuffers
-from .envelope import AEP_VERSION, InvalidEvent, is_command_type, validate
+from .envelope import AEP_VERSION, InvalidEvent, encode, is_command_type, validate
 
 log = logging.getLogger("aep.relay")
 
@@ -733,6 +733,14 @@ def parse_capture(value: Any) -> str | None:
     return value
 
 
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | None]:
     """``from``: absent, ``"all"``, or ``[{session, epoch?, seq}]`` (AEP-0003
     §3.3, §6.5). Returns ``(replay_all, positions)``; raises
@@ -750,6 +758,8 @@ def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | No
         session, epoch, seq = p.get("session"), p.get("epoch", 0), p.get("seq")
         if not isinstance(session, str) or not session:
             raise InvalidFilter("from entry needs a session (string)")
+        if not _utf8(session):
+            raise InvalidFilter("from entry session has no UTF-8 form (lone surrogate)")
         for v in (epoch, seq):
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InvalidFilter("from entry epoch/seq must be integers >= 0")
@@ -819,7 +829,7 @@ class Relay:
         self.counters: dict[str, int] = {
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
-            "commands_refused": 0, "connection_errors": 0, "handler_errors": 0,
+            "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
         }
 
     def __repr__(self) -> str:  # never the token
@@ -965,10 +975,7 @@ class Relay:
     def entry(self, ev: Any) -> Entry:
         """Validate and serialize one event (raises :class:`InvalidEvent`)."""
         validate(ev)
-        try:
-            raw = dumps(ev)
-        except (TypeError, ValueError, RecursionError):
-            raise InvalidEvent("event is not representable as JSON") from None
+        raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
         attrs = {k: v for k, v in ev.items() if k != "data"}
         pos = (ev.get("epoch", 0), ev["seq"]) if "seq" in ev else None
         return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")],
@@ -1069,7 +1076,14 @@ class Relay:
         attrs = e.attrs
         for sub in self._subs_t:
             if sub.filter.matches(attrs):
-                sub.offer(self.view(e, sub.ceiling, cache))
+                try:
+                    sub.offer(self.view(e, sub.ceiling, cache))
+                except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
+                    # (a batch is accepted whole): that subscriber is shed instead
+                    self.counters["fanout_errors"] += 1
+                    log.error("relay: fan-out to a %s subscriber failed (%s); shedding it",
+                              sub.outlet.kind, type(exc).__name__)
+                    sub.outlet.terminate("internal-error")
 
     # -- subscriptions --------------------------------------------------------------
     def _set_subs(self) -> None:

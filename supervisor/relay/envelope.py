@@ -10,6 +10,7 @@ Payloads (``data``) are never inspected beyond "is an object" (AEP-0001 §5:
 relays MUST NOT require parsing ``data``)."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -129,6 +130,24 @@ def validate(ev: Any) -> None:
     else:
         if "session" not in ev or "seq" not in ev:
             raise InvalidEvent("session-scoped events carry session and seq (AEP-0001 §5.2)")
+
+
+def encode(ev: Any) -> bytes:
+    """The event's compact JSON as UTF-8 bytes (what the relay buffers and
+    forwards). Raises :class:`InvalidEvent` when it has no UTF-8 form: a
+    lone UTF-16 surrogate anywhere (``"\\ud800"`` is a legal JSON escape,
+    but AEP-0001 §5 makes the envelope UTF-8 JSON, and an SSE ``id:`` line
+    or a WS text frame could not carry it), or a value JSON cannot carry.
+    Costs nothing extra: serializing is needed anyway and the UTF-8 encode
+    is the check."""
+    try:
+        return json.dumps(ev, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidEvent("event contains a lone UTF-16 surrogate: not representable "
+                           "in UTF-8 (AEP-0001 §5)") from None
+    except (TypeError, ValueError, RecursionError):
+        raise InvalidEvent("event is not representable as JSON") from None
 
 
 def envelope_error(ev: Any) -> str | None:

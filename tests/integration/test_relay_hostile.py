@@ -89,3 +89,27 @@ async def test_pipelined_upgrade_never_kills_the_otlp_http_listener():
                              headers={"content-type": "application/json"})
         assert r.status_code == 200
         assert ctx.health.counters.get("otlp.connection_errors", 0) >= 1
+
+
+V = {"AEP-Version": "0.1"}
+NDJSON = {"content-type": "application/x-ndjson"}
+
+
+async def test_batch_with_a_lone_surrogate_is_rejected_whole_before_any_ingest():
+    from tests.support.relay_harness import event
+
+    async with running_relay() as (relay, base), httpx.AsyncClient() as c:
+        poisoned = json.dumps(event(1)).replace('"session": "s1"', '"session": "p\\ud800"')
+        assert "\\ud800" in poisoned
+        body = "\n".join([json.dumps(event(0)), poisoned, json.dumps(event(2))])
+        r = await c.post(base + "/events", content=body, headers={**V, **NDJSON})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == "invalid-event" and r.json()["line"] == 1
+        assert "UTF-8" in r.json()["detail"]
+        assert relay.counters["events"] == 0 and relay.buffers.held("s1") == 0
+        r = await c.post(base + "/events", content=json.dumps(event(3)), headers={**V, **NDJSON})
+        assert r.status_code == 202
+        with trio.fail_after(WAIT):
+            r = await c.get(base + "/stream", params={"from": "all", "live": "0"})
+        assert r.status_code == 200 and r.text.count("data: ") == 1
+        assert r.text.rstrip().endswith(": replay-complete")

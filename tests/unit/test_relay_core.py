@@ -670,3 +670,55 @@ async def test_delivered_positions_stay_bounded():
         relay.ingest_http([relay.entry(ev(0, session=f"s{i}", source=SRC + f"s{i}"))])
     await take(conn.outlet)
     assert [p["session"] for p in conn.outlet.delivered_positions()] == ["s7", "s8", "s9"]
+
+
+# -- hostile input (review findings) --------------------------------------------------
+
+LONE = "p\ud800"  # legal as a JSON escape, no UTF-8 form (AEP-0001 §5: the envelope is UTF-8)
+
+
+@pytest.mark.parametrize("poison", [
+    {"session": LONE, "source": SRC + "p"},
+    {"subject": LONE},
+    {"data": {"text": LONE}},
+    {"data": {LONE: 1}},
+    {"id": LONE},
+])
+async def test_lone_surrogates_are_invalid_events(poison):
+    relay = Relay()
+    with pytest.raises(InvalidEvent, match="UTF-8"):
+        relay.entry({**ev(0), **poison})
+
+
+async def test_lone_surrogate_on_the_socket_is_an_error_frame_and_replay_all_survives():
+    relay = Relay()
+    em = await ws(relay, role="emitter")
+    await em.handle_text(json.dumps(ev(0)))
+    # json.dumps escapes the surrogate as \ud800: valid JSON text
+    await em.handle_text(json.dumps({**ev(1, id="bad"), "session": LONE}))
+    (err,) = await take(em.outlet)
+    assert err["type"] == "error" and err["code"] == "invalid-event" and err["cause"] == "bad"
+    await em.handle_text(json.dumps(ev(2)))
+    outlet = relay.open_stream(Filter({}), None, plan_all=True, positions=None, live=False)
+    msgs, comments = sse_events(await take(outlet))
+    assert [m["id"] for m in msgs] == ["s1:0:0", "s1:0:2"] and comments == ["replay-complete"]
+
+
+async def test_a_failing_subscriber_is_shed_and_the_ingest_completes(monkeypatch):
+    relay = Relay()
+    bad = relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
+    good = relay.open_stream(Filter({}), "none", plan_all=False, positions=None, live=True)
+
+    def broken(self):
+        raise UnicodeEncodeError("utf-8", "x", 0, 1, "boom")
+
+    monkeypatch.setattr(core_mod.View, "sse", lambda self: broken(self) if self.raw is self.entry.raw
+                        else b"ok\n\n")
+    relay.ingest_http([relay.entry(ev(s)) for s in range(3)])
+    assert relay.buffers.held("s1") == 3 and relay.counters["fanout_errors"] == 1
+    assert bad.state == core_mod.TERMINATED and len(await take(good)) == 3
+
+
+def test_from_positions_naming_a_session_without_utf8_form_are_refused():
+    with pytest.raises(core_mod.InvalidFilter):
+        core_mod.parse_from([{"session": "p\ud800", "seq": 1}])
