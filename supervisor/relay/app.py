@@ -179,7 +179,8 @@ class RelayApp:
                 "detail": "use application/json (one event) or application/x-ndjson (a batch)"})
         declared = _header(scope, b"content-length")
         too_large = {"error": "payload-too-large", "max_bytes": relay.max_body}
-        if declared is not None and declared.isdigit() and int(declared) > 2 * relay.max_body:
+        if declared is not None and declared.isascii() and declared.isdigit() \
+                and (len(declared) > 19 or int(declared) > 2 * relay.max_body):
             return await _respond(send, 413, too_large, close=True)
         try:
             body = await self._read_body(scope, receive)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import re
 import time
 import urllib.parse
 from collections import OrderedDict, deque
@@ -767,14 +768,22 @@ def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | No
     return False, out
 
 
+_DIGITS = re.compile(r"[0-9]+\Z")
+
+
 def parse_last_event_id(value: str) -> tuple[str, Position] | None:
     """``{session}:{epoch}:{seq}`` (session names may contain ``:``);
-    ``None`` when malformed (browsers resend whatever they saw last)."""
+    ``None`` when malformed (browsers resend whatever they saw last): epoch
+    and seq must be ASCII digits (``str.isdigit`` also passes ``"²"``) that
+    ``int`` accepts (Python refuses more than 4300 digits)."""
     session, sep1, rest = value.rpartition(":")
     session, sep2, epoch = session.rpartition(":")
-    if not (sep1 and sep2 and session and epoch.isdigit() and rest.isdigit()):
+    if not (sep1 and sep2 and session and _DIGITS.match(epoch) and _DIGITS.match(rest)):
         return None
-    return session, (int(epoch), int(rest))
+    try:
+        return session, (int(epoch), int(rest))
+    except ValueError:
+        return None
 
 
 # -- the relay ----------------------------------------------------------------------

@@ -113,3 +113,14 @@ async def test_batch_with_a_lone_surrogate_is_rejected_whole_before_any_ingest()
             r = await c.get(base + "/stream", params={"from": "all", "live": "0"})
         assert r.status_code == 200 and r.text.count("data: ") == 1
         assert r.text.rstrip().endswith(": replay-complete")
+
+
+async def test_malformed_last_event_id_is_ignored_without_a_traceback(caplog):
+    caplog.set_level(logging.DEBUG)
+    async with running_relay() as (relay, base), httpx.AsyncClient() as c:
+        for lei in ("s:0:\u00b2".encode("latin-1"), b"s:0:" + b"9" * 5000):
+            with trio.fail_after(WAIT):
+                r = await c.get(base + "/stream", params={"live": "0"},
+                                headers={"last-event-id": lei})
+            assert r.status_code == 200 and r.text.rstrip().endswith(": replay-complete")
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"

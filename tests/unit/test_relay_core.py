@@ -722,3 +722,9 @@ async def test_a_failing_subscriber_is_shed_and_the_ingest_completes(monkeypatch
 def test_from_positions_naming_a_session_without_utf8_form_are_refused():
     with pytest.raises(core_mod.InvalidFilter):
         core_mod.parse_from([{"session": "p\ud800", "seq": 1}])
+
+
+@pytest.mark.parametrize("value", ["s:0:\u00b2", "s:\u0663:1", "s:0:" + "9" * 5000, "s:" + "1" * 5000 + ":0",
+                                   "s:0:1\u00b2", "s:+1:2", "s:0: 1"])
+def test_malformed_last_event_id_is_ignored_not_raised(value):
+    assert core_mod.parse_last_event_id(value) is None
