@@ -40,7 +40,7 @@ import trio
 
 from .attrmatch import CAPTURE_RANK, CAPTURES, SEVERITY_RANK, Filter, InvalidFilter
 from .buffer import Entry, Position, SessionBuffers
-from .envelope import AEP_VERSION, InvalidEvent, encode, is_command_type, validate
+from .envelope import AEP_VERSION, InvalidEvent, encode, is_command_type, is_foreign, validate
 
 log = logging.getLogger("aep.relay")
 
@@ -433,6 +433,10 @@ class Connection:
 
     ``role``: ``emitter``/``consumer``/``both`` (``None`` before ``hello``);
     ``identity``/``capabilities``: from the party's ``hello``, verbatim;
+    ``agent``: ``identity.agent`` when declared (the connection's own
+    events, sequenced and ``agent.*``, carrying another envelope ``agent``
+    are invalid, AEP-0003 §4 rule 3; commands and ``attention.routed``
+    are exempt: they speak for their sender);
     ``authenticated``: whether this binding is authenticated (commands
     from an unauthenticated binding are refused, AEP-0004 §4.1);
     ``claims``: sessions this connection owns (it sent their sequenced
@@ -445,6 +449,9 @@ class Connection:
         self.identity: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
         self.accepts: frozenset[str] = frozenset()
+        #: the hello's ``identity.agent``: every event this connection sends
+        #: must carry it as its envelope ``agent`` (AEP-0003 §4 rule 3)
+        self.agent: str | None = None
         self.claims: OrderedDict[str, None] = OrderedDict()
         self.open = True
 
@@ -457,6 +464,8 @@ class Connection:
         caps = hello.get("capabilities")
         self.identity = ident if isinstance(ident, dict) else {}
         self.capabilities = caps if isinstance(caps, dict) else {}
+        agent = self.identity.get("agent")
+        self.agent = agent if isinstance(agent, str) and agent else None
         ctl = self.capabilities.get("control")
         acc = ctl.get("accepts") if isinstance(ctl, dict) else None
         # control.accepts is authoritative (AEP-0003 §4 rule 5): none declared
@@ -1001,6 +1010,12 @@ class Relay:
         """One event from a connection. Returns a command refusal
         ``(code, detail)`` or ``None``; raises :class:`InvalidEvent`."""
         e = self.entry(ev)
+        if conn is not None and conn.agent is not None and ev["agent"] != conn.agent \
+                and not is_foreign(e.attrs["type"]):
+            # the connection's own events (sequenced and agent.*); commands and
+            # attention.routed speak for their sender, not a declared emitter
+            raise InvalidEvent("event agent does not match this connection's hello "
+                               "identity.agent (AEP-0003 §4 rule 3)")
         if is_command_type(e.attrs["type"]):
             if raw is not None and _has_duplicate_keys(raw):
                 raise InvalidEvent("duplicate attribute names in command")

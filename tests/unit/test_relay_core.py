@@ -460,7 +460,7 @@ async def test_routing_refusals_and_exactly_one_delivery():
     assert relay.buffers.held("s1") == 1
     # a second claimant makes the session ambiguous: refuse, never guess
     other = relay.attach_emitter(hello(agent="b"), _append(got2))
-    await other.ingest(ev(0, id="b-0", source="aep://h/agent/b/session/s1"))
+    await other.ingest(ev(0, id="b-0", agent="b", source="aep://h/agent/b/session/s1"))
     await sender.handle_text(json.dumps(cmd(id="A1")))
     (err,) = await take(sender.outlet)
     assert err["code"] == "ambiguous" and err["cause"] == "A1"
@@ -520,7 +520,8 @@ async def test_roster_one_entry_per_claim_verbatim_and_emitter_refused():
     b = await ws(relay, role="emitter", agent="b", accepts=None)
     await a.ingest(ev(0))
     await a.ingest(ev(0, session="s2"))
-    await b.handle_text(json.dumps(ev(0, session="s2", id="b0", source="aep://h/agent/b/session/s2")))
+    await b.handle_text(json.dumps(ev(0, session="s2", id="b0", agent="b",
+                                      source="aep://h/agent/b/session/s2")))
     await b.handle_text(json.dumps({"type": "roster", "id": "r-0"}))
     (refusal,) = await take(b.outlet)
     assert refusal["code"] == "unauthorized" and refusal["id"] == "r-0"
@@ -728,3 +729,24 @@ def test_from_positions_naming_a_session_without_utf8_form_are_refused():
                                    "s:0:1\u00b2", "s:+1:2", "s:0: 1"])
 def test_malformed_last_event_id_is_ignored_not_raised(value):
     assert core_mod.parse_last_event_id(value) is None
+
+
+async def test_socket_events_must_carry_the_hello_identity_agent():
+    relay = Relay()
+    em = await ws(relay, role="emitter", agent="evil")
+    await em.handle_text(json.dumps(ev(0, agent="codex", id="x1")))
+    (err,) = await take(em.outlet)
+    assert err["type"] == "error" and err["code"] == "invalid-event" and err["cause"] == "x1"
+    assert "identity.agent" in err["detail"]
+    assert relay.buffers.held("s1") == 0 and relay.counters["events"] == 0
+    await em.handle_text(json.dumps(ev(1, agent="evil")))  # the connection survives
+    assert await take(em.outlet) == [] and relay.buffers.held("s1") == 1
+
+
+async def test_in_process_emitter_events_must_carry_its_hello_agent():
+    relay = Relay()
+    conn = relay.attach_emitter(hello(agent="a"), _noop)
+    with pytest.raises(InvalidEvent, match="identity.agent"):
+        await conn.ingest(ev(0, agent="b"))
+    await conn.ingest(ev(0, agent="a"))
+    assert relay.buffers.held("s1") == 1
