@@ -13,17 +13,14 @@ blocking ControlClient calls are handed to a worker thread with
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import aep_sdk
-import httpx
 import pytest
 import trio
 
-from tests.support.daemon import Collector
-from tests.support.openhands import (AgentServer, MockModel, OpenHandsDaemon, dead_url,
-                                     require_agent_server, server_posts)
-from tests.support.schema import validate_event, validate_stream
+from tests.support.daemon import Collector, command
+from tests.support.openhands import (AgentClient, AgentServer, OpenHandsDaemon, dead_url,
+                                     model_and_client, require_agent_server, server_posts)
+from tests.support.schema import validated
 
 pytestmark = pytest.mark.vendor
 
@@ -51,51 +48,6 @@ def stream(daemon):
     reader.close()
 
 
-class Vendor:
-    """The test's own REST client for the agent server (a user's writes)."""
-
-    def __init__(self, server: AgentServer, model_url: str) -> None:
-        self.server, self.model_url = server, model_url
-        self.http = httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=60,
-                                      trust_env=False)
-
-    async def create(self, model_url: str | None = None, *, confirm: bool = True) -> str:
-        r = await self.http.post("/api/conversations", json=self.server.conversation_request(
-            model_url or self.model_url, text=None, confirm=confirm))
-        r.raise_for_status()
-        return r.json()["id"]
-
-    async def say(self, cid: str, text: str) -> None:
-        r = await self.http.post(f"/api/conversations/{cid}/events",
-                                 json={"role": "user", "content": [{"type": "text", "text": text}], "run": True})
-        r.raise_for_status()
-
-    async def confirm(self, cid: str) -> None:
-        (await self.http.post(f"/api/conversations/{cid}/events/respond_to_confirmation",
-                              json={"accept": True})).raise_for_status()
-
-    async def status(self, cid: str) -> str:
-        return (await self.http.get(f"/api/conversations/{cid}")).json()["execution_status"]
-
-
-def send(daemon: OpenHandsDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
-    """One command with the SDK ControlClient: ``("accepted", ack)`` or
-    ``(reason, detail)`` for a nack."""
-    client = aep_sdk.ControlClient(daemon.url, agent="tester", host="laptop", token=daemon.token)
-    client.connect(connect_timeout_ms=10_000)
-    try:
-        return "accepted", client.send(type_, session, ack_window_ms=10_000, retries=0, **kw)
-    except aep_sdk.NackError as e:
-        return e.reason, e.detail
-    finally:
-        client.close()
-
-
-async def command(daemon: OpenHandsDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
-    with trio.fail_after(30):
-        return await trio.to_thread.run_sync(lambda: send(daemon, type_, session, **kw))
-
-
 async def until_status(stream: Collector, cid: str, status: str, timeout: float = 60) -> dict:
     """The state.delta that carried the flip to ``status`` (the last one)."""
     def find(s: Collector):
@@ -103,20 +55,6 @@ async def until_status(stream: Collector, cid: str, status: str, timeout: float 
                  and (e["data"].get("delta") or [{}])[0].get("value") == status]
         return flips[-1] if flips else None
     return await stream.wait_for(find, timeout, f"{cid[:8]} -> {status}")
-
-
-async def wait_held(mock: MockModel) -> None:
-    with trio.fail_after(30):
-        while mock.held == 0:
-            await trio.sleep(0.05)
-
-
-def checked(stream: Collector, cid: str) -> list[dict]:
-    evs = stream.of(cid)
-    for e in evs:
-        validate_event(e)
-    validate_stream(evs)
-    return evs
 
 
 def kinds(evs: list[dict]) -> list[str]:
@@ -129,18 +67,14 @@ async def test_1_and_4_new_conversation_observed_and_vendor_side_approval(server
     """1: a conversation created after the daemon started is discovered and
     observed, run.started ... run.finished from the real status facts.
     4: approved on the vendor side directly: observed, no control claim."""
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server) as (mock, vendor):
         cid = await vendor.create()
         await stream.wait_for(lambda s: s.of(cid, "session.started"), what="session.started")
         await vendor.say(cid, "list the files [mark]")
         req = (await stream.wait_for(lambda s: s.of(cid, "attention.requested")))[0]
         await vendor.confirm(cid)
         await stream.wait_for(lambda s: s.of(cid, "run.finished"), what="run.finished")
-        n.cancel_scope.cancel()
-    evs = checked(stream, cid)
+    evs = validated(stream.of(cid))
     t = kinds(evs)
     assert t[0] == "session.started" and evs[0]["agent"] == "openhands"
     assert evs[0]["source"].endswith(f"/agent/openhands/session/{cid}")
@@ -157,10 +91,7 @@ async def test_1_and_4_new_conversation_observed_and_vendor_side_approval(server
 # --------------------------------------------------------------------------- 2 and 3
 
 async def test_2_approve_over_aep(server, daemon, stream):
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server) as (mock, vendor):
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")
         req = (await stream.wait_for(lambda s: s.of(cid, "attention.requested")))[0]
@@ -168,8 +99,7 @@ async def test_2_approve_over_aep(server, daemon, stream):
                                      cause=req["id"], data={"answer": {"option": "approve"}})
         assert verdict == "accepted", ack
         await stream.wait_for(lambda s: s.of(cid, "run.finished"))
-        n.cancel_scope.cancel()
-    evs = checked(stream, cid)
+    evs = validated(stream.of(cid))
     cmd_id = ack["cause"]
     ans, res = stream.of(cid, "attention.answered")[0], stream.of(cid, "attention.resolved")[0]
     assert ans["cause"] == res["cause"] == cmd_id and ans["subject"] == res["subject"] == req["id"]
@@ -181,10 +111,7 @@ async def test_2_approve_over_aep(server, daemon, stream):
 
 
 async def test_3_deny_over_aep_with_text(server, daemon, stream):
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server) as (mock, vendor):
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")
         req = (await stream.wait_for(lambda s: s.of(cid, "attention.requested")))[0]
@@ -194,8 +121,7 @@ async def test_3_deny_over_aep_with_text(server, daemon, stream):
         assert verdict == "accepted", ack
         rej = await stream.wait_for(lambda s: s.of(cid, "x.openhands.user_reject.observation"))
         await stream.wait_for(lambda s: s.of(cid, "run.finished"))
-        n.cancel_scope.cancel()
-    checked(stream, cid)
+    validated(stream.of(cid))
     assert rej[0]["data"]["reason"] == "use the staging box instead"  # the vendor's own rejection
     assert rej[0]["severity"] == "debug" and rej[0]["subject"] == "terminal"
     assert not stream.of(cid, "tool.denied"), "a user rejection is not a policy block"
@@ -212,10 +138,7 @@ async def test_5_pause_resume_and_refusals(server, daemon, stream):
     in-flight step lands waiting_for_confirmation, see the in-process test).
     Pause from idle, resume from idle and from waiting_for_confirmation:
     refused, and the vendor receives no write."""
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server) as (mock, vendor):
         idle = await vendor.create()
         await stream.wait_for(lambda s: s.of(idle, "state.snapshot"), what="attached")
         with trio.fail_after(10):
@@ -237,7 +160,7 @@ async def test_5_pause_resume_and_refusals(server, daemon, stream):
         cid = await vendor.create(confirm=False)
         await vendor.say(cid, "wait for me [hold]")
         await until_status(stream, cid, "running")
-        await wait_held(mock)
+        await mock.wait_held()
         paused = await command(daemon, "control.pause", cid)
         assert paused[0] == "accepted", paused
         await until_status(stream, cid, "paused")
@@ -251,11 +174,10 @@ async def test_5_pause_resume_and_refusals(server, daemon, stream):
         assert resumed[0] == "accepted", resumed
         await stream.wait_for(lambda s: s.of(cid, "run.finished"))
         await vendor.confirm(waiting)
-        n.cancel_scope.cancel()
     assert refused_resume[0] == "refused" and "idle" in refused_resume[1]
     assert refused_waiting[0] == "refused" and "control.attention.respond" in refused_waiting[1]
     assert req["data"]["respond_via"] == ["control"]
-    evs = checked(stream, cid)
+    evs = validated(stream.of(cid))
     causes = {e.get("cause") for e in evs if e["type"] == "state.delta"
               and e["data"].get("key") == "execution_status"}
     assert paused[1]["cause"] in causes and resumed[1]["cause"] in causes
@@ -267,10 +189,7 @@ async def test_5_pause_resume_and_refusals(server, daemon, stream):
 # --------------------------------------------------------------------------- 6
 
 async def test_6_send_input_and_interrupt(server, daemon, stream):
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server) as (mock, vendor):
         cid = await vendor.create()
         await stream.wait_for(lambda s: s.of(cid, "state.snapshot"), what="attached")
         sent = await command(daemon, "x.openhands.control.send_input", cid,
@@ -282,14 +201,13 @@ async def test_6_send_input_and_interrupt(server, daemon, stream):
         assert await vendor.status(cid) == "idle", "run pinned false: the input never starts work"
         await vendor.say(cid, "wait for me [hold]")
         await until_status(stream, cid, "running")
-        await wait_held(mock)
+        await mock.wait_held()
         intr = await command(daemon, "x.openhands.control.interrupt", cid)
         assert intr[0] == "accepted", intr
         flip = await until_status(stream, cid, "paused")
         await stream.wait_for(lambda s: s.of(cid, "x.openhands.interrupt.event"))
         mock.release()
-        n.cancel_scope.cancel()
-    checked(stream, cid)
+    validated(stream.of(cid))
     assert out[0]["cause"] == sent[1]["cause"] and "data" not in out[0]
     assert "remember the release notes" not in json.dumps(out)
     assert user_msgs[0]["data"]["content"] == "remember the release notes"  # the vendor's own message
@@ -300,11 +218,11 @@ async def test_6_send_input_and_interrupt(server, daemon, stream):
 # --------------------------------------------------------------------------- 7
 
 async def test_7_model_unreachable(server, daemon, stream):
-    vendor = Vendor(server, dead_url())
+    vendor = AgentClient(server, dead_url())
     cid = await vendor.create()
     await vendor.say(cid, "list the files [mark]")
     await stream.wait_for(lambda s: s.of(cid, "run.failed") and s.of(cid, "error.raised"))
-    checked(stream, cid)
+    validated(stream.of(cid))
     assert stream.of(cid, "run.failed")[0]["data"] == {"reason": "error"}
     err = stream.of(cid, "error.raised")[0]
     assert err["data"]["code"] == "LLMServiceUnavailableError" and "Connection error" in err["data"]["error"]["message"]
@@ -320,10 +238,7 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
     await trio.to_thread.run_sync(d.start)
     reader = d.subscribe()
     try:
-        async with trio.open_nursery() as n:
-            mock = MockModel()
-            await n.start(mock.serve)
-            vendor = Vendor(server, mock.url)
+        async with model_and_client(server) as (mock, vendor):
             cid = await vendor.create()
             await vendor.say(cid, "list the files [mark]")
             req = (await reader.wait_for(lambda s: s.of(cid, "attention.requested")))[0]
@@ -339,11 +254,8 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
             reader = d.subscribe()
             await reader.wait_for(lambda s: s.of(cid, "run.finished"), what="run.finished after the restart")
             await trio.sleep(1.5)
-            n.cancel_scope.cancel()
         evs = reader.of(cid)  # the relay is new: only what the restarted daemon emitted
-        for e in before + evs:
-            validate_event(e)
-        validate_stream(before + evs)
+        validated(before + evs)
         assert not [e for e in evs if e["type"] == "session.started"]
         seen = {e["data"]["vendor_event_id"] for e in before if "vendor_event_id" in (e.get("data") or {})}
         dup = [e for e in evs if (e.get("data") or {}).get("vendor_event_id") in seen]

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import logging
 
-import httpx
 import pytest
 import trio
 
-from tests.support.openhands import (AgentServer, MockModel, Rig, dead_url, require_agent_server,
-                                     server_posts)
-from tests.support.schema import validate_event, validate_stream
+from tests.support.openhands import (AgentClient, AgentServer, MockModel, Rig, dead_url,
+                                     model_and_client, require_agent_server, server_posts)
+from tests.support.schema import validate_event, validated
 
 pytestmark = pytest.mark.vendor
 TOKEN = "test-token-0123456789"
@@ -42,32 +41,6 @@ def bridge_env(server: AgentServer, tmp_path, *, control: bool = False, key: str
     return env
 
 
-class Vendor:
-    """The test's own REST client for the agent server (a user's writes)."""
-
-    def __init__(self, server: AgentServer, model_url: str) -> None:
-        self.server, self.model_url = server, model_url
-        self.http = httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=60,
-                                      trust_env=False)
-
-    async def create(self, model_url: str | None = None, *, confirm: bool = True) -> str:
-        r = await self.http.post("/api/conversations",
-                                 json=self.server.conversation_request(model_url or self.model_url, text=None,
-                                                                       confirm=confirm))
-        r.raise_for_status()
-        return r.json()["id"]
-
-    async def say(self, cid: str, text: str, run: bool = True) -> None:
-        r = await self.http.post(f"/api/conversations/{cid}/events",
-                                 json={"role": "user", "content": [{"type": "text", "text": text}], "run": run})
-        r.raise_for_status()
-
-    async def confirm(self, cid: str, accept: bool = True) -> None:
-        r = await self.http.post(f"/api/conversations/{cid}/events/respond_to_confirmation",
-                                 json={"accept": accept})
-        r.raise_for_status()
-
-
 def types(events: list[dict]) -> list[str]:
     return [e["type"] for e in events]
 
@@ -81,20 +54,6 @@ async def wait_status(rig: Rig, cid: str, status: str, timeout: float = 60) -> N
             await trio.sleep(0.05)
 
 
-async def wait_held(mock: MockModel, timeout: float = 30) -> None:
-    with trio.fail_after(timeout):
-        while mock.held == 0:
-            await trio.sleep(0.05)
-
-
-def check_stream(rig: Rig, cid: str) -> list[dict]:
-    evs = rig.of(cid)
-    for e in evs:
-        validate_event(e)
-    validate_stream(evs)
-    return evs
-
-
 # --------------------------------------------------------------------------- observe (gate off)
 
 async def test_discovers_a_new_conversation_and_synthesizes_the_run(server, tmp_path):
@@ -103,19 +62,14 @@ async def test_discovers_a_new_conversation_and_synthesizes_the_run(server, tmp_
     the confirmation is observed read-only (no options, no respond path) and
     approved on the vendor side (scenario 4: observed, no control claim)."""
     rig = Rig(bridge_env(server, tmp_path))
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(rig.run)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server, rig) as (mock, vendor):
         cid = await vendor.create()
         await rig.wait(lambda e: rig.of(cid, "session.started"), what="session.started")
         await vendor.say(cid, "list the files [mark]")
         req = await rig.wait(lambda e: rig.of(cid, "attention.requested"), what="attention.requested")
         await vendor.confirm(cid)
         await rig.wait(lambda e: rig.of(cid, "run.finished"), what="run.finished")
-        evs = check_stream(rig, cid)
-        n.cancel_scope.cancel()
+        evs = validated(rig.of(cid))
     t = types(evs)
     assert t[0] == "session.started" and evs[0]["data"]["client"] == {"name": "openhands-agent-server"}
     assert t.index("run.started") < t.index("tool.requested") < t.index("attention.requested") \
@@ -144,15 +98,11 @@ async def test_gate_off_declares_nothing_and_writes_nothing(server, tmp_path):
     test's own."""
     rig = Rig(bridge_env(server, tmp_path))
     assert rig.bridge.capabilities()["control"] == {"accepts": [], "ack_window_ms": 10000}
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(rig.run)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server, rig) as (mock, vendor):
         cid = await vendor.create()
         await vendor.say(cid, "wait for me [hold]")
         await wait_status(rig, cid, "running")
-        await wait_held(mock)
+        await mock.wait_held()
         before = server_posts(server, cid)
         for t in ("control.pause", "x.openhands.control.interrupt", "x.openhands.control.send_input"):
             cmd = await rig.command(t, cid, data={"text": "hi"} if "send_input" in t else {})
@@ -166,7 +116,6 @@ async def test_gate_off_declares_nothing_and_writes_nothing(server, tmp_path):
         await trio.sleep(1)
         assert server_posts(server, cid) == before == [f"/api/conversations/{cid}/events"]
         assert rig.bridge.receiver.conversations[cid].status == "waiting_for_confirmation"
-        n.cancel_scope.cancel()
 
 
 async def test_first_attach_replays_the_history(server, tmp_path):
@@ -176,17 +125,17 @@ async def test_first_attach_replays_the_history(server, tmp_path):
     async with trio.open_nursery() as n:
         mock = MockModel()
         await n.start(mock.serve)
-        vendor = Vendor(server, mock.url)
+        vendor = AgentClient(server, mock.url)
         cid = await vendor.create()
         await vendor.say(cid, "just talk [chat]")
         with trio.fail_after(60):
-            while (await vendor.http.get(f"/api/conversations/{cid}")).json()["execution_status"] != "finished":
+            while await vendor.status(cid) != "finished":
                 await trio.sleep(0.2)
         rig = Rig(bridge_env(server, tmp_path))
         await n.start(rig.run)
         await rig.wait(lambda e: rig.of(cid, "run.finished"), what="the replayed run")
         await trio.sleep(1)
-        evs = check_stream(rig, cid)
+        evs = validated(rig.of(cid))
         n.cancel_scope.cancel()
     t = types(evs)
     assert t[:2] == ["session.started", "state.snapshot"]
@@ -202,20 +151,12 @@ async def test_deltas_only_with_the_opt_in(server, tmp_path):
     they map only with AEP_OPENHANDS_DELTAS=1."""
     off = Rig(bridge_env(server, tmp_path / "off"))
     on = Rig(bridge_env(server, tmp_path / "on", AEP_OPENHANDS_DELTAS="1"))
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(off.run)
-        await n.start(on.run)
-        vendor = Vendor(server, mock.url)
-        r = await vendor.http.post("/api/conversations", json=server.conversation_request(
-            mock.url, text=None, stream=True))
-        cid = r.json()["id"]
+    async with model_and_client(server, off, on) as (mock, vendor):
+        cid = await vendor.create(stream=True)
         await on.wait(lambda e: on.of(cid, "session.started") and off.of(cid, "session.started"))
         await vendor.say(cid, "just talk [chat]")
         await on.wait(lambda e: on.of(cid, "run.finished"))
         await off.wait(lambda e: off.of(cid, "run.finished"))
-        n.cancel_scope.cancel()
     assert len(on.of(cid, "x.openhands.streaming.delta")) >= 1
     assert not off.of(cid, "x.openhands.streaming.delta")
     # same everything else (state.* differ only by each socket's own connect snapshot)
@@ -229,12 +170,12 @@ async def test_model_unreachable_fails_the_run(server, tmp_path):
     rig = Rig(bridge_env(server, tmp_path))
     async with trio.open_nursery() as n:
         await n.start(rig.run)
-        vendor = Vendor(server, dead_url())
+        vendor = AgentClient(server, dead_url())
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")
         await rig.wait(lambda e: rig.of(cid, "run.failed"), what="run.failed")
         await rig.wait(lambda e: rig.of(cid, "error.raised"), what="error.raised")
-        evs = check_stream(rig, cid)
+        validated(rig.of(cid))
         n.cancel_scope.cancel()
     failed = rig.of(cid, "run.failed")[0]
     assert failed["data"] == {"reason": "error"} and failed["severity"] == "error"
@@ -247,18 +188,13 @@ async def test_deleted_conversation_ends_the_session(server, tmp_path):
     from search (confirmed 404) closes the session: run cancelled, attention
     dismissed, session.ended killed."""
     rig = Rig(bridge_env(server, tmp_path))
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(rig.run)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server, rig) as (mock, vendor):
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")
         await rig.wait(lambda e: rig.of(cid, "attention.requested"))
         (await vendor.http.delete(f"/api/conversations/{cid}")).raise_for_status()
         await rig.wait(lambda e: rig.of(cid, "session.ended"), what="session.ended")
-        evs = check_stream(rig, cid)
-        n.cancel_scope.cancel()
+        evs = validated(rig.of(cid))
     t = types(evs)
     assert t[-3:] == ["attention.resolved", "run.cancelled", "session.ended"]
     assert evs[-3]["data"]["resolution"] == "dismissed"
@@ -294,11 +230,7 @@ async def test_approve_over_control(server, tmp_path):
     assert rig.bridge.capabilities()["control"]["accepts"] == [
         "control.attention.respond", "control.pause", "control.resume",
         "x.openhands.control.send_input", "x.openhands.control.interrupt"]
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(rig.run)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server, rig) as (mock, vendor):
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")
         req = (await rig.wait(lambda e: rig.of(cid, "attention.requested")))[0]
@@ -313,8 +245,7 @@ async def test_approve_over_control(server, tmp_path):
         ack = await rig.ack_for(cmd)
         assert ack["type"] == "control.accepted"
         await rig.wait(lambda e: rig.of(cid, "run.finished"))
-        evs = check_stream(rig, cid)
-        n.cancel_scope.cancel()
+        evs = validated(rig.of(cid))
     ans, res = rig.of(cid, "attention.answered")[0], rig.of(cid, "attention.resolved")[0]
     assert ans["cause"] == res["cause"] == cmd["id"]
     assert ans["subject"] == res["subject"] == req["id"]
@@ -333,11 +264,7 @@ async def test_deny_over_control_with_text(server, tmp_path):
     reason (AEP-0008); the vendor's user rejection maps per the record; the
     run closes when the status lands on idle."""
     rig = Rig(bridge_env(server, tmp_path, control=True, AEP_CAPTURE="redacted"))
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(rig.run)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server, rig) as (mock, vendor):
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")
         req = (await rig.wait(lambda e: rig.of(cid, "attention.requested")))[0]
@@ -346,8 +273,7 @@ async def test_deny_over_control_with_text(server, tmp_path):
         assert (await rig.ack_for(cmd))["type"] == "control.accepted"
         rej = await rig.wait(lambda e: rig.of(cid, "x.openhands.user_reject.observation"))
         await rig.wait(lambda e: rig.of(cid, "run.finished"))
-        evs = check_stream(rig, cid)
-        n.cancel_scope.cancel()
+        validated(rig.of(cid))
     ans = rig.of(cid, "attention.answered")[0]
     assert ans["data"]["answer"] == {"option": "deny", "text": "Not on this machine, please."}
     assert ans["cause"] == cmd["id"]
@@ -367,11 +293,7 @@ async def test_pause_resume_and_the_refusals(server, tmp_path):
     resume is ours to refuse). The resumable pause -> resume -> finish is
     exercised on a conversation without confirmation."""
     rig = Rig(bridge_env(server, tmp_path, control=True, AEP_CAPTURE="redacted"))  # nack details ride
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(rig.run)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server, rig) as (mock, vendor):
         cid = await vendor.create()
         await wait_status(rig, cid, "idle")
         for t in ("control.pause", "control.resume", "x.openhands.control.interrupt"):
@@ -381,7 +303,7 @@ async def test_pause_resume_and_the_refusals(server, tmp_path):
         assert server_posts(server, cid) == []
         await vendor.say(cid, "wait for me [hold]")
         await wait_status(rig, cid, "running")
-        await wait_held(mock)
+        await mock.wait_held()
         pause = await rig.command("control.pause", cid)
         assert (await rig.ack_for(pause))["type"] == "control.accepted"
         await wait_status(rig, cid, "paused")
@@ -399,14 +321,14 @@ async def test_pause_resume_and_the_refusals(server, tmp_path):
         await rig.ack_for(await rig.command("control.attention.respond", cid, subject=req["id"],
                                             data={"answer": {"option": "approve"}}))
         await rig.wait(lambda e: rig.of(cid, "run.finished"))
-        evs = check_stream(rig, cid)
+        evs = validated(rig.of(cid))
 
         # the resumable pause, on a conversation that does not confirm
         mock.rearm()
         cid2 = await vendor.create(confirm=False)
         await vendor.say(cid2, "wait for me [hold]")
         await wait_status(rig, cid2, "running")
-        await wait_held(mock)
+        await mock.wait_held()
         pause2 = await rig.command("control.pause", cid2)
         assert (await rig.ack_for(pause2))["type"] == "control.accepted"
         await wait_status(rig, cid2, "paused")
@@ -417,8 +339,7 @@ async def test_pause_resume_and_the_refusals(server, tmp_path):
         resume = await rig.command("control.resume", cid2)
         assert (await rig.ack_for(resume))["type"] == "control.accepted"
         await rig.wait(lambda e: rig.of(cid2, "run.finished"))
-        evs2 = check_stream(rig, cid2)
-        n.cancel_scope.cancel()
+        evs2 = validated(rig.of(cid2))
     flips = [e for e in evs if e["type"] == "state.delta" and e["data"].get("key") == "execution_status"]
     assert [f for f in flips if f.get("cause") == pause["id"]], "the paused flip is cause-linked"
     assert "HTTP 409" in early_ack["data"]["detail"]
@@ -438,11 +359,7 @@ async def test_send_input_and_interrupt(server, tmp_path):
     text; interrupt while running lands paused, cause-linked."""
     rig = Rig(bridge_env(server, tmp_path, control=True))
     secret_text = "please also check the README"
-    async with trio.open_nursery() as n:
-        mock = MockModel()
-        await n.start(mock.serve)
-        await n.start(rig.run)
-        vendor = Vendor(server, mock.url)
+    async with model_and_client(server, rig) as (mock, vendor):
         cid = await vendor.create()
         await wait_status(rig, cid, "idle")
         send = await rig.command("x.openhands.control.send_input", cid, data={"text": secret_text})
@@ -457,14 +374,13 @@ async def test_send_input_and_interrupt(server, tmp_path):
         assert not rig.of(cid, "run.started"), "send_input never starts work"
         await vendor.say(cid, "wait for me [hold]")
         await wait_status(rig, cid, "running")
-        await wait_held(mock)
+        await mock.wait_held()
         intr = await rig.command("x.openhands.control.interrupt", cid)
         assert (await rig.ack_for(intr))["type"] == "control.accepted"
         await wait_status(rig, cid, "paused")
         await rig.wait(lambda e: rig.of(cid, "x.openhands.interrupt.event"))
         mock.release()
-        evs = check_stream(rig, cid)
-        n.cancel_scope.cancel()
+        evs = validated(rig.of(cid))
     assert sent[0]["cause"] == send["id"] and "data" not in sent[0]
     assert secret_text not in str(evs)
     flips = [e for e in evs if e["type"] == "state.delta" and e.get("cause") == intr["id"]]
@@ -482,7 +398,7 @@ async def test_restart_reattaches_without_duplicates(server, tmp_path):
     async with trio.open_nursery() as n:
         mock = MockModel()
         await n.start(mock.serve)
-        vendor = Vendor(server, mock.url)
+        vendor = AgentClient(server, mock.url)
         await n.start(first.run)
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")

@@ -37,6 +37,16 @@ def codex_bin():
     return cx.codex_binary()  # installs into the vendor cache; loud skip if npm is unreachable
 
 
+def emitted(recv: trio.MemoryReceiveChannel) -> list[dict]:
+    """Every envelope the bridge has put on its channel so far."""
+    events = []
+    while True:
+        try:
+            events.append(recv.receive_nowait().event)
+        except trio.WouldBlock:
+            return events
+
+
 async def _live(codex_bin, home, scenario, *, primary: bool):
     bridge = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
                           primary=primary)
@@ -56,12 +66,7 @@ async def _live(codex_bin, home, scenario, *, primary: bool):
             endpoint = f"http://127.0.0.1:{bridge.http_address[1]}"
         run = await cx.run_scenario(codex_bin, home, scenario, otlp_endpoint=endpoint, mock=mock)
         nursery.cancel_scope.cancel()
-    events = []
-    while True:
-        try:
-            events.append(recv.receive_nowait().event)
-        except trio.WouldBlock:
-            break
+    events = emitted(recv)
     assert run.returncode == 0, run.describe()
     assert "ExportError" not in run.stderr, run.describe()
     assert run.thread_id and events, run.describe()
@@ -142,12 +147,7 @@ async def test_live_codex_logged_prompt_is_redacted_at_redacted(codex_bin, tmp_p
                                     mock=mock)
         nursery.cancel_scope.cancel()
     assert run.returncode == 0, run.describe()
-    events = []
-    while True:
-        try:
-            events.append(recv.receive_nowait().event)
-        except trio.WouldBlock:
-            break
+    events = emitted(recv)
     (prompt,) = [e for e in events if e["type"] == "x.codex.otel.user_prompt"]
     from bridges.core.capture import redact_text
     assert prompt["data"]["prompt"] == redact_text(cx.PROMPT, policy)

@@ -22,14 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aep_sdk
 import httpx
 import pytest
 import trio
 
-from tests.support.daemon import Collector
+from tests.support.daemon import Collector, command
 from tests.support.opencode import VENDORS, MockProviderProcess, SseDaemon, VendorServer, install
-from tests.support.schema import validate_event, validate_stream
+from tests.support.schema import validate_stream, validated
 
 pytestmark = pytest.mark.vendor
 
@@ -73,38 +72,12 @@ def env(request, tmp_path_factory):
 
 # ---------------------------------------------------------------- helpers
 
-def send(daemon: SseDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
-    """One command with the SDK ControlClient: ``("accepted", ack)`` or
-    ``(reason, detail)`` for a nack (a target nack or a relay refusal)."""
-    client = aep_sdk.ControlClient(daemon.url, agent="tester", host="laptop", token=daemon.token)
-    client.connect(connect_timeout_ms=10_000)
-    try:
-        return "accepted", client.send(type_, session, ack_window_ms=10_000, retries=0, **kw)
-    except aep_sdk.NackError as e:
-        return e.reason, e.detail
-    finally:
-        client.close()
-
-
-async def command(daemon: SseDaemon, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
-    with trio.fail_after(40):
-        return await trio.to_thread.run_sync(lambda: send(daemon, type_, session, **kw))
-
-
 async def start_prompt(env_or_server: Any, text: str, session: str | None = None) -> str:
     server = env_or_server.server if isinstance(env_or_server, Env) else env_or_server
     async with server.client() as c:
         sid = session or await server.new_session(c)
         await server.prompt_async(c, sid, text)
     return sid
-
-
-def checked(stream: Collector, sid: str) -> list[dict]:
-    evs = stream.of(sid)
-    for e in evs:
-        validate_event(e)
-    validate_stream(evs)
-    return evs
 
 
 def types(evs: list[dict]) -> list[str]:
@@ -151,7 +124,7 @@ async def test_1_plain_prompt_primary(env: Env) -> None:
     """session.started, run.started -> run.finished (primary)."""
     sid = await start_prompt(env, "say hello")
     await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     c = core(evs)
     assert c[0]["type"] == "session.started"
     assert c[0]["data"]["client"]["name"] == env.vendor
@@ -168,7 +141,7 @@ async def plain_prompt_companion(server: VendorServer, stream: Collector, vendor
     """Companion: the same prompt as ``x.{vendor}.*`` only, zero core types."""
     sid = await start_prompt(server, "say hello")
     await stream.wait_for(lambda s: s.of(sid, f"x.{vendor}.session.idle"), what="idle")
-    evs = checked(stream, sid)
+    evs = validated(stream.of(sid))
     assert evs and all(e["type"].startswith(f"x.{vendor}.") for e in evs), types(evs)
     assert f"x.{vendor}.session.created" in types(evs)
     assert f"x.{vendor}.message.updated" in types(evs)
@@ -187,7 +160,7 @@ async def test_2_permission_answered_over_aep(env: Env) -> None:
     assert status == "accepted", (status, ack)
     cmd_id = ack["cause"]
     await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     answered, resolved = only(evs, "attention.answered"), only(evs, "attention.resolved")
     assert answered["cause"] == cmd_id and answered["subject"] == req["id"]
     assert answered["data"] == {"answer": {"option": "once"}, "via": "control"}
@@ -213,7 +186,7 @@ async def test_2b_question_answered_over_aep(env: Env) -> None:
                                 data={"answer": {"values": {field["id"]: sqlite}}})
     assert status == "accepted", (status, ack)
     await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     answered = only(evs, "attention.answered")
     assert answered["data"]["answer"] == {"values": {field["id"]: sqlite}}
     assert only(evs, "attention.resolved")["cause"] == answered["id"]
@@ -230,7 +203,7 @@ async def test_3_permission_answered_vendor_side(env: Env) -> None:
         r = await c.post(f"/permission/{perm['id']}/reply", json={"reply": "once"})
         assert r.status_code == 200
     await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     assert "attention.answered" not in types(evs)  # no control claim
     resolved = only(evs, "attention.resolved")
     assert resolved["subject"] == req["id"] and resolved["data"] == {"resolution": "answered"}
@@ -248,7 +221,7 @@ async def test_4_reject_with_free_text(env: Env) -> None:
                                 capture="redacted", data={"answer": {"text": reason}})
     assert status == "accepted", (status, ack)
     await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     answered = only(evs, "attention.answered")
     # AEP-0008: unmatched text applies the refusing option with the text kept
     assert answered["data"]["answer"] == {"option": "reject", "text": reason}
@@ -276,7 +249,7 @@ async def test_5_cancel_mid_run(env: Env) -> None:
     assert cancelled["data"] == {"by": "control"}
     await wait_idle(env.server, sid)
     await trio.sleep(1.0)  # the vendor re-broadcasts idle: still one terminal
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     terminals = [e for e in evs if e["type"] in ("run.finished", "run.failed", "run.cancelled")]
     assert terminals == [cancelled]
     # refusals: scope session is destruction, and no run is open any more
@@ -297,7 +270,7 @@ async def test_5b_todos_become_task_events(env: Env) -> None:
     from bridges.core.capture import digest
     sid = await start_prompt(env, "AEP_TODO")
     await env.stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     run = only(evs, "run.started")["run"]
     planned = [e for e in evs if e["type"] == "progress.task.planned"]
     completed = [e for e in evs if e["type"] == "progress.task.completed"]
@@ -406,7 +379,7 @@ async def test_8a_gate_off_primary(env: Env) -> None:
             assert (await c.post(f"/permission/{perm['id']}/reply",
                                  json={"reply": "reject"})).status_code == 200
         await stream.wait_for(lambda s: s.of(sid, "run.finished"))
-        checked(stream, sid)
+        validated(stream.of(sid))
     finally:
         stream.close()
         assert d.stop() == 0, d.log()
@@ -434,7 +407,7 @@ async def test_8b_companion_mode_and_plain_prompt(env: Env) -> None:
             assert sid in (await c.get("/session/status")).json()
             await c.post(f"/session/{sid}/abort")  # clean up as the user would
         await wait_idle(server, sid)
-        evs = checked(stream, sid)
+        evs = validated(stream.of(sid))
         assert all(e["type"].startswith(f"x.{vendor}.") for e in evs)
     finally:
         stream.close()
@@ -548,7 +521,7 @@ async def test_6_server_killed_and_restarted(env: Env) -> None:
     await env.stream.wait_for(
         lambda s: [e for e in s.of(sid) if e["type"] in ("run.finished", "run.failed")
                    and e.get("run") == run], timeout=90, what="the crashed run closed")
-    evs = checked(env.stream, sid)  # every request resolved, one terminal per run
+    evs = validated(env.stream.of(sid))  # every request resolved, one terminal per run
     resolved = only(evs, "attention.resolved")
     assert resolved["subject"] == req["id"] and resolved["data"] == {"resolution": "dismissed"}
     terminal = next(e for e in evs if e.get("run") == run and e["type"].startswith("run.")
@@ -561,7 +534,7 @@ async def test_6_server_killed_and_restarted(env: Env) -> None:
     await start_prompt(env, "say hello again", session=sid)
     await env.stream.wait_for(
         lambda s: len(s.of(sid, "run.finished")) == 1 and s.of(sid, "run.finished"), timeout=60)
-    evs = checked(env.stream, sid)
+    evs = validated(env.stream.of(sid))
     assert types(evs).count("run.started") == 2
     assert types(evs).count("attention.requested") == 1
     assert len({e["id"] for e in evs}) == len(evs)

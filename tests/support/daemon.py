@@ -12,6 +12,7 @@ start the daemon:
 - :func:`run_daemon`: a context manager over it for a one-off daemon.
 - :class:`Collector`: ``aep_sdk.subscribe`` (the SDK's threaded SSE consumer)
   collecting every event, waited on from plain or trio code.
+- :func:`command`: one command through the relay with the SDK ``ControlClient``.
 """
 from __future__ import annotations
 
@@ -189,6 +190,29 @@ class DaemonProcess:
         replaying from the start (``from_="all"``); ``kw`` overrides."""
         return Collector(self.url, **{"token": self.token, "from_": "all",
                                       "timeout_ms": 60_000, **kw})
+
+
+def send_command(daemon: DaemonProcess, type_: str, session: str,
+                 **kw: Any) -> tuple[str, Any]:
+    """Blocking: one command through the daemon's relay with the SDK
+    ``ControlClient`` (no retries, 10 s ack window): ``("accepted", ack)``,
+    or ``(reason, detail)`` for a nack (a target nack or a relay refusal).
+    ``kw`` goes to ``ControlClient.send`` (``subject``, ``data``, ...)."""
+    import aep_sdk
+    client = aep_sdk.ControlClient(daemon.url, agent="tester", host="laptop", token=daemon.token)
+    client.connect(connect_timeout_ms=10_000)
+    try:
+        return "accepted", client.send(type_, session, ack_window_ms=10_000, retries=0, **kw)
+    except aep_sdk.NackError as e:
+        return e.reason, e.detail
+    finally:
+        client.close()
+
+
+async def command(daemon: DaemonProcess, type_: str, session: str, **kw: Any) -> tuple[str, Any]:
+    """:func:`send_command` from trio (a worker thread; 40 s at most)."""
+    with trio.fail_after(40):
+        return await trio.to_thread.run_sync(lambda: send_command(daemon, type_, session, **kw))
 
 
 @contextlib.contextmanager

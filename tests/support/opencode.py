@@ -93,12 +93,7 @@ class MockChatProvider:
 
     def tool_results(self) -> list[str]:
         """The text of every ``role: tool`` message the servers sent back."""
-        out = []
-        for body in self.chat_requests():
-            for m in body.get("messages") or []:
-                if isinstance(m, dict) and m.get("role") == "tool":
-                    out.append(_text_of(m.get("content")))
-        return out
+        return tool_results(self.chat_requests())
 
     # -- ASGI ------------------------------------------------------------
     def _next_id(self, prefix: str) -> str:
@@ -230,6 +225,12 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def tool_results(chat_requests: list[dict]) -> list[str]:
+    """The text of every ``role: tool`` message in these chat-completions bodies."""
+    return [_text_of(m.get("content")) for body in chat_requests
+            for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "tool"]
+
+
 class MockProviderProcess:
     """:class:`MockChatProvider` in its own process (for module-scoped
     fixtures, which cannot hold a trio task): ``start()`` launches
@@ -265,12 +266,8 @@ class MockProviderProcess:
         return self._recorded()["chat"]
 
     def tool_results(self) -> list[str]:
-        out = []
-        for body in self.chat_requests():
-            for m in body.get("messages") or []:
-                if isinstance(m, dict) and m.get("role") == "tool":
-                    out.append(_text_of(m.get("content")))
-        return out
+        """The text of every ``role: tool`` message the servers sent back."""
+        return tool_results(self.chat_requests())
 
     def slow_chunks(self) -> int:
         return self._recorded()["slow_chunks"]

@@ -1,6 +1,6 @@
 """The real OpenHands agent server for the tests, and the mock model it talks to.
 
-Three parts, all loopback-only:
+All loopback-only:
 
 - :func:`install_agent_server` / :func:`require_agent_server`: the real
   ``openhands-agent-server`` from PyPI (pinned :data:`OH_VERSION`), installed
@@ -21,6 +21,8 @@ Three parts, all loopback-only:
   by ``DO_NOT_TRACK``, litellm's bundled model-cost map) and every data
   directory in a scratch directory. Synchronous (``subprocess``) so one server
   can serve a whole test module while each test runs its own trio loop.
+- :class:`AgentClient`: the test's own REST client (a user's writes), and
+  :func:`model_and_client` serving a :class:`MockModel` for it.
 - :class:`MockModel`: an OpenAI-compatible ``/v1/chat/completions`` endpoint
   (hypercorn, trio worker, in the test's own trio loop; the server's litellm
   layer calls it). Stateless per conversation: a request whose last message is
@@ -50,10 +52,11 @@ import tempfile
 import time
 import uuid
 import warnings
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 import httpx
 import trio
@@ -356,6 +359,65 @@ class AgentServer:
 
 
 # ---------------------------------------------------------------------------
+# the test's own client (a user of the server)
+# ---------------------------------------------------------------------------
+
+class AgentClient:
+    """The test's own REST client for the agent server: a user's writes
+    (create a conversation on ``model_url``, send a message, approve on the
+    vendor side), never the bridge's. ``http`` (an ``httpx.AsyncClient`` with
+    the session key) for anything else."""
+
+    def __init__(self, server: AgentServer, model_url: str) -> None:
+        self.server, self.model_url = server, model_url
+        self.http = httpx.AsyncClient(base_url=server.url, headers=server.headers(), timeout=60,
+                                      trust_env=False)
+
+    async def create(self, model_url: str | None = None, *, confirm: bool = True,
+                     stream: bool = False) -> str:
+        """A new conversation without a first message; its id."""
+        r = await self.http.post("/api/conversations", json=self.server.conversation_request(
+            model_url or self.model_url, text=None, confirm=confirm, stream=stream))
+        r.raise_for_status()
+        return r.json()["id"]
+
+    async def say(self, cid: str, text: str, run: bool = True) -> None:
+        r = await self.http.post(f"/api/conversations/{cid}/events", json={
+            "role": "user", "content": [{"type": "text", "text": text}], "run": run})
+        r.raise_for_status()
+
+    async def confirm(self, cid: str, accept: bool = True) -> None:
+        r = await self.http.post(f"/api/conversations/{cid}/events/respond_to_confirmation",
+                                 json={"accept": accept})
+        r.raise_for_status()
+
+    async def status(self, cid: str) -> str:
+        """The conversation's ``execution_status`` as the server reports it."""
+        return (await self.http.get(f"/api/conversations/{cid}")).json()["execution_status"]
+
+
+@asynccontextmanager
+async def model_and_client(server: AgentServer,
+                           *rigs: "Rig") -> AsyncIterator[tuple["MockModel", AgentClient]]:
+    """``async with model_and_client(server, rig) as (mock, vendor)``: a
+    :class:`MockModel` served in this trio loop, each :class:`Rig` running,
+    and an :class:`AgentClient` on that model; all stopped when the block
+    ends."""
+    async with trio.open_nursery() as n:
+        mock = MockModel()
+        await n.start(mock.serve)
+        for rig in rigs:
+            await n.start(rig.run)
+        client = AgentClient(server, mock.url)
+        try:
+            yield mock, client
+        finally:
+            with trio.CancelScope(shield=True):
+                await client.http.aclose()
+            n.cancel_scope.cancel()
+
+
+# ---------------------------------------------------------------------------
 # the mock model
 # ---------------------------------------------------------------------------
 
@@ -392,6 +454,12 @@ class MockModel:
 
     def rearm(self) -> None:
         self._release = trio.Event()
+
+    async def wait_held(self, timeout: float = 30) -> None:
+        """Until a ``[hold]`` request waits on :meth:`release`."""
+        with trio.fail_after(timeout):
+            while self.held == 0:
+                await trio.sleep(0.05)
 
     def _answer(self, body: dict) -> tuple[dict, float]:
         msgs = [m for m in body.get("messages") or [] if isinstance(m, dict)]

@@ -298,3 +298,14 @@ def validate_stream(events: Iterable[Any]) -> None:
     problems = stream_problems(events)
     if problems:
         raise AssertionError("invalid AEP stream:\n  " + "\n  ".join(problems))
+
+
+def validated(events: Iterable[Any]) -> list[Any]:
+    """:func:`validate_event` on each event (its message shows the event),
+    then :func:`validate_stream` on them together; returns them as a list,
+    e.g. ``evs = validated(stream.of(session))``."""
+    evs = list(events)
+    for ev in evs:
+        validate_event(ev)
+    validate_stream(evs)
+    return evs
