@@ -7,7 +7,8 @@ Public API (what the daemon uses):
 - ``Relay(token=None, buffer=10000, max_sessions=500, max_body=16 MiB,
   max_batch=10000, max_from=None, *, heartbeat_s=15.0, ws_ping_s=30.0,
   ws_timeout_s=90.0, queue_soft_bytes=1 MiB, queue_hard_bytes=8 MiB,
-  max_subscriptions=64, sse_linger_s=0.005, instance=None)``
+  max_subscriptions=64, sse_linger_s=0.005, instance=None,
+  cors_origins=None)``
   (:mod:`.core`). ``relay.discovery()`` (pure dict), ``relay.stats()``
   (counts for an authorized ``/healthz``), ``relay.roster()``,
   ``await relay.close(reason, grace=2.0)`` (``: shutting-down`` + clean end
@@ -23,7 +24,9 @@ Public API (what the daemon uses):
   has a token.
 - ``make_app(relay, *, healthz=None)`` (:mod:`.app`): the ASGI app
   (``POST/GET /events``, ``GET /.well-known/aep``, ``GET /stream``,
-  ``GET /socket``, ``GET /healthz``).
+  ``GET /socket``, ``GET /healthz``), with the browser guards (CORS only
+  for ``cors_origins``, WebSocket ``Origin`` check, the DNS-rebinding
+  ``Host`` check on loopback listeners; :mod:`.app` "Browsers").
 - ``await serve_relay(relay, (host, port) | socket, *, healthz, shutdown,
   reason, graceful_timeout, task_status)`` and the general
   ``serve_app(app, sock, shutdown, ...)`` / ``bind_socket(host, port)``

@@ -19,9 +19,35 @@
 
 Authentication: ``Authorization: Bearer <token>`` or ``?access_token=``.
 Nothing here logs a request line or a query string (the token may ride
-it, §8.1)."""
+it, §8.1).
+
+Browsers (a page in the operator's browser must not read the stream or
+inject events; AEP-0003 §8):
+
+- CORS headers go only to origins listed in ``Relay(cors_origins=...)``
+  (``AEP_CORS_ORIGINS``): ``Access-Control-Allow-Origin: <that origin>``
+  plus ``Vary: Origin``, for reads and ``POST /events``. With a token set
+  and no list, reads (``GET``/``HEAD``) answer ``*`` from any origin: the
+  bearer token is what protects them, and a page cannot have it unless the
+  operator gave it. Writes from a browser always need a listed origin.
+- A request carrying an ``Origin`` it is not allowed to use is refused 403
+  ``origin-not-allowed`` before anything else (preflight included), so
+  even a request the browser sends without preflight does nothing. Tools
+  (curl, the SDK, bridges) send no ``Origin`` and are unaffected.
+- ``/socket``: an upgrade whose ``Origin`` is present and not listed is
+  refused 403 (the socket carries writes and commands; no ``*`` for it).
+- DNS rebinding: when the listener is bound to a loopback address, a
+  request whose ``Host`` is not a loopback name (``localhost``,
+  ``*.localhost``), a loopback address or the bound host is refused 403
+  ``host-not-allowed`` (all paths, ``/healthz`` and ``/socket``
+  included). A request without ``Host`` (HTTP/1.0 tools) is not a browser
+  and passes. A non-loopback bind is exposed on purpose and is not
+  guarded this way (set ``AEP_TOKEN``). The bound address comes from the
+  connection state :func:`~supervisor.relay.serve.serve_app` sets
+  (:data:`LISTEN_KEY`), else from the ASGI scope's ``server``."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import urllib.parse
@@ -31,7 +57,7 @@ import trio
 
 from .attrmatch import Filter, InvalidFilter
 from .core import (AEP_VERSION, CLOSED, TERMINATED, Outlet, Relay, SocketConnection, loads,
-                   parse_capture, parse_from, parse_last_event_id)
+                   normalize_origin, parse_capture, parse_from, parse_last_event_id)
 from .envelope import InvalidEvent, is_command_type
 from .faults import FaultLog, fault_kind
 from ..asgi import lifespan
@@ -43,8 +69,58 @@ _FAULTS = FaultLog(log)
 #: callable that aborts the connection's socket (sheds a stalled peer).
 ABORT_KEY = "aep.abort"
 
-_CORS = [(b"access-control-allow-origin", b"*")]
+#: ``scope["state"]`` key under which :mod:`supervisor.relay.serve` puts the
+#: listening socket's bound ``(host, port)`` (the DNS-rebinding guard).
+LISTEN_KEY = "aep.listen"
+
 _JSON = b"application/json"
+_ACAO = b"access-control-allow-origin"
+_VARY = (b"vary", b"Origin")
+_ALLOW_HEADERS = (b"access-control-allow-headers",
+                  b"authorization, accept, content-type, last-event-id, aep-version")
+_READS = ("GET", "HEAD")
+
+
+def host_allowed(host: str, listen_host: str | None) -> bool:
+    """The DNS-rebinding guard: whether a request with ``Host: host`` may be
+    served by a listener bound to ``listen_host``. Always true for a
+    non-loopback (or unknown) listener and for an empty ``host``; on a
+    loopback listener only ``localhost``, ``*.localhost`` (RFC 6761), a
+    loopback IP literal or the bound host itself pass (any port)."""
+    if not listen_host:
+        return True
+    lh = listen_host.split("%", 1)[0].lower()
+    try:
+        if not ipaddress.ip_address(lh).is_loopback:
+            return True
+    except ValueError:
+        if lh != "localhost":
+            return True
+    host = host.strip()
+    if not host:
+        return True
+    if host.startswith("["):
+        name, sep, rest = host[1:].partition("]")
+        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return False
+    else:
+        name, sep, port = host.rpartition(":")
+        if not sep:
+            name = port
+        elif not port.isdigit() or ":" in name:
+            return False
+    name = name.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost") or name == lh:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _listen_host(scope: dict[str, Any]) -> str | None:
+    addr = (scope.get("state") or {}).get(LISTEN_KEY) or scope.get("server")
+    return addr[0] if addr else None
 
 
 async def _respond(send: Callable, status: int, body: Any = None, *,
@@ -57,6 +133,15 @@ async def _respond(send: Callable, status: int, body: Any = None, *,
         hs.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": hs})
     await send({"type": "http.response.body", "body": data})
+
+
+def _with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
+    """``send`` adding ``extra`` headers to the response start."""
+    async def wrapped(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": list(message.get("headers", [])) + extra}
+        await send(message)
+    return wrapped
 
 
 def _header(scope: dict[str, Any], name: bytes) -> str | None:
@@ -101,34 +186,69 @@ class RelayApp:
             self.relay.counters["handler_errors"] += 1
             _FAULTS.record(fault_kind(e), f"relay {kind} handler", e)
 
+    # -- browsers ----------------------------------------------------------------
+    def _cors(self, origin: str | None, write: bool) -> list[tuple[bytes, bytes]] | None:
+        """The CORS headers for a request from ``origin`` (``[]`` without
+        one), or ``None`` when that origin may not make it (see the module
+        docstring, "Browsers")."""
+        if origin is None:
+            return []
+        relay = self.relay
+        if normalize_origin(origin) in relay.cors_origins:
+            return [(_ACAO, origin.encode("latin-1")), _VARY]
+        if not write and relay.has_token and not relay.cors_origins:
+            return [(_ACAO, b"*")]
+        return None
+
+    def _host_ok(self, scope: dict[str, Any]) -> bool:
+        if host_allowed(_header(scope, b"host") or "", _listen_host(scope)):
+            return True
+        self.relay.counters["refused_host"] += 1
+        return False
+
     # -- HTTP ------------------------------------------------------------------
     async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         path, method = scope["path"], scope["method"]
         relay = self.relay
+        if not self._host_ok(scope):
+            return await _respond(send, 403, {"error": "host-not-allowed"}, close=True)
+        origin = _header(scope, b"origin")
+        if method == "OPTIONS" and path in ("/stream", "/events", "/.well-known/aep"):
+            # preflight carries no token by design: it grants only the right to ask
+            asked = (_header(scope, b"access-control-request-method") or "GET").strip().upper()
+            if origin is None:  # not a CORS preflight: what the path takes, no grant
+                return await _respond(send, 204, headers=[(b"allow", b"GET, POST, OPTIONS")])
+            cors = self._cors(origin, asked not in _READS)
+            if cors is None:
+                relay.counters["refused_origin"] += 1
+                return await _respond(send, 403, {"error": "origin-not-allowed"})
+            listed = cors[0][1] != b"*"
+            return await _respond(send, 204, headers=cors + [
+                (b"access-control-allow-methods", b"GET, POST, OPTIONS" if listed else b"GET, OPTIONS"),
+                _ALLOW_HEADERS, (b"access-control-max-age", b"86400")])
+        cors = self._cors(origin, method not in _READS)
+        if cors is None:
+            relay.counters["refused_origin"] += 1
+            return await _respond(send, 403, {"error": "origin-not-allowed"})
+        if cors:
+            send = _with_headers(send, cors)  # every answer from here on, stream included
         if path == "/healthz":
             if method not in ("GET", "HEAD"):
                 return await _respond(send, 405, {"error": "method-not-allowed"})
             return await self._healthz(scope, send)
-        if method == "OPTIONS" and path in ("/stream", "/events", "/.well-known/aep"):
-            # preflight carries no token by design: it grants only the right to ask
-            return await _respond(send, 204, headers=_CORS + [
-                (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                (b"access-control-allow-headers",
-                 b"authorization, accept, content-type, last-event-id, aep-version"),
-                (b"access-control-max-age", b"86400")])
         if path not in ("/events", "/.well-known/aep", "/stream"):
             return await _respond(send, 404, {"error": "not-found"})
         if not relay.authorized(scope["headers"], scope.get("query_string", b"")):
             return await _respond(send, 401, {"error": "unauthorized"},
-                                  headers=_CORS + [(b"www-authenticate", b"Bearer")])
+                                  headers=[(b"www-authenticate", b"Bearer")])
         if relay.closing:
-            return await _respond(send, 503, {"error": "shutting-down"}, headers=_CORS, close=True)
+            return await _respond(send, 503, {"error": "shutting-down"}, close=True)
         if path == "/stream":
             if method not in ("GET", "HEAD"):
                 return await _respond(send, 405, {"error": "method-not-allowed"})
             return await self._stream(scope, receive, send)
         if method in ("GET", "HEAD"):
-            return await _respond(send, 200, relay.discovery(), headers=_CORS)
+            return await _respond(send, 200, relay.discovery())
         if path == "/events" and method == "POST":
             return await self._post(scope, receive, send)
         return await _respond(send, 405, {"error": "method-not-allowed"})
@@ -241,20 +361,18 @@ class RelayApp:
                     raise InvalidFilter("from is not valid JSON") from None
             plan_all, positions = parse_from(raw_from or None)
         except InvalidFilter as e:
-            return await _respond(send, 400, {"error": "invalid-filter", "detail": str(e)},
-                                  headers=_CORS)
+            return await _respond(send, 400, {"error": "invalid-filter", "detail": str(e)})
         if positions is not None and len(positions) > relay.max_from:
             return await _respond(send, 400, {
                 "error": "limit-exceeded",
-                "detail": f"from exceeds AEP_MAX_FROM={relay.max_from} resume positions"},
-                headers=_CORS)
+                "detail": f"from exceeds AEP_MAX_FROM={relay.max_from} resume positions"})
         if not plan_all and not positions:
             lei = _header(scope, b"last-event-id")
             parsed = parse_last_event_id(lei) if lei else None
             if parsed is not None:
                 positions = [parsed]
         live = q.get("live") != "0"
-        await send({"type": "http.response.start", "status": 200, "headers": _CORS + [
+        await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
             (b"x-accel-buffering", b"no")]})
@@ -297,7 +415,13 @@ class RelayApp:
         if msg["type"] != "websocket.connect":
             return
         status = None
-        if scope["path"] != "/socket":
+        origin = _header(scope, b"origin")
+        if not self._host_ok(scope):
+            status, body = 403, {"error": "host-not-allowed"}
+        elif origin is not None and normalize_origin(origin) not in relay.cors_origins:
+            relay.counters["refused_origin"] += 1
+            status, body = 403, {"error": "origin-not-allowed"}
+        elif scope["path"] != "/socket":
             status, body = 404, {"error": "not-found"}
         elif not relay.authorized(scope["headers"], scope.get("query_string", b"")):
             status, body = 401, {"error": "unauthorized"}

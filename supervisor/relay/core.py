@@ -778,6 +778,36 @@ def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | No
 
 
 _DIGITS = re.compile(r"[0-9]+\Z")
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
+def normalize_origin(value: str, *, strict: bool = False) -> str:
+    """An origin (RFC 6454) in comparable form: ``scheme://host[:port]``,
+    lower-cased, default port and trailing ``/`` dropped; ``null`` stays
+    ``null``. ``strict`` (configuration): raises ``ValueError`` for
+    anything that is not an origin (a path, a query, ``*``, no scheme);
+    otherwise (a request's ``Origin`` header) returns the input lower-cased
+    so it simply matches nothing."""
+    v = value.strip()
+    if v.lower() == "null":
+        return "null"
+    try:
+        u = urllib.parse.urlsplit(v)
+        port = u.port
+    except ValueError:
+        u, port = None, None
+    if u is None or not u.scheme or not u.hostname or u.path not in ("", "/") \
+            or u.query or u.fragment or u.username or u.password:
+        if strict:
+            raise ValueError(f"{value!r} is not an origin (scheme://host[:port], e.g. "
+                             "https://dash.example:8443); '*' is not accepted")
+        return v.lower()
+    scheme, host = u.scheme.lower(), u.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    if port is not None and port != _DEFAULT_PORTS.get(scheme):
+        return f"{scheme}://{host}:{port}"
+    return f"{scheme}://{host}"
 
 
 def parse_last_event_id(value: str) -> tuple[str, Position] | None:
@@ -812,15 +842,20 @@ class Relay:
     rule 5), ``queue_soft_bytes`` / ``queue_hard_bytes`` (per consumer,
     §8.4), ``max_subscriptions`` (per WS connection), ``sse_linger_s`` (the
     least time an SSE writer lets a burst gather before one write; see
-    :meth:`sse_linger`)."""
+    :meth:`sse_linger`), ``cors_origins`` (``AEP_CORS_ORIGINS``: browser
+    origins, ``scheme://host[:port]``, allowed to use the relay; see
+    :mod:`supervisor.relay.app` "Browsers"; raises ``ValueError`` for an
+    entry that is not an origin, ``*`` included)."""
 
     def __init__(self, token: str | None = None, buffer: int = 10_000, max_sessions: int = 500,
                  max_body: int = 16 * MiB, max_batch: int = 10_000, max_from: int | None = None,
                  *, heartbeat_s: float = 15.0, ws_ping_s: float = 30.0, ws_timeout_s: float = 90.0,
                  queue_soft_bytes: int = 1 * MiB, queue_hard_bytes: int = 8 * MiB,
                  max_subscriptions: int = 64, sse_linger_s: float = 0.005,
-                 instance: str | None = None) -> None:
+                 instance: str | None = None, cors_origins: Iterable[str] | None = None) -> None:
         self._token = token.encode("utf-8") if token else None
+        self.cors_origins: frozenset[str] = frozenset(
+            normalize_origin(o, strict=True) for o in (cors_origins or ()) if o.strip())
         self.buffer_depth = buffer
         self.max_sessions = max_sessions
         self.max_body = max_body
@@ -848,6 +883,7 @@ class Relay:
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
+            "refused_origin": 0, "refused_host": 0,
         }
 
     def __repr__(self) -> str:  # never the token

@@ -9,7 +9,9 @@ connection handler (``TCPServer``) with one addition: each connection's
 ASGI ``scope["state"]`` carries :data:`supervisor.relay.app.ABORT_KEY`, a
 callable that closes that connection's socket, which wakes a stuck writer
 with ``ClosedResourceError``. The app works under stock hypercorn too,
-just without that last resort.
+just without that last resort. The state also carries
+:data:`supervisor.relay.app.LISTEN_KEY`, the listener's bound ``(host,
+port)`` (the relay's DNS-rebinding guard applies to loopback binds only).
 
 Shutdown order (``docs/relay.md`` "Shutdown: drain, don't drop"): stop
 accepting, close idle keep-alive connections, :meth:`Relay.close` (``:
@@ -40,7 +42,7 @@ from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 
-from .app import ABORT_KEY, make_app
+from .app import ABORT_KEY, LISTEN_KEY, make_app
 from .core import Relay
 from .faults import FaultLog, fault_kind
 
@@ -139,7 +141,7 @@ async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
     if on_fault is None:
         on_fault = getattr(app, "connection_fault", None)
     handler = partial(_AbortableTCPServer, ASGIWrapper(app), config, context,
-                      ConnectionState({}), on_fault=on_fault,
+                      ConnectionState({LISTEN_KEY: (host, port)}), on_fault=on_fault,
                       where=where or f"http {host}:{port}")
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     async with trio.open_nursery() as handlers:

@@ -19,7 +19,7 @@ def test_sigterm_with_a_stalled_sse_consumer(tmp_path):
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.connect(("127.0.0.1", port))
-        stalled.sendall(b"GET /stream?access_token=tok HTTP/1.1\r\nhost: x\r\n\r\n")
+        stalled.sendall(b"GET /stream?access_token=tok HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         try:
             pad = "x" * 60_000
             for k in range(4):  # ~12 MB toward a peer that reads nothing

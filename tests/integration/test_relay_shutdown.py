@@ -91,7 +91,7 @@ async def test_shutdown_is_bounded_with_a_consumer_that_stopped_reading():
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled.connect(("127.0.0.1", port))
-        stalled.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        stalled.sendall(b"GET /stream HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         try:
             await wait_until(lambda: relay.stats()["subscribers"] == 1)
             (outlet,) = relay._outlets

@@ -161,7 +161,7 @@ def _raw_stream(port: int) -> socket.socket:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: a small window
     s.connect(("127.0.0.1", port))
-    s.sendall(b"GET /stream HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n")
+    s.sendall(b"GET /stream HTTP/1.1\r\nhost: 127.0.0.1\r\naccept: text/event-stream\r\n\r\n")
     return s
 
 
