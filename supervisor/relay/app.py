@@ -335,6 +335,12 @@ class RelayApp:
                     "error": "unauthorized", **where,
                     "detail": "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)"})
             entries.append(entry)
+        problem = relay.check_batch(entries)
+        if problem is not None:
+            index, detail = problem
+            relay.counters["invalid_events"] += 1
+            where = {"line": lines[index][0]} if batch else {}
+            return await _respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
         if relay.closing:
             return await _respond(send, 503, {"error": "shutting-down"}, close=True)
         relay.ingest_http(entries)

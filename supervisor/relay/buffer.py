@@ -1,12 +1,21 @@
 """Per-session bounded replay buffers (AEP-0003 §5, docs/relay.md
 "Ingest, buffer, fan-out").
 
+- One buffer per emitter session, keyed ``(source, session)``
+  (:data:`BufKey`): session identity is emitter-scoped (AEP-0001 §5.2), so
+  another emitter posting under the same ``session`` string has a buffer
+  of its own and can neither evict nor reorder a bridge's history. Bare
+  session names (``from``, ``Last-Event-ID``, filters) address every
+  buffer holding that name (:meth:`SessionBuffers.keys_for`).
 - Admission dedupes on ``(source, id)`` (AEP-0001 §7.4); live fan-out is the
   caller's business and forwards duplicates as received.
+- One ``(epoch, seq)`` position holds one event (AEP-0001 §7 rule 2): a
+  different event claiming a held position is an emitter fault the caller
+  refuses (:meth:`SessionBuffers.conflict`).
 - Entries are kept in ``(epoch, seq)`` order: appended when in order (the
-  common case), insert-sorted otherwise (backfill, a second emitter).
-- Each session holds at most ``depth`` entries (``AEP_BUFFER``), trimming
-  oldest first; at most ``max_sessions`` sessions are held
+  common case), insert-sorted otherwise (backfill).
+- Each buffer holds at most ``depth`` entries (``AEP_BUFFER``), trimming
+  oldest first; at most ``max_sessions`` buffers are held
   (``AEP_MAX_SESSIONS``), evicting the least recently *written* one.
 
 Pure data structure: no I/O, no clocks. Memory is bounded by
@@ -14,12 +23,15 @@ Pure data structure: no I/O, no clocks. Memory is bounded by
 envelope attributes)."""
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any, Iterator
 
 Position = tuple[int, int]
 """``(epoch, seq)``; tuples order lexicographically (AEP-0001 §7 rule 3)."""
+
+BufKey = tuple[str, str]
+"""``(source, session)``: one emitter's session (AEP-0001 §5.2)."""
 
 
 class Entry:
@@ -52,6 +64,11 @@ class Entry:
     def session(self) -> str | None:
         return self.attrs.get("session")
 
+    @property
+    def bkey(self) -> BufKey:
+        """The buffer this entry belongs to: ``(source, session)``."""
+        return (self.attrs["source"], self.attrs["session"])
+
 
 class _Session:
     __slots__ = ("entries", "keys", "start", "ids")
@@ -70,50 +87,80 @@ class _Session:
 
 
 class SessionBuffers:
-    """All replay buffers of one relay.
+    """All replay buffers of one relay, keyed ``(source, session)``.
 
     ``counters``: ``duplicates`` (admissions refused on ``(source, id)``),
-    ``trimmed`` (entries dropped by the per-session depth),
-    ``sessions_evicted`` (whole sessions dropped by the session cap)."""
+    ``trimmed`` (entries dropped by the per-buffer depth),
+    ``sessions_evicted`` (whole buffers dropped by the buffer cap)."""
 
     def __init__(self, depth: int = 10_000, max_sessions: int = 500) -> None:
         if depth < 1 or max_sessions < 1:
             raise ValueError("depth and max_sessions must be >= 1")
         self.depth = depth
         self.max_sessions = max_sessions
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions: OrderedDict[BufKey, _Session] = OrderedDict()
+        self._names: dict[str, dict[BufKey, None]] = {}  # session name -> its buffers
         self.counters = {"duplicates": 0, "trimmed": 0, "sessions_evicted": 0}
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     def __contains__(self, session: object) -> bool:
-        return session in self._sessions
+        """A buffer key, or a bare session name held by any emitter."""
+        return session in self._sessions if isinstance(session, tuple) else session in self._names
 
-    def sessions(self) -> list[str]:
-        """Held session names, least recently written first."""
+    def sessions(self) -> list[BufKey]:
+        """Held buffer keys, least recently written first."""
         return list(self._sessions)
 
-    def held(self, session: str) -> int:
-        s = self._sessions.get(session)
-        return len(s) if s else 0
+    def keys_for(self, session: str) -> list[BufKey]:
+        """Every held buffer of the bare session name ``session`` (one per
+        emitter that used it)."""
+        keys = self._names.get(session)
+        return list(keys) if keys else []
+
+    def held(self, session: str | BufKey) -> int:
+        """Entries held for a buffer key, or summed over a bare name's buffers."""
+        keys = [session] if isinstance(session, tuple) else self.keys_for(session)
+        return sum(len(self._sessions[k]) for k in keys if k in self._sessions)
+
+    def conflict(self, entry: Entry) -> bool:
+        """Whether a *different* event (another ``(source, id)``) already holds
+        ``entry``'s ``(epoch, seq)`` in its buffer (AEP-0001 §7 rule 2: an
+        emitter fault). A redelivery of the same event is no conflict."""
+        s = self._sessions.get(entry.bkey)
+        pos = entry.pos
+        if s is None or pos is None or not s.keys or pos > s.keys[-1] or entry.key in s.ids:
+            return False
+        i = bisect_left(s.keys, pos, lo=s.start)
+        return i < len(s.keys) and s.keys[i] == pos
+
+    def _drop(self, key: BufKey) -> None:
+        del self._sessions[key]
+        names = self._names.get(key[1])
+        if names is not None:
+            names.pop(key, None)
+            if not names:
+                del self._names[key[1]]
 
     def admit(self, entry: Entry) -> bool:
         """Buffer a sequenced session event. Returns ``False`` (nothing
-        stored) for a ``(source, id)`` already held in that session."""
-        name = entry.attrs["session"]
+        stored) for a ``(source, id)`` already held in that buffer. The
+        caller refuses :meth:`conflict` entries first (not re-checked)."""
+        key = entry.bkey
         assert entry.pos is not None, "only sequenced session events are buffered"
-        s = self._sessions.get(name)
+        s = self._sessions.get(key)
         if s is None:
             if len(self._sessions) >= self.max_sessions:
-                self._sessions.popitem(last=False)
+                self._drop(next(iter(self._sessions)))
                 self.counters["sessions_evicted"] += 1
-            s = self._sessions[name] = _Session()
+            s = self._sessions[key] = _Session()
+            self._names.setdefault(key[1], {})[key] = None
         elif entry.key in s.ids:
             self.counters["duplicates"] += 1
             return False
         else:
-            self._sessions.move_to_end(name)  # recency = last buffered write
+            self._sessions.move_to_end(key)  # recency = last buffered write
         s.ids.add(entry.key)
         pos = entry.pos
         if not s.keys or pos >= s.keys[-1]:
@@ -134,10 +181,10 @@ class SessionBuffers:
             s.start = 0
         return True
 
-    def replay_after(self, session: str, after: Position | None
+    def replay_after(self, key: BufKey, after: Position | None
                      ) -> tuple[list[Entry], bool, Position | None]:
-        """Entries of ``session`` strictly after ``after`` (all held entries
-        when ``after`` is ``None``), in ``(epoch, seq)`` order.
+        """Entries of the buffer ``key`` strictly after ``after`` (all held
+        entries when ``after`` is ``None``), in ``(epoch, seq)`` order.
 
         Returns ``(entries, exhausted, earliest)``: ``exhausted`` is true when
         the requested position predates what the buffer holds, i.e. the
@@ -145,7 +192,7 @@ class SessionBuffers:
         ``after`` (events in between may have been evicted or never reached
         this relay): the caller emits ``replay-exhausted`` (§3.3.3, §5).
         Never exhausted for ``after=None`` (replay-all asks for earliest)."""
-        s = self._sessions.get(session)
+        s = self._sessions.get(key)
         if s is None or len(s) == 0:
             return [], False, None
         earliest = s.earliest()
@@ -155,7 +202,10 @@ class SessionBuffers:
         exhausted = earliest is not None and earliest > (after[0], after[1] + 1)
         return s.entries[i:], exhausted, earliest
 
-    def iter_entries(self, session: str) -> Iterator[Entry]:
-        s = self._sessions.get(session)
-        if s is not None:
-            yield from s.entries[s.start:]
+    def iter_entries(self, session: str | BufKey) -> Iterator[Entry]:
+        """Held entries of a buffer key, or of every buffer of a bare name."""
+        keys = [session] if isinstance(session, tuple) else self.keys_for(session)
+        for k in keys:
+            s = self._sessions.get(k)
+            if s is not None:
+                yield from s.entries[s.start:]

@@ -39,7 +39,7 @@ from typing import Any, Awaitable, Callable, Iterable
 import trio
 
 from .attrmatch import CAPTURE_RANK, CAPTURES, SEVERITY_RANK, Filter, InvalidFilter
-from .buffer import Entry, Position, SessionBuffers
+from .buffer import BufKey, Entry, Position, SessionBuffers
 from .envelope import AEP_VERSION, InvalidEvent, encode, is_command_type, is_foreign, validate
 
 log = logging.getLogger("aep.relay")
@@ -365,7 +365,8 @@ class Subscriber:
 class ReplayJob:
     """Buffered replay for one subscription, rendered lazily in chunks.
 
-    ``plan``: ``[(session, after, mark)]``; ``after`` is the position to
+    ``plan``: ``[(buffer key, after, mark)]`` (key ``(source, session)``);
+    ``after`` is the position to
     resume strictly after (``None``: from the earliest held), ``mark`` whether
     an exhausted buffer gets a ``replay-exhausted`` marker (never for
     replay-all). Only entries admitted at or before ``cutoff`` are served;
@@ -375,7 +376,7 @@ class ReplayJob:
     CHUNK = 256  # rendered events per chunk
     SCAN = 4096  # entries examined per chunk (a narrow filter over a big buffer)
 
-    def __init__(self, relay: Relay, sub: Subscriber, plan: list[tuple[str, Position | None, bool]],
+    def __init__(self, relay: Relay, sub: Subscriber, plan: list[tuple[BufKey, Position | None, bool]],
                  cutoff: int, tail: list[Any] | None = None) -> None:
         self.relay = relay
         self.sub = sub
@@ -398,10 +399,10 @@ class ReplayJob:
             if not self._cur:
                 if not self.plan:
                     break
-                session, after, mark = self.plan.popleft()
-                entries, exhausted, earliest = self.relay.buffers.replay_after(session, after)
+                key, after, mark = self.plan.popleft()
+                entries, exhausted, earliest = self.relay.buffers.replay_after(key, after)
                 if exhausted and mark and earliest is not None:
-                    out.append(self._marker(session, earliest))
+                    out.append(self._marker(key[1], earliest))
                 self._cur = deque(entries)
                 continue
             e = self._cur.popleft()
@@ -1035,9 +1036,34 @@ class Relay:
         return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")],
                      CAPTURE_RANK[ev.get("capture", "metadata")])
 
+    def check_position(self, e: Entry) -> None:
+        """Raise :class:`InvalidEvent` when a different event of the same
+        emitter session already holds ``e``'s ``(epoch, seq)`` (AEP-0001 §7
+        rule 2: one position, one event; an emitter fault). A redelivery of
+        the same ``(source, id)`` is not refused."""
+        if e.pos is not None and self.buffers.conflict(e):
+            raise InvalidEvent(_POSITION_TAKEN)
+
+    def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
+        """Everything :meth:`ingest_http` would refuse, checked before any of
+        ``entries`` is ingested (a batch is accepted or rejected whole):
+        ``(index, detail)`` of the first problem, or ``None``. Positions are
+        checked against the buffers and against earlier entries of the batch."""
+        seen: dict[tuple[BufKey, Position], tuple[str, str]] = {}
+        for i, e in enumerate(entries):
+            if e.pos is None:
+                continue
+            slot = (e.bkey, e.pos)
+            held = seen.get(slot)
+            if (held is not None and held != e.key) or (held is None and self.buffers.conflict(e)):
+                return i, _POSITION_TAKEN
+            seen[slot] = e.key
+        return None
+
     def ingest_http(self, entries: list[Entry]) -> None:
         """Ingest validated, non-command entries from ``POST /events``
-        (no connection: HTTP emitters claim nothing)."""
+        (no connection: HTTP emitters claim nothing) that passed
+        :meth:`check_batch`."""
         for e in entries:
             self._admit(e, None)
 
@@ -1046,6 +1072,7 @@ class Relay:
         """One event from a connection. Returns a command refusal
         ``(code, detail)`` or ``None``; raises :class:`InvalidEvent`."""
         e = self.entry(ev)
+        self.check_position(e)
         if conn is not None and conn.agent is not None and ev["agent"] != conn.agent \
                 and not is_foreign(e.attrs["type"]):
             # the connection's own events (sequenced and agent.*); commands and
@@ -1170,15 +1197,20 @@ class Relay:
                    tail: list[Any] | None = None) -> None:
         """Register ``sub`` for live delivery (when ``live``) and queue its
         replay, atomically (no checkpoint in between)."""
-        plan: list[tuple[str, Position | None, bool]] = []
+        plan: list[tuple[BufKey, Position | None, bool]] = []
+        buffers = self.buffers
         if plan_all:
-            plan = [(s, None, False) for s in self.buffers.sessions()]
+            plan = [(k, None, False) for k in buffers.sessions()]
         elif positions:
-            plan = [(s, pos, True) for s, pos in positions]
+            # a position names a bare session: every emitter's buffer of that
+            # name resumes from it (AEP-0001 §5.2, the residual ambiguity of
+            # resume tokens); each gets its own exhausted verdict
+            plan = [(k, pos, True) for s, pos in positions for k in buffers.keys_for(s)]
         if not live and not plan_all:
             # replay-only also serves the buffers of sessions the filter pins
             named = {s for s, _ in positions or ()}
-            plan += [(s, None, False) for s in sub.filter.sessions if s not in named]
+            plan += [(k, None, False) for s in sub.filter.sessions if s not in named
+                     for k in buffers.keys_for(s)]
         if live:
             self._subs.add(sub)
             self._set_subs()
@@ -1227,6 +1259,10 @@ class Relay:
         with trio.move_on_after(0.5):
             for o in outlets:
                 await o.done.wait()
+
+
+_POSITION_TAKEN = ("another event of this emitter session already holds this (epoch, seq) "
+                   "position (AEP-0001 §7 rule 2)")
 
 
 def _pairs_no_dup(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -124,3 +124,21 @@ async def test_malformed_last_event_id_is_ignored_without_a_traceback(caplog):
                                 headers={"last-event-id": lei})
             assert r.status_code == 200 and r.text.rstrip().endswith(": replay-complete")
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+async def test_batch_claiming_a_held_position_with_another_event_is_rejected_whole():
+    from tests.support.relay_harness import event
+
+    async with running_relay() as (relay, base), httpx.AsyncClient() as c:
+        post = lambda evs: c.post(base + "/events", content="\n".join(map(json.dumps, evs)),  # noqa: E731
+                                  headers={**V, **NDJSON})
+        assert (await post([event(0), event(1)])).status_code == 202
+        # against the buffer: line 1 reuses seq 1 with another id
+        r = await post([event(2), event(1, id="other"), event(3)])
+        assert r.status_code == 400 and r.json()["line"] == 1 and "(epoch, seq)" in r.json()["detail"]
+        # inside the batch: line 2 claims line 0's position
+        r = await post([event(5), event(6), event(5, id="again")])
+        assert r.status_code == 400 and r.json()["line"] == 2
+        assert relay.buffers.held("s1") == 2 and relay.counters["events"] == 2  # nothing ingested
+        r = await post([event(0), event(1), event(2)])  # redelivery plus one new
+        assert r.status_code == 202 and relay.buffers.held("s1") == 3

@@ -571,7 +571,7 @@ async def test_session_cap_evicts_buffers_but_not_claims():
     conn = relay.attach_emitter(hello(), _append(got))
     for s in ("a", "b", "c"):
         await conn.ingest(ev(0, session=s))
-    assert relay.buffers.sessions() == ["b", "c"]
+    assert [k[1] for k in relay.buffers.sessions()] == ["b", "c"]
     assert relay.buffers.counters["sessions_evicted"] == 1
     # claims are bounded to max_sessions too (least recently used dropped)
     assert sorted(e["session"] for e in relay.roster()) == ["b", "c"]
@@ -750,3 +750,39 @@ async def test_in_process_emitter_events_must_carry_its_hello_agent():
         await conn.ingest(ev(0, agent="b"))
     await conn.ingest(ev(0, agent="a"))
     assert relay.buffers.held("s1") == 1
+
+
+async def test_a_squatter_on_a_session_name_cannot_evict_a_bridge_history():
+    relay = Relay(buffer=5)
+    bridge = relay.attach_emitter(hello(agent="a"), _noop)
+    for s in range(5):
+        await bridge.ingest(ev(s, session="victim"))
+    squat = [ev(s, session="victim", id=f"m{s}", agent="mallory", epoch=2 ** 62,
+                source="aep://h/agent/mallory/session/victim") for s in range(5)]
+    relay.ingest_http([relay.entry(e) for e in squat])
+    assert relay.buffers.held((SRC + "victim", "victim")) == 5
+    # a bare-name resume position replays every buffer of that name
+    outlet = relay.open_stream(Filter({}), None, plan_all=False,
+                               positions=[("victim", (0, 2))], live=False)
+    msgs, comments = sse_events(await take(outlet))
+    got = sorted((json.loads(m["data"])["agent"], json.loads(m["data"])["seq"]) for m in msgs)
+    assert got == [("a", 3), ("a", 4)] + [("mallory", s) for s in range(5)]
+    # each buffer gets its own verdict: a's is covered (no marker); mallory's
+    # starts past the position, so it is announced (the safe direction: a
+    # consumer is told to consult history, never silently under-delivered)
+    assert comments == [f"replay-exhausted victim {2 ** 62}:0", "replay-complete"]
+
+
+async def test_a_different_event_at_a_held_position_is_refused_redelivery_is_not():
+    relay = Relay()
+    em = await ws(relay, role="emitter")
+    await em.handle_text(json.dumps(ev(3, id="x")))
+    await em.handle_text(json.dumps(ev(3, id="y")))
+    (err,) = await take(em.outlet)
+    assert err["code"] == "invalid-event" and err["cause"] == "y" and "(epoch, seq)" in err["detail"]
+    await em.handle_text(json.dumps(ev(3, id="x")))  # redelivery: legal, deduped
+    assert await take(em.outlet) == []
+    assert relay.buffers.held("s1") == 1 and relay.counters["events"] == 2
+    local = relay.attach_emitter(hello(), _noop)
+    with pytest.raises(InvalidEvent, match="epoch, seq"):
+        await local.ingest(ev(3, id="z"))
