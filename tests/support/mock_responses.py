@@ -44,8 +44,8 @@ from typing import Any
 import trio
 
 from supervisor.asgi import headers as request_headers
-from supervisor.asgi import lifespan, read_body, send_json
-from tests.support.net import serve_loopback
+from supervisor.asgi import send_json
+from tests.support.net import http_body, serve_loopback
 
 #: the command the mock asks the agent to run
 SHELL_COMMAND = "echo hello"
@@ -132,11 +132,7 @@ class MockResponsesServer:
         return f"{prefix}_mock_{self._seq}"
 
     async def _app(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await lifespan(receive, send)
-        if scope["type"] != "http":
-            return
-        body = await read_body(receive)
+        body = await http_body(scope, receive, send)
         if body is None:
             return
         headers = request_headers(scope)

@@ -1,7 +1,8 @@
 """Loopback plumbing for the tests: a free port number for processes that need
 one up front (the daemon's listeners, a vendor server's ``--port``), and
-hypercorn serving a test double's ASGI app on 127.0.0.1. The app-side ASGI
-chores (lifespan, body, headers, JSON responses) are ``supervisor.asgi``'s."""
+hypercorn serving a test double's ASGI app on 127.0.0.1 and the start of
+such an app (:func:`http_body`). The app-side ASGI chores themselves
+(lifespan, body, headers, JSON responses) are ``supervisor.asgi``'s."""
 from __future__ import annotations
 
 import socket
@@ -11,6 +12,8 @@ from typing import Any
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
+
+from supervisor.asgi import lifespan, read_body
 
 
 def free_port() -> int:
@@ -38,3 +41,16 @@ async def serve_loopback(app: Any, *, port: int = 0, graceful_timeout: float = 0
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(hypercorn_serve, app, config))
         task_status.started(binds[0].rstrip("/"))
+
+
+async def http_body(scope: dict[str, Any], receive: Any, send: Any) -> bytes | None:
+    """How a test double's ASGI app starts: answers the lifespan protocol,
+    ignores anything but HTTP, and reads the whole request body. ``None``
+    when there is no request to answer (lifespan, not HTTP, or the client
+    left before the body was in)."""
+    if scope["type"] == "lifespan":
+        await lifespan(receive, send)
+        return None
+    if scope["type"] != "http":
+        return None
+    return await read_body(receive)

@@ -45,9 +45,9 @@ from typing import Any
 import httpx
 import trio
 
-from supervisor.asgi import lifespan, read_body, send_json
+from supervisor.asgi import send_json
 from tests.support.daemon import DaemonProcess
-from tests.support.net import free_port, serve_loopback
+from tests.support.net import free_port, http_body, serve_loopback
 
 log = logging.getLogger("tests.opencode")
 
@@ -101,11 +101,7 @@ class MockChatProvider:
         return f"{prefix}_{self._seq}"
 
     async def _app(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await lifespan(receive, send)
-        if scope["type"] != "http":
-            return
-        body = await read_body(receive)
+        body = await http_body(scope, receive, send)
         if body is None:
             return
         try:
@@ -794,11 +790,7 @@ class StubSseServer:
         return [r for r in self.requests if r[0] != "GET"]
 
     async def _app(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await lifespan(receive, send)
-        if scope["type"] != "http":
-            return
-        body = await read_body(receive)
+        body = await http_body(scope, receive, send)
         if body is None:
             return
         method, path = scope["method"], scope["path"]

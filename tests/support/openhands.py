@@ -61,9 +61,9 @@ from typing import Any, AsyncIterator
 import httpx
 import trio
 
-from supervisor.asgi import headers, lifespan, read_body, send_json
+from supervisor.asgi import headers, send_json
 from tests.support.daemon import DaemonProcess
-from tests.support.net import free_port, serve_loopback
+from tests.support.net import free_port, http_body, serve_loopback
 
 OH_VERSION = "1.58.2"
 PACKAGE = "openhands-agent-server"
@@ -492,11 +492,7 @@ class MockModel:
                 "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
 
     async def _app(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await lifespan(receive, send)
-        if scope["type"] != "http":
-            return
-        raw = await read_body(receive)
+        raw = await http_body(scope, receive, send)
         if raw is None:
             return
         try:
@@ -727,14 +723,10 @@ class StubAgentServer:
             task_status.started(self.url)
 
     async def _app(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await lifespan(receive, send)
         if scope["type"] == "websocket":
             await self._socket(scope, receive, send)
             return
-        if scope["type"] != "http":
-            return
-        raw = await read_body(receive)
+        raw = await http_body(scope, receive, send)
         if raw is None:
             return
         path, method = scope["path"], scope["method"]

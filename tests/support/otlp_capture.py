@@ -37,8 +37,8 @@ import grpc
 import trio
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
 from supervisor.asgi import headers as request_headers
-from supervisor.asgi import lifespan, read_body, send_bytes
-from tests.support.net import serve_loopback
+from supervisor.asgi import send_bytes
+from tests.support.net import http_body, serve_loopback
 
 #: OTLP signal per gRPC service / HTTP path
 _GRPC_SERVICES = {
@@ -153,11 +153,7 @@ class OtlpCapture:
 
     # -- HTTP ---------------------------------------------------------------
     async def _http_app(self, scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await lifespan(receive, send)
-        if scope["type"] != "http":
-            return
-        body = await read_body(receive)
+        body = await http_body(scope, receive, send)
         if body is None:
             return
         headers = request_headers(scope)
