@@ -8,7 +8,7 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,3 +33,18 @@ def aep_dir() -> Path:
 def fixture(rel: str) -> Any:
     """Load ``shared/aep/conformance/fixtures/<rel>`` as JSON."""
     return json.loads((aep_dir() / "conformance" / "fixtures" / rel).read_text())
+
+
+def pin_entries(obj: Any, path: str = "") -> Iterator[tuple[str, dict]]:
+    """Every pin entry (a dict with an ``input``) inside a mappings fixture,
+    depth first, with its path (``/key`` per dict level, ``[i]`` per list
+    item, after ``path``)."""
+    if isinstance(obj, dict):
+        if "input" in obj:
+            yield path, obj
+        for k, v in obj.items():
+            if k != "input":
+                yield from pin_entries(v, f"{path}/{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from pin_entries(v, f"{path}[{i}]")

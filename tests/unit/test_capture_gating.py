@@ -19,7 +19,7 @@ from bridges.core.capture import (LEVELS, CaptureConfigError, CapturePolicy, dig
                                   gate_form_values, rank)
 from tests.support.schema import (capture_problems, registered_types, type_schema,
                                   validate_event)
-from tests.support.shared import aep_dir, fixture
+from tests.support.shared import aep_dir, fixture, pin_entries
 
 GATING = fixture("capture-gating/cases.json")["cases"]
 GOLDEN = [json.loads(line) for line in
@@ -273,17 +273,6 @@ def _pin_digests():
     # Every *_digest pinned in mappings/*.json with the entry's input.
     out = []
     for f in sorted((aep_dir() / "conformance/fixtures/mappings").glob("*.json")):
-        def entries(o, path):
-            if isinstance(o, dict):
-                if "input" in o:
-                    yield path, o
-                for k, v in o.items():
-                    if k != "input":
-                        yield from entries(v, f"{path}/{k}")
-            elif isinstance(o, list):
-                for i, v in enumerate(o):
-                    yield from entries(v, f"{path}[{i}]")
-
         def digests(o):
             if isinstance(o, dict):
                 for k, v in o.items():
@@ -295,7 +284,7 @@ def _pin_digests():
                 for v in o:
                     yield from digests(v)
 
-        for path, e in entries(json.loads(f.read_text()), f.stem):
+        for path, e in pin_entries(json.loads(f.read_text()), f.stem):
             for k, v in digests({x: y for x, y in e.items() if x != "input"}):
                 out.append(pytest.param(e["input"], v, id=f"{path}:{k}"))
     return out

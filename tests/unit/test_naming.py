@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 from bridges.core.naming import (TYPE_GRAMMAR, dotted_type, fallback_type, kind_type, path_type,
                                  snake, token, vendor_token)
 from tests.support.schema import event_problems
-from tests.support.shared import aep_dir, fixture
+from tests.support.shared import aep_dir, fixture, pin_entries
 
 # The envelope's own pattern, read from the schema (not copied).
 _ENVELOPE = json.loads((aep_dir() / "schemas/aep-event.schema.json").read_text())
@@ -30,21 +30,12 @@ def _expected_types(entry: dict) -> list[str]:
     return out
 
 
-def _entries(obj, path=""):
-    if isinstance(obj, dict):
-        if "input" in obj:
-            yield path, obj
-        for k, v in obj.items():
-            if k != "input":
-                yield from _entries(v, f"{path}/{k}")
-
-
 # ---------------------------------------------------------------- the pins
 
 
 def _openhands_cases():
     d = fixture("mappings/openhands.json")
-    for path, e in _entries(d):
+    for path, e in pin_entries(d):
         for t in _expected_types(e):
             yield pytest.param(e["input"]["kind"], t, id=path)
 
@@ -58,7 +49,7 @@ def test_openhands_kind_naming(kind, expected):
 
 def _agui_cases():
     d = fixture("mappings/agui.json")
-    for path, e in _entries(d):
+    for path, e in pin_entries(d):
         kind = e["input"].get("type")
         for t in _expected_types(e):
             if kind == "THINKING_START":
@@ -73,7 +64,7 @@ def test_agui_type_naming(kind, expected):
 
 def _acp_cases():
     d = fixture("mappings/acp.json")
-    for path, e in _entries(d):
+    for path, e in pin_entries(d):
         inp = e["input"]
         update = (inp.get("params") or {}).get("update") if isinstance(inp.get("params"), dict) \
             else None
@@ -107,7 +98,7 @@ def _kimi_cases():
     e = d["fallback"]
     yield pytest.param("hook", e["input"]["hook_event_name"], _expected_types(e)[0],
                        id="hooks/fallback")
-    for path, e in _entries(d["ws_modes"], "ws_modes"):
+    for path, e in pin_entries(d["ws_modes"], "ws_modes"):
         for t in _expected_types(e):
             yield pytest.param("web", e["input"]["type"], t, id=path)
 
