@@ -14,18 +14,34 @@
   refuses (:meth:`SessionBuffers.conflict`).
 - Entries are kept in ``(epoch, seq)`` order: appended when in order (the
   common case), insert-sorted otherwise (backfill).
-- Each buffer holds at most ``depth`` entries (``AEP_BUFFER``), trimming
-  oldest first; at most ``max_sessions`` buffers are held
-  (``AEP_MAX_SESSIONS``), evicting the least recently *written* one.
+- Each buffer holds at most ``depth`` entries (``AEP_BUFFER``) and at most
+  ``buffer_bytes`` (``AEP_BUFFER_BYTES``), trimming oldest first; at most
+  ``max_sessions`` buffers are held (``AEP_MAX_SESSIONS``), evicting the
+  least recently *written* one; all buffers together hold at most
+  ``total_bytes`` (``AEP_BUFFER_TOTAL_BYTES``), trimming the least recently
+  written buffer oldest first (dropping it once empty). An event bigger
+  than ``buffer_bytes`` is fanned out live but never held.
+- What was dropped is remembered (the highest dropped position per buffer,
+  and per wholly evicted buffer, at most ``max_sessions`` of those), so a
+  resume from before it gets ``replay-exhausted`` instead of silence.
 
 Pure data structure: no I/O, no clocks. Memory is bounded by
-``depth * max_sessions`` entries (each the event's compact JSON plus its
-envelope attributes)."""
+``total_bytes`` (accounted per entry as its compact JSON plus
+:data:`ENTRY_OVERHEAD` for the envelope attributes and bookkeeping; an
+approximation measured on typical events) and by ``depth * max_sessions``
+entries."""
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any, Iterator
+
+MiB = 1 << 20
+
+#: Accounted bytes per held entry beyond its JSON: the envelope attribute
+#: dict and its strings, the entry object, list slots and the dedupe key
+#: (tracemalloc on typical 300-byte events: ~850 bytes).
+ENTRY_OVERHEAD = 1024
 
 Position = tuple[int, int]
 """``(epoch, seq)``; tuples order lexicographically (AEP-0001 §7 rule 3)."""
@@ -38,13 +54,14 @@ class Entry:
     """One ingested event as the relay holds it.
 
     ``attrs``: the envelope attributes without ``data`` (what filters see);
+    ``size``: the bytes it is accounted for (``len(raw)`` + :data:`ENTRY_OVERHEAD`);
     ``raw``: the event's compact JSON, UTF-8 (serialized once at ingest);
     ``pos``: ``(epoch, seq)`` for sequenced session events, else ``None``;
     ``sev``/``cap``: severity and capture ranks (defaults applied);
     ``key``: the ``(source, id)`` dedupe key; ``n``: the relay-wide admission
     counter (replay snapshots cut on it)."""
 
-    __slots__ = ("attrs", "raw", "pos", "sev", "cap", "key", "n")
+    __slots__ = ("attrs", "raw", "pos", "sev", "cap", "key", "n", "size")
 
     def __init__(self, attrs: dict[str, Any], raw: bytes, pos: Position | None,
                  sev: int, cap: int, n: int = 0) -> None:
@@ -55,6 +72,7 @@ class Entry:
         self.cap = cap
         self.key = (attrs["source"], attrs["id"])
         self.n = n
+        self.size = len(raw) + ENTRY_OVERHEAD  # accounted bytes (the byte budgets)
 
     @property
     def type(self) -> str:
@@ -71,13 +89,15 @@ class Entry:
 
 
 class _Session:
-    __slots__ = ("entries", "keys", "start", "ids")
+    __slots__ = ("entries", "keys", "start", "ids", "bytes", "dropped")
 
-    def __init__(self) -> None:
+    def __init__(self, dropped: Position | None = None) -> None:
         self.entries: list[Entry] = []
         self.keys: list[Position] = []
         self.start = 0  # entries[:start] are trimmed (compacted lazily)
         self.ids: set[tuple[str, str]] = set()
+        self.bytes = 0  # accounted bytes of the held entries
+        self.dropped = dropped  # highest position ever trimmed from this buffer
 
     def __len__(self) -> int:
         return len(self.entries) - self.start
@@ -89,18 +109,30 @@ class _Session:
 class SessionBuffers:
     """All replay buffers of one relay, keyed ``(source, session)``.
 
-    ``counters``: ``duplicates`` (admissions refused on ``(source, id)``),
-    ``trimmed`` (entries dropped by the per-buffer depth),
-    ``sessions_evicted`` (whole buffers dropped by the buffer cap)."""
+    ``bytes``: accounted bytes held in all buffers. ``counters``:
+    ``duplicates`` (admissions refused on ``(source, id)``), ``trimmed``
+    (entries dropped by the per-buffer depth), ``trimmed_bytes`` (entries
+    dropped by a byte budget), ``sessions_evicted`` (whole buffers dropped
+    by the buffer cap or the total byte budget). Raises ``ValueError`` for
+    a size below 1 or ``total_bytes < buffer_bytes``."""
 
-    def __init__(self, depth: int = 10_000, max_sessions: int = 500) -> None:
-        if depth < 1 or max_sessions < 1:
-            raise ValueError("depth and max_sessions must be >= 1")
+    def __init__(self, depth: int = 10_000, max_sessions: int = 500, *,
+                 buffer_bytes: int = 8 * MiB, total_bytes: int = 256 * MiB) -> None:
+        if depth < 1 or max_sessions < 1 or buffer_bytes < 1:
+            raise ValueError("depth, max_sessions and buffer_bytes must be >= 1")
+        if total_bytes < buffer_bytes:
+            raise ValueError("total_bytes must be >= buffer_bytes")
         self.depth = depth
         self.max_sessions = max_sessions
+        self.buffer_bytes = buffer_bytes
+        self.total_bytes = total_bytes
+        self.bytes = 0
         self._sessions: OrderedDict[BufKey, _Session] = OrderedDict()
         self._names: dict[str, dict[BufKey, None]] = {}  # session name -> its buffers
-        self.counters = {"duplicates": 0, "trimmed": 0, "sessions_evicted": 0}
+        # wholly dropped buffers: key -> highest position dropped (bounded)
+        self._gone: OrderedDict[BufKey, Position] = OrderedDict()
+        self._gone_names: dict[str, dict[BufKey, None]] = {}
+        self.counters = {"duplicates": 0, "trimmed": 0, "trimmed_bytes": 0, "sessions_evicted": 0}
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -113,11 +145,14 @@ class SessionBuffers:
         """Held buffer keys, least recently written first."""
         return list(self._sessions)
 
-    def keys_for(self, session: str) -> list[BufKey]:
+    def keys_for(self, session: str, *, gone: bool = False) -> list[BufKey]:
         """Every held buffer of the bare session name ``session`` (one per
-        emitter that used it)."""
-        keys = self._names.get(session)
-        return list(keys) if keys else []
+        emitter that used it); with ``gone``, also the remembered wholly
+        dropped ones (a resume position must hear that they are gone)."""
+        keys = list(self._names.get(session) or ())
+        if gone:
+            keys += [k for k in self._gone_names.get(session) or () if k not in self._sessions]
+        return keys
 
     def held(self, session: str | BufKey) -> int:
         """Entries held for a buffer key, or summed over a bare name's buffers."""
@@ -135,26 +170,69 @@ class SessionBuffers:
         i = bisect_left(s.keys, pos, lo=s.start)
         return i < len(s.keys) and s.keys[i] == pos
 
-    def _drop(self, key: BufKey) -> None:
-        del self._sessions[key]
+    # -- dropping ------------------------------------------------------------
+    def _trim(self, s: _Session) -> None:
+        """Drop the oldest entry of ``s``."""
+        e = s.entries[s.start]
+        s.ids.discard(e.key)
+        s.entries[s.start] = None  # type: ignore[call-overload]  # release now
+        s.bytes -= e.size
+        self.bytes -= e.size
+        pos = s.keys[s.start]
+        if s.dropped is None or pos > s.dropped:
+            s.dropped = pos
+        s.start += 1
+        if s.start > 1024 and s.start * 2 > len(s.entries):
+            del s.entries[:s.start]
+            del s.keys[:s.start]
+            s.start = 0
+
+    def _bury(self, key: BufKey) -> None:
+        """Drop the buffer ``key`` whole, remembering the highest position it
+        held or dropped (for ``replay-exhausted``)."""
+        s = self._sessions.pop(key)
+        self.bytes -= s.bytes
         names = self._names.get(key[1])
         if names is not None:
             names.pop(key, None)
             if not names:
                 del self._names[key[1]]
+        marks = [p for p in (s.keys[-1] if len(s) else None, s.dropped) if p is not None]
+        if not marks:
+            return
+        self._gone[key] = max(marks)
+        self._gone.move_to_end(key)
+        self._gone_names.setdefault(key[1], {})[key] = None
+        if len(self._gone) > self.max_sessions:
+            old, _ = self._gone.popitem(last=False)
+            self._forget(old)
 
+    def _forget(self, key: BufKey) -> None:
+        names = self._gone_names.get(key[1])
+        if names is not None:
+            names.pop(key, None)
+            if not names:
+                del self._gone_names[key[1]]
+
+    # -- admission -----------------------------------------------------------
     def admit(self, entry: Entry) -> bool:
         """Buffer a sequenced session event. Returns ``False`` (nothing
         stored) for a ``(source, id)`` already held in that buffer. The
-        caller refuses :meth:`conflict` entries first (not re-checked)."""
+        caller refuses :meth:`conflict` entries first (not re-checked).
+        ``True`` means admitted, even when a byte budget trimmed it away at
+        once (too big to hold: it was fanned out live, replay announces it
+        as dropped)."""
         key = entry.bkey
         assert entry.pos is not None, "only sequenced session events are buffered"
         s = self._sessions.get(key)
         if s is None:
             if len(self._sessions) >= self.max_sessions:
-                self._drop(next(iter(self._sessions)))
+                self._bury(next(iter(self._sessions)))
                 self.counters["sessions_evicted"] += 1
-            s = self._sessions[key] = _Session()
+            dropped = self._gone.pop(key, None)
+            if dropped is not None:
+                self._forget(key)
+            s = self._sessions[key] = _Session(dropped)
             self._names.setdefault(key[1], {})[key] = None
         elif entry.key in s.ids:
             self.counters["duplicates"] += 1
@@ -170,15 +248,23 @@ class SessionBuffers:
             i = bisect_right(s.keys, pos, lo=s.start)
             s.entries.insert(i, entry)
             s.keys.insert(i, pos)
+        s.bytes += entry.size
+        self.bytes += entry.size
         while len(s) > self.depth:
-            s.ids.discard(s.entries[s.start].key)
-            s.entries[s.start] = None  # type: ignore[call-overload]  # release now
-            s.start += 1
+            self._trim(s)
             self.counters["trimmed"] += 1
-        if s.start > 1024 and s.start * 2 > len(s.entries):
-            del s.entries[:s.start]
-            del s.keys[:s.start]
-            s.start = 0
+        while s.bytes > self.buffer_bytes:
+            self._trim(s)
+            self.counters["trimmed_bytes"] += 1
+        if len(s) == 0:
+            self._bury(key)
+        while self.bytes > self.total_bytes:  # least recently written first, oldest first
+            victim_key, victim = next(iter(self._sessions.items()))
+            self._trim(victim)
+            self.counters["trimmed_bytes"] += 1
+            if len(victim) == 0:
+                self._bury(victim_key)
+                self.counters["sessions_evicted"] += 1
         return True
 
     def replay_after(self, key: BufKey, after: Position | None
@@ -191,15 +277,23 @@ class SessionBuffers:
         earliest held position is later than the position right after
         ``after`` (events in between may have been evicted or never reached
         this relay): the caller emits ``replay-exhausted`` (§3.3.3, §5).
-        Never exhausted for ``after=None`` (replay-all asks for earliest)."""
+        Also exhausted when this relay dropped a position after ``after``
+        (trimmed, or the whole buffer evicted: then ``entries`` is empty and
+        ``earliest`` is the position after the last one dropped). Never
+        exhausted for ``after=None`` (replay-all asks for earliest)."""
         s = self._sessions.get(key)
-        if s is None or len(s) == 0:
-            return [], False, None
+        if s is None:
+            hw = self._gone.get(key)
+            if hw is None or after is None or not after < hw:
+                return [], False, None
+            # wholly dropped: "earliest" is the first position after what is gone
+            return [], True, (hw[0], hw[1] + 1)
         earliest = s.earliest()
         if after is None:
             return s.entries[s.start:], False, earliest
         i = bisect_right(s.keys, after, lo=s.start)
-        exhausted = earliest is not None and earliest > (after[0], after[1] + 1)
+        exhausted = earliest is not None and (earliest > (after[0], after[1] + 1) or (
+            s.dropped is not None and after < s.dropped))
         return s.entries[i:], exhausted, earliest
 
     def iter_entries(self, session: str | BufKey) -> Iterator[Entry]:

@@ -846,14 +846,20 @@ class Relay:
     :meth:`sse_linger`), ``cors_origins`` (``AEP_CORS_ORIGINS``: browser
     origins, ``scheme://host[:port]``, allowed to use the relay; see
     :mod:`supervisor.relay.app` "Browsers"; raises ``ValueError`` for an
-    entry that is not an origin, ``*`` included)."""
+    entry that is not an origin, ``*`` included), ``buffer_bytes``
+    (``AEP_BUFFER_BYTES``, accounted bytes held per session buffer, default
+    8 MiB) and ``total_bytes`` (``AEP_BUFFER_TOTAL_BYTES``, all buffers
+    together, default 256 MiB; must be >= ``buffer_bytes``): replay memory
+    is bounded in bytes as well as in events (see :mod:`.buffer`). Raises
+    ``ValueError`` for sizes below 1."""
 
     def __init__(self, token: str | None = None, buffer: int = 10_000, max_sessions: int = 500,
                  max_body: int = 16 * MiB, max_batch: int = 10_000, max_from: int | None = None,
                  *, heartbeat_s: float = 15.0, ws_ping_s: float = 30.0, ws_timeout_s: float = 90.0,
                  queue_soft_bytes: int = 1 * MiB, queue_hard_bytes: int = 8 * MiB,
                  max_subscriptions: int = 64, sse_linger_s: float = 0.005,
-                 instance: str | None = None, cors_origins: Iterable[str] | None = None) -> None:
+                 instance: str | None = None, cors_origins: Iterable[str] | None = None,
+                 buffer_bytes: int = 8 * MiB, total_bytes: int = 256 * MiB) -> None:
         self._token = token.encode("utf-8") if token else None
         self.cors_origins: frozenset[str] = frozenset(
             normalize_origin(o, strict=True) for o in (cors_origins or ()) if o.strip())
@@ -870,7 +876,8 @@ class Relay:
         self.max_subscriptions = max_subscriptions
         self.sse_linger_s = sse_linger_s
         self.instance = instance
-        self.buffers = SessionBuffers(buffer, max_sessions)
+        self.buffers = SessionBuffers(buffer, max_sessions, buffer_bytes=buffer_bytes,
+                                      total_bytes=total_bytes)
         self.closing = False
         self._subs: set[Subscriber] = set()
         self._subs_t: tuple[Subscriber, ...] = ()
@@ -968,6 +975,7 @@ class Relay:
         """Counts for an authorized ``/healthz`` (topology stays behind auth)."""
         return {
             "sessions": len(self.buffers),
+            "buffered_bytes": self.buffers.bytes,
             "subscribers": len(self._subs),
             "connections": len(self._conns),
             "uptime_s": int(time.monotonic() - self._started),
@@ -1205,7 +1213,7 @@ class Relay:
             # a position names a bare session: every emitter's buffer of that
             # name resumes from it (AEP-0001 §5.2, the residual ambiguity of
             # resume tokens); each gets its own exhausted verdict
-            plan = [(k, pos, True) for s, pos in positions for k in buffers.keys_for(s)]
+            plan = [(k, pos, True) for s, pos in positions for k in buffers.keys_for(s, gone=True)]
         if not live and not plan_all:
             # replay-only also serves the buffers of sessions the filter pins
             named = {s for s, _ in positions or ()}

@@ -142,3 +142,34 @@ async def test_batch_claiming_a_held_position_with_another_event_is_rejected_who
         assert relay.buffers.held("s1") == 2 and relay.counters["events"] == 2  # nothing ingested
         r = await post([event(0), event(1), event(2)])  # redelivery plus one new
         assert r.status_code == 202 and relay.buffers.held("s1") == 3
+
+
+async def test_replay_memory_is_bounded_in_bytes_and_trims_are_announced():
+    """A few huge events no longer pin their size times the event cap: the
+    byte budgets trim oldest first, and a resume from a trimmed position
+    hears ``replay-exhausted``."""
+    from tests.support.relay_harness import event
+
+    mib = 1 << 20
+    async with running_relay(buffer_bytes=3 * mib, total_bytes=5 * mib) as (relay, base), \
+            httpx.AsyncClient(timeout=WAIT) as c:
+        blob = "x" * mib
+        for s in range(12):  # 12 MiB posted over three sessions
+            r = await c.post(base + "/events", content=json.dumps(event(s, session=f"big{s % 3}",
+                                                                        data={"blob": blob})),
+                             headers={**V, "content-type": "application/json"})
+            assert r.status_code == 202
+        assert relay.buffers.bytes <= 5 * mib
+        assert all(relay.buffers.held(f"big{i}") <= 2 for i in range(3))
+        r = await c.get(base + "/healthz")
+        assert r.json()["buffered_bytes"] == relay.buffers.bytes
+        with trio.fail_after(WAIT):
+            r = await c.get(base + "/stream", params={
+                "live": "0", "from": json.dumps([{"session": "big0", "epoch": 0, "seq": 0}])})
+        assert ": replay-exhausted big0 0:" in r.text
+        # a single event over the per-session budget is delivered live, never held
+        big = event(100, session="huge", data={"blob": "y" * (3 * mib)})
+        r = await c.post(base + "/events", content=json.dumps(big),
+                         headers={**V, "content-type": "application/json"})
+        assert r.status_code == 202 and relay.buffers.held("huge") == 0
+        assert relay.buffers.bytes <= 5 * mib

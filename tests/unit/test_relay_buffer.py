@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.relay.buffer import Entry, SessionBuffers
+from supervisor.relay.buffer import ENTRY_OVERHEAD, Entry, SessionBuffers
 
 
 SRC = "aep://h/agent/a"
@@ -134,3 +134,76 @@ def test_one_position_holds_one_event_per_emitter_session():
     assert not b.conflict(E(3, id="Y", source="aep://h/agent/b"))  # another emitter's session
     assert not b.conflict(E(4, id="Y")) and not b.conflict(E(6, id="Y"))  # free positions
     assert not b.conflict(E(3, id="Y", epoch=1))
+
+
+# -- byte budgets (a few huge events must not pin gigabytes) ---------------------------
+
+def B(seq, size, session="s1", source=SRC):
+    """An entry whose accounted size is exactly ``size`` bytes."""
+    attrs = {"id": f"{session}-{seq}", "source": source, "type": "tool.completed",
+             "session": session, "seq": seq}
+    return Entry(attrs, b"x" * (size - ENTRY_OVERHEAD), (0, seq), 1, 1)
+
+
+def test_per_buffer_byte_budget_trims_oldest_first_then_announces():
+    b = SessionBuffers(100, 10, buffer_bytes=6000, total_bytes=10**9)
+    for s in range(5):
+        b.admit(B(s, 2000))
+    assert b.held(K) == 3 and b.bytes == 6000
+    entries, exhausted, earliest = b.replay_after(K, (0, 0))
+    assert seqs(entries) == [(0, 2), (0, 3), (0, 4)] and exhausted and earliest == (0, 2)
+    assert b.counters["trimmed_bytes"] == 2
+
+
+def test_an_event_bigger_than_the_buffer_budget_is_never_held_but_announced():
+    b = SessionBuffers(100, 10, buffer_bytes=6000, total_bytes=10**9)
+    b.admit(B(0, 2000))
+    b.admit(B(1, 20000))  # alone over budget: everything older goes, then itself
+    assert b.held(K) == 0 and b.bytes == 0 and b.counters["trimmed_bytes"] == 2
+    # the consumer that saw seq 0 asks for what follows: it was dropped, say so
+    assert b.replay_after(K, (0, 0)) == ([], True, (0, 2))
+    assert b.replay_after(K, (0, 1)) == ([], False, None)  # nothing dropped after seq 1
+    b.admit(B(2, 2000))  # the buffer lives on
+    assert seqs(b.replay_after(K, (0, 0))[0]) == [(0, 2)]
+
+
+def test_total_byte_budget_evicts_least_recently_written_oldest_first():
+    b = SessionBuffers(100, 10, buffer_bytes=10000, total_bytes=10000)
+    ka, kb = (SRC, "a"), (SRC, "b")
+    for s in range(3):
+        b.admit(B(s, 2000, session="a"))
+    for s in range(3):
+        b.admit(B(s, 2000, session="b"))
+    assert b.bytes == 10000 and b.held(ka) == 2 and b.held(kb) == 3  # a's oldest went
+    for s in range(3, 5):
+        b.admit(B(s, 2000, session="b"))
+    assert b.held(ka) == 0 and ka not in b.sessions() and b.bytes == 10000
+    assert b.counters["sessions_evicted"] == 1
+    # a wholly evicted buffer still answers a resume with replay-exhausted
+    assert b.replay_after(ka, (0, 0)) == ([], True, (0, 3))
+    assert ka in b.keys_for("a", gone=True) and b.keys_for("a") == []
+
+
+def test_session_cap_eviction_is_announced_too():
+    b = SessionBuffers(10, 1)
+    b.admit(E(0, session="old"))
+    b.admit(E(1, session="old"))
+    b.admit(E(0, session="new"))
+    assert b.replay_after((SRC, "old"), (0, 0)) == ([], True, (0, 2))
+    assert b.replay_after((SRC, "old"), (0, 1)) == ([], False, None)
+
+
+def test_byte_accounting_stays_exact_under_mixed_trims():
+    b = SessionBuffers(4, 3, buffer_bytes=12000, total_bytes=18000)
+    for i in range(200):
+        b.admit(B(i, 2000 + 97 * (i % 23), session=f"s{i % 5}"))
+        assert b.bytes == sum(e.size for k in b.sessions() for e in b.iter_entries(k))
+        assert b.bytes <= 18000
+        assert all(sum(e.size for e in b.iter_entries(k)) <= 12000 for k in b.sessions())
+
+
+def test_byte_budgets_validated():
+    with pytest.raises(ValueError):
+        SessionBuffers(10, 10, buffer_bytes=0)
+    with pytest.raises(ValueError):
+        SessionBuffers(10, 10, buffer_bytes=100, total_bytes=50)
