@@ -40,6 +40,7 @@ import trio
 
 from .attrmatch import CAPTURE_RANK, CAPTURES, SEVERITY_RANK, Filter, InvalidFilter
 from .buffer import BufKey, Entry, Position, SessionBuffers
+from .capcheck import exceeds as capture_exceeds
 from .envelope import AEP_VERSION, InvalidEvent, encode, is_command_type, is_foreign, validate
 
 log = logging.getLogger("aep.relay")
@@ -1036,13 +1037,27 @@ class Relay:
 
     # -- ingest --------------------------------------------------------------------
     def entry(self, ev: Any) -> Entry:
-        """Validate and serialize one event (raises :class:`InvalidEvent`)."""
+        """Validate and serialize one event (raises :class:`InvalidEvent`):
+        the envelope (:func:`.envelope.validate`), its UTF-8 form, and its
+        ``data`` against its declared ``capture`` (:mod:`.capcheck`; a
+        command is not refused for it, its audit copy is rendered at the
+        level it carries)."""
         validate(ev)
         raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
         attrs = {k: v for k, v in ev.items() if k != "data"}
         pos = (ev.get("epoch", 0), ev["seq"]) if "seq" in ev else None
-        return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")],
-                     CAPTURE_RANK[ev.get("capture", "metadata")])
+        declared = ev.get("capture", "metadata")
+        cap = CAPTURE_RANK[declared]
+        if cap < 3 and "data" in ev:
+            shown = capture_exceeds(ev["type"], ev["data"], declared)
+            if shown is not None:
+                if not is_command_type(ev["type"]):
+                    raise InvalidEvent(f"data exceeds its declared capture {declared}: it carries "
+                                       f"{shown}-level fields (AEP-0001 §8.2(a))")
+                # a command is forwarded verbatim to its target (AEP-0004 §4.4);
+                # observers get its audit copy down-leveled from what it carries
+                cap = CAPTURE_RANK[shown]
+        return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")], cap)
 
     def check_position(self, e: Entry) -> None:
         """Raise :class:`InvalidEvent` when a different event of the same
@@ -1155,6 +1170,8 @@ class Relay:
     def _downlevel(self, e: Entry, ceiling: str) -> bytes:
         from bridges.core.capture import downlevel
         ev = json.loads(e.raw)
+        if CAPTURE_RANK[ev.get("capture", "metadata")] < e.cap:
+            ev["capture"] = CAPTURES[e.cap]  # a command carrying more than it declares
         try:
             out = downlevel(ev, ceiling)
             return dumps(out)

@@ -173,3 +173,18 @@ async def test_replay_memory_is_bounded_in_bytes_and_trims_are_announced():
                          headers={**V, "content-type": "application/json"})
         assert r.status_code == 202 and relay.buffers.held("huge") == 0
         assert relay.buffers.bytes <= 5 * mib
+
+
+async def test_a_batch_with_data_above_its_declared_capture_is_rejected_whole():
+    from tests.support.relay_harness import event
+
+    async with running_relay() as (relay, base), httpx.AsyncClient() as c:
+        lie = event(1, capture="metadata", data={"tool": {"name": "B"}, "result": "SECRET"})
+        body = "\n".join(map(json.dumps, [event(0), lie, event(2)]))
+        r = await c.post(base + "/events", content=body, headers={**V, **NDJSON})
+        assert r.status_code == 400 and r.json()["line"] == 1
+        assert "exceeds its declared capture" in r.json()["detail"]
+        assert "SECRET" not in r.text and relay.counters["events"] == 0
+        honest = event(1, capture="full", data={"tool": {"name": "B"}, "result": "SECRET"})
+        r = await c.post(base + "/events", content=json.dumps(honest), headers={**V, **NDJSON})
+        assert r.status_code == 202
