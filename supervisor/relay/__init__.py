@@ -39,7 +39,8 @@ Public API (what the daemon uses):
 
 Modules: :mod:`.attrmatch` (filter dialect, pure), :mod:`.envelope`
 (relay-grade envelope validation, pure), :mod:`.buffer` (replay buffers,
-pure), :mod:`.core`, :mod:`.app`, :mod:`.serve`, :mod:`.faults` (rate-limited,
+pure), :mod:`.capcheck` (data against its declared capture, pure),
+:mod:`.core`, :mod:`.app`, :mod:`.serve`, :mod:`.faults` (rate-limited,
 secret-free fault logging).
 """
 from .core import CommandRefused, LocalEmitter, Relay, RelayClosed  # noqa: F401
