@@ -38,24 +38,25 @@ def fault_kind(exc: BaseException) -> str:
 
 class FaultLog:
     """Rate-limited fault logging on ``logger``: the first fault of each
-    kind is logged at WARNING; later ones at most once per ``interval``
+    kind at each place (``where``) is logged at WARNING; later ones at most once per ``interval``
     seconds (monotonic clock), with how many were suppressed in between.
     At most ``_MAX_KINDS`` kinds are remembered (oldest forgotten)."""
 
     def __init__(self, logger: logging.Logger, interval: float = FAULT_LOG_INTERVAL_S) -> None:
         self.log = logger
         self.interval = interval
-        self._kinds: dict[str, list[float]] = {}  # kind -> [last logged at, suppressed since]
+        self._kinds: dict[str, list[float]] = {}  # where+kind -> [last logged at, suppressed since]
 
     def record(self, kind: str, where: str, exc: BaseException | None = None) -> bool:
         """Note one fault of ``kind`` at ``where`` (a listener or handler
         name); returns whether a line was logged."""
         now = time.monotonic()
-        seen = self._kinds.get(kind)
+        slot = f"{where}\0{kind}"
+        seen = self._kinds.get(slot)
         if seen is None:
             if len(self._kinds) >= _MAX_KINDS:
                 self._kinds.pop(next(iter(self._kinds)))
-            self._kinds[kind] = [now, 0]
+            self._kinds[slot] = [now, 0]
             suppressed = None
         elif now - seen[0] >= self.interval:
             suppressed = int(seen[1])

@@ -188,3 +188,25 @@ async def test_a_batch_with_data_above_its_declared_capture_is_rejected_whole():
         honest = event(1, capture="full", data={"tool": {"name": "B"}, "result": "SECRET"})
         r = await c.post(base + "/events", content=json.dumps(honest), headers={**V, **NDJSON})
         assert r.status_code == 202
+
+
+def test_fault_log_is_once_per_kind_and_place_then_rate_limited(caplog):
+    import logging as _logging
+
+    from supervisor.relay.faults import FaultLog, fault_kind
+
+    log = _logging.getLogger("test.faults")
+    caplog.set_level(_logging.DEBUG, logger="test.faults")
+    fl = FaultLog(log, interval=3600)
+    err = ExceptionGroup("x", [KeyError("secret-token-value"), ValueError("y")])
+    assert fault_kind(err) == "KeyError+ValueError"
+    assert fl.record("KeyError+ValueError", "relay", err)
+    assert not fl.record("KeyError+ValueError", "relay", err)  # suppressed within the interval
+    assert fl.record("KeyError+ValueError", "otlp", err)  # another listener: its own first line
+    warned = [r.getMessage() for r in caplog.records if r.levelno == _logging.WARNING]
+    assert len(warned) == 2 and not any("secret-token-value" in m for m in warned)
+    fl.interval = 0
+    assert fl.record("KeyError+ValueError", "relay", err)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == _logging.WARNING]
+    assert "(1 more of this kind since the last report)" in warned[-1]
+    assert not any("secret-token-value" in r.getMessage() for r in caplog.records)
