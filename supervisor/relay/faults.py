@@ -7,12 +7,13 @@ A hostile client can make a connection fail on purpose, as often as it
 likes; the answer is one log line per kind of failure (then at most one per
 :data:`FAULT_LOG_INTERVAL_S`, with a count), never a traceback per request.
 Only exception *type names* are logged at WARNING: an h11 or parser message
-can quote request bytes, and a request can carry the token. The traceback of
-each logged occurrence goes to DEBUG (opt-in)."""
+can quote request bytes, and a request can carry the token. The stack
+frames of each logged occurrence (no message, no values) go to DEBUG."""
 from __future__ import annotations
 
 import logging
 import time
+import traceback
 
 #: After the first log line of a fault kind, at most one more per this many seconds.
 FAULT_LOG_INTERVAL_S = 60.0
@@ -67,5 +68,14 @@ class FaultLog:
         tail = "" if suppressed is None else f" ({suppressed} more of this kind since the last report)"
         self.log.warning("%s: a connection failed (%s); closed it, serving on%s", where, kind, tail)
         if exc is not None and self.log.isEnabledFor(logging.DEBUG):
-            self.log.debug("%s: %s traceback", where, kind, exc_info=exc)
+            # where it failed, without any exception message (they can quote request bytes)
+            self.log.debug("%s: %s raised at:\n%s", where, kind, "".join(_frames(exc)))
         return True
+
+
+def _frames(exc: BaseException) -> list[str]:
+    """The stack frames (file, line, function, source line) of ``exc`` and,
+    for a group, of its first leaf; never a message or a local value."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return traceback.format_tb(exc.__traceback__)

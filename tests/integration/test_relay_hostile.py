@@ -198,7 +198,10 @@ def test_fault_log_is_once_per_kind_and_place_then_rate_limited(caplog):
     log = _logging.getLogger("test.faults")
     caplog.set_level(_logging.DEBUG, logger="test.faults")
     fl = FaultLog(log, interval=3600)
-    err = ExceptionGroup("x", [KeyError("secret-token-value"), ValueError("y")])
+    try:
+        raise ExceptionGroup("x", [KeyError("secret-token-value"), ValueError("y")])
+    except ExceptionGroup as e:
+        err = e
     assert fault_kind(err) == "KeyError+ValueError"
     assert fl.record("KeyError+ValueError", "relay", err)
     assert not fl.record("KeyError+ValueError", "relay", err)  # suppressed within the interval
@@ -210,3 +213,4 @@ def test_fault_log_is_once_per_kind_and_place_then_rate_limited(caplog):
     warned = [r.getMessage() for r in caplog.records if r.levelno == _logging.WARNING]
     assert "(1 more of this kind since the last report)" in warned[-1]
     assert not any("secret-token-value" in r.getMessage() for r in caplog.records)
+    assert "secret-token-value" not in caplog.text and "raised at" in caplog.text
