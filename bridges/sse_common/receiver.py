@@ -36,6 +36,7 @@ drops the connection (``stream_overflow``) and reconnects.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -82,6 +83,11 @@ class ReceiverSettings:
 
 class AuthFailed(Exception):
     pass
+
+
+class NoResponse(Exception):
+    """The stream request was accepted but no response headers came within
+    ``request_timeout`` (a server mid-restart)."""
 
 
 class HttpStatus(Exception):
@@ -182,6 +188,12 @@ class SseReceiver:
                     self._trouble("silent", f"{self.profile.agent} event stream silent for "
                                   f"{self.settings.heartbeat_timeout:g}s (no heartbeat); "
                                   "reconnecting", logging.WARNING)
+                except NoResponse:
+                    self.ctx.health.count("stream_no_response")
+                    self._trouble("noresponse", f"{self.profile.agent} event stream at "
+                                  f"{safe_url(self.url)} sent no response within "
+                                  f"{self.settings.request_timeout:g}s; reconnecting",
+                                  logging.WARNING)
                 except StreamOverflow:
                     self.ctx.health.count("stream_overflow")
                     self._trouble("overflow", f"{self.profile.agent} sent an event larger than "
@@ -221,7 +233,14 @@ class SseReceiver:
         path = self.profile.route("global_events")
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-store"}
         timeout = httpx.Timeout(self.settings.request_timeout, read=None)
-        async with self.reader.stream_get(path, headers=headers, timeout=timeout) as response:
+        async with contextlib.AsyncExitStack() as stack:
+            # read=None keeps a quiet stream open; the response headers still
+            # get a deadline (a server mid-restart can accept and never answer)
+            with trio.move_on_after(self.settings.request_timeout) as opening:
+                response = await stack.enter_async_context(
+                    self.reader.stream_get(path, headers=headers, timeout=timeout))
+            if opening.cancelled_caught:
+                raise NoResponse()
             if response.status_code in (401, 403):
                 raise AuthFailed()
             if response.status_code != 200:

@@ -157,6 +157,16 @@ async def test_an_event_that_never_ends_drops_the_connection():
         assert h.counters()["stream_overflow"] >= 1 and stub.connections >= 2
 
 
+async def test_a_stream_request_that_gets_no_response_is_retried():
+    """A server mid-restart can accept the connection and never send the
+    response headers; the bridge must not wait on it forever (it once sat
+    ~96 s in the kill-and-restart scenario)."""
+    stub = StubSseServer(streams=[[("noheaders",)], [user(), ("hang",)]])
+    async with bridge_on(stub, settings=fast(request_timeout=0.5)) as h:
+        await h.until(lambda: h.of("run.started"), "the event after the retry")
+        assert h.counters()["stream_no_response"] == 1 and stub.connections == 2
+
+
 # ---------------------------------------------------------------- the stream's life
 
 async def test_a_server_that_closes_every_few_moments():

@@ -765,7 +765,9 @@ class StubSseServer:
     ``streams``: one script per connection, in order (the last repeats);
     a script is a list of steps: ``bytes`` (sent as is), ``("sleep", s)``,
     ``("wait", trio.Event)``, ``("close",)`` (end the response),
-    ``("hang",)`` (send nothing more, keep the connection open). A script that runs out ends the response.
+    ``("hang",)`` (send nothing more, keep the connection open), and as the
+    first step ``("noheaders",)`` (accept, never answer: a server
+    mid-restart). A script that runs out ends the response.
     ``stream_status`` / ``stream_type``: the stream's HTTP status and
     content type. ``rest``: ``{(method, path): (status, json) | "hang" |
     callable(request_body) -> (status, json)}``; unknown GETs answer ``{}``
@@ -821,6 +823,8 @@ class StubSseServer:
         script = self.streams[min(self.connections, len(self.streams) - 1)] if self.streams \
             else [("hang",)]
         self.connections += 1
+        if script[:1] == [("noheaders",)]:
+            await trio.sleep_forever()
         await send({"type": "http.response.start", "status": self.stream_status,
                     "headers": [(b"content-type", self.stream_type.encode()),
                                 (b"cache-control", b"no-cache")]})
