@@ -229,8 +229,12 @@ class OtlpInBridge:
         relay's hardened :func:`~supervisor.relay.serve.serve_app` (a
         connection that makes hypercorn raise is closed, counted as
         ``otlp.connection_errors`` and logged once per kind, instead of
-        ending the listener; hypercorn#225). Raises ``OSError`` when the
-        address cannot be bound."""
+        ending the listener; hypercorn#225), behind the relay's DNS-rebinding
+        guard (on a loopback bind, a request whose ``Host`` is not a
+        loopback name/address is refused 403 and counted as
+        ``otlp.refused_host``: rebinding would bypass any CORS rule).
+        Raises ``OSError`` when the address cannot be bound."""
+        from supervisor.relay.app import host_guard
         from supervisor.relay.serve import bind_socket, serve_app
 
         assert self._ctx is not None
@@ -239,7 +243,8 @@ class OtlpInBridge:
         cfg.accesslog = None
         cfg.errorlog = ctx.log.getChild("http")
         cfg.graceful_timeout = 1.0
-        app = HttpReceiver(self.export, max_body=self.max_body, on_problem=self._problem)
+        app = host_guard(HttpReceiver(self.export, max_body=self.max_body, on_problem=self._problem),
+                         on_refuse=lambda: ctx.health.count("otlp.refused_host"))
         sock = bind_socket(host, port)
 
         class _Started:

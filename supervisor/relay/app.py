@@ -123,6 +123,24 @@ def _listen_host(scope: dict[str, Any]) -> str | None:
     return addr[0] if addr else None
 
 
+def host_guard(app: Any, on_refuse: Callable[[], None] | None = None) -> Any:
+    """Wrap another ASGI ``app`` (the OTLP/HTTP receiver, a health app) in
+    the relay's DNS-rebinding guard (:func:`host_allowed` against the bound
+    listener): a refused HTTP request gets 403 ``host-not-allowed``, a
+    refused WebSocket is closed before accept. ``on_refuse()`` counts it."""
+    async def guarded(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] in ("http", "websocket") and not host_allowed(
+                _header(scope, b"host") or "", _listen_host(scope)):
+            if on_refuse is not None:
+                on_refuse()
+            if scope["type"] == "http":
+                return await _respond(send, 403, {"error": "host-not-allowed"}, close=True)
+            await receive()
+            return await send({"type": "websocket.close", "code": 1008})
+        await app(scope, receive, send)
+    return guarded
+
+
 async def _respond(send: Callable, status: int, body: Any = None, *,
                    headers: list[tuple[bytes, bytes]] | None = None, close: bool = False) -> None:
     data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())

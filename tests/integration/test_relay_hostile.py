@@ -214,3 +214,18 @@ def test_fault_log_is_once_per_kind_and_place_then_rate_limited(caplog):
     assert "(1 more of this kind since the last report)" in warned[-1]
     assert not any("secret-token-value" in r.getMessage() for r in caplog.records)
     assert "secret-token-value" not in caplog.text and "raised at" in caplog.text
+
+
+async def test_the_otlp_http_listener_refuses_a_rebound_host():
+    """DNS rebinding bypasses CORS (the page and the listener share the
+    attacker's name): the loopback OTLP/HTTP listener checks Host too."""
+    from tests.integration.test_otlp_receiver import local, running, url
+
+    bridge = local()
+    async with running(bridge) as (ctx, recv), httpx.AsyncClient() as c:
+        body = json.dumps({"resourceLogs": []})
+        r = await c.post(url(bridge), content=body, headers={"content-type": "application/json",
+                                                             "host": "attacker.example:4318"})
+        assert r.status_code == 403 and r.json()["error"] == "host-not-allowed"
+        r = await c.post(url(bridge), content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 200
