@@ -18,6 +18,8 @@ from bridges.core.capture import CapturePolicy
 from bridges.core.paths import state_dir
 from bridges.core.settings import EnvReader, bindable
 
+from .relay.core import normalize_origin
+
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
 
@@ -50,6 +52,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 KNOWN_SETTINGS = frozenset({
     "AEP_TOKEN", "AEP_RELAY_URL", "AEP_LISTEN", "AEP_STATE_DIR", "AEP_BUFFER",
     "AEP_MAX_SESSIONS", "AEP_MAX_BODY", "AEP_MAX_BATCH", "AEP_MAX_FROM", "AEP_CAPTURE",
+    "AEP_BUFFER_BYTES", "AEP_BUFFER_TOTAL_BYTES", "AEP_CORS_ORIGINS",
     "AEP_CAPTURE_ATTENTION", "AEP_REDACT_NAMES", "AEP_REDACT_PII", "AEP_LOG_LEVEL",
     "AEP_LOG_FORMAT", "AEP_AGENT_NAME",
     "AEP_OTLP_GRPC_LISTEN", "AEP_OTLP_HTTP_LISTEN", "AEP_OTLP_VENDOR", "AEP_OTLP_PRIMARY",
@@ -78,6 +81,9 @@ class Config:
     max_body: int = 16 << 20
     max_batch: int = 10_000
     max_from: int | None = None
+    buffer_bytes: int = 8 << 20
+    total_bytes: int = 256 << 20
+    cors_origins: list[str] = field(default_factory=list)
     channel_size: int = 4096
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy)
@@ -121,6 +127,14 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     cfg.max_body = r.integer("AEP_MAX_BODY", 16 << 20, minimum=1, unit="bytes")
     cfg.max_batch = r.integer("AEP_MAX_BATCH", 10_000, minimum=1)
     cfg.max_from = r.integer("AEP_MAX_FROM", cfg.max_sessions, minimum=1)
+    cfg.buffer_bytes = r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=1024, unit="bytes")
+    cfg.total_bytes = r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20, minimum=1024, unit="bytes")
+    for origin in (r.text("AEP_CORS_ORIGINS") or "").split(","):
+        if origin.strip():
+            try:
+                cfg.cors_origins.append(normalize_origin(origin, strict=True))
+            except ValueError as e:
+                problems.append(f"AEP_CORS_ORIGINS: {e}")
     cfg.listen = r.hostport("AEP_LISTEN", DEFAULT_LISTEN) or cfg.listen
     level = (r.text("AEP_LOG_LEVEL") or "info").strip().lower()
     if level not in LOG_LEVELS:

@@ -60,7 +60,9 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
     if cfg.embedded_relay:
         from .relay.core import Relay
         relay = Relay(token=cfg.token, buffer=cfg.buffer, max_sessions=cfg.max_sessions,
-                      max_body=cfg.max_body, max_batch=cfg.max_batch, max_from=cfg.max_from)
+                      max_body=cfg.max_body, max_batch=cfg.max_batch, max_from=cfg.max_from,
+                      buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes,
+                      cors_origins=cfg.cors_origins)
     fleet = Fleet(cfg, bridges, relay=relay)
     stop_http = trio.Event()
     status = EXIT_OK

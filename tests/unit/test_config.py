@@ -122,3 +122,13 @@ def test_misspelt_settings_are_pointed_out_not_fatal():
 def test_unknown_bridge_lists_only_bridges_that_can_be_enabled():
     _, problems = load({"AEP_BRIDGE_X": "1"})
     assert "AEP_BRIDGE_OTLP_IN" in problems[0] and "AEP_BRIDGE_ACP" not in problems[0]
+
+
+def test_relay_byte_budgets_and_cors_origins():
+    cfg, problems = load({"AEP_BUFFER_BYTES": "4096", "AEP_BUFFER_TOTAL_BYTES": "1048576",
+                          "AEP_CORS_ORIGINS": "https://Dash.example:443, http://localhost:5173"})
+    assert problems == []
+    assert (cfg.buffer_bytes, cfg.total_bytes) == (4096, 1048576)
+    assert cfg.cors_origins == ["https://dash.example", "http://localhost:5173"]
+    _, bad = load({"AEP_CORS_ORIGINS": "*", "AEP_BUFFER_BYTES": "12"})
+    assert len(bad) == 2 and "AEP_CORS_ORIGINS" in bad[1] and "AEP_BUFFER_BYTES=12" in bad[0]
