@@ -26,7 +26,6 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import os
 import resource
 import subprocess
 import sys

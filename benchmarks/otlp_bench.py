@@ -22,7 +22,6 @@ comparing runs on one machine, not absolutes."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 import threading

@@ -54,6 +54,7 @@ from bridges.opencode_sse import PROFILE  # noqa: E402
 from bridges.sse_common.bridge import SseBridge  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
+from supervisor.asgi import lifespan  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures"
 END = "ses_benchmark_end"
@@ -87,13 +88,7 @@ async def _serve_source(frames_path: str) -> None:
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
-            while True:
-                m = await receive()
-                if m["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["path"] == "/global/event":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
@@ -206,13 +201,7 @@ async def latency(n: int = 1500, rate: float = 150.0) -> dict:
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
-            while True:
-                m = await receive()
-                if m["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            return await lifespan(receive, send)
         if scope["path"] == "/global/event":
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/event-stream")]})
