@@ -46,6 +46,16 @@ def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], 
         for b in made if isinstance(made, (list, tuple)) else [made]:
             problems.extend(b.preflight(check_ports=check_ports))
             bridges.append(b)
+    if cfg.embedded_relay:
+        for b in bridges:
+            listeners = getattr(b, "listeners", None)
+            try:
+                addrs = listeners().values() if callable(listeners) else ()
+            except ValueError:
+                continue  # the bridge's own preflight reports its bad address
+            if any(a is not None and a[1] != 0 and a == cfg.listen for a in addrs):
+                problems.append(f"AEP_LISTEN={cfg.listen[0]}:{cfg.listen[1]} is also a listener "
+                                f"of {b.name}: use two ports")
     names = [b.name for b in bridges]
     for n in {n for n in names if names.count(n) > 1}:
         problems.append(f"two bridges share the name {n!r}")

@@ -52,6 +52,15 @@ def backoff_delay(attempt: int, *, initial: float = BACKOFF_INITIAL, cap: float 
     return base * (0.5 + 0.5 * rng())
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The first leaf of nested exception groups (trio nurseries wrap a
+    bridge's one failure in groups); the operator wants that, not
+    "ExceptionGroup"."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def hello_for(bridge: Bridge, host: str) -> dict[str, Any]:
     """The AEP-0003 §4 emitter ``hello`` for one bridge identity."""
     return {
@@ -190,9 +199,10 @@ class Fleet:
                     m.started.set()
                 log.warning("bridge %s returned; restarting", m.bridge.name)
             except Exception as e:  # noqa: BLE001 -- isolate the sibling bridges
-                log.error("bridge %s crashed: %s: %s", m.bridge.name, type(e).__name__, e,
+                leaf = root_cause(e)
+                log.error("bridge %s crashed: %s: %s", m.bridge.name, type(leaf).__name__, leaf,
                           exc_info=log.isEnabledFor(logging.DEBUG))
-                m.health.detail = f"crashed: {type(e).__name__}"
+                m.health.detail = f"crashed: {type(leaf).__name__}"
             m.started.set()
             m.health.source = False
             m.restarts += 1

@@ -73,7 +73,7 @@ class EpochStore:
             prev = int(json.loads(self.path.read_text())["epoch"])
         except FileNotFoundError:
             prev = -1
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as e:
             log.warning("epoch file unreadable (%s); seeding from the clock", type(e).__name__)
             prev = -1
         epoch = max(prev + 1, seed)

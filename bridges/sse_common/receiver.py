@@ -298,7 +298,16 @@ class SseReceiver:
                 log.info("%s: session events flow again; stream no longer degraded",
                          self.ctx.name)
         before = dict(self.tracker.counters)
-        outs = self.tracker.feed(ev)
+        try:
+            outs = self.tracker.feed(ev)
+        except (RecursionError, ValueError, TypeError) as e:
+            # a hostile or broken frame (e.g. ~1000-deep tool input blowing
+            # the digest's recursion) is skipped and counted, never a crash
+            # loop of the whole bridge
+            self.ctx.health.count("frames_unmappable")
+            log.warning("%s: skipped a frame the mapping could not handle (%s)",
+                        self.ctx.name, type(e).__name__)
+            return
         for k, v in self.tracker.counters.items():
             if v != before.get(k, 0):
                 self.ctx.health.count(k, v - before.get(k, 0))

@@ -71,6 +71,31 @@ def _time_ok(s: str) -> bool:
     return oh is None or (int(oh) <= 23 and int(om) <= 59)
 
 
+MAX_DATA_DEPTH = 64
+"""Nesting bound for ``data``: every later hop (down-leveling, capture
+checks, digests) walks it recursively, and a ~1000-deep payload that
+``json.loads`` still accepts would blow Python's stack there, once per
+subscriber (break-it review). No AEP payload comes near 64."""
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """True when ``value`` nests containers more than ``limit`` deep
+    (iterative: safe on any depth)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
 def validate(ev: Any) -> None:
     """Raise :class:`InvalidEvent` unless ``ev`` is a valid AEP 0.1 envelope.
 
@@ -111,6 +136,8 @@ def validate(ev: Any) -> None:
         raise InvalidEvent("unknown capture level")
     if "data" in ev and not isinstance(ev["data"], dict):
         raise InvalidEvent("data must be an object")
+    if "data" in ev and _deeper_than(ev["data"], MAX_DATA_DEPTH):
+        raise InvalidEvent(f"data nests deeper than {MAX_DATA_DEPTH} levels")
     for k, v in ev.items():
         if k in CORE_ATTRS:
             continue

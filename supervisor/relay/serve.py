@@ -38,6 +38,9 @@ from typing import Any, Awaitable, Callable
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HyperConfig
+import hypercorn.trio.tcp_server as _hyper_tcp
+from hypercorn.protocol import ProtocolWrapper
+from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
@@ -49,6 +52,32 @@ from .faults import FaultLog, fault_kind
 log = logging.getLogger("aep.relay.serve")
 
 _FAULTS = FaultLog(log)
+
+
+class Http2Refused(ConnectionError):
+    """A plaintext client asked for HTTP/2 (prior-knowledge preface or an
+    ``Upgrade: h2c``); only HTTP/1.1 is served."""
+
+
+class _Http11Only(ProtocolWrapper):
+    """hypercorn switches a plaintext connection to HTTP/2 on the h2c
+    preface or upgrade, and its HTTP/2 sends then buffer without limit
+    behind a client's zero flow-control window, past the relay's slow-
+    consumer shedding and its shutdown deadline (break-it review: 745 MB
+    from ten such consumers). Every binding here is HTTP/1.1 (SSE, WS,
+    OTLP/HTTP; OTLP/gRPC has its own server), so the switch is refused:
+    the connection ends as a counted fault."""
+
+    async def handle(self, event: Any) -> None:
+        try:
+            return await self.protocol.handle(event)
+        except (H2ProtocolAssumedError, H2CProtocolRequiredError):
+            raise Http2Refused("HTTP/2 is not served here") from None
+
+
+# hypercorn's TCPServer builds its ProtocolWrapper by this module-level name;
+# every server in this process goes through serve_app, so it is set once here.
+_hyper_tcp.ProtocolWrapper = _Http11Only
 
 
 class _AbortableTCPServer(TCPServer):

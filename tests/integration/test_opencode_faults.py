@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 import trio
 
 from bridges.core.bridge import BridgeContext, BridgeHealth
@@ -345,3 +346,24 @@ async def test_a_refusal_detail_is_capture_gated():
         ack = await h.command("c-1", "control.attention.respond", subject=rid,
                               data={"answer": {"option": "once"}})
         assert ack[0]["data"] == {"reason": "refused"} and ack[0]["capture"] == "metadata"
+
+
+@pytest.mark.parametrize("depth", [900, 3000])
+async def test_a_frame_the_mapping_cannot_handle_is_skipped_not_a_crash_loop(depth):
+    # a tool input nested near Python's recursion limit: a review saw the
+    # digest blow up at ~980 levels and crash-loop the bridge; whether it does
+    # here depends on the stack depth at the time, so this guards the outcome
+    # (no reconnect, no restart, later events flow), not the exact spot
+    bad = event("message.part.updated", ident="evt_deep",
+                part={"type": "tool", "tool": "bash", "callID": "c", "sessionID": S,
+                      "state": {"status": "running", "input": "DEEP"}})
+    bad = bad.replace(b'"DEEP"', b'{"a":' * depth + b'"x"' + b"}" * depth)
+    stub = StubSseServer(streams=[[user(), bad, event("session.idle", ident="evt_i"),
+                                   ("hang",)]])
+    async with bridge_on(stub) as h:
+        await h.until(lambda: h.of("run.finished"), "the events after the deep frame")
+        assert stub.connections == 1  # no reconnect, no bridge restart
+        # json.loads itself gives up at ~1000 levels (counted not_json); a bit
+        # below that the mapping's recursion did (before the fix: a bridge
+        # crash loop; now the frame is skipped, or mapped when it fits)
+        assert h.counters().get("frames_not_json", 0) == (1 if depth > 1000 else 0)

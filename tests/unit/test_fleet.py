@@ -253,3 +253,10 @@ async def test_health_reports_a_failing_session_log(tmp_path):
     assert health["log"] is False and health["ok"] is False
     assert health["counts"]["jsonl_errors"] == 1
     assert len(relay.events) == 1  # the relay still got it: the log is history, not a gate
+
+
+def test_root_cause_unwraps_nursery_groups():
+    from supervisor.fleet import root_cause
+    leaf = OSError(98, "Address already in use")
+    assert root_cause(ExceptionGroup("x", [ExceptionGroup("y", [leaf])])) is leaf
+    assert root_cause(leaf) is leaf

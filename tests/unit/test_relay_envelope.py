@@ -120,3 +120,21 @@ def mutated(draw):
 @given(mutated())
 def test_validator_agrees_with_schema(ev):
     assert (envelope_error(ev) is None) == schema_ok(ev), (envelope_error(ev), ev)
+
+
+def test_absurdly_nested_data_is_an_invalid_event():
+    # ~980 levels parse with json.loads but blew the stack later, in
+    # down-leveling, for every lower-ceiling subscriber (break-it review)
+    from supervisor.relay.envelope import MAX_DATA_DEPTH, InvalidEvent, validate
+    def nested(n):
+        v = 1
+        for _ in range(n):
+            v = {"a": v}
+        return v
+    ev = {"aep": "0.1", "id": "x", "type": "tool.completed", "time": "2026-11-30T12:00:00Z",
+          "source": "aep://h/agent/a/session/s", "agent": "a", "session": "s", "seq": 0}
+    validate({**ev, "data": nested(MAX_DATA_DEPTH - 1)})
+    with pytest.raises(InvalidEvent, match="deeper than"):
+        validate({**ev, "data": nested(980)})
+    with pytest.raises(InvalidEvent, match="deeper than"):
+        validate({**ev, "data": {"l": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}})

@@ -314,8 +314,10 @@ class Recorder:
     {"AEP_OPENCODE_SSE_PRIMARY": "1", "AEP_OPENCODE_SSE_CONTROL": "1"},  # no token
     {"AEP_OPENCODE_SSE_CONTROL": "1", "AEP_TOKEN": "t"},  # control in companion
 ])
-async def test_gate_off_refuses_commands_and_writes_nothing(env):
+async def test_gate_off_refuses_commands_and_writes_nothing(env, tmp_path):
     rec = Recorder()
+    # never the user's real ~/.local/state (a primary bridge persists its runs)
+    env = {**env, "AEP_STATE_DIR": str(tmp_path)}
     b = SseBridge.from_env(OC, env, policy=CapturePolicy())
     b._transport = httpx.MockTransport(rec)
     b.receiver_settings = ReceiverSettings(backoff_initial=0.05, backoff_max=0.1,

@@ -241,3 +241,8 @@ def test_epoch_never_regresses_below_a_clock_seeded_start(tmp_path, monkeypatch)
     (state / "epoch").write_text('{"epoch": 5}')
     clock[0] += 2
     assert EpochStore(state).next_epoch() > clocked
+
+
+def test_an_epoch_file_holding_infinity_seeds_from_the_clock(tmp_path):
+    (tmp_path / "epoch").write_text('{"epoch": Infinity}')
+    assert EpochStore(tmp_path).next_epoch() >= 1_700_000_000
