@@ -184,7 +184,10 @@ def _json_double(x: Any) -> float | str | None:
     if isinstance(x, bool):
         return None
     if isinstance(x, (int, float)):
-        return _double(float(x))
+        try:
+            return _double(float(x))
+        except OverflowError:  # a JSON integer beyond a double's range
+            return "Infinity" if x > 0 else "-Infinity"
     if isinstance(x, str):
         if x in ("NaN", "Infinity", "-Infinity"):
             return x

@@ -212,3 +212,12 @@ def test_session_ids():
     assert all(c.isalnum() or c in "._-" for c in odd) and odd[0].isalnum()
     assert odd != session_id("conv/../../etc_passwd", [])  # no collision by sanitizing
     assert notes == ["otlp.session_id_sanitized"]
+
+
+def test_a_json_double_beyond_the_double_range_is_infinity_not_a_500():
+    # OTLP/JSON carries doubleValue as a JSON number; an integer literal above
+    # 1e308 made float() raise OverflowError (HTTP 500 + traceback per request)
+    from bridges.otlp_in.flatten import _json_double
+    assert _json_double(10 ** 400) == "Infinity"
+    assert _json_double(-(10 ** 400)) == "-Infinity"
+    assert _json_double(1.5) == 1.5
