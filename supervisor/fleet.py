@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import time
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ import trio
 
 from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, Outbound
 from bridges.core.envelope import EpochStore, Stamper
+from bridges.core.backoff import backoff_delay
 
 from .config import Config
 from .jsonlog import SessionLog, encode_line, scrub_surrogates
@@ -41,15 +41,6 @@ class Sink(Protocol):
     connected: bool
 
     async def send(self, event: dict[str, Any], redelivery: bool) -> None: ...
-
-
-def backoff_delay(attempt: int, *, initial: float = BACKOFF_INITIAL, cap: float = BACKOFF_MAX,
-                  rng: Callable[[], float] = random.random) -> float:
-    """Capped exponential backoff with full jitter: uniform in
-    ``[0.5, 1.0] * min(cap, initial * 2**attempt)`` seconds (never zero, so
-    a crashing bridge can't hot-loop)."""
-    base = min(cap, initial * (2 ** min(attempt, 30)))
-    return base * (0.5 + 0.5 * rng())
 
 
 def root_cause(exc: BaseException) -> BaseException:
@@ -209,7 +200,7 @@ class Fleet:
             m.health.count("restarts")
             if trio.current_time() - t0 > STABLE_AFTER:
                 attempt = 0
-            delay = backoff_delay(attempt)
+            delay = backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX)
             attempt += 1
             log.info("restarting bridge %s in %.1fs", m.bridge.name, delay)
             await trio.sleep(delay)

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import re
 from collections import deque
 from functools import partial
@@ -60,6 +59,7 @@ from trio_websocket import (ConnectionClosed, ConnectionRejected, HandshakeError
                             WebSocketConnection, open_websocket_url)
 
 from .outbox import Outbox
+from bridges.core.backoff import backoff_delay
 
 log = logging.getLogger("aep.uplink")
 
@@ -104,13 +104,6 @@ def is_command(event: dict[str, Any]) -> bool:
     """A command Event (AEP-0004 §2.1, §5 vendor namespace), not an ack."""
     t = event.get("type")
     return isinstance(t, str) and bool(_COMMAND.match(t)) and t not in _ACKS
-
-
-def backoff_delay(attempt: int, initial: float, cap: float,
-                  rng: Any = random.random) -> float:
-    """Capped exponential backoff with full jitter, never zero: uniform in
-    ``[0.5, 1.0] * min(cap, initial * 2**attempt)`` seconds."""
-    return min(cap, initial * (2 ** min(attempt, 30))) * (0.5 + 0.5 * rng())
 
 
 def encode(event: dict[str, Any]) -> str:

@@ -50,7 +50,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import tempfile
 import urllib.parse
@@ -67,6 +66,7 @@ import trio_websocket
 from bridges.core.bridge import Saturated
 
 from . import mapping as M
+from bridges.core.backoff import backoff_delay
 
 log = logging.getLogger("aep.bridge.openhands")
 
@@ -313,7 +313,7 @@ class Receiver:
                     self.ctx.health.detail = None
                 await self._reconcile(listed, complete)
             if failures:
-                delay = min(MAX_BACKOFF, 2 ** min(failures - 1, 10)) * (0.5 + random.random() / 2)
+                delay = backoff_delay(failures - 1, 1.0, MAX_BACKOFF)
             else:
                 delay = self.settings.poll
             await trio.sleep(delay)
@@ -427,7 +427,7 @@ class Receiver:
                     if conv.frames_in_conn:
                         failures = 0  # the connection worked: reconnect soon
                     failures += 1
-                    await trio.sleep(min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 7)) * (0.5 + random.random() / 2))
+                    await trio.sleep(backoff_delay(failures, 0.5, MAX_BACKOFF))
         finally:
             self._flush(conv, force=True)
             conv.done.set()

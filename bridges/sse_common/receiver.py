@@ -55,6 +55,7 @@ from .control import ReadOnlyClient
 from .frames import MAX_FRAME, FrameError, parse_frame
 from .profile import SseProfile
 from .tracker import Out, Tracker
+from bridges.core.backoff import backoff_delay
 
 log = logging.getLogger("aep.sse.receiver")
 
@@ -210,11 +211,11 @@ class SseReceiver:
                 self._set_disconnected()
                 if trio.current_time() - t0 >= self.settings.stable_after:
                     attempt = 0
-                base = min(self.settings.backoff_max,
-                           self.settings.backoff_initial * (2 ** min(attempt, 30)))
+                delay = backoff_delay(attempt, self.settings.backoff_initial,
+                                      self.settings.backoff_max, self.rng)
                 attempt += 1
                 self.ctx.health.count("reconnects")
-                await trio.sleep(base * (0.5 + 0.5 * self.rng()))
+                await trio.sleep(delay)
 
     def _trouble(self, key: str, line: str, level: int) -> None:
         """Log a problem once per episode (repeats go to debug)."""

@@ -3,7 +3,8 @@ import socket
 
 import trio
 
-from supervisor.fleet import BACKOFF_MAX, backoff_delay
+from bridges.core.backoff import backoff_delay
+from supervisor.fleet import BACKOFF_INITIAL, BACKOFF_MAX
 from supervisor.notify import Notifier
 
 
@@ -35,8 +36,8 @@ def test_watchdog_for_another_pid_is_ignored():
 
 
 def test_backoff_grows_caps_and_never_hits_zero():
-    lo = [backoff_delay(a, rng=lambda: 0.0) for a in range(12)]
-    hi = [backoff_delay(a, rng=lambda: 1.0) for a in range(12)]
+    lo = [backoff_delay(a, BACKOFF_INITIAL, BACKOFF_MAX, rng=lambda: 0.0) for a in range(12)]
+    hi = [backoff_delay(a, BACKOFF_INITIAL, BACKOFF_MAX, rng=lambda: 1.0) for a in range(12)]
     assert lo[0] > 0 and all(b >= a for a, b in zip(hi, hi[1:]))
     assert hi[-1] == BACKOFF_MAX and lo[-1] == BACKOFF_MAX / 2
     assert hi[1] == 2 * hi[0]
