@@ -6,7 +6,7 @@ Every property of every registered payload schema carries an
 field may be present; fields the schemas do not name default to
 ``metadata`` (AEP-0002 §5.1 rule 4). This module is that table as Python
 data, so the daemon needs nothing from ``shared/`` at run time.
-``tests/unit/test_captable.py`` checks it, path for path, against every
+``tests/unit/core/test_captable.py`` checks it, path for path, against every
 annotation in ``shared/aep/schemas/types/*.schema.json`` (nested properties
 and array items included) and checks the ``[metadata*]`` markers against
 the schemas' "by exception" comments.

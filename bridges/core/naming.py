@@ -8,7 +8,7 @@ named mechanically, never guessed, never dropped. The envelope grammar
 
 so the vendor token allows ``-`` and at least TWO ``[a-z0-9_]+`` segments
 follow it. Every function here returns a string matching that grammar for
-any input (property-tested in ``tests/unit/test_naming.py``).
+any input (property-tested in ``tests/unit/core/test_naming.py``).
 
 The design records name vendor moments in four mechanical ways, each a
 function below, each checked against the mapping pins:

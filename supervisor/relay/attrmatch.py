@@ -3,7 +3,7 @@ closed and a compiled matcher for the fan-out hot path.
 
 Pure: no I/O, no clocks, no globals beyond constants. The corpus
 ``conformance/fixtures/attr-match/cases.json`` pins the behavior
-(``tests/unit/test_attrmatch.py``).
+(``tests/unit/relay/test_attrmatch.py``).
 
 Grammar (§6.1)::
 

@@ -17,7 +17,7 @@ from bridges.openhands import mapping as M
 from bridges.openhands.receiver import SEEN_IDS, Conversation, Receiver, Settings
 from tests.support.schema import validate_event, validate_stream
 
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "openhands_real"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "openhands_real"
 
 
 def frames(name: str) -> list[dict]:

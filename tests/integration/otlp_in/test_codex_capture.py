@@ -33,7 +33,7 @@ from tests.support.otlp_capture import Captured, OtlpCapture, decode_logs, log_r
 
 pytestmark = pytest.mark.vendor
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex_otel_real"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 SCENARIO_BY_KIND = {s.name: s for s in cx.SCENARIOS if s.name in cx.EXPORTER_KINDS}
 

@@ -48,7 +48,7 @@ from tests.support.schema import validate_event
 
 pytestmark = pytest.mark.vendor
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "codex_otel_real"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 SCENARIOS = {s.name: s for s in cx.SCENARIOS}

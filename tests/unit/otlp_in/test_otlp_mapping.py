@@ -17,7 +17,7 @@ from bridges.otlp_in import codex, flatten, vscode
 from bridges.otlp_in.common import Posture, record_time
 from tests.support.shared import aep_dir, fixture
 
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "codex_otel_real"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
 
 META = Posture(primary=False, policy=CapturePolicy(ceiling="metadata"))
 RED = Posture(primary=False, policy=CapturePolicy(ceiling="redacted"))

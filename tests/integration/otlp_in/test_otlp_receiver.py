@@ -33,7 +33,7 @@ try:
 except ImportError:  # pragma: no cover
     validate_event = None  # type: ignore[assignment]
 
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "codex_otel_real"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
 MANIFEST = json.loads((REAL / "manifest.json").read_text())
 PB = (REAL / "otlp-http-protobuf" / "export-000.pb").read_bytes()
 PB_CONV = MANIFEST["scenarios"]["otlp-http-protobuf"]["conversation_id"]

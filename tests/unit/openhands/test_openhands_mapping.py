@@ -23,7 +23,7 @@ from tests.support.schema import validate_event
 from tests.support.shared import fixture
 
 PINS = fixture("mappings/openhands.json")
-REAL = Path(__file__).resolve().parents[1] / "fixtures" / "openhands_real"
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "openhands_real"
 DIGEST_DRIFT = {"action_event", "action_event_unknown_risk"}
 
 

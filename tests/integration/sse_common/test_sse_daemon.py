@@ -423,7 +423,7 @@ def test_8c_control_in_companion_is_refused_at_start(env: Env) -> None:
                            control=True).build_env()
     proc = subprocess.run([sys.executable, "-m", "supervisor.cli", "check", "--no-ports"],
                           env=daemon_env, capture_output=True, text=True, timeout=60,
-                          cwd=str(Path(__file__).resolve().parents[2]))
+                          cwd=str(Path(__file__).resolve().parents[3]))
     assert proc.returncode == 2, proc
     lines = [ln for ln in proc.stderr.splitlines() if "SSE_CONTROL" in ln]
     assert len(lines) == 1 and "ignored in companion mode" in lines[0]

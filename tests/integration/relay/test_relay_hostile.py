@@ -75,7 +75,7 @@ async def test_pipelined_websocket_upgrade_never_kills_the_relay(caplog):
 
 
 async def test_pipelined_upgrade_never_kills_the_otlp_http_listener():
-    from tests.integration.test_otlp_receiver import local, running, url
+    from tests.integration.otlp_in.test_otlp_receiver import local, running, url
 
     bridge = local()
     async with running(bridge) as (ctx, recv), httpx.AsyncClient() as c:
@@ -219,7 +219,7 @@ def test_fault_log_is_once_per_kind_and_place_then_rate_limited(caplog):
 async def test_the_otlp_http_listener_refuses_a_rebound_host():
     """DNS rebinding bypasses CORS (the page and the listener share the
     attacker's name): the loopback OTLP/HTTP listener checks Host too."""
-    from tests.integration.test_otlp_receiver import local, running, url
+    from tests.integration.otlp_in.test_otlp_receiver import local, running, url
 
     bridge = local()
     async with running(bridge) as (ctx, recv), httpx.AsyncClient() as c:
