@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import socket
 import urllib.parse
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
@@ -139,3 +140,31 @@ class EnvReader:
         except ValueError:
             self.problems.append(f"{name}={v!r}: expected host:port (e.g. {default})")
             return None
+
+
+# ------------------------------------------------------------------ settings metadata
+
+@dataclass(frozen=True)
+class Setting:
+    """One operator knob, as documented: the README's knob tables and the
+    supervisor's known-settings list are generated from these (issue 7:
+    "one config shape"), so code, docs and the misspelling check cannot drift.
+
+    ``name``: the environment variable (``AEP_OPENHANDS_URL``); ``default``:
+    the default as an operator reads it (markdown, e.g. ``"`8000`"`` or
+    ``"unset"``); ``meaning``: one markdown table cell; ``secret``: the value
+    is a credential (never logged, never echoed in a problem line)."""
+
+    name: str
+    default: str
+    meaning: str
+    secret: bool = False
+
+
+def render_table(settings: Sequence[Setting]) -> str:
+    """The markdown knob table for ``settings`` (``| Variable | Default |
+    Meaning |``), one row per setting in order, ending with a newline."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for s in settings:
+        rows.append(f"| `{s.name}` | {s.default} | {s.meaning} |")
+    return "\n".join(rows) + "\n"
