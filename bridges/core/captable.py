@@ -56,7 +56,7 @@ class Node:
     twin_of: str | None = None
 
 
-def _obj(_level: str = "metadata", **props: Node) -> Node:
+def _obj(_level: str = "metadata", /, **props: Node) -> Node:
     return Node(_level, props=MappingProxyType(dict(props)))
 
 

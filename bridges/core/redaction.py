@@ -250,17 +250,17 @@ def redact_value(value: Any, *, secret_values: tuple[str, ...] = (), home: str |
     value under a credential-named key replaced by ``[REDACTED:secret]``
     when it is a string or number (an object or array there is replaced
     whole). Booleans and ``null`` pass. Returns a new value."""
-    kw = {"secret_values": secret_values, "home": home, "pii": pii}
     if isinstance(value, str):
-        return redact_text(value, **kw)
+        return redact_text(value, secret_values=secret_values, home=home, pii=pii)
     if isinstance(value, dict):
         out: dict[Any, Any] = {}
         for k, v in value.items():
             if is_credential_key(k) and v is not None and not isinstance(v, bool):
                 out[k] = SECRET
             else:
-                out[k] = redact_value(v, **kw)
+                out[k] = redact_value(v, secret_values=secret_values, home=home, pii=pii)
         return out
     if isinstance(value, (list, tuple)):
-        return [redact_value(v, **kw) for v in value]
+        return [redact_value(v, secret_values=secret_values, home=home, pii=pii)
+                for v in value]
     return value
