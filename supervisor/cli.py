@@ -3,6 +3,9 @@
 - ``aep-bridges run``: the fleet (bridges + embedded relay or uplink).
 - ``aep-bridges relay``: the embedded AEP relay alone.
 - ``aep-bridges check``: validate the configuration and exit (0 or 2).
+- ``aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD...``: the ACP
+  tee an editor runs as its agent command (:mod:`bridges.acp.tee`); exits
+  with the agent's status.
 
 Bad configuration is refused before anything binds: one line per problem on
 stderr, exit status 2."""
@@ -71,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("relay", help="run the embedded AEP relay alone on AEP_LISTEN")
     chk = sub.add_parser("check", help="validate the configuration and exit")
     chk.add_argument("--no-ports", action="store_true", help="skip the port-in-use checks")
+    from bridges.acp import tee
+    tee.add_arguments(sub.add_parser(
+        "acp", help="the ACP tee: run as an editor's agent command, "
+                    "aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD..."))
     args = parser.parse_args(argv)
+    if args.cmd == "acp":
+        return tee.main(args)
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check}[args.cmd]
     return handler(args)
 

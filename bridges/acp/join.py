@@ -26,10 +26,8 @@ from typing import Any, NamedTuple
 
 from .mapping import Emission, Posture, fallback, map_moment, map_update, resolution, session_of
 
-CLIENT = "client"
-"""A line the client (editor) sent to the agent: the tee's stdin."""
-AGENT = "agent"
-"""A line the agent sent to the client: the tee's stdout."""
+from .wire import AGENT, CLIENT  # a line the agent sent / the client (editor) sent
+
 DIRECTIONS = (CLIENT, AGENT)
 
 

@@ -1,0 +1,572 @@
+"""The ACP tee: ``aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD...``.
+
+The editor runs this instead of its agent command. It spawns the real agent
+and copies bytes both ways on raw file descriptors: the editor's stdin to
+the agent's stdin, the agent's stdout to the editor's stdout, byte for byte,
+as they arrive (never re-serialized, never held for a line end, never
+delayed by observation work); stderr is inherited untouched. The tee exits
+with the agent's status (a signal death: 128+N) and forwards SIGTERM,
+SIGINT and SIGHUP to the agent. Design record:
+``shared/aep/docs/bridge-acp-design.md`` ("Attach shape": transparency is
+the contract; transparency outranks delivery).
+
+Observation works on a copy, after the bytes went out: each direction's
+bytes are split on ``\\n`` only (U+2028/U+2029 inside JSON strings are not
+line ends) by a :class:`LineSplitter` whose memory is capped (a line over
+the parse cap is passed through unparsed, counted, and only its size is
+reported), and the lines go to the daemon through a bounded
+:class:`ObservationQueue` (oldest dropped first, drops counted). A
+:class:`DaemonLink` carries them over one WebSocket to the daemon's ACP
+bridge (``ws(s)://HOST:PORT/bridges/acp/{name}``, see
+:mod:`bridges.acp.wire`), reconnecting with the shared backoff. The daemon
+down, slow or restarting never touches the pumps: they never wait on the
+queue or the link (fail-open). Queued observations die with the process
+when the agent exits, after a short bounded flush.
+
+Transparency cases, each a test (``tests/integration/acp/test_tee.py``):
+the client SIGTERMs without closing stdin (no thread is ever blocked on
+stdin: the pumps are trio tasks on non-blocking descriptors, cancelled when
+the agent exits, so interpreter shutdown finds nothing to kill); the
+client closes stdin, waits, then SIGTERMs; escape sequences before a
+frame, U+2028/U+2029 in strings, invalid UTF-8, a trailing partial line at
+EOF, a 50 MB line, a line that never ends.
+
+Descriptors: a FIFO or tty is re-opened through ``/proc/self/fd`` (a fresh
+open file description, so making it non-blocking cannot leak to a process
+sharing ours, e.g. an agent whose stderr is the same pipe); a socket is
+dup()ed; a regular file or ``/dev/null`` is read/written synchronously (it
+never blocks).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import trio
+
+from bridges.core.backoff import backoff_delay
+
+from . import wire
+
+DEFAULT_DAEMON = "http://127.0.0.1:8787"
+"""The daemon's default ``AEP_LISTEN``."""
+DEFAULT_NAME = "acp"
+DEFAULT_MAX_LINE = 4 << 20
+"""Parse cap in bytes: a longer line is passed through but not observed."""
+DEFAULT_QUEUE_BYTES = 8 << 20
+"""Observation queue bound in bytes (oldest dropped beyond it)."""
+CHUNK = 1 << 16
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_CANNOT_RUN = 127
+DRAIN_AFTER_EXIT = 2.0
+"""Seconds the agent's stdout may stay open after it exited (a grandchild
+holding it) before the tee stops copying."""
+FLUSH_TIMEOUT = 0.5
+"""Seconds the tee may spend, after the agent's streams closed, handing the
+last observations to a connected daemon (0 when not connected)."""
+BACKOFF_INITIAL = 0.2
+BACKOFF_MAX = 10.0
+
+
+# --------------------------------------------------------------------------- lines (pure)
+
+class LineSplitter:
+    """Split one direction's byte stream into observed lines (``\\n`` only).
+
+    :meth:`feed` takes the next chunk and returns the records completed by
+    it: ``bytes`` (one line, without its ``\\n``) or an ``int`` (the byte
+    length of a line over ``max_line``, whose bytes were not kept);
+    :meth:`finish` returns the trailing partial line at EOF, if any. At most
+    ``max_line`` bytes are ever held."""
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.max_line = max_line
+        self._buf: list[bytes] = []
+        self._held = 0
+        self._over = 0  # >0: length so far of a line past the cap (bytes dropped)
+        self.oversize = 0
+
+    def feed(self, chunk: bytes) -> list[bytes | int]:
+        out: list[bytes | int] = []
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                self._add(chunk[start:] if start else chunk)
+                return out
+            self._add(chunk[start:nl])
+            out.append(self._take())
+            start = nl + 1
+
+    def finish(self) -> list[bytes | int]:
+        if self._buf or self._over:
+            return [self._take()]
+        return []
+
+    def _add(self, piece: bytes) -> None:
+        if not piece:
+            return
+        if self._over:
+            self._over += len(piece)
+        elif self._held + len(piece) > self.max_line:
+            self._over = self._held + len(piece)
+            self._buf, self._held = [], 0
+        else:
+            self._buf.append(piece)
+            self._held += len(piece)
+
+    def _take(self) -> bytes | int:
+        if self._over:
+            n, self._over = self._over, 0
+            self.oversize += 1
+            return n
+        line = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
+        self._buf, self._held = [], 0
+        return line
+
+
+class ObservationQueue:
+    """Bounded FIFO of wire records (``bytes``, see :mod:`bridges.acp.wire`):
+    at most ``max_bytes`` held; pushing beyond drops the oldest and counts
+    them in ``drops``. :meth:`push` never waits."""
+
+    OVERHEAD = 64  # per-record bookkeeping, so empty lines count too
+
+    def __init__(self, max_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._q: deque[bytes] = deque()
+        self.bytes = 0
+        self.drops = 0
+        self._ready = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def push(self, record: bytes) -> None:
+        self._q.append(record)
+        self.bytes += len(record) + self.OVERHEAD
+        while self.bytes > self.max_bytes and len(self._q) > 1:
+            old = self._q.popleft()
+            self.bytes -= len(old) + self.OVERHEAD
+            self.drops += 1
+        self._ready.set()
+
+    def take(self, limit: int) -> list[bytes]:
+        """Oldest records up to ``limit`` bytes (at least one if any)."""
+        out: list[bytes] = []
+        size = 0
+        while self._q and (not out or size + len(self._q[0]) <= limit):
+            rec = self._q.popleft()
+            self.bytes -= len(rec) + self.OVERHEAD
+            size += len(rec)
+            out.append(rec)
+        if not self._q:
+            self._ready = trio.Event()
+        return out
+
+    async def wait(self) -> None:
+        await self._ready.wait()
+
+
+# --------------------------------------------------------------------------- the daemon link
+
+@dataclass
+class TeeOptions:
+    """What the command line gives the tee (ACP clients trim the agent
+    command's environment, so arguments are the configuration)."""
+
+    command: list[str]
+    daemon: str = DEFAULT_DAEMON
+    name: str = DEFAULT_NAME
+    token: str | None = None
+    max_line: int = DEFAULT_MAX_LINE
+    queue_bytes: int = DEFAULT_QUEUE_BYTES
+    verbose: bool = False
+    tee_id: str = field(default_factory=lambda: wire.new_tee_id())
+
+
+class DaemonLink:
+    """The tee's one connection to the daemon (fail-open).
+
+    :meth:`run` connects to ``wire.tee_url(daemon, name)``, says hello, then
+    sends what the queue holds in batches; on any failure it waits the
+    shared backoff and reconnects (queued records survive; records in a
+    batch being sent when the connection broke are lost). It never raises
+    (a note goes to stderr once per kind of failure). :meth:`finish`
+    queues the exit record; :meth:`flushed` waits until the queue is
+    empty and sent."""
+
+    BATCH = 256 << 10
+
+    def __init__(self, opts: TeeOptions, queue: ObservationQueue,
+                 stats: Callable[[], dict[str, int]], *,
+                 note: Callable[[str], None] | None = None) -> None:
+        self.opts = opts
+        self.queue = queue
+        self.stats = stats
+        self.connected = False
+        self.connections = 0
+        self._note = note or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._said: set[str] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def say(self, kind: str, line: str) -> None:
+        if kind not in self._said or self.opts.verbose:
+            self._said.add(kind)
+            self._note(f"aep-bridges acp: {line}")
+
+    async def run(self) -> None:
+        from trio_websocket import (ConnectionClosed, ConnectionRejected, HandshakeError,
+                                    open_websocket_url)
+        url = wire.tee_url(self.opts.daemon, self.opts.name)
+        headers = ([(b"authorization", f"Bearer {self.opts.token}".encode())]
+                   if self.opts.token else [])
+        attempt = 0
+        while True:
+            try:
+                async with open_websocket_url(url, extra_headers=headers, connect_timeout=5,
+                                              disconnect_timeout=0.5,
+                                              max_message_size=1 << 20) as ws:
+                    await ws.send_message(json.dumps(wire.hello(
+                        self.opts.tee_id, self.opts.name, self.opts.command, os.getpid(),
+                        self.stats())))
+                    self.connected = True
+                    self.connections += 1
+                    attempt = 0
+                    if self.connections > 1 or "connect" in self._said:
+                        self.say("connected", f"observing again through {self.opts.daemon}")
+                    await self._send_loop(ws)
+            except ConnectionRejected as e:
+                status = e.status_code
+                why = ("AEP_TOKEN: pass --token-file or set AEP_TOKEN" if status == 401 else
+                       f"is AEP_BRIDGE_ACP=1 set there and {self.opts.name!r} in AEP_ACP_AGENTS?")
+                self.say(f"refused-{status}", f"the daemon at {self.opts.daemon} refused the tee "
+                         f"(HTTP {status}; {why}); the session is unaffected, retrying")
+            except (OSError, HandshakeError, ConnectionClosed, trio.BrokenResourceError) as e:
+                self.say("connect", f"daemon at {self.opts.daemon} not reachable "
+                         f"({type(e).__name__}); the session is unaffected, retrying")
+            finally:
+                self.connected = False
+                self._idle.set()
+            await trio.sleep(backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX))
+            attempt += 1
+
+    async def _send_loop(self, ws: Any) -> None:
+        last_stats: dict[str, int] = {}
+        while True:
+            if not len(self.queue):
+                self._idle.set()
+                await self.queue.wait()
+            self._idle = trio.Event()
+            batch = self.queue.take(self.BATCH)
+            stats = self.stats()
+            if stats != last_stats:
+                batch.append(wire.control({"stats": stats}))
+                last_stats = stats
+            await ws.send_message(b"".join(batch))
+
+    def finish(self, status: int) -> None:
+        self.queue.push(wire.control({"exit": status, "stats": self.stats()}))
+
+    async def flushed(self) -> None:
+        """Wait until a connected link has sent everything queued."""
+        while self.connected and (len(self.queue) or not self._idle.is_set()):
+            await trio.sleep(0.01)
+
+
+# --------------------------------------------------------------------------- descriptors
+
+def _fresh_fd(fd: int, write: bool) -> tuple[int, bool]:
+    """A descriptor for ``fd`` that trio may make non-blocking, and whether
+    it can be polled (see the module docstring, "Descriptors")."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(mode) or (stat.S_ISCHR(mode) and not os.isatty(fd)):
+        return fd, False
+    if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+        try:
+            return os.open(f"/proc/self/fd/{fd}", (os.O_WRONLY if write else os.O_RDONLY)
+                           | os.O_CLOEXEC), True
+        except OSError:
+            pass
+    return os.dup(fd), True
+
+
+class _SyncFd:
+    """A never-blocking descriptor (regular file, ``/dev/null``) with the
+    stream methods the pumps use."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    async def receive_some(self, n: int) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return os.read(self.fd, n)
+
+    async def send_all(self, data: bytes) -> None:
+        await trio.lowlevel.checkpoint()
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self.fd, view):]
+            except BrokenPipeError:
+                raise trio.BrokenResourceError from None
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+
+def _stream(fd: int, write: bool) -> Any:
+    new, pollable = _fresh_fd(fd, write)
+    if not pollable:
+        return _SyncFd(new)
+    return trio.lowlevel.FdStream(new)
+
+
+def _die_with_parent() -> None:
+    """In the agent, before exec: SIGKILL when the tee dies (Linux
+    ``PR_SET_PDEATHSIG``), so a client that SIGKILLs the tee kills the agent
+    exactly as it would without the tee."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+async def _wait_exit(proc: subprocess.Popen) -> None:
+    """Wait for the agent to exit without a thread: its pidfd (Linux >= 5.3)
+    becomes readable, else poll."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    if pidfd is not None:
+        try:
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
+        proc.wait()
+        return
+    while proc.poll() is None:
+        await trio.sleep(0.05)
+
+
+def exit_status(returncode: int | None) -> int:
+    """The shell's convention: a signal death is ``128 + N``."""
+    if returncode is None:
+        return 1
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# --------------------------------------------------------------------------- the tee
+
+class Tee:
+    """One tee run (see the module docstring). :meth:`run` returns the exit
+    status. ``note`` receives the tee's own stderr lines (tests)."""
+
+    def __init__(self, opts: TeeOptions, *, note: Callable[[str], None] | None = None) -> None:
+        self.opts = opts
+        self.queue = ObservationQueue(opts.queue_bytes)
+        self.splitters = {wire.CLIENT: LineSplitter(opts.max_line),
+                          wire.AGENT: LineSplitter(opts.max_line)}
+        self.link = DaemonLink(opts, self.queue, self.stats, note=note)
+        self.observed = {wire.CLIENT: 0, wire.AGENT: 0}
+
+    def stats(self) -> dict[str, int]:
+        return {"drops": self.queue.drops,
+                "oversize": sum(s.oversize for s in self.splitters.values())}
+
+    def observe(self, direction: str, chunk: bytes) -> None:
+        """A copy of bytes that already went out: lines to the queue."""
+        self.observed[direction] += len(chunk)
+        for rec in self.splitters[direction].feed(chunk):
+            self.queue.push(wire.record(direction, rec))
+
+    def _observe_eof(self, direction: str) -> None:
+        for rec in self.splitters[direction].finish():
+            self.queue.push(wire.record(direction, rec))
+
+    def _spawn(self) -> tuple[subprocess.Popen, Any, Any]:
+        """Start the agent from THIS thread (``trio.lowlevel.open_process``
+        forks from a worker thread: ``PR_SET_PDEATHSIG`` would then fire when
+        that idle thread retires, and the thread outlives the tee's work);
+        returns it with trio streams on our ends of its stdin/stdout pipes."""
+        r_in, w_in = os.pipe()
+        r_out, w_out = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                self.opts.command, stdin=r_in, stdout=w_out,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        except BaseException:
+            for fd in (r_in, w_in, r_out, w_out):
+                os.close(fd)
+            raise
+        os.close(r_in)
+        os.close(w_out)
+        return proc, trio.lowlevel.FdStream(w_in), trio.lowlevel.FdStream(r_out)
+
+    async def run(self) -> int:
+        try:
+            proc, to_agent, from_agent = self._spawn()
+        except OSError as e:
+            print(f"aep-bridges acp: cannot run {self.opts.command[0]!r}: "
+                  f"{e.strerror or e}", file=sys.stderr, flush=True)
+            return EXIT_CANNOT_RUN
+        stdin, stdout = _stream(0, False), _stream(1, True)
+        stdout_done = trio.Event()
+        async with trio.open_nursery() as root:
+            root.start_soon(self.link.run)
+            with trio.open_signal_receiver(*FORWARDED) as signals:
+                async with trio.open_nursery() as pumps:
+                    pumps.start_soon(self._pump_in, stdin, to_agent)
+                    pumps.start_soon(self._pump_out, from_agent, stdout, stdout_done)
+                    pumps.start_soon(self._forward, signals, proc)
+                    await _wait_exit(proc)
+                    with trio.move_on_after(DRAIN_AFTER_EXIT):
+                        await stdout_done.wait()
+                    pumps.cancel_scope.cancel()
+            status = exit_status(proc.returncode)
+            self.link.finish(status)
+            if self.link.connected:
+                with trio.move_on_after(FLUSH_TIMEOUT):
+                    await self.link.flushed()
+            root.cancel_scope.cancel()
+        for stream in (stdin, to_agent, from_agent):
+            await stream.aclose()
+        return status
+
+    async def _pump_in(self, stdin: Any, to_agent: Any) -> None:
+        """Editor -> agent. At the editor's EOF the agent's stdin is closed."""
+        try:
+            while True:
+                chunk = await stdin.receive_some(CHUNK)
+                if not chunk:
+                    break
+                try:
+                    await to_agent.send_all(chunk)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return  # the agent closed its stdin: as without the tee, writes go nowhere
+                self.observe(wire.CLIENT, chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        self._observe_eof(wire.CLIENT)
+        await to_agent.aclose()
+
+    async def _pump_out(self, from_agent: Any, stdout: Any, done: trio.Event) -> None:
+        """Agent -> editor, until the agent's stdout ends; then the editor's
+        stdout is closed at once (it sees EOF when the agent's ended)."""
+        try:
+            while True:
+                chunk = await from_agent.receive_some(CHUNK)
+                if not chunk:
+                    break
+                try:
+                    await stdout.send_all(chunk)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    # the editor closed its end: the agent must see EPIPE as it would
+                    await from_agent.aclose()
+                    break
+                self.observe(wire.AGENT, chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self._observe_eof(wire.AGENT)
+            done.set()
+            await _end_stdout(stdout)
+
+    @staticmethod
+    async def _forward(signals: Any, proc: subprocess.Popen) -> None:
+        async for signum in signals:
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+
+async def _end_stdout(stdout: Any) -> None:
+    """Close every descriptor of the editor's stdout this process holds
+    (ours, then fd 1, which becomes ``/dev/null``), so the editor sees EOF
+    when the agent's stdout ended, not after the flush."""
+    with trio.CancelScope(shield=True):
+        await stdout.aclose()
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:  # pragma: no cover -- nothing else to do
+        pass
+
+
+# --------------------------------------------------------------------------- command line
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``acp`` subcommand's arguments (``supervisor/cli.py``)."""
+    p.add_argument("--daemon", default=None, metavar="URL",
+                   help=f"the aep-bridges daemon (default: $AEP_ACP_DAEMON or {DEFAULT_DAEMON})")
+    p.add_argument("--name", default=DEFAULT_NAME,
+                   help="the AEP agent id to observe as; the daemon must list it in "
+                        "AEP_ACP_AGENTS (default: acp)")
+    p.add_argument("--token-file", default=None, metavar="PATH",
+                   help="a file holding the daemon's AEP_TOKEN (default: $AEP_TOKEN)")
+    p.add_argument("--max-line", type=int, default=DEFAULT_MAX_LINE, metavar="BYTES",
+                   help="parse cap: longer lines pass through unobserved (default 4 MiB)")
+    p.add_argument("--queue-bytes", type=int, default=DEFAULT_QUEUE_BYTES, metavar="BYTES",
+                   help="observation queue bound; oldest dropped beyond it (default 8 MiB)")
+    p.add_argument("--verbose", action="store_true",
+                   help="a stderr line on every daemon connection change, not only the first")
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="-- AGENT_CMD [ARGS...]: the real agent")
+
+
+def options_from(args: argparse.Namespace, environ: dict[str, str]) -> tuple[TeeOptions | None, str]:
+    """``(options, "")`` or ``(None, problem)`` for the command line."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        return None, "no agent command: aep-bridges acp [OPTIONS] -- AGENT_CMD [ARGS...]"
+    daemon = args.daemon or environ.get("AEP_ACP_DAEMON") or DEFAULT_DAEMON
+    problem = wire.daemon_problem(daemon)
+    if problem:
+        return None, problem
+    if not wire.valid_name(args.name):
+        return None, f"--name {args.name!r}: expected letters, digits, '_' or '-'"
+    token = environ.get("AEP_TOKEN") or None
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token = f.read().strip() or None
+        except OSError as e:
+            return None, f"--token-file {args.token_file!r}: {e.strerror or e}"
+    if args.max_line < 1024 or args.queue_bytes < 1024:
+        return None, "--max-line and --queue-bytes: at least 1024 bytes"
+    return TeeOptions(command=command, daemon=daemon.rstrip("/"), name=args.name, token=token,
+                      max_line=args.max_line, queue_bytes=args.queue_bytes,
+                      verbose=args.verbose), ""
+
+
+def main(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int:
+    """Run the tee; returns the agent's exit status (2 for a bad command
+    line, 127 when the agent cannot be started)."""
+    opts, problem = options_from(args, dict(os.environ if environ is None else environ))
+    if opts is None:
+        print(f"aep-bridges acp: {problem}", file=sys.stderr)
+        return 2
+    return trio.run(Tee(opts).run)
+
+
+def run_argv(argv: Sequence[str]) -> int:
+    """``aep-bridges acp ARGV...`` without the rest of the CLI (tests)."""
+    p = argparse.ArgumentParser(prog="aep-bridges acp")
+    add_arguments(p)
+    return main(p.parse_args(list(argv)))
