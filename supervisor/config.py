@@ -41,7 +41,7 @@ FLEET: tuple[BridgeSpec, ...] = (
     BridgeSpec("kilocode_sse", "AEP_BRIDGE_KILOCODE_SSE", False, "bridges.kilocode_sse:from_env"),
     BridgeSpec("kimi_web", "AEP_BRIDGE_KIMI_WEB", False, None),
     BridgeSpec("otlp_in", "AEP_BRIDGE_OTLP_IN", True, "bridges.otlp_in:from_env"),
-    BridgeSpec("acp", "AEP_BRIDGE_ACP", False, None),
+    BridgeSpec("acp", "AEP_BRIDGE_ACP", False, "bridges.acp:from_env"),
 )
 _FLAGS = {s.flag for s in FLEET}
 
@@ -62,6 +62,7 @@ KNOWN_SETTINGS = frozenset({
     "AEP_OPENHANDS_DELTAS", "AEP_OPENHANDS_CONTROL", "AEP_OPENHANDS_ACK_GUARD_MS",
     *(f"AEP_{v}_{k}" for v in ("OPENCODE", "KILOCODE")
       for k in ("URL", "USERNAME", "PASSWORD", "SSE_PRIMARY", "SSE_CONTROL", "SSE_ACK_GUARD_MS")),
+    "AEP_ACP_AGENTS", "AEP_ACP_DELTAS", "AEP_ACP_MAX_TEES", "AEP_ACP_DAEMON",
     # scripts/dev and the test suite
     "AEP_PYTHON", "AEP_PYTHON312", "AEP_SHARED", "AEP_VENDOR_CACHE",
 }) | _FLAGS

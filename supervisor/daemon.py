@@ -73,7 +73,9 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                       max_body=cfg.max_body, max_batch=cfg.max_batch, max_from=cfg.max_from,
                       buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes,
                       cors_origins=cfg.cors_origins)
-    fleet = Fleet(cfg, bridges, relay=relay)
+    from .mounts import Mounts
+    mounts = Mounts(cfg.token)  # bridge-served paths on AEP_LISTEN (the ACP tees)
+    fleet = Fleet(cfg, bridges, relay=relay, mounts=mounts)
     stop_http = trio.Event()
     status = EXIT_OK
     # The receiver below takes SIGTERM/SIGINT for the daemon's life; when it
@@ -90,6 +92,7 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
             else:
                 from .relay.app import host_guard  # DNS-rebinding guard, as on the relay
                 app = host_guard(health_app(cfg.token, fleet.healthz))
+            app = mounts.wrap(app)
             host, port = cfg.listen
             bound = await root.start(serve_asgi, app, host, port, stop_http)
             await root.start(fleet.run)

@@ -108,9 +108,10 @@ class Fleet:
     :meth:`drain` performs the orderly part of shutdown."""
 
     def __init__(self, cfg: Config, bridges: list[Bridge], *, relay: Any = None,
-                 host: str | None = None) -> None:
+                 host: str | None = None, mounts: Any = None) -> None:
         self.cfg = cfg
         self.relay = relay
+        self.mounts = mounts
         self.host = host or socket.gethostname() or "localhost"
         self.epoch = EpochStore(cfg.state_dir).next_epoch()
         self.session_log = SessionLog(cfg.state_dir / "logs")
@@ -123,7 +124,7 @@ class Fleet:
             inbox_send, inbox_recv = trio.open_memory_channel[dict[str, Any]](256)
             stamper = Stamper(b.agent, epoch=self.epoch, host=self.host, policy=cfg.policy)
             ctx = BridgeContext(b.name, stamper, self._send.clone(), inbox_recv, health,
-                                logging.getLogger(f"aep.bridge.{b.name}"))
+                                logging.getLogger(f"aep.bridge.{b.name}"), mounts=mounts)
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
             self.members[b.name] = Member(b, ctx, health, inbox_send)
         self._bridges_scope = trio.CancelScope()

@@ -6,4 +6,27 @@ daemon side that maps what the tees observe. Design record:
 - :mod:`bridges.acp.mapping`: the pure moment -> emissions mapping.
 - :mod:`bridges.acp.join`: the pure per-tee state (request/response join per
   (direction, id), run identity, the attention lifecycle).
+- :mod:`bridges.acp.wire`: the tee -> daemon WebSocket protocol.
+- :mod:`bridges.acp.tee`: the tee (``aep-bridges acp -- AGENT``).
+- :mod:`bridges.acp.bridge`: the daemon side (``AEP_BRIDGE_ACP=1``).
+- :mod:`bridges.acp.config`: the settings (:data:`~bridges.acp.config.SETTINGS`).
 """
+from __future__ import annotations
+
+from typing import Mapping
+
+from bridges.core.capture import CapturePolicy
+
+from . import config as _config
+from .bridge import AcpBridge
+
+__all__ = ["AcpBridge", "from_env"]
+
+
+def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None) -> list[AcpBridge]:
+    """One :class:`AcpBridge` per agent id in ``AEP_ACP_AGENTS`` (the FLEET
+    factory). Never raises: bad values become the first bridge's
+    :meth:`~AcpBridge.preflight` lines."""
+    cfg, problems = _config.from_env(environ)
+    return [AcpBridge(agent, cfg, policy=policy, problems=problems if i == 0 else None)
+            for i, agent in enumerate(cfg.agents)]

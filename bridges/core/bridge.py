@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Callable, ContextManager, NamedTuple, Protocol
 
 import trio
 
@@ -74,6 +74,23 @@ class BridgeHealth:
                 "control": self.control}
 
 
+ASGIApp = Callable[..., Any]
+"""An ASGI 3 application ``async (scope, receive, send) -> None``."""
+
+
+class Mounts(Protocol):
+    """Paths a bridge serves on the daemon's own listener (``AEP_LISTEN``),
+    for vendor surfaces that push to the daemon (the ACP tees). The daemon
+    puts the listener's guards in front (Host guard, no browser
+    ``Origin``, ``AEP_TOKEN`` when set); a path not mounted falls through
+    to the relay (404)."""
+
+    def mount(self, path: str, app: ASGIApp) -> ContextManager[None]:
+        """Serve ``path`` (exact match) with ``app`` while the context is
+        open. Raises ``ValueError`` when another bridge holds ``path``."""
+        ...
+
+
 class BridgeContext:
     """Everything a running bridge may touch (its only way out).
 
@@ -84,17 +101,20 @@ class BridgeContext:
     - ``commands`` yields command envelopes (``control.*``) the relay or the
       uplink routed to this bridge's sessions.
     - ``health`` is this bridge's :class:`BridgeHealth`.
+    - ``mounts`` serves paths on the daemon's listener (:class:`Mounts`;
+      ``None`` where there is no daemon listener, e.g. a bare test context).
     """
 
     def __init__(self, name: str, stamper: Stamper, channel: trio.MemorySendChannel,
                  commands: trio.MemoryReceiveChannel, health: BridgeHealth,
-                 log: logging.Logger) -> None:
+                 log: logging.Logger, mounts: Mounts | None = None) -> None:
         self.name = name
         self.stamper = stamper
         self._channel = channel
         self.commands = commands
         self.health = health
         self.log = log
+        self.mounts = mounts
 
     @property
     def agent(self) -> str:

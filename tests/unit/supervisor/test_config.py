@@ -121,7 +121,7 @@ def test_misspelt_settings_are_pointed_out_not_fatal():
 
 def test_unknown_bridge_lists_only_bridges_that_can_be_enabled():
     _, problems = load({"AEP_BRIDGE_X": "1"})
-    assert "AEP_BRIDGE_OTLP_IN" in problems[0] and "AEP_BRIDGE_ACP" not in problems[0]
+    assert "AEP_BRIDGE_OTLP_IN" in problems[0] and "AEP_BRIDGE_ACP" in problems[0]
 
 
 def test_relay_byte_budgets_and_cors_origins():

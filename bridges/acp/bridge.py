@@ -1,0 +1,283 @@
+"""The daemon side of the ACP tees: one emitter identity per agent id.
+
+Each :class:`AcpBridge` mounts ``/bridges/acp/{agent}`` on the daemon's own
+listener (``ctx.mounts``, see :class:`bridges.core.bridge.Mounts`; the wire
+is :mod:`bridges.acp.wire`) and accepts any number of tees at once, each a
+WebSocket that can come and go. The connection handlers (hypercorn's tasks)
+only hand batches to a bounded channel; the mapping runs in the bridge's own
+nursery under the supervisor (:class:`TeeHub`, the per-run object: a restart
+starts clean). Each tee's :class:`~bridges.acp.join.Story` is keyed by the
+tee's instance id, so a tee that reconnects (the daemon restarted its
+bridge, or the network blipped) continues its story; a restarted tee is a
+new id and never re-mints a run id. When a tee reports its agent's exit,
+its open asks are dismissed, open turns fail and its sessions end.
+
+Read-only (design record: the bridge never initiates, answers or injects):
+``control.accepts`` is ``[]`` and every command is refused ``unsupported``
+through the shared ledger.
+
+Health (``/healthz``, counters behind the token when one is set):
+``source`` is true while the path is mounted; counters ``tees_attached``
+(now), ``tees_seen``, ``tee_connections``, ``tee_drops`` and
+``tee_oversize`` (what the tees reported: observations their bounded queue
+dropped, lines over their parse cap), ``lines``, ``malformed``,
+``unmatched``, ``refused`` (upgrades refused: bad hello, wrong agent, too
+many tees)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import trio
+
+from bridges.core import capture as _capture
+from bridges.core.bridge import BridgeContext
+from bridges.core.capture import CapturePolicy
+from bridges.core.ledger import CommandLedger
+
+from . import wire
+from .config import AcpConfig
+from .join import Story
+from .mapping import Posture
+
+EMITS = ["session", "run", "tool", "attention", "x.acp"]
+ACK_WINDOW_MS = 10_000
+MAX_DETACHED = 256
+"""Stories of tees that went away without an exit record, kept for their
+reconnect (least recently seen evicted)."""
+QUEUE = 64
+"""Batches in flight between the connection handlers and the mapping."""
+
+
+@dataclass
+class TeeState:
+    """One tee (by instance id) as the daemon knows it."""
+
+    tee: str
+    story: Story
+    command: str = ""
+    pid: int | None = None
+    attached: int = 0
+    drops: int = 0
+    oversize: int = 0
+    exited: bool = False
+    seen: dict[str, int] = field(default_factory=dict)
+
+
+class AcpBridge:
+    """One agent id's tees (``Bridge`` protocol, :mod:`bridges.core.bridge`).
+
+    ``agent``: the AEP agent id (``acp``, or a tee's ``--name``);
+    ``config``: :class:`~bridges.acp.config.AcpConfig`; ``policy``: the
+    capture posture (``capabilities``; mapping uses the stamper's);
+    ``problems``: configuration problems for :meth:`preflight`."""
+
+    def __init__(self, agent: str = "acp", config: AcpConfig | None = None, *,
+                 policy: CapturePolicy | None = None, problems: list[str] | None = None) -> None:
+        self.agent = agent
+        self.name = "acp" if agent == "acp" else f"acp.{agent}"
+        self.config = config or AcpConfig()
+        self.policy = policy or CapturePolicy()
+        self.path = wire.path_for(agent)
+        self._problems = list(problems or [])
+
+    def capabilities(self) -> dict[str, Any]:
+        """The ``hello`` block: read-only, ``control.accepts: []``."""
+        return {"emits": list(EMITS),
+                "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),
+                "control": {"accepts": [], "ack_window_ms": ACK_WINDOW_MS}}
+
+    def preflight(self, *, check_ports: bool = True) -> list[str]:
+        return list(self._problems)
+
+    def listeners(self) -> dict[str, Any]:
+        """No listener of its own: the tees come in on ``AEP_LISTEN``."""
+        return {}
+
+    async def run(self, ctx: BridgeContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Mount the tee path, ``started()``, map until cancelled. Raises
+        ``RuntimeError`` without a daemon listener (``ctx.mounts``)."""
+        if ctx.mounts is None:
+            raise RuntimeError("the ACP bridge needs the daemon's listener (ctx.mounts)")
+        await TeeHub(self, ctx).serve(task_status=task_status)
+
+
+class TeeHub:
+    """One run of an :class:`AcpBridge`: the tees, their stories, the
+    channel from the connection handlers to the mapping task."""
+
+    def __init__(self, bridge: AcpBridge, ctx: BridgeContext) -> None:
+        self.bridge = bridge
+        self.ctx = ctx
+        self.posture = Posture(policy=ctx.stamper.policy, deltas=bridge.config.deltas,
+                               agent=ctx.agent)
+        self.tees: OrderedDict[str, TeeState] = OrderedDict()
+        self.attached = 0
+        self._send, self._recv = trio.open_memory_channel[tuple[TeeState, bytes]](QUEUE)
+        self._handlers: set[trio.CancelScope] = set()
+        for c in ("tees_attached", "tees_seen", "tee_connections", "tee_drops", "tee_oversize",
+                  "lines", "malformed", "unmatched", "refused"):
+            ctx.health.counters.setdefault(c, 0)
+        ctx.health.counters["tees_attached"] = 0
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        ctx = self.ctx
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._refuse_commands)
+            with ctx.mounts.mount(self.bridge.path, self.asgi):  # type: ignore[union-attr]
+                ctx.health.source = True
+                ctx.health.detail = None
+                ctx.log.info("%s: tees attach at %s on the daemon listener", self.bridge.name,
+                             self.bridge.path)
+                task_status.started()
+                try:
+                    await self._map()
+                finally:
+                    ctx.health.source = False
+                    for scope in list(self._handlers):
+                        scope.cancel()
+
+    async def _refuse_commands(self) -> None:
+        async with CommandLedger(self.ctx, (), ack_window_ms=ACK_WINDOW_MS) as ledger:
+            await ledger.serve(self.ctx.commands)
+
+    # -- mapping (the bridge's nursery) -----------------------------------------
+    async def _map(self) -> None:
+        async for tee, message in self._recv:
+            for direction, item in wire.records(message):
+                if direction is None:
+                    await self._control(tee, item)  # type: ignore[arg-type]
+                else:
+                    await self._emit(tee, tee.story.feed(direction, item))  # type: ignore[arg-type]
+            self._count(tee)
+
+    async def _emit(self, tee: TeeState, outs: list[Any]) -> None:
+        for o in outs:
+            em, env = tee.story.envelope(o)
+            try:
+                ev = await self.ctx.emit(o.session, em, **env)
+            except ValueError as e:  # an ill-formed envelope: a bridge bug, never fatal
+                self.ctx.health.count("stamp_errors")
+                self.ctx.log.warning("%s: cannot stamp %s: %s", self.bridge.name, em.get("type"), e)
+                continue
+            tee.story.stamped(o, ev)
+
+    async def _control(self, tee: TeeState, obj: dict[str, Any]) -> None:
+        health = self.ctx.health
+        stats = obj.get("stats")
+        if isinstance(stats, dict):
+            for key, counter in (("drops", "tee_drops"), ("oversize", "tee_oversize")):
+                n = stats.get(key)
+                if isinstance(n, int) and not isinstance(n, bool) and n > getattr(tee, key):
+                    health.count(counter, n - getattr(tee, key))
+                    setattr(tee, key, n)
+        if "exit" in obj:
+            status = obj["exit"] if isinstance(obj["exit"], int) else None
+            await self._emit(tee, tee.story.close(status))
+            tee.exited = True
+            self.tees.pop(tee.tee, None)
+
+    def _count(self, tee: TeeState) -> None:
+        c = tee.story.counters
+        for name in ("lines", "malformed", "unmatched"):
+            now = getattr(c, name)
+            if now > tee.seen.get(name, 0):
+                self.ctx.health.count(name, now - tee.seen.get(name, 0))
+                tee.seen[name] = now
+
+    # -- connections (hypercorn's tasks) ------------------------------------------
+    def _attach(self, hello: dict[str, Any]) -> TeeState:
+        tid = hello["tee"]
+        tee = self.tees.get(tid)
+        if tee is None:
+            tee = TeeState(tid, Story(tid, self.posture))
+            self.ctx.health.count("tees_seen")
+        self.tees[tid] = tee
+        self.tees.move_to_end(tid)
+        detached = [t for t in self.tees.values() if not t.attached and t is not tee]
+        for old in detached[:max(0, len(detached) - MAX_DETACHED)]:
+            self.tees.pop(old.tee, None)
+        tee.command = str(hello.get("command") or "")[:200]
+        tee.pid = hello.get("pid") if isinstance(hello.get("pid"), int) else None
+        tee.attached += 1
+        self.attached += 1
+        health = self.ctx.health
+        health.count("tee_connections")
+        health.counters["tees_attached"] = self.attached
+        health.detail = self._detail()
+        return tee
+
+    def _detach(self, tee: TeeState) -> None:
+        tee.attached -= 1
+        self.attached -= 1
+        self.ctx.health.counters["tees_attached"] = self.attached
+        self.ctx.health.detail = self._detail()
+
+    def _detail(self) -> str:
+        live = [t for t in self.tees.values() if t.attached]
+        names = ", ".join(f"{t.command or '?'} (pid {t.pid})" for t in live[:8])
+        return f"{len(live)} tee(s) attached" + (f": {names}" if names else "")
+
+    async def asgi(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        """The mounted app: a WebSocket per tee (module docstring)."""
+        if scope["type"] != "websocket":
+            await _http_answer(send, 426, b'{"error":"upgrade-required","detail":"a WebSocket for '
+                               b'aep-bridges acp tees"}')
+            return
+        msg = await receive()
+        if msg["type"] != "websocket.connect":
+            return
+        if self.attached >= self.bridge.config.max_tees:
+            self.ctx.health.count("refused")
+            await _ws_deny(scope, send, 503, b'{"error":"too-many-tees"}')
+            return
+        await send({"type": "websocket.accept"})
+        first = await receive()
+        hello = wire.parse_hello(first.get("text") or "") if first["type"] == "websocket.receive" \
+            else None
+        if hello is None or hello.get("agent") != self.bridge.agent:
+            self.ctx.health.count("refused")
+            if first["type"] == "websocket.receive":
+                await send({"type": "websocket.close", "code": 1008,
+                            "reason": "expected an aep_acp_tee hello for this agent"})
+            return
+        tee = self._attach(hello)
+        await self._control(tee, {"stats": hello.get("stats")})
+        scope_ = trio.CancelScope()
+        self._handlers.add(scope_)
+        try:
+            with scope_:
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "websocket.disconnect":
+                        return
+                    data = msg.get("bytes")
+                    if data:
+                        await self._send.send((tee, data))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+        finally:
+            self._handlers.discard(scope_)
+            self._detach(tee)
+        if scope_.cancelled_caught:  # the bridge stopped: tell the tee to come back later
+            with trio.move_on_after(1):
+                try:
+                    await send({"type": "websocket.close", "code": 1012, "reason": "restarting"})
+                except Exception:  # noqa: BLE001 -- the connection may be gone already
+                    pass
+
+
+async def _http_answer(send: Callable, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _ws_deny(scope: dict[str, Any], send: Callable, status: int, body: bytes) -> None:
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1013})

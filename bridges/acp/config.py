@@ -1,0 +1,60 @@
+"""The ACP bridge's settings: a frozen :class:`AcpConfig`, read by
+:func:`from_env` (``(config, problems)``, never raising), described by
+:data:`SETTINGS` (name, default, meaning; the README's table rows).
+
+The tee itself is configured by its command line (ACP clients trim the
+agent command's environment); ``AEP_ACP_DAEMON`` and ``AEP_TOKEN`` are the
+only variables it reads, and only when present."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple
+
+from bridges.core.settings import EnvReader
+
+from .wire import valid_name
+
+
+class Setting(NamedTuple):
+    """One operator knob: variable, default (as written), meaning."""
+
+    name: str
+    default: str
+    meaning: str
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("AEP_BRIDGE_ACP", "0", "`1`: the daemon side of the ACP tees (`aep-bridges acp -- AGENT`)"),
+    Setting("AEP_ACP_AGENTS", "acp", "comma-separated AEP agent ids tees may observe as "
+            "(`--name`); one emitter each, each at `/bridges/acp/{name}` on `AEP_LISTEN`"),
+    Setting("AEP_ACP_DELTAS", "0", "`1`: message, thought and user chunks as "
+            "`x.acp.*.chunk` at `debug` (their text only at capture `redacted`+)"),
+    Setting("AEP_ACP_MAX_TEES", "64", "tees attached at once per agent id (more are refused 503)"),
+    Setting("AEP_ACP_DAEMON", "http://127.0.0.1:8787", "read by the TEE when present (its "
+            "`--daemon` wins): the daemon it reports to"),
+)
+
+
+@dataclass(frozen=True)
+class AcpConfig:
+    """``agents``: the agent ids served (one bridge, one emitter each);
+    ``deltas``: map chunks; ``max_tees``: concurrent tee connections per
+    agent id."""
+
+    agents: tuple[str, ...] = ("acp",)
+    deltas: bool = False
+    max_tees: int = 64
+
+
+def from_env(environ: Mapping[str, str]) -> tuple[AcpConfig, list[str]]:
+    """Parse the ACP settings; ``problems`` has one line per bad value."""
+    r = EnvReader(environ)
+    raw = r.text("AEP_ACP_AGENTS") or "acp"
+    agents = tuple(dict.fromkeys(a.strip() for a in raw.split(",") if a.strip())) or ("acp",)
+    for a in agents:
+        if not valid_name(a):
+            r.problems.append(f"AEP_ACP_AGENTS: {a!r} is not an agent id "
+                              "(letters, digits, '_' or '-', at most 64)")
+    deltas = r.flag("AEP_ACP_DELTAS")
+    max_tees = r.integer("AEP_ACP_MAX_TEES", 64, minimum=1, maximum=10_000)
+    return AcpConfig(agents=agents, deltas=deltas, max_tees=max_tees), r.problems

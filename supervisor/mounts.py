@@ -1,0 +1,110 @@
+"""Bridge-served paths on the daemon's own listener (``AEP_LISTEN``).
+
+Some vendor surfaces push to the daemon instead of being read by it (the
+ACP tees, :mod:`bridges.acp`). A bridge mounts an ASGI app on an exact path
+for as long as its ``run()`` is inside ``ctx.mounts.mount(path, app)``
+(:class:`bridges.core.bridge.Mounts`); :meth:`Mounts.wrap` puts the
+dispatcher in front of the daemon's app (the embedded relay, or the health
+app in uplink mode), so it is the same hypercorn listener, not another one.
+
+Guards in front of every mounted app, before it sees the request:
+
+- the relay's DNS-rebinding Host guard (:func:`supervisor.relay.app.host_allowed`);
+- a request carrying a browser ``Origin`` is refused 403 (a page must not
+  inject observations; tools send no ``Origin``);
+- with ``AEP_TOKEN`` set, ``Authorization: Bearer`` (or ``?access_token=``)
+  is required, 401 otherwise.
+
+A refused WebSocket upgrade gets a real HTTP status (hypercorn's ASGI
+websocket denial extension). A path nobody mounts falls through to the
+wrapped app (the relay answers 404), so a bridge restarting looks like a
+missing path for the moment its backoff lasts."""
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any, Callable, Iterator
+
+from bridges.core.bridge import ASGIApp
+
+from .http import bearer_ok
+from .relay.app import LISTEN_KEY, host_allowed
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for k, v in scope.get("headers", []):
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+async def refuse(scope: dict[str, Any], receive: Callable, send: Callable, status: int,
+                 error: str) -> None:
+    """Answer ``{"error": error}`` with ``status``: an HTTP response, or a
+    refused WebSocket upgrade (denial extension; else close 1008)."""
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    msg = await receive()
+    if msg["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
+
+
+class Mounts:
+    """The daemon's registry of bridge-mounted paths (see the module
+    docstring). ``token``: the daemon's ``AEP_TOKEN`` (``None``: open)."""
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token
+        self._apps: dict[str, ASGIApp] = {}
+        self.refused: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def mount(self, path: str, app: ASGIApp) -> Iterator[None]:
+        if path in self._apps:
+            raise ValueError(f"{path} is already mounted by another bridge")
+        self._apps[path] = app
+        try:
+            yield
+        finally:
+            if self._apps.get(path) is app:
+                del self._apps[path]
+
+    def mounted(self) -> list[str]:
+        return sorted(self._apps)
+
+    def _count(self, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
+
+    def wrap(self, app: ASGIApp) -> ASGIApp:
+        """``app`` with the mounted paths dispatched in front of it."""
+
+        async def dispatch(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+            target = self._apps.get(scope.get("path", "")) if scope["type"] in (
+                "http", "websocket") else None
+            if target is None:
+                return await app(scope, receive, send)
+            listen = (scope.get("state") or {}).get(LISTEN_KEY) or scope.get("server")
+            if not host_allowed(_header(scope, b"host") or "", listen[0] if listen else None):
+                self._count("host")
+                return await refuse(scope, receive, send, 403, "host-not-allowed")
+            if _header(scope, b"origin") is not None:
+                self._count("origin")
+                return await refuse(scope, receive, send, 403, "origin-not-allowed")
+            if not bearer_ok(self.token, scope.get("headers", []), scope.get("query_string", b"")):
+                self._count("unauthorized")
+                return await refuse(scope, receive, send, 401, "unauthorized")
+            await target(scope, receive, send)
+
+        return dispatch
