@@ -173,6 +173,19 @@ class ObservationQueue:
             self._ready = trio.Event()
         return out
 
+    def requeue(self, records: list[bytes]) -> None:
+        """Put records a broken connection did not deliver back in front
+        (the bound still holds: the oldest are dropped first)."""
+        for rec in reversed(records):
+            self._q.appendleft(rec)
+            self.bytes += len(rec) + self.OVERHEAD
+        while self.bytes > self.max_bytes and len(self._q) > 1:
+            old = self._q.popleft()
+            self.bytes -= len(old) + self.OVERHEAD
+            self.drops += 1
+        if self._q:
+            self._ready.set()
+
     async def wait(self) -> None:
         await self._ready.wait()
 
@@ -262,18 +275,28 @@ class DaemonLink:
             attempt += 1
 
     async def _send_loop(self, ws: Any) -> None:
+        from trio_websocket import ConnectionClosed
         last_stats: dict[str, int] = {}
-        while True:
+        while not ws.closed:
             if not len(self.queue):
                 self._idle.set()
                 await self.queue.wait()
+                if ws.closed:  # the daemon went away while we waited: keep the records
+                    break
             self._idle = trio.Event()
             batch = self.queue.take(self.BATCH)
             stats = self.stats()
             if stats != last_stats:
                 batch.append(wire.control({"stats": stats}))
                 last_stats = stats
-            await ws.send_message(b"".join(batch))
+            try:
+                await ws.send_message(b"".join(batch))
+            except (ConnectionClosed, trio.BrokenResourceError, OSError):
+                # not delivered as far as we know: the next connection resends
+                # it (a daemon that did read it may see a few lines twice)
+                self.queue.requeue(batch)
+                raise
+        raise ConnectionClosed(None)
 
     def finish(self, status: int) -> None:
         self.queue.push(wire.control({"exit": status, "stats": self.stats()}))

@@ -104,3 +104,45 @@ def golden_frames() -> list[tuple[str, str, str, dict[str, Any]]]:
                             "update": json.loads(path.read_text())}}
         out.append((path.stem, "agent", "notification", frame))
     return out
+
+
+# --------------------------------------------------------------------------- peers and the daemon
+
+PEERS = Path(__file__).resolve().parents[1] / "integration" / "acp" / "peers"
+DAEMON_ENV = {"AEP_BRIDGE_ACP": "1", "AEP_BRIDGE_OTLP_IN": "0"}
+"""The daemon with the ACP bridge alone (``tests.support.daemon.run_daemon``)."""
+
+
+def tee(daemon_url: str, *extra: str) -> list[str]:
+    """The tee in front of an agent command: ``tee(url) + agent``."""
+    from .daemon import console_script
+    return console_script() + ["acp", "--daemon", daemon_url, *extra, "--"]
+
+
+def py_agent() -> list[str]:
+    """The Python SDK agent (``peers/py_agent.py``)."""
+    return [sys.executable, str(PEERS / "py_agent.py")]
+
+
+def ts_sdk() -> Path:
+    """``@agentclientprotocol/sdk@2.4.0`` from npm (the vendor cache)."""
+    from .vendors import npm_package
+    return npm_package(ACP_TS, ACP_TS_VERSION)
+
+
+def node() -> str:
+    import shutil
+    exe = shutil.which("node")
+    if exe is None:
+        skip_loudly("node is not on PATH: the TypeScript ACP SDK cannot run")
+    return exe
+
+
+def ts_agent() -> list[str]:
+    """The TypeScript SDK agent (``peers/ts_agent.mjs``); needs ``ACP_SDK``
+    in its environment (:func:`ts_env`)."""
+    return [node(), str(PEERS / "ts_agent.mjs")]
+
+
+def ts_env() -> dict[str, str]:
+    return {"ACP_SDK": str(ts_sdk())}
