@@ -21,9 +21,9 @@ from typing import Any, Callable, Protocol
 
 import trio
 
+from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, Outbound
 from bridges.core.envelope import EpochStore, Stamper
-from bridges.core.backoff import backoff_delay
 
 from .config import Config
 from .jsonlog import SessionLog, encode_line, scrub_surrogates

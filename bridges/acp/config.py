@@ -8,29 +8,20 @@ only variables it reads, and only when present."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple
+from typing import Mapping
 
-from bridges.core.settings import EnvReader
+from bridges.core.settings import EnvReader, Setting
 
 from .wire import valid_name
 
-
-class Setting(NamedTuple):
-    """One operator knob: variable, default (as written), meaning."""
-
-    name: str
-    default: str
-    meaning: str
-
-
 SETTINGS: tuple[Setting, ...] = (
-    Setting("AEP_BRIDGE_ACP", "0", "`1`: the daemon side of the ACP tees (`aep-bridges acp -- AGENT`)"),
-    Setting("AEP_ACP_AGENTS", "acp", "comma-separated AEP agent ids tees may observe as "
+    Setting("AEP_BRIDGE_ACP", "`0`", "`1`: the daemon side of the ACP tees (`aep-bridges acp -- AGENT`)"),
+    Setting("AEP_ACP_AGENTS", "`acp`", "comma-separated AEP agent ids tees may observe as "
             "(`--name`); one emitter each, each at `/bridges/acp/{name}` on `AEP_LISTEN`"),
-    Setting("AEP_ACP_DELTAS", "0", "`1`: message, thought and user chunks as "
+    Setting("AEP_ACP_DELTAS", "`0`", "`1`: message, thought and user chunks as "
             "`x.acp.*.chunk` at `debug` (their text only at capture `redacted`+)"),
-    Setting("AEP_ACP_MAX_TEES", "64", "tees attached at once per agent id (more are refused 503)"),
-    Setting("AEP_ACP_DAEMON", "http://127.0.0.1:8787", "read by the TEE when present (its "
+    Setting("AEP_ACP_MAX_TEES", "`64`", "tees attached at once per agent id (more are refused 503)"),
+    Setting("AEP_ACP_DAEMON", "`http://127.0.0.1:8787`", "read by the TEE when present (its "
             "`--daemon` wins): the daemon it reports to"),
 )
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .mapping import Emission, Posture, fallback, map_moment, map_update, resolution, session_of
-
 from .wire import AGENT, CLIENT  # a line the agent sent / the client (editor) sent
 
 DIRECTIONS = (CLIENT, AGENT)
@@ -91,7 +90,8 @@ class Joiner:
         method = frame.get("method")
         has_id = "id" in frame and frame["id"] is not None
         if isinstance(method, str):
-            params = frame.get("params") if isinstance(frame.get("params"), dict) else {}
+            raw = frame.get("params")
+            params: dict[str, Any] = raw if isinstance(raw, dict) else {}
             if not has_id:
                 return {"kind": "notification", "method": method, "params": params,
                         "direction": direction}
@@ -197,9 +197,9 @@ class Story:
         """The emissions of one joined moment, with session and run."""
         if m.get("unmatched"):
             self.counters.unmatched += 1
-            session = session_of(m) or self.connection_session
+            where = session_of(m) or self.connection_session
             data = {"error": True} if "error" in m else {}
-            return [Out(session, fallback("rpc/unmatched", data), self.runs.get(session))]
+            return [Out(where, fallback("rpc/unmatched", data), self.runs.get(where))]
         session = session_of(m)
         method = m.get("method")
         if m["kind"] == "notification" and method == "session/update":

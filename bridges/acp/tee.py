@@ -239,8 +239,7 @@ class DaemonLink:
             self._note(f"aep-bridges acp: {line}")
 
     async def run(self) -> None:
-        from trio_websocket import (ConnectionClosed, ConnectionRejected, HandshakeError,
-                                    open_websocket_url)
+        from trio_websocket import ConnectionClosed, ConnectionRejected, HandshakeError, open_websocket_url
         url = wire.tee_url(self.opts.daemon, self.opts.name)
         headers = ([(b"authorization", f"Bearer {self.opts.token}".encode())]
                    if self.opts.token else [])
@@ -299,12 +298,18 @@ class DaemonLink:
         raise ConnectionClosed(None)
 
     def finish(self, status: int) -> None:
+        if self._idle.is_set():  # an Event is replaced only once set: see flushed()
+            self._idle = trio.Event()
         self.queue.push(wire.control({"exit": status, "stats": self.stats()}))
 
     async def flushed(self) -> None:
-        """Wait until a connected link has sent everything queued."""
-        while self.connected and (len(self.queue) or not self._idle.is_set()):
-            await trio.sleep(0.01)
+        """Wait until a connected link has sent everything queued (the send
+        loop sets ``_idle`` when the queue ran empty, or on disconnect)."""
+        while self.connected:
+            idle = self._idle
+            if idle.is_set():
+                return
+            await idle.wait()
 
 
 # --------------------------------------------------------------------------- descriptors
@@ -380,7 +385,7 @@ async def _wait_exit(proc: subprocess.Popen) -> None:
             os.close(pidfd)
         proc.wait()
         return
-    while proc.poll() is None:
+    while proc.poll() is None:  # noqa: ASYNC110 -- no pidfd: nothing to wait on but the clock
         await trio.sleep(0.05)
 
 

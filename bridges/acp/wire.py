@@ -70,7 +70,7 @@ def daemon_problem(url: str) -> str | None:
     if p.scheme not in ("http", "https", "ws", "wss") or not p.hostname:
         return f"--daemon {url!r}: expected http(s)://host:port"
     try:
-        p.port
+        _ = p.port
     except ValueError:
         return f"--daemon {url!r}: the port is not a number"
     return None

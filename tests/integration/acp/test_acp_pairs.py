@@ -20,8 +20,6 @@ import json
 import subprocess
 import time
 
-import pytest
-
 from tests.integration.acp.peers.py_client import drive
 from tests.support.acp import DAEMON_ENV, py_agent, tee, ts_agent, ts_env
 from tests.support.daemon import DaemonProcess, run_daemon

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -215,10 +214,10 @@ def test_close_stdin_wait_then_sigterm_like_the_python_sdk():
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGHUP, signal.SIGTERM])
 def test_signals_are_forwarded(sig):
-    agent = py(f"""
+    agent = py("""
         import os, signal, sys, time
         def got(n, f):
-            os.write(1, f"got {{n}}\\n".encode())
+            os.write(1, f"got {n}\\n".encode())
             sys.exit(7)
         for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
             signal.signal(s, got)

@@ -8,10 +8,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridges.core import capture
-from bridges.core.envelope import Stamper
 from bridges.acp.join import AGENT, CLIENT, Joiner, Story, parse_line
 from bridges.acp.mapping import Posture
+from bridges.core import capture
+from bridges.core.envelope import Stamper
 from tests.support.acp import golden_frames
 from tests.support.schema import validate_event, validate_stream
 
@@ -261,7 +261,7 @@ def test_the_python_sdks_golden_messages_map_to_valid_events():
     story = Story("G")
     st_ = Stamper("acp", epoch=1, host="h", policy=capture.CapturePolicy())
     seen = {}
-    for name, direction, kind, frame in golden_frames():
+    for name, direction, _kind, frame in golden_frames():
         outs = story.feed(direction, line(frame))
         seen[name] = types(outs)
         for ev in stamp_all(story, st_, outs):

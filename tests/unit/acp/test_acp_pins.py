@@ -10,9 +10,9 @@ import copy
 
 import pytest
 
+from bridges.acp.mapping import Posture, map_moment
 from bridges.core import capture
 from bridges.core.envelope import Stamper
-from bridges.acp.mapping import Posture, map_moment
 from tests.support.schema import validate_event
 from tests.support.shared import fixture
 
@@ -64,7 +64,7 @@ def test_pin_survives_the_stampers_gate_and_validates(name):
     policy = capture.CapturePolicy()
     st = Stamper("acp", epoch=1, host="test-host", policy=policy)
     for e, want in zip(map_moment(copy.deepcopy(pin["input"]), Posture(policy=policy)),
-                       pin["expected"]):
+                       pin["expected"], strict=True):
         ev = st.stamp("sess_1", e)
         assert ev.get("data", {}) == want["data"], ev
         validate_event(ev)

@@ -12,12 +12,29 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from acp import (PROTOCOL_VERSION, Agent, InitializeResponse, NewSessionResponse, PromptResponse,
-                 plan_entry, run_agent, start_tool_call, update_agent_message_text,
-                 update_agent_thought_text, update_plan, update_tool_call)
+from acp import (
+    PROTOCOL_VERSION,
+    Agent,
+    InitializeResponse,
+    NewSessionResponse,
+    PromptResponse,
+    plan_entry,
+    run_agent,
+    start_tool_call,
+    update_agent_message_text,
+    update_agent_thought_text,
+    update_plan,
+    update_tool_call,
+)
 from acp.interfaces import Client
-from acp.schema import (AgentCapabilities, AllowedOutcome, Implementation, PermissionOption,
-                        ToolCallUpdate, UsageUpdate)
+from acp.schema import (
+    AgentCapabilities,
+    AllowedOutcome,
+    Implementation,
+    PermissionOption,
+    ToolCallUpdate,
+    UsageUpdate,
+)
 
 
 class ScriptedAgent(Agent):

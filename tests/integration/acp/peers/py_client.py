@@ -15,8 +15,13 @@ import json
 from typing import Any, Callable, Sequence
 
 from acp import PROTOCOL_VERSION, Client, spawn_agent_process, text_block
-from acp.schema import (AllowedOutcome, ClientCapabilities, DeniedOutcome, Implementation,
-                        RequestPermissionResponse)
+from acp.schema import (
+    AllowedOutcome,
+    ClientCapabilities,
+    DeniedOutcome,
+    Implementation,
+    RequestPermissionResponse,
+)
 
 
 def dump(model: Any) -> Any:
