@@ -1,0 +1,158 @@
+"""The tee's pure parts and the wire: line splitting on ``\\n`` only with a
+memory cap, the bounded drop-oldest queue, the wire records round trip,
+the command line, and the bridge's settings (table-driven)."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridges.acp import config, from_env, wire
+from bridges.acp.tee import LineSplitter, ObservationQueue, add_arguments, exit_status, options_from
+
+
+# --------------------------------------------------------------------------- LineSplitter
+
+def test_split_only_on_newline():
+    s = LineSplitter()
+    assert s.feed("a\u2028b\u2029c\r".encode() + b"\nd") == ["a\u2028b\u2029c\r".encode()]
+    assert s.feed(b"e\n\n") == [b"de", b""]
+    assert s.finish() == []
+    assert s.feed(b"tail") == [] and s.finish() == [b"tail"]
+
+
+def test_over_the_cap_only_the_size_is_reported_and_memory_is_capped():
+    s = LineSplitter(max_line=10)
+    out = s.feed(b"x" * 8) + s.feed(b"y" * 8)
+    assert out == [] and s._held == 0  # the line passed the cap: nothing held
+    out = s.feed(b"z" * 1000 + b"\nok\n")
+    assert out == [1016, b"ok"] and s.oversize == 1
+    assert s.feed(b"w" * 50) == [] and s.finish() == [50] and s.oversize == 2
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=40), max_size=20), st.integers(1, 30))
+def test_splitter_reassembles_any_chunking(chunks, cap):
+    """Whatever the chunking, the records are the ``\\n``-split lines (or,
+    over the cap, their sizes), and nothing more than the cap is held."""
+    s = LineSplitter(max_line=cap)
+    out = []
+    for c in chunks:
+        out += s.feed(c)
+        assert s._held <= cap
+    out += s.finish()
+    data = b"".join(chunks)
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    assert out == [ln if len(ln) <= cap else len(ln) for ln in lines]
+
+
+# --------------------------------------------------------------------------- ObservationQueue
+
+async def test_queue_drops_oldest_and_counts():
+    q = ObservationQueue(max_bytes=3 * (10 + ObservationQueue.OVERHEAD))
+    for i in range(5):
+        q.push(b"%010d" % i)
+    assert q.drops == 2 and len(q) == 3
+    assert q.take(1 << 20) == [b"%010d" % i for i in (2, 3, 4)]
+    q.requeue([b"%010d" % 9])
+    assert q.take(1) == [b"%010d" % 9]  # at least one record even over the limit
+    with trio.move_on_after(0.05) as scope:
+        await q.wait()
+    assert scope.cancelled_caught  # empty: nothing to wait for
+    q.push(b"x")
+    await q.wait()
+
+
+# --------------------------------------------------------------------------- wire
+
+def test_records_round_trip():
+    msg = (wire.record(wire.CLIENT, b'{"a":1}') + wire.record(wire.AGENT, b"")
+           + wire.record(wire.AGENT, 123) + wire.control({"exit": 3}) + b"?junk\n#{bad\n")
+    assert list(wire.records(msg)) == [
+        ("client", b'{"a":1}'), ("agent", b""),
+        (None, {"oversize": {"dir": "agent", "bytes": 123}}), (None, {"exit": 3})]
+
+
+def test_hello_and_urls():
+    h = wire.hello("01ABC", "acp", ["/usr/bin/claude-acp", "--x"], 7, {"drops": 0})
+    assert wire.parse_hello(__import__("json").dumps(h)) == h and h["command"] == "claude-acp"
+    assert wire.parse_hello('{"aep_acp_tee": 2, "tee": "x"}') is None
+    assert wire.parse_hello("not json") is None
+    assert wire.tee_url("http://127.0.0.1:8787", "acp") == "ws://127.0.0.1:8787/bridges/acp/acp"
+    assert wire.tee_url("https://h:1/", "g") == "wss://h:1/bridges/acp/g"
+    assert wire.daemon_problem("ftp://x") and wire.daemon_problem("http://h:port")
+    assert wire.daemon_problem("http://[::1]:8787") is None
+
+
+# --------------------------------------------------------------------------- command line
+
+def parse(*argv):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def test_options_defaults_env_and_arguments(tmp_path):
+    opts, problem = options_from(parse("--", "agent", "--flag"), {})
+    assert problem == "" and opts.command == ["agent", "--flag"]
+    assert opts.daemon == "http://127.0.0.1:8787" and opts.name == "acp" and opts.token is None
+    opts, _ = options_from(parse("agent"), {"AEP_ACP_DAEMON": "http://10.0.0.1:1/", "AEP_TOKEN": "t0k"})
+    assert opts.daemon == "http://10.0.0.1:1" and opts.token == "t0k"
+    tok = tmp_path / "tok"
+    tok.write_text("s3cret\n")
+    opts, _ = options_from(parse("--daemon", "http://h:2", "--token-file", str(tok), "--name",
+                                 "gemini", "--", "a"), {"AEP_ACP_DAEMON": "http://x:1"})
+    assert (opts.daemon, opts.token, opts.name) == ("http://h:2", "s3cret", "gemini")
+
+
+@pytest.mark.parametrize("argv,needle", [
+    ((), "no agent command"), (("--",), "no agent command"),
+    (("--daemon", "nope", "--", "a"), "--daemon"), (("--name", "a b", "--", "a"), "--name"),
+    (("--token-file", "/nonexistent/x", "--", "a"), "--token-file"),
+    (("--max-line", "10", "--", "a"), "--max-line")])
+def test_bad_command_lines(argv, needle):
+    opts, problem = options_from(parse(*argv), {})
+    assert opts is None and needle in problem
+
+
+def test_exit_status():
+    assert [exit_status(r) for r in (0, 3, -15, -9, None)] == [0, 3, 143, 137, 1]
+
+
+# --------------------------------------------------------------------------- settings
+
+CONFIG_CASES = [
+    ({}, config.AcpConfig(), []),
+    ({"AEP_ACP_AGENTS": "acp, gemini,acp", "AEP_ACP_DELTAS": "1", "AEP_ACP_MAX_TEES": "3"},
+     config.AcpConfig(agents=("acp", "gemini"), deltas=True, max_tees=3), []),
+    ({"AEP_ACP_AGENTS": "ok,not ok"}, None, ["AEP_ACP_AGENTS: 'not ok'"]),
+    ({"AEP_ACP_DELTAS": "maybe"}, None, ["AEP_ACP_DELTAS='maybe'"]),
+    ({"AEP_ACP_MAX_TEES": "0"}, None, ["AEP_ACP_MAX_TEES=0"]),
+]
+
+
+@pytest.mark.parametrize("env,want,problems", CONFIG_CASES)
+def test_config_from_env(env, want, problems):
+    cfg, got = config.from_env(env)
+    if want is not None:
+        assert cfg == want
+    assert len(got) == len(problems) and all(g.startswith(p) for g, p in zip(got, problems,
+                                                                            strict=True))
+
+
+def test_one_bridge_per_agent_and_problems_on_the_first():
+    bridges = from_env({"AEP_ACP_AGENTS": "acp,gemini", "AEP_ACP_MAX_TEES": "x"})
+    assert [(b.name, b.agent, b.path) for b in bridges] == [
+        ("acp", "acp", "/bridges/acp/acp"), ("acp.gemini", "gemini", "/bridges/acp/gemini")]
+    assert bridges[0].preflight() and not bridges[1].preflight()
+    assert bridges[0].capabilities()["control"]["accepts"] == []
+
+
+def test_every_setting_is_known_to_the_supervisor():
+    from supervisor.config import KNOWN_SETTINGS
+    assert {s.name for s in config.SETTINGS} <= KNOWN_SETTINGS
