@@ -26,8 +26,12 @@ fields through the §9.4 pipeline at ``redacted``, verbatim at ``full``.
 
 Drift handled beside the pins (``tests/fixtures/acp_real/README.md``): the
 real schema-v1.19 ``usage_update`` carries ``used``/``size``/``cost`` (the
-pin's ``usedTokens``/``outputTokens`` shape is mapped too); ``session/fork``
-and ``session/resume`` responses bind sessions like ``session/new``/``load``.
+pin's ``usedTokens``/``outputTokens`` shape is mapped too); the unstable
+``PromptResponse.usage`` (``inputTokens``/``outputTokens``) rides
+``run.finished`` as ``gen_ai.usage.*``; ``session/cancel`` is a notification
+on the real wire (the pin calls it a request; both map alike);
+``session/fork`` and ``session/resume`` responses bind sessions like
+``session/new``/``load``.
 """
 from __future__ import annotations
 
@@ -233,7 +237,13 @@ def _response(method: str, m: dict[str, Any], posture: Posture) -> list[Emission
             return [{"type": "run.cancelled", "data": {"by": "user"}}]
         if stop == "refusal":
             return [{"type": "run.failed", "data": {"reason": "refusal"}}]
-        return [{"type": "run.finished", "data": {"stop_reason": stop} if stop else {}}]
+        data = {"stop_reason": stop} if stop else {}
+        usage = _d(result.get("usage"))  # schema-v1.19 UNSTABLE PromptResponse.usage
+        for key, field_ in (("inputTokens", "gen_ai.usage.input_tokens"),
+                            ("outputTokens", "gen_ai.usage.output_tokens")):
+            if _int(usage.get(key)) is not None and usage[key] >= 0:
+                data[field_] = usage[key]
+        return [{"type": "run.finished", "data": data}]
     if method == "session/request_permission":
         subject = _s(_d(request.get("toolCall")).get("toolCallId"))
         outcome = _d(result.get("outcome"))
