@@ -223,52 +223,62 @@ def _error_type(err: dict[str, Any]) -> str:
 
 def _response(method: str, m: dict[str, Any], posture: Posture) -> list[Emission]:
     err = m.get("error")
-    result = _d(m.get("result"))
-    request = _d(m.get("request"))
     if method == "session/prompt":
-        if err is not None:
-            data: dict[str, Any] = {"reason": "error", "error": {"type": _error_type(_d(err))}}
-            msg = _s(_d(err).get("message"))
-            if msg and posture.content("run.failed"):
-                data["error"]["message"] = posture.text("run.failed", msg)
-            return [{"type": "run.failed", "data": data}]
-        stop = _s(result.get("stopReason"))
-        if stop == "cancelled":
-            return [{"type": "run.cancelled", "data": {"by": "user"}}]
-        if stop == "refusal":
-            return [{"type": "run.failed", "data": {"reason": "refusal"}}]
-        data = {"stop_reason": stop} if stop else {}
-        usage = _d(result.get("usage"))  # schema-v1.19 UNSTABLE PromptResponse.usage
-        for key, field_ in (("inputTokens", "gen_ai.usage.input_tokens"),
-                            ("outputTokens", "gen_ai.usage.output_tokens")):
-            if _int(usage.get(key)) is not None and usage[key] >= 0:
-                data[field_] = usage[key]
-        return [{"type": "run.finished", "data": data}]
+        return [_prompt_result(m, posture)]
     if method == "session/request_permission":
-        subject = _s(_d(request.get("toolCall")).get("toolCallId"))
-        outcome = _d(result.get("outcome"))
-        option = _s(outcome.get("optionId"))
-        out: list[Emission]
-        if err is None and outcome.get("outcome") == "selected" and option:
-            out = [{"type": "attention.answered", "data": {"answer": {"option": option},
-                                                           "via": "oob"}}]
-        else:
-            out = [{"type": "attention.resolved", "data": {"resolution": "dismissed"}}]
-        if subject:
-            for e in out:
-                e["subject"] = subject
-        return out
+        return _permission_result(m)
+    code = _int(_d(err).get("code")) if err is not None else None
     if method in SESSION_BINDS:
         if err is not None:
-            return [fallback(f"{method}/error", {"code": _int(_d(err).get("code"))}
-                             if _int(_d(err).get("code")) is not None else {})]
+            return [fallback(f"{method}/error", {"code": code} if code is not None else {})]
         return [{"type": "session.started", "data": {"client": {"name": CLIENT_NAME}}}]
-    data = {}
+    data: dict[str, Any] = {}
     if err is not None:
         data["error"] = True
-        if _int(_d(err).get("code")) is not None:
-            data["code"] = _d(err)["code"]
+        if code is not None:
+            data["code"] = code
     return [fallback(f"{method}/result", data)]
+
+
+def _prompt_result(m: dict[str, Any], posture: Posture) -> Emission:
+    """The turn's terminal by ``stopReason`` (a JSON-RPC error fails it)."""
+    err = m.get("error")
+    if err is not None:
+        data: dict[str, Any] = {"reason": "error", "error": {"type": _error_type(_d(err))}}
+        msg = _s(_d(err).get("message"))
+        if msg and posture.content("run.failed"):
+            data["error"]["message"] = posture.text("run.failed", msg)
+        return {"type": "run.failed", "data": data}
+    result = _d(m.get("result"))
+    stop = _s(result.get("stopReason"))
+    if stop == "cancelled":
+        return {"type": "run.cancelled", "data": {"by": "user"}}
+    if stop == "refusal":
+        return {"type": "run.failed", "data": {"reason": "refusal"}}
+    data = {"stop_reason": stop} if stop else {}
+    usage = _d(result.get("usage"))  # schema-v1.19 UNSTABLE PromptResponse.usage
+    for key, field_ in (("inputTokens", "gen_ai.usage.input_tokens"),
+                        ("outputTokens", "gen_ai.usage.output_tokens")):
+        n = _int(usage.get(key))
+        if n is not None and n >= 0:
+            data[field_] = n
+    return {"type": "run.finished", "data": data}
+
+
+def _permission_result(m: dict[str, Any]) -> list[Emission]:
+    """The editor's answer: ``attention.answered`` (the option verbatim, via
+    ``oob``), or ``attention.resolved`` dismissed for a cancelled outcome."""
+    subject = _s(_d(_d(m.get("request")).get("toolCall")).get("toolCallId"))
+    outcome = _d(_d(m.get("result")).get("outcome"))
+    option = _s(outcome.get("optionId"))
+    e: Emission
+    if m.get("error") is None and outcome.get("outcome") == "selected" and option:
+        e = {"type": "attention.answered", "data": {"answer": {"option": option}, "via": "oob"}}
+    else:
+        e = {"type": "attention.resolved", "data": {"resolution": "dismissed"}}
+    if subject:
+        e["subject"] = subject
+    return [e]
 
 
 def resolution(moment: Any) -> Emission | None:

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from bridges.acp import config, from_env, wire
 from bridges.acp.tee import LineSplitter, ObservationQueue, add_arguments, exit_status, options_from
 
-
 # --------------------------------------------------------------------------- LineSplitter
 
 def test_split_only_on_newline():
