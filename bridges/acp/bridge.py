@@ -19,10 +19,11 @@ through the shared ledger.
 Health (``/healthz``, counters behind the token when one is set):
 ``source`` is true while the path is mounted; counters ``tees_attached``
 (now), ``tees_seen``, ``tee_connections``, ``tee_drops`` and
-``tee_oversize`` (what the tees reported: observations their bounded queue
-dropped, lines over their parse cap), ``lines``, ``malformed``,
-``unmatched``, ``refused`` (upgrades refused: bad hello, wrong agent, too
-many tees)."""
+``tee_skipped_bytes`` (what the tees reported: pieces their bounded queue
+dropped, bytes of over-cap lines not shipped), ``lines``, ``oversize``
+(lines over the tee's parse cap: passed through, never parsed),
+``malformed``, ``unmatched``, ``refused`` (upgrades refused: bad hello,
+wrong agent, too many tees)."""
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -46,8 +47,10 @@ ACK_WINDOW_MS = 10_000
 MAX_DETACHED = 256
 """Stories of tees that went away without an exit record, kept for their
 reconnect (least recently seen evicted)."""
-QUEUE = 64
+QUEUE = 16
 """Batches in flight between the connection handlers and the mapping."""
+MAX_LINE = 64 << 20
+"""The largest parse cap a tee may ask for (its hello's ``max_line``)."""
 
 
 @dataclass
@@ -60,9 +63,14 @@ class TeeState:
     pid: int | None = None
     attached: int = 0
     drops: int = 0
-    oversize: int = 0
+    skipped_bytes: int = 0
     exited: bool = False
     seen: dict[str, int] = field(default_factory=dict)
+    splitters: dict[str, wire.LineSplitter] = field(default_factory=dict)
+
+    def split(self, max_line: int) -> None:
+        if not self.splitters:
+            self.splitters = {d: wire.LineSplitter(max_line) for d in wire.DIRECTIONS}
 
 
 class AcpBridge:
@@ -116,8 +124,8 @@ class TeeHub:
         self.attached = 0
         self._send, self._recv = trio.open_memory_channel[tuple[TeeState, bytes]](QUEUE)
         self._handlers: set[trio.CancelScope] = set()
-        for c in ("tees_attached", "tees_seen", "tee_connections", "tee_drops", "tee_oversize",
-                  "lines", "malformed", "unmatched", "refused"):
+        for c in ("tees_attached", "tees_seen", "tee_connections", "tee_drops",
+                  "tee_skipped_bytes", "lines", "oversize", "malformed", "unmatched", "refused"):
             ctx.health.counters.setdefault(c, 0)
         ctx.health.counters["tees_attached"] = 0
 
@@ -149,8 +157,16 @@ class TeeHub:
                 if direction is None:
                     await self._control(tee, item)  # type: ignore[arg-type]
                 else:
-                    await self._emit(tee, tee.story.feed(direction, item))  # type: ignore[arg-type]
+                    await self._lines(tee, direction, tee.splitters[direction].feed(item))  # type: ignore[arg-type]
             self._count(tee)
+
+    async def _lines(self, tee: TeeState, direction: str, lines: list[bytes | int]) -> None:
+        for line in lines:
+            if isinstance(line, int):
+                self.ctx.health.count("oversize")  # passed through, never parsed
+                tee.story.counters.lines += 1
+                continue
+            await self._emit(tee, tee.story.feed(direction, line))
 
     async def _emit(self, tee: TeeState, outs: list[Any]) -> None:
         for o in outs:
@@ -165,15 +181,19 @@ class TeeHub:
 
     async def _control(self, tee: TeeState, obj: dict[str, Any]) -> None:
         health = self.ctx.health
+        if obj.get("gap") in wire.DIRECTIONS:
+            tee.splitters[obj["gap"]].resync()
         stats = obj.get("stats")
         if isinstance(stats, dict):
-            for key, counter in (("drops", "tee_drops"), ("oversize", "tee_oversize")):
+            for key, counter in (("drops", "tee_drops"), ("skipped_bytes", "tee_skipped_bytes")):
                 n = stats.get(key)
                 if isinstance(n, int) and not isinstance(n, bool) and n > getattr(tee, key):
                     health.count(counter, n - getattr(tee, key))
                     setattr(tee, key, n)
         if "exit" in obj:
             status = obj["exit"] if isinstance(obj["exit"], int) else None
+            for direction, splitter in tee.splitters.items():  # a trailing partial line
+                await self._lines(tee, direction, splitter.finish())
             await self._emit(tee, tee.story.close(status))
             tee.exited = True
             self.tees.pop(tee.tee, None)
@@ -192,6 +212,13 @@ class TeeHub:
         tee = self.tees.get(tid)
         if tee is None:
             tee = TeeState(tid, Story(tid, self.posture))
+            max_line = hello.get("max_line")
+            tee.split(max_line if isinstance(max_line, int) and 1024 <= max_line <= MAX_LINE
+                      else wire.DEFAULT_MAX_LINE)
+            mid = hello.get("mid_line")
+            for direction in mid if isinstance(mid, list) else []:
+                if direction in tee.splitters:  # a line began on a connection we never saw
+                    tee.splitters[direction].resync()
             self.ctx.health.count("tees_seen")
         self.tees[tid] = tee
         self.tees.move_to_end(tid)

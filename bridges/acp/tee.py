@@ -10,18 +10,22 @@ SIGINT and SIGHUP to the agent. Design record:
 ``shared/aep/docs/bridge-acp-design.md`` ("Attach shape": transparency is
 the contract; transparency outranks delivery).
 
-Observation works on a copy, after the bytes went out: each direction's
-bytes are split on ``\\n`` only (U+2028/U+2029 inside JSON strings are not
-line ends) by a :class:`LineSplitter` whose memory is capped (a line over
-the parse cap is passed through unparsed, counted, and only its size is
-reported), and the lines go to the daemon through a bounded
-:class:`ObservationQueue` (oldest dropped first, drops counted). A
-:class:`DaemonLink` carries them over one WebSocket to the daemon's ACP
-bridge (``ws(s)://HOST:PORT/bridges/acp/{name}``, see
+Observation works on a copy, after the bytes went out, and costs O(1)
+Python work per pipe read: the piece goes as one record into a bounded
+:class:`ObservationQueue` (oldest dropped first, drops counted, the gap
+marked so the daemon resynchronizes at the next ``\n``); the daemon splits
+the lines (``\n`` only: U+2028/U+2029 inside JSON strings are not line
+ends). The parse cap holds on the way: of a line longer than ``--max-line``
+the tee ships the cap and one byte, then nothing until its ``\n``
+(:class:`bridges.acp.wire.Shipper`), so the daemon counts it as passed
+through unparsed and no line costs more than the cap in memory. A
+:class:`DaemonLink` carries the records over one WebSocket to the daemon's
+ACP bridge (``ws(s)://HOST:PORT/bridges/acp/{name}``, see
 :mod:`bridges.acp.wire`), reconnecting with the shared backoff. The daemon
 down, slow or restarting never touches the pumps: they never wait on the
 queue or the link (fail-open). Queued observations die with the process
-when the agent exits, after a short bounded flush.
+when the agent exits, after a short bounded flush. Pipes to the agent are
+enlarged to 1 MiB (``F_SETPIPE_SZ``): fewer, larger copies.
 
 Transparency cases, each a test (``tests/integration/acp/test_tee.py``):
 the client SIGTERMs without closing stdin (no thread is ever blocked on
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import fcntl
 import json
 import os
 import signal
@@ -60,11 +65,10 @@ from . import wire
 DEFAULT_DAEMON = "http://127.0.0.1:8787"
 """The daemon's default ``AEP_LISTEN``."""
 DEFAULT_NAME = "acp"
-DEFAULT_MAX_LINE = 4 << 20
-"""Parse cap in bytes: a longer line is passed through but not observed."""
+DEFAULT_MAX_LINE = wire.DEFAULT_MAX_LINE
 DEFAULT_QUEUE_BYTES = 8 << 20
 """Observation queue bound in bytes (oldest dropped beyond it)."""
-CHUNK = 1 << 16
+CHUNK = 1 << 20
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_CANNOT_RUN = 127
 DRAIN_AFTER_EXIT = 2.0
@@ -77,61 +81,8 @@ BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 10.0
 
 
-# --------------------------------------------------------------------------- lines (pure)
-
-class LineSplitter:
-    """Split one direction's byte stream into observed lines (``\\n`` only).
-
-    :meth:`feed` takes the next chunk and returns the records completed by
-    it: ``bytes`` (one line, without its ``\\n``) or an ``int`` (the byte
-    length of a line over ``max_line``, whose bytes were not kept);
-    :meth:`finish` returns the trailing partial line at EOF, if any. At most
-    ``max_line`` bytes are ever held."""
-
-    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
-        self.max_line = max_line
-        self._buf: list[bytes] = []
-        self._held = 0
-        self._over = 0  # >0: length so far of a line past the cap (bytes dropped)
-        self.oversize = 0
-
-    def feed(self, chunk: bytes) -> list[bytes | int]:
-        out: list[bytes | int] = []
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                self._add(chunk[start:] if start else chunk)
-                return out
-            self._add(chunk[start:nl])
-            out.append(self._take())
-            start = nl + 1
-
-    def finish(self) -> list[bytes | int]:
-        if self._buf or self._over:
-            return [self._take()]
-        return []
-
-    def _add(self, piece: bytes) -> None:
-        if not piece:
-            return
-        if self._over:
-            self._over += len(piece)
-        elif self._held + len(piece) > self.max_line:
-            self._over = self._held + len(piece)
-            self._buf, self._held = [], 0
-        else:
-            self._buf.append(piece)
-            self._held += len(piece)
-
-    def _take(self) -> bytes | int:
-        if self._over:
-            n, self._over = self._over, 0
-            self.oversize += 1
-            return n
-        line = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
-        self._buf, self._held = [], 0
-        return line
+_GAP = {wire.TAGS[d][0]: wire.control({"gap": d}) for d in wire.DIRECTIONS}
+_DIR_OF = {wire.TAGS[d][0]: d for d in wire.DIRECTIONS}
 
 
 class ObservationQueue:
@@ -146,6 +97,7 @@ class ObservationQueue:
         self._q: deque[bytes] = deque()
         self.bytes = 0
         self.drops = 0
+        self._gaps: set[int] = set()  # record tags with a dropped record before the next
         self._ready = trio.Event()
 
     def __len__(self) -> int:
@@ -154,20 +106,30 @@ class ObservationQueue:
     def push(self, record: bytes) -> None:
         self._q.append(record)
         self.bytes += len(record) + self.OVERHEAD
+        self._trim()
+        self._ready.set()
+
+    def _trim(self) -> None:
         while self.bytes > self.max_bytes and len(self._q) > 1:
             old = self._q.popleft()
             self.bytes -= len(old) + self.OVERHEAD
             self.drops += 1
-        self._ready.set()
+            self._gaps.add(old[0])
 
     def take(self, limit: int) -> list[bytes]:
-        """Oldest records up to ``limit`` bytes (at least one if any)."""
+        """Oldest records up to ``limit`` bytes (at least one if any); a
+        direction that lost records since its last taken one gets a
+        ``gap`` control record in front of its next (``wire``)."""
         out: list[bytes] = []
         size = 0
         while self._q and (not out or size + len(self._q[0]) <= limit):
             rec = self._q.popleft()
             self.bytes -= len(rec) + self.OVERHEAD
             size += len(rec)
+            if rec[0] in self._gaps:
+                self._gaps.discard(rec[0])
+                if rec[0] in _GAP:
+                    out.append(_GAP[rec[0]])
             out.append(rec)
         if not self._q:
             self._ready = trio.Event()
@@ -179,10 +141,7 @@ class ObservationQueue:
         for rec in reversed(records):
             self._q.appendleft(rec)
             self.bytes += len(rec) + self.OVERHEAD
-        while self.bytes > self.max_bytes and len(self._q) > 1:
-            old = self._q.popleft()
-            self.bytes -= len(old) + self.OVERHEAD
-            self.drops += 1
+        self._trim()
         if self._q:
             self._ready.set()
 
@@ -219,6 +178,8 @@ class DaemonLink:
     empty and sent."""
 
     BATCH = 256 << 10
+    LINGER = 0.02
+    """Seconds the sender waits after waking to gather a batch."""
 
     def __init__(self, opts: TeeOptions, queue: ObservationQueue,
                  stats: Callable[[], dict[str, int]], *,
@@ -228,6 +189,8 @@ class DaemonLink:
         self.stats = stats
         self.connected = False
         self.connections = 0
+        self.line_ended = {d: True for d in wire.DIRECTIONS}
+        self.finishing = False
         self._note = note or (lambda line: print(line, file=sys.stderr, flush=True))
         self._said: set[str] = set()
         self._idle = trio.Event()
@@ -251,7 +214,8 @@ class DaemonLink:
                                               max_message_size=1 << 20) as ws:
                     await ws.send_message(json.dumps(wire.hello(
                         self.opts.tee_id, self.opts.name, self.opts.command, os.getpid(),
-                        self.stats())))
+                        self.stats(), max_line=self.opts.max_line,
+                        mid_line=[d for d in wire.DIRECTIONS if not self.line_ended[d]])))
                     self.connected = True
                     self.connections += 1
                     attempt = 0
@@ -280,6 +244,10 @@ class DaemonLink:
             if not len(self.queue):
                 self._idle.set()
                 await self.queue.wait()
+                # linger: gather more before a send, so the sender wakes seldom
+                # between the pumps' copies (latency of observations is cheap)
+                if self.queue.bytes < self.BATCH and not self.finishing:
+                    await trio.sleep(self.LINGER)
                 if ws.closed:  # the daemon went away while we waited: keep the records
                     break
             self._idle = trio.Event()
@@ -290,6 +258,9 @@ class DaemonLink:
                 last_stats = stats
             try:
                 await ws.send_message(b"".join(batch))
+                for rec in batch:  # where a daemon meeting this tee anew would start
+                    if rec[0] in _DIR_OF:
+                        self.line_ended[_DIR_OF[rec[0]]] = rec.endswith(b"\n")
             except (ConnectionClosed, trio.BrokenResourceError, OSError):
                 # not delivered as far as we know: the next connection resends
                 # it (a daemon that did read it may see a few lines twice)
@@ -298,6 +269,7 @@ class DaemonLink:
         raise ConnectionClosed(None)
 
     def finish(self, status: int) -> None:
+        self.finishing = True
         if self._idle.is_set():  # an Event is replaced only once set: see flushed()
             self._idle = trio.Event()
         self.queue.push(wire.control({"exit": status, "stats": self.stats()}))
@@ -353,7 +325,21 @@ class _SyncFd:
         await trio.lowlevel.checkpoint()
 
 
+PIPE_SIZE = 1 << 20
+"""Pipe capacity asked for (``F_SETPIPE_SZ``, Linux; 1 MiB is the default
+unprivileged maximum): fewer, larger copies per megabyte. Best effort."""
+
+
+def _grow_pipe(fd: int) -> None:
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, 1031, PIPE_SIZE)  # F_SETPIPE_SZ
+    except OSError:
+        pass
+
+
 def _stream(fd: int, write: bool) -> Any:
+    _grow_pipe(fd)
     new, pollable = _fresh_fd(fd, write)
     if not pollable:
         return _SyncFd(new)
@@ -405,24 +391,21 @@ class Tee:
     def __init__(self, opts: TeeOptions, *, note: Callable[[str], None] | None = None) -> None:
         self.opts = opts
         self.queue = ObservationQueue(opts.queue_bytes)
-        self.splitters = {wire.CLIENT: LineSplitter(opts.max_line),
-                          wire.AGENT: LineSplitter(opts.max_line)}
+        self.shippers = {d: wire.Shipper(opts.max_line) for d in wire.DIRECTIONS}
         self.link = DaemonLink(opts, self.queue, self.stats, note=note)
-        self.observed = {wire.CLIENT: 0, wire.AGENT: 0}
+        self.observed = {d: 0 for d in wire.DIRECTIONS}
 
     def stats(self) -> dict[str, int]:
         return {"drops": self.queue.drops,
-                "oversize": sum(s.oversize for s in self.splitters.values())}
+                "skipped_bytes": sum(s.skipped for s in self.shippers.values())}
 
     def observe(self, direction: str, chunk: bytes) -> None:
-        """A copy of bytes that already went out: lines to the queue."""
+        """A copy of bytes that already went out, to the queue (the daemon
+        splits the lines): O(1) Python work per pipe read."""
         self.observed[direction] += len(chunk)
-        for rec in self.splitters[direction].feed(chunk):
-            self.queue.push(wire.record(direction, rec))
-
-    def _observe_eof(self, direction: str) -> None:
-        for rec in self.splitters[direction].finish():
-            self.queue.push(wire.record(direction, rec))
+        data = self.shippers[direction].cut(chunk)
+        if data:
+            self.queue.push(wire.record(direction, data))
 
     def _spawn(self) -> tuple[subprocess.Popen, Any, Any]:
         """Start the agent from THIS thread (``trio.lowlevel.open_process``
@@ -431,6 +414,8 @@ class Tee:
         returns it with trio streams on our ends of its stdin/stdout pipes."""
         r_in, w_in = os.pipe()
         r_out, w_out = os.pipe()
+        for fd in (w_in, r_out):
+            _grow_pipe(fd)
         try:
             proc = subprocess.Popen(
                 self.opts.command, stdin=r_in, stdout=w_out,
@@ -487,7 +472,6 @@ class Tee:
                 self.observe(wire.CLIENT, chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
-        self._observe_eof(wire.CLIENT)
         await to_agent.aclose()
 
     async def _pump_out(self, from_agent: Any, stdout: Any, done: trio.Event) -> None:
@@ -508,7 +492,6 @@ class Tee:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         finally:
-            self._observe_eof(wire.AGENT)
             done.set()
             await _end_stdout(stdout)
 

@@ -20,13 +20,26 @@ Messages, tee -> daemon (the daemon sends nothing but close frames):
    the tee's connection session, so a reconnect continues the same story
    and a restarted tee never re-mints a run id.
 2. then BINARY messages, each a batch of records, each record
-   ``TAG + payload + b"\\n"``: ``>`` a line the client sent to the agent,
-   ``<`` a line the agent sent to the client (the line's bytes verbatim,
-   without its ``\\n``; lines never contain ``\\n``), ``#`` a control
-   record (compact JSON): ``{"oversize": {"dir": "client"|"agent",
-   "bytes": N}}`` for a line over the tee's parse cap (passed through,
-   not observed), ``{"stats": {"drops": N, "oversize": N}}``, and
-   ``{"exit": STATUS, "stats": {...}}`` when the agent exited.
+   ``TAG + uint32 big-endian length + payload``: ``>`` bytes the client
+   sent to the agent, ``<`` bytes the agent sent to the client (the raw
+   bytes as they went through, in order, in whatever pieces the pipes
+   gave: the DAEMON splits lines, :class:`LineSplitter`), ``#`` a control
+   record (compact JSON): ``{"gap": "client"|"agent"}`` (the tee's bounded
+   queue dropped bytes of that direction just before: the daemon drops the
+   partial line and resumes at the next ``\n``), ``{"stats": {"drops": N,
+   "skipped_bytes": N}}``, and ``{"exit": STATUS, "stats": {...}}`` when
+   the agent exited.
+
+   The tee ships every byte of a line up to its parse cap (``max_line`` in
+   the hello) and one more, then nothing of that line until its ``\n``
+   (``skipped_bytes``): the daemon's splitter sees the line over the cap
+   and counts it, and no line costs more than the cap in transit or in
+   memory. A line shorter than one pipe read is shipped whole.
+
+The hello also carries ``"max_line"`` (the tee's parse cap) and
+``"mid_line"``: the directions whose next bytes continue a line that a
+previous connection carried the start of (a reconnect); a daemon that does
+not know the tee resumes those at their next ``\n``.
 
 Pure helpers; the tee (:mod:`bridges.acp.tee`) and the daemon side
 (:mod:`bridges.acp.bridge`) both use them.
@@ -36,6 +49,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import struct
 import urllib.parse
 from typing import Any, Iterator
 
@@ -43,10 +57,14 @@ from aep_sdk import ulid
 
 CLIENT = "client"
 AGENT = "agent"
+DIRECTIONS = (CLIENT, AGENT)
 TAGS = {CLIENT: b">", AGENT: b"<"}
 _DIRS = {ord(">"): CLIENT, ord("<"): AGENT}
 CONTROL = ord("#")
 VERSION = 1
+_LEN = struct.Struct(">I")
+DEFAULT_MAX_LINE = 4 << 20
+"""Parse cap in bytes: a longer line passes through but is not observed."""
 PATH_PREFIX = "/bridges/acp/"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -83,21 +101,21 @@ def tee_url(daemon: str, name: str) -> str:
     return urllib.parse.urlunsplit((scheme, p.netloc, p.path.rstrip("/") + path_for(name), "", ""))
 
 
-def hello(tee: str, name: str, command: list[str], pid: int, stats: dict[str, int]) -> dict[str, Any]:
+def hello(tee: str, name: str, command: list[str], pid: int, stats: dict[str, int], *,
+          max_line: int = DEFAULT_MAX_LINE, mid_line: list[str] | None = None) -> dict[str, Any]:
     return {"aep_acp_tee": VERSION, "tee": tee, "agent": name,
             "command": os.path.basename(command[0]) if command else "", "pid": pid,
-            "stats": stats}
+            "stats": stats, "max_line": max_line, "mid_line": list(mid_line or [])}
 
 
-def record(direction: str, line: bytes | int) -> bytes:
-    """One record for a line (``bytes``) or an over-cap line's size (``int``)."""
-    if isinstance(line, int):
-        return control({"oversize": {"dir": direction, "bytes": line}})
-    return TAGS[direction] + line + b"\n"
+def record(direction: str, data: bytes) -> bytes:
+    """One record of raw bytes observed in ``direction``."""
+    return TAGS[direction] + _LEN.pack(len(data)) + data
 
 
 def control(obj: dict[str, Any]) -> bytes:
-    return b"#" + json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    return b"#" + _LEN.pack(len(data)) + data
 
 
 def parse_hello(text: str) -> dict[str, Any] | None:
@@ -115,18 +133,129 @@ def parse_hello(text: str) -> dict[str, Any] | None:
 
 
 def records(message: bytes) -> Iterator[tuple[str, bytes] | tuple[None, dict[str, Any]]]:
-    """The records of one batch: ``(direction, line)`` or ``(None, control)``;
-    unknown tags and unparsable control records are skipped."""
-    for rec in message.split(b"\n"):
-        if not rec:
-            continue
-        tag = rec[0]
+    """The records of one batch: ``(direction, bytes)`` or ``(None, control)``.
+    Unknown tags and unparsable control records are skipped; a truncated
+    record ends the batch."""
+    view = memoryview(message)
+    pos, end = 0, len(message)
+    while pos + 5 <= end:
+        tag = message[pos]
+        (n,) = _LEN.unpack_from(message, pos + 1)
+        start, pos = pos + 5, pos + 5 + n
+        if pos > end:
+            return
         if tag in _DIRS:
-            yield _DIRS[tag], rec[1:]
+            yield _DIRS[tag], bytes(view[start:pos])
         elif tag == CONTROL:
             try:
-                obj = json.loads(rec[1:])
+                obj = json.loads(view[start:pos].tobytes())
             except ValueError:
                 continue
             if isinstance(obj, dict):
                 yield None, obj
+
+
+class LineSplitter:
+    """Split one direction's byte stream into lines (``\n`` only: U+2028 /
+    U+2029 inside JSON strings are not line ends).
+
+    :meth:`feed` takes the next piece and returns the records it completed:
+    ``bytes`` (one line, without its ``\n``) or an ``int`` (the length of a
+    line over ``max_line``, whose bytes were not kept); :meth:`finish`
+    returns the trailing partial line at EOF; :meth:`resync` forgets the
+    partial line and drops bytes up to the next ``\n`` (after a gap). At
+    most ``max_line`` bytes are ever held."""
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.max_line = max_line
+        self._buf: list[bytes] = []
+        self._held = 0
+        self._over = 0  # >0: length so far of a line past the cap (bytes dropped)
+        self._resync = False
+        self.oversize = 0
+
+    def resync(self) -> None:
+        self._buf, self._held, self._over = [], 0, 0
+        self._resync = True
+
+    def feed(self, chunk: bytes) -> list[bytes | int]:
+        out: list[bytes | int] = []
+        start = 0
+        if self._resync:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                return out
+            self._resync = False
+            start = nl + 1
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                self._add(chunk[start:] if start else chunk)
+                return out
+            self._add(chunk[start:nl])
+            out.append(self._take())
+            start = nl + 1
+
+    def finish(self) -> list[bytes | int]:
+        if (self._buf or self._over) and not self._resync:
+            return [self._take()]
+        return []
+
+    def _add(self, piece: bytes) -> None:
+        if not piece:
+            return
+        if self._over:
+            self._over += len(piece)
+        elif self._held + len(piece) > self.max_line:
+            self._over = self._held + len(piece)
+            self._buf, self._held = [], 0
+        else:
+            self._buf.append(piece)
+            self._held += len(piece)
+
+    def _take(self) -> bytes | int:
+        if self._over:
+            n, self._over = self._over, 0
+            self.oversize += 1
+            return n
+        line = self._buf[0] if len(self._buf) == 1 else b"".join(self._buf)
+        self._buf, self._held = [], 0
+        return line
+
+
+class Shipper:
+    """The tee's side of the parse cap for one direction (see the module
+    docstring): :meth:`cut` returns the part of a piece to ship (possibly
+    empty), O(1) Python work per piece (the scans run in C). ``skipped``
+    counts the bytes of over-cap lines that were not shipped."""
+
+    def __init__(self, max_line: int = DEFAULT_MAX_LINE) -> None:
+        self.max_line = max_line
+        self.line = 0  # bytes of the current line shipped so far
+        self.skipping = False
+        self.skipped = 0
+
+    def cut(self, piece: bytes) -> bytes:
+        if self.skipping:
+            nl = piece.find(b"\n")
+            if nl < 0:
+                self.skipped += len(piece)
+                return b""
+            self.skipped += nl
+            self.skipping = False
+            self.line = 0
+            piece = piece[nl:]
+        last = piece.rfind(b"\n")
+        if last < 0:
+            if self.line + len(piece) > self.max_line:
+                keep = max(0, self.max_line + 1 - self.line)
+                self.skipping = True
+                self.skipped += len(piece) - keep
+                self.line += keep
+                return piece[:keep]
+            self.line += len(piece)
+            return piece
+        self.line = len(piece) - last - 1
+        if self.line > self.max_line:  # the tail is already over the cap: skip the rest of it
+            self.skipping = True
+        return piece

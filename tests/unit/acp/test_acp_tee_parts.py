@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.acp import config, from_env, wire
-from bridges.acp.tee import LineSplitter, ObservationQueue, add_arguments, exit_status, options_from
+from bridges.acp.tee import ObservationQueue, add_arguments, exit_status, options_from
+from bridges.acp.wire import LineSplitter, Shipper
 
 # --------------------------------------------------------------------------- LineSplitter
 
@@ -50,6 +51,48 @@ def test_splitter_reassembles_any_chunking(chunks, cap):
     assert out == [ln if len(ln) <= cap else len(ln) for ln in lines]
 
 
+def test_resync_drops_the_partial_line():
+    s = LineSplitter()
+    assert s.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']
+    s.resync()
+    assert s.feed(b":2} still the broken one") == []
+    assert s.feed(b'\n{"c":3}\n') == [b'{"c":3}']
+    s.resync()
+    assert s.finish() == []
+
+
+# --------------------------------------------------------------------------- Shipper
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=60).map(lambda b: b.replace(b"x", b"\n")), max_size=20),
+       st.integers(1, 40))
+def test_shipper_then_splitter_is_the_split_with_the_cap(pieces, cap):
+    """What the tee ships (``Shipper``) split by the daemon (``LineSplitter``
+    with the same cap) gives every line under the cap verbatim and every
+    line over it as oversize, in order; the tee never ships more of a
+    line than the cap and one byte, except within one piece."""
+    ship, split = Shipper(cap), LineSplitter(cap)
+    out = []
+    for p in pieces:
+        sent = ship.cut(p)
+        assert len(sent) <= len(p)
+        out += split.feed(sent)
+    out += split.finish()
+    lines = b"".join(pieces).split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    assert [o if isinstance(o, bytes) else "over" for o in out] == [
+        ln if len(ln) <= cap else "over" for ln in lines]
+
+
+def test_shipper_skips_a_line_that_never_ends():
+    ship = Shipper(10)
+    assert ship.cut(b"a" * 8) == b"a" * 8
+    assert ship.cut(b"b" * 8) == b"bbb"  # cap + 1 in all
+    assert ship.cut(b"c" * 1000) == b"" and ship.skipped == 1005
+    assert ship.cut(b"c\nok\n") == b"\nok\n" and ship.skipped == 1006
+
+
 # --------------------------------------------------------------------------- ObservationQueue
 
 async def test_queue_drops_oldest_and_counts():
@@ -70,11 +113,22 @@ async def test_queue_drops_oldest_and_counts():
 # --------------------------------------------------------------------------- wire
 
 def test_records_round_trip():
-    msg = (wire.record(wire.CLIENT, b'{"a":1}') + wire.record(wire.AGENT, b"")
-           + wire.record(wire.AGENT, 123) + wire.control({"exit": 3}) + b"?junk\n#{bad\n")
+    msg = (wire.record(wire.CLIENT, b'{"a":1}\n{"b"') + wire.record(wire.AGENT, b"")
+           + wire.control({"gap": "agent"}) + wire.control({"exit": 3})
+           + b"?\x00\x00\x00\x01z" + b"#\x00\x00\x00\x02{b" + b"<\x00\x00\x09\x00trunc")
     assert list(wire.records(msg)) == [
-        ("client", b'{"a":1}'), ("agent", b""),
-        (None, {"oversize": {"dir": "agent", "bytes": 123}}), (None, {"exit": 3})]
+        ("client", b'{"a":1}\n{"b"'), ("agent", b""), (None, {"gap": "agent"}), (None, {"exit": 3})]
+
+
+async def test_queue_marks_the_gap_of_each_direction():
+    rec = ObservationQueue.OVERHEAD
+    q = ObservationQueue(max_bytes=2 * (rec + 10))
+    q.push(wire.record("client", b"c" * 5))  # 10 bytes each
+    q.push(wire.record("agent", b"a" * 5))
+    q.push(wire.record("client", b"d" * 5))  # drops the first client record
+    got = list(wire.records(b"".join(q.take(1 << 20))))
+    assert got == [("agent", b"aaaaa"), (None, {"gap": "client"}), ("client", b"ddddd")]
+    assert q.drops == 1
 
 
 def test_hello_and_urls():
