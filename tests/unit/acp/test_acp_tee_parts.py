@@ -209,3 +209,11 @@ def test_one_bridge_per_agent_and_problems_on_the_first():
 def test_every_setting_is_known_to_the_supervisor():
     from supervisor.config import KNOWN_SETTINGS
     assert {s.name for s in config.SETTINGS} <= KNOWN_SETTINGS
+
+
+def test_the_readme_knob_table_is_the_settings_metadata():
+    """The README's ACP table is generated from ``config.SETTINGS``
+    (``bridges.core.settings.render_table``): code and docs cannot drift."""
+    from bridges.core.settings import render_table
+    from tests.support.daemon import ROOT
+    assert render_table(config.SETTINGS) in (ROOT / "README.md").read_text()
