@@ -191,7 +191,7 @@ class DaemonLink:
         self.connections = 0
         self.line_ended = {d: True for d in wire.DIRECTIONS}
         self.finishing = False
-        self._note = note or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._note = note or to_stderr
         self._said: set[str] = set()
         self._idle = trio.Event()
         self._idle.set()
@@ -356,6 +356,30 @@ def _die_with_parent() -> None:
         pass
 
 
+def to_stderr(line: str) -> None:
+    """One line on fd 2, never anywhere else: with fd 2 closed at start
+    Python's ``sys.stderr`` is ``None`` and ``print`` would write to stdout,
+    the editor's protocol channel."""
+    try:
+        os.write(2, line.encode("utf-8", "replace") + b"\n")
+    except OSError:
+        pass
+
+
+def _ensure_std_fds() -> None:
+    """A closed fd 0/1/2 becomes ``/dev/null`` first: else the agent's pipes
+    would be created on it and the tee would copy its own pipes."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            os.set_inheritable(fd, True)  # the agent gets it too
+
+
 async def _wait_exit(proc: subprocess.Popen) -> None:
     """Wait for the agent to exit without a thread: its pidfd (Linux >= 5.3)
     becomes readable, else poll."""
@@ -432,8 +456,7 @@ class Tee:
         try:
             proc, to_agent, from_agent = self._spawn()
         except OSError as e:
-            print(f"aep-bridges acp: cannot run {self.opts.command[0]!r}: "
-                  f"{e.strerror or e}", file=sys.stderr, flush=True)
+            to_stderr(f"aep-bridges acp: cannot run {self.opts.command[0]!r}: {e.strerror or e}")
             return EXIT_CANNOT_RUN
         stdin, stdout = _stream(0, False), _stream(1, True)
         stdout_done = trio.Event()
@@ -571,8 +594,10 @@ def main(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int
     line, 127 when the agent cannot be started)."""
     opts, problem = options_from(args, dict(os.environ if environ is None else environ))
     if opts is None:
-        print(f"aep-bridges acp: {problem}", file=sys.stderr)
+        _ensure_std_fds()
+        to_stderr(f"aep-bridges acp: {problem}")
         return 2
+    _ensure_std_fds()  # before trio.run: its own descriptors must not land on 0/1/2
     return trio.run(Tee(opts).run)
 
 

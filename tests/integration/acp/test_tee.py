@@ -333,3 +333,17 @@ def test_fail_open_when_the_daemon_accepts_and_never_answers():
         assert out == data and p.returncode == 0
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2])
+def test_a_closed_standard_descriptor(closed):
+    """An editor that spawns the agent command with fd 0, 1 or 2 closed:
+    the tee never copies its own pipes (the closed one becomes /dev/null
+    before anything else opens a descriptor) and exits with the agent."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEP_")}
+    p = subprocess.run(tee_cmd(py("import sys; sys.stdout.write('hi'); sys.stderr.write('e')")),
+                       stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=60,
+                       preexec_fn=lambda: os.close(closed))
+    assert p.returncode == 0, p.stderr
+    assert b"Traceback" not in p.stderr
+    assert p.stdout == (b"" if closed == 1 else b"hi")
