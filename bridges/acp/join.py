@@ -160,6 +160,8 @@ class Story:
     runs: dict[str, str] = field(default_factory=dict)
     titles: OrderedDict[str, str] = field(default_factory=OrderedDict)
     sessions: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    ended: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    """Sessions already ended (``session/close``): never ended twice."""
     asks: OrderedDict[str, list[Any]] = field(default_factory=OrderedDict)
     """Open permission asks: key -> ``[session, requested id, last id]``."""
 
@@ -234,8 +236,13 @@ class Story:
             else:
                 run = self.run_id(m.get("id"))
         if method in ("session/close", "session/delete") and m["kind"] == "request":
+            if session in self.ended:
+                return []
             self.runs.pop(session, None)
             self.sessions.pop(session, None)
+            self.ended[session] = None
+            while len(self.ended) > self.max_tools:
+                self.ended.popitem(last=False)
             return self._dismiss(session) + [Out(session, e, run) for e in emissions]
         return [Out(session, e, run) for e in emissions]
 
@@ -290,6 +297,8 @@ class Story:
         return map_update(update, self.posture, title=remembered)
 
     def _seen(self, session: str) -> None:
+        if session in self.ended:
+            return
         self.sessions[session] = None
         self.sessions.move_to_end(session)
         while len(self.sessions) > self.max_tools:

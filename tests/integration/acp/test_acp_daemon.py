@@ -19,7 +19,7 @@ from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_
 from tests.integration.acp.peers.py_client import drive
 from tests.integration.acp.test_acp_pairs import ANSWERS, assert_python_story, wait_attached, wait_story
 from tests.support.acp import DAEMON_ENV, py_agent, tee
-from tests.support.daemon import DaemonProcess, run_daemon
+from tests.support.daemon import DaemonProcess, run_daemon, send_command
 
 SLOW_ECHO = [sys.executable, "-c", textwrap.dedent("""
     import sys, time
@@ -45,6 +45,7 @@ def run_tee(url: str, agent: list[str], data: bytes, *extra: str) -> subprocess.
 
 
 def test_with_a_token_the_tee_needs_it_and_the_session_never_notices(tmp_path):
+    sent: list = []
     with run_daemon(tmp_path, {**DAEMON_ENV, "AEP_TOKEN": "s3cret-token"}, healthy=True) as d:
         d.token = "s3cret-token"
         p = run_tee(d.url, SLOW_ECHO, b'{"jsonrpc":"2.0","method":"x"}\n')
@@ -57,6 +58,17 @@ def test_with_a_token_the_tee_needs_it_and_the_session_never_notices(tmp_path):
         assert p.returncode == 0 and p.stderr == b""
         c = d.healthz()["bridges"]["acp"]["counters"]
         assert c["tees_seen"] == 1 and c["lines"] == 2
+        # read-only: a command for an ACP session is refused by the bridge itself
+        col = d.subscribe()
+        try:
+            asyncio.run(drive(tee(d.url, "--token-file", str(tok)) + py_agent(), ANSWERS[:1],
+                              prompts=["one"], between=lambda turn: sent.append(
+                                  col.first(lambda e: e["type"] == "run.finished", 30)
+                                  and send_command(d, "control.cancel", "sess-1"))))
+            assert sent[0][0] == "unsupported", sent
+            wait_story(col, "sess-1")
+        finally:
+            col.close()
 
 
 def test_an_agent_id_the_daemon_does_not_serve_is_refused_404(tmp_path):

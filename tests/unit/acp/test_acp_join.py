@@ -310,3 +310,16 @@ def test_fuzz_story_never_raises(lines):
         events += stamp_all(story, st_, story.feed(direction, raw))
     events += stamp_all(story, st_, story.close(None))
     assert story.counters.mapping_errors == 0
+
+
+def test_a_closed_session_never_ends_twice():
+    story = Story("T")
+    outs = opened(story)
+    outs += story.feed(CLIENT, line(req(5, "session/close", {"sessionId": "s1"})))
+    outs += story.feed(AGENT, line(res(5, {})))
+    outs += story.feed(CLIENT, line(req(6, "session/close", {"sessionId": "s1"})))
+    outs += story.close(0)
+    events = stamp_all(story, Stamper("acp", epoch=1, host="h"), outs)
+    assert [e["type"] for e in events if e.get("session") == "s1"] == [
+        "session.started", "session.ended", "x.acp.session.close.result"]
+    validate_stream(events)
