@@ -66,8 +66,9 @@ def test_check_subcommand(tmp_path):
                         env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert ok.returncode == 0 and "otlp_in" in ok.stdout
     bad = subprocess.run(console_script() + ["check"], capture_output=True, text=True,
-                         env={"HOME": str(tmp_path), "AEP_BRIDGE_ACP": "1"}, timeout=60)
-    assert bad.returncode == 2 and "acp" in bad.stderr
+                         env={"HOME": str(tmp_path), "AEP_BRIDGE_ACP": "1",
+                              "AEP_ACP_AGENTS": "not an id"}, timeout=60)
+    assert bad.returncode == 2 and "AEP_ACP_AGENTS" in bad.stderr
 
 
 def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
