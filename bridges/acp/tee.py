@@ -68,6 +68,11 @@ DEFAULT_NAME = "acp"
 DEFAULT_MAX_LINE = wire.DEFAULT_MAX_LINE
 DEFAULT_QUEUE_BYTES = 8 << 20
 """Observation queue bound in bytes (oldest dropped beyond it)."""
+DEFAULT_OBSERVE_RATE = 32.0
+"""MB/s of observations at most (the sender paces itself; beyond it the
+queue drops): observation CPU (WebSocket framing and masking here, line
+parsing in the daemon) stays bounded however fast the session runs. ACP
+sessions move kilobytes per second; a bulk transfer is what gets dropped."""
 CHUNK = 1 << 20
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_CANNOT_RUN = 127
@@ -162,6 +167,7 @@ class TeeOptions:
     token: str | None = None
     max_line: int = DEFAULT_MAX_LINE
     queue_bytes: int = DEFAULT_QUEUE_BYTES
+    observe_rate: float = DEFAULT_OBSERVE_RATE
     verbose: bool = False
     tee_id: str = field(default_factory=lambda: wire.new_tee_id())
 
@@ -178,7 +184,7 @@ class DaemonLink:
     empty and sent."""
 
     BATCH = 256 << 10
-    LINGER = 0.02
+    LINGER = 0.1
     """Seconds the sender waits after waking to gather a batch."""
 
     def __init__(self, opts: TeeOptions, queue: ObservationQueue,
@@ -256,8 +262,10 @@ class DaemonLink:
             if stats != last_stats:
                 batch.append(wire.control({"stats": stats}))
                 last_stats = stats
+            message = b"".join(batch)
+            started = trio.current_time()
             try:
-                await ws.send_message(b"".join(batch))
+                await ws.send_message(message)
                 for rec in batch:  # where a daemon meeting this tee anew would start
                     if rec[0] in _DIR_OF:
                         self.line_ended[_DIR_OF[rec[0]]] = rec.endswith(b"\n")
@@ -266,6 +274,9 @@ class DaemonLink:
                 # it (a daemon that did read it may see a few lines twice)
                 self.queue.requeue(batch)
                 raise
+            # pace: at most observe_rate MB/s (transparency outranks delivery)
+            await trio.sleep(max(0.0, len(message) / (self.opts.observe_rate * 1e6)
+                                 - (trio.current_time() - started)))
         raise ConnectionClosed(None)
 
     def finish(self, status: int) -> None:
@@ -556,6 +567,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="parse cap: longer lines pass through unobserved (default 4 MiB)")
     p.add_argument("--queue-bytes", type=int, default=DEFAULT_QUEUE_BYTES, metavar="BYTES",
                    help="observation queue bound; oldest dropped beyond it (default 8 MiB)")
+    p.add_argument("--observe-rate", type=float, default=DEFAULT_OBSERVE_RATE, metavar="MB_S",
+                   help="at most this many MB/s of observations to the daemon; beyond it the "
+                        "queue drops (default 32)")
     p.add_argument("--verbose", action="store_true",
                    help="a stderr line on every daemon connection change, not only the first")
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -584,9 +598,11 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> tuple[Tee
             return None, f"--token-file {args.token_file!r}: {e.strerror or e}"
     if args.max_line < 1024 or args.queue_bytes < 1024:
         return None, "--max-line and --queue-bytes: at least 1024 bytes"
+    if not 0 < args.observe_rate <= 10_000:
+        return None, "--observe-rate: MB/s above 0 (at most 10000)"
     return TeeOptions(command=command, daemon=daemon.rstrip("/"), name=args.name, token=token,
                       max_line=args.max_line, queue_bytes=args.queue_bytes,
-                      verbose=args.verbose), ""
+                      observe_rate=args.observe_rate, verbose=args.verbose), ""
 
 
 def main(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int:
