@@ -167,7 +167,8 @@ def test_options_defaults_env_and_arguments(tmp_path):
     ((), "no agent command"), (("--",), "no agent command"),
     (("--daemon", "nope", "--", "a"), "--daemon"), (("--name", "a b", "--", "a"), "--name"),
     (("--token-file", "/nonexistent/x", "--", "a"), "--token-file"),
-    (("--max-line", "10", "--", "a"), "--max-line")])
+    (("--max-line", "10", "--", "a"), "--max-line"),
+    (("--observe-rate", "0", "--", "a"), "--observe-rate")])
 def test_bad_command_lines(argv, needle):
     opts, problem = options_from(parse(*argv), {})
     assert opts is None and needle in problem
