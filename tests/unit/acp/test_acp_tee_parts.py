@@ -218,3 +218,23 @@ def test_the_readme_knob_table_is_the_settings_metadata():
     from bridges.core.settings import render_table
     from tests.support.daemon import ROOT
     assert render_table(config.SETTINGS) in (ROOT / "README.md").read_text()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=80),
+                          st.tuples(st.sampled_from(["client", "agent"]), st.binary(max_size=60))
+                          .map(lambda t: wire.record(*t))), max_size=10))
+def test_fuzz_the_daemon_side_never_raises(parts):
+    """Garbage batches through what the daemon runs on them (records ->
+    splitter -> story): never an exception."""
+    from bridges.acp.join import Story
+    story = Story("F")
+    splitters = {d: LineSplitter(64) for d in wire.DIRECTIONS}
+    for direction, item in wire.records(b"".join(parts)):
+        if direction is None:
+            assert isinstance(item, dict)
+            continue
+        for line in splitters[direction].feed(item):
+            if isinstance(line, bytes):
+                story.feed(direction, line)
+    assert story.counters.mapping_errors == 0
