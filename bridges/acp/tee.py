@@ -176,12 +176,13 @@ class DaemonLink:
     """The tee's one connection to the daemon (fail-open).
 
     :meth:`run` connects to ``wire.tee_url(daemon, name)``, says hello, then
-    sends what the queue holds in batches; on any failure it waits the
-    shared backoff and reconnects (queued records survive; records in a
-    batch being sent when the connection broke are lost). It never raises
-    (a note goes to stderr once per kind of failure). :meth:`finish`
-    queues the exit record; :meth:`flushed` waits until the queue is
-    empty and sent."""
+    sends what the queue holds in batches (lingering :data:`LINGER` after a
+    wake-up, paced to ``observe_rate``); on any failure it waits the shared
+    backoff (:func:`bridges.core.backoff.backoff_delay`) and reconnects
+    (queued records survive; a batch whose send failed goes back in front
+    of the queue). It never raises (a note goes to stderr once per kind of
+    failure). :meth:`finish` queues the exit record; :meth:`flushed` waits
+    until the queue is empty and sent."""
 
     BATCH = 256 << 10
     LINGER = 0.1
