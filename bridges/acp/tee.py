@@ -86,20 +86,23 @@ BACKOFF_INITIAL = 0.2
 BACKOFF_MAX = 10.0
 
 
+Piece = tuple[bytes, bytes]
 _GAP = {wire.TAGS[d][0]: wire.control({"gap": d}) for d in wire.DIRECTIONS}
 _DIR_OF = {wire.TAGS[d][0]: d for d in wire.DIRECTIONS}
 
 
 class ObservationQueue:
-    """Bounded FIFO of wire records (``bytes``, see :mod:`bridges.acp.wire`):
-    at most ``max_bytes`` held; pushing beyond drops the oldest and counts
-    them in ``drops``. :meth:`push` never waits."""
+    """Bounded FIFO of wire records, each ``(header, payload)`` (see
+    :func:`bridges.acp.wire.piece`; a control record is ``(record, b"")``),
+    so a record dropped unsent never cost a copy: at most ``max_bytes``
+    held; pushing beyond drops the oldest and counts them in ``drops``.
+    :meth:`push` never waits."""
 
-    OVERHEAD = 64  # per-record bookkeeping, so empty lines count too
+    OVERHEAD = 64  # per-record bookkeeping, so empty records count too
 
     def __init__(self, max_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._q: deque[bytes] = deque()
+        self._q: deque[Piece] = deque()
         self.bytes = 0
         self.drops = 0
         self._gaps: set[int] = set()  # record tags with a dropped record before the next
@@ -108,44 +111,49 @@ class ObservationQueue:
     def __len__(self) -> int:
         return len(self._q)
 
-    def push(self, record: bytes) -> None:
+    @classmethod
+    def _size(cls, rec: Piece) -> int:
+        return len(rec[0]) + len(rec[1]) + cls.OVERHEAD
+
+    def push(self, record: Piece) -> None:
         self._q.append(record)
-        self.bytes += len(record) + self.OVERHEAD
+        self.bytes += self._size(record)
         self._trim()
         self._ready.set()
 
     def _trim(self) -> None:
         while self.bytes > self.max_bytes and len(self._q) > 1:
             old = self._q.popleft()
-            self.bytes -= len(old) + self.OVERHEAD
+            self.bytes -= self._size(old)
             self.drops += 1
-            self._gaps.add(old[0])
+            self._gaps.add(old[0][0])
 
-    def take(self, limit: int) -> list[bytes]:
+    def take(self, limit: int) -> list[Piece]:
         """Oldest records up to ``limit`` bytes (at least one if any); a
         direction that lost records since its last taken one gets a
         ``gap`` control record in front of its next (``wire``)."""
-        out: list[bytes] = []
+        out: list[Piece] = []
         size = 0
-        while self._q and (not out or size + len(self._q[0]) <= limit):
+        while self._q and (not out or size + self._size(self._q[0]) <= limit):
             rec = self._q.popleft()
-            self.bytes -= len(rec) + self.OVERHEAD
-            size += len(rec)
-            if rec[0] in self._gaps:
-                self._gaps.discard(rec[0])
-                if rec[0] in _GAP:
-                    out.append(_GAP[rec[0]])
+            self.bytes -= self._size(rec)
+            size += self._size(rec)
+            tag = rec[0][0]
+            if tag in self._gaps:
+                self._gaps.discard(tag)
+                if tag in _GAP:
+                    out.append((_GAP[tag], b""))
             out.append(rec)
         if not self._q:
             self._ready = trio.Event()
         return out
 
-    def requeue(self, records: list[bytes]) -> None:
+    def requeue(self, records: list[Piece]) -> None:
         """Put records a broken connection did not deliver back in front
         (the bound still holds: the oldest are dropped first)."""
         for rec in reversed(records):
             self._q.appendleft(rec)
-            self.bytes += len(rec) + self.OVERHEAD
+            self.bytes += self._size(rec)
         self._trim()
         if self._q:
             self._ready.set()
@@ -261,15 +269,15 @@ class DaemonLink:
             batch = self.queue.take(self.BATCH)
             stats = self.stats()
             if stats != last_stats:
-                batch.append(wire.control({"stats": stats}))
+                batch.append((wire.control({"stats": stats}), b""))
                 last_stats = stats
-            message = b"".join(batch)
+            message = b"".join([part for rec in batch for part in rec])
             started = trio.current_time()
             try:
                 await ws.send_message(message)
-                for rec in batch:  # where a daemon meeting this tee anew would start
-                    if rec[0] in _DIR_OF:
-                        self.line_ended[_DIR_OF[rec[0]]] = rec.endswith(b"\n")
+                for head, data in batch:  # where a daemon meeting this tee anew would start
+                    if head[0] in _DIR_OF:
+                        self.line_ended[_DIR_OF[head[0]]] = data.endswith(b"\n")
             except (ConnectionClosed, trio.BrokenResourceError, OSError):
                 # not delivered as far as we know: the next connection resends
                 # it (a daemon that did read it may see a few lines twice)
@@ -284,7 +292,7 @@ class DaemonLink:
         self.finishing = True
         if self._idle.is_set():  # an Event is replaced only once set: see flushed()
             self._idle = trio.Event()
-        self.queue.push(wire.control({"exit": status, "stats": self.stats()}))
+        self.queue.push((wire.control({"exit": status, "stats": self.stats()}), b""))
 
     async def flushed(self) -> None:
         """Wait until a connected link has sent everything queued (the send
@@ -441,7 +449,7 @@ class Tee:
         self.observed[direction] += len(chunk)
         data = self.shippers[direction].cut(chunk)
         if data:
-            self.queue.push(wire.record(direction, data))
+            self.queue.push(wire.piece(direction, data))
 
     def _spawn(self) -> tuple[subprocess.Popen, Any, Any]:
         """Start the agent from THIS thread (``trio.lowlevel.open_process``

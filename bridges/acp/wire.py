@@ -113,6 +113,11 @@ def record(direction: str, data: bytes) -> bytes:
     return TAGS[direction] + _LEN.pack(len(data)) + data
 
 
+def piece(direction: str, data: bytes) -> tuple[bytes, bytes]:
+    """:func:`record` as ``(header, data)``, without copying ``data``."""
+    return TAGS[direction] + _LEN.pack(len(data)), data
+
+
 def control(obj: dict[str, Any]) -> bytes:
     data = json.dumps(obj, separators=(",", ":")).encode()
     return b"#" + _LEN.pack(len(data)) + data

@@ -96,17 +96,19 @@ def test_shipper_skips_a_line_that_never_ends():
 # --------------------------------------------------------------------------- ObservationQueue
 
 async def test_queue_drops_oldest_and_counts():
-    q = ObservationQueue(max_bytes=3 * (10 + ObservationQueue.OVERHEAD))
+    q = ObservationQueue(max_bytes=3 * (15 + ObservationQueue.OVERHEAD))
     for i in range(5):
-        q.push(b"%010d" % i)
+        q.push(wire.piece("client", b"%010d" % i))
     assert q.drops == 2 and len(q) == 3
-    assert q.take(1 << 20) == [b"%010d" % i for i in (2, 3, 4)]
-    q.requeue([b"%010d" % 9])
-    assert q.take(1) == [b"%010d" % 9]  # at least one record even over the limit
+    got = q.take(1 << 20)
+    assert [d for _, d in got[1:]] == [b"%010d" % i for i in (2, 3, 4)]
+    assert got[0] == (wire.control({"gap": "client"}), b"")  # the drops, marked
+    q.requeue([wire.piece("agent", b"%010d" % 9)])
+    assert q.take(1) == [wire.piece("agent", b"%010d" % 9)]  # at least one even over the limit
     with trio.move_on_after(0.05) as scope:
         await q.wait()
     assert scope.cancelled_caught  # empty: nothing to wait for
-    q.push(b"x")
+    q.push(wire.piece("agent", b"x"))
     await q.wait()
 
 
@@ -123,10 +125,10 @@ def test_records_round_trip():
 async def test_queue_marks_the_gap_of_each_direction():
     rec = ObservationQueue.OVERHEAD
     q = ObservationQueue(max_bytes=2 * (rec + 10))
-    q.push(wire.record("client", b"c" * 5))  # 10 bytes each
-    q.push(wire.record("agent", b"a" * 5))
-    q.push(wire.record("client", b"d" * 5))  # drops the first client record
-    got = list(wire.records(b"".join(q.take(1 << 20))))
+    q.push(wire.piece("client", b"c" * 5))  # 10 bytes each
+    q.push(wire.piece("agent", b"a" * 5))
+    q.push(wire.piece("client", b"d" * 5))  # drops the first client record
+    got = list(wire.records(b"".join(part for r in q.take(1 << 20) for part in r)))
     assert got == [("agent", b"aaaaa"), (None, {"gap": "client"}), ("client", b"ddddd")]
     assert q.drops == 1
 
