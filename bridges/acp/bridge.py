@@ -49,8 +49,9 @@ MAX_DETACHED = 256
 reconnect (least recently seen evicted)."""
 QUEUE = 16
 """Batches in flight between the connection handlers and the mapping."""
-MAX_LINE = 64 << 20
-"""The largest parse cap a tee may ask for (its hello's ``max_line``)."""
+MAX_LINE = 16 << 20
+"""The largest parse cap the daemon honors (a tee's hello ``max_line`` is
+clamped to it): per tee the daemon holds at most this per direction."""
 
 
 @dataclass
@@ -213,7 +214,7 @@ class TeeHub:
         if tee is None:
             tee = TeeState(tid, Story(tid, self.posture))
             max_line = hello.get("max_line")
-            tee.split(max_line if isinstance(max_line, int) and 1024 <= max_line <= MAX_LINE
+            tee.split(min(max_line, MAX_LINE) if isinstance(max_line, int) and max_line >= 1024
                       else wire.DEFAULT_MAX_LINE)
             mid = hello.get("mid_line")
             for direction in mid if isinstance(mid, list) else []:

@@ -110,3 +110,30 @@ async def test_a_restarted_bridge_starts_clean(nursery):
             assert ev["type"] == "x.acp.rpc.unmatched"
         runs.cancel_scope.cancel()
     stop.set()
+
+
+async def test_more_tees_than_allowed_are_refused_503(nursery):
+    mounts = Mounts()
+    stop = trio.Event()
+    (url,) = await nursery.start(serve_asgi, mounts.wrap(not_found), "127.0.0.1", 0, stop)
+    ws_url = url.replace("http://", "ws://") + "/bridges/acp/acp"
+    send, recv = trio.open_memory_channel(100)
+    _, commands = trio.open_memory_channel(1)
+    ctx = BridgeContext("acp", Stamper("acp", epoch=1, host="h"), send, commands, BridgeHealth(),
+                        logging.getLogger("test.acp"), mounts=mounts)
+    from bridges.acp.config import AcpConfig
+    bridge = AcpBridge(config=AcpConfig(max_tees=1))
+    async with trio.open_nursery() as runs:
+        await runs.start(bridge.run, ctx)
+        async with open_websocket_url(ws_url) as first:
+            await first.send_message(json.dumps(wire.hello("TEEA", "acp", ["a"], 1, {})))
+            with trio.fail_after(10):
+                while ctx.health.counters["tees_attached"] != 1:
+                    await trio.sleep(0.01)
+            with pytest.raises(ConnectionRejected) as e:
+                async with open_websocket_url(ws_url):
+                    pass
+            assert e.value.status_code == 503
+            assert ctx.health.counters["refused"] == 1
+        runs.cancel_scope.cancel()
+    stop.set()
