@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 MAX_DEPTH = 16
 """Nesting depth of array/kvlist values kept; deeper values degrade to None."""
@@ -198,6 +198,59 @@ def _json_double(x: Any) -> float | str | None:
     return None
 
 
+_BAD = object()
+"""A value of the named kind that is not of that kind (noted, degrades to None)."""
+
+
+def _json_string(x: Any, notes: list[str], depth: int) -> Any:
+    return x if isinstance(x, str) else _BAD
+
+
+def _json_bool(x: Any, notes: list[str], depth: int) -> Any:
+    return x if isinstance(x, bool) else _BAD
+
+
+def _json_int_value(x: Any, notes: list[str], depth: int) -> Any:
+    i = _json_int(x)
+    return _BAD if i is None else i
+
+
+def _json_double_value(x: Any, notes: list[str], depth: int) -> Any:
+    d = _json_double(x)
+    return _BAD if d is None else d
+
+
+def _json_array(x: Any, notes: list[str], depth: int) -> Any:
+    if not isinstance(x, dict):
+        return _BAD
+    vals = _get(x, "values")
+    if vals is None:
+        return []
+    if isinstance(vals, list):
+        return [value_from_json(e, notes, depth + 1) for e in vals]
+    return _BAD
+
+
+def _json_kvlist(x: Any, notes: list[str], depth: int) -> Any:
+    if not isinstance(x, dict):
+        return _BAD
+    vals = _get(x, "values")
+    if vals is None:
+        return {}
+    if isinstance(vals, list):
+        return attrs_from_json(vals, notes, depth + 1)
+    return _BAD
+
+
+# bytesValue is already base64 on this encoding: a string, kept as is.
+_JSON_VALUE: dict[str, Callable[[Any, list[str], int], Any]] = {
+    "stringValue": _json_string, "boolValue": _json_bool, "intValue": _json_int_value,
+    "doubleValue": _json_double_value, "bytesValue": _json_string,
+    "arrayValue": _json_array, "kvlistValue": _json_kvlist,
+}
+_NESTED = frozenset({"arrayValue", "kvlistValue"})
+
+
 def value_from_json(v: Any, notes: list[str], depth: int = 0) -> Any:
     """One OTLP/JSON ``AnyValue`` object -> a JSON value (``None`` for an
     empty or unreadable one, noted)."""
@@ -212,40 +265,14 @@ def value_from_json(v: Any, notes: list[str], depth: int = 0) -> Any:
         if v:
             notes.append("otlp.value_unexpected")
         return None
-    if camel == "stringValue":
-        if isinstance(x, str):
-            return x
-    elif camel == "boolValue":
-        if isinstance(x, bool):
-            return x
-    elif camel == "intValue":
-        i = _json_int(x)
-        if i is not None:
-            return i
-    elif camel == "doubleValue":
-        d = _json_double(x)
-        if d is not None:
-            return d
-    elif camel == "bytesValue":
-        if isinstance(x, str):
-            return x  # already base64 on this encoding
-    elif depth >= MAX_DEPTH:
+    if camel in _NESTED and depth >= MAX_DEPTH:
         notes.append("otlp.value_too_deep")
         return None
-    elif camel == "arrayValue":
-        vals = _get(x, "values") if isinstance(x, dict) else None
-        if vals is None and isinstance(x, dict):
-            return []
-        if isinstance(vals, list):
-            return [value_from_json(e, notes, depth + 1) for e in vals]
-    elif camel == "kvlistValue":
-        vals = _get(x, "values") if isinstance(x, dict) else None
-        if vals is None and isinstance(x, dict):
-            return {}
-        if isinstance(vals, list):
-            return attrs_from_json(vals, notes, depth + 1)
-    notes.append("otlp.value_unexpected")
-    return None
+    out = _JSON_VALUE[camel](x, notes, depth)
+    if out is _BAD:
+        notes.append("otlp.value_unexpected")
+        return None
+    return out
 
 
 def attrs_from_json(kvs: Any, notes: list[str], depth: int = 0) -> dict[str, Any]:

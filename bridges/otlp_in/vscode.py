@@ -69,7 +69,7 @@ def map_record(rec: dict[str, Any], posture: Posture, notes: list[str] | None = 
     notes = [] if notes is None else notes
     name = event_name(rec, notes)
     spec = EVENTS.get(name) if name else None
-    if spec is None:
+    if spec is None or name is None:
         if name:
             notes.append("otlp.unknown_event")
         return [unknown(NAMESPACE, name)]

@@ -17,7 +17,7 @@ import trio
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
-from bridges.otlp_in import OtlpInBridge
+from tests.integration.otlp_in.support import otlp_bridge
 from tests.support import codex as cx
 from tests.support.mock_responses import MODEL, MockResponsesServer
 
@@ -48,8 +48,7 @@ def emitted(recv: trio.MemoryReceiveChannel) -> list[dict]:
 
 
 async def _live(codex_bin, home, scenario, *, primary: bool):
-    bridge = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
-                          primary=primary)
+    bridge = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0", primary=primary)
     send, recv = trio.open_memory_channel(1000)
     _, commands = trio.open_memory_channel(0)
     ctx = BridgeContext(bridge.name, Stamper("codex", epoch=7, host="test-host",
@@ -132,7 +131,7 @@ async def test_live_codex_forbidden_command_is_a_tool_failure(codex_bin, tmp_pat
 
 async def test_live_codex_logged_prompt_is_redacted_at_redacted(codex_bin, tmp_path):
     scenario = SCENARIO["otlp-http-json-log-user-prompt"]
-    bridge = OtlpInBridge("codex", grpc_listen="off", http_listen="127.0.0.1:0")
+    bridge = otlp_bridge(grpc="off", http="127.0.0.1:0")
     send, recv = trio.open_memory_channel(1000)
     _, commands = trio.open_memory_channel(0)
     policy = CapturePolicy(ceiling="redacted")

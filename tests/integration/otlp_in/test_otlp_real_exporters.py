@@ -33,6 +33,7 @@ from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.otlp_in import OtlpInBridge
+from tests.integration.otlp_in.support import otlp_bridge
 
 try:
     from tests.support.schema import validate_event
@@ -106,7 +107,7 @@ def _check(got: list[dict], *, primary: bool = False) -> None:
 @pytest.mark.parametrize("compression", [None, grpc.Compression.Gzip], ids=["plain", "gzip"])
 @pytest.mark.parametrize("use_attribute", [True, False], ids=["event.name", "event_name"])
 async def test_real_grpc_exporter(compression, use_attribute):
-    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="off")
+    b = otlp_bridge(grpc="127.0.0.1:0", http="off")
     _, got = await _run(b, lambda: GrpcLogExporter(
         endpoint=f"127.0.0.1:{b.grpc_address[1]}", insecure=True, timeout=20,
         compression=compression), use_attribute=use_attribute)
@@ -117,7 +118,7 @@ async def test_real_grpc_exporter(compression, use_attribute):
                          ids=["plain", "gzip"])
 @pytest.mark.parametrize("use_attribute", [True, False], ids=["event.name", "event_name"])
 async def test_real_http_protobuf_exporter(compression, use_attribute):
-    b = OtlpInBridge("codex", grpc_listen="off", http_listen="127.0.0.1:0", primary=True)
+    b = otlp_bridge(grpc="off", http="127.0.0.1:0", primary=True)
     _, got = await _run(b, lambda: HttpLogExporter(
         endpoint=f"http://127.0.0.1:{b.http_address[1]}/v1/logs", timeout=20,
         compression=compression), use_attribute=use_attribute)
@@ -141,8 +142,8 @@ def _saturate_then_relay_later(sink: list[dict]):
 @pytest.mark.parametrize("kind", ["grpc", "http"])
 async def test_real_exporter_retries_through_saturation_without_loss(kind):
     # emit_grace shorter than the relay's stall, so the first attempt is refused
-    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0" if kind == "grpc" else "off",
-                     http_listen="127.0.0.1:0" if kind == "http" else "off", emit_grace=0.1)
+    b = otlp_bridge(grpc="127.0.0.1:0" if kind == "grpc" else "off",
+                    http="127.0.0.1:0" if kind == "http" else "off", emit_grace=0.1)
 
     def factory():
         if kind == "grpc":
