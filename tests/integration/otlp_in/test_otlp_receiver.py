@@ -463,6 +463,44 @@ async def test_cancellation_with_an_export_in_flight():
     assert _connect_refused(port)
 
 
+async def test_a_restart_starts_clean():
+    # Run state lives on the per-run object, not the bridge (issue 7): a run
+    # stopped while an export was waiting (its admission closing) leaves
+    # nothing behind; the next run has its own context, listeners, admission.
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0", emit_grace=30)
+    assert b.listeners() == {"grpc": ("127.0.0.1", 0), "http": ("127.0.0.1", 0)}
+    result = {}
+    async with trio.open_nursery() as outer:
+        async with running(b, channel=3) as (ctx1, recv1):
+            first = b.listeners()
+            assert first["grpc"][1] != 0 and first["http"][1] != 0
+            assert (b.grpc_address, b.http_address) == (first["grpc"], first["http"])
+
+            async def call():
+                result["r"] = await trio.to_thread.run_sync(grpc_call, first["grpc"][1], PB)
+
+            outer.start_soon(call)
+            with trio.fail_after(10):
+                while ctx1.health.counters.get("otlp.requests", 0) < 1:
+                    await trio.sleep(0.01)
+        with trio.fail_after(15):
+            while "r" not in result:
+                await trio.sleep(0.05)
+    assert result["r"][0].partial_success.rejected_log_records == N_PB - 3
+    # stopped: nothing bound, the configured listeners again
+    assert b.listeners() == {"grpc": ("127.0.0.1", 0), "http": ("127.0.0.1", 0)}
+    assert b.grpc_address is None and b.http_address is None
+    async with running(b) as (ctx2, recv2), httpx.AsyncClient() as c:
+        assert b.listeners()["http"] == b.http_address and b.http_address[1] != 0
+        r = await c.post(url(b), content=PB, headers=PROTO)
+        assert r.status_code == 200  # not "receiver is stopping"
+        assert not ExportLogsServiceResponse.FromString(r.content).HasField("partial_success")
+        second = drain(recv2)
+    assert len(second) == N_PB and ctx2.health.counters["otlp.requests"] == 1
+    assert len(drain(recv1)) == 3  # the first run's channel got nothing more
+    assert "otlp.rejected_stopping" not in ctx2.health.counters
+
+
 def _ctx(bridge: OtlpInBridge) -> BridgeContext:
     send, _ = trio.open_memory_channel(10)
     _, commands = trio.open_memory_channel(0)
