@@ -25,14 +25,17 @@ Two sources, one output: :func:`records_from_proto` walks an
 ``ExportLogsServiceRequest`` message; :func:`records_from_json` walks the
 OTLP/JSON encoding (OTLP spec, "JSON Protobuf Encoding": lowerCamelCase keys;
 the proto field names are accepted too). Structural garbage raises
-:class:`NotOtlp` (the receiver answers 400 / ``INVALID_ARGUMENT``); a
-malformed *record* inside a well-formed request is yielded as ``None`` (the
-receiver counts it in ``partial_success.rejected_log_records``); a value of
-an unexpected kind degrades to ``None`` and is noted.
+:class:`NotOtlp` (the transports answer 400 / ``INVALID_ARGUMENT``,
+:mod:`bridges.otlp_in.status`); a malformed *record* inside a well-formed
+request is yielded as ``None`` (the planning step,
+:func:`bridges.otlp_in.export.plan`, refuses it and the answer counts it in
+``partial_success.rejected_log_records``); a value of an unexpected kind
+degrades to ``None`` and is noted.
 
 Anomalies are appended to the caller's ``notes`` list as counter names
-(``otlp.value_unexpected``, ``otlp.value_too_deep``, ...): the receiver turns
-them into ``BridgeHealth`` counts. Design record:
+(``otlp.value_unexpected``, ``otlp.value_too_deep``, ...): the export path
+(:class:`bridges.otlp_in.export.Admission`) turns them into ``BridgeHealth``
+counts. Design record:
 ``shared/aep/docs/bridge-otlp-inbound-design.md`` (we go beyond it: native
 protobuf as well as JSON).
 """
@@ -40,7 +43,10 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 MAX_DEPTH = 16
 """Nesting depth of array/kvlist values kept; deeper values degrade to None."""
@@ -60,7 +66,7 @@ def _double(x: float) -> float | str:
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
 
-def value_from_proto(v: Any, notes: list[str], depth: int = 0) -> Any:
+def value_from_proto(v: AnyValue, notes: list[str], depth: int = 0) -> Any:
     """One ``opentelemetry.proto.common.v1.AnyValue`` -> a JSON value."""
     kind = v.WhichOneof("value")
     if kind is None:
@@ -86,7 +92,7 @@ def value_from_proto(v: Any, notes: list[str], depth: int = 0) -> Any:
     return None
 
 
-def attrs_from_proto(kvs: Any, notes: list[str], depth: int = 0) -> dict[str, Any]:
+def attrs_from_proto(kvs: Iterable[KeyValue], notes: list[str], depth: int = 0) -> dict[str, Any]:
     """Repeated ``KeyValue`` -> ``{key: value}`` (a repeated key: last wins)."""
     out: dict[str, Any] = {}
     for kv in kvs:
@@ -121,7 +127,7 @@ def _record(resource: dict[str, Any], attributes: dict[str, Any], *, event_name:
     return rec
 
 
-def records_from_proto(request: Any, notes: list[str]) -> Iterator[FlatRecord]:
+def records_from_proto(request: ExportLogsServiceRequest, notes: list[str]) -> Iterator[FlatRecord]:
     """Flatten every LogRecord of an ``ExportLogsServiceRequest`` message, in
     order. A decoded protobuf message is structurally sound by construction,
     so this never yields ``None``."""
@@ -140,7 +146,7 @@ def records_from_proto(request: Any, notes: list[str]) -> Iterator[FlatRecord]:
                     severity_text=lr.severity_text, scope=scope)
 
 
-def count_proto_records(request: Any) -> int:
+def count_proto_records(request: ExportLogsServiceRequest) -> int:
     return sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
 
 
@@ -161,7 +167,7 @@ _VALUE_KEYS = (
 )
 
 
-def _json_int(x: Any) -> int | None:
+def _json_int(x: object) -> int | None:
     """An OTLP/JSON int64: a JSON integer or a decimal string."""
     if isinstance(x, bool):
         return None
@@ -180,7 +186,7 @@ def _json_int(x: Any) -> int | None:
     return None
 
 
-def _json_double(x: Any) -> float | str | None:
+def _json_double(x: object) -> float | str | None:
     if isinstance(x, bool):
         return None
     if isinstance(x, (int, float)):
@@ -251,7 +257,7 @@ _JSON_VALUE: dict[str, Callable[[Any, list[str], int], Any]] = {
 _NESTED = frozenset({"arrayValue", "kvlistValue"})
 
 
-def value_from_json(v: Any, notes: list[str], depth: int = 0) -> Any:
+def value_from_json(v: object, notes: list[str], depth: int = 0) -> Any:
     """One OTLP/JSON ``AnyValue`` object -> a JSON value (``None`` for an
     empty or unreadable one, noted)."""
     if not isinstance(v, dict):
@@ -310,7 +316,7 @@ def _obj(v: Any, where: str) -> dict[str, Any]:
     return v
 
 
-def records_from_json(doc: Any, notes: list[str]) -> list[FlatRecord | None]:
+def records_from_json(doc: object, notes: list[str]) -> list[FlatRecord | None]:
     """Flatten an OTLP/JSON ``ExportLogsServiceRequest`` (already
     ``json.loads``-ed). Returns one entry per LogRecord in order: a flat
     record, or ``None`` for an entry that is not a LogRecord object.

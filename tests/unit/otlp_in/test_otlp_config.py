@@ -110,3 +110,10 @@ def test_from_env_never_raises_and_fields_keep_their_types(env):
             assert addr is None or (isinstance(addr[0], str) and isinstance(addr[1], int))
     if not problems:  # a config without problems passes its own check
         assert check(configs) == []
+
+
+def test_readme_rows_are_the_settings_rendered():
+    from bridges.core.settings import render_table
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    documented = [line for line in readme.splitlines() if line.startswith("| `AEP_OTLP_")]
+    assert documented == render_table(SETTINGS).splitlines()[2:]
