@@ -45,8 +45,21 @@ from typing import Any
 
 from bridges.core import capture as _capture
 
-from .common import (Emission, EventSpec, Posture, attrs, event_name, gated_payload, resource,
-                     short_str, spec_levels, to_bool, to_int, unknown, vendor_type)
+from .common import (
+    Emission,
+    EventSpec,
+    Posture,
+    attrs,
+    event_name,
+    gated_payload,
+    resource,
+    short_str,
+    spec_levels,
+    to_bool,
+    to_int,
+    unknown,
+    vendor_type,
+)
 
 NAMESPACE = "x.codex.otel"
 CLIENT = "codex"

@@ -214,6 +214,6 @@ class Admission:
         "room available" event, and stamping before the wait would burn a
         ``seq`` on timeout."""
         with trio.move_on_after(self.emit_grace):
-            while self.ctx.saturated() and not self.closing:
-                await trio.sleep(0.005)  # noqa: ASYNC110 (no room event to wait on)
+            while self.ctx.saturated() and not self.closing:  # noqa: ASYNC110 (no room event)
+                await trio.sleep(0.005)
         return not self.ctx.saturated() and not self.closing

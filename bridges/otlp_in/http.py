@@ -25,11 +25,11 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 
 from bridges.core.settings import Address
+from supervisor.asgi import lifespan
 
 from .decode import decode_http_body, is_json
 from .export import Export, OnProblem
 from .status import BadRequest, HttpAnswer, Refusal, Refused, http_accepted, http_refused
-from supervisor.asgi import lifespan
 
 LOGS_PATH = "/v1/logs"
 

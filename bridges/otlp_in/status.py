@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import grpc
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
-from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
+from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 
 RETRY_INFO_KEY = "google.rpc.retryinfo-bin"

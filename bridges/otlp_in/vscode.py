@@ -17,8 +17,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import (Emission, EventSpec, Posture, attrs, event_name, gated_payload, resource,
-                     short_str, spec_levels, to_bool, to_int, unknown, vendor_type)
+from .common import (
+    Emission,
+    EventSpec,
+    Posture,
+    attrs,
+    event_name,
+    gated_payload,
+    resource,
+    short_str,
+    spec_levels,
+    to_bool,
+    to_int,
+    unknown,
+    vendor_type,
+)
 
 NAMESPACE = "x.vscode.otel"
 CLIENT = "vscode"

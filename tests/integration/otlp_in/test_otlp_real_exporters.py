@@ -13,11 +13,9 @@ import pytest
 import trio
 
 try:
-    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import \
-        OTLPLogExporter as GrpcLogExporter
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import \
-        OTLPLogExporter as HttpLogExporter
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
     from opentelemetry.sdk.resources import Resource

@@ -19,8 +19,10 @@ import pytest
 import trio
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (ExportLogsServiceRequest,
-                                                                    ExportLogsServiceResponse)
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy

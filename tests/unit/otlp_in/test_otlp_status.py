@@ -9,8 +9,16 @@ import pytest
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 
-from bridges.otlp_in.status import (RETRY_INFO_KEY, Accepted, BadRequest, Refusal, Unavailable,
-                                    grpc_refused, http_accepted, http_refused)
+from bridges.otlp_in.status import (
+    RETRY_INFO_KEY,
+    Accepted,
+    BadRequest,
+    Refusal,
+    Unavailable,
+    grpc_refused,
+    http_accepted,
+    http_refused,
+)
 
 # the OTLP specification's table, written out independently of the code
 SPEC = [
