@@ -86,7 +86,8 @@ class HttpReceiver:
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         declared = headers.get("content-length")
-        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_body:
+        if (declared is not None and declared.strip().isascii() and declared.strip().isdigit()
+                and int(declared) > self.max_body):
             raise BadRequest(Refusal.TOO_LARGE, f"body of {int(declared)} bytes exceeds "
                              f"{self.max_body}", "otlp.too_large")
         chunks: list[bytes] = []
