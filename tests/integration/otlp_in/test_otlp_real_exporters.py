@@ -6,7 +6,6 @@ delivers without loss. The SDK's exporters are synchronous; they run in a
 worker thread (``trio.to_thread``)."""
 from __future__ import annotations
 
-import logging
 import warnings
 
 import pytest
@@ -27,11 +26,8 @@ except ImportError as e:  # pragma: no cover - the dev install has them
 
 import grpc
 
-from bridges.core.bridge import BridgeContext, BridgeHealth
-from bridges.core.capture import CapturePolicy
-from bridges.core.envelope import Stamper
 from bridges.otlp_in import OtlpInBridge
-from tests.integration.otlp_in.support import otlp_bridge
+from tests.support.otlp_in import bridge_context, drain, otlp_bridge
 
 try:
     from tests.support.schema import validate_event
@@ -65,11 +61,7 @@ def _export(exporter, *, use_attribute: bool) -> None:
 
 async def _run(bridge: OtlpInBridge, exporter_factory, *, use_attribute: bool, channel=100,
                before=None):
-    send, recv = trio.open_memory_channel(channel)
-    _, commands = trio.open_memory_channel(0)
-    ctx = BridgeContext(bridge.name, Stamper("codex", host="test-host", policy=CapturePolicy()),
-                        send, commands, BridgeHealth(), logging.getLogger("test.otlp"))
-    got: list[dict] = []
+    ctx, recv = bridge_context(bridge.name, "codex", channel=channel, epoch=0)
     async with trio.open_nursery() as nursery:
         await nursery.start(bridge.run, ctx)
         if before is not None:
@@ -77,11 +69,7 @@ async def _run(bridge: OtlpInBridge, exporter_factory, *, use_attribute: bool, c
         with trio.fail_after(60):
             await trio.to_thread.run_sync(lambda: _export(exporter_factory(),
                                                           use_attribute=use_attribute))
-        while True:
-            try:
-                got.append(recv.receive_nowait().event)
-            except trio.WouldBlock:
-                break
+        got = drain(recv)
         nursery.cancel_scope.cancel()
     return ctx, got
 

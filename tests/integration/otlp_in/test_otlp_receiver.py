@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,11 +23,10 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
     ExportLogsServiceResponse,
 )
 
-from bridges.core.bridge import BridgeContext, BridgeHealth
+from bridges.core.bridge import BridgeContext
 from bridges.core.capture import CapturePolicy
-from bridges.core.envelope import Stamper
 from bridges.otlp_in import OtlpConfig, OtlpInBridge, from_env
-from tests.integration.otlp_in.support import otlp_bridge
+from tests.support.otlp_in import bridge_context, drain, otlp_bridge
 from tests.support.shared import fixture
 
 try:
@@ -52,25 +50,12 @@ JSON = {"content-type": "application/json"}
 @asynccontextmanager
 async def running(bridge: OtlpInBridge, *, channel: int = 1000,
                   policy: CapturePolicy | None = None):
-    send, recv = trio.open_memory_channel(channel)
-    _, commands = trio.open_memory_channel(0)
-    ctx = BridgeContext(bridge.name, Stamper(bridge.agent, epoch=3, host="test-host",
-                                             policy=policy or CapturePolicy()),
-                        send, commands, BridgeHealth(), logging.getLogger("test.otlp"))
+    ctx, recv = bridge_context(bridge.name, bridge.agent, channel=channel, policy=policy)
     async with trio.open_nursery() as nursery:
         with trio.fail_after(20):
             await nursery.start(bridge.run, ctx)
         yield ctx, recv
         nursery.cancel_scope.cancel()
-
-
-def drain(recv) -> list[dict]:
-    out = []
-    while True:
-        try:
-            out.append(recv.receive_nowait().event)
-        except trio.WouldBlock:
-            return out
 
 
 def local() -> OtlpInBridge:
@@ -503,13 +488,6 @@ async def test_a_restart_starts_clean():
     assert "otlp.rejected_stopping" not in ctx2.health.counters
 
 
-def _ctx(bridge: OtlpInBridge) -> BridgeContext:
-    send, _ = trio.open_memory_channel(10)
-    _, commands = trio.open_memory_channel(0)
-    return BridgeContext(bridge.name, Stamper(bridge.agent), send, commands, BridgeHealth(),
-                         logging.getLogger("test.otlp"))
-
-
 @pytest.mark.parametrize("kind", ["grpc", "http"])
 async def test_bind_failure_raises_a_plain_oserror(kind):
     with socket.socket() as taken:
@@ -521,7 +499,7 @@ async def test_bind_failure_raises_a_plain_oserror(kind):
                         http=f"127.0.0.1:{port}" if kind == "http" else other)
         setting = "AEP_OTLP_GRPC_LISTEN" if kind == "grpc" else "AEP_OTLP_HTTP_LISTEN"
         assert b.preflight() == [f"{setting}=127.0.0.1:{port}: address in use or not bindable"]
-        ctx = _ctx(b)
+        ctx, _ = bridge_context(b.name, b.agent, channel=10)
         with pytest.raises(OSError), trio.fail_after(15):
             await b.run(ctx)
         assert ctx.health.source is False

@@ -5,7 +5,6 @@ admission step on a real ``BridgeContext`` over a memory channel
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,13 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
-from bridges.core.envelope import Stamper
 from bridges.otlp_in.common import Posture
 from bridges.otlp_in.decode import decode_proto
 from bridges.otlp_in.export import Admission, Plan, plan
 from bridges.otlp_in.profiles import PROFILES
 from bridges.otlp_in.status import Unavailable
+from tests.support.otlp_in import bridge_context, drain
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
 RECORDS = decode_proto((REAL / "otlp-http-protobuf" / "export-000.pb").read_bytes(), [])
@@ -95,27 +93,15 @@ def test_plan_never_raises_and_accounts_for_every_record(records, vendor, primar
 # --------------------------------------------------------------------------- admission
 
 def _admission(size: int, *, grace: float = 0.05):
-    send, recv = trio.open_memory_channel(size)
-    _, commands = trio.open_memory_channel(0)
-    ctx = BridgeContext("otlp_in.codex", Stamper("codex", epoch=1, host="h"), send, commands,
-                        BridgeHealth(), logging.getLogger("test.otlp"))
+    ctx, recv = bridge_context("otlp_in.codex", "codex", channel=size)
     return Admission(ctx, CODEX, COMPANION, emit_grace=grace, retry_after=2), recv
-
-
-def _drain(recv) -> list[dict]:
-    out = []
-    while True:
-        try:
-            out.append(recv.receive_nowait().event)
-        except trio.WouldBlock:
-            return out
 
 
 async def test_admission_emits_the_plan_in_order():
     adm, recv = _admission(100)
     result = await adm.export(list(RECORDS), ["otlp.value_unexpected"])
     assert (result.rejected, result.error_message) == (0, "")
-    events = _drain(recv)
+    events = drain(recv)
     assert [e["seq"] for e in events] == list(range(len(RECORDS)))
     c = adm.ctx.health.counters
     assert c["otlp.requests"] == 1 and c["otlp.records"] == len(RECORDS)
@@ -129,7 +115,7 @@ async def test_admission_refuses_before_anything_when_saturated():
         await adm.export(list(RECORDS), [])
     assert e.value.retry_after == 2 and "saturated" in e.value.message
     assert adm.ctx.health.counters["otlp.saturated"] == 1
-    assert [ev["session"] for ev in _drain(recv)] == ["filler"]
+    assert [ev["session"] for ev in drain(recv)] == ["filler"]
 
 
 async def test_admission_reports_the_rest_in_partial_success_when_stuck_mid_request():
@@ -139,7 +125,7 @@ async def test_admission_reports_the_rest_in_partial_success_when_stuck_mid_requ
     assert result.error_message == f"{len(RECORDS) - 2} LogRecords rejected: relay channel " \
                                    "saturated"
     assert adm.ctx.health.counters["otlp.rejected_saturated"] == len(RECORDS) - 2
-    assert len(_drain(recv)) == 2
+    assert len(drain(recv)) == 2
 
 
 async def test_admission_closing_answers_at_once_with_stopping():
@@ -155,4 +141,4 @@ async def test_admission_counts_refusals_of_the_plan():
     adm, recv = _admission(10)
     result = await adm.admit(Plan(refused={"no session key": 3}))
     assert (result.rejected, result.error_message) == (3, "3 LogRecords rejected: no session key")
-    assert adm.ctx.health.counters["otlp.rejected"] == 3 and _drain(recv) == []
+    assert adm.ctx.health.counters["otlp.rejected"] == 3 and drain(recv) == []
