@@ -63,10 +63,11 @@ import httpx
 import trio
 import trio_websocket
 
+from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import Saturated
 
 from . import mapping as M
-from bridges.core.backoff import backoff_delay
+from .config import OpenHandsConfig
 
 log = logging.getLogger("aep.bridge.openhands")
 
@@ -180,18 +181,8 @@ class Conversation:
         return c
 
 
-@dataclass
-class Settings:
-    """The receiver's configuration (see :func:`bridges.openhands.from_env`)."""
-
-    url: str = "http://127.0.0.1:8000"
-    key: str | None = None
-    poll: float = 15.0
-    deltas: bool = False
-    control: bool = False
-    guard_ms: int = 8000
-    state_dir: Path | None = None
-    agent: str = "openhands"
+Settings = OpenHandsConfig
+"""The receiver's configuration is the bridge's (:mod:`bridges.openhands.config`)."""
 
 
 class ReadOnlyRest:
