@@ -319,56 +319,73 @@ class Tracker:
     # ------------------------------------------------------------ primary
     def _primary(self, st: SessionState, ev: BusEvent) -> list[Out]:
         t, p = ev.type, ev.properties
-        if t == "session.created":
-            if st.started:
-                return []
-            st.started = True
-            return self._out(st, map_bus(t, p, self.posture))
-        if t == "session.deleted":
-            outs = self._close_run(st, cancelled_by_end=True)
-            outs += self._out(st, map_bus(t, p, self.posture))
-            self._end(st.id)
-            return outs
+        if t in ("session.created", "session.deleted"):
+            return self._lifecycle(st, t, p)
         if t == "session.idle":
             return self._close_run(st)
         if t == "session.status":
-            status = p.get("status") if isinstance(p.get("status"), dict) else {}
-            if status.get("type") == st.status:
-                self.count("repeats_reduced")
-                return []
-            st.status = status.get("type")
-            return self._out(st, map_bus(t, p, self.posture), run=st.run)
+            return self._status(st, p)
         if t == "message.updated":
-            info = p.get("info") if isinstance(p.get("info"), dict) else {}
-            if not self._message_key(st, info):
-                self.count("repeats_reduced")
-                return []
-            if info.get("role") == "user":
-                mid = info.get("id")
-                if st.run is not None or not isinstance(mid, str) or mid in st.closed_runs:
-                    return []
-                st.run = mid
-                self.dirty = True
-                return self._out(st, map_bus(t, p, self.posture), run=mid)
-            return self._out(st, map_bus(t, p, self.posture), run=st.run)
+            return self._message(st, p)
         if t == "message.part.updated":
             return self._tool(st, p["part"])
         if t in ("permission.updated", "permission.asked", "question.asked"):
             return self._ask(st, t, p)
-        if t == "permission.replied":
-            vid = p.get("permissionID") or p.get("requestID")
-            reply = p.get("response") or p.get("reply")
-            return self._settle(st, vid, "answered", reply=reply)
-        if t == "question.replied":
-            return self._settle(st, p.get("requestID"), "answered")
-        if t == "question.rejected":
-            return self._settle(st, p.get("requestID"), "dismissed")
+        if t in ("permission.replied", "question.replied", "question.rejected"):
+            return self._reply(st, t, p)
         if t == "todo.updated":
             todos = p.get("todos") if isinstance(p.get("todos"), list) else []
             outs = self._out(st, diff_todos(st.todos or [], todos, self.posture), run=st.run)
             st.todos = todos
             return outs
         return self._out(st, map_bus(t, p, self.posture), run=st.run)
+
+    def _lifecycle(self, st: SessionState, t: str, p: dict[str, Any]) -> list[Out]:
+        """``session.created`` (once per session) / ``session.deleted``
+        (closes the open run as cancelled, then ends the session)."""
+        if t == "session.created":
+            if st.started:
+                return []
+            st.started = True
+            return self._out(st, map_bus(t, p, self.posture))
+        outs = self._close_run(st, cancelled_by_end=True)
+        outs += self._out(st, map_bus(t, p, self.posture))
+        self._end(st.id)
+        return outs
+
+    def _status(self, st: SessionState, p: dict[str, Any]) -> list[Out]:
+        """``session.status``: only a change of status is emitted."""
+        status = p.get("status") if isinstance(p.get("status"), dict) else {}
+        if status.get("type") == st.status:
+            self.count("repeats_reduced")
+            return []
+        st.status = status.get("type")
+        return self._out(st, map_bus("session.status", p, self.posture), run=st.run)
+
+    def _message(self, st: SessionState, p: dict[str, Any]) -> list[Out]:
+        """``message.updated``: a new user message opens the run (its id is
+        the run id); repeats are reduced."""
+        info = p.get("info") if isinstance(p.get("info"), dict) else {}
+        if not self._message_key(st, info):
+            self.count("repeats_reduced")
+            return []
+        if info.get("role") != "user":
+            return self._out(st, map_bus("message.updated", p, self.posture), run=st.run)
+        mid = info.get("id")
+        if st.run is not None or not isinstance(mid, str) or mid in st.closed_runs:
+            return []
+        st.run = mid
+        self.dirty = True
+        return self._out(st, map_bus("message.updated", p, self.posture), run=mid)
+
+    def _reply(self, st: SessionState, t: str, p: dict[str, Any]) -> list[Out]:
+        """A permission reply, a question reply or rejection settles its ask."""
+        if t == "permission.replied":
+            vid = p.get("permissionID") or p.get("requestID")
+            reply = p.get("response") or p.get("reply")
+            return self._settle(st, vid, "answered", reply=reply)
+        return self._settle(st, p.get("requestID"),
+                            "answered" if t == "question.replied" else "dismissed")
 
     def _ask(self, st: SessionState, t: str, p: dict[str, Any]) -> list[Out]:
         vid = p.get("id")
@@ -568,13 +585,20 @@ class Tracker:
         queried directory are closed; nothing is emitted twice."""
         if not self.primary:
             return []
+        pending_p, pending_q = _pending(permissions), _pending(questions)
+        outs = self._reconcile_busy(busy, messages, directory_of or {})
+        outs += self._reconcile_new_asks(pending_p, pending_q)
+        for sid, st in list(self.sessions.items()):
+            if _inside(st, queried):
+                outs += self._reconcile_gone(sid, st, pending_p.keys() | pending_q.keys(),
+                                             busy, messages)
+        return outs
+
+    def _reconcile_busy(self, busy: dict[str, str], messages: dict[str, list[Any]],
+                        directory_of: dict[str, str]) -> list[Out]:
+        """Busy sessions we have no open run for: re-open (resume); a status
+        observed over REST is news, and it claims the session."""
         outs: list[Out] = []
-        directory_of = directory_of or {}
-        pending_p = {a["id"]: a for a in permissions if isinstance(a, dict)
-                     and isinstance(a.get("id"), str) and isinstance(a.get("sessionID"), str)}
-        pending_q = {a["id"]: a for a in questions if isinstance(a, dict)
-                     and isinstance(a.get("id"), str) and isinstance(a.get("sessionID"), str)}
-        # busy sessions we have no open run for: re-open (resume)
         for sid, status in busy.items():
             if sid in self.ended:
                 continue
@@ -586,11 +610,16 @@ class Tracker:
                     self.dirty = True
                     outs.append(Out(sid, {"type": "run.started", "data": {"trigger": "resume"}},
                                     run=user))
-            if st.status != status:  # observed over REST: news, and it claims the session
+            if st.status != status:
                 st.status = status
                 outs.append(Out(sid, {"type": "progress.status", "data": {}, "subject": status},
                                 run=st.run))
-        # asks raised while we were away
+        return outs
+
+    def _reconcile_new_asks(self, pending_p: dict[str, Any], pending_q: dict[str, Any]
+                            ) -> list[Out]:
+        """Asks raised while we were away."""
+        outs: list[Out] = []
         for vid, a in list(pending_p.items()) + list(pending_q.items()):
             sid = a["sessionID"]
             if sid in self.ended:
@@ -599,17 +628,20 @@ class Tracker:
             if vid not in st.asks:
                 t = "question.asked" if vid in pending_q else "permission.asked"
                 outs += self._ask(st, t, a)
-        # asks that vanished, runs that ended, in the directories we read
-        for sid, st in list(self.sessions.items()):
-            if st.directory not in queried and not (st.directory is None and None in queried):
-                continue
-            for vid, ask in list(st.asks.items()):
-                if vid not in pending_p and vid not in pending_q:
-                    del st.asks[vid]
-                    outs += self._resolve(st, ask, "answered" if ask.settling else "dismissed")
-            if st.run is not None and sid not in busy:
-                outs += self._close_run(st, terminal=_terminal(st.run, messages.get(sid)))
-                st.status = None  # the next live status is news again
+        return outs
+
+    def _reconcile_gone(self, sid: str, st: SessionState, pending: Any, busy: dict[str, str],
+                        messages: dict[str, list[Any]]) -> list[Out]:
+        """In a directory that was read: asks that vanished (answered if one
+        of ours was settling, else dismissed), a run that ended."""
+        outs: list[Out] = []
+        for vid, ask in list(st.asks.items()):
+            if vid not in pending:
+                del st.asks[vid]
+                outs += self._resolve(st, ask, "answered" if ask.settling else "dismissed")
+        if st.run is not None and sid not in busy:
+            outs += self._close_run(st, terminal=_terminal(st.run, messages.get(sid)))
+            st.status = None  # the next live status is news again
         return outs
 
     def needs_messages(self, busy: dict[str, str], queried: set[str | None]) -> list[str]:
@@ -618,10 +650,21 @@ class Tracker:
         run from one the server lost)."""
         need = [sid for sid in busy if (st := self.sessions.get(sid)) is None or st.run is None]
         for sid, st in self.sessions.items():
-            inside = st.directory in queried or (st.directory is None and None in queried)
-            if st.run is not None and sid not in busy and inside:
+            if st.run is not None and sid not in busy and _inside(st, queried):
                 need.append(sid)
         return list(dict.fromkeys(need))
+
+
+def _pending(asks: list[Any]) -> dict[str, Any]:
+    """``{vendor id: ask}`` of a REST ask listing (malformed entries skipped)."""
+    return {a["id"]: a for a in asks if isinstance(a, dict)
+            and isinstance(a.get("id"), str) and isinstance(a.get("sessionID"), str)}
+
+
+def _inside(st: SessionState, queried: set[str | None]) -> bool:
+    """The session's directory was read by this reconcile (``None``: the
+    server's default instance)."""
+    return st.directory in queried or (st.directory is None and None in queried)
 
 
 def _info(m: Any) -> dict[str, Any]:
