@@ -64,7 +64,7 @@ the stamper's capture gate decides whether it leaves at all (``redacted``)."""
 
 
 class Refuse(Exception):
-    """Raised by a bridge's ``check`` (or ``write``) to refuse a command.
+    """Raised by a controller's ``check`` (or ``note``, ``perform``) to refuse a command.
 
     ``reason``: one of ``unsupported``, ``unauthorized``, ``busy``,
     ``refused``, ``invalid`` (``schemas/registry/nack-reasons.json``;
@@ -80,7 +80,7 @@ class Refuse(Exception):
 
 
 class Unreachable(Exception):
-    """Raised by a bridge's ``write`` when the vendor could not be reached
+    """Raised by a controller's ``perform`` when the vendor could not be reached
     (connect error, reset, timeout); the ledger acks ``busy``. The message
     becomes the (capture-gated) ``detail``: never put a secret in it."""
 
