@@ -45,7 +45,8 @@ STABLE_AFTER = 60.0  # a run this long resets the backoff
 class Sink(Protocol):
     """Where one bridge's envelopes go after the JSONL log."""
 
-    connected: bool
+    @property
+    def connected(self) -> bool: ...
 
     async def send(self, event: dict[str, Any], redelivery: bool) -> None: ...
 
@@ -205,15 +206,18 @@ class Fleet:
 
     async def _attach(self, nursery: trio.Nursery, m: Member) -> None:
         hello = hello_for(m.bridge, self.host)
+        sink: Sink
         if self.relay is not None:
             conn = self.relay.attach_emitter(hello, self._inbox_deliver(m))
-            m.sink = _RelaySink(conn)
+            sink = _RelaySink(conn)
         else:
             from .uplink import Uplink
+            assert self.cfg.relay_url is not None  # no embedded relay: uplinking
             m.uplink = Uplink(self.cfg.relay_url, self.cfg.token, hello, m.inbox)
-            m.sink = _UplinkSink(m.uplink)
+            sink = _UplinkSink(m.uplink)
             await nursery.start(m.uplink.run)
-        m.health.relay = m.sink.connected
+        m.sink = sink
+        m.health.relay = sink.connected
 
     @staticmethod
     def _inbox_deliver(m: Member) -> Callable[[dict[str, Any]], Any]:

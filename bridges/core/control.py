@@ -65,9 +65,15 @@ class Controller(Protocol[PlanT]):
       ledger clamps it to four fifths of the window.
     """
 
-    accepts: tuple[str, ...]
-    ack_window_ms: int
-    guard_ms: int
+    # read-only members: a class attribute or an instance attribute satisfies them
+    @property
+    def accepts(self) -> tuple[str, ...]: ...
+
+    @property
+    def ack_window_ms(self) -> int: ...
+
+    @property
+    def guard_ms(self) -> int: ...
 
     def check(self, cmd: Command) -> PlanT | Awaitable[PlanT]:
         """Validate ``cmd`` against the last-observed vendor state and return

@@ -161,7 +161,7 @@ class OpenHandsControl:
         the module docstring."""
         conv = self._conversation(cmd)
         t = cmd.get("type")
-        data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
+        data: dict[str, Any] = cmd["data"] if isinstance(cmd.get("data"), dict) else {}
         base = f"/api/conversations/{cmd['session']}"
         if t == RESPOND:
             return self._plan_respond(cmd, conv, data, base)

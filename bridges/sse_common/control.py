@@ -98,40 +98,46 @@ def form_answer(ask: Ask, answer: Any) -> tuple[list[list[str]], dict]:
     if not isinstance(answer, dict) or not isinstance(answer.get("values"), dict):
         raise Refuse("invalid", "a form request is answered with answer.values")
     values = answer["values"]
-    answers: list[list[str]] = []
-    for f, q in zip(ask.fields, ask.questions):
-        fid = f["id"]
-        v = values.get(fid)
-        if v is None or v == [] or v == "":
-            if f.get("required"):
-                raise Refuse("invalid", f"field {fid} is required")
-            answers.append([])
-            continue
-        labels = [o.get("label") if isinstance(o, dict) else None
-                  for o in (q.get("options") if isinstance(q, dict)
-                            and isinstance(q.get("options"), list) else [])]
-        ids = {c["id"]: labels[int(c["id"]) - 1] for c in f.get("choices", [])
-               if c["id"].isdigit() and 0 < int(c["id"]) <= len(labels)}
-        if f["type"] == "string":
-            if not isinstance(v, str):
-                raise Refuse("invalid", f"field {fid} takes a string")
-            answers.append([v])
-            continue
-        picked = v if isinstance(v, list) else [v]
-        if isinstance(v, list) and not f.get("multi"):
-            raise Refuse("invalid", f"field {fid} takes one choice")
-        out = []
-        for x in picked:
-            if not isinstance(x, str):
-                raise Refuse("invalid", f"field {fid} takes choice ids")
-            if x in ids and isinstance(ids[x], str):
-                out.append(ids[x])
-            elif f.get("other"):
-                out.append(x)
-            else:
-                raise Refuse("invalid", f"{x!r} is not a choice of field {fid}")
-        answers.append(out)
+    answers = [_field_answer(f, q, values.get(f["id"]))
+               for f, q in zip(ask.fields, ask.questions)]
     return answers, {"values": dict(values)}
+
+
+def _field_answer(f: dict[str, Any], q: Any, v: Any) -> list[str]:
+    """One field's vendor answer list (see :func:`form_answer`)."""
+    fid = f["id"]
+    if v is None or v == [] or v == "":
+        if f.get("required"):
+            raise Refuse("invalid", f"field {fid} is required")
+        return []
+    if f["type"] == "string":
+        if not isinstance(v, str):
+            raise Refuse("invalid", f"field {fid} takes a string")
+        return [v]
+    if isinstance(v, list) and not f.get("multi"):
+        raise Refuse("invalid", f"field {fid} takes one choice")
+    labels = _choice_labels(f, q)
+    out: list[str] = []
+    for x in v if isinstance(v, list) else [v]:
+        if not isinstance(x, str):
+            raise Refuse("invalid", f"field {fid} takes choice ids")
+        label = labels.get(x)
+        if isinstance(label, str):
+            out.append(label)
+        elif f.get("other"):
+            out.append(x)
+        else:
+            raise Refuse("invalid", f"{x!r} is not a choice of field {fid}")
+    return out
+
+
+def _choice_labels(f: dict[str, Any], q: Any) -> dict[str, Any]:
+    """Choice id (1-based index) -> the vendor's ORIGINAL option label."""
+    options = q.get("options") if isinstance(q, dict) else None
+    labels = [o.get("label") if isinstance(o, dict) else None
+              for o in (options if isinstance(options, list) else [])]
+    return {c["id"]: labels[int(c["id"]) - 1] for c in f.get("choices", [])
+            if c["id"].isdigit() and 0 < int(c["id"]) <= len(labels)}
 
 
 # ---------------------------------------------------------------- the gate
@@ -195,7 +201,7 @@ class ControlGate:
         """The write plan for ``cmd``; raises :class:`Refuse` (nothing is
         written, nothing noted)."""
         session = cmd["session"]
-        data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
+        data: dict[str, Any] = cmd["data"] if isinstance(cmd.get("data"), dict) else {}
         if cmd.get("type") == "control.cancel":
             return self._plan_cancel(session, cmd, data)
         if cmd.get("type") == "control.attention.respond":
