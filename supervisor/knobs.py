@@ -47,7 +47,7 @@ def rows(owners: Sequence[str]) -> list[Row]:
         return list(tables[0])
     if len({len(t) for t in tables}) != 1:
         raise ValueError(f"knobs:{','.join(owners)}: the settings lists differ in length")
-    return [tuple(group) for group in zip(*tables)]
+    return [tuple(group) for group in zip(*tables, strict=True)]
 
 
 def render(text: str) -> str:

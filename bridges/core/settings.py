@@ -69,7 +69,7 @@ def url_problem(name: str, url: str, *, hint: str = "") -> str | None:
     if p.scheme not in ("http", "https") or not p.hostname:
         return f"{name}={url!r}: expected http(s)://host:port{hint}"
     try:
-        p.port
+        _ = p.port  # raises ValueError for a port that is not a number
     except ValueError:
         return f"{name}={url!r}: the port is not a number (bad port)"
     if p.query or p.fragment:

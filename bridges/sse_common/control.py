@@ -76,7 +76,7 @@ def permission_answer(answer: Any, *, message_route: bool) -> tuple[str, str | N
     if not text or not text.strip():
         raise Refuse("invalid", "answer needs an option or text")
     word = text.strip().casefold()
-    for i, label in PERMISSION_OPTIONS:
+    for i, _label in PERMISSION_OPTIONS:
         if word == i.casefold():
             return i, None, {"option": i}
     by_label = [i for i, label in PERMISSION_OPTIONS if word == label.casefold()]
@@ -99,7 +99,7 @@ def form_answer(ask: Ask, answer: Any) -> tuple[list[list[str]], dict]:
         raise Refuse("invalid", "a form request is answered with answer.values")
     values = answer["values"]
     answers = [_field_answer(f, q, values.get(f["id"]))
-               for f, q in zip(ask.fields, ask.questions)]
+               for f, q in zip(ask.fields, ask.questions, strict=False)]
     return answers, {"values": dict(values)}
 
 

@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .frames import BusEvent
-from .mapping import (STREAMING, Emission, Posture, diff_todos, map_bus, map_tool_part,
-                      question_fields)
+from .mapping import STREAMING, Emission, Posture, _d, _l, diff_todos, map_bus, map_tool_part, question_fields
 
 
 @dataclass(eq=False)
@@ -127,7 +126,7 @@ class SessionState:
     rejected: dict[str, str | None] = field(default_factory=dict)  # callID -> command id | None
     cancel: Cancel | None = None
     messages: OrderedDict = field(default_factory=OrderedDict)  # reduction keys seen
-    parts: dict[str, str] = field(default_factory=dict)  # companion: callID -> last status
+    parts: dict[str, str | None] = field(default_factory=dict)  # companion: callID -> last status
 
 
 CLOSED_RUNS_KEPT = 512
@@ -245,7 +244,7 @@ class Tracker:
         if ev.type in STREAMING:
             self.count("heartbeats" if ev.type == "server.heartbeat" else "deltas_skipped")
             return []
-        part = ev.properties.get("part") if isinstance(ev.properties.get("part"), dict) else {}
+        part = _d(ev.properties.get("part"))
         if ev.type == "message.part.updated" and part.get("type") != "tool":
             self.count("deltas_skipped")
             return []
@@ -273,7 +272,7 @@ class Tracker:
         if not isinstance(mid, str):
             return True
         if info.get("role") == "assistant":
-            t = info.get("time") if isinstance(info.get("time"), dict) else {}
+            t = _d(info.get("time"))
             if "completed" not in t and not info.get("error"):
                 return False
         if mid in st.messages:
@@ -286,7 +285,7 @@ class Tracker:
     def _companion(self, st: SessionState, ev: BusEvent) -> list[Out]:
         p = ev.properties
         if ev.type == "message.updated":
-            info = p.get("info") if isinstance(p.get("info"), dict) else {}
+            info = _d(p.get("info"))
             if not self._message_key(st, info):
                 self.count("repeats_reduced")
                 return []
@@ -298,8 +297,7 @@ class Tracker:
             st.status = status
         elif ev.type == "message.part.updated":
             part = p["part"]
-            call, status = part.get("callID"), (part.get("state") or {}).get("status") \
-                if isinstance(part.get("state"), dict) else None
+            call, status = part.get("callID"), _d(part.get("state")).get("status")
             if isinstance(call, str):
                 if st.parts.get(call) == status:
                     self.count("repeats_reduced")
@@ -334,7 +332,7 @@ class Tracker:
         if t in ("permission.replied", "question.replied", "question.rejected"):
             return self._reply(st, t, p)
         if t == "todo.updated":
-            todos = p.get("todos") if isinstance(p.get("todos"), list) else []
+            todos = _l(p.get("todos"))
             outs = self._out(st, diff_todos(st.todos or [], todos, self.posture), run=st.run)
             st.todos = todos
             return outs
@@ -355,7 +353,7 @@ class Tracker:
 
     def _status(self, st: SessionState, p: dict[str, Any]) -> list[Out]:
         """``session.status``: only a change of status is emitted."""
-        status = p.get("status") if isinstance(p.get("status"), dict) else {}
+        status = _d(p.get("status"))
         if status.get("type") == st.status:
             self.count("repeats_reduced")
             return []
@@ -365,7 +363,7 @@ class Tracker:
     def _message(self, st: SessionState, p: dict[str, Any]) -> list[Out]:
         """``message.updated``: a new user message opens the run (its id is
         the run id); repeats are reduced."""
-        info = p.get("info") if isinstance(p.get("info"), dict) else {}
+        info = _d(p.get("info"))
         if not self._message_key(st, info):
             self.count("repeats_reduced")
             return []
@@ -398,10 +396,10 @@ class Tracker:
         if not emissions:
             return []
         out = Out(st.id, emissions[0], run=st.run)
-        tool = p.get("tool") if isinstance(p.get("tool"), dict) else {}
+        tool = _d(p.get("tool"))
         call = tool.get("callID") or p.get("callID")
         kind = "form" if t == "question.asked" else "permission"
-        questions = p.get("questions") if isinstance(p.get("questions"), list) else []
+        questions = _l(p.get("questions"))
         ask = Ask(vid, st.id, kind, "legacy" if t == "permission.updated" else "current", out,
                   run=st.run, call_id=call if isinstance(call, str) else None,
                   questions=questions,
@@ -451,7 +449,7 @@ class Tracker:
 
     def _tool(self, st: SessionState, part: dict[str, Any]) -> list[Out]:
         call = part.get("callID")
-        state = part.get("state") if isinstance(part.get("state"), dict) else {}
+        state = _d(part.get("state"))
         status = state.get("status")
         if not isinstance(call, str) or not call:
             self.count("tool_parts_without_call")
@@ -674,7 +672,7 @@ def _info(m: Any) -> dict[str, Any]:
 
 
 def _created(info: dict[str, Any]) -> Any:
-    t = info.get("time") if isinstance(info.get("time"), dict) else {}
+    t = _d(info.get("time"))
     c = t.get("created")
     return c if isinstance(c, (int, float)) and not isinstance(c, bool) else 0
 
@@ -696,7 +694,7 @@ def _terminal(run: str, messages: list[Any] | None) -> Emission:
         info = _info(m)
         if info.get("role") != "assistant" or info.get("parentID") != run:
             continue
-        t = info.get("time") if isinstance(info.get("time"), dict) else {}
+        t = _d(info.get("time"))
         if "completed" not in t and not info.get("error"):
             return {"type": "run.failed", "data": {"reason": "interrupted"}}
     return {"type": "run.finished", "data": {}}
