@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 
 from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound
 from bridges.core.capture import CapturePolicy
-from bridges.core.envelope import Stamper
 from bridges.core.control import Controller
+from bridges.core.envelope import Stamper
 from bridges.core.ledger import CommandLedger, Refuse, Unreachable, WriteResult
 from tests.support.schema import validate_event, validate_stream
 from tests.support.shared import aep_dir
@@ -254,7 +255,7 @@ async def test_refuse_from_check_never_calls_write(asynchronous):
         raise Refuse("refused", "session is idle")
 
     async def check_async(cmd):
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         raise Refuse("refused", "session is idle")
 
     toy = Toy(check=check_async if asynchronous else check_sync, perform=write,
@@ -413,7 +414,7 @@ async def test_every_decision_lands_inside_the_window(autojump_clock):
                   Writes(Unreachable("reset"), 5.0), Writes(200, 9.99), Writes(200, 1e6)]
     toy = Toy(perform=lambda plan: behaviours[int(plan["id"][1:])](plan), ack_window_ms=10_000)
     async with CommandLedger(rig.ctx, toy) as ledger:
-        for i, w in enumerate(behaviours):
+        for i in range(len(behaviours)):
             t0 = trio.current_time()
             ack = await ledger.handle(command(id_=f"W{i}"))
             assert ack is not None
