@@ -535,35 +535,28 @@ class Tracker:
         for sid, d in (sessions.items() if isinstance(sessions, dict) else []):
             if not isinstance(sid, str) or not isinstance(d, dict):
                 continue
-            st = self.state(sid, d.get("directory") if isinstance(d.get("directory"), str)
-                            else None)
-            st.started = bool(d.get("started"))
-            if isinstance(d.get("run"), str):
-                st.run = d["run"]
-            for r in d.get("closed_runs") or []:
-                if isinstance(r, str):
-                    st.closed_runs[r] = None
-            for v in d.get("settled") or []:
-                if isinstance(v, str):
-                    st.settled[v] = None
-            c = d.get("cancel")
-            if isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c):
-                st.cancel = Cancel(c[0], c[1])
-            for a in d.get("asks") or []:
-                if not isinstance(a, dict) or not all(isinstance(a.get(k), str) for k in (
-                        "vendor_id", "kind", "surface", "event_id")):
-                    continue
-                out = Out(sid, {"type": "attention.requested"}, envelope={"id": a["event_id"]})
-                st.asks[a["vendor_id"]] = Ask(
-                    a["vendor_id"], sid, a["kind"], a["surface"], out,
-                    run=a.get("run") if isinstance(a.get("run"), str) else None,
-                    call_id=a.get("call_id") if isinstance(a.get("call_id"), str) else None,
-                    questions=a["questions"] if isinstance(a.get("questions"), list) else [],
-                    fields=a["fields"] if isinstance(a.get("fields"), list) else [],
-                    settling=a.get("settling") if isinstance(a.get("settling"), str) else None,
-                    applied=a.get("applied") if isinstance(a.get("applied"), dict) else None)
+            self._restore_session(self.state(sid, _str(d.get("directory"))), d)
             n += 1
         return n
+
+    @staticmethod
+    def _restore_session(st: SessionState, d: dict[str, Any]) -> None:
+        st.started = bool(d.get("started"))
+        if isinstance(d.get("run"), str):
+            st.run = d["run"]
+        for r in d.get("closed_runs") or []:
+            if isinstance(r, str):
+                st.closed_runs[r] = None
+        for v in d.get("settled") or []:
+            if isinstance(v, str):
+                st.settled[v] = None
+        c = d.get("cancel")
+        if isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c):
+            st.cancel = Cancel(c[0], c[1])
+        for a in d.get("asks") or []:
+            ask = _restored_ask(st.id, a)
+            if ask is not None:
+                st.asks[ask.vendor_id] = ask
 
     # ------------------------------------------------------------ reconcile
     def reconcile(self, *, queried: set[str | None], busy: dict[str, str],
@@ -651,6 +644,24 @@ class Tracker:
             if st.run is not None and sid not in busy and _inside(st, queried):
                 need.append(sid)
         return list(dict.fromkeys(need))
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _restored_ask(sid: str, a: Any) -> Ask | None:
+    """One persisted ask (:meth:`Tracker.snapshot`), or ``None`` when
+    malformed; its ``attention.requested`` id is the envelope it keeps."""
+    if not isinstance(a, dict) or not all(isinstance(a.get(k), str) for k in (
+            "vendor_id", "kind", "surface", "event_id")):
+        return None
+    out = Out(sid, {"type": "attention.requested"}, envelope={"id": a["event_id"]})
+    return Ask(a["vendor_id"], sid, a["kind"], a["surface"], out,
+               run=_str(a.get("run")), call_id=_str(a.get("call_id")),
+               questions=_l(a.get("questions")), fields=_l(a.get("fields")),
+               settling=_str(a.get("settling")),
+               applied=a["applied"] if isinstance(a.get("applied"), dict) else None)
 
 
 def _pending(asks: list[Any]) -> dict[str, Any]:
