@@ -92,8 +92,8 @@ def test_settings_metadata():
 
 
 def test_known_settings_of_the_supervisor_name_the_same_variables():
-    from supervisor.config import KNOWN_SETTINGS
-    assert {n for n in KNOWN_SETTINGS if n.startswith("AEP_OTLP_")} == SETTING_NAMES
+    from supervisor.config import known_settings
+    assert {n for n in known_settings() if n.startswith("AEP_OTLP_")} == SETTING_NAMES
 
 
 _names = st.sampled_from(sorted(SETTING_NAMES) + ["AEP_OTLP_X_GRPC_LISTEN"])
