@@ -25,9 +25,9 @@ from typing import Any, Collection, Mapping
 
 from . import captable as _ct
 from . import redaction as _red
-
-LEVELS = ("none", "metadata", "redacted", "full")
-_RANK = {lvl: i for i, lvl in enumerate(LEVELS)}
+from .aep import CAPTURE_LEVELS as LEVELS
+from .aep import CAPTURE_RANK as _RANK
+from .aep import capture_rank as rank
 
 #: Credentials of the daemon itself (shared/DESIGN.md operator interface):
 #: their values are always treated as configured secrets (§9.4 b).
@@ -40,15 +40,6 @@ BUILTIN_SECRET_NAMES = (
 
 _FALSE = {"0", "false", "no", "off"}
 _TRUE = {"1", "true", "yes", "on", ""}
-
-
-def rank(level: str) -> int:
-    """Position of ``level`` in ``none < metadata < redacted < full``.
-    Raises ``ValueError`` for anything else."""
-    try:
-        return _RANK[level]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown capture level {level!r} (expected one of {', '.join(LEVELS)})") from None
 
 
 def _max(a: str, b: str) -> str:

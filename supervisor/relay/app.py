@@ -43,11 +43,10 @@ inject events; AEP-0003 §8):
   included). A request without ``Host`` (HTTP/1.0 tools) is not a browser
   and passes. A non-loopback bind is exposed on purpose and is not
   guarded this way (set ``AEP_TOKEN``). The bound address comes from the
-  connection state :func:`~supervisor.relay.serve.serve_app` sets
-  (:data:`LISTEN_KEY`), else from the ASGI scope's ``server``."""
+  connection state :func:`~bridges.core.http.serve_app` sets
+  (:data:`~bridges.core.asgi.LISTEN_KEY`), else from the ASGI scope's ``server``."""
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import urllib.parse
@@ -55,23 +54,22 @@ from typing import Any, Callable
 
 import trio
 
-from .attrmatch import Filter, InvalidFilter
-from .core import (AEP_VERSION, CLOSED, TERMINATED, Outlet, Relay, SocketConnection, loads,
-                   normalize_origin, parse_capture, parse_from, parse_last_event_id)
-from .envelope import InvalidEvent, is_command_type
-from .faults import FaultLog, fault_kind
-from ..asgi import lifespan
+from bridges.core.aep import AEP_VERSION, is_command_type, loads
+from bridges.core.asgi import ABORT_KEY, header as _header, host_allowed, lifespan, listen_host
+from bridges.core.http import FaultLog, fault_kind
+
+from .attrmatch import InvalidFilter
+from .connections import SocketConnection
+from .core import Relay
+from .envelope import InvalidEvent
+from .outlet import CLOSED, TERMINATED, Outlet
+from .params import (normalize_origin, parse_capture, parse_filter_json, parse_from_json,
+                     parse_last_event_id)
+
+__all__ = ["RelayApp", "make_app"]
 
 log = logging.getLogger("aep.relay.http")
 _FAULTS = FaultLog(log)
-
-#: ``scope["state"]`` key under which :mod:`supervisor.relay.serve` puts a
-#: callable that aborts the connection's socket (sheds a stalled peer).
-ABORT_KEY = "aep.abort"
-
-#: ``scope["state"]`` key under which :mod:`supervisor.relay.serve` puts the
-#: listening socket's bound ``(host, port)`` (the DNS-rebinding guard).
-LISTEN_KEY = "aep.listen"
 
 _JSON = b"application/json"
 _ACAO = b"access-control-allow-origin"
@@ -79,66 +77,6 @@ _VARY = (b"vary", b"Origin")
 _ALLOW_HEADERS = (b"access-control-allow-headers",
                   b"authorization, accept, content-type, last-event-id, aep-version")
 _READS = ("GET", "HEAD")
-
-
-def host_allowed(host: str, listen_host: str | None) -> bool:
-    """The DNS-rebinding guard: whether a request with ``Host: host`` may be
-    served by a listener bound to ``listen_host``. Always true for a
-    non-loopback (or unknown) listener and for an empty ``host``; on a
-    loopback listener only ``localhost``, ``*.localhost`` (RFC 6761), a
-    loopback IP literal or the bound host itself pass (any port)."""
-    if not listen_host:
-        return True
-    lh = listen_host.split("%", 1)[0].lower()
-    try:
-        if not ipaddress.ip_address(lh).is_loopback:
-            return True
-    except ValueError:
-        if lh != "localhost":
-            return True
-    host = host.strip()
-    if not host:
-        return True
-    if host.startswith("["):
-        name, sep, rest = host[1:].partition("]")
-        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
-            return False
-    else:
-        name, sep, port = host.rpartition(":")
-        if not sep:
-            name = port
-        elif not port.isdigit() or ":" in name:
-            return False
-    name = name.lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost") or name == lh:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _listen_host(scope: dict[str, Any]) -> str | None:
-    addr = (scope.get("state") or {}).get(LISTEN_KEY) or scope.get("server")
-    return addr[0] if addr else None
-
-
-def host_guard(app: Any, on_refuse: Callable[[], None] | None = None) -> Any:
-    """Wrap another ASGI ``app`` (the OTLP/HTTP receiver, a health app) in
-    the relay's DNS-rebinding guard (:func:`host_allowed` against the bound
-    listener): a refused HTTP request gets 403 ``host-not-allowed``, a
-    refused WebSocket is closed before accept. ``on_refuse()`` counts it."""
-    async def guarded(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        if scope["type"] in ("http", "websocket") and not host_allowed(
-                _header(scope, b"host") or "", _listen_host(scope)):
-            if on_refuse is not None:
-                on_refuse()
-            if scope["type"] == "http":
-                return await _respond(send, 403, {"error": "host-not-allowed"}, close=True)
-            await receive()
-            return await send({"type": "websocket.close", "code": 1008})
-        await app(scope, receive, send)
-    return guarded
 
 
 async def _respond(send: Callable, status: int, body: Any = None, *,
@@ -162,13 +100,6 @@ def _with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
     return wrapped
 
 
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
-    for k, v in scope["headers"]:
-        if k.lower() == name:
-            return v.decode("latin-1")
-    return None
-
-
 def _query(scope: dict[str, Any]) -> dict[str, str]:
     qs = scope.get("query_string", b"").decode("utf-8", "replace")
     return dict(urllib.parse.parse_qsl(qs, keep_blank_values=True))
@@ -186,7 +117,7 @@ class RelayApp:
 
     def connection_fault(self, kind: str) -> None:
         """Count a connection the server had to close on an exception
-        (called by :func:`supervisor.relay.serve.serve_app`)."""
+        (called by :func:`bridges.core.http.serve_app`)."""
         self.relay.counters["connection_errors"] += 1
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -219,7 +150,7 @@ class RelayApp:
         return None
 
     def _host_ok(self, scope: dict[str, Any]) -> bool:
-        if host_allowed(_header(scope, b"host") or "", _listen_host(scope)):
+        if host_allowed(_header(scope, b"host") or "", listen_host(scope)):
             return True
         self.relay.counters["refused_host"] += 1
         return False
@@ -369,21 +300,9 @@ class RelayApp:
         relay = self.relay
         q = _query(scope)
         try:
-            raw_filter = q.get("filter")
-            try:
-                flt = Filter(loads(raw_filter) if raw_filter else {})
-            except ValueError as e:
-                if isinstance(e, InvalidFilter):
-                    raise
-                raise InvalidFilter("filter is not valid JSON") from None
+            flt = parse_filter_json(q.get("filter"))
             ceiling = parse_capture(q.get("capture") or None)
-            raw_from = q.get("from")
-            if raw_from and raw_from != "all":
-                try:
-                    raw_from = loads(raw_from)
-                except ValueError:
-                    raise InvalidFilter("from is not valid JSON") from None
-            plan_all, positions = parse_from(raw_from or None)
+            plan_all, positions = parse_from_json(q.get("from"))
         except InvalidFilter as e:
             return await _respond(send, 400, {"error": "invalid-filter", "detail": str(e)})
         if positions is not None and len(positions) > relay.max_from:

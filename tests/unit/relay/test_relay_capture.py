@@ -17,7 +17,7 @@ CASES = fixture("downlevel/cases.json")["cases"]
 
 async def delivered(outlet):
     out = []
-    while outlet._q:
+    while outlet.queued:
         payloads, _ = await outlet.next_batch()
         out.extend(payloads)
     data = [ln[6:] for ln in b"".join(out).decode().split("\n") if ln.startswith("data: ")]

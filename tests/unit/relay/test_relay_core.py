@@ -10,7 +10,8 @@ import pytest
 import trio
 import trio.testing
 
-from supervisor.relay import core as core_mod
+from supervisor.relay import outlet as outlet_mod
+from supervisor.relay import params
 from supervisor.relay.attrmatch import Filter
 from supervisor.relay.core import CommandRefused, Relay, RelayClosed
 from supervisor.relay.envelope import InvalidEvent
@@ -46,7 +47,7 @@ def hello(role="emitter", agent="a", accepts=("control.cancel",), **caps):
 async def take(outlet):
     """Everything the outlet would write right now (frames parsed for WS)."""
     out = []
-    while outlet._q:
+    while outlet.queued:
         payloads, end = await outlet.next_batch()
         for p in payloads:
             out.append(json.loads(p) if outlet.kind == "ws" else p)
@@ -307,7 +308,7 @@ async def test_sse_replay_only_ends_with_replay_complete():
 
 
 def test_last_event_id_parsing():
-    p = core_mod.parse_last_event_id
+    p = params.parse_last_event_id
     assert p("s1:0:7") == ("s1", (0, 7))
     assert p("a:b:3:12") == ("a:b", (3, 12))
     assert p("garbage") is None and p("s::1") is None and p(":1:2") is None
@@ -344,7 +345,7 @@ async def test_downlevel_runs_once_per_event_and_ceiling(monkeypatch):
                for c in ["none"] * 10 + ["metadata"] * 10 + [None] * 10 + ["full"] * 10]
     relay.ingest_http([relay.entry(ev(0, capture="redacted", data={"x": 1}))])
     assert sorted(calls) == ["metadata", "none"]
-    payloads = [outlet._q[0][1] for outlet in outlets]
+    payloads = [outlet.peek().payload for outlet in outlets]
     # one rendering per ceiling, shared by reference across subscribers
     assert len({id(p) for p in payloads}) == 3
     assert json.loads(sse_events([payloads[0]])[0][0]["data"])["capture"] == "none"
@@ -713,22 +714,22 @@ async def test_a_failing_subscriber_is_shed_and_the_ingest_completes(monkeypatch
     def broken(self):
         raise UnicodeEncodeError("utf-8", "x", 0, 1, "boom")
 
-    monkeypatch.setattr(core_mod.View, "sse", lambda self: broken(self) if self.raw is self.entry.raw
+    monkeypatch.setattr(outlet_mod.View, "sse", lambda self: broken(self) if self.raw is self.entry.raw
                         else b"ok\n\n")
     relay.ingest_http([relay.entry(ev(s)) for s in range(3)])
     assert relay.buffers.held("s1") == 3 and relay.counters["fanout_errors"] == 1
-    assert bad.state == core_mod.TERMINATED and len(await take(good)) == 3
+    assert bad.state == outlet_mod.TERMINATED and len(await take(good)) == 3
 
 
 def test_from_positions_naming_a_session_without_utf8_form_are_refused():
-    with pytest.raises(core_mod.InvalidFilter):
-        core_mod.parse_from([{"session": "p\ud800", "seq": 1}])
+    with pytest.raises(params.InvalidFilter):
+        params.parse_from([{"session": "p\ud800", "seq": 1}])
 
 
 @pytest.mark.parametrize("value", ["s:0:\u00b2", "s:\u0663:1", "s:0:" + "9" * 5000, "s:" + "1" * 5000 + ":0",
                                    "s:0:1\u00b2", "s:+1:2", "s:0: 1"])
 def test_malformed_last_event_id_is_ignored_not_raised(value):
-    assert core_mod.parse_last_event_id(value) is None
+    assert params.parse_last_event_id(value) is None
 
 
 async def test_socket_events_must_carry_the_hello_identity_agent():
