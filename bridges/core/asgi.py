@@ -26,18 +26,16 @@ import hmac
 import ipaddress
 import json
 import urllib.parse
-from typing import Any, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 __all__ = [
     "Scope", "ABORT_KEY", "LISTEN_KEY",
-    "lifespan", "read_body", "headers", "header", "send_bytes", "send_json",
+    "lifespan", "read_body", "headers", "header", "send_bytes", "send_json", "respond",
     "presented_tokens", "token_matches", "bearer_ok",
     "host_allowed", "listen_host", "host_guard",
 ]
 
 Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 #: ``scope["state"]`` key under which :func:`bridges.core.http.serve_app`
 #: puts a callable that aborts the connection's socket (sheds a stalled peer).
@@ -103,6 +101,22 @@ async def send_json(send: Any, status: int, obj: Any,
                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """One complete JSON response."""
     await send_bytes(send, status, json.dumps(obj).encode(), "application/json", extra)
+
+
+async def respond(send: Any, status: int, body: Any = None, *,
+                  headers: Iterable[tuple[bytes, bytes]] = (), close: bool = False) -> None:
+    """One complete response: ``body`` ``None`` (empty, no content type),
+    ``bytes`` (sent as JSON) or an object (``json.dumps``); ``headers``
+    added; ``close`` asks the client to close the connection
+    (``Connection: close``)."""
+    data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    hs = [(b"content-length", str(len(data)).encode()), *headers]
+    if body is not None:
+        hs.append((b"content-type", b"application/json"))
+    if close:
+        hs.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": data})
 
 
 # -- credentials (AEP-0003 §8.1) ----------------------------------------------------
@@ -212,8 +226,7 @@ def host_guard(app: Any, on_refuse: Callable[[], None] | None = None) -> Any:
             if on_refuse is not None:
                 on_refuse()
             if scope["type"] == "http":
-                return await send_bytes(send, 403, b'{"error": "host-not-allowed"}',
-                                        "application/json", [(b"connection", b"close")])
+                return await respond(send, 403, {"error": "host-not-allowed"}, close=True)
             await receive()
             return await send({"type": "websocket.close", "code": 1008})
         await app(scope, receive, send)

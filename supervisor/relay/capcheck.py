@@ -31,6 +31,8 @@ from bridges.core.aep import CAPTURE_LEVELS as _LEVELS
 from bridges.core.aep import CAPTURE_RANK as _RANK
 from bridges.core.captable import TABLE, Node
 
+__all__ = ["exceeds", "content_level"]
+
 
 def _compile(node: Node) -> dict[str, tuple[int, Any, Any]]:
     """``key -> (rank, object spec | None, array item spec | None)`` for the

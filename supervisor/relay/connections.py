@@ -84,6 +84,19 @@ class Claims:
         """The live claimants of ``session`` (oldest claim first)."""
         return list(self._holders.get(session, ()))
 
+    def refusal(self, session: str, type_: str) -> tuple[str, str] | None:
+        """Why a command of ``type_`` for ``session`` cannot be routed
+        (AEP-0004 §4.2 ``no-route``/``ambiguous``/``unsupported``, with a
+        detail), or ``None`` when its one claimant accepts it."""
+        holders = self._holders.get(session)
+        if not holders:
+            return ("no-route", f"no connected emitter owns session {session}")
+        if len(holders) > 1:
+            return ("ambiguous", f"{len(holders)} connected emitters claim session {session}")
+        if type_ not in next(iter(holders)).accepts:
+            return ("unsupported", f"the target does not accept {type_}")
+        return None
+
 
 class Connection:
     """A party attached to the relay that may claim sessions and receive

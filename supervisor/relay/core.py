@@ -19,34 +19,31 @@ capture ceiling)`` per fan-out; the bytes are shared by every subscriber
 that receives them."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any, Awaitable, Callable, Iterable
 
 import trio
 
-from bridges.core.aep import AEP_VERSION, CAPTURE_LEVELS, CAPTURE_RANK, SEVERITY_RANK, dumps
+from bridges.core.aep import AEP_VERSION, CAPTURE_LEVELS
 from bridges.core.asgi import bearer_ok, token_matches
-from bridges.core import capture as _capture
 
 from .attrmatch import Filter
-from .buffer import BufKey, Entry, Position, SessionBuffers
-from .capcheck import exceeds as capture_exceeds
+from .buffer import BufKey, Entry, MiB, Position, SessionBuffers
 from .connections import (Claims, CommandRefused, Connection, LocalEmitter, RelayClosed,
                           SocketConnection)
-from .envelope import InvalidEvent, encode, has_duplicate_keys, is_command_type, is_foreign, validate
-from .outlet import Outlet, Subscriber, View
+from .envelope import (InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry)
+from .fanout import Fanout
+from .outlet import Outlet, Subscriber
 from .params import normalize_origin
 from .replay import ReplayJob, plan_replay
 
-__all__ = ["Relay", "RelayClosed", "CommandRefused", "LocalEmitter", "normalize_origin"]
+__all__ = ["Relay", "RelayClosed", "CommandRefused", "LocalEmitter", "normalize_origin",
+           "RELAY_AGENT"]
 
 log = logging.getLogger("aep.relay")
 
-MiB = 1 << 20
 RELAY_AGENT = "aep-bridges-relay"
-_FULL = CAPTURE_RANK["full"]
 
 
 class Relay:
@@ -100,8 +97,6 @@ class Relay:
         self.buffers = SessionBuffers(buffer, max_sessions, buffer_bytes=buffer_bytes,
                                       total_bytes=total_bytes)
         self.closing = False
-        self._subs: set[Subscriber] = set()
-        self._subs_t: tuple[Subscriber, ...] = ()
         self._outlets: set[Outlet] = set()
         self._sse_streams = 0
         self._conns: set[Connection] = set()
@@ -114,6 +109,7 @@ class Relay:
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0,
         }
+        self.fanout = Fanout(self.counters)
 
     def __repr__(self) -> str:  # never the token
         return (f"<Relay buffer={self.buffer_depth} max_sessions={self.max_sessions} "
@@ -185,7 +181,7 @@ class Relay:
         return {
             "sessions": len(self.buffers),
             "buffered_bytes": self.buffers.bytes,
-            "subscribers": len(self._subs),
+            "subscribers": len(self.fanout),
             "connections": len(self._conns),
             "uptime_s": int(time.monotonic() - self._started),
             "counters": {**self.counters, **self.buffers.counters},
@@ -228,27 +224,9 @@ class Relay:
 
     # -- ingest --------------------------------------------------------------------
     def entry(self, ev: Any) -> Entry:
-        """Validate and serialize one event (raises :class:`InvalidEvent`):
-        the envelope (:func:`.envelope.validate`), its UTF-8 form, and its
-        ``data`` against its declared ``capture`` (:mod:`.capcheck`; a
-        command is not refused for it, its audit copy is rendered at the
-        level it carries)."""
-        validate(ev)
-        raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
-        attrs = {k: v for k, v in ev.items() if k != "data"}
-        pos = (ev.get("epoch", 0), ev["seq"]) if "seq" in ev else None
-        declared = ev.get("capture", "metadata")
-        cap = CAPTURE_RANK[declared]
-        if cap < _FULL and "data" in ev:
-            shown = capture_exceeds(ev["type"], ev["data"], declared)
-            if shown is not None:
-                if not is_command_type(ev["type"]):
-                    raise InvalidEvent(f"data exceeds its declared capture {declared}: it carries "
-                                       f"{shown}-level fields (AEP-0001 §8.2(a))")
-                # a command is forwarded verbatim to its target (AEP-0004 §4.4);
-                # observers get its audit copy down-leveled from what it carries
-                cap = CAPTURE_RANK[shown]
-        return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")], cap)
+        """Validate and serialize one event (:func:`.envelope.to_entry`;
+        raises :class:`InvalidEvent`)."""
+        return to_entry(ev)
 
     def check_position(self, e: Entry) -> None:
         """Raise :class:`InvalidEvent` when a different event of the same
@@ -313,7 +291,7 @@ class Relay:
             self.buffers.admit(e)
         # agent.* and seq-less foreign events are live-only; every event is
         # fanned out as received, duplicates included (AEP-0003 §5)
-        self._fan_out(e)
+        self.fanout.offer(e)
 
     async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
                      raw: str | None) -> tuple[str, str] | None:
@@ -330,7 +308,7 @@ class Relay:
             self.counters["commands_refused"] += 1
             return refusal
         self.counters["commands_routed"] += 1
-        self._fan_out(e)  # audit visibility, live only: commands carry no seq
+        self.fanout.offer(e)  # audit visibility, live only: commands carry no seq
         return None
 
     def _route_check(self, ev: dict[str, Any], sender: Connection | None) -> tuple[str, str] | None:
@@ -339,82 +317,16 @@ class Relay:
                 return ("unauthorized", "control requires an authenticated binding (AEP-0004 §4.1); "
                         "this relay runs without AEP_TOKEN (watch-only)")
             return ("unauthorized", "control requires an authenticated binding (AEP-0004 §4.1)")
-        session = ev["session"]
-        holders = self.claims.holders(session)
-        if not holders:
-            return ("no-route", f"no connected emitter owns session {session}")
-        if len(holders) > 1:
-            return ("ambiguous", f"{len(holders)} connected emitters claim session {session}")
-        target = holders[0]
-        if ev["type"] not in target.accepts:
-            return ("unsupported", f"the target does not accept {ev['type']}")
-        return None
+        return self.claims.refusal(ev["session"], ev["type"])
 
-    # -- fan-out ----------------------------------------------------------------------
-    def view(self, e: Entry, ceiling: str | None, cache: dict[str | None, View]) -> View:
-        """``e`` rendered at ``ceiling`` (mechanical down-level, AEP-0003
-        §6.4); ``cache`` holds this event's views for one fan-out."""
-        if ceiling is None or CAPTURE_RANK[ceiling] >= e.cap:
-            ceiling = None
-        v = cache.get(ceiling)
-        if v is None:
-            v = cache[ceiling] = View(e, e.raw if ceiling is None else self._downlevel(e, ceiling))
-        return v
-
-    def render(self, e: Entry, ceiling: str | None) -> View:
-        """``e`` rendered at ``ceiling`` on its own (replay: no shared cache)."""
-        return self.view(e, ceiling, {})
-
-    def _downlevel(self, e: Entry, ceiling: str) -> bytes:
-        ev = json.loads(e.raw)
-        if CAPTURE_RANK[ev.get("capture", "metadata")] < e.cap:
-            ev["capture"] = CAPTURE_LEVELS[e.cap]  # a command carrying more than it declares
-        try:
-            out = _capture.downlevel(ev, ceiling)
-            return dumps(out)
-        except Exception as exc:  # noqa: BLE001 -- fail closed: never above the ceiling
-            self.counters["downlevel_errors"] += 1
-            log.error("relay: downlevel failed (%s); delivering the envelope without data",
-                      type(exc).__name__)
-            ev.pop("data", None)
-            ev["capture"] = "metadata" if ceiling == "redacted" else ceiling
-            return dumps(ev)
-
-    def _fan_out(self, e: Entry) -> None:
-        cache: dict[str | None, View] = {}
-        attrs = e.attrs
-        for sub in self._subs_t:
-            if sub.filter.matches(attrs):
-                try:
-                    sub.offer(self.view(e, sub.ceiling, cache))
-                except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
-                    # (a batch is accepted whole): that subscriber is shed instead
-                    self.counters["fanout_errors"] += 1
-                    log.error("relay: fan-out to a %s subscriber failed (%s); shedding it",
-                              sub.outlet.kind, type(exc).__name__)
-                    sub.outlet.terminate("internal-error")
-
-    # -- subscriptions --------------------------------------------------------------
-    def _set_subs(self) -> None:
-        self._subs_t = tuple(self._subs)
-
+    # -- subscriptions (the fan-out is :mod:`.fanout`) -------------------------------
     def unsubscribe(self, sub: Subscriber) -> None:
         """End one live subscription (its queued output stays)."""
-        if sub in self._subs:
-            self._subs.discard(sub)
-            self._set_subs()
-        try:
-            sub.outlet.subs.remove(sub)
-        except ValueError:
-            pass
+        self.fanout.remove(sub)
 
     def detach_outlet(self, outlet: Outlet) -> None:
         """End every live subscription feeding ``outlet`` (it is ending)."""
-        if outlet.subs:
-            for sub in outlet.subs:
-                self._subs.discard(sub)
-            outlet.subs = []
-            self._set_subs()
+        self.fanout.detach(outlet)
 
     def outlet_closed(self, outlet: Outlet) -> None:
         """``outlet``'s connection is gone: forget it."""
@@ -436,12 +348,10 @@ class Relay:
         plan = plan_replay(self.buffers, sub.filter, plan_all=plan_all, positions=positions,
                            live=live)
         if live:
-            self._subs.add(sub)
-            self._set_subs()
-            sub.outlet.subs.append(sub)
+            self.fanout.add(sub)
         if plan or tail:
-            sub.outlet.push_replay(ReplayJob(self.buffers, self.render, sub, plan, self._admitted,
-                                             tail))
+            sub.outlet.push_replay(ReplayJob(self.buffers, self.fanout.render, sub, plan,
+                                             self._admitted, tail))
 
     def open_stream(self, flt: Filter, ceiling: str | None, *, plan_all: bool,
                     positions: list[tuple[str, Position | None]] | None,

@@ -18,8 +18,10 @@ from bridges.core.aep import (AEP_VERSION, CAPTURE_RANK, SEVERITY_RANK, dumps, i
                               is_foreign)
 
 from .attrmatch import CORE_ATTRS
+from .buffer import Entry
+from .capcheck import exceeds as capture_exceeds
 
-__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "validate", "encode", "envelope_error",
+__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "validate", "encode", "to_entry", "envelope_error",
            "has_duplicate_keys", "AEP_VERSION", "is_command_type", "is_foreign"]
 
 _TYPE = re.compile(
@@ -194,6 +196,33 @@ def encode(ev: Any) -> bytes:
                            "in UTF-8 (AEP-0001 §5)") from None
     except (TypeError, ValueError, RecursionError):
         raise InvalidEvent("event is not representable as JSON") from None
+
+
+_FULL = CAPTURE_RANK["full"]
+
+
+def to_entry(ev: Any) -> Entry:
+    """One event as the relay holds it (:class:`~.buffer.Entry`): the
+    envelope validated (:func:`validate`), serialized once (:func:`encode`),
+    and its ``data`` checked against its declared ``capture``
+    (:mod:`.capcheck`, AEP-0001 §8.2(a)). A command is not refused for
+    carrying more than it declares (it is forwarded verbatim to its target,
+    AEP-0004 §4.4); its rank is what it carries, so observers get its audit
+    copy down-leveled from there. Raises :class:`InvalidEvent`."""
+    validate(ev)
+    raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
+    attrs = {k: v for k, v in ev.items() if k != "data"}
+    pos = (ev.get("epoch", 0), ev["seq"]) if "seq" in ev else None
+    declared = ev.get("capture", "metadata")
+    cap = CAPTURE_RANK[declared]
+    if cap < _FULL and "data" in ev:
+        shown = capture_exceeds(ev["type"], ev["data"], declared)
+        if shown is not None:
+            if not is_command_type(ev["type"]):
+                raise InvalidEvent(f"data exceeds its declared capture {declared}: it carries "
+                                   f"{shown}-level fields (AEP-0001 §8.2(a))")
+            cap = CAPTURE_RANK[shown]
+    return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")], cap)
 
 
 def _pairs_no_dup(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

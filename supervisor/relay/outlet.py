@@ -20,6 +20,7 @@ Transport-free: no sockets here; the ASGI layer (:mod:`.app`) writes what
 the outlet yields and sets :attr:`Outlet.abort` when the server gives one."""
 from __future__ import annotations
 
+import json
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 import trio
 
-from bridges.core.aep import NOTICE_RANK, dumps, scrub_surrogates
+from bridges.core import capture as _capture
+from bridges.core.aep import (CAPTURE_LEVELS, CAPTURE_RANK, NOTICE_RANK, dumps, scrub_surrogates)
 
 from .attrmatch import Filter
 from .buffer import Entry, Position
@@ -35,8 +37,9 @@ from .buffer import Entry, Position
 if TYPE_CHECKING:
     from .replay import ReplayJob
 
-__all__ = ["View", "Outlet", "OutletHub", "Subscriber", "EventItem", "FrameItem", "ReplayItem",
-           "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text", "sse_safe"]
+__all__ = ["View", "downlevel_raw", "Outlet", "OutletHub", "Subscriber", "Item", "EventItem",
+           "FrameItem", "ReplayItem", "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text",
+           "sse_safe"]
 
 log = logging.getLogger("aep.relay")
 
@@ -93,6 +96,24 @@ class View:
         return self._text
 
 
+def downlevel_raw(e: Entry, ceiling: str, on_error: Callable[[Exception], None]) -> bytes:
+    """``e``'s wire form mechanically down-leveled to ``ceiling`` (AEP-0003
+    §6.4, :func:`bridges.core.capture.downlevel`). A command carrying more
+    than it declares is down-leveled from what it carries. Fails closed:
+    when down-leveling raises, ``on_error(exc)`` is told and the envelope
+    goes without ``data``, never above the ceiling."""
+    ev = json.loads(e.raw)
+    if CAPTURE_RANK[ev.get("capture", "metadata")] < e.cap:
+        ev["capture"] = CAPTURE_LEVELS[e.cap]
+    try:
+        return dumps(_capture.downlevel(ev, ceiling))
+    except Exception as exc:  # noqa: BLE001 -- fail closed: never above the ceiling
+        on_error(exc)
+        ev.pop("data", None)
+        ev["capture"] = "metadata" if ceiling == "redacted" else ceiling
+        return dumps(ev)
+
+
 # -- queued items -----------------------------------------------------------------
 
 @dataclass(slots=True)
@@ -131,7 +152,7 @@ class EndItem:
     size: int = 0
 
 
-Item = Union[EventItem, FrameItem, ReplayItem, EndItem]
+Item = Union[EventItem, FrameItem, ReplayItem, EndItem]  # what an outlet queues
 
 
 class OutletHub(Protocol):

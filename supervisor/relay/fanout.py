@@ -1,0 +1,93 @@
+"""Live fan-out (AEP-0003 §5, §6.4; ``docs/relay.md`` "Ingest, buffer,
+fan-out"): the set of live subscriptions, and one event offered to every
+subscription whose filter matches it, rendered once per capture ceiling
+and shared by reference among the subscribers that get it.
+
+A subscriber that fails is shed (its outlet terminated) and the fan-out
+goes on: an ingest is never aborted half-way (a batch is accepted whole).
+Down-leveling fails closed (:func:`~.outlet.downlevel_raw`). No I/O."""
+from __future__ import annotations
+
+import logging
+
+from bridges.core.aep import CAPTURE_RANK
+
+from .buffer import Entry
+from .outlet import Outlet, Subscriber, View, downlevel_raw
+
+__all__ = ["Fanout"]
+
+log = logging.getLogger("aep.relay")
+
+
+class Fanout:
+    """The relay's live subscriptions. ``counters`` is the relay's counter
+    dict (``fanout_errors``, ``downlevel_errors`` are counted into it)."""
+
+    def __init__(self, counters: dict[str, int]) -> None:
+        self.counters = counters
+        self._subs: set[Subscriber] = set()
+        self._snapshot: tuple[Subscriber, ...] = ()  # iterated by offer(): safe to mutate the set
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def add(self, sub: Subscriber) -> None:
+        """Deliver live events to ``sub`` from now on."""
+        self._subs.add(sub)
+        self._snapshot = tuple(self._subs)
+        sub.outlet.subs.append(sub)
+
+    def remove(self, sub: Subscriber) -> None:
+        """Stop delivering to ``sub`` (what its outlet holds stays queued)."""
+        if sub in self._subs:
+            self._subs.discard(sub)
+            self._snapshot = tuple(self._subs)
+        try:
+            sub.outlet.subs.remove(sub)
+        except ValueError:
+            pass
+
+    def detach(self, outlet: Outlet) -> None:
+        """Stop delivering to every subscription feeding ``outlet``."""
+        if outlet.subs:
+            for sub in outlet.subs:
+                self._subs.discard(sub)
+            outlet.subs = []
+            self._snapshot = tuple(self._subs)
+
+    def view(self, e: Entry, ceiling: str | None, cache: dict[str | None, View]) -> View:
+        """``e`` rendered at ``ceiling`` (mechanical down-level, AEP-0003
+        §6.4; ``None`` or a ceiling at or above what ``e`` carries: as
+        ingested); ``cache`` holds this event's views for one fan-out."""
+        if ceiling is None or CAPTURE_RANK[ceiling] >= e.cap:
+            ceiling = None
+        v = cache.get(ceiling)
+        if v is None:
+            v = cache[ceiling] = View(e, e.raw if ceiling is None
+                                      else downlevel_raw(e, ceiling, self._downlevel_failed))
+        return v
+
+    def render(self, e: Entry, ceiling: str | None) -> View:
+        """``e`` rendered at ``ceiling`` on its own (replay: no shared cache)."""
+        return self.view(e, ceiling, {})
+
+    def _downlevel_failed(self, exc: Exception) -> None:
+        self.counters["downlevel_errors"] += 1
+        log.error("relay: downlevel failed (%s); delivering the envelope without data",
+                  type(exc).__name__)
+
+    def offer(self, e: Entry) -> None:
+        """Offer ``e`` to every matching live subscription (never blocks)."""
+        cache: dict[str | None, View] = {}
+        attrs = e.attrs
+        for sub in self._snapshot:
+            if sub.filter.matches(attrs):
+                try:
+                    sub.offer(self.view(e, sub.ceiling, cache))
+                except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
+                    # (a batch is accepted whole): that subscriber is shed instead
+                    self.counters["fanout_errors"] += 1
+                    log.error("relay: fan-out to a %s subscriber failed (%s); shedding it",
+                              sub.outlet.kind, type(exc).__name__)
+                    sub.outlet.terminate("internal-error")
