@@ -1,23 +1,85 @@
 """Live fan-out (AEP-0003 §5, §6.4; ``docs/relay.md`` "Ingest, buffer,
 fan-out"): the set of live subscriptions, and one event offered to every
 subscription whose filter matches it, rendered once per capture ceiling
-and shared by reference among the subscribers that get it.
+(:class:`View`: the SSE message, AEP-0003 §3.3.2, and the WS frame) and
+shared by reference among the subscribers that get it.
 
 A subscriber that fails is shed (its outlet terminated) and the fan-out
 goes on: an ingest is never aborted half-way (a batch is accepted whole).
-Down-leveling fails closed (:func:`~.outlet.downlevel_raw`). No I/O."""
+Down-leveling fails closed (:func:`downlevel_raw`). No I/O."""
 from __future__ import annotations
 
+import json
 import logging
+from typing import Callable
 
-from bridges.core.aep import CAPTURE_RANK
+from bridges.core import capture as _capture
+from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, dumps
 
 from .buffer import Entry
-from .outlet import Outlet, Subscriber, View, downlevel_raw
+from .outlet import Outlet, Subscriber
 
-__all__ = ["Fanout"]
+__all__ = ["Fanout", "View", "downlevel_raw", "sse_safe"]
 
 log = logging.getLogger("aep.relay")
+
+
+def sse_safe(s: str) -> bool:
+    """Whether ``s`` can be written into an SSE field (no line breaks, no NUL)."""
+    return "\n" not in s and "\r" not in s and "\0" not in s
+
+
+# -- rendered views -------------------------------------------------------------
+
+class View:
+    """One event rendered at one capture ceiling: ``raw`` (compact JSON bytes),
+    ``sse()`` (the whole SSE message, AEP-0003 §3.3.2) and ``text()`` (the WS
+    frame); each computed once and shared by every subscriber."""
+
+    __slots__ = ("entry", "raw", "_sse", "_text")
+
+    def __init__(self, entry: Entry, raw: bytes) -> None:
+        self.entry = entry
+        self.raw = raw
+        self._sse: bytes | None = None
+        self._text: str | None = None
+
+    def sse(self) -> bytes:
+        if self._sse is None:
+            e = self.entry
+            parts = [b"event: ", e.attrs["type"].encode(), b"\ndata: ", self.raw, b"\n"]
+            session = e.attrs.get("session")
+            # agent-scoped and seq-less events carry no id: they are not
+            # resumable positions; a session name that would break SSE
+            # framing is never written into a field
+            if e.pos is not None and isinstance(session, str) and sse_safe(session):
+                parts.append(f"id: {session}:{e.pos[0]}:{e.pos[1]}\n".encode())
+            parts.append(b"\n")
+            self._sse = b"".join(parts)
+        return self._sse
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self.raw.decode("utf-8")
+        return self._text
+
+
+def downlevel_raw(e: Entry, ceiling: str, on_error: Callable[[Exception], None]) -> bytes:
+    """``e``'s wire form mechanically down-leveled to ``ceiling`` (AEP-0003
+    §6.4, :func:`bridges.core.capture.downlevel`). A command carrying more
+    than it declares is down-leveled from what it carries. Fails closed:
+    when down-leveling raises, ``on_error(exc)`` is told and the envelope
+    goes without ``data``, never above the ceiling."""
+    ev = json.loads(e.raw)
+    if CAPTURE_RANK[ev.get("capture", "metadata")] < e.cap:
+        ev["capture"] = CAPTURE_LEVELS[e.cap]
+    try:
+        return dumps(_capture.downlevel(ev, ceiling))
+    except Exception as exc:  # noqa: BLE001 -- fail closed: never above the ceiling
+        on_error(exc)
+        ev.pop("data", None)
+        ev["capture"] = "metadata" if ceiling == "redacted" else ceiling
+        return dumps(ev)
 
 
 class Fanout:

@@ -1,7 +1,6 @@
 """Outlets: the bounded outbound queue of one consumer connection (an SSE
-stream or a WebSocket), the subscriptions that feed it, and the rendered
-views of an event they share (AEP-0003 §3.3.2, §8.4; ``docs/relay.md``
-"Slow consumers").
+stream or a WebSocket) and the subscriptions that feed it (AEP-0003 §8.4;
+``docs/relay.md`` "Slow consumers").
 
 - The fan-out offers to an :class:`Outlet` without ever blocking. Past
   ``queue_soft_bytes`` queued, ``debug``/``info`` events are dropped and
@@ -20,7 +19,6 @@ Transport-free: no sockets here; the ASGI layer (:mod:`.app`) writes what
 the outlet yields and sets :attr:`Outlet.abort` when the server gives one."""
 from __future__ import annotations
 
-import json
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -28,18 +26,17 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 import trio
 
-from bridges.core import capture as _capture
-from bridges.core.aep import (CAPTURE_LEVELS, CAPTURE_RANK, NOTICE_RANK, dumps, scrub_surrogates)
+from bridges.core.aep import NOTICE_RANK, dumps, scrub_surrogates
 
 from .attrmatch import Filter
-from .buffer import Entry, Position
+from .buffer import Position
 
 if TYPE_CHECKING:
+    from .fanout import View
     from .replay import ReplayJob
 
-__all__ = ["View", "downlevel_raw", "Outlet", "OutletHub", "Subscriber", "Item", "EventItem",
-           "FrameItem", "ReplayItem", "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text",
-           "sse_safe"]
+__all__ = ["Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "FrameItem", "ReplayItem",
+           "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text"]
 
 log = logging.getLogger("aep.relay")
 
@@ -54,64 +51,6 @@ def frame_text(obj: dict[str, Any]) -> str:
         return dumps(obj).decode("utf-8")
     except UnicodeEncodeError:
         return dumps(scrub_surrogates(obj)).decode("utf-8")
-
-
-def sse_safe(s: str) -> bool:
-    """Whether ``s`` can be written into an SSE field (no line breaks, no NUL)."""
-    return "\n" not in s and "\r" not in s and "\0" not in s
-
-
-# -- rendered views -------------------------------------------------------------
-
-class View:
-    """One event rendered at one capture ceiling: ``raw`` (compact JSON bytes),
-    ``sse()`` (the whole SSE message, AEP-0003 §3.3.2) and ``text()`` (the WS
-    frame); each computed once and shared by every subscriber."""
-
-    __slots__ = ("entry", "raw", "_sse", "_text")
-
-    def __init__(self, entry: Entry, raw: bytes) -> None:
-        self.entry = entry
-        self.raw = raw
-        self._sse: bytes | None = None
-        self._text: str | None = None
-
-    def sse(self) -> bytes:
-        if self._sse is None:
-            e = self.entry
-            parts = [b"event: ", e.attrs["type"].encode(), b"\ndata: ", self.raw, b"\n"]
-            session = e.attrs.get("session")
-            # agent-scoped and seq-less events carry no id: they are not
-            # resumable positions; a session name that would break SSE
-            # framing is never written into a field
-            if e.pos is not None and isinstance(session, str) and sse_safe(session):
-                parts.append(f"id: {session}:{e.pos[0]}:{e.pos[1]}\n".encode())
-            parts.append(b"\n")
-            self._sse = b"".join(parts)
-        return self._sse
-
-    def text(self) -> str:
-        if self._text is None:
-            self._text = self.raw.decode("utf-8")
-        return self._text
-
-
-def downlevel_raw(e: Entry, ceiling: str, on_error: Callable[[Exception], None]) -> bytes:
-    """``e``'s wire form mechanically down-leveled to ``ceiling`` (AEP-0003
-    §6.4, :func:`bridges.core.capture.downlevel`). A command carrying more
-    than it declares is down-leveled from what it carries. Fails closed:
-    when down-leveling raises, ``on_error(exc)`` is told and the envelope
-    goes without ``data``, never above the ceiling."""
-    ev = json.loads(e.raw)
-    if CAPTURE_RANK[ev.get("capture", "metadata")] < e.cap:
-        ev["capture"] = CAPTURE_LEVELS[e.cap]
-    try:
-        return dumps(_capture.downlevel(ev, ceiling))
-    except Exception as exc:  # noqa: BLE001 -- fail closed: never above the ceiling
-        on_error(exc)
-        ev.pop("data", None)
-        ev["capture"] = "metadata" if ceiling == "redacted" else ceiling
-        return dumps(ev)
 
 
 # -- queued items -----------------------------------------------------------------

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from .attrmatch import Filter
 from .buffer import BufKey, Entry, Position, SessionBuffers
-from .outlet import Subscriber, View, frame_text
+from .fanout import View
+from .outlet import Subscriber, frame_text
 
 __all__ = ["ReplayJob", "Plan", "plan_replay"]
 

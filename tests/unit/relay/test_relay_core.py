@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 
+from supervisor.relay import fanout as fanout_mod
 from supervisor.relay import outlet as outlet_mod
 from supervisor.relay import params
 from supervisor.relay.attrmatch import Filter
@@ -714,7 +715,7 @@ async def test_a_failing_subscriber_is_shed_and_the_ingest_completes(monkeypatch
     def broken(self):
         raise UnicodeEncodeError("utf-8", "x", 0, 1, "boom")
 
-    monkeypatch.setattr(outlet_mod.View, "sse", lambda self: broken(self) if self.raw is self.entry.raw
+    monkeypatch.setattr(fanout_mod.View, "sse", lambda self: broken(self) if self.raw is self.entry.raw
                         else b"ok\n\n")
     relay.ingest_http([relay.entry(ev(s)) for s in range(3)])
     assert relay.buffers.held("s1") == 3 and relay.counters["fanout_errors"] == 1
