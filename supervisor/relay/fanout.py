@@ -17,7 +17,7 @@ from bridges.core import capture as _capture
 from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, dumps
 
 from .buffer import Entry
-from .outlet import Outlet, Subscriber
+from .outlet import EventItem, Outlet, Subscriber
 
 __all__ = ["Fanout", "View", "downlevel_raw", "sse_safe"]
 
@@ -36,13 +36,21 @@ class View:
     ``sse()`` (the whole SSE message, AEP-0003 §3.3.2) and ``text()`` (the WS
     frame); each computed once and shared by every subscriber."""
 
-    __slots__ = ("entry", "raw", "_sse", "_text")
+    __slots__ = ("entry", "raw", "_sse", "_text", "_sse_item")
 
     def __init__(self, entry: Entry, raw: bytes) -> None:
         self.entry = entry
         self.raw = raw
         self._sse: bytes | None = None
         self._text: str | None = None
+        self._sse_item: EventItem | None = None
+
+    def sse_item(self) -> EventItem:
+        """The SSE message as one queue item, shared by every stream."""
+        if self._sse_item is None:
+            payload = self.sse()
+            self._sse_item = EventItem(payload, len(payload), self.entry.sev)
+        return self._sse_item
 
     def sse(self) -> bytes:
         if self._sse is None:

@@ -60,7 +60,9 @@ class EventItem:
     """A fanned-out event: ``payload`` (SSE bytes or WS text), ``size``
     (accounted bytes), ``sev`` (severity rank: what may be shed) and
     ``mark`` (WS only: ``(sub id, session, position)`` recorded as delivered
-    when written)."""
+    when written). Never changed once made: one SSE item is queued on every
+    stream that receives the event (not ``frozen``: that would cost four
+    times as much to make, once per WebSocket delivery)."""
     payload: bytes | str
     size: int
     sev: int
@@ -113,7 +115,7 @@ class OutletHub(Protocol):
 class Outlet:
     """The bounded outbound queue of one SSE stream or one WebSocket (§8.4).
 
-    The fan-out calls :meth:`offer_event` (never blocks); the connection's
+    The fan-out calls :meth:`offer` (never blocks); the connection's
     writer task calls :meth:`next_batch`. ``abort`` (set by the ASGI layer
     when the server provides one) closes the underlying socket: the only way
     to shed a consumer whose writer is stuck in a send to a peer that
@@ -123,6 +125,8 @@ class Outlet:
     def __init__(self, hub: OutletHub, kind: str) -> None:
         self.hub = hub
         self.kind = kind  # "sse" | "ws"
+        self._soft = hub.queue_soft_bytes  # the relay's bounds, fixed at its construction
+        self._hard = hub.queue_hard_bytes
         self.state = OPEN
         self.in_send = False
         self.abort: Callable[[], None] | None = None
@@ -151,21 +155,25 @@ class Outlet:
         self._bytes += item.size
         self._wake.set()
 
-    def offer_event(self, payload: bytes | str, size: int, sev: int,
-                    mark: tuple[Any, str, Position] | None = None) -> None:
-        """Queue one fanned-out event, shedding by severity (module docstring)."""
+    def offer(self, item: EventItem) -> None:
+        """Queue one fanned-out event, shedding by severity (module
+        docstring). ``item`` may be shared with other outlets (the SSE
+        rendering of an event is one item for every stream that gets it)."""
         if self.state != OPEN:
             return
-        hub = self.hub
+        size, sev = item.size, item.sev
         if self._q:
-            if sev < NOTICE_RANK and self._bytes + size > hub.queue_soft_bytes:
+            if sev < NOTICE_RANK and self._bytes + size > self._soft:
                 self._drop_low(1)
                 return
-            if self._bytes + size > hub.queue_hard_bytes and \
-                    not self._evict_low(self._bytes + size - hub.queue_hard_bytes):
+            if self._bytes + size > self._hard and \
+                    not self._evict_low(self._bytes + size - self._hard):
                 self.terminate("slow-consumer")
                 return
-        self._push(EventItem(payload, size, sev, mark))
+        # the hot path (one call per delivery): _push inlined
+        self._q.append(item)
+        self._bytes += size
+        self._wake.set()
 
     def push_frame(self, payload: bytes | str) -> None:
         """A connection frame (``subscribed``, ``error``, ``pong``...): never
@@ -173,7 +181,7 @@ class Outlet:
         if self.state != OPEN:
             return
         size = len(payload)
-        if self._q and self._bytes + size > self.hub.queue_hard_bytes:
+        if self._q and self._bytes + size > self._hard:
             self.terminate("slow-consumer")
             return
         self._push(FrameItem(payload, size))
@@ -332,20 +340,21 @@ class Subscriber:
     """One live subscription: an SSE stream, or one ``subscribe`` of a WS
     connection (``sid`` set). ``ceiling`` is the capture ceiling or ``None``."""
 
-    __slots__ = ("filter", "ceiling", "outlet", "sid")
+    __slots__ = ("filter", "ceiling", "outlet", "sid", "offer")
 
     def __init__(self, flt: Filter, ceiling: str | None, outlet: Outlet, sid: Any = None) -> None:
         self.filter = flt
         self.ceiling = ceiling
         self.outlet = outlet
         self.sid = sid
+        #: ``offer(view)``: queue one rendered event on the outlet (chosen once: the hot path)
+        self.offer: Callable[[View], None] = self._offer_sse if outlet.kind == "sse" \
+            else self._offer_ws
 
-    def offer(self, view: View) -> None:
+    def _offer_sse(self, view: View) -> None:
+        self.outlet.offer(view.sse_item())
+
+    def _offer_ws(self, view: View) -> None:
         e = view.entry
-        if self.outlet.kind == "sse":
-            payload = view.sse()
-            self.outlet.offer_event(payload, len(payload), e.sev)
-        else:
-            text = view.text()
-            mark = (self.sid, e.attrs["session"], e.pos) if e.pos is not None else None
-            self.outlet.offer_event(text, len(view.raw), e.sev, mark)
+        mark = (self.sid, e.attrs["session"], e.pos) if e.pos is not None else None
+        self.outlet.offer(EventItem(view.text(), len(view.raw), e.sev, mark))
