@@ -43,7 +43,7 @@ def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> 
     ``healthz(authorized)`` gives the body; without a configured token every
     request counts as authorized (counts are public, exactly as on the relay)."""
 
-    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+    async def app(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             return await lifespan(receive, send)
         if scope["type"] != "http":

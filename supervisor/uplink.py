@@ -55,8 +55,13 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import trio
-from trio_websocket import (ConnectionClosed, ConnectionRejected, HandshakeError,
-                            WebSocketConnection, open_websocket_url)
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
 
 from bridges.core.aep import SUPPORTED_VERSIONS, dumps, is_command
 from bridges.core.backoff import backoff_delay

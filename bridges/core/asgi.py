@@ -132,9 +132,10 @@ def presented_tokens(headers: Iterable[tuple[bytes, bytes]],
             if scheme.lower() == "bearer":
                 yield cred.strip()
     if query_string and b"access_token" in query_string:
-        for k, v in urllib.parse.parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
-            if k == "access_token":
-                yield v
+        for name, value in urllib.parse.parse_qsl(query_string.decode("latin-1"),
+                                                  keep_blank_values=True):
+            if name == "access_token":
+                yield value
 
 
 def token_matches(token: str | bytes | None, presented: str | None) -> bool:

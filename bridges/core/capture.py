@@ -94,7 +94,7 @@ class CapturePolicy:
         rank(self.ceiling)
         if self.attention is not None:
             rank(self.attention)
-        for k, v in dict(self.overrides).items():
+        for v in dict(self.overrides).values():
             rank(v)
         object.__setattr__(self, "secret_values",
                            _red.normalize_secret_values(self.secret_values))

@@ -165,7 +165,7 @@ class _AbortableTCPServer(TCPServer):
         self._on_fault = on_fault
         self._where = where
 
-    @property  # type: ignore[override]
+    @property
     def protocol(self) -> Any:
         return self._protocol
 

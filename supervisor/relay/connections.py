@@ -280,7 +280,7 @@ class SocketConnection(Connection):
                              "detail": "the first frame must be hello (AEP-0003 §3.5)"},
                             1002, "hello required")
                 return
-            self._hello(msg)  # type: ignore[arg-type]
+            self._hello(msg)
             return
         assert isinstance(msg, dict)
         if isinstance(mtype, str) and "." in mtype:

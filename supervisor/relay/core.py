@@ -30,9 +30,8 @@ from bridges.core.asgi import bearer_ok, token_matches
 
 from .attrmatch import Filter
 from .buffer import BufKey, Entry, MiB, Position, SessionBuffers
-from .connections import (Claims, CommandRefused, Connection, LocalEmitter, RelayClosed,
-                          SocketConnection)
-from .envelope import (InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry)
+from .connections import Claims, CommandRefused, Connection, LocalEmitter, RelayClosed, SocketConnection
+from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
 from .fanout import Fanout
 from .outlet import Outlet, Subscriber
 from .params import normalize_origin

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from bridges.core.aep import (AEP_VERSION, CAPTURE_RANK, SEVERITY_RANK, dumps, is_command_type,
-                              is_foreign)
+from bridges.core.aep import AEP_VERSION, CAPTURE_RANK, SEVERITY_RANK, dumps, is_command_type, is_foreign
 
 from .attrmatch import CORE_ATTRS
 from .buffer import Entry
@@ -74,6 +73,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(v, dict):
             children = v.values()
         elif isinstance(v, list):

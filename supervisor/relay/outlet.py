@@ -196,7 +196,8 @@ class Outlet:
         self.hub.counters["dropped_low_severity"] += n
 
     def _evict_low(self, need: int) -> bool:
-        freed, kept, dropped = 0, deque(), 0
+        freed, dropped = 0, 0
+        kept: deque[Item] = deque()
         for item in self._q:
             if freed < need and isinstance(item, EventItem) and item.sev < NOTICE_RANK:
                 freed += item.size

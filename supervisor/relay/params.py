@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from typing import Any
+from typing import Any, TypeGuard
 
 from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, loads
 
@@ -37,6 +37,10 @@ def _utf8(s: str) -> bool:
     return True
 
 
+def _count(v: Any) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | None]:
     """``from``: absent, ``"all"``, or ``[{session, epoch?, seq}]`` (AEP-0003
     §3.3, §6.5). Returns ``(replay_all, positions)``; raises
@@ -56,9 +60,8 @@ def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | No
             raise InvalidFilter("from entry needs a session (string)")
         if not _utf8(session):
             raise InvalidFilter("from entry session has no UTF-8 form (lone surrogate)")
-        for v in (epoch, seq):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise InvalidFilter("from entry epoch/seq must be integers >= 0")
+        if not (_count(epoch) and _count(seq)):
+            raise InvalidFilter("from entry epoch/seq must be integers >= 0")
         out.append((session, (epoch, seq)))
     return False, out
 
