@@ -349,6 +349,8 @@ async def test_downlevel_runs_once_per_event_and_ceiling(monkeypatch):
     payloads = [outlet.peek().payload for outlet in outlets]
     # one rendering per ceiling, shared by reference across subscribers
     assert len({id(p) for p in payloads}) == 3
+    # ... and one queue item per rendering (never changed once queued)
+    assert len({id(outlet.peek()) for outlet in outlets}) == 3
     assert json.loads(sse_events([payloads[0]])[0][0]["data"])["capture"] == "none"
     assert json.loads(sse_events([payloads[25]])[0][0]["data"])["data"] == {"x": 1}
     assert payloads[35] is payloads[25]  # `full` ceiling above the event: unchanged
