@@ -709,6 +709,19 @@ async def test_lone_surrogate_on_the_socket_is_an_error_frame_and_replay_all_sur
     assert [m["id"] for m in msgs] == ["s1:0:0", "s1:0:2"] and comments == ["replay-complete"]
 
 
+async def test_a_frame_echoing_text_without_utf8_form_carries_u_fffd_and_the_socket_lives():
+    """One lone-surrogate rule (bridges.core.aep.dumps): no UTF-8 form, no wire
+    form. A frame the relay must answer anyway (it echoes the client's id)
+    goes out with U+FFFD in place of the surrogate, as valid UTF-8 JSON."""
+    relay = Relay()
+    conn = await ws(relay)
+    await conn.handle_text(json.dumps({"type": "subscribe", "id": LONE, "filter": {}}))
+    await conn.handle_text(json.dumps({"type": "ping", "t": 7}))
+    (subscribed, pong) = await take(conn.outlet)
+    assert subscribed == {"type": "subscribed", "id": "p\ufffd"}
+    assert pong == {"type": "pong", "t": 7}
+
+
 async def test_a_failing_subscriber_is_shed_and_the_ingest_completes(monkeypatch):
     relay = Relay()
     bad = relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
