@@ -76,7 +76,6 @@ async def test_replay_is_down_leveled_too():
 from supervisor.relay.envelope import InvalidEvent  # noqa: E402
 
 
-
 def _ev(type_="tool.completed", data=None, capture=None, seq=0, **kw):
     e = {"aep": "0.1", "id": f"C{seq}", "type": type_, "time": "2026-07-03T10:00:00Z",
          "source": "aep://h/agent/a/session/s1", "agent": "a", "session": "s1", "seq": seq}

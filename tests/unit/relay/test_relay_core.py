@@ -8,6 +8,7 @@ import json
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 from supervisor.relay import fanout as fanout_mod
@@ -649,7 +650,7 @@ async def test_sse_writer_lingers_so_a_burst_leaves_in_one_write(mock_clock):
         await trio.testing.wait_all_tasks_blocked()
         for s in range(10):
             relay.ingest_http([relay.entry(ev(s))])
-            await trio.sleep(0)  # the writer is woken, and lingers
+            await trio.lowlevel.checkpoint()  # the writer is woken, and lingers
         assert got == []
         mock_clock.jump(0.05)
     payloads, end = got[0]
