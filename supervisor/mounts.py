@@ -22,43 +22,24 @@ missing path for the moment its backoff lasts."""
 from __future__ import annotations
 
 import contextlib
-import json
 from typing import Any, Callable, Iterator
 
+from bridges.core.asgi import bearer_ok, header, host_allowed, listen_host, refuse_upgrade, respond
 from bridges.core.bridge import ASGIApp
 
-from .http import bearer_ok
-from .relay.app import LISTEN_KEY, host_allowed
-
-
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
-    for k, v in scope.get("headers", []):
-        if k.lower() == name:
-            return v.decode("latin-1")
-    return None
+__all__ = ["Mounts", "refuse"]
 
 
 async def refuse(scope: dict[str, Any], receive: Callable, send: Callable, status: int,
                  error: str) -> None:
     """Answer ``{"error": error}`` with ``status``: an HTTP response, or a
-    refused WebSocket upgrade (denial extension; else close 1008)."""
-    body = json.dumps({"error": error}).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
+    refused WebSocket upgrade (:func:`bridges.core.asgi.refuse_upgrade`)."""
     if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
-        return
+        extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+        return await respond(send, status, {"error": error}, headers=extra)
     msg = await receive()
-    if msg["type"] != "websocket.connect":
-        return
-    if "websocket.http.response" in scope.get("extensions", {}):
-        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:
-        await send({"type": "websocket.close", "code": 1008})
+    if msg["type"] == "websocket.connect":
+        await refuse_upgrade(scope, send, status, {"error": error})
 
 
 class Mounts:
@@ -95,14 +76,14 @@ class Mounts:
                 "http", "websocket") else None
             if target is None:
                 return await app(scope, receive, send)
-            listen = (scope.get("state") or {}).get(LISTEN_KEY) or scope.get("server")
-            if not host_allowed(_header(scope, b"host") or "", listen[0] if listen else None):
+            if not host_allowed(header(scope, b"host") or "", listen_host(scope)):
                 self._count("host")
                 return await refuse(scope, receive, send, 403, "host-not-allowed")
-            if _header(scope, b"origin") is not None:
+            if header(scope, b"origin") is not None:
                 self._count("origin")
                 return await refuse(scope, receive, send, 403, "origin-not-allowed")
-            if not bearer_ok(self.token, scope.get("headers", []), scope.get("query_string", b"")):
+            if self.token and not bearer_ok(self.token, scope.get("headers", []),
+                                            scope.get("query_string", b"")):
                 self._count("unauthorized")
                 return await refuse(scope, receive, send, 401, "unauthorized")
             await target(scope, receive, send)

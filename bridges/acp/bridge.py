@@ -13,8 +13,8 @@ new id and never re-mints a run id. When a tee reports its agent's exit,
 its open asks are dismissed, open turns fail and its sessions end.
 
 Read-only (design record: the bridge never initiates, answers or injects):
-``control.accepts`` is ``[]`` and every command is refused ``unsupported``
-through the shared ledger.
+``control.accepts`` is ``[]`` and the run hands the fleet no controller, so
+the fleet's ledger refuses every command ``unsupported``.
 
 Health (``/healthz``, counters behind the token when one is set):
 ``source`` is true while the path is mounted; counters ``tees_attached``
@@ -33,9 +33,10 @@ from typing import Any, Callable
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext
+from bridges.core.aep import ACK_WINDOW_MS
+from bridges.core.asgi import refuse_upgrade, respond
+from bridges.core.bridge import BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
-from bridges.core.ledger import CommandLedger
 
 from . import wire
 from .config import AcpConfig
@@ -43,7 +44,6 @@ from .join import Story
 from .mapping import Posture
 
 EMITS = ["session", "run", "tool", "attention", "x.acp"]
-ACK_WINDOW_MS = 10_000
 MAX_DETACHED = 256
 """Stories of tees that went away without an exit record, kept for their
 reconnect (least recently seen evicted)."""
@@ -104,12 +104,23 @@ class AcpBridge:
         """No listener of its own: the tees come in on ``AEP_LISTEN``."""
         return {}
 
-    async def run(self, ctx: BridgeContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Mount the tee path, ``started()``, map until cancelled. Raises
-        ``RuntimeError`` without a daemon listener (``ctx.mounts``)."""
+    async def run(self, ctx: BridgeContext, *,
+                  task_status: trio.TaskStatus[BridgeRun | None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Build this run's :class:`TeeHub`, mount the tee path, hand the
+        fleet an :class:`AcpRun` (no controller: read-only), map until
+        cancelled. Raises ``RuntimeError`` without a daemon listener
+        (``ctx.mounts``)."""
         if ctx.mounts is None:
             raise RuntimeError("the ACP bridge needs the daemon's listener (ctx.mounts)")
         await TeeHub(self, ctx).serve(task_status=task_status)
+
+
+@dataclass
+class AcpRun(BridgeRun):
+    """The per-run handle: no controller (read-only), the run's hub."""
+
+    hub: "TeeHub | None" = None
 
 
 class TeeHub:
@@ -132,24 +143,18 @@ class TeeHub:
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         ctx = self.ctx
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._refuse_commands)
-            with ctx.mounts.mount(self.bridge.path, self.asgi):  # type: ignore[union-attr]
-                ctx.health.source = True
-                ctx.health.detail = None
-                ctx.log.info("%s: tees attach at %s on the daemon listener", self.bridge.name,
-                             self.bridge.path)
-                task_status.started()
-                try:
-                    await self._map()
-                finally:
-                    ctx.health.source = False
-                    for scope in list(self._handlers):
-                        scope.cancel()
-
-    async def _refuse_commands(self) -> None:
-        async with CommandLedger(self.ctx, (), ack_window_ms=ACK_WINDOW_MS) as ledger:
-            await ledger.serve(self.ctx.commands)
+        with ctx.mounts.mount(self.bridge.path, self.asgi):  # type: ignore[union-attr]
+            ctx.health.source = True
+            ctx.health.detail = None
+            ctx.log.info("%s: tees attach at %s on the daemon listener", self.bridge.name,
+                         self.bridge.path)
+            task_status.started(AcpRun(hub=self))
+            try:
+                await self._map()
+            finally:
+                ctx.health.source = False
+                for scope in list(self._handlers):
+                    scope.cancel()
 
     # -- mapping (the bridge's nursery) -----------------------------------------
     async def _map(self) -> None:
@@ -250,15 +255,15 @@ class TeeHub:
     async def asgi(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         """The mounted app: a WebSocket per tee (module docstring)."""
         if scope["type"] != "websocket":
-            await _http_answer(send, 426, b'{"error":"upgrade-required","detail":"a WebSocket for '
-                               b'aep-bridges acp tees"}')
+            await respond(send, 426, {"error": "upgrade-required",
+                                      "detail": "a WebSocket for aep-bridges acp tees"})
             return
         msg = await receive()
         if msg["type"] != "websocket.connect":
             return
         if self.attached >= self.bridge.config.max_tees:
             self.ctx.health.count("refused")
-            await _ws_deny(scope, send, 503, b'{"error":"too-many-tees"}')
+            await refuse_upgrade(scope, send, 503, {"error": "too-many-tees"})
             return
         await send({"type": "websocket.accept"})
         first = await receive()
@@ -294,18 +299,3 @@ class TeeHub:
                     await send({"type": "websocket.close", "code": 1012, "reason": "restarting"})
                 except Exception:  # noqa: BLE001 -- the connection may be gone already
                     pass
-
-
-async def _http_answer(send: Callable, status: int, body: bytes) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _ws_deny(scope: dict[str, Any], send: Callable, status: int, body: bytes) -> None:
-    if "websocket.http.response" in scope.get("extensions", {}):
-        await send({"type": "websocket.http.response.start", "status": status, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "websocket.http.response.body", "body": body})
-    else:
-        await send({"type": "websocket.close", "code": 1013})

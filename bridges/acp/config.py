@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from bridges.core.settings import EnvReader, Setting
+from bridges.core.settings import EnvReader, Setting, check_fields
 
 from .wire import valid_name
 
+__all__ = ["AcpConfig", "SETTINGS", "from_env"]
+
 SETTINGS: tuple[Setting, ...] = (
-    Setting("AEP_BRIDGE_ACP", "`0`", "`1`: the daemon side of the ACP tees (`aep-bridges acp -- AGENT`)"),
     Setting("AEP_ACP_AGENTS", "`acp`", "comma-separated AEP agent ids tees may observe as "
             "(`--name`); one emitter each, each at `/bridges/acp/{name}` on `AEP_LISTEN`"),
     Setting("AEP_ACP_DELTAS", "`0`", "`1`: message, thought and user chunks as "
@@ -30,22 +31,28 @@ SETTINGS: tuple[Setting, ...] = (
 class AcpConfig:
     """``agents``: the agent ids served (one bridge, one emitter each);
     ``deltas``: map chunks; ``max_tees``: concurrent tee connections per
-    agent id."""
+    agent id. Raises ``TypeError`` for a field of the wrong type."""
 
     agents: tuple[str, ...] = ("acp",)
     deltas: bool = False
     max_tees: int = 64
 
+    def __post_init__(self) -> None:
+        check_fields(self)
+
 
 def from_env(environ: Mapping[str, str]) -> tuple[AcpConfig, list[str]]:
-    """Parse the ACP settings; ``problems`` has one line per bad value."""
+    """Parse the ACP settings; ``problems`` has one line per bad value (its
+    field keeps the default). Never raises."""
     r = EnvReader(environ)
     raw = r.text("AEP_ACP_AGENTS") or "acp"
     agents = tuple(dict.fromkeys(a.strip() for a in raw.split(",") if a.strip())) or ("acp",)
-    for a in agents:
-        if not valid_name(a):
-            r.problems.append(f"AEP_ACP_AGENTS: {a!r} is not an agent id "
-                              "(letters, digits, '_' or '-', at most 64)")
+    bad = [a for a in agents if not valid_name(a)]
+    for a in bad:
+        r.problems.append(f"AEP_ACP_AGENTS: {a!r} is not an agent id "
+                          "(letters, digits, '_' or '-', at most 64)")
+    if bad:
+        agents = ("acp",)
     deltas = r.flag("AEP_ACP_DELTAS")
     max_tees = r.integer("AEP_ACP_MAX_TEES", 64, minimum=1, maximum=10_000)
     return AcpConfig(agents=agents, deltas=deltas, max_tees=max_tees), r.problems

@@ -12,9 +12,9 @@ import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
 from bridges.acp import AcpBridge, wire
+from bridges.core.asgi import lifespan
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.envelope import Stamper
-from supervisor.asgi import lifespan
 from supervisor.http import serve_asgi
 from supervisor.mounts import Mounts
 

@@ -4,6 +4,7 @@ the command line, and the bridge's settings (table-driven)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 import trio
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from bridges.acp import config, from_env, wire
 from bridges.acp.tee import ObservationQueue, add_arguments, exit_status, options_from
 from bridges.acp.wire import LineSplitter, Shipper
+from tests.support.configcases import cases, check
+from tests.support.recording import RecordingEnv
 
 # --------------------------------------------------------------------------- LineSplitter
 
@@ -182,23 +185,33 @@ def test_exit_status():
 
 # --------------------------------------------------------------------------- settings
 
-CONFIG_CASES = [
-    ({}, config.AcpConfig(), []),
-    ({"AEP_ACP_AGENTS": "acp, gemini,acp", "AEP_ACP_DELTAS": "1", "AEP_ACP_MAX_TEES": "3"},
-     config.AcpConfig(agents=("acp", "gemini"), deltas=True, max_tees=3), []),
-    ({"AEP_ACP_AGENTS": "ok,not ok"}, None, ["AEP_ACP_AGENTS: 'not ok'"]),
-    ({"AEP_ACP_DELTAS": "maybe"}, None, ["AEP_ACP_DELTAS='maybe'"]),
-    ({"AEP_ACP_MAX_TEES": "0"}, None, ["AEP_ACP_MAX_TEES=0"]),
-]
+CONFIG = Path(__file__).parent / "testdata" / "config"
 
 
-@pytest.mark.parametrize("env,want,problems", CONFIG_CASES)
-def test_config_from_env(env, want, problems):
-    cfg, got = config.from_env(env)
-    if want is not None:
-        assert cfg == want
-    assert len(got) == len(problems) and all(g.startswith(p) for g, p in zip(got, problems,
-                                                                            strict=True))
+@pytest.mark.parametrize("case", cases(CONFIG))
+def test_acp_config_case(case):
+    check(case, config.from_env)
+
+
+def test_the_metadata_names_every_setting_the_code_reads():
+    """The daemon side reads its SETTINGS; the tee reads AEP_ACP_DAEMON and
+    AEP_TOKEN (documented in the tee's own argument table)."""
+    env = RecordingEnv({"HOME": "/h"})
+    config.from_env(env)
+    own = {s.name for s in config.SETTINGS}
+    assert {n for n in env.read if n.startswith("AEP_")} == own - {"AEP_ACP_DAEMON"}
+    tee_env = RecordingEnv({})
+    options_from(parse("--", "a"), tee_env)
+    assert {n for n in tee_env.read if n.startswith("AEP_")} == {"AEP_ACP_DAEMON", "AEP_TOKEN"}
+
+
+def test_config_is_frozen_and_typed():
+    import dataclasses
+    cfg = config.AcpConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.deltas = True  # type: ignore[misc]
+    with pytest.raises(TypeError, match="max_tees"):
+        config.AcpConfig(max_tees="64")  # type: ignore[arg-type]
 
 
 def test_one_bridge_per_agent_and_problems_on_the_first():
@@ -210,16 +223,10 @@ def test_one_bridge_per_agent_and_problems_on_the_first():
 
 
 def test_every_setting_is_known_to_the_supervisor():
-    from supervisor.config import KNOWN_SETTINGS
-    assert {s.name for s in config.SETTINGS} <= KNOWN_SETTINGS
+    from supervisor.config import known_settings
+    assert {s.name for s in config.SETTINGS} | {"AEP_BRIDGE_ACP"} <= known_settings()
 
 
-def test_the_readme_knob_table_is_the_settings_metadata():
-    """The README's ACP table is generated from ``config.SETTINGS``
-    (``bridges.core.settings.render_table``): code and docs cannot drift."""
-    from bridges.core.settings import render_table
-    from tests.support.daemon import ROOT
-    assert render_table(config.SETTINGS) in (ROOT / "README.md").read_text()
 
 
 @settings(max_examples=300, deadline=None)
