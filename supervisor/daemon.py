@@ -89,11 +89,11 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
         async with trio.open_nursery() as root:
             if relay is not None:
                 from .relay.app import make_app
-                app = make_app(relay, healthz=fleet.healthz)
+                inner: Any = make_app(relay, healthz=fleet.healthz)
             else:
                 from bridges.core.asgi import host_guard  # DNS-rebinding guard, as on the relay
-                app = host_guard(health_app(cfg.token, fleet.healthz))
-            app = mounts.wrap(app)
+                inner = host_guard(health_app(cfg.token, fleet.healthz))
+            app = mounts.wrap(inner)
             host, port = cfg.listen
             bound = await root.start(serve_asgi, app, host, port, stop_http)
             await root.start(fleet.run)
