@@ -1,0 +1,101 @@
+"""The Kimi web bridge (:class:`bridges.core.bridge.Bridge`): one emitter
+identity (agent ``kimi-code``) for the ``kimi web`` found under
+``KIMI_CODE_HOME`` (or ``AEP_KIMI_WEB_URL``).
+
+The bridge object holds only its frozen configuration; everything a run
+needs (tracker, receiver, control handler) is built by :meth:`run` in a
+per-run :class:`KimiWebRun` and dies with it, so a supervisor restart starts
+clean (the cursors survive in the state file, not on this object).
+
+Read-only by default: the receiver's socket only ever sends
+``client_hello``, ``subscribe`` and ``pong``, and its REST calls are GETs.
+Gated off, ``hello`` declares ``control: {accepts: []}`` and every command
+routed here is nacked ``unsupported`` by a ledger that has no write.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from bridges.core import capture as _capture
+from bridges.core.capture import CapturePolicy
+from bridges.core.ledger import CommandLedger
+
+from . import control as _control
+from .config import KimiWebConfig
+from .mapping import Posture
+from .receiver import Receiver
+from .tracker import Tracker
+
+log = logging.getLogger("aep.bridge.kimi_web")
+
+PRIMARY_EMITS = ("run", "tool", "attention", "control")
+
+
+@dataclass
+class KimiWebRun:
+    """The state of one :meth:`KimiWebBridge.run`."""
+
+    tracker: Tracker
+    receiver: Receiver
+    control: _control.KimiWebControl | None
+
+
+class KimiWebBridge:
+    """See the module docstring. ``problems``: configuration problems found
+    by :func:`bridges.kimi_web.config.from_env` (reported by :meth:`preflight`)."""
+
+    name = "kimi_web"
+
+    def __init__(self, config: KimiWebConfig, policy: CapturePolicy | None = None, *,
+                 problems: list[str] | None = None) -> None:
+        self.config = config
+        self.policy = policy or CapturePolicy()
+        self.agent = config.agent
+        self._problems = list(problems or [])
+        self.current: KimiWebRun | None = None  # for tests and health only
+
+    @property
+    def control_open(self) -> bool:
+        return self.config.control_open
+
+    def capabilities(self) -> dict[str, Any]:
+        ns = "x.kimi-code"
+        emits = [*PRIMARY_EMITS, ns] if self.config.primary else ["control", ns]
+        return {"emits": emits,
+                "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),
+                "control": {"accepts": list(_control.ACCEPTS) if self.control_open else [],
+                            "ack_window_ms": _control.ACK_WINDOW_MS}}
+
+    def preflight(self, *, check_ports: bool = True) -> list[str]:
+        return list(self._problems)
+
+    def new_run(self, ctx: Any) -> KimiWebRun:
+        """The per-run objects (tests drive them directly)."""
+        tracker = Tracker(Posture(primary=self.config.primary, policy=self.policy),
+                          answerable=self.control_open)
+        receiver = Receiver(self.config, tracker, ctx)
+        ctl = _control.KimiWebControl(receiver, guard_ms=self.config.guard_ms) \
+            if self.control_open else None
+        return KimiWebRun(tracker, receiver, ctl)
+
+    async def run(self, ctx: Any, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        ctx.health.control = self.control_open
+        run = self.current = self.new_run(ctx)
+        async with trio.open_nursery() as nursery:
+            if run.control is not None:
+                nursery.start_soon(run.control.serve, ctx.commands)
+            else:
+                nursery.start_soon(_refuse_all, ctx)
+            await nursery.start(run.receiver.run)
+            task_status.started()
+
+
+async def _refuse_all(ctx: Any) -> None:
+    """Gated off: every command is answered ``unsupported``; there is no
+    write path at all."""
+    async with CommandLedger(ctx, (), ack_window_ms=_control.ACK_WINDOW_MS) as ledger:
+        await ledger.serve(ctx.commands)
