@@ -73,6 +73,7 @@ REST_TIMEOUT = 10.0
 MAX_FRAME = 16 * 1024 * 1024
 MAX_PAGES = 50
 MAX_SESSIONS = 10_000
+MAX_HELD = 2000
 FLUSH_EVERY = 1.0
 BACKOFF_INITIAL, BACKOFF_CAP = 0.5, 30.0
 CLIENT_ID = "aep-bridges"
@@ -141,6 +142,9 @@ class Receiver:
         self.attached = trio.Event()
         self._n = 0
         self._pending_subs: dict[str, list[str]] = {}
+        #: frames of a session between its subscribe and the ack (the replay
+        #: and global-channel copies interleave; sorted by seq at the ack)
+        self._held: dict[str, list[dict[str, Any]]] = {}
         self._no_cursor: set[str] = set()
         self._state_path = state_path(config)
         self._restore()
@@ -300,6 +304,9 @@ class Receiver:
 
     async def _attach(self, ep: discovery.Endpoint) -> None:
         ws_url = ep.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/api/v1/ws"
+        # REST first: 2.1.0 answers a wrong token on REST with 401 at once but
+        # leaves a WS upgrade with one hanging (the connect timeout)
+        await self.list_sessions()
         try:
             cm = trio_websocket.open_websocket_url(
                 ws_url, subprotocols=[f"kimi-code.bearer.{ep.token}"], max_message_size=MAX_FRAME,
@@ -382,6 +389,8 @@ class Receiver:
             if cur:
                 payload["cursors"] = cur
             self.subscribed.update(chunk)
+            for sid in chunk:
+                self._held.setdefault(sid, [])
             fid = await self._send(ws, "subscribe", payload)
             self._pending_subs[fid] = chunk
 
@@ -439,16 +448,36 @@ class Receiver:
             if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
                     and isinstance(epoch, str):
                 cur = {"seq": seq - 1, "epoch": epoch}
-            self.dormant.discard(sid)
+            if sid in self.dormant:
+                self.dormant.discard(sid)
+                self._no_cursor.add(sid)  # rebuilt once accepted: its turn may predate the load
             await self.subscribe([sid], {sid: cur} if cur else None)
             return
+        held = self._held.get(sid)
+        if held is not None:
+            if len(held) < MAX_HELD:
+                held.append(frame)
+            else:
+                h.count("frames_held_overflow")  # the rebuild at the ack covers them
+            return
+        await self._process(frame)
+
+    async def _process(self, frame: dict[str, Any]) -> None:
         if not self.tracker.accept(frame):
-            h.count("frames_duplicate")
+            self.ctx.health.count("frames_duplicate")
             return
         outs = self.tracker.frame(frame)
         if not outs and self.tracker.posture.primary is False:
-            h.count("frames_unknown")
+            self.ctx.health.count("frames_unknown")
         await self._emit(outs)
+
+    async def _release(self, sid: str) -> bool:
+        """Process the frames held for ``sid`` in ``seq`` order; True when
+        some had to be dropped (a rebuild is due)."""
+        held = self._held.pop(sid, None) or []
+        for f in sorted(held, key=lambda f: f.get("seq") if isinstance(f.get("seq"), int) else 0):
+            await self._process(f)
+        return len(held) >= MAX_HELD
 
     async def _on_ack(self, frame: dict[str, Any], nursery: trio.Nursery) -> None:
         fid = frame.get("id")
@@ -459,6 +488,8 @@ class Receiver:
         if frame.get("code") not in (0, None):
             self.ctx.health.count("subscribe_refused")
             self.subscribed.difference_update(chunk)
+            for sid in chunk:
+                self._held.pop(sid, None)
             return
         cursors = p.get("cursors") if isinstance(p.get("cursors"), dict) else {}
         resync = set(x for x in p.get("resync_required") or [] if isinstance(x, str))
@@ -468,17 +499,22 @@ class Receiver:
                 # loaded (after a restart): REST decides whether it is gone
                 self.subscribed.discard(sid)
                 nursery.start_soon(self._check_exists, sid)
+        for sid in p.get("not_found") or []:
+            if isinstance(sid, str):
+                self._held.pop(sid, None)
         for sid in p.get("accepted") or []:
             if not isinstance(sid, str):
                 continue
             self.ctx.health.count("sessions_subscribed")
             if sid in resync:
                 continue
-            self.tracker.set_cursor(sid, cursors.get(sid))
-            if sid in self._no_cursor:
+            overflow = await self._release(sid)
+            self.tracker.set_cursor_if_none(sid, cursors.get(sid))
+            if sid in self._no_cursor or overflow:
                 self._no_cursor.discard(sid)
                 nursery.start_soon(self._resync, sid, None)
         for sid in resync:
+            self._held.pop(sid, None)
             nursery.start_soon(self._resync, sid, cursors.get(sid))
 
     async def _check_exists(self, sid: str) -> None:
@@ -492,9 +528,22 @@ class Receiver:
             return
         except (Unreachable, AuthRefused):
             return
-        if sid not in self.subscribed:
-            self.dormant.add(sid)
-            self.ctx.health.count("sessions_dormant")
+        if sid in self.subscribed:
+            return
+        if sid in self.tracker.sessions and self.tracker.sessions[sid].cursor is not None:
+            # a session we were following (the server restarted): a REST read
+            # of its prompts loads it on the server, then the subscription by
+            # cursor replays, and a rebuild closes what the restart cut off
+            try:
+                await self.request("GET", f"/sessions/{sid}/prompts")
+            except (VendorError, Unreachable, AuthRefused):
+                self.ctx.health.count("rest_errors")
+            else:
+                self._no_cursor.add(sid)
+                await self.subscribe([sid])
+                return
+        self.dormant.add(sid)
+        self.ctx.health.count("sessions_dormant")
 
     async def _resync(self, sid: str, cursor: Any) -> None:
         """Rebuild ``sid`` from REST (see :meth:`Tracker.resync`)."""

@@ -205,6 +205,14 @@ class Tracker:
                 st.epoch, st.seq = cursor["epoch"], cursor["seq"]
                 self.dirty = True
 
+    def set_cursor_if_none(self, sid: str, cursor: Any) -> None:
+        """The ack's cursor for a session we hold no position for (a fresh
+        subscription: the server's present). A held cursor is kept: the
+        replay that precedes the ack advanced it already."""
+        st = self.sessions.get(sid)
+        if st is None or st.cursor is None:
+            self.set_cursor(sid, cursor)
+
     # -- one event frame -----------------------------------------------------
     def frame(self, frame: dict[str, Any]) -> list[Out]:
         """The emissions of one accepted event frame (see the module
