@@ -191,3 +191,101 @@ class KimiUser:
     async def resolve(self, sid: str, approval_id: str, decision: str, **kw: Any) -> dict:
         return await self.call("POST", f"/sessions/{sid}/approvals/{approval_id}",
                                {"decision": decision, **kw}, ok=False)
+
+
+def vendor_requests(server: KimiWeb) -> list[tuple[str, str]]:
+    """``(method, url)`` of every request the vendor logged (its own pino
+    ``request completed`` lines, ``--log-level info``), over every start."""
+    out = []
+    for n in range(1, server.starts + 1):
+        p = server.home.parent / f"{server.home.name}-kimi-web-{n}.log"
+        try:
+            lines = p.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            req = rec.get("req") if isinstance(rec, dict) else None
+            if isinstance(req, dict) and rec.get("msg") == "request completed":
+                out.append((req.get("method"), req.get("url")))
+    return out
+
+
+def control_writes(server: KimiWeb) -> list[tuple[str, str]]:
+    """The vendor-logged requests only the bridge's control makes (an
+    approval decision, a prompt abort)."""
+    return [(m, u) for m, u in vendor_requests(server)
+            if m == "POST" and ("/approvals/" in u or u.endswith(":abort"))]
+
+
+class ThreadedMock:
+    """A :class:`tests.support.mock_chat.MockChatServer` served from its own
+    trio loop in a thread, so one provider outlives the per-test loops
+    (``kimi web`` reads its provider from ``config.toml`` at start)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import trio
+
+        from tests.support.mock_chat import MockChatServer
+        self.mock = MockChatServer()
+        self._ready = threading.Event()
+        self._token = None
+        self._cancel = None
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            with trio.CancelScope() as cs:
+                self._cancel = cs
+                async with trio.open_nursery() as n:
+                    await n.start(self.mock.serve)
+                    self._ready.set()
+                    await trio.sleep_forever()
+
+        self._thread = threading.Thread(target=trio.run, args=(main,), daemon=True,
+                                        name="mock-chat")
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise AssertionError("mock provider did not start")
+
+    @property
+    def base_url(self) -> str:
+        return self.mock.base_url
+
+    def play(self, *steps: Any) -> None:
+        """Replace the script (from any thread)."""
+        self.mock.script[:] = list(steps)
+
+    def release(self) -> None:
+        import trio
+        trio.from_thread.run_sync(self.mock.release, trio_token=self._token)
+
+    def close(self) -> None:
+        import trio
+        if self._token is not None:
+            trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
+        self._thread.join(10)
+
+
+from tests.support.daemon import DaemonProcess  # noqa: E402  (after the vendor helpers)
+
+
+class KimiDaemon(DaemonProcess):
+    """``aep-bridges run`` with only the Kimi web bridge, discovering
+    ``server`` from its ``KIMI_CODE_HOME`` alone (no URL, no token given),
+    primary mode, a daemon token; ``env`` on top (e.g. the control gate)."""
+
+    token = "daemon-test-token-0123456789"
+    scrub = ("AEP_", "KIMI_")
+
+    def __init__(self, server: KimiWeb, state: Path, env: dict[str, str] | None = None) -> None:
+        self.server = server
+        super().__init__(state, env)
+
+    def vendor_env(self) -> dict[str, str]:
+        return {"AEP_BRIDGE_KIMI_WEB": "1", "AEP_BRIDGE_OTLP_IN": "0",
+                "KIMI_CODE_HOME": str(self.server.home), "AEP_KIMI_WEB_PRIMARY": "1"}
