@@ -261,13 +261,12 @@ class ThreadedMock:
         self.mock.script[:] = list(steps)
 
     def release(self) -> None:
-        import trio
-        trio.from_thread.run_sync(self.mock.release, trio_token=self._token)
+        """Let a held response go (thread-safe, from any loop)."""
+        self._token.run_sync_soon(self.mock.release)
 
     def close(self) -> None:
-        import trio
         if self._token is not None:
-            trio.from_thread.run_sync(self._cancel.cancel, trio_token=self._token)
+            self._token.run_sync_soon(self._cancel.cancel)
         self._thread.join(10)
 
 
