@@ -101,8 +101,9 @@ def silent(frame: Any) -> bool:
     if not isinstance(frame, dict):
         return True
     t = frame.get("type")
-    return (frame.get("volatile") is True or t in VOLATILE_TYPES
-            or (isinstance(t, str) and t.startswith(BUS_ECHO_PREFIX)))
+    if not isinstance(t, str):
+        return True
+    return frame.get("volatile") is True or t in VOLATILE_TYPES or t.startswith(BUS_ECHO_PREFIX)
 
 
 def payload(frame: Any) -> dict[str, Any]:
