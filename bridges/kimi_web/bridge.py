@@ -9,8 +9,10 @@ clean (the cursors survive in the state file, not on this object).
 
 Read-only by default: the receiver's socket only ever sends
 ``client_hello``, ``subscribe`` and ``pong``, and its REST calls are GETs.
-Gated off, ``hello`` declares ``control: {accepts: []}`` and every command
-routed here is nacked ``unsupported`` by a ledger that has no write.
+Gated off, ``hello`` declares ``control: {accepts: []}``, the run has no
+:class:`bridges.core.control.Controller`, and every command routed here is
+nacked ``unsupported`` by a ledger that has no write. Gated on, the run's
+controller is :class:`bridges.kimi_web.control.KimiWebControl`.
 """
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ import trio
 
 from bridges.core import capture as _capture
 from bridges.core.capture import CapturePolicy
-from bridges.core.ledger import CommandLedger
 
 from . import control as _control
 from .config import KimiWebConfig
@@ -86,16 +87,6 @@ class KimiWebBridge:
         ctx.health.control = self.control_open
         run = self.current = self.new_run(ctx)
         async with trio.open_nursery() as nursery:
-            if run.control is not None:
-                nursery.start_soon(run.control.serve, ctx.commands)
-            else:
-                nursery.start_soon(_refuse_all, ctx)
+            nursery.start_soon(_control.serve, ctx, run.control)
             await nursery.start(run.receiver.run)
             task_status.started()
-
-
-async def _refuse_all(ctx: Any) -> None:
-    """Gated off: every command is answered ``unsupported``; there is no
-    write path at all."""
-    async with CommandLedger(ctx, (), ack_window_ms=_control.ACK_WINDOW_MS) as ledger:
-        await ledger.serve(ctx.commands)

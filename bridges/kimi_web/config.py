@@ -4,26 +4,18 @@ value: each is one problem line, the supervisor refuses to start on any).
 
 :data:`SETTINGS` is the settings metadata (name, default, meaning): the
 README's knob table and ``supervisor.config.KNOWN_SETTINGS`` are built from
-it, so a setting exists in exactly one place.
+it (:class:`bridges.core.settings.Setting`, ``render_table``), so a setting
+exists in exactly one place.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, NamedTuple
+from typing import Mapping
 
 from bridges.core.paths import state_dir as _state_dir
-from bridges.core.settings import EnvReader
-
-
-class Setting(NamedTuple):
-    """One environment variable: ``name``, ``default`` (as documented) and
-    ``meaning`` (one line)."""
-
-    name: str
-    default: str
-    meaning: str
+from bridges.core.settings import EnvReader, Setting
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -33,7 +25,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_KIMI_WEB_URL", "unset (discovered)",
             "the server's base URL (`http://127.0.0.1:58627`), overriding discovery"),
     Setting("AEP_KIMI_WEB_TOKEN", "unset (read from `server.token`)",
-            "the server's bearer token, overriding the token file; never logged, never in a URL"),
+            "the server's bearer token, overriding the token file; never logged, never in a URL",
+            secret=True),
     Setting("AEP_KIMI_WEB_PRIMARY", "`0`",
             "`1`: the core mapping (runs, tools, attention) for stream-only deployments; default "
             "companion: `x.kimi-code.web.*` only (the hook adapter carries the core story)"),

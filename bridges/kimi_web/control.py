@@ -16,7 +16,9 @@ command                        REST write (bearer header, never a URL token)
                                prompt id is the run id; 2.1.0 ignores the WS ``abort`` frame)
 =============================  ====================================================================
 
-Checks run before any write from the tracker's last-observed state: the
+Shape: :class:`bridges.core.control.Controller` (``check`` -> a
+:class:`Plan`, ``note`` it, ``perform`` it); :func:`serve` runs it behind
+the shared ledger. Checks run before any write from the tracker's last-observed state: the
 session is attached, the ask is an open permission ask (the subject is its
 ``attention.requested`` id, or the vendor approval id), no answer to it is
 already settling; cancel needs the run open (scope ``session`` is refused:
@@ -25,13 +27,17 @@ non-zero ``code``): 40902 (already resolved), 41001 (expired), 40401/40404/
 40402 (gone) are ``refused`` with the vendor's reason; 40901 is ``busy``;
 a transport failure is ``busy`` (:class:`bridges.core.ledger.Unreachable`).
 The outcome is the vendor's own broadcast (``event.approval.resolved``,
-``turn.ended`` cancelled), cause-linked through the notes :meth:`arm` sets.
+``turn.ended`` cancelled), cause-linked through the note :meth:`KimiWebControl.note` sets.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from bridges.core.ledger import CommandLedger, Refuse, WriteResult
+import trio
+
+from bridges.core.control import Refuse, WriteResult
+from bridges.core.ledger import CommandLedger
 
 from . import mapping as M
 from .receiver import AuthRefused, Receiver, VendorError
@@ -90,28 +96,45 @@ def decide(answer: Any) -> dict[str, Any]:
     return {"body": body, "applied": applied}
 
 
+@dataclass
+class Plan:
+    """What :meth:`KimiWebControl.check` decided for one command: the REST
+    ``path`` and ``body``, the ``cmd_id``, and the state the note marks
+    (the ``ask`` and the ``applied`` answer, or the session ``state`` whose
+    run is cancelled)."""
+
+    kind: str  # "respond" | "cancel"
+    cmd_id: str
+    path: str
+    body: dict[str, Any]
+    state: Any
+    ask: Any = None
+    applied: dict[str, Any] | None = None
+
+
 class KimiWebControl:
-    """The gated handler for one bridge run: ``receiver`` supplies the state
-    (its tracker) and the REST client (the current endpoint and token)."""
+    """The :class:`bridges.core.control.Controller` of one bridge run:
+    ``receiver`` supplies the state (its tracker) and the REST client (the
+    current endpoint and token)."""
+
+    accepts = ACCEPTS
+    ack_window_ms = ACK_WINDOW_MS
 
     def __init__(self, receiver: Receiver, *, guard_ms: int = 8000) -> None:
         self.receiver = receiver
         self.tracker = receiver.tracker
         self.guard_ms = guard_ms
 
-    async def serve(self, commands: Any) -> None:
-        async with CommandLedger(self.receiver.ctx, ACCEPTS, ack_window_ms=ACK_WINDOW_MS,
-                                 guard_ms=self.guard_ms) as ledger:
-            await ledger.serve(commands, check=self.check, write=self.write, arm=self.arm)
-
-    # -- checks ----------------------------------------------------------------
+    # -- check -> plan ----------------------------------------------------------
     def _state(self, cmd: dict[str, Any]):
         st = self.tracker.sessions.get(cmd.get("session"))
         if st is None or cmd.get("session") not in self.receiver.subscribed:
             raise Refuse("refused", "no kimi web session with this id is attached")
         return st
 
-    def _plan(self, cmd: dict[str, Any]) -> dict[str, Any]:
+    def check(self, cmd: dict[str, Any]) -> Plan:
+        """Validate against the last-observed state and return the plan;
+        raises :class:`Refuse` (see the module docstring). No I/O."""
         st = self._state(cmd)
         data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
         if cmd.get("type") == RESPOND:
@@ -123,8 +146,8 @@ class KimiWebControl:
             if ask.settling is not None:
                 raise Refuse("refused", "an answer to this request is already settling")
             d = decide(data.get("answer"))
-            return {"kind": "respond", "ask": ask, **d,
-                    "path": f"/sessions/{st.id}/approvals/{ask.vendor_id}"}
+            return Plan("respond", cmd["id"], f"/sessions/{st.id}/approvals/{ask.vendor_id}",
+                        d["body"], st, ask=ask, applied=d["applied"])
         scope = data.get("scope")
         if scope == "session":
             raise Refuse("refused", "a kimi session has no end to command (abort cancels a run)")
@@ -136,39 +159,32 @@ class KimiWebControl:
             raise Refuse("refused", "the command's run is not the active run")
         if st.run.startswith("turn-"):
             raise Refuse("refused", "the active turn has no prompt id to abort")
-        return {"kind": "cancel", "run": st.run, "path": f"/sessions/{st.id}/prompts/{st.run}:abort",
-                "body": {}}
+        return Plan("cancel", cmd["id"], f"/sessions/{st.id}/prompts/{st.run}:abort", {}, st)
 
-    def check(self, cmd: dict[str, Any]) -> None:
-        """Refuse (:class:`Refuse`) before any write; see the module docstring."""
-        self._plan(cmd)
+    def note(self, plan: Plan) -> Callable[[], None]:
+        """The note the vendor's outcome is cause-linked through; its undo."""
+        cid = plan.cmd_id
+        if plan.kind == "respond":
+            ask = plan.ask
+            ask.settling, ask.applied = cid, plan.applied
 
-    def arm(self, cmd: dict[str, Any]) -> Callable[[], None] | None:
-        """The note the vendor's outcome is cause-linked through."""
-        plan = self._plan(cmd)
-        cid = cmd["id"]
-        if plan["kind"] == "respond":
-            ask = plan["ask"]
-            ask.settling, ask.applied = cid, plan["applied"]
-
-            def disarm() -> None:
+            def undo() -> None:
                 if ask.settling == cid:
                     ask.settling, ask.applied = None, None
-            return disarm
-        st = self._state(cmd)
+            return undo
+        st = plan.state
         st.cancel_note = cid
 
-        def disarm_cancel() -> None:
+        def undo_cancel() -> None:
             if st.cancel_note == cid:
                 st.cancel_note = None
-        return disarm_cancel
+        return undo_cancel
 
     # -- the two writes ------------------------------------------------------------
-    async def write(self, cmd: dict[str, Any]) -> WriteResult:
+    async def perform(self, plan: Plan) -> WriteResult:
         """The only REST writes this bridge makes (see the module docstring)."""
-        plan = self._plan_for_write(cmd)
         try:
-            await self.receiver.request("POST", plan["path"], plan["body"])
+            await self.receiver.request("POST", plan.path, plan.body)
         except VendorError as e:
             if e.code in REFUSED_CODES:
                 raise Refuse("refused", f"kimi web {e.code}: {REFUSED_CODES[e.code]}") from None
@@ -179,17 +195,44 @@ class KimiWebControl:
             raise Refuse("busy", "kimi web refused the token") from None
         return WriteResult(200)
 
-    def _plan_for_write(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        # arm() already marked the ask settling; plan again without that check
-        st = self._state(cmd)
-        data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
-        if cmd.get("type") == RESPOND:
-            ask = self.tracker.find_ask(st.id, cmd.get("subject"))
-            if ask is None:
-                raise Refuse("refused", "the request was settled meanwhile")
-            d = decide(data.get("answer"))
-            return {"path": f"/sessions/{st.id}/approvals/{ask.vendor_id}", "body": d["body"]}
-        run = cmd.get("run") if isinstance(cmd.get("run"), str) else st.run
-        if run is None:
-            raise Refuse("refused", "the run ended meanwhile")
-        return {"path": f"/sessions/{st.id}/prompts/{run}:abort", "body": {}}
+
+async def serve(ctx: Any, controller: Any) -> None:
+    """Run ``controller`` (a :class:`bridges.core.control.Controller`) behind
+    the shared ledger over ``ctx.commands``; ``None``: every command is
+    nacked ``unsupported`` and there is no write path.
+
+    Until the fleet builds the ledgers (issue 7), this carries the plan from
+    ``check`` to ``note`` and ``perform`` through the ledger's callbacks:
+    the ledger hands each callback the same command object, so the plan is
+    keyed by that object for the life of its decision only."""
+    if controller is None:
+        async with CommandLedger(ctx, (), ack_window_ms=ACK_WINDOW_MS) as ledger:
+            await ledger.serve(ctx.commands)
+        return
+    plans: dict[int, Any] = {}
+
+    def check(cmd: dict[str, Any]) -> None:
+        plans[id(cmd)] = controller.check(cmd)
+
+    def arm(cmd: dict[str, Any]):
+        return controller.note(plans[id(cmd)])
+
+    async def write(cmd: dict[str, Any]) -> WriteResult:
+        try:
+            return await controller.perform(plans[id(cmd)])
+        finally:
+            plans.pop(id(cmd), None)
+
+    async def one(cmd: Any) -> None:
+        try:
+            await ledger.handle(cmd, check=check, write=write, arm=arm)
+        except Exception:  # a ledger bug must not take the bridge down
+            ctx.health.count("control_errors")
+        finally:
+            plans.pop(id(cmd), None)
+
+    async with CommandLedger(ctx, controller.accepts, ack_window_ms=controller.ack_window_ms,
+                             guard_ms=controller.guard_ms) as ledger:
+        async with trio.open_nursery() as nursery:
+            async for cmd in ctx.commands:
+                nursery.start_soon(one, cmd)
