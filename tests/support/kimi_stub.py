@@ -193,3 +193,39 @@ class StubKap:
                 await out(step)
             await closed.wait()
             n.cancel_scope.cancel()
+
+
+def busy_stub(n: int) -> StubKap:
+    """``n`` sessions; every connection sends each one finished turn (two
+    persisted frames and a volatile one) after the subscription, then hangs."""
+    sids = [f"session_bench_{i:05d}" for i in range(n)]
+    script: list[Any] = []
+    for sid in sids:
+        script += [event("turn.started", sid, 1, turnId=0, promptId=f"msg_{sid}", origin={"kind": "user"}),
+                   event("agent.status.updated", sid, 1, volatile=True),
+                   event("turn.ended", sid, 2, turnId=0, reason="completed")]
+    return StubKap(sessions=[session_item(s) for s in sids], scripts=[script + [("hang",)]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.support.kimi_stub --sessions N``: serve
+    :func:`busy_stub` on loopback; prints ``<url> <token>`` then serves
+    until killed (benchmarks run it as its own process)."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sessions", type=int, default=10)
+    args = ap.parse_args(argv)
+    stub = busy_stub(args.sessions)
+
+    async def run() -> None:
+        async with trio.open_nursery() as n:
+            url = await n.start(stub.serve)
+            print(url, stub.token, flush=True)
+            sys.stdout.flush()
+    trio.run(run)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
