@@ -144,3 +144,9 @@ def test_decide_refuses(answer):
     with pytest.raises(Refuse) as e:
         decide(answer)
     assert e.value.reason == "invalid"
+
+
+def test_readme_knob_table_is_the_settings_rendered():
+    from bridges.core.settings import render_table
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert render_table(SETTINGS) in readme
