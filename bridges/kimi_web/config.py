@@ -17,7 +17,6 @@ from typing import Mapping
 from bridges.core.paths import state_dir as _state_dir
 from bridges.core.settings import EnvReader, Setting
 
-
 SETTINGS: tuple[Setting, ...] = (
     Setting("KIMI_CODE_HOME", "`~/.kimi-code`",
             "the vendor's own home: where `kimi web` registers (`server/instances/<id>.json`) and "

@@ -41,6 +41,7 @@ from bridges.core.ledger import CommandLedger
 
 from . import mapping as M
 from .receiver import AuthRefused, Receiver, VendorError
+from .tracker import SessionState
 
 RESPOND = "control.attention.respond"
 CANCEL = "control.cancel"
@@ -126,9 +127,10 @@ class KimiWebControl:
         self.guard_ms = guard_ms
 
     # -- check -> plan ----------------------------------------------------------
-    def _state(self, cmd: dict[str, Any]):
-        st = self.tracker.sessions.get(cmd.get("session"))
-        if st is None or cmd.get("session") not in self.receiver.subscribed:
+    def _state(self, cmd: dict[str, Any]) -> SessionState:
+        sid = cmd.get("session")
+        st = self.tracker.sessions.get(sid) if isinstance(sid, str) else None
+        if st is None or sid not in self.receiver.subscribed:
             raise Refuse("refused", "no kimi web session with this id is attached")
         return st
 
@@ -136,7 +138,7 @@ class KimiWebControl:
         """Validate against the last-observed state and return the plan;
         raises :class:`Refuse` (see the module docstring). No I/O."""
         st = self._state(cmd)
-        data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
+        data = M.obj(cmd.get("data"))
         if cmd.get("type") == RESPOND:
             ask = self.tracker.find_ask(st.id, cmd.get("subject"))
             if ask is None:

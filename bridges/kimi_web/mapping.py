@@ -106,9 +106,13 @@ def silent(frame: Any) -> bool:
     return frame.get("volatile") is True or t in VOLATILE_TYPES or t.startswith(BUS_ECHO_PREFIX)
 
 
+def obj(v: Any) -> dict[str, Any]:
+    """``v`` when it is a JSON object, else ``{}``."""
+    return v if isinstance(v, dict) else {}
+
+
 def payload(frame: Any) -> dict[str, Any]:
-    p = frame.get("payload") if isinstance(frame, dict) else None
-    return p if isinstance(p, dict) else {}
+    return obj(frame.get("payload")) if isinstance(frame, dict) else {}
 
 
 def map_frame(frame: Any, posture: Posture) -> list[Emission]:
@@ -169,7 +173,7 @@ def run_started(p: dict[str, Any], posture: Posture) -> Emission:
     """``turn.started`` -> ``run.started``: ``origin.kind`` is the trigger
     when it is one of the schema's words; the prompt at ``redacted``+."""
     data: dict[str, Any] = {}
-    origin = p.get("origin") if isinstance(p.get("origin"), dict) else {}
+    origin = obj(p.get("origin"))
     kind = origin.get("kind")
     if kind in TRIGGERS:
         data["trigger"] = kind

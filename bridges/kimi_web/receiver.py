@@ -108,8 +108,8 @@ def envelope(r: httpx.Response) -> Any:
     if not isinstance(body, dict) or not isinstance(body.get("code"), int):
         raise VendorError(0, f"HTTP {r.status_code}: not a {{code,msg,data}} envelope")
     if body["code"] != 0:
-        msg = body.get("msg") if isinstance(body.get("msg"), str) else ""
-        raise VendorError(body["code"], msg[:300], body.get("data"))
+        msg = body.get("msg")
+        raise VendorError(body["code"], msg[:300] if isinstance(msg, str) else "", body.get("data"))
     if r.status_code >= 300:
         raise VendorError(0, f"HTTP {r.status_code}")
     return body.get("data")
@@ -217,8 +217,9 @@ class Receiver:
         for _ in range(MAX_PAGES):
             q = "?page_size=100" + (f"&before_id={before}" if before else "")
             data = await self.request("GET", "/sessions" + q)
-            page = data.get("items") if isinstance(data, dict) else None
-            page = [i for i in page or [] if isinstance(i, dict) and isinstance(i.get("id"), str)]
+            raw = M.obj(data).get("items")
+            page = [i for i in raw if isinstance(i, dict) and isinstance(i.get("id"), str)] \
+                if isinstance(raw, list) else []
             items += page
             if not (isinstance(data, dict) and data.get("has_more") is True and page) \
                     or len(items) >= MAX_SESSIONS:
@@ -230,8 +231,8 @@ class Receiver:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Attach, follow, reattach with the shared backoff, until cancelled."""
         own = self._client is None
-        if own:
-            self._client = httpx.AsyncClient(trust_env=False, timeout=REST_TIMEOUT)
+        client = self._client or httpx.AsyncClient(trust_env=False, timeout=REST_TIMEOUT)
+        self._client = client
         health = self.ctx.health
         attempt = 0
         task_status.started()
@@ -259,7 +260,7 @@ class Receiver:
             self.flush_state()
             if own:
                 with trio.CancelScope(shield=True):
-                    await self._client.aclose()
+                    await client.aclose()
 
     async def _attach_once(self, ep: discovery.Endpoint) -> str:
         """One attachment; ``"reattach"`` (the endpoint changed), ``"ok"``
@@ -326,8 +327,7 @@ class Receiver:
             hello = _parse(await ws.get_message())
         if not isinstance(hello, dict) or hello.get("type") != "server_hello":
             raise VendorError(0, "no server_hello")
-        hb = (hello.get("payload") or {}).get("heartbeat_ms") if isinstance(hello.get("payload"), dict) \
-            else None
+        hb = M.obj(hello.get("payload")).get("heartbeat_ms")
         heartbeat = hb / 1000 if isinstance(hb, (int, float)) and hb > 0 else DEFAULT_HEARTBEAT_S
         await self._send(ws, "client_hello", {"client_id": CLIENT_ID})
         sessions = await self.list_sessions()
@@ -395,41 +395,40 @@ class Receiver:
             self._pending_subs[fid] = chunk
 
     async def _on_raw(self, ws: Any, raw: Any, nursery: trio.Nursery) -> None:
+        """One text frame off the socket (see the module docstring)."""
         h = self.ctx.health
         h.count("frames")
         frame = _parse(raw)
         if frame is _BAD:
             h.count("frames_not_json")
-            return
-        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+        elif not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             h.count("frames_malformed")
-            return
-        t = frame["type"]
+        elif frame["type"] in M.PROTOCOL_TYPES:
+            await self._on_protocol(ws, frame, nursery)
+        elif M.silent(frame):
+            h.count("frames_volatile")
+        else:
+            await self._on_event(frame)
+
+    async def _on_protocol(self, ws: Any, frame: dict[str, Any], nursery: trio.Nursery) -> None:
+        t, p = frame["type"], M.obj(frame.get("payload"))
         if t == "ping":
-            nonce = (frame.get("payload") or {}).get("nonce") if isinstance(frame.get("payload"), dict) \
-                else None
-            await ws.send_message(json.dumps({"type": "pong", "payload": {"nonce": nonce}}))
-            return
-        if t == "ack":
+            await ws.send_message(json.dumps({"type": "pong", "payload": {"nonce": p.get("nonce")}}))
+        elif t == "ack":
             await self._on_ack(frame, nursery)
-            return
-        if t == "resync_required":
-            p = frame.get("payload") if isinstance(frame.get("payload"), dict) else {}
+        elif t == "resync_required":
             sid = p.get("session_id")
             if isinstance(sid, str) and sid:
+                self._held.pop(sid, None)
                 nursery.start_soon(self._resync, sid, {"seq": p.get("current_seq"), "epoch": p.get("epoch")})
-            return
-        if t == "error":
-            h.count("frames_error")
-            p = frame.get("payload") if isinstance(frame.get("payload"), dict) else {}
+        elif t == "error":
+            self.ctx.health.count("frames_error")
             if p.get("fatal") is True:
-                raise VendorError(p.get("code") if isinstance(p.get("code"), int) else 0, "fatal WS error")
-            return
-        if t in M.PROTOCOL_TYPES:
-            return
-        if M.silent(frame):
-            h.count("frames_volatile")
-            return
+                code = p.get("code")
+                raise VendorError(code if isinstance(code, int) else 0, "fatal WS error")
+
+    async def _on_event(self, frame: dict[str, Any]) -> None:
+        h = self.ctx.health
         sid = frame.get("session_id")
         if not isinstance(sid, str) or not sid:
             h.count("frames_malformed")
@@ -438,20 +437,7 @@ class Receiver:
             h.count("frames_global")
             return
         if sid not in self.subscribed:
-            # A frame for a session we are not subscribed to (announced on the
-            # global channel: a new session, or one 2.1.0 reported not_found
-            # at subscribe because it was not loaded yet). It is not mapped
-            # here: subscribing from our cursor (or from just before this
-            # frame) makes the server replay it and what follows, in order.
-            seq, epoch = frame.get("seq"), frame.get("epoch")
-            cur = self.tracker.sessions[sid].cursor if sid in self.tracker.sessions else None
-            if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
-                    and isinstance(epoch, str):
-                cur = {"seq": seq - 1, "epoch": epoch}
-            if sid in self.dormant:
-                self.dormant.discard(sid)
-                self._no_cursor.add(sid)  # rebuilt once accepted: its turn may predate the load
-            await self.subscribe([sid], {sid: cur} if cur else None)
+            await self._wake(sid, frame)
             return
         held = self._held.get(sid)
         if held is not None:
@@ -461,6 +447,23 @@ class Receiver:
                 h.count("frames_held_overflow")  # the rebuild at the ack covers them
             return
         await self._process(frame)
+
+    async def _wake(self, sid: str, frame: dict[str, Any]) -> None:
+        """A frame for a session we are not subscribed to (announced on the
+        global channel: a new session, or one 2.1.0 reported not_found at
+        subscribe because it was not loaded yet). It is not mapped here:
+        subscribing from our cursor (or from just before this frame) makes
+        the server replay it and what follows, in order."""
+        seq, epoch = frame.get("seq"), frame.get("epoch")
+        st = self.tracker.sessions.get(sid)
+        cur = st.cursor if st is not None else None
+        if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
+                and isinstance(epoch, str):
+            cur = {"seq": seq - 1, "epoch": epoch}
+        if sid in self.dormant:
+            self.dormant.discard(sid)
+            self._no_cursor.add(sid)  # rebuilt once accepted: its turn may predate the load
+        await self.subscribe([sid], {sid: cur} if cur else None)
 
     async def _process(self, frame: dict[str, Any]) -> None:
         if not self.tracker.accept(frame):
@@ -475,14 +478,14 @@ class Receiver:
         """Process the frames held for ``sid`` in ``seq`` order; True when
         some had to be dropped (a rebuild is due)."""
         held = self._held.pop(sid, None) or []
-        for f in sorted(held, key=lambda f: f.get("seq") if isinstance(f.get("seq"), int) else 0):
+        for f in sorted(held, key=_seq_of):
             await self._process(f)
         return len(held) >= MAX_HELD
 
     async def _on_ack(self, frame: dict[str, Any], nursery: trio.Nursery) -> None:
         fid = frame.get("id")
         chunk = self._pending_subs.pop(fid, None) if isinstance(fid, str) else None
-        p = frame.get("payload") if isinstance(frame.get("payload"), dict) else {}
+        p = M.obj(frame.get("payload"))
         if chunk is None:
             return
         if frame.get("code") not in (0, None):
@@ -491,7 +494,7 @@ class Receiver:
             for sid in chunk:
                 self._held.pop(sid, None)
             return
-        cursors = p.get("cursors") if isinstance(p.get("cursors"), dict) else {}
+        cursors = M.obj(p.get("cursors"))
         resync = set(x for x in p.get("resync_required") or [] if isinstance(x, str))
         for sid in p.get("not_found") or []:
             if isinstance(sid, str):
@@ -552,9 +555,9 @@ class Receiver:
             snap["session"] = await self.request("GET", f"/sessions/{sid}")
             snap["prompts"] = await self.request("GET", f"/sessions/{sid}/prompts")
             a = await self.request("GET", f"/sessions/{sid}/approvals?status=pending")
-            snap["approvals"] = a.get("items") if isinstance(a, dict) else None
+            snap["approvals"] = M.obj(a).get("items")
             q = await self.request("GET", f"/sessions/{sid}/questions?status=pending")
-            snap["questions"] = q.get("items") if isinstance(q, dict) else None
+            snap["questions"] = M.obj(q).get("items")
         except VendorError as e:
             if e.code == 40401:
                 await self._emit(self.tracker.gone(sid))
@@ -595,6 +598,11 @@ class _Reattach(Exception):
 
 
 _BAD = object()
+
+
+def _seq_of(frame: dict[str, Any]) -> int:
+    seq = frame.get("seq")
+    return seq if isinstance(seq, int) else 0
 
 
 def root_cause(exc: BaseException) -> BaseException:

@@ -384,12 +384,11 @@ class Tracker:
             return []
         st = self.session(sid)
         out: list[Out] = []
-        prompts = snap.get("prompts") if isinstance(snap.get("prompts"), dict) else None
-        session = snap.get("session") if isinstance(snap.get("session"), dict) else {}
-        if prompts is not None:
-            active = prompts.get("active") if isinstance(prompts.get("active"), dict) else None
-            active_id = active.get("prompt_id") if active and isinstance(active.get("prompt_id"), str) \
-                else None
+        prompts = snap.get("prompts")
+        session = M.obj(snap.get("session"))
+        if isinstance(prompts, dict):
+            active = M.obj(prompts.get("active"))
+            active_id = active["prompt_id"] if isinstance(active.get("prompt_id"), str) else None
             if st.run is not None and st.run != active_id:
                 reason = session.get("last_turn_reason")
                 terminal = M.run_ended({"reason": reason}) if isinstance(reason, str) and reason \

@@ -17,7 +17,7 @@ import trio
 
 from tests.support.daemon import Collector, command
 from tests.support.kimi import KimiDaemon, KimiUser, KimiWeb, ThreadedMock, control_writes
-from tests.support.mock_chat import Hold, Text, Tool
+from tests.support.mock_chat import Text, Tool
 from tests.support.schema import validated
 
 pytestmark = pytest.mark.vendor

@@ -7,10 +7,10 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridges.core.ledger import Refuse
 from bridges.kimi_web import mapping as M
 from bridges.kimi_web.control import decide
 from bridges.kimi_web.tracker import Tracker
-from bridges.core.ledger import Refuse
 
 TYPE = re.compile(r"^(x\.[a-z0-9_-]+(\.[a-z0-9_]+)+|[a-z]+(\.[a-z_]+)+)$")
 KNOWN = ["turn.started", "turn.ended", "tool.call.started", "tool.result", "event.approval.requested",
