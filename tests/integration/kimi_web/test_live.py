@@ -201,3 +201,31 @@ async def test_vendor_side_approval_is_observed_not_claimed(mock, server, daemon
                               data={"answer": {"option": "approved"}})
     assert status == "refused"
     assert len([w for w in control_writes(server) if sid in w[1]]) == 1  # the user's own
+
+
+async def test_companion_mode_is_channel_visibility_only(mock, server, tmp_path):
+    """The default posture (no AEP_KIMI_WEB_PRIMARY): beside the Kimi hook
+    adapter, only ``x.kimi-code.web.*`` with empty data, nothing volatile,
+    no bus echo; gated off."""
+    d = KimiDaemon(server, tmp_path / "state", {"AEP_KIMI_WEB_PRIMARY": "0"}).start()
+    reader = d.subscribe()
+    try:
+        mock.play(BASH, Text("ok"))
+        user = KimiUser(server)
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        await reader.wait_for(lambda s: s.of(sid, "x.kimi-code.web.event.approval.requested"), what="ask")
+        aid = (await user.approvals(sid))[0]["approval_id"]
+        await user.resolve(sid, aid, "approved")
+        await reader.wait_for(lambda s: s.of(sid, "x.kimi-code.web.turn.ended"), what="turn.ended")
+        evs = validated(reader.of(sid))
+        kinds = {e["type"] for e in evs}
+        assert kinds >= {"x.kimi-code.web.turn.started", "x.kimi-code.web.tool.call.started",
+                         "x.kimi-code.web.tool.result", "x.kimi-code.web.event.approval.resolved"}
+        assert all(t.startswith("x.kimi-code.web.") for t in kinds)
+        assert not any("permission.approval" in t or "delta" in t or "status.updated" in t for t in kinds)
+        assert all(not e.get("data") for e in evs)
+        assert d.healthz()["bridges"]["kimi_web"]["control"] is False
+    finally:
+        reader.close()
+        assert d.stop() == 0, d.log()
