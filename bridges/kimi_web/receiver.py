@@ -210,10 +210,13 @@ class Receiver:
             self.endpoint = ep
         return changed
 
-    async def list_sessions(self) -> list[dict[str, Any]]:
-        """Every session (``GET /sessions``, paged by ``before_id``)."""
+    async def list_sessions(self) -> tuple[list[dict[str, Any]], bool]:
+        """Every session (``GET /sessions``, paged by ``before_id``) and
+        whether the listing is complete (not cut at :data:`MAX_PAGES` /
+        :data:`MAX_SESSIONS`)."""
         items: list[dict[str, Any]] = []
         before = None
+        complete = False
         for _ in range(MAX_PAGES):
             q = "?page_size=100" + (f"&before_id={before}" if before else "")
             data = await self.request("GET", "/sessions" + q)
@@ -221,11 +224,15 @@ class Receiver:
             page = [i for i in raw if isinstance(i, dict) and isinstance(i.get("id"), str)] \
                 if isinstance(raw, list) else []
             items += page
-            if not (isinstance(data, dict) and data.get("has_more") is True and page) \
-                    or len(items) >= MAX_SESSIONS:
+            if not (isinstance(data, dict) and data.get("has_more") is True and page):
+                complete = True
+                break
+            if len(items) >= MAX_SESSIONS:
                 break
             before = page[-1]["id"]
-        return items[:MAX_SESSIONS]
+        if not complete:
+            self.ctx.health.count("sessions_list_capped")
+        return items[:MAX_SESSIONS], complete and len(items) <= MAX_SESSIONS
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -307,7 +314,7 @@ class Receiver:
         ws_url = ep.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/api/v1/ws"
         # REST first: 2.1.0 answers a wrong token on REST with 401 at once but
         # leaves a WS upgrade with one hanging (the connect timeout)
-        await self.list_sessions()
+        listing = await self.list_sessions()
         try:
             cm = trio_websocket.open_websocket_url(
                 ws_url, subprotocols=[f"kimi-code.bearer.{ep.token}"], max_message_size=MAX_FRAME,
@@ -315,14 +322,15 @@ class Receiver:
             async with cm as ws:
                 self.ctx.health.count("socket_connects")
                 self.ws = ws
-                await self._serve_socket(ws, ep)
+                await self._serve_socket(ws, listing)
         except trio_websocket.HandshakeError as e:
             status = getattr(e, "status_code", None)
             if status in (401, 403):
                 raise AuthRefused(f"WS upgrade {status}") from None
             raise
 
-    async def _serve_socket(self, ws: trio_websocket.WebSocketConnection, ep: discovery.Endpoint) -> None:
+    async def _serve_socket(self, ws: trio_websocket.WebSocketConnection,
+                            listing: tuple[list[dict[str, Any]], bool]) -> None:
         with trio.fail_after(HELLO_TIMEOUT):
             hello = _parse(await ws.get_message())
         if not isinstance(hello, dict) or hello.get("type") != "server_hello":
@@ -330,7 +338,9 @@ class Receiver:
         hb = M.obj(hello.get("payload")).get("heartbeat_ms")
         heartbeat = hb / 1000 if isinstance(hb, (int, float)) and hb > 0 else DEFAULT_HEARTBEAT_S
         await self._send(ws, "client_hello", {"client_id": CLIENT_ID})
-        sessions = await self.list_sessions()
+        sessions, complete = listing
+        ep = self.endpoint
+        assert ep is not None
         self.subscribed = set()
         self.dormant = set()
         ids = [s["id"] for s in sessions]
@@ -339,8 +349,9 @@ class Receiver:
                 or s.get("pending_interaction") not in (None, "none")}
         self._no_cursor = {sid for sid in ids if sid not in cursors and sid in busy}
         known = set(ids)
-        for sid in [s for s in list(self.tracker.sessions) if s not in known]:
-            await self._emit(self.tracker.gone(sid))
+        if complete:  # a session missing from a complete listing is gone (deleted or archived)
+            for sid in [s for s in list(self.tracker.sessions) if s not in known]:
+                await self._emit(self.tracker.gone(sid))
         await self.subscribe(ids)
         self.ctx.health.source, self.ctx.health.detail = True, None
         self.attached.set()
