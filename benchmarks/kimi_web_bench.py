@@ -46,6 +46,7 @@ from bridges.kimi_web.config import KimiWebConfig  # noqa: E402
 from bridges.kimi_web.mapping import Posture  # noqa: E402
 from bridges.kimi_web.receiver import Receiver  # noqa: E402
 from bridges.kimi_web.tracker import Tracker  # noqa: E402
+from supervisor.fleet import run_bridge  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "kimi_web_real"
@@ -161,10 +162,10 @@ async def memory_per_session(n: int) -> dict[str, float]:
                 base_py = tracemalloc.get_traced_memory()[0]
                 base_rss = rss_mib()
                 t0 = time.perf_counter()
-                await nursery.start(bridge.run, ctx)
+                run = await nursery.start(run_bridge, bridge, ctx)
                 with trio.fail_after(300):
                     while not (ctx.health.source is True and events >= 2 * n
-                               and len(bridge.current.receiver.subscribed) >= n):
+                               and len(run.receiver.subscribed) >= n):
                         await trio.sleep(0.1)
                 attach_s = time.perf_counter() - t0
                 await trio.sleep(2)  # idle: the socket open, nothing flowing

@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from bridges.core import capture as _capture
+from bridges.core.bridge import BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
 
 from . import control as _control
@@ -36,13 +37,15 @@ log = logging.getLogger("aep.bridge.kimi_web")
 PRIMARY_EMITS = ("run", "tool", "attention", "control")
 
 
-@dataclass
-class KimiWebRun:
-    """The state of one :meth:`KimiWebBridge.run`."""
+@dataclass(kw_only=True)
+class KimiWebRun(BridgeRun):
+    """Everything one run owns (the per-run handle ``run()`` hands the
+    fleet): the ``tracker`` (mapping state, persisted by the receiver), the
+    ``receiver`` (discovery, the socket, REST reads) and the ``controller``
+    (a :class:`~bridges.kimi_web.control.KimiWebControl`, or ``None``)."""
 
     tracker: Tracker
     receiver: Receiver
-    control: _control.KimiWebControl | None
 
 
 class KimiWebBridge:
@@ -57,7 +60,6 @@ class KimiWebBridge:
         self.policy = policy or CapturePolicy()
         self.agent = config.agent
         self._problems = list(problems or [])
-        self.current: KimiWebRun | None = None  # for tests and health only
 
     @property
     def control_open(self) -> bool:
@@ -81,12 +83,13 @@ class KimiWebBridge:
         receiver = Receiver(self.config, tracker, ctx)
         ctl = _control.KimiWebControl(receiver, guard_ms=self.config.guard_ms) \
             if self.control_open else None
-        return KimiWebRun(tracker, receiver, ctl)
+        return KimiWebRun(controller=ctl, tracker=tracker, receiver=receiver)
 
-    async def run(self, ctx: Any, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        ctx.health.control = self.control_open
-        run = self.current = self.new_run(ctx)
+    async def run(self, ctx: BridgeContext, *,
+                  task_status: trio.TaskStatus[KimiWebRun] = trio.TASK_STATUS_IGNORED) -> None:
+        """Build this run's state, attach and follow until cancelled, and
+        hand the run to the fleet once started."""
+        run = self.new_run(ctx)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_control.serve, ctx, run.control)
             await nursery.start(run.receiver.run)
-            task_status.started()
+            task_status.started(run)

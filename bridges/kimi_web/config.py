@@ -10,12 +10,12 @@ exists in exactly one place.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 from bridges.core.paths import state_dir as _state_dir
-from bridges.core.settings import EnvReader, Setting
+from bridges.core.settings import EnvReader, Setting, check_fields
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("KIMI_CODE_HOME", "`~/.kimi-code`",
@@ -44,15 +44,17 @@ class KimiWebConfig:
     """The parsed settings.
 
     ``home``: ``KIMI_CODE_HOME`` (discovery root); ``url`` / ``token``:
-    the overrides (``None``: discovered); ``primary`` / ``control``: the
-    posture and the gate's opt-in; ``guard_ms``: the ack guard;
-    ``state_dir``: the daemon's state dir (cursors survive a daemon
-    restart); ``aep_token``: whether ``AEP_TOKEN`` is set (the gate needs
-    it). ``token`` is excluded from ``repr``."""
+    the overrides (``None``: discovered; the token kept out of ``repr``);
+    ``primary`` / ``control``: the posture and the gate's opt-in;
+    ``guard_ms``: the ack guard, ms; ``state_dir``: the daemon's state dir
+    (cursors survive a daemon restart; ``None``: nothing persisted);
+    ``aep_token``: whether ``AEP_TOKEN`` is set (the gate needs it);
+    ``agent``: the AEP agent id. Raises ``TypeError`` for a field of the
+    wrong type."""
 
     home: Path
     url: str | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     primary: bool = False
     control: bool = False
     guard_ms: int = 8000
@@ -60,10 +62,8 @@ class KimiWebConfig:
     aep_token: bool = False
     agent: str = AGENT
 
-    def __repr__(self) -> str:  # the token never reaches a log line
-        return (f"KimiWebConfig(home={str(self.home)!r}, url={self.url!r}, "
-                f"token={'<set>' if self.token else None}, primary={self.primary}, "
-                f"control={self.control}, guard_ms={self.guard_ms})")
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @property
     def control_open(self) -> bool:
@@ -86,8 +86,11 @@ def from_env(env: Mapping[str, str]) -> tuple[KimiWebConfig, list[str]]:
     problems = r.problems
     url = r.text("AEP_KIMI_WEB_URL")
     if url is not None:
+        before = len(problems)
         url = r.url("AEP_KIMI_WEB_URL", url, hint=" (the kimi web base URL; the token goes in "
                     "AEP_KIMI_WEB_TOKEN)")
+        if len(problems) > before:
+            url = None  # a bad value keeps the default: discovery
     token = r.text("AEP_KIMI_WEB_TOKEN")
     if token is not None:
         token = token.strip()
@@ -102,7 +105,7 @@ def from_env(env: Mapping[str, str]) -> tuple[KimiWebConfig, list[str]]:
     if control and not aep_token:
         problems.append("AEP_KIMI_WEB_CONTROL=1 needs AEP_TOKEN: control is refused on unauthenticated "
                         "bindings (set AEP_TOKEN or unset AEP_KIMI_WEB_CONTROL)")
-    cfg = KimiWebConfig(home=default_home(env), url=url.rstrip("/") if url else None, token=token,
+    cfg = KimiWebConfig(home=default_home(env), url=url, token=token,
                         primary=primary, control=control, guard_ms=guard,
                         state_dir=_state_dir(env), aep_token=aep_token)
     return cfg, problems

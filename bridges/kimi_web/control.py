@@ -17,8 +17,9 @@ command                        REST write (bearer header, never a URL token)
 =============================  ====================================================================
 
 Shape: :class:`bridges.core.control.Controller` (``check`` -> a
-:class:`Plan`, ``note`` it, ``perform`` it); :func:`serve` runs it behind
-the shared ledger. Checks run before any write from the tracker's last-observed state: the
+:class:`Plan`, ``note`` it, ``perform`` it); the bridge hands it to the
+fleet in its per-run :class:`bridges.kimi_web.bridge.KimiWebRun`, and the
+fleet's ledger (``supervisor.fleet.run_bridge``) serves it. Checks run before any write from the tracker's last-observed state: the
 session is attached, the ask is an open permission ask (the subject is its
 ``attention.requested`` id, or the vendor approval id), no answer to it is
 already settling; cancel needs the run open (scope ``session`` is refused:
@@ -34,10 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import trio
-
 from bridges.core.control import Refuse, WriteResult
-from bridges.core.ledger import CommandLedger
 
 from . import mapping as M
 from .receiver import AuthRefused, Receiver, VendorError
@@ -97,7 +95,7 @@ def decide(answer: Any) -> dict[str, Any]:
     return {"body": body, "applied": applied}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     """What :meth:`KimiWebControl.check` decided for one command: the REST
     ``path`` and ``body``, the ``cmd_id``, and the state the note marks
@@ -196,45 +194,3 @@ class KimiWebControl:
         except AuthRefused:
             raise Refuse("busy", "kimi web refused the token") from None
         return WriteResult(200)
-
-
-async def serve(ctx: Any, controller: Any) -> None:
-    """Run ``controller`` (a :class:`bridges.core.control.Controller`) behind
-    the shared ledger over ``ctx.commands``; ``None``: every command is
-    nacked ``unsupported`` and there is no write path.
-
-    Until the fleet builds the ledgers (issue 7), this carries the plan from
-    ``check`` to ``note`` and ``perform`` through the ledger's callbacks:
-    the ledger hands each callback the same command object, so the plan is
-    keyed by that object for the life of its decision only."""
-    if controller is None:
-        async with CommandLedger(ctx, (), ack_window_ms=ACK_WINDOW_MS) as ledger:
-            await ledger.serve(ctx.commands)
-        return
-    plans: dict[int, Any] = {}
-
-    def check(cmd: dict[str, Any]) -> None:
-        plans[id(cmd)] = controller.check(cmd)
-
-    def arm(cmd: dict[str, Any]):
-        return controller.note(plans[id(cmd)])
-
-    async def write(cmd: dict[str, Any]) -> WriteResult:
-        try:
-            return await controller.perform(plans[id(cmd)])
-        finally:
-            plans.pop(id(cmd), None)
-
-    async def one(cmd: Any) -> None:
-        try:
-            await ledger.handle(cmd, check=check, write=write, arm=arm)
-        except Exception:  # a ledger bug must not take the bridge down
-            ctx.health.count("control_errors")
-        finally:
-            plans.pop(id(cmd), None)
-
-    async with CommandLedger(ctx, controller.accepts, ack_window_ms=controller.ack_window_ms,
-                             guard_ms=controller.guard_ms) as ledger:
-        async with trio.open_nursery() as nursery:
-            async for cmd in ctx.commands:
-                nursery.start_soon(one, cmd)

@@ -43,6 +43,7 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -310,7 +311,23 @@ class Receiver:
             await trio.sleep(FLUSH_EVERY)
             self.flush_state()
 
+    def _adopt_secret(self, token: str) -> None:
+        """A discovered token is a secret value like ``AEP_KIMI_WEB_TOKEN``:
+        content that quotes it (a tool printing ``server.token``) is redacted
+        by value at ``redacted``+ (AEP-0003 §9.4 b), in this bridge's stamper
+        and mapping posture."""
+        def plus(policy: Any) -> Any:
+            if token in policy.secret_values:
+                return policy
+            return dataclasses.replace(policy, secret_values=(*policy.secret_values, token))
+        stamper = getattr(self.ctx, "stamper", None)
+        if stamper is not None:
+            stamper.policy = plus(stamper.policy)
+        posture = self.tracker.posture
+        self.tracker.posture = dataclasses.replace(posture, policy=plus(posture.policy))
+
     async def _attach(self, ep: discovery.Endpoint) -> None:
+        self._adopt_secret(ep.token)
         ws_url = ep.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/api/v1/ws"
         # REST first: 2.1.0 answers a wrong token on REST with 401 at once but
         # leaves a WS upgrade with one hanging (the connect timeout)

@@ -18,8 +18,9 @@ import trio
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
-from bridges.kimi_web.bridge import KimiWebBridge
+from bridges.kimi_web.bridge import KimiWebBridge, KimiWebRun
 from bridges.kimi_web.config import KimiWebConfig
+from supervisor.fleet import run_bridge
 from tests.support.kimi_stub import StubKap, event, session_item
 from tests.support.schema import validated
 
@@ -29,6 +30,7 @@ S = "session_stub_1"
 @dataclass
 class Harness:
     bridge: KimiWebBridge
+    run: KimiWebRun
     ctx: BridgeContext
     events: list[dict]
     commands: trio.MemorySendChannel
@@ -56,16 +58,17 @@ class Harness:
 
 @asynccontextmanager
 async def bridge_on(stub: StubKap, tmp_path: Path, *, primary: bool = True, control: bool = False,
-                    token: str | None = None):
+                    token: str | None = None, capture: str = "metadata"):
     async with trio.open_nursery() as n:
         await n.start(stub.serve)
         cfg = KimiWebConfig(home=tmp_path / "home", url=stub.url, token=token or stub.token,
                             primary=primary, control=control, aep_token=control,
                             state_dir=tmp_path / "state")
-        b = KimiWebBridge(cfg, CapturePolicy())
+        policy = CapturePolicy.from_env({"AEP_CAPTURE": capture})
+        b = KimiWebBridge(cfg, policy)
         out_s, out_r = trio.open_memory_channel(100_000)
         cmd_s, cmd_r = trio.open_memory_channel(16)
-        ctx = BridgeContext(b.name, Stamper("kimi-code", epoch=1, host="stub"), out_s, cmd_r,
+        ctx = BridgeContext(b.name, Stamper("kimi-code", epoch=1, host="stub", policy=policy), out_s, cmd_r,
                             BridgeHealth(), logging.getLogger("aep.test"))
         events: list[dict] = []
 
@@ -73,8 +76,8 @@ async def bridge_on(stub: StubKap, tmp_path: Path, *, primary: bool = True, cont
             async for o in out_r:
                 events.append(o.event)
         n.start_soon(collect)
-        await n.start(b.run, ctx)
-        yield Harness(b, ctx, events, cmd_s, stub)
+        run = await n.start(run_bridge, b, ctx)  # exactly as the fleet runs it (its ledger)
+        yield Harness(b, run, ctx, events, cmd_s, stub)
         n.cancel_scope.cancel()
 
 
@@ -226,7 +229,7 @@ async def test_vendor_error_codes_on_respond(tmp_path, code, reason):
         assert ack["type"] == "control.rejected" and ack["data"]["reason"] == reason
         assert str(code) in ack["data"].get("detail", str(code))
         # the note was disarmed: a later oob answer is not claimed as ours
-        assert h.bridge.current.tracker.find_ask(S, req["id"]).settling is None
+        assert h.run.tracker.find_ask(S, req["id"]).settling is None
     validated(h.events)
 
 
@@ -234,7 +237,7 @@ async def test_unreachable_vendor_is_busy(tmp_path):
     stub = stub_with([turn(1), approval(2), ("hang",)])
     async with bridge_on(stub, tmp_path, control=True) as h:
         req = (await h.until(lambda: h.of("attention.requested")))[0]
-        h.bridge.current.receiver.endpoint = type(h.bridge.current.receiver.endpoint)(
+        h.run.receiver.endpoint = type(h.run.receiver.endpoint)(
             "http://127.0.0.1:9", stub.token)  # the server went away between check and write
         ack = await h.command("c1", "control.attention.respond", subject=req["id"],
                               data={"answer": {"option": "rejected"}})
@@ -268,3 +271,17 @@ async def test_gate_off_declares_nothing_and_writes_nothing(tmp_path):
                               data={"answer": {"option": "approved"}})
         assert ack["data"]["reason"] == "unsupported"
     assert stub.posts() == []
+
+
+async def test_content_quoting_the_token_is_redacted_by_value(tmp_path):
+    """A tool that prints ``server.token`` (capture ``redacted``): the token
+    is a secret value like ``AEP_KIMI_WEB_TOKEN`` and never leaves."""
+    stub = stub_with([])
+    out = f"token is {stub.token} ok"
+    stub.scripts = [[turn(1), event("tool.call.started", S, 2, toolCallId="c1", name="Bash",
+                                    args={"command": "cat server.token"}),
+                     event("tool.result", S, 3, toolCallId="c1", output=out), ended(4), ("hang",)]]
+    async with bridge_on(stub, tmp_path, capture="redacted") as h:
+        done = (await h.until(lambda: h.of("tool.completed")))[0]
+        assert "result_redacted" in done["data"]
+        assert stub.token not in repr(h.events)

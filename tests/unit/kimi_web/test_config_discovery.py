@@ -15,14 +15,7 @@ from bridges.kimi_web.config import NAMES, SETTINGS
 from bridges.kimi_web.config import from_env as config_from_env
 from bridges.kimi_web.control import decide
 from bridges.kimi_web.discovery import NotFound, live_instances, read_token, resolve
-from supervisor.config import KNOWN_SETTINGS, load
-
-
-def test_defaults():
-    cfg, problems = config_from_env({"HOME": "/h"})
-    assert problems == [] and cfg.home == Path("/h/.kimi-code")
-    assert (cfg.url, cfg.token, cfg.primary, cfg.control, cfg.guard_ms) == (None, None, False, False, 8000)
-    assert not cfg.control_open
+from supervisor.config import known_settings, load
 
 
 def test_control_needs_primary_and_a_token():
@@ -32,19 +25,8 @@ def test_control_needs_primary_and_a_token():
     assert p == [] and cfg.control_open
 
 
-def test_bad_values_are_problem_lines():
-    _, p = config_from_env({"AEP_KIMI_WEB_URL": "ftp://x", "AEP_KIMI_WEB_ACK_GUARD_MS": "20000",
-                            "AEP_KIMI_WEB_PRIMARY": "maybe"})
-    assert len(p) == 3
-
-
-def test_token_never_in_repr():
-    cfg, _ = config_from_env({"AEP_KIMI_WEB_TOKEN": "sekrit-123"})
-    assert "sekrit-123" not in repr(cfg)
-
-
 def test_fleet_knows_every_setting():
-    assert NAMES <= KNOWN_SETTINGS
+    assert NAMES <= known_settings()
     assert {s.name for s in SETTINGS} >= {"AEP_KIMI_WEB_URL", "AEP_KIMI_WEB_TOKEN", "AEP_KIMI_WEB_PRIMARY",
                                           "AEP_KIMI_WEB_CONTROL", "AEP_KIMI_WEB_ACK_GUARD_MS"}
     cfg, problems = load({"AEP_BRIDGE_KIMI_WEB": "1"}, check_ports=False)
@@ -144,9 +126,3 @@ def test_decide_refuses(answer):
     with pytest.raises(Refuse) as e:
         decide(answer)
     assert e.value.reason == "invalid"
-
-
-def test_readme_knob_table_is_the_settings_rendered():
-    from bridges.core.settings import render_table
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    assert render_table(SETTINGS) in readme
