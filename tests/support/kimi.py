@@ -55,7 +55,7 @@ def write_config(home: Path, model_base_url: str) -> None:
     """``<home>/config.toml``: the mock provider as the default model."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
-        f'default_model = "{MODEL_ALIAS}"\n\n'
+        f'default_model = "{MODEL_ALIAS}"\ntelemetry = false\n\n'
         f'[providers.mock]\ntype = "openai"\nbase_url = "{model_base_url}"\napi_key = "sk-mock"\n\n'
         f'[models.{MODEL_ALIAS}]\nprovider = "mock"\nmodel = "mock-chat-model"\n'
         'max_context_size = 128000\n')
@@ -90,6 +90,7 @@ class KimiWeb:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AEP_", "KIMI_"))}
         env.update(KIMI_CODE_HOME=str(self.home), HOME=str(self.home.parent),
+                   KIMI_DISABLE_TELEMETRY="1",  # offline: the vendor's own opt-out
                    NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
         for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
             env.pop(k, None)
