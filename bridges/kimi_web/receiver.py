@@ -358,8 +358,8 @@ class Receiver:
         sessions, complete = listing
         ep = self.endpoint
         assert ep is not None
-        self.subscribed = set()
-        self.dormant = set()
+        self.subscribed, self.dormant = set(), set()
+        self._held, self._pending_subs = {}, {}  # a new socket: nothing of the old one is pending
         ids = [s["id"] for s in sessions]
         cursors = self.tracker.cursors()
         busy = {s["id"] for s in sessions if s.get("busy") is True
@@ -373,7 +373,7 @@ class Receiver:
         self.ctx.health.source, self.ctx.health.detail = True, None
         self.attached.set()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch, ep, nursery.cancel_scope)
+            nursery.start_soon(self._watch, ep)
             try:
                 while True:
                     with trio.move_on_after(heartbeat * SILENT_HEARTBEATS) as cs:
@@ -384,7 +384,7 @@ class Receiver:
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _watch(self, ep: discovery.Endpoint, scope: trio.CancelScope) -> None:
+    async def _watch(self, ep: discovery.Endpoint) -> None:
         """Reattach when discovery says another instance or another token."""
         while True:
             await trio.sleep(WATCH_S)
