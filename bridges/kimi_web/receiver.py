@@ -38,8 +38,12 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 ``frames_malformed``, ``frames_volatile``, ``frames_global``,
 ``frames_duplicate``, ``frames_unknown``, ``socket_connects``,
 ``socket_errors``, ``socket_auth_failed``, ``socket_silent``,
-``socket_too_large``, ``sessions_subscribed``, ``resyncs``, ``rest_errors``,
-``discovery_failed``, ``reattach_endpoint_changed``, ``state_write_errors``.
+``socket_too_large``, ``sessions_subscribed``, ``sessions_dormant``, ``rest_errors``,
+``discovery_failed``, ``reattach_endpoint_changed``, ``state_write_errors``; and
+the tracker's (:mod:`bridges.kimi_web.tracker`): ``frames_duplicate``,
+``resyncs``, ``tool_results_unpaired``, ``turn_ended_without_run``,
+``asks_repeated``, ``asks_already_settled``, ``asks_unknown``,
+``frames_unmappable``.
 """
 from __future__ import annotations
 
@@ -148,6 +152,9 @@ class Receiver:
         self._held: dict[str, list[dict[str, Any]]] = {}
         self._no_cursor: set[str] = set()
         self._state_path = state_path(config)
+        # one set of counters: the tracker's (duplicates, unpaired results,
+        # settled asks...) show in /healthz beside the receiver's
+        tracker.counters = ctx.health.counters
         self._restore()
 
     # -- state file -------------------------------------------------------------
@@ -495,8 +502,7 @@ class Receiver:
 
     async def _process(self, frame: dict[str, Any]) -> None:
         if not self.tracker.accept(frame):
-            self.ctx.health.count("frames_duplicate")
-            return
+            return  # counted frames_duplicate by the tracker
         outs = self.tracker.frame(frame)
         if not outs and self.tracker.posture.primary is False:
             self.ctx.health.count("frames_unknown")
@@ -594,7 +600,6 @@ class Receiver:
         except (Unreachable, AuthRefused):
             self.ctx.health.count("rest_errors")
             return
-        self.ctx.health.count("resyncs")
         if isinstance(cursor, dict) and isinstance(cursor.get("seq"), int) and isinstance(cursor.get("epoch"), str):
             st = self.tracker.session(sid)
             st.epoch, st.seq = cursor["epoch"], cursor["seq"]
