@@ -229,3 +229,22 @@ async def test_companion_mode_is_channel_visibility_only(mock, server, tmp_path)
     finally:
         reader.close()
         assert d.stop() == 0, d.log()
+
+
+async def test_session_scoped_approval_through_control(mock, server, daemon, stream):
+    """``approved_for_session`` is Kimi's own ``scope: "session"``: the
+    same call again in that session runs without asking (2.1.0 matches the
+    command, so a different command would ask again)."""
+    mock.play(BASH, BASH, Text("both ran"))
+    user = KimiUser(server)
+    sid = await user.create_session()
+    await user.prompt(sid, "run echo probe twice")
+    req = (await until(stream, sid, "attention.requested"))[0]
+    status, _ = await command(daemon, "control.attention.respond", sid, subject=req["id"],
+                              data={"answer": {"option": "approved_for_session"}})
+    assert status == "accepted"
+    await until(stream, sid, "run.finished")
+    evs = validated(stream.of(sid))
+    assert types(evs).count("attention.requested") == 1 and types(evs).count("tool.completed") == 2
+    ans = next(e for e in evs if e["type"] == "attention.answered")
+    assert ans["data"] == {"answer": {"option": "approved_for_session"}, "via": "control"}
