@@ -193,3 +193,39 @@ async def test_gate_off_proves_zero_writes(mock, server, tmp_path):
     finally:
         stream.close()
         assert daemon.stop() == 0, daemon.log()
+
+
+async def test_approval_answered_while_the_daemon_was_down(mock, server, tmp_path):
+    """The ask outlives the daemon: answered in the web UI while no daemon
+    watched, the restarted daemon resumes by cursor and closes the same
+    request (its answer names the request from before the restart)."""
+    daemon = KimiDaemon(server, tmp_path / "state").start()
+    stream = daemon.subscribe()
+    user = KimiUser(server)
+    try:
+        mock.play(BASH, Text("ran"))
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"), what="ask"))[0]
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+        await user.resolve(sid, req["subject"], "approved")
+        for _ in range(100):
+            if not (await user.call("GET", f"/sessions/{sid}"))["data"]["busy"]:
+                break
+            await trio.sleep(0.1)
+        daemon.start()
+        stream = daemon.subscribe()
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished after restart")
+        after = validated(stream.of(sid))
+        ans = next(e for e in after if e["type"] == "attention.answered")
+        res = next(e for e in after if e["type"] == "attention.resolved")
+        assert ans["subject"] == req["id"] == res["subject"] and ans["data"]["via"] == "oob"
+        assert "attention.requested" not in core(after) and "run.started" not in core(after)
+        whole = jsonl(daemon, sid)  # both daemon runs, in order: one valid stream
+        validated(whole)
+        assert [e["type"] for e in whole if e["type"].startswith(("run.", "attention."))] == [
+            "run.started", "attention.requested", "attention.answered", "attention.resolved", "run.finished"]
+    finally:
+        stream.close()
+        daemon.stop()
