@@ -113,7 +113,7 @@ async def test_approve_through_control_runs_the_tool(mock, server, daemon, strea
     res = next(e for e in evs if e["type"] == "attention.resolved")
     assert res["cause"] == ans["id"] and res["data"]["resolution"] == "answered"
     # the tool really ran: its output went back to the model
-    assert any("probe" in (m.get("content") or "") for m in mock.mock.tool_messages())
+    assert any("probe" in text for text in mock.mock.tool_results())
     assert ("POST", f"/api/v1/sessions/{sid}/approvals/{req['subject']}") in control_writes(server)
 
 
@@ -133,7 +133,7 @@ async def test_reject_with_free_text_reaches_the_model(mock, server, daemon, str
     assert ans["data"]["via"] == "control"
     assert "tool.failed" in types(evs)
     # AEP-0008: the free text is the rejection's feedback, in the model's next request
-    assert any("zebra-42" in (m.get("content") or "") for m in mock.mock.tool_messages())
+    assert any("zebra-42" in text for text in mock.mock.tool_results())
 
 
 async def test_abort_while_an_approval_is_pending(mock, server, daemon, stream):
