@@ -38,6 +38,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.openhands_bench import rss_mib  # noqa: E402  (one VmRSS reader)
 from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
 from bridges.core.capture import CapturePolicy  # noqa: E402
 from bridges.core.envelope import Stamper  # noqa: E402
@@ -70,14 +71,6 @@ def corpus(n_sessions: int) -> tuple[list[str], list[str]]:
             g["session_id"] = sid
             raws.append(json.dumps(g))
     return sids, raws
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def context(send: trio.MemorySendChannel) -> BridgeContext:
