@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
 from bridges.core.capture import CapturePolicy  # noqa: E402
 from bridges.core.envelope import Stamper  # noqa: E402
-from bridges.openhands import mapping as M  # noqa: E402
 from bridges.openhands import from_env  # noqa: E402
+from bridges.openhands import mapping as M  # noqa: E402
 from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
 

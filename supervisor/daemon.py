@@ -114,7 +114,7 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 if relay is not None:
                     await relay.close("shutdown")
                 stop_http.set()
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             if deadline.cancelled_caught:
                 log.error("drain exceeded %.1fs; exiting at the hard deadline", cfg.drain_deadline)
                 os._exit(EXIT_DEADLINE)  # the deadline is hard: nothing may hold the exit

@@ -17,8 +17,15 @@ from hypothesis import strategies as st
 from bridges.core.capture import CapturePolicy, digest
 from bridges.core.envelope import Stamper
 from bridges.openhands.mapping import (
-    ATTENTION_PROMPT, Posture, is_ephemeral, is_snapshot, map_event, pin_view, status_moments,
-    status_of)
+    ATTENTION_PROMPT,
+    Posture,
+    is_ephemeral,
+    is_snapshot,
+    map_event,
+    pin_view,
+    status_moments,
+    status_of,
+)
 from tests.support.schema import validate_event
 from tests.support.shared import fixture
 
