@@ -12,9 +12,10 @@ import importlib
 import logging
 import os
 import signal
-from typing import Any
 
 import trio
+
+from bridges.core.bridge import Bridge
 
 from .config import Config
 from .fleet import Fleet
@@ -26,10 +27,11 @@ log = logging.getLogger("aep.daemon")
 EXIT_OK, EXIT_DEADLINE, EXIT_CONFIG = 0, 1, 2
 
 
-def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], list[str]]:
-    """Instantiate every enabled bridge through its ``from_env`` factory and
-    collect its ``preflight()`` problems. Returns ``(bridges, problems)``."""
-    bridges: list[Any] = []
+def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Bridge], list[str]]:
+    """Instantiate every enabled bridge through its ``from_env`` factory
+    (one :class:`~bridges.core.bridge.Bridge` or a list of them) and collect
+    its ``preflight()`` problems. Returns ``(bridges, problems)``."""
+    bridges: list[Bridge] = []
     problems: list[str] = []
     for spec in cfg.enabled:
         mod_name, _, fn_name = (spec.factory or "").partition(":")
@@ -48,9 +50,8 @@ def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], 
             bridges.append(b)
     if cfg.embedded_relay:
         for b in bridges:
-            listeners = getattr(b, "listeners", None)
             try:
-                addrs = listeners().values() if callable(listeners) else ()
+                addrs = b.listeners().values()
             except ValueError:
                 continue  # the bridge's own preflight reports its bad address
             if any(a is not None and a[1] != 0 and a == cfg.listen for a in addrs):
@@ -62,8 +63,8 @@ def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], 
     return bridges, problems
 
 
-async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | None = None,
-                     task_status=trio.TASK_STATUS_IGNORED) -> int:
+async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit status."""
     notifier = notifier or Notifier(cfg.environ)
     relay = None

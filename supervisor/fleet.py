@@ -23,19 +23,24 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import trio
 
 from bridges.core.aep import SUPPORTED_VERSIONS, scrub_surrogates
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Outbound
+from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Envelope, Outbound
 from bridges.core.envelope import EpochStore, Stamper
 from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
 
 from .config import Config
 from .jsonlog import SessionLog, encode_line
+
+if TYPE_CHECKING:
+    from .relay.connections import LocalEmitter
+    from .relay.core import Relay
+    from .uplink import Uplink
 
 log = logging.getLogger("aep.fleet")
 
@@ -117,7 +122,7 @@ async def _serve_commands(ctx: BridgeContext, handle: BridgeRun) -> None:
 class _RelaySink:
     """The embedded relay's in-process emitter connection for one bridge."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: LocalEmitter) -> None:
         self.conn = conn
         self.connected = True
 
@@ -126,7 +131,7 @@ class _RelaySink:
 
 
 class _UplinkSink:
-    def __init__(self, uplink: Any) -> None:
+    def __init__(self, uplink: Uplink) -> None:
         self.uplink = uplink
 
     @property
@@ -144,9 +149,9 @@ class Member:
     bridge: Bridge
     ctx: BridgeContext
     health: BridgeHealth
-    inbox: trio.MemorySendChannel
+    inbox: trio.MemorySendChannel[Envelope]
     sink: Sink | None = None
-    uplink: Any = None
+    uplink: Uplink | None = None
     restarts: int = 0
     started: trio.Event = field(default_factory=trio.Event)
 
@@ -158,7 +163,7 @@ class Fleet:
     when uplinking). Use :meth:`run` inside a nursery via ``nursery.start``;
     :meth:`drain` performs the orderly part of shutdown."""
 
-    def __init__(self, cfg: Config, bridges: list[Bridge], *, relay: Any = None,
+    def __init__(self, cfg: Config, bridges: list[Bridge], *, relay: Relay | None = None,
                  host: str | None = None) -> None:
         self.cfg = cfg
         self.relay = relay
@@ -181,7 +186,7 @@ class Fleet:
         self._pump_done = trio.Event()
 
     # -- running -------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Attach sinks, start the pump and every bridge; ``started()`` once
         every bridge has bound its listeners (or failed its first start)."""
         async with trio.open_nursery() as nursery:
@@ -213,7 +218,7 @@ class Fleet:
         m.health.relay = sink.connected
 
     @staticmethod
-    def _inbox_deliver(m: Member) -> Callable[[dict[str, Any]], Any]:
+    def _inbox_deliver(m: Member) -> Callable[[Envelope], Awaitable[None]]:
         """Hand a routed command to the bridge without ever blocking the
         relay: a full inbox drops it and counts (the sender's retry with the
         same id recovers it, AEP-0004 §2.3)."""

@@ -18,7 +18,7 @@ log = logging.getLogger("aep.http")
 
 
 async def serve_asgi(app: Any, host: str, port: int, shutdown: trio.Event, *,
-                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set (graceful,
     1 s for open handlers), reporting the bound address as a one-element
     list of URLs through ``task_status.started``. Raises ``OSError`` when
@@ -28,9 +28,10 @@ async def serve_asgi(app: Any, host: str, port: int, shutdown: trio.Event, *,
     hypercorn shields its socket writes, so an SSE consumer that stopped
     reading would otherwise hold the drain (and the process) forever."""
 
-    class _Started:
-        def started(self, addr: tuple[str, int]) -> None:
-            h, p = addr
+    class _Started(trio.TaskStatus[tuple[str, int]]):  # the bound address as a URL
+        def started(self, value: tuple[str, int] | None = None) -> None:
+            assert value is not None
+            h, p = value
             task_status.started([f"http://[{h}]:{p}" if ":" in h else f"http://{h}:{p}"])
 
     await serve_app(app, bind_socket(host, port), shutdown,

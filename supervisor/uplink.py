@@ -221,7 +221,7 @@ class Uplink:
             await self._changed.park()
         self._changed.unpark_all()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, stream, reconnect, until :meth:`close` (or cancellation).
         Calls ``task_status.started()`` at once: a relay that is down at
         start never holds the daemon up; the outbox holds events meanwhile."""

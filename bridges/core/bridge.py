@@ -14,20 +14,49 @@ or none). Design: ``shared/DESIGN.md`` ("How data flows",
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, Protocol, Required, TypedDict
 
 import trio
 
 from .envelope import Stamper
+from .settings import Address
 
 if TYPE_CHECKING:
     from .control import Controller
 
-Emission = dict[str, Any]
-"""One mapped moment, shaped like a mapping pin's ``expected`` object:
-``{"type": str, "data"?: dict, "subject"?: str, "step"?: str,
-"severity"?: str}``."""
+Envelope = dict[str, Any]
+"""A stamped AEP envelope (AEP-0001 §5), as it goes on the relay channel."""
+
+
+class Gating(TypedDict, total=False):
+    """Hints for the capture gate (:func:`bridges.core.capture.gate`), read
+    by the stamper and never put on the wire: ``levels`` grades payload keys
+    a type's table does not (``{"summary": "redacted"}``); ``structural``
+    names keys kept at every level (a form's ``prompt``); ``form_fields``:
+    an AEP-0006 form's fields, for gating ``answer.values``."""
+
+    levels: Mapping[str, str]
+    structural: Collection[str]
+    form_fields: object
+
+
+class Emission(TypedDict):
+    """One mapped moment, shaped like a mapping pin's ``expected`` object:
+    ``type`` (required: the key the capture gate and the stamper gate by,
+    :func:`bridges.core.capture.gate`), and optionally ``data`` (the payload,
+    JSON-shaped, gated to the type's ceiling), ``subject``, ``step``,
+    ``severity`` (overrides the type's default) and ``gating`` (the gate's
+    hints, :class:`Gating`; not emitted)."""
+
+    type: Required[str]
+    data: NotRequired[dict[str, Any]]
+    subject: NotRequired[str]
+    step: NotRequired[str]
+    severity: NotRequired[str]
+    gating: NotRequired[Gating]
 
 
 class Outbound(NamedTuple):
@@ -40,7 +69,7 @@ class Outbound(NamedTuple):
     not append it twice."""
 
     bridge: str
-    event: dict[str, Any]
+    event: Envelope
     redelivery: bool = False
 
 
@@ -91,8 +120,8 @@ class BridgeContext:
     - ``health`` is this bridge's :class:`BridgeHealth`.
     """
 
-    def __init__(self, name: str, stamper: Stamper, channel: trio.MemorySendChannel,
-                 commands: trio.MemoryReceiveChannel, health: BridgeHealth,
+    def __init__(self, name: str, stamper: Stamper, channel: trio.MemorySendChannel[Outbound],
+                 commands: trio.MemoryReceiveChannel[Envelope], health: BridgeHealth,
                  log: logging.Logger) -> None:
         self.name = name
         self.stamper = stamper
@@ -105,21 +134,31 @@ class BridgeContext:
     def agent(self) -> str:
         return self.stamper.agent
 
-    async def emit(self, session: str, emission: Emission, **envelope: Any) -> dict[str, Any]:
-        """Stamp ``emission`` for ``session`` and wait for room on the relay
-        channel. ``envelope`` keywords: ``run``, ``cause``, ``time``
-        (datetime or RFC 3339 str), ``severity``, ``extensions``. Returns the
-        envelope as sent."""
-        ev = self.stamper.stamp(session, emission, **envelope)
+    async def emit(self, session: str | None, emission: Emission, *, run: str | None = None,
+                   cause: str | None = None, time: datetime | str | None = None,
+                   severity: str | None = None,
+                   extensions: Mapping[str, Any] | None = None) -> Envelope:
+        """Stamp ``emission`` for ``session`` (``None`` only for ``agent.*``
+        types) and wait for room on the relay channel. ``time``: a datetime
+        or an RFC 3339 string (default now); ``severity`` overrides the
+        emission's; ``extensions``: AEP-0001 §5.4 attributes. Returns the
+        envelope as sent. Raises ``ValueError`` as
+        :meth:`bridges.core.envelope.Stamper.stamp` does."""
+        ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
+                                severity=severity, extensions=extensions)
         await self._channel.send(Outbound(self.name, ev))
         return ev
 
-    def emit_nowait(self, session: str, emission: Emission, **envelope: Any) -> dict[str, Any]:
+    def emit_nowait(self, session: str | None, emission: Emission, *, run: str | None = None,
+                    cause: str | None = None, time: datetime | str | None = None,
+                    severity: str | None = None,
+                    extensions: Mapping[str, Any] | None = None) -> Envelope:
         """Like :meth:`emit` but never waits. Raises :class:`Saturated` when
         the channel is full; nothing is stamped then (no ``seq`` is burnt)."""
         if self.saturated():
             raise Saturated(self.name)
-        ev = self.stamper.stamp(session, emission, **envelope)
+        ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
+                                severity=severity, extensions=extensions)
         try:
             self._channel.send_nowait(Outbound(self.name, ev))
         except trio.WouldBlock:  # raced to full between check and send
@@ -130,7 +169,7 @@ class BridgeContext:
         stats = self._channel.statistics()
         return stats.current_buffer_used >= stats.max_buffer_size
 
-    async def redeliver(self, event: dict[str, Any]) -> None:
+    async def redeliver(self, event: Envelope) -> None:
         """Re-send an already-emitted envelope verbatim (same ``id``, same
         ``(epoch, seq)``), AEP-0004 §3."""
         await self._channel.send(Outbound(self.name, event, redelivery=True))
@@ -168,7 +207,14 @@ class Bridge(Protocol):
     its per-run state, calls ``task_status.started(BridgeRun(...))`` (or a
     subclass; plain ``started()`` means no controller) once its listeners
     are bound, and returns or raises only when the bridge stops (the
-    supervisor restarts it with backoff, calling :meth:`run` again)."""
+    supervisor restarts it with backoff, calling :meth:`run` again).
+    :meth:`listeners` names every socket the bridge binds itself
+    (``{"grpc": ("127.0.0.1", 4317), "http": None}``; ``None``: that listener
+    is off; ``{}`` for a bridge that only dials out): the bound addresses
+    while a run serves, the configured ones otherwise; the daemon refuses a
+    configuration whose relay address is one of them. May raise
+    ``ValueError`` for an unparsable configured address (its preflight
+    reports it)."""
 
     name: str
     agent: str
@@ -176,6 +222,8 @@ class Bridge(Protocol):
     def capabilities(self) -> dict[str, Any]: ...
 
     def preflight(self, *, check_ports: bool = True) -> list[str]: ...
+
+    def listeners(self) -> dict[str, Address | None]: ...
 
     async def run(self, ctx: BridgeContext, *,
                   task_status: trio.TaskStatus[BridgeRun | None] = trio.TASK_STATUS_IGNORED

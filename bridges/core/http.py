@@ -55,6 +55,7 @@ from hypercorn.typing import ConnectionState
 
 from .asgi import ABORT_KEY, LISTEN_KEY
 from .errors import leaves, root_cause
+from .settings import Address
 
 __all__ = [
     "HyperConfig", "hyper_config", "bind_socket", "serve_app", "Http2Refused",
@@ -241,7 +242,7 @@ async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
                     config: HyperConfig | None = None,
                     before_drain: Callable[[], Awaitable[None]] | None = None,
                     on_fault: Callable[[str], None] | None = None, where: str | None = None,
-                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                    task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the ASGI ``app`` on the listening ``sock`` until ``shutdown`` is
     set, then: stop accepting, let idle keep-alive connections close, await
     ``before_drain()``, and give open handlers ``config.graceful_timeout``

@@ -16,13 +16,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
+from bridges.core.settings import Address
 
 from . import control as _control
 from .config import OpenHandsConfig
@@ -73,6 +74,10 @@ class OpenHandsBridge:
     def preflight(self, *, check_ports: bool = True) -> list[str]:
         return list(self._problems)
 
+    def listeners(self) -> dict[str, Address | None]:
+        """None: the bridge only dials out (the agent server's REST and sockets)."""
+        return {}
+
     async def run(self, ctx: BridgeContext, *,
                   task_status: trio.TaskStatus[OpenHandsRun] = trio.TASK_STATUS_IGNORED) -> None:
         """Build this run's receiver (and controller), run discovery until
@@ -89,3 +94,7 @@ class OpenHandsBridge:
             async with trio.open_nursery() as nursery:
                 await nursery.start(receiver.run)
                 task_status.started(run)
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = OpenHandsBridge

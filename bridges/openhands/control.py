@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from bridges.core.bridge import Emission
 from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, WriteResult
 
 from . import mapping as M
@@ -59,7 +60,7 @@ OPTIONS = ({"id": "approve", "label": "Approve"}, {"id": "deny", "label": "Deny"
 WRITE_TIMEOUT = 30.0
 
 
-def decorate(emission: dict[str, Any]) -> None:
+def decorate(emission: Emission) -> None:
     """Gated on, the confirmation ask becomes answerable (record: a
     receiver-side decoration; the pure table and the gated-off payload are
     unchanged)."""

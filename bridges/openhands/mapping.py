@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.core import capture as _capture
+from bridges.core.bridge import Emission
 from bridges.core.capture import CapturePolicy
 from bridges.core.naming import kind_type
 
 VENDOR = "openhands"
 
-Emission = dict[str, Any]
 
 # ConversationExecutionStatus (openhands.sdk.conversation.state)
 IDLE, RUNNING, PAUSED, WAITING = "idle", "running", "paused", "waiting_for_confirmation"

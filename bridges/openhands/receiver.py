@@ -62,7 +62,7 @@ import trio
 import trio_websocket
 
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import Saturated
+from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated
 from bridges.core.errors import leaves
 from bridges.core.paths import write_atomic
 
@@ -216,8 +216,9 @@ class Receiver:
     ``attention.requested`` emission before it is stamped (the control gate
     adds options and the respond path; ``None`` gated off)."""
 
-    def __init__(self, settings: Settings, posture: M.Posture, ctx: Any, rest: ReadOnlyRest, *,
-                 decorate: Callable[[dict[str, Any]], None] | None = None,
+    def __init__(self, settings: Settings, posture: M.Posture, ctx: BridgeContext,
+                 rest: ReadOnlyRest, *,
+                 decorate: Callable[[Emission], None] | None = None,
                  ws_connect: Callable[..., Any] | None = None) -> None:
         self.settings = settings
         self.posture = posture
@@ -268,7 +269,7 @@ class Receiver:
                     self.ctx.health.detail = None
 
     # ------------------------------------------------------------------ running
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -576,7 +577,8 @@ class Receiver:
                 conv.attention_id = None
                 conv.attention_t0 = None
             elif t == "attention.requested":
-                em = dict(m, data=dict(m["data"]))
+                em = m.copy()
+                em["data"] = dict(m["data"])
                 if self.decorate is not None:
                     self.decorate(em)
                 env = await self._emit(conv, em, cause=cause)
@@ -596,19 +598,14 @@ class Receiver:
                 await self._emit(conv, m, cause=cause)
         self._flush(conv, force=True)
 
-    async def _emit(self, conv: Conversation, emission: dict[str, Any], *,
-                    cause: str | None = None) -> dict[str, Any]:
-        kw: dict[str, Any] = {}
-        if conv.run_id is not None:
-            kw["run"] = conv.run_id
-        if cause is not None:
-            kw["cause"] = cause
+    async def _emit(self, conv: Conversation, emission: Emission, *,
+                    cause: str | None = None) -> Envelope:
         try:  # no checkpoint while the channel has room (a frame's emissions stay together)
-            return self.ctx.emit_nowait(conv.id, emission, **kw)
+            return self.ctx.emit_nowait(conv.id, emission, run=conv.run_id, cause=cause)
         except Saturated:
-            return await self.ctx.emit(conv.id, emission, **kw)
+            return await self.ctx.emit(conv.id, emission, run=conv.run_id, cause=cause)
 
-    async def emit_outcome(self, session: str, emission: dict[str, Any], cause: str) -> None:
+    async def emit_outcome(self, session: str, emission: Emission, cause: str) -> None:
         """For control: an outcome event in ``session`` (its open run)."""
         conv = self.conversations.get(session)
         if conv is None:

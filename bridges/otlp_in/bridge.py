@@ -21,12 +21,12 @@ restart starts clean.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext
+from bridges.core.bridge import Bridge, BridgeContext
 from bridges.core.capture import CapturePolicy
 from bridges.core.errors import leaves
 from bridges.core.settings import Address, bindable
@@ -222,3 +222,7 @@ def _bind_error(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     if len(causes) == 1 and isinstance(causes[0], OSError):
         return causes[0]
     return eg
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = OtlpInBridge

@@ -24,9 +24,8 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
+from bridges.core.bridge import Emission
 from bridges.core.capture import CapturePolicy
-
-Emission = dict[str, Any]
 
 MAX_META_STR = 512
 """Longest metadata-grade string forwarded; longer ones are cut (noted)."""

@@ -133,9 +133,10 @@ async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
     cfg = hyper_config(graceful_timeout=1.0, keep_alive_timeout=5.0, errorlog=log)
     sock = bind_socket(host, port)
 
-    class _Started:
-        def started(self, addr: Address) -> None:
-            task_status.started((host, addr[1]))
+    class _Started(trio.TaskStatus[Address]):  # reports the configured host, the bound port
+        def started(self, value: Address | None = None) -> None:
+            assert value is not None
+            task_status.started((host, value[1]))
 
     await serve_app(host_guard(app, on_refuse=on_refused_host), sock, trio.Event(), config=cfg,
                     task_status=_Started(), on_fault=on_fault,

@@ -26,14 +26,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import httpx
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
+from bridges.core.settings import Address
 
 from . import config as _config
 from .config import SseConfig
@@ -120,6 +121,10 @@ class SseBridge:
         """One line per bad setting (the supervisor refuses to start on any)."""
         return list(self._problems)
 
+    def listeners(self) -> dict[str, Address | None]:
+        """None: the bridge only dials out (the vendor's SSE stream and REST)."""
+        return {}
+
     def capabilities(self) -> dict[str, Any]:
         """The ``hello`` block (AEP-0003 §4): ``control.accepts`` is the two
         verbs only when the gate is honored, else ``[]``."""
@@ -171,3 +176,7 @@ class SseBridge:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run.receiver.run)
                 task_status.started(run)
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = SseBridge

@@ -44,9 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
+from bridges.core.bridge import Emission
 from bridges.core.naming import dotted_type
-
-Emission = dict[str, Any]
 
 #: The >=7.4.6 / current reply enum, verbatim as options (design record
 #: "respond: answerable attention in the vendor's own vocabulary").
