@@ -23,11 +23,11 @@ import trio
 from bridges.core import capture as _capture
 from bridges.core.bridge import Bridge, BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
+from bridges.core.posture import Posture
 from bridges.core.settings import Address
 
 from . import control as _control
 from .config import OpenHandsConfig
-from .mapping import Posture
 from .receiver import ReadOnlyRest, Receiver, rest_client
 
 log = logging.getLogger("aep.bridge.openhands")
@@ -82,7 +82,8 @@ class OpenHandsBridge:
                   task_status: trio.TaskStatus[OpenHandsRun] = trio.TASK_STATUS_IGNORED) -> None:
         """Build this run's receiver (and controller), run discovery until
         cancelled, and hand the run to the fleet once started."""
-        posture = Posture(self.policy, deltas=self.config.deltas)
+        posture = Posture(agent=self.agent, mode="primary", policy=self.policy,
+                          deltas=self.config.deltas)
         async with rest_client(self.config) as client, contextlib.AsyncExitStack() as stack:
             decorate = _control.decorate if self.control_open else None
             receiver = Receiver(self.config, posture, ctx, ReadOnlyRest(client), decorate=decorate)

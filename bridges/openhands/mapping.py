@@ -39,13 +39,12 @@ version's ``event_transport_dump`` stripped ``parent_id``; the current server
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.core import capture as _capture
 from bridges.core.bridge import Emission
-from bridges.core.capture import CapturePolicy
 from bridges.core.naming import kind_type
+from bridges.core.posture import Posture
 
 VENDOR = "openhands"
 
@@ -65,19 +64,6 @@ FULL_STATE = "full_state"
 
 _EPHEMERAL_KINDS = frozenset({"StreamingDeltaEvent", "ServerErrorEvent", "TokenEvent"})
 _BASE_FIELDS = frozenset({"kind", "id", "timestamp", "source", "parent_id"})
-
-
-@dataclass(frozen=True)
-class Posture:
-    """What the mapping depends on besides the event: the capture policy
-    (``AEP_CAPTURE``...) and the streaming-delta opt-in
-    (``AEP_OPENHANDS_DELTAS=1``). The default is the pinned posture."""
-
-    policy: CapturePolicy = field(default_factory=CapturePolicy)
-    deltas: bool = False
-
-    def level(self, type_: str) -> int:
-        return _capture.rank(self.policy.ceiling_for(type_))
 
 
 DEFAULT_POSTURE = Posture()

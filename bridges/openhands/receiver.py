@@ -65,6 +65,7 @@ from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated
 from bridges.core.errors import leaves
 from bridges.core.paths import write_atomic
+from bridges.core.posture import Posture
 
 from . import mapping as M
 from .config import OpenHandsConfig
@@ -216,7 +217,7 @@ class Receiver:
     ``attention.requested`` emission before it is stamped (the control gate
     adds options and the respond path; ``None`` gated off)."""
 
-    def __init__(self, settings: Settings, posture: M.Posture, ctx: BridgeContext,
+    def __init__(self, settings: Settings, posture: Posture, ctx: BridgeContext,
                  rest: ReadOnlyRest, *,
                  decorate: Callable[[Emission], None] | None = None,
                  ws_connect: Callable[..., Any] | None = None) -> None:

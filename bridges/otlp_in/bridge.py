@@ -29,9 +29,9 @@ from bridges.core import capture as _capture
 from bridges.core.bridge import Bridge, BridgeContext
 from bridges.core.capture import CapturePolicy
 from bridges.core.errors import leaves
+from bridges.core.posture import Posture
 from bridges.core.settings import Address, bindable
 
-from .common import Posture
 from .config import OtlpConfig, check
 from .export import Admission
 from .grpc import GrpcReceiver
@@ -145,9 +145,10 @@ class OtlpRun:
         self.config = config
         self.ctx = ctx
         self.grpc_workers = grpc_workers
-        self.admission = Admission(ctx, profile,
-                                   Posture(primary=config.primary, policy=ctx.stamper.policy),
-                                   emit_grace=emit_grace, retry_after=retry_after)
+        posture = Posture(agent=profile.agent, mode="primary" if config.primary else "companion",
+                          policy=ctx.stamper.policy)
+        self.admission = Admission(ctx, profile, posture, emit_grace=emit_grace,
+                                   retry_after=retry_after)
         self.bound: dict[str, Address | None] = {"grpc": None, "http": None}
         self.serving = False
 

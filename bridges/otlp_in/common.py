@@ -1,7 +1,7 @@
 """Pure helpers shared by the vendor mappers (no I/O, no clocks, no globals).
 
 The mappers turn one flattened record (:mod:`bridges.otlp_in.flatten`) plus
-the :class:`Posture` into a list of emissions shaped exactly like the pins'
+the :class:`~bridges.core.posture.Posture` into a list of emissions shaped exactly like the pins'
 ``companion``/``primary`` objects: ``{"type", "data"?, "subject"?}``.
 
 Capture (design record "Capture"; AEP-0003 §9): vendor ``x.*`` types have no
@@ -19,13 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
 from bridges.core.bridge import Emission
-from bridges.core.capture import CapturePolicy
+from bridges.core.posture import Posture
 
 MAX_META_STR = 512
 """Longest metadata-grade string forwarded; longer ones are cut (noted)."""
@@ -35,21 +35,6 @@ MAX_EVENT_NAME = 128
 _EVENT_NAME_RE = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)+")
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _LEAF_RE = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)*")
-
-
-@dataclass(frozen=True)
-class Posture:
-    """What the mapper may emit. ``primary``: core types for the profile's
-    primary subset (``AEP_OTLP_PRIMARY=1``); companion otherwise (vendor
-    namespace only). ``policy``: the capture posture; the ceiling used is
-    ``policy.ceiling_for(type)`` of the emitted type."""
-
-    primary: bool = False
-    policy: CapturePolicy = field(default_factory=CapturePolicy)
-
-    def allows(self, type_: str, level: str) -> bool:
-        """True when ``level`` content may go into a ``type_`` payload."""
-        return _capture.rank(self.policy.ceiling_for(type_)) >= _capture.rank(level)
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,10 @@ from typing import Awaitable, Callable, Sequence
 
 import trio
 
-from bridges.core.bridge import BridgeContext, Saturated
+from bridges.core.bridge import BridgeContext, Emission, Saturated
+from bridges.core.posture import Posture
 
-from .common import Emission, Posture, record_time, session_id
+from .common import record_time, session_id
 from .flatten import FlatRecord
 from .profiles import Profile
 from .status import Accepted, Unavailable

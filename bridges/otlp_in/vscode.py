@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
+
 from .common import (
-    Emission,
     EventSpec,
-    Posture,
     attrs,
     event_name,
     gated_payload,

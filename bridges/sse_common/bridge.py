@@ -34,12 +34,12 @@ import trio
 from bridges.core import capture as _capture
 from bridges.core.bridge import Bridge, BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
+from bridges.core.posture import Posture
 from bridges.core.settings import Address
 
 from . import config as _config
 from .config import SseConfig
 from .control import ACCEPTS, ACK_WINDOW_MS, ControlGate, ReadOnlyClient
-from .mapping import Posture
 from .profile import SseProfile
 from .receiver import ReceiverSettings, SseReceiver
 from .state import StateFile, state_path
@@ -138,8 +138,8 @@ class SseBridge:
         }
 
     def posture(self) -> Posture:
-        return Posture(self.agent, "primary" if self.primary else "companion", self.policy,
-                       answerable=self.control_honored)
+        return Posture(agent=self.agent, mode="primary" if self.primary else "companion",
+                       policy=self.policy, answerable=self.control_honored)
 
     def _client(self) -> httpx.AsyncClient:
         c = self.config

@@ -48,8 +48,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
+
 from .frames import BusEvent
-from .mapping import STREAMING, Emission, Posture, _d, _l, diff_todos, map_bus, map_tool_part, question_fields
+from .mapping import STREAMING, _d, _l, diff_todos, map_bus, map_tool_part, question_fields
 
 
 @dataclass(eq=False)
