@@ -15,6 +15,7 @@ import signal
 
 import trio
 
+from bridges.core.asgi import App
 from bridges.core.bridge import Bridge
 
 from .config import Config
@@ -85,6 +86,7 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as root:
+            app: App
             if relay is not None:
                 from .relay.app import make_app
                 app = make_app(relay, healthz=fleet.healthz)

@@ -96,7 +96,8 @@ def _check_declaration(bridge: Bridge, handle: BridgeRun) -> bool:
     """Whether the bridge declares control; a controller whose ``accepts``
     differs from the ``hello`` declaration is a bridge bug, logged (the
     controller's set is what the ledger honors)."""
-    declared = tuple((bridge.capabilities().get("control") or {}).get("accepts") or ())
+    control = bridge.capabilities().get("control")
+    declared = tuple(control.get("accepts") or ()) if control else ()
     c = handle.controller
     if (tuple(c.accepts) if c is not None else ()) != declared:
         log.warning("bridge %s declares control.accepts %s but its run %s", bridge.name,

@@ -59,6 +59,26 @@ class Emission(TypedDict):
     gating: NotRequired[Gating]
 
 
+class ControlDeclaration(TypedDict):
+    """``hello.capabilities.control`` (AEP-0003 §4, AEP-0004 §4.2): the
+    command types the bridge accepts (``[]``: none; gated off) and its ack
+    window in milliseconds."""
+
+    accepts: list[str]
+    ack_window_ms: int
+
+
+class Capabilities(TypedDict):
+    """The ``hello`` capability block of one emitter (AEP-0003 §4):
+    ``emits`` (type families and the vendor namespace, ``["session", ...,
+    "x.opencode"]``), ``capture`` (the levels it may send, ``["none",
+    "metadata"]``), and ``control`` when it declares any."""
+
+    emits: list[str]
+    capture: list[str]
+    control: NotRequired[ControlDeclaration]
+
+
 class Outbound(NamedTuple):
     """One item on the fleet's relay channel.
 
@@ -219,7 +239,7 @@ class Bridge(Protocol):
     name: str
     agent: str
 
-    def capabilities(self) -> dict[str, Any]: ...
+    def capabilities(self) -> Capabilities: ...
 
     def preflight(self, *, check_ports: bool = True) -> list[str]: ...
 

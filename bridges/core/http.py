@@ -43,7 +43,7 @@ import socket
 import time
 import traceback
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, cast
 
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
@@ -51,9 +51,9 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ConnectionState
+from hypercorn.typing import ASGIFramework, ConnectionState
 
-from .asgi import ABORT_KEY, LISTEN_KEY
+from .asgi import ABORT_KEY, LISTEN_KEY, App
 from .errors import leaves, root_cause
 from .settings import Address
 
@@ -238,7 +238,7 @@ def hyper_config(*, graceful_timeout: float = 3.0, keep_alive_timeout: float = 7
     return cfg
 
 
-async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
+async def serve_app(app: App, sock: socket.socket, shutdown: trio.Event, *,
                     config: HyperConfig | None = None,
                     before_drain: Callable[[], Awaitable[None]] | None = None,
                     on_fault: Callable[[str], None] | None = None, where: str | None = None,
@@ -260,7 +260,8 @@ async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
     host, port = sock.getsockname()[:2]
     if on_fault is None:
         on_fault = getattr(app, "connection_fault", None)
-    handler = partial(_AbortableTCPServer, ASGIWrapper(app), config, context,
+    # hypercorn's ASGI TypedDicts are the plain dicts App speaks
+    handler = partial(_AbortableTCPServer, ASGIWrapper(cast(ASGIFramework, app)), config, context,
                       ConnectionState({LISTEN_KEY: (host, port)}), on_fault=on_fault,
                       where=where or f"http {host}:{port}")
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))

@@ -53,7 +53,7 @@ import trio
 from .aep import ACK_WINDOW_MS, NACK_REASONS
 
 if TYPE_CHECKING:
-    from .bridge import BridgeContext, Emission, Envelope
+    from .bridge import BridgeContext, ControlDeclaration, Emission, Envelope
     from .control import Command, Controller
 
 log = logging.getLogger("aep.core.ledger")
@@ -219,7 +219,7 @@ class CommandLedger:
         return False
 
     @property
-    def declaration(self) -> dict[str, Any]:
+    def declaration(self) -> ControlDeclaration:
         """``hello.capabilities.control`` (AEP-0003 §4)."""
         return {"accepts": list(self.accepts), "ack_window_ms": self.ack_window_ms}
 
@@ -227,7 +227,7 @@ class CommandLedger:
         """Commands currently remembered (pending + decided)."""
         return len(self._records)
 
-    def recorded(self, source: Any, cmd_id: str) -> dict[str, Any] | None:
+    def recorded(self, source: object, cmd_id: str) -> dict[str, Any] | None:
         """The recorded ack for ``(source, id)``, a copy, or ``None`` (unknown
         or still pending). For diagnostics and tests."""
         rec = self._records.get((source, cmd_id))

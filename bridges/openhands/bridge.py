@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import Bridge, BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
 from bridges.core.posture import Posture
 from bridges.core.settings import Address
@@ -65,7 +65,7 @@ class OpenHandsBridge:
         refused on unauthenticated bindings, AEP-0004 §4.1)."""
         return self.config.control_open
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities:
         accepts = list(_control.ACCEPTS) if self.control_open else []
         return {"emits": list(EMITS),
                 "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),

@@ -68,7 +68,7 @@ def decorate(emission: Emission) -> None:
     emission["data"]["respond_via"] = ["control"]
 
 
-def decide_answer(answer: Any) -> tuple[bool, str | None, dict[str, Any]]:
+def decide_answer(answer: object) -> tuple[bool, str | None, dict[str, Any]]:
     """``control.attention.respond`` ``answer`` -> ``(accept, reason,
     applied)``. ``applied`` is the answer as actually applied, recorded on
     ``attention.answered``.

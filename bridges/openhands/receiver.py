@@ -164,7 +164,7 @@ class Conversation:
                 "seen": list(self.seen)[-32:]}
 
     @classmethod
-    def restore(cls, body: Any, cid: str) -> "Conversation":
+    def restore(cls, body: object, cid: str) -> "Conversation":
         c = cls(cid)
         if not isinstance(body, dict) or body.get("v") != STATE_VERSION or body.get("id") != cid:
             return c
@@ -444,7 +444,7 @@ class Receiver:
             await ws.send_message(json.dumps({"type": "auth", "session_api_key": self.settings.key or ""}))
             conv.pending_snap = None
             while not conv.ended:
-                raw = None
+                raw: str | bytes | None = None
                 try:
                     with trio.move_on_after(SNAPSHOT_QUIET if conv.pending_snap else 3600) as quiet:
                         raw = await ws.get_message()
@@ -455,7 +455,7 @@ class Receiver:
                     if code == 4004:
                         raise Gone() from None
                     raise
-                if quiet.cancelled_caught:
+                if quiet.cancelled_caught or raw is None:  # None only when the quiet timer fired
                     await self._apply_pending(conv)
                     continue
                 conv.frames_in_conn += 1
@@ -464,7 +464,7 @@ class Receiver:
                 await self.handle_raw(conv, raw)
 
     # ------------------------------------------------------------------ frames
-    async def handle_raw(self, conv: Conversation, raw: Any) -> None:
+    async def handle_raw(self, conv: Conversation, raw: str | bytes) -> None:
         """Process one socket frame (shielded with a deadline, so a frame's
         emissions land whole even when the bridge is being stopped)."""
         self.ctx.health.count("frames")

@@ -21,12 +21,12 @@ restart starts clean.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import Bridge, BridgeContext
+from bridges.core.bridge import Bridge, BridgeContext, Capabilities
 from bridges.core.capture import CapturePolicy
 from bridges.core.errors import leaves
 from bridges.core.posture import Posture
@@ -71,7 +71,7 @@ class OtlpInBridge:
 
     # ------------------------------------------------------------------ contract
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities:
         """The ``hello`` capability block (AEP-0003 §4): no ``control`` (this
         channel accepts no commands)."""
         ns = self.profile.namespace if self.profile else f"x.{self.vendor}.otel"

@@ -151,7 +151,7 @@ _BY_SOURCE = {"config": "policy", "automatedreviewer": "runtime", "automated_rev
               "automation": "runtime", "automated": "runtime"}
 
 
-def session_key(rec: dict[str, Any]) -> Any:
+def session_key(rec: dict[str, Any]) -> object:
     """Codex's session key: the per-record ``conversation.id`` attribute."""
     return attrs(rec).get("conversation.id")
 

@@ -19,11 +19,11 @@ receiver, here native protobuf as well as JSON).
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Callable
 
 import trio
 
-from bridges.core.asgi import host_guard, lifespan
+from bridges.core.asgi import Receive, Scope, Send, host_guard, lifespan
 from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address
 
@@ -32,12 +32,6 @@ from .export import Export, OnProblem
 from .status import BadRequest, HttpAnswer, Refusal, Refused, http_accepted, http_refused
 
 LOGS_PATH = "/v1/logs"
-
-Message = dict[str, Any]
-"""One ASGI event (``{"type": "http.request", "body": b"...", ...}``)."""
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 _NOT_FOUND = HttpAnswer(404, b"not found: OTLP logs are accepted at POST /v1/logs\n",
                         "text/plain")

@@ -26,13 +26,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import httpx
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import Bridge, BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
 from bridges.core.posture import Posture
 from bridges.core.settings import Address
@@ -125,7 +125,7 @@ class SseBridge:
         """None: the bridge only dials out (the vendor's SSE stream and REST)."""
         return {}
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities:
         """The ``hello`` block (AEP-0003 §4): ``control.accepts`` is the two
         verbs only when the gate is honored, else ``[]``."""
         ns = f"x.{self.agent}"

@@ -57,11 +57,11 @@ HOOK_OPTIONS: tuple[tuple[str, str], ...] = (("allow", "Allow"), ("deny", "Deny"
 STREAMING = frozenset({"message.part.delta", "server.heartbeat"})
 
 
-def _s(v: Any) -> str | None:
+def _s(v: object) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
-def _d(v: Any) -> dict[str, Any]:
+def _d(v: object) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
@@ -80,7 +80,7 @@ def _debug(e: Emission) -> Emission:
 
 # ---------------------------------------------------------------- entry points
 
-def map_moment(moment: Any, posture: Posture) -> list[Emission]:
+def map_moment(moment: object, posture: Posture) -> list[Emission]:
     """Map one pinned moment shape: ``{kind: "bus", event: {type,
     properties}}`` or the plugin hooks ``{kind: "tool.before" | "tool.after",
     input, output}`` / ``{kind: "permission.ask", permission}``. Anything
@@ -427,21 +427,21 @@ def map_tool_part(part: dict[str, Any], posture: Posture, *,
 
 # ---------------------------------------------------------------- todos
 
-def todo_key(todo: Any) -> str | None:
+def todo_key(todo: object) -> str | None:
     """A todo's identity: the pinned ``id``; the current vendor ``Todo``
     (``{content, status, priority}``) has none, so its content stands in."""
     t = _d(todo)
     return _s(t.get("id")) or _s(t.get("content"))
 
 
-def todo_subject(todo: Any) -> str:
+def todo_subject(todo: object) -> str:
     """The ``subject`` of a task event: the vendor id, else a digest of the
     content (the content itself is ``redacted``-gated; a subject is not)."""
     t = _d(todo)
     return _s(t.get("id")) or "todo-" + _capture.digest(_s(t.get("content")) or "")[:16]
 
 
-def diff_todos(prev: Any, nxt: Any, posture: Posture) -> list[Emission]:
+def diff_todos(prev: object, nxt: object, posture: Posture) -> list[Emission]:
     """The pure snapshot diff (pin ``todos``): ids new in ``nxt`` plan;
     transitions to ``completed`` (including new items already completed)
     complete; removals and other churn stay silent. Task content rides as

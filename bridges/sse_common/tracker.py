@@ -529,7 +529,7 @@ class Tracker:
             }
         return {"version": 1, "sessions": out}
 
-    def restore(self, snap: Any) -> int:
+    def restore(self, snap: object) -> int:
         """Load a :meth:`snapshot` (tolerant: anything malformed is skipped).
         Returns the number of sessions restored. Reconcile then settles them
         against the server as usual."""

@@ -81,7 +81,7 @@ def _check_key(key: Any) -> None:
         raise InvalidFilter(f"unknown filter key: {key}")
 
 
-def validate_filter(flt: Any) -> None:
+def validate_filter(flt: object) -> None:
     """Raise :class:`InvalidFilter` unless ``flt`` is a valid attr-match filter
     (§6.1, §6.2 rule 1). Never partially accepts: fail closed."""
     if not isinstance(flt, dict):
@@ -172,6 +172,6 @@ class Filter:
 MATCH_ALL = Filter({})
 
 
-def attr_match(flt: Any, event: Mapping[str, Any]) -> bool:
+def attr_match(flt: object, event: Mapping[str, Any]) -> bool:
     """Convenience: validate ``flt`` and test ``event`` (raises :class:`InvalidFilter`)."""
     return Filter(flt).matches(event)

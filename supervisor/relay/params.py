@@ -19,7 +19,7 @@ __all__ = ["parse_capture", "parse_from", "parse_last_event_id", "normalize_orig
            "parse_filter_json", "parse_from_json"]
 
 
-def parse_capture(value: Any) -> str | None:
+def parse_capture(value: object) -> str | None:
     """A subscription's ``capture`` ceiling (AEP-0003 §6.4): ``None`` when
     absent, else one of the capture levels; raises :class:`InvalidFilter`."""
     if value is None:
@@ -41,7 +41,7 @@ def _count(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | None]:
+def parse_from(value: object) -> tuple[bool, list[tuple[str, Position | None]] | None]:
     """``from``: absent, ``"all"``, or ``[{session, epoch?, seq}]`` (AEP-0003
     §3.3, §6.5). Returns ``(replay_all, positions)``; raises
     :class:`InvalidFilter` for anything else (fail closed)."""

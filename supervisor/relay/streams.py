@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import logging
 import urllib.parse
-from typing import Any, Callable
+from typing import Any
 
 import trio
 
-from bridges.core.asgi import ABORT_KEY, respond
+from bridges.core.asgi import ABORT_KEY, Receive, Scope, Send, respond
 from bridges.core.asgi import header as _header
 
 from .attrmatch import InvalidFilter
@@ -36,12 +36,12 @@ __all__ = ["serve_sse", "pump_sse", "serve_socket", "refuse_upgrade"]
 log = logging.getLogger("aep.relay.http")
 
 
-def _query(scope: dict[str, Any]) -> dict[str, str]:
+def _query(scope: Scope) -> dict[str, str]:
     qs = scope.get("query_string", b"").decode("utf-8", "replace")
     return dict(urllib.parse.parse_qsl(qs, keep_blank_values=True))
 
 
-async def serve_sse(relay: Relay, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+async def serve_sse(relay: Relay, scope: Scope, receive: Receive, send: Send) -> None:
     """``GET /stream`` once authorized (AEP-0003 §3.3): parse ``filter``,
     ``capture``, ``from``, ``live`` and ``Last-Event-ID`` (a refusal is a 400
     before any header), then stream the outlet until it ends or the client
@@ -74,7 +74,7 @@ async def serve_sse(relay: Relay, scope: dict[str, Any], receive: Callable, send
     await pump_sse(relay, outlet, receive, send)
 
 
-async def pump_sse(relay: Relay, outlet: Outlet, receive: Callable, send: Callable) -> None:
+async def pump_sse(relay: Relay, outlet: Outlet, receive: Receive, send: Send) -> None:
     """Write ``outlet`` as one SSE response body: batches (lingering per
     :meth:`Relay.sse_linger`), ``: ping`` after ``heartbeat_s`` idle, until
     the outlet ends or the client disconnects; a shed consumer's connection
@@ -104,7 +104,7 @@ async def pump_sse(relay: Relay, outlet: Outlet, receive: Callable, send: Callab
         outlet.closed()
 
 
-async def serve_socket(relay: Relay, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+async def serve_socket(relay: Relay, scope: Scope, receive: Receive, send: Send) -> None:
     """An accepted-to-be ``/socket`` upgrade (the caller checked it may be):
     accept, then run the duplex (AEP-0003 §3.5) until either side ends it:
     a reader feeding :meth:`SocketConnection.handle_text`, a pinger (liveness,
@@ -130,7 +130,7 @@ async def serve_socket(relay: Relay, scope: dict[str, Any], receive: Callable, s
         conn.close()
 
 
-async def _ws_reader(conn: SocketConnection, receive: Callable,
+async def _ws_reader(conn: SocketConnection, receive: Receive,
                      scope: trio.CancelScope, last_rx: list[float]) -> None:
     while True:
         msg = await receive()
@@ -161,7 +161,7 @@ async def _ws_pinger(relay: Relay, conn: SocketConnection, last_rx: list[float])
         conn.ping(int(now * 1000))
 
 
-async def _ws_writer(conn: SocketConnection, send: Callable) -> None:
+async def _ws_writer(conn: SocketConnection, send: Send) -> None:
     outlet = conn.outlet
     while outlet.state != CLOSED:
         payloads, end = await outlet.next_batch()
@@ -174,7 +174,7 @@ async def _ws_writer(conn: SocketConnection, send: Callable) -> None:
             return
 
 
-async def _send_shielded(outlet: Outlet, send: Callable, message: dict[str, Any]) -> None:
+async def _send_shielded(outlet: Outlet, send: Send, message: dict[str, Any]) -> None:
     """One ASGI send, never interrupted by our own cancellation: a cancel
     landing inside the server's send path (e.g. on a disconnect) would leave
     its connection half torn down. A send stuck on a peer that stopped
@@ -187,7 +187,7 @@ async def _send_shielded(outlet: Outlet, send: Callable, message: dict[str, Any]
         outlet.in_send = False
 
 
-async def _watch_disconnect(receive: Callable, scope: trio.CancelScope) -> None:
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
@@ -195,7 +195,7 @@ async def _watch_disconnect(receive: Callable, scope: trio.CancelScope) -> None:
             return
 
 
-async def refuse_upgrade(scope: dict[str, Any], send: Callable, status: int, body: Any) -> None:
+async def refuse_upgrade(scope: Scope, send: Send, status: int, body: Any) -> None:
     """Refuse the upgrade with a real HTTP status when the server supports
     the ASGI websocket denial extension (hypercorn does), else close (403)."""
     if "websocket.http.response" in scope.get("extensions", {}):

@@ -139,8 +139,8 @@ PUBLIC: dict[str, set[str]] = {
         "NACK_REASONS", "ACK_WINDOW_MS", "dumps", "loads", "scrub_surrogates",
     },
     "bridges.core.asgi": {
-        "Scope", "ABORT_KEY", "LISTEN_KEY", "lifespan", "read_body", "headers", "header",
-        "send_bytes", "send_json", "respond", "presented_tokens", "token_matches", "bearer_ok",
+        "Scope", "Message", "Receive", "Send", "App", "ABORT_KEY", "LISTEN_KEY", "lifespan",
+        "read_body", "headers", "header", "send_bytes", "send_json", "respond", "presented_tokens", "token_matches", "bearer_ok",
         "host_allowed", "listen_host", "host_guard",
     },
     "bridges.core.http": {
