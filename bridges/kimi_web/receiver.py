@@ -61,6 +61,7 @@ import trio
 import trio_websocket
 
 from bridges.core.backoff import backoff_delay
+from bridges.core.bridge import BridgeContext
 from bridges.core.ledger import Unreachable
 
 from . import discovery
@@ -133,7 +134,7 @@ class Receiver:
     holds the mapping state; ``ctx`` is the bridge context; ``client`` the
     REST client (its own when ``None``)."""
 
-    def __init__(self, config: KimiWebConfig, tracker: Tracker, ctx: Any, *,
+    def __init__(self, config: KimiWebConfig, tracker: Tracker, ctx: BridgeContext, *,
                  client: httpx.AsyncClient | None = None) -> None:
         self.config = config
         self.tracker = tracker
@@ -608,16 +609,9 @@ class Receiver:
     async def _emit(self, outs: list[Out]) -> None:
         prev: dict[str, Any] | None = None
         for o in outs:
-            kw: dict[str, Any] = {}
-            if o.run is not None:
-                kw["run"] = o.run
             cause = prev["id"] if o.cause_prev and prev is not None else o.cause
-            if cause is not None:
-                kw["cause"] = cause
-            if o.time is not None:
-                kw["time"] = o.time
             try:
-                ev = await self.ctx.emit(o.session, o.emission, **kw)
+                ev = await self.ctx.emit(o.session, o.emission, run=o.run, cause=cause, time=o.time)
             except ValueError:
                 self.ctx.health.count("emit_errors")
                 continue
