@@ -244,7 +244,8 @@ class Receiver:
         return items[:MAX_SESSIONS], complete and len(items) <= MAX_SESSIONS
 
     # -- the loop ----------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
         """Attach, follow, reattach with the shared backoff, until cancelled."""
         own = self._client is None
         client = self._client or httpx.AsyncClient(trust_env=False, timeout=REST_TIMEOUT)
