@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from bridges.core.capture import CapturePolicy
 from bridges.core.paths import state_dir
-from bridges.core.settings import EnvReader, Setting, bindable, check_fields
+from bridges.core.settings import EnvReader, Setting, bindable, check_fields, token_problem
 
 from .relay.core import normalize_origin
 
@@ -110,6 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_REDACT_PII", "`1`", "`0` turns off email/phone redaction at `redacted`"),
     Setting("AEP_LOG_LEVEL", "`info`", "`debug`, `info`, `warning`, `error`, `critical`"),
     Setting("AEP_LOG_FORMAT", "JSON lines unless stderr is a TTY", "`json` or `text`"),
+    Setting("AEP_LOG_MAX_OPEN", "`128`", "session log descriptors kept open (least recently "
+            "written closed first, counted)"),
 )
 """The daemon's core settings (the README's core table, before the flags)."""
 
@@ -185,6 +187,7 @@ class Config:
     buffer_bytes: int = 8 << 20
     total_bytes: int = 256 << 20
     cors_origins: tuple[str, ...] = ()
+    log_max_open: int = 128
     channel_size: int = 4096
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy, repr=False)  # holds secret values
@@ -230,7 +233,11 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     policy = _policy(env, r.problems)
     relay_url = None if relay_only else _relay_url(r)
     enabled = () if relay_only else _enabled(r, env)
-    cfg = Config(token=r.text("AEP_TOKEN"), relay_url=relay_url, listen=listen,
+    token = r.text("AEP_TOKEN")
+    if (problem := token_problem("AEP_TOKEN", token)):
+        r.problems.append(problem)
+        token = None
+    cfg = Config(token=token, relay_url=relay_url, listen=listen,
                  state_dir=state_dir(env), cors_origins=cors, policy=policy, enabled=enabled,
                  warnings=_unknown_names(env), environ=env, **limits)
     if check_ports:
@@ -251,6 +258,7 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
         "buffer_bytes": r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=1024, unit="bytes"),
         "total_bytes": r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20, minimum=1024,
                                  unit="bytes"),
+        "log_max_open": r.integer("AEP_LOG_MAX_OPEN", 128, minimum=1),
     }
 
 

@@ -164,7 +164,9 @@ class Fleet:
         self.relay = relay
         self.host = host or socket.gethostname() or "localhost"
         self.epoch = EpochStore(cfg.state_dir).next_epoch()
-        self.session_log = SessionLog(cfg.state_dir / "logs")
+        self.session_log = SessionLog(cfg.state_dir / "logs",
+                                      max_open=cfg.log_max_open)
+        self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
         self._send, self._recv = trio.open_memory_channel[Outbound](cfg.channel_size)
         self.members: dict[str, Member] = {}
         self.started_at = time.monotonic()
@@ -176,6 +178,7 @@ class Fleet:
             ctx = BridgeContext(b.name, stamper, self._send.clone(), inbox_recv, health,
                                 logging.getLogger(f"aep.bridge.{b.name}"))
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
+            ctx.attach_log(self._log_writable)
             self.members[b.name] = Member(b, ctx, health, inbox_send)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
@@ -282,10 +285,15 @@ class Fleet:
             self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
             log.error("bridge %s emitted an unserializable event (%s): dropped",
                       item.bridge, type(e).__name__)
+            if not item.redelivery:
+                self._log_result(item.bridge, False)
             return
         if not item.redelivery:
-            self.session_log.write(ev, line)
+            written = self.session_log.write(ev, line)
             self.counters["events"] += 1
+            if not written:
+                self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
+            self._log_result(item.bridge, written)
         m = self.members.get(item.bridge)
         if m is None or m.sink is None:
             return
@@ -294,6 +302,14 @@ class Fleet:
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
             self.counters["sink_errors"] += 1
             log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
+
+    def _log_writable(self) -> bool:
+        return self.session_log.writable()
+
+    def _log_result(self, bridge: str, written: bool) -> None:
+        m = self.members.get(bridge)
+        if m is not None:
+            m.ctx.log_result(written)
 
     # -- shutdown --------------------------------------------------------------
     async def drain(self) -> None:

@@ -19,7 +19,6 @@ def _check(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
                           cwd=str(ROOT), capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #11")
 @pytest.mark.parametrize("token", ["tökén-non-ascii", "has space", "tab\there", "quote\"d",
                                    "comma,sep", "semi;colon", "=leading-equals"])
 def test_a_token_outside_rfc6750_characters_is_refused_at_start(token):
@@ -35,7 +34,6 @@ def test_a_token_of_rfc6750_characters_is_accepted(token):
     assert p.returncode == 0, p.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #11")
 def test_run_refuses_a_bad_token_with_exit_2(tmp_path):
     d = DaemonProcess(tmp_path / "state", {"AEP_TOKEN": "näh"}, args=("relay",))
     d.start(wait=False)
@@ -50,7 +48,6 @@ def _warned(text: str, what: str) -> bool:
     return any("WARNING" in ln and what in ln for ln in text.splitlines())
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #12")
 @pytest.mark.parametrize("setting", ["AEP_LISTEN", "AEP_OTLP_HTTP_LISTEN", "AEP_OTLP_GRPC_LISTEN"])
 def test_a_non_loopback_listener_without_a_token_is_warned_loudly(setting):
     addr = f"0.0.0.0:{free_port()}"
@@ -67,7 +64,6 @@ def test_loopback_listeners_start_without_an_exposure_warning():
     assert p.returncode == 0 and "WARNING" not in p.stderr, p.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #12")
 def test_run_warns_at_start_when_the_relay_listens_on_all_interfaces(tmp_path):
     d = DaemonProcess(tmp_path / "state", {"AEP_LISTEN": f"0.0.0.0:{free_port()}"},
                       args=("relay",))

@@ -230,7 +230,6 @@ class _LimitedDaemon(DaemonProcess):
             sp.Popen = real
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #6")
 def test_soft_fd_limit_is_raised_to_the_hard_limit_at_start(tmp_path):
     d = _LimitedDaemon(tmp_path / "state", args=("relay",))
     d.nofile = (256, 4096)

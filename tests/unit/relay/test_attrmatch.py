@@ -83,7 +83,6 @@ def test_filter_reports_pinned_sessions():
 
 # -- issue 10 #5: bounded, compiled once -----------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #5")
 def test_a_filter_over_the_term_bound_is_refused_as_too_large():
     from supervisor.relay.attrmatch import FilterTooLarge
     with pytest.raises(FilterTooLarge):

@@ -9,8 +9,6 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.xfail(strict=True, reason="issue 10 #9/#10")
-
 from supervisor import jsonlog
 from supervisor.jsonlog import SessionLog
 
