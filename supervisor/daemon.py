@@ -76,13 +76,27 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
     fleet = Fleet(cfg, bridges, relay=relay)
     stop_http = trio.Event()
     status = EXIT_OK
-    # The receiver below takes SIGTERM/SIGINT for the daemon's life; when it
-    # closes it re-raises any still pending under the handlers it found, so a
-    # second signal during the drain must find "ignore" there, not the
-    # default action (which would turn a clean exit 0 into 143).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGTERM/SIGINT: our own handler, not trio.open_signal_receiver, so the
+    # hard deadline is armed the moment the signal arrives (Python runs the
+    # handler between bytecodes even while the loop is busy; issue 10 #3: it
+    # must not wait for the loop to get round to it). A second signal during
+    # the drain is ignored (a clean exit 0, never 143).
+    token = trio.lowlevel.current_trio_token()
+    got_signal = trio.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if received:
+            return
+        received.append(signum)
+        # Backstop: a send hypercorn shields from cancellation (a client that
+        # stopped reading), or a loop that never yields, cannot hold the exit:
+        # SIGALRM's default action ends the process regardless.
+        signal.alarm(int(cfg.drain_deadline) + 2)
+        token.run_sync_soon(got_signal.set)  # safe from a signal handler
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
         async with trio.open_nursery() as root:
             if relay is not None:
                 from .relay.app import make_app
@@ -101,14 +115,9 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                      "control routing on (token set)" if cfg.token
                      else "watch-only (no AEP_TOKEN: commands refused)")
             task_status.started(bound)
-            async for signum in signals:
-                log.info("received %s: draining", signal.Signals(signum).name)
-                break
+            await got_signal.wait()
+            log.info("received %s: draining", signal.Signals(received[0]).name)
             await notifier.notify("STOPPING=1")
-            # Backstop: a send hypercorn shields from cancellation (a client
-            # that stopped reading) can hold the nursery's teardown forever;
-            # SIGALRM's default action ends the process regardless.
-            signal.alarm(int(cfg.drain_deadline) + 3)
             with trio.move_on_after(cfg.drain_deadline) as deadline:
                 await fleet.drain()
                 if relay is not None:
@@ -119,5 +128,8 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 log.error("drain exceeded %.1fs; exiting at the hard deadline", cfg.drain_deadline)
                 os._exit(EXIT_DEADLINE)  # the deadline is hard: nothing may hold the exit
             root.cancel_scope.cancel()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, signal.SIG_IGN if received else h)
     log.info("aep-bridges stopped (status %d)", status)
     return status

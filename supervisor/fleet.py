@@ -42,6 +42,7 @@ log = logging.getLogger("aep.fleet")
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a run this long resets the backoff
+REFUSED_RED_S = 300.0  # health stays red this long after the relay refused a bridge's event
 
 
 class Sink(Protocol):
@@ -148,6 +149,7 @@ class Member:
     sink: Sink | None = None
     uplink: Any = None
     restarts: int = 0
+    refused_at: float | None = None  # trio time of the relay's last refusal of its event
     started: trio.Event = field(default_factory=trio.Event)
 
 
@@ -301,6 +303,17 @@ class Fleet:
             await m.sink.send(ev, item.redelivery)
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
             self.counters["sink_errors"] += 1
+            if type(e).__name__ == "InvalidEvent":
+                # the relay refused the bridge's own event (a forged position took
+                # its place, issue 10 #8): consumers miss it, so health goes red
+                m.health.count("relay_refused")
+                m.health.detail = f"relay refused an event: {str(e)[:120]}"
+                first = m.refused_at is None or trio.current_time() - m.refused_at > REFUSED_RED_S
+                m.refused_at = trio.current_time()
+                if first:
+                    log.error("relay refused an event of %s (%s); health is red (counted in "
+                              "relay_refused)", item.bridge, e)
+                return
             log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
 
     def _log_writable(self) -> bool:
@@ -338,6 +351,11 @@ class Fleet:
             if m.sink is not None:
                 m.health.relay = m.sink.connected
             bridges[name] = m.health.public()
+            refused = max((t for t in (m.refused_at, getattr(m.uplink, "refused_at", None))
+                           if t is not None), default=None)
+            if refused is not None and trio.current_time() - refused < REFUSED_RED_S:
+                bridges[name]["ok"] = False
+                bridges[name]["refused"] = True
             if authorized:
                 bridges[name]["counters"] = dict(m.health.counters)
                 if m.health.detail:

@@ -71,7 +71,6 @@ def test_a_forged_position_cannot_displace_a_bridge_event(fleet_daemon):
     assert d.healthz()["ok"] is True
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #8")
 def test_a_bridge_event_the_relay_refuses_turns_health_red_and_is_counted(tmp_path):
     """A position forged before the bridge reaches it (a guessable future
     session) cannot be prevented by ownership; the bridge's refusal must
