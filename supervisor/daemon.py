@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import signal
+from functools import partial
 from typing import Any
 
 import trio
@@ -72,7 +73,9 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
         relay = Relay(token=cfg.token, buffer=cfg.buffer, max_sessions=cfg.max_sessions,
                       max_body=cfg.max_body, max_batch=cfg.max_batch, max_from=cfg.max_from,
                       buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes,
-                      cors_origins=cfg.cors_origins)
+                      cors_origins=cfg.cors_origins, strict_identity=cfg.strict_identity,
+                      max_filter_terms=cfg.max_filter_terms, body_timeout_s=cfg.body_timeout,
+                      subscriber_bytes=cfg.subscriber_bytes)
     fleet = Fleet(cfg, bridges, relay=relay)
     stop_http = trio.Event()
     status = EXIT_OK
@@ -105,7 +108,8 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 from bridges.core.asgi import host_guard  # DNS-rebinding guard, as on the relay
                 app = host_guard(health_app(cfg.token, fleet.healthz))
             host, port = cfg.listen
-            bound = await root.start(serve_asgi, app, host, port, stop_http)
+            bound = await root.start(partial(serve_asgi, app, host, port, stop_http,
+                                             max_connections=cfg.max_connections))
             await root.start(fleet.run)
             await notifier.notify("READY=1")
             root.start_soon(notifier.watchdog_loop)

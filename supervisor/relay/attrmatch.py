@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from bridges.core.aep import SEVERITIES, SEVERITY_RANK
 
-__all__ = ["Filter", "InvalidFilter", "validate_filter", "attr_match", "MATCH_ALL", "CORE_ATTRS",
+__all__ = ["Filter", "InvalidFilter", "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms", "validate_filter", "attr_match", "MATCH_ALL", "CORE_ATTRS",
            "FILTERABLE", "DEFAULTS"]
 
 #: Every core envelope attribute (AEP-0001 §5.1); none is a legal extension key.

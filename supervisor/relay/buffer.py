@@ -36,7 +36,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any, Iterator
 
-__all__ = ["SessionBuffers", "Entry", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB"]
+__all__ = ["SessionBuffers", "Entry", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB", "same_event"]
 
 MiB = 1 << 20
 

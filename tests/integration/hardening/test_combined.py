@@ -32,7 +32,6 @@ def _stream_all(url: str) -> list[dict]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #1-14 (all at once)")
 def test_several_attacks_at_once_leave_healthz_fast_and_sigterm_clean(tmp_path):
     d = DaemonProcess(tmp_path / "state", {"AEP_OTLP_PRIMARY": "1", "AEP_BODY_TIMEOUT": "3"})
     d.start()

@@ -52,7 +52,6 @@ def _of(events: list[dict], session: str) -> list[dict]:
 
 # ------------------------------------------------------------------ #8 forged positions
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #8")
 def test_a_forged_position_cannot_displace_a_bridge_event(fleet_daemon):
     d = fleet_daemon
     assert post_otlp(d.http_port, otlp_json([otlp_record("forge-1")])).status_code == 200
@@ -237,7 +236,6 @@ def test_an_out_of_range_otlp_time_falls_back_to_observed_time(fleet_daemon):
 
 # ------------------------------------------------------------------ #14 (source, id) dedupe
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #14")
 def test_a_conflicting_duplicate_id_is_refused_and_never_delivered_live(relay_daemon):
     d = relay_daemon
     from tests.support.daemon import Collector

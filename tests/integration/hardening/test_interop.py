@@ -35,7 +35,6 @@ ERROR_THEN_CLOSE = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #1")
 @pytest.mark.parametrize("name,frames,code,close", ERROR_THEN_CLOSE,
                          ids=[c[0] for c in ERROR_THEN_CLOSE])
 def test_node_websocket_sees_the_error_frame_before_the_close(relay_daemon, name, frames,
@@ -48,7 +47,6 @@ def test_node_websocket_sees_the_error_frame_before_the_close(relay_daemon, name
         assert got["close"] is not None and got["close"]["code"] == close, got
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #1")
 def test_node_websocket_sees_closing_and_1001_at_shutdown(tmp_path):
     d = DaemonProcess(tmp_path / "state", args=("relay",)).start()
     try:
@@ -96,7 +94,6 @@ def _emit_as_checker(url: str, session: str) -> list[dict]:
     return answers, duplex
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 #2")
 def test_identity_mismatch_is_accepted_and_claimed_by_default(relay_daemon):
     answers, duplex = _emit_as_checker(relay_daemon.url, "idcheck-1")
     try:
