@@ -45,14 +45,15 @@ def exposure_warnings(cfg: Config, bridges: Iterable[Any] = ()) -> list[str]:
                    "network (set AEP_TOKEN, or listen on 127.0.0.1)")
     for b in bridges:
         listeners = getattr(b, "listeners", None)
-        names = getattr(b, "settings", {}) or {}
+        config = getattr(b, "config", None)
         try:
             addrs = listeners() if callable(listeners) else {}
         except ValueError:
             continue  # the bridge's preflight reports it
         for kind, addr in addrs.items():
             if addr is not None and not is_loopback(addr[0]):
-                name = names.get(kind, f"{getattr(b, 'name', 'bridge')} {kind} listener")
+                name = (config.setting(kind) if hasattr(config, "setting")
+                        else f"{getattr(b, 'name', 'bridge')} {kind} listener")
                 out.append(f"{name}={addr[0]}:{addr[1]} is not a loopback address: OTLP takes "
                            "no credential, anyone on the network can send telemetry as "
                            f"{getattr(b, 'agent', 'this agent')} (listen on 127.0.0.1 unless "

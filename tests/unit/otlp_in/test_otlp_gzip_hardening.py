@@ -5,7 +5,8 @@ import gzip
 
 import pytest
 
-from bridges.otlp_in.receiver import MAX_GZIP_MEMBERS, BadRequest, gunzip_capped
+from bridges.otlp_in.decode import MAX_GZIP_MEMBERS, gunzip_capped
+from bridges.otlp_in.status import BadRequest
 
 
 def test_a_body_of_many_empty_members_is_refused_by_the_member_cap():
