@@ -47,6 +47,7 @@ log = logging.getLogger("aep.fleet")
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a run this long resets the backoff
+REFUSED_RED_S = 300.0  # health stays red this long after the relay refused a bridge's event
 
 
 class Sink(Protocol):
@@ -154,6 +155,7 @@ class Member:
     sink: Sink | None = None
     uplink: Uplink | None = None
     restarts: int = 0
+    refused_at: float | None = None  # trio time of the relay's last refusal of its event
     started: trio.Event = field(default_factory=trio.Event)
 
 
@@ -170,7 +172,9 @@ class Fleet:
         self.relay = relay
         self.host = host or socket.gethostname() or "localhost"
         self.epoch = EpochStore(cfg.state_dir).next_epoch()
-        self.session_log = SessionLog(cfg.state_dir / "logs")
+        self.session_log = SessionLog(cfg.state_dir / "logs",
+                                      max_open=cfg.log_max_open)
+        self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
         self._send, self._recv = trio.open_memory_channel[Outbound](cfg.channel_size)
         self.members: dict[str, Member] = {}
         self.started_at = time.monotonic()
@@ -182,6 +186,7 @@ class Fleet:
             ctx = BridgeContext(b.name, stamper, self._send.clone(), inbox_recv, health,
                                 logging.getLogger(f"aep.bridge.{b.name}"))
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
+            ctx.attach_log(self._log_writable)
             self.members[b.name] = Member(b, ctx, health, inbox_send)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
@@ -288,10 +293,15 @@ class Fleet:
             self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
             log.error("bridge %s emitted an unserializable event (%s): dropped",
                       item.bridge, type(e).__name__)
+            if not item.redelivery:
+                self._log_result(item.bridge, False)
             return
         if not item.redelivery:
-            self.session_log.write(ev, line)
+            written = self.session_log.write(ev, line)
             self.counters["events"] += 1
+            if not written:
+                self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
+            self._log_result(item.bridge, written)
         m = self.members.get(item.bridge)
         if m is None or m.sink is None:
             return
@@ -299,7 +309,26 @@ class Fleet:
             await m.sink.send(ev, item.redelivery)
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
             self.counters["sink_errors"] += 1
+            if type(e).__name__ == "InvalidEvent":
+                # the relay refused the bridge's own event (a forged position took
+                # its place, issue 10 #8): consumers miss it, so health goes red
+                m.health.count("relay_refused")
+                m.health.detail = f"relay refused an event: {str(e)[:120]}"
+                first = m.refused_at is None or trio.current_time() - m.refused_at > REFUSED_RED_S
+                m.refused_at = trio.current_time()
+                if first:
+                    log.error("relay refused an event of %s (%s); health is red (counted in "
+                              "relay_refused)", item.bridge, e)
+                return
             log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
+
+    def _log_writable(self) -> bool:
+        return self.session_log.writable()
+
+    def _log_result(self, bridge: str, written: bool) -> None:
+        m = self.members.get(bridge)
+        if m is not None:
+            m.ctx.log_result(written)
 
     # -- shutdown --------------------------------------------------------------
     async def drain(self) -> None:
@@ -328,6 +357,11 @@ class Fleet:
             if m.sink is not None:
                 m.health.relay = m.sink.connected
             bridges[name] = m.health.public()
+            refused = max((t for t in (m.refused_at, getattr(m.uplink, "refused_at", None))
+                           if t is not None), default=None)
+            if refused is not None and trio.current_time() - refused < REFUSED_RED_S:
+                bridges[name]["ok"] = False
+                bridges[name]["refused"] = True
             if authorized:
                 bridges[name]["counters"] = dict(m.health.counters)
                 if m.health.detail:

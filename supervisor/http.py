@@ -18,6 +18,7 @@ log = logging.getLogger("aep.http")
 
 
 async def serve_asgi(app: App, host: str, port: int, shutdown: trio.Event, *,
+                     max_connections: int | None = None,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set (graceful,
     1 s for open handlers), reporting the bound address as a one-element
@@ -36,7 +37,7 @@ async def serve_asgi(app: App, host: str, port: int, shutdown: trio.Event, *,
 
     await serve_app(app, bind_socket(host, port), shutdown,
                     config=hyper_config(graceful_timeout=1.0, errorlog="hypercorn.error"),
-                    task_status=_Started())
+                    max_connections=max_connections, task_status=_Started())
 
 
 def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> App:

@@ -169,6 +169,9 @@ class Uplink:
         self._running = False
         self._stopped = trio.Event()
         self._run_scope: trio.CancelScope | None = None
+        #: trio.current_time() of the relay's last refusal of one of our
+        #: events (an ``error`` frame with a ``cause``): health turns red (#8)
+        self.refused_at: float | None = None
         self._c: dict[str, int] = {
             "sent": 0, "connects": 0, "disconnects": 0, "connect_failures": 0,
             "commands": 0, "commands_dropped": 0, "relay_errors": 0, "malformed_frames": 0,
@@ -380,6 +383,9 @@ class Uplink:
             elif kind == "error":
                 self._c["relay_errors"] += 1
                 code = str(msg.get("code") or "error")
+                if msg.get("cause") and code == "invalid-event":
+                    self._c["relay_refused"] = self._c.get("relay_refused", 0) + 1
+                    self.refused_at = trio.current_time()
                 self._log_once(code, "uplink %s: relay error %s%s (cause %s)", self.name, code,
                                f": {msg.get('detail')}" if msg.get("detail") else "",
                                msg.get("cause"))

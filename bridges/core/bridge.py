@@ -17,7 +17,7 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple, NotRequired, Protocol, Required, TypedDict
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, NotRequired, Protocol, Required, TypedDict
 
 import trio
 
@@ -149,6 +149,50 @@ class BridgeContext:
         self.commands = commands
         self.health = health
         self.log = log
+        self._sent = 0  # first deliveries put on the channel (log tickets)
+        self._done = 0  # of those, how many the fleet has written or failed
+        self._failed_at = 0  # the latest ticket the session log could not write
+        self._progress = trio.Event()
+        self._attached = False
+        self._writable: Callable[[], bool] = lambda: True
+
+    # -- the durable log's verdicts (set by the fleet) --------------------------------
+    def attach_log(self, writable: Callable[[], bool]) -> None:
+        """Called by the fleet: this context's first deliveries are written
+        to the session log by the fleet's pump, which reports each through
+        :meth:`log_result`; ``writable()`` says whether the log writes now."""
+        self._attached = True
+        self._writable = writable
+
+    def log_result(self, written: bool) -> None:
+        """The fleet's verdict on this context's next first delivery, in order."""
+        self._done += 1
+        if not written:
+            self._failed_at = self._done
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def log_writable(self) -> bool:
+        """Whether the session log writes right now (false while the disk is full)."""
+        return self._writable()
+
+    def log_mark(self) -> int:
+        """A mark for :meth:`logged_since`: what has been sent so far."""
+        return self._sent
+
+    async def logged_since(self, mark: int, within_s: float = 10.0) -> bool:
+        """Wait (at most ``within_s`` seconds) until everything sent after ``mark``
+        has reached the session log; ``True`` when all of it was written,
+        ``False`` when a line could not be (or the wait timed out). Sends of
+        concurrent requests in between count too (conservative: a refusal
+        only costs the sender a retry)."""
+        if not self._attached:
+            return True
+        target = self._sent
+        with trio.move_on_after(within_s):
+            while self._done < target:
+                await self._progress.wait()
+        return self._done >= target and self._failed_at <= mark
 
     @property
     def agent(self) -> str:
@@ -167,6 +211,7 @@ class BridgeContext:
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
         await self._channel.send(Outbound(self.name, ev))
+        self._sent += 1
         return ev
 
     def emit_nowait(self, session: str | None, emission: Emission, *, run: str | None = None,
@@ -183,6 +228,7 @@ class BridgeContext:
             self._channel.send_nowait(Outbound(self.name, ev))
         except trio.WouldBlock:  # raced to full between check and send
             raise Saturated(self.name) from None
+        self._sent += 1
         return ev
 
     def saturated(self) -> bool:

@@ -106,6 +106,10 @@ class Stamper:
         base = f"aep://{self.host}/agent/{self.agent}"
         return f"{base}/session/{session}" if session else base
 
+    def knows(self, session: str) -> bool:
+        """Whether this stamper has stamped a sequenced event for ``session``."""
+        return session in self._seq
+
     def next_seq(self, session: str) -> int:
         seq = self._seq.get(session, 0)
         self._seq[session] = seq + 1

@@ -148,7 +148,9 @@ class OtlpRun:
         posture = Posture(agent=profile.agent, mode="primary" if config.primary else "companion",
                           policy=ctx.stamper.policy)
         self.admission = Admission(ctx, profile, posture, emit_grace=emit_grace,
-                                   retry_after=retry_after)
+                                   retry_after=retry_after,
+                                   max_new_sessions=config.max_new_sessions,
+                                   new_sessions_per_s=config.new_sessions_per_s)
         self.bound: dict[str, Address | None] = {"grpc": None, "http": None}
         self.serving = False
 
@@ -201,11 +203,12 @@ class OtlpRun:
                           ) -> None:
         health = self.ctx.health
         app = HttpReceiver(self.admission.export, max_body=self.config.max_body,
-                           on_problem=self.problem)
+                           on_problem=self.problem, body_timeout=self.config.body_timeout)
         await serve_http(app, listen, log=self.ctx.log.getChild("http"),
                          on_refused_host=partial(health.count, "otlp.refused_host"),
                          on_fault=lambda kind: health.count("otlp.connection_errors"),
-                         where=f"{self.name} OTLP/HTTP", task_status=task_status)
+                         where=f"{self.name} OTLP/HTTP",
+                         max_connections=self.config.max_connections, task_status=task_status)
 
     def problem(self, counter: str, line: str) -> None:
         """A transport refused a request: count it, keep the line as the

@@ -20,7 +20,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
@@ -165,27 +165,54 @@ def session_id(raw: object, notes: list[str]) -> str | None:
     return f"{safe}-{tag}" if safe else f"s-{tag}"
 
 
-def record_time(rec: dict[str, Any]) -> datetime | None:
+def record_time(rec: dict[str, Any], now: datetime | None = None,
+                notes: list[str] | None = None) -> datetime | None:
     """The moment a record describes: ``time_unix_nano``, else the vendor's
     ``event.timestamp`` attribute (RFC 3339; Codex stamps it while leaving
     the LogRecord timestamp unset), else ``observed_time_unix_nano``. ``None``
-    when none is usable (the stamper then uses the receive time)."""
-    for key in ("time_unix_nano",):
-        t = _from_nanos(rec.get(key))
+    when none is usable (the stamper then uses the receive time).
+
+    With ``now`` (the receive time; pure: the caller reads the clock), a
+    vendor time later than ``now`` + :data:`FUTURE_SLACK` or before
+    :data:`EARLIEST` is out of range (``2**64-1`` ns is year 2554): it is
+    skipped for the next candidate and ``otlp.time_out_of_range`` is noted
+    once per record (issue 10 #13)."""
+    out_of_range = False
+
+    def plausible(t: datetime | None) -> datetime | None:
+        nonlocal out_of_range
+        if t is None or now is None:
+            return t
+        if t < EARLIEST or t > now + FUTURE_SLACK:
+            out_of_range = True
+            return None
+        return t
+
+    try:
+        t = plausible(_from_nanos(rec.get("time_unix_nano")))
         if t:
             return t
-    ts = attrs(rec).get("event.timestamp")
-    if isinstance(ts, str) and 10 <= len(ts) <= 40:
-        try:
-            t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-        except ValueError:
-            t = None
-        if t is not None:
-            if t.tzinfo is None:
-                t = t.replace(tzinfo=timezone.utc)
-            if 1971 <= t.year <= 9998:
-                return t
-    return _from_nanos(rec.get("observed_time_unix_nano"))
+        ts = attrs(rec).get("event.timestamp")
+        if isinstance(ts, str) and 10 <= len(ts) <= 40:
+            try:
+                t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+            except ValueError:
+                t = None
+            if t is not None:
+                if t.tzinfo is None:
+                    t = t.replace(tzinfo=timezone.utc)
+                if 1971 <= t.year <= 9998 and (t := plausible(t)) is not None:
+                    return t
+        return plausible(_from_nanos(rec.get("observed_time_unix_nano")))
+    finally:
+        if out_of_range and notes is not None:
+            notes.append("otlp.time_out_of_range")
+
+
+EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+"""Vendor times before this are out of range (no exporter predates it)."""
+FUTURE_SLACK = timedelta(days=1)
+"""How far past the receive time a vendor time may be (clock skew)."""
 
 
 def _from_nanos(n: object) -> datetime | None:

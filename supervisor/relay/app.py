@@ -235,10 +235,16 @@ class RelayApp:
         if declared is not None and declared.isascii() and declared.isdigit() \
                 and (len(declared) > 19 or int(declared) > 2 * relay.max_body):
             return await respond(send, 413, too_large, close=True)
-        try:
-            body = await self._read_body(scope, receive)
-        except trio.BrokenResourceError:
-            return
+        body: bytes | None = b""
+        with trio.move_on_after(relay.body_timeout_s) as slow:
+            try:
+                body = await self._read_body(scope, receive)
+            except trio.BrokenResourceError:
+                return
+        if slow.cancelled_caught:  # headers came, the body did not (issue 10 #6)
+            relay.counters["body_timeouts"] = relay.counters.get("body_timeouts", 0) + 1
+            return await respond(send, 408, {"error": "body-timeout",
+                                             "max_seconds": relay.body_timeout_s}, close=True)
         if body is None:
             return await respond(send, 413, too_large, close=True)
         try:

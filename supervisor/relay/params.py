@@ -114,11 +114,12 @@ def parse_last_event_id(value: str) -> tuple[str, Position] | None:
         return None
 
 
-def parse_filter_json(text: str | None) -> Filter:
+def parse_filter_json(text: str | None, max_terms: int | None = None) -> Filter:
     """The SSE ``filter`` query parameter (JSON text; absent or empty: match
-    all) compiled; raises :class:`InvalidFilter`."""
+    all) compiled; raises :class:`InvalidFilter` (its subclass
+    :class:`~.attrmatch.FilterTooLarge` past ``max_terms`` alternatives)."""
     try:
-        return Filter(loads(text) if text else {})
+        return Filter(loads(text) if text else {}, max_terms=max_terms)
     except InvalidFilter:
         raise
     except ValueError:

@@ -20,7 +20,7 @@ import trio
 from bridges.core.asgi import ABORT_KEY, Receive, Scope, Send, respond
 from bridges.core.asgi import header as _header
 
-from .attrmatch import InvalidFilter
+from .attrmatch import FilterTooLarge, InvalidFilter
 from .connections import SocketConnection
 from .core import Relay
 from .outlet import CLOSED, TERMINATED, Outlet
@@ -48,9 +48,11 @@ async def serve_sse(relay: Relay, scope: Scope, receive: Receive, send: Send) ->
     goes."""
     q = _query(scope)
     try:
-        flt = parse_filter_json(q.get("filter"))
+        flt = parse_filter_json(q.get("filter"), relay.max_filter_terms)
         ceiling = parse_capture(q.get("capture") or None)
         plan_all, positions = parse_from_json(q.get("from"))
+    except FilterTooLarge as e:
+        return await respond(send, 400, {"error": "limit-exceeded", "detail": str(e)})
     except InvalidFilter as e:
         return await respond(send, 400, {"error": "invalid-filter", "detail": str(e)})
     if positions is not None and len(positions) > relay.max_from:
@@ -83,6 +85,7 @@ async def pump_sse(relay: Relay, outlet: Outlet, receive: Receive, send: Send) -
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(_watch_stuck, outlet)
             while True:
                 with trio.move_on_after(heartbeat) as idle:
                     payloads, end = await outlet.next_batch(linger=relay.sse_linger())
@@ -117,11 +120,20 @@ async def serve_socket(relay: Relay, scope: Scope, receive: Receive, send: Send)
     conn = relay.open_socket(relay.authenticated(scope["headers"], scope.get("query_string", b"")))
     conn.outlet.abort = scope.get("state", {}).get(ABORT_KEY)
     last_rx = [trio.current_time()]
+    peer_gone = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_ws_reader, conn, receive, nursery.cancel_scope, last_rx)
+            nursery.start_soon(_ws_reader, conn, receive, nursery.cancel_scope, last_rx, peer_gone)
             nursery.start_soon(_ws_pinger, relay, conn, last_rx)
-            await _ws_writer(conn, send)
+            nursery.start_soon(_watch_stuck, conn.outlet)
+            if await _ws_writer(conn, send):
+                # we sent a close frame: finish the close handshake (RFC 6455
+                # §7.1.1) by waiting, bounded, for the peer's. Returning at once
+                # drops TCP under the peer's reply; the reset then discards what
+                # it had not read yet (issue 10 #1: Node's WebSocket lost the
+                # error frame and saw 1006)
+                with trio.move_on_after(relay.ws_close_wait_s):
+                    await peer_gone.wait()
             nursery.cancel_scope.cancel()
     except Exception as e:  # noqa: BLE001 -- one socket's fault stays with it
         if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
@@ -131,12 +143,15 @@ async def serve_socket(relay: Relay, scope: Scope, receive: Receive, send: Send)
 
 
 async def _ws_reader(conn: SocketConnection, receive: Receive,
-                     scope: trio.CancelScope, last_rx: list[float]) -> None:
+                     scope: trio.CancelScope, last_rx: list[float],
+                     peer_gone: trio.Event | None = None) -> None:
     while True:
         msg = await receive()
         last_rx[0] = trio.current_time()
         t = msg["type"]
         if t == "websocket.disconnect":
+            if peer_gone is not None:
+                peer_gone.set()
             scope.cancel()
             return
         if t != "websocket.receive":
@@ -161,7 +176,8 @@ async def _ws_pinger(relay: Relay, conn: SocketConnection, last_rx: list[float])
         conn.ping(int(now * 1000))
 
 
-async def _ws_writer(conn: SocketConnection, send: Send) -> None:
+async def _ws_writer(conn: SocketConnection, send: Send) -> bool:
+    """Write the outlet until its end; ``True`` when a close frame was sent."""
     outlet = conn.outlet
     while outlet.state != CLOSED:
         payloads, end = await outlet.next_batch()
@@ -171,7 +187,8 @@ async def _ws_writer(conn: SocketConnection, send: Send) -> None:
             code, reason = end if isinstance(end, tuple) else (1000, "")
             await _send_shielded(outlet, send, {"type": "websocket.close", "code": code,
                                                 "reason": reason})
-            return
+            return True
+    return False
 
 
 async def _send_shielded(outlet: Outlet, send: Send, message: dict[str, Any]) -> None:
@@ -180,11 +197,26 @@ async def _send_shielded(outlet: Outlet, send: Send, message: dict[str, Any]) ->
     its connection half torn down. A send stuck on a peer that stopped
     reading is ended by :meth:`Outlet.kill` (socket abort) instead."""
     outlet.in_send = True
+    outlet.send_started = trio.current_time()
     try:
         with trio.CancelScope(shield=True):
             await send(message)
     finally:
         outlet.in_send = False
+    # a send to a peer that is gone returns without yielding: without this
+    # checkpoint a writer with a long replay spins the loop to the end of it,
+    # and never sees its own cancellation (issue 10 #3)
+    await trio.lowlevel.checkpoint()
+
+
+async def _watch_stuck(outlet: Outlet) -> None:
+    """Shed the consumer once its writer is stuck (issue 10 #7; no offer may
+    come to notice it: traffic can stop while the stuck one holds its queue)."""
+    period = max(outlet.hub.stuck_s / 4, 0.05)
+    while outlet.state not in (TERMINATED, CLOSED):
+        await trio.sleep(period)
+        if outlet.shed_if_stuck():
+            return
 
 
 async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
