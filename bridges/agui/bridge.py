@@ -1,0 +1,168 @@
+"""The AG-UI bridge (``Bridge`` protocol, :mod:`bridges.core.bridge`): the
+tee proxy on ``AEP_AGUI_LISTEN`` in front of ``AEP_AGUI_UPSTREAM``.
+
+Design record: ``shared/aep/docs/bridge-agui-design.md``. Read-only channel
+(the record: "no control claim"): ``control: {accepts: []}``, and every
+command routed here anyway is nacked ``unsupported`` by a ledger given no
+write path. ``/healthz`` ``source`` is the upstream's reachability, known
+lazily (a proxy has no standing upstream connection): probed at start and
+while it is down, then kept by every proxied request.
+
+Per-run state: :meth:`AguiBridge.run` builds a :class:`_Run` (the upstream
+client, the proxy app, the probe); nothing of a run is kept on the bridge
+object, so a restart starts clean.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import trio
+from hypercorn.config import Config as HypercornConfig
+
+from bridges.core import capture as _capture
+from bridges.core.backoff import backoff_delay
+from bridges.core.bridge import BridgeContext
+from bridges.core.capture import CapturePolicy
+from bridges.core.ledger import CommandLedger
+from bridges.core.settings import Address, bindable
+
+from .config import AguiConfig
+from .mapping import Posture
+from .proxy import TeeProxy, new_client
+from .tee import Tee, run_input_ids
+
+ACK_WINDOW_MS = 10_000
+EMITS = ("run", "tool", "state", "x.agui")
+PROBE_INITIAL, PROBE_MAX = 1.0, 30.0
+
+
+class AguiBridge:
+    """One AG-UI agent server behind the tee proxy, as one AEP emitter
+    (``name`` ``agui``, ``agent`` = ``config.agent``). ``problems``: the
+    config's problem lines, reported by :meth:`preflight`."""
+
+    name = "agui"
+
+    def __init__(self, config: AguiConfig, policy: CapturePolicy | None = None,
+                 problems: list[str] | None = None) -> None:
+        self.config = config
+        self.agent = config.agent
+        self.policy = policy or CapturePolicy()
+        self._problems = list(problems or [])
+
+    def capabilities(self) -> dict[str, Any]:
+        """The ``hello`` block (AEP-0003 §4): read-only, ``accepts: []``."""
+        return {"emits": list(EMITS),
+                "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),
+                "control": {"accepts": [], "ack_window_ms": ACK_WINDOW_MS}}
+
+    def listeners(self) -> dict[str, Address | None]:
+        """The configured listener: ``{"http": (host, port)}``."""
+        return {"http": self.config.listen}
+
+    def preflight(self, *, check_ports: bool = True) -> list[str]:
+        """The config's problems, then (``check_ports``) the listener probe."""
+        problems = list(self._problems)
+        host, port = self.config.listen
+        if check_ports and not problems and not bindable(host, port):
+            problems.append(f"AEP_AGUI_LISTEN={host}:{port}: address in use or not bindable")
+        return problems
+
+    def posture(self) -> Posture:
+        return Posture(self.policy, deltas=self.config.deltas)
+
+    async def run(self, ctx: BridgeContext, *,
+                  task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
+        """Bind the listener, report its bound ``(host, port)`` through
+        ``task_status.started``, proxy until cancelled. Raises ``OSError``
+        when the listener cannot bind, ``RuntimeError`` without an upstream
+        (both are :meth:`preflight` lines first)."""
+        if not self.config.upstream:
+            raise RuntimeError("AEP_AGUI_UPSTREAM is not set")
+        ctx.health.control = False
+        async with new_client() as client:
+            run = _Run(self.config, Posture(ctx.stamper.policy, deltas=self.config.deltas),
+                       ctx, client)
+            await run.serve(task_status)
+
+
+class _Run:
+    """Everything one run of the bridge owns."""
+
+    def __init__(self, config: AguiConfig, posture: Posture, ctx: BridgeContext,
+                 client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.posture = posture
+        self.ctx = ctx
+        self.client = client
+        self.app = TeeProxy(config.upstream, client, self.open_tee, ctx.health)
+
+    def open_tee(self, body_peek: bytes) -> Tee:
+        session, run = run_input_ids(body_peek)
+        return Tee(self.ctx, self.posture, session_hint=session, run_hint=run,
+                   max_event=self.config.max_event)
+
+    async def serve(self, task_status: trio.TaskStatus[Address]) -> None:
+        ctx = self.ctx
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._refuse_commands)
+            address = await nursery.start(self._listen)
+            nursery.start_soon(self._probe)
+            ctx.log.info("agui proxy listening on %s:%d -> %s", address[0], address[1],
+                         self.config.upstream)
+            task_status.started(address)
+
+    async def _refuse_commands(self) -> None:
+        async with CommandLedger(self.ctx, (), ack_window_ms=ACK_WINDOW_MS) as ledger:
+            await ledger.serve(self.ctx.commands)
+
+    async def _listen(self, *, task_status: trio.TaskStatus[Address]) -> None:
+        """hypercorn through the relay's hardened serving loop (a faulting
+        connection is closed and counted, HTTP/1.1 only), behind the
+        DNS-rebinding guard on a loopback bind (``agui.refused_host``): the
+        proxy sets ``Host`` to the upstream's, so without the guard a
+        rebinding page would get past any Host check the agent has."""
+        from supervisor.relay.app import host_guard
+        from supervisor.relay.serve import bind_socket, serve_app
+
+        ctx = self.ctx
+        cfg = HypercornConfig()
+        cfg.accesslog = None
+        cfg.errorlog = ctx.log.getChild("http")
+        cfg.graceful_timeout = 1.0
+        cfg.include_date_header = False    # the agent's own Date and Server go through
+        cfg.include_server_header = False
+        cfg.keep_alive_timeout = 75
+        host, port = self.config.listen
+        sock = bind_socket(host, port)
+        app = host_guard(self.app, on_refuse=lambda: ctx.health.count("agui.refused_host"))
+
+        class _Started:
+            def started(self, addr: tuple[str, int]) -> None:
+                task_status.started((host, addr[1]))
+
+        await serve_app(app, sock, trio.Event(), config=cfg, task_status=_Started(),
+                        on_fault=lambda kind: ctx.health.count("agui.connection_errors"),
+                        where=f"agui proxy {host}:{sock.getsockname()[1]}")
+
+    async def _probe(self) -> None:
+        """``source``: ``True`` once the upstream answers anything (any
+        status); re-probed with backoff while it does not."""
+        health = self.ctx.health
+        attempt = 0
+        while True:
+            if health.source is True:
+                attempt = 0
+                await trio.sleep(PROBE_MAX / 6)
+                continue
+            try:
+                resp = await self.client.get(self.config.upstream + "/", timeout=5.0)
+                await resp.aclose()
+                health.source = True
+                health.detail = None
+            except httpx.HTTPError as e:
+                health.source = False
+                health.detail = f"upstream unreachable ({type(e).__name__})"
+                await trio.sleep(backoff_delay(attempt, PROBE_INITIAL, PROBE_MAX))
+                attempt += 1
