@@ -29,7 +29,8 @@ class SseEvent:
     """One dispatched event: ``data`` (lines joined by ``\\n``), ``event``
     (the ``event:`` field, ``None`` when absent), ``id`` (``None`` when
     absent); ``oversize``: over the cap, ``data`` then holds only the first
-    :data:`PEEK` bytes; ``size``: bytes the event occupied on the wire."""
+    :data:`PEEK` bytes; ``size``: bytes of the event's lines, each
+    line break counted as one byte."""
 
     data: str
     event: str | None = None

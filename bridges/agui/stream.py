@@ -231,7 +231,10 @@ class TeeStream:
             return event  # a message whose start was never seen: as it stands
         joined = dict(event)
         joined.setdefault("role", msg.role)
-        joined["content"] = "".join(msg.parts) if msg.had_text else ""
+        if not msg.had_text:
+            joined["content"] = ""  # streamed no text: no reply (the mapping drops it)
+        elif self._keep_text:
+            joined["content"] = "".join(msg.parts)
         return joined
 
     # ------------------------------------------------------------------ scope
