@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from bridges.agui.config import SETTINGS as AGUI_SETTINGS
 from bridges.core.capture import CapturePolicy
 from bridges.core.paths import state_dir
 from bridges.core.settings import EnvReader, bindable
@@ -42,6 +43,7 @@ FLEET: tuple[BridgeSpec, ...] = (
     BridgeSpec("kimi_web", "AEP_BRIDGE_KIMI_WEB", False, None),
     BridgeSpec("otlp_in", "AEP_BRIDGE_OTLP_IN", True, "bridges.otlp_in:from_env"),
     BridgeSpec("acp", "AEP_BRIDGE_ACP", False, None),
+    BridgeSpec("agui", "AEP_BRIDGE_AGUI", False, "bridges.agui:from_env"),
 )
 _FLAGS = {s.flag for s in FLEET}
 
@@ -62,6 +64,7 @@ KNOWN_SETTINGS = frozenset({
     "AEP_OPENHANDS_DELTAS", "AEP_OPENHANDS_CONTROL", "AEP_OPENHANDS_ACK_GUARD_MS",
     *(f"AEP_{v}_{k}" for v in ("OPENCODE", "KILOCODE")
       for k in ("URL", "USERNAME", "PASSWORD", "SSE_PRIMARY", "SSE_CONTROL", "SSE_ACK_GUARD_MS")),
+    *(s.name for s in AGUI_SETTINGS),
     # scripts/dev and the test suite
     "AEP_PYTHON", "AEP_PYTHON312", "AEP_SHARED", "AEP_VENDOR_CACHE",
 }) | _FLAGS

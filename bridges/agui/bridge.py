@@ -148,7 +148,8 @@ class _Run:
 
     async def _probe(self) -> None:
         """``source``: ``True`` once the upstream answers anything (any
-        status); re-probed with backoff while it does not."""
+        status; a ``GET`` of its base whose body is never read); re-probed
+        with backoff while it does not."""
         health = self.ctx.health
         attempt = 0
         while True:
@@ -157,8 +158,9 @@ class _Run:
                 await trio.sleep(PROBE_MAX / 6)
                 continue
             try:
-                resp = await self.client.get(self.config.upstream + "/", timeout=5.0)
-                await resp.aclose()
+                # the status line is the answer: the body is never read
+                async with self.client.stream("GET", self.config.upstream + "/", timeout=5.0):
+                    pass
                 health.source = True
                 health.detail = None
             except httpx.HTTPError as e:
