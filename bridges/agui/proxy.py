@@ -215,6 +215,7 @@ class TeeProxy:
                     tee: Tee | None, body_done: trio.Event) -> None:
         health = self.health
         gone = False
+        finished = False  # the upstream's body ended: a disconnect after that is no fault
         failed: str | None = None
         async with trio.open_nursery() as nursery:
 
@@ -236,13 +237,14 @@ class TeeProxy:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     if tee is not None:
                         tee.feed(chunk)
+                finished = True
                 await send({"type": "http.response.body", "body": b""})
             except httpx.HTTPError as e:
                 failed = type(e).__name__
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 gone = True  # the UI's socket went away under a send
             nursery.cancel_scope.cancel()
-        if gone:
+        if gone and not finished:
             health.count("agui.client_disconnects")
             if tee is not None:
                 tee.close("client_disconnected")

@@ -134,10 +134,11 @@ class AguiDaemon(DaemonProcess):
     """The daemon with ``AEP_BRIDGE_AGUI=1`` in front of ``upstream``, its
     proxy on a free port (:attr:`proxy_url`)."""
 
-    def __init__(self, state: Path, upstream: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, state: Path, upstream: str, env: dict[str, str] | None = None, *,
+                 token: str | None = None) -> None:
         self.upstream = upstream
         self.proxy_port = free_port()
-        super().__init__(state, env)
+        super().__init__(state, env, token=token)
 
     def vendor_env(self) -> dict[str, str]:
         return {"AEP_BRIDGE_AGUI": "1", "AEP_BRIDGE_OTLP_IN": "0",
