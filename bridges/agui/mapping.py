@@ -272,9 +272,8 @@ def _state_snapshot(ev: dict[str, Any], posture: Posture) -> Emission:
 def _state_delta(ev: dict[str, Any], posture: Posture) -> Emission:
     data = _common(ev)
     patch = ev.get("delta")
-    ops = _ops(patch)
-    if ops is not None:
-        data["ops"] = ops
+    if isinstance(patch, list):
+        data["ops"] = len(patch)  # structure, at metadata (pin state_delta)
         if posture.level("state.delta") >= _REDACTED and all(isinstance(p, dict) for p in patch):
             data["delta"] = patch
     return {"type": "state.delta", "data": data}

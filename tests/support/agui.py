@@ -39,6 +39,7 @@ def require_pydantic_ai() -> str:
     test dependency is missing."""
     try:
         from importlib.metadata import version
+
         import pydantic_ai.ui.ag_ui  # noqa: F401
         return version("pydantic-ai-slim")
     except ImportError as e:  # pragma: no cover - the test extra installs it

@@ -64,7 +64,7 @@ def tap(app, directory: str):
             run_id = str(json.loads(body).get("runId") or "none")
         except ValueError:
             run_id = "none"
-        out = open(os.path.join(directory, f"{run_id}.sse"), "wb")
+        out = open(os.path.join(directory, f"{run_id}.sse"), "wb")  # noqa: ASYNC230 -- a test tap
 
         async def replay():
             return messages.pop(0) if messages else await receive()

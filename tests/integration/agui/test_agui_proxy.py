@@ -303,7 +303,7 @@ async def test_an_endless_stream_flows_until_the_ui_leaves():
                             b'data: {"type":"TEXT_MESSAGE_CONTENT","messageId":"m","delta":"'
                             + b"y" * 1000 + b'"}\n\n'})
                 sent += 1
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
 
     async with upstream(endless) as up, proxy(up, policy=CapturePolicy(ceiling="redacted")) as h:
         got = 0

@@ -12,10 +12,9 @@ import copy
 
 import pytest
 
+from bridges.agui.mapping import DEPRECATED_ALIASES, EVENT_TYPES, MALFORMED_TYPE, Posture, map_event, pin_view
 from bridges.core.capture import CapturePolicy, digest
 from bridges.core.envelope import Stamper
-from bridges.agui.mapping import (
-    DEPRECATED_ALIASES, EVENT_TYPES, MALFORMED_TYPE, Posture, map_event, pin_view)
 from tests.support.schema import validate_event
 from tests.support.shared import fixture
 
