@@ -43,6 +43,7 @@ Faults (each a test in ``tests/unit/agui/test_agui_proxy.py``):
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Callable
 
 import httpx
@@ -245,6 +246,12 @@ class TeeProxy:
                 gone = True  # the UI's socket went away under a send
             nursery.cancel_scope.cancel()
         if gone and not finished:
+            if trio.current_effective_deadline() == -math.inf:
+                # the bridge itself is being stopped (hypercorn tells the app
+                # "disconnect" as it goes): not the UI's doing
+                if tee is not None:
+                    tee.close("proxy_stopped")
+                return
             health.count("agui.client_disconnects")
             if tee is not None:
                 tee.close("client_disconnected")

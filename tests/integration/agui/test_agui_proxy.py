@@ -82,6 +82,11 @@ async def proxy(upstream: str, *, policy: CapturePolicy | None = None, deltas: b
         h.url = f"http://{host}:{port}"
         yield h
         nursery.cancel_scope.cancel()
+    while True:  # what the bridge emitted on its way out
+        try:
+            h.events.append(recv.receive_nowait().event)
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
 
 
 @asynccontextmanager
@@ -394,3 +399,30 @@ async def test_run_state_is_per_run_not_on_the_bridge():
             await post(h.url)
             await h.settle(lambda h: h.of("run.finished"))
         assert vars(h.bridge) == before
+
+
+async def test_stopping_the_bridge_mid_stream_closes_the_run_and_the_upstream_request():
+    upstream_saw_disconnect = trio.Event()
+
+    async def hang(scope, receive, send):
+        if await http_body(scope, receive, send) is None:
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        await send({"type": "http.response.body", "more_body": True, "body":
+                    b'data: {"type":"RUN_STARTED","threadId":"t","runId":"r"}\n\n'})
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        upstream_saw_disconnect.set()
+
+    async with upstream(hang) as up:
+        async with proxy(up) as h:
+            async with httpx.AsyncClient(trust_env=False) as c:
+                async with c.stream("POST", h.url + "/", content=b"{}") as r:
+                    chunks = r.aiter_raw()  # kept open: the UI is still reading
+                    assert b"RUN_STARTED" in await chunks.__anext__()
+                    await h.settle(lambda h: h.of("run.started"))
+                    h.nursery.cancel_scope.cancel()  # the supervisor stops the bridge
+        with trio.fail_after(10):
+            await upstream_saw_disconnect.wait()
+    assert [e["type"] for e in h.events] == ["run.started", "run.failed"]
+    assert h.of("run.failed")[0]["data"] == {"reason": "proxy_stopped"}
