@@ -80,3 +80,9 @@ def test_preflight_reports_a_taken_port():
         b = from_env({"AEP_AGUI_UPSTREAM": UP, "AEP_AGUI_LISTEN": f"127.0.0.1:{port}"})
         assert b.preflight() == [f"AEP_AGUI_LISTEN=127.0.0.1:{port}: address in use or not bindable"]
         assert b.preflight(check_ports=False) == []
+
+
+def test_the_readme_knob_table_is_the_settings_metadata():
+    from bridges.core.settings import render_table
+    from tests.support.daemon import ROOT
+    assert render_table(SETTINGS) in (ROOT / "README.md").read_text()
