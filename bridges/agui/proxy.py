@@ -15,9 +15,11 @@ agent; neither side is modified. Per request:
   adds no header of its own (no ``Accept-Encoding``, no ``User-Agent``):
   content negotiation stays between the UI and the agent.
 - **Streamed back untouched**: status, headers (minus hop-by-hop; the
-  agent's own ``Date``/``Server``), and the body's raw bytes (not decoded,
-  not re-chunked) sent to the UI chunk by chunk as they arrive, each chunk
-  flushed before anything else is done with it.
+  agent's own ``Date``/``Server``), and the body's raw bytes (not decoded)
+  written to the UI as they arrive, each write flushed before anything else
+  is done with it. Chunks that arrive while the previous write is still
+  going out are written together next (:data:`QUEUED_CHUNKS`): bytes and
+  order never change, nothing waits for a socket that is free.
 - **Teed**: only a ``text/event-stream`` response with no
   ``Content-Encoding``; the tee gets a copy of each chunk after it was sent
   (:class:`bridges.agui.tee.Tee`). Anything else (JSON, the protobuf
@@ -64,6 +66,15 @@ PEEK_BODY = 1 << 20
 """Bytes of the request body kept (beside forwarding it) to read the run
 input's ``threadId``/``runId``."""
 
+QUEUED_CHUNKS = 16
+"""Chunks read from the upstream while the UI's socket is still taking the
+previous write; they go out together in the next write (never held once the
+socket is free: under a light stream every chunk is its own write). With
+httpcore's 64 KiB reads, at most about 1 MiB is in flight per stream."""
+
+BATCH_BYTES = 256 * 1024
+"""Most bytes joined into one write."""
+
 EVENT_STREAM = "text/event-stream"
 PROTO_STREAM = "application/vnd.ag-ui.event+proto"
 
@@ -101,6 +112,19 @@ def new_client() -> httpx.AsyncClient:
                                trust_env=False, follow_redirects=False)
     client.headers.clear()
     return client
+
+
+def _ready(chunks: trio.MemoryReceiveChannel[bytes], first: bytes) -> list[bytes]:
+    """``first`` and every chunk already queued behind it (no waiting)."""
+    batch = [first]
+    size = len(first)
+    while size < BATCH_BYTES:
+        try:
+            batch.append(chunks.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+        size += len(batch[-1])
+    return batch
 
 
 class TeeProxy:
@@ -230,18 +254,33 @@ class TeeProxy:
                         nursery.cancel_scope.cancel()
                         return
 
+            chunks_in, chunks_out = trio.open_memory_channel[bytes](QUEUED_CHUNKS)
+
+            async def read_upstream() -> None:
+                nonlocal failed
+                async with chunks_in:
+                    try:
+                        async for chunk in response.aiter_raw():
+                            await chunks_in.send(chunk)
+                    except httpx.HTTPError as e:
+                        failed = type(e).__name__
+
             nursery.start_soon(watch)
+            nursery.start_soon(read_upstream)
             try:
                 await send({"type": "http.response.start", "status": response.status_code,
                             "headers": out_headers})
-                async for chunk in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    if tee is not None:
-                        tee.feed(chunk)
-                finished = True
-                await send({"type": "http.response.body", "body": b""})
-            except httpx.HTTPError as e:
-                failed = type(e).__name__
+                async with chunks_out:
+                    async for chunk in chunks_out:
+                        batch = _ready(chunks_out, chunk)
+                        await send({"type": "http.response.body", "body": b"".join(batch),
+                                    "more_body": True})
+                        if tee is not None:
+                            for c in batch:
+                                tee.feed(c)
+                if failed is None:
+                    finished = True
+                    await send({"type": "http.response.body", "body": b""})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 gone = True  # the UI's socket went away under a send
             nursery.cancel_scope.cancel()
