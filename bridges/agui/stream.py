@@ -132,7 +132,13 @@ class TeeStream:
         assert isinstance(event, dict)
         when = event_time(event)
         pre: list[Emission] = []
+        early: list[Moment] = []
         if t == "RUN_STARTED":
+            if self.run_open:
+                # a new run while one is open (the protocol forbids it): the
+                # old one is not left dangling on the AEP stream
+                early = self._moments([{"type": "run.failed", "data": {"reason": "superseded"}}],
+                                      None)
             self.session = _str(event.get("threadId")) or self.session
             self.run = _str(event.get("runId")) or self.run
             self.run_open = True
@@ -157,7 +163,7 @@ class TeeStream:
         elif t == "TEXT_MESSAGE_END":
             event = self._join_end(event)
         emissions = pre + map_event(event, self.posture)
-        moments = self._moments(emissions, when)
+        moments = early + self._moments(emissions, when)
         if t == "STEP_STARTED" and _str(event.get("stepName")):
             self.steps.append(event["stepName"])
         elif t == "STEP_FINISHED" and _str(event.get("stepName")) in self.steps:

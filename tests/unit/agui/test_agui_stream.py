@@ -169,3 +169,11 @@ def test_text_is_not_kept_at_metadata():
     st.feed({"type": "TEXT_MESSAGE_START", "messageId": "m"})
     st.feed({"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "secret words"})
     assert st.messages["m"].parts == [] and st.messages["m"].had_text
+
+
+def test_a_run_started_over_an_open_run_closes_the_old_one_first():
+    st = TeeStream()
+    st.feed({"type": "RUN_STARTED", "threadId": "t", "runId": "r1"})
+    got = st.feed({"type": "RUN_STARTED", "threadId": "t", "runId": "r2"})
+    assert [(m.run, m.emission["type"], m.emission["data"]) for m in got] == [
+        ("r1", "run.failed", {"reason": "superseded"}), ("r2", "run.started", {"trigger": "user"})]
