@@ -149,3 +149,21 @@ def test_ag_ui_validate_finds_nothing_wrong_in_the_proxied_stream(daemon, tmp_pa
     broken = tmp_path / "broken.sse"
     broken.write_bytes(cut)
     assert validate_capture(broken)["summary"]["errors"] >= 1
+
+
+def validate_live(url: str) -> dict:
+    exe = Path(sys.executable).with_name("ag-ui-validate")
+    if not exe.exists():
+        skip_loudly("ag-ui-validate (test extra, PyPI 0.4.0) is not installed")
+    proc = subprocess.run([str(exe), "--json", url], capture_output=True, text=True, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def test_ag_ui_validate_live_through_the_proxy_judges_it_as_the_agent_direct(server, daemon):
+    """Live mode also checks what a capture cannot: the Content-Type, chunk
+    timing, keep-alives, an abnormal end."""
+    direct, proxied = validate_live(server.url + "/"), validate_live(daemon.proxy_url + "/")
+    assert proxied["summary"] == direct["summary"] == {"errors": 0, "warnings": 0, "info": 0}
+    assert proxied["eventCount"] == direct["eventCount"] > 0
+    assert proxied["skipped"] == direct["skipped"]
