@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import httpx
@@ -112,6 +113,38 @@ def new_client() -> httpx.AsyncClient:
                                trust_env=False, follow_redirects=False)
     client.headers.clear()
     return client
+
+
+@dataclass
+class _Exchange:
+    """How one response copy went: ``gone`` (the UI left), ``finished``
+    (the upstream's body ended and was passed on whole), ``failed`` (the
+    upstream read failed: the exception's type name)."""
+
+    gone: bool = False
+    finished: bool = False
+    failed: str | None = None
+
+
+async def _watch_ui(receive: Any, body_done: trio.Event, ex: _Exchange,
+                    scope: trio.CancelScope) -> None:
+    """Once the request body is in, the next ASGI message is the UI's
+    disconnect: mark it and stop the copy (which cancels the upstream read)."""
+    await body_done.wait()
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    ex.gone = True
+    scope.cancel()
+
+
+async def _read_upstream(response: httpx.Response, chunks: trio.MemorySendChannel[bytes],
+                         ex: _Exchange) -> None:
+    async with chunks:
+        try:
+            async for chunk in response.aiter_raw():
+                await chunks.send(chunk)
+        except httpx.HTTPError as e:
+            ex.failed = type(e).__name__
 
 
 def _ready(chunks: trio.MemoryReceiveChannel[bytes], first: bytes) -> list[bytes]:
@@ -238,35 +271,13 @@ class TeeProxy:
     async def _pump(self, scope: dict[str, Any], receive: Any, send: Any,
                     response: httpx.Response, out_headers: list[tuple[bytes, bytes]],
                     tee: Tee | None, body_done: trio.Event) -> None:
-        health = self.health
-        gone = False
-        finished = False  # the upstream's body ended: a disconnect after that is no fault
-        failed: str | None = None
+        """Copy the response to the UI (three tasks: the UI watcher, the
+        upstream reader, the writer), then settle how it ended."""
+        ex = _Exchange()
+        chunks_in, chunks_out = trio.open_memory_channel[bytes](QUEUED_CHUNKS)
         async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                nonlocal gone
-                await body_done.wait()
-                while True:
-                    msg = await receive()
-                    if msg["type"] == "http.disconnect":
-                        gone = True
-                        nursery.cancel_scope.cancel()
-                        return
-
-            chunks_in, chunks_out = trio.open_memory_channel[bytes](QUEUED_CHUNKS)
-
-            async def read_upstream() -> None:
-                nonlocal failed
-                async with chunks_in:
-                    try:
-                        async for chunk in response.aiter_raw():
-                            await chunks_in.send(chunk)
-                    except httpx.HTTPError as e:
-                        failed = type(e).__name__
-
-            nursery.start_soon(watch)
-            nursery.start_soon(read_upstream)
+            nursery.start_soon(_watch_ui, receive, body_done, ex, nursery.cancel_scope)
+            nursery.start_soon(_read_upstream, response, chunks_in, ex)
             try:
                 await send({"type": "http.response.start", "status": response.status_code,
                             "headers": out_headers})
@@ -278,32 +289,33 @@ class TeeProxy:
                         if tee is not None:
                             for c in batch:
                                 tee.feed(c)
-                if failed is None:
-                    finished = True
+                if ex.failed is None:
+                    ex.finished = True
                     await send({"type": "http.response.body", "body": b""})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
-                gone = True  # the UI's socket went away under a send
+                ex.gone = True  # the UI's socket went away under a send
             nursery.cancel_scope.cancel()
-        if gone and not finished:
+        self._settle(scope, tee, ex)
+
+    def _settle(self, scope: dict[str, Any], tee: Tee | None, ex: "_Exchange") -> None:
+        health = self.health
+        if ex.gone and not ex.finished:
             if trio.current_effective_deadline() == -math.inf:
                 # the bridge itself is being stopped (hypercorn tells the app
                 # "disconnect" as it goes): not the UI's doing
-                if tee is not None:
-                    tee.close("proxy_stopped")
-                return
-            health.count("agui.client_disconnects")
-            if tee is not None:
-                tee.close("client_disconnected")
-            return
-        if failed is not None:
+                reason = "proxy_stopped"
+            else:
+                reason = "client_disconnected"
+                health.count("agui.client_disconnects")
+        elif ex.failed is not None:
+            reason = "upstream_error"
             health.count("agui.upstream_errors")
-            health.detail = f"upstream stream failed ({failed})"
-            if tee is not None:
-                tee.close("upstream_error")
+            health.detail = f"upstream stream failed ({ex.failed})"
             self._abort(scope)
-            return
+        else:
+            reason = "upstream_ended"
         if tee is not None:
-            tee.close("upstream_ended")
+            tee.close(reason)
 
     @staticmethod
     def _abort(scope: dict[str, Any]) -> None:

@@ -131,24 +131,35 @@ class TeeStream:
             return self._moments(map_event(event, self.posture), None)
         assert isinstance(event, dict)
         when = event_time(event)
-        pre: list[Emission] = []
+        early = self._open(event) if t == "RUN_STARTED" else []
+        event, pre = self._join(t, event)
+        moments = early + self._moments(pre + map_event(event, self.posture), when)
+        self._after(t, event)
+        return moments
+
+    def _open(self, event: dict[str, Any]) -> list[Moment]:
         early: list[Moment] = []
-        if t == "RUN_STARTED":
-            if self.run_open:
-                # a new run while one is open (the protocol forbids it): the
-                # old one is not left dangling on the AEP stream
-                early = self._moments([{"type": "run.failed", "data": {"reason": "superseded"}}],
-                                      None)
-            self.session = _str(event.get("threadId")) or self.session
-            self.run = _str(event.get("runId")) or self.run
-            self.run_open = True
-            self.steps.clear()
-        elif t == "TOOL_CALL_START":
+        if self.run_open:
+            # a new run while one is open (the protocol forbids it): the old
+            # one is not left dangling on the AEP stream
+            early = self._moments([{"type": "run.failed", "data": {"reason": "superseded"}}],
+                                  None)
+        self.session = _str(event.get("threadId")) or self.session
+        self.run = _str(event.get("runId")) or self.run
+        self.run_open = True
+        self.steps.clear()
+        return early
+
+    def _join(self, t: str, event: dict[str, Any]) -> tuple[dict[str, Any], list[Emission]]:
+        """Record what later events join on; re-attach what this one lacks.
+        Returns the (possibly enriched) event and emissions it stands for
+        beside its own (a chunk that starts a tool call)."""
+        if t == "TOOL_CALL_START":
             self._remember_tool(event)
         elif t == "TOOL_CALL_CHUNK":
-            pre = self._tool_chunk(event)
+            return event, self._tool_chunk(event)
         elif t == "TOOL_CALL_RESULT":
-            event = self._join_result(event)
+            return self._join_result(event), []
         elif t == "TEXT_MESSAGE_START":
             mid = _str(event.get("messageId"))
             if mid is not None:
@@ -161,17 +172,18 @@ class TeeStream:
         elif t == "TEXT_MESSAGE_CHUNK":
             self._text_chunk(event)
         elif t == "TEXT_MESSAGE_END":
-            event = self._join_end(event)
-        emissions = pre + map_event(event, self.posture)
-        moments = early + self._moments(emissions, when)
-        if t == "STEP_STARTED" and _str(event.get("stepName")):
-            self.steps.append(event["stepName"])
-        elif t == "STEP_FINISHED" and _str(event.get("stepName")) in self.steps:
-            self.steps.remove(event["stepName"])
+            return self._join_end(event), []
+        return event, []
+
+    def _after(self, t: str, event: dict[str, Any]) -> None:
+        name = _str(event.get("stepName"))
+        if t == "STEP_STARTED" and name:
+            self.steps.append(name)
+        elif t == "STEP_FINISHED" and name in self.steps:
+            self.steps.remove(name)
         elif t in ("RUN_FINISHED", "RUN_ERROR"):
             self.run_open = False
             self.steps.clear()
-        return moments
 
     def feed_malformed(self, emission: Emission) -> list[Moment]:
         """Scope an emission for an SSE event that never became an AG-UI
