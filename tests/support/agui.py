@@ -31,6 +31,21 @@ from tests.support.net import free_port
 from tests.support.vendors import npm_install, skip_loudly
 
 CLIENT_VERSION = "1.0.0"
+
+STORY = (
+    "run.started",
+    "x.agui.text_message.start",        # the empty parent of the tool calls: no end, no reply
+    "tool.requested", "tool.requested",  # lookup, plan
+    "tool.completed", "tool.completed",  # names joined from the starts
+    "run.step.started",                 # planning: the events inside carry step=planning
+    "state.snapshot", "state.delta", "x.agui.activity.snapshot", "x.agui.custom.event",
+    "run.step.finished",
+    "x.agui.text_message.start", "x.agui.text_message.end",  # the answer
+    "run.finished",
+)
+"""The AEP story of one run of :mod:`tests.support.agui_server`'s agent (the
+event sequence in ``tests/fixtures/agui_real/pydantic_ai_tool_run.sse``, each
+event mapped per the design record's table), at the default posture."""
 CLIENT_SCRIPT = Path(__file__).with_name("agui_client.js")
 
 

@@ -2,7 +2,7 @@
 // Usage: node agui_client.js URL THREAD_ID RUN_ID PROMPT
 // It POSTs the RunAgentInput with `Accept: text/event-stream`, parses the SSE
 // stream, runs verifyEvents over it and applies the events to its messages.
-// Prints one JSON line: {ok, events, messages, newMessages, error}.
+// Prints one JSON line: {ok, events, messages, state, newMessages, error}.
 const { HttpAgent } = require("@ag-ui/client");
 
 async function main() {
@@ -18,7 +18,7 @@ async function main() {
       onEvent: ({ event }) => { events.push(event); },
       onRunFailed: ({ error }) => { failed = String(error && error.message || error); },
     });
-    process.stdout.write(JSON.stringify({ ok: failed === null, events, messages: agent.messages,
+    process.stdout.write(JSON.stringify({ ok: failed === null, events, messages: agent.messages, state: agent.state,
                                           newMessages: result.newMessages, error: failed }) + "\n");
   } catch (e) {
     process.stdout.write(JSON.stringify({ ok: false, events, messages: agent.messages,

@@ -1,6 +1,6 @@
 """A real AG-UI agent server for the tests: pydantic-ai's AG-UI adapter
 (``pydantic_ai.ui.ag_ui.AGUIAdapter``, from ``pydantic-ai-slim[ag-ui]``)
-serving an agent with one tool, on its ``TestModel`` (no LLM: it calls every
+serving an agent with two tools, on its ``TestModel`` (no LLM: it calls every
 tool once, then answers with the tool results as JSON text), under hypercorn
 (asyncio worker) on loopback. Run as a process so pydantic-ai's asyncio loop
 stays out of the trio tests::
@@ -17,15 +17,18 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from ag_ui.core import (ActivitySnapshotEvent, CustomEvent, StateDeltaEvent, StateSnapshotEvent,
+                        StepFinishedEvent, StepStartedEvent)
+from pydantic_ai import Agent, ToolReturn
+from pydantic_ai.models.test import TestModel
+from pydantic_ai.ui.ag_ui import AGUIAdapter
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
 
 def build_app():
-    from pydantic_ai import Agent
-    from pydantic_ai.models.test import TestModel
-    from pydantic_ai.ui.ag_ui import AGUIAdapter
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import PlainTextResponse
-    from starlette.routing import Route
 
     agent = Agent(TestModel(), instructions="Answer about the weather, briefly.")
 
@@ -33,6 +36,21 @@ def build_app():
     def lookup(city: str) -> str:
         """Look up the weather of a city."""
         return f"sunny in {city}"
+
+    @agent.tool_plain
+    def plan(goal: str) -> ToolReturn:
+        """Plan the answer; publishes the shared state, a step, an activity and
+        a custom event the way pydantic-ai tools do (AG-UI events returned as
+        the tool return's metadata are streamed verbatim)."""
+        return ToolReturn(return_value=f"planned {goal}", metadata=[
+            StepStartedEvent(step_name="planning"),
+            StateSnapshotEvent(snapshot={"goal": goal, "steps": 2}),
+            StateDeltaEvent(delta=[{"op": "replace", "path": "/steps", "value": 3}]),
+            ActivitySnapshotEvent(message_id="activity-plan", activity_type="PLAN",
+                                  content={"steps": ["look", "answer"]}),
+            CustomEvent(name="demo.checkpoint", value={"at": "plan"}),
+            StepFinishedEvent(step_name="planning"),
+        ])
 
     async def run(request: Request):
         return await AGUIAdapter.dispatch_request(request, agent=agent)

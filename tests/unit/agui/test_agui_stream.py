@@ -13,6 +13,7 @@ from bridges.agui.sse import SseParser
 from bridges.agui.stream import TeeStream
 from bridges.core.capture import CapturePolicy, digest
 from bridges.core.envelope import Stamper
+from tests.support.agui import STORY
 from tests.support.schema import validate_stream
 from tests.support.shared import fixture
 
@@ -38,14 +39,19 @@ def test_real_pydantic_ai_run_tells_the_mapped_story():
                                                "TEXT_MESSAGE_END"]
     moments = feed_all(TeeStream(), events) + TeeStream().close("upstream_ended")
     types = [m.emission["type"] for m in moments]
-    assert types == ["run.started", "x.agui.text_message.start",          # the empty parent: no end
-                     "tool.requested", "tool.completed",
-                     "x.agui.text_message.start", "x.agui.text_message.end", "run.finished"]
+    assert tuple(types) == STORY
     assert {(m.session, m.run) for m in moments} == {("thread-capture-1", "run-capture-1")}
-    completed = next(m.emission for m in moments if m.emission["type"] == "tool.completed")
-    result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
-    assert completed["data"]["tool"] == {"name": "lookup", "call_id": result["toolCallId"]}
-    assert completed["data"]["result_digest"] == digest(result["content"])
+    completed = [m.emission for m in moments if m.emission["type"] == "tool.completed"]
+    results = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert [c["data"]["tool"] for c in completed] == [
+        {"name": "lookup", "call_id": results[0]["toolCallId"]},
+        {"name": "plan", "call_id": results[1]["toolCallId"]}]
+    assert [c["data"]["result_digest"] for c in completed] == [digest(r["content"]) for r in results]
+    inside = [m.emission for m in moments if m.emission["type"] in (
+        "state.snapshot", "state.delta", "x.agui.activity.snapshot", "x.agui.custom.event")]
+    assert {e.get("step") for e in inside} == {"planning"}
+    assert [e["data"] for e in inside] == [{}, {"ops": 1}, {"activity_type": "PLAN"},
+                                           {"name": "demo.checkpoint"}]
     # every moment carries the event's own timestamp as its time
     assert all(m.time is not None for m in moments)
 
