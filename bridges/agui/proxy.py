@@ -218,7 +218,17 @@ class TeeProxy:
             async for _ in body():
                 pass
             content = b""
-        request = self.client.build_request(scope["method"], url, headers=headers, content=content)
+        try:
+            request = self.client.build_request(scope["method"], url, headers=headers,
+                                                content=content)
+        except (httpx.InvalidURL, ValueError):  # a target httpx cannot form: the UI's error
+            health.count("agui.bad_requests")
+            refusal = b"aep-bridges AG-UI proxy: the request target cannot be forwarded\n"
+            await send({"type": "http.response.start", "status": 400, "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(refusal)).encode())]})
+            await send({"type": "http.response.body", "body": refusal})
+            return
         try:
             response = await self.client.send(request, stream=True)
         except _ClientGone:
