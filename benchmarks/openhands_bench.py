@@ -166,11 +166,11 @@ async def memory_per_conversation(n: int) -> dict[str, float]:
                 base_py = tracemalloc.get_traced_memory()[0]
                 base_rss = rss_mib()
                 t0 = time.perf_counter()
-                await nursery.start(bridge.run, ctx)
+                run = await nursery.start(bridge.run, ctx)
                 want = n * 6  # session.started + 5 mapped frames + run moments: at least this many
                 with trio.fail_after(300):
                     while True:
-                        convs = bridge.receiver.conversations
+                        convs = run.receiver.conversations
                         if health.source is True and len(convs) == n and all(
                                 c.status == "finished" and c.pending_snap is None
                                 for c in convs.values()) and events >= want:

@@ -52,6 +52,7 @@ from bridges.core.capture import CapturePolicy  # noqa: E402
 from bridges.core.envelope import Stamper  # noqa: E402
 from bridges.opencode_sse import PROFILE  # noqa: E402
 from bridges.sse_common.bridge import SseBridge  # noqa: E402
+from bridges.sse_common.config import SseConfig  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
 from supervisor.asgi import lifespan  # noqa: E402
@@ -139,7 +140,8 @@ async def floor_run(url: str, n_frames: int) -> float:
 
 async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
     """The bridge's path to the JSONL log; returns (seconds, events, counters)."""
-    bridge = SseBridge(PROFILE, url=url, primary=True, policy=CapturePolicy(),
+    bridge = SseBridge(PROFILE, SseConfig.defaults(PROFILE, url=url, primary=True),
+                       policy=CapturePolicy(),
                        receiver_settings=ReceiverSettings(degraded_interval=3600))
     send, recv = trio.open_memory_channel(4096)
     _, cmd_r = trio.open_memory_channel(1)

@@ -2,24 +2,37 @@
 / launchd ``EnvironmentVariables`` way). Names and defaults: the operator's
 interface table in ``shared/DESIGN.md``.
 
+The one config shape (issue 7; ``bridges/core/settings.py``): the daemon's
+core settings are a frozen, typed :class:`Config` built in one step by
+:func:`load`, with their metadata in :data:`SETTINGS`; each bridge owns
+its ``config.py`` with its own frozen dataclass, ``from_env`` and
+``SETTINGS``, named by its :class:`BridgeSpec` (``settings=``). The
+known-settings list (:func:`known_settings`, the misspelling check) and the
+README's knob tables (``python -m supervisor.knobs``) are generated from
+all that metadata.
+
 :func:`load` never raises for bad settings: it returns a :class:`Config` and a
 list of problems, one clear line each, so the CLI can refuse to start (exit
 2) before anything binds."""
 from __future__ import annotations
 
 import difflib
+import functools
+import importlib
+import logging
 import os
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
-from bridges.agui.config import SETTINGS as AGUI_SETTINGS
 from bridges.core.capture import CapturePolicy
 from bridges.core.paths import state_dir
-from bridges.core.settings import EnvReader, bindable
+from bridges.core.settings import EnvReader, Setting, bindable, check_fields
 
 from .relay.core import normalize_origin
+
+log = logging.getLogger("aep.config")
 
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
@@ -27,55 +40,141 @@ DEFAULT_LISTEN = "127.0.0.1:8787"
 @dataclass(frozen=True)
 class BridgeSpec:
     """One entry of the fleet: its enable flag, whether it is on by default,
-    and the ``module:function`` factory ``from_env(environ, *, policy)``
-    returning a bridge or a list of bridges (``None`` while not built)."""
+    the ``module:function`` factory ``from_env(environ, *, policy)``
+    returning a bridge or a list of bridges (``None`` while not built), the
+    ``module:NAME`` of its :class:`~bridges.core.settings.Setting` metadata
+    (``None`` while not built), and ``title``, the flag's README meaning."""
 
     key: str
     flag: str
     default: bool
     factory: str | None
+    settings: str | None = None
+    title: str = ""
+
+    @property
+    def built(self) -> bool:
+        return self.factory is not None
 
 
 FLEET: tuple[BridgeSpec, ...] = (
-    BridgeSpec("openhands", "AEP_BRIDGE_OPENHANDS", False, "bridges.openhands:from_env"),
-    BridgeSpec("opencode_sse", "AEP_BRIDGE_OPENCODE_SSE", False, "bridges.opencode_sse:from_env"),
-    BridgeSpec("kilocode_sse", "AEP_BRIDGE_KILOCODE_SSE", False, "bridges.kilocode_sse:from_env"),
-    BridgeSpec("kimi_web", "AEP_BRIDGE_KIMI_WEB", False, None),
-    BridgeSpec("otlp_in", "AEP_BRIDGE_OTLP_IN", True, "bridges.otlp_in:from_env"),
-    BridgeSpec("acp", "AEP_BRIDGE_ACP", False, None),
-    BridgeSpec("agui", "AEP_BRIDGE_AGUI", False, "bridges.agui:from_env"),
+    BridgeSpec("openhands", "AEP_BRIDGE_OPENHANDS", False, "bridges.openhands:from_env",
+               "bridges.openhands.config:SETTINGS", "the OpenHands bridge"),
+    BridgeSpec("opencode_sse", "AEP_BRIDGE_OPENCODE_SSE", False, "bridges.opencode_sse:from_env",
+               "bridges.opencode_sse.config:SETTINGS", "the OpenCode bridge"),
+    BridgeSpec("kilocode_sse", "AEP_BRIDGE_KILOCODE_SSE", False, "bridges.kilocode_sse:from_env",
+               "bridges.kilocode_sse.config:SETTINGS", "the Kilo Code bridge"),
+    BridgeSpec("kimi_web", "AEP_BRIDGE_KIMI_WEB", False, None, None, "the Kimi web bridge"),
+    BridgeSpec("otlp_in", "AEP_BRIDGE_OTLP_IN", True, "bridges.otlp_in:from_env",
+               "bridges.otlp_in.config:SETTINGS", "the OTel inbound bridge (Codex, VS Code)"),
+    BridgeSpec("acp", "AEP_BRIDGE_ACP", False, None, None, "the ACP bridge"),
+    BridgeSpec("agui", "AEP_BRIDGE_AGUI", False, "bridges.agui:from_env",
+               "bridges.agui.config:SETTINGS", "the AG-UI tee proxy"),
 )
 _FLAGS = {s.flag for s in FLEET}
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
-# Every AEP_* name something in this project reads (the README's tables),
-# so a misspelt setting is pointed out instead of silently ignored.
-KNOWN_SETTINGS = frozenset({
-    "AEP_TOKEN", "AEP_RELAY_URL", "AEP_LISTEN", "AEP_STATE_DIR", "AEP_BUFFER",
-    "AEP_MAX_SESSIONS", "AEP_MAX_BODY", "AEP_MAX_BATCH", "AEP_MAX_FROM", "AEP_CAPTURE",
-    "AEP_BUFFER_BYTES", "AEP_BUFFER_TOTAL_BYTES", "AEP_CORS_ORIGINS",
-    "AEP_CAPTURE_ATTENTION", "AEP_REDACT_NAMES", "AEP_REDACT_PII", "AEP_LOG_LEVEL",
-    "AEP_LOG_FORMAT", "AEP_AGENT_NAME",
-    "AEP_OTLP_GRPC_LISTEN", "AEP_OTLP_HTTP_LISTEN", "AEP_OTLP_VENDOR", "AEP_OTLP_PRIMARY",
-    "AEP_OTLP_MAX_BODY", "AEP_OTLP_CODEX_GRPC_LISTEN", "AEP_OTLP_CODEX_HTTP_LISTEN",
-    "AEP_OTLP_VSCODE_GRPC_LISTEN", "AEP_OTLP_VSCODE_HTTP_LISTEN",
-    "AEP_OPENHANDS_URL", "AEP_OPENHANDS_SESSION_API_KEY", "AEP_OPENHANDS_POLL",
-    "AEP_OPENHANDS_DELTAS", "AEP_OPENHANDS_CONTROL", "AEP_OPENHANDS_ACK_GUARD_MS",
-    *(f"AEP_{v}_{k}" for v in ("OPENCODE", "KILOCODE")
-      for k in ("URL", "USERNAME", "PASSWORD", "SSE_PRIMARY", "SSE_CONTROL", "SSE_ACK_GUARD_MS")),
-    *(s.name for s in AGUI_SETTINGS),
-    # scripts/dev and the test suite
-    "AEP_PYTHON", "AEP_PYTHON312", "AEP_SHARED", "AEP_VENDOR_CACHE",
-}) | _FLAGS
+SETTINGS: tuple[Setting, ...] = (
+    Setting("AEP_LISTEN", f"`{DEFAULT_LISTEN}`", "embedded relay and `/healthz` listener"),
+    Setting("AEP_TOKEN", "unset", "bearer token (`Authorization: Bearer` or `?access_token=`); "
+            "unset: watch-only, every command refused `unauthorized`", secret=True),
+    Setting("AEP_RELAY_URL", "unset", "a remote AEP relay (`http(s)://host:port`); each bridge "
+            "uplinks as its own emitter to `{url}/socket` with `AEP_TOKEN`"),
+    Setting("AEP_STATE_DIR", "`$XDG_STATE_HOME/aep-bridges` (`~/.local/state/aep-bridges`)",
+            "session logs (`logs/{agent}/{session}.jsonl`) and the persisted epoch"),
+    Setting("AEP_BUFFER", "`10000`", "relay replay buffer, events per session"),
+    Setting("AEP_MAX_SESSIONS", "`500`", "relay session cap (least recently written evicted)"),
+    Setting("AEP_MAX_BODY", "`16777216`",
+            "relay `POST /events` body limit in bytes (413 above it)"),
+    Setting("AEP_MAX_BATCH", "`10000`",
+            "events per NDJSON batch (413 `too-many-events` above it)"),
+    Setting("AEP_MAX_FROM", "`AEP_MAX_SESSIONS`",
+            "resume positions per `from` (SSE 400 / WS `limit-exceeded` above it)"),
+    Setting("AEP_BUFFER_BYTES", "`8388608`", "relay replay buffer bytes per session (oldest "
+            "trimmed first; a resume from before them gets `replay-exhausted`)"),
+    Setting("AEP_BUFFER_TOTAL_BYTES", "`268435456`", "relay replay bytes for all sessions "
+            "together (least recently written evicted first)"),
+    Setting("AEP_CORS_ORIGINS", "unset", "comma-separated browser origins "
+            "(`https://dash.example:8443`) allowed to read and post cross-origin and to open "
+            "`/socket`; unset: no cross-origin access without a token (with `AEP_TOKEN`, any "
+            "origin may read, the token still required). On a loopback listener a `Host` that "
+            "is not loopback is refused (DNS rebinding)"),
+    Setting("AEP_CAPTURE", "`metadata`", "capture ceiling: `none`, `metadata`, `redacted`, "
+            "`full` (`attention.*` at `redacted` by default)"),
+    Setting("AEP_CAPTURE_ATTENTION", "`redacted` (or `AEP_CAPTURE` when higher)",
+            "ceiling for `attention.*` (prompts stay readable); refused above `none` when "
+            "`AEP_CAPTURE=none`"),
+    Setting("AEP_REDACT_NAMES", "unset", "comma-separated environment variable names whose "
+            "values are redacted as secrets (AEP-0003 §9.4 b); the daemon's own tokens and "
+            "passwords always are"),
+    Setting("AEP_REDACT_PII", "`1`", "`0` turns off email/phone redaction at `redacted`"),
+    Setting("AEP_LOG_LEVEL", "`info`", "`debug`, `info`, `warning`, `error`, `critical`"),
+    Setting("AEP_LOG_FORMAT", "JSON lines unless stderr is a TTY", "`json` or `text`"),
+)
+"""The daemon's core settings (the README's core table, before the flags)."""
+
+FLAG_SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(s.flag, "`1`" if s.default else "`0`", s.title) for s in FLEET if s.built)
+"""One enable flag per bridge of this build (the end of the core table)."""
+
+DEV_SETTINGS: tuple[Setting, ...] = (
+    Setting("AEP_PYTHON", "the first Python >= 3.11 on `PATH`", "`scripts/dev`'s interpreter"),
+    Setting("AEP_PYTHON312", "`python3.12` on `PATH`, or pyenv",
+            "the interpreter the OpenHands agent server is installed with (tests)"),
+    Setting("AEP_SHARED", "`../shared`", "the spec, design records and fixtures (tests)"),
+    Setting("AEP_VENDOR_CACHE", "`${XDG_CACHE_HOME:-~/.cache}/aep-bridges/vendors`",
+            "where the tests install the real vendor software"),
+)
+"""Names ``scripts/dev`` and the test suite read (known, not daemon knobs)."""
+
+def bridge_settings(spec: BridgeSpec) -> tuple[Setting, ...]:
+    """The settings metadata of ``spec`` (``()`` for a bridge not built).
+    Raises ``ImportError`` / ``AttributeError`` when its module is broken."""
+    if spec.settings is None:
+        return ()
+    mod_name, _, attr = spec.settings.partition(":")
+    return tuple(getattr(importlib.import_module(mod_name), attr))
 
 
-@dataclass
+@functools.lru_cache(maxsize=1)
+def known_settings() -> frozenset[str]:
+    """Every ``AEP_*`` name something in this project reads, generated from
+    the metadata (core, flags, every built bridge's, the dev/test names),
+    so a misspelt setting is pointed out instead of silently ignored. A
+    bridge whose settings cannot be imported is skipped (its factory's load
+    failure is reported when it is enabled)."""
+    out = {s.name for s in SETTINGS + DEV_SETTINGS} | _FLAGS
+    for spec in FLEET:
+        try:
+            out |= bridge_setting_names(spec)
+        except (ImportError, AttributeError) as e:
+            log.debug("settings of %s unavailable: %s", spec.key, e)
+    return frozenset(out)
+
+
+def bridge_setting_names(spec: BridgeSpec) -> frozenset[str]:
+    """The concrete variable names ``spec``'s bridge reads: its module's
+    ``SETTING_NAMES`` when it has one (a documented name with a
+    ``{VENDOR}``-style placeholder expands to several), else the names of
+    its settings metadata."""
+    if spec.settings is None:
+        return frozenset()
+    mod = importlib.import_module(spec.settings.partition(":")[0])
+    names = getattr(mod, "SETTING_NAMES", None)
+    if names is not None:
+        return frozenset(names)
+    return frozenset(s.name for s in bridge_settings(spec) if "{" not in s.name)
+
+
+@dataclass(frozen=True)
 class Config:
-    """The parsed daemon settings. ``environ`` is kept for the bridges' own
-    ``from_env`` readers; it is never logged."""
+    """The parsed daemon settings (frozen; every field holds its declared
+    type or construction raises ``TypeError``). ``environ`` is kept for the
+    bridges' own ``from_env`` readers; it is never logged. ``enabled``: the
+    bridges to build, ``warnings``: one line per ignored name."""
 
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     relay_url: str | None = None
     listen: tuple[str, int] = ("127.0.0.1", 8787)
     state_dir: Path = Path(".")
@@ -86,13 +185,16 @@ class Config:
     max_from: int | None = None
     buffer_bytes: int = 8 << 20
     total_bytes: int = 256 << 20
-    cors_origins: list[str] = field(default_factory=list)
+    cors_origins: tuple[str, ...] = ()
     channel_size: int = 4096
     drain_deadline: float = 5.0
-    policy: CapturePolicy = field(default_factory=CapturePolicy)
-    enabled: list[BridgeSpec] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    policy: CapturePolicy = field(default_factory=CapturePolicy, repr=False)  # holds secret values
+    enabled: tuple[BridgeSpec, ...] = ()
+    warnings: tuple[str, ...] = ()
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @property
     def embedded_relay(self) -> bool:
@@ -116,68 +218,134 @@ def state_dir_problem(path: Path) -> str | None:
 def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
          check_ports: bool = True) -> tuple[Config, list[str]]:
     """Parse the environment. Returns ``(config, problems)``; a non-empty
-    ``problems`` list means: refuse to start. ``relay_only`` is
-    ``aep-bridges relay`` (no bridges, no uplink); ``check_ports`` probes
-    the machine (listen ports free, state directory writable)."""
+    ``problems`` list means: refuse to start (a bad value is never stored:
+    its field keeps the default). ``relay_only`` is ``aep-bridges relay``
+    (no bridges, no uplink); ``check_ports`` probes the machine (listen
+    ports free, state directory writable)."""
     env = dict(os.environ if env is None else env)
     r = EnvReader(env)
-    problems = r.problems
-    cfg = Config(environ=env)
-    cfg.token = r.text("AEP_TOKEN")
-    cfg.state_dir = state_dir(env)
-    cfg.buffer = r.integer("AEP_BUFFER", 10_000, minimum=1)
-    cfg.max_sessions = r.integer("AEP_MAX_SESSIONS", 500, minimum=1)
-    cfg.max_body = r.integer("AEP_MAX_BODY", 16 << 20, minimum=1, unit="bytes")
-    cfg.max_batch = r.integer("AEP_MAX_BATCH", 10_000, minimum=1)
-    cfg.max_from = r.integer("AEP_MAX_FROM", cfg.max_sessions, minimum=1)
-    cfg.buffer_bytes = r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=1024, unit="bytes")
-    cfg.total_bytes = r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20, minimum=1024, unit="bytes")
+    limits = _relay_limits(r)
+    cors = _cors_origins(r)
+    listen = r.hostport("AEP_LISTEN", DEFAULT_LISTEN) or Config.listen
+    _check_logging(r)
+    policy = _policy(env, r.problems)
+    relay_url = None if relay_only else _relay_url(r)
+    enabled = () if relay_only else _enabled(r, env)
+    cfg = Config(token=r.text("AEP_TOKEN"), relay_url=relay_url, listen=listen,
+                 state_dir=state_dir(env), cors_origins=cors, policy=policy, enabled=enabled,
+                 warnings=_unknown_names(env), environ=env, **limits)
+    if check_ports:
+        r.problems.extend(_probe(cfg, blocked=bool(r.problems)))
+    return cfg, r.problems
+
+
+def _relay_limits(r: EnvReader) -> dict[str, Any]:
+    # read in README order: the problem lines come out in that order
+    buffer = r.integer("AEP_BUFFER", 10_000, minimum=1)
+    max_sessions = r.integer("AEP_MAX_SESSIONS", 500, minimum=1)
+    return {
+        "buffer": buffer,
+        "max_sessions": max_sessions,
+        "max_body": r.integer("AEP_MAX_BODY", 16 << 20, minimum=1, unit="bytes"),
+        "max_batch": r.integer("AEP_MAX_BATCH", 10_000, minimum=1),
+        "max_from": r.integer("AEP_MAX_FROM", max_sessions, minimum=1),
+        "buffer_bytes": r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=1024, unit="bytes"),
+        "total_bytes": r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20, minimum=1024,
+                                 unit="bytes"),
+    }
+
+
+def _cors_origins(r: EnvReader) -> tuple[str, ...]:
+    out = []
     for origin in (r.text("AEP_CORS_ORIGINS") or "").split(","):
         if origin.strip():
             try:
-                cfg.cors_origins.append(normalize_origin(origin, strict=True))
+                out.append(normalize_origin(origin, strict=True))
             except ValueError as e:
-                problems.append(f"AEP_CORS_ORIGINS: {e}")
-    cfg.listen = r.hostport("AEP_LISTEN", DEFAULT_LISTEN) or cfg.listen
+                r.problems.append(f"AEP_CORS_ORIGINS: {e}")
+    return tuple(out)
+
+
+def _check_logging(r: EnvReader) -> None:
+    """``AEP_LOG_LEVEL`` / ``AEP_LOG_FORMAT`` (applied by :mod:`supervisor.logs`)."""
     level = (r.text("AEP_LOG_LEVEL") or "info").strip().lower()
     if level not in LOG_LEVELS:
-        problems.append(f"AEP_LOG_LEVEL={level!r}: expected one of {', '.join(LOG_LEVELS)}")
+        r.problems.append(f"AEP_LOG_LEVEL={level!r}: expected one of {', '.join(LOG_LEVELS)}")
     fmt = r.text("AEP_LOG_FORMAT")
     if fmt is not None and fmt.strip().lower() not in ("json", "text"):
-        problems.append(f"AEP_LOG_FORMAT={fmt!r}: expected json or text")
+        r.problems.append(f"AEP_LOG_FORMAT={fmt!r}: expected json or text")
+
+
+def _policy(env: Mapping[str, str], problems: list[str]) -> CapturePolicy:
     try:
-        cfg.policy = CapturePolicy.from_env(env)
+        return CapturePolicy.from_env(env)
     except ValueError as e:
         problems.extend(getattr(e, "problems", None) or [str(e)])
+        return CapturePolicy()
 
+
+def _relay_url(r: EnvReader) -> str | None:
     url = r.text("AEP_RELAY_URL")
-    if url and not relay_only:
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
-            problems.append(f"AEP_RELAY_URL={url!r}: expected http(s)://host:port")
-        else:
-            cfg.relay_url = url.rstrip("/")
+    if not url:
+        return None
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+        r.problems.append(f"AEP_RELAY_URL={url!r}: expected http(s)://host:port")
+        return None
+    return url.rstrip("/")
 
-    if not relay_only:
-        buildable = ", ".join(s.flag for s in FLEET if s.factory)
-        for name in sorted(env):
-            if name.startswith("AEP_BRIDGE_") and name not in _FLAGS:
-                problems.append(f"{name}: unknown bridge (known: {buildable})")
-        for spec in FLEET:
-            if r.flag(spec.flag, spec.default):
-                if spec.factory is None:
-                    problems.append(f"{spec.flag}=1: the {spec.key} bridge is not part of this build")
-                else:
-                    cfg.enabled.append(spec)
 
+def _enabled(r: EnvReader, env: Mapping[str, str]) -> tuple[BridgeSpec, ...]:
+    """The bridges switched on; an unknown ``AEP_BRIDGE_*`` or a bridge not
+    part of this build switched on is a problem."""
+    buildable = ", ".join(s.flag for s in FLEET if s.built)
     for name in sorted(env):
-        if name.startswith("AEP_") and name not in KNOWN_SETTINGS and not name.startswith("AEP_BRIDGE_"):
-            close = difflib.get_close_matches(name, KNOWN_SETTINGS, n=1)
-            cfg.warnings.append(f"{name} is not a setting (ignored)"
-                                + (f"; did you mean {close[0]}?" if close else ""))
+        if name.startswith("AEP_BRIDGE_") and name not in _FLAGS:
+            r.problems.append(f"{name}: unknown bridge (known: {buildable})")
+    enabled = []
+    for spec in FLEET:
+        if r.flag(spec.flag, spec.default):
+            if spec.built:
+                enabled.append(spec)
+            else:
+                r.problems.append(f"{spec.flag}=1: the {spec.key} bridge is not part of this build")
+    return tuple(enabled)
 
-    if check_ports and (problem := state_dir_problem(cfg.state_dir)):
+
+def _unknown_names(env: Mapping[str, str]) -> tuple[str, ...]:
+    known = known_settings()
+    out = []
+    for name in sorted(env):
+        if name.startswith("AEP_") and name not in known and not name.startswith("AEP_BRIDGE_"):
+            close = difflib.get_close_matches(name, known, n=1)
+            out.append(f"{name} is not a setting (ignored)"
+                       + (f"; did you mean {close[0]}?" if close else ""))
+    return tuple(out)
+
+
+def _probe(cfg: Config, *, blocked: bool) -> list[str]:
+    """The machine checks: the state directory writable, the listen address
+    free (only when the embedded relay serves and nothing else is wrong)."""
+    problems = []
+    if problem := state_dir_problem(cfg.state_dir):
         problems.append(problem)
-    if check_ports and cfg.embedded_relay and not problems and not bindable(*cfg.listen):
-        problems.append(f"AEP_LISTEN={cfg.listen[0]}:{cfg.listen[1]}: address in use or not bindable")
-    return cfg, problems
+    if cfg.embedded_relay and not blocked and not problems and not bindable(*cfg.listen):
+        problems.append(f"AEP_LISTEN={cfg.listen[0]}:{cfg.listen[1]}: address in use or "
+                        "not bindable")
+    return problems
+
+
+def all_settings() -> dict[str, tuple[Setting, ...]]:
+    """Every documented setting by owner: ``core`` (with the flags),
+    ``dev``, and each built bridge's key (the knob tables' source)."""
+    out: dict[str, tuple[Setting, ...]] = {"core": SETTINGS + FLAG_SETTINGS, "dev": DEV_SETTINGS}
+    for spec in FLEET:
+        if spec.built:
+            out[spec.key] = bridge_settings(spec)
+    return out
+
+
+__all__: Sequence[str] = ("BridgeSpec", "Config", "DEV_SETTINGS", "FLAG_SETTINGS", "FLEET",
+                          "SETTINGS", "all_settings", "bridge_setting_names", "bridge_settings", "known_settings",
+                          "load",
+                          "state_dir_problem")

@@ -9,6 +9,12 @@ WebSocket takes, so routing and refusals are one code path) or, when
 
 A bridge that raises is logged and restarted with capped exponential backoff
 and full jitter; it never takes its siblings, the pump or the relay down.
+
+Control (one path for every bridge, :func:`run_bridge`): each run of a
+bridge hands back its :class:`~bridges.core.bridge.BridgeRun` handle; the
+fleet builds that run's :class:`~bridges.core.ledger.CommandLedger` around
+the handle's controller (none: every command nacked ``unsupported``) and
+serves the bridge's command inbox with it.
 """
 from __future__ import annotations
 
@@ -21,9 +27,10 @@ from typing import Any, Callable, Protocol
 
 import trio
 
-from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, Outbound
-from bridges.core.envelope import EpochStore, Stamper
 from bridges.core.backoff import backoff_delay
+from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Outbound
+from bridges.core.envelope import EpochStore, Stamper
+from bridges.core.ledger import CommandLedger
 
 from .config import Config
 from .jsonlog import SessionLog, encode_line, scrub_surrogates
@@ -38,7 +45,8 @@ STABLE_AFTER = 60.0  # a run this long resets the backoff
 class Sink(Protocol):
     """Where one bridge's envelopes go after the JSONL log."""
 
-    connected: bool
+    @property
+    def connected(self) -> bool: ...
 
     async def send(self, event: dict[str, Any], redelivery: bool) -> None: ...
 
@@ -61,6 +69,56 @@ def hello_for(bridge: Bridge, host: str) -> dict[str, Any]:
         "identity": {"agent": bridge.agent, "instance": f"{host}/{os.getpid()}/{bridge.name}"},
         "capabilities": bridge.capabilities(),
     }
+
+
+async def run_bridge(bridge: Bridge, ctx: BridgeContext, *,
+                     task_status: trio.TaskStatus[BridgeRun] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run one bridge once, with its command service: the only place a
+    :class:`~bridges.core.ledger.CommandLedger` is built.
+
+    Starts ``bridge.run(ctx)``; once it has called ``task_status.started``
+    (its listeners bound) builds this run's ledger around the handle's
+    controller (``None``, or a bare ``started()``: every command is nacked
+    ``unsupported``), serves ``ctx.commands`` with it, sets
+    ``ctx.health.control`` (the declared gate: ``capabilities()`` accepts
+    something) and hands the :class:`BridgeRun` up (``started(handle)``; a bare
+    ``started()`` becomes ``BridgeRun()``). Returns when the bridge's run
+    returns (the ledger and its lingering writes are cancelled); raises what
+    it raises. Tests drive a bridge through this too, exactly as the fleet
+    does."""
+    async with trio.open_nursery() as nursery:
+        got = await nursery.start(_run_then_stop, bridge, ctx, nursery.cancel_scope)
+        handle = got if isinstance(got, BridgeRun) else BridgeRun()
+        ctx.health.control = _check_declaration(bridge, handle)
+        nursery.start_soon(_serve_commands, ctx, handle)
+        task_status.started(handle)
+
+
+def _check_declaration(bridge: Bridge, handle: BridgeRun) -> bool:
+    """Whether the bridge declares control; a controller whose ``accepts``
+    differs from the ``hello`` declaration is a bridge bug, logged (the
+    controller's set is what the ledger honors)."""
+    declared = tuple((bridge.capabilities().get("control") or {}).get("accepts") or ())
+    c = handle.controller
+    if (tuple(c.accepts) if c is not None else ()) != declared:
+        log.warning("bridge %s declares control.accepts %s but its run %s", bridge.name,
+                    list(declared), f"accepts {list(c.accepts)}" if c is not None
+                    else "has no controller (every command is nacked unsupported)")
+    return bool(declared)
+
+
+async def _run_then_stop(bridge: Bridge, ctx: BridgeContext, scope: trio.CancelScope, *,
+                         task_status: trio.TaskStatus[BridgeRun | None]) -> None:
+    await bridge.run(ctx, task_status=task_status)
+    scope.cancel()  # the run is over: so is its command service
+
+
+async def _serve_commands(ctx: BridgeContext, handle: BridgeRun) -> None:
+    """The run's ledger over the inbox. A bridge that declares no control
+    still gets its commands answered (``unsupported``, AEP-0004 §4.2, §7: a
+    relay that routes anyway, e.g. a remote one in uplink mode)."""
+    async with CommandLedger(ctx, handle.controller) as ledger:
+        await ledger.serve(ctx.commands)
 
 
 class _RelaySink:
@@ -141,8 +199,6 @@ class Fleet:
                 async with trio.open_nursery() as bridges:
                     for m in self.members.values():
                         bridges.start_soon(self._supervise, m)
-                        if "control" not in m.bridge.capabilities():
-                            bridges.start_soon(self._answer_unsupported, m)
                     for m in self.members.values():
                         await m.started.wait()
                     task_status.started()
@@ -150,15 +206,18 @@ class Fleet:
 
     async def _attach(self, nursery: trio.Nursery, m: Member) -> None:
         hello = hello_for(m.bridge, self.host)
+        sink: Sink
         if self.relay is not None:
             conn = self.relay.attach_emitter(hello, self._inbox_deliver(m))
-            m.sink = _RelaySink(conn)
+            sink = _RelaySink(conn)
         else:
             from .uplink import Uplink
+            assert self.cfg.relay_url is not None  # no embedded relay: uplinking
             m.uplink = Uplink(self.cfg.relay_url, self.cfg.token, hello, m.inbox)
-            m.sink = _UplinkSink(m.uplink)
+            sink = _UplinkSink(m.uplink)
             await nursery.start(m.uplink.run)
-        m.health.relay = m.sink.connected
+        m.sink = sink
+        m.health.relay = sink.connected
 
     @staticmethod
     def _inbox_deliver(m: Member) -> Callable[[dict[str, Any]], Any]:
@@ -205,19 +264,10 @@ class Fleet:
             log.info("restarting bridge %s in %.1fs", m.bridge.name, delay)
             await trio.sleep(delay)
 
-    @staticmethod
-    async def _answer_unsupported(m: Member) -> None:
-        """A bridge that declares no ``control`` block never reads its inbox;
-        the target must still nack what reaches it (AEP-0004 §4.2, §7: a
-        relay that routes anyway, e.g. a remote one in uplink mode), so the
-        fleet answers ``unsupported`` on its behalf through the shared
-        ledger."""
-        from bridges.core.ledger import CommandLedger
-        async with CommandLedger(m.ctx, accepts=()) as ledger:
-            await ledger.serve(m.ctx.commands)
-
-    async def _run_bridge(self, m: Member, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await m.bridge.run(m.ctx, task_status=task_status)
+    async def _run_bridge(self, m: Member, *,
+                          task_status: trio.TaskStatus[BridgeRun] = trio.TASK_STATUS_IGNORED
+                          ) -> None:
+        await run_bridge(m.bridge, m.ctx, task_status=task_status)
 
     async def _pump(self) -> None:
         """The relay channel's one consumer: JSONL first, then the sink."""

@@ -2,18 +2,19 @@
 tee proxy on ``AEP_AGUI_LISTEN`` in front of ``AEP_AGUI_UPSTREAM``.
 
 Design record: ``shared/aep/docs/bridge-agui-design.md``. Read-only channel
-(the record: "no control claim"): ``control: {accepts: []}``, and every
-command routed here anyway is nacked ``unsupported`` by a ledger given no
-write path. ``/healthz`` ``source`` is the upstream's reachability, known
+(the record: "no control claim"): ``control: {accepts: []}`` and no
+controller, so the fleet's ledger nacks every command routed here
+``unsupported``; the bridge has no write path. ``/healthz`` ``source`` is the upstream's reachability, known
 lazily (a proxy has no standing upstream connection): probed at start and
 while it is down, then kept by every proxied request.
 
-Per-run state: :meth:`AguiBridge.run` builds a :class:`_Run` (the upstream
-client, the proxy app, the probe); nothing of a run is kept on the bridge
-object, so a restart starts clean.
+Per-run state: :meth:`AguiBridge.run` builds an :class:`AguiRun` (the
+upstream client, the proxy app, the probe) and hands it to the fleet;
+nothing of a run is kept on the bridge object, so a restart starts clean.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -22,9 +23,8 @@ from hypercorn.config import Config as HypercornConfig
 
 from bridges.core import capture as _capture
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import BridgeContext
+from bridges.core.bridge import BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
-from bridges.core.ledger import CommandLedger
 from bridges.core.settings import Address, bindable
 
 from .config import AguiConfig
@@ -73,49 +73,51 @@ class AguiBridge:
         return Posture(self.policy, deltas=self.config.deltas)
 
     async def run(self, ctx: BridgeContext, *,
-                  task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
-        """Bind the listener, report its bound ``(host, port)`` through
-        ``task_status.started``, proxy until cancelled. Raises ``OSError``
-        when the listener cannot bind, ``RuntimeError`` without an upstream
-        (both are :meth:`preflight` lines first)."""
+                  task_status: trio.TaskStatus[BridgeRun | None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Build this run's :class:`AguiRun`, bind the listener, hand the run
+        up through ``task_status.started`` (no controller: the fleet's
+        ledger nacks every command ``unsupported``), proxy until cancelled.
+        Raises ``OSError`` when the listener cannot bind, ``RuntimeError``
+        without an upstream (both are :meth:`preflight` lines first)."""
         if not self.config.upstream:
             raise RuntimeError("AEP_AGUI_UPSTREAM is not set")
-        ctx.health.control = False
         async with new_client() as client:
-            run = _Run(self.config, Posture(ctx.stamper.policy, deltas=self.config.deltas),
-                       ctx, client)
+            run = AguiRun(config=self.config,
+                          posture=Posture(ctx.stamper.policy, deltas=self.config.deltas),
+                          ctx=ctx, client=client)
             await run.serve(task_status)
 
 
-class _Run:
-    """Everything one run of the bridge owns."""
+@dataclass
+class AguiRun(BridgeRun):
+    """Everything one run of the bridge owns (the fleet's handle on it):
+    the upstream ``client``, the proxy ``app``, the bound ``address``."""
 
-    def __init__(self, config: AguiConfig, posture: Posture, ctx: BridgeContext,
-                 client: httpx.AsyncClient) -> None:
-        self.config = config
-        self.posture = posture
-        self.ctx = ctx
-        self.client = client
-        self.app = TeeProxy(config.upstream, client, self.open_tee, ctx.health)
+    config: AguiConfig = field(default_factory=AguiConfig)
+    posture: Posture = field(default_factory=Posture)
+    ctx: BridgeContext | None = None
+    client: httpx.AsyncClient | None = None
+    app: TeeProxy | None = None
+    address: Address | None = None
 
     def open_tee(self, body_peek: bytes) -> Tee:
+        """A tee for one event stream, scoped by the POSTed run input's ids."""
+        assert self.ctx is not None
         session, run = run_input_ids(body_peek)
         return Tee(self.ctx, self.posture, session_hint=session, run_hint=run,
                    max_event=self.config.max_event)
 
-    async def serve(self, task_status: trio.TaskStatus[Address]) -> None:
-        ctx = self.ctx
+    async def serve(self, task_status: trio.TaskStatus[BridgeRun | None]) -> None:
+        ctx, client = self.ctx, self.client
+        assert ctx is not None and client is not None
+        self.app = TeeProxy(self.config.upstream, client, self.open_tee, ctx.health)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._refuse_commands)
-            address = await nursery.start(self._listen)
+            self.address = await nursery.start(self._listen)
             nursery.start_soon(self._probe)
-            ctx.log.info("agui proxy listening on %s:%d -> %s", address[0], address[1],
-                         self.config.upstream)
-            task_status.started(address)
-
-    async def _refuse_commands(self) -> None:
-        async with CommandLedger(self.ctx, (), ack_window_ms=ACK_WINDOW_MS) as ledger:
-            await ledger.serve(self.ctx.commands)
+            ctx.log.info("agui proxy listening on %s:%d -> %s", self.address[0],
+                         self.address[1], self.config.upstream)
+            task_status.started(self)
 
     async def _listen(self, *, task_status: trio.TaskStatus[Address]) -> None:
         """hypercorn through the relay's hardened serving loop (a faulting
@@ -127,6 +129,7 @@ class _Run:
         from supervisor.relay.serve import bind_socket, serve_app
 
         ctx = self.ctx
+        assert ctx is not None and self.app is not None
         cfg = HypercornConfig()
         cfg.accesslog = None
         cfg.errorlog = ctx.log.getChild("http")
@@ -150,7 +153,9 @@ class _Run:
         """``source``: ``True`` once the upstream answers anything (any
         status; a ``GET`` of its base whose body is never read); re-probed
         with backoff while it does not."""
-        health = self.ctx.health
+        ctx, client = self.ctx, self.client
+        assert ctx is not None and client is not None
+        health = ctx.health
         attempt = 0
         while True:
             if health.source is True:
@@ -159,7 +164,7 @@ class _Run:
                 continue
             try:
                 # the status line is the answer: the body is never read
-                async with self.client.stream("GET", self.config.upstream + "/", timeout=5.0):
+                async with client.stream("GET", self.config.upstream + "/", timeout=5.0):
                     pass
                 health.source = True
                 health.detail = None

@@ -1,7 +1,9 @@
-"""The AG-UI bridge's settings (issue 7 "one config shape"): a frozen
-dataclass, :func:`from_env` ``(env) -> (config, problems)`` that never
-raises, and :data:`SETTINGS`, the knob metadata the README table and the
-supervisor's known-settings list come from.
+"""The AG-UI bridge's configuration (the one config shape, issue 7;
+``ARCHITECTURE.md`` "Configuration"): :class:`AguiConfig`, a frozen typed
+dataclass; :func:`from_env` ``(env) -> (config, problems)``, never raising
+(a bad value is one problem line and keeps its default); :data:`SETTINGS`,
+the metadata the README knob table and the supervisor's known-settings list
+are generated from.
 
 Names: ``shared/aep/docs/bridge-agui-design.md`` (``AEP_AGUI_UPSTREAM``,
 ``AEP_AGUI_DELTAS``, ``AEP_AGENT_NAME``) and issue 12 (``AEP_AGUI_LISTEN``)."""
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from bridges.core.settings import Address, EnvReader, Setting, parse_hostport, url_problem
+from bridges.core.settings import EnvReader, Setting, check_fields, parse_hostport, url_problem
 
 from .sse import DEFAULT_MAX_EVENT
 
@@ -18,7 +20,6 @@ DEFAULT_LISTEN = "127.0.0.1:8790"
 DEFAULT_AGENT = "agui"
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("AEP_BRIDGE_AGUI", "`0`", "`1`: the AG-UI tee proxy"),
     Setting("AEP_AGUI_UPSTREAM", "unset (required when enabled)",
             "the real AG-UI agent server's base URL (`http://127.0.0.1:8000`); the proxy "
             "appends each request's path and query to it"),
@@ -33,19 +34,25 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_AGENT_NAME", f"`{DEFAULT_AGENT}`",
             "the AEP agent id the AG-UI bridge emits as (a proxy cannot know the agent's name)"),
 )
+"""This bridge's knobs, in README order (its enable flag ``AEP_BRIDGE_AGUI``
+is the fleet's: ``supervisor/config.py`` ``FLEET``)."""
 
 
 @dataclass(frozen=True)
 class AguiConfig:
     """``upstream``: base URL without trailing slash (``""`` when unset);
     ``listen``: ``(host, port)``; ``deltas``: the delta opt-in;
-    ``max_event``: the SSE parse cap in bytes; ``agent``: the AEP agent id."""
+    ``max_event``: the SSE parse cap in bytes; ``agent``: the AEP agent id.
+    Raises ``TypeError`` for a field of the wrong type."""
 
     upstream: str = ""
-    listen: Address = ("127.0.0.1", 8790)
+    listen: tuple[str, int] = ("127.0.0.1", 8790)
     deltas: bool = False
     max_event: int = DEFAULT_MAX_EVENT
     agent: str = DEFAULT_AGENT
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
 
 def from_env(env: Mapping[str, str]) -> tuple[AguiConfig, list[str]]:

@@ -6,18 +6,23 @@ vendor publishes into *emissions* (the mapping pins' ``expected`` shape:
 :class:`BridgeContext`, which stamps them into AEP envelopes
 (:class:`bridges.core.envelope.Stamper`) and feeds the fleet's one relay
 channel. Commands routed to the bridge's sessions arrive on
-``ctx.commands``. Design: ``shared/DESIGN.md`` ("How data flows",
+``ctx.commands`` and are served by the fleet through the bridge's
+per-run :class:`BridgeRun` handle (its :class:`~bridges.core.control.Controller`,
+or none). Design: ``shared/DESIGN.md`` ("How data flows",
 "Identity": each bridge is its own emitter).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import trio
 
 from .envelope import Stamper
+
+if TYPE_CHECKING:
+    from .control import Controller
 
 Emission = dict[str, Any]
 """One mapped moment, shaped like a mapping pin's ``expected`` object:
@@ -131,6 +136,26 @@ class BridgeContext:
         await self._channel.send(Outbound(self.name, event, redelivery=True))
 
 
+@dataclass
+class BridgeRun:
+    """The per-run handle a bridge's :meth:`Bridge.run` hands the fleet with
+    ``task_status.started(handle)`` once its listeners are bound.
+
+    ``controller``: this run's :class:`bridges.core.control.Controller`
+    (``None``: the gate is closed or the bridge is not controllable; every
+    command is then nacked ``unsupported``). The fleet builds the run's
+    :class:`~bridges.core.ledger.CommandLedger` around it and serves
+    ``ctx.commands``; bridges never build a ledger.
+
+    A bridge subclasses this with the rest of its run state (receiver,
+    tracker, state file...): everything a run owns lives here, never on the
+    bridge object, so a restart starts clean (only what the bridge
+    deliberately persisted to disk carries over). Tests reach a run's
+    internals through the handle ``nursery.start`` returns."""
+
+    controller: Controller[Any] | None = None
+
+
 class Bridge(Protocol):
     """What the supervisor runs. One instance per emitter identity.
 
@@ -139,10 +164,11 @@ class Bridge(Protocol):
     ``capture``, ``control: {accepts, ack_window_ms}``); :meth:`preflight`
     returns one problem line per bad setting (checked before anything binds;
     ``check_ports=False`` skips the are-my-ports-free probe, for ``aep-bridges check``);
-    :meth:`run` owns every task of the bridge in its own nursery, calls
-    ``task_status.started()`` once its listeners are bound, and returns or
-    raises only when the bridge stops (the supervisor restarts it with
-    backoff)."""
+    :meth:`run` owns every task of the bridge in its own nursery, builds
+    its per-run state, calls ``task_status.started(BridgeRun(...))`` (or a
+    subclass; plain ``started()`` means no controller) once its listeners
+    are bound, and returns or raises only when the bridge stops (the
+    supervisor restarts it with backoff, calling :meth:`run` again)."""
 
     name: str
     agent: str
@@ -151,4 +177,6 @@ class Bridge(Protocol):
 
     def preflight(self, *, check_ports: bool = True) -> list[str]: ...
 
-    async def run(self, ctx: BridgeContext, *, task_status=trio.TASK_STATUS_IGNORED) -> None: ...
+    async def run(self, ctx: BridgeContext, *,
+                  task_status: trio.TaskStatus[BridgeRun | None] = trio.TASK_STATUS_IGNORED
+                  ) -> None: ...

@@ -2,11 +2,13 @@
 "one control shape"; AEP-0004 §2.3-§7; DESIGN.md "The command ledger is
 shared").
 
-A bridge that can be steered hands the fleet a :class:`Controller` for the
-current run (built inside ``run()`` from that run's state, so a restart
-starts clean). The fleet, and only the fleet, builds the
-:class:`~bridges.core.ledger.CommandLedger` around it and feeds it the
-bridge's routed commands. For every command the ledger:
+A bridge that can be steered builds a :class:`Controller` inside ``run()``
+from that run's state (so a restart starts clean) and hands it to the fleet
+in its per-run handle, ``task_status.started(BridgeRun(controller=...))``
+(:class:`bridges.core.bridge.BridgeRun`). The fleet, and only the fleet,
+builds the :class:`~bridges.core.ledger.CommandLedger` around it
+(``supervisor.fleet.run_bridge``) and feeds it the bridge's routed
+commands. For every command the ledger:
 
 1. dedupes on ``(source, id)`` and re-acks a decided command byte-identically;
 2. nacks ``unsupported`` anything outside :attr:`Controller.accepts`;
@@ -18,26 +20,37 @@ bridge's routed commands. For every command the ledger:
    returns the ``undo`` the ledger calls exactly once if the command ends
    rejected or a late write fails;
 5. runs :meth:`Controller.perform` with the plan under the REST-settled guard:
-   the bridge's only write path to the vendor.
+   the bridge's only write path to the vendor;
+6. emits the ack, then runs the :attr:`WriteResult.after_ack` the write
+   returned, if any (an outcome that must follow the ack, e.g. OpenHands'
+   ``x.openhands.input.sent``): right after an in-guard ack, or as soon as a
+   write that outlived the guard succeeds (never before its ack is out).
 
-The ledger carries the plan from step 3 to 5: no side dictionaries keyed by
+The ledger carries the plan from step 3 to 6: no side dictionaries keyed by
 command id. A bridge with no controller (gate closed, or not controllable)
 has every command nacked ``unsupported`` by the fleet's ledger and has no
 write path at all.
+
+Writing a controller (see ``bridges/sse_common/control.py`` and
+``bridges/openhands/control.py``): ``check`` resolves everything the write
+needs (route, body, the answer as applied) into an immutable plan object;
+``note`` and ``perform`` only read it.
 """
 from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from .ledger import Refuse, Unreachable, WriteResult
+from .ledger import ACK_WINDOW_MS, Refuse, Unreachable, WriteResult
 
-__all__ = ["Controller", "Refuse", "Unreachable", "WriteResult", "Undo"]
+__all__ = ["ACK_WINDOW_MS", "Command", "Controller", "Refuse", "Unreachable", "Undo",
+           "WriteResult"]
 
 Command = dict[str, Any]
 """A command envelope (``control.*`` or a vendor ``x.<agent>.control.*``)
-as routed by the relay: ``{id, source, session, type, run?, data}``."""
+as routed by the relay: ``{id, source, session, type, run?, subject?, data}``."""
 
 Undo = Callable[[], None]
+"""Clears exactly the note :meth:`Controller.note` set (sync, idempotent)."""
 
 PlanT = TypeVar("PlanT")
 
@@ -45,29 +58,40 @@ PlanT = TypeVar("PlanT")
 class Controller(Protocol[PlanT]):
     """What a controllable bridge implements for one run.
 
-    - ``accepts``: the declared ``control.accepts`` (AEP-0004 §4.2).
-    - ``ack_window_ms``: the declared ack window (``hello``).
-    - ``guard_ms``: the REST-settled ack guard (``*_ACK_GUARD_MS``).
+    - ``accepts``: the declared ``control.accepts`` (AEP-0004 §4.2); must
+      equal ``capabilities()["control"]["accepts"]``.
+    - ``ack_window_ms``: the declared ack window (``hello``, > 0).
+    - ``guard_ms``: the REST-settled ack guard (``*_ACK_GUARD_MS``); the
+      ledger clamps it to four fifths of the window.
     """
 
-    accepts: tuple[str, ...]
-    ack_window_ms: int
-    guard_ms: int
+    # read-only members: a class attribute or an instance attribute satisfies them
+    @property
+    def accepts(self) -> tuple[str, ...]: ...
+
+    @property
+    def ack_window_ms(self) -> int: ...
+
+    @property
+    def guard_ms(self) -> int: ...
 
     def check(self, cmd: Command) -> PlanT | Awaitable[PlanT]:
         """Validate ``cmd`` against the last-observed vendor state and return
-        the plan to perform. Raises :class:`Refuse` (reason + detail) to nack;
-        never writes to the vendor."""
+        the plan to perform (sync, or a coroutine). Raises :class:`Refuse`
+        (reason + detail) to nack; any other exception nacks ``invalid``.
+        Never writes to the vendor. Runs under the guard deadline."""
         ...
 
     def note(self, plan: PlanT) -> Undo | None:
         """Set the pending-outcome note for ``plan`` just before
         :meth:`perform` starts; return its undo (called once if the command
-        ends rejected or its write fails late), or ``None``."""
+        ends rejected or its write fails late), or ``None``. May raise
+        :class:`Refuse`."""
         ...
 
     async def perform(self, plan: PlanT) -> WriteResult:
         """The one REST write for ``plan``: return the vendor's HTTP status
-        (+ short detail); raise :class:`Unreachable` when the vendor cannot
-        be reached, :class:`Refuse` for a vendor-side refusal."""
+        (+ short detail, + an optional ``after_ack``); raise
+        :class:`Unreachable` when the vendor cannot be reached,
+        :class:`Refuse` for a vendor-side refusal."""
         ...

@@ -2,46 +2,34 @@
 command ledger is shared"; the "Ack discipline: REST-settled" sections of
 ``docs/bridge-openhands-design.md`` and ``docs/adapter-opencode-design.md``).
 
-One ledger per control-capable bridge. For every command envelope routed to
-the bridge, :meth:`CommandLedger.handle` makes exactly one ack decision and
-emits it as ``control.accepted`` / ``control.rejected`` in the command's
-target session (``cause`` = command id, ``run`` copied from the command),
-within the declared ack window.
+One ledger per run of a bridge, built by the fleet only
+(``supervisor.fleet.run_bridge``) around the run's
+:class:`bridges.core.control.Controller` (or none: then every command is
+nacked ``unsupported``). For every command envelope routed to the bridge,
+:meth:`CommandLedger.handle` makes exactly one ack decision and emits it as
+``control.accepted`` / ``control.rejected`` in the command's target session
+(``cause`` = command id, ``run`` copied from the command), within the
+declared ack window.
 
 Usage (the ledger owns a nursery for writes that outlive the guard, so it is
 an async context manager)::
 
-    async with CommandLedger(ctx, accepts=["control.cancel"]) as ledger:
-        # either hand it the inbox (one decision task per command) ...
-        await ledger.serve(ctx.commands, check=self.check, write=self.write,
-                           arm=self.arm_note, on_accepted=None)
-        # ... or call handle() yourself, concurrently, one task per command:
-        ack = await ledger.handle(cmd, check=..., write=...)
+    async with CommandLedger(ctx, controller) as ledger:
+        await ledger.serve(ctx.commands)      # one decision task per command
+        # or, one task per command, concurrently:
+        ack = await ledger.handle(cmd)
 
-Bridge callbacks (all optional):
-
-``check(cmd)``
-    sync or async; validates against the bridge's last-observed state and
-    raises :class:`Refuse` to nack. Runs under the guard deadline; a check
-    still running at the deadline is cancelled and nacked ``busy``. A
-    ``Refuse`` (or any exception) here means ``write`` is never called.
-``arm(cmd) -> disarm | None``
-    sync; called after ``check`` passed, immediately before ``write`` starts
-    (or before the ``control.accepted`` ack when there is no ``write``): the
-    place to set a pending note (``pendingCancel``, a settling mark) so a
-    vendor outcome that beats the REST reply is still ``cause``-linked to the
-    command id. The returned ``disarm()`` (sync) is called exactly once if
-    the command ends rejected, or if a write that outlived the guard
-    (already acked ``accepted``) later fails (non-2xx, :class:`Unreachable`,
-    an exception): a stale note must not mislink a later, unrelated outcome.
-``write(cmd) -> WriteResult``
-    async; the bridge's only REST write path. Runs as a task in the ledger's
-    nursery so it can outlive the guard. Convert transport failures to
-    :class:`Unreachable`; may raise :class:`Refuse` too.
-``on_accepted(cmd, ack)``
-    sync or async; called once, right after the ``control.accepted`` ack was
-    emitted (``ack`` is the envelope as sent). Exceptions are logged and
-    counted, never change the decision.
+The controller's steps (see :mod:`bridges.core.control`): ``check(cmd) ->
+plan`` (sync or async, under the guard deadline; a check still running at
+the deadline is cancelled and nacked ``busy``; :class:`Refuse` or any
+exception means nothing is written); ``note(plan) -> undo | None`` (sync,
+right before the write starts; ``undo`` is called exactly once if the
+command ends rejected, or if a write that outlived the guard, already acked
+``accepted``, later fails: a stale note must not mislink a later, unrelated
+outcome); ``perform(plan) -> WriteResult`` (async, in the ledger's nursery
+so it can outlive the guard). A :class:`WriteResult` may carry
+``after_ack``: run once the accepted ack is out (exceptions are logged and
+counted, never change the decision).
 
 Counters (in ``ctx.health.counters``): ``control_commands``,
 ``control_accepted``, ``control_rejected``, ``control_redelivered`` (a
@@ -56,10 +44,13 @@ import copy
 import inspect
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
+
+if TYPE_CHECKING:
+    from .control import Controller
 
 log = logging.getLogger("aep.core.ledger")
 
@@ -73,7 +64,7 @@ the stamper's capture gate decides whether it leaves at all (``redacted``)."""
 
 
 class Refuse(Exception):
-    """Raised by a bridge's ``check`` (or ``write``) to refuse a command.
+    """Raised by a controller's ``check`` (or ``note``, ``perform``) to refuse a command.
 
     ``reason``: one of ``unsupported``, ``unauthorized``, ``busy``,
     ``refused``, ``invalid`` (``schemas/registry/nack-reasons.json``;
@@ -89,7 +80,7 @@ class Refuse(Exception):
 
 
 class Unreachable(Exception):
-    """Raised by a bridge's ``write`` when the vendor could not be reached
+    """Raised by a controller's ``perform`` when the vendor could not be reached
     (connect error, reset, timeout); the ledger acks ``busy``. The message
     becomes the (capture-gated) ``detail``: never put a secret in it."""
 
@@ -97,16 +88,20 @@ class Unreachable(Exception):
 @dataclass
 class WriteResult:
     """What a bridge's REST write returned: the HTTP ``status`` and a short
-    ``detail`` (the vendor's error text; capture-gated before it leaves)."""
+    ``detail`` (the vendor's error text; capture-gated before it leaves).
+
+    ``after_ack``: an outcome to emit once the command's ``control.accepted``
+    ack is out (only for a 2xx; never for a rejected command): right after
+    an in-guard ack, or, for a write that outlived the guard, as soon as it
+    returns (the ack having gone out already)."""
 
     status: int
     detail: str | None = None
+    after_ack: Callable[[], Awaitable[None]] | None = None
 
 
-Check = Callable[[dict[str, Any]], Awaitable[None] | None]
-Write = Callable[[dict[str, Any]], Awaitable[WriteResult]]
-Arm = Callable[[dict[str, Any]], Callable[[], None] | None]
-OnAccepted = Callable[[dict[str, Any], dict[str, Any]], Awaitable[None] | None]
+ACK_WINDOW_MS = 10_000
+"""The ack window a ledger without a controller declares (``hello``)."""
 
 
 @dataclass
@@ -124,6 +119,21 @@ class _Decision:
     detail: str | None = None
 
 
+@dataclass
+class _Write:
+    """One ``perform`` running in the ledger's nursery: its outcome, and
+    whether it outlived the guard (``late``: its ack went out ``accepted``
+    before it returned)."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    acked: trio.Event = field(default_factory=trio.Event)
+    late: bool = False
+    ack_out: bool = False
+    result: Any = None
+    error: BaseException | None = None
+    undo: Callable[[], None] | None = None
+
+
 def _clip(detail: str | None) -> str | None:
     if detail is None:
         return None
@@ -136,20 +146,20 @@ def _clip(detail: str | None) -> str | None:
 class CommandLedger:
     """Dedupe + one ack decision per command + byte-identical re-ack.
 
-    ``CommandLedger(ctx, accepts, *, ack_window_ms=10000, guard_ms=8000,
-    retain=10000, max_pending=256)``:
+    ``CommandLedger(ctx, controller=None, *, retain=10000, max_pending=256)``:
 
     - ``ctx``: the bridge's :class:`bridges.core.bridge.BridgeContext`; acks
       go out through ``ctx.emit`` (first decision) and ``ctx.redeliver``
       (byte-identical re-send).
-    - ``accepts``: the bridge's declared ``control.accepts`` (AEP-0004 §4.2;
-      authoritative).
-    - ``ack_window_ms``: the window declared at ``hello`` (> 0).
-    - ``guard_ms``: the REST-settled ack guard (``*_ACK_GUARD_MS``), clamped
-      to ``[0, ack_window_ms * 4 // 5]`` so at least a fifth of the window is
-      left to stamp and deliver the ack (8000 of 10000 by default). The guard
-      clock starts when :meth:`handle` is called and covers ``check`` and
-      ``write``.
+    - ``controller``: the run's :class:`bridges.core.control.Controller`;
+      its ``accepts`` is the bridge's declared ``control.accepts``
+      (AEP-0004 §4.2; authoritative), ``ack_window_ms`` the window declared
+      at ``hello`` (> 0), ``guard_ms`` the REST-settled ack guard
+      (``*_ACK_GUARD_MS``), clamped to ``[0, ack_window_ms * 4 // 5]`` so at
+      least a fifth of the window is left to stamp and deliver the ack. The
+      guard clock starts when :meth:`handle` is called and covers ``check``
+      and ``perform``. ``None``: accepts nothing, every command is nacked
+      ``unsupported`` (window :data:`ACK_WINDOW_MS`).
     - ``retain``: decided commands remembered for dedupe (LRU: a redelivery
       refreshes its entry). The recorded ack lives exactly as long as the
       dedupe entry (AEP-0004 §3); a forgotten command's redelivery is a new
@@ -157,6 +167,7 @@ class CommandLedger:
     - ``max_pending``: concurrent undecided commands; past it a new command
       is nacked ``busy`` at once (bounded memory under a command flood).
 
+    Raises ``ValueError`` for a window <= 0 or ``retain``/``max_pending`` < 1.
     Must be entered (``async with ledger:``) before :meth:`handle`: the
     context owns the nursery in which writes keep running past the guard.
     Leaving the context cancels writes still running (the bridge is
@@ -169,16 +180,19 @@ class CommandLedger:
     is saturated that wait counts against the window (the channel is the
     fleet's backpressure, not the ledger's)."""
 
-    def __init__(self, ctx: Any, accepts: Iterable[str], *, ack_window_ms: int = 10000,
-                 guard_ms: int = 8000, retain: int = 10000, max_pending: int = 256) -> None:
-        if ack_window_ms <= 0:
+    def __init__(self, ctx: Any, controller: Controller[Any] | None = None, *,
+                 retain: int = 10000, max_pending: int = 256) -> None:
+        window = controller.ack_window_ms if controller is not None else ACK_WINDOW_MS
+        if window <= 0:
             raise ValueError("ack_window_ms must be > 0")
         if retain < 1 or max_pending < 1:
             raise ValueError("retain and max_pending must be >= 1")
         self.ctx = ctx
-        self.accepts: tuple[str, ...] = tuple(accepts)
-        self.ack_window_ms = int(ack_window_ms)
-        self.guard_ms = max(0, min(int(guard_ms), self.ack_window_ms * 4 // 5))
+        self.controller = controller
+        self.accepts: tuple[str, ...] = tuple(controller.accepts) if controller is not None else ()
+        self.ack_window_ms = int(window)
+        guard = controller.guard_ms if controller is not None else 0
+        self.guard_ms = max(0, min(int(guard), self.ack_window_ms * 4 // 5))
         self.retain = retain
         self.max_pending = max_pending
         self._records: OrderedDict[tuple[Any, str], _Record] = OrderedDict()
@@ -223,9 +237,7 @@ class CommandLedger:
         return copy.deepcopy(rec.ack) if rec and rec.ack is not None else None
 
     # -- the inbox loop --------------------------------------------------
-    async def serve(self, commands: trio.MemoryReceiveChannel, *, check: Check | None = None,
-                    write: Write | None = None, arm: Arm | None = None,
-                    on_accepted: OnAccepted | None = None) -> None:
+    async def serve(self, commands: trio.MemoryReceiveChannel[Any]) -> None:
         """Read ``commands`` (normally ``ctx.commands``) until it closes and
         run :meth:`handle` for each in its own task in the ledger's nursery
         (so a slow write never delays the next command's decision, and a
@@ -233,20 +245,17 @@ class CommandLedger:
         closes; decisions still running finish in the ledger's nursery."""
         nursery = self._require_nursery()
         async for cmd in commands:
-            nursery.start_soon(self._handle_quiet, cmd, check, write, arm, on_accepted)
+            nursery.start_soon(self._handle_quiet, cmd)
 
-    async def _handle_quiet(self, cmd: Any, check: Check | None, write: Write | None,
-                            arm: Arm | None, on_accepted: OnAccepted | None) -> None:
+    async def _handle_quiet(self, cmd: Any) -> None:
         try:
-            await self.handle(cmd, check=check, write=write, arm=arm, on_accepted=on_accepted)
+            await self.handle(cmd)
         except Exception:  # a ledger bug must not take the bridge down
             log.exception("%s: command handling failed", self.ctx.name)
             self.ctx.health.count("control_errors")
 
     # -- one command -----------------------------------------------------
-    async def handle(self, cmd: dict[str, Any], *, check: Check | None = None,
-                     write: Write | None = None, arm: Arm | None = None,
-                     on_accepted: OnAccepted | None = None) -> dict[str, Any] | None:
+    async def handle(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
         """Make (or recall) the one ack decision for ``cmd``; returns the ack
         envelope as sent, or ``None`` when no ack goes out (a duplicate that
         arrived mid-decision, or a command with no string ``id`` / no
@@ -256,53 +265,43 @@ class CommandLedger:
         its recorded ack re-sent via ``ctx.redeliver`` (same ``id``, same
         ``epoch``/``seq``) and is returned; a pending one gets nothing;
         (2) ``cmd.type`` not in ``accepts`` -> ``control.rejected``
-        ``unsupported``; (3) ``check(cmd)`` may raise :class:`Refuse` (any
-        other exception -> ``invalid``, logged); (4) ``arm(cmd)``;
-        (5) ``write(cmd)`` under the guard: 2xx -> accepted; other non-5xx ->
-        ``refused`` with ``HTTP {status}: {detail}``; 5xx,
+        ``unsupported``; (3) ``plan = check(cmd)`` may raise :class:`Refuse`
+        (any other exception -> ``invalid``, logged); (4) ``note(plan)``;
+        (5) ``perform(plan)`` under the guard: 2xx -> accepted; other
+        non-5xx -> ``refused`` with ``HTTP {status}: {detail}``; 5xx,
         :class:`Unreachable` or an unexpected exception -> ``busy``;
         :class:`Refuse` -> its reason; still running at the guard deadline ->
         accepted (the write keeps running in the ledger's nursery; its
-        outcome arrives as observed vendor events). No ``write`` -> accepted
-        once ``check`` passes. Raises ``RuntimeError`` outside ``async with``.
+        outcome arrives as observed vendor events); (6) the ack, then the
+        write's ``after_ack``. Raises ``RuntimeError`` outside ``async with``.
 
         Cancellation before the decision forgets the command (its
         redelivery is then a new command)."""
         nursery = self._require_nursery()
         self.ctx.health.count("control_commands")
-        cmd_id = cmd.get("id") if isinstance(cmd, dict) else None
-        session = cmd.get("session") if isinstance(cmd, dict) else None
-        if not isinstance(cmd_id, str) or not cmd_id or not isinstance(session, str) or not session:
+        key = self._key(cmd)
+        if key is None:
             self.ctx.health.count("control_malformed")
             log.warning("%s: command without id/session, no ack possible", self.ctx.name)
             return None
-        key = (cmd.get("source"), cmd_id)
-
         rec = self._records.get(key)
         if rec is not None:
-            if rec.ack is None:  # §3: the one forthcoming ack answers every delivery
-                self.ctx.health.count("control_inflight_duplicates")
-                return None
-            self._records.move_to_end(key)
-            again = copy.deepcopy(rec.ack)
-            self.ctx.health.count("control_redelivered")
-            await self.ctx.redeliver(again)
-            return again
+            return await self._again(key, rec)
 
         rec = _Record()
         self._records[key] = rec
         self._pending += 1
         decided = False
+        write: _Write | None = None
         try:
             deadline = trio.current_time() + self.guard_ms / 1000
-            disarm: Callable[[], None] | None = None
             if self._pending > self.max_pending:
                 self.ctx.health.count("control_overload")
                 decision = _Decision(False, "busy", "too many commands pending")
             else:
-                decision, disarm = await self._decide(cmd, nursery, deadline, check, write, arm)
-            if not decision.accepted and disarm is not None:
-                self._call_disarm(disarm)
+                decision, write = await self._decide(cmd, nursery, deadline)
+            if not decision.accepted and write is not None and write.undo is not None:
+                self._call_undo(write.undo)
             ack = await self._emit_ack(cmd, decision)
             rec.ack = copy.deepcopy(ack)
             decided = True
@@ -311,14 +310,12 @@ class CommandLedger:
             self._pending -= 1
             if not decided:
                 self._records.pop(key, None)
-        if decision.accepted and on_accepted is not None:
-            try:
-                res = on_accepted(cmd, ack)
-                if inspect.isawaitable(res):
-                    await res
-            except Exception:
-                log.exception("%s: on_accepted failed for %s", self.ctx.name, cmd_id)
-                self.ctx.health.count("control_callback_errors")
+            if write is not None:  # a late write's after_ack waits for this
+                write.ack_out = decided
+                write.acked.set()
+        if write is not None:
+            if decision.accepted and not write.late:
+                await self._after_ack(cmd, write.result)
         return ack
 
     # -- internals -------------------------------------------------------
@@ -327,68 +324,92 @@ class CommandLedger:
             raise RuntimeError("use `async with CommandLedger(...)` before handling commands")
         return self._nursery
 
-    async def _decide(self, cmd: dict[str, Any], nursery: trio.Nursery, deadline: float,
-                      check: Check | None, write: Write | None,
-                      arm: Arm | None) -> tuple[_Decision, Callable[[], None] | None]:
-        if cmd.get("type") not in self.accepts:
+    @staticmethod
+    def _key(cmd: Any) -> tuple[Any, str] | None:
+        """The dedupe key ``(source, id)``, or ``None`` when no ack is
+        possible (no string ``id`` or ``session``)."""
+        if not isinstance(cmd, dict):
+            return None
+        cmd_id, session = cmd.get("id"), cmd.get("session")
+        if not isinstance(cmd_id, str) or not cmd_id or not isinstance(session, str) or not session:
+            return None
+        return cmd.get("source"), cmd_id
+
+    async def _again(self, key: tuple[Any, str], rec: _Record) -> dict[str, Any] | None:
+        """A delivery of a known command: the recorded ack again, or nothing
+        while the decision is pending (§3: the one forthcoming ack answers
+        every delivery)."""
+        if rec.ack is None:
+            self.ctx.health.count("control_inflight_duplicates")
+            return None
+        self._records.move_to_end(key)
+        again = copy.deepcopy(rec.ack)
+        self.ctx.health.count("control_redelivered")
+        await self.ctx.redeliver(again)
+        return again
+
+    async def _decide(self, cmd: dict[str, Any], nursery: trio.Nursery,
+                      deadline: float) -> tuple[_Decision, _Write | None]:
+        """Steps 2-5 of :meth:`handle`: the decision, and the write (with the
+        note's undo) when one was started."""
+        controller = self.controller
+        if controller is None or cmd.get("type") not in self.accepts:
             return _Decision(False, "unsupported", f"{cmd.get('type')!s} is not accepted"), None
-
-        if check is not None:
-            refused: _Decision | None = None
-            with trio.move_on_at(deadline) as cs:
-                try:
-                    res = check(cmd)
-                    if inspect.isawaitable(res):
-                        await res
-                except Refuse as r:
-                    refused = _Decision(False, r.reason, r.detail)
-                except Exception as e:
-                    log.exception("%s: check failed for %s", self.ctx.name, cmd.get("id"))
-                    refused = _Decision(False, "invalid", type(e).__name__)
-            if cs.cancelled_caught:
-                return _Decision(False, "busy", "check did not settle within the ack guard"), None
-            if refused is not None:
-                return refused, None
-
-        disarm: Callable[[], None] | None = None
-        if arm is not None:
-            try:
-                disarm = arm(cmd)
-            except Refuse as r:
-                return _Decision(False, r.reason, r.detail), None
-            except Exception as e:
-                log.exception("%s: arm failed for %s", self.ctx.name, cmd.get("id"))
-                return _Decision(False, "invalid", type(e).__name__), None
-
-        if write is None:
-            return _Decision(True), disarm
-
+        planned = await self._check(controller, cmd, deadline)
+        if isinstance(planned, _Decision):
+            return planned, None
+        plan = planned[0]
+        write = _Write()
+        try:
+            write.undo = controller.note(plan)
+        except Refuse as r:
+            return _Decision(False, r.reason, r.detail), None
+        except Exception as e:
+            log.exception("%s: note failed for %s", self.ctx.name, cmd.get("id"))
+            return _Decision(False, "invalid", type(e).__name__), None
         # The write runs in the ledger's nursery, not under this task's
         # cancel scope, so the guard can expire without cancelling it.
-        done = trio.Event()
-        box: dict[str, Any] = {"late": False}
-
-        async def run_write() -> None:
-            try:
-                box["result"] = await write(cmd)
-            except Exception as e:  # Cancelled (BaseException) propagates
-                box["error"] = e
-            finally:
-                done.set()
-            if box["late"]:
-                self._settle_late(cmd, box, disarm)
-
-        nursery.start_soon(run_write)
+        nursery.start_soon(self._perform, controller, cmd, plan, write)
         with trio.move_on_at(deadline):
-            await done.wait()
-        if not done.is_set():
-            box["late"] = True
+            await write.done.wait()
+        if not write.done.is_set():
+            write.late = True
             self.ctx.health.count("control_guard_expired")
-            return _Decision(True), disarm
-        return self._verdict(cmd, box), disarm
+            return _Decision(True), write
+        return self._verdict(cmd, write), write
 
-    def _verdict(self, cmd: dict[str, Any], box: dict[str, Any]) -> _Decision:
-        err = box.get("error")
+    async def _check(self, controller: Controller[Any], cmd: dict[str, Any],
+                     deadline: float) -> tuple[Any] | _Decision:
+        """``(plan,)`` from ``controller.check``, or the nack decision."""
+        refused: _Decision | None = None
+        plan: Any = None
+        with trio.move_on_at(deadline) as cs:
+            try:
+                plan = controller.check(cmd)
+                if inspect.isawaitable(plan):
+                    plan = await plan
+            except Refuse as r:
+                refused = _Decision(False, r.reason, r.detail)
+            except Exception as e:
+                log.exception("%s: check failed for %s", self.ctx.name, cmd.get("id"))
+                refused = _Decision(False, "invalid", type(e).__name__)
+        if cs.cancelled_caught:
+            return _Decision(False, "busy", "check did not settle within the ack guard")
+        return refused if refused is not None else (plan,)
+
+    async def _perform(self, controller: Controller[Any], cmd: dict[str, Any], plan: Any,
+                       write: _Write) -> None:
+        try:
+            write.result = await controller.perform(plan)
+        except Exception as e:  # Cancelled (BaseException) propagates
+            write.error = e
+        finally:
+            write.done.set()
+        if write.late:
+            await self._settle_late(cmd, write)
+
+    def _verdict(self, cmd: dict[str, Any], write: _Write) -> _Decision:
+        err = write.error
         if isinstance(err, Refuse):
             return _Decision(False, err.reason, err.detail)
         if isinstance(err, Unreachable):
@@ -397,40 +418,52 @@ class CommandLedger:
             log.error("%s: write failed for %s: %s", self.ctx.name, cmd.get("id"),
                       type(err).__name__, exc_info=err)
             return _Decision(False, "busy", type(err).__name__)
-        result = box.get("result")
-        status = getattr(result, "status", None)
+        status = getattr(write.result, "status", None)
         if not isinstance(status, int):
-            log.error("%s: write returned %r, not a WriteResult", self.ctx.name, type(result).__name__)
+            log.error("%s: write returned %r, not a WriteResult", self.ctx.name,
+                      type(write.result).__name__)
             return _Decision(False, "busy", "write returned no status")
         if 200 <= status < 300:
             return _Decision(True)
-        detail = getattr(result, "detail", None)
+        detail = getattr(write.result, "detail", None)
         text = f"HTTP {status}: {detail}" if detail else f"HTTP {status}"
         if status >= 500:
             return _Decision(False, "busy", text)
         return _Decision(False, "refused", text)
 
-    def _settle_late(self, cmd: dict[str, Any], box: dict[str, Any],
-                     disarm: Callable[[], None] | None) -> None:
-        """A write that outlived the guard finished; its command was already
-        acked ``accepted``. Success needs nothing (the outcome arrives as
-        vendor events); failure disarms the pending note and is counted."""
-        verdict = self._verdict(cmd, box)
+    async def _settle_late(self, cmd: dict[str, Any], write: _Write) -> None:
+        """A write that outlived the guard finished; its command was (or is
+        being) acked ``accepted``. Success runs its ``after_ack`` once the ack
+        is out (the rest of the outcome arrives as vendor events); failure
+        undoes the pending note and is counted."""
+        verdict = self._verdict(cmd, write)
         if verdict.accepted:
+            await write.acked.wait()
+            if write.ack_out:  # never an outcome for a command left unacked
+                await self._after_ack(cmd, write.result)
             return
         self.ctx.health.count("control_late_write_failed")
         log.warning("%s: write for %s failed after its accepted ack (%s)",
                     self.ctx.name, cmd.get("id"), verdict.reason)
-        if disarm is not None:
-            self._call_disarm(disarm)
+        if write.undo is not None:
+            self._call_undo(write.undo)
 
-    def _call_disarm(self, disarm: Callable[[], None]) -> None:
+    async def _after_ack(self, cmd: dict[str, Any], result: Any) -> None:
+        after = getattr(result, "after_ack", None)
+        if after is None:
+            return
         try:
-            disarm()
+            await after()
         except Exception:
-            log.exception("%s: disarm failed", self.ctx.name)
+            log.exception("%s: after_ack failed for %s", self.ctx.name, cmd.get("id"))
             self.ctx.health.count("control_callback_errors")
 
+    def _call_undo(self, undo: Callable[[], None]) -> None:
+        try:
+            undo()
+        except Exception:
+            log.exception("%s: undo failed", self.ctx.name)
+            self.ctx.health.count("control_callback_errors")
     async def _emit_ack(self, cmd: dict[str, Any], decision: _Decision) -> dict[str, Any]:
         if decision.accepted:
             emission: dict[str, Any] = {"type": "control.accepted", "data": {}}

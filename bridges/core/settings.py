@@ -4,13 +4,24 @@ per problem, before anything binds").
 
 An :class:`EnvReader` never raises for a bad value: it records one problem
 line naming the variable, the value and what was expected, and returns the
-default so the caller can carry on collecting every other problem."""
+default so the caller can carry on collecting every other problem.
+
+The one config shape (issue 7; ``ARCHITECTURE.md`` "Configuration"): each
+bridge owns ``bridges/<name>/config.py`` with a frozen dataclass (its
+``__post_init__`` calls :func:`check_fields`), ``from_env(env) -> (config,
+problems)`` built on :class:`EnvReader`, and ``SETTINGS``, its
+:class:`Setting` metadata, from which the supervisor's known-settings list
+and the README's knob tables are generated (``python -m supervisor.knobs``)."""
 from __future__ import annotations
 
+import dataclasses
 import socket
+import types
+import typing
 import urllib.parse
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
@@ -58,7 +69,7 @@ def url_problem(name: str, url: str, *, hint: str = "") -> str | None:
     if p.scheme not in ("http", "https") or not p.hostname:
         return f"{name}={url!r}: expected http(s)://host:port{hint}"
     try:
-        p.port
+        _ = p.port  # raises ValueError for a port that is not a number
     except ValueError:
         return f"{name}={url!r}: the port is not a number (bad port)"
     if p.query or p.fragment:
@@ -153,7 +164,8 @@ class Setting:
     ``name``: the environment variable (``AEP_OPENHANDS_URL``); ``default``:
     the default as an operator reads it (markdown, e.g. ``"`8000`"`` or
     ``"unset"``); ``meaning``: one markdown table cell; ``secret``: the value
-    is a credential (never logged, never echoed in a problem line)."""
+    is a credential (never logged, never echoed in a problem line, kept out
+    of the config's ``repr``)."""
 
     name: str
     default: str
@@ -161,10 +173,59 @@ class Setting:
     secret: bool = False
 
 
-def render_table(settings: Sequence[Setting]) -> str:
-    """The markdown knob table for ``settings`` (``| Variable | Default |
-    Meaning |``), one row per setting in order, ending with a newline."""
-    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
-    for s in settings:
-        rows.append(f"| `{s.name}` | {s.default} | {s.meaning} |")
-    return "\n".join(rows) + "\n"
+Row = Setting | Sequence[Setting]
+"""One knob-table row: a setting, or the same setting of several profiles
+(``AEP_OPENCODE_URL`` / ``AEP_KILOCODE_URL``) shown as one line."""
+
+
+def render_table(rows: Sequence[Row]) -> str:
+    """The markdown knob table (``| Variable | Default | Meaning |``), one
+    line per row in order, ending with a newline. A row that is a sequence
+    of settings names each (`` `A` / `B` ``) and lists their defaults once
+    each (``"`opencode` / `kilo`"``); its meanings must agree (raises
+    ``ValueError`` otherwise: write the meaning profile-neutral)."""
+    lines = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for row in rows:
+        group = (row,) if isinstance(row, Setting) else tuple(row)
+        meanings = {s.meaning for s in group}
+        if len(meanings) != 1:
+            raise ValueError(f"one row, different meanings: {[s.name for s in group]}")
+        names = " / ".join(f"`{s.name}`" for s in group)
+        default = " / ".join(dict.fromkeys(s.default for s in group))
+        lines.append(f"| {names} | {default} | {meanings.pop()} |")
+    return "\n".join(lines) + "\n"
+
+
+def names(settings: Iterable[Setting]) -> frozenset[str]:
+    """The variable names of ``settings``."""
+    return frozenset(s.name for s in settings)
+
+
+def check_fields(obj: Any) -> None:
+    """Raise ``TypeError`` when a field of the dataclass ``obj`` does not
+    hold its declared type: a config dataclass's ``__post_init__`` calls
+    this so a bad string can never sit in an ``int`` field (issue 7). Checks
+    ``bool``/``int``/``float``/``str``/``Path``/``tuple``, ``X | None``; other
+    annotations are trusted (``bool`` is not accepted as ``int``)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if not _holds(value, hints.get(f.name, Any)):
+            raise TypeError(f"{type(obj).__name__}.{f.name} = {type(value).__name__} value, "
+                            f"expected {hints.get(f.name)}")
+
+
+def _holds(value: Any, hint: Any) -> bool:
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_holds(value, h) for h in typing.get_args(hint))
+    plain = origin or hint
+    if plain is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if plain is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if plain in (bool, str, tuple, Path):
+        return isinstance(value, plain)
+    return True

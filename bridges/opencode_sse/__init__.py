@@ -1,28 +1,19 @@
 """The OpenCode SSE bridge: a PROFILE on the shared implementation
 (:mod:`bridges.sse_common`). Attaches to ``opencode serve``.
 
-Configuration (:func:`from_env`; names from ``shared/DESIGN.md``):
-
-=================================  ==========================  ===========================================
-variable                           default                     meaning
-=================================  ==========================  ===========================================
-``AEP_OPENCODE_URL``               ``http://127.0.0.1:4096``   the server (``opencode serve``'s own port)
-``AEP_OPENCODE_USERNAME``          ``opencode``                basic-auth user (the vendor's default)
-``AEP_OPENCODE_PASSWORD``          unset                       basic-auth password (``OPENCODE_SERVER_PASSWORD``);
-                                                               unset: no auth header; never logged
-``AEP_OPENCODE_SSE_PRIMARY``       ``0``                       ``1``: the full core mapping (default companion:
-                                                               ``x.opencode.*`` only)
-``AEP_OPENCODE_SSE_CONTROL``       ``0``                       ``1`` (primary mode + ``AEP_TOKEN``): answer
-                                                               permissions/questions and cancel runs
-``AEP_OPENCODE_SSE_ACK_GUARD_MS``  ``8000``                    REST-settled ack guard (inside the 10 s window)
-=================================  ==========================  ===========================================
+Configuration: :mod:`bridges.opencode_sse.config` (the ``AEP_OPENCODE_*`` names,
+generated from the profile by :func:`bridges.sse_common.config.settings`;
+the README's OpenCode/Kilo table is generated from them).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from bridges.core.capture import CapturePolicy
 from bridges.sse_common.profile import SseProfile
+
+if TYPE_CHECKING:
+    from bridges.sse_common.bridge import SseBridge
 
 PROFILE = SseProfile(
     name="opencode_sse", agent="opencode", env="AEP_OPENCODE",
@@ -31,7 +22,7 @@ PROFILE = SseProfile(
 )
 
 
-def from_env(environ: Mapping[str, str], *, policy: CapturePolicy):
+def from_env(environ: Mapping[str, str], *, policy: CapturePolicy) -> "SseBridge":
     """The bridge configured from ``environ`` (never raises for bad values:
     each becomes one :meth:`preflight` line)."""
     from bridges.sse_common.bridge import SseBridge

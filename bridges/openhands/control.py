@@ -6,10 +6,12 @@ control gate", "The approval loop becomes answerable", "Pause and resume",
 "control.cancel is not adopted", "send_input", "interrupt", "Ack discipline:
 REST-settled"); AEP-0004 §3/§5/§6; AEP-0008 (text answers).
 
-This module is constructed only when the gate is open (``AEP_TOKEN`` set AND
-``AEP_OPENHANDS_CONTROL=1``); :meth:`OpenHandsControl.write` is the bridge's
-only write path to the vendor, and it is reachable only through the
-ledger's ``write`` callback. The five writes:
+:class:`OpenHandsControl` is this bridge's
+:class:`~bridges.core.control.Controller`; a run of the bridge constructs it
+only when the gate is open (``AEP_TOKEN`` set AND
+``AEP_OPENHANDS_CONTROL=1``) and hands it to the fleet, whose ledger is the
+only caller of :meth:`OpenHandsControl.perform`, the bridge's only write
+path to the vendor. The five writes:
 
 =====================================  =============================================================
 command                                REST write (``X-Session-API-Key`` header)
@@ -23,24 +25,26 @@ command                                REST write (``X-Session-API-Key`` header)
 
 Guards run BEFORE any write, from the receiver's last-observed status (the
 same state that drives run synthesis), so a refusal is consistent with the
-stream and the vendor receives nothing. Outcomes are the vendor's own status
-flips (the receiver cause-links them through the notes ``arm`` sets);
-``send_input``'s outcome is ``x.openhands.input.sent {}`` at REST 2xx, never
-echoing the text.
+stream and the vendor receives nothing. :meth:`OpenHandsControl.check`
+resolves the whole write into a :class:`Plan`. Outcomes are the vendor's own
+status flips (the receiver cause-links them through the notes
+:meth:`OpenHandsControl.note` sets); ``send_input``'s outcome is
+``x.openhands.input.sent {}`` at REST 2xx, after the ack (the write's
+``after_ack``), never echoing the text.
 """
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
-import trio
 
-from bridges.core.ledger import CommandLedger, Refuse, Unreachable, WriteResult
+from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, WriteResult
 
 from . import mapping as M
-from .receiver import Receiver, Settings, Settling, rest_client
+from .config import OpenHandsConfig
+from .receiver import Conversation, Receiver, Settling
 
 log = logging.getLogger("aep.bridge.openhands.control")
 
@@ -50,7 +54,6 @@ RESUME = "control.resume"
 SEND_INPUT = "x.openhands.control.send_input"
 INTERRUPT = "x.openhands.control.interrupt"
 ACCEPTS = (RESPOND, PAUSE, RESUME, SEND_INPUT, INTERRUPT)
-ACK_WINDOW_MS = 10_000
 INPUT_MAX = 4000
 OPTIONS = ({"id": "approve", "label": "Approve"}, {"id": "deny", "label": "Deny"})
 WRITE_TIMEOUT = 30.0
@@ -103,159 +106,153 @@ def decide_answer(answer: Any) -> tuple[bool, str | None, dict[str, Any]]:
     return False, reason, {"option": "deny", "text": reason}
 
 
-class OpenHandsControl:
-    """The gated control handler for one server. ``receiver`` supplies the
-    last-observed state and carries the notes; ``client`` (optional, for
-    tests) is the POST client (built from ``settings`` otherwise)."""
+NOTES = {PAUSE: "pause", RESUME: "resume", INTERRUPT: "interrupt"}
+"""The conversation note each status-flipping command sets (the receiver
+cause-links the flip to it, :meth:`Receiver._note_cause`)."""
 
-    def __init__(self, settings: Settings, receiver: Receiver, *,
+
+@dataclass(frozen=True)
+class Plan:
+    """One planned write, from :meth:`OpenHandsControl.check` to
+    :meth:`OpenHandsControl.perform` (the ledger carries it).
+
+    ``command``: the command id; ``type``: the command type; ``conv``: the
+    receiver's conversation (the note goes there); ``path`` / ``body``: the
+    POST; ``applied``: the answer as applied (a respond only, recorded on
+    ``attention.answered``)."""
+
+    command: str
+    type: str
+    conv: Conversation
+    path: str
+    body: dict[str, Any] | None
+    applied: dict[str, Any] | None = None
+
+
+class OpenHandsControl:
+    """The gated controller for one run against one server. ``config``:
+    the bridge's (``guard_ms``); ``receiver``: the run's receiver (the
+    last-observed state; carries the notes); ``client``: the run's POST
+    client (``None`` only in tests that never perform)."""
+
+    accepts = ACCEPTS
+    ack_window_ms = ACK_WINDOW_MS
+
+    def __init__(self, config: OpenHandsConfig, receiver: Receiver, *,
                  client: httpx.AsyncClient | None = None) -> None:
-        self.settings = settings
+        self.config = config
+        self.guard_ms = config.guard_ms
         self.receiver = receiver
         self._client = client
-        self._input_box: OrderedDict[str, dict[str, bool]] = OrderedDict()
 
     @property
     def declaration(self) -> dict[str, Any]:
         return {"accepts": list(ACCEPTS), "ack_window_ms": ACK_WINDOW_MS}
 
-    async def serve(self, ctx: Any) -> None:
-        """Run the ledger over ``ctx.commands`` until the bridge stops."""
-        own = self._client is None
-        client = self._client or rest_client(self.settings, timeout=WRITE_TIMEOUT)
-        self._client = client
-        try:
-            async with CommandLedger(ctx, ACCEPTS, ack_window_ms=ACK_WINDOW_MS,
-                                     guard_ms=self.settings.guard_ms) as ledger:
-                await ledger.serve(ctx.commands, check=self.check, write=self.write,
-                                   arm=self.arm, on_accepted=self.on_accepted)
-        finally:
-            if own:
-                with trio.CancelScope(shield=True):
-                    await client.aclose()
-
     # ------------------------------------------------------------------ guards
-    def _conversation(self, cmd: dict[str, Any]):
-        conv = self.receiver.conversations.get(cmd.get("session"))
+    def _conversation(self, cmd: dict[str, Any]) -> Conversation:
+        conv = self.receiver.conversations.get(cmd.get("session"))  # type: ignore[arg-type]
         if conv is None or conv.ended:
             raise Refuse("refused", "no OpenHands conversation with this session is attached")
         return conv
 
-    def check(self, cmd: dict[str, Any]) -> None:
-        """Refuse before any write (``Refuse``); see the module docstring."""
+    def check(self, cmd: dict[str, Any]) -> Plan:
+        """The plan for ``cmd``, or :class:`Refuse` before any write; see
+        the module docstring."""
         conv = self._conversation(cmd)
         t = cmd.get("type")
-        data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
-        status = conv.status or "unknown"
+        data: dict[str, Any] = cmd["data"] if isinstance(cmd.get("data"), dict) else {}
+        base = f"/api/conversations/{cmd['session']}"
         if t == RESPOND:
-            if conv.status != M.WAITING or conv.attention_id is None:
-                raise Refuse("refused", f"no confirmation is pending (the conversation is {status})")
-            if cmd.get("subject") != conv.attention_id:
-                raise Refuse("refused", "subject is not the live pending attention.requested")
-            if conv.settling is not None:
-                raise Refuse("refused", "a response to this request is already settling")
-            decide_answer(data.get("answer"))
-        elif t in (PAUSE, INTERRUPT):
-            if conv.status != M.RUNNING:
-                raise Refuse("refused", f"{t} is honored only while the conversation is running "
-                                        f"(it is {status})")
-        elif t == RESUME:
+            return self._plan_respond(cmd, conv, data, base)
+        if t in (PAUSE, INTERRUPT):
+            _refuse_unless(conv, M.RUNNING, f"{t} is honored only while the conversation is "
+                                            f"running (it is {conv.status or 'unknown'})")
+            return Plan(cmd["id"], t, conv, f"{base}/{NOTES[t]}", None)
+        if t == RESUME:
             if conv.status == M.WAITING:
                 raise Refuse("refused", "the conversation is waiting_for_confirmation: the vendor's run "
                                         "would silently accept the pending action; answer it with "
                                         "control.attention.respond")
-            if conv.status != M.PAUSED:
-                raise Refuse("refused", f"control.resume is honored only from paused (it is {status})")
-        elif t == SEND_INPUT:
+            _refuse_unless(conv, M.PAUSED, "control.resume is honored only from paused "
+                                           f"(it is {conv.status or 'unknown'})")
+            return Plan(cmd["id"], t, conv, f"{base}/run", None)
+        if t == SEND_INPUT:
             text = data.get("text")
             if not isinstance(text, str) or not text.strip():
                 raise Refuse("invalid", "data.text must be a non-empty string")
             if len(text) > INPUT_MAX:
                 raise Refuse("invalid", f"data.text is over {INPUT_MAX} characters")
+            # pinned: never a run trigger, never an implicit approval
+            body = {"role": "user", "content": [{"type": "text", "text": text}], "run": False}
+            return Plan(cmd["id"], t, conv, f"{base}/events", body)
+        raise Refuse("unsupported", f"{t} is not accepted")  # the ledger gates types first
 
-    def arm(self, cmd: dict[str, Any]) -> Callable[[], None] | None:
+    @staticmethod
+    def _plan_respond(cmd: dict[str, Any], conv: Conversation, data: dict[str, Any],
+                      base: str) -> Plan:
+        if conv.status != M.WAITING or conv.attention_id is None:
+            raise Refuse("refused", "no confirmation is pending (the conversation is "
+                                    f"{conv.status or 'unknown'})")
+        if cmd.get("subject") != conv.attention_id:
+            raise Refuse("refused", "subject is not the live pending attention.requested")
+        if conv.settling is not None:
+            raise Refuse("refused", "a response to this request is already settling")
+        accept, reason, applied = decide_answer(data.get("answer"))
+        body: dict[str, Any] = {"accept": accept}
+        if not accept and reason:
+            body["reason"] = reason
+        return Plan(cmd["id"], RESPOND, conv, f"{base}/events/respond_to_confirmation", body,
+                    applied)
+
+    def note(self, plan: Plan) -> Undo | None:
         """Set the pending note the vendor's flip will be cause-linked
-        through; the returned ``disarm`` clears exactly this note."""
-        conv = self._conversation(cmd)
-        t, cid = cmd.get("type"), cmd["id"]
-        if t == RESPOND:
-            _, _, applied = decide_answer((cmd.get("data") or {}).get("answer"))
-            conv.settling = Settling(cid, applied)
+        through; the returned undo clears exactly this note."""
+        conv, cid = plan.conv, plan.command
+        if plan.type == RESPOND:
+            assert plan.applied is not None
+            conv.settling = Settling(cid, plan.applied)
 
-            def disarm() -> None:
+            def undo_settling() -> None:
                 if conv.settling is not None and conv.settling.cmd_id == cid:
                     conv.settling = None
-            return disarm
-        note = {PAUSE: "pause", RESUME: "resume", INTERRUPT: "interrupt"}.get(t)
-        if note is not None:
-            conv.notes[note] = cid
+            return undo_settling
+        note = NOTES.get(plan.type)
+        if note is None:
+            return None  # send_input: its outcome is the write's after_ack
+        conv.notes[note] = cid
 
-            def disarm_note() -> None:
-                if conv.notes.get(note) == cid:
-                    del conv.notes[note]
-            return disarm_note
-        if t == SEND_INPUT:
-            self._input_box[cid] = {"ok": False, "acked": False}
-            while len(self._input_box) > 1024:
-                self._input_box.popitem(last=False)
-        return None
+        def undo_note() -> None:
+            if conv.notes.get(note) == cid:
+                del conv.notes[note]
+        return undo_note
 
     # ------------------------------------------------------------------ the five writes
-    async def write(self, cmd: dict[str, Any]) -> WriteResult:
+    async def perform(self, plan: Plan) -> WriteResult:
         """The only REST writes this bridge makes. Transport failures are
         :class:`Unreachable` (acked ``busy``); the detail never carries the
         key (it is a header, and only the status and the vendor's detail
-        text are reported)."""
+        text are reported). A 2xx ``send_input`` carries its outcome as
+        ``after_ack``."""
         assert self._client is not None
-        cid = cmd["session"]
-        t = cmd.get("type")
-        data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
-        base = f"/api/conversations/{cid}"
-        if t == RESPOND:
-            accept, reason, _ = decide_answer(data.get("answer"))
-            body: dict[str, Any] = {"accept": accept}
-            if not accept and reason:
-                body["reason"] = reason
-            path = f"{base}/events/respond_to_confirmation"
-        elif t == PAUSE:
-            path, body = f"{base}/pause", None
-        elif t == RESUME:
-            path, body = f"{base}/run", None
-        elif t == INTERRUPT:
-            path, body = f"{base}/interrupt", None
-        elif t == SEND_INPUT:
-            path = f"{base}/events"
-            body = {"role": "user", "content": [{"type": "text", "text": data["text"]}],
-                    "run": False}  # pinned: never a run trigger, never an implicit approval
-        else:  # pragma: no cover - the ledger only calls write for declared types
-            raise Refuse("unsupported")
         try:
-            r = await self._client.post(path, json=body)
+            r = await self._client.post(plan.path, json=plan.body)
         except (httpx.TransportError, OSError):
             raise Unreachable("OpenHands agent server unreachable") from None
         result = WriteResult(r.status_code, _detail(r))
-        if t == SEND_INPUT and 200 <= r.status_code < 300:
-            box = self._input_box.get(cmd["id"])
-            if box is not None:
-                box["ok"] = True
-                if box["acked"]:  # the guard already acked: the outcome follows now
-                    await self._input_sent(cmd)
+        if plan.type == SEND_INPUT and 200 <= r.status_code < 300:
+            result.after_ack = lambda: self._input_sent(plan)
         return result
 
-    async def on_accepted(self, cmd: dict[str, Any], ack: dict[str, Any]) -> None:
-        if cmd.get("type") != SEND_INPUT:
-            return
-        box = self._input_box.get(cmd["id"])
-        if box is None:
-            return
-        box["acked"] = True
-        if box["ok"]:
-            await self._input_sent(cmd)
+    async def _input_sent(self, plan: Plan) -> None:
+        await self.receiver.emit_outcome(plan.conv.id, {"type": "x.openhands.input.sent",
+                                                        "data": {}, "severity": "notice"},
+                                         plan.command)
 
-    async def _input_sent(self, cmd: dict[str, Any]) -> None:
-        self._input_box.pop(cmd["id"], None)
-        await self.receiver.emit_outcome(cmd["session"], {"type": "x.openhands.input.sent", "data": {},
-                                                          "severity": "notice"}, cmd["id"])
+
+def _refuse_unless(conv: Conversation, status: str, why: str) -> None:
+    if conv.status != status:
+        raise Refuse("refused", why)
 
 
 def _detail(r: httpx.Response) -> str | None:

@@ -63,10 +63,11 @@ import httpx
 import trio
 import trio_websocket
 
+from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import Saturated
 
 from . import mapping as M
-from bridges.core.backoff import backoff_delay
+from .config import OpenHandsConfig
 
 log = logging.getLogger("aep.bridge.openhands")
 
@@ -136,7 +137,7 @@ class Conversation:
     ended: bool = False
     seen: OrderedDict = field(default_factory=OrderedDict)
     # runtime only
-    pending_snap: tuple[str | None, str, str] | None = None  # (vendor ts, status, envelope id)
+    pending_snap: tuple[str | None, str, str | None] | None = None  # (vendor ts, status, envelope id)
     notes: dict[str, str] = field(default_factory=dict)  # pause/resume/interrupt -> cmd id
     settling: Settling | None = None
     attention_t0: float | None = None
@@ -180,18 +181,8 @@ class Conversation:
         return c
 
 
-@dataclass
-class Settings:
-    """The receiver's configuration (see :func:`bridges.openhands.from_env`)."""
-
-    url: str = "http://127.0.0.1:8000"
-    key: str | None = None
-    poll: float = 15.0
-    deltas: bool = False
-    control: bool = False
-    guard_ms: int = 8000
-    state_dir: Path | None = None
-    agent: str = "openhands"
+Settings = OpenHandsConfig
+"""The receiver's configuration is the bridge's (:mod:`bridges.openhands.config`)."""
 
 
 class ReadOnlyRest:
@@ -504,19 +495,19 @@ class Receiver:
             if tdt is not None and (pdt is None or tdt >= pdt):
                 await self._apply_pending(conv)
         status = M.status_of(ev)
-        fresh = status is not None and self._fresh(conv, tdt)
+        fresh = status if status is not None and self._fresh(conv, tdt) else None
         cause = None
-        if fresh and not snap and status != conv.status:
-            cause = self._note_cause(conv, status)
+        if fresh is not None and not snap and fresh != conv.status:
+            cause = self._note_cause(conv, fresh)
         conv.dirty = True
         env = None
         for emission in M.map_event(ev, self.posture):
             env = await self._emit(conv, emission, cause=cause)
-        if fresh:
+        if fresh is not None:
             if snap:
-                conv.pending_snap = (ts, status, env["id"] if env else None)  # type: ignore[assignment]
+                conv.pending_snap = (ts, fresh, env["id"] if env else None)
             else:
-                await self._transition(conv, status, ts, cause=env["id"] if env else None)
+                await self._transition(conv, fresh, ts, cause=env["id"] if env else None)
         if not M.is_ephemeral(ev) and tdt is not None:
             adt = _parse_ts(conv.anchor)
             if adt is None or tdt >= adt:

@@ -67,11 +67,11 @@ class EventSpec:
 
 # --------------------------------------------------------------------------- values
 
-def is_scalar(v: Any) -> bool:
+def is_scalar(v: object) -> bool:
     return isinstance(v, (str, int, float, bool)) and v is not None
 
 
-def to_int(v: Any) -> int | None:
+def to_int(v: object) -> int | None:
     """A non-negative whole number from an int, an integral float, or a
     decimal string (the vendors send both: ``"412"`` and ``412``)."""
     if isinstance(v, bool):
@@ -87,7 +87,7 @@ def to_int(v: Any) -> int | None:
     return None
 
 
-def to_bool(v: Any) -> bool | None:
+def to_bool(v: object) -> bool | None:
     """``True``/``False`` from a bool or the strings ``"true"``/``"false"``
     (any case; Codex sends its flags as strings)."""
     if isinstance(v, bool):
@@ -101,7 +101,7 @@ def to_bool(v: Any) -> bool | None:
     return None
 
 
-def text_of(v: Any) -> str | None:
+def text_of(v: object) -> str | None:
     """Free text from a value: strings as-is, other JSON as compact JSON."""
     if v is None:
         return None
@@ -110,7 +110,7 @@ def text_of(v: Any) -> str | None:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
-def short_str(v: Any, notes: list[str]) -> str | None:
+def short_str(v: object, notes: list[str]) -> str | None:
     """A metadata-grade identifier (tool name, model id): a non-empty string,
     cut to :data:`MAX_META_STR` characters."""
     if not isinstance(v, str) or not v:
@@ -160,7 +160,7 @@ def resource(rec: dict[str, Any]) -> dict[str, Any]:
     return r if isinstance(r, dict) else {}
 
 
-def session_id(raw: Any, notes: list[str]) -> str | None:
+def session_id(raw: object, notes: list[str]) -> str | None:
     """A vendor session id as an AEP ``session``. Ids within the interop
     grammar ``[A-Za-z0-9][A-Za-z0-9._-]*`` (AEP-0003 §9 item 6; Codex thread
     ids and VS Code session ids are UUIDs) pass unchanged; anything else is
@@ -204,7 +204,7 @@ def record_time(rec: dict[str, Any]) -> datetime | None:
     return _from_nanos(rec.get("observed_time_unix_nano"))
 
 
-def _from_nanos(n: Any) -> datetime | None:
+def _from_nanos(n: object) -> datetime | None:
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         return None
     try:

@@ -25,14 +25,17 @@ Two sources, one output: :func:`records_from_proto` walks an
 ``ExportLogsServiceRequest`` message; :func:`records_from_json` walks the
 OTLP/JSON encoding (OTLP spec, "JSON Protobuf Encoding": lowerCamelCase keys;
 the proto field names are accepted too). Structural garbage raises
-:class:`NotOtlp` (the receiver answers 400 / ``INVALID_ARGUMENT``); a
-malformed *record* inside a well-formed request is yielded as ``None`` (the
-receiver counts it in ``partial_success.rejected_log_records``); a value of
-an unexpected kind degrades to ``None`` and is noted.
+:class:`NotOtlp` (the transports answer 400 / ``INVALID_ARGUMENT``,
+:mod:`bridges.otlp_in.status`); a malformed *record* inside a well-formed
+request is yielded as ``None`` (the planning step,
+:func:`bridges.otlp_in.export.plan`, refuses it and the answer counts it in
+``partial_success.rejected_log_records``); a value of an unexpected kind
+degrades to ``None`` and is noted.
 
 Anomalies are appended to the caller's ``notes`` list as counter names
-(``otlp.value_unexpected``, ``otlp.value_too_deep``, ...): the receiver turns
-them into ``BridgeHealth`` counts. Design record:
+(``otlp.value_unexpected``, ``otlp.value_too_deep``, ...): the export path
+(:class:`bridges.otlp_in.export.Admission`) turns them into ``BridgeHealth``
+counts. Design record:
 ``shared/aep/docs/bridge-otlp-inbound-design.md`` (we go beyond it: native
 protobuf as well as JSON).
 """
@@ -40,7 +43,10 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
+
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 MAX_DEPTH = 16
 """Nesting depth of array/kvlist values kept; deeper values degrade to None."""
@@ -60,7 +66,7 @@ def _double(x: float) -> float | str:
     return "NaN" if math.isnan(x) else ("Infinity" if x > 0 else "-Infinity")
 
 
-def value_from_proto(v: Any, notes: list[str], depth: int = 0) -> Any:
+def value_from_proto(v: AnyValue, notes: list[str], depth: int = 0) -> Any:
     """One ``opentelemetry.proto.common.v1.AnyValue`` -> a JSON value."""
     kind = v.WhichOneof("value")
     if kind is None:
@@ -86,7 +92,7 @@ def value_from_proto(v: Any, notes: list[str], depth: int = 0) -> Any:
     return None
 
 
-def attrs_from_proto(kvs: Any, notes: list[str], depth: int = 0) -> dict[str, Any]:
+def attrs_from_proto(kvs: Iterable[KeyValue], notes: list[str], depth: int = 0) -> dict[str, Any]:
     """Repeated ``KeyValue`` -> ``{key: value}`` (a repeated key: last wins)."""
     out: dict[str, Any] = {}
     for kv in kvs:
@@ -121,7 +127,7 @@ def _record(resource: dict[str, Any], attributes: dict[str, Any], *, event_name:
     return rec
 
 
-def records_from_proto(request: Any, notes: list[str]) -> Iterator[FlatRecord]:
+def records_from_proto(request: ExportLogsServiceRequest, notes: list[str]) -> Iterator[FlatRecord]:
     """Flatten every LogRecord of an ``ExportLogsServiceRequest`` message, in
     order. A decoded protobuf message is structurally sound by construction,
     so this never yields ``None``."""
@@ -140,7 +146,7 @@ def records_from_proto(request: Any, notes: list[str]) -> Iterator[FlatRecord]:
                     severity_text=lr.severity_text, scope=scope)
 
 
-def count_proto_records(request: Any) -> int:
+def count_proto_records(request: ExportLogsServiceRequest) -> int:
     return sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
 
 
@@ -161,7 +167,7 @@ _VALUE_KEYS = (
 )
 
 
-def _json_int(x: Any) -> int | None:
+def _json_int(x: object) -> int | None:
     """An OTLP/JSON int64: a JSON integer or a decimal string."""
     if isinstance(x, bool):
         return None
@@ -180,7 +186,7 @@ def _json_int(x: Any) -> int | None:
     return None
 
 
-def _json_double(x: Any) -> float | str | None:
+def _json_double(x: object) -> float | str | None:
     if isinstance(x, bool):
         return None
     if isinstance(x, (int, float)):
@@ -198,7 +204,60 @@ def _json_double(x: Any) -> float | str | None:
     return None
 
 
-def value_from_json(v: Any, notes: list[str], depth: int = 0) -> Any:
+_BAD = object()
+"""A value of the named kind that is not of that kind (noted, degrades to None)."""
+
+
+def _json_string(x: Any, notes: list[str], depth: int) -> Any:
+    return x if isinstance(x, str) else _BAD
+
+
+def _json_bool(x: Any, notes: list[str], depth: int) -> Any:
+    return x if isinstance(x, bool) else _BAD
+
+
+def _json_int_value(x: Any, notes: list[str], depth: int) -> Any:
+    i = _json_int(x)
+    return _BAD if i is None else i
+
+
+def _json_double_value(x: Any, notes: list[str], depth: int) -> Any:
+    d = _json_double(x)
+    return _BAD if d is None else d
+
+
+def _json_array(x: Any, notes: list[str], depth: int) -> Any:
+    if not isinstance(x, dict):
+        return _BAD
+    vals = _get(x, "values")
+    if vals is None:
+        return []
+    if isinstance(vals, list):
+        return [value_from_json(e, notes, depth + 1) for e in vals]
+    return _BAD
+
+
+def _json_kvlist(x: Any, notes: list[str], depth: int) -> Any:
+    if not isinstance(x, dict):
+        return _BAD
+    vals = _get(x, "values")
+    if vals is None:
+        return {}
+    if isinstance(vals, list):
+        return attrs_from_json(vals, notes, depth + 1)
+    return _BAD
+
+
+# bytesValue is already base64 on this encoding: a string, kept as is.
+_JSON_VALUE: dict[str, Callable[[Any, list[str], int], Any]] = {
+    "stringValue": _json_string, "boolValue": _json_bool, "intValue": _json_int_value,
+    "doubleValue": _json_double_value, "bytesValue": _json_string,
+    "arrayValue": _json_array, "kvlistValue": _json_kvlist,
+}
+_NESTED = frozenset({"arrayValue", "kvlistValue"})
+
+
+def value_from_json(v: object, notes: list[str], depth: int = 0) -> Any:
     """One OTLP/JSON ``AnyValue`` object -> a JSON value (``None`` for an
     empty or unreadable one, noted)."""
     if not isinstance(v, dict):
@@ -212,40 +271,14 @@ def value_from_json(v: Any, notes: list[str], depth: int = 0) -> Any:
         if v:
             notes.append("otlp.value_unexpected")
         return None
-    if camel == "stringValue":
-        if isinstance(x, str):
-            return x
-    elif camel == "boolValue":
-        if isinstance(x, bool):
-            return x
-    elif camel == "intValue":
-        i = _json_int(x)
-        if i is not None:
-            return i
-    elif camel == "doubleValue":
-        d = _json_double(x)
-        if d is not None:
-            return d
-    elif camel == "bytesValue":
-        if isinstance(x, str):
-            return x  # already base64 on this encoding
-    elif depth >= MAX_DEPTH:
+    if camel in _NESTED and depth >= MAX_DEPTH:
         notes.append("otlp.value_too_deep")
         return None
-    elif camel == "arrayValue":
-        vals = _get(x, "values") if isinstance(x, dict) else None
-        if vals is None and isinstance(x, dict):
-            return []
-        if isinstance(vals, list):
-            return [value_from_json(e, notes, depth + 1) for e in vals]
-    elif camel == "kvlistValue":
-        vals = _get(x, "values") if isinstance(x, dict) else None
-        if vals is None and isinstance(x, dict):
-            return {}
-        if isinstance(vals, list):
-            return attrs_from_json(vals, notes, depth + 1)
-    notes.append("otlp.value_unexpected")
-    return None
+    out = _JSON_VALUE[camel](x, notes, depth)
+    if out is _BAD:
+        notes.append("otlp.value_unexpected")
+        return None
+    return out
 
 
 def attrs_from_json(kvs: Any, notes: list[str], depth: int = 0) -> dict[str, Any]:
@@ -283,7 +316,7 @@ def _obj(v: Any, where: str) -> dict[str, Any]:
     return v
 
 
-def records_from_json(doc: Any, notes: list[str]) -> list[FlatRecord | None]:
+def records_from_json(doc: object, notes: list[str]) -> list[FlatRecord | None]:
     """Flatten an OTLP/JSON ``ExportLogsServiceRequest`` (already
     ``json.loads``-ed). Returns one entry per LogRecord in order: a flat
     record, or ``None`` for an entry that is not a LogRecord object.

@@ -6,10 +6,11 @@ Pure data; :data:`PROFILES` is keyed by the ``AEP_OTLP_VENDOR`` value."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from . import codex, vscode
-from .common import Emission, Posture
+from .common import Emission, Mapper
+from .flatten import FlatRecord
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,8 @@ class Profile:
 
     vendor: str
     agent: str
-    session_key: Callable[[dict[str, Any]], Any]
-    map_record: Callable[[dict[str, Any], Posture, list[str]], list[Emission]]
+    session_key: Callable[[FlatRecord], object]
+    map_record: Mapper
     namespace: str
     primary_types: tuple[str, ...]
     known: frozenset[str]

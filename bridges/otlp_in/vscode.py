@@ -17,8 +17,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import (Emission, EventSpec, Posture, attrs, event_name, gated_payload, resource,
-                     short_str, spec_levels, to_bool, to_int, unknown, vendor_type)
+from .common import (
+    Emission,
+    EventSpec,
+    Posture,
+    attrs,
+    event_name,
+    gated_payload,
+    resource,
+    short_str,
+    spec_levels,
+    to_bool,
+    to_int,
+    unknown,
+    vendor_type,
+)
 
 NAMESPACE = "x.vscode.otel"
 CLIENT = "vscode"
@@ -69,7 +82,7 @@ def map_record(rec: dict[str, Any], posture: Posture, notes: list[str] | None = 
     notes = [] if notes is None else notes
     name = event_name(rec, notes)
     spec = EVENTS.get(name) if name else None
-    if spec is None:
+    if spec is None or name is None:
         if name:
             notes.append("otlp.unknown_event")
         return [unknown(NAMESPACE, name)]

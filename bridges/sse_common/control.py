@@ -1,8 +1,9 @@
 """The control gate: the bridge's ONLY write path to the vendor.
 
 Exactly three REST writes exist in this package, all here, all reachable
-only through a :class:`ControlGate`, which the bridge constructs only when the
-gate is honored (primary mode AND ``AEP_TOKEN`` set AND
+only through a :class:`ControlGate` (this vendor family's
+:class:`~bridges.core.control.Controller`), which a run of the bridge
+constructs only when the gate is honored (primary mode AND ``AEP_TOKEN`` set AND
 ``AEP_{VENDOR}_SSE_CONTROL=1``; :meth:`bridges.sse_common.bridge.SseBridge.control_honored`):
 
 - the permission reply (``POST /permission/{id}/reply {reply, message?}``;
@@ -13,7 +14,8 @@ gate is honored (primary mode AND ``AEP_TOKEN`` set AND
 
 The receiver reads through :class:`ReadOnlyClient`, which has no method that
 can send anything but ``GET``. With the gate closed the bridge declares
-``accepts: []`` and hands the ledger neither ``check`` nor ``write``.
+``accepts: []`` and hands the fleet no controller (every command is nacked
+``unsupported``).
 
 Design: ``shared/aep/docs/adapter-opencode-design.md`` ("The control gate",
 "respond", "cancel", "Ack discipline"); AEP-0004 §5, AEP-0008 (text answers),
@@ -28,7 +30,7 @@ from typing import Any, Callable
 
 import httpx
 
-from bridges.core.ledger import Refuse, Unreachable, WriteResult
+from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, WriteResult
 
 from .mapping import PERMISSION_OPTIONS
 from .profile import SseProfile
@@ -37,7 +39,6 @@ from .tracker import Ask, Tracker
 log = logging.getLogger("aep.sse.control")
 
 ACCEPTS = ("control.attention.respond", "control.cancel")
-ACK_WINDOW_MS = 10_000
 
 
 # ---------------------------------------------------------------- pure answer rules
@@ -75,7 +76,7 @@ def permission_answer(answer: Any, *, message_route: bool) -> tuple[str, str | N
     if not text or not text.strip():
         raise Refuse("invalid", "answer needs an option or text")
     word = text.strip().casefold()
-    for i, label in PERMISSION_OPTIONS:
+    for i, _label in PERMISSION_OPTIONS:
         if word == i.casefold():
             return i, None, {"option": i}
     by_label = [i for i, label in PERMISSION_OPTIONS if word == label.casefold()]
@@ -97,40 +98,46 @@ def form_answer(ask: Ask, answer: Any) -> tuple[list[list[str]], dict]:
     if not isinstance(answer, dict) or not isinstance(answer.get("values"), dict):
         raise Refuse("invalid", "a form request is answered with answer.values")
     values = answer["values"]
-    answers: list[list[str]] = []
-    for f, q in zip(ask.fields, ask.questions):
-        fid = f["id"]
-        v = values.get(fid)
-        if v is None or v == [] or v == "":
-            if f.get("required"):
-                raise Refuse("invalid", f"field {fid} is required")
-            answers.append([])
-            continue
-        labels = [o.get("label") if isinstance(o, dict) else None
-                  for o in (q.get("options") if isinstance(q, dict)
-                            and isinstance(q.get("options"), list) else [])]
-        ids = {c["id"]: labels[int(c["id"]) - 1] for c in f.get("choices", [])
-               if c["id"].isdigit() and 0 < int(c["id"]) <= len(labels)}
-        if f["type"] == "string":
-            if not isinstance(v, str):
-                raise Refuse("invalid", f"field {fid} takes a string")
-            answers.append([v])
-            continue
-        picked = v if isinstance(v, list) else [v]
-        if isinstance(v, list) and not f.get("multi"):
-            raise Refuse("invalid", f"field {fid} takes one choice")
-        out = []
-        for x in picked:
-            if not isinstance(x, str):
-                raise Refuse("invalid", f"field {fid} takes choice ids")
-            if x in ids and isinstance(ids[x], str):
-                out.append(ids[x])
-            elif f.get("other"):
-                out.append(x)
-            else:
-                raise Refuse("invalid", f"{x!r} is not a choice of field {fid}")
-        answers.append(out)
+    answers = [_field_answer(f, q, values.get(f["id"]))
+               for f, q in zip(ask.fields, ask.questions, strict=False)]
     return answers, {"values": dict(values)}
+
+
+def _field_answer(f: dict[str, Any], q: Any, v: Any) -> list[str]:
+    """One field's vendor answer list (see :func:`form_answer`)."""
+    fid = f["id"]
+    if v is None or v == [] or v == "":
+        if f.get("required"):
+            raise Refuse("invalid", f"field {fid} is required")
+        return []
+    if f["type"] == "string":
+        if not isinstance(v, str):
+            raise Refuse("invalid", f"field {fid} takes a string")
+        return [v]
+    if isinstance(v, list) and not f.get("multi"):
+        raise Refuse("invalid", f"field {fid} takes one choice")
+    labels = _choice_labels(f, q)
+    out: list[str] = []
+    for x in v if isinstance(v, list) else [v]:
+        if not isinstance(x, str):
+            raise Refuse("invalid", f"field {fid} takes choice ids")
+        label = labels.get(x)
+        if isinstance(label, str):
+            out.append(label)
+        elif f.get("other"):
+            out.append(x)
+        else:
+            raise Refuse("invalid", f"{x!r} is not a choice of field {fid}")
+    return out
+
+
+def _choice_labels(f: dict[str, Any], q: Any) -> dict[str, Any]:
+    """Choice id (1-based index) -> the vendor's ORIGINAL option label."""
+    options = q.get("options") if isinstance(q, dict) else None
+    labels = [o.get("label") if isinstance(o, dict) else None
+              for o in (options if isinstance(options, list) else [])]
+    return {c["id"]: labels[int(c["id"]) - 1] for c in f.get("choices", [])
+            if c["id"].isdigit() and 0 < int(c["id"]) <= len(labels)}
 
 
 # ---------------------------------------------------------------- the gate
@@ -150,50 +157,59 @@ class ReadOnlyClient:
         return self._client.stream("GET", path, **kw)
 
 
-@dataclass
-class _Plan:
+@dataclass(frozen=True)
+class Plan:
+    """One planned write, from :meth:`ControlGate.check` to
+    :meth:`ControlGate.perform` (the ledger carries it): the route, its
+    ``?directory=`` query, the JSON body, and ``arm`` (sets the tracker's
+    note for this command, returns its undo)."""
+
+    command: str
     path: str
     params: dict[str, str]
     body: dict[str, Any] | None
-    arm: Callable[[], Callable[[], None]]
+    arm: Callable[[], Undo]
 
 
 class ControlGate:
-    """Decides and performs the gated writes for one bridge.
+    """This vendor family's :class:`~bridges.core.control.Controller` for
+    one run of the bridge.
 
     ``client``: an ``httpx.AsyncClient`` with the vendor's base URL and
-    credentials (owned by the bridge); ``tracker``: the receiver's state, read
-    by :meth:`check` and armed by :meth:`arm`. The three callbacks plug into
-    :meth:`bridges.core.ledger.CommandLedger.serve`."""
+    credentials (owned by the run); ``tracker``: the run's receiver state,
+    read by :meth:`check` and noted by :meth:`note`; ``persist``: saves the
+    tracker's persistent part (the run's state file) after a note changes
+    it; ``guard_ms``: the REST-settled ack guard."""
 
     accepts = ACCEPTS
+    ack_window_ms = ACK_WINDOW_MS
 
-    def __init__(self, profile: SseProfile, client: httpx.AsyncClient, tracker: Tracker) -> None:
+    def __init__(self, profile: SseProfile, client: httpx.AsyncClient, tracker: Tracker, *,
+                 guard_ms: int = 8000, persist: Callable[[], None] | None = None) -> None:
         self.profile = profile
         self._client = client
         self.tracker = tracker
-        self._plans: dict[str, _Plan] = {}
+        self.guard_ms = guard_ms
+        self._persist = persist or (lambda: None)
 
     def _params(self, session: str) -> dict[str, str]:
         st = self.tracker.sessions.get(session)
         return {"directory": st.directory} if st is not None and st.directory else {}
 
     # -- check: validate against the last-observed state, plan the write --
-    def check(self, cmd: dict[str, Any]) -> None:
-        """Raise :class:`Refuse` or record the write plan for ``cmd``."""
+    def check(self, cmd: dict[str, Any]) -> Plan:
+        """The write plan for ``cmd``; raises :class:`Refuse` (nothing is
+        written, nothing noted)."""
         session = cmd["session"]
-        data = cmd.get("data") if isinstance(cmd.get("data"), dict) else {}
+        data: dict[str, Any] = cmd["data"] if isinstance(cmd.get("data"), dict) else {}
         if cmd.get("type") == "control.cancel":
-            plan = self._plan_cancel(session, cmd, data)
-        elif cmd.get("type") == "control.attention.respond":
-            plan = self._plan_respond(session, cmd, data)
-        else:  # the ledger's accepts gate runs first; belt and braces
-            raise Refuse("unsupported", f"{cmd.get('type')} is not accepted")
-        if len(self._plans) > 1024:  # a ledger that never wrote: drop stale plans
-            self._plans.clear()
-        self._plans[cmd["id"]] = plan
+            return self._plan_cancel(session, cmd, data)
+        if cmd.get("type") == "control.attention.respond":
+            return self._plan_respond(session, cmd, data)
+        # the ledger's accepts gate runs first; belt and braces
+        raise Refuse("unsupported", f"{cmd.get('type')} is not accepted")
 
-    def _plan_cancel(self, session: str, cmd: dict[str, Any], data: dict[str, Any]) -> _Plan:
+    def _plan_cancel(self, session: str, cmd: dict[str, Any], data: dict[str, Any]) -> Plan:
         scope = data.get("scope")
         if scope == "session":
             raise Refuse("refused", "scope session is not supported: the only session-ending "
@@ -209,10 +225,10 @@ class ControlGate:
         if st.cancel is not None and st.cancel.run == run:
             raise Refuse("refused", "a cancel of this run is already in flight")
         command = cmd["id"]
-        return _Plan(self.profile.route("abort", session=session), self._params(session), None,
-                     lambda: self.tracker.arm_cancel(session, command, run))
+        return Plan(command, self.profile.route("abort", session=session), self._params(session),
+                    None, lambda: self.tracker.arm_cancel(session, command, run))
 
-    def _plan_respond(self, session: str, cmd: dict[str, Any], data: dict[str, Any]) -> _Plan:
+    def _plan_respond(self, session: str, cmd: dict[str, Any], data: dict[str, Any]) -> Plan:
         subject = cmd.get("subject")
         if not isinstance(subject, str) or not subject:
             raise Refuse("invalid", "control.attention.respond needs the request id as subject")
@@ -239,27 +255,24 @@ class ControlGate:
                 body = {"reply": reply}
                 if message:
                     body["message"] = message
-        return _Plan(path, self._params(session), body,
-                     lambda: self.tracker.arm_answer(ask, command, applied))
+        return Plan(command, path, self._params(session), body,
+                    lambda: self.tracker.arm_answer(ask, command, applied))
 
-    # -- arm: the settling mark / pendingCancel note, before the write --
-    def arm(self, cmd: dict[str, Any]) -> Callable[[], None] | None:
-        plan = self._plans.get(cmd["id"])
-        if plan is None:
-            raise Refuse("invalid", "no write planned")
-        disarm = plan.arm()
-        command = cmd["id"]
+    # -- note: the settling mark / pendingCancel note, before the write --
+    def note(self, plan: Plan) -> Undo:
+        """Set the plan's note (persisted at once, so a restart mid-write
+        still links the outcome); the undo clears it (and persists)."""
+        undo = plan.arm()
+        self._persist()
 
-        def undo() -> None:
-            self._plans.pop(command, None)
-            disarm()
-        return undo
+        def undo_and_persist() -> None:
+            undo()
+            self._persist()
+        return undo_and_persist
 
-    # -- write: the one POST --
-    async def write(self, cmd: dict[str, Any]) -> WriteResult:
-        plan = self._plans.pop(cmd["id"], None)
-        if plan is None:
-            raise Refuse("invalid", "no write planned")
+    # -- perform: the one POST --
+    async def perform(self, plan: Plan) -> WriteResult:
+        """The plan's POST; transport failures are :class:`Unreachable`."""
         try:
             r = await self._client.post(plan.path, params=plan.params, json=plan.body)
         except (httpx.TransportError, httpx.TimeoutException) as e:

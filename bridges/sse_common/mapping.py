@@ -38,9 +38,10 @@ the stamper's gate runs again and agrees (tested).
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from bridges.core import capture as _capture
 from bridges.core.naming import dotted_type
@@ -165,71 +166,101 @@ def fallback(type_: str, posture: Posture) -> Emission:
 
 # ---------------------------------------------------------------- the table
 
-def _core(type_: str, p: dict[str, Any], posture: Posture) -> list[Emission] | None:
-    """The adapter/primary mapping; ``None`` = no mapping (fallback),
-    ``[]`` = deliberately nothing."""
-    if type_ == "session.created":
-        return [_session_started(_d(p.get("info")), posture)]
-    if type_ == "session.deleted":
-        return [{"type": "session.ended", "data": {"reason": "normal"}}]
-    if type_ == "session.idle":
-        return [{"type": "run.finished", "data": {}}]
-    if type_ == "session.compacted":
-        return [{"type": "session.compacted", "data": {}}]
-    if type_ == "session.status":
-        status = _d(p.get("status"))
-        data: dict[str, Any] = {}
-        msg = _s(status.get("message"))
-        if msg and posture.content("progress.status"):
-            data["message"] = posture.text("progress.status", msg)
-        return [{"type": "progress.status", "data": data,
-                 "subject": _s(status.get("type")) or "unknown"}]
-    if type_ == "session.error":
-        err = _d(p.get("error"))
-        data = {"type": err["name"]} if _s(err.get("name")) else {}
-        return [{"type": posture.vendor("session.error"), "data": data, "severity": "error"}]
-    if type_ == "message.updated":
-        info = _d(p.get("info"))
-        role = info.get("role")
-        if role == "user":
-            return [{"type": "run.started", "data": {"trigger": "user"}}]
-        if role == "assistant":
-            data = {"role": "assistant"}
-            tokens = _d(info.get("tokens"))
-            if _int(tokens.get("input")) is not None:
-                data["gen_ai.usage.input_tokens"] = tokens["input"]
-            if _int(tokens.get("output")) is not None:
-                data["gen_ai.usage.output_tokens"] = tokens["output"]
-            return [_debug({"type": posture.vendor("message.updated"), "data": data})]
+Mapped = list[Emission] | None
+"""A table entry's result: ``None`` = no mapping (fallback), ``[]`` =
+deliberately nothing."""
+
+
+def _core(type_: str, p: dict[str, Any], posture: Posture) -> Mapped:
+    """The adapter/primary mapping of one bus type (:data:`_TABLE`)."""
+    entry = _TABLE.get(type_)
+    return entry(p, posture) if entry is not None else None
+
+
+def _session_status(p: dict[str, Any], posture: Posture) -> Mapped:
+    status = _d(p.get("status"))
+    data: dict[str, Any] = {}
+    msg = _s(status.get("message"))
+    if msg and posture.content("progress.status"):
+        data["message"] = posture.text("progress.status", msg)
+    return [{"type": "progress.status", "data": data,
+             "subject": _s(status.get("type")) or "unknown"}]
+
+
+def _session_error(p: dict[str, Any], posture: Posture) -> Mapped:
+    err = _d(p.get("error"))
+    data = {"type": err["name"]} if _s(err.get("name")) else {}
+    return [{"type": posture.vendor("session.error"), "data": data, "severity": "error"}]
+
+
+def _message_updated(p: dict[str, Any], posture: Posture) -> Mapped:
+    info = _d(p.get("info"))
+    role = info.get("role")
+    if role == "user":
+        return [{"type": "run.started", "data": {"trigger": "user"}}]
+    if role != "assistant":
         return None
-    if type_ == "message.part.updated":
-        return map_tool_part(_d(p.get("part")), posture)
-    if type_ == "permission.updated":  # the <=7.4.5 / 1.17 ask moment
-        if posture.mode == "adapter":
-            return []  # the hold-open hook carries it (pin permission_updated)
-        return [_permission_ask(p, posture, PERMISSION_OPTIONS, posture.answerable)]
-    if type_ == "permission.asked":  # the current ask moment
-        answerable = posture.mode == "adapter" or posture.answerable
-        return [_permission_ask(p, posture, PERMISSION_OPTIONS, answerable)]
-    if type_ == "permission.replied":
-        subject = _s(p.get("permissionID")) or _s(p.get("requestID"))
-        return [_resolved("answered", subject)]
-    if type_ == "question.asked":
-        return [_question_ask(p, posture, posture.mode == "adapter" or posture.answerable)]
-    if type_ == "question.replied":
-        return [_resolved("answered", _s(p.get("requestID")))]
-    if type_ == "question.rejected":
-        return [_resolved("dismissed", _s(p.get("requestID")))]
-    if type_ == "todo.updated":
-        return []  # a snapshot: the receiver diffs consecutive ones (pin todos)
-    if type_ == "file.edited":
-        return [_debug({"type": posture.vendor("file.edited"), "data": {}})]
-    if type_ == "command.executed":
-        data = {"name": p["name"]} if _s(p.get("name")) else {}
-        return [_debug({"type": posture.vendor("command.executed"), "data": data})]
-    if type_ == "server.connected":
-        return [_debug({"type": posture.vendor("server.connected"), "data": {}})]
-    return None
+    data: dict[str, Any] = {"role": "assistant"}
+    tokens = _d(info.get("tokens"))
+    if _int(tokens.get("input")) is not None:
+        data["gen_ai.usage.input_tokens"] = tokens["input"]
+    if _int(tokens.get("output")) is not None:
+        data["gen_ai.usage.output_tokens"] = tokens["output"]
+    return [_debug({"type": posture.vendor("message.updated"), "data": data})]
+
+
+def _permission_updated(p: dict[str, Any], posture: Posture) -> Mapped:
+    """The <=7.4.5 / 1.17 ask moment."""
+    if posture.mode == "adapter":
+        return []  # the hold-open hook carries it (pin permission_updated)
+    return [_permission_ask(p, posture, PERMISSION_OPTIONS, posture.answerable)]
+
+
+def _permission_asked(p: dict[str, Any], posture: Posture) -> Mapped:
+    """The current ask moment."""
+    answerable = posture.mode == "adapter" or posture.answerable
+    return [_permission_ask(p, posture, PERMISSION_OPTIONS, answerable)]
+
+
+def _command_executed(p: dict[str, Any], posture: Posture) -> Mapped:
+    data = {"name": p["name"]} if _s(p.get("name")) else {}
+    return [_debug({"type": posture.vendor("command.executed"), "data": data})]
+
+
+def _vendor_debug(type_: str) -> Callable[[dict[str, Any], Posture], Mapped]:
+    """``x.{agent}.{type_}``, empty data, debug."""
+    return lambda p, posture: [_debug({"type": posture.vendor(type_), "data": {}})]
+
+
+def _const(*emissions: Emission) -> Callable[[dict[str, Any], Posture], Mapped]:
+    """Always these emissions (fresh copies each time)."""
+    return lambda p, posture: [copy.deepcopy(e) for e in emissions]
+
+
+_TABLE: dict[str, Callable[[dict[str, Any], Posture], Mapped]] = {
+    "session.created": lambda p, posture: [_session_started(_d(p.get("info")), posture)],
+    "session.deleted": _const({"type": "session.ended", "data": {"reason": "normal"}}),
+    "session.idle": _const({"type": "run.finished", "data": {}}),
+    "session.compacted": _const({"type": "session.compacted", "data": {}}),
+    "session.status": _session_status,
+    "session.error": _session_error,
+    "message.updated": _message_updated,
+    "message.part.updated": lambda p, posture: map_tool_part(_d(p.get("part")), posture),
+    "permission.updated": _permission_updated,
+    "permission.asked": _permission_asked,
+    "permission.replied": lambda p, posture: [
+        _resolved("answered", _s(p.get("permissionID")) or _s(p.get("requestID")))],
+    "question.asked": lambda p, posture: [
+        _question_ask(p, posture, posture.mode == "adapter" or posture.answerable)],
+    "question.replied": lambda p, posture: [_resolved("answered", _s(p.get("requestID")))],
+    "question.rejected": lambda p, posture: [_resolved("dismissed", _s(p.get("requestID")))],
+    # a snapshot: the receiver diffs consecutive ones (pin todos)
+    "todo.updated": _const(),
+    "file.edited": _vendor_debug("file.edited"),
+    "command.executed": _command_executed,
+    "server.connected": _vendor_debug("server.connected"),
+}
+"""Bus type -> its mapping (the design record's table, one entry per row)."""
 
 
 def _resolved(resolution: str, subject: str | None) -> Emission:

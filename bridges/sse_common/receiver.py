@@ -49,13 +49,14 @@ import httpx
 import trio
 from httpx_sse import EventSource, SSEError
 
+from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext
 
 from .control import ReadOnlyClient
 from .frames import MAX_FRAME, FrameError, parse_frame
+from .mapping import _d, _l
 from .profile import SseProfile
 from .tracker import Out, Tracker
-from bridges.core.backoff import backoff_delay
 
 log = logging.getLogger("aep.sse.receiver")
 
@@ -480,8 +481,8 @@ class SseReceiver:
 def _fingerprint(m: Any) -> Any:
     if not isinstance(m, dict):
         return None
-    info = m.get("info") if isinstance(m.get("info"), dict) else {}
-    parts = m.get("parts") if isinstance(m.get("parts"), list) else []
+    info = _d(m.get("info"))
+    parts = _l(m.get("parts"))
     return [info.get("id"), info.get("time"), info.get("finish"),
             [(p.get("id"), (p.get("state") or {}).get("status")
               if isinstance(p.get("state"), dict) else None,

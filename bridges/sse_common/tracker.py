@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .frames import BusEvent
-from .mapping import (STREAMING, Emission, Posture, diff_todos, map_bus, map_tool_part,
-                      question_fields)
+from .mapping import STREAMING, Emission, Posture, _d, _l, diff_todos, map_bus, map_tool_part, question_fields
 
 
 @dataclass(eq=False)
@@ -127,7 +126,7 @@ class SessionState:
     rejected: dict[str, str | None] = field(default_factory=dict)  # callID -> command id | None
     cancel: Cancel | None = None
     messages: OrderedDict = field(default_factory=OrderedDict)  # reduction keys seen
-    parts: dict[str, str] = field(default_factory=dict)  # companion: callID -> last status
+    parts: dict[str, str | None] = field(default_factory=dict)  # companion: callID -> last status
 
 
 CLOSED_RUNS_KEPT = 512
@@ -245,7 +244,7 @@ class Tracker:
         if ev.type in STREAMING:
             self.count("heartbeats" if ev.type == "server.heartbeat" else "deltas_skipped")
             return []
-        part = ev.properties.get("part") if isinstance(ev.properties.get("part"), dict) else {}
+        part = _d(ev.properties.get("part"))
         if ev.type == "message.part.updated" and part.get("type") != "tool":
             self.count("deltas_skipped")
             return []
@@ -273,7 +272,7 @@ class Tracker:
         if not isinstance(mid, str):
             return True
         if info.get("role") == "assistant":
-            t = info.get("time") if isinstance(info.get("time"), dict) else {}
+            t = _d(info.get("time"))
             if "completed" not in t and not info.get("error"):
                 return False
         if mid in st.messages:
@@ -286,7 +285,7 @@ class Tracker:
     def _companion(self, st: SessionState, ev: BusEvent) -> list[Out]:
         p = ev.properties
         if ev.type == "message.updated":
-            info = p.get("info") if isinstance(p.get("info"), dict) else {}
+            info = _d(p.get("info"))
             if not self._message_key(st, info):
                 self.count("repeats_reduced")
                 return []
@@ -298,8 +297,7 @@ class Tracker:
             st.status = status
         elif ev.type == "message.part.updated":
             part = p["part"]
-            call, status = part.get("callID"), (part.get("state") or {}).get("status") \
-                if isinstance(part.get("state"), dict) else None
+            call, status = part.get("callID"), _d(part.get("state")).get("status")
             if isinstance(call, str):
                 if st.parts.get(call) == status:
                     self.count("repeats_reduced")
@@ -319,56 +317,73 @@ class Tracker:
     # ------------------------------------------------------------ primary
     def _primary(self, st: SessionState, ev: BusEvent) -> list[Out]:
         t, p = ev.type, ev.properties
+        if t in ("session.created", "session.deleted"):
+            return self._lifecycle(st, t, p)
+        if t == "session.idle":
+            return self._close_run(st)
+        if t == "session.status":
+            return self._status(st, p)
+        if t == "message.updated":
+            return self._message(st, p)
+        if t == "message.part.updated":
+            return self._tool(st, p["part"])
+        if t in ("permission.updated", "permission.asked", "question.asked"):
+            return self._ask(st, t, p)
+        if t in ("permission.replied", "question.replied", "question.rejected"):
+            return self._reply(st, t, p)
+        if t == "todo.updated":
+            todos = _l(p.get("todos"))
+            outs = self._out(st, diff_todos(st.todos or [], todos, self.posture), run=st.run)
+            st.todos = todos
+            return outs
+        return self._out(st, map_bus(t, p, self.posture), run=st.run)
+
+    def _lifecycle(self, st: SessionState, t: str, p: dict[str, Any]) -> list[Out]:
+        """``session.created`` (once per session) / ``session.deleted``
+        (closes the open run as cancelled, then ends the session)."""
         if t == "session.created":
             if st.started:
                 return []
             st.started = True
             return self._out(st, map_bus(t, p, self.posture))
-        if t == "session.deleted":
-            outs = self._close_run(st, cancelled_by_end=True)
-            outs += self._out(st, map_bus(t, p, self.posture))
-            self._end(st.id)
-            return outs
-        if t == "session.idle":
-            return self._close_run(st)
-        if t == "session.status":
-            status = p.get("status") if isinstance(p.get("status"), dict) else {}
-            if status.get("type") == st.status:
-                self.count("repeats_reduced")
-                return []
-            st.status = status.get("type")
-            return self._out(st, map_bus(t, p, self.posture), run=st.run)
-        if t == "message.updated":
-            info = p.get("info") if isinstance(p.get("info"), dict) else {}
-            if not self._message_key(st, info):
-                self.count("repeats_reduced")
-                return []
-            if info.get("role") == "user":
-                mid = info.get("id")
-                if st.run is not None or not isinstance(mid, str) or mid in st.closed_runs:
-                    return []
-                st.run = mid
-                self.dirty = True
-                return self._out(st, map_bus(t, p, self.posture), run=mid)
-            return self._out(st, map_bus(t, p, self.posture), run=st.run)
-        if t == "message.part.updated":
-            return self._tool(st, p["part"])
-        if t in ("permission.updated", "permission.asked", "question.asked"):
-            return self._ask(st, t, p)
+        outs = self._close_run(st, cancelled_by_end=True)
+        outs += self._out(st, map_bus(t, p, self.posture))
+        self._end(st.id)
+        return outs
+
+    def _status(self, st: SessionState, p: dict[str, Any]) -> list[Out]:
+        """``session.status``: only a change of status is emitted."""
+        status = _d(p.get("status"))
+        if status.get("type") == st.status:
+            self.count("repeats_reduced")
+            return []
+        st.status = status.get("type")
+        return self._out(st, map_bus("session.status", p, self.posture), run=st.run)
+
+    def _message(self, st: SessionState, p: dict[str, Any]) -> list[Out]:
+        """``message.updated``: a new user message opens the run (its id is
+        the run id); repeats are reduced."""
+        info = _d(p.get("info"))
+        if not self._message_key(st, info):
+            self.count("repeats_reduced")
+            return []
+        if info.get("role") != "user":
+            return self._out(st, map_bus("message.updated", p, self.posture), run=st.run)
+        mid = info.get("id")
+        if st.run is not None or not isinstance(mid, str) or mid in st.closed_runs:
+            return []
+        st.run = mid
+        self.dirty = True
+        return self._out(st, map_bus("message.updated", p, self.posture), run=mid)
+
+    def _reply(self, st: SessionState, t: str, p: dict[str, Any]) -> list[Out]:
+        """A permission reply, a question reply or rejection settles its ask."""
         if t == "permission.replied":
             vid = p.get("permissionID") or p.get("requestID")
             reply = p.get("response") or p.get("reply")
             return self._settle(st, vid, "answered", reply=reply)
-        if t == "question.replied":
-            return self._settle(st, p.get("requestID"), "answered")
-        if t == "question.rejected":
-            return self._settle(st, p.get("requestID"), "dismissed")
-        if t == "todo.updated":
-            todos = p.get("todos") if isinstance(p.get("todos"), list) else []
-            outs = self._out(st, diff_todos(st.todos or [], todos, self.posture), run=st.run)
-            st.todos = todos
-            return outs
-        return self._out(st, map_bus(t, p, self.posture), run=st.run)
+        return self._settle(st, p.get("requestID"),
+                            "answered" if t == "question.replied" else "dismissed")
 
     def _ask(self, st: SessionState, t: str, p: dict[str, Any]) -> list[Out]:
         vid = p.get("id")
@@ -381,10 +396,10 @@ class Tracker:
         if not emissions:
             return []
         out = Out(st.id, emissions[0], run=st.run)
-        tool = p.get("tool") if isinstance(p.get("tool"), dict) else {}
+        tool = _d(p.get("tool"))
         call = tool.get("callID") or p.get("callID")
         kind = "form" if t == "question.asked" else "permission"
-        questions = p.get("questions") if isinstance(p.get("questions"), list) else []
+        questions = _l(p.get("questions"))
         ask = Ask(vid, st.id, kind, "legacy" if t == "permission.updated" else "current", out,
                   run=st.run, call_id=call if isinstance(call, str) else None,
                   questions=questions,
@@ -434,7 +449,7 @@ class Tracker:
 
     def _tool(self, st: SessionState, part: dict[str, Any]) -> list[Out]:
         call = part.get("callID")
-        state = part.get("state") if isinstance(part.get("state"), dict) else {}
+        state = _d(part.get("state"))
         status = state.get("status")
         if not isinstance(call, str) or not call:
             self.count("tool_parts_without_call")
@@ -520,35 +535,28 @@ class Tracker:
         for sid, d in (sessions.items() if isinstance(sessions, dict) else []):
             if not isinstance(sid, str) or not isinstance(d, dict):
                 continue
-            st = self.state(sid, d.get("directory") if isinstance(d.get("directory"), str)
-                            else None)
-            st.started = bool(d.get("started"))
-            if isinstance(d.get("run"), str):
-                st.run = d["run"]
-            for r in d.get("closed_runs") or []:
-                if isinstance(r, str):
-                    st.closed_runs[r] = None
-            for v in d.get("settled") or []:
-                if isinstance(v, str):
-                    st.settled[v] = None
-            c = d.get("cancel")
-            if isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c):
-                st.cancel = Cancel(c[0], c[1])
-            for a in d.get("asks") or []:
-                if not isinstance(a, dict) or not all(isinstance(a.get(k), str) for k in (
-                        "vendor_id", "kind", "surface", "event_id")):
-                    continue
-                out = Out(sid, {"type": "attention.requested"}, envelope={"id": a["event_id"]})
-                st.asks[a["vendor_id"]] = Ask(
-                    a["vendor_id"], sid, a["kind"], a["surface"], out,
-                    run=a.get("run") if isinstance(a.get("run"), str) else None,
-                    call_id=a.get("call_id") if isinstance(a.get("call_id"), str) else None,
-                    questions=a["questions"] if isinstance(a.get("questions"), list) else [],
-                    fields=a["fields"] if isinstance(a.get("fields"), list) else [],
-                    settling=a.get("settling") if isinstance(a.get("settling"), str) else None,
-                    applied=a.get("applied") if isinstance(a.get("applied"), dict) else None)
+            self._restore_session(self.state(sid, _str(d.get("directory"))), d)
             n += 1
         return n
+
+    @staticmethod
+    def _restore_session(st: SessionState, d: dict[str, Any]) -> None:
+        st.started = bool(d.get("started"))
+        if isinstance(d.get("run"), str):
+            st.run = d["run"]
+        for r in d.get("closed_runs") or []:
+            if isinstance(r, str):
+                st.closed_runs[r] = None
+        for v in d.get("settled") or []:
+            if isinstance(v, str):
+                st.settled[v] = None
+        c = d.get("cancel")
+        if isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c):
+            st.cancel = Cancel(c[0], c[1])
+        for a in d.get("asks") or []:
+            ask = _restored_ask(st.id, a)
+            if ask is not None:
+                st.asks[ask.vendor_id] = ask
 
     # ------------------------------------------------------------ reconcile
     def reconcile(self, *, queried: set[str | None], busy: dict[str, str],
@@ -568,13 +576,20 @@ class Tracker:
         queried directory are closed; nothing is emitted twice."""
         if not self.primary:
             return []
+        pending_p, pending_q = _pending(permissions), _pending(questions)
+        outs = self._reconcile_busy(busy, messages, directory_of or {})
+        outs += self._reconcile_new_asks(pending_p, pending_q)
+        for sid, st in list(self.sessions.items()):
+            if _inside(st, queried):
+                outs += self._reconcile_gone(sid, st, pending_p.keys() | pending_q.keys(),
+                                             busy, messages)
+        return outs
+
+    def _reconcile_busy(self, busy: dict[str, str], messages: dict[str, list[Any]],
+                        directory_of: dict[str, str]) -> list[Out]:
+        """Busy sessions we have no open run for: re-open (resume); a status
+        observed over REST is news, and it claims the session."""
         outs: list[Out] = []
-        directory_of = directory_of or {}
-        pending_p = {a["id"]: a for a in permissions if isinstance(a, dict)
-                     and isinstance(a.get("id"), str) and isinstance(a.get("sessionID"), str)}
-        pending_q = {a["id"]: a for a in questions if isinstance(a, dict)
-                     and isinstance(a.get("id"), str) and isinstance(a.get("sessionID"), str)}
-        # busy sessions we have no open run for: re-open (resume)
         for sid, status in busy.items():
             if sid in self.ended:
                 continue
@@ -586,11 +601,16 @@ class Tracker:
                     self.dirty = True
                     outs.append(Out(sid, {"type": "run.started", "data": {"trigger": "resume"}},
                                     run=user))
-            if st.status != status:  # observed over REST: news, and it claims the session
+            if st.status != status:
                 st.status = status
                 outs.append(Out(sid, {"type": "progress.status", "data": {}, "subject": status},
                                 run=st.run))
-        # asks raised while we were away
+        return outs
+
+    def _reconcile_new_asks(self, pending_p: dict[str, Any], pending_q: dict[str, Any]
+                            ) -> list[Out]:
+        """Asks raised while we were away."""
+        outs: list[Out] = []
         for vid, a in list(pending_p.items()) + list(pending_q.items()):
             sid = a["sessionID"]
             if sid in self.ended:
@@ -599,17 +619,20 @@ class Tracker:
             if vid not in st.asks:
                 t = "question.asked" if vid in pending_q else "permission.asked"
                 outs += self._ask(st, t, a)
-        # asks that vanished, runs that ended, in the directories we read
-        for sid, st in list(self.sessions.items()):
-            if st.directory not in queried and not (st.directory is None and None in queried):
-                continue
-            for vid, ask in list(st.asks.items()):
-                if vid not in pending_p and vid not in pending_q:
-                    del st.asks[vid]
-                    outs += self._resolve(st, ask, "answered" if ask.settling else "dismissed")
-            if st.run is not None and sid not in busy:
-                outs += self._close_run(st, terminal=_terminal(st.run, messages.get(sid)))
-                st.status = None  # the next live status is news again
+        return outs
+
+    def _reconcile_gone(self, sid: str, st: SessionState, pending: Any, busy: dict[str, str],
+                        messages: dict[str, list[Any]]) -> list[Out]:
+        """In a directory that was read: asks that vanished (answered if one
+        of ours was settling, else dismissed), a run that ended."""
+        outs: list[Out] = []
+        for vid, ask in list(st.asks.items()):
+            if vid not in pending:
+                del st.asks[vid]
+                outs += self._resolve(st, ask, "answered" if ask.settling else "dismissed")
+        if st.run is not None and sid not in busy:
+            outs += self._close_run(st, terminal=_terminal(st.run, messages.get(sid)))
+            st.status = None  # the next live status is news again
         return outs
 
     def needs_messages(self, busy: dict[str, str], queried: set[str | None]) -> list[str]:
@@ -618,10 +641,39 @@ class Tracker:
         run from one the server lost)."""
         need = [sid for sid in busy if (st := self.sessions.get(sid)) is None or st.run is None]
         for sid, st in self.sessions.items():
-            inside = st.directory in queried or (st.directory is None and None in queried)
-            if st.run is not None and sid not in busy and inside:
+            if st.run is not None and sid not in busy and _inside(st, queried):
                 need.append(sid)
         return list(dict.fromkeys(need))
+
+
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _restored_ask(sid: str, a: Any) -> Ask | None:
+    """One persisted ask (:meth:`Tracker.snapshot`), or ``None`` when
+    malformed; its ``attention.requested`` id is the envelope it keeps."""
+    if not isinstance(a, dict) or not all(isinstance(a.get(k), str) for k in (
+            "vendor_id", "kind", "surface", "event_id")):
+        return None
+    out = Out(sid, {"type": "attention.requested"}, envelope={"id": a["event_id"]})
+    return Ask(a["vendor_id"], sid, a["kind"], a["surface"], out,
+               run=_str(a.get("run")), call_id=_str(a.get("call_id")),
+               questions=_l(a.get("questions")), fields=_l(a.get("fields")),
+               settling=_str(a.get("settling")),
+               applied=a["applied"] if isinstance(a.get("applied"), dict) else None)
+
+
+def _pending(asks: list[Any]) -> dict[str, Any]:
+    """``{vendor id: ask}`` of a REST ask listing (malformed entries skipped)."""
+    return {a["id"]: a for a in asks if isinstance(a, dict)
+            and isinstance(a.get("id"), str) and isinstance(a.get("sessionID"), str)}
+
+
+def _inside(st: SessionState, queried: set[str | None]) -> bool:
+    """The session's directory was read by this reconcile (``None``: the
+    server's default instance)."""
+    return st.directory in queried or (st.directory is None and None in queried)
 
 
 def _info(m: Any) -> dict[str, Any]:
@@ -631,7 +683,7 @@ def _info(m: Any) -> dict[str, Any]:
 
 
 def _created(info: dict[str, Any]) -> Any:
-    t = info.get("time") if isinstance(info.get("time"), dict) else {}
+    t = _d(info.get("time"))
     c = t.get("created")
     return c if isinstance(c, (int, float)) and not isinstance(c, bool) else 0
 
@@ -653,7 +705,7 @@ def _terminal(run: str, messages: list[Any] | None) -> Emission:
         info = _info(m)
         if info.get("role") != "assistant" or info.get("parentID") != run:
             continue
-        t = info.get("time") if isinstance(info.get("time"), dict) else {}
+        t = _d(info.get("time"))
         if "completed" not in t and not info.get("error"):
             return {"type": "run.failed", "data": {"reason": "interrupted"}}
     return {"type": "run.finished", "data": {}}

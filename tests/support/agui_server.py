@@ -17,8 +17,14 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from ag_ui.core import (ActivitySnapshotEvent, CustomEvent, StateDeltaEvent, StateSnapshotEvent,
-                        StepFinishedEvent, StepStartedEvent)
+from ag_ui.core import (
+    ActivitySnapshotEvent,
+    CustomEvent,
+    StateDeltaEvent,
+    StateSnapshotEvent,
+    StepFinishedEvent,
+    StepStartedEvent,
+)
 from pydantic_ai import Agent, ToolReturn
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.ui.ag_ui import AGUIAdapter
@@ -32,12 +38,12 @@ def build_app():
 
     agent = Agent(TestModel(), instructions="Answer about the weather, briefly.")
 
-    @agent.tool_plain
+    @agent.tool_plain(sequential=True)  # one at a time: a deterministic event order
     def lookup(city: str) -> str:
         """Look up the weather of a city."""
         return f"sunny in {city}"
 
-    @agent.tool_plain
+    @agent.tool_plain(sequential=True)  # one at a time: a deterministic event order
     def plan(goal: str) -> ToolReturn:
         """Plan the answer; publishes the shared state, a step, an activity and
         a custom event the way pydantic-ai tools do (AG-UI events returned as

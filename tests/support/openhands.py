@@ -577,13 +577,22 @@ class Rig:
                                  self._send, crecv, self.health, logging.getLogger("aep.test.openhands"))
         self._changed = trio.Event()
         self.scope: trio.CancelScope | None = None
+        self.handle = None  # the running bridge's per-run handle (OpenHandsRun)
+
+    @property
+    def receiver(self):
+        """The current run's receiver (``None`` before the bridge started)."""
+        return self.handle.receiver if self.handle is not None else None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The bridge as the fleet runs it (``supervisor.fleet.run_bridge``:
+        the fleet's ledger serves the control inbox)."""
+        from supervisor.fleet import run_bridge
         with trio.CancelScope() as scope:
             self.scope = scope
             async with trio.open_nursery() as n:
                 n.start_soon(self._drain)
-                await n.start(self.bridge.run, self.ctx)
+                self.handle = await n.start(run_bridge, self.bridge, self.ctx)
                 task_status.started()
 
     def stop(self) -> None:

@@ -26,6 +26,7 @@ from bridges.agui.config import AguiConfig
 from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
+from supervisor.fleet import run_bridge
 from tests.support.agui import STORY
 from tests.support.net import free_port, http_body, serve_loopback
 from tests.support.schema import validate_event
@@ -50,6 +51,8 @@ class Harness:
         self.health = BridgeHealth()
         self.events: list[dict[str, Any]] = []
         self.url = ""
+        self.run: Any = None
+        self.cmd: Any = None
 
     def of(self, type_: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == type_]
@@ -68,9 +71,10 @@ async def proxy(upstream: str, *, policy: CapturePolicy | None = None, deltas: b
                      **({"max_event": max_event} if max_event else {}))
     bridge = AguiBridge(cfg, policy)
     send, recv = trio.open_memory_channel[Outbound](100_000)
-    _cmd_send, cmd_recv = trio.open_memory_channel[dict](10)
+    cmd_send, cmd_recv = trio.open_memory_channel[dict](10)
     async with trio.open_nursery() as nursery:
         h = Harness(nursery, bridge)
+        h.cmd = cmd_send
         ctx = BridgeContext("agui", Stamper("agui", epoch=1, host="test", policy=policy), send,
                             cmd_recv, h.health, logging.getLogger("test.agui"))
 
@@ -79,7 +83,8 @@ async def proxy(upstream: str, *, policy: CapturePolicy | None = None, deltas: b
                 h.events.append(item.event)
 
         nursery.start_soon(pump)
-        host, port = await nursery.start(bridge.run, ctx)
+        h.run = await nursery.start(run_bridge, bridge, ctx)  # as the fleet runs it
+        host, port = h.run.address
         h.url = f"http://{host}:{port}"
         yield h
         nursery.cancel_scope.cancel()
@@ -389,13 +394,25 @@ async def test_a_non_loopback_host_is_refused_on_a_loopback_bind():
     assert r.status_code == 403 and h.health.counters["agui.refused_host"] == 1
 
 
-async def test_run_state_is_per_run_not_on_the_bridge():
+async def test_run_state_is_per_run_not_on_the_bridge_and_a_restart_starts_clean():
     async with upstream(replay(frames(CAPTURE))) as up:
         async with proxy(up) as h:
             before = dict(vars(h.bridge))
+            first = h.run
             await post(h.url)
             await h.settle(lambda h: h.of("run.finished"))
         assert vars(h.bridge) == before
+        async with proxy(up) as h2:
+            assert h2.run is not first and h2.run.client is not first.client
+            assert h2.run.controller is None  # read-only: the fleet's ledger nacks everything
+
+
+async def test_a_command_routed_here_is_nacked_unsupported_by_the_fleets_ledger():
+    async with upstream(replay(frames(CAPTURE))) as up, proxy(up) as h:
+        await h.cmd.send({"id": "01J0000000000000000000CMD1", "source": "aep://tester/laptop",
+                          "session": "t", "type": "control.cancel", "data": {}})
+        await h.settle(lambda h: h.of("control.rejected"))
+    assert h.of("control.rejected")[0]["data"]["reason"] == "unsupported"
 
 
 async def test_stopping_the_bridge_mid_stream_closes_the_run_and_the_upstream_request():

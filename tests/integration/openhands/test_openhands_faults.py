@@ -78,7 +78,7 @@ async def test_unknown_kinds_and_unexpected_fields_degrade_to_visibility(tmp_pat
     assert [e["type"] for e in evs] == ["session.started", "x.openhands.sandbox.checkpoint",
                                         "x.openhands.action.event", "x.openhands.observation.event",
                                         "state.delta", "x.openhands.message.event", "state.delta"]
-    assert rig.bridge.receiver.conversations[conv.id].status is None
+    assert rig.receiver.conversations[conv.id].status is None
     assert rig.health.public()["source"] is True
 
 
@@ -98,7 +98,7 @@ async def test_socket_that_closes_on_auth(tmp_path, caplog):
     async with running(stub, tmp_path) as rig:
         await until(lambda: rig.health.counters.get("socket_auth_failed", 0) >= 3, what="reconnects")
         assert rig.health.public()["source"] is False
-        assert conv.id in rig.bridge.receiver.conversations  # the task lives on, backing off
+        assert conv.id in rig.receiver.conversations  # the task lives on, backing off
         stub.socket_close_on_auth = False
         await rig.wait(lambda e: rig.of(conv.id, "run.started"), timeout=30, what="recovery")
         await until(lambda: rig.health.public()["source"] is True, what="source back")
@@ -115,7 +115,7 @@ async def test_search_that_pages_forever(tmp_path):
         await rig.wait(lambda e: rig.of(a.id, "run.started") and rig.of(b.id, "run.started"))
         del stub.conversations[b.id]
         await until(lambda: rig.health.counters.get("search_pages_capped", 0) >= 3, timeout=60)
-    assert b.id in rig.bridge.receiver.conversations and not rig.of(b.id, "session.ended")
+    assert b.id in rig.receiver.conversations and not rig.of(b.id, "session.ended")
 
 
 async def test_search_500_then_recovery(tmp_path):
@@ -130,7 +130,7 @@ async def test_search_500_then_recovery(tmp_path):
         stub.search_garbage = True
         errors = rig.health.counters["search_errors"]
         await until(lambda: rig.health.counters["search_errors"] > errors)
-    assert conv.id in rig.bridge.receiver.conversations  # a bad page detaches nothing
+    assert conv.id in rig.receiver.conversations  # a bad page detaches nothing
 
 
 async def test_vanished_conversation_is_detached(tmp_path):
@@ -146,7 +146,7 @@ async def test_vanished_conversation_is_detached(tmp_path):
     evs = rig.of(conv.id)
     validate_stream(evs)
     assert [e["type"] for e in evs][-3:] == ["attention.resolved", "run.cancelled", "session.ended"]
-    assert not state_file.exists() and conv.id not in rig.bridge.receiver.conversations
+    assert not state_file.exists() and conv.id not in rig.receiver.conversations
 
 
 # --------------------------------------------------------------------------- writes
@@ -162,7 +162,7 @@ async def test_rest_write_errors_become_nacks(tmp_path, status, reason):
         ack = await rig.ack_for(cmd)
     assert ack["type"] == "control.rejected" and ack["data"]["reason"] == reason
     assert f"HTTP {status}" in ack["data"]["detail"]
-    assert rig.bridge.receiver.conversations[conv.id].notes == {}, "a failed write disarms its note"
+    assert rig.receiver.conversations[conv.id].notes == {}, "a failed write disarms its note"
     assert [p for p, _ in stub.posts] == [f"/api/conversations/{conv.id}/pause"]
 
 
@@ -176,7 +176,7 @@ async def test_rest_write_that_hangs_past_the_guard_is_accepted(tmp_path):
         cmd = await rig.command("x.openhands.control.interrupt", conv.id)
         ack = await rig.ack_for(cmd)
         assert ack["type"] == "control.accepted"
-        assert rig.bridge.receiver.conversations[conv.id].notes == {"interrupt": cmd["id"]}
+        assert rig.receiver.conversations[conv.id].notes == {"interrupt": cmd["id"]}
         assert rig.health.counters["control_guard_expired"] == 1
 
 
@@ -200,7 +200,7 @@ async def test_the_socket_is_auth_frame_only_and_writes_are_exactly_the_five(tmp
             ("control.cancel", other.id, {"data": {"scope": "run"}}),
         ]:
             acks.append(await rig.ack_for(await rig.command(t, sess, **kw)))
-        rig.bridge.receiver.conversations[other.id].status = "paused"  # as if the pause had landed
+        rig.receiver.conversations[other.id].status = "paused"  # as if the pause had landed
         acks.append(await rig.ack_for(await rig.command("control.resume", other.id)))
         await trio.sleep(0.5)
     assert [a["type"] for a in acks] == ["control.accepted"] * 4 + ["control.rejected", "control.accepted"]

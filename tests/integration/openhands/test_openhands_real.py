@@ -48,7 +48,7 @@ def types(events: list[dict]) -> list[str]:
 async def wait_status(rig: Rig, cid: str, status: str, timeout: float = 60) -> None:
     with trio.fail_after(timeout):
         while True:
-            conv = rig.bridge.receiver.conversations.get(cid) if rig.bridge.receiver else None
+            conv = rig.receiver.conversations.get(cid) if rig.receiver else None
             if conv is not None and conv.status == status:
                 return
             await trio.sleep(0.05)
@@ -115,7 +115,7 @@ async def test_gate_off_declares_nothing_and_writes_nothing(server, tmp_path):
         assert (await rig.ack_for(cmd))["data"]["reason"] == "unsupported"
         await trio.sleep(1)
         assert server_posts(server, cid) == before == [f"/api/conversations/{cid}/events"]
-        assert rig.bridge.receiver.conversations[cid].status == "waiting_for_confirmation"
+        assert rig.receiver.conversations[cid].status == "waiting_for_confirmation"
 
 
 async def test_first_attach_replays_the_history(server, tmp_path):
@@ -200,7 +200,7 @@ async def test_deleted_conversation_ends_the_session(server, tmp_path):
     assert evs[-3]["data"]["resolution"] == "dismissed"
     # run.cancelled.reason is [redacted] (AEP-0002 §5.3): gone at the metadata ceiling
     assert "data" not in evs[-2] and evs[-1]["data"] == {"reason": "killed"}
-    assert cid not in rig.bridge.receiver.conversations
+    assert cid not in rig.receiver.conversations
 
 
 async def test_wrong_key_is_a_clear_line_and_source_false(server, tmp_path, caplog):
@@ -335,7 +335,7 @@ async def test_pause_resume_and_the_refusals(server, tmp_path):
         mock.release()
         await rig.wait(lambda e: rig.of(cid2, "tool.completed"), what="the in-flight step")
         await trio.sleep(0.5)
-        assert rig.bridge.receiver.conversations[cid2].status == "paused"
+        assert rig.receiver.conversations[cid2].status == "paused"
         resume = await rig.command("control.resume", cid2)
         assert (await rig.ack_for(resume))["type"] == "control.accepted"
         await rig.wait(lambda e: rig.of(cid2, "run.finished"))
@@ -370,7 +370,7 @@ async def test_send_input_and_interrupt(server, tmp_path):
         too_long = await rig.command("x.openhands.control.send_input", cid, data={"text": "x" * 4001})
         assert (await rig.ack_for(too_long))["data"]["reason"] == "invalid"
         await trio.sleep(0.5)
-        assert rig.bridge.receiver.conversations[cid].status == "idle"
+        assert rig.receiver.conversations[cid].status == "idle"
         assert not rig.of(cid, "run.started"), "send_input never starts work"
         await vendor.say(cid, "wait for me [hold]")
         await wait_status(rig, cid, "running")

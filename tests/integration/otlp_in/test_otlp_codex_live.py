@@ -8,18 +8,15 @@ mock Responses provider (``tests/support/mock_responses.py``)."""
 from __future__ import annotations
 
 import json
-import logging
 from datetime import datetime, timezone
 
 import pytest
 import trio
 
-from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
-from bridges.core.envelope import Stamper
-from bridges.otlp_in import OtlpInBridge
 from tests.support import codex as cx
 from tests.support.mock_responses import MODEL, MockResponsesServer
+from tests.support.otlp_in import bridge_context, drain, otlp_bridge
 
 try:
     from tests.support.schema import validate_event
@@ -37,24 +34,9 @@ def codex_bin():
     return cx.codex_binary()  # installs into the vendor cache; loud skip if npm is unreachable
 
 
-def emitted(recv: trio.MemoryReceiveChannel) -> list[dict]:
-    """Every envelope the bridge has put on its channel so far."""
-    events = []
-    while True:
-        try:
-            events.append(recv.receive_nowait().event)
-        except trio.WouldBlock:
-            return events
-
-
 async def _live(codex_bin, home, scenario, *, primary: bool):
-    bridge = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
-                          primary=primary)
-    send, recv = trio.open_memory_channel(1000)
-    _, commands = trio.open_memory_channel(0)
-    ctx = BridgeContext(bridge.name, Stamper("codex", epoch=7, host="test-host",
-                                             policy=CapturePolicy()),
-                        send, commands, BridgeHealth(), logging.getLogger("test.otlp"))
+    bridge = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0", primary=primary)
+    ctx, recv = bridge_context(bridge.name, "codex", epoch=7)
     mock = MockResponsesServer()
     started = datetime.now(timezone.utc)
     async with trio.open_nursery() as nursery:
@@ -66,7 +48,7 @@ async def _live(codex_bin, home, scenario, *, primary: bool):
             endpoint = f"http://127.0.0.1:{bridge.http_address[1]}"
         run = await cx.run_scenario(codex_bin, home, scenario, otlp_endpoint=endpoint, mock=mock)
         nursery.cancel_scope.cancel()
-    events = emitted(recv)
+    events = drain(recv)
     assert run.returncode == 0, run.describe()
     assert "ExportError" not in run.stderr, run.describe()
     assert run.thread_id and events, run.describe()
@@ -132,12 +114,9 @@ async def test_live_codex_forbidden_command_is_a_tool_failure(codex_bin, tmp_pat
 
 async def test_live_codex_logged_prompt_is_redacted_at_redacted(codex_bin, tmp_path):
     scenario = SCENARIO["otlp-http-json-log-user-prompt"]
-    bridge = OtlpInBridge("codex", grpc_listen="off", http_listen="127.0.0.1:0")
-    send, recv = trio.open_memory_channel(1000)
-    _, commands = trio.open_memory_channel(0)
+    bridge = otlp_bridge(grpc="off", http="127.0.0.1:0")
     policy = CapturePolicy(ceiling="redacted")
-    ctx = BridgeContext(bridge.name, Stamper("codex", host="test-host", policy=policy),
-                        send, commands, BridgeHealth(), logging.getLogger("test.otlp"))
+    ctx, recv = bridge_context(bridge.name, "codex", epoch=0, policy=policy)
     mock = MockResponsesServer()
     async with trio.open_nursery() as nursery:
         await nursery.start(mock.serve)
@@ -147,7 +126,7 @@ async def test_live_codex_logged_prompt_is_redacted_at_redacted(codex_bin, tmp_p
                                     mock=mock)
         nursery.cancel_scope.cancel()
     assert run.returncode == 0, run.describe()
-    events = emitted(recv)
+    events = drain(recv)
     (prompt,) = [e for e in events if e["type"] == "x.codex.otel.user_prompt"]
     from bridges.core.capture import redact_text
     assert prompt["data"]["prompt"] == redact_text(cx.PROMPT, policy)

@@ -6,18 +6,15 @@ delivers without loss. The SDK's exporters are synchronous; they run in a
 worker thread (``trio.to_thread``)."""
 from __future__ import annotations
 
-import logging
 import warnings
 
 import pytest
 import trio
 
 try:
-    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import \
-        OTLPLogExporter as GrpcLogExporter
+    from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
     from opentelemetry.exporter.otlp.proto.http import Compression as HttpCompression
-    from opentelemetry.exporter.otlp.proto.http._log_exporter import \
-        OTLPLogExporter as HttpLogExporter
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import SimpleLogRecordProcessor
     from opentelemetry.sdk.resources import Resource
@@ -29,10 +26,8 @@ except ImportError as e:  # pragma: no cover - the dev install has them
 
 import grpc
 
-from bridges.core.bridge import BridgeContext, BridgeHealth
-from bridges.core.capture import CapturePolicy
-from bridges.core.envelope import Stamper
 from bridges.otlp_in import OtlpInBridge
+from tests.support.otlp_in import bridge_context, drain, otlp_bridge
 
 try:
     from tests.support.schema import validate_event
@@ -66,11 +61,7 @@ def _export(exporter, *, use_attribute: bool) -> None:
 
 async def _run(bridge: OtlpInBridge, exporter_factory, *, use_attribute: bool, channel=100,
                before=None):
-    send, recv = trio.open_memory_channel(channel)
-    _, commands = trio.open_memory_channel(0)
-    ctx = BridgeContext(bridge.name, Stamper("codex", host="test-host", policy=CapturePolicy()),
-                        send, commands, BridgeHealth(), logging.getLogger("test.otlp"))
-    got: list[dict] = []
+    ctx, recv = bridge_context(bridge.name, "codex", channel=channel, epoch=0)
     async with trio.open_nursery() as nursery:
         await nursery.start(bridge.run, ctx)
         if before is not None:
@@ -78,11 +69,7 @@ async def _run(bridge: OtlpInBridge, exporter_factory, *, use_attribute: bool, c
         with trio.fail_after(60):
             await trio.to_thread.run_sync(lambda: _export(exporter_factory(),
                                                           use_attribute=use_attribute))
-        while True:
-            try:
-                got.append(recv.receive_nowait().event)
-            except trio.WouldBlock:
-                break
+        got = drain(recv)
         nursery.cancel_scope.cancel()
     return ctx, got
 
@@ -106,7 +93,7 @@ def _check(got: list[dict], *, primary: bool = False) -> None:
 @pytest.mark.parametrize("compression", [None, grpc.Compression.Gzip], ids=["plain", "gzip"])
 @pytest.mark.parametrize("use_attribute", [True, False], ids=["event.name", "event_name"])
 async def test_real_grpc_exporter(compression, use_attribute):
-    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="off")
+    b = otlp_bridge(grpc="127.0.0.1:0", http="off")
     _, got = await _run(b, lambda: GrpcLogExporter(
         endpoint=f"127.0.0.1:{b.grpc_address[1]}", insecure=True, timeout=20,
         compression=compression), use_attribute=use_attribute)
@@ -117,7 +104,7 @@ async def test_real_grpc_exporter(compression, use_attribute):
                          ids=["plain", "gzip"])
 @pytest.mark.parametrize("use_attribute", [True, False], ids=["event.name", "event_name"])
 async def test_real_http_protobuf_exporter(compression, use_attribute):
-    b = OtlpInBridge("codex", grpc_listen="off", http_listen="127.0.0.1:0", primary=True)
+    b = otlp_bridge(grpc="off", http="127.0.0.1:0", primary=True)
     _, got = await _run(b, lambda: HttpLogExporter(
         endpoint=f"http://127.0.0.1:{b.http_address[1]}/v1/logs", timeout=20,
         compression=compression), use_attribute=use_attribute)
@@ -141,8 +128,8 @@ def _saturate_then_relay_later(sink: list[dict]):
 @pytest.mark.parametrize("kind", ["grpc", "http"])
 async def test_real_exporter_retries_through_saturation_without_loss(kind):
     # emit_grace shorter than the relay's stall, so the first attempt is refused
-    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0" if kind == "grpc" else "off",
-                     http_listen="127.0.0.1:0" if kind == "http" else "off", emit_grace=0.1)
+    b = otlp_bridge(grpc="127.0.0.1:0" if kind == "grpc" else "off",
+                    http="127.0.0.1:0" if kind == "http" else "off", emit_grace=0.1)
 
     def factory():
         if kind == "grpc":

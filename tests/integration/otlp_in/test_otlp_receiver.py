@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import socket
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,13 +18,15 @@ import pytest
 import trio
 from google.rpc import error_details_pb2, status_pb2
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2_grpc
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (ExportLogsServiceRequest,
-                                                                    ExportLogsServiceResponse)
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
 
-from bridges.core.bridge import BridgeContext, BridgeHealth
+from bridges.core.bridge import BridgeContext
 from bridges.core.capture import CapturePolicy
-from bridges.core.envelope import Stamper
-from bridges.otlp_in import OtlpInBridge, from_env
+from bridges.otlp_in import OtlpConfig, OtlpInBridge, from_env
+from tests.support.otlp_in import bridge_context, drain, otlp_bridge
 from tests.support.shared import fixture
 
 try:
@@ -49,11 +50,7 @@ JSON = {"content-type": "application/json"}
 @asynccontextmanager
 async def running(bridge: OtlpInBridge, *, channel: int = 1000,
                   policy: CapturePolicy | None = None):
-    send, recv = trio.open_memory_channel(channel)
-    _, commands = trio.open_memory_channel(0)
-    ctx = BridgeContext(bridge.name, Stamper(bridge.agent, epoch=3, host="test-host",
-                                             policy=policy or CapturePolicy()),
-                        send, commands, BridgeHealth(), logging.getLogger("test.otlp"))
+    ctx, recv = bridge_context(bridge.name, bridge.agent, channel=channel, policy=policy)
     async with trio.open_nursery() as nursery:
         with trio.fail_after(20):
             await nursery.start(bridge.run, ctx)
@@ -61,17 +58,8 @@ async def running(bridge: OtlpInBridge, *, channel: int = 1000,
         nursery.cancel_scope.cancel()
 
 
-def drain(recv) -> list[dict]:
-    out = []
-    while True:
-        try:
-            out.append(recv.receive_nowait().event)
-        except trio.WouldBlock:
-            return out
-
-
 def local() -> OtlpInBridge:
-    return OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0")
+    return otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
 
 
 def url(b: OtlpInBridge, path: str = "/v1/logs") -> str:
@@ -177,7 +165,7 @@ async def test_grpc_generated_stub():
 
 
 async def test_primary_mode_over_the_wire():
-    b = OtlpInBridge("codex", grpc_listen="off", http_listen="127.0.0.1:0", primary=True)
+    b = otlp_bridge(grpc="off", http="127.0.0.1:0", primary=True)
     async with running(b) as (ctx, recv), httpx.AsyncClient() as c:
         assert (await c.post(url(b), content=PB, headers=PROTO)).status_code == 200
         events = drain(recv)
@@ -278,7 +266,7 @@ async def test_http_routes_and_methods():
 
 
 async def test_http_oversized_declared_streamed_and_inflated():
-    b = OtlpInBridge("codex", grpc_listen="off", http_listen="127.0.0.1:0", max_body=64 * 1024)
+    b = otlp_bridge(grpc="off", http="127.0.0.1:0", max_body=64 * 1024)
     big = b"\x00" * (64 * 1024 + 1)
 
     async def chunks():
@@ -297,7 +285,7 @@ async def test_http_oversized_declared_streamed_and_inflated():
 
 
 async def test_grpc_bad_input():
-    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="off", max_body=64 * 1024)
+    b = otlp_bridge(grpc="127.0.0.1:0", http="off", max_body=64 * 1024)
     async with running(b) as (ctx, recv):
         port = b.grpc_address[1]
         _, code, details, _ = await trio.to_thread.run_sync(grpc_call, port, b"\x00\xffgarbage")
@@ -330,8 +318,7 @@ def fill(ctx: BridgeContext) -> None:
 
 
 async def test_saturated_channel_answers_retryable_and_emits_nothing():
-    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0",
-                     emit_grace=0.2)
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0", emit_grace=0.2)
     async with running(b, channel=8) as (ctx, recv), httpx.AsyncClient() as c:
         fill(ctx)
         r = await c.post(url(b), content=PB, headers=PROTO)
@@ -400,7 +387,7 @@ async def test_channel_filling_mid_request_waits_for_room():
 
 
 async def test_channel_stuck_mid_request_reports_partial_success_not_silence():
-    b = OtlpInBridge("codex", grpc_listen="off", http_listen="127.0.0.1:0", emit_grace=0.2)
+    b = otlp_bridge(grpc="off", http="127.0.0.1:0", emit_grace=0.2)
     async with running(b, channel=5) as (ctx, recv), httpx.AsyncClient() as c:
         r = await c.post(url(b), content=PB, headers=PROTO)
         assert r.status_code == 200
@@ -438,7 +425,7 @@ async def test_cancellation_stops_both_servers_and_frees_the_ports():
 async def test_cancellation_with_an_export_in_flight():
     # The relay never drains; a gRPC export is waiting for room when the
     # bridge is cancelled: the client gets an answer, the bridge stops.
-    b = OtlpInBridge("codex", grpc_listen="127.0.0.1:0", http_listen="off", emit_grace=30)
+    b = otlp_bridge(grpc="127.0.0.1:0", http="off", emit_grace=30)
     result = {}
     async with trio.open_nursery() as outer:
         async with running(b, channel=3) as (ctx, recv):
@@ -463,11 +450,42 @@ async def test_cancellation_with_an_export_in_flight():
     assert _connect_refused(port)
 
 
-def _ctx(bridge: OtlpInBridge) -> BridgeContext:
-    send, _ = trio.open_memory_channel(10)
-    _, commands = trio.open_memory_channel(0)
-    return BridgeContext(bridge.name, Stamper(bridge.agent), send, commands, BridgeHealth(),
-                         logging.getLogger("test.otlp"))
+async def test_a_restart_starts_clean():
+    # Run state lives on the per-run object, not the bridge (issue 7): a run
+    # stopped while an export was waiting (its admission closing) leaves
+    # nothing behind; the next run has its own context, listeners, admission.
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0", emit_grace=30)
+    assert b.listeners() == {"grpc": ("127.0.0.1", 0), "http": ("127.0.0.1", 0)}
+    result = {}
+    async with trio.open_nursery() as outer:
+        async with running(b, channel=3) as (ctx1, recv1):
+            first = b.listeners()
+            assert first["grpc"][1] != 0 and first["http"][1] != 0
+            assert (b.grpc_address, b.http_address) == (first["grpc"], first["http"])
+
+            async def call():
+                result["r"] = await trio.to_thread.run_sync(grpc_call, first["grpc"][1], PB)
+
+            outer.start_soon(call)
+            with trio.fail_after(10):
+                while ctx1.health.counters.get("otlp.requests", 0) < 1:
+                    await trio.sleep(0.01)
+        with trio.fail_after(15):
+            while "r" not in result:
+                await trio.sleep(0.05)
+    assert result["r"][0].partial_success.rejected_log_records == N_PB - 3
+    # stopped: nothing bound, the configured listeners again
+    assert b.listeners() == {"grpc": ("127.0.0.1", 0), "http": ("127.0.0.1", 0)}
+    assert b.grpc_address is None and b.http_address is None
+    async with running(b) as (ctx2, recv2), httpx.AsyncClient() as c:
+        assert b.listeners()["http"] == b.http_address and b.http_address[1] != 0
+        r = await c.post(url(b), content=PB, headers=PROTO)
+        assert r.status_code == 200  # not "receiver is stopping"
+        assert not ExportLogsServiceResponse.FromString(r.content).HasField("partial_success")
+        second = drain(recv2)
+    assert len(second) == N_PB and ctx2.health.counters["otlp.requests"] == 1
+    assert len(drain(recv1)) == 3  # the first run's channel got nothing more
+    assert "otlp.rejected_stopping" not in ctx2.health.counters
 
 
 @pytest.mark.parametrize("kind", ["grpc", "http"])
@@ -477,11 +495,11 @@ async def test_bind_failure_raises_a_plain_oserror(kind):
         taken.listen()
         port = taken.getsockname()[1]
         other = "127.0.0.1:0"
-        b = OtlpInBridge("codex", grpc_listen=f"127.0.0.1:{port}" if kind == "grpc" else other,
-                         http_listen=f"127.0.0.1:{port}" if kind == "http" else other)
+        b = otlp_bridge(grpc=f"127.0.0.1:{port}" if kind == "grpc" else other,
+                        http=f"127.0.0.1:{port}" if kind == "http" else other)
         setting = "AEP_OTLP_GRPC_LISTEN" if kind == "grpc" else "AEP_OTLP_HTTP_LISTEN"
         assert b.preflight() == [f"{setting}=127.0.0.1:{port}: address in use or not bindable"]
-        ctx = _ctx(b)
+        ctx, _ = bridge_context(b.name, b.agent, channel=10)
         with pytest.raises(OSError), trio.fail_after(15):
             await b.run(ctx)
         assert ctx.health.source is False
@@ -524,8 +542,10 @@ async def test_codex_and_vscode_at_once_each_its_own_emitter():
 
 def test_from_env_defaults():
     (b,) = from_env({})
-    assert (b.vendor, b.grpc_listen, b.http_listen, b.primary) == \
-        ("codex", "127.0.0.1:4317", "127.0.0.1:4318", False)
+    assert b.config == OtlpConfig("codex", ("127.0.0.1", 4317), ("127.0.0.1", 4318), False,
+                                  4 * 1024 * 1024)
+    assert (b.vendor, b.primary) == ("codex", False)
+    assert b.listeners() == {"grpc": ("127.0.0.1", 4317), "http": ("127.0.0.1", 4318)}
     assert b.capabilities() == {"emits": ["x.codex.otel"], "capture": ["none", "metadata"]}
     (p,) = from_env({"AEP_OTLP_PRIMARY": "1", "AEP_OTLP_VENDOR": "vscode"})
     assert p.primary and p.name == "otlp_in.vscode"
@@ -533,25 +553,32 @@ def test_from_env_defaults():
 
 
 def test_preflight_problems_one_line_each():
+    # Configuration problems (tests/unit/otlp_in/test_otlp_config.py has the
+    # table) surface once, through the first bridge; the supervisor prints
+    # every bridge's preflight lines, so each problem is printed once.
     env = {"AEP_OTLP_VENDOR": "codex,vscode,cursor", "AEP_OTLP_GRPC_LISTEN": "localhost",
            "AEP_OTLP_HTTP_LISTEN": "127.0.0.1:0", "AEP_OTLP_MAX_BODY": "lots"}
     codex_b, vscode_b, cursor_b = from_env(env)
-    cp = codex_b.preflight()
-    assert "AEP_OTLP_GRPC_LISTEN='localhost': 'localhost' is not host:port " \
-           "(e.g. 127.0.0.1:4317) or off" in cp
-    assert "AEP_OTLP_MAX_BODY='lots': must be a whole number of bytes, at least 1024" in cp
-    # the second profile must get its own listeners, named by its own settings
-    assert vscode_b.preflight() == [
+    assert codex_b.preflight() == [
+        "AEP_OTLP_MAX_BODY='lots': must be a whole number of bytes, at least 1024",
+        "AEP_OTLP_GRPC_LISTEN='localhost': 'localhost' is not host:port "
+        "(e.g. 127.0.0.1:4317) or off",
+        # the second profile must get its own listeners, named by its own settings
         "AEP_OTLP_VSCODE_GRPC_LISTEN: not set; every OTLP vendor after the first needs its own "
         "listeners (host:port or off)",
         "AEP_OTLP_VSCODE_HTTP_LISTEN: not set; every OTLP vendor after the first needs its own "
         "listeners (host:port or off)",
-        "AEP_OTLP_MAX_BODY='lots': must be a whole number of bytes, at least 1024"]
-    assert "AEP_OTLP_VENDOR: unknown vendor 'cursor' (known: codex, vscode)" in cursor_b.preflight()
-    both_off = OtlpInBridge("codex", grpc_listen="off", http_listen="off")
+        "AEP_OTLP_CURSOR_GRPC_LISTEN: not set; every OTLP vendor after the first needs its own "
+        "listeners (host:port or off)",
+        "AEP_OTLP_CURSOR_HTTP_LISTEN: not set; every OTLP vendor after the first needs its own "
+        "listeners (host:port or off)",
+        "AEP_OTLP_VENDOR: unknown vendor 'cursor' (known: codex, vscode)"]
+    assert vscode_b.preflight() == [] and cursor_b.preflight() == []
+    # a bridge built from a config alone checks that config
+    both_off = otlp_bridge(grpc="off", http="off")
     assert both_off.preflight() == ["AEP_OTLP_GRPC_LISTEN and AEP_OTLP_HTTP_LISTEN are both "
                                     "off: the codex profile would receive nothing"]
-    same = OtlpInBridge("codex", grpc_listen="127.0.0.1:4999", http_listen="127.0.0.1:4999")
+    same = otlp_bridge(grpc="127.0.0.1:4999", http="127.0.0.1:4999")
     assert "AEP_OTLP_GRPC_LISTEN and AEP_OTLP_HTTP_LISTEN are both 127.0.0.1:4999: use two " \
            "ports" in same.preflight()
 
@@ -560,6 +587,7 @@ def test_preflight_two_profiles_on_one_address():
     env = {"AEP_OTLP_VENDOR": "codex,vscode", "AEP_OTLP_VSCODE_GRPC_LISTEN": "127.0.0.1:4317",
            "AEP_OTLP_VSCODE_HTTP_LISTEN": "off"}
     codex_b, vscode_b = from_env(env)
-    assert vscode_b.preflight() == [
+    assert codex_b.preflight(check_ports=False) == [
         "AEP_OTLP_VSCODE_GRPC_LISTEN=127.0.0.1:4317: also used by AEP_OTLP_GRPC_LISTEN; each "
         "OTLP vendor needs its own listeners"]
+    assert vscode_b.preflight(check_ports=False) == []

@@ -19,8 +19,10 @@ from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.opencode_sse import PROFILE
-from bridges.sse_common.bridge import SseBridge
+from bridges.sse_common.bridge import SseBridge, SseRun
+from bridges.sse_common.config import SseConfig
 from bridges.sse_common.receiver import ReceiverSettings
+from supervisor.fleet import run_bridge
 from tests.support.opencode import StubSseServer, sse_frame
 from tests.support.schema import validate_stream
 
@@ -63,6 +65,7 @@ class Harness:
     events: list[dict]
     commands: trio.MemorySendChannel
     stub: StubSseServer
+    run: SseRun  # the running bridge's per-run handle (tracker, receiver, controller)
 
     def of(self, type_: str) -> list[dict]:
         return [e for e in self.events if e["type"] == type_]
@@ -91,22 +94,23 @@ async def bridge_on(stub: StubSseServer, *, control: bool = False, primary: bool
                     transport: httpx.AsyncBaseTransport | None = None):
     async with trio.open_nursery() as n:
         await n.start(stub.serve)
-        b = SseBridge(PROFILE, url=stub.url, password="stub-pw-123", primary=primary,
-                      control=control, token="t" if control else None, guard_ms=guard_ms,
-                      policy=CapturePolicy(), receiver_settings=settings or fast(),
+        cfg = SseConfig.defaults(PROFILE, url=stub.url, password="stub-pw-123",
+                                 primary=primary, control=control,
+                                 token="t" if control else None, guard_ms=guard_ms)
+        b = SseBridge(PROFILE, cfg, policy=CapturePolicy(), receiver_settings=settings or fast(),
                       transport=transport)
         out_s, out_r = trio.open_memory_channel(100_000)
         cmd_s, cmd_r = trio.open_memory_channel(16)
         ctx = BridgeContext(b.name, Stamper("opencode", epoch=1, host="stub"), out_s, cmd_r,
                             BridgeHealth(), logging.getLogger("aep.test"))
         events: list[dict] = []
-        await n.start(b.run, ctx)
+        run = await n.start(run_bridge, b, ctx)
 
         async def collect():
             async for o in out_r:
                 events.append(o.event)
         n.start_soon(collect)
-        yield Harness(b, ctx, events, cmd_s, stub)
+        yield Harness(b, ctx, events, cmd_s, stub, run)
         n.cancel_scope.cancel()
 
 
@@ -291,7 +295,7 @@ async def test_rest_write_faults_get_defined_acks():
         assert acks["500"][0]["data"]["reason"] == "busy"
         assert acks["hang"][0]["type"] == "control.accepted"
         # the refused ask was disarmed: it can be answered again
-        tr = h.bridge.tracker
+        tr = h.run.tracker
         assert tr.find_ask(S, ids[0]).settling is None
         assert tr.find_ask(S, ids[3]).settling == "c-hang"
         assert len(req) == 1  # all four prompts are the same command
@@ -333,7 +337,7 @@ async def test_unreachable_vendor_on_write_is_busy():
         ack = await h.command("c-1", "control.attention.respond", subject=rid,
                               data={"answer": {"option": "once"}})
         assert ack[0]["type"] == "control.rejected" and ack[0]["data"]["reason"] == "busy"
-        assert h.bridge.tracker.find_ask(S, rid).settling is None  # disarmed
+        assert h.run.tracker.find_ask(S, rid).settling is None  # disarmed
 
 
 async def test_a_refusal_detail_is_capture_gated():

@@ -444,7 +444,9 @@ async def test_in_process_bridge_other_directory(env: Env) -> None:
     from bridges.kilocode_sse import PROFILE as KILO
     from bridges.opencode_sse import PROFILE as OC
     from bridges.sse_common.bridge import SseBridge
+    from bridges.sse_common.config import SseConfig
     from bridges.core.capture import CapturePolicy
+    from supervisor.fleet import run_bridge
 
     server, tmp, vendor = env.server, env.tmp, env.vendor
     profile = OC if vendor == "opencode" else KILO
@@ -456,8 +458,9 @@ async def test_in_process_bridge_other_directory(env: Env) -> None:
                          request.url.params.get("directory")))
             return await super().handle_async_request(request)
 
-    bridge = SseBridge(profile, url=server.url, password=server.password, primary=True,
-                       control=True, token="t", policy=CapturePolicy(), transport=Spy())
+    cfg = SseConfig.defaults(profile, url=server.url, password=server.password, primary=True,
+                             control=True, token="t")
+    bridge = SseBridge(profile, cfg, policy=CapturePolicy(), transport=Spy())
     out_s, out_r = trio.open_memory_channel(10_000)
     cmd_s, cmd_r = trio.open_memory_channel(16)
     ctx = BridgeContext(profile.name, Stamper(vendor, epoch=7, host="test"), out_s, cmd_r,
@@ -475,7 +478,7 @@ async def test_in_process_bridge_other_directory(env: Env) -> None:
                 await trio.sleep(0.05)
 
     async with trio.open_nursery() as n:
-        await n.start(bridge.run, ctx)
+        await n.start(run_bridge, bridge, ctx)
 
         async def collect():
             async for o in out_r:

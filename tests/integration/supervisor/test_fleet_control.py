@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from aep_sdk import ControlClient, NackError
-from bridges.core.ledger import CommandLedger, Refuse, WriteResult
+from bridges.core.bridge import BridgeRun
+from bridges.core.control import Refuse, WriteResult
 from supervisor.config import Config
 from supervisor.fleet import Fleet
 from supervisor.http import serve_asgi
@@ -47,17 +48,31 @@ class ToyBridge:
         await ctx.emit("toy-1", {"type": "session.started", "data": {}})
         await ctx.emit("toy-1", {"type": "run.started", "data": {}}, run="r1")
 
-        def check(cmd):
-            if cmd.get("run") != "r1":
-                raise Refuse("refused", "no such run")
+        task_status.started(BridgeRun(controller=ToyController(self.writes)))
+        await trio.sleep_forever()
 
-        async def write(cmd):
-            self.writes.append(cmd)
-            return WriteResult(200)
 
-        async with CommandLedger(ctx, ["control.cancel"]) as ledger:
-            task_status.started()
-            await ledger.serve(ctx.commands, check=check, write=write)
+class ToyController:
+    """The toy's :class:`~bridges.core.control.Controller`: cancels run r1."""
+
+    accepts = ("control.cancel",)
+    ack_window_ms = 10000
+    guard_ms = 8000
+
+    def __init__(self, writes: list[dict]) -> None:
+        self.writes = writes
+
+    def check(self, cmd):
+        if cmd.get("run") != "r1":
+            raise Refuse("refused", "no such run")
+        return cmd
+
+    def note(self, plan):
+        return None
+
+    async def perform(self, plan):
+        self.writes.append(plan)
+        return WriteResult(200)
 
 
 async def _serve(tmp_path, token):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from functools import partial
 from typing import Any
 
 import aep_sdk
@@ -221,14 +220,25 @@ async def test_a_command_round_trips_sdk_client_relay_uplink_ledger(nursery):
         async for item in chan_recv:
             await up.put(item.event, redelivery=item.redelivery)
 
-    def check(cmd):
-        if cmd["type"] == "control.pause":
-            raise Refuse("refused", "nothing to pause")
+    class Controller:
+        accepts = ("control.cancel", "control.pause")
+        ack_window_ms, guard_ms = 10_000, 8_000
+
+        def check(self, cmd):
+            if cmd["type"] == "control.pause":
+                raise Refuse("refused", "nothing to pause")
+            return cmd
+
+        def note(self, plan):
+            return None
+
+        async def perform(self, plan):
+            return await _ok(plan)
 
     nursery.start_soon(pump)
-    async with CommandLedger(ctx, ["control.cancel", "control.pause"]) as ledger:
+    async with CommandLedger(ctx, Controller()) as ledger:
         async with trio.open_nursery() as bridge:
-            bridge.start_soon(partial(ledger.serve, ctx.commands, check=check, write=_ok))
+            bridge.start_soon(ledger.serve, ctx.commands)
             # the session must be claimed on the relay: emit one ordinary event first
             await ctx.emit(SESSION, {"type": "x.codex.uplink.tick", "data": {}})
             await wait_for(lambda: SESSION in remote.relays[0].buffers, "session claimed")

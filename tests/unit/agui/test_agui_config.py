@@ -2,53 +2,47 @@
 data), its capability block and the fleet wiring."""
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from bridges.agui import AguiBridge, from_env
 from bridges.agui.config import SETTINGS, AguiConfig
 from bridges.agui.config import from_env as config_from_env
-from supervisor.config import FLEET, KNOWN_SETTINGS, load
+from supervisor.config import FLEET, known_settings, load
+from tests.support.configcases import cases, check
+from tests.support.recording import RecordingEnv
 
 UP = "http://127.0.0.1:8000"
-
-GOOD = [
-    ({"AEP_AGUI_UPSTREAM": UP}, AguiConfig(upstream=UP)),
-    ({"AEP_AGUI_UPSTREAM": UP + "/agent/"}, AguiConfig(upstream=UP + "/agent")),
-    ({"AEP_AGUI_UPSTREAM": "https://agent.example", "AEP_AGUI_LISTEN": "0.0.0.0:9000",
-      "AEP_AGUI_DELTAS": "1", "AEP_AGENT_NAME": "my-agent", "AEP_AGUI_MAX_EVENT": "2048"},
-     AguiConfig(upstream="https://agent.example", listen=("0.0.0.0", 9000), deltas=True,
-                agent="my-agent", max_event=2048)),
-    ({"AEP_AGUI_UPSTREAM": UP, "AEP_AGUI_LISTEN": "[::1]:8790"},
-     AguiConfig(upstream=UP, listen=("::1", 8790))),
-]
-
-BAD = [
-    ({}, "AEP_AGUI_UPSTREAM: not set"),
-    ({"AEP_AGUI_UPSTREAM": "  "}, "AEP_AGUI_UPSTREAM: not set"),
-    ({"AEP_AGUI_UPSTREAM": "127.0.0.1:8000"}, "AEP_AGUI_UPSTREAM='127.0.0.1:8000': expected http(s)"),
-    ({"AEP_AGUI_UPSTREAM": UP + "?key=x"}, "no query or fragment"),
-    ({"AEP_AGUI_UPSTREAM": UP, "AEP_AGUI_LISTEN": "8790"}, "AEP_AGUI_LISTEN='8790': expected host:port"),
-    ({"AEP_AGUI_UPSTREAM": UP, "AEP_AGUI_DELTAS": "maybe"}, "AEP_AGUI_DELTAS='maybe': expected 1 or 0"),
-    ({"AEP_AGUI_UPSTREAM": UP, "AEP_AGUI_MAX_EVENT": "10"}, "AEP_AGUI_MAX_EVENT=10: expected bytes"),
-]
+HERE = Path(__file__).parent / "testdata" / "config"
 
 
-@pytest.mark.parametrize("env, want", GOOD)
-def test_good_environments(env, want):
-    assert config_from_env(env) == (want, [])
+@pytest.mark.parametrize("case", cases(HERE))
+def test_agui_config_case(case):
+    check(case, config_from_env)
 
 
-@pytest.mark.parametrize("env, problem", BAD)
-def test_bad_environments_are_one_clear_line_each(env, problem):
-    _, problems = config_from_env(env)
-    assert len(problems) == 1 and problem in problems[0], problems
+def test_the_metadata_names_every_setting_the_code_reads():
+    env = RecordingEnv({"HOME": "/h"})
+    config_from_env(env)
+    assert {n for n in env.read if n.startswith("AEP_")} == {s.name for s in SETTINGS}
+
+
+def test_config_is_frozen_and_typed():
+    cfg = AguiConfig(upstream=UP)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.deltas = True  # type: ignore[misc]
+    with pytest.raises(TypeError, match="max_event"):
+        AguiConfig(max_event="8")  # type: ignore[arg-type]
+    assert not [s for s in SETTINGS if s.secret]
 
 
 def test_every_setting_is_known_to_the_supervisor_and_documented():
-    assert {s.name for s in SETTINGS} <= KNOWN_SETTINGS
+    assert {s.name for s in SETTINGS} | {"AEP_BRIDGE_AGUI"} <= known_settings()
     spec = next(s for s in FLEET if s.key == "agui")
-    assert (spec.flag, spec.default, spec.factory) == ("AEP_BRIDGE_AGUI", False,
-                                                        "bridges.agui:from_env")
+    assert (spec.flag, spec.default, spec.factory, spec.settings) == (
+        "AEP_BRIDGE_AGUI", False, "bridges.agui:from_env", "bridges.agui.config:SETTINGS")
 
 
 def test_enabled_without_upstream_is_refused_before_anything_binds():
@@ -81,8 +75,3 @@ def test_preflight_reports_a_taken_port():
         assert b.preflight() == [f"AEP_AGUI_LISTEN=127.0.0.1:{port}: address in use or not bindable"]
         assert b.preflight(check_ports=False) == []
 
-
-def test_the_readme_knob_table_is_the_settings_metadata():
-    from bridges.core.settings import render_table
-    from tests.support.daemon import ROOT
-    assert render_table(SETTINGS) in (ROOT / "README.md").read_text()

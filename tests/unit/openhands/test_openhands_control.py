@@ -174,15 +174,17 @@ def test_unknown_session_is_refused():
     assert "no OpenHands conversation" in refused(ctl, dict(cmd(C.PAUSE), session="elsewhere"))
 
 
-def test_arm_sets_and_disarm_clears_exactly_its_note():
+def test_note_sets_and_undo_clears_exactly_its_note():
     ctl, conv = control_for("running")
-    disarm = ctl.arm(cmd(C.PAUSE))
+    plan = ctl.check(cmd(C.PAUSE))
+    assert conv.notes == {}  # check notes nothing
+    disarm = ctl.note(plan)
     assert conv.notes == {"pause": "cmd-1"}
     conv.notes["pause"] = "cmd-2"  # a newer command took the note
     disarm()
     assert conv.notes == {"pause": "cmd-2"}
     ctl, conv = control_for("waiting_for_confirmation", attention="req-1")
-    disarm = ctl.arm(cmd(C.RESPOND, subject="req-1", data={"answer": {"text": "nope"}}))
+    disarm = ctl.note(ctl.check(cmd(C.RESPOND, subject="req-1", data={"answer": {"text": "nope"}})))
     assert conv.settling == Settling("cmd-1", {"option": "deny", "text": "nope"})
     disarm()
     assert conv.settling is None
@@ -221,14 +223,21 @@ async def test_write_bodies_and_transport_failures():
                                transport=httpx.MockTransport(handler))
     conv = Conversation("c1", status="waiting_for_confirmation", attention_id="r1")
     ctl = C.OpenHandsControl(b.settings, _Recv(conv), client=client)
-    res = await ctl.write(cmd(C.RESPOND, subject="r1", data={"answer": {"text": "no way"}}))
-    assert res.status == 200
-    res = await ctl.write(cmd(C.PAUSE))
+
+    async def perform(c, status):
+        conv.status = status  # the state the command is honored in
+        return await ctl.perform(ctl.check(c))
+
+    res = await perform(cmd(C.RESPOND, subject="r1", data={"answer": {"text": "no way"}}),
+                        "waiting_for_confirmation")
+    assert res.status == 200 and res.after_ack is None
+    res = await perform(cmd(C.PAUSE), "running")
     assert (res.status, res.detail) == (409, "Conversation already running.")
-    await ctl.write(cmd(C.RESUME))
-    await ctl.write(cmd(C.SEND_INPUT, data={"text": "hi"}))
+    await perform(cmd(C.RESUME), "paused")
+    sent = await perform(cmd(C.SEND_INPUT, data={"text": "hi"}), "idle")
+    assert sent.after_ack is not None  # input.sent follows the ack
     with pytest.raises(Unreachable) as e:
-        await ctl.write(cmd(C.INTERRUPT))
+        await perform(cmd(C.INTERRUPT), "running")
     assert "k-secret-1" not in str(e.value)
     await client.aclose()
     import json as _json

@@ -10,8 +10,8 @@ import zlib
 import pytest
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from bridges.otlp_in.receiver import (Accepted, BadRequest, decode_http_body, gunzip_capped,
-                                      response_message)
+from bridges.otlp_in.decode import decode_http_body, gunzip_capped
+from bridges.otlp_in.status import Accepted, BadRequest, response_message
 
 LIMIT = 64 * 1024
 

@@ -10,8 +10,7 @@ from datetime import datetime, timezone
 import pytest
 from google.protobuf import json_format
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import (AnyValue, ArrayValue, KeyValue,
-                                                      KeyValueList)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 
 from bridges.otlp_in import flatten
 from bridges.otlp_in.common import event_name, record_time, session_id

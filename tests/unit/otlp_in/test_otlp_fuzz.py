@@ -88,7 +88,7 @@ CEILINGS = ["none", "metadata", "redacted", "full"]
 
 
 def _check_all_postures(rec):
-    for vendor, profile in PROFILES.items():
+    for profile in PROFILES.values():
         sess = session_id(profile.session_key(rec), [])
         for ceiling in CEILINGS:
             policy = CapturePolicy(ceiling=ceiling)

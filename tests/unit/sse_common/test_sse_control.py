@@ -27,6 +27,7 @@ from bridges.sse_common.frames import BusEvent
 from bridges.sse_common.mapping import Posture
 from bridges.sse_common.receiver import ReceiverSettings
 from bridges.sse_common.tracker import Tracker
+from supervisor.fleet import run_bridge
 from tests.support.opencode_fixtures import real_event
 
 # ---------------------------------------------------------------- AEP-0008 text rules
@@ -146,12 +147,12 @@ def test_respond_plans_the_current_reply_route_with_the_message():
     g, tr = gate_with_ask()
     c = cmd("control.attention.respond", subject="req-1",
             data={"answer": {"text": "not this one"}})
-    g.check(c)
-    plan = g._plans["cmd-1"]
+    plan = g.check(c)
     assert plan.path == "/permission/per_1/reply"
     assert plan.body == {"reply": "reject", "message": "not this one"}
     assert plan.params == {"directory": "/proj"}
-    disarm = g.arm(c)
+    assert tr.find_ask(S, "req-1").settling is None  # check notes nothing
+    disarm = g.note(plan)
     assert tr.find_ask(S, "req-1").settling == "cmd-1"
     disarm()
     assert tr.find_ask(S, "req-1").settling is None
@@ -159,8 +160,8 @@ def test_respond_plans_the_current_reply_route_with_the_message():
 
 def test_respond_on_the_pinned_surface_uses_the_legacy_route():
     g, _ = gate_with_ask("permission.updated")
-    g.check(cmd("control.attention.respond", subject="req-1", data={"answer": {"option": "always"}}))
-    plan = g._plans["cmd-1"]
+    plan = g.check(cmd("control.attention.respond", subject="req-1",
+                       data={"answer": {"option": "always"}}))
     assert (plan.path, plan.body) == ("/session/ses_1/permissions/per_1", {"response": "always"})
 
 
@@ -193,8 +194,7 @@ def test_stale_subject_is_refused_after_the_settle():
 def test_second_answer_while_one_is_in_flight_is_refused():
     g, _ = gate_with_ask()
     first = cmd("control.attention.respond", subject="req-1", data={"answer": {"option": "once"}})
-    g.check(first)
-    g.arm(first)
+    g.note(g.check(first))
     with pytest.raises(Refuse):
         g.check(cmd("control.attention.respond", id="cmd-2", subject="req-1",
                     data={"answer": {"option": "once"}}))
@@ -203,9 +203,9 @@ def test_second_answer_while_one_is_in_flight_is_refused():
 def test_cancel_needs_an_open_run_and_arms_the_note():
     g, tr = gate_with_ask()
     c = cmd("control.cancel", run="msg_u", data={"scope": "run"})
-    g.check(c)
-    assert g._plans["cmd-1"].path == "/session/ses_1/abort"
-    g.arm(c)
+    plan = g.check(c)
+    assert plan.path == "/session/ses_1/abort"
+    g.note(plan)
     assert tr.sessions[S].cancel.command == "cmd-1"
     with pytest.raises(Refuse):  # a second cancel of the same run
         g.check(cmd("control.cancel", id="cmd-2", data={"scope": "run"}))
@@ -219,11 +219,11 @@ def test_cancel_needs_an_open_run_and_arms_the_note():
 
 def test_from_env_defaults():
     b = oc_from_env({}, policy=CapturePolicy())
-    assert (b.url, b.username, b.primary, b.control_honored) == (
+    assert (b.url, b.config.username, b.primary, b.control_honored) == (
         "http://127.0.0.1:4096", "opencode", False, False)
     assert b.preflight() == []
     k = kilo_from_env({}, policy=CapturePolicy())
-    assert (k.name, k.agent, k.username) == ("kilocode_sse", "kilocode", "kilo")
+    assert (k.name, k.agent, k.config.username) == ("kilocode_sse", "kilocode", "kilo")
 
 
 def test_gate_needs_primary_and_token_and_the_flag():
@@ -264,7 +264,7 @@ def test_preflight_never_shows_the_password():
 def test_the_only_writes_in_the_package_live_in_the_gate():
     """Structural proof: every HTTP call that could write (post/put/patch/
     delete/request/stream with a non-GET verb) in bridges/sse_common is inside
-    ``ControlGate.write``; the receiver's client type has no such method."""
+    ``ControlGate.perform``; the receiver's client type has no such method."""
     root = Path(control.__file__).parent
     writes = []
     for path in sorted(root.glob("*.py")):
@@ -279,7 +279,7 @@ def test_the_only_writes_in_the_package_live_in_the_gate():
                         verb == "stream" and not (fn.args and isinstance(fn.args[0], ast.Constant)
                                                   and fn.args[0].value == "GET")):
                     writes.append((path.name, cls.name, verb))
-    assert writes == [("control.py", "write", "post")]
+    assert writes == [("control.py", "perform", "post")]
     assert not any(hasattr(control.ReadOnlyClient, v)
                    for v in ("post", "put", "patch", "delete", "request", "stream"))
 
@@ -329,7 +329,7 @@ async def test_gate_off_refuses_commands_and_writes_nothing(env, tmp_path):
     events = []
     with trio.fail_after(20):
         async with trio.open_nursery() as n:
-            await n.start(b.run, ctx)
+            await n.start(run_bridge, b, ctx)
 
             async def collect():
                 async for o in out_r:

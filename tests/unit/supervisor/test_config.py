@@ -100,7 +100,7 @@ def test_port_in_use_is_refused():
 
 def test_relay_only_ignores_bridge_flags():
     cfg, problems = load({"AEP_BRIDGE_NOPE": "1", "AEP_RELAY_URL": "http://r:1"}, relay_only=True)
-    assert problems == [] and cfg.enabled == [] and cfg.relay_url is None
+    assert problems == [] and cfg.enabled == () and cfg.relay_url is None
 
 
 def test_log_settings_are_validated():
@@ -129,6 +129,6 @@ def test_relay_byte_budgets_and_cors_origins():
                           "AEP_CORS_ORIGINS": "https://Dash.example:443, http://localhost:5173"})
     assert problems == []
     assert (cfg.buffer_bytes, cfg.total_bytes) == (4096, 1048576)
-    assert cfg.cors_origins == ["https://dash.example", "http://localhost:5173"]
+    assert cfg.cors_origins == ("https://dash.example", "http://localhost:5173")
     _, bad = load({"AEP_CORS_ORIGINS": "*", "AEP_BUFFER_BYTES": "12"})
     assert len(bad) == 2 and "AEP_CORS_ORIGINS" in bad[1] and "AEP_BUFFER_BYTES=12" in bad[0]

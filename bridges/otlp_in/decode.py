@@ -1,0 +1,113 @@
+"""OTLP request bodies -> flattened records (pure: no sockets, no clocks).
+
+:func:`decode_http_body` takes an OTLP/HTTP body with its ``Content-Type``
+and ``Content-Encoding`` (OTLP spec "OTLP/HTTP": binary protobuf
+``application/x-protobuf`` or JSON ``application/json``, identity or gzip);
+:func:`decode_proto` takes a protobuf ``ExportLogsServiceRequest`` (the
+OTLP/HTTP protobuf body, and the gRPC message grpcio has already
+decompressed). Both yield :data:`~bridges.otlp_in.flatten.FlatRecord` s
+(``None`` for an entry that is not a LogRecord) and append anomaly counter
+names to ``notes``; a body that cannot be a request raises
+:class:`~bridges.otlp_in.status.BadRequest` (:mod:`bridges.otlp_in.status`
+maps it to 400/413/415 and the gRPC codes).
+
+Size: the limit applies to the body as received AND to the inflated body:
+gzip is inflated incrementally with a cap, so a gzip bomb costs at most
+``limit + 1`` bytes of memory.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
+
+from . import flatten
+from .flatten import FlatRecord, NotOtlp
+from .status import BadRequest, Refusal
+
+PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf"})
+JSON_TYPES = frozenset({"application/json"})
+
+
+def gunzip_capped(data: bytes, limit: int) -> bytes:
+    """Inflate a gzip body (one or more members, RFC 1952) to at most
+    ``limit`` bytes. Raises :class:`BadRequest` 413 when the output would
+    exceed ``limit`` (it stops inflating there: no bomb inflates unbounded)
+    and 400 for a corrupt or truncated stream."""
+    out = bytearray()
+    rest = data
+    while True:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            chunk = d.decompress(rest, limit - len(out) + 1)
+        except zlib.error as e:
+            raise BadRequest(Refusal.MALFORMED, f"invalid gzip body: {e}",
+                             "otlp.bad_gzip") from None
+        out += chunk
+        if len(out) > limit or d.unconsumed_tail:
+            raise BadRequest(Refusal.TOO_LARGE, f"inflated body exceeds {limit} bytes",
+                             "otlp.too_large")
+        if not d.eof:
+            raise BadRequest(Refusal.MALFORMED, "truncated gzip body", "otlp.bad_gzip")
+        rest = d.unused_data
+        if not rest.strip(b"\x00"):  # trailing zero padding is tolerated (gzip(1) does)
+            return bytes(out)
+
+
+def media_type(content_type: str | None) -> str:
+    """``"Application/JSON; charset=utf-8"`` -> ``"application/json"``."""
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def is_json(content_type: str | None) -> bool:
+    """True when the request (and so its answer) is OTLP/JSON."""
+    return media_type(content_type) in JSON_TYPES
+
+
+def decode_http_body(content_type: str | None, content_encoding: str | None, body: bytes,
+                     limit: int, notes: list[str]) -> tuple[bool, list[FlatRecord | None]]:
+    """An OTLP/HTTP logs body -> ``(is_json, records)``. Raises
+    :class:`BadRequest` (415 unsupported type/encoding, 413 too large, 400
+    undecodable or not an OTLP export request)."""
+    mt = media_type(content_type)
+    if mt not in PROTOBUF_TYPES and mt not in JSON_TYPES:
+        raise BadRequest(Refusal.UNSUPPORTED, f"unsupported Content-Type {mt or '(none)'!r}; "
+                         "use application/x-protobuf or application/json",
+                         "otlp.unsupported_media_type")
+    enc = (content_encoding or "identity").strip().lower()
+    if enc in ("gzip", "x-gzip"):
+        body = gunzip_capped(body, limit)
+    elif enc not in ("identity", ""):
+        raise BadRequest(Refusal.UNSUPPORTED, f"unsupported Content-Encoding {enc!r}; use gzip "
+                         "or none", "otlp.unsupported_encoding")
+    if mt in JSON_TYPES:
+        return True, decode_json(body, notes)
+    return False, decode_proto(body, notes)
+
+
+def decode_json(body: bytes, notes: list[str]) -> list[FlatRecord | None]:
+    """OTLP/JSON ``ExportLogsServiceRequest`` bytes -> records; 400 on
+    invalid JSON or a document that is not an export request."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise BadRequest(Refusal.MALFORMED, f"body is not JSON: {type(e).__name__}",
+                         "otlp.undecodable") from None
+    try:
+        return flatten.records_from_json(doc, notes)
+    except NotOtlp as e:
+        raise BadRequest(Refusal.MALFORMED, f"not an OTLP logs export request: {e}",
+                         "otlp.undecodable") from None
+
+
+def decode_proto(body: bytes, notes: list[str]) -> list[FlatRecord | None]:
+    """Protobuf ``ExportLogsServiceRequest`` bytes -> records; 400 on a
+    corrupt or truncated message."""
+    try:
+        req = ExportLogsServiceRequest.FromString(body)
+    except (DecodeError, RecursionError, ValueError) as e:
+        raise BadRequest(Refusal.MALFORMED, f"undecodable protobuf: {str(e)[:200]}",
+                         "otlp.undecodable") from None
+    return list(flatten.records_from_proto(req, notes))

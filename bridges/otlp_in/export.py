@@ -1,0 +1,219 @@
+"""The export path, in two steps (trio side of both transports).
+
+1. **Planning** (:func:`plan`, pure: no I/O, no clocks, no channel): the
+   decoded records of one export request -> the emissions to stamp, each
+   with its session and moment, plus the anomaly notes, the mapper failures
+   and, per reason, how many LogRecords are refused (not a LogRecord, no
+   session key, mapping failed). Profile seams: :mod:`bridges.otlp_in.profiles`.
+2. **Admission** (:class:`Admission`, one per run): stamping the planned
+   emissions onto the relay channel through the run's ``BridgeContext``,
+   with backpressure. AEP-0003 §8.4 (never a silent drop at ``notice``+): a
+   request arriving while the relay channel is full waits up to
+   ``emit_grace`` seconds for room, and only then is refused retryably
+   (:class:`~bridges.otlp_in.status.Unavailable`: 503 / UNAVAILABLE with
+   ``Retry-After``), before anything is emitted, so the exporter's retry
+   cannot duplicate. The wait comes first because the real Codex exporter
+   (0.171, OTel Rust SDK 0.31) never retries: its one export at exit carries
+   the whole run, and a 503 loses it (``tests/fixtures/codex_otel_real/README.md``,
+   "Delivery"). Once a request is admitted its emissions go out in order; if
+   the channel fills mid-request admission again waits up to ``emit_grace``,
+   and the LogRecords still unsent then are reported to the sender in
+   ``partial_success`` (rejected, counted, logged), not dropped silently.
+
+The transports (:mod:`bridges.otlp_in.http`, :mod:`bridges.otlp_in.grpc`)
+call :meth:`Admission.export`, an :data:`Export`.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Awaitable, Callable, Sequence
+
+import trio
+
+from bridges.core.bridge import BridgeContext, Saturated
+
+from .common import Emission, Posture, record_time, session_id
+from .flatten import FlatRecord
+from .profiles import Profile
+from .status import Accepted, Unavailable
+
+Export = Callable[[list[FlatRecord | None], list[str]], Awaitable[Accepted]]
+"""``await export(records, notes)``: one request's decoded records (``None``
+for an entry that is not a LogRecord) and its decoding notes -> the
+``partial_success`` figures, or :class:`~bridges.otlp_in.status.Unavailable`."""
+
+OnProblem = Callable[[str, str], None]
+"""``on_problem(counter, line)``: a transport refused a request (the
+``BridgeHealth`` counter and one human line, never body content)."""
+
+# partial_success reasons (error_message: "<n> LogRecords rejected: <reason>")
+NOT_A_RECORD = "not a LogRecord"
+NO_SESSION = "no session key"
+MAPPING_FAILED = "mapping failed"
+SATURATED = "relay channel saturated"
+STOPPING = "receiver stopping"
+STAMP_FAILED = "stamping failed"
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One emission to stamp: the index of its LogRecord in the request,
+    its AEP ``session``, the emission (with the profile's gating hint) and
+    the moment it describes (``None``: the stamper uses the receive time)."""
+
+    record: int
+    session: str
+    emission: Emission
+    time: datetime | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one export request becomes. ``emissions`` in request order;
+    ``refused``: LogRecords refused per reason (first occurrence order);
+    ``notes``: counter names of anomalies (``otlp.no_session``,
+    ``otlp.unknown_event``...); ``failures``: the exceptions of mapper bugs
+    (the admission step logs them; each is also a ``refused`` record)."""
+
+    emissions: tuple[Planned, ...] = ()
+    refused: dict[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    failures: tuple[Exception, ...] = ()
+
+
+def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Posture) -> Plan:
+    """Map one request's records (pure). Never raises: a record the mapper
+    chokes on is refused as ``mapping failed`` (noted ``otlp.mapping_error``)
+    and the exception kept in :attr:`Plan.failures`."""
+    refused: Counter[str] = Counter()
+    notes: list[str] = []
+    failures: list[Exception] = []
+    planned: list[Planned] = []
+    for idx, rec in enumerate(records):
+        if rec is None:
+            refused[NOT_A_RECORD] += 1
+            continue
+        try:
+            sess = session_id(profile.session_key(rec), notes)
+            if sess is None:
+                notes.append("otlp.no_session")
+                refused[NO_SESSION] += 1
+                continue
+            emissions = profile.map_record(rec, posture, notes)
+            when = record_time(rec)
+        except Exception as e:  # a mapper bug must not take the receiver down
+            notes.append("otlp.mapping_error")
+            refused[MAPPING_FAILED] += 1
+            failures.append(e)
+            continue
+        planned.extend(Planned(idx, sess, profile.stampable(em), when) for em in emissions)
+    return Plan(tuple(planned), dict(refused), tuple(notes), tuple(failures))
+
+
+class Admission:
+    """The admission step of one run: stamps planned emissions onto the
+    relay channel of ``ctx`` (its only way out). ``profile`` / ``posture``:
+    the mapping seams and capture posture of the run; ``emit_grace``: the
+    longest wait for room, in seconds, before admission and again
+    mid-request; ``retry_after``: seconds suggested on a retryable refusal.
+    :attr:`closing` (set by the run on its way out) answers every waiting
+    export at once."""
+
+    def __init__(self, ctx: BridgeContext, profile: Profile, posture: Posture, *,
+                 emit_grace: float, retry_after: int) -> None:
+        self.ctx = ctx
+        self.profile = profile
+        self.posture = posture
+        self.emit_grace = emit_grace
+        self.retry_after = retry_after
+        self.closing = False
+
+    async def export(self, records: list[FlatRecord | None], notes: list[str]) -> Accepted:
+        """One request (an :data:`Export`): count it, wait for room
+        (:class:`~bridges.otlp_in.status.Unavailable` when none comes), plan
+        it, admit the plan. Returns the ``partial_success`` figures."""
+        health = self.ctx.health
+        health.count("otlp.requests")
+        health.count("otlp.records", len(records))
+        for n in notes:
+            health.count(n)
+        await self.gate()
+        p = plan(records, self.profile, self.posture)
+        for n in p.notes:
+            health.count(n)
+        for exc in p.failures:
+            self.ctx.log.error("%s: mapping a LogRecord failed", self.ctx.name, exc_info=exc)
+        return await self.admit(p)
+
+    async def gate(self) -> None:
+        """Return once the relay channel has room (within ``emit_grace``);
+        raise :class:`~bridges.otlp_in.status.Unavailable` when it has none
+        (counted ``otlp.saturated``) or the run is stopping."""
+        if await self.room():
+            return
+        if self.closing:
+            raise Unavailable("receiver is stopping; retry later", self.retry_after)
+        self.ctx.health.count("otlp.saturated")
+        raise Unavailable("relay channel saturated; retry later", self.retry_after)
+
+    async def admit(self, p: Plan) -> Accepted:
+        """Stamp and send ``p``'s emissions in order, each after room is
+        there. Raises :class:`~bridges.otlp_in.status.Unavailable` only
+        while nothing of the request has been sent (a retry then cannot
+        duplicate); afterwards what cannot be sent is rejected in the
+        result instead."""
+        reasons: Counter[str] = Counter(p.refused)
+        emitted = 0
+        for pos, item in enumerate(p.emissions):
+            if not await self.room():
+                if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
+                    raise Unavailable("receiver is stopping; retry later" if self.closing else
+                                      "relay channel saturated; retry later", self.retry_after)
+                self._cut_short(p.emissions[pos:], reasons)
+                break
+            emitted += self._send(item, reasons)
+        health = self.ctx.health
+        health.count("otlp.emitted", emitted)
+        rejected = sum(reasons.values())
+        if rejected:
+            health.count("otlp.rejected", rejected)
+        msg = "; ".join(f"{n} LogRecord{'s' if n > 1 else ''} rejected: {why}"
+                        for why, n in reasons.items())
+        return Accepted(rejected=rejected, error_message=msg)
+
+    def _cut_short(self, rest: Sequence[Planned], reasons: Counter[str]) -> None:
+        lost = len({item.record for item in rest})
+        why = STOPPING if self.closing else SATURATED
+        reasons[why] += lost
+        self.ctx.health.count("otlp.rejected_stopping" if self.closing else
+                              "otlp.rejected_saturated", lost)
+        self.ctx.log.warning("%s: %s; %d LogRecords rejected via partial_success",
+                             self.ctx.name, why, lost)
+
+    def _send(self, item: Planned, reasons: Counter[str]) -> int:
+        """1 when ``item`` went onto the channel, else 0 (reason counted)."""
+        try:
+            self.ctx.emit_nowait(item.session, item.emission, time=item.time)
+            return 1
+        except Saturated:  # only an unbuffered channel gets here after room()
+            reasons[SATURATED] += 1
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise Unavailable("relay channel closed; retry later", self.retry_after) from None
+        except ValueError as e:
+            self.ctx.log.warning("%s: cannot stamp %s: %s", self.ctx.name,
+                                 item.emission.get("type"), e)
+            self.ctx.health.count("otlp.stamp_error")
+            reasons[STAMP_FAILED] += 1
+        return 0
+
+    async def room(self) -> bool:
+        """Wait (at most ``emit_grace`` s, and not past the run's stop)
+        until the relay channel has room. Polls: the channel offers no
+        "room available" event, and stamping before the wait would burn a
+        ``seq`` on timeout."""
+        with trio.move_on_after(self.emit_grace):
+            while self.ctx.saturated() and not self.closing:  # noqa: ASYNC110 (no room event)
+                await trio.sleep(0.005)
+        return not self.ctx.saturated() and not self.closing

@@ -1,0 +1,146 @@
+"""The OTLP/HTTP transport: ``POST /v1/logs`` on hypercorn (trio worker).
+
+:class:`HttpReceiver` is the ASGI app: it reads the body (bounded by
+``max_body`` as declared and as streamed), decodes it
+(:func:`bridges.otlp_in.decode.decode_http_body`: protobuf or JSON, gzip
+inflated with a cap), awaits the trio-side *export* coroutine
+(:data:`bridges.otlp_in.export.Export`) and answers through the one error
+-> status map (:mod:`bridges.otlp_in.status`): 200 with the
+``ExportLogsServiceResponse`` (``partial_success`` when records were
+rejected), 400/413/415 with a ``google.rpc.Status`` body, 503 with
+``Retry-After``; answers are encoded like the request (protobuf for
+protobuf, JSON for JSON). Outside the OTLP path: 404 (with where logs go:
+Codex posts to its configured endpoint verbatim) and 405.
+
+:func:`serve_http` puts the app on a listener (OTLP spec "OTLP/HTTP";
+design record ``shared/aep/docs/bridge-otlp-inbound-design.md``, "Design":
+receiver, here native protobuf as well as JSON).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Awaitable, Callable
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+
+from bridges.core.settings import Address
+from supervisor.asgi import lifespan
+
+from .decode import decode_http_body, is_json
+from .export import Export, OnProblem
+from .status import BadRequest, HttpAnswer, Refusal, Refused, http_accepted, http_refused
+
+LOGS_PATH = "/v1/logs"
+
+Message = dict[str, Any]
+"""One ASGI event (``{"type": "http.request", "body": b"...", ...}``)."""
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_NOT_FOUND = HttpAnswer(404, b"not found: OTLP logs are accepted at POST /v1/logs\n",
+                        "text/plain")
+_NOT_ALLOWED = HttpAnswer(405, b"method not allowed\n", "text/plain", ((b"allow", b"POST"),))
+
+
+class HttpReceiver:
+    """The ASGI app behind hypercorn: ``POST /v1/logs`` only (404
+    elsewhere, 405 for other methods). ``export``: the trio-side export
+    coroutine; ``max_body``: the body limit in bytes (compressed and
+    inflated); ``on_problem``: see :data:`OnProblem` (retryable refusals are
+    counted by the export path, not here)."""
+
+    def __init__(self, export: Export, *, max_body: int, on_problem: OnProblem) -> None:
+        self.export = export
+        self.max_body = max_body
+        self.on_problem = on_problem
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            return await lifespan(receive, send)
+        if scope["type"] != "http":
+            return
+        if scope.get("path", "").rstrip("/") != LOGS_PATH:
+            return await _respond(send, _NOT_FOUND)
+        if scope.get("method") != "POST":
+            return await _respond(send, _NOT_ALLOWED)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        await _respond(send, await self._answer(headers, receive))
+
+    async def _answer(self, headers: dict[str, str], receive: Receive) -> HttpAnswer:
+        json_answer = is_json(headers.get("content-type"))
+        try:
+            body = await self._read_body(headers, receive)
+            notes: list[str] = []
+            json_answer, records = decode_http_body(headers.get("content-type"),
+                                                    headers.get("content-encoding"), body,
+                                                    self.max_body, notes)
+            result = await self.export(records, notes)
+        except Refused as e:
+            if isinstance(e, BadRequest):
+                self.on_problem(e.counter, f"HTTP {e.status}: {e.message}")
+            return http_refused(e, is_json=json_answer)
+        return http_accepted(result, is_json=json_answer)
+
+    async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
+        declared = headers.get("content-length")
+        if (declared is not None and declared.strip().isascii() and declared.strip().isdigit()
+                and int(declared) > self.max_body):
+            raise BadRequest(Refusal.TOO_LARGE, f"body of {int(declared)} bytes exceeds "
+                             f"{self.max_body}", "otlp.too_large")
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise BadRequest(Refusal.MALFORMED, "client disconnected mid-body", "otlp.disconnected")
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                raise BadRequest(Refusal.TOO_LARGE, f"body exceeds {self.max_body} bytes",
+                                 "otlp.too_large")
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return b"".join(chunks)
+
+
+async def _respond(send: Send, answer: HttpAnswer) -> None:
+    headers = [(b"content-type", answer.content_type.encode()),
+               (b"content-length", str(len(answer.body)).encode()), *answer.headers]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body})
+
+
+async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
+                     on_refused_host: Callable[[], None], on_fault: Callable[[str], None],
+                     where: str,
+                     task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``app`` on ``listen`` until cancelled; ``task_status.started``
+    gets the bound ``(host, port)``. Through the relay's hardened
+    :func:`~supervisor.relay.serve.serve_app`: a connection that makes
+    hypercorn raise is closed, reported as ``on_fault(kind)`` and logged
+    once per kind under ``where``, instead of ending the listener
+    (hypercorn#225); behind the relay's DNS-rebinding guard: on a loopback
+    bind, a request whose ``Host`` is not a loopback name/address is refused
+    403 and reported as ``on_refused_host()`` (rebinding would bypass any
+    CORS rule). ``log`` gets hypercorn's error log. Raises ``OSError`` when
+    the address cannot be bound."""
+    from supervisor.relay.app import host_guard
+    from supervisor.relay.serve import bind_socket, serve_app
+
+    host, port = listen
+    cfg = HypercornConfig()
+    cfg.accesslog = None
+    cfg.errorlog = log
+    cfg.graceful_timeout = 1.0
+    sock = bind_socket(host, port)
+
+    class _Started:
+        def started(self, addr: Address) -> None:
+            task_status.started((host, addr[1]))
+
+    await serve_app(host_guard(app, on_refuse=on_refused_host), sock, trio.Event(), config=cfg,
+                    task_status=_Started(), on_fault=on_fault,
+                    where=f"{where} {host}:{sock.getsockname()[1]}")

@@ -1,0 +1,48 @@
+"""Test support for the OTLP inbound bridge: building an
+:class:`~bridges.otlp_in.OtlpInBridge` the way a test reads best (listeners
+as the strings an operator writes, ``"127.0.0.1:0"``, ``"off"``, through the
+bridge's own parser), a real ``BridgeContext`` over a memory channel (what
+the fleet hands a bridge), and draining that channel."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound
+from bridges.core.capture import CapturePolicy
+from bridges.core.envelope import Stamper
+from bridges.otlp_in import OtlpConfig, OtlpInBridge
+from bridges.otlp_in.config import DEFAULT_MAX_BODY, parse_listen
+
+
+def otlp_bridge(*, grpc: str = "127.0.0.1:0", http: str = "127.0.0.1:0", vendor: str = "codex",
+                primary: bool = False, max_body: int = DEFAULT_MAX_BODY,
+                **kw: Any) -> OtlpInBridge:
+    """One profile on ``grpc`` / ``http`` (``host:port`` or ``off``);
+    ``kw``: :class:`OtlpInBridge` keywords (``emit_grace``, ``policy``...)."""
+    cfg = OtlpConfig(vendor, parse_listen(grpc), parse_listen(http), primary, max_body)
+    return OtlpInBridge(cfg, **kw)
+
+
+def bridge_context(name: str, agent: str, *, channel: int = 1000,
+                   policy: CapturePolicy | None = None, epoch: int = 3
+                   ) -> tuple[BridgeContext, trio.MemoryReceiveChannel[Outbound]]:
+    """A ``BridgeContext`` stamping as ``agent`` on host ``test-host`` onto a
+    relay channel of ``channel`` slots, and that channel's receiving end."""
+    send, recv = trio.open_memory_channel[Outbound](channel)
+    _, commands = trio.open_memory_channel[dict[str, Any]](0)
+    stamper = Stamper(agent, epoch=epoch, host="test-host", policy=policy or CapturePolicy())
+    return (BridgeContext(name, stamper, send, commands, BridgeHealth(),
+                          logging.getLogger("test.otlp")), recv)
+
+
+def drain(recv: trio.MemoryReceiveChannel[Outbound]) -> list[dict[str, Any]]:
+    """Every envelope on the channel now (without waiting)."""
+    out = []
+    while True:
+        try:
+            out.append(recv.receive_nowait().event)
+        except trio.WouldBlock:
+            return out

@@ -1,0 +1,144 @@
+"""The export path without sockets: the pure planning step (records ->
+emissions, notes, refusals) on the real Codex 0.171 export, and the
+admission step on a real ``BridgeContext`` over a memory channel
+(backpressure, partial_success, 503 before anything is emitted)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridges.core.capture import CapturePolicy
+from bridges.otlp_in.common import Posture
+from bridges.otlp_in.decode import decode_proto
+from bridges.otlp_in.export import Admission, Plan, plan
+from bridges.otlp_in.profiles import PROFILES
+from bridges.otlp_in.status import Unavailable
+from tests.support.otlp_in import bridge_context, drain
+
+REAL = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
+RECORDS = decode_proto((REAL / "otlp-http-protobuf" / "export-000.pb").read_bytes(), [])
+CODEX = PROFILES["codex"]
+COMPANION = Posture()
+
+
+def test_plan_of_a_real_codex_export():
+    p = plan(RECORDS, CODEX, COMPANION)
+    assert len(RECORDS) > 3 and len(p.emissions) == len(RECORDS)  # one each, in order
+    assert [e.record for e in p.emissions] == list(range(len(RECORDS)))
+    assert p.refused == {} and p.failures == ()
+    sessions = {e.session for e in p.emissions}
+    assert len(sessions) == 1 and all(e.emission["type"].startswith("x.codex.otel.")
+                                      for e in p.emissions)
+    # the profile's gating hint rides along for vendor types (the gate claims what it honored)
+    assert all("gating" in e.emission for e in p.emissions)
+    assert all(e.time is not None and e.time.tzinfo is not None for e in p.emissions)
+
+
+def test_plan_is_pure_same_input_same_plan():
+    assert plan(RECORDS, CODEX, COMPANION) == plan(RECORDS, CODEX, COMPANION)
+
+
+def test_plan_refuses_per_reason_and_notes():
+    no_session = {"resource": {}, "attributes": {"event.name": "codex.tool_result"}}
+    p = plan([None, no_session, RECORDS[0], None], CODEX, COMPANION)
+    assert p.refused == {"not a LogRecord": 2, "no session key": 1}
+    assert [e.record for e in p.emissions] == [2]
+    assert "otlp.no_session" in p.notes
+
+
+def test_plan_keeps_a_mapper_failure_and_carries_on():
+    boom = RuntimeError("mapper bug")
+
+    def broken(rec, posture, notes):
+        if rec is RECORDS[1]:
+            raise boom
+        return CODEX.map_record(rec, posture, notes)
+
+    p = plan(RECORDS[:3], dataclasses.replace(CODEX, map_record=broken), COMPANION)
+    assert p.refused == {"mapping failed": 1} and p.failures == (boom,)
+    assert "otlp.mapping_error" in p.notes
+    assert [e.record for e in p.emissions] == [0, 2]
+
+
+def test_primary_posture_maps_to_core_types():
+    p = plan(RECORDS, CODEX, Posture(primary=True, policy=CapturePolicy()))
+    assert any(not e.emission["type"].startswith("x.") for e in p.emissions)
+
+
+_value = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                      lambda c: st.lists(c, max_size=3) | st.dictionaries(
+                          st.text(max_size=10), c, max_size=3), max_leaves=12)
+_record = st.none() | st.fixed_dictionaries(
+    {"resource": st.dictionaries(st.sampled_from(["session.id", "service.name"]) |
+                                 st.text(max_size=8), _value, max_size=3),
+     "attributes": st.dictionaries(st.sampled_from(["event.name", "conversation.id",
+                                                    "success", "event.timestamp"]) |
+                                   st.text(max_size=8), _value, max_size=5)})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_record, max_size=6), st.sampled_from(sorted(PROFILES)), st.booleans())
+def test_plan_never_raises_and_accounts_for_every_record(records, vendor, primary):
+    p = plan(records, PROFILES[vendor], Posture(primary=primary))
+    mapped = {e.record for e in p.emissions}
+    assert len(mapped) + sum(p.refused.values()) <= len(records)
+    assert all(isinstance(n, str) for n in p.notes)
+
+
+# --------------------------------------------------------------------------- admission
+
+def _admission(size: int, *, grace: float = 0.05):
+    ctx, recv = bridge_context("otlp_in.codex", "codex", channel=size)
+    return Admission(ctx, CODEX, COMPANION, emit_grace=grace, retry_after=2), recv
+
+
+async def test_admission_emits_the_plan_in_order():
+    adm, recv = _admission(100)
+    result = await adm.export(list(RECORDS), ["otlp.value_unexpected"])
+    assert (result.rejected, result.error_message) == (0, "")
+    events = drain(recv)
+    assert [e["seq"] for e in events] == list(range(len(RECORDS)))
+    c = adm.ctx.health.counters
+    assert c["otlp.requests"] == 1 and c["otlp.records"] == len(RECORDS)
+    assert c["otlp.emitted"] == len(RECORDS) and c["otlp.value_unexpected"] == 1
+
+
+async def test_admission_refuses_before_anything_when_saturated():
+    adm, recv = _admission(1)
+    adm.ctx.emit_nowait("filler", {"type": "x.codex.otel.unknown"})
+    with pytest.raises(Unavailable) as e:
+        await adm.export(list(RECORDS), [])
+    assert e.value.retry_after == 2 and "saturated" in e.value.message
+    assert adm.ctx.health.counters["otlp.saturated"] == 1
+    assert [ev["session"] for ev in drain(recv)] == ["filler"]
+
+
+async def test_admission_reports_the_rest_in_partial_success_when_stuck_mid_request():
+    adm, recv = _admission(2)
+    result = await adm.admit(plan(RECORDS, CODEX, COMPANION))
+    assert result.rejected == len(RECORDS) - 2
+    assert result.error_message == f"{len(RECORDS) - 2} LogRecords rejected: relay channel " \
+                                   "saturated"
+    assert adm.ctx.health.counters["otlp.rejected_saturated"] == len(RECORDS) - 2
+    assert len(drain(recv)) == 2
+
+
+async def test_admission_closing_answers_at_once_with_stopping():
+    adm, _ = _admission(1, grace=30)
+    adm.ctx.emit_nowait("filler", {"type": "x.codex.otel.unknown"})
+    adm.closing = True
+    with trio.fail_after(5), pytest.raises(Unavailable) as e:
+        await adm.export(list(RECORDS), [])
+    assert "stopping" in e.value.message and "otlp.saturated" not in adm.ctx.health.counters
+
+
+async def test_admission_counts_refusals_of_the_plan():
+    adm, recv = _admission(10)
+    result = await adm.admit(Plan(refused={"no session key": 3}))
+    assert (result.rejected, result.error_message) == (3, "3 LogRecords rejected: no session key")
+    assert adm.ctx.health.counters["otlp.rejected"] == 3 and drain(recv) == []
