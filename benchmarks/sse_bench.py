@@ -55,7 +55,7 @@ from bridges.sse_common.bridge import SseBridge  # noqa: E402
 from bridges.sse_common.config import SseConfig  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
-from supervisor.asgi import lifespan  # noqa: E402
+from bridges.core.asgi import lifespan  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures"
 END = "ses_benchmark_end"

@@ -88,7 +88,7 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 from .relay.app import make_app
                 app = make_app(relay, healthz=fleet.healthz)
             else:
-                from .relay.app import host_guard  # DNS-rebinding guard, as on the relay
+                from bridges.core.asgi import host_guard  # DNS-rebinding guard, as on the relay
                 app = host_guard(health_app(cfg.token, fleet.healthz))
             host, port = cfg.listen
             bound = await root.start(serve_asgi, app, host, port, stop_http)

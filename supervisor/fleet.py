@@ -27,13 +27,15 @@ from typing import Any, Callable, Protocol
 
 import trio
 
+from bridges.core.aep import SUPPORTED_VERSIONS, scrub_surrogates
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Outbound
 from bridges.core.envelope import EpochStore, Stamper
+from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
 
 from .config import Config
-from .jsonlog import SessionLog, encode_line, scrub_surrogates
+from .jsonlog import SessionLog, encode_line
 
 log = logging.getLogger("aep.fleet")
 
@@ -51,20 +53,11 @@ class Sink(Protocol):
     async def send(self, event: dict[str, Any], redelivery: bool) -> None: ...
 
 
-def root_cause(exc: BaseException) -> BaseException:
-    """The first leaf of nested exception groups (trio nurseries wrap a
-    bridge's one failure in groups); the operator wants that, not
-    "ExceptionGroup"."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
 def hello_for(bridge: Bridge, host: str) -> dict[str, Any]:
     """The AEP-0003 §4 emitter ``hello`` for one bridge identity."""
     return {
         "type": "hello",
-        "versions": ["0.1"],
+        "versions": list(SUPPORTED_VERSIONS),
         "role": "emitter",
         "identity": {"agent": bridge.agent, "instance": f"{host}/{os.getpid()}/{bridge.name}"},
         "capabilities": bridge.capabilities(),

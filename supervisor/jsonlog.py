@@ -8,7 +8,6 @@ they become file names."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
@@ -16,6 +15,8 @@ import urllib.parse
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any
+
+from bridges.core.aep import dumps
 
 log = logging.getLogger("aep.jsonl")
 
@@ -35,29 +36,12 @@ def safe_name(value: str) -> str:
     return "~" + enc
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def encode_line(event: dict[str, Any]) -> bytes:
-    """One JSONL line (compact JSON, UTF-8, trailing newline). Raises
-    ``UnicodeEncodeError`` for text with a lone UTF-16 surrogate (no UTF-8
-    form; see :func:`scrub_surrogates`) and ``TypeError``/``ValueError`` for
-    anything that is not JSON."""
-    return (json.dumps(event, ensure_ascii=False, separators=(",", ":"),
-                       allow_nan=False) + "\n").encode("utf-8")
-
-
-def scrub_surrogates(value: Any) -> Any:
-    """A copy of ``value`` with every lone surrogate (legal as a JSON
-    ``\\ud800`` escape from a vendor, but not UTF-8, so not an AEP event)
-    replaced by U+FFFD, in keys and strings at any depth."""
-    if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [scrub_surrogates(v) for v in value]
-    return value
+    """One JSONL line: the event's wire form (:func:`bridges.core.aep.dumps`)
+    and a newline. Raises ``UnicodeEncodeError`` for text with a lone UTF-16
+    surrogate (no UTF-8 form; see :func:`bridges.core.aep.scrub_surrogates`)
+    and ``TypeError``/``ValueError`` for anything that is not JSON."""
+    return dumps(event) + b"\n"
 
 
 class SessionLog:

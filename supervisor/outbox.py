@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable
 
-SEVERITIES = ("debug", "info", "notice", "warning", "error", "critical")
-_RANK = {s: i for i, s in enumerate(SEVERITIES)}
-_NOTICE = _RANK["notice"]
+from bridges.core.aep import NOTICE_RANK as _NOTICE
+from bridges.core.aep import SEVERITIES
+from bridges.core.aep import SEVERITY_RANK as _RANK
 
 PENDING, INFLIGHT, SENT, DROPPED = range(4)
 

@@ -26,8 +26,9 @@ The connection, per attempt:
    unconfirmed ones are sent again first (at-least-once; the relay's and
    consumers' ``(source, id)`` dedupe collapses the copies).
 4. Inbound: ``ping`` -> ``pong`` (echoing ``t``); ``pong`` -> confirmation;
-   commands (``control.*`` and ``x.{vendor}.control.*`` Events, other than
-   acks) -> the bridge's control inbox with ``send_nowait`` (a full inbox
+   commands (:func:`bridges.core.aep.is_command_type`: the AEP-0004 §5
+   set and ``x.{vendor}.control.*``; any other Event is counted
+   ``malformed_frames``) -> the bridge's control inbox with ``send_nowait`` (a full inbox
    drops the command, counted; the sender's retry with the same ``id`` is
    the recovery, AEP-0004 §2.3); ``error`` / ``closing`` frames logged and
    counted; anything else ignored (unknown frames MUST be ignored, §2).
@@ -48,24 +49,28 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import deque
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import trio
-from trio_websocket import (ConnectionClosed, ConnectionRejected, HandshakeError,
-                            WebSocketConnection, open_websocket_url)
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    HandshakeError,
+    WebSocketConnection,
+    open_websocket_url,
+)
 
-from .outbox import Outbox
+from bridges.core.aep import SUPPORTED_VERSIONS, dumps, is_command
 from bridges.core.backoff import backoff_delay
 
-log = logging.getLogger("aep.uplink")
+from .outbox import Outbox
 
-SUPPORTED_VERSIONS = ("0.1",)
-_COMMAND = re.compile(r"^(control\.|x\.[a-z0-9_-]+\.control\.)")
-_ACKS = ("control.accepted", "control.rejected")
+__all__ = ["Uplink", "UplinkError", "socket_url", "redact_url", "encode", "is_command"]
+
+log = logging.getLogger("aep.uplink")
 
 
 class UplinkError(Exception):
@@ -100,15 +105,11 @@ def redact_url(url: str) -> str:
         return "<unparsable url>"
 
 
-def is_command(event: dict[str, Any]) -> bool:
-    """A command Event (AEP-0004 §2.1, §5 vendor namespace), not an ack."""
-    t = event.get("type")
-    return isinstance(t, str) and bool(_COMMAND.match(t)) and t not in _ACKS
-
-
 def encode(event: dict[str, Any]) -> str:
-    """The text frame for one Event (compact JSON, UTF-8 kept)."""
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    """The text frame for one Event or frame: its wire JSON
+    (:func:`bridges.core.aep.dumps`; raises ``UnicodeEncodeError`` for a
+    lone surrogate, ``ValueError`` for ``NaN``, ``TypeError`` for non-JSON)."""
+    return dumps(event).decode("utf-8")
 
 
 class Uplink:

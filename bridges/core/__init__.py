@@ -1,5 +1,14 @@
-"""Shared machinery every bridge uses exactly once: envelope stamping,
-capture gating and redaction, vendor fallback naming, and the command ledger.
+"""Shared machinery every bridge (and the supervisor) uses from below:
+the protocol vocabulary (:mod:`.aep`), envelope stamping, capture gating
+and redaction, vendor fallback naming, the command ledger and control
+shape, settings, the HTTP machinery (:mod:`.asgi`, :mod:`.http`).
 
-Nothing in this package performs I/O except :mod:`bridges.core.envelope`'s
-epoch store (one small file under the state directory)."""
+The layers point one way: ``bridges.core`` -> the bridges -> ``supervisor``
+(``tests/unit/test_layers.py``). Nothing here performs I/O except
+:mod:`.paths` (atomic state-file writes, used by the epoch store and the
+bridges' state) and :mod:`.http` (serving sockets it is handed)."""
+
+__all__ = [
+    "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope", "errors",
+    "http", "ledger", "naming", "paths", "redaction", "settings",
+]

@@ -25,9 +25,9 @@ from typing import Any, Collection, Mapping
 
 from . import captable as _ct
 from . import redaction as _red
-
-LEVELS = ("none", "metadata", "redacted", "full")
-_RANK = {lvl: i for i, lvl in enumerate(LEVELS)}
+from .aep import CAPTURE_LEVELS as LEVELS
+from .aep import CAPTURE_RANK as _RANK
+from .aep import capture_rank as rank
 
 #: Credentials of the daemon itself (shared/DESIGN.md operator interface):
 #: their values are always treated as configured secrets (§9.4 b).
@@ -40,15 +40,6 @@ BUILTIN_SECRET_NAMES = (
 
 _FALSE = {"0", "false", "no", "off"}
 _TRUE = {"1", "true", "yes", "on", ""}
-
-
-def rank(level: str) -> int:
-    """Position of ``level`` in ``none < metadata < redacted < full``.
-    Raises ``ValueError`` for anything else."""
-    try:
-        return _RANK[level]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown capture level {level!r} (expected one of {', '.join(LEVELS)})") from None
 
 
 def _max(a: str, b: str) -> str:
@@ -103,7 +94,7 @@ class CapturePolicy:
         rank(self.ceiling)
         if self.attention is not None:
             rank(self.attention)
-        for k, v in dict(self.overrides).items():
+        for v in dict(self.overrides).values():
             rank(v)
         object.__setattr__(self, "secret_values",
                            _red.normalize_secret_values(self.secret_values))
@@ -311,6 +302,9 @@ def _structural_value(spec: dict[str, Any] | None, v: Any) -> bool:
     return False  # "string" and anything unknown: free text
 
 
+_DROP = object()  # a member the gate leaves out
+
+
 class _Gate:
     """One gating pass; accumulates the level honored."""
 
@@ -349,52 +343,68 @@ class _Gate:
 
     def obj(self, node: _ct.Node | None, value: dict[str, Any], path: str,
             index: int = 0) -> dict[str, Any]:
+        """``value`` (an object at ``path``, described by ``node`` or
+        unregistered) gated member by member, then the members ``node``
+        makes up (``[metadata*]`` synthesis, derived digests and twins)."""
         props = node.props if node is not None and node.props is not None else {}
         out: dict[str, Any] = {}
         for key, v in value.items():
             child = props.get(key) if isinstance(key, str) else None
-            cpath = f"{path}.{key}" if path else str(key)
-            star = child.star if child is not None else None
-            if star == "prompt":
-                continue  # handled below: needs the whole object
-            if star == "label":
-                continue
-            if star == "values":
-                kept = self.values(v)
-                if kept is not None:
-                    out[key] = kept
-                continue
-            level = child.level if child is not None else "metadata"
-            decl = self.declared(cpath)
-            if decl is not None:
-                level = _max(level, decl)
-            if not self.allowed(level):
-                continue
-            if level != "metadata":
-                out[key] = self.content(v)
-            elif child is not None and child.props is not None:
-                if isinstance(v, dict):  # an object expected: any other shape is dropped
-                    out[key] = self.obj(child, v, cpath)
-            elif child is not None and child.items is not None:
-                if isinstance(v, list):  # an array expected: any other shape is dropped
-                    out[key] = self.arr(child.items, v, cpath + "[]")
-            elif isinstance(v, dict) and any(k.startswith(cpath + ".") for k in self.levels):
-                out[key] = self.obj(None, v, cpath)
-            else:
-                out[key] = _copy(v)
+            kept = self._member(child, v, f"{path}.{key}" if path else str(key))
+            if kept is not _DROP:
+                out[key] = kept
         for key, child in props.items():
-            if child.star == "prompt":
-                out[key] = self.prompt(value.get(key), value.get("kind"), f"{path}.{key}" if path else key)
-            elif child.star == "label":
-                out[key] = self.label(value, value.get(key), index,
-                                      f"{path}.{key}" if path else key)
-            elif self.derive and child.digest_of and key not in value \
-                    and child.digest_of in value and self.allowed(child.level):
-                out[key] = digest(value[child.digest_of])
-            elif self.derive and child.twin_of and key not in value \
-                    and child.twin_of in value and self.ceiling == "redacted":
-                out[key] = self.content(value[child.twin_of])
+            made = self._made(child, key, value, path, index)
+            if made is not _DROP:
+                out[key] = made
         return out
+
+    def _member(self, child: _ct.Node | None, v: Any, cpath: str) -> Any:
+        """One present member, kept (possibly transformed) or :data:`_DROP`."""
+        star = child.star if child is not None else None
+        if star in ("prompt", "label"):
+            return _DROP  # made by _made: needs the whole object
+        if star == "values":
+            kept = self.values(v)
+            return _DROP if kept is None else kept
+        level = child.level if child is not None else "metadata"
+        decl = self.declared(cpath)
+        if decl is not None:
+            level = _max(level, decl)
+        if not self.allowed(level):
+            return _DROP
+        if level != "metadata":
+            return self.content(v)
+        return self._structural(child, v, cpath)
+
+    def _structural(self, child: _ct.Node | None, v: Any, cpath: str) -> Any:
+        """A kept ``metadata`` member: nested objects and arrays gated in
+        turn (a shape other than the one the table expects is dropped)."""
+        if child is not None and child.props is not None:
+            return self.obj(child, v, cpath) if isinstance(v, dict) else _DROP
+        if child is not None and child.items is not None:
+            return self.arr(child.items, v, cpath + "[]") if isinstance(v, list) else _DROP
+        if isinstance(v, dict) and any(k.startswith(cpath + ".") for k in self.levels):
+            return self.obj(None, v, cpath)
+        return _copy(v)
+
+    def _made(self, child: _ct.Node, key: str, value: dict[str, Any], path: str,
+              index: int) -> Any:
+        """A member the table makes: ``[metadata*]`` prompt/label synthesis,
+        a ``*_digest`` or redacted twin derived from its source member; else
+        :data:`_DROP`."""
+        kpath = f"{path}.{key}" if path else key
+        if child.star == "prompt":
+            return self.prompt(value.get(key), value.get("kind"), kpath)
+        if child.star == "label":
+            return self.label(value, value.get(key), index, kpath)
+        if not self.derive or key in value:
+            return _DROP
+        if child.digest_of and child.digest_of in value and self.allowed(child.level):
+            return digest(value[child.digest_of])
+        if child.twin_of and child.twin_of in value and self.ceiling == "redacted":
+            return self.content(value[child.twin_of])
+        return _DROP
 
     def arr(self, item: _ct.Node, values: list[Any], path: str) -> list[Any]:
         out = []

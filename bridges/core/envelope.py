@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import time as _time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,10 +17,10 @@ from typing import Any
 from aep_sdk import ulid
 
 from . import capture as _capture
+from .aep import AEP_VERSION
+from .paths import write_atomic
 
 log = logging.getLogger("aep.core.envelope")
-
-AEP_VERSION = "0.1"
 
 # Default severity per type where AEP-0002 recommends one; the emission's own
 # ``severity`` wins. Everything else is ``info`` (omitted on the wire).
@@ -78,13 +77,7 @@ class EpochStore:
             prev = -1
         epoch = max(prev + 1, seed)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".epoch.")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"epoch": epoch}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
+            write_atomic(self.path, json.dumps({"epoch": epoch}), fsync=True)
         except OSError as e:
             log.warning("cannot persist epoch under %s (%s); seeded from the clock",
                         self.path.parent, e.strerror or type(e).__name__)

@@ -49,14 +49,13 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
+from .aep import ACK_WINDOW_MS, NACK_REASONS
+
 if TYPE_CHECKING:
     from .control import Controller
 
 log = logging.getLogger("aep.core.ledger")
 
-NACK_REASONS = ("unsupported", "unauthorized", "busy", "refused", "invalid")
-"""The closed ``control.rejected.reason`` set (``schemas/registry/nack-reasons.json``;
-``timeout`` is sender-side only and never emitted)."""
 
 DETAIL_MAX = 500
 """Characters kept of a nack ``detail`` (a vendor error page can be large);
@@ -98,10 +97,6 @@ class WriteResult:
     status: int
     detail: str | None = None
     after_ack: Callable[[], Awaitable[None]] | None = None
-
-
-ACK_WINDOW_MS = 10_000
-"""The ack window a ledger without a controller declares (``hello``)."""
 
 
 @dataclass

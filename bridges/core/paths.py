@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Mapping
+
+__all__ = ["state_dir", "write_atomic"]
 
 
 def state_dir(env: Mapping[str, str]) -> Path:
@@ -13,3 +16,27 @@ def state_dir(env: Mapping[str, str]) -> Path:
         return Path(env["AEP_STATE_DIR"]).expanduser()
     xdg = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")
     return Path(xdg).expanduser() / "aep-bridges"
+
+
+def write_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
+    """Replace the file at ``path`` with ``text`` (UTF-8) atomically: a
+    temporary file in the same directory, then ``os.replace``, so a reader
+    (or a crash) sees the old document or the new one, never half of one.
+    Creates missing parent directories. ``fsync``: flush the data to disk
+    before the rename (state that must survive a power cut, e.g. the epoch).
+    Raises ``OSError``; the temporary file is removed on failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

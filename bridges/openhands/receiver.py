@@ -49,9 +49,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import tempfile
 import urllib.parse
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -65,6 +63,8 @@ import trio_websocket
 
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import Saturated
+from bridges.core.errors import leaves
+from bridges.core.paths import write_atomic
 
 from . import mapping as M
 from .config import OpenHandsConfig
@@ -405,12 +405,12 @@ class Receiver:
                     try:
                         await self._socket_once(conv)
                     except Exception as e:  # noqa: BLE001 -- a socket fault never kills the task
-                        leaves = _leaves(e)
-                        if any(isinstance(x, AuthRefused) for x in leaves):
+                        causes = leaves(e)
+                        if any(isinstance(x, AuthRefused) for x in causes):
                             self._auth_failed("events socket", conv)
                         else:
                             self.ctx.health.count("socket_errors")
-                            if not any(isinstance(x, Gone) for x in leaves):
+                            if not any(isinstance(x, Gone) for x in causes):
                                 log.info("OpenHands socket for %s dropped (%s); reconnecting",
                                          conv.id, _why(e))
                     if conv.ended:
@@ -648,11 +648,7 @@ class Receiver:
         if path is None:
             return
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".oh.")
-            with os.fdopen(fd, "w") as f:
-                json.dump(conv.persisted(), f)
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(conv.persisted()))
         except OSError as e:
             self.ctx.health.count("state_write_errors")
             log.warning("cannot persist OpenHands state under %s (%s)", path.parent,
@@ -667,16 +663,10 @@ class Receiver:
                 pass
 
 
-def _leaves(e: BaseException) -> list[BaseException]:
-    if isinstance(e, BaseExceptionGroup):
-        return [x for sub in e.exceptions for x in _leaves(sub)]
-    return [e]
-
-
 def _why(e: BaseException) -> str:
     """A short, secret-free description of a transport failure."""
     if isinstance(e, BaseExceptionGroup):
-        return ", ".join(_why(x) for x in e.exceptions)
+        return ", ".join(_why(x) for x in leaves(e))
     if isinstance(e, httpx.HTTPStatusError):
         return f"HTTP {e.response.status_code}"
     if isinstance(e, trio_websocket.ConnectionClosed):

@@ -28,6 +28,7 @@ import trio
 from bridges.core import capture as _capture
 from bridges.core.bridge import BridgeContext
 from bridges.core.capture import CapturePolicy
+from bridges.core.errors import leaves
 from bridges.core.settings import Address, bindable
 
 from .common import Posture
@@ -217,16 +218,7 @@ def _bind_error(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     """hypercorn binds inside its own nurseries: a bind failure arrives
     wrapped. Surface a lone ``OSError`` as itself (one clear log line for
     the supervisor); anything else stays the group it was."""
-    leaves: list[BaseException] = []
-
-    def walk(e: BaseException) -> None:
-        if isinstance(e, BaseExceptionGroup):
-            for sub in e.exceptions:
-                walk(sub)
-        else:
-            leaves.append(e)
-
-    walk(eg)
-    if len(leaves) == 1 and isinstance(leaves[0], OSError):
-        return leaves[0]
+    causes = leaves(eg)
+    if len(causes) == 1 and isinstance(causes[0], OSError):
+        return causes[0]
     return eg

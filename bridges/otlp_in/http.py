@@ -22,10 +22,10 @@ import logging
 from typing import Any, Awaitable, Callable
 
 import trio
-from hypercorn.config import Config as HypercornConfig
 
+from bridges.core.asgi import host_guard, lifespan
+from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address
-from supervisor.asgi import lifespan
 
 from .decode import decode_http_body, is_json
 from .export import Export, OnProblem
@@ -118,23 +118,19 @@ async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
                      where: str,
                      task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``listen`` until cancelled; ``task_status.started``
-    gets the bound ``(host, port)``. Through the relay's hardened
-    :func:`~supervisor.relay.serve.serve_app`: a connection that makes
+    gets the bound ``(host, port)``. Through the shared hardened
+    :func:`~bridges.core.http.serve_app`: a connection that makes
     hypercorn raise is closed, reported as ``on_fault(kind)`` and logged
     once per kind under ``where``, instead of ending the listener
-    (hypercorn#225); behind the relay's DNS-rebinding guard: on a loopback
+    (hypercorn#225); behind the shared DNS-rebinding guard
+    (:func:`~bridges.core.asgi.host_guard`): on a loopback
     bind, a request whose ``Host`` is not a loopback name/address is refused
     403 and reported as ``on_refused_host()`` (rebinding would bypass any
     CORS rule). ``log`` gets hypercorn's error log. Raises ``OSError`` when
     the address cannot be bound."""
-    from supervisor.relay.app import host_guard
-    from supervisor.relay.serve import bind_socket, serve_app
-
     host, port = listen
-    cfg = HypercornConfig()
-    cfg.accesslog = None
-    cfg.errorlog = log
-    cfg.graceful_timeout = 1.0
+    # hypercorn's own keep-alive default (5 s), as this listener always had
+    cfg = hyper_config(graceful_timeout=1.0, keep_alive_timeout=5.0, errorlog=log)
     sock = bind_socket(host, port)
 
     class _Started:

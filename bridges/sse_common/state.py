@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import tempfile
 import urllib.parse
 from pathlib import Path
 from typing import Any
+
+from bridges.core.paths import write_atomic
 
 log = logging.getLogger("aep.sse.state")
 
@@ -55,11 +55,7 @@ class StateFile:
         if text == self._last:
             return
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state.")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, self.path)
+            write_atomic(self.path, text)
             self._last = text
         except OSError as e:
             self.errors += 1

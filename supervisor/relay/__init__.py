@@ -15,35 +15,41 @@ Public API (what the daemon uses):
   on every SSE stream, ``closing`` + close 1001 on every WebSocket, in-process
   connections closed, stragglers aborted after ``grace``).
 - ``conn = relay.attach_emitter(hello, deliver)``: an in-process emitter
-  connection (:class:`LocalEmitter`), the same :class:`~.core.Connection`
-  family as a remote WebSocket emitter. ``await conn.ingest(event)``
-  validates, claims the session, buffers, fans out (raises
-  :class:`InvalidEvent`, :class:`RelayClosed`, :class:`CommandRefused`);
-  commands routed to its sessions are awaited into ``deliver(cmd)``;
-  ``conn.close()`` drops its claims. Counts as authenticated iff the relay
-  has a token.
+  connection (:class:`LocalEmitter`), the same
+  :class:`~.connections.Connection` family as a remote WebSocket emitter.
+  ``await conn.ingest(event)`` validates, claims the session, buffers, fans
+  out (raises :class:`InvalidEvent`, :class:`RelayClosed`,
+  :class:`CommandRefused`); commands routed to its sessions are awaited
+  into ``deliver(cmd)``; ``conn.close()`` drops its claims. Counts as
+  authenticated iff the relay has a token.
 - ``make_app(relay, *, healthz=None)`` (:mod:`.app`): the ASGI app
   (``POST/GET /events``, ``GET /.well-known/aep``, ``GET /stream``,
   ``GET /socket``, ``GET /healthz``), with the browser guards (CORS only
   for ``cors_origins``, WebSocket ``Origin`` check, the DNS-rebinding
   ``Host`` check on loopback listeners; :mod:`.app` "Browsers").
 - ``await serve_relay(relay, (host, port) | socket, *, healthz, shutdown,
-  reason, graceful_timeout, task_status)`` and the general
-  ``serve_app(app, sock, shutdown, ...)`` / ``bind_socket(host, port)``
-  (:mod:`.serve`): hypercorn's trio worker with a per-connection abort
-  handle, so a consumer that stopped reading can always be shed (§8.4) and
-  shutdown stays bounded, and a fault barrier: a connection that makes
-  hypercorn (or the app) raise is closed, counted (``connection_errors`` /
-  ``handler_errors``) and logged once per kind, never reaching the caller.
-  The OTLP/HTTP listener is served the same way.
+  reason, graceful_timeout, task_status)`` (:mod:`.serve`): the app served
+  by :func:`bridges.core.http.serve_app` (hypercorn's trio worker with a
+  per-connection abort handle, so a consumer that stopped reading can
+  always be shed, §8.4, and shutdown stays bounded; a fault barrier; HTTP/1.1
+  only), then the relay's orderly close.
 
-Modules: :mod:`.attrmatch` (filter dialect, pure), :mod:`.envelope`
-(relay-grade envelope validation, pure), :mod:`.buffer` (replay buffers,
-pure), :mod:`.capcheck` (data against its declared capture, pure),
-:mod:`.core`, :mod:`.app`, :mod:`.serve`, :mod:`.faults` (rate-limited,
-secret-free fault logging).
+Modules, one concern each (the layering: this package uses
+:mod:`bridges.core` and nothing else of ``supervisor``):
+
+- pure: :mod:`.attrmatch` (filter dialect), :mod:`.envelope` (relay-grade
+  envelope validation), :mod:`.capcheck` (data against its declared
+  capture), :mod:`.buffer` (session buffers), :mod:`.replay` (replay plans
+  and the chunked reader), :mod:`.params` (request parameters);
+- state: :mod:`.outlet` (a consumer's bounded queue, one dataclass per
+  queued item), :mod:`.fanout` (live subscriptions), :mod:`.connections`
+  (in-process and WebSocket parties, the claim table), :mod:`.core` (the
+  :class:`Relay`);
+- transport: :mod:`.app` (HTTP routing, browsers, POST), :mod:`.streams`
+  (the SSE and WebSocket pumps), :mod:`.serve`.
 """
-from .core import CommandRefused, LocalEmitter, Relay, RelayClosed  # noqa: F401
-from .envelope import InvalidEvent  # noqa: F401
+from .connections import CommandRefused, LocalEmitter, RelayClosed
+from .core import Relay
+from .envelope import InvalidEvent
 
 __all__ = ["Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent"]

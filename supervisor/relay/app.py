@@ -43,35 +43,29 @@ inject events; AEP-0003 §8):
   included). A request without ``Host`` (HTTP/1.0 tools) is not a browser
   and passes. A non-loopback bind is exposed on purpose and is not
   guarded this way (set ``AEP_TOKEN``). The bound address comes from the
-  connection state :func:`~supervisor.relay.serve.serve_app` sets
-  (:data:`LISTEN_KEY`), else from the ASGI scope's ``server``."""
+  connection state :func:`~bridges.core.http.serve_app` sets
+  (:data:`~bridges.core.asgi.LISTEN_KEY`), else from the ASGI scope's ``server``."""
 from __future__ import annotations
 
-import ipaddress
-import json
 import logging
-import urllib.parse
 from typing import Any, Callable
 
 import trio
 
-from .attrmatch import Filter, InvalidFilter
-from .core import (AEP_VERSION, CLOSED, TERMINATED, Outlet, Relay, SocketConnection, loads,
-                   normalize_origin, parse_capture, parse_from, parse_last_event_id)
-from .envelope import InvalidEvent, is_command_type
-from .faults import FaultLog, fault_kind
-from ..asgi import lifespan
+from bridges.core.aep import AEP_VERSION, is_command_type, loads
+from bridges.core.asgi import header as _header
+from bridges.core.asgi import host_allowed, lifespan, listen_host, respond
+from bridges.core.http import FaultLog, fault_kind
+
+from .core import Relay
+from .envelope import InvalidEvent
+from .params import normalize_origin
+from .streams import refuse_upgrade, serve_socket, serve_sse
+
+__all__ = ["RelayApp", "make_app"]
 
 log = logging.getLogger("aep.relay.http")
 _FAULTS = FaultLog(log)
-
-#: ``scope["state"]`` key under which :mod:`supervisor.relay.serve` puts a
-#: callable that aborts the connection's socket (sheds a stalled peer).
-ABORT_KEY = "aep.abort"
-
-#: ``scope["state"]`` key under which :mod:`supervisor.relay.serve` puts the
-#: listening socket's bound ``(host, port)`` (the DNS-rebinding guard).
-LISTEN_KEY = "aep.listen"
 
 _JSON = b"application/json"
 _ACAO = b"access-control-allow-origin"
@@ -81,78 +75,6 @@ _ALLOW_HEADERS = (b"access-control-allow-headers",
 _READS = ("GET", "HEAD")
 
 
-def host_allowed(host: str, listen_host: str | None) -> bool:
-    """The DNS-rebinding guard: whether a request with ``Host: host`` may be
-    served by a listener bound to ``listen_host``. Always true for a
-    non-loopback (or unknown) listener and for an empty ``host``; on a
-    loopback listener only ``localhost``, ``*.localhost`` (RFC 6761), a
-    loopback IP literal or the bound host itself pass (any port)."""
-    if not listen_host:
-        return True
-    lh = listen_host.split("%", 1)[0].lower()
-    try:
-        if not ipaddress.ip_address(lh).is_loopback:
-            return True
-    except ValueError:
-        if lh != "localhost":
-            return True
-    host = host.strip()
-    if not host:
-        return True
-    if host.startswith("["):
-        name, sep, rest = host[1:].partition("]")
-        if not sep or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
-            return False
-    else:
-        name, sep, port = host.rpartition(":")
-        if not sep:
-            name = port
-        elif not port.isdigit() or ":" in name:
-            return False
-    name = name.lower().rstrip(".")
-    if name == "localhost" or name.endswith(".localhost") or name == lh:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _listen_host(scope: dict[str, Any]) -> str | None:
-    addr = (scope.get("state") or {}).get(LISTEN_KEY) or scope.get("server")
-    return addr[0] if addr else None
-
-
-def host_guard(app: Any, on_refuse: Callable[[], None] | None = None) -> Any:
-    """Wrap another ASGI ``app`` (the OTLP/HTTP receiver, a health app) in
-    the relay's DNS-rebinding guard (:func:`host_allowed` against the bound
-    listener): a refused HTTP request gets 403 ``host-not-allowed``, a
-    refused WebSocket is closed before accept. ``on_refuse()`` counts it."""
-    async def guarded(scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        if scope["type"] in ("http", "websocket") and not host_allowed(
-                _header(scope, b"host") or "", _listen_host(scope)):
-            if on_refuse is not None:
-                on_refuse()
-            if scope["type"] == "http":
-                return await _respond(send, 403, {"error": "host-not-allowed"}, close=True)
-            await receive()
-            return await send({"type": "websocket.close", "code": 1008})
-        await app(scope, receive, send)
-    return guarded
-
-
-async def _respond(send: Callable, status: int, body: Any = None, *,
-                   headers: list[tuple[bytes, bytes]] | None = None, close: bool = False) -> None:
-    data = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    hs = [(b"content-length", str(len(data)).encode())] + list(headers or [])
-    if body is not None:
-        hs.append((b"content-type", _JSON))
-    if close:
-        hs.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": hs})
-    await send({"type": "http.response.body", "body": data})
-
-
 def _with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
     """``send`` adding ``extra`` headers to the response start."""
     async def wrapped(message: dict[str, Any]) -> None:
@@ -160,18 +82,6 @@ def _with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
             message = {**message, "headers": list(message.get("headers", [])) + extra}
         await send(message)
     return wrapped
-
-
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
-    for k, v in scope["headers"]:
-        if k.lower() == name:
-            return v.decode("latin-1")
-    return None
-
-
-def _query(scope: dict[str, Any]) -> dict[str, str]:
-    qs = scope.get("query_string", b"").decode("utf-8", "replace")
-    return dict(urllib.parse.parse_qsl(qs, keep_blank_values=True))
 
 
 class RelayApp:
@@ -186,7 +96,7 @@ class RelayApp:
 
     def connection_fault(self, kind: str) -> None:
         """Count a connection the server had to close on an exception
-        (called by :func:`supervisor.relay.serve.serve_app`)."""
+        (called by :func:`bridges.core.http.serve_app`)."""
         self.relay.counters["connection_errors"] += 1
 
     async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
@@ -219,7 +129,7 @@ class RelayApp:
         return None
 
     def _host_ok(self, scope: dict[str, Any]) -> bool:
-        if host_allowed(_header(scope, b"host") or "", _listen_host(scope)):
+        if host_allowed(_header(scope, b"host") or "", listen_host(scope)):
             return True
         self.relay.counters["refused_host"] += 1
         return False
@@ -229,47 +139,52 @@ class RelayApp:
         path, method = scope["path"], scope["method"]
         relay = self.relay
         if not self._host_ok(scope):
-            return await _respond(send, 403, {"error": "host-not-allowed"}, close=True)
+            return await respond(send, 403, {"error": "host-not-allowed"}, close=True)
         origin = _header(scope, b"origin")
         if method == "OPTIONS" and path in ("/stream", "/events", "/.well-known/aep"):
-            # preflight carries no token by design: it grants only the right to ask
-            asked = (_header(scope, b"access-control-request-method") or "GET").strip().upper()
-            if origin is None:  # not a CORS preflight: what the path takes, no grant
-                return await _respond(send, 204, headers=[(b"allow", b"GET, POST, OPTIONS")])
-            cors = self._cors(origin, asked not in _READS)
-            if cors is None:
-                relay.counters["refused_origin"] += 1
-                return await _respond(send, 403, {"error": "origin-not-allowed"})
-            listed = cors[0][1] != b"*"
-            return await _respond(send, 204, headers=cors + [
-                (b"access-control-allow-methods", b"GET, POST, OPTIONS" if listed else b"GET, OPTIONS"),
-                _ALLOW_HEADERS, (b"access-control-max-age", b"86400")])
+            return await self._preflight(scope, origin, send)
         cors = self._cors(origin, method not in _READS)
         if cors is None:
             relay.counters["refused_origin"] += 1
-            return await _respond(send, 403, {"error": "origin-not-allowed"})
+            return await respond(send, 403, {"error": "origin-not-allowed"})
         if cors:
             send = _with_headers(send, cors)  # every answer from here on, stream included
         if path == "/healthz":
             if method not in ("GET", "HEAD"):
-                return await _respond(send, 405, {"error": "method-not-allowed"})
+                return await respond(send, 405, {"error": "method-not-allowed"})
             return await self._healthz(scope, send)
         if path not in ("/events", "/.well-known/aep", "/stream"):
-            return await _respond(send, 404, {"error": "not-found"})
+            return await respond(send, 404, {"error": "not-found"})
         if not relay.authorized(scope["headers"], scope.get("query_string", b"")):
-            return await _respond(send, 401, {"error": "unauthorized"},
-                                  headers=[(b"www-authenticate", b"Bearer")])
+            return await respond(send, 401, {"error": "unauthorized"},
+                                 headers=[(b"www-authenticate", b"Bearer")])
         if relay.closing:
-            return await _respond(send, 503, {"error": "shutting-down"}, close=True)
+            return await respond(send, 503, {"error": "shutting-down"}, close=True)
         if path == "/stream":
             if method not in ("GET", "HEAD"):
-                return await _respond(send, 405, {"error": "method-not-allowed"})
-            return await self._stream(scope, receive, send)
+                return await respond(send, 405, {"error": "method-not-allowed"})
+            return await serve_sse(relay, scope, receive, send)
         if method in ("GET", "HEAD"):
-            return await _respond(send, 200, relay.discovery())
+            return await respond(send, 200, relay.discovery())
         if path == "/events" and method == "POST":
             return await self._post(scope, receive, send)
-        return await _respond(send, 405, {"error": "method-not-allowed"})
+        return await respond(send, 405, {"error": "method-not-allowed"})
+
+    async def _preflight(self, scope: dict[str, Any], origin: str | None, send: Callable) -> None:
+        """``OPTIONS``: a CORS preflight grants (or refuses) what ``origin``
+        may ask; without ``Origin`` it is no preflight and gets ``Allow``.
+        A preflight carries no token by design: it grants only the right to ask."""
+        asked = (_header(scope, b"access-control-request-method") or "GET").strip().upper()
+        if origin is None:
+            return await respond(send, 204, headers=[(b"allow", b"GET, POST, OPTIONS")])
+        cors = self._cors(origin, asked not in _READS)
+        if cors is None:
+            self.relay.counters["refused_origin"] += 1
+            return await respond(send, 403, {"error": "origin-not-allowed"})
+        listed = cors[0][1] != b"*"
+        return await respond(send, 204, headers=cors + [
+            (b"access-control-allow-methods", b"GET, POST, OPTIONS" if listed else b"GET, OPTIONS"),
+            _ALLOW_HEADERS, (b"access-control-max-age", b"86400")])
 
     async def _healthz(self, scope: dict[str, Any], send: Callable) -> None:
         authed = self.relay.authorized(scope["headers"], scope.get("query_string", b""))
@@ -281,7 +196,7 @@ class RelayApp:
             body = {"ok": True}
             if authed:
                 body.update(self.relay.stats())
-        await _respond(send, 200, body, headers=[(b"cache-control", b"no-store")])
+        await respond(send, 200, body, headers=[(b"cache-control", b"no-store")])
 
     async def _read_body(self, scope: dict[str, Any], receive: Callable) -> bytes | None:
         """The request body, or ``None`` when it exceeds ``max_body`` (the
@@ -308,34 +223,34 @@ class RelayApp:
     async def _post(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         relay = self.relay
         if (_header(scope, b"aep-version") or "").strip() != AEP_VERSION:
-            return await _respond(send, 426, {"versions": [AEP_VERSION]},
+            return await respond(send, 426, {"versions": [AEP_VERSION]},
                                   headers=[(b"upgrade", b"AEP/" + AEP_VERSION.encode())])
         ctype = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
         if ctype not in ("application/json", "application/x-ndjson"):
-            return await _respond(send, 415, {
+            return await respond(send, 415, {
                 "error": "unsupported-media-type",
                 "detail": "use application/json (one event) or application/x-ndjson (a batch)"})
         declared = _header(scope, b"content-length")
         too_large = {"error": "payload-too-large", "max_bytes": relay.max_body}
         if declared is not None and declared.isascii() and declared.isdigit() \
                 and (len(declared) > 19 or int(declared) > 2 * relay.max_body):
-            return await _respond(send, 413, too_large, close=True)
+            return await respond(send, 413, too_large, close=True)
         try:
             body = await self._read_body(scope, receive)
         except trio.BrokenResourceError:
             return
         if body is None:
-            return await _respond(send, 413, too_large, close=True)
+            return await respond(send, 413, too_large, close=True)
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
-            return await _respond(send, 400, {"error": "invalid-event", "detail": "body is not UTF-8"})
+            return await respond(send, 400, {"error": "invalid-event", "detail": "body is not UTF-8"})
         if ctype == "application/json":
             lines = [(0, text)]
         else:
             lines = [(i, ln) for i, ln in enumerate(text.split("\n")) if ln.strip()]
             if len(lines) > relay.max_batch:
-                return await _respond(send, 413, {"error": "too-many-events",
+                return await respond(send, 413, {"error": "too-many-events",
                                                   "max": relay.max_batch, "count": len(lines)})
         entries = []
         batch = ctype != "application/json"
@@ -347,9 +262,9 @@ class RelayApp:
             except (ValueError, InvalidEvent) as e:
                 relay.counters["invalid_events"] += 1
                 detail = str(e) if isinstance(e, InvalidEvent) else f"not valid JSON: {e}"
-                return await _respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
+                return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
             if is_command_type(ev["type"]):
-                return await _respond(send, 403, {
+                return await respond(send, 403, {
                     "error": "unauthorized", **where,
                     "detail": "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)"})
             entries.append(entry)
@@ -358,196 +273,40 @@ class RelayApp:
             index, detail = problem
             relay.counters["invalid_events"] += 1
             where = {"line": lines[index][0]} if batch else {}
-            return await _respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
+            return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
         if relay.closing:
-            return await _respond(send, 503, {"error": "shutting-down"}, close=True)
+            return await respond(send, 503, {"error": "shutting-down"}, close=True)
         relay.ingest_http(entries)
-        await _respond(send, 202, {"accepted": len(entries)})
-
-    # -- SSE -------------------------------------------------------------------
-    async def _stream(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
-        relay = self.relay
-        q = _query(scope)
-        try:
-            raw_filter = q.get("filter")
-            try:
-                flt = Filter(loads(raw_filter) if raw_filter else {})
-            except ValueError as e:
-                if isinstance(e, InvalidFilter):
-                    raise
-                raise InvalidFilter("filter is not valid JSON") from None
-            ceiling = parse_capture(q.get("capture") or None)
-            raw_from = q.get("from")
-            if raw_from and raw_from != "all":
-                try:
-                    raw_from = loads(raw_from)
-                except ValueError:
-                    raise InvalidFilter("from is not valid JSON") from None
-            plan_all, positions = parse_from(raw_from or None)
-        except InvalidFilter as e:
-            return await _respond(send, 400, {"error": "invalid-filter", "detail": str(e)})
-        if positions is not None and len(positions) > relay.max_from:
-            return await _respond(send, 400, {
-                "error": "limit-exceeded",
-                "detail": f"from exceeds AEP_MAX_FROM={relay.max_from} resume positions"})
-        if not plan_all and not positions:
-            lei = _header(scope, b"last-event-id")
-            parsed = parse_last_event_id(lei) if lei else None
-            if parsed is not None:
-                positions = [parsed]
-        live = q.get("live") != "0"
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no")]})
-        if scope["method"] == "HEAD":
-            return await send({"type": "http.response.body", "body": b""})
-        outlet = relay.open_stream(flt, ceiling, plan_all=plan_all, positions=positions, live=live)
-        outlet.abort = scope.get("state", {}).get(ABORT_KEY)
-        await self._pump_sse(outlet, receive, send)
-
-    async def _pump_sse(self, outlet: Outlet, receive: Callable, send: Callable) -> None:
-        relay = self.relay
-        heartbeat = relay.heartbeat_s
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
-                while True:
-                    with trio.move_on_after(heartbeat) as idle:
-                        payloads, end = await outlet.next_batch(linger=relay.sse_linger())
-                    if idle.cancelled_caught:
-                        payloads, end = [b": ping\n\n"], None
-                    body = b"".join(payloads)
-                    if body or end is not None:
-                        await _send_shielded(outlet, send, {"type": "http.response.body", "body": body,
-                                                            "more_body": end is None})
-                    if end is not None:
-                        break
-                nursery.cancel_scope.cancel()
-            if outlet.state == TERMINATED:
-                outlet.kill()  # a shed consumer's connection is closed, not kept alive
-        except Exception as e:  # noqa: BLE001 -- a broken stream costs nothing more
-            if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
-                log.debug("relay: SSE stream ended: %s", type(e).__name__)
-        finally:
-            outlet.closed()
+        await respond(send, 202, {"accepted": len(entries)})
 
     # -- WebSocket ---------------------------------------------------------------
-    async def _websocket(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    def _socket_refusal(self, scope: dict[str, Any]) -> tuple[int, dict[str, str]] | None:
+        """Why a ``/socket`` upgrade is refused (status, body), in order:
+        Host (DNS rebinding), an unlisted ``Origin`` (no ``*`` for the
+        socket: it carries writes and commands), path, token, shutdown."""
         relay = self.relay
+        origin = _header(scope, b"origin")
+        if not self._host_ok(scope):
+            return 403, {"error": "host-not-allowed"}
+        if origin is not None and normalize_origin(origin) not in relay.cors_origins:
+            relay.counters["refused_origin"] += 1
+            return 403, {"error": "origin-not-allowed"}
+        if scope["path"] != "/socket":
+            return 404, {"error": "not-found"}
+        if not relay.authorized(scope["headers"], scope.get("query_string", b"")):
+            return 401, {"error": "unauthorized"}
+        if relay.closing:
+            return 503, {"error": "shutting-down"}
+        return None
+
+    async def _websocket(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
         msg = await receive()
         if msg["type"] != "websocket.connect":
             return
-        status = None
-        origin = _header(scope, b"origin")
-        if not self._host_ok(scope):
-            status, body = 403, {"error": "host-not-allowed"}
-        elif origin is not None and normalize_origin(origin) not in relay.cors_origins:
-            relay.counters["refused_origin"] += 1
-            status, body = 403, {"error": "origin-not-allowed"}
-        elif scope["path"] != "/socket":
-            status, body = 404, {"error": "not-found"}
-        elif not relay.authorized(scope["headers"], scope.get("query_string", b"")):
-            status, body = 401, {"error": "unauthorized"}
-        elif relay.closing:
-            status, body = 503, {"error": "shutting-down"}
-        if status is not None:
-            return await _ws_refuse(scope, send, status, body)
-        try:
-            await send({"type": "websocket.accept"})
-        except Exception:  # noqa: BLE001 -- the server's connection broke under the handshake
-            # (h11 refuses the 101 when bytes were pipelined behind the upgrade)
-            return
-        conn = relay.open_socket(relay.authenticated(scope["headers"], scope.get("query_string", b"")))
-        conn.outlet.abort = scope.get("state", {}).get(ABORT_KEY)
-        last_rx = [trio.current_time()]
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._ws_reader, conn, receive, nursery.cancel_scope, last_rx)
-                nursery.start_soon(self._ws_pinger, conn, last_rx)
-                await self._ws_writer(conn, send)
-                nursery.cancel_scope.cancel()
-        except Exception as e:  # noqa: BLE001 -- one socket's fault stays with it
-            if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
-                log.warning("relay: websocket ended on %s", type(e).__name__)
-        finally:
-            conn.close()
-
-    async def _ws_reader(self, conn: SocketConnection, receive: Callable,
-                         scope: trio.CancelScope, last_rx: list[float]) -> None:
-        while True:
-            msg = await receive()
-            last_rx[0] = trio.current_time()
-            t = msg["type"]
-            if t == "websocket.disconnect":
-                scope.cancel()
-                return
-            if t != "websocket.receive":
-                continue
-            if msg.get("text") is not None:
-                try:
-                    await conn.handle_text(msg["text"])
-                except Exception as e:  # noqa: BLE001 -- a bug answers, never crashes the socket
-                    log.exception("relay: frame handling failed")
-                    conn.error("internal-error", type(e).__name__)
-            elif msg.get("bytes") is not None:
-                conn.handle_binary()
-
-    async def _ws_pinger(self, conn: SocketConnection, last_rx: list[float]) -> None:
-        relay = self.relay
-        while True:
-            await trio.sleep(relay.ws_ping_s)
-            now = trio.current_time()
-            if now - last_rx[0] > relay.ws_timeout_s:
-                conn.outlet.terminate("ping-timeout", code=1001)
-                return
-            conn.ping(int(now * 1000))
-
-    async def _ws_writer(self, conn: SocketConnection, send: Callable) -> None:
-        outlet = conn.outlet
-        while outlet.state != CLOSED:
-            payloads, end = await outlet.next_batch()
-            for text in payloads:
-                await _send_shielded(outlet, send, {"type": "websocket.send", "text": text})
-            if end is not None:
-                code, reason = end if isinstance(end, tuple) else (1000, "")
-                await _send_shielded(outlet, send, {"type": "websocket.close", "code": code,
-                                                    "reason": reason})
-                return
-
-
-async def _send_shielded(outlet: Outlet, send: Callable, message: dict[str, Any]) -> None:
-    """One ASGI send, never interrupted by our own cancellation: a cancel
-    landing inside the server's send path (e.g. on a disconnect) would leave
-    its connection half torn down. A send stuck on a peer that stopped
-    reading is ended by :meth:`Outlet.kill` (socket abort) instead."""
-    outlet.in_send = True
-    try:
-        with trio.CancelScope(shield=True):
-            await send(message)
-    finally:
-        outlet.in_send = False
-
-
-async def _watch_disconnect(receive: Callable, scope: trio.CancelScope) -> None:
-    while True:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            scope.cancel()
-            return
-
-
-async def _ws_refuse(scope: dict[str, Any], send: Callable, status: int, body: Any) -> None:
-    """Refuse the upgrade with a real HTTP status when the server supports
-    the ASGI websocket denial extension (hypercorn does), else close (403)."""
-    if "websocket.http.response" in scope.get("extensions", {}):
-        data = json.dumps(body).encode()
-        await send({"type": "websocket.http.response.start", "status": status,
-                    "headers": [(b"content-type", _JSON), (b"content-length", str(len(data)).encode())]
-                    + ([(b"www-authenticate", b"Bearer")] if status == 401 else [])})
-        await send({"type": "websocket.http.response.body", "body": data})
-    else:
-        await send({"type": "websocket.close", "code": 1008})
+        refusal = self._socket_refusal(scope)
+        if refusal is not None:
+            return await refuse_upgrade(scope, send, *refusal)
+        await serve_socket(self.relay, scope, receive, send)
 
 
 def make_app(relay: Relay, *, healthz: Callable[[bool], dict[str, Any]] | None = None) -> RelayApp:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
-SEVERITIES = ("debug", "info", "notice", "warning", "error", "critical")
-SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
-CAPTURES = ("none", "metadata", "redacted", "full")
-CAPTURE_RANK = {c: i for i, c in enumerate(CAPTURES)}
+from bridges.core.aep import SEVERITIES, SEVERITY_RANK
+
+__all__ = ["Filter", "InvalidFilter", "validate_filter", "attr_match", "MATCH_ALL", "CORE_ATTRS",
+           "FILTERABLE", "DEFAULTS"]
 
 #: Every core envelope attribute (AEP-0001 §5.1); none is a legal extension key.
 CORE_ATTRS = frozenset({

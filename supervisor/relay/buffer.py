@@ -36,6 +36,8 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any, Iterator
 
+__all__ = ["SessionBuffers", "Entry", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB"]
+
 MiB = 1 << 20
 
 #: Accounted bytes per held entry beyond its JSON: the envelope attribute

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridges.core.aep import CAPTURE_LEVELS as _LEVELS
+from bridges.core.aep import CAPTURE_RANK as _RANK
 from bridges.core.captable import TABLE, Node
 
-_LEVELS = ("none", "metadata", "redacted", "full")
-_RANK = {lvl: i for i, lvl in enumerate(_LEVELS)}
+__all__ = ["exceeds", "content_level"]
 
 
 def _compile(node: Node) -> dict[str, tuple[int, Any, Any]]:

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable, Iterable
 
-from .attrmatch import CAPTURE_RANK, CORE_ATTRS, SEVERITY_RANK
+from bridges.core.aep import AEP_VERSION, CAPTURE_RANK, SEVERITY_RANK, dumps, is_command_type, is_foreign
 
-AEP_VERSION = "0.1"
+from .attrmatch import CORE_ATTRS
+from .buffer import Entry
+from .capcheck import exceeds as capture_exceeds
+
+__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "validate", "encode", "to_entry", "envelope_error",
+           "has_duplicate_keys", "AEP_VERSION", "is_command_type", "is_foreign"]
 
 _TYPE = re.compile(
     r"(?:(?:agent|session|run|progress|tool|delegation|attention|resource|error|state"
     r"|assessment|message|control)(?:\.[a-z0-9_]+)+"
     r"|x\.[a-z0-9_-]+\.[a-z0-9_]+(?:\.[a-z0-9_]+)+)\Z")
-# Commands (AEP-0004 §5 + vendor x.{vendor}.control.*): routed, never sequenced.
-_COMMAND = re.compile(
-    r"(?:control\.attention\.respond|control\.cancel|control\.pause|control\.resume"
-    r"|x\.[a-z0-9_-]+\.control\..+)\Z")
 _EXT_NAME = re.compile(r"[a-z0-9]{1,20}\Z")
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z")
 _RFC3339 = re.compile(
@@ -40,18 +41,6 @@ class InvalidEvent(ValueError):
     """The envelope breaks an AEP-0001 rule. ``str(exc)`` is a one-line
     detail (safe to return to the emitter: names the attribute, never echoes
     a value beyond the offending ``type``)."""
-
-
-def is_command_type(type_: str) -> bool:
-    """``control.{attention.respond,cancel,pause,resume}`` or
-    ``x.{vendor}.control.*`` (AEP-0004 §2, §5): routed, carries no ``seq``."""
-    return _COMMAND.match(type_) is not None
-
-
-def is_foreign(type_: str) -> bool:
-    """Foreign-emitter session events (AEP-0001 §5.2 exception): commands and
-    consumer-emitted ``attention.routed``. They carry ``session`` but no ``seq``."""
-    return type_ == "attention.routed" or is_command_type(type_)
 
 
 def _is_int(v: Any) -> bool:
@@ -84,6 +73,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(v, dict):
             children = v.values()
         elif isinstance(v, list):
@@ -96,6 +86,73 @@ def _deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
+def _nonempty_str(v: Any) -> bool:
+    return isinstance(v, str) and bool(v)
+
+
+def _count(v: Any) -> bool:
+    return _is_int(v) and v >= 0
+
+
+def _enum(values: dict[str, int]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, str) and v in values
+
+
+#: Required attributes, checked in this order: non-empty strings.
+_REQUIRED = ("id", "type", "time", "source", "agent")
+
+#: ``(attribute, test, detail)`` for the required attributes' formats, in order.
+_FORMATS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
+    ("type", _TYPE.match, "bad type syntax (AEP-0001 §6)"),
+    ("time", _time_ok, "time must be an RFC 3339 date-time"),
+    ("source", _URI.match, "source must be an absolute URI"),
+)
+
+#: ``(attribute, test, detail)`` for optional attributes, checked in this
+#: order when present: the first failing row is the answer.
+_OPTIONAL: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
+    *((k, _nonempty_str, f"{k} must be a non-empty string when present")
+      for k in _OPTIONAL_STRINGS),
+    ("seq", _count, "seq must be an integer >= 0"),
+    ("epoch", _count, "epoch must be an integer >= 0"),
+    ("traceparent", lambda v: isinstance(v, str) and _TRACEPARENT.match(v),
+     "malformed traceparent"),
+    ("severity", _enum(SEVERITY_RANK), "unknown severity"),
+    ("capture", _enum(CAPTURE_RANK), "unknown capture level"),
+    ("data", lambda v: isinstance(v, dict), "data must be an object"),
+    ("data", lambda v: not _deeper_than(v, MAX_DATA_DEPTH),
+     f"data nests deeper than {MAX_DATA_DEPTH} levels"),
+)
+
+_AGENT_SCOPED_OMIT = ("session", "run", "step", "seq")
+
+
+def _check_extensions(ev: dict[str, Any]) -> None:
+    """Extension attributes (AEP-0001 §5.4): ``[a-z0-9]{1,20}`` names, scalar values."""
+    for k, v in ev.items():
+        if k in CORE_ATTRS:
+            continue
+        if not isinstance(k, str) or not _EXT_NAME.match(k):
+            raise InvalidEvent("extension attribute names must match [a-z0-9]{1,20} (AEP-0001 §5.4)")
+        if not (isinstance(v, (str, bool)) or _is_int(v)):
+            raise InvalidEvent(f"extension attribute {k} must be a string, integer or boolean")
+
+
+def _check_scope(ev: dict[str, Any], t: str) -> None:
+    """Session scoping (AEP-0001 §5.2, AEP-0004 §2.2)."""
+    if t.startswith("agent."):
+        for k in _AGENT_SCOPED_OMIT:
+            if k in ev:
+                raise InvalidEvent(f"agent-scoped events omit {k} (AEP-0001 §5.2)")
+    elif is_foreign(t):
+        if "session" not in ev:
+            raise InvalidEvent("commands and attention.routed carry session (the target)")
+        if "seq" in ev:
+            raise InvalidEvent("commands and attention.routed omit seq (AEP-0004 §2.2)")
+    elif "session" not in ev or "seq" not in ev:
+        raise InvalidEvent("session-scoped events carry session and seq (AEP-0001 §5.2)")
+
+
 def validate(ev: Any) -> None:
     """Raise :class:`InvalidEvent` unless ``ev`` is a valid AEP 0.1 envelope.
 
@@ -105,76 +162,87 @@ def validate(ev: Any) -> None:
     with scalar values (§5.4); session scoping (§5.2): ``agent.*`` omits
     ``session``/``run``/``step``/``seq``, commands and ``attention.routed``
     carry ``session`` and omit ``seq`` (AEP-0004 §2.2), everything else
-    carries ``session`` and ``seq``."""
+    carries ``session`` and ``seq``. The checks run in a fixed order (the
+    tables above); the first that fails is the detail."""
     if not isinstance(ev, dict):
         raise InvalidEvent("event must be a JSON object")
     if ev.get("aep") != AEP_VERSION:
         raise InvalidEvent(f"aep must be \"{AEP_VERSION}\"")
-    for k in ("id", "type", "time", "source", "agent"):
-        v = ev.get(k)
-        if not isinstance(v, str) or not v:
+    for k in _REQUIRED:
+        if not _nonempty_str(ev.get(k)):
             raise InvalidEvent(f"{k} is required (non-empty string)")
-    t = ev["type"]
-    if not _TYPE.match(t):
-        raise InvalidEvent("bad type syntax (AEP-0001 §6)")
-    if not _time_ok(ev["time"]):
-        raise InvalidEvent("time must be an RFC 3339 date-time")
-    if not _URI.match(ev["source"]):
-        raise InvalidEvent("source must be an absolute URI")
-    for k in _OPTIONAL_STRINGS:
-        if k in ev and (not isinstance(ev[k], str) or not ev[k]):
-            raise InvalidEvent(f"{k} must be a non-empty string when present")
-    for k in ("seq", "epoch"):
-        if k in ev and (not _is_int(ev[k]) or ev[k] < 0):
-            raise InvalidEvent(f"{k} must be an integer >= 0")
-    if "traceparent" in ev and not (isinstance(ev["traceparent"], str)
-                                    and _TRACEPARENT.match(ev["traceparent"])):
-        raise InvalidEvent("malformed traceparent")
-    if "severity" in ev and not (isinstance(ev["severity"], str) and ev["severity"] in SEVERITY_RANK):
-        raise InvalidEvent("unknown severity")
-    if "capture" in ev and not (isinstance(ev["capture"], str) and ev["capture"] in CAPTURE_RANK):
-        raise InvalidEvent("unknown capture level")
-    if "data" in ev and not isinstance(ev["data"], dict):
-        raise InvalidEvent("data must be an object")
-    if "data" in ev and _deeper_than(ev["data"], MAX_DATA_DEPTH):
-        raise InvalidEvent(f"data nests deeper than {MAX_DATA_DEPTH} levels")
-    for k, v in ev.items():
-        if k in CORE_ATTRS:
-            continue
-        if not isinstance(k, str) or not _EXT_NAME.match(k):
-            raise InvalidEvent("extension attribute names must match [a-z0-9]{1,20} (AEP-0001 §5.4)")
-        if not (isinstance(v, (str, bool)) or _is_int(v)):
-            raise InvalidEvent(f"extension attribute {k} must be a string, integer or boolean")
-    if t.startswith("agent."):
-        for k in ("session", "run", "step", "seq"):
-            if k in ev:
-                raise InvalidEvent(f"agent-scoped events omit {k} (AEP-0001 §5.2)")
-    elif is_foreign(t):
-        if "session" not in ev:
-            raise InvalidEvent("commands and attention.routed carry session (the target)")
-        if "seq" in ev:
-            raise InvalidEvent("commands and attention.routed omit seq (AEP-0004 §2.2)")
-    else:
-        if "session" not in ev or "seq" not in ev:
-            raise InvalidEvent("session-scoped events carry session and seq (AEP-0001 §5.2)")
+    for k, test, detail in _FORMATS:
+        if not test(ev[k]):
+            raise InvalidEvent(detail)
+    for k, test, detail in _OPTIONAL:
+        if k in ev and not test(ev[k]):
+            raise InvalidEvent(detail)
+    _check_extensions(ev)
+    _check_scope(ev, ev["type"])
 
 
 def encode(ev: Any) -> bytes:
-    """The event's compact JSON as UTF-8 bytes (what the relay buffers and
-    forwards). Raises :class:`InvalidEvent` when it has no UTF-8 form: a
+    """The event's wire form (:func:`bridges.core.aep.dumps`: what the relay
+    buffers and forwards). Raises :class:`InvalidEvent` when it has none: a
     lone UTF-16 surrogate anywhere (``"\\ud800"`` is a legal JSON escape,
     but AEP-0001 §5 makes the envelope UTF-8 JSON, and an SSE ``id:`` line
     or a WS text frame could not carry it), or a value JSON cannot carry.
     Costs nothing extra: serializing is needed anyway and the UTF-8 encode
     is the check."""
     try:
-        return json.dumps(ev, ensure_ascii=False, separators=(",", ":"),
-                          allow_nan=False).encode("utf-8")
+        return dumps(ev)
     except UnicodeEncodeError:
         raise InvalidEvent("event contains a lone UTF-16 surrogate: not representable "
                            "in UTF-8 (AEP-0001 §5)") from None
     except (TypeError, ValueError, RecursionError):
         raise InvalidEvent("event is not representable as JSON") from None
+
+
+_FULL = CAPTURE_RANK["full"]
+
+
+def to_entry(ev: Any) -> Entry:
+    """One event as the relay holds it (:class:`~.buffer.Entry`): the
+    envelope validated (:func:`validate`), serialized once (:func:`encode`),
+    and its ``data`` checked against its declared ``capture``
+    (:mod:`.capcheck`, AEP-0001 §8.2(a)). A command is not refused for
+    carrying more than it declares (it is forwarded verbatim to its target,
+    AEP-0004 §4.4); its rank is what it carries, so observers get its audit
+    copy down-leveled from there. Raises :class:`InvalidEvent`."""
+    validate(ev)
+    raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
+    attrs = {k: v for k, v in ev.items() if k != "data"}
+    pos = (ev.get("epoch", 0), ev["seq"]) if "seq" in ev else None
+    declared = ev.get("capture", "metadata")
+    cap = CAPTURE_RANK[declared]
+    if cap < _FULL and "data" in ev:
+        shown = capture_exceeds(ev["type"], ev["data"], declared)
+        if shown is not None:
+            if not is_command_type(ev["type"]):
+                raise InvalidEvent(f"data exceeds its declared capture {declared}: it carries "
+                                   f"{shown}-level fields (AEP-0001 §8.2(a))")
+            cap = CAPTURE_RANK[shown]
+    return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")], cap)
+
+
+def _pairs_no_dup(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise KeyError("duplicate")
+    return dict(pairs)
+
+
+def has_duplicate_keys(raw: str) -> bool:
+    """Whether the JSON text ``raw`` repeats a key in any object (a command
+    is forwarded verbatim, so what the target parses must be what the relay
+    routed on). False for text that is not JSON."""
+    try:
+        json.loads(raw, object_pairs_hook=_pairs_no_dup)
+    except KeyError:
+        return True
+    except ValueError:
+        return False
+    return False
 
 
 def envelope_error(ev: Any) -> str | None:

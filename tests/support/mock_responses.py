@@ -43,8 +43,8 @@ from typing import Any
 
 import trio
 
-from supervisor.asgi import headers as request_headers
-from supervisor.asgi import send_json
+from bridges.core.asgi import headers as request_headers
+from bridges.core.asgi import send_json
 from tests.support.net import http_body, serve_loopback
 
 #: the command the mock asks the agent to run

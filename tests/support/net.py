@@ -2,7 +2,7 @@
 one up front (the daemon's listeners, a vendor server's ``--port``), and
 hypercorn serving a test double's ASGI app on 127.0.0.1 and the start of
 such an app (:func:`http_body`). The app-side ASGI chores themselves
-(lifespan, body, headers, JSON responses) are ``supervisor.asgi``'s."""
+(lifespan, body, headers, JSON responses) are ``bridges.core.asgi``'s."""
 from __future__ import annotations
 
 import socket
@@ -13,7 +13,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
-from supervisor.asgi import lifespan, read_body
+from bridges.core.asgi import lifespan, read_body
 
 
 def free_port() -> int:

@@ -45,7 +45,7 @@ from typing import Any
 import httpx
 import trio
 
-from supervisor.asgi import send_json
+from bridges.core.asgi import send_json
 from tests.support.daemon import DaemonProcess
 from tests.support.net import free_port, http_body, serve_loopback
 

@@ -61,7 +61,7 @@ from typing import Any, AsyncIterator
 import httpx
 import trio
 
-from supervisor.asgi import headers, send_json
+from bridges.core.asgi import headers, send_json
 from tests.support.daemon import DaemonProcess
 from tests.support.net import free_port, http_body, serve_loopback
 

@@ -17,7 +17,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from supervisor.relay.app import LISTEN_KEY, host_allowed, make_app
+from bridges.core.asgi import LISTEN_KEY, host_allowed
+from supervisor.relay.app import make_app
 from supervisor.relay.core import Relay
 from tests.support.relay_harness import TOKEN, auth, event, running_relay
 
@@ -175,7 +176,7 @@ async def test_a_non_loopback_listener_takes_any_host():
 
 
 async def test_serve_app_tells_the_app_its_bound_listener():
-    from supervisor.relay.serve import bind_socket, serve_app
+    from bridges.core.http import bind_socket, serve_app
 
     seen = []
 

@@ -193,7 +193,7 @@ async def test_a_batch_with_data_above_its_declared_capture_is_rejected_whole():
 def test_fault_log_is_once_per_kind_and_place_then_rate_limited(caplog):
     import logging as _logging
 
-    from supervisor.relay.faults import FaultLog, fault_kind
+    from bridges.core.http import FaultLog, fault_kind
 
     log = _logging.getLogger("test.faults")
     caplog.set_level(_logging.DEBUG, logger="test.faults")

@@ -13,7 +13,8 @@ import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
 from supervisor.relay.core import Relay, RelayClosed
-from supervisor.relay.serve import bind_socket, serve_relay
+from bridges.core.http import bind_socket
+from supervisor.relay.serve import serve_relay
 from tests.support.relay_harness import SSE, emitter_hello, event, wait_until
 
 WAIT = 20
@@ -94,16 +95,16 @@ async def test_shutdown_is_bounded_with_a_consumer_that_stopped_reading():
         stalled.sendall(b"GET /stream HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         try:
             await wait_until(lambda: relay.stats()["subscribers"] == 1)
-            (outlet,) = relay._outlets
+            (outlet,) = relay.outlets
             seq = 0
             with trio.fail_after(WAIT):
-                while not (outlet.in_send and outlet._q):  # the writer is stuck in a send
+                while not (outlet.in_send and outlet.queued):  # the writer is stuck in a send
                     await conn.ingest(event(seq, data={"pad": "x" * 16000}))
                     seq += 1
             stop.set()
             with trio.fail_after(WAIT):
                 await done.wait()
             assert relay.counters["connections_aborted"] == 1
-            assert not relay._outlets
+            assert not relay.outlets
         finally:
             stalled.close()

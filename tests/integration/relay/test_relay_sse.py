@@ -151,7 +151,7 @@ async def test_disconnect_mid_stream_costs_nothing():
                 await conn.ingest(event(len(relay.buffers.sessions()) + 100, session="x"))
                 await wait_until(lambda: sse.messages)
                 n.cancel_scope.cancel()  # the client goes away mid-stream
-        await wait_until(lambda: relay.stats()["subscribers"] == 0 and not relay._outlets)
+        await wait_until(lambda: relay.stats()["subscribers"] == 0 and not relay.outlets)
         for s in range(200):  # fan-out to nobody: nothing queued anywhere
             await conn.ingest(event(s, session="after"))
         assert relay.stats()["subscribers"] == 0
@@ -192,7 +192,7 @@ async def test_consumer_that_stops_reading_is_shed_and_resumes_exactly():
                 if relay.counters["streams_terminated"]:
                     break
             assert relay.counters["streams_terminated"] == 1
-            await wait_until(lambda: not relay._outlets and relay.stats()["subscribers"] == 0)
+            await wait_until(lambda: not relay.outlets and relay.stats()["subscribers"] == 0)
             assert relay.counters["connections_aborted"] == 1  # closed, not kept alive
             # the stalled peer sees the connection end (after whatever was in flight)
             stalled.settimeout(WAIT)

@@ -9,7 +9,6 @@ import pytest
 
 from supervisor.relay.buffer import ENTRY_OVERHEAD, Entry, SessionBuffers
 
-
 SRC = "aep://h/agent/a"
 K = (SRC, "s1")  # buffers are keyed (source, session), AEP-0001 §5.2
 

@@ -17,7 +17,7 @@ CASES = fixture("downlevel/cases.json")["cases"]
 
 async def delivered(outlet):
     out = []
-    while outlet._q:
+    while outlet.queued:
         payloads, _ = await outlet.next_batch()
         out.extend(payloads)
     data = [ln[6:] for ln in b"".join(out).decode().split("\n") if ln.startswith("data: ")]
@@ -74,7 +74,6 @@ async def test_replay_is_down_leveled_too():
 # -- declared capture is checked at ingest (AEP-0001 §8.2(a)) ----------------------------
 
 from supervisor.relay.envelope import InvalidEvent  # noqa: E402
-
 
 
 def _ev(type_="tool.completed", data=None, capture=None, seq=0, **kw):

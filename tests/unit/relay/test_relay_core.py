@@ -8,9 +8,12 @@ import json
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
-from supervisor.relay import core as core_mod
+from supervisor.relay import fanout as fanout_mod
+from supervisor.relay import outlet as outlet_mod
+from supervisor.relay import params
 from supervisor.relay.attrmatch import Filter
 from supervisor.relay.core import CommandRefused, Relay, RelayClosed
 from supervisor.relay.envelope import InvalidEvent
@@ -46,7 +49,7 @@ def hello(role="emitter", agent="a", accepts=("control.cancel",), **caps):
 async def take(outlet):
     """Everything the outlet would write right now (frames parsed for WS)."""
     out = []
-    while outlet._q:
+    while outlet.queued:
         payloads, end = await outlet.next_batch()
         for p in payloads:
             out.append(json.loads(p) if outlet.kind == "ws" else p)
@@ -307,7 +310,7 @@ async def test_sse_replay_only_ends_with_replay_complete():
 
 
 def test_last_event_id_parsing():
-    p = core_mod.parse_last_event_id
+    p = params.parse_last_event_id
     assert p("s1:0:7") == ("s1", (0, 7))
     assert p("a:b:3:12") == ("a:b", (3, 12))
     assert p("garbage") is None and p("s::1") is None and p(":1:2") is None
@@ -344,9 +347,11 @@ async def test_downlevel_runs_once_per_event_and_ceiling(monkeypatch):
                for c in ["none"] * 10 + ["metadata"] * 10 + [None] * 10 + ["full"] * 10]
     relay.ingest_http([relay.entry(ev(0, capture="redacted", data={"x": 1}))])
     assert sorted(calls) == ["metadata", "none"]
-    payloads = [outlet._q[0][1] for outlet in outlets]
+    payloads = [outlet.peek().payload for outlet in outlets]
     # one rendering per ceiling, shared by reference across subscribers
     assert len({id(p) for p in payloads}) == 3
+    # ... and one queue item per rendering (never changed once queued)
+    assert len({id(outlet.peek()) for outlet in outlets}) == 3
     assert json.loads(sse_events([payloads[0]])[0][0]["data"])["capture"] == "none"
     assert json.loads(sse_events([payloads[25]])[0][0]["data"])["data"] == {"x": 1}
     assert payloads[35] is payloads[25]  # `full` ceiling above the event: unchanged
@@ -645,7 +650,7 @@ async def test_sse_writer_lingers_so_a_burst_leaves_in_one_write(mock_clock):
         await trio.testing.wait_all_tasks_blocked()
         for s in range(10):
             relay.ingest_http([relay.entry(ev(s))])
-            await trio.sleep(0)  # the writer is woken, and lingers
+            await trio.lowlevel.checkpoint()  # the writer is woken, and lingers
         assert got == []
         mock_clock.jump(0.05)
     payloads, end = got[0]
@@ -705,6 +710,19 @@ async def test_lone_surrogate_on_the_socket_is_an_error_frame_and_replay_all_sur
     assert [m["id"] for m in msgs] == ["s1:0:0", "s1:0:2"] and comments == ["replay-complete"]
 
 
+async def test_a_frame_echoing_text_without_utf8_form_carries_u_fffd_and_the_socket_lives():
+    """One lone-surrogate rule (bridges.core.aep.dumps): no UTF-8 form, no wire
+    form. A frame the relay must answer anyway (it echoes the client's id)
+    goes out with U+FFFD in place of the surrogate, as valid UTF-8 JSON."""
+    relay = Relay()
+    conn = await ws(relay)
+    await conn.handle_text(json.dumps({"type": "subscribe", "id": LONE, "filter": {}}))
+    await conn.handle_text(json.dumps({"type": "ping", "t": 7}))
+    (subscribed, pong) = await take(conn.outlet)
+    assert subscribed == {"type": "subscribed", "id": "p\ufffd"}
+    assert pong == {"type": "pong", "t": 7}
+
+
 async def test_a_failing_subscriber_is_shed_and_the_ingest_completes(monkeypatch):
     relay = Relay()
     bad = relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
@@ -713,22 +731,22 @@ async def test_a_failing_subscriber_is_shed_and_the_ingest_completes(monkeypatch
     def broken(self):
         raise UnicodeEncodeError("utf-8", "x", 0, 1, "boom")
 
-    monkeypatch.setattr(core_mod.View, "sse", lambda self: broken(self) if self.raw is self.entry.raw
+    monkeypatch.setattr(fanout_mod.View, "sse", lambda self: broken(self) if self.raw is self.entry.raw
                         else b"ok\n\n")
     relay.ingest_http([relay.entry(ev(s)) for s in range(3)])
     assert relay.buffers.held("s1") == 3 and relay.counters["fanout_errors"] == 1
-    assert bad.state == core_mod.TERMINATED and len(await take(good)) == 3
+    assert bad.state == outlet_mod.TERMINATED and len(await take(good)) == 3
 
 
 def test_from_positions_naming_a_session_without_utf8_form_are_refused():
-    with pytest.raises(core_mod.InvalidFilter):
-        core_mod.parse_from([{"session": "p\ud800", "seq": 1}])
+    with pytest.raises(params.InvalidFilter):
+        params.parse_from([{"session": "p\ud800", "seq": 1}])
 
 
 @pytest.mark.parametrize("value", ["s:0:\u00b2", "s:\u0663:1", "s:0:" + "9" * 5000, "s:" + "1" * 5000 + ":0",
                                    "s:0:1\u00b2", "s:+1:2", "s:0: 1"])
 def test_malformed_last_event_id_is_ignored_not_raised(value):
-    assert core_mod.parse_last_event_id(value) is None
+    assert params.parse_last_event_id(value) is None
 
 
 async def test_socket_events_must_carry_the_hello_identity_agent():

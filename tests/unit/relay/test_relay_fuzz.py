@@ -56,7 +56,7 @@ async def test_socket_frames_never_crash(seq, greet, token):
     for text in seq:
         await conn.handle_text(text)
     # whatever was queued is well-formed JSON frames (or the close marker)
-    while conn.outlet._q:
+    while conn.outlet.queued:
         payloads, end = await conn.outlet.next_batch()
         for p in payloads:
             frame = json.loads(p)

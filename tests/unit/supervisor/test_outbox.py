@@ -8,7 +8,8 @@ import json
 
 from hypothesis import given, settings, strategies as st
 
-from supervisor.outbox import SEVERITIES, Outbox, severity_rank
+from bridges.core.aep import SEVERITIES
+from supervisor.outbox import Outbox, severity_rank
 from tests.support.shared import aep_dir
 
 

@@ -1,0 +1,144 @@
+"""The protocol's vocabulary, written once: every module that speaks AEP
+(the stamper, the capture gate, the ledger, the relay, the uplink, the
+session log) takes its constants and its wire encoding from here.
+
+- :data:`AEP_VERSION` / :data:`SUPPORTED_VERSIONS`: the one version this
+  code speaks (AEP-0001 §5 ``aep``; AEP-0003 §4 ``hello.versions``).
+- :data:`SEVERITIES` / :data:`SEVERITY_RANK`: the total order of AEP-0001
+  §8.1 (``schemas/registry/severity.json``), default ``info``.
+- :data:`CAPTURE_LEVELS` / :data:`CAPTURE_RANK` / :func:`capture_rank`:
+  ``none < metadata < redacted < full`` (AEP-0001 §8.2,
+  ``schemas/registry/capture.json``), default ``metadata``.
+- :func:`is_command_type`: the command rule. The command set is closed
+  (AEP-0004 §5: "Additions to the core command set require the AEP
+  process") plus the vendor namespace ``x.{vendor}.control.{verb}``; it is
+  exactly the set ``schemas/aep-event.schema.json`` exempts from ``seq``.
+  A ``control.*`` type outside it (an ack, or an unregistered verb) is an
+  ordinary sequenced event, never routed.
+- :data:`NACK_REASONS` (AEP-0004 §3, ``schemas/registry/nack-reasons.json``)
+  and :data:`ACK_WINDOW_MS` (the §3 default ack window).
+- :func:`dumps` / :func:`loads`: the wire JSON. One lone-surrogate rule:
+  text with a lone UTF-16 surrogate has no UTF-8 form, so it has no AEP
+  wire form (AEP-0001 §5: the envelope is UTF-8 JSON); :func:`dumps`
+  raises ``UnicodeEncodeError`` for it and the caller decides (the relay
+  refuses such an event, the fleet repairs vendor text with
+  :func:`scrub_surrogates`).
+
+Pure: constants and functions, no I/O."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = [
+    "AEP_VERSION", "SUPPORTED_VERSIONS",
+    "SEVERITIES", "SEVERITY_RANK", "DEFAULT_SEVERITY", "NOTICE_RANK",
+    "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
+    "CORE_COMMANDS", "ACK_TYPES", "is_command_type", "is_command", "is_foreign",
+    "NACK_REASONS", "ACK_WINDOW_MS",
+    "dumps", "loads", "scrub_surrogates",
+]
+
+AEP_VERSION = "0.1"
+"""The protocol version this code speaks (envelope ``aep``, ``AEP-Version``)."""
+
+SUPPORTED_VERSIONS: tuple[str, ...] = (AEP_VERSION,)
+"""What a ``hello`` offers (AEP-0003 §4)."""
+
+SEVERITIES = ("debug", "info", "notice", "warning", "error", "critical")
+"""AEP-0001 §8.1, in rank order."""
+SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
+DEFAULT_SEVERITY = "info"
+NOTICE_RANK = SEVERITY_RANK["notice"]
+"""``notice`` and above are never dropped silently (AEP-0003 §8.4)."""
+
+CAPTURE_LEVELS = ("none", "metadata", "redacted", "full")
+"""AEP-0001 §8.2, in rank order."""
+CAPTURE_RANK: dict[str, int] = {c: i for i, c in enumerate(CAPTURE_LEVELS)}
+DEFAULT_CAPTURE = "metadata"
+
+
+def capture_rank(level: str) -> int:
+    """Position of ``level`` in ``none < metadata < redacted < full``.
+    Raises ``ValueError`` for anything else."""
+    try:
+        return CAPTURE_RANK[level]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown capture level {level!r} "
+                         f"(expected one of {', '.join(CAPTURE_LEVELS)})") from None
+
+
+CORE_COMMANDS = ("control.attention.respond", "control.cancel", "control.pause", "control.resume")
+"""The commands defined in 0.1 (AEP-0004 §5)."""
+ACK_TYPES = ("control.accepted", "control.rejected")
+"""Acknowledgements (AEP-0004 §3): ordinary sequenced events, not commands."""
+
+_COMMAND = re.compile(
+    "(?:" + "|".join(re.escape(c) for c in CORE_COMMANDS) + r"|x\.[a-z0-9_-]+\.control\..+)\Z")
+
+
+def is_command_type(type_: Any) -> bool:
+    """Whether ``type_`` names a command: one of :data:`CORE_COMMANDS` or
+    ``x.{vendor}.control.*`` (AEP-0004 §2, §5; the schema's seq-less set).
+    Commands are routed, never sequenced. False for a non-string."""
+    return isinstance(type_, str) and _COMMAND.match(type_) is not None
+
+
+def is_command(event: Any) -> bool:
+    """Whether the object ``event`` is a command Event (by its ``type``)."""
+    return isinstance(event, dict) and is_command_type(event.get("type"))
+
+
+def is_foreign(type_: str) -> bool:
+    """Foreign-emitter session events (AEP-0001 §5.2 exception): commands and
+    consumer-emitted ``attention.routed``; they carry ``session``, no ``seq``."""
+    return type_ == "attention.routed" or is_command_type(type_)
+
+
+NACK_REASONS = ("unsupported", "unauthorized", "busy", "refused", "invalid")
+"""The closed ``control.rejected.reason`` set (``timeout`` is sender-side only
+and never emitted)."""
+
+ACK_WINDOW_MS = 10_000
+"""The default ack window (``hello.capabilities.control.ack_window_ms``, AEP-0004 §3)."""
+
+
+def dumps(obj: Any) -> bytes:
+    """The wire form of ``obj``: compact JSON (``,``/``:`` separators, no
+    spaces), UTF-8, non-ASCII kept. Raises ``UnicodeEncodeError`` when a
+    string (key or value, any depth) holds a lone UTF-16 surrogate (no
+    UTF-8 form; see the module docstring), ``ValueError`` for ``NaN`` /
+    ``Infinity`` (not JSON) and ``TypeError`` for a value JSON cannot carry."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode("utf-8")
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+def loads(text: str | bytes) -> Any:
+    """Strict JSON: ``NaN``/``Infinity`` refused. Raises ``ValueError``
+    (absurd nesting, Python's ``RecursionError``, re-raised as ``ValueError``)."""
+    try:
+        return json.loads(text, parse_constant=_no_constants)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub_surrogates(value: Any) -> Any:
+    """A copy of ``value`` with every lone surrogate (legal as a JSON
+    ``\\ud800`` escape from a vendor, but not UTF-8, so not AEP) replaced
+    by U+FFFD, in keys and strings at any depth: what :func:`dumps` can
+    then encode."""
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    return value

@@ -1,0 +1,276 @@
+"""Serving ASGI apps with hypercorn's trio worker: the one HTTP server every
+listener here uses (the embedded relay, the daemon's health app, the
+OTLP/HTTP receiver), with a per-connection abort handle, a fault barrier,
+and HTTP/1.1 only.
+
+Why not plain ``hypercorn.trio.serve``: hypercorn shields its socket writes
+from cancellation, so a consumer that stops reading parks its handler in a
+send forever; neither the relay's §8.4 "disconnect" of a slow consumer nor
+a bounded shutdown can then be honored. :func:`serve_app` runs hypercorn's
+own connection handler (``TCPServer``) with three additions:
+
+- each connection's ASGI ``scope["state"]`` carries
+  :data:`~bridges.core.asgi.ABORT_KEY`, a callable that closes that
+  connection's socket (waking a stuck writer with ``ClosedResourceError``),
+  and :data:`~bridges.core.asgi.LISTEN_KEY`, the listener's bound ``(host,
+  port)`` (the DNS-rebinding guard applies to loopback binds only). An app
+  works under stock hypercorn too, just without that last resort;
+- a fault barrier: hypercorn's handler can raise out of a connection (h11
+  ``LocalProtocolError`` on a WebSocket upgrade with bytes pipelined behind
+  it, hypercorn#225), and under ``trio.serve_listeners`` that would cancel
+  every other connection and reach the daemon's root nursery. Any
+  ``Exception`` a connection raises closes that socket, is counted
+  (``on_fault(kind)``) and logged once per kind (then at most once per
+  :data:`FAULT_LOG_INTERVAL_S` with the count since), by exception type
+  names only (:class:`FaultLog`): an h11 message can quote request bytes
+  (a token);
+- HTTP/1.1 only, per connection (:class:`Http2Refused`): hypercorn would
+  switch a plaintext connection to HTTP/2 on the h2c preface or upgrade,
+  and its HTTP/2 sends then buffer without limit behind a client's zero
+  flow-control window, past slow-consumer shedding and any shutdown
+  deadline (break-it review: 745 MB from ten such consumers). Every
+  binding here is HTTP/1.1 (SSE, WS, OTLP/HTTP; OTLP/gRPC has its own
+  server). The policy is part of the connection handler :func:`serve_app`
+  builds; importing this module changes nothing in hypercorn.
+
+Shutdown order (:func:`serve_app`): stop accepting, close idle keep-alive
+connections, await the caller's ``before_drain()`` (e.g. the relay's
+orderly close), then give handlers ``graceful_timeout`` to finish."""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import traceback
+from functools import partial
+from typing import Any, Awaitable, Callable
+
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config as HyperConfig
+from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+
+from .asgi import ABORT_KEY, LISTEN_KEY
+from .errors import leaves, root_cause
+
+__all__ = [
+    "HyperConfig", "hyper_config", "bind_socket", "serve_app", "Http2Refused",
+    "FaultLog", "fault_kind", "FAULT_LOG_INTERVAL_S",
+]
+
+log = logging.getLogger("aep.http.serve")
+
+#: After the first log line of a fault kind, at most one more per this many seconds.
+FAULT_LOG_INTERVAL_S = 60.0
+_MAX_KINDS = 256
+
+
+# -- faults -------------------------------------------------------------------------
+
+def fault_kind(exc: BaseException) -> str:
+    """A short, secret-free name for a fault: the sorted, de-duplicated type
+    names of its leaf exceptions (``"LocalProtocolError"``,
+    ``"KeyError+LocalProtocolError"``); never an exception message."""
+    return "+".join(sorted({type(e).__name__ for e in leaves(exc)})) or type(exc).__name__
+
+
+class FaultLog:
+    """Rate-limited fault logging on ``logger``: the first fault of each
+    kind at each place (``where``) is logged at WARNING; later ones at most
+    once per ``interval`` seconds (monotonic clock), with how many were
+    suppressed in between. At most ``_MAX_KINDS`` kinds are remembered
+    (oldest forgotten). A hostile client can make a connection fail on
+    purpose, as often as it likes: one line per kind, never a traceback per
+    request. Only exception *type names* are logged at WARNING; the stack
+    frames of each logged occurrence (no message, no values) go to DEBUG."""
+
+    def __init__(self, logger: logging.Logger, interval: float = FAULT_LOG_INTERVAL_S) -> None:
+        self.log = logger
+        self.interval = interval
+        self._kinds: dict[str, list[float]] = {}  # where+kind -> [last logged at, suppressed since]
+
+    def record(self, kind: str, where: str, exc: BaseException | None = None) -> bool:
+        """Note one fault of ``kind`` at ``where`` (a listener or handler
+        name); returns whether a line was logged."""
+        now = time.monotonic()
+        slot = f"{where}\0{kind}"
+        seen = self._kinds.get(slot)
+        if seen is None:
+            if len(self._kinds) >= _MAX_KINDS:
+                self._kinds.pop(next(iter(self._kinds)))
+            self._kinds[slot] = [now, 0]
+            suppressed = None
+        elif now - seen[0] >= self.interval:
+            suppressed = int(seen[1])
+            seen[0], seen[1] = now, 0
+        else:
+            seen[1] += 1
+            return False
+        tail = "" if suppressed is None else f" ({suppressed} more of this kind since the last report)"
+        self.log.warning("%s: a connection failed (%s); closed it, serving on%s", where, kind, tail)
+        if exc is not None and self.log.isEnabledFor(logging.DEBUG):
+            # where it failed, without any exception message (they can quote request bytes)
+            self.log.debug("%s: %s raised at:\n%s", where, kind,
+                           "".join(traceback.format_tb(root_cause(exc).__traceback__)))
+        return True
+
+
+_FAULTS = FaultLog(log)
+
+
+# -- the connection handler ----------------------------------------------------------
+
+class Http2Refused(ConnectionError):
+    """A plaintext client asked for HTTP/2 (prior-knowledge preface or an
+    ``Upgrade: h2c``); only HTTP/1.1 is served."""
+
+
+class _Http11Only:
+    """Stands in for a connection's hypercorn ``ProtocolWrapper``: events go
+    straight to its HTTP/1.1 protocol, and the wrapper's switch to HTTP/2
+    (the two h11 exceptions that trigger it) becomes :class:`Http2Refused`,
+    which ends the connection as a counted fault."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self._wrapper = wrapper
+
+    async def initiate(self) -> None:
+        await self._wrapper.initiate()
+
+    async def handle(self, event: Any) -> None:
+        try:
+            return await self._wrapper.protocol.handle(event)
+        except (H2ProtocolAssumedError, H2CProtocolRequiredError):
+            raise Http2Refused("HTTP/2 is not served here") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._wrapper, name)
+
+
+class _AbortableTCPServer(TCPServer):
+    """hypercorn's connection handler plus an abort handle in the connection
+    state (shallow-copied into every request's ``scope["state"]``), HTTP/1.1
+    only (:class:`_Http11Only` wraps the protocol hypercorn builds), and a
+    fault barrier: an ``Exception`` out of the connection is counted,
+    logged (rate-limited) and closes that connection only."""
+
+    def __init__(self, app: Any, config: HyperConfig, context: WorkerContext,
+                 state: ConnectionState, stream: Any, *,
+                 on_fault: Callable[[str], None] | None = None, where: str = "http") -> None:
+        state = ConnectionState({**state, ABORT_KEY: self._abort})
+        super().__init__(app, config, context, state, stream)
+        self._on_fault = on_fault
+        self._where = where
+
+    @property
+    def protocol(self) -> Any:
+        return self._protocol
+
+    @protocol.setter
+    def protocol(self, wrapper: Any) -> None:
+        # TCPServer.run assigns the ProtocolWrapper it builds for the connection
+        self._protocol = _Http11Only(wrapper)
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        except* Exception as eg:  # trio.Cancelled (a BaseException) still propagates
+            kind = fault_kind(eg)
+            _FAULTS.record(kind, self._where, eg)
+            if self._on_fault is not None:
+                try:
+                    self._on_fault(kind)
+                except Exception:  # noqa: BLE001 -- a counting bug must not re-raise the fault
+                    pass
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(self.stream)
+
+    def _abort(self) -> None:
+        stream = self.stream
+        sock = getattr(stream, "socket", None) or getattr(stream.transport_stream, "socket", None)
+        if sock is not None:
+            sock.close()  # trio: wakes any task blocked on it with ClosedResourceError
+
+
+# -- serving ------------------------------------------------------------------------
+
+def bind_socket(host: str, port: int, *, backlog: int = 128) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``port`` 0 picks a free one).
+    Raises ``OSError`` (e.g. address in use) before anything is served."""
+    info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = info[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def hyper_config(*, graceful_timeout: float = 3.0, keep_alive_timeout: float = 75.0,
+                 max_message: int = 16 << 20,
+                 errorlog: logging.Logger | str = "aep.http.hypercorn") -> HyperConfig:
+    """hypercorn settings for a listener here: no access log (a query string
+    may carry ``access_token``, AEP-0003 §8.1), ``errorlog`` (a logger or
+    its name), ``graceful_timeout`` (seconds handlers get at shutdown),
+    ``keep_alive_timeout`` (seconds an idle connection is kept),
+    ``max_message`` (bytes per WebSocket message, bounded like POST
+    bodies), hypercorn's own WebSocket pings off (the relay pings
+    in-protocol). The bind address is not part of it: :func:`serve_app`
+    serves a socket from :func:`bind_socket`."""
+    cfg = HyperConfig()
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger(errorlog) if isinstance(errorlog, str) else errorlog
+    cfg.graceful_timeout = graceful_timeout
+    cfg.keep_alive_timeout = keep_alive_timeout
+    cfg.websocket_max_message_size = max_message
+    cfg.websocket_ping_interval = None
+    return cfg
+
+
+async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
+                    config: HyperConfig | None = None,
+                    before_drain: Callable[[], Awaitable[None]] | None = None,
+                    on_fault: Callable[[str], None] | None = None, where: str | None = None,
+                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve the ASGI ``app`` on the listening ``sock`` until ``shutdown`` is
+    set, then: stop accepting, let idle keep-alive connections close, await
+    ``before_drain()``, and give open handlers ``config.graceful_timeout``
+    seconds before cancelling them. Reports the bound ``(host, port)``
+    through ``task_status.started``. ``config`` defaults to
+    :func:`hyper_config`.
+
+    A connection that raises is closed, counted through ``on_fault(kind)``
+    (default: the app's own ``connection_fault`` method when it has one,
+    e.g. the relay's app) and logged once per kind under ``where`` (default
+    ``"http host:port"``); it never reaches the caller. Raises only for the
+    listener itself."""
+    config = config or hyper_config()
+    context = WorkerContext(None)
+    host, port = sock.getsockname()[:2]
+    if on_fault is None:
+        on_fault = getattr(app, "connection_fault", None)
+    handler = partial(_AbortableTCPServer, ASGIWrapper(app), config, context,
+                      ConnectionState({LISTEN_KEY: (host, port)}), on_fault=on_fault,
+                      where=where or f"http {host}:{port}")
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    async with trio.open_nursery() as handlers:
+        async with trio.open_nursery() as acceptor:
+            await acceptor.start(partial(trio.serve_listeners, handler, [listener],
+                                         handler_nursery=handlers))
+            task_status.started((host, port))
+            await shutdown.wait()
+            acceptor.cancel_scope.cancel()  # closes the listener
+        await context.terminated.set()  # idle keep-alive connections close now
+        if before_drain is not None:
+            await before_drain()
+        handlers.cancel_scope.deadline = trio.current_time() + config.graceful_timeout

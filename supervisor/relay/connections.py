@@ -1,0 +1,409 @@
+"""Connections: parties attached to the relay that may claim sessions and
+receive commands (AEP-0003 §4, §4.1; AEP-0004 §4). :class:`LocalEmitter`
+is a fleet bridge in-process, :class:`SocketConnection` the protocol state
+of one remote ``/socket`` WebSocket; both feed the relay through its public
+ingest API (:meth:`Relay.ingest <supervisor.relay.core.Relay.ingest>`) and
+are one code path for routing, claims and refusals. :class:`Claims` is the
+relay's session -> claimant table (AEP-0004 §4.5).
+
+Transport-free: the ASGI layer (:mod:`.app`) feeds
+:meth:`SocketConnection.handle_text` and writes its :attr:`~SocketConnection.outlet`."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+import trio
+
+from bridges.core.aep import AEP_VERSION, loads
+
+from .attrmatch import Filter, InvalidFilter
+from .envelope import InvalidEvent
+from .outlet import OPEN, Outlet, Subscriber, frame_text
+from .params import parse_capture, parse_from
+
+if TYPE_CHECKING:
+    from .core import Relay
+
+__all__ = ["RelayClosed", "CommandRefused", "Connection", "LocalEmitter", "SocketConnection",
+           "Claims", "ROLES"]
+
+ROLES = ("emitter", "consumer", "both")
+
+
+class RelayClosed(RuntimeError):
+    """The relay (or this in-process connection) is closed; nothing was ingested."""
+
+
+class CommandRefused(Exception):
+    """A command sent on an in-process connection was refused by the relay
+    (AEP-0004 §4.2 codes: ``unauthorized``, ``unsupported``, ``ambiguous``,
+    ``no-route``)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class Claims:
+    """Which connections claim which session (they sent its sequenced
+    events): each connection's claims are bounded to ``max_sessions``,
+    least recently used dropped first. A command routes only to a session
+    with exactly one claimant (AEP-0004 §4.5)."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._holders: dict[str, dict[Connection, None]] = {}
+
+    def claim(self, conn: Connection, session: str) -> None:
+        """``conn`` sent a sequenced event of ``session``."""
+        if session in conn.claims:
+            conn.claims.move_to_end(session)
+            return
+        conn.claims[session] = None
+        self._holders.setdefault(session, {})[conn] = None
+        if len(conn.claims) > self.max_sessions:
+            old, _ = conn.claims.popitem(last=False)
+            self._unclaim(conn, old)
+
+    def _unclaim(self, conn: Connection, session: str) -> None:
+        holders = self._holders.get(session)
+        if holders is not None:
+            holders.pop(conn, None)
+            if not holders:
+                del self._holders[session]
+
+    def drop(self, conn: Connection) -> None:
+        """Forget every claim of ``conn``."""
+        for s in conn.claims:
+            self._unclaim(conn, s)
+        conn.claims.clear()
+
+    def holders(self, session: str) -> list[Connection]:
+        """The live claimants of ``session`` (oldest claim first)."""
+        return list(self._holders.get(session, ()))
+
+    def refusal(self, session: str, type_: str) -> tuple[str, str] | None:
+        """Why a command of ``type_`` for ``session`` cannot be routed
+        (AEP-0004 §4.2 ``no-route``/``ambiguous``/``unsupported``, with a
+        detail), or ``None`` when its one claimant accepts it."""
+        holders = self._holders.get(session)
+        if not holders:
+            return ("no-route", f"no connected emitter owns session {session}")
+        if len(holders) > 1:
+            return ("ambiguous", f"{len(holders)} connected emitters claim session {session}")
+        if type_ not in next(iter(holders)).accepts:
+            return ("unsupported", f"the target does not accept {type_}")
+        return None
+
+
+class Connection:
+    """A party attached to the relay that may claim sessions and receive
+    commands: the base of :class:`LocalEmitter` (the fleet's in-process
+    bridges) and :class:`SocketConnection` (remote WebSocket parties).
+
+    ``role``: ``emitter``/``consumer``/``both`` (``None`` before ``hello``);
+    ``identity``/``capabilities``: from the party's ``hello``, verbatim;
+    ``agent``: ``identity.agent`` when declared (the connection's own
+    events, sequenced and ``agent.*``, carrying another envelope ``agent``
+    are invalid, AEP-0003 §4 rule 3; commands and ``attention.routed``
+    are exempt: they speak for their sender);
+    ``authenticated``: whether this binding is authenticated (commands
+    from an unauthenticated binding are refused, AEP-0004 §4.1);
+    ``claims``: sessions this connection owns (it sent their sequenced
+    events), bounded to ``max_sessions``, least recently used first."""
+
+    def __init__(self, relay: Relay, authenticated: bool) -> None:
+        self.relay = relay
+        self.authenticated = authenticated
+        self.role: str | None = None
+        self.identity: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.accepts: frozenset[str] = frozenset()
+        #: the hello's ``identity.agent``: every event this connection sends
+        #: must carry it as its envelope ``agent`` (AEP-0003 §4 rule 3)
+        self.agent: str | None = None
+        self.claims: OrderedDict[str, None] = OrderedDict()
+        self.open = True
+
+    @property
+    def can_claim(self) -> bool:
+        return self.role in ("emitter", "both")
+
+    def adopt_hello(self, hello: dict[str, Any]) -> None:
+        """Take ``identity``, ``capabilities`` and ``control.accepts`` from
+        the party's ``hello`` (verbatim; malformed blocks read as empty)."""
+        ident = hello.get("identity")
+        caps = hello.get("capabilities")
+        self.identity = ident if isinstance(ident, dict) else {}
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        agent = self.identity.get("agent")
+        self.agent = agent if isinstance(agent, str) and agent else None
+        ctl = self.capabilities.get("control")
+        acc = ctl.get("accepts") if isinstance(ctl, dict) else None
+        # control.accepts is authoritative (AEP-0003 §4 rule 5): none declared
+        # means nothing is accepted
+        self.accepts = frozenset(a for a in acc if isinstance(a, str)) \
+            if isinstance(acc, list) else frozenset()
+
+    def roster_entries(self) -> list[dict[str, Any]]:
+        """One entry per live claim, declarations verbatim (AEP-0003 §4.1)."""
+        if not self.open or not self.can_claim:
+            return []
+        base: dict[str, Any] = {}
+        if isinstance(self.identity.get("agent"), str):
+            base["agent"] = self.identity["agent"]
+        if isinstance(self.identity.get("instance"), str):
+            base["instance"] = self.identity["instance"]
+        if "control" in self.capabilities:
+            base["control"] = self.capabilities["control"]
+        if "emits" in self.capabilities:
+            base["emits"] = self.capabilities["emits"]
+        return [{"session": s, **base} for s in self.claims]
+
+    async def deliver_command(self, cmd: dict[str, Any], raw: str | None) -> None:
+        """Hand a command routed to this connection to its party (the
+        envelope, and ``raw``: its text as received, for byte-identical
+        forwarding). Raises when it cannot be delivered (no route)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """The connection is gone: its claims are dropped (idempotent)."""
+        if self.open:
+            self.open = False
+            self.relay.release(self)
+
+
+class LocalEmitter(Connection):
+    """An in-process emitter connection (one per fleet bridge identity).
+
+    Built by :meth:`Relay.attach_emitter`. ``await ingest(event)`` validates,
+    claims the event's session for this connection, buffers and fans out
+    (raises :class:`InvalidEvent`, :class:`RelayClosed`, or
+    :class:`CommandRefused` for a command it is not allowed to route).
+    Commands routed to its sessions are handed to ``deliver`` (awaited in
+    the sender's connection task: it should hand off promptly, e.g. into a
+    bounded trio channel). ``close()`` drops its claims."""
+
+    def __init__(self, relay: Relay, hello: dict[str, Any],
+                 deliver: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
+        super().__init__(relay, authenticated=relay.has_token)
+        if not isinstance(hello, dict):
+            raise ValueError("hello must be an object")
+        role = hello.get("role", "emitter")
+        if role not in ("emitter", "both"):
+            raise ValueError(f"an in-process emitter connection needs role emitter/both, not {role!r}")
+        versions = hello.get("versions", [AEP_VERSION])
+        if not isinstance(versions, list) or AEP_VERSION not in versions:
+            raise ValueError(f"hello.versions must include {AEP_VERSION!r}")
+        self.role = role
+        self.adopt_hello(hello)
+        if not isinstance(self.identity.get("agent"), str) or not self.identity["agent"]:
+            raise ValueError("hello.identity.agent is required for emitters (AEP-0003 §4 rule 3)")
+        self._deliver = deliver
+
+    async def ingest(self, event: dict[str, Any]) -> None:
+        if not self.open or self.relay.closing:
+            raise RelayClosed("connection closed")
+        refusal = await self.relay.ingest(event, self)
+        if refusal is not None:
+            raise CommandRefused(*refusal)
+        # a checkpoint per event: a tight ingest loop never starves the writers
+        await trio.lowlevel.checkpoint()
+
+    def close(self) -> None:
+        """Detach: drop this connection's claims."""
+        self.release()
+
+    async def deliver_command(self, cmd: dict[str, Any], raw: str | None) -> None:
+        await self._deliver(cmd)
+
+
+class SocketConnection(Connection):
+    """The protocol state of one ``/socket`` WebSocket (AEP-0003 §3.5, §4,
+    §6.5; AEP-0004 §4). The ASGI layer feeds :meth:`handle_text` /
+    :meth:`handle_binary` and writes what :attr:`outlet` yields."""
+
+    def __init__(self, relay: Relay, authenticated: bool) -> None:
+        super().__init__(relay, authenticated)
+        self.outlet = Outlet(relay, "ws")
+        self.hello_done = False
+        self.subs: dict[Any, Subscriber] = {}
+
+    # -- output ------------------------------------------------------------
+    def send(self, frame: dict[str, Any]) -> None:
+        self.outlet.push_frame(frame_text(frame))
+
+    def _fatal(self, frame: dict[str, Any], code: int, reason: str) -> None:
+        """An error frame, then close (hello failures, binary frames)."""
+        if self.outlet.state != OPEN:
+            return
+        self.send(frame)
+        self.outlet.end((code, reason))
+        self.release()
+
+    def error(self, code: str, detail: str | None = None, **extra: Any) -> None:
+        frame: dict[str, Any] = {"type": "error", "code": code}
+        frame.update(extra)
+        if detail:
+            frame["detail"] = detail
+        self.send(frame)
+
+    # -- input -------------------------------------------------------------
+    def handle_binary(self) -> None:
+        self.relay.counters["bad_frames"] += 1
+        self._fatal({"type": "error", "code": "binary-unsupported",
+                     "detail": "binary frames are reserved in AEP 0.1 (AEP-0003 §3.5)"},
+                    1003, "binary frames unsupported")
+
+    async def handle_text(self, text: str) -> None:
+        if self.outlet.state != OPEN:
+            return
+        try:
+            msg = loads(text)
+        except ValueError:
+            msg = None
+            if self.hello_done:
+                self.relay.counters["bad_frames"] += 1
+                self.error("bad-json", "frame is not valid JSON")
+                return
+        if not isinstance(msg, dict):
+            if self.hello_done:
+                self.relay.counters["bad_frames"] += 1
+                self.error("bad-frame", "frame must be a JSON object")
+                return
+        mtype = msg.get("type") if isinstance(msg, dict) else None
+        if not self.hello_done:
+            if mtype != "hello":
+                self._fatal({"type": "error", "code": "hello-required",
+                             "detail": "the first frame must be hello (AEP-0003 §3.5)"},
+                            1002, "hello required")
+                return
+            self._hello(msg)
+            return
+        assert isinstance(msg, dict)
+        if isinstance(mtype, str) and "." in mtype:
+            await self._event(msg, text)
+            return
+        handler = self._FRAMES.get(mtype) if isinstance(mtype, str) else None
+        if handler is not None:
+            handler(self, msg)
+        # unknown frame types are ignored (AEP-0003 §2)
+
+    def _hello(self, msg: dict[str, Any]) -> None:
+        versions = msg.get("versions")
+        if not isinstance(versions, list) or AEP_VERSION not in versions:
+            self._fatal({"type": "error", "code": "version-unsupported", "versions": [AEP_VERSION],
+                         "detail": f"this relay speaks AEP {AEP_VERSION}"},
+                        1002, "version unsupported")
+            return
+        role = msg.get("role", "both")
+        if role not in ROLES:
+            self._fatal({"type": "error", "code": "invalid-hello",
+                         "detail": "role must be emitter, consumer or both"}, 1002, "invalid hello")
+            return
+        self.adopt_hello(msg)
+        if role == "emitter" and not (isinstance(self.identity.get("agent"), str)
+                                      and self.identity["agent"]):
+            self._fatal({"type": "error", "code": "invalid-hello",
+                         "detail": "identity.agent is required for emitters (AEP-0003 §4 rule 3)"},
+                        1002, "invalid hello")
+            return
+        self.role = role
+        self.hello_done = True
+        self.send(self.relay.hello_frame())
+
+    async def _event(self, ev: dict[str, Any], text: str) -> None:
+        cause = ev.get("id") if isinstance(ev.get("id"), str) else None
+        try:
+            refusal = await self.relay.ingest(ev, self, raw=text)
+        except InvalidEvent as e:
+            self.relay.counters["invalid_events"] += 1
+            extra = {"cause": cause} if cause else {}
+            self.error("invalid-event", str(e), **extra)
+            return
+        if refusal is not None:
+            code, detail = refusal
+            self.send({"type": "error", "cause": ev["id"], "code": code, "detail": detail})
+
+    def _subscribe(self, msg: dict[str, Any]) -> None:
+        sid = msg.get("id")
+        if not (isinstance(sid, str) or (isinstance(sid, int) and not isinstance(sid, bool))):
+            self.error("invalid-filter", "subscribe needs an id (string)")
+            return
+        if self.role == "emitter":
+            self.error("unauthorized", "subscribe is answered on consumer/both connections", id=sid)
+            return
+        try:
+            flt = Filter(msg.get("filter", {}))
+            ceiling = parse_capture(msg.get("capture"))
+            plan_all, positions = parse_from(msg.get("from"))
+        except InvalidFilter as e:
+            self.error("invalid-filter", str(e), id=sid)
+            return
+        if positions is not None and len(positions) > self.relay.max_from:
+            self.error("limit-exceeded",
+                       f"from exceeds AEP_MAX_FROM={self.relay.max_from} resume positions", id=sid)
+            return
+        if sid not in self.subs and len(self.subs) >= self.relay.max_subscriptions:
+            self.error("limit-exceeded",
+                       f"more than {self.relay.max_subscriptions} concurrent subscriptions", id=sid)
+            return
+        old = self.subs.pop(sid, None)
+        if old is not None:
+            self.relay.unsubscribe(old)
+        sub = Subscriber(flt, ceiling, self.outlet, sid)
+        self.subs[sid] = sub
+        self.send({"type": "subscribed", "id": sid})
+        self.relay.subscribe(sub, plan_all=plan_all, positions=positions, live=True)
+
+    def _unsubscribe(self, msg: dict[str, Any]) -> None:
+        sid = msg.get("id")
+        sub = self.subs.pop(sid, None) if isinstance(sid, (str, int)) else None
+        if sub is not None:
+            self.relay.unsubscribe(sub)
+            self.outlet.delivered.pop(sid, None)
+        self.send({"type": "unsubscribed", "id": sid})
+
+    def _roster(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id")
+        if not isinstance(rid, str):
+            self.error("invalid-request", "roster needs an id (string)")
+            return
+        if self.role == "emitter":
+            self.error("unauthorized", "roster is answered on consumer/both connections", id=rid)
+            return
+        self.send({"type": "roster", "id": rid, "entries": self.relay.roster()})
+
+    def _ping(self, msg: dict[str, Any]) -> None:
+        self.send({"type": "pong", "t": msg.get("t")})
+
+    def _ignore(self, msg: dict[str, Any]) -> None:
+        pass
+
+    _FRAMES: dict[str, Callable[[SocketConnection, dict[str, Any]], None]] = {
+        "subscribe": _subscribe,
+        "unsubscribe": _unsubscribe,
+        "roster": _roster,
+        "ping": _ping,
+        "pong": _ignore,
+    }
+
+    def ping(self, t: int) -> None:
+        if self.hello_done:
+            self.send({"type": "ping", "t": t})
+
+    async def deliver_command(self, cmd: dict[str, Any], raw: str | None) -> None:
+        # byte-identical forwarding (AEP-0004 §4.4): the frame as received
+        self.outlet.push_frame(raw if raw is not None else frame_text(cmd))
+        if self.outlet.state != OPEN:
+            raise RelayClosed("target connection is closing")
+
+    def close(self) -> None:
+        """The socket is gone: drop subscriptions and claims."""
+        for sub in self.subs.values():
+            self.relay.unsubscribe(sub)
+        self.subs.clear()
+        self.release()
+        self.outlet.closed()

@@ -1,0 +1,163 @@
+"""Live fan-out (AEP-0003 §5, §6.4; ``docs/relay.md`` "Ingest, buffer,
+fan-out"): the set of live subscriptions, and one event offered to every
+subscription whose filter matches it, rendered once per capture ceiling
+(:class:`View`: the SSE message, AEP-0003 §3.3.2, and the WS frame) and
+shared by reference among the subscribers that get it.
+
+A subscriber that fails is shed (its outlet terminated) and the fan-out
+goes on: an ingest is never aborted half-way (a batch is accepted whole).
+Down-leveling fails closed (:func:`downlevel_raw`). No I/O."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Callable
+
+from bridges.core import capture as _capture
+from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, dumps
+
+from .buffer import Entry
+from .outlet import EventItem, Outlet, Subscriber
+
+__all__ = ["Fanout", "View", "downlevel_raw", "sse_safe"]
+
+log = logging.getLogger("aep.relay")
+
+
+def sse_safe(s: str) -> bool:
+    """Whether ``s`` can be written into an SSE field (no line breaks, no NUL)."""
+    return "\n" not in s and "\r" not in s and "\0" not in s
+
+
+# -- rendered views -------------------------------------------------------------
+
+class View:
+    """One event rendered at one capture ceiling: ``raw`` (compact JSON bytes),
+    ``sse()`` (the whole SSE message, AEP-0003 §3.3.2) and ``text()`` (the WS
+    frame); each computed once and shared by every subscriber."""
+
+    __slots__ = ("entry", "raw", "_sse", "_text", "_sse_item")
+
+    def __init__(self, entry: Entry, raw: bytes) -> None:
+        self.entry = entry
+        self.raw = raw
+        self._sse: bytes | None = None
+        self._text: str | None = None
+        self._sse_item: EventItem | None = None
+
+    def sse_item(self) -> EventItem:
+        """The SSE message as one queue item, shared by every stream."""
+        if self._sse_item is None:
+            payload = self.sse()
+            self._sse_item = EventItem(payload, len(payload), self.entry.sev)
+        return self._sse_item
+
+    def sse(self) -> bytes:
+        if self._sse is None:
+            e = self.entry
+            parts = [b"event: ", e.attrs["type"].encode(), b"\ndata: ", self.raw, b"\n"]
+            session = e.attrs.get("session")
+            # agent-scoped and seq-less events carry no id: they are not
+            # resumable positions; a session name that would break SSE
+            # framing is never written into a field
+            if e.pos is not None and isinstance(session, str) and sse_safe(session):
+                parts.append(f"id: {session}:{e.pos[0]}:{e.pos[1]}\n".encode())
+            parts.append(b"\n")
+            self._sse = b"".join(parts)
+        return self._sse
+
+    def text(self) -> str:
+        if self._text is None:
+            self._text = self.raw.decode("utf-8")
+        return self._text
+
+
+def downlevel_raw(e: Entry, ceiling: str, on_error: Callable[[Exception], None]) -> bytes:
+    """``e``'s wire form mechanically down-leveled to ``ceiling`` (AEP-0003
+    §6.4, :func:`bridges.core.capture.downlevel`). A command carrying more
+    than it declares is down-leveled from what it carries. Fails closed:
+    when down-leveling raises, ``on_error(exc)`` is told and the envelope
+    goes without ``data``, never above the ceiling."""
+    ev = json.loads(e.raw)
+    if CAPTURE_RANK[ev.get("capture", "metadata")] < e.cap:
+        ev["capture"] = CAPTURE_LEVELS[e.cap]
+    try:
+        return dumps(_capture.downlevel(ev, ceiling))
+    except Exception as exc:  # noqa: BLE001 -- fail closed: never above the ceiling
+        on_error(exc)
+        ev.pop("data", None)
+        ev["capture"] = "metadata" if ceiling == "redacted" else ceiling
+        return dumps(ev)
+
+
+class Fanout:
+    """The relay's live subscriptions. ``counters`` is the relay's counter
+    dict (``fanout_errors``, ``downlevel_errors`` are counted into it)."""
+
+    def __init__(self, counters: dict[str, int]) -> None:
+        self.counters = counters
+        self._subs: set[Subscriber] = set()
+        self._snapshot: tuple[Subscriber, ...] = ()  # iterated by offer(): safe to mutate the set
+
+    def __len__(self) -> int:
+        return len(self._subs)
+
+    def add(self, sub: Subscriber) -> None:
+        """Deliver live events to ``sub`` from now on."""
+        self._subs.add(sub)
+        self._snapshot = tuple(self._subs)
+        sub.outlet.subs.append(sub)
+
+    def remove(self, sub: Subscriber) -> None:
+        """Stop delivering to ``sub`` (what its outlet holds stays queued)."""
+        if sub in self._subs:
+            self._subs.discard(sub)
+            self._snapshot = tuple(self._subs)
+        try:
+            sub.outlet.subs.remove(sub)
+        except ValueError:
+            pass
+
+    def detach(self, outlet: Outlet) -> None:
+        """Stop delivering to every subscription feeding ``outlet``."""
+        if outlet.subs:
+            for sub in outlet.subs:
+                self._subs.discard(sub)
+            outlet.subs = []
+            self._snapshot = tuple(self._subs)
+
+    def view(self, e: Entry, ceiling: str | None, cache: dict[str | None, View]) -> View:
+        """``e`` rendered at ``ceiling`` (mechanical down-level, AEP-0003
+        §6.4; ``None`` or a ceiling at or above what ``e`` carries: as
+        ingested); ``cache`` holds this event's views for one fan-out."""
+        if ceiling is None or CAPTURE_RANK[ceiling] >= e.cap:
+            ceiling = None
+        v = cache.get(ceiling)
+        if v is None:
+            v = cache[ceiling] = View(e, e.raw if ceiling is None
+                                      else downlevel_raw(e, ceiling, self._downlevel_failed))
+        return v
+
+    def render(self, e: Entry, ceiling: str | None) -> View:
+        """``e`` rendered at ``ceiling`` on its own (replay: no shared cache)."""
+        return self.view(e, ceiling, {})
+
+    def _downlevel_failed(self, exc: Exception) -> None:
+        self.counters["downlevel_errors"] += 1
+        log.error("relay: downlevel failed (%s); delivering the envelope without data",
+                  type(exc).__name__)
+
+    def offer(self, e: Entry) -> None:
+        """Offer ``e`` to every matching live subscription (never blocks)."""
+        cache: dict[str | None, View] = {}
+        attrs = e.attrs
+        for sub in self._snapshot:
+            if sub.filter.matches(attrs):
+                try:
+                    sub.offer(self.view(e, sub.ceiling, cache))
+                except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
+                    # (a batch is accepted whole): that subscriber is shed instead
+                    self.counters["fanout_errors"] += 1
+                    log.error("relay: fan-out to a %s subscriber failed (%s); shedding it",
+                              sub.outlet.kind, type(exc).__name__)
+                    sub.outlet.terminate("internal-error")

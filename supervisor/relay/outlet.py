@@ -1,0 +1,361 @@
+"""Outlets: the bounded outbound queue of one consumer connection (an SSE
+stream or a WebSocket) and the subscriptions that feed it (AEP-0003 §8.4;
+``docs/relay.md`` "Slow consumers").
+
+- The fan-out offers to an :class:`Outlet` without ever blocking. Past
+  ``queue_soft_bytes`` queued, ``debug``/``info`` events are dropped and
+  counted; a ``notice``+ item that would pass ``queue_hard_bytes`` first
+  evicts queued ``debug``/``info`` and, if that is not enough, terminates
+  the stream (SSE: end; WS: ``closing`` frame then close 1013) so the
+  consumer resumes exactly. ``notice``+ is never dropped silently.
+- What is queued is one dataclass per item (:class:`EventItem`,
+  :class:`FrameItem`, :class:`ReplayItem`, :class:`EndItem`); the
+  connection's writer takes them out in order with :meth:`Outlet.next_batch`.
+- An outlet talks to its relay only through the relay's public outlet
+  hooks (:class:`OutletHub`): the limits, the counters, and
+  ``detach_outlet`` / ``outlet_closed``.
+
+Transport-free: no sockets here; the ASGI layer (:mod:`.app`) writes what
+the outlet yields and sets :attr:`Outlet.abort` when the server gives one."""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+
+import trio
+
+from bridges.core.aep import NOTICE_RANK, dumps, scrub_surrogates
+
+from .attrmatch import Filter
+from .buffer import Position
+
+if TYPE_CHECKING:
+    from .fanout import View
+    from .replay import ReplayJob
+
+__all__ = ["Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "FrameItem", "ReplayItem",
+           "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text"]
+
+log = logging.getLogger("aep.relay")
+
+OPEN, FINISHING, TERMINATED, CLOSED = "open", "finishing", "terminated", "closed"
+
+
+def frame_text(obj: dict[str, Any]) -> str:
+    """A connection frame's text (the wire JSON). A frame echoing client
+    text that has no UTF-8 form (a lone surrogate in a subscription id)
+    carries U+FFFD in its place."""
+    try:
+        return dumps(obj).decode("utf-8")
+    except UnicodeEncodeError:
+        return dumps(scrub_surrogates(obj)).decode("utf-8")
+
+
+# -- queued items -----------------------------------------------------------------
+
+@dataclass(slots=True)
+class EventItem:
+    """A fanned-out event: ``payload`` (SSE bytes or WS text), ``size``
+    (accounted bytes), ``sev`` (severity rank: what may be shed) and
+    ``mark`` (WS only: ``(sub id, session, position)`` recorded as delivered
+    when written). Never changed once made: one SSE item is queued on every
+    stream that receives the event (not ``frozen``: that would cost four
+    times as much to make, once per WebSocket delivery)."""
+    payload: bytes | str
+    size: int
+    sev: int
+    mark: tuple[Any, str, Position] | None = None
+
+
+@dataclass(slots=True)
+class FrameItem:
+    """A connection frame (``subscribed``, ``error``, a goodbye...), never
+    shed; ``payload`` may be a callable rendered when written (the WS
+    ``closing`` frame carries the positions delivered by then)."""
+    payload: bytes | str | Callable[[], str]
+    size: int = 0
+
+
+@dataclass(slots=True)
+class ReplayItem:
+    """Buffered replay pulled chunk by chunk when it reaches the head."""
+    job: ReplayJob
+    size: int = 0
+
+
+@dataclass(slots=True)
+class EndItem:
+    """End the stream after what precedes it: ``end`` is ``True`` (SSE) or
+    ``(close code, reason)`` (WS)."""
+    end: Any = True
+    size: int = 0
+
+
+Item = Union[EventItem, FrameItem, ReplayItem, EndItem]  # what an outlet queues
+
+
+class OutletHub(Protocol):
+    """What an outlet needs from its relay (public members of
+    :class:`~supervisor.relay.core.Relay`)."""
+
+    queue_soft_bytes: int
+    queue_hard_bytes: int
+    max_sessions: int
+    counters: dict[str, int]
+
+    def detach_outlet(self, outlet: Outlet) -> None: ...
+
+    def outlet_closed(self, outlet: Outlet) -> None: ...
+
+
+# -- outlets (one per consumer connection) ----------------------------------------
+
+class Outlet:
+    """The bounded outbound queue of one SSE stream or one WebSocket (§8.4).
+
+    The fan-out calls :meth:`offer` (never blocks); the connection's
+    writer task calls :meth:`next_batch`. ``abort`` (set by the ASGI layer
+    when the server provides one) closes the underlying socket: the only way
+    to shed a consumer whose writer is stuck in a send to a peer that
+    stopped reading. ``kind``: ``"sse"`` or ``"ws"``; ``state``: one of
+    :data:`OPEN`, :data:`FINISHING`, :data:`TERMINATED`, :data:`CLOSED`."""
+
+    def __init__(self, hub: OutletHub, kind: str) -> None:
+        self.hub = hub
+        self.kind = kind  # "sse" | "ws"
+        self._soft = hub.queue_soft_bytes  # the relay's bounds, fixed at its construction
+        self._hard = hub.queue_hard_bytes
+        self.state = OPEN
+        self.in_send = False
+        self.abort: Callable[[], None] | None = None
+        self._killed = False
+        self.subs: list[Subscriber] = []
+        self.dropped = 0
+        #: ws only: sub id -> session -> last delivered (epoch, seq)
+        self.delivered: dict[Any, dict[str, Position]] = {}
+        self._q: deque[Item] = deque()
+        self._bytes = 0
+        self._wake = trio.Event()
+        self.done = trio.Event()
+
+    @property
+    def queued(self) -> int:
+        """How many items are queued (events, frames, replay, end)."""
+        return len(self._q)
+
+    def peek(self) -> Item | None:
+        """The item at the head of the queue (``None`` when empty)."""
+        return self._q[0] if self._q else None
+
+    # producer side --------------------------------------------------------
+    def _push(self, item: Item) -> None:
+        self._q.append(item)
+        self._bytes += item.size
+        self._wake.set()
+
+    def offer(self, item: EventItem) -> None:
+        """Queue one fanned-out event, shedding by severity (module
+        docstring). ``item`` may be shared with other outlets (the SSE
+        rendering of an event is one item for every stream that gets it)."""
+        if self.state != OPEN:
+            return
+        size, sev = item.size, item.sev
+        if self._q:
+            if sev < NOTICE_RANK and self._bytes + size > self._soft:
+                self._drop_low(1)
+                return
+            if self._bytes + size > self._hard and \
+                    not self._evict_low(self._bytes + size - self._hard):
+                self.terminate("slow-consumer")
+                return
+        # the hot path (one call per delivery): _push inlined
+        self._q.append(item)
+        self._bytes += size
+        self._wake.set()
+
+    def push_frame(self, payload: bytes | str) -> None:
+        """A connection frame (``subscribed``, ``error``, ``pong``...): never
+        dropped; a peer that lets them pile past the hard bound is shed."""
+        if self.state != OPEN:
+            return
+        size = len(payload)
+        if self._q and self._bytes + size > self._hard:
+            self.terminate("slow-consumer")
+            return
+        self._push(FrameItem(payload, size))
+
+    def push_replay(self, job: ReplayJob) -> None:
+        """Queue a subscription's buffered replay."""
+        if self.state == OPEN:
+            self._push(ReplayItem(job))
+
+    def _drop_low(self, n: int) -> None:
+        self.dropped += n
+        self.hub.counters["dropped_low_severity"] += n
+
+    def _evict_low(self, need: int) -> bool:
+        freed, dropped = 0, 0
+        kept: deque[Item] = deque()
+        for item in self._q:
+            if freed < need and isinstance(item, EventItem) and item.sev < NOTICE_RANK:
+                freed += item.size
+                dropped += 1
+            else:
+                kept.append(item)
+        if dropped:
+            self._q = kept
+            self._bytes -= freed
+            self._drop_low(dropped)
+        return freed >= need
+
+    def _goodbye(self, reason: str, *, code: int) -> list[Item]:
+        if self.kind == "sse":
+            comment = ": shutting-down\n\n" if code == 1001 else f": terminated {reason}\n\n"
+            return [FrameItem(comment.encode()), EndItem(True)]
+
+        # rendered when written, so it carries the positions actually delivered
+        def closing() -> str:
+            return frame_text({"type": "closing", "reason": reason,
+                               "delivered": self.delivered_positions()})
+        return [FrameItem(closing), EndItem((code, reason))]
+
+    def end(self, end: Any = True) -> None:
+        """End the stream once what is queued is written (``end``: ``True``
+        for SSE, ``(code, reason)`` for WS): no more offers, subscriptions
+        detached. A no-op unless open."""
+        if self.state != OPEN:
+            return
+        self.hub.detach_outlet(self)
+        self._push(EndItem(end))
+        self.state = FINISHING
+
+    def terminate(self, reason: str, *, code: int = 1013) -> None:
+        """Shed this consumer now: queued items are discarded, a goodbye
+        (SSE comment / WS ``closing`` + close ``code``) is queued, and if the
+        writer is stuck mid-send the socket is aborted (§8.4 disconnect)."""
+        if self.state in (TERMINATED, CLOSED):
+            return
+        self.hub.detach_outlet(self)
+        self.state = TERMINATED
+        self.hub.counters["streams_terminated"] += 1
+        log.info("relay: shedding %s consumer (%s)", self.kind, reason)
+        self._q.clear()
+        self._bytes = 0
+        self._q.extend(self._goodbye(reason, code=code))
+        self._wake.set()
+        if self.in_send:
+            self.kill()
+
+    def finish(self, reason: str) -> None:
+        """Orderly end (shutdown): stop offers, flush what is queued, then
+        the goodbye (SSE ``: shutting-down``; WS ``closing`` + close 1001)."""
+        if self.state != OPEN:
+            return
+        self.hub.detach_outlet(self)
+        self.state = FINISHING
+        for item in self._goodbye(reason, code=1001):
+            self._push(item)
+
+    def kill(self) -> None:
+        """Abort the socket (if the server gave us the means)."""
+        if self.abort is not None and not self._killed:
+            self._killed = True
+            self.hub.counters["connections_aborted"] += 1
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001 -- already gone
+                pass
+
+    def closed(self) -> None:
+        """The connection is gone (called by the ASGI layer on exit)."""
+        if self.state != CLOSED:
+            self.hub.detach_outlet(self)
+            self.state = CLOSED
+            self._q.clear()
+            self._bytes = 0
+            self.hub.outlet_closed(self)
+            self.done.set()
+
+    # consumer (writer) side ------------------------------------------------
+    def mark_delivered(self, sid: Any, session: str, pos: Position) -> None:
+        """Track the last delivered position per (subscription, session) for
+        the ``closing`` frame; bounded like the buffers (``max_sessions``)."""
+        per = self.delivered.setdefault(sid, {})
+        per.pop(session, None)  # re-insert: most recent last
+        per[session] = pos
+        if len(per) > self.hub.max_sessions:
+            del per[next(iter(per))]
+
+    def delivered_positions(self) -> list[dict[str, Any]]:
+        return [{"sub": sid, "session": s, "epoch": p[0], "seq": p[1]}
+                for sid, per in self.delivered.items() for s, p in per.items()]
+
+    async def next_batch(self, max_bytes: int = 256 * 1024, linger: float = 0.0
+                         ) -> tuple[list[Any], Any]:
+        """Wait for output; returns ``(payloads, end)``: payloads to write in
+        order, and ``end`` (not ``None``) when the stream must end after
+        them (SSE: ``True``; WS: ``(code, reason)``). ``linger`` (seconds):
+        once output is pending, wait that long before collecting it, so a
+        writer makes at most one write per ``linger`` and a burst leaves in
+        one write instead of one per event (replay is not delayed)."""
+        while not self._q:
+            if self.state == CLOSED:
+                return [], True if self.kind == "sse" else (1001, "closed")
+            await self._wake.wait()
+            self._wake = trio.Event()
+        if linger > 0 and self.state == OPEN and not isinstance(self._q[0], ReplayItem):
+            await trio.sleep(linger)
+        out: list[Any] = []
+        size = 0
+        while self._q and size < max_bytes:
+            item = self._q[0]
+            if isinstance(item, ReplayItem):
+                if out:
+                    break
+                chunk = item.job.next_chunk()
+                if chunk is None:
+                    self._q.popleft()
+                    continue
+                if not chunk:  # a slice scanned, nothing matched: let others run
+                    await trio.lowlevel.checkpoint()
+                    continue
+                return chunk, None
+            self._q.popleft()
+            self._bytes -= item.size
+            if isinstance(item, EndItem):
+                return out, item.end
+            payload = item.payload
+            if isinstance(item, EventItem):
+                if item.mark is not None:
+                    self.mark_delivered(*item.mark)
+            elif callable(payload):
+                payload = payload()
+            out.append(payload)
+            size += item.size
+        return out, None
+
+
+class Subscriber:
+    """One live subscription: an SSE stream, or one ``subscribe`` of a WS
+    connection (``sid`` set). ``ceiling`` is the capture ceiling or ``None``."""
+
+    __slots__ = ("filter", "ceiling", "outlet", "sid", "offer")
+
+    def __init__(self, flt: Filter, ceiling: str | None, outlet: Outlet, sid: Any = None) -> None:
+        self.filter = flt
+        self.ceiling = ceiling
+        self.outlet = outlet
+        self.sid = sid
+        #: ``offer(view)``: queue one rendered event on the outlet (chosen once: the hot path)
+        self.offer: Callable[[View], None] = self._offer_sse if outlet.kind == "sse" \
+            else self._offer_ws
+
+    def _offer_sse(self, view: View) -> None:
+        self.outlet.offer(view.sse_item())
+
+    def _offer_ws(self, view: View) -> None:
+        e = view.entry
+        mark = (self.sid, e.attrs["session"], e.pos) if e.pos is not None else None
+        self.outlet.offer(EventItem(view.text(), len(view.raw), e.sev, mark))

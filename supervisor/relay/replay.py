@@ -1,0 +1,113 @@
+"""Replay out of the session buffers (:mod:`.buffer`) for one subscription
+(AEP-0003 §3.3, §5): which buffers to read from where (:func:`plan_replay`),
+and the lazy, chunked reader a connection's writer pulls from
+(:class:`ReplayJob`).
+
+Replay is never materialized whole: a subscription registers for live
+delivery and records the admission counter at that instant (``cutoff``);
+replay serves buffered entries admitted up to it, live serves the rest; no
+gap, no duplicate. Pure: no I/O, no clocks."""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable
+
+from .attrmatch import Filter
+from .buffer import BufKey, Entry, Position, SessionBuffers
+from .fanout import View
+from .outlet import Subscriber, frame_text
+
+__all__ = ["ReplayJob", "Plan", "plan_replay"]
+
+Plan = list[tuple[BufKey, "Position | None", bool]]
+"""``[(buffer key, after, mark)]``: resume strictly after ``after``
+(``None``: from the earliest held); ``mark``: an exhausted buffer gets a
+``replay-exhausted`` marker (never for replay-all)."""
+
+
+def _comment_safe(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A").replace("\0", "%00")
+
+
+def plan_replay(buffers: SessionBuffers, flt: Filter, *, plan_all: bool,
+                positions: list[tuple[str, Position | None]] | None, live: bool) -> Plan:
+    """The buffers a new subscription replays: every buffer for
+    ``plan_all``; for each ``(session, position)`` every emitter's buffer of
+    that name from that position (AEP-0001 §5.2, the residual ambiguity of
+    resume tokens; each gets its own exhausted verdict); and, for a
+    replay-only request, the buffers of the sessions the filter pins."""
+    plan: Plan = []
+    if plan_all:
+        plan = [(k, None, False) for k in buffers.sessions()]
+    elif positions:
+        plan = [(k, pos, True) for s, pos in positions for k in buffers.keys_for(s, gone=True)]
+    if not live and not plan_all:
+        named = {s for s, _ in positions or ()}
+        plan += [(k, None, False) for s in flt.sessions if s not in named
+                 for k in buffers.keys_for(s)]
+    return plan
+
+
+class ReplayJob:
+    """Buffered replay for one subscription, rendered lazily in chunks.
+
+    ``plan``: see :data:`Plan`. Only entries admitted at or before ``cutoff``
+    are served; later ones reach the subscriber live. ``render(entry,
+    ceiling)`` gives the entry's :class:`~.outlet.View` at the
+    subscription's ceiling (the relay's down-leveling). ``tail`` is
+    rendered after the last chunk (SSE ``: replay-complete`` for ``live=0``)."""
+
+    CHUNK = 256  # rendered events per chunk
+    SCAN = 4096  # entries examined per chunk (a narrow filter over a big buffer)
+
+    def __init__(self, buffers: SessionBuffers, render: Callable[[Entry, str | None], View],
+                 sub: Subscriber, plan: Plan, cutoff: int, tail: list[Any] | None = None) -> None:
+        self.buffers = buffers
+        self.render = render
+        self.sub = sub
+        self.plan = deque(plan)
+        self.cutoff = cutoff
+        self.tail = tail
+        self._cur: deque[Entry] = deque()
+
+    def _marker(self, session: str, earliest: Position) -> Any:
+        if self.sub.outlet.kind == "sse":
+            return f": replay-exhausted {_comment_safe(session)} {earliest[0]}:{earliest[1]}\n\n".encode()
+        return frame_text({"type": "replay-exhausted", "sub": self.sub.sid, "session": session,
+                           "earliest": {"epoch": earliest[0], "seq": earliest[1]}})
+
+    def next_chunk(self) -> list[Any] | None:
+        """The next payloads (at most :attr:`CHUNK`, after scanning at most
+        :attr:`SCAN` entries): ``[]`` when a slice matched nothing but more
+        remains, ``None`` when the replay is done."""
+        out: list[Any] = []
+        outlet = self.sub.outlet
+        scanned = 0
+        while len(out) < self.CHUNK and scanned < self.SCAN:
+            if not self._cur:
+                if not self.plan:
+                    break
+                key, after, mark = self.plan.popleft()
+                entries, exhausted, earliest = self.buffers.replay_after(key, after)
+                if exhausted and mark and earliest is not None:
+                    out.append(self._marker(key[1], earliest))
+                self._cur = deque(entries)
+                continue
+            e = self._cur.popleft()
+            scanned += 1
+            if e.n > self.cutoff or not self.sub.filter.matches(e.attrs):
+                continue
+            view = self.render(e, self.sub.ceiling)
+            if outlet.kind == "sse":
+                out.append(view.sse())
+            else:
+                out.append(view.text())
+                outlet.mark_delivered(self.sub.sid, e.attrs["session"], e.pos)  # type: ignore[arg-type]
+        if not out:
+            if self._cur or self.plan:
+                return out  # budget spent on non-matching entries; more to scan
+            if self.tail is not None:
+                tail, self.tail = self.tail, None
+                return tail
+            return None
+        return out
