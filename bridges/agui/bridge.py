@@ -19,12 +19,13 @@ from typing import Any
 
 import httpx
 import trio
-from hypercorn.config import Config as HypercornConfig
 
 from bridges.core import capture as _capture
+from bridges.core.asgi import host_guard
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, BridgeRun
 from bridges.core.capture import CapturePolicy
+from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address, bindable
 
 from .config import AguiConfig
@@ -120,23 +121,17 @@ class AguiRun(BridgeRun):
             task_status.started(self)
 
     async def _listen(self, *, task_status: trio.TaskStatus[Address]) -> None:
-        """hypercorn through the relay's hardened serving loop (a faulting
-        connection is closed and counted, HTTP/1.1 only), behind the
+        """hypercorn through the shared serving loop
+        (:func:`bridges.core.http.serve_app`: a faulting connection is closed
+        and counted, HTTP/1.1 only), behind the
         DNS-rebinding guard on a loopback bind (``agui.refused_host``): the
         proxy sets ``Host`` to the upstream's, so without the guard a
         rebinding page would get past any Host check the agent has."""
-        from supervisor.relay.app import host_guard
-        from supervisor.relay.serve import bind_socket, serve_app
-
         ctx = self.ctx
         assert ctx is not None and self.app is not None
-        cfg = HypercornConfig()
-        cfg.accesslog = None
-        cfg.errorlog = ctx.log.getChild("http")
-        cfg.graceful_timeout = 1.0
+        cfg = hyper_config(graceful_timeout=1.0, errorlog=ctx.log.getChild("http"))
         cfg.include_date_header = False    # the agent's own Date and Server go through
         cfg.include_server_header = False
-        cfg.keep_alive_timeout = 75
         host, port = self.config.listen
         sock = bind_socket(host, port)
         app = host_guard(self.app, on_refuse=lambda: ctx.health.count("agui.refused_host"))

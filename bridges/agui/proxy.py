@@ -52,6 +52,7 @@ from typing import Any, Callable
 import httpx
 import trio
 
+from bridges.core.asgi import ABORT_KEY, lifespan
 from bridges.core.bridge import BridgeHealth
 
 from .tee import Tee
@@ -175,7 +176,6 @@ class TeeProxy:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            from supervisor.asgi import lifespan
             await lifespan(receive, send)
             return
         if scope["type"] == "websocket":
@@ -331,7 +331,6 @@ class TeeProxy:
     def _abort(scope: dict[str, Any]) -> None:
         """Close the UI's connection without ending the response, so a
         truncated stream reads as truncated (serve_app's abort handle)."""
-        from supervisor.relay.app import ABORT_KEY
         abort = (scope.get("state") or {}).get(ABORT_KEY)
         if abort is not None:
             abort()
