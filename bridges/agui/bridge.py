@@ -21,6 +21,7 @@ import httpx
 import trio
 
 from bridges.core import capture as _capture
+from bridges.core.aep import ACK_WINDOW_MS
 from bridges.core.asgi import host_guard
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, BridgeRun
@@ -33,7 +34,6 @@ from .mapping import Posture
 from .proxy import TeeProxy, new_client
 from .tee import Tee, run_input_ids
 
-ACK_WINDOW_MS = 10_000
 EMITS = ("run", "tool", "state", "x.agui")
 PROBE_INITIAL, PROBE_MAX = 1.0, 30.0
 
