@@ -63,7 +63,7 @@ def _turn(i: int) -> list[dict]:
 # --------------------------------------------------------------------------- the source
 
 def source_app():
-    from supervisor.asgi import lifespan, read_body
+    from bridges.core.asgi import lifespan, read_body
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
