@@ -139,9 +139,11 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
 
 
-def _wait_http(url: str, timeout: float = 30.0) -> None:
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the process behind {url} exited ({proc.returncode})")
         try:
             httpx.get(url, timeout=1, trust_env=False)
             return
@@ -168,9 +170,9 @@ def main(argv: list[str]) -> None:
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proxy = f"http://127.0.0.1:{proxy_port}"
     try:
-        _wait_http(source + "/")
-        _wait_http(f"http://127.0.0.1:{relay_port}/healthz")
-        _wait_http(proxy + "/")
+        _wait_http(source + "/", src)
+        _wait_http(f"http://127.0.0.1:{relay_port}/healthz", daemon)
+        _wait_http(proxy + "/", daemon)
 
         async def run_all():
             await read_run(source, "warm-d", 500, 0)
