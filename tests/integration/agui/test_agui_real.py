@@ -74,6 +74,23 @@ async def test_the_ui_receives_exactly_what_the_agent_sent(server, daemon):
     assert b'"type":"RUN_FINISHED"' in body
 
 
+async def test_concurrent_runs_through_the_proxy_are_each_what_the_agent_sent(server, daemon):
+    runs = [ids() for _ in range(8)]
+    got: dict[str, bytes] = {}
+
+    async def one(thread: str, run: str) -> None:
+        status, _, body = await trio.to_thread.run_sync(
+            lambda: post_run(daemon.proxy_url, thread, run))
+        assert status == 200
+        got[run] = body
+
+    async with trio.open_nursery() as nursery:
+        for thread, run in runs:
+            nursery.start_soon(one, thread, run)
+    for _, run in runs:
+        assert got[run] == server.sent(run) and b'"type":"RUN_FINISHED"' in got[run]
+
+
 async def test_the_real_client_accepts_the_proxied_stream_and_rebuilds_the_same_messages(
         server, daemon):
     t1, r1 = ids()
