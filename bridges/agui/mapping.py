@@ -412,8 +412,4 @@ def malformed(reason: str, **facts: Any) -> Emission:
 def pin_view(emission: Emission) -> dict[str, Any]:
     """The pin-comparable part of an emission: ``{type, data, subject?,
     step?}`` (``severity``/``gating`` are stamper hints)."""
-    out = {"type": emission["type"], "data": emission.get("data", {})}
-    for k in ("subject", "step"):
-        if emission.get(k) is not None:
-            out[k] = emission[k]
-    return out
+    return {k: emission[k] for k in ("type", "data", "subject", "step") if emission.get(k) is not None}

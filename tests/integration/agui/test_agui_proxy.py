@@ -114,6 +114,29 @@ def replay(chunks: list[bytes], headers=SSE, status: int = 200):
     return app
 
 
+async def open_run(scope, receive, send) -> bool:
+    """A stub upstream's start: the request read, 200 ``text/event-stream``,
+    ``RUN_STARTED`` of thread ``t`` run ``r``. ``False``: no request to answer."""
+    if await http_body(scope, receive, send) is None:
+        return False
+    await send({"type": "http.response.start", "status": 200, "headers": SSE})
+    await send({"type": "http.response.body", "more_body": True, "body":
+                b'data: {"type":"RUN_STARTED","threadId":"t","runId":"r"}\n\n'})
+    return True
+
+
+def started_then_hanging(disconnected: trio.Event):
+    """An upstream that opens a run and then holds the stream open, setting
+    ``disconnected`` once the proxy drops its request."""
+    async def hang(scope, receive, send):
+        if not await open_run(scope, receive, send):
+            return
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnected.set()
+    return hang
+
+
 async def post(url: str, body: bytes = b'{"threadId":"t-in","runId":"r-in"}',
                headers: dict[str, str] | None = None) -> httpx.Response:
     async with httpx.AsyncClient(trust_env=False, timeout=30) as c:
@@ -209,16 +232,7 @@ async def test_upstream_down_is_a_502_with_a_clear_body_and_counted():
 
 async def test_ui_disconnect_cancels_the_upstream_request_and_fails_the_run():
     upstream_saw_disconnect = trio.Event()
-
-    async def hang(scope, receive, send):
-        if await http_body(scope, receive, send) is None:
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        await send({"type": "http.response.body", "more_body": True, "body":
-                    b'data: {"type":"RUN_STARTED","threadId":"t","runId":"r"}\n\n'})
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        upstream_saw_disconnect.set()
+    hang = started_then_hanging(upstream_saw_disconnect)
 
     async with upstream(hang) as up, proxy(up) as h:
         async with httpx.AsyncClient(trust_env=False) as c:
@@ -254,11 +268,9 @@ async def test_a_20_mb_event_passes_through_with_parse_capped_and_memory_bounded
     piece = b"x" * (64 << 10)
 
     async def big(scope, receive, send):
-        if await http_body(scope, receive, send) is None:
+        if not await open_run(scope, receive, send):
             return
-        await send({"type": "http.response.start", "status": 200, "headers": SSE})
         await send({"type": "http.response.body", "more_body": True, "body":
-                    b'data: {"type":"RUN_STARTED","threadId":"t","runId":"r"}\n\n'
                     b'data: {"type":"STATE_SNAPSHOT","snapshot":{"blob":"'})
         for _ in range(size // len(piece)):
             await send({"type": "http.response.body", "body": piece, "more_body": True})
@@ -293,11 +305,9 @@ async def test_an_endless_stream_flows_until_the_ui_leaves():
 
     async def endless(scope, receive, send):
         nonlocal sent
-        if await http_body(scope, receive, send) is None:
+        if not await open_run(scope, receive, send):
             return
-        await send({"type": "http.response.start", "status": 200, "headers": SSE})
         await send({"type": "http.response.body", "more_body": True, "body":
-                    b'data: {"type":"RUN_STARTED","threadId":"t","runId":"r"}\n\n'
                     b'data: {"type":"TEXT_MESSAGE_START","messageId":"m"}\n\n'})
         async with trio.open_nursery() as n:
             async def until_disconnect():
@@ -368,11 +378,8 @@ async def test_many_concurrent_runs_each_get_their_own_bytes_and_story():
 
 async def test_upstream_breaking_mid_stream_truncates_the_ui_stream_and_fails_the_run():
     async def broken(scope, receive, send):
-        if await http_body(scope, receive, send) is None:
+        if not await open_run(scope, receive, send):
             return
-        await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        await send({"type": "http.response.body", "more_body": True, "body":
-                    b'data: {"type":"RUN_STARTED","threadId":"t","runId":"r"}\n\n'})
         raise RuntimeError("agent crashed mid-run")  # hypercorn drops the connection
 
     async with upstream(broken) as up, proxy(up) as h:
@@ -417,16 +424,7 @@ async def test_a_command_routed_here_is_nacked_unsupported_by_the_fleets_ledger(
 
 async def test_stopping_the_bridge_mid_stream_closes_the_run_and_the_upstream_request():
     upstream_saw_disconnect = trio.Event()
-
-    async def hang(scope, receive, send):
-        if await http_body(scope, receive, send) is None:
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": SSE})
-        await send({"type": "http.response.body", "more_body": True, "body":
-                    b'data: {"type":"RUN_STARTED","threadId":"t","runId":"r"}\n\n'})
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        upstream_saw_disconnect.set()
+    hang = started_then_hanging(upstream_saw_disconnect)
 
     async with upstream(hang) as up:
         async with proxy(up) as h:
