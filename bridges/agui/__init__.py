@@ -6,10 +6,12 @@ AEP stream (``threadId`` -> session, ``runId`` -> run). Read-only.
 
 Design record: ``shared/aep/docs/bridge-agui-design.md``; pins:
 ``shared/aep/conformance/fixtures/mappings/agui.json``. Modules:
-:mod:`.mapping` (pure), :mod:`.stream` (pure per-stream joins),
-:mod:`.sse` (pure incremental SSE parser), :mod:`.tee` (parse + emit),
-:mod:`.proxy` (the ASGI proxy), :mod:`.bridge`, :mod:`.config` (settings:
-:data:`~bridges.agui.config.SETTINGS`).
+:mod:`.config` (settings: :data:`~bridges.agui.config.SETTINGS`),
+:mod:`.mapping` (pure), :mod:`.stream` (pure per-stream joins: pairing,
+scope, run closing), :mod:`.sse` (pure incremental SSE parser); the
+receiver is two modules, :mod:`.proxy` (the sockets: the ASGI proxy and
+the upstream client) and :mod:`.tee` (parse the copy, map, emit);
+:mod:`.bridge` (the ``Bridge`` and its per-run :class:`~.bridge.AguiRun`).
 """
 from __future__ import annotations
 
