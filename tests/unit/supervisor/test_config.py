@@ -52,8 +52,8 @@ def test_every_problem_gets_its_own_line():
 
 
 def test_unbuilt_bridge_is_refused_not_ignored():
-    _, problems = load({"AEP_BRIDGE_KIMI_WEB": "1"})
-    assert problems and "kimi_web" in problems[0]
+    _, problems = load({"AEP_BRIDGE_ACP": "1"})
+    assert problems and "acp" in problems[0]
 
 
 def test_bridges_enable_and_disable():

@@ -1,0 +1,653 @@
+"""The Kimi web receiver: discovery, the observer socket, REST reads, and
+the per-run state (:class:`Receiver` is built by the bridge's ``run()`` and
+lives exactly as long as that run).
+
+Design record: ``shared/aep/docs/adapter-kimi-code-design.md`` ("The kimi
+web channel"); the 2.1.0 drifts: ``tests/fixtures/kimi_web_real/README.md``.
+
+- **Attach**: :func:`bridges.kimi_web.discovery.resolve` before every
+  connect (so a restarted server on a new port and a rotated token are
+  followed without a daemon restart); ``/api/v1/ws`` with the subprotocol
+  ``kimi-code.bearer.<token>`` (the token is never in a URL);
+  ``server_hello`` -> ``client_hello`` -> ``GET /api/v1/sessions`` (paged)
+  -> ``subscribe {session_ids, cursors}``; each ``event.session.created``
+  on the global channel subscribes its session (with the announcing frame's
+  position as the cursor, so nothing between the announcement and the
+  subscription is lost). While attached, a watcher re-resolves every
+  :data:`WATCH_S` seconds and reconnects when the instance or the token
+  changed.
+- **Liveness**: every ``ping {nonce}`` is answered ``pong {nonce}`` at once
+  (2.1.0 closes a socket after two missed 10 s heartbeats); a socket silent
+  for :data:`SILENT_HEARTBEATS` heartbeats is dropped and reattached
+  (health ``degraded`` meanwhile).
+- **Resume**: the per-session cursors ``{seq, epoch}`` (acked by the server,
+  advanced by every persisted frame) ride the next ``subscribe``; the server
+  replays what was missed, the tracker drops the overlap by ``(session,
+  epoch, seq)``. ``resync_required`` (or a ``resync_required`` list in an
+  ack) rebuilds from REST (:meth:`Tracker.resync`). Sessions subscribed
+  without a cursor that are busy or waiting on an interaction are rebuilt
+  too, so a run or an ask that predates the attach is seen.
+- **State** persists (atomic JSON) under
+  ``{AEP_STATE_DIR}/kimi_web/<home-or-url hash>.json``: a restarted daemon
+  resumes by cursor.
+- **REST**: ``{code, msg, data}`` envelopes; a non-zero ``code`` (2.1.0
+  answers HTTP 200 with e.g. 40401) is :class:`VendorError`; 401 is
+  :class:`AuthRefused`; transport failures are :class:`Unreachable`.
+
+Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
+``frames_malformed``, ``frames_volatile``, ``frames_global``,
+``frames_duplicate``, ``frames_unknown``, ``socket_connects``,
+``socket_errors``, ``socket_auth_failed``, ``socket_silent``,
+``socket_too_large``, ``sessions_subscribed``, ``sessions_dormant``, ``rest_errors``,
+``discovery_failed``, ``reattach_endpoint_changed``, ``state_write_errors``; and
+the tracker's (:mod:`bridges.kimi_web.tracker`): ``frames_duplicate``,
+``resyncs``, ``tool_results_unpaired``, ``turn_ended_without_run``,
+``asks_repeated``, ``asks_already_settled``, ``asks_unknown``,
+``frames_unmappable``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+import trio_websocket
+
+from bridges.core.backoff import backoff_delay
+from bridges.core.ledger import Unreachable
+
+from . import discovery
+from . import mapping as M
+from .config import KimiWebConfig
+from .tracker import GLOBAL, Out, Tracker
+
+log = logging.getLogger("aep.bridge.kimi_web")
+
+WATCH_S = 1.0
+SILENT_HEARTBEATS = 3
+DEFAULT_HEARTBEAT_S = 10.0
+HELLO_TIMEOUT = 10.0
+REST_TIMEOUT = 10.0
+MAX_FRAME = 16 * 1024 * 1024
+MAX_PAGES = 50
+MAX_SESSIONS = 10_000
+MAX_HELD = 2000
+FLUSH_EVERY = 1.0
+BACKOFF_INITIAL, BACKOFF_CAP = 0.5, 30.0
+CLIENT_ID = "aep-bridges"
+
+
+class VendorError(Exception):
+    """A ``{code, msg}`` envelope with a non-zero code (or a non-JSON
+    answer: code ``0`` and the HTTP status in ``msg``)."""
+
+    def __init__(self, code: int, msg: str, data: Any = None) -> None:
+        super().__init__(f"{code}: {msg}")
+        self.code, self.msg, self.data = code, msg, data
+
+
+class AuthRefused(Exception):
+    """The server refused the token (REST 401/403, WS upgrade 401/403)."""
+
+
+class Silent(Exception):
+    """No frame for :data:`SILENT_HEARTBEATS` heartbeats."""
+
+
+def envelope(r: httpx.Response) -> Any:
+    """The ``data`` of a kap-server answer. Raises :class:`AuthRefused`,
+    :class:`VendorError`."""
+    if r.status_code in (401, 403):
+        raise AuthRefused(f"HTTP {r.status_code}")
+    try:
+        body = r.json()
+    except ValueError:
+        raise VendorError(0, f"HTTP {r.status_code}: not JSON") from None
+    if not isinstance(body, dict) or not isinstance(body.get("code"), int):
+        raise VendorError(0, f"HTTP {r.status_code}: not a {{code,msg,data}} envelope")
+    if body["code"] != 0:
+        msg = body.get("msg")
+        raise VendorError(body["code"], msg[:300] if isinstance(msg, str) else "", body.get("data"))
+    if r.status_code >= 300:
+        raise VendorError(0, f"HTTP {r.status_code}")
+    return body.get("data")
+
+
+def state_path(config: KimiWebConfig) -> Path | None:
+    if config.state_dir is None:
+        return None
+    key = config.url or str(Path(config.home).expanduser().resolve())
+    h = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return Path(config.state_dir) / "kimi_web" / f"{h}.json"
+
+
+class Receiver:
+    """One bridge run's receiver (see the module docstring). ``tracker``
+    holds the mapping state; ``ctx`` is the bridge context; ``client`` the
+    REST client (its own when ``None``)."""
+
+    def __init__(self, config: KimiWebConfig, tracker: Tracker, ctx: Any, *,
+                 client: httpx.AsyncClient | None = None) -> None:
+        self.config = config
+        self.tracker = tracker
+        self.ctx = ctx
+        self._client = client
+        self.endpoint: discovery.Endpoint | None = None
+        self.ws: trio_websocket.WebSocketConnection | None = None
+        self.subscribed: set[str] = set()
+        #: listed by REST but ``not_found`` at subscribe (2.1.0: not loaded yet)
+        self.dormant: set[str] = set()
+        self.attached = trio.Event()
+        self._n = 0
+        self._pending_subs: dict[str, list[str]] = {}
+        #: frames of a session between its subscribe and the ack (the replay
+        #: and global-channel copies interleave; sorted by seq at the ack)
+        self._held: dict[str, list[dict[str, Any]]] = {}
+        self._no_cursor: set[str] = set()
+        self._state_path = state_path(config)
+        # one set of counters: the tracker's (duplicates, unpaired results,
+        # settled asks...) show in /healthz beside the receiver's
+        tracker.counters = ctx.health.counters
+        self._restore()
+
+    # -- state file -------------------------------------------------------------
+    def _restore(self) -> None:
+        p = self._state_path
+        if p is None or not p.is_file():
+            return
+        try:
+            self.tracker.load(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            self.ctx.health.count("state_read_errors")
+
+    def flush_state(self) -> None:
+        p = self._state_path
+        if p is None or not self.tracker.dirty:
+            return
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".kimi-", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.tracker.dump(), f)
+            os.replace(tmp, p)
+            self.tracker.dirty = False
+        except OSError:
+            self.ctx.health.count("state_write_errors")
+
+    # -- REST ------------------------------------------------------------------------
+    def _headers(self) -> dict[str, str]:
+        assert self.endpoint is not None
+        return {"authorization": f"Bearer {self.endpoint.token}"}
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        """One REST call against the current endpoint (``path`` under
+        ``/api/v1``); the ``data``. A 401 re-resolves the token once (a
+        rotation) and retries. Raises :class:`VendorError`,
+        :class:`AuthRefused`, :class:`bridges.core.ledger.Unreachable`."""
+        assert self._client is not None
+        for attempt in (0, 1):
+            if self.endpoint is None:
+                raise Unreachable("kimi web is not attached")
+            try:
+                r = await self._client.request(method, self.endpoint.url + "/api/v1" + path,
+                                               json=body, headers=self._headers())
+            except (httpx.TransportError, OSError):
+                raise Unreachable("kimi web unreachable") from None
+            try:
+                return envelope(r)
+            except AuthRefused:
+                if attempt == 0 and self._refresh_endpoint():
+                    continue
+                raise
+
+    def _refresh_endpoint(self) -> bool:
+        """Re-resolve (a rotated token); True when something changed."""
+        try:
+            ep = discovery.resolve(self.config)
+        except discovery.NotFound:
+            return False
+        changed = self.endpoint is None or ep.key != self.endpoint.key or ep.token != self.endpoint.token
+        if changed and (self.endpoint is None or ep.key == self.endpoint.key):
+            self.endpoint = ep
+        return changed
+
+    async def list_sessions(self) -> tuple[list[dict[str, Any]], bool]:
+        """Every session (``GET /sessions``, paged by ``before_id``) and
+        whether the listing is complete (not cut at :data:`MAX_PAGES` /
+        :data:`MAX_SESSIONS`)."""
+        items: list[dict[str, Any]] = []
+        before = None
+        complete = False
+        for _ in range(MAX_PAGES):
+            q = "?page_size=100" + (f"&before_id={before}" if before else "")
+            data = await self.request("GET", "/sessions" + q)
+            raw = M.obj(data).get("items")
+            page = [i for i in raw if isinstance(i, dict) and isinstance(i.get("id"), str)] \
+                if isinstance(raw, list) else []
+            items += page
+            if not (isinstance(data, dict) and data.get("has_more") is True and page):
+                complete = True
+                break
+            if len(items) >= MAX_SESSIONS:
+                break
+            before = page[-1]["id"]
+        if not complete:
+            self.ctx.health.count("sessions_list_capped")
+        return items[:MAX_SESSIONS], complete and len(items) <= MAX_SESSIONS
+
+    # -- the loop ----------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Attach, follow, reattach with the shared backoff, until cancelled."""
+        own = self._client is None
+        client = self._client or httpx.AsyncClient(trust_env=False, timeout=REST_TIMEOUT)
+        self._client = client
+        health = self.ctx.health
+        attempt = 0
+        task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._flusher)
+                while True:
+                    try:
+                        self.endpoint = discovery.resolve(self.config)
+                    except discovery.NotFound as e:
+                        health.source, health.detail = False, str(e)
+                        health.count("discovery_failed")
+                    else:
+                        outcome = await self._attach_once(self.endpoint)
+                        if outcome == "reattach":
+                            self.ws, self.attached, attempt = None, trio.Event(), 0
+                            continue
+                        if outcome == "ok":
+                            attempt = 0
+                    self.ws = None
+                    self.attached = trio.Event()
+                    await trio.sleep(backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_CAP))
+                    attempt += 1
+        finally:
+            self.flush_state()
+            if own:
+                with trio.CancelScope(shield=True):
+                    await client.aclose()
+
+    async def _attach_once(self, ep: discovery.Endpoint) -> str:
+        """One attachment; ``"reattach"`` (the endpoint changed), ``"ok"``
+        (it ended after attaching) or ``"failed"``. Every failure is counted
+        and shown in health, never raised (cancellation is)."""
+        health = self.ctx.health
+        try:
+            await self._attach(ep)
+            return "ok"
+        except Exception as exc:  # noqa: BLE001 - classified below, nothing escapes
+            e = root_cause(exc)
+        if isinstance(e, _Reattach):
+            health.count("reattach_endpoint_changed")
+            return "reattach"
+        if isinstance(e, AuthRefused):
+            health.count("socket_auth_failed")
+            health.source, health.detail = False, "kimi web refused the token"
+        elif isinstance(e, Silent):
+            health.count("socket_silent")
+            health.source, health.detail = "degraded", "kimi web socket went silent"
+        elif isinstance(e, trio_websocket.ConnectionClosed):
+            code = getattr(e.reason, "code", None)
+            if code == 1009:
+                health.count("socket_too_large")
+            health.count("socket_errors")
+            health.source, health.detail = False, f"kimi web socket closed ({code})"
+        elif isinstance(e, (trio_websocket.HandshakeError, OSError, httpx.TransportError, Unreachable,
+                            VendorError, trio.TooSlowError)):
+            health.count("socket_errors")
+            health.source, health.detail = False, f"kimi web: {type(e).__name__}"
+        else:
+            health.count("socket_errors")
+            log.warning("%s: attachment failed: %s", self.ctx.name, type(e).__name__)
+            health.source, health.detail = False, f"kimi web: {type(e).__name__}"
+        was = self.attached.is_set()
+        return "ok" if was else "failed"
+
+    async def _flusher(self) -> None:
+        while True:
+            await trio.sleep(FLUSH_EVERY)
+            self.flush_state()
+
+    def _adopt_secret(self, token: str) -> None:
+        """A discovered token is a secret value like ``AEP_KIMI_WEB_TOKEN``:
+        content that quotes it (a tool printing ``server.token``) is redacted
+        by value at ``redacted``+ (AEP-0003 §9.4 b), in this bridge's stamper
+        and mapping posture."""
+        def plus(policy: Any) -> Any:
+            if token in policy.secret_values:
+                return policy
+            return dataclasses.replace(policy, secret_values=(*policy.secret_values, token))
+        stamper = getattr(self.ctx, "stamper", None)
+        if stamper is not None:
+            stamper.policy = plus(stamper.policy)
+        posture = self.tracker.posture
+        self.tracker.posture = dataclasses.replace(posture, policy=plus(posture.policy))
+
+    async def _attach(self, ep: discovery.Endpoint) -> None:
+        self._adopt_secret(ep.token)
+        ws_url = ep.url.replace("http://", "ws://", 1).replace("https://", "wss://", 1) + "/api/v1/ws"
+        # REST first: 2.1.0 answers a wrong token on REST with 401 at once but
+        # leaves a WS upgrade with one hanging (the connect timeout)
+        listing = await self.list_sessions()
+        try:
+            cm = trio_websocket.open_websocket_url(
+                ws_url, subprotocols=[f"kimi-code.bearer.{ep.token}"], max_message_size=MAX_FRAME,
+                connect_timeout=HELLO_TIMEOUT, disconnect_timeout=2)
+            async with cm as ws:
+                self.ctx.health.count("socket_connects")
+                self.ws = ws
+                await self._serve_socket(ws, listing)
+        except trio_websocket.HandshakeError as e:
+            status = getattr(e, "status_code", None)
+            if status in (401, 403):
+                raise AuthRefused(f"WS upgrade {status}") from None
+            raise
+
+    async def _serve_socket(self, ws: trio_websocket.WebSocketConnection,
+                            listing: tuple[list[dict[str, Any]], bool]) -> None:
+        with trio.fail_after(HELLO_TIMEOUT):
+            hello = _parse(await ws.get_message())
+        if not isinstance(hello, dict) or hello.get("type") != "server_hello":
+            raise VendorError(0, "no server_hello")
+        hb = M.obj(hello.get("payload")).get("heartbeat_ms")
+        heartbeat = hb / 1000 if isinstance(hb, (int, float)) and hb > 0 else DEFAULT_HEARTBEAT_S
+        await self._send(ws, "client_hello", {"client_id": CLIENT_ID})
+        sessions, complete = listing
+        ep = self.endpoint
+        assert ep is not None
+        self.subscribed, self.dormant = set(), set()
+        self._held, self._pending_subs = {}, {}  # a new socket: nothing of the old one is pending
+        ids = [s["id"] for s in sessions]
+        cursors = self.tracker.cursors()
+        busy = {s["id"] for s in sessions if s.get("busy") is True
+                or s.get("pending_interaction") not in (None, "none")}
+        self._no_cursor = {sid for sid in ids if sid not in cursors and sid in busy}
+        known = set(ids)
+        if complete:  # a session missing from a complete listing is gone (deleted or archived)
+            for sid in [s for s in list(self.tracker.sessions) if s not in known]:
+                await self._emit(self.tracker.gone(sid))
+        await self.subscribe(ids)
+        self.ctx.health.source, self.ctx.health.detail = True, None
+        self.attached.set()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._watch, ep)
+            try:
+                while True:
+                    with trio.move_on_after(heartbeat * SILENT_HEARTBEATS) as cs:
+                        raw = await ws.get_message()
+                    if cs.cancelled_caught:
+                        raise Silent()
+                    await self._on_raw(ws, raw, nursery)
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _watch(self, ep: discovery.Endpoint) -> None:
+        """Reattach when discovery says another instance or another token."""
+        while True:
+            await trio.sleep(WATCH_S)
+            try:
+                now = discovery.resolve(self.config)
+            except discovery.NotFound:
+                continue  # the socket itself will tell when the server is gone
+            if now.key != ep.key or now.token != ep.token:
+                raise _Reattach()
+
+    async def _send(self, ws: Any, type_: str, payload: dict[str, Any]) -> str:
+        self._n += 1
+        fid = f"aep-{self._n}"
+        await ws.send_message(json.dumps({"type": type_, "id": fid, "payload": payload}))
+        return fid
+
+    async def subscribe(self, sids: list[str], cursors: dict[str, Any] | None = None) -> None:
+        """``subscribe`` (in chunks of 100) with the cursors we hold."""
+        ws = self.ws
+        if ws is None:
+            return
+        known = self.tracker.cursors()
+        for i in range(0, len(sids), 100):
+            chunk = [s for s in sids[i:i + 100] if s not in self.subscribed]
+            if not chunk:
+                continue
+            cur = {s: (cursors or {}).get(s) or known[s] for s in chunk
+                   if (cursors or {}).get(s) or s in known}
+            payload: dict[str, Any] = {"session_ids": chunk}
+            if cur:
+                payload["cursors"] = cur
+            self.subscribed.update(chunk)
+            for sid in chunk:
+                self._held.setdefault(sid, [])
+            fid = await self._send(ws, "subscribe", payload)
+            self._pending_subs[fid] = chunk
+
+    async def _on_raw(self, ws: Any, raw: Any, nursery: trio.Nursery) -> None:
+        """One text frame off the socket (see the module docstring)."""
+        h = self.ctx.health
+        h.count("frames")
+        frame = _parse(raw)
+        if frame is _BAD:
+            h.count("frames_not_json")
+        elif not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            h.count("frames_malformed")
+        elif frame["type"] in M.PROTOCOL_TYPES:
+            await self._on_protocol(ws, frame, nursery)
+        elif M.silent(frame):
+            h.count("frames_volatile")
+        else:
+            await self._on_event(frame)
+
+    async def _on_protocol(self, ws: Any, frame: dict[str, Any], nursery: trio.Nursery) -> None:
+        t, p = frame["type"], M.obj(frame.get("payload"))
+        if t == "ping":
+            await ws.send_message(json.dumps({"type": "pong", "payload": {"nonce": p.get("nonce")}}))
+        elif t == "ack":
+            await self._on_ack(frame, nursery)
+        elif t == "resync_required":
+            sid = p.get("session_id")
+            if isinstance(sid, str) and sid:
+                self._held.pop(sid, None)
+                nursery.start_soon(self._resync, sid, {"seq": p.get("current_seq"), "epoch": p.get("epoch")})
+        elif t == "error":
+            self.ctx.health.count("frames_error")
+            if p.get("fatal") is True:
+                code = p.get("code")
+                raise VendorError(code if isinstance(code, int) else 0, "fatal WS error")
+
+    async def _on_event(self, frame: dict[str, Any]) -> None:
+        h = self.ctx.health
+        sid = frame.get("session_id")
+        if not isinstance(sid, str) or not sid:
+            h.count("frames_malformed")
+            return
+        if sid == GLOBAL:
+            h.count("frames_global")
+            return
+        if sid not in self.subscribed:
+            await self._wake(sid, frame)
+            return
+        held = self._held.get(sid)
+        if held is not None:
+            if len(held) < MAX_HELD:
+                held.append(frame)
+            else:
+                h.count("frames_held_overflow")  # the rebuild at the ack covers them
+            return
+        await self._process(frame)
+
+    async def _wake(self, sid: str, frame: dict[str, Any]) -> None:
+        """A frame for a session we are not subscribed to (announced on the
+        global channel: a new session, or one 2.1.0 reported not_found at
+        subscribe because it was not loaded yet). It is not mapped here:
+        subscribing from our cursor (or from just before this frame) makes
+        the server replay it and what follows, in order."""
+        seq, epoch = frame.get("seq"), frame.get("epoch")
+        st = self.tracker.sessions.get(sid)
+        cur = st.cursor if st is not None else None
+        if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
+                and isinstance(epoch, str):
+            cur = {"seq": seq - 1, "epoch": epoch}
+        if sid in self.dormant:
+            self.dormant.discard(sid)
+            self._no_cursor.add(sid)  # rebuilt once accepted: its turn may predate the load
+        await self.subscribe([sid], {sid: cur} if cur else None)
+
+    async def _process(self, frame: dict[str, Any]) -> None:
+        if not self.tracker.accept(frame):
+            return  # counted frames_duplicate by the tracker
+        outs = self.tracker.frame(frame)
+        if not outs and self.tracker.posture.primary is False:
+            self.ctx.health.count("frames_unknown")
+        await self._emit(outs)
+
+    async def _release(self, sid: str) -> bool:
+        """Process the frames held for ``sid`` in ``seq`` order; True when
+        some had to be dropped (a rebuild is due)."""
+        held = self._held.pop(sid, None) or []
+        for f in sorted(held, key=_seq_of):
+            await self._process(f)
+        return len(held) >= MAX_HELD
+
+    async def _on_ack(self, frame: dict[str, Any], nursery: trio.Nursery) -> None:
+        fid = frame.get("id")
+        chunk = self._pending_subs.pop(fid, None) if isinstance(fid, str) else None
+        p = M.obj(frame.get("payload"))
+        if chunk is None:
+            return
+        if frame.get("code") not in (0, None):
+            self.ctx.health.count("subscribe_refused")
+            self.subscribed.difference_update(chunk)
+            for sid in chunk:
+                self._held.pop(sid, None)
+            return
+        cursors = M.obj(p.get("cursors"))
+        resync = set(x for x in p.get("resync_required") or [] if isinstance(x, str))
+        for sid in p.get("not_found") or []:
+            if isinstance(sid, str):
+                # 2.1.0 says not_found for a session that exists but is not
+                # loaded (after a restart): REST decides whether it is gone
+                self.subscribed.discard(sid)
+                nursery.start_soon(self._check_exists, sid)
+        for sid in p.get("not_found") or []:
+            if isinstance(sid, str):
+                self._held.pop(sid, None)
+        for sid in p.get("accepted") or []:
+            if not isinstance(sid, str):
+                continue
+            self.ctx.health.count("sessions_subscribed")
+            if sid in resync:
+                continue
+            overflow = await self._release(sid)
+            self.tracker.set_cursor_if_none(sid, cursors.get(sid))
+            if sid in self._no_cursor or overflow:
+                self._no_cursor.discard(sid)
+                nursery.start_soon(self._resync, sid, None)
+        for sid in resync:
+            self._held.pop(sid, None)
+            nursery.start_soon(self._resync, sid, cursors.get(sid))
+
+    async def _check_exists(self, sid: str) -> None:
+        """A ``not_found`` at subscribe: gone (40401) closes the session's
+        state; existing makes it dormant until a frame names it."""
+        try:
+            await self.request("GET", f"/sessions/{sid}")
+        except VendorError as e:
+            if e.code == 40401:
+                await self._emit(self.tracker.gone(sid))
+            return
+        except (Unreachable, AuthRefused):
+            return
+        if sid in self.subscribed:
+            return
+        if sid in self.tracker.sessions and self.tracker.sessions[sid].cursor is not None:
+            # a session we were following (the server restarted): a REST read
+            # of its prompts loads it on the server, then the subscription by
+            # cursor replays, and a rebuild closes what the restart cut off
+            try:
+                await self.request("GET", f"/sessions/{sid}/prompts")
+            except (VendorError, Unreachable, AuthRefused):
+                self.ctx.health.count("rest_errors")
+            else:
+                self._no_cursor.add(sid)
+                await self.subscribe([sid])
+                return
+        self.dormant.add(sid)
+        self.ctx.health.count("sessions_dormant")
+
+    async def _resync(self, sid: str, cursor: Any) -> None:
+        """Rebuild ``sid`` from REST (see :meth:`Tracker.resync`)."""
+        snap: dict[str, Any] = {}
+        try:
+            snap["session"] = await self.request("GET", f"/sessions/{sid}")
+            snap["prompts"] = await self.request("GET", f"/sessions/{sid}/prompts")
+            a = await self.request("GET", f"/sessions/{sid}/approvals?status=pending")
+            snap["approvals"] = M.obj(a).get("items")
+            q = await self.request("GET", f"/sessions/{sid}/questions?status=pending")
+            snap["questions"] = M.obj(q).get("items")
+        except VendorError as e:
+            if e.code == 40401:
+                await self._emit(self.tracker.gone(sid))
+                return
+            self.ctx.health.count("rest_errors")
+        except (Unreachable, AuthRefused):
+            self.ctx.health.count("rest_errors")
+            return
+        if isinstance(cursor, dict) and isinstance(cursor.get("seq"), int) and isinstance(cursor.get("epoch"), str):
+            st = self.tracker.session(sid)
+            st.epoch, st.seq = cursor["epoch"], cursor["seq"]
+        await self._emit(self.tracker.resync(sid, snap))
+
+    async def _emit(self, outs: list[Out]) -> None:
+        prev: dict[str, Any] | None = None
+        for o in outs:
+            kw: dict[str, Any] = {}
+            if o.run is not None:
+                kw["run"] = o.run
+            cause = prev["id"] if o.cause_prev and prev is not None else o.cause
+            if cause is not None:
+                kw["cause"] = cause
+            if o.time is not None:
+                kw["time"] = o.time
+            try:
+                ev = await self.ctx.emit(o.session, o.emission, **kw)
+            except ValueError:
+                self.ctx.health.count("emit_errors")
+                continue
+            if o.ask_key is not None:
+                self.tracker.bind(o.ask_key, ev["id"])
+            prev = ev
+
+
+class _Reattach(Exception):
+    """The watcher saw another instance or token."""
+
+
+_BAD = object()
+
+
+def _seq_of(frame: dict[str, Any]) -> int:
+    seq = frame.get("seq")
+    return seq if isinstance(seq, int) else 0
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The one exception inside nested single-member exception groups (a
+    nursery wraps what its tasks raise)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _parse(raw: Any) -> Any:
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return _BAD

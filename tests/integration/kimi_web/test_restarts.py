@@ -1,0 +1,231 @@
+"""The Kimi web scenarios that restart or reconfigure something, each on its
+own real ``kimi web`` 2.1.0 and daemon: ``kimi web`` killed and restarted
+mid-session, the token rotated (``kimi web rotate-token``), the daemon
+restarted mid-turn, and the gate off (zero writes)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.support.daemon import command
+from tests.support.kimi import KimiDaemon, KimiUser, KimiWeb, ThreadedMock, control_writes
+from tests.support.mock_chat import Hold, Text, Tool
+from tests.support.schema import validated
+
+pytestmark = pytest.mark.vendor
+
+BASH = Tool("Bash", {"command": "echo probe"})
+
+
+@pytest.fixture
+def mock():
+    m = ThreadedMock()
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def server(mock, tmp_path):
+    srv = KimiWeb(tmp_path / "home", tmp_path / "work", mock.base_url).start()
+    yield srv
+    srv.kill()
+
+
+def ours(evs):
+    return [e for e in evs if e.get("agent") == "kimi-code"]
+
+
+def core(evs):
+    return [e["type"] for e in ours(evs) if not e["type"].startswith("x.")]
+
+
+def jsonl(daemon: KimiDaemon, sid: str) -> list[dict]:
+    p = Path(daemon.state) / "logs" / "kimi-code" / f"{sid}.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def evs_run(evs, i):
+    return [e["run"] for e in evs if e["type"] == "run.started"][i]
+
+
+def terminals_close_every_run(evs):
+    runs = {e["run"] for e in evs if e["type"] == "run.started"}
+    ended = {e["run"] for e in evs if e["type"] in ("run.finished", "run.cancelled", "run.failed")}
+    return runs <= ended
+
+
+async def wait_health(daemon: KimiDaemon, pred, timeout: float = 30.0) -> dict:
+    with trio.fail_after(timeout):
+        while True:
+            h = await trio.to_thread.run_sync(daemon.healthz)
+            if pred(h["bridges"]["kimi_web"]):
+                return h
+            await trio.sleep(0.2)
+
+
+async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path):
+    daemon = KimiDaemon(server, tmp_path / "state").start()
+    stream = daemon.subscribe()
+    try:
+        user = KimiUser(server)
+        sid = await user.create_session()
+        await user.prompt(sid, "say hi")
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="first run")
+        mock.play(Hold(Text("never delivered")))
+        await user.prompt(sid, "say hi again")
+        await stream.wait_for(lambda s: len(s.of(sid, "run.started")) == 2, what="second run")
+        stale = server.instance_files()
+        server.kill()  # SIGKILL: the instance file stays behind, its pid dead
+        mock.release()
+        assert server.instance_files() == stale  # left behind, its pid dead: skipped
+        await wait_health(daemon, lambda b: b["source"] is not True)
+        mock.play(Text("back"))
+        server.start()  # a new port, a new instance file, the same home
+        assert set(server.instance_files()).isdisjoint(stale)  # 2.1.0 prunes the stale one at start
+        await wait_health(daemon, lambda b: b["source"] is True)
+        # the run the kill cut off is closed from REST, not left dangling
+        await stream.wait_for(lambda s: len([e for e in s.of(sid) if e["type"].startswith("run.")
+                                            and e["type"] != "run.started"]) >= 2, what="cut run closed")
+        await user.call("POST", f"/sessions/{sid}/profile", {"agent_config": {"model": "mock"}})
+        await user.prompt(sid, "third")
+        await stream.wait_for(lambda s: len(s.of(sid, "run.started")) == 3
+                              and len([e for e in s.of(sid) if e["type"] == "run.finished"]) >= 2,
+                              what="third run observed after the restart")
+        await trio.sleep(1.0)
+        evs = validated(stream.of(sid))
+        cut = [e for e in evs if e.get("run") == evs_run(evs, 1) and e["type"].startswith("run.")]
+        # the kill cut the turn off: closed from the REST rebuild, never claimed finished
+        assert [e["type"] for e in cut] == ["run.started", "run.failed"]
+        assert cut[1]["data"]["reason"] == "lost"
+        assert terminals_close_every_run(evs)
+        assert len({e["run"] for e in evs if e["type"] == "run.started"}) == 3  # no duplicate
+        log = jsonl(daemon, sid)
+        assert len(log) == len({e["id"] for e in log})  # nothing appended twice
+    finally:
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+
+
+async def test_token_rotated(mock, server, tmp_path):
+    daemon = KimiDaemon(server, tmp_path / "state", {"AEP_KIMI_WEB_CONTROL": "1"}).start()
+    stream = daemon.subscribe()
+    try:
+        old = server.token()
+        new = await trio.to_thread.run_sync(server.rotate_token)
+        assert new != old
+        await wait_health(daemon, lambda b: b["source"] is True)
+        user = KimiUser(server)  # reads the new token
+        mock.play(BASH, Text("ran"))
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"), what="ask"))[0]
+        status, detail = await command(daemon, "control.attention.respond", sid, subject=req["id"],
+                                       data={"answer": {"option": "approved"}})
+        assert status == "accepted", (status, detail)  # the write used the rotated token
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+        validated(stream.of(sid))
+        text = daemon.log()
+        assert old not in text and new not in text
+        h = daemon.healthz()
+        assert h["bridges"]["kimi_web"]["source"] is True
+    finally:
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+
+
+async def test_daemon_restarted_mid_turn(mock, server, tmp_path):
+    daemon = KimiDaemon(server, tmp_path / "state").start()
+    stream = daemon.subscribe()
+    user = KimiUser(server)
+    try:
+        mock.play(Hold(Text("finished while the daemon was down")))
+        sid = await user.create_session()
+        await user.prompt(sid, "slow one")
+        started = (await stream.wait_for(lambda s: s.of(sid, "run.started"), what="run.started"))[0]
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+        mock.release()
+        for _ in range(100):  # the turn ends while no daemon watches
+            if not (await user.call("GET", f"/sessions/{sid}"))["data"]["busy"]:
+                break
+            await trio.sleep(0.1)
+        daemon.start()
+        stream = daemon.subscribe()
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished after restart")
+        await trio.sleep(1.0)
+        after = validated(stream.of(sid))
+        assert core(after) == ["run.finished"]  # resumed by cursor: no second run.started
+        fin = next(e for e in after if e["type"] == "run.finished")
+        assert fin["run"] == started["run"]
+        log = jsonl(daemon, sid)
+        assert [e["type"] for e in log if e["type"].startswith("run.")] == ["run.started", "run.finished"]
+    finally:
+        stream.close()
+        daemon.stop()
+
+
+async def test_gate_off_proves_zero_writes(mock, server, tmp_path):
+    daemon = KimiDaemon(server, tmp_path / "state").start()  # AEP_KIMI_WEB_CONTROL unset
+    stream = daemon.subscribe()
+    try:
+        h = daemon.healthz()
+        assert h["bridges"]["kimi_web"]["control"] is False
+        mock.play(BASH, Text("ran"))
+        user = KimiUser(server)
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"), what="ask"))[0]
+        assert "respond_via" not in req["data"] and "options" not in req["data"]  # read-only
+        for type_, kw in (("control.attention.respond", {"subject": req["id"],
+                                                         "data": {"answer": {"option": "approved"}}}),
+                          ("control.cancel", {"data": {"scope": "run"}})):
+            status, _ = await command(daemon, type_, sid, **kw)
+            assert status == "unsupported"
+        await trio.sleep(0.5)
+        assert control_writes(server) == []
+        assert len(await user.approvals(sid)) == 1  # still pending: nothing was written
+        await user.resolve(sid, req["subject"], "approved")
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+        validated(stream.of(sid))
+    finally:
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+
+
+async def test_approval_answered_while_the_daemon_was_down(mock, server, tmp_path):
+    """The ask outlives the daemon: answered in the web UI while no daemon
+    watched, the restarted daemon resumes by cursor and closes the same
+    request (its answer names the request from before the restart)."""
+    daemon = KimiDaemon(server, tmp_path / "state").start()
+    stream = daemon.subscribe()
+    user = KimiUser(server)
+    try:
+        mock.play(BASH, Text("ran"))
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"), what="ask"))[0]
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+        await user.resolve(sid, req["subject"], "approved")
+        for _ in range(100):
+            if not (await user.call("GET", f"/sessions/{sid}"))["data"]["busy"]:
+                break
+            await trio.sleep(0.1)
+        daemon.start()
+        stream = daemon.subscribe()
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished after restart")
+        after = validated(stream.of(sid))
+        ans = next(e for e in after if e["type"] == "attention.answered")
+        res = next(e for e in after if e["type"] == "attention.resolved")
+        assert ans["subject"] == req["id"] == res["subject"] and ans["data"]["via"] == "oob"
+        assert "attention.requested" not in core(after) and "run.started" not in core(after)
+        whole = jsonl(daemon, sid)  # both daemon runs, in order: one valid stream
+        validated(whole)
+        assert [e["type"] for e in whole if e["type"].startswith(("run.", "attention."))] == [
+            "run.started", "attention.requested", "attention.answered", "attention.resolved", "run.finished"]
+    finally:
+        stream.close()
+        daemon.stop()

@@ -1,0 +1,51 @@
+"""The kap-server REST envelope rule (2.1.0: application errors are HTTP 200
+with a non-zero ``code``) and the receiver's state file."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from bridges.kimi_web.config import KimiWebConfig
+from bridges.kimi_web.receiver import AuthRefused, VendorError, envelope, root_cause, state_path
+
+
+def resp(status: int, body) -> httpx.Response:
+    return httpx.Response(status, json=body) if not isinstance(body, bytes) else httpx.Response(status,
+                                                                                              content=body)
+
+
+def test_ok_envelope_is_its_data():
+    assert envelope(resp(200, {"code": 0, "msg": "success", "data": {"items": []}})) == {"items": []}
+
+
+@pytest.mark.parametrize("code", [40401, 40902, 41001, 40901, 50001])
+def test_200_with_a_code_is_an_error(code):
+    with pytest.raises(VendorError) as e:
+        envelope(resp(200, {"code": code, "msg": "x" * 1000, "data": None, "stack": "Error2: at ..."}))
+    assert e.value.code == code and len(e.value.msg) <= 300 and "stack" not in str(e.value)
+
+
+def test_401_is_auth_refused_and_garbage_is_an_error():
+    with pytest.raises(AuthRefused):
+        envelope(resp(401, {"code": 40101, "msg": "Unauthorized", "data": None}))
+    with pytest.raises(VendorError):
+        envelope(resp(200, b"<html>proxy</html>"))
+    with pytest.raises(VendorError):
+        envelope(resp(200, ["not", "an", "envelope"]))
+    with pytest.raises(VendorError):
+        envelope(resp(502, {"code": 0, "msg": "", "data": None}))
+
+
+def test_state_file_is_per_home_or_url(tmp_path):
+    a = state_path(KimiWebConfig(home=tmp_path / "a", state_dir=tmp_path))
+    b = state_path(KimiWebConfig(home=tmp_path / "b", state_dir=tmp_path))
+    c = state_path(KimiWebConfig(home=tmp_path / "a", url="http://127.0.0.1:1", state_dir=tmp_path))
+    assert len({a, b, c}) == 3 and a.parent == tmp_path / "kimi_web"
+    assert state_path(KimiWebConfig(home=tmp_path)) is None
+
+
+def test_root_cause_unwraps_single_groups():
+    e = ValueError("x")
+    assert root_cause(ExceptionGroup("g", [ExceptionGroup("h", [e])])) is e
+    g = ExceptionGroup("g", [ValueError(), KeyError()])
+    assert root_cause(g) is g
