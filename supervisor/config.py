@@ -69,6 +69,8 @@ FLEET: tuple[BridgeSpec, ...] = (
     BridgeSpec("otlp_in", "AEP_BRIDGE_OTLP_IN", True, "bridges.otlp_in:from_env",
                "bridges.otlp_in.config:SETTINGS", "the OTel inbound bridge (Codex, VS Code)"),
     BridgeSpec("acp", "AEP_BRIDGE_ACP", False, None, None, "the ACP bridge"),
+    BridgeSpec("agui", "AEP_BRIDGE_AGUI", False, "bridges.agui:from_env",
+               "bridges.agui.config:SETTINGS", "the AG-UI tee proxy"),
 )
 _FLAGS = {s.flag for s in FLEET}
 
