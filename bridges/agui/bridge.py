@@ -15,7 +15,7 @@ nothing of a run is kept on the bridge object, so a restart starts clean.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 import trio
@@ -24,7 +24,7 @@ from bridges.core import capture as _capture
 from bridges.core.aep import ACK_WINDOW_MS
 from bridges.core.asgi import host_guard
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
 from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address, bindable
@@ -52,7 +52,7 @@ class AguiBridge:
         self.policy = policy or CapturePolicy()
         self._problems = list(problems or [])
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities:
         """The ``hello`` block (AEP-0003 §4): read-only, ``accepts: []``."""
         return {"emits": list(EMITS),
                 "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),
@@ -71,7 +71,7 @@ class AguiBridge:
         return problems
 
     def posture(self) -> Posture:
-        return Posture(self.policy, deltas=self.config.deltas)
+        return Posture(agent=self.agent, policy=self.policy, deltas=self.config.deltas)
 
     async def run(self, ctx: BridgeContext, *,
                   task_status: trio.TaskStatus[BridgeRun | None] = trio.TASK_STATUS_IGNORED
@@ -85,7 +85,7 @@ class AguiBridge:
             raise RuntimeError("AEP_AGUI_UPSTREAM is not set")
         async with new_client() as client:
             run = AguiRun(config=self.config,
-                          posture=Posture(ctx.stamper.policy, deltas=self.config.deltas),
+                          posture=Posture(agent=self.agent, policy=ctx.stamper.policy, deltas=self.config.deltas),
                           ctx=ctx, client=client)
             await run.serve(task_status)
 
@@ -136,9 +136,10 @@ class AguiRun(BridgeRun):
         sock = bind_socket(host, port)
         app = host_guard(self.app, on_refuse=lambda: ctx.health.count("agui.refused_host"))
 
-        class _Started:
-            def started(self, addr: tuple[str, int]) -> None:
-                task_status.started((host, addr[1]))
+        class _Started(trio.TaskStatus[Address]):  # reports the configured host, the bound port
+            def started(self, value: Address | None = None) -> None:
+                assert value is not None
+                task_status.started((host, value[1]))
 
         await serve_app(app, sock, trio.Event(), config=cfg, task_status=_Started(),
                         on_fault=lambda kind: ctx.health.count("agui.connection_errors"),
@@ -168,3 +169,7 @@ class AguiRun(BridgeRun):
                 health.detail = f"upstream unreachable ({type(e).__name__})"
                 await trio.sleep(backoff_delay(attempt, PROBE_INITIAL, PROBE_MAX))
                 attempt += 1
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = AguiBridge

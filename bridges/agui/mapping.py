@@ -40,16 +40,15 @@ level honestly. ``RAW``'s payload is ``full`` only (the record).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.core import capture as _capture
-from bridges.core.capture import CapturePolicy
+from bridges.core.bridge import Emission
 from bridges.core.naming import kind_type
+from bridges.core.posture import Posture
 
 VENDOR = "agui"
 
-Emission = dict[str, Any]
 
 EVENT_TYPES: tuple[str, ...] = (
     "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "TEXT_MESSAGE_CHUNK",
@@ -96,20 +95,9 @@ _REDACTED = _capture.rank("redacted")
 _FULL = _capture.rank("full")
 
 
-@dataclass(frozen=True)
-class Posture:
-    """What the mapping depends on besides the event: the capture policy
-    (``AEP_CAPTURE``...) and the delta opt-in (``AEP_AGUI_DELTAS=1``). The
-    default is the pinned posture (``metadata``, deltas off)."""
-
-    policy: CapturePolicy = field(default_factory=CapturePolicy)
-    deltas: bool = False
-
-    def level(self, type_: str) -> int:
-        return _capture.rank(self.policy.ceiling_for(type_))
-
-
 DEFAULT_POSTURE = Posture()
+"""The pinned posture (``metadata``, deltas off): the shared
+:class:`bridges.core.posture.Posture` with its defaults."""
 
 
 # --------------------------------------------------------------------------- helpers

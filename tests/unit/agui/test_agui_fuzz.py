@@ -32,7 +32,7 @@ events = st.builds(lambda t, body: {"type": t, **body},
                    st.one_of(st.sampled_from(EVENT_TYPES + ("THINKING_START", "NOVEL_THING")),
                              st.text(max_size=10)),
                    st.dictionaries(st.sampled_from(KEYS), values, max_size=6))
-postures = st.builds(lambda c, d: Posture(CapturePolicy(ceiling=c), deltas=d),
+postures = st.builds(lambda c, d: Posture(policy=CapturePolicy(ceiling=c), deltas=d),
                      st.sampled_from(["none", "metadata", "redacted", "full"]), st.booleans())
 
 

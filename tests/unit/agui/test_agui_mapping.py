@@ -188,7 +188,7 @@ def test_every_1_0_event_type_maps_per_the_record(type_, deltas):
 def test_every_1_0_event_stamps_schema_valid_at_every_ceiling(type_, ceiling):
     policy = CapturePolicy(ceiling=ceiling)
     st = Stamper("agui", epoch=1, host="test-host", policy=policy)
-    for e in map_event(real_event(type_), Posture(policy, deltas=True)):
+    for e in map_event(real_event(type_), Posture(policy=policy, deltas=True)):
         validate_event(st.stamp("t1", e, run="r1"))
 
 
@@ -207,7 +207,7 @@ def test_metadata_carries_no_content_at_all():
 def test_content_rides_at_redacted_through_the_gate():
     policy = CapturePolicy(ceiling="redacted")
     st = Stamper("agui", epoch=1, host="h", policy=policy)
-    posture = Posture(policy, deltas=True)
+    posture = Posture(policy=policy, deltas=True)
 
     def data(type_, **over):
         return st.stamp("t1", one(map_event({**real_event(type_), **over}, posture))).get("data", {})
@@ -223,7 +223,7 @@ def test_content_rides_at_redacted_through_the_gate():
     assert "event" not in data("RAW")
     full = CapturePolicy(ceiling="full")
     raw = Stamper("agui", epoch=1, host="h", policy=full).stamp(
-        "t1", one(map_event(real_event("RAW"), Posture(full))))
+        "t1", one(map_event(real_event("RAW"), Posture(policy=full))))
     assert raw["data"]["event"] == {"provider": "payload"} and raw["capture"] == "full"
 
 
@@ -231,7 +231,7 @@ def test_redacted_content_passes_the_redaction_pipeline():
     policy = CapturePolicy(ceiling="redacted", secret_values=("s3cr3t-value-123",))
     st = Stamper("agui", epoch=1, host="h", policy=policy)
     ev = st.stamp("t1", one(map_event({"type": "CUSTOM", "name": "n",
-                                       "value": "token s3cr3t-value-123"}, Posture(policy))))
+                                       "value": "token s3cr3t-value-123"}, Posture(policy=policy))))
     assert "s3cr3t-value-123" not in repr(ev)
 
 

@@ -60,14 +60,14 @@ def test_real_run_stamps_a_valid_aep_stream_at_every_ceiling():
     for ceiling in ("none", "metadata", "redacted", "full"):
         policy = CapturePolicy(ceiling=ceiling)
         st_ = Stamper("agui", epoch=1, host="h", policy=policy)
-        moments = feed_all(TeeStream(Posture(policy, deltas=True)), real_events())
+        moments = feed_all(TeeStream(Posture(policy=policy, deltas=True)), real_events())
         validate_stream([st_.stamp(m.session, m.emission, run=m.run, time=m.time)
                          for m in moments])
 
 
 def test_the_reply_terminal_carries_the_assembled_text_at_redacted():
     policy = CapturePolicy(ceiling="redacted")
-    moments = feed_all(TeeStream(Posture(policy)), real_events())
+    moments = feed_all(TeeStream(Posture(policy=policy)), real_events())
     end = [m.emission for m in moments if m.emission["type"] == "x.agui.text_message.end"]
     deltas = [e["delta"] for e in real_events() if e["type"] == "TEXT_MESSAGE_CONTENT"]
     assert len(end) == 1 and end[0]["data"]["content"] == "".join(deltas)
@@ -148,7 +148,7 @@ def test_a_tool_call_chunk_stands_for_its_start_once():
 
 def test_text_message_chunks_assemble_like_content():
     policy = CapturePolicy(ceiling="redacted")
-    st = TeeStream(Posture(policy), session_hint="t")
+    st = TeeStream(Posture(policy=policy), session_hint="t")
     st.feed({"type": "TEXT_MESSAGE_CHUNK", "messageId": "m", "delta": "Hel"})
     st.feed({"type": "TEXT_MESSAGE_CHUNK", "delta": "lo"})
     (end,) = st.feed({"type": "TEXT_MESSAGE_END", "messageId": "m"})
@@ -156,7 +156,7 @@ def test_text_message_chunks_assemble_like_content():
 
 
 def test_memory_is_bounded_on_an_endless_stream():
-    st = TeeStream(Posture(CapturePolicy(ceiling="redacted")), session_hint="t")
+    st = TeeStream(Posture(policy=CapturePolicy(ceiling="redacted")), session_hint="t")
     for i in range(stream_mod.MAX_TRACKED + 500):
         st.feed({"type": "TOOL_CALL_START", "toolCallId": f"c{i}", "toolCallName": "x"})
     for i in range(stream_mod.MAX_MESSAGES + 50):
