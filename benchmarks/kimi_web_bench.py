@@ -42,9 +42,10 @@ from benchmarks.openhands_bench import rss_mib  # noqa: E402  (one VmRSS reader)
 from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
 from bridges.core.capture import CapturePolicy  # noqa: E402
 from bridges.core.envelope import Stamper  # noqa: E402
+from bridges.core.posture import Posture  # noqa: E402
 from bridges.kimi_web import from_env  # noqa: E402
 from bridges.kimi_web.config import KimiWebConfig  # noqa: E402
-from bridges.kimi_web.mapping import Posture  # noqa: E402
+from bridges.kimi_web.mapping import AGENT  # noqa: E402
 from bridges.kimi_web.receiver import Receiver  # noqa: E402
 from bridges.kimi_web.tracker import Tracker  # noqa: E402
 from supervisor.fleet import run_bridge  # noqa: E402
@@ -83,7 +84,7 @@ async def path_rate(sids: list[str], raws: list[str], logdir: Path) -> tuple[flo
     send, recv = trio.open_memory_channel(4096)
     ctx = context(send)
     cfg = KimiWebConfig(home=logdir / "home", url="http://127.0.0.1:1", token="t", primary=True)
-    rx = Receiver(cfg, Tracker(Posture(primary=True)), ctx)
+    rx = Receiver(cfg, Tracker(Posture(agent=AGENT, mode="primary")), ctx)
     rx.subscribed = set(sids)
     log = SessionLog(logdir)
     written = 0

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
 from bridges.core.capture import CapturePolicy  # noqa: E402
 from bridges.core.envelope import Stamper  # noqa: E402
-from bridges.openhands import mapping as M  # noqa: E402
+from bridges.core.posture import Posture  # noqa: E402
 from bridges.openhands import from_env  # noqa: E402
 from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
@@ -83,7 +83,7 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path) -> tuple[f
     health = BridgeHealth()
     ctx = BridgeContext("openhands", Stamper("openhands", epoch=1, host="bench", policy=CapturePolicy()),
                         send, crecv, health, logging.getLogger("bench"))
-    rx = Receiver(Settings(url="http://127.0.0.1:1"), M.Posture(), ctx, None)
+    rx = Receiver(Settings(url="http://127.0.0.1:1"), Posture(), ctx, None)
     log = SessionLog(logdir)
     n_frames = sum(len(f) for _, f in convs)
     written = 0

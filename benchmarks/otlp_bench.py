@@ -67,8 +67,8 @@ def floor_rate(requests: list[logs_service_pb2.ExportLogsServiceRequest]) -> flo
     """Records/s for decode (opentelemetry-proto) + json.dumps of the mapped
     events (mapped once beforehand with the bridge's own pure mapper)."""
     from bridges.core.envelope import Stamper
+    from bridges.core.posture import Posture
     from bridges.otlp_in import codex
-    from bridges.otlp_in.common import Posture
     from bridges.otlp_in.flatten import records_from_proto
 
     blobs = [r.SerializeToString() for r in requests]

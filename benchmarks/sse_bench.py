@@ -47,6 +47,7 @@ from hypercorn.trio import serve as hypercorn_serve
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bridges.core.asgi import lifespan  # noqa: E402
 from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
 from bridges.core.capture import CapturePolicy  # noqa: E402
 from bridges.core.envelope import Stamper  # noqa: E402
@@ -55,7 +56,6 @@ from bridges.sse_common.bridge import SseBridge  # noqa: E402
 from bridges.sse_common.config import SseConfig  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
-from bridges.core.asgi import lifespan  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures"
 END = "ses_benchmark_end"
@@ -85,7 +85,7 @@ def corpus(copies: int) -> list[str]:
 
 async def _serve_source(frames_path: str) -> None:
     body = b"".join(f"data: {line}\n\n".encode() for line in
-                    Path(frames_path).read_text().splitlines())
+                    (await trio.Path(frames_path).read_text()).splitlines())
 
     async def app(scope, receive, send):
         if scope["type"] == "lifespan":
@@ -235,9 +235,10 @@ async def latency(n: int = 1500, rate: float = 150.0) -> dict:
                         "AEP_OPENCODE_URL": binds[0], "AEP_OPENCODE_SSE_PRIMARY": "1",
                         "AEP_LISTEN": f"127.0.0.1:{port}", "AEP_STATE_DIR": tmp,
                         "AEP_LOG_LEVEL": "warning"})
-            daemon = subprocess.Popen([sys.executable, "-m", "supervisor.cli", "run"], env=env,
-                                      cwd=str(ROOT), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL)
+            # Popen returns at once; the daemon is the benchmark's child, ended in `finally`.
+            daemon = subprocess.Popen(  # noqa: ASYNC220
+                [sys.executable, "-m", "supervisor.cli", "run"], env=env, cwd=str(ROOT),
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 async with httpx.AsyncClient(timeout=None) as c:
                     with trio.fail_after(30):

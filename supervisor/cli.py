@@ -34,7 +34,26 @@ def _load(*, relay_only: bool = False, check_ports: bool = True):
     for w in cfg.warnings:
         print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
     bridges, more = ([], []) if relay_only else build_bridges(cfg, check_ports=check_ports)
+    if not problems and not more:
+        from .posture import exposure_warnings
+        for w in exposure_warnings(cfg, bridges):
+            print(f"aep-bridges: WARNING: {w}", file=sys.stderr)
     return cfg, bridges, problems + more
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise the soft open-files limit to the hard one (issue 10 #6:
+    systemd's default soft limit, 1024, is what one slow-body flood
+    exhausted). Returns ``(soft, hard)`` as now in force; never raises."""
+    import resource
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):
+        return (-1, -1)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -43,6 +62,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if problems:
         return _refuse(problems)
     logs.setup(cfg.environ)
+    raise_fd_limit()
     return trio.run(run_daemon, cfg, bridges)
 
 
@@ -52,6 +72,7 @@ def _cmd_relay(args: argparse.Namespace) -> int:
     if problems:
         return _refuse(problems)
     logs.setup(cfg.environ)
+    raise_fd_limit()
     return trio.run(run_daemon, cfg, [])
 
 

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from bridges.core.capture import CapturePolicy
 from bridges.core.paths import state_dir
-from bridges.core.settings import EnvReader, Setting, bindable, check_fields
+from bridges.core.settings import EnvReader, Setting, bindable, check_fields, token_problem
 
 from .relay.core import normalize_origin
 
@@ -71,6 +71,8 @@ FLEET: tuple[BridgeSpec, ...] = (
     BridgeSpec("acp", "AEP_BRIDGE_ACP", False, "bridges.acp:from_env",
                "bridges.acp.config:SETTINGS",
                "the ACP bridge (the tees of `aep-bridges acp -- AGENT`)"),
+    BridgeSpec("agui", "AEP_BRIDGE_AGUI", False, "bridges.agui:from_env",
+               "bridges.agui.config:SETTINGS", "the AG-UI tee proxy"),
 )
 _FLAGS = {s.flag for s in FLEET}
 
@@ -112,6 +114,21 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_REDACT_PII", "`1`", "`0` turns off email/phone redaction at `redacted`"),
     Setting("AEP_LOG_LEVEL", "`info`", "`debug`, `info`, `warning`, `error`, `critical`"),
     Setting("AEP_LOG_FORMAT", "JSON lines unless stderr is a TTY", "`json` or `text`"),
+    Setting("AEP_LOG_MAX_OPEN", "`128`", "session log descriptors kept open (least recently "
+            "written closed first, counted)"),
+    Setting("AEP_STRICT_IDENTITY", "`0`", "`1`: refuse (`invalid-event`) an emitter's events "
+            "whose `agent` is not its hello `identity.agent`; `0`: accept and claim them, "
+            "counted `identity_mismatch`, logged once per connection"),
+    Setting("AEP_MAX_FILTER_TERMS", "`1024`", "alternatives (values and type patterns, all "
+            "keys) one subscription filter may hold (WS `limit-exceeded`, SSE 400 "
+            "`limit-exceeded`)"),
+    Setting("AEP_SUBSCRIBER_BYTES", "`8388608`", "per-subscriber byte budget: output queued "
+            "for one consumer; a `notice`+ event past it sheds the consumer (it resumes exactly)"),
+    Setting("AEP_BODY_TIMEOUT", "`30`", "seconds a request body may take to arrive once its "
+            "headers have (relay and OTLP/HTTP answer 408)"),
+    Setting("AEP_MAX_CONNECTIONS", "(open-files limit - 256) / 3, within 64..4096",
+            "connections served at once per HTTP listener (relay, OTLP/HTTP); see \"Limits and "
+            "hardening\""),
 )
 """The daemon's core settings (the README's core table, before the flags)."""
 
@@ -187,6 +204,12 @@ class Config:
     buffer_bytes: int = 8 << 20
     total_bytes: int = 256 << 20
     cors_origins: tuple[str, ...] = ()
+    log_max_open: int = 128
+    strict_identity: bool = False
+    max_filter_terms: int = 1024
+    subscriber_bytes: int = 8 << 20
+    body_timeout: float = 30.0
+    max_connections: int | None = None  # per listener; None: from the fd limit
     channel_size: int = 4096
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy, repr=False)  # holds secret values
@@ -232,7 +255,11 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     policy = _policy(env, r.problems)
     relay_url = None if relay_only else _relay_url(r)
     enabled = () if relay_only else _enabled(r, env)
-    cfg = Config(token=r.text("AEP_TOKEN"), relay_url=relay_url, listen=listen,
+    token = r.text("AEP_TOKEN")
+    if (problem := token_problem("AEP_TOKEN", token)):
+        r.problems.append(problem)
+        token = None
+    cfg = Config(token=token, relay_url=relay_url, listen=listen,
                  state_dir=state_dir(env), cors_origins=cors, policy=policy, enabled=enabled,
                  warnings=_unknown_names(env), environ=env, **limits)
     if check_ports:
@@ -253,6 +280,14 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
         "buffer_bytes": r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=1024, unit="bytes"),
         "total_bytes": r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20, minimum=1024,
                                  unit="bytes"),
+        "log_max_open": r.integer("AEP_LOG_MAX_OPEN", 128, minimum=1),
+        "strict_identity": r.flag("AEP_STRICT_IDENTITY"),
+        "max_filter_terms": r.integer("AEP_MAX_FILTER_TERMS", 1024, minimum=1),
+        "subscriber_bytes": r.integer("AEP_SUBSCRIBER_BYTES", 8 << 20, minimum=64 << 10,
+                                      unit="bytes"),
+        "body_timeout": r.seconds("AEP_BODY_TIMEOUT", 30.0, maximum=3600.0),
+        "max_connections": (r.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8)
+                            if r.raw("AEP_MAX_CONNECTIONS") is not None else None),
     }
 
 

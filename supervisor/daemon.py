@@ -12,10 +12,14 @@ import importlib
 import logging
 import os
 import signal
+from functools import partial
 from typing import Any
 
 import trio
 import trio.lowlevel
+
+from bridges.core.asgi import App
+from bridges.core.bridge import Bridge
 
 from .config import Config
 from .fleet import Fleet
@@ -27,10 +31,11 @@ log = logging.getLogger("aep.daemon")
 EXIT_OK, EXIT_DEADLINE, EXIT_CONFIG = 0, 1, 2
 
 
-def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], list[str]]:
-    """Instantiate every enabled bridge through its ``from_env`` factory and
-    collect its ``preflight()`` problems. Returns ``(bridges, problems)``."""
-    bridges: list[Any] = []
+def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Bridge], list[str]]:
+    """Instantiate every enabled bridge through its ``from_env`` factory
+    (one :class:`~bridges.core.bridge.Bridge` or a list of them) and collect
+    its ``preflight()`` problems. Returns ``(bridges, problems)``."""
+    bridges: list[Bridge] = []
     problems: list[str] = []
     for spec in cfg.enabled:
         mod_name, _, fn_name = (spec.factory or "").partition(":")
@@ -49,9 +54,8 @@ def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], 
             bridges.append(b)
     if cfg.embedded_relay:
         for b in bridges:
-            listeners = getattr(b, "listeners", None)
             try:
-                addrs = listeners().values() if callable(listeners) else ()
+                addrs = b.listeners().values()
             except ValueError:
                 continue  # the bridge's own preflight reports its bad address
             if any(a is not None and a[1] != 0 and a == cfg.listen for a in addrs):
@@ -63,8 +67,8 @@ def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Any], 
     return bridges, problems
 
 
-async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | None = None,
-                     task_status=trio.TASK_STATUS_IGNORED) -> int:
+async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit status."""
     notifier = notifier or Notifier(cfg.environ)
     relay = None
@@ -73,20 +77,37 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
         relay = Relay(token=cfg.token, buffer=cfg.buffer, max_sessions=cfg.max_sessions,
                       max_body=cfg.max_body, max_batch=cfg.max_batch, max_from=cfg.max_from,
                       buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes,
-                      cors_origins=cfg.cors_origins)
+                      cors_origins=cfg.cors_origins, strict_identity=cfg.strict_identity,
+                      max_filter_terms=cfg.max_filter_terms, body_timeout_s=cfg.body_timeout,
+                      subscriber_bytes=cfg.subscriber_bytes)
     from .mounts import Mounts
     mounts = Mounts(cfg.token)  # bridge-served paths on AEP_LISTEN (the ACP tees)
     fleet = Fleet(cfg, bridges, relay=relay, mounts=mounts)
     stop_http = trio.Event()
     status = EXIT_OK
-    # The receiver below takes SIGTERM/SIGINT for the daemon's life; when it
-    # closes it re-raises any still pending under the handlers it found, so a
-    # second signal during the drain must find "ignore" there, not the
-    # default action (which would turn a clean exit 0 into 143).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGTERM/SIGINT: our own handler, not trio.open_signal_receiver, so the
+    # hard deadline is armed the moment the signal arrives (Python runs the
+    # handler between bytecodes even while the loop is busy; issue 10 #3: it
+    # must not wait for the loop to get round to it). A second signal during
+    # the drain is ignored (a clean exit 0, never 143).
+    token = trio.lowlevel.current_trio_token()
+    got_signal = trio.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if received:
+            return
+        received.append(signum)
+        # Backstop: a send hypercorn shields from cancellation (a client that
+        # stopped reading), or a loop that never yields, cannot hold the exit:
+        # SIGALRM's default action ends the process regardless.
+        signal.alarm(int(cfg.drain_deadline) + 2)
+        token.run_sync_soon(got_signal.set)  # safe from a signal handler
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
         async with trio.open_nursery() as root:
+            app: App
             if relay is not None:
                 from .relay.app import make_app
                 inner: Any = make_app(relay, healthz=fleet.healthz)
@@ -95,7 +116,8 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 inner = host_guard(health_app(cfg.token, fleet.healthz))
             app = mounts.wrap(inner)
             host, port = cfg.listen
-            bound = await root.start(serve_asgi, app, host, port, stop_http)
+            bound = await root.start(partial(serve_asgi, app, host, port, stop_http,
+                                             max_connections=cfg.max_connections))
             await root.start(fleet.run)
             await notifier.notify("READY=1")
             root.start_soon(notifier.watchdog_loop)
@@ -105,14 +127,9 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                      "control routing on (token set)" if cfg.token
                      else "watch-only (no AEP_TOKEN: commands refused)")
             task_status.started(bound)
-            async for signum in signals:
-                log.info("received %s: draining", signal.Signals(signum).name)
-                break
+            await got_signal.wait()
+            log.info("received %s: draining", signal.Signals(received[0]).name)
             await notifier.notify("STOPPING=1")
-            # Backstop: a send hypercorn shields from cancellation (a client
-            # that stopped reading) can hold the nursery's teardown forever;
-            # SIGALRM's default action ends the process regardless.
-            signal.alarm(int(cfg.drain_deadline) + 3)
             with trio.move_on_after(cfg.drain_deadline) as deadline:
                 await fleet.drain()
                 if relay is not None:
@@ -123,5 +140,8 @@ async def run_daemon(cfg: Config, bridges: list[Any], *, notifier: Notifier | No
                 log.error("drain exceeded %.1fs; exiting at the hard deadline", cfg.drain_deadline)
                 os._exit(EXIT_DEADLINE)  # the deadline is hard: nothing may hold the exit
             root.cancel_scope.cancel()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, signal.SIG_IGN if received else h)
     log.info("aep-bridges stopped (status %d)", status)
     return status

@@ -23,13 +23,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 import trio
 
 from bridges.core.aep import SUPPORTED_VERSIONS, scrub_surrogates
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Outbound
+from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Envelope, Outbound
 from bridges.core.envelope import EpochStore, Stamper
 from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
@@ -37,11 +37,17 @@ from bridges.core.ledger import CommandLedger
 from .config import Config
 from .jsonlog import SessionLog, encode_line
 
+if TYPE_CHECKING:
+    from .relay.connections import LocalEmitter
+    from .relay.core import Relay
+    from .uplink import Uplink
+
 log = logging.getLogger("aep.fleet")
 
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a run this long resets the backoff
+REFUSED_RED_S = 300.0  # health stays red this long after the relay refused a bridge's event
 
 
 class Sink(Protocol):
@@ -91,7 +97,8 @@ def _check_declaration(bridge: Bridge, handle: BridgeRun) -> bool:
     """Whether the bridge declares control; a controller whose ``accepts``
     differs from the ``hello`` declaration is a bridge bug, logged (the
     controller's set is what the ledger honors)."""
-    declared = tuple((bridge.capabilities().get("control") or {}).get("accepts") or ())
+    control = bridge.capabilities().get("control")
+    declared = tuple(control.get("accepts") or ()) if control else ()
     c = handle.controller
     if (tuple(c.accepts) if c is not None else ()) != declared:
         log.warning("bridge %s declares control.accepts %s but its run %s", bridge.name,
@@ -117,7 +124,7 @@ async def _serve_commands(ctx: BridgeContext, handle: BridgeRun) -> None:
 class _RelaySink:
     """The embedded relay's in-process emitter connection for one bridge."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: LocalEmitter) -> None:
         self.conn = conn
         self.connected = True
 
@@ -126,7 +133,7 @@ class _RelaySink:
 
 
 class _UplinkSink:
-    def __init__(self, uplink: Any) -> None:
+    def __init__(self, uplink: Uplink) -> None:
         self.uplink = uplink
 
     @property
@@ -144,10 +151,11 @@ class Member:
     bridge: Bridge
     ctx: BridgeContext
     health: BridgeHealth
-    inbox: trio.MemorySendChannel
+    inbox: trio.MemorySendChannel[Envelope]
     sink: Sink | None = None
-    uplink: Any = None
+    uplink: Uplink | None = None
     restarts: int = 0
+    refused_at: float | None = None  # trio time of the relay's last refusal of its event
     started: trio.Event = field(default_factory=trio.Event)
 
 
@@ -158,14 +166,16 @@ class Fleet:
     when uplinking). Use :meth:`run` inside a nursery via ``nursery.start``;
     :meth:`drain` performs the orderly part of shutdown."""
 
-    def __init__(self, cfg: Config, bridges: list[Bridge], *, relay: Any = None,
+    def __init__(self, cfg: Config, bridges: list[Bridge], *, relay: Relay | None = None,
                  host: str | None = None, mounts: Any = None) -> None:
         self.cfg = cfg
         self.relay = relay
         self.mounts = mounts
         self.host = host or socket.gethostname() or "localhost"
         self.epoch = EpochStore(cfg.state_dir).next_epoch()
-        self.session_log = SessionLog(cfg.state_dir / "logs")
+        self.session_log = SessionLog(cfg.state_dir / "logs",
+                                      max_open=cfg.log_max_open)
+        self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
         self._send, self._recv = trio.open_memory_channel[Outbound](cfg.channel_size)
         self.members: dict[str, Member] = {}
         self.started_at = time.monotonic()
@@ -177,12 +187,13 @@ class Fleet:
             ctx = BridgeContext(b.name, stamper, self._send.clone(), inbox_recv, health,
                                 logging.getLogger(f"aep.bridge.{b.name}"), mounts=mounts)
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
+            ctx.attach_log(self._log_writable)
             self.members[b.name] = Member(b, ctx, health, inbox_send)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
 
     # -- running -------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Attach sinks, start the pump and every bridge; ``started()`` once
         every bridge has bound its listeners (or failed its first start)."""
         async with trio.open_nursery() as nursery:
@@ -214,7 +225,7 @@ class Fleet:
         m.health.relay = sink.connected
 
     @staticmethod
-    def _inbox_deliver(m: Member) -> Callable[[dict[str, Any]], Any]:
+    def _inbox_deliver(m: Member) -> Callable[[Envelope], Awaitable[None]]:
         """Hand a routed command to the bridge without ever blocking the
         relay: a full inbox drops it and counts (the sender's retry with the
         same id recovers it, AEP-0004 §2.3)."""
@@ -283,10 +294,15 @@ class Fleet:
             self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
             log.error("bridge %s emitted an unserializable event (%s): dropped",
                       item.bridge, type(e).__name__)
+            if not item.redelivery:
+                self._log_result(item.bridge, False)
             return
         if not item.redelivery:
-            self.session_log.write(ev, line)
+            written = self.session_log.write(ev, line)
             self.counters["events"] += 1
+            if not written:
+                self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
+            self._log_result(item.bridge, written)
         m = self.members.get(item.bridge)
         if m is None or m.sink is None:
             return
@@ -294,7 +310,26 @@ class Fleet:
             await m.sink.send(ev, item.redelivery)
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
             self.counters["sink_errors"] += 1
+            if type(e).__name__ == "InvalidEvent":
+                # the relay refused the bridge's own event (a forged position took
+                # its place, issue 10 #8): consumers miss it, so health goes red
+                m.health.count("relay_refused")
+                m.health.detail = f"relay refused an event: {str(e)[:120]}"
+                first = m.refused_at is None or trio.current_time() - m.refused_at > REFUSED_RED_S
+                m.refused_at = trio.current_time()
+                if first:
+                    log.error("relay refused an event of %s (%s); health is red (counted in "
+                              "relay_refused)", item.bridge, e)
+                return
             log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
+
+    def _log_writable(self) -> bool:
+        return self.session_log.writable()
+
+    def _log_result(self, bridge: str, written: bool) -> None:
+        m = self.members.get(bridge)
+        if m is not None:
+            m.ctx.log_result(written)
 
     # -- shutdown --------------------------------------------------------------
     async def drain(self) -> None:
@@ -323,6 +358,11 @@ class Fleet:
             if m.sink is not None:
                 m.health.relay = m.sink.connected
             bridges[name] = m.health.public()
+            refused = max((t for t in (m.refused_at, getattr(m.uplink, "refused_at", None))
+                           if t is not None), default=None)
+            if refused is not None and trio.current_time() - refused < REFUSED_RED_S:
+                bridges[name]["ok"] = False
+                bridges[name]["refused"] = True
             if authorized:
                 bridges[name]["counters"] = dict(m.health.counters)
                 if m.health.detail:

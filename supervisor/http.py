@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import trio
 
-from bridges.core.asgi import bearer_ok, lifespan, send_bytes
+from bridges.core.asgi import App, Receive, Scope, Send, bearer_ok, lifespan, send_bytes
 from bridges.core.http import bind_socket, hyper_config, serve_app
 
 __all__ = ["serve_asgi", "health_app"]
@@ -17,8 +17,9 @@ __all__ = ["serve_asgi", "health_app"]
 log = logging.getLogger("aep.http")
 
 
-async def serve_asgi(app: Any, host: str, port: int, shutdown: trio.Event, *,
-                     task_status=trio.TASK_STATUS_IGNORED) -> None:
+async def serve_asgi(app: App, host: str, port: int, shutdown: trio.Event, *,
+                     max_connections: int | None = None,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``host:port`` until ``shutdown`` is set (graceful,
     1 s for open handlers), reporting the bound address as a one-element
     list of URLs through ``task_status.started``. Raises ``OSError`` when
@@ -28,22 +29,23 @@ async def serve_asgi(app: Any, host: str, port: int, shutdown: trio.Event, *,
     hypercorn shields its socket writes, so an SSE consumer that stopped
     reading would otherwise hold the drain (and the process) forever."""
 
-    class _Started:
-        def started(self, addr: tuple[str, int]) -> None:
-            h, p = addr
+    class _Started(trio.TaskStatus[tuple[str, int]]):  # the bound address as a URL
+        def started(self, value: tuple[str, int] | None = None) -> None:
+            assert value is not None
+            h, p = value
             task_status.started([f"http://[{h}]:{p}" if ":" in h else f"http://{h}:{p}"])
 
     await serve_app(app, bind_socket(host, port), shutdown,
                     config=hyper_config(graceful_timeout=1.0, errorlog="hypercorn.error"),
-                    task_status=_Started())
+                    max_connections=max_connections, task_status=_Started())
 
 
-def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> Any:
+def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> App:
     """An ASGI app answering only ``GET /healthz`` (everything else 404).
     ``healthz(authorized)`` gives the body; without a configured token every
     request counts as authorized (counts are public, exactly as on the relay)."""
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             return await lifespan(receive, send)
         if scope["type"] != "http":

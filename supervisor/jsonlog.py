@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import re
+import time
 import urllib.parse
 from collections import OrderedDict
 from pathlib import Path
@@ -46,20 +47,31 @@ def encode_line(event: dict[str, Any]) -> bytes:
 
 class SessionLog:
     """Appends events to per-session files, keeping at most ``max_open``
-    descriptors open (least recently written closed first).
+    descriptors open (least recently written closed first; ``AEP_LOG_MAX_OPEN``).
 
-    ``write`` raises nothing: a failing disk is logged once per file and
-    counted in ``errors``, and the event still flows to the relay (the log
-    is history, not a gate)."""
+    Whole lines or nothing (issue 10 #9): a line the disk takes only part of
+    (``ENOSPC`` mid-line) is cut back off the file at once, so a fragment is
+    never left for the next line to be glued onto; :meth:`repair` does the
+    same at start for a tail torn by a crash, keeping the fragment aside in
+    ``{file}.torn`` (never read as a session log).
+
+    ``write`` raises nothing: it returns whether the line is on disk; a
+    failing disk is logged once per failing spell and counted in
+    ``errors``, ``failing`` stays true until a write succeeds again (the
+    fleet refuses new OTLP exports retryably meanwhile; relay delivery
+    continues). ``counters``: ``files_opened``, ``descriptors_evicted``,
+    ``torn_repaired``, ``unwritten``."""
 
     def __init__(self, root: Path, *, max_open: int = 128) -> None:
         self.root = Path(root)
-        self.max_open = max_open
+        self.max_open = max(1, max_open)
         self._fds: OrderedDict[Path, int] = OrderedDict()
-        self._failed: set[Path] = set()
         self.errors = 0
         self.lines = 0
         self.failing = False  # the last write failed (health)
+        self.failed_at = 0.0  # time.monotonic() of the last failed write
+        self.counters = {"files_opened": 0, "descriptors_evicted": 0, "torn_repaired": 0,
+                         "unwritten": 0}
 
     def path_for(self, event: dict[str, Any]) -> Path:
         agent = safe_name(str(event.get("agent") or "unknown"))
@@ -71,28 +83,119 @@ class SessionLog:
         fd = self._fds.pop(path, None)
         if fd is None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
             while len(self._fds) >= self.max_open:
                 _, old = self._fds.popitem(last=False)
                 os.close(old)
+                self.counters["descriptors_evicted"] += 1
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self.counters["files_opened"] += 1
         self._fds[path] = fd
         return fd
 
-    def write(self, event: dict[str, Any], line: bytes | None = None) -> None:
+    def write(self, event: dict[str, Any], line: bytes | None = None) -> bool:
+        """Append one event's line; ``True`` when the whole line is on disk,
+        ``False`` (nothing of it left in the file) otherwise."""
         path = self.path_for(event)
         data = line if line is not None else encode_line(event)
+        fd = -1
         try:
-            n = os.write(self._fd(path), data)
-            if n != len(data):  # regular files don't short-write short of ENOSPC
-                raise OSError(f"short write ({n}/{len(data)} bytes)")
-            self.lines += 1
-            self.failing = False
+            fd = self._fd(path)
+            n = os.write(fd, data)
+            if n != len(data):  # regular files short-write only when the disk is full
+                self._cut(fd, n)
+                raise OSError(f"short write ({n}/{len(data)} bytes; disk full?)")
         except OSError as e:
             self.errors += 1
+            self.counters["unwritten"] += 1
+            if not self.failing:  # once per failing spell, not per line
+                log.error("cannot write session log %s: %s (events still go to the relay; "
+                          "OTLP exports are refused retryably until the log writes again)",
+                          path, e)
             self.failing = True
-            if path not in self._failed:
-                self._failed.add(path)
-                log.error("cannot write session log %s: %s", path, e)
+            self.failed_at = time.monotonic()
+            return False
+        if self.failing:
+            log.warning("session log writes again (%d lines were not written)",
+                        self.counters["unwritten"])
+        self.lines += 1
+        self.failing = False
+        return True
+
+    @staticmethod
+    def _cut(fd: int, n: int) -> None:
+        """Remove the ``n`` bytes a short write appended (O_APPEND: they
+        are the file's tail; this process is the file's only writer)."""
+        if n <= 0:
+            return
+        try:
+            os.ftruncate(fd, max(0, os.fstat(fd).st_size - n))
+        except OSError as e:  # cannot even cut: repair() at the next start will
+            log.error("cannot cut a partial line off a session log: %s", e)
+
+    def repair(self) -> list[Path]:
+        """Start-up repair: every ``*.jsonl`` under ``root`` whose last byte
+        is not a newline is truncated to its last newline; the fragment is
+        appended to ``{file}.torn`` and the repair logged. Returns the
+        repaired paths. Reads one byte per file (more only when torn)."""
+        repaired: list[Path] = []
+        try:
+            agents = [p for p in self.root.iterdir() if p.is_dir()]
+        except OSError:
+            return repaired
+        for agent in agents:
+            try:
+                files = [p for p in agent.iterdir() if p.suffix == ".jsonl"]
+            except OSError:
+                continue
+            for path in files:
+                try:
+                    if self._repair_one(path):
+                        repaired.append(path)
+                except OSError as e:
+                    log.error("cannot repair session log %s: %s", path, e)
+        return repaired
+
+    def _repair_one(self, path: Path) -> bool:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return False
+            f.seek(size - 1)
+            if f.read(1) == b"\n":
+                return False
+            keep = size
+            step = 64 * 1024
+            while keep > 0:  # find the last newline, scanning back in blocks
+                start = max(0, keep - step)
+                f.seek(start)
+                block = f.read(keep - start)
+                i = block.rfind(b"\n")
+                if i >= 0:
+                    keep = start + i + 1
+                    break
+                keep = start
+            f.seek(keep)
+            fragment = f.read()
+            with open(path.with_name(path.name + ".torn"), "ab") as aside:
+                aside.write(fragment + b"\n")
+            f.truncate(keep)
+        self.counters["torn_repaired"] += 1
+        log.warning("session log %s ended in a torn line (%d bytes, from a crash or a full "
+                    "disk): truncated to the last whole line, the fragment kept in %s.torn",
+                    path, len(fragment), path.name)
+        return True
+
+    def writable(self, probe_after: float = 1.0) -> bool:
+        """Whether to accept new work for the log: it writes, or the disk
+        shows room again (``statvfs``), or its last failure is ``probe_after``
+        s old (the next write probes the disk)."""
+        if not self.failing or time.monotonic() - self.failed_at >= probe_after:
+            return True
+        try:
+            st = os.statvfs(self.root)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize >= 1 << 20
 
     def flush(self) -> None:
         """fsync every open file (shutdown)."""

@@ -44,7 +44,7 @@ from bridges.core.aep import SEVERITY_RANK as _RANK
 PENDING, INFLIGHT, SENT, DROPPED = range(4)
 
 
-def severity_rank(severity: Any) -> int:
+def severity_rank(severity: object) -> int:
     """0 (debug) .. 5 (critical); ``None`` -> info; unknown -> notice."""
     if severity is None:
         return _RANK["info"]

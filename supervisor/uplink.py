@@ -169,6 +169,9 @@ class Uplink:
         self._running = False
         self._stopped = trio.Event()
         self._run_scope: trio.CancelScope | None = None
+        #: trio.current_time() of the relay's last refusal of one of our
+        #: events (an ``error`` frame with a ``cause``): health turns red (#8)
+        self.refused_at: float | None = None
         self._c: dict[str, int] = {
             "sent": 0, "connects": 0, "disconnects": 0, "connect_failures": 0,
             "commands": 0, "commands_dropped": 0, "relay_errors": 0, "malformed_frames": 0,
@@ -221,7 +224,7 @@ class Uplink:
             await self._changed.park()
         self._changed.unpark_all()
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, stream, reconnect, until :meth:`close` (or cancellation).
         Calls ``task_status.started()`` at once: a relay that is down at
         start never holds the daemon up; the outbox holds events meanwhile."""
@@ -380,6 +383,9 @@ class Uplink:
             elif kind == "error":
                 self._c["relay_errors"] += 1
                 code = str(msg.get("code") or "error")
+                if msg.get("cause") and code == "invalid-event":
+                    self._c["relay_refused"] = self._c.get("relay_refused", 0) + 1
+                    self.refused_at = trio.current_time()
                 self._log_once(code, "uplink %s: relay error %s%s (cause %s)", self.name, code,
                                f": {msg.get('detail')}" if msg.get("detail") else "",
                                msg.get("cause"))

@@ -1,7 +1,8 @@
 """Shared machinery every bridge (and the supervisor) uses from below:
 the protocol vocabulary (:mod:`.aep`), envelope stamping, capture gating
-and redaction, vendor fallback naming, the command ledger and control
-shape, settings, the HTTP machinery (:mod:`.asgi`, :mod:`.http`).
+and redaction, vendor fallback naming, the mappers' one posture
+(:mod:`.posture`), the command ledger and control shape, settings, the
+HTTP machinery (:mod:`.asgi`, :mod:`.http`).
 
 The layers point one way: ``bridges.core`` -> the bridges -> ``supervisor``
 (``tests/unit/test_layers.py``). Nothing here performs I/O except
@@ -10,5 +11,5 @@ bridges' state) and :mod:`.http` (serving sockets it is handed)."""
 
 __all__ = [
     "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope", "errors",
-    "http", "ledger", "naming", "paths", "redaction", "settings",
+    "http", "ledger", "naming", "paths", "posture", "redaction", "settings",
 ]

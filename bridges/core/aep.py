@@ -78,14 +78,14 @@ _COMMAND = re.compile(
     "(?:" + "|".join(re.escape(c) for c in CORE_COMMANDS) + r"|x\.[a-z0-9_-]+\.control\..+)\Z")
 
 
-def is_command_type(type_: Any) -> bool:
+def is_command_type(type_: object) -> bool:
     """Whether ``type_`` names a command: one of :data:`CORE_COMMANDS` or
     ``x.{vendor}.control.*`` (AEP-0004 §2, §5; the schema's seq-less set).
     Commands are routed, never sequenced. False for a non-string."""
     return isinstance(type_, str) and _COMMAND.match(type_) is not None
 
 
-def is_command(event: Any) -> bool:
+def is_command(event: object) -> bool:
     """Whether the object ``event`` is a command Event (by its ``type``)."""
     return isinstance(event, dict) and is_command_type(event.get("type"))
 

@@ -26,16 +26,23 @@ import hmac
 import ipaddress
 import json
 import urllib.parse
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 __all__ = [
-    "Scope", "ABORT_KEY", "LISTEN_KEY",
+    "Scope", "Message", "Receive", "Send", "App", "ABORT_KEY", "LISTEN_KEY",
     "lifespan", "read_body", "headers", "header", "send_bytes", "send_json", "respond",
     "presented_tokens", "token_matches", "bearer_ok",
     "host_allowed", "listen_host", "host_guard", "refuse_upgrade",
 ]
 
 Scope = dict[str, Any]
+"""An ASGI connection scope (``{"type": "http", "path": ..., "headers": ...}``)."""
+Message = dict[str, Any]
+"""One ASGI event (``{"type": "http.request", "body": b"...", ...}``)."""
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+"""An ASGI 3 application."""
 
 #: ``scope["state"]`` key under which :func:`bridges.core.http.serve_app`
 #: puts a callable that aborts the connection's socket (sheds a stalled peer).
@@ -46,7 +53,7 @@ ABORT_KEY = "aep.abort"
 LISTEN_KEY = "aep.listen"
 
 
-async def lifespan(receive: Any, send: Any) -> None:
+async def lifespan(receive: Receive, send: Send) -> None:
     """Answer the ASGI lifespan protocol: nothing to start or stop."""
     while True:
         msg = await receive()
@@ -57,7 +64,7 @@ async def lifespan(receive: Any, send: Any) -> None:
             return
 
 
-async def read_body(receive: Any, limit: int | None = None) -> bytes | None:
+async def read_body(receive: Receive, limit: int | None = None) -> bytes | None:
     """The whole request body, or ``None`` if the client disconnected first.
     Raises ``OverflowError`` past ``limit`` bytes (the caller answers 413)."""
     chunks: list[bytes] = []
@@ -88,7 +95,7 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-async def send_bytes(send: Any, status: int, body: bytes, content_type: str,
+async def send_bytes(send: Send, status: int, body: bytes, content_type: str,
                      extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """One complete response."""
     await send({"type": "http.response.start", "status": status, "headers": [
@@ -97,13 +104,13 @@ async def send_bytes(send: Any, status: int, body: bytes, content_type: str,
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_json(send: Any, status: int, obj: Any,
+async def send_json(send: Send, status: int, obj: Any,
                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """One complete JSON response."""
     await send_bytes(send, status, json.dumps(obj).encode(), "application/json", extra)
 
 
-async def respond(send: Any, status: int, body: Any = None, *,
+async def respond(send: Send, status: int, body: Any = None, *,
                   headers: Iterable[tuple[bytes, bytes]] = (), close: bool = False) -> None:
     """One complete response: ``body`` ``None`` (empty, no content type),
     ``bytes`` (sent as JSON) or an object (``json.dumps``); ``headers``
@@ -215,13 +222,13 @@ def listen_host(scope: Scope) -> str | None:
     return addr[0] if addr else None
 
 
-def host_guard(app: Any, on_refuse: Callable[[], None] | None = None) -> Any:
+def host_guard(app: App, on_refuse: Callable[[], None] | None = None) -> App:
     """Wrap an ASGI ``app`` (the OTLP/HTTP receiver, a health app) in the
     DNS-rebinding guard (:func:`host_allowed` against the bound listener):
     a refused HTTP request gets 403 ``host-not-allowed`` (and
     ``Connection: close``), a refused WebSocket is closed before accept.
     ``on_refuse()`` counts it."""
-    async def guarded(scope: Scope, receive: Callable, send: Callable) -> None:
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket") and not host_allowed(
                 header(scope, b"host") or "", listen_host(scope)):
             if on_refuse is not None:

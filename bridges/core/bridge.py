@@ -14,20 +14,71 @@ or none). Design: ``shared/DESIGN.md`` ("How data flows",
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple, Protocol
+from datetime import datetime
+from typing import (TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple, NotRequired, Protocol,
+                    Required, TypedDict)
+
 
 import trio
 
 from .envelope import Stamper
+from .settings import Address
 
 if TYPE_CHECKING:
     from .control import Controller
 
-Emission = dict[str, Any]
-"""One mapped moment, shaped like a mapping pin's ``expected`` object:
-``{"type": str, "data"?: dict, "subject"?: str, "step"?: str,
-"severity"?: str}``."""
+Envelope = dict[str, Any]
+"""A stamped AEP envelope (AEP-0001 §5), as it goes on the relay channel."""
+
+
+class Gating(TypedDict, total=False):
+    """Hints for the capture gate (:func:`bridges.core.capture.gate`), read
+    by the stamper and never put on the wire: ``levels`` grades payload keys
+    a type's table does not (``{"summary": "redacted"}``); ``structural``
+    names keys kept at every level (a form's ``prompt``); ``form_fields``:
+    an AEP-0006 form's fields, for gating ``answer.values``."""
+
+    levels: Mapping[str, str]
+    structural: Collection[str]
+    form_fields: object
+
+
+class Emission(TypedDict):
+    """One mapped moment, shaped like a mapping pin's ``expected`` object:
+    ``type`` (required: the key the capture gate and the stamper gate by,
+    :func:`bridges.core.capture.gate`), and optionally ``data`` (the payload,
+    JSON-shaped, gated to the type's ceiling), ``subject``, ``step``,
+    ``severity`` (overrides the type's default) and ``gating`` (the gate's
+    hints, :class:`Gating`; not emitted)."""
+
+    type: Required[str]
+    data: NotRequired[dict[str, Any]]
+    subject: NotRequired[str]
+    step: NotRequired[str]
+    severity: NotRequired[str]
+    gating: NotRequired[Gating]
+
+
+class ControlDeclaration(TypedDict):
+    """``hello.capabilities.control`` (AEP-0003 §4, AEP-0004 §4.2): the
+    command types the bridge accepts (``[]``: none; gated off) and its ack
+    window in milliseconds."""
+
+    accepts: list[str]
+    ack_window_ms: int
+
+
+class Capabilities(TypedDict):
+    """The ``hello`` capability block of one emitter (AEP-0003 §4):
+    ``emits`` (type families and the vendor namespace, ``["session", ...,
+    "x.opencode"]``), ``capture`` (the levels it may send, ``["none",
+    "metadata"]``), and ``control`` when it declares any."""
+
+    emits: list[str]
+    capture: list[str]
+    control: NotRequired[ControlDeclaration]
 
 
 class Outbound(NamedTuple):
@@ -40,7 +91,7 @@ class Outbound(NamedTuple):
     not append it twice."""
 
     bridge: str
-    event: dict[str, Any]
+    event: Envelope
     redelivery: bool = False
 
 
@@ -110,8 +161,8 @@ class BridgeContext:
       ``None`` where there is no daemon listener, e.g. a bare test context).
     """
 
-    def __init__(self, name: str, stamper: Stamper, channel: trio.MemorySendChannel,
-                 commands: trio.MemoryReceiveChannel, health: BridgeHealth,
+    def __init__(self, name: str, stamper: Stamper, channel: trio.MemorySendChannel[Outbound],
+                 commands: trio.MemoryReceiveChannel[Envelope], health: BridgeHealth,
                  log: logging.Logger, mounts: Mounts | None = None) -> None:
         self.name = name
         self.stamper = stamper
@@ -120,37 +171,93 @@ class BridgeContext:
         self.health = health
         self.log = log
         self.mounts = mounts
+        self._sent = 0  # first deliveries put on the channel (log tickets)
+        self._done = 0  # of those, how many the fleet has written or failed
+        self._failed_at = 0  # the latest ticket the session log could not write
+        self._progress = trio.Event()
+        self._attached = False
+        self._writable: Callable[[], bool] = lambda: True
+
+    # -- the durable log's verdicts (set by the fleet) --------------------------------
+    def attach_log(self, writable: Callable[[], bool]) -> None:
+        """Called by the fleet: this context's first deliveries are written
+        to the session log by the fleet's pump, which reports each through
+        :meth:`log_result`; ``writable()`` says whether the log writes now."""
+        self._attached = True
+        self._writable = writable
+
+    def log_result(self, written: bool) -> None:
+        """The fleet's verdict on this context's next first delivery, in order."""
+        self._done += 1
+        if not written:
+            self._failed_at = self._done
+        self._progress.set()
+        self._progress = trio.Event()
+
+    def log_writable(self) -> bool:
+        """Whether the session log writes right now (false while the disk is full)."""
+        return self._writable()
+
+    def log_mark(self) -> int:
+        """A mark for :meth:`logged_since`: what has been sent so far."""
+        return self._sent
+
+    async def logged_since(self, mark: int, within_s: float = 10.0) -> bool:
+        """Wait (at most ``within_s`` seconds) until everything sent after ``mark``
+        has reached the session log; ``True`` when all of it was written,
+        ``False`` when a line could not be (or the wait timed out). Sends of
+        concurrent requests in between count too (conservative: a refusal
+        only costs the sender a retry)."""
+        if not self._attached:
+            return True
+        target = self._sent
+        with trio.move_on_after(within_s):
+            while self._done < target:
+                await self._progress.wait()
+        return self._done >= target and self._failed_at <= mark
 
     @property
     def agent(self) -> str:
         return self.stamper.agent
 
-    async def emit(self, session: str, emission: Emission, **envelope: Any) -> dict[str, Any]:
-        """Stamp ``emission`` for ``session`` and wait for room on the relay
-        channel. ``envelope`` keywords: ``run``, ``cause``, ``time``
-        (datetime or RFC 3339 str), ``severity``, ``extensions``. Returns the
-        envelope as sent."""
-        ev = self.stamper.stamp(session, emission, **envelope)
+    async def emit(self, session: str | None, emission: Emission, *, run: str | None = None,
+                   cause: str | None = None, time: datetime | str | None = None,
+                   severity: str | None = None,
+                   extensions: Mapping[str, Any] | None = None) -> Envelope:
+        """Stamp ``emission`` for ``session`` (``None`` only for ``agent.*``
+        types) and wait for room on the relay channel. ``time``: a datetime
+        or an RFC 3339 string (default now); ``severity`` overrides the
+        emission's; ``extensions``: AEP-0001 §5.4 attributes. Returns the
+        envelope as sent. Raises ``ValueError`` as
+        :meth:`bridges.core.envelope.Stamper.stamp` does."""
+        ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
+                                severity=severity, extensions=extensions)
         await self._channel.send(Outbound(self.name, ev))
+        self._sent += 1
         return ev
 
-    def emit_nowait(self, session: str, emission: Emission, **envelope: Any) -> dict[str, Any]:
+    def emit_nowait(self, session: str | None, emission: Emission, *, run: str | None = None,
+                    cause: str | None = None, time: datetime | str | None = None,
+                    severity: str | None = None,
+                    extensions: Mapping[str, Any] | None = None) -> Envelope:
         """Like :meth:`emit` but never waits. Raises :class:`Saturated` when
         the channel is full; nothing is stamped then (no ``seq`` is burnt)."""
         if self.saturated():
             raise Saturated(self.name)
-        ev = self.stamper.stamp(session, emission, **envelope)
+        ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
+                                severity=severity, extensions=extensions)
         try:
             self._channel.send_nowait(Outbound(self.name, ev))
         except trio.WouldBlock:  # raced to full between check and send
             raise Saturated(self.name) from None
+        self._sent += 1
         return ev
 
     def saturated(self) -> bool:
         stats = self._channel.statistics()
         return stats.current_buffer_used >= stats.max_buffer_size
 
-    async def redeliver(self, event: dict[str, Any]) -> None:
+    async def redeliver(self, event: Envelope) -> None:
         """Re-send an already-emitted envelope verbatim (same ``id``, same
         ``(epoch, seq)``), AEP-0004 §3."""
         await self._channel.send(Outbound(self.name, event, redelivery=True))
@@ -188,14 +295,23 @@ class Bridge(Protocol):
     its per-run state, calls ``task_status.started(BridgeRun(...))`` (or a
     subclass; plain ``started()`` means no controller) once its listeners
     are bound, and returns or raises only when the bridge stops (the
-    supervisor restarts it with backoff, calling :meth:`run` again)."""
+    supervisor restarts it with backoff, calling :meth:`run` again).
+    :meth:`listeners` names every socket the bridge binds itself
+    (``{"grpc": ("127.0.0.1", 4317), "http": None}``; ``None``: that listener
+    is off; ``{}`` for a bridge that only dials out): the bound addresses
+    while a run serves, the configured ones otherwise; the daemon refuses a
+    configuration whose relay address is one of them. May raise
+    ``ValueError`` for an unparsable configured address (its preflight
+    reports it)."""
 
     name: str
     agent: str
 
-    def capabilities(self) -> dict[str, Any]: ...
+    def capabilities(self) -> Capabilities: ...
 
     def preflight(self, *, check_ports: bool = True) -> list[str]: ...
+
+    def listeners(self) -> dict[str, Address | None]: ...
 
     async def run(self, ctx: BridgeContext, *,
                   task_status: trio.TaskStatus[BridgeRun | None] = trio.TASK_STATUS_IGNORED

@@ -246,7 +246,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def synthesize_prompt(agent: Any, kind: Any, subject: Any) -> str:
+def synthesize_prompt(agent: object, kind: object, subject: object) -> str:
     """The ``metadata`` form of ``attention.requested.prompt`` (AEP-0003
     §9.2): ``"{agent} requests {kind}: {subject}"``, built only from the
     envelope's ``agent`` and ``subject`` and the payload's ``kind``.

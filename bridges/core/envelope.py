@@ -12,13 +12,16 @@ import socket
 import time as _time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from aep_sdk import ulid
 
 from . import capture as _capture
 from .aep import AEP_VERSION
 from .paths import write_atomic
+
+if TYPE_CHECKING:
+    from .bridge import Emission, Gating
 
 log = logging.getLogger("aep.core.envelope")
 
@@ -103,15 +106,19 @@ class Stamper:
         base = f"aep://{self.host}/agent/{self.agent}"
         return f"{base}/session/{session}" if session else base
 
+    def knows(self, session: str) -> bool:
+        """Whether this stamper has stamped a sequenced event for ``session``."""
+        return session in self._seq
+
     def next_seq(self, session: str) -> int:
         seq = self._seq.get(session, 0)
         self._seq[session] = seq + 1
         return seq
 
-    def stamp(self, session: str | None, emission: dict[str, Any], *, run: str | None = None,
+    def stamp(self, session: str | None, emission: Emission, *, run: str | None = None,
               cause: str | None = None, time: datetime | str | None = None,
               severity: str | None = None,
-              extensions: dict[str, Any] | None = None) -> dict[str, Any]:
+              extensions: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Build one envelope. ``emission`` is ``{type, data?, subject?,
         step?, severity?, gating?}`` (``gating``: hints for
         :func:`bridges.core.capture.gate`, not emitted). The payload passes
@@ -152,7 +159,7 @@ class Stamper:
         ceiling = self.policy.ceiling_for(type_)
         # ``gating``: optional hints for the gate, never put on the wire
         # (``form_fields``, ``levels``, ``structural``; see capture.gate).
-        hints = emission.get("gating") or {}
+        hints: Gating = emission.get("gating") or {}
         data, level = _capture.gate(
             type_, emission.get("data"), ceiling, self.policy,
             agent=self.agent, subject=emission.get("subject"),

@@ -38,12 +38,14 @@ connections, await the caller's ``before_drain()`` (e.g. the relay's
 orderly close), then give handlers ``graceful_timeout`` to finish."""
 from __future__ import annotations
 
+import errno
 import logging
+import resource
 import socket
 import time
 import traceback
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, cast
 
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
@@ -51,10 +53,11 @@ from hypercorn.config import Config as HyperConfig
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ConnectionState
+from hypercorn.typing import ASGIFramework, ConnectionState
 
-from .asgi import ABORT_KEY, LISTEN_KEY
+from .asgi import ABORT_KEY, LISTEN_KEY, App
 from .errors import leaves, root_cause
+from .settings import Address
 
 __all__ = [
     "HyperConfig", "hyper_config", "bind_socket", "serve_app", "Http2Refused",
@@ -216,6 +219,103 @@ def bind_socket(host: str, port: int, *, backlog: int = 128) -> socket.socket:
     return sock
 
 
+# accept() failing for want of a descriptor (or kernel memory): wait, retry
+_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+_OVERFLOW_S = 2.0
+"""Seconds a connection accepted past a listener's cap may live: enough for
+``GET /healthz``, not for holding a slot (issue 10 #6)."""
+
+
+def _default_max_connections() -> int:
+    """Connections per listener when ``AEP_MAX_CONNECTIONS`` is unset: a
+    third of the open-files limit left after 256 for everything else (the
+    relay, OTLP/HTTP and OTLP/gRPC share it), between 64 and 4096."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ValueError, OSError):
+        soft = 1024
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(64, min(4096, (soft - 256) // 3))
+
+
+class _Spell:
+    """Logs a condition once when it starts and once when it ends (with the
+    count in between), never once per occurrence (issue 10 #6: EMFILE at
+    40 KB/s of tracebacks)."""
+
+    def __init__(self, what: str, where: str) -> None:
+        self.what, self.where = what, where
+        self.count = 0
+        self.on = False
+
+    def hit(self, detail: str = "") -> None:
+        self.count += 1
+        if not self.on:
+            self.on = True
+            log.error("%s: %s%s (logged once until it clears)", self.where, self.what,
+                      f" ({detail})" if detail else "")
+
+    def clear(self) -> None:
+        if self.on:
+            self.on = False
+            log.warning("%s: %s cleared after %d occurrences", self.where, self.what, self.count)
+            self.count = 0
+
+
+async def _accept_loop(listener: trio.SocketListener, handler: Callable[[Any], Awaitable[None]],
+                       nursery: trio.Nursery, *, cap: int, where: str,
+                       task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Accept connections until cancelled, each served by ``handler`` in
+    ``nursery`` and closed when it ends (as ``trio.serve_listeners`` does).
+    At most ``cap`` connections are served normally; up to ``cap // 8``
+    more (at least 8) get :data:`_OVERFLOW_S` seconds each (a health probe
+    still gets its answer); past that a new connection is closed at once.
+    Running out of descriptors pauses accepting for 100 ms, logged once per
+    spell, never a traceback per attempt (``trio.serve_listeners`` logs one
+    each time)."""
+    overflow = max(8, cap // 8)
+    active = 0
+    fds = _Spell("out of file descriptors, accept paused", where)
+    full = _Spell(f"connection cap reached ({cap} + {overflow}), new connections closed", where)
+
+    async def run(stream: Any, bounded: bool) -> None:
+        nonlocal active
+        active += 1
+        try:
+            if bounded:
+                with trio.move_on_after(_OVERFLOW_S):
+                    await handler(stream)
+            else:
+                await handler(stream)
+        finally:
+            active -= 1
+            if active < cap:
+                full.clear()
+            # a cancelled handler (shutdown, the overflow deadline) may not
+            # have closed its socket
+            await trio.aclose_forcefully(stream)
+
+    task_status.started()
+    async with listener:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as e:
+                if e.errno not in _CAPACITY_ERRNOS:
+                    raise
+                fds.hit(e.strerror or "")
+                await trio.sleep(0.1)
+                continue
+            fds.clear()
+            if active >= cap + overflow:
+                full.hit()
+                await trio.aclose_forcefully(stream)
+                continue
+            nursery.start_soon(run, stream, active >= cap)
+
+
 def hyper_config(*, graceful_timeout: float = 3.0, keep_alive_timeout: float = 75.0,
                  max_message: int = 16 << 20,
                  errorlog: logging.Logger | str = "aep.http.hypercorn") -> HyperConfig:
@@ -237,11 +337,12 @@ def hyper_config(*, graceful_timeout: float = 3.0, keep_alive_timeout: float = 7
     return cfg
 
 
-async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
+async def serve_app(app: App, sock: socket.socket, shutdown: trio.Event, *,
                     config: HyperConfig | None = None,
                     before_drain: Callable[[], Awaitable[None]] | None = None,
                     on_fault: Callable[[str], None] | None = None, where: str | None = None,
-                    task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                    max_connections: int | None = None,
+                    task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the ASGI ``app`` on the listening ``sock`` until ``shutdown`` is
     set, then: stop accepting, let idle keep-alive connections close, await
     ``before_drain()``, and give open handlers ``config.graceful_timeout``
@@ -252,21 +353,25 @@ async def serve_app(app: Any, sock: socket.socket, shutdown: trio.Event, *,
     A connection that raises is closed, counted through ``on_fault(kind)``
     (default: the app's own ``connection_fault`` method when it has one,
     e.g. the relay's app) and logged once per kind under ``where`` (default
-    ``"http host:port"``); it never reaches the caller. Raises only for the
-    listener itself."""
+    ``"http host:port"``); it never reaches the caller. At most
+    ``max_connections`` (default :func:`_default_max_connections`) are
+    served at once (:func:`_accept_loop`). Raises only for the listener
+    itself."""
     config = config or hyper_config()
     context = WorkerContext(None)
     host, port = sock.getsockname()[:2]
     if on_fault is None:
         on_fault = getattr(app, "connection_fault", None)
-    handler = partial(_AbortableTCPServer, ASGIWrapper(app), config, context,
+    # hypercorn's ASGI TypedDicts are the plain dicts App speaks
+    handler = partial(_AbortableTCPServer, ASGIWrapper(cast(ASGIFramework, app)), config, context,
                       ConnectionState({LISTEN_KEY: (host, port)}), on_fault=on_fault,
                       where=where or f"http {host}:{port}")
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    cap = max_connections or _default_max_connections()
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as acceptor:
-            await acceptor.start(partial(trio.serve_listeners, handler, [listener],
-                                         handler_nursery=handlers))
+            await acceptor.start(partial(_accept_loop, listener, handler, handlers, cap=cap,
+                                         where=where or f"http {host}:{port}"))
             task_status.started((host, port))
             await shutdown.wait()
             acceptor.cancel_scope.cancel()  # closes the listener

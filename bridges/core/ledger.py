@@ -44,6 +44,7 @@ import copy
 import inspect
 import logging
 from collections import OrderedDict
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -52,7 +53,8 @@ import trio
 from .aep import ACK_WINDOW_MS, NACK_REASONS
 
 if TYPE_CHECKING:
-    from .control import Controller
+    from .bridge import BridgeContext, ControlDeclaration, Emission, Envelope
+    from .control import Command, Controller
 
 log = logging.getLogger("aep.core.ledger")
 
@@ -175,7 +177,7 @@ class CommandLedger:
     is saturated that wait counts against the window (the channel is the
     fleet's backpressure, not the ledger's)."""
 
-    def __init__(self, ctx: Any, controller: Controller[Any] | None = None, *,
+    def __init__(self, ctx: BridgeContext, controller: Controller[Any] | None = None, *,
                  retain: int = 10000, max_pending: int = 256) -> None:
         window = controller.ack_window_ms if controller is not None else ACK_WINDOW_MS
         if window <= 0:
@@ -193,14 +195,14 @@ class CommandLedger:
         self._records: OrderedDict[tuple[Any, str], _Record] = OrderedDict()
         self._pending = 0
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
+        self._nursery_cm: AbstractAsyncContextManager[trio.Nursery] | None = None
 
     # -- lifecycle -------------------------------------------------------
     async def __aenter__(self) -> "CommandLedger":
         if self._nursery is not None:
             raise RuntimeError("CommandLedger entered twice")
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+        cm = self._nursery_cm = trio.open_nursery()
+        self._nursery = await cm.__aenter__()
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
@@ -217,7 +219,7 @@ class CommandLedger:
         return False
 
     @property
-    def declaration(self) -> dict[str, Any]:
+    def declaration(self) -> ControlDeclaration:
         """``hello.capabilities.control`` (AEP-0003 §4)."""
         return {"accepts": list(self.accepts), "ack_window_ms": self.ack_window_ms}
 
@@ -225,14 +227,14 @@ class CommandLedger:
         """Commands currently remembered (pending + decided)."""
         return len(self._records)
 
-    def recorded(self, source: Any, cmd_id: str) -> dict[str, Any] | None:
+    def recorded(self, source: object, cmd_id: str) -> dict[str, Any] | None:
         """The recorded ack for ``(source, id)``, a copy, or ``None`` (unknown
         or still pending). For diagnostics and tests."""
         rec = self._records.get((source, cmd_id))
         return copy.deepcopy(rec.ack) if rec and rec.ack is not None else None
 
     # -- the inbox loop --------------------------------------------------
-    async def serve(self, commands: trio.MemoryReceiveChannel[Any]) -> None:
+    async def serve(self, commands: trio.MemoryReceiveChannel[Command]) -> None:
         """Read ``commands`` (normally ``ctx.commands``) until it closes and
         run :meth:`handle` for each in its own task in the ledger's nursery
         (so a slow write never delays the next command's decision, and a
@@ -242,7 +244,7 @@ class CommandLedger:
         async for cmd in commands:
             nursery.start_soon(self._handle_quiet, cmd)
 
-    async def _handle_quiet(self, cmd: Any) -> None:
+    async def _handle_quiet(self, cmd: Command) -> None:
         try:
             await self.handle(cmd)
         except Exception:  # a ledger bug must not take the bridge down
@@ -250,7 +252,7 @@ class CommandLedger:
             self.ctx.health.count("control_errors")
 
     # -- one command -----------------------------------------------------
-    async def handle(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
+    async def handle(self, cmd: Command) -> Envelope | None:
         """Make (or recall) the one ack decision for ``cmd``; returns the ack
         envelope as sent, or ``None`` when no ack goes out (a duplicate that
         arrived mid-decision, or a command with no string ``id`` / no
@@ -459,9 +461,10 @@ class CommandLedger:
         except Exception:
             log.exception("%s: undo failed", self.ctx.name)
             self.ctx.health.count("control_callback_errors")
-    async def _emit_ack(self, cmd: dict[str, Any], decision: _Decision) -> dict[str, Any]:
+    async def _emit_ack(self, cmd: Command, decision: _Decision) -> Envelope:
+        emission: Emission
         if decision.accepted:
-            emission: dict[str, Any] = {"type": "control.accepted", "data": {}}
+            emission = {"type": "control.accepted", "data": {}}
             self.ctx.health.count("control_accepted")
         else:
             data: dict[str, Any] = {"reason": decision.reason}
@@ -470,10 +473,9 @@ class CommandLedger:
                 data["detail"] = detail
             emission = {"type": "control.rejected", "data": data}
             self.ctx.health.count("control_rejected")
-        kw: dict[str, Any] = {"cause": cmd["id"]}
-        if isinstance(cmd.get("run"), str):
-            kw["run"] = cmd["run"]
-        return await self.ctx.emit(cmd["session"], emission, **kw)
+        run = cmd.get("run")
+        return await self.ctx.emit(cmd["session"], emission, cause=cmd["id"],
+                                   run=run if isinstance(run, str) else None)
 
     def _evict(self) -> None:
         """Forget the least recently used *decided* commands beyond

@@ -236,7 +236,7 @@ def redact_text(text: str, *, secret_values: tuple[str, ...] = (), home: str | N
     return text
 
 
-def is_credential_key(key: Any) -> bool:
+def is_credential_key(key: object) -> bool:
     """True for an object key naming a credential (``token``, ``API_KEY``,
     ``Password``, ``authorization``, ``client_secret``...): its value is
     dropped whatever its shape (hardening beyond the floor)."""

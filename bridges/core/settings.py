@@ -15,6 +15,7 @@ and the README's knob tables are generated (``python -m supervisor.knobs``)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import socket
 import types
 import typing
@@ -75,6 +76,24 @@ def url_problem(name: str, url: str, *, hint: str = "") -> str | None:
     if p.query or p.fragment:
         return f"{name}={url!r}: no query or fragment (credentials have their own settings)"
     return None
+
+
+_B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*\Z")
+
+
+def token_problem(name: str, value: str | None) -> str | None:
+    """``None`` when ``value`` (a bearer token) is unset or made of RFC 6750
+    §2.1 ``b64token`` characters (``A-Z a-z 0-9 - . _ ~ + /``, then ``=``
+    padding only), else the problem line. Any other character can never
+    match what a client sends in ``Authorization: Bearer`` (headers are
+    read as latin-1; spaces and commas split the header), so such a token
+    would lock every client out while ``check`` said ok. The value is never
+    quoted in the line (it is a credential)."""
+    if value is None or _B64TOKEN.match(value):
+        return None
+    return (f"{name}: the token has characters outside RFC 6750 token characters "
+            "(A-Z a-z 0-9 - . _ ~ + / and trailing =); no client could present it "
+            "(value not shown)")
 
 
 class EnvReader:

@@ -18,17 +18,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
+from bridges.core.posture import Posture
+from bridges.core.settings import Address
 
 from . import control as _control
 from .config import KimiWebConfig
-from .mapping import Posture
 from .receiver import Receiver
 from .tracker import Tracker
 
@@ -65,7 +66,7 @@ class KimiWebBridge:
     def control_open(self) -> bool:
         return self.config.control_open
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities:
         ns = "x.kimi-code"
         emits = [*PRIMARY_EMITS, ns] if self.config.primary else ["control", ns]
         return {"emits": emits,
@@ -76,10 +77,15 @@ class KimiWebBridge:
     def preflight(self, *, check_ports: bool = True) -> list[str]:
         return list(self._problems)
 
-    def new_run(self, ctx: Any) -> KimiWebRun:
+    def listeners(self) -> dict[str, Address | None]:
+        """None: the bridge only dials out (the kimi web socket and REST)."""
+        return {}
+
+    def new_run(self, ctx: BridgeContext) -> KimiWebRun:
         """The per-run objects (tests drive them directly)."""
-        tracker = Tracker(Posture(primary=self.config.primary, policy=self.policy),
-                          answerable=self.control_open)
+        posture = Posture(agent=self.agent, mode="primary" if self.config.primary else "companion",
+                          policy=self.policy)
+        tracker = Tracker(posture, answerable=self.control_open)
         receiver = Receiver(self.config, tracker, ctx)
         ctl = _control.KimiWebControl(receiver, guard_ms=self.config.guard_ms) \
             if self.control_open else None
@@ -93,3 +99,7 @@ class KimiWebBridge:
         async with trio.open_nursery() as nursery:
             await nursery.start(run.receiver.run)
             task_status.started(run)
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = KimiWebBridge

@@ -41,13 +41,12 @@ gate runs again and agrees (tested).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.core import capture as _capture
+from bridges.core.bridge import Emission
 from bridges.core.naming import dotted_type
-
-Emission = dict[str, Any]
+from bridges.core.posture import Posture
 
 AGENT = "kimi-code"
 CHANNEL = "web"
@@ -69,15 +68,6 @@ BUS_ECHO_PREFIX = "permission.approval."
 APPROVAL_OPTIONS: tuple[tuple[str, str], ...] = (
     ("approved", "Approve"), ("approved_for_session", "Approve for this session"),
     ("rejected", "Reject"))
-
-
-@dataclass(frozen=True)
-class Posture:
-    """``primary``: map the core types (``AEP_KIMI_WEB_PRIMARY=1``);
-    ``policy``: the capture posture (content fields at ``redacted``+)."""
-
-    primary: bool = False
-    policy: _capture.CapturePolicy = field(default_factory=_capture.CapturePolicy)
 
 
 def _s(v: Any) -> str | None:
@@ -357,7 +347,7 @@ def answerable(emission: Emission) -> Emission:
     if emission.get("type") != "attention.requested" or \
             (emission.get("data") or {}).get("kind") != "permission":
         return emission
-    e = dict(emission)
+    e = emission.copy()
     e["data"] = {**emission["data"], "options": [{"id": i, "label": lbl} for i, lbl in APPROVAL_OPTIONS],
                  "respond_via": ["control"]}
     return e

@@ -61,6 +61,7 @@ import trio
 import trio_websocket
 
 from bridges.core.backoff import backoff_delay
+from bridges.core.bridge import BridgeContext
 from bridges.core.ledger import Unreachable
 
 from . import discovery
@@ -133,7 +134,7 @@ class Receiver:
     holds the mapping state; ``ctx`` is the bridge context; ``client`` the
     REST client (its own when ``None``)."""
 
-    def __init__(self, config: KimiWebConfig, tracker: Tracker, ctx: Any, *,
+    def __init__(self, config: KimiWebConfig, tracker: Tracker, ctx: BridgeContext, *,
                  client: httpx.AsyncClient | None = None) -> None:
         self.config = config
         self.tracker = tracker
@@ -243,7 +244,8 @@ class Receiver:
         return items[:MAX_SESSIONS], complete and len(items) <= MAX_SESSIONS
 
     # -- the loop ----------------------------------------------------------------------
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
         """Attach, follow, reattach with the shared backoff, until cancelled."""
         own = self._client is None
         client = self._client or httpx.AsyncClient(trust_env=False, timeout=REST_TIMEOUT)
@@ -608,16 +610,9 @@ class Receiver:
     async def _emit(self, outs: list[Out]) -> None:
         prev: dict[str, Any] | None = None
         for o in outs:
-            kw: dict[str, Any] = {}
-            if o.run is not None:
-                kw["run"] = o.run
             cause = prev["id"] if o.cause_prev and prev is not None else o.cause
-            if cause is not None:
-                kw["cause"] = cause
-            if o.time is not None:
-                kw["time"] = o.time
             try:
-                ev = await self.ctx.emit(o.session, o.emission, **kw)
+                ev = await self.ctx.emit(o.session, o.emission, run=o.run, cause=cause, time=o.time)
             except ValueError:
                 self.ctx.health.count("emit_errors")
                 continue

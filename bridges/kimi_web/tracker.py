@@ -44,6 +44,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
+
 from . import mapping as M
 
 TOOLS_KEPT = 256
@@ -59,7 +62,7 @@ class Out:
     envelope id of the previous :class:`Out` of the same batch."""
 
     session: str
-    emission: dict[str, Any]
+    emission: Emission
     run: str | None = None
     cause: str | None = None
     time: str | None = None
@@ -147,7 +150,7 @@ class Tracker:
     ``answerable``: the control gate is open (permission asks offer the
     vendor's options and ``respond_via: ["control"]``)."""
 
-    def __init__(self, posture: M.Posture, *, answerable: bool = False) -> None:
+    def __init__(self, posture: Posture, *, answerable: bool = False) -> None:
         self.posture = posture
         self.answerable = answerable
         self.sessions: dict[str, SessionState] = {}
@@ -275,7 +278,7 @@ class Tracker:
             return [Out(st.id, M.channel("turn.ended"), time=ts)]
         return self._close_run(st, M.run_ended(p), ts)
 
-    def _close_run(self, st: SessionState, terminal: dict[str, Any], ts: str | None) -> list[Out]:
+    def _close_run(self, st: SessionState, terminal: Emission, ts: str | None) -> list[Out]:
         run, note = st.run, st.cancel_note
         out: list[Out] = []
         for ask in [a for a in st.asks.values() if a.run in (run, None)]:
@@ -324,9 +327,11 @@ class Tracker:
             self.count("asks_unknown")  # never saw the ask: the pinned shape as is
             out = [Out(st.id, emission, run=st.run, time=ts)]
             if emission["type"] == "attention.answered":
-                out.append(Out(st.id, {"type": "attention.resolved", "data": {"resolution": "answered"},
-                                       **({"subject": vid} if isinstance(vid, str) else {})},
-                               run=st.run, time=ts, cause_prev=True))
+                resolved: Emission = {"type": "attention.resolved",
+                                      "data": {"resolution": "answered"}}
+                if isinstance(vid, str):
+                    resolved["subject"] = vid
+                out.append(Out(st.id, resolved, run=st.run, time=ts, cause_prev=True))
             return out
         if emission["type"] == "attention.resolved":
             return self._resolve(st, ask, "dismissed", ts, cause=ask.event_id)
@@ -339,7 +344,7 @@ class Tracker:
         ours = ask.settling is not None and (
             ask.applied is None or ask.applied.get("option") == answer.get("option"))
         subject = ask.event_id or ask.vendor_id
-        e: dict[str, Any] = {"type": "attention.answered",
+        e: Emission = {"type": "attention.answered",
                              "data": {"answer": ask.applied if ours and ask.applied else answer,
                                       "via": "control" if ours else "oob"},
                              "subject": subject}

@@ -16,17 +16,18 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
+from bridges.core.posture import Posture
+from bridges.core.settings import Address
 
 from . import control as _control
 from .config import OpenHandsConfig
-from .mapping import Posture
 from .receiver import ReadOnlyRest, Receiver, rest_client
 
 log = logging.getLogger("aep.bridge.openhands")
@@ -64,7 +65,7 @@ class OpenHandsBridge:
         refused on unauthenticated bindings, AEP-0004 §4.1)."""
         return self.config.control_open
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities:
         accepts = list(_control.ACCEPTS) if self.control_open else []
         return {"emits": list(EMITS),
                 "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),
@@ -73,11 +74,16 @@ class OpenHandsBridge:
     def preflight(self, *, check_ports: bool = True) -> list[str]:
         return list(self._problems)
 
+    def listeners(self) -> dict[str, Address | None]:
+        """None: the bridge only dials out (the agent server's REST and sockets)."""
+        return {}
+
     async def run(self, ctx: BridgeContext, *,
                   task_status: trio.TaskStatus[OpenHandsRun] = trio.TASK_STATUS_IGNORED) -> None:
         """Build this run's receiver (and controller), run discovery until
         cancelled, and hand the run to the fleet once started."""
-        posture = Posture(self.policy, deltas=self.config.deltas)
+        posture = Posture(agent=self.agent, mode="primary", policy=self.policy,
+                          deltas=self.config.deltas)
         async with rest_client(self.config) as client, contextlib.AsyncExitStack() as stack:
             decorate = _control.decorate if self.control_open else None
             receiver = Receiver(self.config, posture, ctx, ReadOnlyRest(client), decorate=decorate)
@@ -89,3 +95,7 @@ class OpenHandsBridge:
             async with trio.open_nursery() as nursery:
                 await nursery.start(receiver.run)
                 task_status.started(run)
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = OpenHandsBridge

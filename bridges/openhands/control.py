@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from bridges.core.bridge import Emission
 from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, WriteResult
 
 from . import mapping as M
@@ -59,7 +60,7 @@ OPTIONS = ({"id": "approve", "label": "Approve"}, {"id": "deny", "label": "Deny"
 WRITE_TIMEOUT = 30.0
 
 
-def decorate(emission: dict[str, Any]) -> None:
+def decorate(emission: Emission) -> None:
     """Gated on, the confirmation ask becomes answerable (record: a
     receiver-side decoration; the pure table and the gated-off payload are
     unchanged)."""
@@ -67,7 +68,7 @@ def decorate(emission: dict[str, Any]) -> None:
     emission["data"]["respond_via"] = ["control"]
 
 
-def decide_answer(answer: Any) -> tuple[bool, str | None, dict[str, Any]]:
+def decide_answer(answer: object) -> tuple[bool, str | None, dict[str, Any]]:
     """``control.attention.respond`` ``answer`` -> ``(accept, reason,
     applied)``. ``applied`` is the answer as actually applied, recorded on
     ``attention.answered``.

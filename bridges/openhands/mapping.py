@@ -39,16 +39,15 @@ version's ``event_transport_dump`` stripped ``parent_id``; the current server
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from bridges.core import capture as _capture
-from bridges.core.capture import CapturePolicy
+from bridges.core.bridge import Emission
 from bridges.core.naming import kind_type
+from bridges.core.posture import Posture
 
 VENDOR = "openhands"
 
-Emission = dict[str, Any]
 
 # ConversationExecutionStatus (openhands.sdk.conversation.state)
 IDLE, RUNNING, PAUSED, WAITING = "idle", "running", "paused", "waiting_for_confirmation"
@@ -67,19 +66,6 @@ _EPHEMERAL_KINDS = frozenset({"StreamingDeltaEvent", "ServerErrorEvent", "TokenE
 _BASE_FIELDS = frozenset({"kind", "id", "timestamp", "source", "parent_id"})
 
 
-@dataclass(frozen=True)
-class Posture:
-    """What the mapping depends on besides the event: the capture policy
-    (``AEP_CAPTURE``...) and the streaming-delta opt-in
-    (``AEP_OPENHANDS_DELTAS=1``). The default is the pinned posture."""
-
-    policy: CapturePolicy = field(default_factory=CapturePolicy)
-    deltas: bool = False
-
-    def level(self, type_: str) -> int:
-        return _capture.rank(self.policy.ceiling_for(type_))
-
-
 DEFAULT_POSTURE = Posture()
 _REDACTED = _capture.rank("redacted")
 _FULL = _capture.rank("full")
@@ -87,7 +73,7 @@ _FULL = _capture.rank("full")
 
 # --------------------------------------------------------------------------- helpers
 
-def _str(v: Any) -> str | None:
+def _str(v: object) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
@@ -104,7 +90,7 @@ def _base(ev: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def content_text(content: Any) -> str:
+def content_text(content: object) -> str:
     """The text of a content-part list (``[{type: text, text}...]``), joined
     with no separator like the SDK's ``Observation.text``; a bare string is
     itself; anything else is ``""``."""
@@ -299,7 +285,7 @@ def _message(ev: dict[str, Any], kind: str, posture: Posture) -> Emission:
 
 # --------------------------------------------------------------------------- public
 
-def map_event(event: Any, posture: Posture = DEFAULT_POSTURE) -> list[Emission]:
+def map_event(event: object, posture: Posture = DEFAULT_POSTURE) -> list[Emission]:
     """Map one agent-server event (transport shape) to emissions.
 
     Returns ``[]`` for what maps to nothing: a non-object, an event without
@@ -343,7 +329,7 @@ def map_event(event: Any, posture: Posture = DEFAULT_POSTURE) -> list[Emission]:
     return [out]
 
 
-def status_of(event: Any) -> str | None:
+def status_of(event: object) -> str | None:
     """The ``execution_status`` stated by ``event``: a
     ``ConversationStateUpdateEvent`` whose ``key`` is ``execution_status``
     (string ``value``) or ``full_state`` (``value.execution_status``).
@@ -359,13 +345,13 @@ def status_of(event: Any) -> str | None:
     return None
 
 
-def is_snapshot(event: Any) -> bool:
+def is_snapshot(event: object) -> bool:
     """A ``full_state`` state update (the server pushes one to every new
     subscriber, then after lifecycle calls; never persisted)."""
     return isinstance(event, dict) and event.get("kind") == STATE_KIND and event.get("key") == FULL_STATE
 
 
-def is_ephemeral(event: Any) -> bool:
+def is_ephemeral(event: object) -> bool:
     """Not in the server's persisted event log, so absent from any replay:
     ``full_state`` snapshots, ``StreamingDeltaEvent`` (the record: deltas are
     not persisted), ``TokenEvent``, and the socket's own ``ServerErrorEvent``

@@ -62,9 +62,10 @@ import trio
 import trio_websocket
 
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import Saturated
+from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated
 from bridges.core.errors import leaves
 from bridges.core.paths import write_atomic
+from bridges.core.posture import Posture
 
 from . import mapping as M
 from .config import OpenHandsConfig
@@ -163,7 +164,7 @@ class Conversation:
                 "seen": list(self.seen)[-32:]}
 
     @classmethod
-    def restore(cls, body: Any, cid: str) -> "Conversation":
+    def restore(cls, body: object, cid: str) -> "Conversation":
         c = cls(cid)
         if not isinstance(body, dict) or body.get("v") != STATE_VERSION or body.get("id") != cid:
             return c
@@ -216,8 +217,9 @@ class Receiver:
     ``attention.requested`` emission before it is stamped (the control gate
     adds options and the respond path; ``None`` gated off)."""
 
-    def __init__(self, settings: Settings, posture: M.Posture, ctx: Any, rest: ReadOnlyRest, *,
-                 decorate: Callable[[dict[str, Any]], None] | None = None,
+    def __init__(self, settings: Settings, posture: Posture, ctx: BridgeContext,
+                 rest: ReadOnlyRest, *,
+                 decorate: Callable[[Emission], None] | None = None,
                  ws_connect: Callable[..., Any] | None = None) -> None:
         self.settings = settings
         self.posture = posture
@@ -268,7 +270,7 @@ class Receiver:
                     self.ctx.health.detail = None
 
     # ------------------------------------------------------------------ running
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
@@ -442,7 +444,7 @@ class Receiver:
             await ws.send_message(json.dumps({"type": "auth", "session_api_key": self.settings.key or ""}))
             conv.pending_snap = None
             while not conv.ended:
-                raw = None
+                raw: str | bytes | None = None
                 try:
                     with trio.move_on_after(SNAPSHOT_QUIET if conv.pending_snap else 3600) as quiet:
                         raw = await ws.get_message()
@@ -453,7 +455,7 @@ class Receiver:
                     if code == 4004:
                         raise Gone() from None
                     raise
-                if quiet.cancelled_caught:
+                if quiet.cancelled_caught or raw is None:  # None only when the quiet timer fired
                     await self._apply_pending(conv)
                     continue
                 conv.frames_in_conn += 1
@@ -462,7 +464,7 @@ class Receiver:
                 await self.handle_raw(conv, raw)
 
     # ------------------------------------------------------------------ frames
-    async def handle_raw(self, conv: Conversation, raw: Any) -> None:
+    async def handle_raw(self, conv: Conversation, raw: str | bytes) -> None:
         """Process one socket frame (shielded with a deadline, so a frame's
         emissions land whole even when the bridge is being stopped)."""
         self.ctx.health.count("frames")
@@ -576,7 +578,8 @@ class Receiver:
                 conv.attention_id = None
                 conv.attention_t0 = None
             elif t == "attention.requested":
-                em = dict(m, data=dict(m["data"]))
+                em = m.copy()
+                em["data"] = dict(m["data"])
                 if self.decorate is not None:
                     self.decorate(em)
                 env = await self._emit(conv, em, cause=cause)
@@ -596,19 +599,14 @@ class Receiver:
                 await self._emit(conv, m, cause=cause)
         self._flush(conv, force=True)
 
-    async def _emit(self, conv: Conversation, emission: dict[str, Any], *,
-                    cause: str | None = None) -> dict[str, Any]:
-        kw: dict[str, Any] = {}
-        if conv.run_id is not None:
-            kw["run"] = conv.run_id
-        if cause is not None:
-            kw["cause"] = cause
+    async def _emit(self, conv: Conversation, emission: Emission, *,
+                    cause: str | None = None) -> Envelope:
         try:  # no checkpoint while the channel has room (a frame's emissions stay together)
-            return self.ctx.emit_nowait(conv.id, emission, **kw)
+            return self.ctx.emit_nowait(conv.id, emission, run=conv.run_id, cause=cause)
         except Saturated:
-            return await self.ctx.emit(conv.id, emission, **kw)
+            return await self.ctx.emit(conv.id, emission, run=conv.run_id, cause=cause)
 
-    async def emit_outcome(self, session: str, emission: dict[str, Any], cause: str) -> None:
+    async def emit_outcome(self, session: str, emission: Emission, cause: str) -> None:
         """For control: an outcome event in ``session`` (its open run)."""
         conv = self.conversations.get(session)
         if conv is None:

@@ -21,17 +21,17 @@ restart starts clean.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext
+from bridges.core.bridge import Bridge, BridgeContext, Capabilities
 from bridges.core.capture import CapturePolicy
 from bridges.core.errors import leaves
+from bridges.core.posture import Posture
 from bridges.core.settings import Address, bindable
 
-from .common import Posture
 from .config import OtlpConfig, check
 from .export import Admission
 from .grpc import GrpcReceiver
@@ -71,7 +71,7 @@ class OtlpInBridge:
 
     # ------------------------------------------------------------------ contract
 
-    def capabilities(self) -> dict[str, Any]:
+    def capabilities(self) -> Capabilities:
         """The ``hello`` capability block (AEP-0003 §4): no ``control`` (this
         channel accepts no commands)."""
         ns = self.profile.namespace if self.profile else f"x.{self.vendor}.otel"
@@ -145,9 +145,12 @@ class OtlpRun:
         self.config = config
         self.ctx = ctx
         self.grpc_workers = grpc_workers
-        self.admission = Admission(ctx, profile,
-                                   Posture(primary=config.primary, policy=ctx.stamper.policy),
-                                   emit_grace=emit_grace, retry_after=retry_after)
+        posture = Posture(agent=profile.agent, mode="primary" if config.primary else "companion",
+                          policy=ctx.stamper.policy)
+        self.admission = Admission(ctx, profile, posture, emit_grace=emit_grace,
+                                   retry_after=retry_after,
+                                   max_new_sessions=config.max_new_sessions,
+                                   new_sessions_per_s=config.new_sessions_per_s)
         self.bound: dict[str, Address | None] = {"grpc": None, "http": None}
         self.serving = False
 
@@ -200,11 +203,12 @@ class OtlpRun:
                           ) -> None:
         health = self.ctx.health
         app = HttpReceiver(self.admission.export, max_body=self.config.max_body,
-                           on_problem=self.problem)
+                           on_problem=self.problem, body_timeout=self.config.body_timeout)
         await serve_http(app, listen, log=self.ctx.log.getChild("http"),
                          on_refused_host=partial(health.count, "otlp.refused_host"),
                          on_fault=lambda kind: health.count("otlp.connection_errors"),
-                         where=f"{self.name} OTLP/HTTP", task_status=task_status)
+                         where=f"{self.name} OTLP/HTTP",
+                         max_connections=self.config.max_connections, task_status=task_status)
 
     def problem(self, counter: str, line: str) -> None:
         """A transport refused a request: count it, keep the line as the
@@ -222,3 +226,7 @@ def _bind_error(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     if len(causes) == 1 and isinstance(causes[0], OSError):
         return causes[0]
     return eg
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = OtlpInBridge

@@ -4,7 +4,7 @@
 Annex A (Codex OTel channel).
 
 :func:`map_record` takes one flattened record (the pins' input shape) and the
-:class:`~bridges.otlp_in.common.Posture` and returns the emissions:
+:class:`~bridges.core.posture.Posture` and returns the emissions:
 
 - companion (default): one ``x.codex.otel.<leaf>`` emission per record;
 - primary: ``codex.conversation_starts`` -> ``session.started``;
@@ -44,11 +44,11 @@ from __future__ import annotations
 from typing import Any
 
 from bridges.core import capture as _capture
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
 
 from .common import (
-    Emission,
     EventSpec,
-    Posture,
     attrs,
     event_name,
     gated_payload,
@@ -151,7 +151,7 @@ _BY_SOURCE = {"config": "policy", "automatedreviewer": "runtime", "automated_rev
               "automation": "runtime", "automated": "runtime"}
 
 
-def session_key(rec: dict[str, Any]) -> Any:
+def session_key(rec: dict[str, Any]) -> object:
     """Codex's session key: the per-record ``conversation.id`` attribute."""
     return attrs(rec).get("conversation.id")
 

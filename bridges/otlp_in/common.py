@@ -1,7 +1,7 @@
 """Pure helpers shared by the vendor mappers (no I/O, no clocks, no globals).
 
 The mappers turn one flattened record (:mod:`bridges.otlp_in.flatten`) plus
-the :class:`Posture` into a list of emissions shaped exactly like the pins'
+the :class:`~bridges.core.posture.Posture` into a list of emissions shaped exactly like the pins'
 ``companion``/``primary`` objects: ``{"type", "data"?, "subject"?}``.
 
 Capture (design record "Capture"; AEP-0003 §9): vendor ``x.*`` types have no
@@ -19,14 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
-from bridges.core.capture import CapturePolicy
-
-Emission = dict[str, Any]
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
 
 MAX_META_STR = 512
 """Longest metadata-grade string forwarded; longer ones are cut (noted)."""
@@ -36,21 +35,6 @@ MAX_EVENT_NAME = 128
 _EVENT_NAME_RE = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)+")
 _SESSION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _LEAF_RE = re.compile(r"[a-z0-9_]+(?:\.[a-z0-9_]+)*")
-
-
-@dataclass(frozen=True)
-class Posture:
-    """What the mapper may emit. ``primary``: core types for the profile's
-    primary subset (``AEP_OTLP_PRIMARY=1``); companion otherwise (vendor
-    namespace only). ``policy``: the capture posture; the ceiling used is
-    ``policy.ceiling_for(type)`` of the emitted type."""
-
-    primary: bool = False
-    policy: CapturePolicy = field(default_factory=CapturePolicy)
-
-    def allows(self, type_: str, level: str) -> bool:
-        """True when ``level`` content may go into a ``type_`` payload."""
-        return _capture.rank(self.policy.ceiling_for(type_)) >= _capture.rank(level)
 
 
 @dataclass(frozen=True)
@@ -181,27 +165,54 @@ def session_id(raw: object, notes: list[str]) -> str | None:
     return f"{safe}-{tag}" if safe else f"s-{tag}"
 
 
-def record_time(rec: dict[str, Any]) -> datetime | None:
+def record_time(rec: dict[str, Any], now: datetime | None = None,
+                notes: list[str] | None = None) -> datetime | None:
     """The moment a record describes: ``time_unix_nano``, else the vendor's
     ``event.timestamp`` attribute (RFC 3339; Codex stamps it while leaving
     the LogRecord timestamp unset), else ``observed_time_unix_nano``. ``None``
-    when none is usable (the stamper then uses the receive time)."""
-    for key in ("time_unix_nano",):
-        t = _from_nanos(rec.get(key))
+    when none is usable (the stamper then uses the receive time).
+
+    With ``now`` (the receive time; pure: the caller reads the clock), a
+    vendor time later than ``now`` + :data:`FUTURE_SLACK` or before
+    :data:`EARLIEST` is out of range (``2**64-1`` ns is year 2554): it is
+    skipped for the next candidate and ``otlp.time_out_of_range`` is noted
+    once per record (issue 10 #13)."""
+    out_of_range = False
+
+    def plausible(t: datetime | None) -> datetime | None:
+        nonlocal out_of_range
+        if t is None or now is None:
+            return t
+        if t < EARLIEST or t > now + FUTURE_SLACK:
+            out_of_range = True
+            return None
+        return t
+
+    try:
+        t = plausible(_from_nanos(rec.get("time_unix_nano")))
         if t:
             return t
-    ts = attrs(rec).get("event.timestamp")
-    if isinstance(ts, str) and 10 <= len(ts) <= 40:
-        try:
-            t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-        except ValueError:
-            t = None
-        if t is not None:
-            if t.tzinfo is None:
-                t = t.replace(tzinfo=timezone.utc)
-            if 1971 <= t.year <= 9998:
-                return t
-    return _from_nanos(rec.get("observed_time_unix_nano"))
+        ts = attrs(rec).get("event.timestamp")
+        if isinstance(ts, str) and 10 <= len(ts) <= 40:
+            try:
+                t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+            except ValueError:
+                t = None
+            if t is not None:
+                if t.tzinfo is None:
+                    t = t.replace(tzinfo=timezone.utc)
+                if 1971 <= t.year <= 9998 and (t := plausible(t)) is not None:
+                    return t
+        return plausible(_from_nanos(rec.get("observed_time_unix_nano")))
+    finally:
+        if out_of_range and notes is not None:
+            notes.append("otlp.time_out_of_range")
+
+
+EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
+"""Vendor times before this are out of range (no exporter predates it)."""
+FUTURE_SLACK = timedelta(days=1)
+"""How far past the receive time a vendor time may be (clock skew)."""
 
 
 def _from_nanos(n: object) -> datetime | None:

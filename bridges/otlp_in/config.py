@@ -36,6 +36,10 @@ HTTP_LISTEN = "AEP_OTLP_HTTP_LISTEN"
 VENDOR = "AEP_OTLP_VENDOR"
 PRIMARY = "AEP_OTLP_PRIMARY"
 MAX_BODY = "AEP_OTLP_MAX_BODY"
+MAX_NEW_SESSIONS = "AEP_OTLP_MAX_NEW_SESSIONS"
+NEW_SESSIONS_PER_S = "AEP_OTLP_NEW_SESSIONS_PER_S"
+DEFAULT_MAX_NEW_SESSIONS = 100
+DEFAULT_NEW_SESSIONS_PER_S = 50
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(GRPC_LISTEN, "`127.0.0.1:4317`", "OTLP/gRPC listener"),
@@ -49,6 +53,11 @@ SETTINGS: tuple[Setting, ...] = (
             "per-profile OTLP/HTTP listener (`off` disables it)"),
     Setting(MAX_BODY, "`4194304`", "OTLP request size limit in bytes, compressed and inflated "
             "(413 / RESOURCE_EXHAUSTED above it)"),
+    Setting(MAX_NEW_SESSIONS, "`100`", "sessions (session log files) one OTLP request may "
+            "open; records of further new sessions are rejected in `partial_success`, counted "
+            "`otlp.sessions_refused`"),
+    Setting(NEW_SESSIONS_PER_S, "`50`", "new OTLP sessions per second over all requests "
+            "(bursts up to `AEP_OTLP_MAX_NEW_SESSIONS`), same answer past it"),
 )
 """Every ``AEP_OTLP_*`` knob, in the README's order. ``{VENDOR}`` stands for
 a profile key upper-cased (``CODEX``, ``VSCODE``); :data:`SETTING_NAMES`
@@ -60,9 +69,13 @@ def profile_setting(vendor: str, kind: str) -> str:
     return f"AEP_OTLP_{vendor.upper().replace('-', '_')}_{kind.upper()}_LISTEN"
 
 
+SHARED_SETTINGS = frozenset({"AEP_BODY_TIMEOUT", "AEP_MAX_CONNECTIONS"})
+"""Daemon-wide settings the OTLP/HTTP listener honors too (documented with
+the core settings, ``supervisor/config.py``)."""
+
 SETTING_NAMES: frozenset[str] = frozenset(
     {s.name for s in SETTINGS if "{" not in s.name}
-    | {profile_setting(v, k) for v in PROFILES for k in ("grpc", "http")})
+    | {profile_setting(v, k) for v in PROFILES for k in ("grpc", "http")}) | SHARED_SETTINGS
 """The concrete variable names :func:`from_env` reads (for the supervisor's
 misspelling check): :data:`SETTINGS` with ``{VENDOR}`` expanded per profile."""
 
@@ -77,7 +90,12 @@ class OtlpConfig:
     ``primary``: core-type mapping (``AEP_OTLP_PRIMARY=1``), companion
     otherwise; ``max_body``: request size limit in bytes, compressed and
     inflated; ``grpc_setting`` / ``http_setting``: the variable each address
-    came from, named in problem lines."""
+    came from, named in problem lines; ``max_new_sessions`` /
+    ``new_sessions_per_s``: sessions one request may open and their rate
+    over all requests (issue 10 #10: each session is a file);
+    ``body_timeout`` / ``max_connections``: the daemon-wide
+    ``AEP_BODY_TIMEOUT`` / ``AEP_MAX_CONNECTIONS`` for the HTTP listener
+    (``None``: derived from the fd limit)."""
 
     vendor: str = DEFAULT_VENDOR
     grpc_listen: Address | None = parse_hostport(DEFAULT_GRPC_LISTEN)
@@ -86,6 +104,10 @@ class OtlpConfig:
     max_body: int = DEFAULT_MAX_BODY
     grpc_setting: str = GRPC_LISTEN
     http_setting: str = HTTP_LISTEN
+    max_new_sessions: int = DEFAULT_MAX_NEW_SESSIONS
+    new_sessions_per_s: int = DEFAULT_NEW_SESSIONS_PER_S
+    body_timeout: float = 30.0
+    max_connections: int | None = None
 
     def listeners(self) -> dict[str, Address | None]:
         """``{"grpc": addr | None, "http": addr | None}`` as configured."""
@@ -120,7 +142,14 @@ def from_env(env: Mapping[str, str]) -> tuple[tuple[OtlpConfig, ...], list[str]]
     profiles": two identities never share a listener)."""
     reader = EnvReader(env)
     primary = reader.flag(PRIMARY)
-    problems = list(reader.problems)
+    max_new = reader.integer(MAX_NEW_SESSIONS, DEFAULT_MAX_NEW_SESSIONS, minimum=1)
+    per_s = reader.integer(NEW_SESSIONS_PER_S, DEFAULT_NEW_SESSIONS_PER_S, minimum=1)
+    # daemon-wide settings (supervisor/config.py documents and checks them)
+    body_timeout = reader.seconds("AEP_BODY_TIMEOUT", 30.0, maximum=3600.0)
+    max_connections = (reader.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8)
+                       if reader.raw("AEP_MAX_CONNECTIONS") is not None else None)
+    problems = [p for p in reader.problems if not p.startswith(("AEP_BODY_TIMEOUT",
+                                                                "AEP_MAX_CONNECTIONS"))]
     max_body = _max_body(env, problems)
     unreadable: set[str] = set()
     configs: list[OtlpConfig] = []
@@ -135,7 +164,9 @@ def from_env(env: Mapping[str, str]) -> tuple[tuple[OtlpConfig, ...], list[str]]
                 problems.append(problem)
                 unreadable.add(names[kind])
         configs.append(OtlpConfig(vendor, listen["grpc"], listen["http"], primary, max_body,
-                                  names["grpc"], names["http"]))
+                                  names["grpc"], names["http"], max_new_sessions=max_new,
+                                  new_sessions_per_s=per_s, body_timeout=body_timeout,
+                                  max_connections=max_connections))
     problems.extend(check(configs, unreadable=unreadable))
     return tuple(configs), problems
 

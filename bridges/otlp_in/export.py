@@ -27,14 +27,15 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Awaitable, Callable, Sequence
 
 import trio
 
-from bridges.core.bridge import BridgeContext, Saturated
+from bridges.core.bridge import BridgeContext, Emission, Saturated
+from bridges.core.posture import Posture
 
-from .common import Emission, Posture, record_time, session_id
+from .common import record_time, session_id
 from .flatten import FlatRecord
 from .profiles import Profile
 from .status import Accepted, Unavailable
@@ -55,6 +56,7 @@ MAPPING_FAILED = "mapping failed"
 SATURATED = "relay channel saturated"
 STOPPING = "receiver stopping"
 STAMP_FAILED = "stamping failed"
+TOO_MANY_SESSIONS = "too many new sessions"
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,14 @@ class Plan:
     failures: tuple[Exception, ...] = ()
 
 
-def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Posture) -> Plan:
+def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Posture,
+         now: datetime | None = None) -> Plan:
     """Map one request's records (pure). Never raises: a record the mapper
     chokes on is refused as ``mapping failed`` (noted ``otlp.mapping_error``)
-    and the exception kept in :attr:`Plan.failures`."""
+    and the exception kept in :attr:`Plan.failures`. ``now``: the receive
+    time (the caller reads the clock); a vendor time out of range around it
+    falls back to the next candidate, noted ``otlp.time_out_of_range``
+    (:func:`~bridges.otlp_in.common.record_time`)."""
     refused: Counter[str] = Counter()
     notes: list[str] = []
     failures: list[Exception] = []
@@ -102,7 +108,7 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
                 refused[NO_SESSION] += 1
                 continue
             emissions = profile.map_record(rec, posture, notes)
-            when = record_time(rec)
+            when = record_time(rec, now, notes)
         except Exception as e:  # a mapper bug must not take the receiver down
             notes.append("otlp.mapping_error")
             refused[MAPPING_FAILED] += 1
@@ -122,13 +128,18 @@ class Admission:
     export at once."""
 
     def __init__(self, ctx: BridgeContext, profile: Profile, posture: Posture, *,
-                 emit_grace: float, retry_after: int) -> None:
+                 emit_grace: float, retry_after: int, max_new_sessions: int = 100,
+                 new_sessions_per_s: float = 50.0) -> None:
         self.ctx = ctx
         self.profile = profile
         self.posture = posture
         self.emit_grace = emit_grace
         self.retry_after = retry_after
         self.closing = False
+        self.max_new_sessions = max_new_sessions
+        self.new_sessions_per_s = new_sessions_per_s
+        self._tokens = float(max_new_sessions)  # new sessions admissible now (token bucket)
+        self._tokens_at: float | None = None
 
     async def export(self, records: list[FlatRecord | None], notes: list[str]) -> Accepted:
         """One request (an :data:`Export`): count it, wait for room
@@ -140,7 +151,7 @@ class Admission:
         for n in notes:
             health.count(n)
         await self.gate()
-        p = plan(records, self.profile, self.posture)
+        p = plan(records, self.profile, self.posture, datetime.now(timezone.utc))
         for n in p.notes:
             health.count(n)
         for exc in p.failures:
@@ -152,6 +163,10 @@ class Admission:
         raise :class:`~bridges.otlp_in.status.Unavailable` when it has none
         (counted ``otlp.saturated``) or the run is stopping."""
         if await self.room():
+            if not self.ctx.log_writable():  # never acknowledge what the log cannot write
+                self.ctx.health.count("otlp.log_unwritable")
+                raise Unavailable("session log cannot write (disk full?); retry later",
+                                  self.retry_after)
             return
         if self.closing:
             raise Unavailable("receiver is stopping; retry later", self.retry_after)
@@ -166,22 +181,66 @@ class Admission:
         result instead."""
         reasons: Counter[str] = Counter(p.refused)
         emitted = 0
-        for pos, item in enumerate(p.emissions):
+        mark = self.ctx.log_mark()
+        todo = self._session_cap(p.emissions, reasons)
+        for pos, item in enumerate(todo):
             if not await self.room():
                 if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
                     raise Unavailable("receiver is stopping; retry later" if self.closing else
                                       "relay channel saturated; retry later", self.retry_after)
-                self._cut_short(p.emissions[pos:], reasons)
+                self._cut_short(todo[pos:], reasons)
                 break
             emitted += self._send(item, reasons)
         health = self.ctx.health
         health.count("otlp.emitted", emitted)
+        if emitted and not await self.ctx.logged_since(mark):
+            # the relay got them, the durable session log did not: not
+            # acknowledged (issue 10 #9); the retry may duplicate on the relay
+            health.count("otlp.log_unwritten")
+            raise Unavailable("session log cannot write (disk full?); retry later",
+                              self.retry_after)
         rejected = sum(reasons.values())
         if rejected:
             health.count("otlp.rejected", rejected)
         msg = "; ".join(f"{n} LogRecord{'s' if n > 1 else ''} rejected: {why}"
                         for why, n in reasons.items())
         return Accepted(rejected=rejected, error_message=msg)
+
+    def _session_cap(self, emissions: Sequence[Planned], reasons: Counter[str]
+                     ) -> list[Planned]:
+        """``emissions`` without those of new sessions past the caps (issue 10
+        #10: one request of 20,000 conversations made 20,000 session files):
+        at most ``max_new_sessions`` sessions this stamper has not seen per
+        request, and ``new_sessions_per_s`` over all requests (bursts up to
+        ``max_new_sessions``). Their LogRecords are rejected, counted
+        ``otlp.sessions_refused``."""
+        now = trio.current_time()
+        if self._tokens_at is not None:
+            self._tokens = min(float(self.max_new_sessions),
+                               self._tokens + (now - self._tokens_at) * self.new_sessions_per_s)
+        self._tokens_at = now
+        fresh: set[str] = set()
+        refused: set[str] = set()
+        kept: list[Planned] = []
+        lost: set[int] = set()
+        for item in emissions:
+            s = item.session
+            if s in refused:
+                lost.add(item.record)
+                continue
+            if s not in fresh and not self.ctx.stamper.knows(s):
+                if len(fresh) >= self.max_new_sessions or self._tokens < 1:
+                    refused.add(s)
+                    lost.add(item.record)
+                    continue
+                fresh.add(s)
+                self._tokens -= 1
+            kept.append(item)
+        if lost:
+            lost -= {item.record for item in kept}
+            reasons[TOO_MANY_SESSIONS] += len(lost)
+            self.ctx.health.count("otlp.sessions_refused", len(lost))
+        return kept
 
     def _cut_short(self, rest: Sequence[Planned], reasons: Counter[str]) -> None:
         lost = len({item.record for item in rest})

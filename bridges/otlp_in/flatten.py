@@ -281,7 +281,7 @@ def value_from_json(v: object, notes: list[str], depth: int = 0) -> Any:
     return out
 
 
-def attrs_from_json(kvs: Any, notes: list[str], depth: int = 0) -> dict[str, Any]:
+def attrs_from_json(kvs: object, notes: list[str], depth: int = 0) -> dict[str, Any]:
     """An OTLP/JSON ``KeyValue`` list -> ``{key: value}``; entries without a
     string key are skipped (noted)."""
     out: dict[str, Any] = {}

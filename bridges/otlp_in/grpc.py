@@ -108,3 +108,4 @@ def _abort(context: grpc.ServicerContext, err: Refused) -> NoReturn:
     if answer.trailing:
         context.set_trailing_metadata(answer.trailing)
     context.abort(answer.code, answer.details)
+    raise AssertionError("unreachable: ServicerContext.abort raises")  # grpc is untyped

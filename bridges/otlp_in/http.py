@@ -18,26 +18,24 @@ receiver, here native protobuf as well as JSON).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Callable
 
 import trio
 
-from bridges.core.asgi import host_guard, lifespan
+from bridges.core.asgi import Receive, Scope, Send, host_guard, lifespan
 from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address
 
 from .decode import decode_http_body, is_json
 from .export import Export, OnProblem
-from .status import BadRequest, HttpAnswer, Refusal, Refused, http_accepted, http_refused
+from .status import BadRequest, HttpAnswer, Refusal, Refused, Unavailable, http_accepted, http_refused
 
 LOGS_PATH = "/v1/logs"
 
-Message = dict[str, Any]
-"""One ASGI event (``{"type": "http.request", "body": b"...", ...}``)."""
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+DECODE_DEADLINE_S = 10.0
+"""Seconds one OTLP/HTTP body may take to decode (in a worker thread)."""
 
 _NOT_FOUND = HttpAnswer(404, b"not found: OTLP logs are accepted at POST /v1/logs\n",
                         "text/plain")
@@ -51,10 +49,16 @@ class HttpReceiver:
     inflated); ``on_problem``: see :data:`OnProblem` (retryable refusals are
     counted by the export path, not here)."""
 
-    def __init__(self, export: Export, *, max_body: int, on_problem: OnProblem) -> None:
+    def __init__(self, export: Export, *, max_body: int, on_problem: OnProblem,
+                 body_timeout: float = 30.0) -> None:
         self.export = export
         self.max_body = max_body
         self.on_problem = on_problem
+        self.body_timeout = body_timeout
+        # decoding (inflate, protobuf/JSON parse, flatten) runs in worker
+        # threads, at most two at once, so no body can hold the event loop
+        # (issue 10 #4); past DECODE_DEADLINE_S the request is refused 503
+        self._decoders = trio.CapacityLimiter(2)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -72,16 +76,29 @@ class HttpReceiver:
     async def _answer(self, headers: dict[str, str], receive: Receive) -> HttpAnswer:
         json_answer = is_json(headers.get("content-type"))
         try:
-            body = await self._read_body(headers, receive)
+            with trio.move_on_after(self.body_timeout) as slow:
+                body = await self._read_body(headers, receive)
+            if slow.cancelled_caught:  # headers came, the body did not (issue 10 #6)
+                raise BadRequest(Refusal.TIMEOUT, "request body not received within "
+                                 f"{self.body_timeout:g}s", "otlp.body_timeout")
             notes: list[str] = []
-            json_answer, records = decode_http_body(headers.get("content-type"),
-                                                    headers.get("content-encoding"), body,
-                                                    self.max_body, notes)
+            with trio.move_on_after(DECODE_DEADLINE_S) as late:
+                json_answer, records = await trio.to_thread.run_sync(
+                    decode_http_body, headers.get("content-type"),
+                    headers.get("content-encoding"), body, self.max_body, notes,
+                    abandon_on_cancel=True, limiter=self._decoders)
+            if late.cancelled_caught:
+                self.on_problem("otlp.decode_timeout", "decoding exceeded its deadline")
+                raise Unavailable(f"decoding took over {DECODE_DEADLINE_S:g}s; retry later")
             result = await self.export(records, notes)
         except Refused as e:
             if isinstance(e, BadRequest):
                 self.on_problem(e.counter, f"HTTP {e.status}: {e.message}")
-            return http_refused(e, is_json=json_answer)
+            answer = http_refused(e, is_json=json_answer)
+            if e.refusal is Refusal.TIMEOUT:  # the rest of the body may never come
+                answer = dataclasses.replace(answer, headers=answer.headers
+                                             + ((b"connection", b"close"),))
+            return answer
         return http_accepted(result, is_json=json_answer)
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
@@ -115,7 +132,7 @@ async def _respond(send: Send, answer: HttpAnswer) -> None:
 
 async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
                      on_refused_host: Callable[[], None], on_fault: Callable[[str], None],
-                     where: str,
+                     where: str, max_connections: int | None = None,
                      task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``app`` on ``listen`` until cancelled; ``task_status.started``
     gets the bound ``(host, port)``. Through the shared hardened
@@ -133,10 +150,11 @@ async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
     cfg = hyper_config(graceful_timeout=1.0, keep_alive_timeout=5.0, errorlog=log)
     sock = bind_socket(host, port)
 
-    class _Started:
-        def started(self, addr: Address) -> None:
-            task_status.started((host, addr[1]))
+    class _Started(trio.TaskStatus[Address]):  # reports the configured host, the bound port
+        def started(self, value: Address | None = None) -> None:
+            assert value is not None
+            task_status.started((host, value[1]))
 
     await serve_app(host_guard(app, on_refuse=on_refused_host), sock, trio.Event(), config=cfg,
-                    task_status=_Started(), on_fault=on_fault,
+                    task_status=_Started(), on_fault=on_fault, max_connections=max_connections,
                     where=f"{where} {host}:{sock.getsockname()[1]}")

@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from bridges.core.bridge import Emission
+
 from . import codex, vscode
-from .common import Emission, Mapper
+from .common import Mapper
 from .flatten import FlatRecord
 
 

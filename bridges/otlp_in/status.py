@@ -49,6 +49,8 @@ class Refusal(enum.Enum):
     UNSUPPORTED = (415, grpc.StatusCode.INVALID_ARGUMENT, False)
     TOO_LARGE = (413, grpc.StatusCode.RESOURCE_EXHAUSTED, False)
     UNAVAILABLE = (503, grpc.StatusCode.UNAVAILABLE, True)
+    TIMEOUT = (408, grpc.StatusCode.DEADLINE_EXCEEDED, False)
+    """OTLP/HTTP only: the body did not arrive in time (issue 10 #6)."""
 
     def __init__(self, http: int, grpc_code: grpc.StatusCode, retryable: bool) -> None:
         self.http = http

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
+
 from .common import (
-    Emission,
     EventSpec,
-    Posture,
     attrs,
     event_name,
     gated_payload,
@@ -69,7 +70,7 @@ PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed")
 """The core subset this profile emits in primary mode (design record)."""
 
 
-def session_key(rec: dict[str, Any]) -> Any:
+def session_key(rec: dict[str, Any]) -> object:
     """VS Code's session key: the resource-level ``session.id`` (one
     session per exporter process)."""
     return resource(rec).get("session.id")

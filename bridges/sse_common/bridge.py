@@ -26,19 +26,20 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import httpx
 import trio
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import BridgeContext, BridgeRun
+from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
+from bridges.core.posture import Posture
+from bridges.core.settings import Address
 
 from . import config as _config
 from .config import SseConfig
 from .control import ACCEPTS, ACK_WINDOW_MS, ControlGate, ReadOnlyClient
-from .mapping import Posture
 from .profile import SseProfile
 from .receiver import ReceiverSettings, SseReceiver
 from .state import StateFile, state_path
@@ -120,7 +121,11 @@ class SseBridge:
         """One line per bad setting (the supervisor refuses to start on any)."""
         return list(self._problems)
 
-    def capabilities(self) -> dict[str, Any]:
+    def listeners(self) -> dict[str, Address | None]:
+        """None: the bridge only dials out (the vendor's SSE stream and REST)."""
+        return {}
+
+    def capabilities(self) -> Capabilities:
         """The ``hello`` block (AEP-0003 §4): ``control.accepts`` is the two
         verbs only when the gate is honored, else ``[]``."""
         ns = f"x.{self.agent}"
@@ -133,8 +138,8 @@ class SseBridge:
         }
 
     def posture(self) -> Posture:
-        return Posture(self.agent, "primary" if self.primary else "companion", self.policy,
-                       answerable=self.control_honored)
+        return Posture(agent=self.agent, mode="primary" if self.primary else "companion",
+                       policy=self.policy, answerable=self.control_honored)
 
     def _client(self) -> httpx.AsyncClient:
         c = self.config
@@ -171,3 +176,7 @@ class SseBridge:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(run.receiver.run)
                 task_status.started(run)
+
+
+if TYPE_CHECKING:  # mypy holds the class to the fleet's contract
+    _conforms: type[Bridge] = SseBridge

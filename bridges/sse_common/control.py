@@ -43,7 +43,7 @@ ACCEPTS = ("control.attention.respond", "control.cancel")
 
 # ---------------------------------------------------------------- pure answer rules
 
-def permission_answer(answer: Any, *, message_route: bool) -> tuple[str, str | None, dict]:
+def permission_answer(answer: object, *, message_route: bool) -> tuple[str, str | None, dict]:
     """Resolve a ``control.attention.respond`` answer against a permission
     ask offering the vendor's ``once``/``always``/``reject``.
 
@@ -88,7 +88,7 @@ def permission_answer(answer: Any, *, message_route: bool) -> tuple[str, str | N
     return "reject", text.strip(), {"option": "reject", "text": text.strip()}
 
 
-def form_answer(ask: Ask, answer: Any) -> tuple[list[list[str]], dict]:
+def form_answer(ask: Ask, answer: object) -> tuple[list[list[str]], dict]:
     """Resolve a ``values`` answer against a question ask (AEP-0006): one
     vendor answer list per question, in order, each choice id resolved back
     to the ORIGINAL vendor label (redaction never rewrites what the vendor

@@ -1,6 +1,6 @@
 """The pure mapping of OpenCode / Kilo Code moments to AEP emissions.
 
-Input: one vendor moment plus the :class:`Posture` (vendor identity, mode,
+Input: one vendor moment plus the :class:`~bridges.core.posture.Posture` (vendor identity, mode,
 capture policy, whether asks are answerable); output: a list of emissions
 shaped exactly like the mapping pins' ``expected`` objects (``{type, data,
 subject?}``, plus the envelope hints ``severity`` and ``gating`` that the
@@ -40,13 +40,11 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
-from bridges.core.naming import dotted_type
-
-Emission = dict[str, Any]
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
 
 #: The >=7.4.6 / current reply enum, verbatim as options (design record
 #: "respond: answerable attention in the vendor's own vocabulary").
@@ -58,50 +56,12 @@ HOOK_OPTIONS: tuple[tuple[str, str], ...] = (("allow", "Allow"), ("deny", "Deny"
 #: Bus types that are the model/stream plane: never emitted.
 STREAMING = frozenset({"message.part.delta", "server.heartbeat"})
 
-MODES = ("adapter", "companion", "primary")
 
-
-@dataclass(frozen=True)
-class Posture:
-    """``agent``: the vendor's AEP agent id and namespace (``opencode``);
-    ``mode``: one of :data:`MODES`; ``policy``: the capture posture;
-    ``answerable``: asks get answer affordances (primary + gate honored)."""
-
-    agent: str
-    mode: str = "companion"
-    policy: _capture.CapturePolicy = field(default_factory=_capture.CapturePolicy)
-    answerable: bool = False
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode {self.mode!r} not in {MODES}")
-
-    def ceiling(self, type_: str) -> str:
-        return self.policy.ceiling_for(type_)
-
-    def content(self, type_: str) -> str | None:
-        """``redacted``/``full`` when content may ride on ``type_``, else
-        ``None``."""
-        c = self.ceiling(type_)
-        return c if c in ("redacted", "full") else None
-
-    def text(self, type_: str, value: str) -> str:
-        """``value`` as it may ride at this type's ceiling (call only when
-        :meth:`content` allows)."""
-        if self.ceiling(type_) == "full":
-            return value
-        return _capture.redact_text(value, self.policy)
-
-    def vendor(self, name: str) -> str:
-        """``x.{agent}.{name}`` by the mechanical naming rule."""
-        return dotted_type(self.agent, name)
-
-
-def _s(v: Any) -> str | None:
+def _s(v: object) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
-def _d(v: Any) -> dict[str, Any]:
+def _d(v: object) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
@@ -120,7 +80,7 @@ def _debug(e: Emission) -> Emission:
 
 # ---------------------------------------------------------------- entry points
 
-def map_moment(moment: Any, posture: Posture) -> list[Emission]:
+def map_moment(moment: object, posture: Posture) -> list[Emission]:
     """Map one pinned moment shape: ``{kind: "bus", event: {type,
     properties}}`` or the plugin hooks ``{kind: "tool.before" | "tool.after",
     input, output}`` / ``{kind: "permission.ask", permission}``. Anything
@@ -467,21 +427,21 @@ def map_tool_part(part: dict[str, Any], posture: Posture, *,
 
 # ---------------------------------------------------------------- todos
 
-def todo_key(todo: Any) -> str | None:
+def todo_key(todo: object) -> str | None:
     """A todo's identity: the pinned ``id``; the current vendor ``Todo``
     (``{content, status, priority}``) has none, so its content stands in."""
     t = _d(todo)
     return _s(t.get("id")) or _s(t.get("content"))
 
 
-def todo_subject(todo: Any) -> str:
+def todo_subject(todo: object) -> str:
     """The ``subject`` of a task event: the vendor id, else a digest of the
     content (the content itself is ``redacted``-gated; a subject is not)."""
     t = _d(todo)
     return _s(t.get("id")) or "todo-" + _capture.digest(_s(t.get("content")) or "")[:16]
 
 
-def diff_todos(prev: Any, nxt: Any, posture: Posture) -> list[Emission]:
+def diff_todos(prev: object, nxt: object, posture: Posture) -> list[Emission]:
     """The pure snapshot diff (pin ``todos``): ids new in ``nxt`` plan;
     transitions to ``completed`` (including new items already completed)
     complete; removals and other churn stay silent. Task content rides as

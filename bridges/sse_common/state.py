@@ -11,7 +11,6 @@ import logging
 import re
 import urllib.parse
 from pathlib import Path
-from typing import Any
 
 from bridges.core.paths import write_atomic
 
@@ -37,7 +36,9 @@ class StateFile:
         self._warned = False
         self._last: str | None = None
 
-    def load(self) -> Any:
+    def load(self) -> object:
+        """The saved document as parsed JSON (untrusted: the tracker checks
+        its shape), or ``None`` when there is none or it is unreadable."""
         if self.path is None:
             return None
         try:
@@ -48,7 +49,7 @@ class StateFile:
             self._warn(f"unreadable ({type(e).__name__}); starting without it")
             return None
 
-    def save(self, doc: Any) -> None:
+    def save(self, doc: object) -> None:
         if self.path is None:
             return
         text = json.dumps(doc, sort_keys=True, separators=(",", ":"))

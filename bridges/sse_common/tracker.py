@@ -48,8 +48,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from bridges.core.bridge import Emission
+from bridges.core.posture import Posture
+
 from .frames import BusEvent
-from .mapping import STREAMING, Emission, Posture, _d, _l, diff_todos, map_bus, map_tool_part, question_fields
+from .mapping import STREAMING, _d, _l, diff_todos, map_bus, map_tool_part, question_fields
 
 
 @dataclass(eq=False)
@@ -526,7 +529,7 @@ class Tracker:
             }
         return {"version": 1, "sessions": out}
 
-    def restore(self, snap: Any) -> int:
+    def restore(self, snap: object) -> int:
         """Load a :meth:`snapshot` (tolerant: anything malformed is skipped).
         Returns the number of sessions restored. Reconcile then settles them
         against the server as usual."""

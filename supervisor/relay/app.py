@@ -53,8 +53,8 @@ from typing import Any, Callable
 import trio
 
 from bridges.core.aep import AEP_VERSION, is_command_type, loads
+from bridges.core.asgi import Message, Receive, Scope, Send, host_allowed, lifespan, listen_host, respond
 from bridges.core.asgi import header as _header
-from bridges.core.asgi import host_allowed, lifespan, listen_host, respond
 from bridges.core.http import FaultLog, fault_kind
 
 from .core import Relay
@@ -75,9 +75,9 @@ _ALLOW_HEADERS = (b"access-control-allow-headers",
 _READS = ("GET", "HEAD")
 
 
-def _with_headers(send: Callable, extra: list[tuple[bytes, bytes]]) -> Callable:
+def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
     """``send`` adding ``extra`` headers to the response start."""
-    async def wrapped(message: dict[str, Any]) -> None:
+    async def wrapped(message: Message) -> None:
         if message["type"] == "http.response.start":
             message = {**message, "headers": list(message.get("headers", [])) + extra}
         await send(message)
@@ -99,7 +99,7 @@ class RelayApp:
         (called by :func:`bridges.core.http.serve_app`)."""
         self.relay.counters["connection_errors"] += 1
 
-    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         try:
             if kind == "http":
@@ -128,14 +128,14 @@ class RelayApp:
             return [(_ACAO, b"*")]
         return None
 
-    def _host_ok(self, scope: dict[str, Any]) -> bool:
+    def _host_ok(self, scope: Scope) -> bool:
         if host_allowed(_header(scope, b"host") or "", listen_host(scope)):
             return True
         self.relay.counters["refused_host"] += 1
         return False
 
     # -- HTTP ------------------------------------------------------------------
-    async def _http(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         relay = self.relay
         if not self._host_ok(scope):
@@ -170,7 +170,7 @@ class RelayApp:
             return await self._post(scope, receive, send)
         return await respond(send, 405, {"error": "method-not-allowed"})
 
-    async def _preflight(self, scope: dict[str, Any], origin: str | None, send: Callable) -> None:
+    async def _preflight(self, scope: Scope, origin: str | None, send: Send) -> None:
         """``OPTIONS``: a CORS preflight grants (or refuses) what ``origin``
         may ask; without ``Origin`` it is no preflight and gets ``Allow``.
         A preflight carries no token by design: it grants only the right to ask."""
@@ -186,7 +186,7 @@ class RelayApp:
             (b"access-control-allow-methods", b"GET, POST, OPTIONS" if listed else b"GET, OPTIONS"),
             _ALLOW_HEADERS, (b"access-control-max-age", b"86400")])
 
-    async def _healthz(self, scope: dict[str, Any], send: Callable) -> None:
+    async def _healthz(self, scope: Scope, send: Send) -> None:
         authed = self.relay.authorized(scope["headers"], scope.get("query_string", b""))
         if self.healthz is not None:
             body = dict(self.healthz(authed))
@@ -198,7 +198,7 @@ class RelayApp:
                 body.update(self.relay.stats())
         await respond(send, 200, body, headers=[(b"cache-control", b"no-store")])
 
-    async def _read_body(self, scope: dict[str, Any], receive: Callable) -> bytes | None:
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         """The request body, or ``None`` when it exceeds ``max_body`` (the
         remainder is drained up to the same amount again so the emitter can
         read the 413 instead of a reset)."""
@@ -220,7 +220,7 @@ class RelayApp:
             if not msg.get("more_body") or drained > limit:
                 return None if over else bytes(body)
 
-    async def _post(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = self.relay
         if (_header(scope, b"aep-version") or "").strip() != AEP_VERSION:
             return await respond(send, 426, {"versions": [AEP_VERSION]},
@@ -235,10 +235,16 @@ class RelayApp:
         if declared is not None and declared.isascii() and declared.isdigit() \
                 and (len(declared) > 19 or int(declared) > 2 * relay.max_body):
             return await respond(send, 413, too_large, close=True)
-        try:
-            body = await self._read_body(scope, receive)
-        except trio.BrokenResourceError:
-            return
+        body: bytes | None = b""
+        with trio.move_on_after(relay.body_timeout_s) as slow:
+            try:
+                body = await self._read_body(scope, receive)
+            except trio.BrokenResourceError:
+                return
+        if slow.cancelled_caught:  # headers came, the body did not (issue 10 #6)
+            relay.counters["body_timeouts"] = relay.counters.get("body_timeouts", 0) + 1
+            return await respond(send, 408, {"error": "body-timeout",
+                                             "max_seconds": relay.body_timeout_s}, close=True)
         if body is None:
             return await respond(send, 413, too_large, close=True)
         try:
@@ -280,7 +286,7 @@ class RelayApp:
         await respond(send, 202, {"accepted": len(entries)})
 
     # -- WebSocket ---------------------------------------------------------------
-    def _socket_refusal(self, scope: dict[str, Any]) -> tuple[int, dict[str, str]] | None:
+    def _socket_refusal(self, scope: Scope) -> tuple[int, dict[str, str]] | None:
         """Why a ``/socket`` upgrade is refused (status, body), in order:
         Host (DNS rebinding), an unlisted ``Origin`` (no ``*`` for the
         socket: it carries writes and commands), path, token, shutdown."""
@@ -299,7 +305,7 @@ class RelayApp:
             return 503, {"error": "shutting-down"}
         return None
 
-    async def _websocket(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         msg = await receive()
         if msg["type"] != "websocket.connect":
             return

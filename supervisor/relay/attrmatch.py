@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from bridges.core.aep import SEVERITIES, SEVERITY_RANK
 
-__all__ = ["Filter", "InvalidFilter", "validate_filter", "attr_match", "MATCH_ALL", "CORE_ATTRS",
+__all__ = ["Filter", "InvalidFilter", "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms", "validate_filter", "attr_match", "MATCH_ALL", "CORE_ATTRS",
            "FILTERABLE", "DEFAULTS"]
 
 #: Every core envelope attribute (AEP-0001 §5.1); none is a legal extension key.
@@ -46,6 +46,22 @@ _MISSING = object()
 class InvalidFilter(ValueError):
     """The filter is malformed or names an illegal key (§6.5 ``invalid-filter``).
     ``str(exc)`` is a one-line detail safe to send back to the client."""
+
+
+class FilterTooLarge(InvalidFilter):
+    """The filter is valid but holds more alternatives than the relay's
+    bound (``AEP_MAX_FILTER_TERMS``): answered ``limit-exceeded``, not
+    ``invalid-filter`` (issue 10 #5: every event is matched against every
+    filter, so one huge filter taxes every consumer)."""
+
+
+DEFAULT_MAX_TERMS = 1024
+"""Default bound on a filter's alternatives (scalars and type patterns, all keys)."""
+
+
+def filter_terms(flt: Mapping[str, Any]) -> int:
+    """How many alternatives a (validated) filter holds."""
+    return sum(len(p) if isinstance(p, list) else 1 for p in flt.values())
 
 
 def _tag(v: Any) -> str | None:
@@ -81,7 +97,7 @@ def _check_key(key: Any) -> None:
         raise InvalidFilter(f"unknown filter key: {key}")
 
 
-def validate_filter(flt: Any) -> None:
+def validate_filter(flt: object) -> None:
     """Raise :class:`InvalidFilter` unless ``flt`` is a valid attr-match filter
     (§6.1, §6.2 rule 1). Never partially accepts: fail closed."""
     if not isinstance(flt, dict):
@@ -130,27 +146,43 @@ def _compile_one(key: str, pred: Any) -> Callable[[Any], bool]:
             return t is not None and (t, v) in exact
         return eq
 
+    # compiled once: a set of "p." prefixes, probed at each "." of the type
+    # (cost per event: the type's depth, not the number of patterns)
+    prefix_set = frozenset(prefixes)
+
     def eq_or_prefix(v: Any) -> bool:
         t = _tag(v)
         if t is None:
             return False
         if (t, v) in exact:
             return True
+        if t != "s":
+            return False
         # "p.*" matches types strictly beginning with "p." (never "p" itself)
-        return t == "s" and any(v.startswith(p) and len(v) > len(p) for p in prefixes)
+        i = v.find(".")
+        while 0 <= i < len(v) - 1:
+            if v[:i + 1] in prefix_set:
+                return True
+            i = v.find(".", i + 1)
+        return False
     return eq_or_prefix
 
 
 class Filter:
     """A validated, compiled attr-match filter.
 
-    ``Filter(obj)`` raises :class:`InvalidFilter`; ``f.matches(attrs)`` tests
-    one event's envelope attributes (a mapping; ``data`` is never consulted).
-    ``f.source`` is the filter object as given."""
+    ``Filter(obj, max_terms=None)`` raises :class:`InvalidFilter`, or
+    :class:`FilterTooLarge` past ``max_terms`` alternatives; ``f.matches(attrs)``
+    tests one event's envelope attributes (a mapping; ``data`` is never
+    consulted). ``f.source`` is the filter object as given."""
 
     __slots__ = ("source", "_preds", "sessions")
 
-    def __init__(self, flt: Any) -> None:
+    def __init__(self, flt: Any, max_terms: int | None = None) -> None:
+        if max_terms is not None and isinstance(flt, dict) and \
+                (n := filter_terms(flt)) > max_terms:  # before validating a million terms
+            raise FilterTooLarge(f"filter holds {n} alternatives; this relay takes at most "
+                                 f"{max_terms} (AEP_MAX_FILTER_TERMS)")
         validate_filter(flt)
         self.source = flt
         self._preds = tuple((k, DEFAULTS.get(k, _MISSING), _compile_one(k, p))
@@ -172,6 +204,6 @@ class Filter:
 MATCH_ALL = Filter({})
 
 
-def attr_match(flt: Any, event: Mapping[str, Any]) -> bool:
+def attr_match(flt: object, event: Mapping[str, Any]) -> bool:
     """Convenience: validate ``flt`` and test ``event`` (raises :class:`InvalidFilter`)."""
     return Filter(flt).matches(event)

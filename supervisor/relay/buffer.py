@@ -36,7 +36,7 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any, Iterator
 
-__all__ = ["SessionBuffers", "Entry", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB"]
+__all__ = ["SessionBuffers", "Entry", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB", "same_event"]
 
 MiB = 1 << 20
 
@@ -90,6 +90,18 @@ class Entry:
         return (self.attrs["source"], self.attrs["session"])
 
 
+def same_event(a: bytes, b: bytes) -> bool:
+    """Whether two serialized events carry the same content (JSON equality:
+    attribute order does not matter)."""
+    if a == b:
+        return True
+    import json
+    try:
+        return bool(json.loads(a) == json.loads(b))
+    except ValueError:
+        return False
+
+
 class _Session:
     __slots__ = ("entries", "keys", "start", "ids", "bytes", "dropped")
 
@@ -97,7 +109,7 @@ class _Session:
         self.entries: list[Entry] = []
         self.keys: list[Position] = []
         self.start = 0  # entries[:start] are trimmed (compacted lazily)
-        self.ids: set[tuple[str, str]] = set()
+        self.ids: dict[tuple[str, str], Entry] = {}  # (source, id) -> the held entry
         self.bytes = 0  # accounted bytes of the held entries
         self.dropped = dropped  # highest position ever trimmed from this buffer
 
@@ -172,11 +184,24 @@ class SessionBuffers:
         i = bisect_left(s.keys, pos, lo=s.start)
         return i < len(s.keys) and s.keys[i] == pos
 
+    def held_duplicate(self, entry: Entry) -> Entry | None:
+        """The held entry with ``entry``'s ``(source, id)``, if any (admission
+        keeps the first, AEP-0001 §7 rule 4)."""
+        s = self._sessions.get(entry.bkey) if entry.pos is not None else None
+        return s.ids.get(entry.key) if s is not None else None
+
+    def conflicting_duplicate(self, entry: Entry) -> bool:
+        """Whether a held event has ``entry``'s ``(source, id)`` but other
+        content (issue 10 #14): refused ``invalid-event``, never delivered.
+        A byte-identical (or key-order-only different) redelivery is not."""
+        held = self.held_duplicate(entry)
+        return held is not None and not same_event(held.raw, entry.raw)
+
     # -- dropping ------------------------------------------------------------
     def _trim(self, s: _Session) -> None:
         """Drop the oldest entry of ``s``."""
         e = s.entries[s.start]
-        s.ids.discard(e.key)
+        s.ids.pop(e.key, None)
         s.entries[s.start] = None  # type: ignore[call-overload]  # release now
         s.bytes -= e.size
         self.bytes -= e.size
@@ -241,7 +266,7 @@ class SessionBuffers:
             return False
         else:
             self._sessions.move_to_end(key)  # recency = last buffered write
-        s.ids.add(entry.key)
+        s.ids[entry.key] = entry
         pos = entry.pos
         if not s.keys or pos >= s.keys[-1]:
             s.entries.append(entry)

@@ -54,7 +54,7 @@ def _compile(node: Node) -> dict[str, tuple[int, Any, Any]]:
 _SPECS: dict[str, dict[str, tuple[int, Any, Any]]] = {t: _compile(n) for t, n in TABLE.items()}
 
 
-def content_level(type_: str, data: Any) -> str:
+def content_level(type_: str, data: object) -> str:
     """The highest capture level ``data`` shows for ``type_`` by the field
     table: ``"none"`` for no or empty ``data``, else ``"metadata"``,
     ``"redacted"`` or ``"full"`` (the walk stops at the first ``full``
@@ -96,7 +96,7 @@ def _max_rank(spec: dict[str, tuple[int, Any, Any]], value: dict[str, Any], best
     return best
 
 
-def exceeds(type_: str, data: Any, declared: str) -> str | None:
+def exceeds(type_: str, data: object, declared: str) -> str | None:
     """``None`` when ``data`` honors ``declared`` (``full`` always does),
     else the higher level it shows. ``declared`` must be a capture level."""
     if declared == "full" or not data:

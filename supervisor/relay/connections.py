@@ -17,7 +17,7 @@ import trio
 
 from bridges.core.aep import AEP_VERSION, loads
 
-from .attrmatch import Filter, InvalidFilter
+from .attrmatch import Filter, FilterTooLarge, InvalidFilter
 from .envelope import InvalidEvent
 from .outlet import OPEN, Outlet, Subscriber, frame_text
 from .params import parse_capture, parse_from
@@ -55,6 +55,7 @@ class Claims:
     def __init__(self, max_sessions: int) -> None:
         self.max_sessions = max_sessions
         self._holders: dict[str, dict[Connection, None]] = {}
+        self._sources: dict[str, Connection] = {}  # source -> its live owning emitter
 
     def claim(self, conn: Connection, session: str) -> None:
         """``conn`` sent a sequenced event of ``session``."""
@@ -75,10 +76,34 @@ class Claims:
                 del self._holders[session]
 
     def drop(self, conn: Connection) -> None:
-        """Forget every claim of ``conn``."""
+        """Forget every claim of ``conn`` (its sessions and its sources)."""
         for s in conn.claims:
             self._unclaim(conn, s)
         conn.claims.clear()
+        for src in conn.sources:
+            if self._sources.get(src) is conn:
+                del self._sources[src]
+        conn.sources.clear()
+
+    def own_source(self, conn: Connection, source: str) -> None:
+        """``conn`` sent a sequenced event under ``source``: while it is
+        live, nobody else may (issue 10 #8). Bounded like the claims."""
+        if source in conn.sources:
+            conn.sources.move_to_end(source)
+            return
+        if source in self._sources:
+            return  # another live owner holds it (the relay refused the event first)
+        conn.sources[source] = None
+        self._sources[source] = conn
+        if len(conn.sources) > self.max_sessions:
+            old, _ = conn.sources.popitem(last=False)
+            if self._sources.get(old) is conn:
+                del self._sources[old]
+
+    def source_owner(self, source: str) -> Connection | None:
+        """The live connection that owns ``source``, if any."""
+        owner = self._sources.get(source)
+        return owner if owner is not None and owner.open else None
 
     def holders(self, session: str) -> list[Connection]:
         """The live claimants of ``session`` (oldest claim first)."""
@@ -125,7 +150,10 @@ class Connection:
         #: must carry it as its envelope ``agent`` (AEP-0003 §4 rule 3)
         self.agent: str | None = None
         self.claims: OrderedDict[str, None] = OrderedDict()
+        #: sources this connection's sequenced events used (:meth:`Claims.own_source`)
+        self.sources: OrderedDict[str, None] = OrderedDict()
         self.open = True
+        self.mismatch_logged = False  # an identity mismatch was logged (once per connection)
 
     @property
     def can_claim(self) -> bool:
@@ -336,9 +364,12 @@ class SocketConnection(Connection):
             self.error("unauthorized", "subscribe is answered on consumer/both connections", id=sid)
             return
         try:
-            flt = Filter(msg.get("filter", {}))
+            flt = Filter(msg.get("filter", {}), max_terms=self.relay.max_filter_terms)
             ceiling = parse_capture(msg.get("capture"))
             plan_all, positions = parse_from(msg.get("from"))
+        except FilterTooLarge as e:
+            self.error("limit-exceeded", str(e), id=sid)
+            return
         except InvalidFilter as e:
             self.error("invalid-filter", str(e), id=sid)
             return

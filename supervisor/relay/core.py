@@ -28,8 +28,8 @@ import trio
 from bridges.core.aep import AEP_VERSION, CAPTURE_LEVELS
 from bridges.core.asgi import bearer_ok, token_matches
 
-from .attrmatch import Filter
-from .buffer import BufKey, Entry, MiB, Position, SessionBuffers
+from .attrmatch import DEFAULT_MAX_TERMS, Filter
+from .buffer import BufKey, Entry, MiB, Position, SessionBuffers, same_event
 from .connections import Claims, CommandRefused, Connection, LocalEmitter, RelayClosed, SocketConnection
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
 from .fanout import Fanout
@@ -67,8 +67,18 @@ class Relay:
     (``AEP_BUFFER_BYTES``, accounted bytes held per session buffer, default
     8 MiB) and ``total_bytes`` (``AEP_BUFFER_TOTAL_BYTES``, all buffers
     together, default 256 MiB; must be >= ``buffer_bytes``): replay memory
-    is bounded in bytes as well as in events (see :mod:`.buffer`). Raises
-    ``ValueError`` for sizes below 1."""
+    is bounded in bytes as well as in events (see :mod:`.buffer`).
+    Hardening (issue 10): ``ws_close_wait_s`` (how long a WebSocket waits
+    for the peer's close frame after sending its own), ``strict_identity``
+    (``AEP_STRICT_IDENTITY``: refuse an emitter's events whose ``agent`` is
+    not its hello identity; default accept, count, log once),
+    ``max_filter_terms`` (``AEP_MAX_FILTER_TERMS``: alternatives per filter,
+    ``limit-exceeded`` past it), ``body_timeout_s`` (``AEP_BODY_TIMEOUT``:
+    a ``POST`` body must arrive within it, else 408), ``subscriber_bytes``
+    (``AEP_SUBSCRIBER_BYTES``: the per-subscriber byte budget, i.e. the
+    hard bound; default ``queue_hard_bytes``), ``stuck_s`` (a consumer
+    whose writer is blocked in one send this long while output waits is
+    shed). Raises ``ValueError`` for sizes below 1."""
 
     def __init__(self, token: str | None = None, buffer: int = 10_000, max_sessions: int = 500,
                  max_body: int = 16 * MiB, max_batch: int = 10_000, max_from: int | None = None,
@@ -76,7 +86,10 @@ class Relay:
                  queue_soft_bytes: int = 1 * MiB, queue_hard_bytes: int = 8 * MiB,
                  max_subscriptions: int = 64, sse_linger_s: float = 0.005,
                  instance: str | None = None, cors_origins: Iterable[str] | None = None,
-                 buffer_bytes: int = 8 * MiB, total_bytes: int = 256 * MiB) -> None:
+                 buffer_bytes: int = 8 * MiB, total_bytes: int = 256 * MiB,
+                 ws_close_wait_s: float = 1.0, strict_identity: bool = False,
+                 max_filter_terms: int = DEFAULT_MAX_TERMS, body_timeout_s: float = 30.0,
+                 subscriber_bytes: int | None = None, stuck_s: float = 10.0) -> None:
         self._token = token.encode("utf-8") if token else None
         self.cors_origins: frozenset[str] = frozenset(
             normalize_origin(o, strict=True) for o in (cors_origins or ()) if o.strip())
@@ -89,9 +102,15 @@ class Relay:
         self.ws_ping_s = ws_ping_s
         self.ws_timeout_s = ws_timeout_s
         self.queue_soft_bytes = queue_soft_bytes
-        self.queue_hard_bytes = max(queue_hard_bytes, queue_soft_bytes)
+        # the per-subscriber byte budget (AEP_SUBSCRIBER_BYTES) is the hard bound
+        self.queue_hard_bytes = max(subscriber_bytes or queue_hard_bytes, queue_soft_bytes)
         self.max_subscriptions = max_subscriptions
         self.sse_linger_s = sse_linger_s
+        self.ws_close_wait_s = ws_close_wait_s
+        self.strict_identity = strict_identity
+        self.max_filter_terms = max_filter_terms
+        self.body_timeout_s = body_timeout_s
+        self.stuck_s = stuck_s
         self.instance = instance
         self.buffers = SessionBuffers(buffer, max_sessions, buffer_bytes=buffer_bytes,
                                       total_bytes=total_bytes)
@@ -106,7 +125,8 @@ class Relay:
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
-            "refused_origin": 0, "refused_host": 0,
+            "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
+            "refused_owned_source": 0,
         }
         self.fanout = Fanout(self.counters)
 
@@ -234,6 +254,20 @@ class Relay:
         the same ``(source, id)`` is not refused."""
         if e.pos is not None and self.buffers.conflict(e):
             raise InvalidEvent(_POSITION_TAKEN)
+        if e.pos is not None and self.buffers.conflicting_duplicate(e):
+            raise InvalidEvent(_ID_TAKEN)
+
+    def check_owner(self, e: Entry, conn: Connection | None) -> None:
+        """Raise :class:`InvalidEvent` when ``e``'s ``source`` belongs to
+        another live emitter connection (a fleet bridge or an uplinked
+        emitter): anyone who reads ``/stream`` learns a bridge's source and
+        epoch, and a forged position would push its real events out
+        (issue 10 #8). ``conn`` ``None`` is ``POST /events``."""
+        owner = self.claims.source_owner(e.attrs["source"])
+        if owner is not None and owner is not conn:
+            self.counters["refused_owned_source"] += 1
+            raise InvalidEvent("this source belongs to a connected emitter; only that "
+                               "connection may send under it")
 
     def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
         """Everything :meth:`ingest_http` would refuse, checked before any of
@@ -241,14 +275,24 @@ class Relay:
         ``(index, detail)`` of the first problem, or ``None``. Positions are
         checked against the buffers and against earlier entries of the batch."""
         seen: dict[tuple[BufKey, Position], tuple[str, str]] = {}
+        ids: dict[tuple[str, str], Entry] = {}
         for i, e in enumerate(entries):
+            try:
+                self.check_owner(e, None)
+            except InvalidEvent as exc:
+                return i, str(exc)
             if e.pos is None:
                 continue
             slot = (e.bkey, e.pos)
             held = seen.get(slot)
             if (held is not None and held != e.key) or (held is None and self.buffers.conflict(e)):
                 return i, _POSITION_TAKEN
+            first = ids.get(e.key)
+            if (first is not None and not same_event(first.raw, e.raw)) or \
+                    (first is None and self.buffers.conflicting_duplicate(e)):
+                return i, _ID_TAKEN
             seen[slot] = e.key
+            ids.setdefault(e.key, e)
         return None
 
     def ingest_http(self, entries: list[Entry]) -> None:
@@ -266,13 +310,13 @@ class Relay:
         fanned out). Returns a command refusal ``(code, detail)`` or
         ``None``; raises :class:`InvalidEvent`."""
         e = self.entry(ev)
+        self.check_owner(e, conn)
         self.check_position(e)
         if conn is not None and conn.agent is not None and ev["agent"] != conn.agent \
                 and not is_foreign(e.attrs["type"]):
             # the connection's own events (sequenced and agent.*); commands and
             # attention.routed speak for their sender, not a declared emitter
-            raise InvalidEvent("event agent does not match this connection's hello "
-                               "identity.agent (AEP-0003 §4 rule 3)")
+            self._identity_mismatch(conn, ev["agent"])
         if is_command_type(e.attrs["type"]):
             if raw is not None and has_duplicate_keys(raw):
                 raise InvalidEvent("duplicate attribute names in command")
@@ -280,11 +324,30 @@ class Relay:
         self._admit(e, conn)
         return None
 
+    def _identity_mismatch(self, conn: Connection, agent: Any) -> None:
+        """An event whose ``agent`` is not the connection's hello identity
+        (AEP-0003 §4 rule 3 says they match; the protocol's own conformance
+        tooling sends hello as ``aep-live-check-roster`` and events as
+        ``aep-live-check``). A policy (issue 10 #2): ``strict_identity``
+        (``AEP_STRICT_IDENTITY=1``) refuses it ``invalid-event``; by default it
+        is accepted and claims, counted ``identity_mismatch`` and logged once
+        per connection. The roster shows the hello identity either way."""
+        if self.strict_identity:
+            raise InvalidEvent("event agent does not match this connection's hello "
+                               "identity.agent (AEP-0003 §4 rule 3)")
+        self.counters["identity_mismatch"] += 1
+        if not conn.mismatch_logged:
+            conn.mismatch_logged = True
+            log.warning("relay: an emitter declared identity.agent %r but sends events as %r; "
+                        "accepted (AEP_STRICT_IDENTITY=1 refuses them; counted in "
+                        "identity_mismatch)", conn.agent, str(agent)[:64])
+
     def _admit(self, e: Entry, conn: Connection | None) -> None:
         self.counters["events"] += 1
         if e.pos is not None:
             if conn is not None and conn.can_claim:
                 self.claims.claim(conn, e.attrs["session"])
+                self.claims.own_source(conn, e.attrs["source"])
             self._admitted += 1
             e.n = self._admitted
             self.buffers.admit(e)
@@ -393,6 +456,9 @@ class Relay:
             for o in outlets:
                 await o.done.wait()
 
+
+_ID_TAKEN = ("another event with this (source, id) is already held with different content; "
+             "the first is kept (AEP-0001 §7 rule 4)")
 
 _POSITION_TAKEN = ("another event of this emitter session already holds this (epoch, seq) "
                    "position (AEP-0001 §7 rule 2)")

@@ -153,7 +153,7 @@ def _check_scope(ev: dict[str, Any], t: str) -> None:
         raise InvalidEvent("session-scoped events carry session and seq (AEP-0001 §5.2)")
 
 
-def validate(ev: Any) -> None:
+def validate(ev: object) -> None:
     """Raise :class:`InvalidEvent` unless ``ev`` is a valid AEP 0.1 envelope.
 
     Covers: object shape; required ``aep``/``id``/``type``/``time``/
@@ -181,7 +181,7 @@ def validate(ev: Any) -> None:
     _check_scope(ev, ev["type"])
 
 
-def encode(ev: Any) -> bytes:
+def encode(ev: object) -> bytes:
     """The event's wire form (:func:`bridges.core.aep.dumps`: what the relay
     buffers and forwards). Raises :class:`InvalidEvent` when it has none: a
     lone UTF-16 surrogate anywhere (``"\\ud800"`` is a legal JSON escape,
@@ -245,7 +245,7 @@ def has_duplicate_keys(raw: str) -> bool:
     return False
 
 
-def envelope_error(ev: Any) -> str | None:
+def envelope_error(ev: object) -> str | None:
     """``None`` when ``ev`` is valid, else the :class:`InvalidEvent` detail."""
     try:
         validate(ev)

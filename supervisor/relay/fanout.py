@@ -109,7 +109,9 @@ class Fanout:
         sub.outlet.subs.append(sub)
 
     def remove(self, sub: Subscriber) -> None:
-        """Stop delivering to ``sub`` (what its outlet holds stays queued)."""
+        """Stop delivering to ``sub`` (what its outlet holds stays queued;
+        its replay, if still running, stops: issue 10 #3)."""
+        sub.active = False
         if sub in self._subs:
             self._subs.discard(sub)
             self._snapshot = tuple(self._subs)
@@ -122,6 +124,7 @@ class Fanout:
         """Stop delivering to every subscription feeding ``outlet``."""
         if outlet.subs:
             for sub in outlet.subs:
+                sub.active = False
                 self._subs.discard(sub)
             outlet.subs = []
             self._snapshot = tuple(self._subs)

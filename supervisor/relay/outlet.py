@@ -103,6 +103,7 @@ class OutletHub(Protocol):
     queue_soft_bytes: int
     queue_hard_bytes: int
     max_sessions: int
+    stuck_s: float
     counters: dict[str, int]
 
     def detach_outlet(self, outlet: Outlet) -> None: ...
@@ -127,8 +128,10 @@ class Outlet:
         self.kind = kind  # "sse" | "ws"
         self._soft = hub.queue_soft_bytes  # the relay's bounds, fixed at its construction
         self._hard = hub.queue_hard_bytes
+        self._stuck_s = hub.stuck_s
         self.state = OPEN
         self.in_send = False
+        self.send_started = 0.0  # trio time the current (or last) send began
         self.abort: Callable[[], None] | None = None
         self._killed = False
         self.subs: list[Subscriber] = []
@@ -163,6 +166,8 @@ class Outlet:
             return
         size, sev = item.size, item.sev
         if self._q:
+            if self.in_send and self.shed_if_stuck():
+                return
             if sev < NOTICE_RANK and self._bytes + size > self._soft:
                 self._drop_low(1)
                 return
@@ -174,6 +179,21 @@ class Outlet:
         self._q.append(item)
         self._bytes += size
         self._wake.set()
+
+    def stuck(self) -> bool:
+        """Whether the writer has been blocked in one send for ``stuck_s`` or
+        more (its peer stopped reading): a consumer that makes no progress
+        while output waits is shed, whatever the severity (issue 10 #7);
+        one that drains, however slowly, never is."""
+        return self.in_send and trio.current_time() - self.send_started >= self._stuck_s
+
+    def shed_if_stuck(self) -> bool:
+        """Terminate (and abort) this consumer if it is :meth:`stuck` with
+        output waiting; ``True`` when it was."""
+        if self.state == OPEN and self._q and self.stuck():
+            self.terminate("slow-consumer")
+            return True
+        return False
 
     def push_frame(self, payload: bytes | str) -> None:
         """A connection frame (``subscribed``, ``error``, ``pong``...): never
@@ -341,13 +361,16 @@ class Subscriber:
     """One live subscription: an SSE stream, or one ``subscribe`` of a WS
     connection (``sid`` set). ``ceiling`` is the capture ceiling or ``None``."""
 
-    __slots__ = ("filter", "ceiling", "outlet", "sid", "offer")
+    __slots__ = ("filter", "ceiling", "outlet", "sid", "offer", "active")
 
     def __init__(self, flt: Filter, ceiling: str | None, outlet: Outlet, sid: Any = None) -> None:
         self.filter = flt
         self.ceiling = ceiling
         self.outlet = outlet
         self.sid = sid
+        #: False once replaced, unsubscribed or its connection ended: its
+        #: queued replay is then abandoned (issue 10 #3)
+        self.active = True
         #: ``offer(view)``: queue one rendered event on the outlet (chosen once: the hot path)
         self.offer: Callable[[View], None] = self._offer_sse if outlet.kind == "sse" \
             else self._offer_ws

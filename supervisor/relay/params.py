@@ -19,7 +19,7 @@ __all__ = ["parse_capture", "parse_from", "parse_last_event_id", "normalize_orig
            "parse_filter_json", "parse_from_json"]
 
 
-def parse_capture(value: Any) -> str | None:
+def parse_capture(value: object) -> str | None:
     """A subscription's ``capture`` ceiling (AEP-0003 §6.4): ``None`` when
     absent, else one of the capture levels; raises :class:`InvalidFilter`."""
     if value is None:
@@ -41,7 +41,7 @@ def _count(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def parse_from(value: Any) -> tuple[bool, list[tuple[str, Position | None]] | None]:
+def parse_from(value: object) -> tuple[bool, list[tuple[str, Position | None]] | None]:
     """``from``: absent, ``"all"``, or ``[{session, epoch?, seq}]`` (AEP-0003
     §3.3, §6.5). Returns ``(replay_all, positions)``; raises
     :class:`InvalidFilter` for anything else (fail closed)."""
@@ -114,11 +114,12 @@ def parse_last_event_id(value: str) -> tuple[str, Position] | None:
         return None
 
 
-def parse_filter_json(text: str | None) -> Filter:
+def parse_filter_json(text: str | None, max_terms: int | None = None) -> Filter:
     """The SSE ``filter`` query parameter (JSON text; absent or empty: match
-    all) compiled; raises :class:`InvalidFilter`."""
+    all) compiled; raises :class:`InvalidFilter` (its subclass
+    :class:`~.attrmatch.FilterTooLarge` past ``max_terms`` alternatives)."""
     try:
-        return Filter(loads(text) if text else {})
+        return Filter(loads(text) if text else {}, max_terms=max_terms)
     except InvalidFilter:
         raise
     except ValueError:

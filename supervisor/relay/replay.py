@@ -80,6 +80,8 @@ class ReplayJob:
         """The next payloads (at most :attr:`CHUNK`, after scanning at most
         :attr:`SCAN` entries): ``[]`` when a slice matched nothing but more
         remains, ``None`` when the replay is done."""
+        if not self.sub.active:  # replaced or ended: nothing more to replay
+            return None
         out: list[Any] = []
         outlet = self.sub.outlet
         scanned = 0

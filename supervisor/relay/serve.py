@@ -13,6 +13,7 @@ from typing import Any, Callable
 import trio
 
 from bridges.core.http import bind_socket, hyper_config, serve_app
+from bridges.core.settings import Address
 
 from .app import make_app
 from .core import Relay
@@ -24,7 +25,7 @@ async def serve_relay(relay: Relay, listen: tuple[str, int] | socket.socket, *,
                       healthz: Callable[[bool], dict[str, Any]] | None = None,
                       shutdown: trio.Event | None = None, reason: str = "shutting down",
                       graceful_timeout: float = 3.0,
-                      task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+                      task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``relay`` (``make_app(relay, healthz=healthz)``) on ``listen``
     (``(host, port)`` or a socket from :func:`~bridges.core.http.bind_socket`)
     until ``shutdown`` is set; then :meth:`Relay.close(reason) <Relay.close>`

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
-from typing import Any, Callable
+from typing import Any
 
 import trio
 
-from bridges.core.asgi import ABORT_KEY, refuse_upgrade, respond
+from bridges.core.asgi import ABORT_KEY, Receive, Scope, Send, refuse_upgrade, respond
 from bridges.core.asgi import header as _header
 
-from .attrmatch import InvalidFilter
+from .attrmatch import FilterTooLarge, InvalidFilter
 from .connections import SocketConnection
 from .core import Relay
 from .outlet import CLOSED, TERMINATED, Outlet
@@ -35,21 +35,23 @@ __all__ = ["serve_sse", "pump_sse", "serve_socket", "refuse_upgrade"]
 log = logging.getLogger("aep.relay.http")
 
 
-def _query(scope: dict[str, Any]) -> dict[str, str]:
+def _query(scope: Scope) -> dict[str, str]:
     qs = scope.get("query_string", b"").decode("utf-8", "replace")
     return dict(urllib.parse.parse_qsl(qs, keep_blank_values=True))
 
 
-async def serve_sse(relay: Relay, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+async def serve_sse(relay: Relay, scope: Scope, receive: Receive, send: Send) -> None:
     """``GET /stream`` once authorized (AEP-0003 §3.3): parse ``filter``,
     ``capture``, ``from``, ``live`` and ``Last-Event-ID`` (a refusal is a 400
     before any header), then stream the outlet until it ends or the client
     goes."""
     q = _query(scope)
     try:
-        flt = parse_filter_json(q.get("filter"))
+        flt = parse_filter_json(q.get("filter"), relay.max_filter_terms)
         ceiling = parse_capture(q.get("capture") or None)
         plan_all, positions = parse_from_json(q.get("from"))
+    except FilterTooLarge as e:
+        return await respond(send, 400, {"error": "limit-exceeded", "detail": str(e)})
     except InvalidFilter as e:
         return await respond(send, 400, {"error": "invalid-filter", "detail": str(e)})
     if positions is not None and len(positions) > relay.max_from:
@@ -73,7 +75,7 @@ async def serve_sse(relay: Relay, scope: dict[str, Any], receive: Callable, send
     await pump_sse(relay, outlet, receive, send)
 
 
-async def pump_sse(relay: Relay, outlet: Outlet, receive: Callable, send: Callable) -> None:
+async def pump_sse(relay: Relay, outlet: Outlet, receive: Receive, send: Send) -> None:
     """Write ``outlet`` as one SSE response body: batches (lingering per
     :meth:`Relay.sse_linger`), ``: ping`` after ``heartbeat_s`` idle, until
     the outlet ends or the client disconnects; a shed consumer's connection
@@ -82,6 +84,7 @@ async def pump_sse(relay: Relay, outlet: Outlet, receive: Callable, send: Callab
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(_watch_stuck, outlet)
             while True:
                 with trio.move_on_after(heartbeat) as idle:
                     payloads, end = await outlet.next_batch(linger=relay.sse_linger())
@@ -103,7 +106,7 @@ async def pump_sse(relay: Relay, outlet: Outlet, receive: Callable, send: Callab
         outlet.closed()
 
 
-async def serve_socket(relay: Relay, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+async def serve_socket(relay: Relay, scope: Scope, receive: Receive, send: Send) -> None:
     """An accepted-to-be ``/socket`` upgrade (the caller checked it may be):
     accept, then run the duplex (AEP-0003 §3.5) until either side ends it:
     a reader feeding :meth:`SocketConnection.handle_text`, a pinger (liveness,
@@ -116,11 +119,20 @@ async def serve_socket(relay: Relay, scope: dict[str, Any], receive: Callable, s
     conn = relay.open_socket(relay.authenticated(scope["headers"], scope.get("query_string", b"")))
     conn.outlet.abort = scope.get("state", {}).get(ABORT_KEY)
     last_rx = [trio.current_time()]
+    peer_gone = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_ws_reader, conn, receive, nursery.cancel_scope, last_rx)
+            nursery.start_soon(_ws_reader, conn, receive, nursery.cancel_scope, last_rx, peer_gone)
             nursery.start_soon(_ws_pinger, relay, conn, last_rx)
-            await _ws_writer(conn, send)
+            nursery.start_soon(_watch_stuck, conn.outlet)
+            if await _ws_writer(conn, send):
+                # we sent a close frame: finish the close handshake (RFC 6455
+                # §7.1.1) by waiting, bounded, for the peer's. Returning at once
+                # drops TCP under the peer's reply; the reset then discards what
+                # it had not read yet (issue 10 #1: Node's WebSocket lost the
+                # error frame and saw 1006)
+                with trio.move_on_after(relay.ws_close_wait_s):
+                    await peer_gone.wait()
             nursery.cancel_scope.cancel()
     except Exception as e:  # noqa: BLE001 -- one socket's fault stays with it
         if not isinstance(e, (trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
@@ -129,13 +141,16 @@ async def serve_socket(relay: Relay, scope: dict[str, Any], receive: Callable, s
         conn.close()
 
 
-async def _ws_reader(conn: SocketConnection, receive: Callable,
-                     scope: trio.CancelScope, last_rx: list[float]) -> None:
+async def _ws_reader(conn: SocketConnection, receive: Receive,
+                     scope: trio.CancelScope, last_rx: list[float],
+                     peer_gone: trio.Event | None = None) -> None:
     while True:
         msg = await receive()
         last_rx[0] = trio.current_time()
         t = msg["type"]
         if t == "websocket.disconnect":
+            if peer_gone is not None:
+                peer_gone.set()
             scope.cancel()
             return
         if t != "websocket.receive":
@@ -160,7 +175,8 @@ async def _ws_pinger(relay: Relay, conn: SocketConnection, last_rx: list[float])
         conn.ping(int(now * 1000))
 
 
-async def _ws_writer(conn: SocketConnection, send: Callable) -> None:
+async def _ws_writer(conn: SocketConnection, send: Send) -> bool:
+    """Write the outlet until its end; ``True`` when a close frame was sent."""
     outlet = conn.outlet
     while outlet.state != CLOSED:
         payloads, end = await outlet.next_batch()
@@ -170,23 +186,39 @@ async def _ws_writer(conn: SocketConnection, send: Callable) -> None:
             code, reason = end if isinstance(end, tuple) else (1000, "")
             await _send_shielded(outlet, send, {"type": "websocket.close", "code": code,
                                                 "reason": reason})
-            return
+            return True
+    return False
 
 
-async def _send_shielded(outlet: Outlet, send: Callable, message: dict[str, Any]) -> None:
+async def _send_shielded(outlet: Outlet, send: Send, message: dict[str, Any]) -> None:
     """One ASGI send, never interrupted by our own cancellation: a cancel
     landing inside the server's send path (e.g. on a disconnect) would leave
     its connection half torn down. A send stuck on a peer that stopped
     reading is ended by :meth:`Outlet.kill` (socket abort) instead."""
     outlet.in_send = True
+    outlet.send_started = trio.current_time()
     try:
         with trio.CancelScope(shield=True):
             await send(message)
     finally:
         outlet.in_send = False
+    # a send to a peer that is gone returns without yielding: without this
+    # checkpoint a writer with a long replay spins the loop to the end of it,
+    # and never sees its own cancellation (issue 10 #3)
+    await trio.lowlevel.checkpoint()
 
 
-async def _watch_disconnect(receive: Callable, scope: trio.CancelScope) -> None:
+async def _watch_stuck(outlet: Outlet) -> None:
+    """Shed the consumer once its writer is stuck (issue 10 #7; no offer may
+    come to notice it: traffic can stop while the stuck one holds its queue)."""
+    period = max(outlet.hub.stuck_s / 4, 0.05)
+    while outlet.state not in (TERMINATED, CLOSED):
+        await trio.sleep(period)
+        if outlet.shed_if_stuck():
+            return
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":

@@ -42,8 +42,8 @@ from __future__ import annotations
 import fcntl
 import itertools
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess

@@ -36,6 +36,7 @@ from typing import Callable
 import grpc
 import trio
 from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+
 from bridges.core.asgi import headers as request_headers
 from bridges.core.asgi import send_bytes
 from tests.support.net import http_body, serve_loopback

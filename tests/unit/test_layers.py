@@ -129,8 +129,9 @@ def test_importing_the_http_machinery_changes_nothing_in_hypercorn():
 PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
         "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope",
-        "errors", "http", "ledger", "naming", "paths", "redaction", "settings",
+        "errors", "http", "ledger", "naming", "paths", "posture", "redaction", "settings",
     },
+    "bridges.core.posture": {"MODES", "Posture"},
     "bridges.core.aep": {
         "AEP_VERSION", "SUPPORTED_VERSIONS", "SEVERITIES", "SEVERITY_RANK", "DEFAULT_SEVERITY",
         "NOTICE_RANK", "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
@@ -138,8 +139,8 @@ PUBLIC: dict[str, set[str]] = {
         "NACK_REASONS", "ACK_WINDOW_MS", "dumps", "loads", "scrub_surrogates",
     },
     "bridges.core.asgi": {
-        "Scope", "ABORT_KEY", "LISTEN_KEY", "lifespan", "read_body", "headers", "header",
-        "send_bytes", "send_json", "respond", "presented_tokens", "token_matches", "bearer_ok",
+        "Scope", "Message", "Receive", "Send", "App", "ABORT_KEY", "LISTEN_KEY", "lifespan",
+        "read_body", "headers", "header", "send_bytes", "send_json", "respond", "presented_tokens", "token_matches", "bearer_ok",
         "host_allowed", "listen_host", "host_guard", "refuse_upgrade",
     },
     "bridges.core.http": {
@@ -167,9 +168,10 @@ PUBLIC: dict[str, set[str]] = {
                                   "to_entry", "envelope_error", "has_duplicate_keys",
                                   "AEP_VERSION", "is_command_type", "is_foreign"},
     "supervisor.relay.attrmatch": {"Filter", "InvalidFilter", "validate_filter", "attr_match",
-                                   "MATCH_ALL", "CORE_ATTRS", "FILTERABLE", "DEFAULTS"},
+                                   "MATCH_ALL", "CORE_ATTRS", "FILTERABLE", "DEFAULTS",
+                                   "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms"},
     "supervisor.relay.buffer": {"SessionBuffers", "Entry", "Position", "BufKey",
-                                "ENTRY_OVERHEAD", "MiB"},
+                                "ENTRY_OVERHEAD", "MiB", "same_event"},
     "supervisor.relay.capcheck": {"exceeds", "content_level"},
     "supervisor.http": {"serve_asgi", "health_app"},
     "supervisor.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",

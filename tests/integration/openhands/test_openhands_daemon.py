@@ -18,8 +18,15 @@ import pytest
 import trio
 
 from tests.support.daemon import Collector, command
-from tests.support.openhands import (AgentClient, AgentServer, OpenHandsDaemon, dead_url,
-                                     model_and_client, require_agent_server, server_posts)
+from tests.support.openhands import (
+    AgentClient,
+    AgentServer,
+    OpenHandsDaemon,
+    dead_url,
+    model_and_client,
+    require_agent_server,
+    server_posts,
+)
 from tests.support.schema import validated
 
 pytestmark = pytest.mark.vendor

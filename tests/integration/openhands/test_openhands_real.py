@@ -15,8 +15,16 @@ import logging
 import pytest
 import trio
 
-from tests.support.openhands import (AgentClient, AgentServer, MockModel, Rig, dead_url,
-                                     model_and_client, require_agent_server, server_posts)
+from tests.support.openhands import (
+    AgentClient,
+    AgentServer,
+    MockModel,
+    Rig,
+    dead_url,
+    model_and_client,
+    require_agent_server,
+    server_posts,
+)
 from tests.support.schema import validate_event, validated
 
 pytestmark = pytest.mark.vendor

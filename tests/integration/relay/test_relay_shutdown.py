@@ -12,8 +12,8 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, open_websocket_url
 
-from supervisor.relay.core import Relay, RelayClosed
 from bridges.core.http import bind_socket
+from supervisor.relay.core import Relay, RelayClosed
 from supervisor.relay.serve import serve_relay
 from tests.support.relay_harness import SSE, emitter_hello, event, wait_until
 

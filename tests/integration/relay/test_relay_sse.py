@@ -15,8 +15,7 @@ import aep_sdk
 import httpx
 import trio
 
-from tests.support.relay_harness import (SSE, TOKEN, emitter_hello, event, running_relay,
-                                         wait_until)
+from tests.support.relay_harness import SSE, TOKEN, emitter_hello, event, running_relay, wait_until
 
 WAIT = 20
 
@@ -149,7 +148,7 @@ async def test_disconnect_mid_stream_costs_nothing():
             async with trio.open_nursery() as n:
                 sse = await n.start(SSE().run, c, base + "/stream", None, None)
                 await conn.ingest(event(len(relay.buffers.sessions()) + 100, session="x"))
-                await wait_until(lambda: sse.messages)
+                await wait_until(lambda sse=sse: sse.messages)
                 n.cancel_scope.cancel()  # the client goes away mid-stream
         await wait_until(lambda: relay.stats()["subscribers"] == 0 and not relay.outlets)
         for s in range(200):  # fan-out to nobody: nothing queued anywhere

@@ -220,7 +220,7 @@ async def test_stream_errors_back_off_and_report_the_source_down():
                                   (401, "text/event-stream", "HTTP 401")):
         stub = StubSseServer(streams=[[user()]], stream_status=status, stream_type=ctype)
         async with bridge_on(stub) as h:
-            await h.until(lambda: stub.connections >= 3, "retries")
+            await h.until(lambda stub=stub: stub.connections >= 3, "retries")
             assert h.ctx.health.source is False and needle in h.ctx.health.detail
             assert "stub-pw-123" not in h.ctx.health.detail
             assert not h.of("run.started")
@@ -286,7 +286,7 @@ async def test_rest_write_faults_get_defined_acks():
         ids = [e["id"] for e in h.of("attention.requested")]
         answer = {"answer": {"option": "once"}}
         acks = {}
-        for name, rid in zip(("404", "400", "500", "hang"), ids):
+        for name, rid in zip(("404", "400", "500", "hang"), ids, strict=False):
             acks[name] = await h.command(f"c-{name}", "control.attention.respond",
                                          subject=rid, data=answer)
         assert acks["404"][0]["type"] == "control.rejected"

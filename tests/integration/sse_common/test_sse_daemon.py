@@ -440,12 +440,12 @@ async def test_in_process_bridge_other_directory(env: Env) -> None:
     import logging
 
     from bridges.core.bridge import BridgeContext, BridgeHealth
+    from bridges.core.capture import CapturePolicy
     from bridges.core.envelope import Stamper
     from bridges.kilocode_sse import PROFILE as KILO
     from bridges.opencode_sse import PROFILE as OC
     from bridges.sse_common.bridge import SseBridge
     from bridges.sse_common.config import SseConfig
-    from bridges.core.capture import CapturePolicy
     from supervisor.fleet import run_bridge
 
     server, tmp, vendor = env.server, env.tmp, env.vendor

@@ -11,7 +11,6 @@ import subprocess
 import time
 
 import httpx
-import pytest
 
 from tests.support.daemon import Collector, console_script, run_daemon
 from tests.support.net import free_port

@@ -8,12 +8,10 @@ The bridge is a minimal control-capable test bridge; the relay, fleet,
 ledger, stamper, hypercorn and the SDK are the real ones."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 import trio
-
 from aep_sdk import ControlClient, NackError
+
 from bridges.core.bridge import BridgeRun
 from bridges.core.control import Refuse, WriteResult
 from supervisor.config import Config

@@ -273,5 +273,5 @@ def drive_control(url: str) -> list[Any]:
 
 
 async def _ok(cmd: dict[str, Any]) -> WriteResult:
-    await trio.sleep(0)
+    await trio.lowlevel.checkpoint()
     return WriteResult(202)

@@ -83,7 +83,7 @@ def test_derivation_links_point_at_siblings_of_the_right_level():
     # *_digest fields are metadata and digest a sibling; *_redacted twins are
     # redacted and mirror a full-gated sibling (AEP-0002 §5.2/§5.3).
     seen = 0
-    for t, root in captable.TABLE.items():
+    for root in captable.TABLE.values():
         nodes = [root] + [n for _, n in captable.walk(root)]
         for node in nodes:
             for name, child in (node.props or {}).items():

@@ -12,13 +12,20 @@ import hashlib
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bridges.core import capture
-from bridges.core.capture import (LEVELS, CaptureConfigError, CapturePolicy, digest, gate,
-                                  gate_form_values, rank)
-from tests.support.schema import (capture_problems, registered_types, type_schema,
-                                  validate_event)
+from bridges.core.capture import (
+    LEVELS,
+    CaptureConfigError,
+    CapturePolicy,
+    digest,
+    gate,
+    gate_form_values,
+    rank,
+)
+from tests.support.schema import capture_problems, registered_types, type_schema, validate_event
 from tests.support.shared import aep_dir, fixture, pin_entries
 
 GATING = fixture("capture-gating/cases.json")["cases"]

@@ -8,7 +8,8 @@ import copy
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridges.core.capture import LEVELS, downlevel, rank
 from tests.support.schema import capture_problems, validate_event

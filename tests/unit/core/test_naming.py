@@ -7,10 +7,19 @@ import json
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from bridges.core.naming import (TYPE_GRAMMAR, dotted_type, fallback_type, kind_type, path_type,
-                                 snake, token, vendor_token)
+from bridges.core.naming import (
+    TYPE_GRAMMAR,
+    dotted_type,
+    fallback_type,
+    kind_type,
+    path_type,
+    snake,
+    token,
+    vendor_token,
+)
 from tests.support.schema import event_problems
 from tests.support.shared import aep_dir, fixture, pin_entries
 
@@ -114,7 +123,7 @@ def test_kimi_naming(channel, name, expected):
 def test_otlp_channel_naming():
     # docs/bridge-otlp-inbound-design.md: x.codex.otel.{snake_of_event_name}
     pins = fixture("mappings/codex-otel.json")["records"]
-    for name, entry in pins.items():
+    for entry in pins.values():
         t = entry["companion"]["type"] if isinstance(entry["companion"], dict) \
             else entry["companion"][0]["type"]
         leaf = entry["input"]["attributes"]["event.name"].split(".", 1)[1]

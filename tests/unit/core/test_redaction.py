@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridges.core import capture, redaction
 from bridges.core.capture import CapturePolicy

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.core.ledger import Refuse
+from bridges.core.posture import Posture
 from bridges.kimi_web import mapping as M
 from bridges.kimi_web.control import decide
+from bridges.kimi_web.mapping import AGENT
 from bridges.kimi_web.tracker import Tracker
 
 TYPE = re.compile(r"^(x\.[a-z0-9_-]+(\.[a-z0-9_]+)+|[a-z]+(\.[a-z_]+)+)$")
@@ -37,7 +39,7 @@ frame = st.fixed_dictionaries({"type": st.one_of(st.sampled_from(KNOWN), st.text
 @settings(max_examples=400, deadline=None)
 @given(frame, st.booleans())
 def test_map_frame_never_raises(f, primary):
-    for e in M.map_frame(f, M.Posture(primary=primary)):
+    for e in M.map_frame(f, Posture(agent=AGENT, mode="primary" if primary else "companion")):
         assert TYPE.match(e["type"]), e["type"]
         assert isinstance(e.get("data", {}), dict)
 
@@ -45,7 +47,7 @@ def test_map_frame_never_raises(f, primary):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(frame, max_size=12), st.booleans())
 def test_tracker_never_raises(frames, primary):
-    tr = Tracker(M.Posture(primary=primary), answerable=True)
+    tr = Tracker(Posture(agent=AGENT, mode="primary" if primary else "companion"), answerable=True)
     for f in frames:
         if tr.accept(f):
             for o in tr.frame(f):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from bridges.core import capture
-from bridges.kimi_web.mapping import Posture, map_frame
+from bridges.core.posture import Posture
+from bridges.kimi_web.mapping import AGENT, map_frame
 from tests.support.shared import fixture
 
 
@@ -38,7 +39,7 @@ def test_every_pin_is_here():
 @pytest.mark.parametrize("mode", ["companion", "primary"])
 def test_ws_mode_pin(name, mode):
     pin = modes()[name]
-    out = map_frame(pin["input"], Posture(primary=(mode == "primary")))
+    out = map_frame(pin["input"], Posture(agent=AGENT, mode=mode))
     assert one(out) == pin[mode]
 
 
@@ -48,7 +49,7 @@ def test_pin_survives_the_stampers_gate(name, mode):
     """The emitter-side gate the stamper runs leaves the pinned data as is."""
     pin = modes()[name]
     policy = capture.CapturePolicy()
-    for e in map_frame(pin["input"], Posture(primary=(mode == "primary"), policy=policy)):
+    for e in map_frame(pin["input"], Posture(agent=AGENT, mode=mode, policy=policy)):
         hints = e.get("gating") or {}
         data, _ = capture.gate(e["type"], e.get("data"), policy.ceiling_for(e["type"]), policy,
                                agent="kimi-code", subject=e.get("subject"),

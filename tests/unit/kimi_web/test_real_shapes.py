@@ -10,7 +10,9 @@ import pytest
 
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
+from bridges.core.posture import Posture
 from bridges.kimi_web import mapping as M
+from bridges.kimi_web.mapping import AGENT
 from bridges.kimi_web.tracker import Tracker
 from tests.support.schema import validate_event, validate_stream
 
@@ -25,7 +27,7 @@ def frames(name: str) -> list[dict]:
 def drive(name: str, *, primary: bool = True, answerable: bool = False, capture: str = "metadata"):
     """Frames -> stamped envelopes (the receiver's order: accept, map, bind)."""
     policy = CapturePolicy.from_env({"AEP_CAPTURE": capture})
-    tr = Tracker(M.Posture(primary=primary, policy=policy), answerable=answerable)
+    tr = Tracker(Posture(agent=AGENT, mode="primary" if primary else "companion", policy=policy), answerable=answerable)
     st = Stamper("kimi-code", epoch=1, policy=policy)
     out = []
     # the receiver's subscription rule: a frame of an unsubscribed session
@@ -189,7 +191,7 @@ def test_forms_stay_read_only_when_control_is_on():
 
 def test_replayed_overlap_is_deduped_by_session_epoch_seq():
     fs = [f for f in frames("approve") if M.is_event_frame(f)]
-    tr = Tracker(M.Posture(primary=True))
+    tr = Tracker(Posture(agent=AGENT, mode="primary"))
     first = [tr.accept(f) for f in fs]
     again = [tr.accept(f) for f in fs if not f.get("volatile") and isinstance(f.get("seq"), int)]
     assert any(first) and not any(again)
@@ -199,7 +201,7 @@ def test_replayed_overlap_is_deduped_by_session_epoch_seq():
 
 
 def test_new_epoch_starts_over():
-    tr = Tracker(M.Posture(primary=True))
+    tr = Tracker(Posture(agent=AGENT, mode="primary"))
     f = {"type": "turn.started", "session_id": "s", "seq": 9, "epoch": "e1", "payload": {}}
     assert tr.accept(f) and not tr.accept(dict(f))
     assert tr.accept({**f, "epoch": "e2", "seq": 1})
@@ -221,17 +223,17 @@ def test_restart_keeps_the_epoch_and_continues_seq():
 
 def test_state_round_trips():
     events, tr = drive("abort_pending")
-    tr2 = Tracker(M.Posture(primary=True))
+    tr2 = Tracker(Posture(agent=AGENT, mode="primary"))
     tr2.load(json.loads(json.dumps(tr.dump())))
     assert tr2.cursors() == tr.cursors()
     fs = frames("approve")
-    t3 = Tracker(M.Posture(primary=True))
+    t3 = Tracker(Posture(agent=AGENT, mode="primary"))
     evs = [f for f in fs if M.is_event_frame(f)]
     cut = next(i for i, f in enumerate(evs) if f["type"] == "event.approval.requested") + 1
     for f in evs[:cut]:
         if t3.accept(f):
             t3.frame(f)
-    t4 = Tracker(M.Posture(primary=True))
+    t4 = Tracker(Posture(agent=AGENT, mode="primary"))
     t4.load(json.loads(json.dumps(t3.dump())))
     s = next(iter(t4.sessions.values()))
     assert s.run is not None and s.asks  # the open run and ask survive a daemon restart

@@ -16,9 +16,16 @@ from hypothesis import strategies as st
 
 from bridges.core.capture import CapturePolicy, digest
 from bridges.core.envelope import Stamper
+from bridges.core.posture import Posture
 from bridges.openhands.mapping import (
-    ATTENTION_PROMPT, Posture, is_ephemeral, is_snapshot, map_event, pin_view, status_moments,
-    status_of)
+    ATTENTION_PROMPT,
+    is_ephemeral,
+    is_snapshot,
+    map_event,
+    pin_view,
+    status_moments,
+    status_of,
+)
 from tests.support.schema import validate_event
 from tests.support.shared import fixture
 
@@ -106,7 +113,7 @@ def test_attention_request_is_read_only_in_the_table():
 
 def test_token_event_maps_to_nothing_ever():
     ev = PINS["events"]["token_event"]["input"]
-    for posture in (Posture(), Posture(deltas=True), Posture(CapturePolicy(ceiling="full"), deltas=True)):
+    for posture in (Posture(), Posture(deltas=True), Posture(policy=CapturePolicy(ceiling="full"), deltas=True)):
         assert map_event(ev, posture) == []
 
 
@@ -173,7 +180,7 @@ def test_real_action_summary_and_thinking_stay_out_at_metadata():
     assert act["summary"] and act["thinking_blocks"] == [] and act["security_risk"] == "UNKNOWN"
     data = one(map_event(act))["data"]
     assert "summary" not in data and "risk" not in data and "args" not in data
-    full = one(map_event(act, Posture(CapturePolicy(ceiling="full"))))
+    full = one(map_event(act, Posture(policy=CapturePolicy(ceiling="full"))))
     assert full["data"]["args"] == act["action"] and full["data"]["summary"] == act["summary"]
 
 
@@ -208,7 +215,7 @@ def test_real_user_rejection_from_the_environment_source():
                            "data": {"vendor_ts": rej["timestamp"], "vendor_event_id": rej["id"],
                                     "tool": {"name": "terminal", "call_id": rej["tool_call_id"]}}}
     assert "Not on this machine." not in json.dumps(e)
-    red = one(map_event(rej, Posture(CapturePolicy(ceiling="redacted"))))
+    red = one(map_event(rej, Posture(policy=CapturePolicy(ceiling="redacted"))))
     assert red["data"]["reason"] == "Not on this machine." and red["gating"] == {"levels": {"reason": "redacted"}}
 
 
@@ -284,7 +291,7 @@ def test_real_status_reads_from_both_shapes():
 def test_every_real_frame_maps_to_valid_events(capture, ceiling):
     policy = CapturePolicy(ceiling=ceiling)
     for frame in real(capture)["frames"]:
-        for ev in stamp_all(map_event(frame, Posture(policy, deltas=True)), policy):
+        for ev in stamp_all(map_event(frame, Posture(policy=policy, deltas=True)), policy):
             validate_event(ev)
 
 
@@ -293,7 +300,7 @@ def test_redacted_content_passes_the_pipeline():
     policy = CapturePolicy(ceiling="redacted", secret_values=("sekrit-value-123",))
     msg = copy.deepcopy(PINS["events"]["message_user"]["input"])
     msg["llm_message"]["content"][0]["text"] = "token sekrit-value-123 here"
-    e = one(map_event(msg, Posture(policy)))
+    e = one(map_event(msg, Posture(policy=policy)))
     assert "sekrit-value-123" not in json.dumps(e) and "token" in e["data"]["content"]
     assert "content" not in one(map_event(msg))["data"]
 
@@ -304,9 +311,9 @@ def test_capture_claims_are_honest():
     content it is redacted; the structural ask prompt survives a metadata
     attention ceiling verbatim."""
     pol = CapturePolicy(ceiling="redacted")
-    pause = one(stamp_all(map_event(PINS["events"]["pause"]["input"], Posture(pol)), pol))
+    pause = one(stamp_all(map_event(PINS["events"]["pause"]["input"], Posture(policy=pol)), pol))
     assert pause["capture"] == "metadata"
-    msg = one(stamp_all(map_event(PINS["events"]["message_user"]["input"], Posture(pol)), pol))
+    msg = one(stamp_all(map_event(PINS["events"]["message_user"]["input"], Posture(policy=pol)), pol))
     assert msg["capture"] == "redacted" and msg["data"]["content"] == "Please fix the failing test."
     meta = CapturePolicy(attention="metadata")
     req = one(stamp_all([m for m in status_moments("running", "waiting_for_confirmation")], meta))
@@ -365,7 +372,7 @@ _event = st.fixed_dictionaries(
        deltas=st.booleans())
 def test_fuzz_any_json_event_maps_to_valid_events(event, ceiling, deltas):
     policy = CapturePolicy(ceiling=ceiling)
-    out = map_event(event, Posture(policy, deltas=deltas))
+    out = map_event(event, Posture(policy=policy, deltas=deltas))
     assert len(out) <= 1
     for ev in stamp_all(out, policy):
         validate_event(ev)
@@ -399,5 +406,5 @@ def test_real_streaming_delta_is_live_only():
     e = one(map_event(delta, Posture(deltas=True)))
     assert pin_view(e) == {"type": "x.openhands.streaming.delta",
                            "data": {"vendor_ts": delta["timestamp"], "vendor_event_id": delta["id"]}}
-    red = one(map_event(delta, Posture(CapturePolicy(ceiling="redacted"), deltas=True)))
+    red = one(map_event(delta, Posture(policy=CapturePolicy(ceiling="redacted"), deltas=True)))
     assert red["data"]["content"] == "Hello from the mock model."

@@ -13,6 +13,7 @@ import trio
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
+from bridges.core.posture import Posture
 from bridges.openhands import mapping as M
 from bridges.openhands.receiver import SEEN_IDS, Conversation, Receiver, Settings
 from tests.support.schema import validate_event, validate_stream
@@ -31,7 +32,7 @@ class Harness:
         self.health = BridgeHealth()
         self.ctx = BridgeContext("openhands", Stamper("openhands", epoch=3, host="h", policy=CapturePolicy()),
                                  self.send, crecv, self.health, logging.getLogger("t"))
-        self.rx = Receiver(Settings(url="http://127.0.0.1:1", state_dir=tmp_path), M.Posture(), self.ctx, None)
+        self.rx = Receiver(Settings(url="http://127.0.0.1:1", state_dir=tmp_path), Posture(), self.ctx, None)
         self.conv = Conversation("c0ffee00-0000-4000-8000-000000000001")
         self.rx.conversations[self.conv.id] = self.conv
 
@@ -199,7 +200,7 @@ async def test_a_frame_stuck_on_a_full_channel_is_counted_not_fatal(autojump_clo
     health = BridgeHealth()
     ctx = BridgeContext("openhands", Stamper("openhands", epoch=1, host="h"), send, crecv, health,
                         logging.getLogger("t"))
-    rx = Receiver(Settings(url="http://127.0.0.1:1"), M.Posture(), ctx, None)
+    rx = Receiver(Settings(url="http://127.0.0.1:1"), Posture(), ctx, None)
     conv = Conversation("c0ffee00-0000-4000-8000-000000000002")
     await rx.handle_raw(conv, json.dumps({"kind": "PauseEvent", "id": "p1", "timestamp": "2026-01-01T00:00:00"}))
     assert health.counters["frames_timed_out"] == 1

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.core.capture import CapturePolicy
-from bridges.otlp_in.common import Posture
+from bridges.core.posture import Posture
 from bridges.otlp_in.decode import decode_proto
 from bridges.otlp_in.export import Admission, Plan, plan
 from bridges.otlp_in.profiles import PROFILES
@@ -66,7 +66,7 @@ def test_plan_keeps_a_mapper_failure_and_carries_on():
 
 
 def test_primary_posture_maps_to_core_types():
-    p = plan(RECORDS, CODEX, Posture(primary=True, policy=CapturePolicy()))
+    p = plan(RECORDS, CODEX, Posture(mode="primary", policy=CapturePolicy()))
     assert any(not e.emission["type"].startswith("x.") for e in p.emissions)
 
 
@@ -84,7 +84,7 @@ _record = st.none() | st.fixed_dictionaries(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_record, max_size=6), st.sampled_from(sorted(PROFILES)), st.booleans())
 def test_plan_never_raises_and_accounts_for_every_record(records, vendor, primary):
-    p = plan(records, PROFILES[vendor], Posture(primary=primary))
+    p = plan(records, PROFILES[vendor], Posture(mode="primary" if primary else "companion"))
     mapped = {e.record for e in p.emissions}
     assert len(mapped) + sum(p.refused.values()) <= len(records)
     assert all(isinstance(n, str) for n in p.notes)

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
+from bridges.core.posture import Posture
 from bridges.otlp_in import codex, flatten, vscode
-from bridges.otlp_in.common import Posture, record_time, session_id
+from bridges.otlp_in.common import record_time, session_id
 from bridges.otlp_in.flatten import NotOtlp
 from bridges.otlp_in.profiles import PROFILES
 
@@ -95,7 +96,7 @@ def _check_all_postures(rec):
             stamper = Stamper(profile.agent, host="fuzz-host", policy=policy)
             for primary in (False, True):
                 notes: list[str] = []
-                out = profile.map_record(rec, Posture(primary, policy), notes)
+                out = profile.map_record(rec, Posture(mode="primary" if primary else "companion", policy=policy), notes)
                 assert isinstance(out, list) and len(out) <= 1
                 assert all(isinstance(n, str) and n.startswith("otlp.") for n in notes)
                 for em in out:

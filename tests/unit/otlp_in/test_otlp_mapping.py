@@ -13,16 +13,17 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from bridges.core import capture
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
+from bridges.core.posture import Posture
 from bridges.otlp_in import codex, flatten, vscode
-from bridges.otlp_in.common import Posture, record_time
+from bridges.otlp_in.common import record_time
 from tests.support.shared import aep_dir, fixture
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
 
-META = Posture(primary=False, policy=CapturePolicy(ceiling="metadata"))
-RED = Posture(primary=False, policy=CapturePolicy(ceiling="redacted"))
-FULL = Posture(primary=False, policy=CapturePolicy(ceiling="full"))
-NONE = Posture(primary=False, policy=CapturePolicy(ceiling="none"))
+META = Posture(mode="companion", policy=CapturePolicy(ceiling="metadata"))
+RED = Posture(mode="companion", policy=CapturePolicy(ceiling="redacted"))
+FULL = Posture(mode="companion", policy=CapturePolicy(ceiling="full"))
+NONE = Posture(mode="companion", policy=CapturePolicy(ceiling="none"))
 
 
 def _pin(vendor: str, name: str) -> dict:
@@ -60,7 +61,7 @@ def test_prompt_double_gate_vendor_sent_and_ceiling_redacted_plus():
 def test_prompt_stays_vendor_namespaced_in_primary():
     rec = _pin("codex", "user_prompt")
     rec["attributes"]["prompt"] = PROMPT
-    out = _one(rec, Posture(primary=True, policy=CapturePolicy(ceiling="redacted")))
+    out = _one(rec, Posture(mode="primary", policy=CapturePolicy(ceiling="redacted")))
     assert out["type"] == "x.codex.otel.user_prompt"
 
 
@@ -79,7 +80,7 @@ def test_tool_error_text_redacted_gated():
     rec = _pin("codex", "tool_result_fail")  # error = "exit 1"
     assert "error" not in _one(rec, META)["data"]
     assert _one(rec, RED)["data"]["error"] == capture.redact_text("exit 1", RED.policy)
-    prim = codex.map_record(rec, Posture(primary=True, policy=CapturePolicy(ceiling="redacted")),
+    prim = codex.map_record(rec, Posture(mode="primary", policy=CapturePolicy(ceiling="redacted")),
                             [])
     assert prim[0]["data"]["error"] == {"type": "tool_error",
                                         "message": capture.redact_text("exit 1", RED.policy)}
@@ -93,9 +94,9 @@ def test_tool_arguments_and_output_only_at_full():
         assert "arguments" not in data and "output" not in data
     full = _one(rec, FULL)["data"]
     assert full["arguments"] == '{"cmd": "cat ~/.ssh/id_rsa"}' and full["output"] == "secret output"
-    prim_red = codex.map_record(rec, Posture(True, CapturePolicy(ceiling="redacted")), [])[0]
+    prim_red = codex.map_record(rec, Posture(mode="primary", policy=CapturePolicy(ceiling="redacted")), [])[0]
     assert "result" not in prim_red["data"]
-    prim_full = codex.map_record(rec, Posture(True, CapturePolicy(ceiling="full")), [])[0]
+    prim_full = codex.map_record(rec, Posture(mode="primary", policy=CapturePolicy(ceiling="full")), [])[0]
     assert prim_full["data"]["result"] == "secret output"
 
 
@@ -132,7 +133,7 @@ def test_unexpected_value_kinds_in_metadata_fields_are_dropped_and_noted():
 
 # --------------------------------------------------------------------------- primary rules
 
-PRIMARY = Posture(primary=True, policy=CapturePolicy())
+PRIMARY = Posture(mode="primary", policy=CapturePolicy())
 
 
 @pytest.mark.parametrize("source,by", [("Config", "policy"), ("config", "policy"),
@@ -190,7 +191,7 @@ def test_primary_typed_values_from_the_real_exporter():
 def test_vscode_never_emits_denied_or_ended():
     rec = _pin("vscode", "tool_call_fail")
     del rec["attributes"]["error.type"]
-    out = _one(rec, Posture(True, CapturePolicy()), vscode.map_record)
+    out = _one(rec, Posture(mode="primary", policy=CapturePolicy()), vscode.map_record)
     assert out["type"] == "tool.failed" and out["data"]["error"] == {"type": "tool_error"}
     assert vscode.PRIMARY_TYPES == ("session.started", "tool.completed", "tool.failed")
 
@@ -296,9 +297,9 @@ def test_real_capture_primary(scenario):
 def test_real_capture_forbidden_reason_only_at_full():
     recs = _real("otlp-http-protobuf-forbidden")
     raw = [r for r in recs if r["attributes"]["event.name"] == "codex.tool_result"][0]
-    full = codex.map_record(raw, Posture(True, CapturePolicy(ceiling="full")), [])[0]
+    full = codex.map_record(raw, Posture(mode="primary", policy=CapturePolicy(ceiling="full")), [])[0]
     assert full["data"]["error"]["message"] == raw["attributes"]["output"]
-    red = codex.map_record(raw, Posture(True, CapturePolicy(ceiling="redacted")), [])[0]
+    red = codex.map_record(raw, Posture(mode="primary", policy=CapturePolicy(ceiling="redacted")), [])[0]
     assert "message" not in red["data"]["error"]
 
 
@@ -337,7 +338,7 @@ def test_stamped_capture_is_the_level_actually_honored(ceiling):
     profile = PROFILES["codex"]
     policy = CapturePolicy(ceiling=ceiling)
     stamper = Stamper("codex", host="h", policy=policy)
-    posture = Posture(False, policy)
+    posture = Posture(mode="companion", policy=policy)
     api = _pin("codex", "api_request")
     (em,) = codex.map_record(api, posture, [])
     assert stamper.stamp("c1", profile.stampable(em))["capture"] == "metadata"
@@ -351,5 +352,5 @@ def test_stamped_capture_is_the_level_actually_honored(ceiling):
         assert ev["data"]["prompt"] == capture.redact_text(PROMPT, policy)
     # the hint never reaches the wire, and core types get none
     assert "gating" not in ev
-    prim = codex.map_record(_pin("codex", "tool_result_ok"), Posture(True, policy), [])[0]
+    prim = codex.map_record(_pin("codex", "tool_result_ok"), Posture(mode="primary", policy=policy), [])[0]
     assert profile.stampable(prim) is prim

@@ -12,8 +12,8 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
 from bridges.core.capture import CapturePolicy
+from bridges.core.posture import Posture
 from bridges.otlp_in import flatten
-from bridges.otlp_in.common import Posture
 from bridges.otlp_in.profiles import PROFILES
 from tests.support.shared import fixture
 
@@ -40,7 +40,7 @@ def _expected(entry, mode):
 @pytest.mark.parametrize("vendor,entry,mode", list(_cases()))
 def test_pin(vendor, entry, mode):
     profile = PROFILES[vendor]
-    posture = Posture(primary=(mode == "primary"), policy=CapturePolicy())  # default metadata
+    posture = Posture(mode=mode, policy=CapturePolicy())  # default metadata
     got = profile.map_record(entry["input"], posture, [])
     assert got == _expected(entry, mode)
 

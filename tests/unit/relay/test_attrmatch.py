@@ -79,3 +79,26 @@ def test_extension_key_is_legal_even_when_absent():
 def test_filter_reports_pinned_sessions():
     assert Filter({"session": ["a", "b"]}).sessions == ("a", "b")
     assert Filter({"type": "run.started"}).sessions == ()
+
+
+# -- issue 10 #5: bounded, compiled once -----------------------------------------
+
+def test_a_filter_over_the_term_bound_is_refused_as_too_large():
+    from supervisor.relay.attrmatch import FilterTooLarge
+    with pytest.raises(FilterTooLarge):
+        Filter({"type": [f"t{i}.*" for i in range(1025)]}, max_terms=1024)
+    with pytest.raises(FilterTooLarge):
+        Filter({"session": [f"s{i}" for i in range(600)], "agent": [f"a{i}" for i in range(600)]},
+               max_terms=1024)
+    assert Filter({"type": [f"t{i}.*" for i in range(1024)]}, max_terms=1024)
+
+
+def test_many_type_patterns_match_exactly_like_one():
+    flt = Filter({"type": [f"t{i}.*" for i in range(1000)] + ["tool.*", "run.step.*"]})
+    assert flt.matches({"type": "tool.completed"})
+    assert flt.matches({"type": "run.step.started"})
+    assert flt.matches({"type": "t999.x"})
+    assert not flt.matches({"type": "tool"})
+    assert not flt.matches({"type": "run.step"})
+    assert not flt.matches({"type": "run.started"})
+    assert not flt.matches({"type": "toolx.completed"})

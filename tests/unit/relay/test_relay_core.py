@@ -749,8 +749,8 @@ def test_malformed_last_event_id_is_ignored_not_raised(value):
     assert params.parse_last_event_id(value) is None
 
 
-async def test_socket_events_must_carry_the_hello_identity_agent():
-    relay = Relay()
+async def test_socket_events_must_carry_the_hello_identity_agent_when_strict():
+    relay = Relay(strict_identity=True)
     em = await ws(relay, role="emitter", agent="evil")
     await em.handle_text(json.dumps(ev(0, agent="codex", id="x1")))
     (err,) = await take(em.outlet)
@@ -761,8 +761,19 @@ async def test_socket_events_must_carry_the_hello_identity_agent():
     assert await take(em.outlet) == [] and relay.buffers.held("s1") == 1
 
 
-async def test_in_process_emitter_events_must_carry_its_hello_agent():
+async def test_by_default_a_mismatched_agent_is_accepted_claimed_and_counted(caplog):
     relay = Relay()
+    em = await ws(relay, role="emitter", agent="aep-live-check-roster")
+    await em.handle_text(json.dumps(ev(0, agent="aep-live-check", id="x1")))
+    await em.handle_text(json.dumps(ev(1, agent="aep-live-check", id="x2")))
+    assert await take(em.outlet) == []
+    assert relay.buffers.held("s1") == 2 and relay.counters["identity_mismatch"] == 2
+    assert [e["agent"] for e in relay.roster() if e["session"] == "s1"] == ["aep-live-check-roster"]
+    assert len([r for r in caplog.records if "identity.agent" in r.getMessage()]) == 1
+
+
+async def test_in_process_emitter_events_must_carry_its_hello_agent_when_strict():
+    relay = Relay(strict_identity=True)
     conn = relay.attach_emitter(hello(agent="a"), _noop)
     with pytest.raises(InvalidEvent, match="identity.agent"):
         await conn.ingest(ev(0, agent="b"))
@@ -802,5 +813,7 @@ async def test_a_different_event_at_a_held_position_is_refused_redelivery_is_not
     assert await take(em.outlet) == []
     assert relay.buffers.held("s1") == 1 and relay.counters["events"] == 2
     local = relay.attach_emitter(hello(), _noop)
-    with pytest.raises(InvalidEvent, match="epoch, seq"):
+    # another live connection under the same source: refused before the position
+    # check (issue 10 #8: a live emitter's source is its own)
+    with pytest.raises(InvalidEvent, match="epoch, seq|connected emitter"):
         await local.ingest(ev(3, id="z"))

@@ -17,6 +17,7 @@ from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.core.ledger import Refuse
+from bridges.core.posture import Posture
 from bridges.kilocode_sse import from_env as kilo_from_env
 from bridges.opencode_sse import PROFILE as OC
 from bridges.opencode_sse import from_env as oc_from_env
@@ -24,7 +25,6 @@ from bridges.sse_common import control
 from bridges.sse_common.bridge import SseBridge
 from bridges.sse_common.control import ControlGate, form_answer, permission_answer
 from bridges.sse_common.frames import BusEvent
-from bridges.sse_common.mapping import Posture
 from bridges.sse_common.receiver import ReceiverSettings
 from bridges.sse_common.tracker import Tracker
 from supervisor.fleet import run_bridge
@@ -76,7 +76,7 @@ def test_free_text_without_a_message_route_is_refused_invalid():
 # ---------------------------------------------------------------- AEP-0006 form values
 
 def question_ask(vendor="kilocode", **q):
-    tr = Tracker(Posture(vendor, "primary", answerable=True))
+    tr = Tracker(Posture(agent=vendor, mode="primary", answerable=True))
     props = dict(real_event(vendor, "question.asked").properties)
     if q:
         props["questions"] = [dict(props["questions"][0], **q)]
@@ -130,7 +130,7 @@ def cmd(type_, **kw):
 
 
 def gate_with_ask(surface="permission.asked"):
-    tr = Tracker(Posture("opencode", "primary", answerable=True))
+    tr = Tracker(Posture(agent="opencode", mode="primary", answerable=True))
     tr.feed(BusEvent("message.updated", {"sessionID": S, "info": {"id": "msg_u", "role": "user"}},
                      directory="/proj"))
     props = {"id": "per_1", "sessionID": S, "permission": "bash", "patterns": ["ls"],

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
+from bridges.core.posture import Posture
 from bridges.sse_common.frames import FrameError, parse_frame
-from bridges.sse_common.mapping import Posture, map_bus, map_moment
+from bridges.sse_common.mapping import map_bus, map_moment
 from bridges.sse_common.tracker import Tracker
 from tests.support.schema import validate_event
 
@@ -74,7 +75,7 @@ plausible = st.builds(
        st.booleans(), st.sampled_from(["metadata", "redacted", "full"]))
 def test_any_frames_map_without_error_to_valid_events(seq, mode, answerable, ceiling):
     policy = CapturePolicy(ceiling=ceiling)
-    posture = Posture("opencode", mode, policy, answerable=answerable)
+    posture = Posture(agent="opencode", mode=mode, policy=policy, answerable=answerable)
     tr = Tracker(posture)
     stamper = Stamper("opencode", epoch=1, host="fuzz", policy=policy)
     for frame in seq:
@@ -96,7 +97,7 @@ def test_any_moment_maps_to_a_list(moment, mode):
     for kind in ("bus", "tool.before", "tool.after", "permission.ask", None):
         m = dict(moment) if isinstance(moment, dict) else {"event": moment}
         m["kind"] = kind
-        out = map_moment(m, Posture("kilocode", mode))
+        out = map_moment(m, Posture(agent="kilocode", mode=mode))
         assert isinstance(out, list)
         for e in out:
             env = Stamper("kilocode", epoch=1, host="fuzz").stamp("ses_f", e)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from bridges.core import capture
+from bridges.core.posture import Posture
 from bridges.kilocode_sse import PROFILE as KILO
 from bridges.opencode_sse import PROFILE as OPENCODE
-from bridges.sse_common.mapping import Posture, diff_todos, map_moment
+from bridges.sse_common.mapping import diff_todos, map_moment
 from tests.support.shared import fixture
 
 PROFILES = {"opencode": OPENCODE, "kilocode": KILO}
@@ -50,7 +51,7 @@ def test_profiles_point_at_their_pins():
 @pytest.mark.parametrize("vendor,name", list(cases("moments")))
 def test_moment_pin(vendor, name):
     pin = pins(vendor)["moments"][name]
-    out = map_moment(pin["input"], Posture(PROFILES[vendor].agent, "adapter"))
+    out = map_moment(pin["input"], Posture(agent=PROFILES[vendor].agent, mode="adapter"))
     assert one(out) == pin["expected"]
 
 
@@ -60,7 +61,7 @@ def test_moment_pin_survives_the_stampers_gate(vendor, name):
     gate (``capture.gate``, run by the stamper) leaves the pinned data as is."""
     pin = pins(vendor)["moments"][name]
     policy = capture.CapturePolicy()
-    for e in map_moment(pin["input"], Posture(PROFILES[vendor].agent, "adapter", policy)):
+    for e in map_moment(pin["input"], Posture(agent=PROFILES[vendor].agent, mode="adapter", policy=policy)):
         hints = e.get("gating") or {}
         data, _ = capture.gate(e["type"], e.get("data"), policy.ceiling_for(e["type"]), policy,
                                agent=PROFILES[vendor].agent, subject=e.get("subject"),
@@ -73,7 +74,7 @@ def test_todos_pin(vendor):
     pin = pins(vendor)["todos"]
     for mode in ("adapter", "primary"):
         out = diff_todos(pin["input"]["prev"], pin["input"]["next"],
-                         Posture(PROFILES[vendor].agent, mode))
+                         Posture(agent=PROFILES[vendor].agent, mode=mode))
         assert [shape(e) for e in out] == pin["expected"]
 
 
@@ -81,7 +82,7 @@ def test_todos_pin(vendor):
 @pytest.mark.parametrize("mode", ["adapter", "companion", "primary"])
 def test_fallback_pin(vendor, mode):
     pin = pins(vendor)["fallback"]
-    out = map_moment(pin["input"], Posture(PROFILES[vendor].agent, mode))
+    out = map_moment(pin["input"], Posture(agent=PROFILES[vendor].agent, mode=mode))
     assert one(out) == pin["expected"]
     assert out[0]["severity"] == "debug"
 
@@ -97,7 +98,7 @@ def sse_cases():
 def test_sse_mode_pin(vendor, name, mode):
     p = pins(vendor)
     expected = p["sse_modes"]["modes"][name][mode]
-    out = map_moment(p["moments"][name]["input"], Posture(PROFILES[vendor].agent, mode))
+    out = map_moment(p["moments"][name]["input"], Posture(agent=PROFILES[vendor].agent, mode=mode))
     assert one(out) == expected
 
 
@@ -105,7 +106,7 @@ def test_sse_mode_pin(vendor, name, mode):
 def test_companion_emits_no_core_type(vendor):
     """sse_modes $comment: companion emits ONLY the x.{agent}.* family."""
     p = pins(vendor)
-    posture = Posture(PROFILES[vendor].agent, "companion")
+    posture = Posture(agent=PROFILES[vendor].agent, mode="companion")
     for name, m in p["moments"].items():
         if m["input"]["kind"] != "bus":
             continue
@@ -118,7 +119,7 @@ def test_primary_asks_carry_no_answer_affordance(vendor):
     """The read-only-channel rule: primary without the gate sheds options and
     respond_via from every mapped ask; a form keeps its fields."""
     p = pins(vendor)
-    posture = Posture(PROFILES[vendor].agent, "primary")
+    posture = Posture(agent=PROFILES[vendor].agent, mode="primary")
     seen = 0
     for name, m in p["moments"].items():
         if m["input"]["kind"] != "bus":

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from bridges.core import capture
-from bridges.sse_common.mapping import Posture, diff_todos, map_bus, map_tool_part
+from bridges.core.posture import Posture
+from bridges.sse_common.mapping import diff_todos, map_bus, map_tool_part
 from tests.support.opencode_fixtures import meta, real_event, rest
 
 VENDORS = ["opencode", "kilocode"]
@@ -24,7 +25,7 @@ def shape(e):
 
 
 def primary(vendor, **kw):
-    return Posture(vendor, "primary", **kw)
+    return Posture(agent=vendor, mode="primary", **kw)
 
 
 def reject_ask(vendor):
@@ -194,7 +195,7 @@ def test_streaming_and_heartbeats_are_not_emitted(vendor):
                     ("message.part.updated", lambda e: e.properties["part"]["type"] == "text")):
         ev = real_event(vendor, t, pred)
         for mode in ("companion", "primary"):
-            assert map_bus(ev.type, ev.properties, Posture(vendor, mode)) == []
+            assert map_bus(ev.type, ev.properties, Posture(agent=vendor, mode=mode)) == []
 
 
 @pytest.mark.parametrize("vendor", VENDORS)

@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 
 from bridges.core.envelope import Stamper
+from bridges.core.posture import Posture
 from bridges.sse_common.frames import BusEvent
-from bridges.sse_common.mapping import Posture
 from bridges.sse_common.tracker import Out, Tracker
 from tests.support.opencode_fixtures import global_events, rest
 from tests.support.schema import validate_stream
@@ -27,7 +27,7 @@ def stamp(outs: list[Out], stamper: Stamper) -> list[dict]:
 
 
 def replay(vendor: str, mode: str) -> tuple[Tracker, list[dict]]:
-    tr = Tracker(Posture(vendor, mode))
+    tr = Tracker(Posture(agent=vendor, mode=mode))
     st = Stamper(vendor, epoch=3, host="test")
     evs: list[dict] = []
     for ev in global_events(vendor):
@@ -108,7 +108,7 @@ def tool(call, status, **state):
 
 class Run:
     def __init__(self, answerable=True):
-        self.tr = Tracker(Posture("opencode", "primary", answerable=answerable))
+        self.tr = Tracker(Posture(agent="opencode", mode="primary", answerable=answerable))
         self.st = Stamper("opencode", epoch=1, host="test")
         self.evs: list[dict] = []
 
@@ -244,7 +244,7 @@ def test_unknown_settle_keeps_the_pinned_vendor_subject():
 
 
 def test_eviction_keeps_sessions_with_open_runs():
-    tr = Tracker(Posture("opencode", "primary"), max_sessions=2)
+    tr = Tracker(Posture(agent="opencode", mode="primary"), max_sessions=2)
     tr.feed(BusEvent("message.updated", {"sessionID": "a", "info": {"id": "m", "role": "user"}}))
     for s in "bcd":
         tr.feed(BusEvent("session.status", {"sessionID": s, "status": {"type": "idle"}}))
@@ -327,7 +327,7 @@ def test_reconcile_leaves_sessions_of_unread_directories_alone():
 
 
 def test_companion_never_reconciles():
-    tr = Tracker(Posture("opencode", "companion"))
+    tr = Tracker(Posture(agent="opencode", mode="companion"))
     assert tr.reconcile(queried={None}, busy={S: "busy"}, permissions=[ask().properties],
                         questions=[], messages={}) == []
 
@@ -353,7 +353,7 @@ def test_snapshot_restore_round_trip_continues_the_run_and_the_ask():
     req = r.evs[-1]
     r.tr.arm_cancel(S, "cmd-c", "msg_u1")
     snap = json.loads(json.dumps(r.tr.snapshot()))
-    fresh = Tracker(Posture("opencode", "primary", answerable=True))
+    fresh = Tracker(Posture(agent="opencode", mode="primary", answerable=True))
     assert fresh.restore(snap) == 1 and fresh.open_run(S) == "msg_u1"
     a = fresh.find_ask(S, req["id"])
     assert a is not None and a.vendor_id == "per_1" and a.call_id == "call_1"
@@ -369,7 +369,7 @@ def test_snapshot_restore_round_trip_continues_the_run_and_the_ask():
 
 
 def test_restore_tolerates_garbage():
-    tr = Tracker(Posture("opencode", "primary"))
+    tr = Tracker(Posture(agent="opencode", mode="primary"))
     for junk in (None, [], {"sessions": []}, {"sessions": {"s": 5, 7: {}}},
                  {"sessions": {"s": {"asks": [{"vendor_id": 1}], "cancel": ["x"]}}}):
         tr.restore(junk)

@@ -141,6 +141,7 @@ async def test_emit_nowait_reports_saturation_without_burning_a_seq(tmp_path):
     ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
     assert ctx.saturated()
     import pytest
+
     from bridges.core.bridge import Saturated
     with pytest.raises(Saturated):
         ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})

@@ -38,6 +38,6 @@ def test_watchdog_for_another_pid_is_ignored():
 def test_backoff_grows_caps_and_never_hits_zero():
     lo = [backoff_delay(a, BACKOFF_INITIAL, BACKOFF_MAX, rng=lambda: 0.0) for a in range(12)]
     hi = [backoff_delay(a, BACKOFF_INITIAL, BACKOFF_MAX, rng=lambda: 1.0) for a in range(12)]
-    assert lo[0] > 0 and all(b >= a for a, b in zip(hi, hi[1:]))
+    assert lo[0] > 0 and all(b >= a for a, b in zip(hi, hi[1:], strict=False))
     assert hi[-1] == BACKOFF_MAX and lo[-1] == BACKOFF_MAX / 2
     assert hi[1] == 2 * hi[0]

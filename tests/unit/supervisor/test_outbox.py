@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridges.core.aep import SEVERITIES
 from supervisor.outbox import Outbox, severity_rank

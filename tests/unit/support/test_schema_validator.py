@@ -10,8 +10,7 @@ import json
 import pytest
 
 from tests.support import schema
-from tests.support.schema import (event_problems, stream_problems, validate_event,
-                                  validate_stream)
+from tests.support.schema import event_problems, stream_problems, validate_event, validate_stream
 from tests.support.shared import aep_dir, fixture
 
 GOLDEN = [json.loads(line) for line in
