@@ -28,14 +28,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import trio
 
 from bridges.core import capture as _capture
 from bridges.core.aep import ACK_WINDOW_MS
 from bridges.core.asgi import refuse_upgrade, respond
-from bridges.core.bridge import BridgeContext, BridgeRun
+from bridges.core.bridge import BridgeContext, BridgeRun, Emission
 from bridges.core.capture import CapturePolicy
 
 from . import wire
@@ -178,7 +178,8 @@ class TeeHub:
         for o in outs:
             em, env = tee.story.envelope(o)
             try:
-                ev = await self.ctx.emit(o.session, em, **env)
+                # the mapping's emissions are the pins' shape: the core Emission
+                ev = await self.ctx.emit(o.session, cast(Emission, em), **env)
             except ValueError as e:  # an ill-formed envelope: a bridge bug, never fatal
                 self.ctx.health.count("stamp_errors")
                 self.ctx.log.warning("%s: cannot stamp %s: %s", self.bridge.name, em.get("type"), e)
