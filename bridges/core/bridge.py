@@ -17,9 +17,17 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import (TYPE_CHECKING, Any, Callable, ContextManager, NamedTuple, NotRequired, Protocol,
-                    Required, TypedDict)
-
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    ContextManager,
+    NamedTuple,
+    NotRequired,
+    Protocol,
+    Required,
+    TypedDict,
+)
 
 import trio
 
