@@ -6,12 +6,18 @@
 - ``aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD...``: the ACP
   tee an editor runs as its agent command (:mod:`bridges.acp.tee`); exits
   with the agent's status.
+- ``aep-bridges tail``: follow an AEP endpoint as a human timeline
+  (:mod:`supervisor.tail`).
+- ``aep-bridges service install --systemd|--launchd``: write the service
+  unit for this install (:mod:`supervisor.install`).
 
 Bad configuration is refused before anything binds: one line per problem on
 stderr, exit status 2."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 import trio
@@ -56,8 +62,27 @@ def raise_fd_limit() -> tuple[int, int]:
         return (-1, -1)
 
 
+def _apply_env_file(args: argparse.Namespace) -> int | None:
+    """``--env-file``: the systemd-style KEY=VALUE file (launchd's way to the
+    same settings); the process environment wins over it, as with systemd's
+    ``Environment=`` after ``EnvironmentFile=``. Exit 2 when unreadable."""
+    path = getattr(args, "env_file", None)
+    if not path:
+        return None
+    from .install import read_env_file
+    try:
+        values = read_env_file(path)
+    except (OSError, ValueError) as e:
+        return _refuse([f"--env-file {path}: {getattr(e, 'strerror', None) or e}"])
+    for k, v in values.items():
+        os.environ.setdefault(k, v)
+    return None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .daemon import run_daemon
+    if (refused := _apply_env_file(args)) is not None:
+        return refused
     cfg, bridges, problems = _load()
     if problems:
         return _refuse(problems)
@@ -76,13 +101,81 @@ def _cmd_relay(args: argparse.Namespace) -> int:
     return trio.run(run_daemon, cfg, [])
 
 
+def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:
+    """The ``/healthz`` body of an aep-bridges daemon answering on
+    ``listen``, or ``None`` (nothing there, or something that is not us)."""
+    import httpx
+    host, port = listen
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    url = f"http://[{host}]:{port}/healthz" if ":" in host else f"http://{host}:{port}/healthz"
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        body = httpx.get(url, headers=headers, timeout=2, trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) and "ok" in body and "bridges" in body else None
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
+    if (refused := _apply_env_file(args)) is not None:
+        return refused
     cfg, _, problems = _load(check_ports=not args.no_ports)
+    in_use = [p for p in problems if "address in use" in p]
+    if in_use and (health := running_daemon(cfg.listen, cfg.token)) is not None:
+        bridges = ", ".join(sorted(health.get("bridges") or {})) or "none"
+        problems = [p.replace("address in use or not bindable",
+                              "held by the running aep-bridges daemon") if p in in_use else p
+                    for p in problems]
+        problems.append(f"a daemon is running on {cfg.listen[0]}:{cfg.listen[1]} "
+                        f"(/healthz ok={json.dumps(health.get('ok'))}, bridges: {bridges}); "
+                        "to validate this configuration beside it: aep-bridges check --no-ports")
     if problems:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "
           + (", ".join(s.key for s in cfg.enabled) or "none"))
     return 0
+
+
+def _tail_parser(sub) -> None:  # type: ignore[no-untyped-def]
+    from .tail import default_url
+    tail = sub.add_parser("tail", help="follow an AEP endpoint's /stream as a human timeline")
+    tail.add_argument("--url", default=None,
+                      help=f"the AEP endpoint (default: the local relay, {default_url()})")
+    tail.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
+    tail.add_argument("--filter", action="append", default=[], metavar="F",
+                      help="attr-match filter: JSON object or key=value[,value] (agent=codex, "
+                           "type=attention.*, severity>=warning); repeatable")
+    tail.add_argument("--from", dest="from_", default=None, metavar="all|JSON",
+                      help="'all': replay everything the relay holds first; or a JSON array of "
+                           "{session, epoch, seq} resume positions")
+    tail.add_argument("--json", action="store_true", help="print raw events, one JSON line each")
+    tail.add_argument("--limit", type=int, default=None, metavar="N", help="exit after N events")
+    tail.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+
+
+def _cmd_tail(args: argparse.Namespace) -> int:
+    from .tail import default_url, parse_filter, run
+    try:
+        flt = parse_filter(args.filter)
+        from_ = args.from_
+        if from_ not in (None, "all"):
+            from_ = json.loads(from_)
+            if not isinstance(from_, list):
+                raise ValueError("--from: expected 'all' or a JSON array of positions")
+    except ValueError as e:
+        print(f"aep-bridges tail: {e}", file=sys.stderr)
+        return 2
+    token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
+    return run(args.url or default_url(), token=token, flt=flt, from_=from_, as_json=args.json,
+               limit=args.limit, color=args.color)
+
+
+def _cmd_service(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .install import install
+    return install(args.manager, prefix=Path(args.prefix) if args.prefix else None,
+                   dry_run=args.dry_run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,18 +184,32 @@ def main(argv: list[str] | None = None) -> int:
         description="Bridge coding-agent vendor surfaces to the Agent Event Protocol (AEP 0.1). "
                     "Configured from the environment; see the README.")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("run", help="run the bridge fleet (and the embedded relay unless AEP_RELAY_URL is set)")
+    env_file = argparse.ArgumentParser(add_help=False)
+    env_file.add_argument("--env-file", metavar="PATH",
+                          help="read KEY=VALUE settings from PATH (the environment wins)")
+    sub.add_parser("run", parents=[env_file],
+                   help="run the bridge fleet (and the embedded relay unless AEP_RELAY_URL is set)")
     sub.add_parser("relay", help="run the embedded AEP relay alone on AEP_LISTEN")
-    chk = sub.add_parser("check", help="validate the configuration and exit")
+    chk = sub.add_parser("check", parents=[env_file], help="validate the configuration and exit")
     chk.add_argument("--no-ports", action="store_true", help="skip the port-in-use checks")
     from bridges.acp import tee
     tee.add_arguments(sub.add_parser(
         "acp", help="the ACP tee: run as an editor's agent command, "
                     "aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD..."))
+    _tail_parser(sub)
+    svc = sub.add_parser("service", help="install the systemd unit or launchd agent for this install")
+    svc_sub = svc.add_subparsers(dest="action", required=True)
+    inst = svc_sub.add_parser("install", help="write the unit/plist and the environment file")
+    which = inst.add_mutually_exclusive_group(required=True)
+    which.add_argument("--systemd", dest="manager", action="store_const", const="systemd")
+    which.add_argument("--launchd", dest="manager", action="store_const", const="launchd")
+    inst.add_argument("--prefix", metavar="DIR", help="write under DIR instead of / (or ~ for launchd)")
+    inst.add_argument("--dry-run", action="store_true", help="print what would be written, write nothing")
     args = parser.parse_args(argv)
     if args.cmd == "acp":
         return tee.main(args)
-    handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check}[args.cmd]
+    handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
+               "service": _cmd_service}[args.cmd]
     return handler(args)
 
 

@@ -77,11 +77,16 @@ async def serve_sse(relay: Relay, scope: Scope, receive: Receive, send: Send) ->
 
 async def pump_sse(relay: Relay, outlet: Outlet, receive: Receive, send: Send) -> None:
     """Write ``outlet`` as one SSE response body: batches (lingering per
-    :meth:`Relay.sse_linger`), ``: ping`` after ``heartbeat_s`` idle, until
+    :meth:`Relay.sse_linger`) after a ``: connected`` comment, ``: ping``
+    after ``heartbeat_s`` idle, until
     the outlet ends or the client disconnects; a shed consumer's connection
     is aborted."""
     heartbeat = relay.heartbeat_s
     try:
+        # a comment at once (the outlet already open, so nothing is missed
+        # meanwhile): `curl -N` shows the stream is live before any event
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": b": connected; heartbeat every %gs\n\n" % heartbeat})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             nursery.start_soon(_watch_stuck, outlet)

@@ -122,7 +122,7 @@ async def test_wire_fields_last_event_id_and_replay_exhausted():
                                "agent": "codex"})
             await wait_until(lambda: len(sse.messages) == 4)
             n.cancel_scope.cancel()
-        assert sse.comments[0] == "replay-exhausted s1 2:3"
+        assert sse.comments[:2] == ["connected; heartbeat every 15s", "replay-exhausted s1 2:3"]
         assert [m.get("id") for m in sse.messages] == ["s1:2:3", "s1:2:4", "s1:2:5", None]
         assert [m["event"] for m in sse.messages] == ["tool.completed"] * 3 + ["agent.heartbeat"]
         assert json.loads(sse.messages[0]["data"]) == event(3, epoch=2)
@@ -139,6 +139,8 @@ async def test_heartbeat_comments_while_idle():
             sse = await n.start(SSE().run, c, base + "/stream", None, None)
             await wait_until(lambda: sse.comments.count("ping") >= 3)
             n.cancel_scope.cancel()
+        # the first thing on the wire is a comment, before any event or heartbeat
+        assert sse.comments[0] == "connected; heartbeat every 0.05s"
 
 
 async def test_disconnect_mid_stream_costs_nothing():

@@ -1,0 +1,180 @@
+"""``aep-bridges service install``: the systemd unit or launchd agent for
+THIS install of the console script, plus its environment file.
+
+The shipped files (``supervisor/service/aep-bridges.service``,
+``supervisor/service/dev.aep.bridges.plist``) are the templates: the unit is
+rewritten only in its ``ExecStart=`` line (``Type=notify``, the watchdog and
+the hardening options stay as shipped); the plist's ``ProgramArguments``
+become ``[<script>, run, --env-file, <env file>]`` (launchd has no
+``EnvironmentFile``; the daemon reads the same ``KEY=VALUE`` file itself,
+:func:`read_env_file`).
+
+Nothing is started or enabled: the commands to do that are printed.
+``--prefix DIR`` writes under ``DIR`` instead of ``/`` (or ``~`` for
+launchd), ``--dry-run`` writes nothing and prints what it would write, so
+the tests never touch the real system."""
+from __future__ import annotations
+
+import os
+import plistlib
+import re
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Mapping
+
+UNIT_NAME = "aep-bridges.service"
+PLIST_LABEL = "dev.aep.bridges"
+
+#: the environment file both service managers read (systemd natively)
+SYSTEMD_ENV_FILE = Path("/etc/aep-bridges/env")
+SYSTEMD_UNIT_DIR = Path("/etc/systemd/system")
+
+ENV_TEMPLATE = """\
+# aep-bridges settings, one KEY=VALUE a line (see the README's configuration tables).
+# This file may hold AEP_TOKEN and vendor passwords: keep it mode 0600.
+#AEP_TOKEN=
+#AEP_LISTEN=127.0.0.1:8787
+#AEP_BRIDGE_OTLP_IN=1
+#AEP_BRIDGE_OPENCODE_SSE=0
+#AEP_LOG_MAX_TOTAL_BYTES=1073741824
+"""
+
+_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse a systemd-style ``EnvironmentFile``: ``KEY=VALUE`` lines,
+    ``#``/``;`` comments and blank lines skipped, one pair of surrounding
+    quotes removed, an optional ``export``. Raises ``ValueError`` naming the
+    line for anything else, ``OSError`` when the file cannot be read."""
+    out: dict[str, str] = {}
+    for n, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        if not raw.strip() or raw.lstrip().startswith(("#", ";")):
+            continue
+        m = _LINE.match(raw)
+        if not m:
+            raise ValueError(f"{path}:{n}: expected KEY=VALUE")
+        key, value = m.group(1), m.group(2)
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key] = value
+    return out
+
+
+def console_script() -> Path:
+    """The ``aep-bridges`` script of the running install: beside the
+    interpreter (a venv, pipx's venv, ``pip install --prefix``), else the one
+    on ``PATH``. Raises ``FileNotFoundError`` when neither exists (a bare
+    source checkout: install the package first)."""
+    import shutil
+    beside = Path(sys.executable).with_name("aep-bridges")
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("aep-bridges")
+    if found:
+        return Path(found).resolve()
+    raise FileNotFoundError("no aep-bridges console script: install the package "
+                            "(pipx install . / pip install .) first")
+
+
+def _template(name: str) -> str:
+    return resources.files("supervisor").joinpath("service", name).read_text()
+
+
+def render_unit(exe: Path) -> str:
+    """The shipped unit with ``ExecStart`` pointing at ``exe``."""
+    text, n = re.subn(r"(?m)^ExecStart=.*$", f"ExecStart={exe} run", _template(UNIT_NAME))
+    if n != 1:
+        raise RuntimeError("the shipped unit has no single ExecStart= line")
+    return text
+
+
+def render_plist(exe: Path, env_file: Path, log_file: Path) -> bytes:
+    """The shipped launchd agent running ``exe run --env-file env_file``."""
+    plist = plistlib.loads(_template(f"{PLIST_LABEL}.plist").encode())
+    plist["ProgramArguments"] = [str(exe), "run", "--env-file", str(env_file)]
+    plist["StandardErrorPath"] = str(log_file)
+    return plistlib.dumps(plist)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One file to write: ``path`` (already under the prefix), its bytes,
+    its mode, and whether an existing file is kept (the environment file:
+    it holds the operator's settings)."""
+
+    path: Path
+    content: bytes
+    mode: int
+    keep_existing: bool = False
+
+
+def plan(manager: str, *, exe: Path, prefix: Path | None = None,
+         home: Path | None = None) -> tuple[list[Planned], list[str]]:
+    """The files for ``manager`` (``systemd`` or ``launchd``) and the commands
+    to run afterwards. ``prefix`` re-roots every path (tests, packaging)."""
+    def under(p: Path) -> Path:
+        return prefix / p.relative_to(p.anchor) if prefix is not None else p
+
+    if manager == "systemd":
+        env = under(SYSTEMD_ENV_FILE)
+        unit = under(SYSTEMD_UNIT_DIR / UNIT_NAME)
+        files = [Planned(unit, render_unit(exe).encode(), 0o644),
+                 Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True)]
+        then = [f"edit {env} (AEP_TOKEN, the AEP_BRIDGE_* you want)",
+                "systemctl daemon-reload", "systemctl enable --now aep-bridges",
+                "systemctl status aep-bridges; journalctl -u aep-bridges -f"]
+        return files, then
+    if manager == "launchd":
+        home = home or Path.home()
+        env = under(home / ".config" / "aep-bridges" / "env")
+        agent = under(home / "Library" / "LaunchAgents" / f"{PLIST_LABEL}.plist")
+        log = home / "Library" / "Logs" / "aep-bridges.log"
+        files = [Planned(agent, render_plist(exe, env, log), 0o644),
+                 Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True)]
+        then = [f"edit {env}", f"launchctl bootstrap gui/$(id -u) {agent}",
+                f"launchctl print gui/$(id -u)/{PLIST_LABEL}; tail -f {log}"]
+        return files, then
+    raise ValueError(f"unknown service manager {manager!r}")
+
+
+def install(manager: str, *, prefix: Path | None = None, dry_run: bool = False,
+            exe: Path | None = None, out=None, environ: Mapping[str, str] | None = None) -> int:
+    """Write (or with ``dry_run`` print) the files of :func:`plan`; 0 on
+    success, 1 when the console script cannot be found or a file cannot be
+    written (the reason on stderr)."""
+    out = out or sys.stdout
+    try:
+        exe = exe or console_script()
+    except FileNotFoundError as e:
+        print(f"aep-bridges service: {e}", file=sys.stderr)
+        return 1
+    files, then = plan(manager, exe=exe, prefix=prefix)
+    if manager == "systemd" and str(exe).startswith(("/root/", "/home/")):
+        print(f"aep-bridges service: warning: {exe} is in a home directory; the unit runs as a "
+              "DynamicUser that may not read it (install with `pipx install --global` or into "
+              "/opt, see the README)", file=sys.stderr)
+    for f in files:
+        if f.keep_existing and f.path.exists():
+            print(f"keep   {f.path} (exists)", file=out)
+            continue
+        if dry_run:
+            print(f"would write {f.path} (mode {f.mode:o}):", file=out)
+            print(f.content.decode(), file=out)
+            continue
+        try:
+            f.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f.path.with_name(f.path.name + ".tmp")
+            tmp.write_bytes(f.content)
+            os.chmod(tmp, f.mode)
+            os.replace(tmp, f.path)
+        except OSError as e:
+            print(f"aep-bridges service: cannot write {f.path}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        print(f"wrote  {f.path}", file=out)
+    print("then:", file=out)
+    for step in then:
+        print(f"  {step}", file=out)
+    return 0

@@ -1,0 +1,347 @@
+"""``aep-bridges tail``: a human consumer of any AEP endpoint.
+
+Reads ``GET /stream`` (AEP-0003 §4 SSE binding) with the protocol's own SDK
+consumer (``aep_sdk.subscribe``: reconnect with backoff, ``(source, id)``
+dedupe, ``(session, epoch, seq)`` resume, ``from=all`` replay, AEP-0003
+§5-7) and prints one aligned line per event::
+
+    09:31:02.118  opencode  …c2f9a1  attention.requested  permission: bash  [once|always|reject]  PENDING
+
+Columns: the event's ``time`` (its clock, shown ``HH:MM:SS.mmm``), ``agent``,
+the session (its last 7 characters), the ``type`` colored by family, and the
+one-line *gist* (:func:`gist`): the tool name and status, the attention
+prompt and options, the run outcome, a vendor event's telling attributes.
+An ``attention.requested`` nothing has resolved yet is highlighted (and
+marked ``PENDING``); its ``attention.resolved`` line names how it ended.
+
+``--json`` prints each event as one compact JSON line instead (for ``jq``).
+
+The pure parts (:func:`gist`, :func:`parse_filter`, :class:`Timeline`) take
+events as dicts and return text; :func:`run` owns the subscription thread
+(the SDK consumer is thread-based) and the terminal (``rich``)."""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+DEFAULT_LISTEN = "127.0.0.1:8787"
+
+#: column widths (characters) of the aligned timeline
+TIME_W, AGENT_W, SESSION_W, TYPE_W = 12, 10, 8, 22
+
+#: the style of each type family (the type's first dotted segment)
+FAMILY_STYLE = {
+    "session": "blue", "run": "cyan", "tool": "magenta", "attention": "bold yellow",
+    "control": "green", "error": "bold red", "progress": "white", "agent": "dim cyan",
+    "delegation": "cyan", "state": "dim", "assessment": "white", "resource": "white",
+}
+#: outcomes worth seeing from across the room: the type and the gist in this style
+OUTCOME_STYLE = {"tool.failed": "bold red", "run.failed": "bold red", "tool.denied": "yellow",
+                 "run.cancelled": "yellow", "control.rejected": "red",
+                 "attention.timeout": "yellow"}
+_SEVERITY_STYLE = {"error": "bold red", "critical": "bold white on red", "warning": "yellow"}
+
+# vendor (x.*) payload keys worth a glance, in the order shown
+_TELLING = ("tool_name", "tool", "decision", "success", "status", "outcome", "model", "kind",
+            "event.kind", "name", "state", "reason", "duration_ms")
+
+
+def default_url(environ: Mapping[str, str] | None = None) -> str:
+    """The local relay: ``http://`` + ``AEP_LISTEN`` (default ``127.0.0.1:8787``);
+    a wildcard listener is reached on loopback."""
+    env = os.environ if environ is None else environ
+    listen = (env.get("AEP_LISTEN") or DEFAULT_LISTEN).strip()
+    host, _, port = listen.rpartition(":")
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = "127.0.0.1"
+    return f"http://{host}:{port}"
+
+
+def parse_filter(specs: list[str]) -> dict[str, Any]:
+    """``--filter`` values -> one attr-match filter object (AEP-0003 §6).
+
+    Each value is either a JSON object (``'{"type": ["attention.*"]}'``) or
+    ``key=value[,value...]`` (``agent=codex``, ``type=tool.*,attention.*``,
+    ``severity>=warning``). Keys repeat across values: later wins.
+    Raises ``ValueError`` with a readable message on anything else."""
+    out: dict[str, Any] = {}
+    for spec in specs:
+        spec = spec.strip()
+        if spec.startswith("{"):
+            try:
+                obj = json.loads(spec)
+            except ValueError as e:
+                raise ValueError(f"--filter {spec!r}: not valid JSON ({e})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"--filter {spec!r}: expected a JSON object")
+            out.update(obj)
+        elif ">=" in spec:
+            key, _, value = spec.partition(">=")
+            out[key.strip()] = {"gte": value.strip()}
+        elif "=" in spec:
+            key, _, value = spec.partition("=")
+            values = [v.strip() for v in value.split(",") if v.strip()]
+            if not key.strip() or not values:
+                raise ValueError(f"--filter {spec!r}: expected key=value")
+            out[key.strip()] = values if len(values) > 1 or "*" in value else values[0]
+        else:
+            raise ValueError(f"--filter {spec!r}: expected key=value or a JSON object")
+    return out
+
+
+def _s(v: Any, limit: int = 60) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _tool_name(data: Mapping[str, Any]) -> str:
+    tool = data.get("tool")
+    if isinstance(tool, dict):
+        return str(tool.get("name") or "?")
+    return str(tool or "?")
+
+
+def _ms(data: Mapping[str, Any]) -> str:
+    d = data.get("duration_ms")
+    return f" ({d} ms)" if isinstance(d, (int, float)) else ""
+
+
+def _options(data: Mapping[str, Any]) -> str:
+    opts = data.get("options")
+    if not isinstance(opts, list) or not opts:
+        fields = data.get("fields")
+        if isinstance(fields, list) and fields:
+            names = [str(f.get("label") or f.get("id")) for f in fields if isinstance(f, dict)]
+            return "  {" + ", ".join(names) + "}"
+        return ""
+    ids = [str(o.get("id") or o.get("label")) for o in opts if isinstance(o, dict)]
+    return "  [" + "|".join(ids) + "]"
+
+
+def _vendor_gist(data: Mapping[str, Any]) -> str:
+    bits = []
+    for k in _TELLING:
+        v = data.get(k)
+        if v is not None and not isinstance(v, (dict, list)):
+            bits.append(f"{k}={_s(v, 30)}")
+        if len(bits) == 4:
+            break
+    return " ".join(bits) if bits else _s(data) if data else ""
+
+
+def _tool_gist(type_: str, data: Mapping[str, Any]) -> str | None:
+    name = _tool_name(data)
+    if type_ == "tool.requested":
+        return f"{name} requested"
+    if type_ == "tool.completed":
+        return f"{name} ✓ {data.get('status') or 'completed'}{_ms(data)}"
+    if type_ == "tool.failed":
+        err = data.get("error")
+        msg = err.get("message") or err.get("type") if isinstance(err, dict) else err
+        return f"{name} ✗ failed{': ' + _s(msg) if msg else ''}{_ms(data)}"
+    if type_ == "tool.denied":
+        return f"{name} ⊘ denied" + (f" by {data['by']}" if data.get("by") else "")
+    return None
+
+
+def _run_gist(type_: str, data: Mapping[str, Any]) -> str | None:
+    if type_ == "run.started":
+        return "started" + (f" ({data['trigger']})" if data.get("trigger") else "")
+    if type_ == "run.finished":
+        tokens = [f"{data[k]} {w}" for k, w in (("gen_ai.usage.input_tokens", "in"),
+                                                 ("gen_ai.usage.output_tokens", "out")) if k in data]
+        return "finished ok" + _ms(data) + (f"  tokens {' / '.join(tokens)}" if tokens else "")
+    if type_ == "run.failed":
+        return f"failed: {data.get('reason') or '?'}{_ms(data)}"
+    if type_ == "run.cancelled":
+        return "cancelled" + (f" by {data['by']}" if data.get("by") else "")
+    return None
+
+
+def _attention_gist(type_: str, data: Mapping[str, Any]) -> str | None:
+    if type_ == "attention.requested":
+        return f"{data.get('kind') or 'ask'}: {_s(data.get('prompt') or '')}{_options(data)}"
+    if type_ == "attention.answered":
+        ans = data.get("answer")
+        ans = (ans.get("option") or ans.get("text") or ans.get("values")) if isinstance(ans, dict) else ans
+        return f"answered {_s(ans, 40)}" + (f" via {data['via']}" if data.get("via") else "")
+    if type_ == "attention.resolved":
+        return f"resolved: {data.get('resolution') or '?'}"
+    if type_ == "attention.timeout":
+        return "timed out"
+    return None
+
+
+def _session_gist(type_: str, data: Mapping[str, Any]) -> str | None:
+    if type_ == "session.started":
+        client = data.get("client") if isinstance(data.get("client"), dict) else {}
+        bits = [str(client.get("name") or ""), str(data.get("gen_ai.request.model") or ""),
+                str(data.get("label") or "")]
+        return "started " + " ".join(b for b in bits if b)
+    if type_ == "session.ended":
+        return f"ended {data.get('reason') or ''}".rstrip()
+    return None
+
+
+def gist(ev: Mapping[str, Any]) -> str:
+    """The one-line summary of an event (pure; never raises on odd payloads)."""
+    type_ = str(ev.get("type") or "?")
+    data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+    family = type_.split(".", 1)[0]
+    try:
+        out = {"tool": _tool_gist, "run": _run_gist, "attention": _attention_gist,
+               "session": _session_gist}.get(family, lambda t, d: None)(type_, data)
+        if out is not None:
+            return out
+        if type_.startswith("control."):
+            if type_ == "control.rejected":
+                return f"rejected: {data.get('reason') or '?'}"
+            return f"{type_[8:]} → {ev.get('subject') or ''}".rstrip(" →")
+        if type_ == "error.raised":
+            err = data.get("error") if isinstance(data.get("error"), dict) else {}
+            return _s(err.get("message") or err.get("type") or data.get("code") or "error")
+        if type_ == "progress.status":
+            return _s(data.get("message") or data.get("phase") or "")
+        if type_.startswith("progress.task."):
+            task = data.get("task") if isinstance(data.get("task"), dict) else {}
+            return f"{type_[14:]}: {_s(task.get('title') or task.get('id') or '')}"
+        return _vendor_gist(data)
+    except Exception:  # noqa: BLE001 -- a summary must never take the timeline down
+        return _s(data)
+
+
+def _clock(ts: Any) -> str:
+    """``2026-12-01T09:31:02.118Z`` -> ``09:31:02.118`` (the event's own clock)."""
+    if not isinstance(ts, str) or "T" not in ts:
+        return "?"
+    t = ts.split("T", 1)[1].rstrip("Z")
+    for sep in ("+", "-"):
+        t = t.split(sep, 1)[0]
+    hms, _, frac = t.partition(".")
+    return f"{hms}.{(frac + '000')[:3]}"
+
+
+def _short_session(sid: Any) -> str:
+    if not isinstance(sid, str) or not sid:
+        return "-"
+    return sid if len(sid) <= SESSION_W else "…" + sid[-(SESSION_W - 1):]
+
+
+def _cell(value: str, width: int) -> str:
+    return value[:width - 1] + "…" if len(value) > width else value.ljust(width)
+
+
+@dataclass
+class Timeline:
+    """The timeline's state: which attention requests are still open.
+
+    :meth:`line` renders one event as a ``rich.text.Text`` (plain text via
+    ``.plain``); ``pending`` maps an open request's id to its event."""
+
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def line(self, ev: Mapping[str, Any]) -> Text:
+        type_ = str(ev.get("type") or "?")
+        family = type_.split(".", 1)[0]
+        style = OUTCOME_STYLE.get(type_) or _SEVERITY_STYLE.get(str(ev.get("severity") or "")) or (
+            "dim" if family == "x" else FAMILY_STYLE.get(family, ""))
+        t = Text(no_wrap=True, overflow="ellipsis")
+        t.append(_cell(_clock(ev.get("time")), TIME_W), "dim")
+        t.append(" ")
+        t.append(_cell(str(ev.get("agent") or "?"), AGENT_W), "bold")
+        t.append(" ")
+        t.append(_cell(_short_session(ev.get("session")), SESSION_W), "dim")
+        t.append(" ")
+        t.append(_cell(type_, TYPE_W), style)
+        t.append(" ")
+        summary = gist(ev)
+        if type_ == "attention.requested" and isinstance(ev.get("id"), str):
+            self.pending[ev["id"]] = dict(ev)
+            t.append(summary, "bold black on yellow")
+            t.append("  PENDING", "bold yellow")
+        elif type_ in ("attention.resolved", "attention.timeout") and str(ev.get("subject")) in self.pending:
+            asked = self.pending.pop(str(ev.get("subject")))
+            t.append(f"{summary} ← {_s((asked.get('data') or {}).get('prompt') or '', 40)}",
+                     "bold green")
+            left = len(self.pending)
+            if left:
+                t.append(f"  ({left} still pending)", "yellow")
+        else:
+            loud = family in ("error", "control") or type_ in OUTCOME_STYLE
+            t.append(summary, style if loud else "")
+        return t
+
+
+def _console(color: str, out: TextIO) -> Console:
+    force = {"always": True, "never": False}.get(color)
+    console = Console(file=out, force_terminal=force, no_color=(color == "never"),
+                      highlight=False, soft_wrap=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        # a pipe or a file: no terminal to fit, keep whole lines
+        console = Console(file=out, force_terminal=force, no_color=(color == "never"),
+                          highlight=False, soft_wrap=False, width=400)
+    return console
+
+
+def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None,
+        from_: str | list[dict[str, Any]] | None = None, as_json: bool = False,
+        limit: int | None = None, color: str = "auto", out: TextIO | None = None,
+        err: TextIO | None = None,
+        subscribe: Callable[..., Any] | None = None) -> int:
+    """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
+    events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
+    the reason on stderr, exit 1). Transport errors are shown dimmed and
+    retried by the SDK with backoff."""
+    import aep_sdk
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    subscribe = subscribe or aep_sdk.subscribe
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    console = _console(color, out)
+    timeline = Timeline()
+    sub = subscribe(url, lambda ev: events.put(("event", ev)), filter=flt or {}, token=token,
+                    from_=from_, on_error=lambda e: events.put(("error", e)),
+                    backoff_initial_ms=250, backoff_max_ms=5000, timeout_ms=60_000)
+    printed = 0
+    last_error = ""
+    try:
+        while limit is None or printed < limit:
+            try:
+                kind, item = events.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if kind == "error":
+                status = getattr(item, "status", None)
+                if status in (400, 401, 403, 404):
+                    hint = {401: " (pass --token or set AEP_TOKEN)",
+                            404: " (is this an AEP endpoint?)"}.get(status, "")
+                    print(f"aep-bridges tail: {url} refused the stream: HTTP {status}{hint}",
+                          file=err)
+                    return 1
+                text = f"aep-bridges tail: {url}: {item} (retrying)"
+                if text != last_error:  # one line per distinct problem, not per retry
+                    print(text, file=err, flush=True)
+                    last_error = text
+                continue
+            last_error = ""
+            if as_json:
+                out.write(json.dumps(item, separators=(",", ":"), ensure_ascii=False) + "\n")
+                out.flush()
+            else:
+                console.print(timeline.line(item), no_wrap=True, overflow="ellipsis")
+                out.flush()
+            printed += 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.close()
+    return 0

@@ -1,0 +1,74 @@
+"""``aep-bridges service install``: the unit and plist rendered from the
+shipped templates, the environment file parser, ``--prefix``/``--dry-run``
+never touching the real system."""
+from __future__ import annotations
+
+import io
+import plistlib
+from pathlib import Path
+
+import pytest
+
+from supervisor.install import (ENV_TEMPLATE, _template, install, plan, read_env_file,
+                                render_plist, render_unit)
+
+EXE = Path("/opt/pipx/venvs/aep-bridges/bin/aep-bridges")
+
+
+def test_the_unit_keeps_everything_but_execstart():
+    shipped = _template("aep-bridges.service")
+    rendered = render_unit(EXE)
+    assert f"ExecStart={EXE} run" in rendered.splitlines()
+    diff = [(a, b) for a, b in zip(shipped.splitlines(), rendered.splitlines()) if a != b]
+    assert diff == [("ExecStart=/usr/local/bin/aep-bridges run", f"ExecStart={EXE} run")]
+    for kept in ("Type=notify", "WatchdogSec=30", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                 "EnvironmentFile=-/etc/aep-bridges/env", "RestartPreventExitStatus=2"):
+        assert kept in rendered.splitlines()
+
+
+def test_the_plist_runs_this_install_with_the_env_file(tmp_path):
+    agent = plistlib.loads(render_plist(EXE, tmp_path / "env", tmp_path / "log"))
+    assert agent["ProgramArguments"] == [str(EXE), "run", "--env-file", str(tmp_path / "env")]
+    assert agent["Label"] == "dev.aep.bridges" and agent["KeepAlive"] == {"SuccessfulExit": False}
+    assert agent["StandardErrorPath"] == str(tmp_path / "log")
+
+
+def test_install_under_a_prefix_writes_unit_and_env_and_keeps_an_existing_env(tmp_path):
+    out = io.StringIO()
+    assert install("systemd", prefix=tmp_path, exe=EXE, out=out) == 0
+    unit = tmp_path / "etc/systemd/system/aep-bridges.service"
+    env = tmp_path / "etc/aep-bridges/env"
+    assert f"ExecStart={EXE} run" in unit.read_text()
+    assert env.read_text() == ENV_TEMPLATE and (env.stat().st_mode & 0o777) == 0o600
+    assert "systemctl enable --now aep-bridges" in out.getvalue()
+    env.write_text("AEP_TOKEN=mine\n")
+    assert install("systemd", prefix=tmp_path, exe=EXE, out=io.StringIO()) == 0
+    assert env.read_text() == "AEP_TOKEN=mine\n"  # the operator's settings survive a reinstall
+
+
+def test_dry_run_writes_nothing(tmp_path):
+    out = io.StringIO()
+    assert install("launchd", prefix=tmp_path, exe=EXE, out=out, dry_run=True) == 0
+    assert list(tmp_path.iterdir()) == []
+    assert "would write" in out.getvalue() and "--env-file" in out.getvalue()
+
+
+def test_launchd_paths_are_in_the_home(tmp_path):
+    files, then = plan("launchd", exe=EXE, prefix=tmp_path, home=Path("/Users/me"))
+    assert [f.path for f in files] == [
+        tmp_path / "Users/me/Library/LaunchAgents/dev.aep.bridges.plist",
+        tmp_path / "Users/me/.config/aep-bridges/env"]
+    assert any("launchctl bootstrap" in t for t in then)
+    with pytest.raises(ValueError):
+        plan("upstart", exe=EXE)
+
+
+def test_read_env_file(tmp_path):
+    p = tmp_path / "env"
+    p.write_text("# comment\n; also\n\nAEP_TOKEN=abc\nexport AEP_LISTEN = 127.0.0.1:9\n"
+                 "AEP_X=\"quoted value\"\nAEP_Y='single'\nAEP_EMPTY=\n")
+    assert read_env_file(p) == {"AEP_TOKEN": "abc", "AEP_LISTEN": "127.0.0.1:9",
+                                "AEP_X": "quoted value", "AEP_Y": "single", "AEP_EMPTY": ""}
+    p.write_text("AEP_OK=1\nnot a setting\n")
+    with pytest.raises(ValueError, match=":2: expected KEY=VALUE"):
+        read_env_file(p)

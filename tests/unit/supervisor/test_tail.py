@@ -1,0 +1,147 @@
+"""``aep-bridges tail``'s pure parts: the one-line gist of every event the
+mapping fixtures pin (read from ``shared/``), the aligned columns, pending
+attention, the ``--filter`` parser; fuzzed so garbage never raises."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from supervisor.tail import (AGENT_W, SESSION_W, TIME_W, TYPE_W, Timeline, default_url, gist,
+                             parse_filter)
+from tests.support.shared import aep_dir, fixture, pin_entries
+
+
+def pinned_emissions() -> list[dict]:
+    """Every ``expected`` emission of every mapping fixture in shared/."""
+    out = []
+    for f in sorted((aep_dir() / "conformance" / "fixtures" / "mappings").glob("*.json")):
+        for _, pin in pin_entries(fixture(f"mappings/{f.name}")):
+            exp = pin.get("expected")
+            for e in exp if isinstance(exp, list) else [exp]:
+                if isinstance(e, dict) and isinstance(e.get("type"), str):
+                    out.append(e)
+    return out
+
+
+PINNED = pinned_emissions()
+
+
+def test_the_fixtures_give_us_material():
+    kinds = {e["type"] for e in PINNED}
+    assert {"tool.completed", "attention.requested", "run.finished"} <= kinds, sorted(kinds)
+
+
+@pytest.mark.parametrize("ev", PINNED, ids=lambda e: e["type"])
+def test_gist_of_every_pinned_emission(ev):
+    text = gist(ev)
+    assert isinstance(text, str) and "\n" not in text
+    data = ev.get("data") or {}
+    if ev["type"].startswith("tool.") and isinstance(data.get("tool"), dict):
+        assert data["tool"]["name"] in text
+    if ev["type"] == "attention.requested":
+        assert data["kind"] in text
+        assert data["prompt"][:20] in text
+        for opt in data.get("options") or []:
+            assert opt["id"] in text
+    if ev["type"] == "run.failed":
+        assert str(data["reason"]) in text
+
+
+def test_gists_name_what_happened():
+    assert gist({"type": "tool.completed", "data": {"tool": {"name": "bash"}, "status": "ok",
+                                                    "duration_ms": 12}}) == "bash ✓ ok (12 ms)"
+    assert gist({"type": "tool.failed", "data": {"tool": {"name": "edit"},
+                                                 "error": {"message": "no such file"}}}) \
+        == "edit ✗ failed: no such file"
+    assert gist({"type": "tool.denied", "data": {"tool": {"name": "rm"}, "by": "policy"}}) \
+        == "rm ⊘ denied by policy"
+    assert gist({"type": "run.finished", "data": {"duration_ms": 900,
+                                                  "gen_ai.usage.input_tokens": 120,
+                                                  "gen_ai.usage.output_tokens": 12}}) \
+        == "finished ok (900 ms)  tokens 120 in / 12 out"
+    assert gist({"type": "run.failed", "data": {"reason": "error"}}) == "failed: error"
+    assert gist({"type": "run.cancelled", "data": {"by": "control"}}) == "cancelled by control"
+    assert gist({"type": "attention.answered", "data": {"answer": {"option": "once"},
+                                                        "via": "control"}}) \
+        == "answered once via control"
+    assert gist({"type": "control.rejected", "data": {"reason": "unauthorized"}}) \
+        == "rejected: unauthorized"
+    form = {"type": "attention.requested", "data": {"kind": "form", "prompt": "Pick one",
+                                                    "fields": [{"id": "q0", "label": "Database"}]}}
+    assert gist(form) == "form: Pick one  {Database}"
+    # a vendor event: its telling attributes, in a fixed order
+    assert gist({"type": "x.codex.otel.tool_result",
+                 "data": {"duration_ms": 4, "tool_name": "shell_command", "success": "true",
+                          "call_id": "c1"}}) \
+        == "tool_name=shell_command success=true duration_ms=4"
+
+
+def test_columns_are_aligned_and_pending_attention_highlighted():
+    tl = Timeline()
+    base = {"agent": "opencode", "session": "ses_0123456789abcdef", "time": "2026-12-01T09:31:02.118Z"}
+    ask = {**base, "id": "A1", "type": "attention.requested",
+           "data": {"kind": "permission", "prompt": "bash: ls", "options": [{"id": "once"}]}}
+    tool = {**base, "id": "T1", "type": "tool.completed", "data": {"tool": {"name": "bash"}}}
+    done = {**base, "id": "R1", "type": "attention.resolved", "subject": "A1",
+            "data": {"resolution": "answered"}}
+    lines = [tl.line(tool), tl.line(ask)]
+    assert tl.pending.keys() == {"A1"}
+    lines.append(tl.line(done))
+    assert tl.pending == {}
+    gist_at = TIME_W + AGENT_W + SESSION_W + TYPE_W + 4
+    for line in lines:
+        plain = line.plain
+        assert plain[:TIME_W] == "09:31:02.118"
+        assert plain[TIME_W + 1:TIME_W + 1 + AGENT_W].rstrip() == "opencode"
+        assert plain[TIME_W + AGENT_W + 2:].startswith("…9abcdef ")  # the session's tail
+        assert plain[gist_at - 1] == " " and plain[gist_at] != " "
+    assert lines[1].plain.endswith("PENDING")
+    highlighted = {str(span.style) for span in lines[1].spans}
+    assert any("on yellow" in s for s in highlighted), highlighted
+    assert not any("on yellow" in str(span.style) for span in lines[0].spans)
+    assert lines[2].plain.endswith("resolved: answered ← bash: ls")
+
+
+def test_a_second_pending_ask_is_counted_when_one_resolves():
+    tl = Timeline()
+    for i in (1, 2):
+        tl.line({"id": f"A{i}", "type": "attention.requested", "data": {"kind": "input"}})
+    line = tl.line({"id": "R", "type": "attention.resolved", "subject": "A1", "data": {}})
+    assert line.plain.endswith("(1 still pending)")
+
+
+def test_parse_filter():
+    assert parse_filter([]) == {}
+    assert parse_filter(["agent=codex"]) == {"agent": "codex"}
+    assert parse_filter(["type=tool.*,attention.*"]) == {"type": ["tool.*", "attention.*"]}
+    assert parse_filter(["type=attention.*"]) == {"type": ["attention.*"]}
+    assert parse_filter(["severity>=warning", "agent=a,b"]) == {
+        "severity": {"gte": "warning"}, "agent": ["a", "b"]}
+    assert parse_filter(['{"type": ["run.*"]}', "agent=x"]) == {"type": ["run.*"], "agent": "x"}
+    for bad in ("agent", "=x", "{nope", "[1]", "agent="):
+        with pytest.raises(ValueError, match="--filter"):
+            parse_filter([bad])
+
+
+def test_default_url_is_the_local_relay():
+    assert default_url({}) == "http://127.0.0.1:8787"
+    assert default_url({"AEP_LISTEN": "0.0.0.0:9000"}) == "http://127.0.0.1:9000"
+    assert default_url({"AEP_LISTEN": "10.0.0.5:8787"}) == "http://10.0.0.5:8787"
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                           lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                           max_leaves=20)
+
+
+@given(st.dictionaries(st.sampled_from(["type", "data", "time", "agent", "session", "id",
+                                        "subject", "severity"]), json_values),
+       st.sampled_from(["tool.completed", "tool.failed", "attention.requested", "run.finished",
+                        "attention.resolved", "session.started", "x.v.y", "control.accepted",
+                        "progress.task.planned", "error.raised", None]))
+def test_garbage_never_raises(ev, type_):
+    if type_ is not None:
+        ev["type"] = type_
+    assert isinstance(gist(ev), str)
+    assert isinstance(Timeline().line(ev).plain, str)
