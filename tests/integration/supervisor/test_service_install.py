@@ -1,0 +1,102 @@
+"""The production install, as a user does it: ``pip install .`` into a
+fresh environment puts ``aep-bridges`` on that environment's PATH;
+``aep-bridges service install --systemd --prefix`` writes a unit whose
+``ExecStart`` is that script, and ``systemd-analyze verify`` (Debian's
+``systemd``) accepts it; ``aep-bridges check`` beside a running daemon says
+the ports are the daemon's and suggests ``--no-ports``."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import ROOT, console_script, run_daemon
+from tests.support.system import require
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """``pip install --no-deps .`` (a built wheel, not editable) into a new
+    venv whose dependencies come from this one's site-packages (a ``.pth``
+    line, so the test does not download the world again). Returns the venv's
+    ``bin/aep-bridges``."""
+    venv = tmp_path_factory.mktemp("prod") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python*/site-packages"))
+    (site / "dev-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    build = tmp_path_factory.mktemp("src")
+    src = shutil.copytree(ROOT, build / "src", ignore=shutil.ignore_patterns(
+        ".venv", ".git", "tests", "benchmarks", "*.egg-info", "build", "__pycache__"))
+    # the new venv's own interpreter runs pip (importable through the .pth),
+    # so the script's shebang is that venv's python, as with pipx
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                          "--disable-pip-version-check", str(src)],
+                         capture_output=True, text=True, timeout=600)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+    exe = venv / "bin" / "aep-bridges"
+    assert exe.is_file() and os.access(exe, os.X_OK), sorted(p.name for p in (venv / "bin").iterdir())
+    return exe
+
+
+def test_the_installed_script_runs_from_the_install_not_the_checkout(installed, tmp_path):
+    out = subprocess.run([str(installed.with_name("python")), "-c",
+                          "import supervisor, sys; print(supervisor.__file__)"],
+                         capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert str(installed.parents[1]) in out.stdout and str(ROOT) not in out.stdout
+    r = subprocess.run([str(installed), "check", "--no-ports"], capture_output=True, text=True,
+                       cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert r.returncode == 0 and "configuration ok" in r.stdout, r.stderr
+
+
+def test_service_install_writes_a_unit_systemd_accepts(installed, tmp_path):
+    analyze = require("systemd-analyze")
+    r = subprocess.run([str(installed), "service", "install", "--systemd", "--prefix", str(tmp_path)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    unit = tmp_path / "etc/systemd/system/aep-bridges.service"
+    lines = unit.read_text().splitlines()
+    assert f"ExecStart={installed} run" in lines
+    for kept in ("Type=notify", "WatchdogSec=30", "EnvironmentFile=-/etc/aep-bridges/env",
+                 "DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes"):
+        assert kept in lines
+    env_file = tmp_path / "etc/aep-bridges/env"
+    assert env_file.is_file() and (env_file.stat().st_mode & 0o777) == 0o600
+    assert f"wrote  {unit}" in r.stdout and "systemctl enable --now aep-bridges" in r.stdout
+    v = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and not v.stderr.strip(), v.stderr
+    # the check can fail: a unit whose ExecStart is not executable is refused
+    broken = tmp_path / "broken" / "aep-bridges.service"
+    broken.parent.mkdir()
+    broken.write_text(unit.read_text().replace(str(installed), str(tmp_path / "nope")))
+    v = subprocess.run([analyze, "verify", str(broken)], capture_output=True, text=True, timeout=60)
+    assert v.returncode != 0 and "not executable" in v.stderr
+
+
+def test_the_env_file_feeds_run_and_check(installed, tmp_path):
+    env_file = tmp_path / "env"
+    env_file.write_text("AEP_LOG_LEVEL=loud\n")
+    r = subprocess.run([str(installed), "check", "--no-ports", "--env-file", str(env_file)],
+                       capture_output=True, text=True, env={"PATH": "/usr/bin:/bin",
+                                                            "HOME": str(tmp_path)})
+    assert r.returncode == 2 and "AEP_LOG_LEVEL='loud'" in r.stderr
+    r = subprocess.run([str(installed), "check", "--env-file", str(tmp_path / "missing")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "--env-file" in r.stderr
+
+
+def test_check_beside_a_running_daemon_names_it(tmp_path):
+    with run_daemon(tmp_path, {"AEP_BRIDGE_OTLP_IN": "0"}, healthy=True) as d:
+        env = {k: v for k, v in d.env.items()}
+        r = subprocess.run(console_script() + ["check"], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode == 2
+        assert "held by the running aep-bridges daemon" in r.stderr, r.stderr
+        assert "aep-bridges check --no-ports" in r.stderr
+        r = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True,
+                           text=True, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
