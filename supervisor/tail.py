@@ -34,7 +34,7 @@ from rich.text import Text
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
 #: column widths (characters) of the aligned timeline
-TIME_W, AGENT_W, SESSION_W, TYPE_W = 12, 10, 8, 22
+TIME_W, AGENT_W, SESSION_W, TYPE_W = 12, 10, 8, 28
 
 #: the style of each type family (the type's first dotted segment)
 FAMILY_STYLE = {
@@ -192,7 +192,16 @@ def _session_gist(type_: str, data: Mapping[str, Any]) -> str | None:
 
 
 def gist(ev: Mapping[str, Any]) -> str:
-    """The one-line summary of an event (pure; never raises on odd payloads)."""
+    """The one-line summary of an event (pure; never raises on odd payloads):
+    what :func:`_gist` finds in the payload, else the event's ``subject``."""
+    text = _gist(ev)
+    subject = ev.get("subject")
+    if not text and isinstance(subject, str):
+        return _s(subject)
+    return text
+
+
+def _gist(ev: Mapping[str, Any]) -> str:
     type_ = str(ev.get("type") or "?")
     data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
     family = type_.split(".", 1)[0]

@@ -91,6 +91,7 @@ class MockResponsesServer:
     tool_calls: list[tuple[str, str, dict]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     base_url: str | None = None
+    port: int = 0
     _seq: int = 0
 
     # -- querying -------------------------------------------------------
@@ -123,7 +124,8 @@ class MockResponsesServer:
         ``task_status.started(base_url)`` reports ``http://127.0.0.1:<port>/v1``.
         """
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(partial(serve_loopback, self._app, graceful_timeout=0.5))
+            url = await nursery.start(partial(serve_loopback, self._app, port=self.port,
+                                              graceful_timeout=0.5))
             self.base_url = url + "/v1"
             task_status.started(self.base_url)
 
@@ -245,3 +247,23 @@ def _completed(resp_id: str, output: list[dict]) -> dict:
                                    "output_tokens": 12,
                                    "output_tokens_details": {"reasoning_tokens": 0},
                                    "total_tokens": 132}}}
+
+
+async def _serve_forever(port: int) -> None:
+    import sys
+    mock = MockResponsesServer(port=port)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(mock.serve)
+        print(f"mock Responses provider on {url} (model {MODEL!r}; every turn: one shell call "
+              f"`{mock.command}`, then a final answer). In $CODEX_HOME/config.toml:\n\n"
+              f'model = "{MODEL}"\nmodel_provider = "mock"\n\n[model_providers.mock]\n'
+              f'name = "mock"\nbase_url = "{url}"\nenv_key = "AEP_MOCK_PROVIDER_KEY"\n'
+              f'wire_api = "responses"\n\n(and export AEP_MOCK_PROVIDER_KEY=anything)',
+              file=sys.stderr, flush=True)
+        print(url, flush=True)
+
+
+if __name__ == "__main__":
+    # python -m tests.support.mock_responses [PORT]: the mock model for your own Codex
+    import sys
+    trio.run(_serve_forever, int(sys.argv[1]) if len(sys.argv) > 1 else 0)

@@ -1,0 +1,56 @@
+"""``scripts/dev demo`` runs to completion offline (bounded), shows the
+events of the real Codex CLI and the real OpenCode server arriving in
+``aep-bridges tail`` (the permission ask pending, then answered through the
+daemon), and leaves nothing behind: its directory removed, its daemon gone."""
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import ROOT
+from tests.support.vendors import skip_loudly
+
+pytestmark = pytest.mark.vendor
+
+
+def test_demo_runs_to_completion_and_cleans_up():
+    r = subprocess.run([str(ROOT / "scripts" / "dev"), "demo", "--timeout", "300"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=420)
+    out = r.stdout
+    if "REAL VENDOR UNAVAILABLE" in out:
+        skip_loudly(out.strip().splitlines()[-2])
+    assert r.returncode == 0, out[-6000:] + r.stderr[-4000:]
+    lines = out.splitlines()
+
+    def tail_line(agent: str, type_: str, *parts: str) -> str:
+        pat = re.compile(rf"^\d\d:\d\d:\d\d\.\d{{3}} {agent} +\S+ +{re.escape(type_)} ")
+        hits = [ln for ln in lines if pat.match(ln) and all(p in ln for p in parts)]
+        assert hits, f"no tail line {agent} {type_} {parts}:\n{out[-5000:]}"
+        return hits[0]
+
+    # Codex: its OTLP export, mapped in primary mode
+    tail_line("codex", "session.started", "codex")
+    tail_line("codex", "tool.completed", "✓")
+    # OpenCode: the ask pending, answered over AEP, the tool and the run done
+    ask = tail_line("opencode", "attention.requested", "permission:", "bash", "[once|always|reject]")
+    assert ask.endswith("PENDING")
+    tail_line("opencode", "control.accepted")
+    tail_line("opencode", "attention.answered", "answered once via control")
+    tail_line("opencode", "attention.resolved", "resolved: answered")
+    tail_line("opencode", "tool.completed", "bash ✓")
+    tail_line("opencode", "run.finished", "finished ok")
+    order = [i for i, ln in enumerate(lines)
+             if " attention.requested " in ln or " attention.resolved " in ln
+             or (" opencode " in ln and " run.finished " in ln)]
+    assert len(order) == 3 and order == sorted(order)
+    assert "demo ▸ demo complete:" in out
+    # cleaned up: the directory is gone, nothing listens where the daemon did
+    tmp = Path(re.search(r"working in (\S+)", out).group(1))
+    assert not tmp.exists()
+    port = int(re.search(r"daemon up: relay http://127\.0\.0\.1:(\d+)", out).group(1))
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
