@@ -85,7 +85,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return refused
     cfg, bridges, problems = _load()
     if problems:
-        return _refuse(problems)
+        return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this one other "
+                                                      "ports: AEP_LISTEN, AEP_OTLP_*_LISTEN)"))
     logs.setup(cfg.environ)
     raise_fd_limit()
     return trio.run(run_daemon, cfg, bridges)
@@ -116,19 +117,26 @@ def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:
     return body if isinstance(body, dict) and "ok" in body and "bridges" in body else None
 
 
+def _explain_in_use(cfg: config_mod.Config, problems: list[str], hint: str) -> list[str]:
+    """When ports are "in use" and an aep-bridges daemon answers ``/healthz``
+    on ``AEP_LISTEN``, say so (and ``hint``) instead of a bare "in use"."""
+    in_use = [p for p in problems if "address in use" in p]
+    if not in_use or (health := running_daemon(cfg.listen, cfg.token)) is None:
+        return problems
+    bridges = ", ".join(sorted(health.get("bridges") or {})) or "none"
+    out = [p.replace("address in use or not bindable", "held by the running aep-bridges daemon")
+           if p in in_use else p for p in problems]
+    out.append(f"a daemon is running on {cfg.listen[0]}:{cfg.listen[1]} "
+               f"(/healthz ok={json.dumps(health.get('ok'))}, bridges: {bridges}); {hint}")
+    return out
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     if (refused := _apply_env_file(args)) is not None:
         return refused
     cfg, _, problems = _load(check_ports=not args.no_ports)
-    in_use = [p for p in problems if "address in use" in p]
-    if in_use and (health := running_daemon(cfg.listen, cfg.token)) is not None:
-        bridges = ", ".join(sorted(health.get("bridges") or {})) or "none"
-        problems = [p.replace("address in use or not bindable",
-                              "held by the running aep-bridges daemon") if p in in_use else p
-                    for p in problems]
-        problems.append(f"a daemon is running on {cfg.listen[0]}:{cfg.listen[1]} "
-                        f"(/healthz ok={json.dumps(health.get('ok'))}, bridges: {bridges}); "
-                        "to validate this configuration beside it: aep-bridges check --no-ports")
+    problems = _explain_in_use(cfg, problems, "to validate this configuration beside it: "
+                                              "aep-bridges check --no-ports")
     if problems:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "

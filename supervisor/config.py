@@ -31,6 +31,8 @@ from bridges.core.paths import state_dir
 from bridges.core.settings import EnvReader, Setting, bindable, check_fields, token_problem
 
 from .relay.core import normalize_origin
+from .retention import SETTINGS as RETENTION_SETTINGS
+from .retention import RetentionPolicy
 
 log = logging.getLogger("aep.config")
 
@@ -129,6 +131,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_MAX_CONNECTIONS", "(open-files limit - 256) / 3, within 64..4096",
             "connections served at once per HTTP listener (relay, OTLP/HTTP); see \"Limits and "
             "hardening\""),
+    *RETENTION_SETTINGS,
 )
 """The daemon's core settings (the README's core table, before the flags)."""
 
@@ -213,6 +216,7 @@ class Config:
     channel_size: int = 4096
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy, repr=False)  # holds secret values
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     enabled: tuple[BridgeSpec, ...] = ()
     warnings: tuple[str, ...] = ()
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
@@ -253,6 +257,8 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     listen = r.hostport("AEP_LISTEN", DEFAULT_LISTEN) or Config.listen
     _check_logging(r)
     policy = _policy(env, r.problems)
+    retention, more = RetentionPolicy.from_env(env)
+    r.problems.extend(more)
     relay_url = None if relay_only else _relay_url(r)
     enabled = () if relay_only else _enabled(r, env)
     token = r.text("AEP_TOKEN")
@@ -260,7 +266,8 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
         r.problems.append(problem)
         token = None
     cfg = Config(token=token, relay_url=relay_url, listen=listen,
-                 state_dir=state_dir(env), cors_origins=cors, policy=policy, enabled=enabled,
+                 state_dir=state_dir(env), cors_origins=cors, policy=policy,
+                 retention=retention, enabled=enabled,
                  warnings=_unknown_names(env), environ=env, **limits)
     if check_ports:
         r.problems.extend(_probe(cfg, blocked=bool(r.problems)))

@@ -110,10 +110,10 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
             app: App
             if relay is not None:
                 from .relay.app import make_app
-                inner: Any = make_app(relay, healthz=fleet.healthz)
+                inner: Any = make_app(relay, healthz=fleet.healthz, metrics=fleet.metrics.render)
             else:
                 from bridges.core.asgi import host_guard  # DNS-rebinding guard, as on the relay
-                inner = host_guard(health_app(cfg.token, fleet.healthz))
+                inner = host_guard(health_app(cfg.token, fleet.healthz, fleet.metrics.render))
             app = mounts.wrap(inner)
             host, port = cfg.listen
             bound = await root.start(partial(serve_asgi, app, host, port, stop_http,

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
@@ -35,7 +36,9 @@ from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
 
 from .config import Config
-from .jsonlog import SessionLog, encode_line
+from .jsonlog import encode_line
+from .metrics import Metrics
+from .retention import RetainingSessionLog
 
 if TYPE_CHECKING:
     from .relay.connections import LocalEmitter
@@ -48,6 +51,7 @@ BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a run this long resets the backoff
 REFUSED_RED_S = 300.0  # health stays red this long after the relay refused a bridge's event
+ACK_TRACKED = 10_000  # command arrivals remembered for the ack latency
 
 
 class Sink(Protocol):
@@ -173,9 +177,14 @@ class Fleet:
         self.mounts = mounts
         self.host = host or socket.gethostname() or "localhost"
         self.epoch = EpochStore(cfg.state_dir).next_epoch()
-        self.session_log = SessionLog(cfg.state_dir / "logs",
-                                      max_open=cfg.log_max_open)
+        self.session_log = RetainingSessionLog(cfg.state_dir / "logs", cfg.retention,
+                                               max_open=cfg.log_max_open)
         self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
+        #: (bridge, type family) -> events; (bridge, decision, reason) -> acks (/metrics)
+        self.emitted: Counter[tuple[str, str]] = Counter()
+        self.acks: Counter[tuple[str, str, str]] = Counter()
+        self._arrivals: OrderedDict[str, float] = OrderedDict()
+        self.metrics = Metrics()
         self._send, self._recv = trio.open_memory_channel[Outbound](cfg.channel_size)
         self.members: dict[str, Member] = {}
         self.started_at = time.monotonic()
@@ -189,6 +198,7 @@ class Fleet:
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
             ctx.attach_log(self._log_writable)
             self.members[b.name] = Member(b, ctx, health, inbox_send)
+        self.metrics.watch(self)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
 
@@ -200,6 +210,7 @@ class Fleet:
             for m in self.members.values():
                 await self._attach(nursery, m)
             nursery.start_soon(self._pump)
+            nursery.start_soon(self.session_log.maintain)
             with self._bridges_scope:
                 async with trio.open_nursery() as bridges:
                     for m in self.members.values():
@@ -224,15 +235,20 @@ class Fleet:
         m.sink = sink
         m.health.relay = sink.connected
 
-    @staticmethod
-    def _inbox_deliver(m: Member) -> Callable[[Envelope], Awaitable[None]]:
+    def _inbox_deliver(self, m: Member) -> Callable[[Envelope], Awaitable[None]]:
         """Hand a routed command to the bridge without ever blocking the
         relay: a full inbox drops it and counts (the sender's retry with the
-        same id recovers it, AEP-0004 §2.3)."""
+        same id recovers it, AEP-0004 §2.3). Its arrival time is noted for
+        the ack latency (:meth:`_observe_ack`)."""
         warned = False
+        arrivals = self._arrivals
 
         async def deliver(cmd: dict[str, Any]) -> None:
             nonlocal warned
+            if isinstance(cmd.get("id"), str) and cmd["id"] not in arrivals:
+                arrivals[cmd["id"]] = time.monotonic()
+                while len(arrivals) > ACK_TRACKED:
+                    arrivals.popitem(last=False)
             try:
                 m.inbox.send_nowait(cmd)
                 warned = False
@@ -303,6 +319,10 @@ class Fleet:
             if not written:
                 self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
             self._log_result(item.bridge, written)
+            type_ = str(ev.get("type", ""))
+            self.emitted[(item.bridge, type_.split(".", 1)[0])] += 1
+            if type_ in ("control.accepted", "control.rejected"):
+                self._observe_ack(item.bridge, ev)
         m = self.members.get(item.bridge)
         if m is None or m.sink is None:
             return
@@ -330,6 +350,18 @@ class Fleet:
         m = self.members.get(bridge)
         if m is not None:
             m.ctx.log_result(written)
+
+    def _observe_ack(self, bridge: str, ack: dict[str, Any]) -> None:
+        """Count a first-time ack by decision; with the command's arrival
+        on record (the embedded relay routed it), observe the latency."""
+        if ack["type"] == "control.accepted":
+            key = (bridge, "accepted", "")
+        else:
+            key = (bridge, "rejected", str((ack.get("data") or {}).get("reason") or "unknown"))
+        self.acks[key] += 1
+        arrived = self._arrivals.pop(str(ack.get("cause")), None)
+        if arrived is not None:
+            self.metrics.ack_latency.observe(time.monotonic() - arrived)
 
     # -- shutdown --------------------------------------------------------------
     async def drain(self) -> None:
@@ -382,6 +414,8 @@ class Fleet:
                 **self.counters,
                 "jsonl_lines": self.session_log.lines,
                 "jsonl_errors": self.session_log.errors,
+                "jsonl_bytes": self.session_log.total_bytes,
+                **{f"jsonl_{k}": v for k, v in self.session_log.counters.items()},
                 "uptime_s": round(time.monotonic() - self.started_at, 1),
                 "epoch": self.epoch,
             }

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import trio
 
-from bridges.core.asgi import App, Receive, Scope, Send, bearer_ok, lifespan, send_bytes
+from bridges.core.asgi import App, Receive, Scope, Send, bearer_ok, lifespan, send_bytes, send_metrics
 from bridges.core.http import bind_socket, hyper_config, serve_app
 
 __all__ = ["serve_asgi", "health_app"]
@@ -40,9 +40,11 @@ async def serve_asgi(app: App, host: str, port: int, shutdown: trio.Event, *,
                     max_connections=max_connections, task_status=_Started())
 
 
-def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> App:
-    """An ASGI app answering only ``GET /healthz`` (everything else 404).
-    ``healthz(authorized)`` gives the body; without a configured token every
+def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]],
+               metrics: Callable[[str], tuple[bytes, str]] | None = None) -> App:
+    """An ASGI app answering only ``GET /healthz`` and, given ``metrics``,
+    ``GET /metrics`` (:func:`bridges.core.asgi.send_metrics`; everything else
+    404). ``healthz(authorized)`` gives the body; without a configured token every
     request counts as authorized (counts are public, exactly as on the relay)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -50,6 +52,9 @@ def health_app(token: str | None, healthz: Callable[[bool], dict[str, Any]]) -> 
             return await lifespan(receive, send)
         if scope["type"] != "http":
             return
+        if scope["path"] == "/metrics" and metrics is not None:
+            authed = not token or bearer_ok(token, scope["headers"], scope["query_string"])
+            return await send_metrics(send, scope, authed, metrics)
         if scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
             authed = not token or bearer_ok(token, scope["headers"], scope["query_string"])
             body, status = json.dumps(healthz(authed)).encode(), 200

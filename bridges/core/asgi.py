@@ -5,7 +5,8 @@ serves); these are request/response chores, the bearer-token check and the
 DNS-rebinding ``Host`` guard.
 
 - :func:`lifespan`, :func:`read_body`, :func:`headers`, :func:`header`,
-  :func:`send_bytes`, :func:`send_json`: one request's plumbing.
+  :func:`send_bytes`, :func:`send_json`: one request's plumbing;
+  :func:`send_metrics`: the answer to a ``/metrics`` scrape.
 - :func:`presented_tokens` / :func:`bearer_ok`: AEP-0003 §8.1 credentials,
   ``Authorization: Bearer <token>`` or ``?access_token=<token>``, compared
   in constant time; never logged.
@@ -31,7 +32,7 @@ from typing import Any, Awaitable, Callable, Iterable, Iterator
 __all__ = [
     "Scope", "Message", "Receive", "Send", "App", "ABORT_KEY", "LISTEN_KEY",
     "lifespan", "read_body", "headers", "header", "send_bytes", "send_json", "respond",
-    "presented_tokens", "token_matches", "bearer_ok",
+    "send_metrics", "presented_tokens", "token_matches", "bearer_ok",
     "host_allowed", "listen_host", "host_guard", "refuse_upgrade",
 ]
 
@@ -124,6 +125,26 @@ async def respond(send: Send, status: int, body: Any = None, *,
         hs.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": hs})
     await send({"type": "http.response.body", "body": data})
+
+
+async def send_metrics(send: Any, scope: Scope, authorized: bool,
+                       render: Callable[[str], tuple[bytes, str]]) -> None:
+    """Answer a ``/metrics`` scrape: ``render(accept_header) -> (body,
+    content_type)`` (the Prometheus text format or OpenMetrics, as the
+    scraper's ``Accept`` asks); ``401`` when not ``authorized`` (behind the
+    token like the ``/healthz`` counts); ``405`` for anything but GET/HEAD."""
+    method = scope["method"]
+    if method not in ("GET", "HEAD"):
+        return await respond(send, 405, {"error": "method-not-allowed"},
+                             headers=[(b"allow", b"GET, HEAD")])
+    if not authorized:
+        return await respond(send, 401, {"error": "unauthorized"},
+                             headers=[(b"www-authenticate", b"Bearer")])
+    body, content_type = render(header(scope, b"accept") or "")
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", content_type.encode("latin-1")),
+        (b"content-length", str(len(body)).encode()), (b"cache-control", b"no-store")]})
+    await send({"type": "http.response.body", "body": b"" if method == "HEAD" else body})
 
 
 # -- credentials (AEP-0003 §8.1) ----------------------------------------------------

@@ -53,7 +53,8 @@ from typing import Any, Callable
 import trio
 
 from bridges.core.aep import AEP_VERSION, is_command_type, loads
-from bridges.core.asgi import Message, Receive, Scope, Send, host_allowed, lifespan, listen_host, respond
+from bridges.core.asgi import (Message, Receive, Scope, Send, host_allowed, lifespan, listen_host,
+                               respond, send_metrics)
 from bridges.core.asgi import header as _header
 from bridges.core.http import FaultLog, fault_kind
 
@@ -90,9 +91,11 @@ class RelayApp:
     (the daemon adds per-bridge status); when authorized and the body has no
     ``relay_counts`` key, the relay's counts are added under it."""
 
-    def __init__(self, relay: Relay, healthz: Callable[[bool], dict[str, Any]] | None = None) -> None:
+    def __init__(self, relay: Relay, healthz: Callable[[bool], dict[str, Any]] | None = None,
+                 metrics: Callable[[str], tuple[bytes, str]] | None = None) -> None:
         self.relay = relay
         self.healthz = healthz
+        self.metrics = metrics
 
     def connection_fault(self, kind: str) -> None:
         """Count a connection the server had to close on an exception
@@ -153,6 +156,9 @@ class RelayApp:
             if method not in ("GET", "HEAD"):
                 return await respond(send, 405, {"error": "method-not-allowed"})
             return await self._healthz(scope, send)
+        if path == "/metrics" and self.metrics is not None:
+            return await send_metrics(send, scope, relay.authorized(
+                scope["headers"], scope.get("query_string", b"")), self.metrics)
         if path not in ("/events", "/.well-known/aep", "/stream"):
             return await respond(send, 404, {"error": "not-found"})
         if not relay.authorized(scope["headers"], scope.get("query_string", b"")):
@@ -315,7 +321,9 @@ class RelayApp:
         await serve_socket(self.relay, scope, receive, send)
 
 
-def make_app(relay: Relay, *, healthz: Callable[[bool], dict[str, Any]] | None = None) -> RelayApp:
+def make_app(relay: Relay, *, healthz: Callable[[bool], dict[str, Any]] | None = None,
+             metrics: Callable[[str], tuple[bytes, str]] | None = None) -> RelayApp:
     """The relay's ASGI app. ``healthz(authorized) -> dict`` optionally
-    replaces the bare health body (see :class:`RelayApp`)."""
-    return RelayApp(relay, healthz)
+    replaces the bare health body (see :class:`RelayApp`); ``metrics() ->
+    (body, content_type)`` (given the ``Accept`` header) serves ``GET /metrics`` (the daemon's)."""
+    return RelayApp(relay, healthz, metrics)

@@ -140,7 +140,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "bridges.core.asgi": {
         "Scope", "Message", "Receive", "Send", "App", "ABORT_KEY", "LISTEN_KEY", "lifespan",
-        "read_body", "headers", "header", "send_bytes", "send_json", "respond", "presented_tokens", "token_matches", "bearer_ok",
+        "read_body", "headers", "header", "send_bytes", "send_json", "respond", "send_metrics", "presented_tokens", "token_matches", "bearer_ok",
         "host_allowed", "listen_host", "host_guard", "refuse_upgrade",
     },
     "bridges.core.http": {

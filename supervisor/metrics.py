@@ -1,0 +1,222 @@
+"""``GET /metrics``: the daemon's counters in the Prometheus text format,
+exposed with ``prometheus-client`` (its registry, collectors and
+``generate_latest``; nothing hand-written).
+
+Most figures already exist as counters (the fleet's, each bridge's
+``BridgeHealth``, the relay's, the uplinks', the session log's); they are
+read at scrape time by :class:`FleetCollector`, so the hot paths keep their
+plain ``dict`` increments. Only the command-ack latency needs a live
+instrument (:attr:`Metrics.ack_latency`, a histogram fed by the fleet).
+
+Families (all prefixed ``aep_bridges_``):
+
+===========================================  =====================================================
+``events_emitted_total{bridge,family}``      events through the relay channel (JSONL + sink), by
+                                             type family (``tool``, ``attention``, ``x`` ...)
+``events_dropped_total{reason,severity}``    events not delivered somewhere, by why and severity
+``relay_subscribers``                        open SSE/WebSocket subscriptions (embedded relay)
+``relay_replay_buffer_bytes``                bytes held in the replay buffers
+``relay_replay_sessions``                    sessions held in the replay buffers
+``uplink_outbox_events{bridge}``             events waiting in an uplink outbox (AEP_RELAY_URL)
+``uplink_connects_total{bridge}``            uplink (re)connections
+``vendor_reconnects_total{bridge}``          vendor stream/socket reconnects
+``bridge_restarts_total{bridge}``            crashed bridges restarted by the fleet
+``bridge_up{bridge}``                        1 when the bridge's source and relay link are up
+``otlp_requests_total{bridge,outcome}``      OTLP export requests by outcome
+``command_acks_total{bridge,decision,reason}`` acks bridges emitted (``accepted`` / ``rejected`` + reason)
+``relay_commands_total{outcome}``            commands the relay ``routed`` or ``refused`` itself
+``command_ack_latency_seconds``              command arrival at the fleet -> its ack (histogram)
+``session_log_*``                            lines, write errors, bytes on disk, rotations,
+                                             compressions, removals (retention)
+``process_*``                                fds, RSS, CPU (``prometheus_client.ProcessCollector``)
+===========================================  =====================================================
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .fleet import Fleet
+
+PREFIX = "aep_bridges"
+
+#: ack latency buckets, seconds: the ack window is 10 s (AEP-0004 §2.2)
+ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# bridge counters -> (drop reason, severity); "*" when the count spans severities
+_BRIDGE_DROPS = {
+    "commands_dropped": ("control-inbox-full", "*"),
+    "frames_unmappable": ("vendor-frame-unmappable", "*"),
+    "frames_malformed": ("vendor-frame-malformed", "*"),
+    "frames_not_json": ("vendor-frame-not-json", "*"),
+    "otlp.rejected": ("otlp-record-rejected", "*"),
+    "emit_errors": ("emit-error", "*"),
+}
+_RECONNECTS = ("reconnects", "socket_connects")
+_OTLP_REFUSALS = ("otlp.bad_gzip", "otlp.too_large", "otlp.unsupported_media_type",
+                  "otlp.unsupported_encoding", "otlp.undecodable", "otlp.disconnected",
+                  "otlp.refused_host")
+
+
+class Metrics:
+    """The daemon's registry: the process collector, the fleet collector
+    and the live ack-latency histogram. :meth:`render` is the ``/metrics``
+    body and content type."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        self.ack_latency = Histogram(f"{PREFIX}_command_ack_latency_seconds",
+                                     "Command arrival at the fleet to its ack, seconds",
+                                     buckets=ACK_BUCKETS, registry=self.registry)
+        self._fleet: FleetCollector | None = None
+
+    def watch(self, fleet: "Fleet") -> None:
+        """Collect ``fleet``'s figures (once)."""
+        if self._fleet is None:
+            self._fleet = FleetCollector(fleet)
+            self.registry.register(self._fleet)
+
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """``(body, content_type)`` for a scrape whose ``Accept`` header is
+        ``accept``: the Prometheus text format, or OpenMetrics when asked
+        (``prometheus_client``'s own negotiation)."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
+
+
+class FleetCollector(Collector):
+    """Reads a :class:`supervisor.fleet.Fleet` (and its relay) at scrape time."""
+
+    def __init__(self, fleet: "Fleet") -> None:
+        self.fleet = fleet
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: families depend on the bridges running
+
+    def collect(self) -> Iterator[Metric]:
+        f = self.fleet
+        emitted = CounterMetricFamily(f"{PREFIX}_events_emitted", "Events through the relay "
+                                      "channel, by bridge and type family",
+                                      labels=["bridge", "family"])
+        for (bridge, family), n in sorted(f.emitted.items()):
+            emitted.add_metric([bridge, family], n)
+        yield emitted
+        yield self._drops()
+        yield from self._bridges()
+        yield from self._relay()
+        yield from self._session_log()
+        acks = CounterMetricFamily(f"{PREFIX}_command_acks", "Command acks emitted, by decision",
+                                   labels=["bridge", "decision", "reason"])
+        for (bridge, decision, reason), n in sorted(f.acks.items()):
+            acks.add_metric([bridge, decision, reason], n)
+        yield acks
+
+    def _drops(self) -> Metric:
+        f = self.fleet
+        drops = CounterMetricFamily(f"{PREFIX}_events_dropped", "Events not delivered, by reason "
+                                    "and severity ('*': the count spans severities)",
+                                    labels=["reason", "severity"])
+        fleet_c = f.counters
+        drops.add_metric(["unserializable", "*"], fleet_c.get("unserializable", 0))
+        drops.add_metric(["sink-error", "*"], fleet_c.get("sink_errors", 0))
+        drops.add_metric(["session-log-write-failed", "*"], f.session_log.errors)
+        totals: dict[tuple[str, str], int] = {}
+        for m in f.members.values():
+            for name, key in _BRIDGE_DROPS.items():
+                totals[key] = totals.get(key, 0) + int(m.health.counters.get(name, 0))
+            up = getattr(m.uplink, "counters", None) or {}
+            for sev in ("debug", "info"):
+                k = ("uplink-outbox-full", sev)
+                totals[k] = totals.get(k, 0) + int(up.get(f"dropped_{sev}", 0))
+            k = ("uplink-outbox-full", "notice+")
+            totals[k] = totals.get(k, 0) + int(up.get("dropped", 0))
+        if f.relay is not None:
+            rc = f.relay.stats()["counters"]
+            totals[("relay-slow-consumer", "debug+info")] = int(rc.get("dropped_low_severity", 0))
+            totals[("relay-invalid-event", "*")] = int(rc.get("invalid_events", 0))
+            totals[("relay-replay-trimmed", "*")] = int(rc.get("trimmed", 0))
+        for (reason, sev), n in sorted(totals.items()):
+            drops.add_metric([reason, sev], n)
+        return drops
+
+    def _bridges(self) -> Iterator[Metric]:
+        f = self.fleet
+        up = GaugeMetricFamily(f"{PREFIX}_bridge_up", "1 when the bridge's vendor source and "
+                               "relay link are up", labels=["bridge"])
+        restarts = CounterMetricFamily(f"{PREFIX}_bridge_restarts", "Bridge restarts after a "
+                                       "crash or return", labels=["bridge"])
+        reconnects = CounterMetricFamily(f"{PREFIX}_vendor_reconnects", "Vendor stream/socket "
+                                         "reconnects", labels=["bridge"])
+        otlp = CounterMetricFamily(f"{PREFIX}_otlp_requests", "OTLP export requests by outcome "
+                                   "(admitted: records mapped, some may be rejected via "
+                                   "partial_success)", labels=["bridge", "outcome"])
+        outbox = GaugeMetricFamily(f"{PREFIX}_uplink_outbox_events", "Events waiting in the "
+                                   "uplink outbox", labels=["bridge"])
+        connects = CounterMetricFamily(f"{PREFIX}_uplink_connects", "Uplink connections made",
+                                       labels=["bridge"])
+        for name, m in sorted(f.members.items()):
+            c = m.health.counters
+            up.add_metric([name], 1.0 if m.health.ok else 0.0)
+            restarts.add_metric([name], m.restarts)
+            reconnects.add_metric([name], sum(int(c.get(k, 0)) for k in _RECONNECTS))
+            if "otlp.requests" in c or any(k.startswith("otlp.") for k in c):
+                saturated = int(c.get("otlp.saturated", 0))
+                otlp.add_metric([name, "admitted"], int(c.get("otlp.requests", 0)) - saturated)
+                otlp.add_metric([name, "unavailable"], saturated)
+                for k in _OTLP_REFUSALS:
+                    if c.get(k):
+                        otlp.add_metric([name, k[5:]], int(c[k]))
+            if m.uplink is not None:
+                uc = m.uplink.counters
+                outbox.add_metric([name], int(uc.get("outbox", 0)))
+                connects.add_metric([name], int(uc.get("connects", 0)))
+        yield from (up, restarts, reconnects, otlp, outbox, connects)
+
+    def _relay(self) -> Iterator[Metric]:
+        relay = self.fleet.relay
+        if relay is None:
+            return
+        st: dict[str, Any] = relay.stats()
+        yield GaugeMetricFamily(f"{PREFIX}_relay_subscribers", "Open relay subscriptions",
+                                value=st["subscribers"])
+        yield GaugeMetricFamily(f"{PREFIX}_relay_connections", "Open relay connections "
+                                "(emitters, sockets)", value=st["connections"])
+        yield GaugeMetricFamily(f"{PREFIX}_relay_replay_buffer_bytes", "Bytes held in the "
+                                "replay buffers", value=st["buffered_bytes"])
+        yield GaugeMetricFamily(f"{PREFIX}_relay_replay_sessions", "Sessions held in the "
+                                "replay buffers", value=st["sessions"])
+        rc = st["counters"]
+        yield CounterMetricFamily(f"{PREFIX}_relay_events", "Events the relay accepted",
+                                  value=rc.get("events", 0))
+        cmds = CounterMetricFamily(f"{PREFIX}_relay_commands", "Commands the relay routed to a "
+                                   "target or refused itself (AEP-0004 §4)", labels=["outcome"])
+        cmds.add_metric(["routed"], rc.get("commands_routed", 0))
+        cmds.add_metric(["refused"], rc.get("commands_refused", 0))
+        yield cmds
+        yield CounterMetricFamily(f"{PREFIX}_relay_streams_terminated", "Consumers shed as too "
+                                  "slow (AEP-0003 §8.4)", value=rc.get("streams_terminated", 0))
+
+    def _session_log(self) -> Iterator[Metric]:
+        sl = self.fleet.session_log
+        yield CounterMetricFamily(f"{PREFIX}_session_log_lines", "Lines written to the session "
+                                  "logs", value=sl.lines)
+        yield CounterMetricFamily(f"{PREFIX}_session_log_write_errors", "Failed session log "
+                                  "writes", value=sl.errors)
+        counters = getattr(sl, "counters", None)
+        if counters is None:
+            return
+        yield GaugeMetricFamily(f"{PREFIX}_session_log_bytes", "Bytes of session logs on disk",
+                                value=sl.total_bytes)
+        for key, help_ in (("rotations", "Session log files rotated"),
+                           ("compressed", "Rotated files compressed"),
+                           ("removed_files", "Session log files removed by retention"),
+                           ("removed_bytes", "Bytes removed by retention"),
+                           ("compress_errors", "Failed compressions"),
+                           ("remove_errors", "Failed removals")):
+            yield CounterMetricFamily(f"{PREFIX}_session_log_{key}", help_, value=counters[key])

@@ -1,0 +1,317 @@
+"""Session log retention: rotation by size and age, closed files compressed,
+the oldest removed first under a total cap, never the file being written.
+
+Layout under ``{state}/logs/{agent}/`` (see :mod:`supervisor.jsonlog`):
+
+- ``{session}.jsonl``: the live file of a session (appended to);
+- ``{session}.{UTC}.jsonl``: a closed segment, just rotated (``UTC`` is
+  ``YYYYmmddTHHMMSS.ffffffZ``, so names sort in rotation order);
+- ``{session}.{UTC}.jsonl.gz``: the same, compressed (gzip, in a worker
+  thread so the relay channel never waits on it); the plain one is removed
+  once the ``.gz`` is complete.
+
+Rules (:class:`RetentionPolicy`, from ``AEP_LOG_MAX_BYTES``,
+``AEP_LOG_MAX_AGE``, ``AEP_LOG_MAX_TOTAL_BYTES``; ``0`` turns one off):
+
+- a live file is rotated before a write would take it past ``max_bytes``,
+  or once it has been open for ``max_age``;
+- a file not open for writing whose last write is older than ``max_age`` is
+  removed;
+- while the directory holds more than ``max_total_bytes``, files not open for
+  writing are removed oldest first (by last write); if that is not enough the
+  largest live files are rotated first, so they become removable. The live
+  files being written are never removed, so the directory can exceed the cap
+  by at most what is written to fresh live files before the next sweep.
+
+Counts (``counters``) go to ``/healthz`` and ``/metrics``."""
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import re
+import shutil
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import trio
+
+from bridges.core.settings import EnvReader, Setting
+
+from .jsonlog import SessionLog, encode_line
+
+log = logging.getLogger("aep.retention")
+
+SETTINGS = (
+    Setting("AEP_LOG_MAX_BYTES", "`64M`",
+            "a session log file is rotated (closed, compressed) before it grows past this "
+            "(bytes; `K`/`M`/`G` suffixes; `0`: never by size)"),
+    Setting("AEP_LOG_MAX_AGE", "`30d`",
+            "a session log file is rotated once open this long, and files last written longer "
+            "ago are removed (`s`/`m`/`h`/`d` suffixes; `0`: keep forever)"),
+    Setting("AEP_LOG_MAX_TOTAL_BYTES", "`1G`",
+            "all session logs together; above it the oldest closed files are removed first, "
+            "never a file being written (`0`: no cap)"),
+)
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
+_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.I)
+_SEGMENT = re.compile(r"\.\d{8}T\d{6}\.\d{6}Z\.jsonl(\.gz)?$")
+
+
+def parse_size(value: str) -> int:
+    """``"64M"`` -> 67108864 (``K``/``M``/``G``/``T`` are powers of 1024).
+    Raises ``ValueError``."""
+    m = _SIZE.match(value)
+    if not m:
+        raise ValueError(value)
+    return int(m.group(1)) << (10 * " kmgt".index((m.group(2) or " ").lower()))
+
+
+def parse_age(value: str) -> float:
+    """``"30d"`` -> seconds (``s``/``m``/``h``/``d``/``w``; bare: seconds).
+    Raises ``ValueError``."""
+    m = _AGE.match(value)
+    if not m:
+        raise ValueError(value)
+    unit = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}[m.group(2).lower()]
+    return float(m.group(1)) * unit
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """The three limits; ``None`` is off. Sizes in bytes, age in seconds."""
+
+    max_bytes: int | None = 64 << 20
+    max_age: float | None = 30 * 86400.0
+    max_total_bytes: int | None = 1 << 30
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> tuple["RetentionPolicy", list[str]]:
+        """``(policy, problems)``: one problem line per bad value (the default
+        is kept for it), as :class:`bridges.core.settings.EnvReader` does."""
+        r = EnvReader(environ)
+        values: dict[str, Any] = {}
+        for name, field, parse, default in (
+                ("AEP_LOG_MAX_BYTES", "max_bytes", parse_size, cls.max_bytes),
+                ("AEP_LOG_MAX_AGE", "max_age", parse_age, cls.max_age),
+                ("AEP_LOG_MAX_TOTAL_BYTES", "max_total_bytes", parse_size, cls.max_total_bytes)):
+            raw = r.raw(name)
+            if raw is None:
+                values[field] = default
+                continue
+            try:
+                v = parse(raw)
+            except ValueError:
+                unit = "a duration (30d, 12h, 3600)" if field == "max_age" else "bytes (64M, 1G, 1048576)"
+                r.problems.append(f"{name}={raw!r}: expected {unit}; 0 turns it off")
+                values[field] = default
+                continue
+            values[field] = v or None
+        policy = cls(**values)
+        if policy.max_bytes and policy.max_total_bytes and policy.max_bytes > policy.max_total_bytes:
+            r.problems.append(f"AEP_LOG_MAX_BYTES={policy.max_bytes} exceeds "
+                              f"AEP_LOG_MAX_TOTAL_BYTES={policy.max_total_bytes}: one file could "
+                              "not fit the cap")
+        return policy, r.problems
+
+
+def segment_name(live: Path, when: float) -> Path:
+    """The closed-segment path for ``live`` rotated at ``when`` (epoch s)."""
+    micros = round(when * 1e6)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(micros // 1_000_000)) + f".{micros % 1_000_000:06d}Z"
+    return live.with_name(f"{live.name[:-len('.jsonl')]}.{stamp}.jsonl")
+
+
+class RetainingSessionLog(SessionLog):
+    """A :class:`SessionLog` that keeps its directory within a
+    :class:`RetentionPolicy`. Rotation (a rename) happens inline before the
+    write that would overflow; compression and the sweeps run in
+    :meth:`maintain` (a task in the fleet's nursery). ``clock`` is the wall
+    clock (file ages are wall-clock facts)."""
+
+    def __init__(self, root: Path, policy: RetentionPolicy, *, max_open: int = 128,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(root, max_open=max_open)
+        self.policy = policy
+        self.clock = clock
+        self.counters = {"rotations": 0, "compressed": 0, "compress_errors": 0,
+                         "removed_files": 0, "removed_bytes": 0, "remove_errors": 0}
+        self._sizes: dict[Path, int] = {}
+        self._opened: dict[Path, float] = {}
+        self._todo: deque[Path] = deque()
+        self._wake = trio.Event()
+        self.total_bytes = 0
+        self._rescan()
+
+    # -- accounting ------------------------------------------------------------
+    def _rescan(self) -> None:
+        """Total bytes under the root, and any plain segment left
+        uncompressed (a crash between rotation and compression) queued."""
+        total = 0
+        for p in self._files():
+            try:
+                total += p.stat().st_size
+            except OSError:
+                continue
+            if _SEGMENT.search(p.name) and not p.name.endswith(".gz") and p not in self._todo:
+                self._todo.append(p)
+        self.total_bytes = total
+
+    def _files(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return [p for p in self.root.rglob("*") if p.is_file() and ".jsonl" in p.name]
+
+    def writing(self) -> set[Path]:
+        """The live files with an open descriptor: never removed."""
+        return set(self._fds)
+
+    # -- the write path ----------------------------------------------------------
+    def write(self, event: dict[str, Any], line: bytes | None = None) -> None:
+        path = self.path_for(event)
+        data = line if line is not None else encode_line(event)
+        self._maybe_rotate(path, len(data))
+        before = self.lines
+        super().write(event, data)
+        if self.lines != before:
+            self._sizes[path] = self._sizes.get(path, 0) + len(data)
+            self.total_bytes += len(data)
+            cap = self.policy.max_total_bytes
+            if cap and self.total_bytes > cap:
+                self._wake.set()
+
+    def _maybe_rotate(self, path: Path, incoming: int) -> None:
+        if path not in self._sizes:
+            try:
+                self._sizes[path] = path.stat().st_size
+            except OSError:
+                self._sizes[path] = 0
+            self._opened[path] = self.clock()
+        size, limit, age = self._sizes[path], self.policy.max_bytes, self.policy.max_age
+        if size and ((limit and size + incoming > limit)
+                     or (age and self.clock() - self._opened[path] >= age)):
+            self.rotate(path)
+
+    def rotate(self, path: Path) -> Path | None:
+        """Close ``path``'s descriptor and rename it to a closed segment
+        (queued for compression); the next write starts a new live file.
+        Returns the segment, or ``None`` when there was nothing to rotate."""
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+        self._sizes.pop(path, None)
+        self._opened.pop(path, None)
+        when = self.clock()
+        seg = segment_name(path, when)
+        while seg.exists() or seg.with_name(seg.name + ".gz").exists():
+            when += 1e-6  # never rename onto an earlier segment
+            seg = segment_name(path, when)
+        try:
+            os.rename(path, seg)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            log.error("cannot rotate session log %s: %s", path, e)
+            return None
+        self.counters["rotations"] += 1
+        self._todo.append(seg)
+        self._wake.set()
+        return seg
+
+    # -- maintenance -----------------------------------------------------------
+    async def maintain(self, *, interval: float = 60.0,
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Forever: compress rotated segments (worker thread), then sweep
+        (:meth:`sweep`); again on every rotation, cap overflow, or
+        ``interval`` seconds."""
+        task_status.started()
+        while True:
+            await self.compress_pending()
+            self.sweep()
+            with trio.move_on_after(interval):
+                await self._wake.wait()
+            self._wake = trio.Event()
+
+    async def compress_pending(self) -> None:
+        """gzip every queued segment in a worker thread; the plain file is
+        removed only after its ``.gz`` is complete and renamed into place."""
+        while self._todo:
+            seg = self._todo.popleft()
+            try:
+                before = seg.stat().st_size
+                gz = await trio.to_thread.run_sync(_gzip, seg)
+                after = gz.stat().st_size
+            except OSError as e:
+                self.counters["compress_errors"] += 1
+                log.error("cannot compress session log %s: %s", seg, e)
+                continue
+            self.counters["compressed"] += 1
+            self.total_bytes += after - before
+
+    def sweep(self) -> None:
+        """Remove what the age and total-size rules say, oldest first, never
+        a file open for writing (see the module docstring)."""
+        self._rescan()
+        writing = self.writing()
+        now = self.clock()
+        aged: list[tuple[float, int, Path]] = []
+        for p in self._files():
+            if p in writing or p in self._todo:
+                continue
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            aged.append((st.st_mtime, st.st_size, p))
+        aged.sort()
+        age, cap = self.policy.max_age, self.policy.max_total_bytes
+        for mtime, size, p in aged:
+            too_old = bool(age) and now - mtime > age
+            over = bool(cap) and self.total_bytes > cap
+            if not (too_old or over):
+                continue
+            self._remove(p, size)
+        if cap and self.total_bytes > cap:
+            # only live files left: rotate the largest, so the next sweep
+            # (woken by the rotation) may remove them
+            excess = self.total_bytes - cap
+            for p in sorted(writing, key=lambda q: -self._sizes.get(q, 0)):
+                if excess <= 0:
+                    break
+                size = self._sizes.get(p, 0)
+                if size and self.rotate(p) is not None:
+                    excess -= size
+
+    def _remove(self, p: Path, size: int) -> None:
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            self.counters["remove_errors"] += 1
+            log.error("cannot remove session log %s: %s", p, e)
+            return
+        self.counters["removed_files"] += 1
+        self.counters["removed_bytes"] += size
+        self.total_bytes -= size
+        self._sizes.pop(p, None)
+        self._opened.pop(p, None)
+
+
+def _gzip(seg: Path) -> Path:
+    """``seg`` -> ``seg.gz`` (written beside as ``.gz.tmp``, then renamed);
+    removes ``seg``; keeps its mtime (the age rules read it)."""
+    gz = seg.with_name(seg.name + ".gz")
+    tmp = seg.with_name(seg.name + ".gz.tmp")
+    st = seg.stat()
+    with open(seg, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.chmod(tmp, 0o600)
+    os.utime(tmp, (st.st_atime, st.st_mtime))
+    os.replace(tmp, gz)
+    os.unlink(seg)
+    return gz
