@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 import trio
 
@@ -144,7 +145,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tail_parser(sub) -> None:  # type: ignore[no-untyped-def]
+def _tail_parser(sub: Any) -> None:
     from .tail import default_url
     tail = sub.add_parser("tail", help="follow an AEP endpoint's /stream as a human timeline")
     tail.add_argument("--url", default=None,

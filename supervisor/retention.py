@@ -270,8 +270,8 @@ class RetainingSessionLog(SessionLog):
         aged.sort()
         age, cap = self.policy.max_age, self.policy.max_total_bytes
         for mtime, size, p in aged:
-            too_old = bool(age) and now - mtime > age
-            over = bool(cap) and self.total_bytes > cap
+            too_old = age is not None and now - mtime > age
+            over = cap is not None and self.total_bytes > cap
             if not (too_old or over):
                 continue
             self._remove(p, size)

@@ -96,6 +96,10 @@ def parse_filter(specs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _obj(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
 def _s(v: Any, limit: int = 60) -> str:
     text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
     text = " ".join(text.split())
@@ -182,7 +186,7 @@ def _attention_gist(type_: str, data: Mapping[str, Any]) -> str | None:
 
 def _session_gist(type_: str, data: Mapping[str, Any]) -> str | None:
     if type_ == "session.started":
-        client = data.get("client") if isinstance(data.get("client"), dict) else {}
+        client = _obj(data.get("client"))
         bits = [str(client.get("name") or ""), str(data.get("gen_ai.request.model") or ""),
                 str(data.get("label") or "")]
         return "started " + " ".join(b for b in bits if b)
@@ -203,7 +207,8 @@ def gist(ev: Mapping[str, Any]) -> str:
 
 def _gist(ev: Mapping[str, Any]) -> str:
     type_ = str(ev.get("type") or "?")
-    data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+    raw = ev.get("data")
+    data: dict[str, Any] = raw if isinstance(raw, dict) else {}
     family = type_.split(".", 1)[0]
     try:
         out = {"tool": _tool_gist, "run": _run_gist, "attention": _attention_gist,
@@ -215,12 +220,12 @@ def _gist(ev: Mapping[str, Any]) -> str:
                 return f"rejected: {data.get('reason') or '?'}"
             return f"{type_[8:]} → {ev.get('subject') or ''}".rstrip(" →")
         if type_ == "error.raised":
-            err = data.get("error") if isinstance(data.get("error"), dict) else {}
+            err = _obj(data.get("error"))
             return _s(err.get("message") or err.get("type") or data.get("code") or "error")
         if type_ == "progress.status":
             return _s(data.get("message") or data.get("phase") or "")
         if type_.startswith("progress.task."):
-            task = data.get("task") if isinstance(data.get("task"), dict) else {}
+            task = _obj(data.get("task"))
             return f"{type_[14:]}: {_s(task.get('title') or task.get('id') or '')}"
         return _vendor_gist(data)
     except Exception:  # noqa: BLE001 -- a summary must never take the timeline down

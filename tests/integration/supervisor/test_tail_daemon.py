@@ -70,16 +70,16 @@ def test_tail_prints_the_timeline(daemon):
     lines = out.stdout.splitlines()
     assert len(lines) == len(STORY), out.stdout
     assert "\x1b[" not in out.stdout  # a pipe gets no colors
-    for line, e in zip(lines, STORY):
+    for line, e in zip(lines, STORY, strict=True):
         assert re.match(rf"09:31:{e['seq']:02d}\.250 opencode +…000demo +{re.escape(e['type'])} ", line), line
-    gist = {e["type"]: line.split(e["type"], 1)[1].strip() for line, e in zip(lines, STORY)}
+    gist = {e["type"]: line.split(e["type"], 1)[1].strip() for line, e in zip(lines, STORY, strict=True)}
     assert gist["attention.requested"] == \
         "permission: Permission requested: bash — echo hi  [once|reject]  PENDING"
     assert gist["attention.resolved"].startswith("resolved: answered ← Permission requested")
     assert gist["tool.completed"] == "bash ✓ completed (31 ms)"
     assert gist["run.finished"] == "finished ok (1200 ms)"
     # the type column is aligned: every gist starts in the same column
-    starts = {len(line) - len(line.split(e["type"], 1)[1].lstrip()) for line, e in zip(lines, STORY)}
+    starts = {len(line) - len(line.split(e["type"], 1)[1].lstrip()) for line, e in zip(lines, STORY, strict=True)}
     assert len(starts) == 1, lines
 
 

@@ -9,8 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.install import (ENV_TEMPLATE, _template, install, plan, read_env_file,
-                                render_plist, render_unit)
+from supervisor.install import (
+    ENV_TEMPLATE,
+    _template,
+    install,
+    plan,
+    read_env_file,
+    render_plist,
+    render_unit,
+)
 
 EXE = Path("/opt/pipx/venvs/aep-bridges/bin/aep-bridges")
 
@@ -19,7 +26,7 @@ def test_the_unit_keeps_everything_but_execstart():
     shipped = _template("aep-bridges.service")
     rendered = render_unit(EXE)
     assert f"ExecStart={EXE} run" in rendered.splitlines()
-    diff = [(a, b) for a, b in zip(shipped.splitlines(), rendered.splitlines()) if a != b]
+    diff = [(a, b) for a, b in zip(shipped.splitlines(), rendered.splitlines(), strict=True) if a != b]
     assert diff == [("ExecStart=/usr/local/bin/aep-bridges run", f"ExecStart={EXE} run")]
     for kept in ("Type=notify", "WatchdogSec=30", "NoNewPrivileges=yes", "ProtectSystem=strict",
                  "EnvironmentFile=-/etc/aep-bridges/env", "RestartPreventExitStatus=2"):

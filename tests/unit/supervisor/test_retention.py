@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from supervisor.retention import (RetainingSessionLog, RetentionPolicy, parse_age, parse_size,
-                                  segment_name)
+from supervisor.retention import RetainingSessionLog, RetentionPolicy, parse_age, parse_size, segment_name
 
 
 class Clock:
@@ -161,7 +160,8 @@ async def test_a_restart_compresses_what_a_crash_left_plain(tmp_path):
     seg.write_bytes(b'{"a":1}\n')
     log = RetainingSessionLog(tmp_path, RetentionPolicy())
     await log.compress_pending()
-    assert not seg.exists() and gzip.decompress(Path(str(seg) + ".gz").read_bytes()) == b'{"a":1}\n'
+    gz = Path(str(seg) + ".gz")
+    assert not seg.exists() and gzip.decompress(await trio.Path(gz).read_bytes()) == b'{"a":1}\n'
 
 
 def test_settings():

@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.tail import (AGENT_W, SESSION_W, TIME_W, TYPE_W, Timeline, default_url, gist,
-                             parse_filter)
+from supervisor.tail import AGENT_W, SESSION_W, TIME_W, TYPE_W, Timeline, default_url, gist, parse_filter
 from tests.support.shared import aep_dir, fixture, pin_entries
 
 
