@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = parser.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="aep-demo-"))
-    say(f"working in {tmp} (removed at the end)")
+    say(f"working in {tmp} ({'kept' if args.keep else 'removed'} at the end)")
     t0 = time.monotonic()
 
     async def bounded() -> int:

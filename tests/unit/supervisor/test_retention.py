@@ -181,3 +181,12 @@ def test_settings():
                         "AEP_LOG_MAX_AGE='soon': expected a duration (30d, 12h, 3600); 0 turns it off"]
     _, problems = RetentionPolicy.from_env({"AEP_LOG_MAX_BYTES": "2G", "AEP_LOG_MAX_TOTAL_BYTES": "1G"})
     assert len(problems) == 1 and "exceeds AEP_LOG_MAX_TOTAL_BYTES" in problems[0]
+
+
+def test_the_readme_documents_the_knobs_as_declared():
+    from bridges.core.settings import render_table
+    from supervisor.retention import SETTINGS
+    from tests.support.shared import ROOT
+    readme = (ROOT / "README.md").read_text()
+    for row in render_table(SETTINGS).splitlines()[2:]:
+        assert row in readme, row
