@@ -148,6 +148,22 @@ class _UplinkSink:
         await self.uplink.put(event, redelivery=redelivery)
 
 
+class _NotingInbox:
+    """A bridge's control inbox as its uplink sees it: each command's
+    arrival is noted (the ack latency) before it is handed on."""
+
+    def __init__(self, inbox: trio.MemorySendChannel, note: Callable[[dict[str, Any]], None]) -> None:
+        self.inbox = inbox
+        self.note = note
+
+    def send_nowait(self, cmd: dict[str, Any]) -> None:
+        self.note(cmd)
+        self.inbox.send_nowait(cmd)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inbox, name)
+
+
 @dataclass
 class Member:
     """One bridge in the fleet with everything the supervisor keeps for it."""
@@ -229,7 +245,8 @@ class Fleet:
         else:
             from .uplink import Uplink
             assert self.cfg.relay_url is not None  # no embedded relay: uplinking
-            m.uplink = Uplink(self.cfg.relay_url, self.cfg.token, hello, m.inbox)
+            inbox: Any = _NotingInbox(m.inbox, self._note_arrival)
+            m.uplink = Uplink(self.cfg.relay_url, self.cfg.token, hello, inbox)
             sink = _UplinkSink(m.uplink)
             await nursery.start(m.uplink.run)
         m.sink = sink
@@ -241,14 +258,11 @@ class Fleet:
         same id recovers it, AEP-0004 §2.3). Its arrival time is noted for
         the ack latency (:meth:`_observe_ack`)."""
         warned = False
-        arrivals = self._arrivals
+        note = self._note_arrival
 
         async def deliver(cmd: dict[str, Any]) -> None:
             nonlocal warned
-            if isinstance(cmd.get("id"), str) and cmd["id"] not in arrivals:
-                arrivals[cmd["id"]] = time.monotonic()
-                while len(arrivals) > ACK_TRACKED:
-                    arrivals.popitem(last=False)
+            note(cmd)
             try:
                 m.inbox.send_nowait(cmd)
                 warned = False
@@ -351,9 +365,17 @@ class Fleet:
         if m is not None:
             m.ctx.log_result(written)
 
+    def _note_arrival(self, cmd: dict[str, Any]) -> None:
+        """Remember when a command reached the fleet (bounded; a retry with
+        the same id keeps the first arrival)."""
+        if isinstance(cmd.get("id"), str) and cmd["id"] not in self._arrivals:
+            self._arrivals[cmd["id"]] = time.monotonic()
+            while len(self._arrivals) > ACK_TRACKED:
+                self._arrivals.popitem(last=False)
+
     def _observe_ack(self, bridge: str, ack: dict[str, Any]) -> None:
-        """Count a first-time ack by decision; with the command's arrival
-        on record (the embedded relay routed it), observe the latency."""
+        """Count a first-time ack by decision and observe its latency from
+        the command's arrival (:meth:`_note_arrival`)."""
         if ack["type"] == "control.accepted":
             key = (bridge, "accepted", "")
         else:

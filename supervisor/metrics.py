@@ -25,7 +25,8 @@ Families (all prefixed ``aep_bridges_``):
 ``otlp_requests_total{bridge,outcome}``      OTLP export requests by outcome
 ``command_acks_total{bridge,decision,reason}`` acks bridges emitted (``accepted`` / ``rejected`` + reason)
 ``relay_commands_total{outcome}``            commands the relay ``routed`` or ``refused`` itself
-``command_ack_latency_seconds``              command arrival at the fleet -> its ack (histogram)
+``command_ack_latency_seconds``              command arrival at the fleet (relay or uplink) -> its
+                                             ack (histogram)
 ``session_log_*``                            lines, write errors, bytes on disk, rotations,
                                              compressions, removals (retention)
 ``process_*``                                fds, RSS, CPU (``prometheus_client.ProcessCollector``)

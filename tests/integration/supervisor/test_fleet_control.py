@@ -146,3 +146,50 @@ async def test_sdk_control_client_through_the_embedded_relay(tmp_path, token):
     assert ack["id"] in seen and seen[ack["id"]] == ack
     assert [e["type"] for e in events][:2] == ["session.started", "run.started"]
     assert len(bridge.writes) == 1  # refusals never reached the write path
+
+
+@pytest.mark.parametrize("mode", ["embedded", "uplink"])
+async def test_acks_are_counted_and_timed_in_both_modes(tmp_path, mode):
+    """/metrics' ack figures: the fleet sees each command arrive (from the
+    embedded relay, or from its uplink to a remote relay) and its ack leave."""
+    bridge = ToyBridge()
+    relay = Relay(token=TOKEN)
+    stop = trio.Event()
+    async with trio.open_nursery() as n:
+        if mode == "embedded":
+            fleet = Fleet(Config(state_dir=tmp_path, token=TOKEN), [bridge], relay=relay, host="h")
+            app = make_app(relay, healthz=fleet.healthz)
+        else:
+            app = make_app(relay)
+        url = (await n.start(serve_asgi, app, "127.0.0.1", 0, stop))[0]
+        if mode == "uplink":
+            fleet = Fleet(Config(state_dir=tmp_path, token=TOKEN, relay_url=url), [bridge],
+                          host="h")
+        await n.start(fleet.run)
+        col = Collector(url, token=TOKEN, filter={"session": "toy-1"}, from_="all")
+        await col.wait_for(lambda c: c.of("toy-1", "run.started"), what="run.started")
+
+        def drive():
+            client = ControlClient(url, agent="operator", host="ops-laptop", token=TOKEN)
+            client.connect()
+            try:
+                client.send("control.cancel", "toy-1", run="r1", data={"scope": "run"}, retries=0)
+                with pytest.raises(NackError):
+                    client.send("control.cancel", "toy-1", run="r9", data={"scope": "run"},
+                                retries=0)
+            finally:
+                client.close()
+
+        with trio.fail_after(60):
+            await trio.to_thread.run_sync(drive)
+        col.close()
+        await fleet.drain()
+        stop.set()
+        n.cancel_scope.cancel()
+    assert fleet.acks == {("toy", "accepted", ""): 1, ("toy", "rejected", "refused"): 1}
+    reg = fleet.metrics.registry
+    assert reg.get_sample_value("aep_bridges_command_ack_latency_seconds_count") == 2
+    assert reg.get_sample_value("aep_bridges_command_acks_total", {
+        "bridge": "toy", "decision": "rejected", "reason": "refused"}) == 1
+    assert reg.get_sample_value("aep_bridges_events_emitted_total", {
+        "bridge": "toy", "family": "control"}) == 2
