@@ -335,7 +335,9 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
                 continue
             if kind == "error":
                 status = getattr(item, "status", None)
-                if status in (400, 401, 403, 404):
+                # 400: the SDK falls back by itself (no `from=all` there, a
+                # `from` too long), so only these end the tail
+                if status in (401, 403, 404):
                     hint = {401: " (pass --token or set AEP_TOKEN)",
                             404: " (is this an AEP endpoint?)"}.get(status, "")
                     print(f"aep-bridges tail: {url} refused the stream: HTTP {status}{hint}",

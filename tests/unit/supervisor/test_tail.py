@@ -144,3 +144,41 @@ def test_garbage_never_raises(ev, type_):
         ev["type"] = type_
     assert isinstance(gist(ev), str)
     assert isinstance(Timeline().line(ev).plain, str)
+
+
+class FakeSubscription:
+    """Stands in for ``aep_sdk.subscribe`` to drive :func:`supervisor.tail.run`'s
+    error handling (the real consumer is exercised against the daemon in
+    tests/integration/supervisor/test_tail_daemon.py)."""
+
+    def __init__(self, script):
+        self.script = script
+        self.closed = False
+
+    def __call__(self, url, on_event, *, on_error, **kw):
+        self.kw = kw
+        for kind, item in self.script:
+            (on_event if kind == "event" else on_error)(item)
+        return self
+
+    def close(self):
+        self.closed = True
+
+
+def test_run_survives_a_refused_from_all_but_not_a_refused_token():
+    import io
+
+    from aep_sdk import TransportError
+
+    from supervisor.tail import run
+    ev = {"id": "1", "type": "tool.completed", "agent": "a", "data": {"tool": {"name": "t"}}}
+    fake = FakeSubscription([("error", TransportError("http", "SSE HTTP 400", status=400)),
+                             ("event", ev)])
+    out, err = io.StringIO(), io.StringIO()
+    assert run("http://x", from_="all", limit=1, out=out, err=err, subscribe=fake) == 0
+    assert "t ✓ completed" in out.getvalue() and "(retrying)" in err.getvalue()
+    assert fake.closed and fake.kw["from_"] == "all"
+    fake = FakeSubscription([("error", TransportError("http", "SSE HTTP 401", status=401))])
+    err = io.StringIO()
+    assert run("http://x", out=io.StringIO(), err=err, subscribe=fake) == 1
+    assert "HTTP 401 (pass --token or set AEP_TOKEN)" in err.getvalue() and fake.closed
