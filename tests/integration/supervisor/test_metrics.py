@@ -89,6 +89,12 @@ def test_metrics_on_the_uplink_health_app(tmp_path):
         m = scrape(d, token=None)
         assert value(m, "aep_bridges_uplink_outbox_events", bridge="otlp_in.codex") == 0
         assert ("aep_bridges_relay_subscribers", ()) not in m  # no embedded relay
+        # the scraper may ask for OpenMetrics; only GET/HEAD
+        r = httpx.get(d.url + "/metrics", headers={"accept": "application/openmetrics-text; "
+                                                   "version=1.0.0"}, trust_env=False)
+        assert r.headers["content-type"].startswith("application/openmetrics-text")
+        assert r.text.rstrip().endswith("# EOF")
+        assert httpx.post(d.url + "/metrics", trust_env=False).status_code == 405
     finally:
         d.stop()
 
