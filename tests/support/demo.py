@@ -30,7 +30,6 @@ otherwise (with the logs' tails). Bounded: ``--timeout`` seconds in all
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal
@@ -77,7 +76,7 @@ async def _wait(collector, pred, what: str, timeout: float = 60):
     return await collector.wait_for(pred, timeout=timeout, what=what)
 
 
-async def _codex_part(tmp: Path, daemon: DemoDaemon, stream) -> None:
+async def _codex_part(tmp: Path, daemon: DemoDaemon, stream, tail: Tail) -> None:
     say(f"Codex {codex_mod.CODEX_VERSION}: installing/locating the real CLI (npm, vendor cache)")
     binary = await trio.to_thread.run_sync(codex_mod.codex_binary)
     mock = MockResponsesServer()
@@ -98,10 +97,11 @@ async def _codex_part(tmp: Path, daemon: DemoDaemon, stream) -> None:
     conv = run.thread_id
     say(f"codex exited 0 (conversation {conv}); its OTLP export reached the daemon:")
     await _wait(stream, lambda s: s.of(conv, "tool.completed"), "Codex tool.completed")
-    await trio.sleep(0.5)  # let the tail print its lines before the next narration
+    await trio.sleep(0.3)  # the export's last records
+    await tail.caught_up(len(stream.events))
 
 
-async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream) -> None:
+async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream, tail: Tail) -> None:
     async with server.client() as c:
         sid = await server.new_session(c)
         say(f"OpenCode {OPENCODE.version}: POST /session/{sid}/prompt_async "
@@ -109,6 +109,7 @@ async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream) -> No
         await server.prompt_async(c, sid, "AEP_BASH echo hello from opencode")
     ask = (await _wait(stream, lambda s: s.of(sid, "attention.requested"),
                        "OpenCode attention.requested"))[0]
+    await tail.caught_up(len(stream.events))
     await trio.sleep(1.0)  # the PENDING line stays on screen a moment
     say(f"answering the ask through the daemon: control.attention.respond "
         f"subject={ask['id']} answer={{option: once}} (aep_sdk.ControlClient on /socket)")
@@ -119,7 +120,8 @@ async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream) -> No
         raise RuntimeError(f"the daemon refused the answer: {status} {ack}")
     say(f"acknowledged: control.accepted (cause {ack.get('cause')}); the tool runs:")
     await _wait(stream, lambda s: s.of(sid, "run.finished"), "OpenCode run.finished")
-    await trio.sleep(0.5)
+    await trio.sleep(0.3)  # the server's last updates after the run
+    await tail.caught_up(len(stream.events))
 
 
 def _skipped() -> type[BaseException]:
@@ -129,17 +131,65 @@ def _skipped() -> type[BaseException]:
     return pytest.skip.Exception
 
 
-def _start_tail(daemon: DemoDaemon) -> subprocess.Popen:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AEP_TOKEN": TOKEN,
-           "LANG": os.environ.get("LANG", "C.UTF-8"), "TERM": os.environ.get("TERM", "dumb")}
-    return subprocess.Popen(console_script() + ["tail", "--url", daemon.url, "--from", "all"],
-                            env=env, stdin=subprocess.DEVNULL)
+class Tail:
+    """``aep-bridges tail --from all`` on the daemon, its lines forwarded to
+    this terminal (colored, at this terminal's width, when it is one) and
+    counted, so the demo moves on only once the tail has shown what
+    happened (:meth:`caught_up`)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.proc: trio.Process | None = None
+        self._changed = trio.Event()
+
+    async def run(self, daemon: DemoDaemon, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "AEP_TOKEN": TOKEN,
+               "LANG": os.environ.get("LANG", "C.UTF-8"), "TERM": os.environ.get("TERM", "dumb")}
+        args = ["tail", "--url", daemon.url, "--from", "all"]
+        if sys.stdout.isatty():
+            args += ["--color", "always"]
+            env["COLUMNS"] = str(shutil.get_terminal_size().columns)
+        self.proc = await trio.lowlevel.open_process(console_script() + args, env=env,
+                                                     stdin=subprocess.DEVNULL,
+                                                     stdout=subprocess.PIPE)
+        task_status.started()
+        assert self.proc.stdout is not None
+        buf = b""
+        async for chunk in self.proc.stdout:
+            buf += chunk
+            *done, buf = buf.split(b"\n")
+            for raw in done:
+                line = raw.decode(errors="replace")
+                print(line, flush=True)
+                self.lines.append(line)
+            self._changed.set()
+            self._changed = trio.Event()
+
+    async def caught_up(self, events: int, timeout: float = 30) -> None:
+        """Wait until the tail has printed at least ``events`` lines."""
+        with trio.fail_after(timeout):
+            while len(self.lines) < events:
+                await self._changed.wait()
+
+    async def stop(self) -> None:
+        """SIGINT (the tail's clean exit), SIGKILL past 10 s; shielded, so it
+        runs even when the demo was cancelled by its deadline."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with trio.CancelScope(shield=True):
+            self.proc.send_signal(signal.SIGINT)
+            with trio.move_on_after(10):
+                await self.proc.wait()
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
 
 
 async def demo(tmp: Path) -> int:
     """Run the demo in ``tmp``; returns the exit status."""
     provider = MockChatProvider()
-    server = daemon = tail = stream = None
+    server = daemon = stream = None
+    tail = Tail()
     status = 1
     try:
         async with trio.open_nursery() as n:
@@ -154,10 +204,10 @@ async def demo(tmp: Path) -> int:
             say(f"daemon up: relay {daemon.url} (token {TOKEN[:8]}…), OTLP/gRPC "
                 f"127.0.0.1:{daemon.grpc_port}; bridges: otlp_in (primary), opencode_sse "
                 "(primary, control on). `aep-bridges tail` follows its /stream:")
-            tail = _start_tail(daemon)
+            await n.start(tail.run, daemon)
             stream = daemon.subscribe()  # the demo's own eyes, to know when to go on
-            await _codex_part(tmp, daemon, stream)
-            await _opencode_part(server, daemon, stream)
+            await _codex_part(tmp, daemon, stream, tail)
+            await _opencode_part(server, daemon, stream, tail)
             n.cancel_scope.cancel()
         count = len(stream.events)
         status = 0
@@ -172,12 +222,7 @@ async def demo(tmp: Path) -> int:
     finally:
         if stream is not None:
             stream.close()
-        if tail is not None and tail.poll() is None:
-            tail.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                tail.wait(timeout=10)
-            if tail.poll() is None:
-                tail.kill()
+        await tail.stop()
         if daemon is not None:
             code = daemon.stop(timeout=20)
             if code != 0:
