@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping
 
 import trio
 
-from bridges.core.settings import EnvReader, Setting
+from bridges.core.settings import EnvReader, Setting, check_fields
 
 from .jsonlog import SessionLog, encode_line
 
@@ -88,6 +88,9 @@ class RetentionPolicy:
     max_bytes: int | None = 64 << 20
     max_age: float | None = 30 * 86400.0
     max_total_bytes: int | None = 1 << 30
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> tuple["RetentionPolicy", list[str]]:
