@@ -24,6 +24,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Mapping
 
+__all__ = ["install", "plan", "Planned", "read_env_file", "console_script", "render_unit",
+           "render_plist", "UNIT_NAME", "PLIST_LABEL", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR",
+           "ENV_TEMPLATE"]
+
 UNIT_NAME = "aep-bridges.service"
 PLIST_LABEL = "dev.aep.bridges"
 

@@ -41,6 +41,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+__all__ = ["Metrics", "FleetCollector", "PREFIX", "ACK_BUCKETS"]
+
 if TYPE_CHECKING:
     from .fleet import Fleet
 

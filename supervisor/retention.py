@@ -43,6 +43,9 @@ from bridges.core.settings import EnvReader, Setting, check_fields
 
 from .jsonlog import SessionLog, encode_line
 
+__all__ = ["SETTINGS", "RetentionPolicy", "RetainingSessionLog", "parse_size", "parse_age",
+           "segment_name"]
+
 log = logging.getLogger("aep.retention")
 
 SETTINGS = (

@@ -31,6 +31,9 @@ from typing import Any, Callable, Mapping, TextIO
 from rich.console import Console
 from rich.text import Text
 
+__all__ = ["run", "gist", "parse_filter", "default_url", "Timeline", "DEFAULT_LISTEN",
+           "FAMILY_STYLE", "OUTCOME_STYLE", "TIME_W", "AGENT_W", "SESSION_W", "TYPE_W"]
+
 DEFAULT_LISTEN = "127.0.0.1:8787"
 
 #: column widths (characters) of the aligned timeline

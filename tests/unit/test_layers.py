@@ -176,6 +176,10 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.http": {"serve_asgi", "health_app"},
     "supervisor.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
                           "is_command"},
+    "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
+    "supervisor.retention": {"RetainingSessionLog", "RetentionPolicy", "SETTINGS", "parse_age", "parse_size", "segment_name"},
+    "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
+    "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "install", "plan", "read_env_file", "render_plist", "render_unit"},
 }
 
 
