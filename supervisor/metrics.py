@@ -141,7 +141,8 @@ class FleetCollector(Collector):
             totals[k] = totals.get(k, 0) + int(up.get("dropped", 0))
         if f.relay is not None:
             rc = f.relay.stats()["counters"]
-            totals[("relay-slow-consumer", "debug+info")] = int(rc.get("dropped_low_severity", 0))
+            for sev in ("debug", "info"):  # notice+ is never shed: the stream ends instead
+                totals[("relay-slow-consumer", sev)] = int(rc.get(f"dropped_{sev}", 0))
             totals[("relay-invalid-event", "*")] = int(rc.get("invalid_events", 0))
             totals[("relay-replay-trimmed", "*")] = int(rc.get("trimmed", 0))
         for (reason, sev), n in sorted(totals.items()):

@@ -123,6 +123,7 @@ class Relay:
         self._started = time.monotonic()
         self.counters: dict[str, int] = {
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
+            "dropped_debug": 0, "dropped_info": 0,
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,

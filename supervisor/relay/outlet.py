@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
 
 import trio
 
-from bridges.core.aep import NOTICE_RANK, dumps, scrub_surrogates
+from bridges.core.aep import NOTICE_RANK, SEVERITIES, dumps, scrub_surrogates
 
 from .attrmatch import Filter
 from .buffer import Position
@@ -169,7 +169,7 @@ class Outlet:
             if self.in_send and self.shed_if_stuck():
                 return
             if sev < NOTICE_RANK and self._bytes + size > self._soft:
-                self._drop_low(1)
+                self._drop_low(1, sev)
                 return
             if self._bytes + size > self._hard and \
                     not self._evict_low(self._bytes + size - self._hard):
@@ -211,23 +211,31 @@ class Outlet:
         if self.state == OPEN:
             self._push(ReplayItem(job))
 
-    def _drop_low(self, n: int) -> None:
+    def _drop_low(self, n: int, sev: int) -> None:
+        """Count ``n`` shed events of severity rank ``sev`` (the total and
+        ``dropped_{debug,info}``, for ``/metrics``)."""
         self.dropped += n
-        self.hub.counters["dropped_low_severity"] += n
+        counters = self.hub.counters
+        counters["dropped_low_severity"] += n
+        key = f"dropped_{SEVERITIES[sev]}"
+        counters[key] = counters.get(key, 0) + n
 
     def _evict_low(self, need: int) -> bool:
-        freed, dropped = 0, 0
+        freed = 0
+        dropped = [0] * NOTICE_RANK  # per severity rank below notice
         kept: deque[Item] = deque()
         for item in self._q:
             if freed < need and isinstance(item, EventItem) and item.sev < NOTICE_RANK:
                 freed += item.size
-                dropped += 1
+                dropped[item.sev] += 1
             else:
                 kept.append(item)
-        if dropped:
+        if any(dropped):
             self._q = kept
             self._bytes -= freed
-            self._drop_low(dropped)
+            for sev, n in enumerate(dropped):
+                if n:
+                    self._drop_low(n, sev)
         return freed >= need
 
     def _goodbye(self, reason: str, *, code: int) -> list[Item]:

@@ -389,6 +389,10 @@ async def test_slow_consumer_drops_low_severity_first_and_counts():
     assert set(range(40, 50)) <= set(ids)
     assert relay.counters["dropped_low_severity"] > dropped  # evictions are counted too
     assert outlet.state == "open"
+    # and by severity (/metrics: events_dropped_total{reason="relay-slow-consumer",severity})
+    assert relay.counters["dropped_debug"] > 0 and relay.counters["dropped_info"] > 0
+    assert relay.counters["dropped_debug"] + relay.counters["dropped_info"] \
+        == relay.counters["dropped_low_severity"]
 
 
 async def test_notice_that_cannot_be_queued_terminates_the_stream():
