@@ -19,7 +19,8 @@ Families (all prefixed ``aep_bridges_``):
 ``relay_replay_sessions``                    sessions held in the replay buffers
 ``uplink_outbox_events{bridge}``             events waiting in an uplink outbox (AEP_RELAY_URL)
 ``uplink_connects_total{bridge}``            uplink (re)connections
-``vendor_reconnects_total{bridge}``          vendor stream/socket reconnects
+``vendor_reconnects_total{bridge}``          vendor stream reconnects (SSE) and socket
+                                             (re)connections (OpenHands, Kimi)
 ``bridge_restarts_total{bridge}``            crashed bridges restarted by the fleet
 ``bridge_up{bridge}``                        1 when the bridge's source and relay link are up
 ``otlp_requests_total{bridge,outcome}``      OTLP export requests by outcome
@@ -155,8 +156,9 @@ class FleetCollector(Collector):
                                "relay link are up", labels=["bridge"])
         restarts = CounterMetricFamily(f"{PREFIX}_bridge_restarts", "Bridge restarts after a "
                                        "crash or return", labels=["bridge"])
-        reconnects = CounterMetricFamily(f"{PREFIX}_vendor_reconnects", "Vendor stream/socket "
-                                         "reconnects", labels=["bridge"])
+        reconnects = CounterMetricFamily(f"{PREFIX}_vendor_reconnects", "Vendor stream "
+                                         "reconnects and socket (re)connections",
+                                         labels=["bridge"])
         otlp = CounterMetricFamily(f"{PREFIX}_otlp_requests", "OTLP export requests by outcome "
                                    "(admitted: records mapped, some may be rejected via "
                                    "partial_success)", labels=["bridge", "outcome"])
