@@ -436,8 +436,8 @@ class Fleet:
                 **self.counters,
                 "jsonl_lines": self.session_log.lines,
                 "jsonl_errors": self.session_log.errors,
-                "jsonl_bytes": self.session_log.total_bytes,
-                **{f"jsonl_{k}": v for k, v in self.session_log.counters.items()},
+                "jsonl_bytes": self.session_log.current_bytes(),
+                **{f"jsonl_{k}": v for k, v in self.session_log.retained.items()},
                 "uptime_s": round(time.monotonic() - self.started_at, 1),
                 "epoch": self.epoch,
             }

@@ -214,11 +214,9 @@ class FleetCollector(Collector):
                                   "logs", value=sl.lines)
         yield CounterMetricFamily(f"{PREFIX}_session_log_write_errors", "Failed session log "
                                   "writes", value=sl.errors)
-        counters = getattr(sl, "counters", None)
-        if counters is None:
-            return
+        counters = sl.retained
         yield GaugeMetricFamily(f"{PREFIX}_session_log_bytes", "Bytes of session logs on disk",
-                                value=sl.total_bytes)
+                                value=sl.current_bytes())
         for key, help_ in (("rotations", "Session log files rotated"),
                            ("compressed", "Rotated files compressed"),
                            ("removed_files", "Session log files removed by retention"),

@@ -13,8 +13,8 @@ Layout under ``{state}/logs/{agent}/`` (see :mod:`supervisor.jsonlog`):
 Rules (:class:`RetentionPolicy`, from ``AEP_LOG_MAX_BYTES``,
 ``AEP_LOG_MAX_AGE``, ``AEP_LOG_MAX_TOTAL_BYTES``; ``0`` turns one off):
 
-- a live file is rotated before a write would take it past ``max_bytes``,
-  or once it has been open for ``max_age``;
+- a live file is rotated once past ``max_bytes`` or open for ``max_age``
+  (checked every second, off the write path: :meth:`RetainingSessionLog.check`);
 - a file not open for writing whose last write is older than ``max_age`` is
   removed;
 - while the directory holds more than ``max_total_bytes``, files not open for
@@ -23,7 +23,7 @@ Rules (:class:`RetentionPolicy`, from ``AEP_LOG_MAX_BYTES``,
   files being written are never removed, so the directory can exceed the cap
   by at most what is written to fresh live files before the next sweep.
 
-Counts (``counters``) go to ``/healthz`` and ``/metrics``."""
+Counts (``retained``) go to ``/healthz`` and ``/metrics``."""
 from __future__ import annotations
 
 import gzip
@@ -41,7 +41,7 @@ import trio
 
 from bridges.core.settings import EnvReader, Setting, check_fields
 
-from .jsonlog import SessionLog, encode_line
+from .jsonlog import SessionLog
 
 __all__ = ["SETTINGS", "RetentionPolicy", "RetainingSessionLog", "parse_size", "parse_age",
            "segment_name"]
@@ -50,8 +50,8 @@ log = logging.getLogger("aep.retention")
 
 SETTINGS = (
     Setting("AEP_LOG_MAX_BYTES", "`64M`",
-            "a session log file is rotated (closed, compressed) before it grows past this "
-            "(bytes; `K`/`M`/`G` suffixes; `0`: never by size)"),
+            "a session log file is rotated (closed, compressed) once it grows past this "
+            "(checked every second; bytes, `K`/`M`/`G` suffixes; `0`: never by size)"),
     Setting("AEP_LOG_MAX_AGE", "`30d`",
             "a session log file is rotated once open this long, and files last written longer "
             "ago are removed (`s`/`m`/`h`/`d` suffixes; `0`: keep forever)"),
@@ -134,19 +134,25 @@ def segment_name(live: Path, when: float) -> Path:
 
 class RetainingSessionLog(SessionLog):
     """A :class:`SessionLog` that keeps its directory within a
-    :class:`RetentionPolicy`. Rotation (a rename) happens inline before the
-    write that would overflow; compression and the sweeps run in
-    :meth:`maintain` (a task in the fleet's nursery). ``clock`` is the wall
-    clock (file ages are wall-clock facts)."""
+    :class:`RetentionPolicy`, without touching the write path: the
+    maintenance task (:meth:`maintain`, in the fleet's nursery) looks at the
+    open live files every ``check_interval`` seconds (:meth:`check`: one
+    ``fstat`` each), rotates those past ``max_bytes`` or open for
+    ``max_age`` (a rename; the next write opens a fresh file), compresses
+    rotated files in a worker thread and sweeps (:meth:`sweep`). So a live
+    file can pass ``max_bytes`` by what is written within one interval.
+    ``clock`` is the wall clock (file ages are wall-clock facts)."""
 
     def __init__(self, root: Path, policy: RetentionPolicy, *, max_open: int = 128,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(root, max_open=max_open)
         self.policy = policy
         self.clock = clock
-        self.counters = {"rotations": 0, "compressed": 0, "compress_errors": 0,
+        #: retention's counts (``jsonl_*`` in /healthz, ``session_log_*`` in /metrics)
+        self.retained = {"rotations": 0, "compressed": 0, "compress_errors": 0,
                          "removed_files": 0, "removed_bytes": 0, "remove_errors": 0}
-        self._sizes: dict[Path, int] = {}
+        self._scanned: dict[Path, int] = {}  # size of each file at the last rescan
+        self._sizes: dict[Path, int] = {}    # size of each open file at the last check
         self._opened: dict[Path, float] = {}
         self._todo: deque[Path] = deque()
         self._wake = trio.Event()
@@ -155,17 +161,19 @@ class RetainingSessionLog(SessionLog):
 
     # -- accounting ------------------------------------------------------------
     def _rescan(self) -> None:
-        """Total bytes under the root, and any plain segment left
-        uncompressed (a crash between rotation and compression) queued."""
-        total = 0
+        """Total bytes under the root (the baseline :meth:`check` adds growth
+        to), and any plain segment left uncompressed (a crash between
+        rotation and compression) queued."""
+        scanned: dict[Path, int] = {}
         for p in self._files():
             try:
-                total += p.stat().st_size
+                scanned[p] = p.stat().st_size
             except OSError:
                 continue
             if _SEGMENT.search(p.name) and not p.name.endswith(".gz") and p not in self._todo:
                 self._todo.append(p)
-        self.total_bytes = total
+        self._scanned, self._sizes = scanned, {}
+        self.total_bytes = sum(scanned.values())
 
     def _files(self) -> list[Path]:
         if not self.root.is_dir():
@@ -176,31 +184,44 @@ class RetainingSessionLog(SessionLog):
         """The live files with an open descriptor: never removed."""
         return set(self._fds)
 
-    # -- the write path ----------------------------------------------------------
-    def write(self, event: dict[str, Any], line: bytes | None = None) -> None:
-        path = self.path_for(event)
-        data = line if line is not None else encode_line(event)
-        self._maybe_rotate(path, len(data))
-        before = self.lines
-        super().write(event, data)
-        if self.lines != before:
-            self._sizes[path] = self._sizes.get(path, 0) + len(data)
-            self.total_bytes += len(data)
-            cap = self.policy.max_total_bytes
-            if cap and self.total_bytes > cap:
-                self._wake.set()
-
-    def _maybe_rotate(self, path: Path, incoming: int) -> None:
-        if path not in self._sizes:
+    def current_bytes(self) -> int:
+        """Bytes on disk now: ``total_bytes`` plus what the open files grew
+        since the last :meth:`check` (one ``fstat`` each; changes nothing)."""
+        total = self.total_bytes
+        for path, fd in list(self._fds.items()):
             try:
-                self._sizes[path] = path.stat().st_size
+                size = os.fstat(fd).st_size
             except OSError:
-                self._sizes[path] = 0
-            self._opened[path] = self.clock()
-        size, limit, age = self._sizes[path], self.policy.max_bytes, self.policy.max_age
-        if size and ((limit and size + incoming > limit)
-                     or (age and self.clock() - self._opened[path] >= age)):
-            self.rotate(path)
+                continue
+            total += size - self._sizes.get(path, self._scanned.get(path, 0))
+        return total
+
+    # -- the live files ----------------------------------------------------------
+    def check(self) -> int:
+        """Look at every open live file once: count its growth into
+        ``total_bytes``, rotate it when past ``max_bytes`` or open for
+        ``max_age``; wake the sweep when over the total cap. Returns the
+        number of files rotated."""
+        now = self.clock()
+        limit, age = self.policy.max_bytes, self.policy.max_age
+        rotated = 0
+        for path, fd in list(self._fds.items()):
+            try:
+                size = os.fstat(fd).st_size
+            except OSError:
+                continue
+            prev = self._sizes.get(path, self._scanned.get(path, 0))
+            self.total_bytes += size - prev
+            self._sizes[path] = size
+            opened = self._opened.setdefault(path, now)
+            if size and ((limit is not None and size >= limit)
+                         or (age is not None and now - opened >= age)):
+                if self.rotate(path) is not None:
+                    rotated += 1
+        cap = self.policy.max_total_bytes
+        if cap is not None and self.total_bytes > cap:
+            self._wake.set()
+        return rotated
 
     def rotate(self, path: Path) -> Path | None:
         """Close ``path``'s descriptor and rename it to a closed segment
@@ -210,6 +231,7 @@ class RetainingSessionLog(SessionLog):
         if fd is not None:
             os.close(fd)
         self._sizes.pop(path, None)
+        self._scanned.pop(path, None)  # the next live file of this name starts at 0
         self._opened.pop(path, None)
         when = self.clock()
         seg = segment_name(path, when)
@@ -223,24 +245,28 @@ class RetainingSessionLog(SessionLog):
         except OSError as e:
             log.error("cannot rotate session log %s: %s", path, e)
             return None
-        self.counters["rotations"] += 1
+        self.retained["rotations"] += 1
         self._todo.append(seg)
         self._wake.set()
         return seg
 
     # -- maintenance -----------------------------------------------------------
-    async def maintain(self, *, interval: float = 60.0,
+    async def maintain(self, *, check_interval: float = 1.0, sweep_interval: float = 60.0,
                        task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Forever: compress rotated segments (worker thread), then sweep
-        (:meth:`sweep`); again on every rotation, cap overflow, or
-        ``interval`` seconds."""
+        """Forever: :meth:`check` the live files every ``check_interval``
+        seconds; after a rotation, over the cap, or every ``sweep_interval``
+        seconds, compress rotated segments (worker thread) and
+        :meth:`sweep`."""
         task_status.started()
+        last_sweep = -sweep_interval
         while True:
-            await self.compress_pending()
-            self.sweep()
-            with trio.move_on_after(interval):
-                await self._wake.wait()
-            self._wake = trio.Event()
+            self.check()
+            if self._wake.is_set() or self._todo or trio.current_time() - last_sweep >= sweep_interval:
+                self._wake = trio.Event()
+                await self.compress_pending()
+                self.sweep()
+                last_sweep = trio.current_time()
+            await trio.sleep(check_interval)
 
     async def compress_pending(self) -> None:
         """gzip every queued segment in a worker thread; the plain file is
@@ -252,10 +278,10 @@ class RetainingSessionLog(SessionLog):
                 gz = await trio.to_thread.run_sync(_gzip, seg)
                 after = gz.stat().st_size
             except OSError as e:
-                self.counters["compress_errors"] += 1
+                self.retained["compress_errors"] += 1
                 log.error("cannot compress session log %s: %s", seg, e)
                 continue
-            self.counters["compressed"] += 1
+            self.retained["compressed"] += 1
             self.total_bytes += after - before
 
     def sweep(self) -> None:
@@ -285,10 +311,13 @@ class RetainingSessionLog(SessionLog):
             # only live files left: rotate the largest, so the next sweep
             # (woken by the rotation) may remove them
             excess = self.total_bytes - cap
-            for p in sorted(writing, key=lambda q: -self._sizes.get(q, 0)):
+            def live_size(q: Path) -> int:  # as of the rescan above (or a later check)
+                return self._sizes.get(q) or self._scanned.get(q, 0)
+
+            for p in sorted(writing, key=lambda q: -live_size(q)):
                 if excess <= 0:
                     break
-                size = self._sizes.get(p, 0)
+                size = live_size(p)
                 if size and self.rotate(p) is not None:
                     excess -= size
 
@@ -298,11 +327,11 @@ class RetainingSessionLog(SessionLog):
         except FileNotFoundError:
             return
         except OSError as e:
-            self.counters["remove_errors"] += 1
+            self.retained["remove_errors"] += 1
             log.error("cannot remove session log %s: %s", p, e)
             return
-        self.counters["removed_files"] += 1
-        self.counters["removed_bytes"] += size
+        self.retained["removed_files"] += 1
+        self.retained["removed_bytes"] += size
         self.total_bytes -= size
         self._sizes.pop(p, None)
         self._opened.pop(p, None)

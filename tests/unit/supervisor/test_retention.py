@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import secrets
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,17 @@ class Clock:
 
 
 def ev(session: str, seq: int, pad: int = 200) -> dict:
+    # random hex: compresses about as well as real events do (~2x here, not 100x)
     return {"aep": "0.1", "id": f"id-{session}-{seq}", "type": "tool.completed",
-            "agent": "codex", "session": session, "seq": seq, "data": {"pad": "x" * pad}}
+            "agent": "codex", "session": session, "seq": seq,
+            "data": {"pad": secrets.token_hex(pad // 2)}}
+
+
+def write(log: RetainingSessionLog, e: dict) -> None:
+    """A write followed by the maintenance task's per-second look (as if
+    each write took a second)."""
+    log.write(e)
+    log.check()
 
 
 def du(root: Path) -> int:
@@ -39,21 +50,38 @@ async def test_rotation_by_size_compresses_the_closed_file(tmp_path):
                                                         max_total_bytes=None), clock=Clock())
     line = len(json.dumps(ev("s1", 10), separators=(",", ":"))) + 1
     for i in range(20):
-        log.write(ev("s1", i))
-    per_file = 2000 // line
-    assert log.counters["rotations"] == (20 - 1) // per_file
+        write(log, ev("s1", i))
+    per_file = -(-2000 // line)  # the write that reaches the limit is the file's last
+    rotations = log.retained["rotations"]
+    assert rotations == 20 // per_file >= 2
     live = tmp_path / "codex" / "s1.jsonl"
-    assert live.stat().st_size <= 2000
-    rotations = log.counters["rotations"]
+    assert live.stat().st_size < 2000
     await log.compress_pending()
-    assert log.counters["compressed"] == rotations >= 2
+    assert log.retained["compressed"] == rotations
     names = files(tmp_path)
     assert names.count("s1.jsonl") == 1 and sum(n.endswith(".jsonl.gz") for n in names) == rotations
     # nothing lost, in order, across the segments and the live file
     segs = sorted((tmp_path / "codex").glob("s1.*.jsonl.gz"))
-    lines = [json.loads(x) for s in segs for x in gzip.decompress(s.read_bytes()).splitlines()]
+    chunks = [gzip.decompress(s.read_bytes()).splitlines() for s in segs]
+    assert [len(c) for c in chunks] == [per_file] * rotations
+    lines = [json.loads(x) for c in chunks for x in c]
     lines += [json.loads(x) for x in live.read_bytes().splitlines()]
     assert [e["seq"] for e in lines] == list(range(20))
+    log.close()
+
+
+async def test_rotation_is_off_the_write_path(tmp_path):
+    """A burst between two looks grows the live file past the limit; the
+    next look rotates it (the documented overshoot: one interval's writes)."""
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=1000, max_age=None,
+                                                        max_total_bytes=None), clock=Clock())
+    for i in range(20):
+        log.write(ev("s", i))
+    assert log.retained["rotations"] == 0 and (tmp_path / "codex" / "s.jsonl").stat().st_size > 4000
+    assert log.check() == 1
+    assert not (tmp_path / "codex" / "s.jsonl").exists()
+    log.write(ev("s", 20))
+    assert (tmp_path / "codex" / "s.jsonl").read_bytes().count(b"\n") == 1
     log.close()
 
 
@@ -67,7 +95,7 @@ async def test_writing_past_the_total_cap_keeps_the_directory_under_it(tmp_path)
         e = ev(f"s{i % 5}", i, pad=300)
         written += len(json.dumps(e))
         clock.t += 0.01
-        log.write(e)
+        write(log, e)
         if i % 100 == 99:  # what the maintenance task does when woken
             await log.compress_pending()
             log.sweep()
@@ -75,13 +103,16 @@ async def test_writing_past_the_total_cap_keeps_the_directory_under_it(tmp_path)
     log.sweep()
     assert written > 10 * cap
     assert du(tmp_path) <= cap, (du(tmp_path), files(tmp_path))
-    assert log.counters["removed_files"] > 0 and log.counters["removed_bytes"] > 0
+    assert log.retained["removed_files"] > 0 and log.retained["removed_bytes"] > 0
     assert abs(log.total_bytes - du(tmp_path)) < 1024  # the running figure tracks the disk
-    # every session's live file survived, and the newest events are all there
+    # the newest events of every session are all still there (oldest went first)
     for s in range(5):
-        live = tmp_path / "codex" / f"s{s}.jsonl"
-        assert live.exists()
-        assert json.loads(live.read_bytes().splitlines()[-1])["seq"] == 2995 + s
+        kept = []
+        for f in (tmp_path / "codex").glob(f"s{s}.*"):
+            data = gzip.decompress(f.read_bytes()) if f.name.endswith(".gz") else f.read_bytes()
+            kept += [json.loads(x)["seq"] for x in data.splitlines()]
+        assert max(kept) == 2995 + s
+        assert sorted(kept) == list(range(min(kept), 2996 + s, 5))  # a contiguous newest run
     log.close()
 
 
@@ -89,15 +120,15 @@ async def test_the_oldest_go_first_and_never_the_file_being_written(tmp_path):
     clock = Clock()
     log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=1000, max_age=None,
                                                         max_total_bytes=None), clock=clock)
-    for i in range(12):
+    for i in range(13):  # 4 lines a file: three closed, one line live
         clock.t += 60
-        log.write(ev("old", i))
+        write(log, ev("old", i))
     await log.compress_pending()
     old_segments = sorted((tmp_path / "codex").glob("old.*.gz"))
     assert len(old_segments) >= 2
     mtimes = {p: p.stat().st_mtime for p in old_segments}
-    for i in range(12):
-        log.write(ev("new", i))
+    for i in range(13):
+        write(log, ev("new", i))
     await log.compress_pending()
     # now cap the directory just under what it holds: the oldest closed segment goes
     log.policy = RetentionPolicy(max_bytes=1000, max_age=None, max_total_bytes=du(tmp_path) - 1)
@@ -110,7 +141,7 @@ async def test_the_oldest_go_first_and_never_the_file_being_written(tmp_path):
     writing = log.writing()
     assert writing == {tmp_path / "codex" / "old.jsonl", tmp_path / "codex" / "new.jsonl"}
     log.sweep()
-    assert log.writing() == set() and log.counters["rotations"] >= 2
+    assert log.writing() == set() and log.retained["rotations"] >= 2
     await log.compress_pending()
     log.sweep()
     assert files(tmp_path) == []
@@ -124,17 +155,18 @@ async def test_age_rotates_the_live_file_and_removes_old_closed_files(tmp_path):
     day = 86400.0
     log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=2 * day,
                                                         max_total_bytes=None), clock=clock)
-    log.write(ev("s", 0))
+    write(log, ev("s", 0))
     clock.t += 2 * day + 1
-    log.write(ev("s", 1))  # open for longer than max_age: rotated first
-    assert log.counters["rotations"] == 1
+    assert log.check() == 1  # open for longer than max_age: rotated
+    write(log, ev("s", 1))
+    assert log.retained["rotations"] == 1
     await log.compress_pending()
     (seg,) = (tmp_path / "codex").glob("s.*.jsonl.gz")
     import os
     os.utime(seg, (clock.t - 3 * day, clock.t - 3 * day))  # last written 3 days ago
     log.sweep()
     assert not seg.exists() and (tmp_path / "codex" / "s.jsonl").exists()
-    assert log.counters["removed_files"] == 1
+    assert log.retained["removed_files"] == 1
     log.close()
 
 
@@ -142,11 +174,12 @@ async def test_maintain_runs_on_rotation(tmp_path):
     log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=600, max_age=None,
                                                         max_total_bytes=None))
     async with trio.open_nursery() as n:
-        await n.start(log.maintain)
+        await n.start(partial(log.maintain, check_interval=0.01))
         for i in range(6):
             log.write(ev("s", i))
+            await trio.sleep(0.02)
         with trio.fail_after(10):
-            while log.counters["compressed"] < log.counters["rotations"] or not log.counters["compressed"]:
+            while log.retained["compressed"] < log.retained["rotations"] or not log.retained["compressed"]:
                 await trio.sleep(0.01)
         n.cancel_scope.cancel()
     assert list((tmp_path / "codex").glob("*.jsonl.gz"))
@@ -190,3 +223,13 @@ def test_the_readme_documents_the_knobs_as_declared():
     readme = (ROOT / "README.md").read_text()
     for row in render_table(SETTINGS).splitlines()[2:]:
         assert row in readme, row
+
+
+def test_current_bytes_is_fresh_between_looks(tmp_path):
+    log = RetainingSessionLog(tmp_path, RetentionPolicy())
+    for i in range(5):
+        log.write(ev("s", i))
+    assert log.total_bytes == 0 and log.current_bytes() == du(tmp_path) > 0
+    log.check()
+    assert log.total_bytes == log.current_bytes() == du(tmp_path)
+    log.close()
