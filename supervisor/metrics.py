@@ -214,6 +214,13 @@ class FleetCollector(Collector):
                                   "logs", value=sl.lines)
         yield CounterMetricFamily(f"{PREFIX}_session_log_write_errors", "Failed session log "
                                   "writes", value=sl.errors)
+        for key, help_ in (("files_opened", "Session log files opened"),
+                           ("descriptors_evicted", "Session log descriptors closed by the LRU "
+                                                   "(AEP_LOG_MAX_OPEN)"),
+                           ("torn_repaired", "Session log tails repaired at start")):
+            if key in sl.counters:
+                yield CounterMetricFamily(f"{PREFIX}_session_log_{key}", help_,
+                                          value=sl.counters[key])
         counters = sl.retained
         yield GaugeMetricFamily(f"{PREFIX}_session_log_bytes", "Bytes of session logs on disk",
                                 value=sl.current_bytes())

@@ -53,8 +53,17 @@ from typing import Any, Callable
 import trio
 
 from bridges.core.aep import AEP_VERSION, is_command_type, loads
-from bridges.core.asgi import (Message, Receive, Scope, Send, host_allowed, lifespan, listen_host,
-                               respond, send_metrics)
+from bridges.core.asgi import (
+    Message,
+    Receive,
+    Scope,
+    Send,
+    host_allowed,
+    lifespan,
+    listen_host,
+    respond,
+    send_metrics,
+)
 from bridges.core.asgi import header as _header
 from bridges.core.http import FaultLog, fault_kind
 
