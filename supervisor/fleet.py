@@ -60,7 +60,7 @@ class Sink(Protocol):
     @property
     def connected(self) -> bool: ...
 
-    async def send(self, event: dict[str, Any], redelivery: bool) -> None: ...
+    async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None: ...
 
 
 def hello_for(bridge: Bridge, host: str) -> dict[str, Any]:
@@ -126,14 +126,20 @@ async def _serve_commands(ctx: BridgeContext, handle: BridgeRun) -> None:
 
 
 class _RelaySink:
-    """The embedded relay's in-process emitter connection for one bridge."""
+    """The embedded relay's in-process emitter connection for one bridge:
+    the trusted path (:meth:`LocalEmitter.ingest_stamped
+    <supervisor.relay.connections.LocalEmitter.ingest_stamped>`): the
+    stamper built the envelope and the fleet encoded it, so the relay takes
+    those bytes as they are instead of validating and encoding again."""
 
     def __init__(self, conn: LocalEmitter) -> None:
         self.conn = conn
         self.connected = True
+        self._stamped = getattr(conn, "ingest_stamped", None)  # a connection may offer none
 
-    async def send(self, event: dict[str, Any], redelivery: bool) -> None:
-        await self.conn.ingest(event)
+    async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None:
+        if self._stamped is None or not self._stamped(event, raw):
+            await self.conn.ingest(event)  # a command (routed), or no trusted path
 
 
 class _UplinkSink:
@@ -144,8 +150,16 @@ class _UplinkSink:
     def connected(self) -> bool:
         return bool(self.uplink.connected)
 
-    async def send(self, event: dict[str, Any], redelivery: bool) -> None:
-        await self.uplink.put(event, redelivery=redelivery)
+    async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None:
+        await self.uplink.put(event, redelivery=redelivery, wire=raw.decode("utf-8"))
+
+
+PUMP_BATCH = 256
+"""Most items the pump takes off the relay channel per drain: one JSONL
+``write`` per session file and one yield to the relay's writers per drain,
+instead of one of each per event; small enough that the relay's
+writers, which run between drains, keep a burst under each consumer's
+soft budget (AEP-0003 §8.4 sheds slow consumers, not healthy ones)."""
 
 
 class _NotingInbox:
@@ -202,6 +216,7 @@ class Fleet:
         self._arrivals: OrderedDict[str, float] = OrderedDict()
         self.metrics = Metrics()
         self._send, self._recv = trio.open_memory_channel[Outbound](cfg.channel_size)
+        self._room = trio.lowlevel.ParkingLot()  # bridges waiting for channel room
         self.members: dict[str, Member] = {}
         self.started_at = time.monotonic()
         self.counters: dict[str, int] = {"events": 0, "sink_errors": 0}
@@ -210,7 +225,8 @@ class Fleet:
             inbox_send, inbox_recv = trio.open_memory_channel[dict[str, Any]](256)
             stamper = Stamper(b.agent, epoch=self.epoch, host=self.host, policy=cfg.policy)
             ctx = BridgeContext(b.name, stamper, self._send.clone(), inbox_recv, health,
-                                logging.getLogger(f"aep.bridge.{b.name}"), mounts=mounts)
+                                logging.getLogger(f"aep.bridge.{b.name}"), mounts=mounts,
+                                room=self._room)
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
             ctx.attach_log(self._log_writable)
             self.members[b.name] = Member(b, ctx, health, inbox_send)
@@ -305,57 +321,90 @@ class Fleet:
         await run_bridge(m.bridge, m.ctx, task_status=task_status)
 
     async def _pump(self) -> None:
-        """The relay channel's one consumer: JSONL first, then the sink."""
-        async for item in self._recv:
-            await self._deliver(item)
+        """The relay channel's one consumer: JSONL first, then the sink.
+        Moves batches: whatever is queued (up to :data:`PUMP_BATCH`) is
+        encoded, appended to the session logs (one ``write`` per file) and
+        handed to the sinks in order, then the pump yields once."""
+        recv = self._recv
+        async for item in recv:
+            batch = [item]
+            while len(batch) < PUMP_BATCH:
+                try:
+                    batch.append(recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            self._room.unpark_all()  # the channel has room again
+            await self._deliver_batch(batch)
+            await trio.lowlevel.checkpoint()  # the relay's writers get their turn
         self._pump_done.set()
 
-    async def _deliver(self, item: Outbound) -> None:
+    def _encode(self, item: Outbound) -> tuple[dict[str, Any], bytes] | None:
+        """``(event, JSONL line)``, the event repaired when its text had no
+        UTF-8 form; ``None`` for an event that is not JSON (counted, logged)."""
         ev = item.event
         try:
-            line = encode_line(ev)
+            return ev, encode_line(ev)
         except UnicodeEncodeError:
             # vendor text with a lone surrogate: no UTF-8 form, so not an AEP
             # event as it stands; U+FFFD it, once, for the log and the relay
             ev = scrub_surrogates(ev)
-            line = encode_line(ev)
             self.counters["unencodable_text"] = self.counters.get("unencodable_text", 0) + 1
+            return ev, encode_line(ev)
         except (TypeError, ValueError) as e:  # not JSON at all: a bridge bug, never fatal
             self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
             log.error("bridge %s emitted an unserializable event (%s): dropped",
                       item.bridge, type(e).__name__)
             if not item.redelivery:
                 self._log_result(item.bridge, False)
-            return
-        if not item.redelivery:
-            written = self.session_log.write(ev, line)
-            self.counters["events"] += 1
-            if not written:
-                self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
-            self._log_result(item.bridge, written)
-            type_ = str(ev.get("type", ""))
-            self.emitted[(item.bridge, type_.split(".", 1)[0])] += 1
-            if type_ in ("control.accepted", "control.rejected"):
-                self._observe_ack(item.bridge, ev)
-        m = self.members.get(item.bridge)
-        if m is None or m.sink is None:
-            return
-        try:
-            await m.sink.send(ev, item.redelivery)
-        except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
-            self.counters["sink_errors"] += 1
-            if type(e).__name__ == "InvalidEvent":
-                # the relay refused the bridge's own event (a forged position took
-                # its place, issue 10 #8): consumers miss it, so health goes red
-                m.health.count("relay_refused")
-                m.health.detail = f"relay refused an event: {str(e)[:120]}"
-                first = m.refused_at is None or trio.current_time() - m.refused_at > REFUSED_RED_S
-                m.refused_at = trio.current_time()
-                if first:
-                    log.error("relay refused an event of %s (%s); health is red (counted in "
-                              "relay_refused)", item.bridge, e)
-                return
-            log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
+            return None
+
+    async def _deliver(self, item: Outbound) -> None:
+        await self._deliver_batch([item])
+
+    async def _deliver_batch(self, items: list[Outbound]) -> None:
+        """Encode each event once; append the new ones to the session log
+        (one ``write`` per session file) and report each to its bridge
+        (:meth:`~bridges.core.bridge.BridgeContext.log_result`, in order);
+        then hand each, with its encoded bytes, to its bridge's sink, in
+        channel order."""
+        encoded = []
+        for item in items:
+            got = self._encode(item)
+            if got is not None:
+                encoded.append((item, got[0], got[1]))
+        fresh = [(item, ev, line) for item, ev, line in encoded if not item.redelivery]
+        if fresh:
+            written = self.session_log.write_batch([(ev, line) for _, ev, line in fresh])
+            self.counters["events"] += len(fresh)
+            for (item, ev, _), ok in zip(fresh, written, strict=True):
+                if not ok:
+                    self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
+                self._log_result(item.bridge, ok)
+                type_ = str(ev.get("type", ""))
+                self.emitted[(item.bridge, type_.split(".", 1)[0])] += 1
+                if type_ in ("control.accepted", "control.rejected"):
+                    self._observe_ack(item.bridge, ev)
+        for item, ev, line in encoded:
+            m = self.members.get(item.bridge)
+            if m is None or m.sink is None:
+                continue
+            try:
+                await m.sink.send(ev, item.redelivery, line[:-1])
+            except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
+                self.counters["sink_errors"] += 1
+                if type(e).__name__ == "InvalidEvent":
+                    # the relay refused the bridge's own event (a forged position took
+                    # its place, issue 10 #8): consumers miss it, so health goes red
+                    m.health.count("relay_refused")
+                    m.health.detail = f"relay refused an event: {str(e)[:120]}"
+                    first = m.refused_at is None or \
+                        trio.current_time() - m.refused_at > REFUSED_RED_S
+                    m.refused_at = trio.current_time()
+                    if first:
+                        log.error("relay refused an event of %s (%s); health is red (counted "
+                                  "in relay_refused)", item.bridge, e)
+                    continue
+                log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
 
     def _log_writable(self) -> bool:
         return self.session_log.writable()

@@ -191,13 +191,17 @@ class Uplink:
         return {**self._c, **self.outbox.counters, "outbox": len(self.outbox),
                 "unconfirmed": self.outbox.unconfirmed}
 
-    async def put(self, event: dict[str, Any], redelivery: bool = False) -> None:
+    async def put(self, event: dict[str, Any], redelivery: bool = False, *,
+                  wire: str | None = None) -> None:
         """Queue one envelope for the relay (``redelivery``: a byte-identical
         re-send, AEP-0004 §3; queued like any event). Sheds debug/info under
         pressure (counted); waits while the outbox is full of ``notice``+.
         After :meth:`close` began, never waits: what does not fit is counted
-        ``undelivered_at_close`` (it is in the JSONL log)."""
-        wire = encode(event)
+        ``undelivered_at_close`` (it is in the JSONL log). ``wire``: the
+        event's text frame when the caller already encoded it (the fleet's
+        pump: encoded once, for the log and here)."""
+        if wire is None:
+            wire = encode(event)
         if len(wire) > self.max_frame:
             # a relay closes the socket on an oversized message (1009): queued,
             # it would be re-sent forever and wedge the outbox behind it

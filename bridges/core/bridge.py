@@ -171,10 +171,14 @@ class BridgeContext:
 
     def __init__(self, name: str, stamper: Stamper, channel: trio.MemorySendChannel[Outbound],
                  commands: trio.MemoryReceiveChannel[Envelope], health: BridgeHealth,
-                 log: logging.Logger, mounts: Mounts | None = None) -> None:
+                 log: logging.Logger, mounts: Mounts | None = None, *,
+                 room: trio.lowlevel.ParkingLot | None = None) -> None:
         self.name = name
         self.stamper = stamper
         self._channel = channel
+        #: unparked by the channel's consumer each time it takes items off
+        #: (the fleet's pump); ``None``: :meth:`wait_room` polls instead
+        self._room = room
         self.commands = commands
         self.health = health
         self.log = log
@@ -264,6 +268,17 @@ class BridgeContext:
     def saturated(self) -> bool:
         stats = self._channel.statistics()
         return stats.current_buffer_used >= stats.max_buffer_size
+
+    async def wait_room(self) -> None:
+        """Return once the relay channel has room (no deadline: wrap it in
+        one). Wakes when the channel's consumer takes items off (the
+        fleet's pump unparks ``room``); without a ``room`` lot it looks
+        again every 5 ms."""
+        while self.saturated():
+            if self._room is not None:
+                await self._room.park()
+            else:
+                await trio.sleep(0.005)
 
     async def redeliver(self, event: Envelope) -> None:
         """Re-send an already-emitted envelope verbatim (same ``id``, same

@@ -135,11 +135,25 @@ class Admission:
         self.posture = posture
         self.emit_grace = emit_grace
         self.retry_after = retry_after
-        self.closing = False
+        self._closing = False
+        self._waits: set[trio.CancelScope] = set()  # exports waiting for room
         self.max_new_sessions = max_new_sessions
         self.new_sessions_per_s = new_sessions_per_s
         self._tokens = float(max_new_sessions)  # new sessions admissible now (token bucket)
         self._tokens_at: float | None = None
+
+    @property
+    def closing(self) -> bool:
+        """The run is stopping: no more admissions (setting it answers
+        every waiting export at once)."""
+        return self._closing
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self._closing = value
+        if value:
+            for scope in self._waits:
+                scope.cancel()
 
     async def export(self, records: list[FlatRecord | None], notes: list[str]) -> Accepted:
         """One request (an :data:`Export`): count it, wait for room
@@ -183,8 +197,9 @@ class Admission:
         emitted = 0
         mark = self.ctx.log_mark()
         todo = self._session_cap(p.emissions, reasons)
+        ctx = self.ctx
         for pos, item in enumerate(todo):
-            if not await self.room():
+            if (self.closing or ctx.saturated()) and not await self.room():
                 if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
                     raise Unavailable("receiver is stopping; retry later" if self.closing else
                                       "relay channel saturated; retry later", self.retry_after)
@@ -269,10 +284,14 @@ class Admission:
 
     async def room(self) -> bool:
         """Wait (at most ``emit_grace`` s, and not past the run's stop)
-        until the relay channel has room. Polls: the channel offers no
-        "room available" event, and stamping before the wait would burn a
-        ``seq`` on timeout."""
-        with trio.move_on_after(self.emit_grace):
-            while self.ctx.saturated() and not self.closing:  # noqa: ASYNC110 (no room event)
-                await trio.sleep(0.005)
+        until the relay channel has room: woken by the channel's consumer
+        (:meth:`BridgeContext.wait_room`), not a timer; stamping before
+        the wait would burn a ``seq`` on timeout."""
+        if not self.closing and self.ctx.saturated():
+            with trio.move_on_after(self.emit_grace) as scope:
+                self._waits.add(scope)
+                try:
+                    await self.ctx.wait_room()
+                finally:
+                    self._waits.discard(scope)
         return not self.ctx.saturated() and not self.closing

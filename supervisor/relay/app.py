@@ -297,8 +297,8 @@ class RelayApp:
             return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
         if relay.closing:
             return await respond(send, 503, {"error": "shutting-down"}, close=True)
-        relay.ingest_http(entries)
-        await respond(send, 202, {"accepted": len(entries)})
+        accepted = await relay.ingest_http_batch(entries)
+        await respond(send, 202, {"accepted": accepted})
 
     # -- WebSocket ---------------------------------------------------------------
     def _socket_refusal(self, scope: Scope) -> tuple[int, dict[str, str]] | None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import trio
 
-from bridges.core.aep import AEP_VERSION, loads
+from bridges.core.aep import AEP_VERSION, is_command_type, loads
 
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
 from .envelope import InvalidEvent
@@ -239,6 +239,22 @@ class LocalEmitter(Connection):
             raise CommandRefused(*refusal)
         # a checkpoint per event: a tight ingest loop never starves the writers
         await trio.lowlevel.checkpoint()
+
+    def ingest_stamped(self, event: dict[str, Any], raw: bytes) -> bool:
+        """The fleet's trusted path for an envelope its own stamper built
+        and its pump already encoded (``raw``: :func:`bridges.core.aep.dumps`
+        of ``event``): admitted without re-validating or re-encoding
+        (:meth:`Relay.admit_stamped <supervisor.relay.core.Relay.admit_stamped>`).
+        Never waits: the caller yields once per batch. Returns ``False``,
+        having done nothing, for a command (use :meth:`ingest`: commands are
+        routed, not admitted). Raises :class:`InvalidEvent` (position taken,
+        another agent) and :class:`RelayClosed`."""
+        if is_command_type(event.get("type")):
+            return False
+        if not self.open or self.relay.closing:
+            raise RelayClosed("connection closed")
+        self.relay.admit_stamped(event, raw, self)
+        return True
 
     def close(self) -> None:
         """Detach: drop this connection's claims."""

@@ -31,7 +31,14 @@ from bridges.core.asgi import bearer_ok, token_matches
 from .attrmatch import DEFAULT_MAX_TERMS, Filter
 from .buffer import BufKey, Entry, MiB, Position, SessionBuffers, same_event
 from .connections import Claims, CommandRefused, Connection, LocalEmitter, RelayClosed, SocketConnection
-from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
+from .envelope import (
+    InvalidEvent,
+    has_duplicate_keys,
+    is_command_type,
+    is_foreign,
+    to_entry,
+    trusted_entry,
+)
 from .fanout import Fanout
 from .outlet import Outlet, Subscriber
 from .params import normalize_origin
@@ -303,6 +310,27 @@ class Relay:
         for e in entries:
             self._admit(e, None)
 
+    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256) -> int:
+        """:meth:`ingest_http` in chunks of ``chunk`` entries with a yield
+        between them, so every consumer's writer drains between chunks and
+        a burst reaches a consumer that reads at full speed whole instead
+        of overrunning its soft budget (AEP-0003 §8.4 sheds *slow*
+        consumers). A position another ingest took while this one yielded
+        is refused then (counted ``invalid_events``: one position, one
+        event). Returns how many entries were ingested."""
+        n = 0
+        for i in range(0, len(entries), chunk):
+            if i:
+                await trio.lowlevel.checkpoint()
+            for e in entries[i:i + chunk]:
+                if i and e.pos is not None and (self.buffers.conflict(e) or
+                                                self.buffers.conflicting_duplicate(e)):
+                    self.counters["invalid_events"] += 1
+                    continue
+                self._admit(e, None)
+                n += 1
+        return n
+
     async def ingest(self, ev: Any, conn: Connection | None,
                      raw: str | None = None) -> tuple[str, str] | None:
         """One event from a connection (``raw``: its text as received, for
@@ -342,6 +370,21 @@ class Relay:
             log.warning("relay: an emitter declared identity.agent %r but sends events as %r; "
                         "accepted (AEP_STRICT_IDENTITY=1 refuses them; counted in "
                         "identity_mismatch)", conn.agent, str(agent)[:64])
+
+    def admit_stamped(self, ev: dict[str, Any], raw: bytes, conn: Connection) -> None:
+        """Admit a non-command envelope an in-process emitter's own stamper
+        built, with its wire bytes ``raw`` (:func:`.envelope.trusted_entry`:
+        no re-validation, no re-encoding; the stamper's capture gate
+        already holds ``data`` to its ``capture``). Still refused
+        (:class:`InvalidEvent`): another emitter's ``source``, a taken
+        ``(epoch, seq)`` or ``id`` (the checks that protect other emitters);
+        another agent than the connection's is :meth:`_identity_mismatch`."""
+        e = trusted_entry(ev, raw)
+        self.check_owner(e, conn)
+        self.check_position(e)
+        if conn.agent is not None and ev["agent"] != conn.agent and not is_foreign(e.attrs["type"]):
+            self._identity_mismatch(conn, ev["agent"])
+        self._admit(e, conn)
 
     def _admit(self, e: Entry, conn: Connection | None) -> None:
         self.counters["events"] += 1

@@ -141,6 +141,9 @@ class Outlet:
         self._q: deque[Item] = deque()
         self._bytes = 0
         self._wake = trio.Event()
+        #: set while the writer lingers; :meth:`offer` sets it once a
+        #: quarter of the soft budget is queued (write now, do not overrun)
+        self._urge: trio.Event | None = None
         self.done = trio.Event()
 
     @property
@@ -179,6 +182,8 @@ class Outlet:
         self._q.append(item)
         self._bytes += size
         self._wake.set()
+        if self._urge is not None and self._bytes * 4 >= self._soft:
+            self._urge.set()
 
     def stuck(self) -> bool:
         """Whether the writer has been blocked in one send for ``stuck_s`` or
@@ -320,21 +325,35 @@ class Outlet:
         return [{"sub": sid, "session": s, "epoch": p[0], "seq": p[1]}
                 for sid, per in self.delivered.items() for s, p in per.items()]
 
-    async def next_batch(self, max_bytes: int = 256 * 1024, linger: float = 0.0
-                         ) -> tuple[list[Any], Any]:
+    async def next_batch(self, max_bytes: int = 256 * 1024, linger: float = 0.0,
+                         last_write: float | None = None) -> tuple[list[Any], Any]:
         """Wait for output; returns ``(payloads, end)``: payloads to write in
         order, and ``end`` (not ``None``) when the stream must end after
         them (SSE: ``True``; WS: ``(code, reason)``). ``linger`` (seconds):
         once output is pending, wait that long before collecting it, so a
         writer makes at most one write per ``linger`` and a burst leaves in
-        one write instead of one per event (replay is not delayed)."""
+        one write instead of one per event (replay is not delayed).
+        ``last_write`` (``trio.current_time()`` of the writer's last write):
+        linger only for what is left of ``linger`` since then, so an idle
+        stream writes at once (no timer in the way of a lone event) and a
+        busy one still writes at most once per ``linger``, or sooner once a
+        quarter of the soft budget is queued."""
         while not self._q:
             if self.state == CLOSED:
                 return [], True if self.kind == "sse" else (1001, "closed")
             await self._wake.wait()
             self._wake = trio.Event()
-        if linger > 0 and self.state == OPEN and not isinstance(self._q[0], ReplayItem):
-            await trio.sleep(linger)
+        if linger > 0 and last_write is not None:
+            linger -= trio.current_time() - last_write
+        if linger > 0 and self.state == OPEN and not isinstance(self._q[0], ReplayItem) \
+                and self._bytes * 4 < self._soft:
+            # a burst fills a quarter of the soft budget: write at once (the
+            # fan-out urges), so a consumer that reads at full speed is
+            # never shed for the time it lingered (§8.4 sheds slow ones)
+            self._urge = trio.Event()
+            with trio.move_on_after(linger):
+                await self._urge.wait()
+            self._urge = None
         out: list[Any] = []
         size = 0
         while self._q and size < max_bytes:

@@ -82,6 +82,7 @@ async def pump_sse(relay: Relay, outlet: Outlet, receive: Receive, send: Send) -
     the outlet ends or the client disconnects; a shed consumer's connection
     is aborted."""
     heartbeat = relay.heartbeat_s
+    last_write = -heartbeat
     try:
         # a comment at once (the outlet already open, so nothing is missed
         # meanwhile): `curl -N` shows the stream is live before any event
@@ -92,13 +93,15 @@ async def pump_sse(relay: Relay, outlet: Outlet, receive: Receive, send: Send) -
             nursery.start_soon(_watch_stuck, outlet)
             while True:
                 with trio.move_on_after(heartbeat) as idle:
-                    payloads, end = await outlet.next_batch(linger=relay.sse_linger())
+                    payloads, end = await outlet.next_batch(linger=relay.sse_linger(),
+                                                            last_write=last_write)
                 if idle.cancelled_caught:
                     payloads, end = [b": ping\n\n"], None
                 body = b"".join(payloads)
                 if body or end is not None:
                     await _send_shielded(outlet, send, {"type": "http.response.body", "body": body,
                                                         "more_body": end is None})
+                    last_write = trio.current_time()
                 if end is not None:
                     break
             nursery.cancel_scope.cancel()

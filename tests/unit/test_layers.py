@@ -166,7 +166,7 @@ PUBLIC: dict[str, set[str]] = {
                                 "normalize_origin", "parse_filter_json", "parse_from_json"},
     "supervisor.relay.envelope": {"InvalidEvent", "MAX_DATA_DEPTH", "validate", "encode",
                                   "to_entry", "envelope_error", "has_duplicate_keys",
-                                  "AEP_VERSION", "is_command_type", "is_foreign"},
+                                  "trusted_entry", "AEP_VERSION", "is_command_type", "is_foreign"},
     "supervisor.relay.attrmatch": {"Filter", "InvalidFilter", "validate_filter", "attr_match",
                                    "MATCH_ALL", "CORE_ATTRS", "FILTERABLE", "DEFAULTS",
                                    "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms"},
