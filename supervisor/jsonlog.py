@@ -66,6 +66,7 @@ class SessionLog:
         self.root = Path(root)
         self.max_open = max(1, max_open)
         self._fds: OrderedDict[Path, int] = OrderedDict()
+        self._paths: dict[tuple[Any, Any], Path] = {}  # (agent, session) -> its file
         self.errors = 0
         self.lines = 0
         self.failing = False  # the last write failed (health)
@@ -74,10 +75,16 @@ class SessionLog:
                          "unwritten": 0}
 
     def path_for(self, event: dict[str, Any]) -> Path:
-        agent = safe_name(str(event.get("agent") or "unknown"))
-        session = event.get("session")
-        name = safe_name(str(session)) if session else "_agent"  # cannot collide: see safe_name
-        return self.root / agent / f"{name}.jsonl"
+        key = (event.get("agent"), event.get("session"))
+        path = self._paths.get(key)
+        if path is None:
+            if len(self._paths) >= 4096:  # bounded: a fleet writes to few sessions at a time
+                self._paths.clear()
+            agent = safe_name(str(key[0] or "unknown"))
+            session = key[1]
+            name = safe_name(str(session)) if session else "_agent"  # cannot collide: see safe_name
+            path = self._paths[key] = self.root / agent / f"{name}.jsonl"
+        return path
 
     def _fd(self, path: Path) -> int:
         fd = self._fds.pop(path, None)

@@ -305,6 +305,22 @@ def _structural_value(spec: dict[str, Any] | None, v: Any) -> bool:
 
 _DROP = object()  # a member the gate leaves out
 
+_MADE: dict[int, tuple[tuple[str, _ct.Node], ...]] = {}  # id(node) -> its made members
+
+
+def _made_members(node: _ct.Node) -> tuple[tuple[str, _ct.Node], ...]:
+    """The members of ``node`` the gate may make (``[metadata*]`` stars,
+    ``*_digest`` / twin derivations), worked out once per table node (the
+    table's nodes live as long as the module): the gate's per-type plan,
+    so an event walks only the members that can be made, not every
+    annotated one."""
+    made = _MADE.get(id(node))
+    if made is None:
+        made = _MADE[id(node)] = tuple(
+            (k, c) for k, c in (node.props or {}).items()
+            if c.star in ("prompt", "label") or c.digest_of or c.twin_of)
+    return made
+
 
 class _Gate:
     """One gating pass; accumulates the level honored."""
@@ -321,6 +337,9 @@ class _Gate:
         self.structural = structural
         self.derive = derive
         self.honored = "metadata"
+        # member paths matter only to ``levels`` and ``structural``: without
+        # either (the common case) none is built
+        self.paths = bool(self.levels) or bool(structural)
 
     def allowed(self, level: str) -> bool:
         return _RANK[level] <= _RANK[self.ceiling]
@@ -349,15 +368,17 @@ class _Gate:
         makes up (``[metadata*]`` synthesis, derived digests and twins)."""
         props = node.props if node is not None and node.props is not None else {}
         out: dict[str, Any] = {}
+        paths = self.paths
         for key, v in value.items():
             child = props.get(key) if isinstance(key, str) else None
-            kept = self._member(child, v, f"{path}.{key}" if path else str(key))
+            kept = self._member(child, v, (f"{path}.{key}" if path else str(key)) if paths else "")
             if kept is not _DROP:
                 out[key] = kept
-        for key, child in props.items():
-            made = self._made(child, key, value, path, index)
-            if made is not _DROP:
-                out[key] = made
+        if node is not None:
+            for key, child in _made_members(node):
+                made = self._made(child, key, value, path, index)
+                if made is not _DROP:
+                    out[key] = made
         return out
 
     def _member(self, child: _ct.Node | None, v: Any, cpath: str) -> Any:
@@ -369,9 +390,10 @@ class _Gate:
             kept = self.values(v)
             return _DROP if kept is None else kept
         level = child.level if child is not None else "metadata"
-        decl = self.declared(cpath)
-        if decl is not None:
-            level = _max(level, decl)
+        if self.levels:
+            decl = self.declared(cpath)
+            if decl is not None:
+                level = _max(level, decl)
         if not self.allowed(level):
             return _DROP
         if level != "metadata":
@@ -385,7 +407,8 @@ class _Gate:
             return self.obj(child, v, cpath) if isinstance(v, dict) else _DROP
         if child is not None and child.items is not None:
             return self.arr(child.items, v, cpath + "[]") if isinstance(v, list) else _DROP
-        if isinstance(v, dict) and any(k.startswith(cpath + ".") for k in self.levels):
+        if self.levels and isinstance(v, dict) and any(k.startswith(cpath + ".")
+                                                       for k in self.levels):
             return self.obj(None, v, cpath)
         return _copy(v)
 

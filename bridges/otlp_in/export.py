@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Awaitable, Callable, Sequence
+from typing import Awaitable, Callable, NamedTuple, Sequence
 
 import trio
 
@@ -59,11 +59,12 @@ STAMP_FAILED = "stamping failed"
 TOO_MANY_SESSIONS = "too many new sessions"
 
 
-@dataclass(frozen=True)
-class Planned:
+class Planned(NamedTuple):
     """One emission to stamp: the index of its LogRecord in the request,
     its AEP ``session``, the emission (with the profile's gating hint) and
-    the moment it describes (``None``: the stamper uses the receive time)."""
+    the moment it describes (``None``: the stamper uses the receive time).
+    A named tuple: one is made per record (a frozen dataclass costs a
+    ``__setattr__`` per field)."""
 
     record: int
     session: str

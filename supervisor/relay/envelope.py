@@ -51,7 +51,7 @@ def _time_ok(s: str) -> bool:
     m = _RFC3339.match(s)
     if not m:
         return False
-    y, mo, d, h, mi, sec = (int(g) for g in m.groups()[:6])
+    y, mo, d, h, mi, sec = map(int, m.groups()[:6])
     if not (1 <= mo <= 12 and 1 <= d <= _DAYS[mo - 1] and h <= 23 and mi <= 59 and sec <= 60):
         return False
     if mo == 2 and d == 29 and not (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)):
@@ -70,19 +70,17 @@ subscriber (break-it review). No AEP payload comes near 64."""
 def _deeper_than(value: Any, limit: int) -> bool:
     """True when ``value`` nests containers more than ``limit`` deep
     (iterative: safe on any depth)."""
-    stack = [(value, 1)]
+    if not isinstance(value, (dict, list)):
+        return False
+    stack = [(value, 1)]  # containers only
     while stack:
         v, depth = stack.pop()
-        children: Iterable[Any]
-        if isinstance(v, dict):
-            children = v.values()
-        elif isinstance(v, list):
-            children = v
-        else:
-            continue
         if depth > limit:
             return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        children: Iterable[Any] = v.values() if isinstance(v, dict) else v
+        for c in children:
+            if isinstance(c, (dict, list)):
+                stack.append((c, depth + 1))
     return False
 
 
