@@ -22,6 +22,7 @@ comparing runs on one machine, not absolutes."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -35,7 +36,7 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.daemon import run_daemon  # noqa: E402
+from tests.support.daemon import free_port, run_daemon  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "fixtures" / "codex_otel_real" / "otlp-grpc" / "export-000.pb"
 RECORDS_PER_REQUEST = 200
@@ -91,16 +92,18 @@ def floor_rate(requests: list[logs_service_pb2.ExportLogsServiceRequest]) -> flo
 class SseCounter(threading.Thread):
     """One SSE subscriber counting ``data:`` lines (events) it receives."""
 
-    def __init__(self, url: str, params: dict[str, str]) -> None:
+    def __init__(self, url: str, params: dict[str, str],
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(daemon=True)
-        self.url, self.params = url, params
+        self.url, self.params, self.headers = url, params, headers or {}
         self.count = 0
         self.ready = threading.Event()
         self.stop = False
 
     def run(self) -> None:
         with httpx.Client(timeout=None) as c:
-            with c.stream("GET", self.url + "/stream", params=self.params) as r:
+            with c.stream("GET", self.url + "/stream", params=self.params,
+                          headers=self.headers) as r:
                 self.ready.set()
                 for line in r.iter_lines():
                     if self.stop:
@@ -118,10 +121,17 @@ def wait_count(counters: list[SseCounter], target: int, timeout: float = 300) ->
     return time.perf_counter()
 
 
-def otlp_rate(d, kind: str, requests) -> float:
-    sub = SseCounter(d.url, {"filter": json.dumps({"agent": "codex"})})
-    sub.start()
-    sub.ready.wait(10)
+def otlp_rate(d, kind: str, requests, n_subs: int = 1, *, sub_url: str | None = None,
+              headers: dict[str, str] | None = None) -> float:
+    """Records/s from the first request sent until every one of ``n_subs``
+    SSE subscribers (on ``sub_url``, default the daemon's relay) has every
+    record."""
+    subs = [SseCounter(sub_url or d.url, {"filter": json.dumps({"agent": "codex"})}, headers)
+            for _ in range(n_subs)]
+    for sub in subs:
+        sub.start()
+    for sub in subs:
+        sub.ready.wait(10)
     time.sleep(0.3)
     total = len(requests) * RECORDS_PER_REQUEST
     t0 = time.perf_counter()
@@ -137,8 +147,9 @@ def otlp_rate(d, kind: str, requests) -> float:
                               content=r.SerializeToString(),
                               headers={"content-type": "application/x-protobuf"})
                 resp.raise_for_status()
-    t1 = wait_count([sub], total)
-    sub.stop = True
+    t1 = wait_count(subs, total * n_subs)
+    for sub in subs:
+        sub.stop = True
     return total / (t1 - t0)
 
 
@@ -185,27 +196,87 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
+def cpu_s(*pids: int) -> float:
+    """User + system CPU seconds the processes ``pids`` used so far (every
+    thread: grpcio's pool included), from ``/proc/<pid>/stat``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def per_10k(cpu: float, events: int) -> float:
+    """CPU seconds per 10,000 events."""
+    return cpu * 10_000 / events
+
+
+def floor_cpu_10k(floor: float) -> float:
+    """The floor's CPU seconds per 10k events (one core, no I/O)."""
+    return 10_000 / floor
+
+
 def main(argv: list[str]) -> None:
     quick = "--quick" in argv
     n_req = 10 if quick else 50
     requests = build_requests(n_req)
     floor = floor_rate(requests)
+    total = n_req * RECORDS_PER_REQUEST
+    fcpu = floor_cpu_10k(floor)
     with tempfile.TemporaryDirectory() as tmp:
-        with run_daemon(Path(tmp), {"AEP_BUFFER": "2000", "AEP_LOG_LEVEL": "warning"}) as d:
+        with run_daemon(Path(tmp) / "a", {"AEP_BUFFER": "2000", "AEP_LOG_LEVEL": "warning"}) as d:
             rss0 = rss_mib(d.proc.pid)
             print(f"OTLP LogRecords/s ({n_req} requests x {RECORDS_PER_REQUEST} real Codex records,"
-                  " -> JSONL + 1 SSE subscriber)")
-            print(f"  floor (protobuf decode + json.dumps of mapped events, no I/O): {floor:,.0f}/s")
-            for kind in ("grpc", "http-protobuf"):
-                rate = otlp_rate(d, kind, requests)
-                print(f"  {kind:<14} {rate:>10,.0f}/s   ratio to floor {rate / floor:.3f}")
-            print("Relay fan-out (events POSTed as NDJSON, delivered over SSE)")
+                  " -> JSONL + SSE subscribers); CPU s per 10k records (daemon, all threads)")
+            print(f"  floor (protobuf decode + json.dumps of mapped events, no I/O): {floor:,.0f}/s"
+                  f"   CPU {fcpu:.3f} s/10k")
+            for kind, n_subs in (("grpc", 1), ("http-protobuf", 1), ("grpc", 10)):
+                c0 = cpu_s(d.proc.pid)
+                rate = otlp_rate(d, kind, requests, n_subs)
+                cpu = per_10k(cpu_s(d.proc.pid) - c0, total)
+                label = f"{kind}, {n_subs} sub{'s' if n_subs > 1 else ''}"
+                print(f"  {label:<20} {rate:>10,.0f}/s   ratio to floor {rate / floor:.3f}"
+                      f"   CPU {cpu:.3f} s/10k ({cpu / fcpu:.1f}x the floor's)")
+            print("Relay fan-out (events POSTed as NDJSON, delivered over SSE);"
+                  " CPU s per 10k deliveries")
             n_events = 400 if quick else 2000
             for n_subs in (1, 10, 100):
-                rate, ffloor = fanout(d, n_subs, n_events if n_subs < 100 else n_events // 4)
+                n = n_events if n_subs < 100 else n_events // 4
+                c0 = cpu_s(d.proc.pid)
+                rate, ffloor = fanout(d, n_subs, n)
+                cpu = per_10k(cpu_s(d.proc.pid) - c0, n * n_subs)
                 print(f"  {n_subs:>3} subscribers: {rate:>10,.0f} deliveries/s"
-                      f"   floor {ffloor:,.0f}/s   ratio {rate / ffloor:.3f}")
+                      f"   floor {ffloor:,.0f}/s   ratio {rate / ffloor:.3f}"
+                      f"   CPU {cpu:.3f} s/10k (floor {10_000 / ffloor:.3f})")
             time.sleep(1.0)
             print(f"Daemon resident memory: {rss0:.1f} MiB at start, "
                   f"{rss_mib(d.proc.pid):.1f} MiB at steady state after the runs")
             d.stop()
+        uplink(Path(tmp), requests, floor, fcpu)
+
+
+def uplink(tmp: Path, requests, floor: float, fcpu: float) -> None:
+    """The OTLP gRPC run with the bridge's uplink to a separate relay
+    process (``aep-bridges relay``) instead of the embedded relay; the
+    subscriber reads the remote relay; CPU is both processes'."""
+    token = "bench-token"
+    relay_port = free_port()
+    relay_env = {"AEP_LISTEN": f"127.0.0.1:{relay_port}", "AEP_TOKEN": token,
+                 "AEP_BUFFER": "2000", "AEP_LOG_LEVEL": "warning"}
+    fleet_env = {"AEP_RELAY_URL": f"http://127.0.0.1:{relay_port}", "AEP_TOKEN": token,
+                 "AEP_LOG_LEVEL": "warning"}
+    total = len(requests) * RECORDS_PER_REQUEST
+    with run_daemon(tmp / "relay", relay_env, args=("relay",)) as relay, \
+            run_daemon(tmp / "fleet", fleet_env) as fleet:
+        t_end = time.monotonic() + 30
+        while not fleet.healthz()["relay"]:
+            if time.monotonic() > t_end:
+                raise RuntimeError("uplink never connected")
+            time.sleep(0.1)
+        c0 = cpu_s(relay.proc.pid, fleet.proc.pid)
+        rate = otlp_rate(fleet, "grpc", requests, 1, sub_url=relay.url,
+                         headers={"authorization": f"Bearer {token}"})
+        cpu = per_10k(cpu_s(relay.proc.pid, fleet.proc.pid) - c0, total)
+        print(f"  {'grpc, uplink, 1 sub':<20} {rate:>10,.0f}/s   ratio to floor {rate / floor:.3f}"
+              f"   CPU {cpu:.3f} s/10k ({cpu / fcpu:.1f}x the floor's; fleet + relay process)")
