@@ -197,13 +197,17 @@ def main(argv: list[str]) -> None:
     n_convs = 200 if quick else 2000
     convs = corpus(n_convs)
     with tempfile.TemporaryDirectory() as tmp:
+        c0 = time.process_time()
         rate, n_frames, n_events = trio.run(path_rate, convs, Path(tmp))
+        cpu = time.process_time() - c0  # this process only: the agent stub runs in its own
     floor = floor_rate(convs, n_events)
     print(f"Frames through mapping to the JSONL log ({n_frames:,} real captured frames over {n_convs} "
           f"conversations -> {n_events:,} events)")
     print(f"  path:  {rate:>10,.0f} frames/s  ({rate * n_events / n_frames:,.0f} events/s)")
     print(f"  floor: {floor:>10,.0f} frames/s  (json.loads + encode_line, no mapping, no I/O)")
     print(f"  ratio to floor: {rate / floor:.3f}")
+    print(f"  CPU s per 10k events: path {cpu * 10_000 / n_events:.3f} (whole run, setup included)"
+          f", floor {n_frames / floor * 10_000 / n_events:.3f}")
     print("Memory per attached conversation (stub agent server in its own process; marginal over a "
           "running bridge with no conversation)")
     trio.run(memory_per_conversation, 5)  # warm-up: lazy imports, first sockets, allocator arenas

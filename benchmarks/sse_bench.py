@@ -156,10 +156,12 @@ async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
             ev = item.event
             if box["events"] == 0:
                 box["t0"] = time.perf_counter()
+                box["c0"] = time.process_time()
             log.write(ev, encode_line(ev))
             box["events"] += 1
             if ev.get("session") == END and ev["type"] == "session.ended":
                 box["t1"] = time.perf_counter()
+                box["c1"] = time.process_time()
                 done.set()
 
     async with trio.open_nursery() as n:
@@ -167,7 +169,8 @@ async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
         await n.start(bridge.run, ctx)
         await done.wait()
         n.cancel_scope.cancel()
-    return box["t1"] - box["t0"], box["events"], dict(ctx.health.counters)
+    box["counters"] = dict(ctx.health.counters)
+    return box["t1"] - box["t0"], box["events"], box
 
 
 async def throughput(copies: int = 40) -> dict:
@@ -175,14 +178,19 @@ async def throughput(copies: int = 40) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_source(frames, Path(tmp))
         try:
+            c0 = time.process_time()
             floor = await floor_run(url, len(frames))
-            path, events, counters = await path_run(url, Path(tmp) / "logs")
+            floor_cpu = time.process_time() - c0
+            path, events, box = await path_run(url, Path(tmp) / "logs")
+            counters = box["counters"]
         finally:
             proc.terminate()
             proc.wait()
     return {"frames": len(frames), "events": events,
             "path_frames_per_s": len(frames) / path, "path_events_per_s": events / path,
             "floor_frames_per_s": len(frames) / floor, "ratio": path / floor,
+            "cpu_10k": (box["c1"] - box["c0"]) * 10_000 / events,
+            "floor_cpu_10k": floor_cpu * 10_000 / events,
             "skipped": {k: v for k, v in counters.items()
                         if k in ("duplicates", "deltas_skipped", "sessionless_skipped",
                                  "repeats_reduced", "heartbeats")}}
@@ -261,7 +269,9 @@ async def latency(n: int = 1500, rate: float = 150.0) -> dict:
                                     if len(got) == n:
                                         return
                     with trio.fail_after(n / rate + 60):
+                        cpu0 = _cpu_s(daemon.pid)
                         await read()
+                        cpu = _cpu_s(daemon.pid) - cpu0
             finally:
                 daemon.terminate()
                 daemon.wait(timeout=10)
@@ -269,24 +279,34 @@ async def latency(n: int = 1500, rate: float = 150.0) -> dict:
     lat = sorted((got[s] - sent[s]) * 1000 for s in got if s in sent)
     q = statistics.quantiles(lat, n=100)
     return {"events": len(lat), "rate_per_s": rate, "p50_ms": q[49], "p99_ms": q[98],
-            "max_ms": lat[-1]}
+            "max_ms": lat[-1], "cpu_10k": cpu * 10_000 / len(lat)}
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str]) -> None:
     if len(argv) == 2 and argv[0] == "--source":
         trio.run(_serve_source, argv[1])
         return
-    t = trio.run(throughput)
+    quick = "--quick" in argv
+    t = trio.run(throughput, 10 if quick else 40)
     print(f"throughput ({t['frames']} real frames -> {t['events']} events, primary mode):")
     print(f"  path  {t['path_frames_per_s']:>9.0f} frames/s  {t['path_events_per_s']:>8.0f} "
           f"events/s  (SSE -> mapping -> stamped -> JSONL)")
     print(f"  floor {t['floor_frames_per_s']:>9.0f} frames/s  (SSE parse + json.loads + "
           f"json.dumps)")
-    print(f"  path / floor time = {t['ratio']:.1f}x   skipped: {t['skipped']}")
-    lat = trio.run(latency)
+    print(f"  path / floor time = {t['ratio']:.2f}x   skipped: {t['skipped']}")
+    print(f"  CPU s per 10k events: path {t['cpu_10k']:.3f}, floor {t['floor_cpu_10k']:.3f} "
+          "(this process: the source runs in its own)")
+    lat = trio.run(latency, 450 if quick else 1500)
     print(f"latency vendor frame -> relay /stream ({lat['events']} events at "
           f"{lat['rate_per_s']:.0f}/s through the daemon): p50 {lat['p50_ms']:.1f} ms, "
-          f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms")
+          f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms; daemon CPU "
+          f"{lat['cpu_10k']:.3f} s per 10k events (idle costs included: 10 s at 150/s)")
 
 
 if __name__ == "__main__":

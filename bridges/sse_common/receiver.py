@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import time
 import urllib.parse
@@ -267,15 +268,20 @@ class SseReceiver:
 
     async def _read(self, events: AsyncIterator[Any]) -> None:
         timeout = self.settings.heartbeat_timeout
-        while True:
-            with trio.move_on_after(timeout) as cs:
+        # one cancel scope for the whole stream, its deadline moved per
+        # frame (a scope per frame cost more than parsing the frame); no
+        # deadline while a frame is handled (emitting may wait for room)
+        with trio.CancelScope() as cs:
+            while True:
+                cs.deadline = trio.current_time() + timeout
                 try:
                     sse = await events.__anext__()
                 except StopAsyncIteration:
                     return
-            if cs.cancelled_caught:
-                raise StreamSilent()
-            await self.handle_data(sse.data)
+                cs.deadline = math.inf
+                await self.handle_data(sse.data)
+        if cs.cancelled_caught:
+            raise StreamSilent()
 
     async def handle_data(self, data: str) -> None:
         """One SSE ``data`` payload: parse, feed, emit (counting what is
