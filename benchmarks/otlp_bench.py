@@ -40,6 +40,9 @@ from tests.support.daemon import free_port, run_daemon  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "fixtures" / "codex_otel_real" / "otlp-grpc" / "export-000.pb"
 RECORDS_PER_REQUEST = 200
+FLOOR_TRIES = 5
+"""A floor is the best of this many runs: on a shared machine one run of it
+can land in another process's burst and halve it."""
 
 
 def build_requests(n_requests: int) -> list[logs_service_pb2.ExportLogsServiceRequest]:
@@ -81,12 +84,15 @@ def floor_rate(requests: list[logs_service_pb2.ExportLogsServiceRequest]) -> flo
             for em in codex.map_record(rec, posture):
                 mapped.append(stamper.stamp(str(codex.session_key(rec)), em))
     per_req = len(mapped) // len(requests)
-    t0 = time.perf_counter()
-    for i, blob in enumerate(blobs):
-        logs_service_pb2.ExportLogsServiceRequest.FromString(blob)
-        for ev in mapped[i * per_req:(i + 1) * per_req]:
-            json.dumps(ev, separators=(",", ":"))
-    return len(requests) * RECORDS_PER_REQUEST / (time.perf_counter() - t0)
+    best = float("inf")
+    for _ in range(FLOOR_TRIES):
+        t0 = time.perf_counter()
+        for i, blob in enumerate(blobs):
+            logs_service_pb2.ExportLogsServiceRequest.FromString(blob)
+            for ev in mapped[i * per_req:(i + 1) * per_req]:
+                json.dumps(ev, separators=(",", ":"))
+        best = min(best, time.perf_counter() - t0)
+    return len(requests) * RECORDS_PER_REQUEST / best
 
 
 class SseCounter(threading.Thread):
@@ -180,12 +186,15 @@ def fanout(d, n_subs: int, n_events: int) -> tuple[float, float]:
     for s in subs:
         s.stop = True
     rate = n_events * n_subs / (t1 - t0)
-    f0 = time.perf_counter()
-    for line in lines:
-        ev = json.loads(line)
-        for _ in range(n_subs):
-            json.dumps(ev, separators=(",", ":"))
-    floor = n_events * n_subs / (time.perf_counter() - f0)
+    best = float("inf")
+    for _ in range(FLOOR_TRIES):
+        f0 = time.perf_counter()
+        for line in lines:
+            ev = json.loads(line)
+            for _ in range(n_subs):
+                json.dumps(ev, separators=(",", ":"))
+        best = min(best, time.perf_counter() - f0)
+    floor = n_events * n_subs / best
     return rate, floor
 
 
