@@ -129,7 +129,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_BODY_TIMEOUT", "`30`", "seconds a request body may take to arrive once its "
             "headers have (relay and OTLP/HTTP answer 408)"),
     Setting("AEP_MAX_CONNECTIONS", "(open-files limit - 256) / 3, within 64..4096",
-            "connections served at once per HTTP listener (relay, OTLP/HTTP); see \"Limits and "
+            "connections served at once per HTTP listener (relay, OTLP/HTTP; at least 8); see \"Limits and "
             "hardening\""),
     *RETENTION_SETTINGS,
 )
@@ -293,7 +293,8 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
         "subscriber_bytes": r.integer("AEP_SUBSCRIBER_BYTES", 8 << 20, minimum=64 << 10,
                                       unit="bytes"),
         "body_timeout": r.seconds("AEP_BODY_TIMEOUT", 30.0, maximum=3600.0),
-        "max_connections": (r.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8)
+        "max_connections": (r.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8,
+                                    shown_default="derived from the open-files limit")
                             if r.raw("AEP_MAX_CONNECTIONS") is not None else None),
     }
 

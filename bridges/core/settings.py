@@ -123,8 +123,11 @@ class EnvReader:
         return default
 
     def integer(self, name: str, default: int, *, minimum: int | None = None,
-                maximum: int | None = None, unit: str = "a whole number") -> int:
-        """A whole number in ``[minimum, maximum]`` (either bound optional)."""
+                maximum: int | None = None, unit: str = "a whole number",
+                shown_default: str | None = None) -> int:
+        """A whole number in ``[minimum, maximum]`` (either bound optional).
+        ``shown_default``: how a problem line names the default when it is
+        not a constant (e.g. derived from the open-files limit)."""
         v = self.raw(name)
         if v is None:
             return default
@@ -136,7 +139,8 @@ class EnvReader:
         if (minimum is not None and n < minimum) or (maximum is not None and n > maximum):
             lo = "" if minimum is None else f"{minimum}"
             hi = "" if maximum is None else f"{maximum}"
-            self.problems.append(f"{name}={n}: expected {unit} in [{lo}..{hi}] (default {default})")
+            shown = str(default) if shown_default is None else shown_default
+            self.problems.append(f"{name}={n}: expected {unit} in [{lo}..{hi}] (default {shown})")
             return default
         return n
 

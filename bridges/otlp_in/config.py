@@ -146,7 +146,8 @@ def from_env(env: Mapping[str, str]) -> tuple[tuple[OtlpConfig, ...], list[str]]
     per_s = reader.integer(NEW_SESSIONS_PER_S, DEFAULT_NEW_SESSIONS_PER_S, minimum=1)
     # daemon-wide settings (supervisor/config.py documents and checks them)
     body_timeout = reader.seconds("AEP_BODY_TIMEOUT", 30.0, maximum=3600.0)
-    max_connections = (reader.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8)
+    max_connections = (reader.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8,
+                                    shown_default="derived from the open-files limit")
                        if reader.raw("AEP_MAX_CONNECTIONS") is not None else None)
     problems = [p for p in reader.problems if not p.startswith(("AEP_BODY_TIMEOUT",
                                                                 "AEP_MAX_CONNECTIONS"))]
