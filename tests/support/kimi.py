@@ -261,6 +261,15 @@ class ThreadedMock:
         """Replace the script (from any thread)."""
         self.mock.script[:] = list(steps)
 
+    async def wait_held(self, timeout: float = 60.0) -> None:
+        """Wait (polling; the event lives in the mock's own loop) until a
+        :class:`~tests.support.mock_chat.Hold` response is being held, i.e.
+        the vendor's model request really is in flight."""
+        import trio
+        with trio.fail_after(timeout):
+            while not self.mock.held.is_set():
+                await trio.sleep(0.05)
+
     def release(self) -> None:
         """Let a held response go (thread-safe, from any loop)."""
         self._token.run_sync_soon(self.mock.release)

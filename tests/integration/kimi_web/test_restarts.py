@@ -77,6 +77,9 @@ async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path)
         mock.play(Hold(Text("never delivered")))
         await user.prompt(sid, "say hi again")
         await stream.wait_for(lambda s: len(s.of(sid, "run.started")) == 2, what="second run")
+        # kill only once the turn's model request is in flight: killed before it,
+        # kimi web 2.1.0 may run the interrupted prompt again after its restart
+        await mock.wait_held()
         stale = server.instance_files()
         server.kill()  # SIGKILL: the instance file stays behind, its pid dead
         mock.release()
