@@ -157,6 +157,9 @@ class Receiver:
         # settled asks...) show in /healthz beside the receiver's
         tracker.counters = ctx.health.counters
         self._restore()
+        #: what the state file restored as open, re-announced at the first
+        #: attach of this run (a restarted daemon's fresh relay learns the claims)
+        self._reannounce = tracker.open_envelopes()
 
     # -- state file -------------------------------------------------------------
     def _restore(self) -> None:
@@ -364,6 +367,9 @@ class Receiver:
         hb = M.obj(hello.get("payload")).get("heartbeat_ms")
         heartbeat = hb / 1000 if isinstance(hb, (int, float)) and hb > 0 else DEFAULT_HEARTBEAT_S
         await self._send(ws, "client_hello", {"client_id": CLIENT_ID})
+        if self._reannounce:
+            restored, self._reannounce = self._reannounce, []
+            await self.ctx.reannounce(restored)
         sessions, complete = listing
         ep = self.endpoint
         assert ep is not None
@@ -617,7 +623,9 @@ class Receiver:
                 self.ctx.health.count("emit_errors")
                 continue
             if o.ask_key is not None:
-                self.tracker.bind(o.ask_key, ev["id"])
+                self.tracker.bind(o.ask_key, ev)
+            elif ev["type"] == "run.started":
+                self.tracker.bind_run(o.session, ev)
             prev = ev
 
 

@@ -40,6 +40,7 @@ restarted daemon resumes by cursor with no duplicate and no dangling run.
 """
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,9 @@ TOOLS_KEPT = 256
 SETTLED_KEPT = 256
 GLOBAL = "__global__"
 STATE_VERSION = 1
+#: an open run's / ask's envelope larger than this (JSON bytes) is not kept
+#: for re-announcing (its id still is)
+ENVELOPE_KEPT = 64 * 1024
 
 
 @dataclass
@@ -81,10 +85,12 @@ class Ask:
     fields: list[dict[str, Any]] = field(default_factory=list)
     settling: str | None = None  # command id
     applied: dict[str, Any] | None = None
+    #: the stamped ``attention.requested`` (re-announced after a restart)
+    envelope: dict[str, Any] | None = None
 
     def dump(self) -> dict[str, Any]:
         return {"vendor_id": self.vendor_id, "kind": self.kind, "run": self.run,
-                "event_id": self.event_id, "fields": self.fields}
+                "event_id": self.event_id, "fields": self.fields, "envelope": self.envelope}
 
 
 @dataclass
@@ -98,6 +104,8 @@ class SessionState:
     asks: dict[str, Ask] = field(default_factory=dict)
     settled: OrderedDict = field(default_factory=OrderedDict)
     cancel_note: str | None = None
+    #: the stamped ``run.started`` of the open run (re-announced after a restart)
+    run_envelope: dict[str, Any] | None = None
 
     @property
     def cursor(self) -> dict[str, Any] | None:
@@ -113,6 +121,7 @@ class SessionState:
     def dump(self) -> dict[str, Any]:
         return {"id": self.id, "epoch": self.epoch, "seq": self.seq, "run": self.run,
                 "turn": self.turn if isinstance(self.turn, (int, str)) else None,
+                "run_envelope": self.run_envelope if self.run else None,
                 "tools": list(self.tools.items())[-64:],
                 "asks": [a.dump() for a in self.asks.values()],
                 "settled": list(self.settled)[-64:]}
@@ -129,6 +138,8 @@ class SessionState:
         st.seq = body["seq"] if isinstance(body.get("seq"), int) and not isinstance(body["seq"], bool) \
             else None
         st.turn = body.get("turn") if isinstance(body.get("turn"), (int, str)) else None
+        if st.run and isinstance(body.get("run_envelope"), dict):
+            st.run_envelope = body["run_envelope"]
         for item in body.get("tools") or []:
             if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item):
                 st.tools[item[0]] = item[1]
@@ -138,7 +149,8 @@ class SessionState:
                 st.asks[a["vendor_id"]] = Ask(
                     a["vendor_id"], a["kind"], run=a["run"] if isinstance(a.get("run"), str) else None,
                     event_id=a["event_id"] if isinstance(a.get("event_id"), str) else None,
-                    fields=[f for f in a.get("fields") or [] if isinstance(f, dict)])
+                    fields=[f for f in a.get("fields") or [] if isinstance(f, dict)],
+                    envelope=a["envelope"] if isinstance(a.get("envelope"), dict) else None)
         for vid in body.get("settled") or []:
             if isinstance(vid, str):
                 st.settle(vid)
@@ -287,7 +299,7 @@ class Tracker:
         if note and terminal["type"] == "run.cancelled":
             terminal = {"type": "run.cancelled", "data": {"by": "control"}}
             cause = note
-        st.run, st.turn, st.cancel_note = None, None, None
+        st.run, st.turn, st.cancel_note, st.run_envelope = None, None, None, None
         self.dirty = True
         out.append(Out(st.id, terminal, run=run, cause=cause, time=ts))
         return out
@@ -308,13 +320,34 @@ class Tracker:
         self.dirty = True
         return [Out(st.id, e, run=st.run, time=ts, ask_key=(st.id, vid))]
 
-    def bind(self, key: tuple[str, str], event_id: str) -> None:
-        """The receiver reports the envelope id of an ask it emitted."""
+    def bind(self, key: tuple[str, str], envelope: dict[str, Any]) -> None:
+        """The receiver reports the envelope of an ask it emitted (its id
+        names the ask; the whole envelope is kept for :meth:`open_envelopes`
+        when it is at most :data:`ENVELOPE_KEPT` bytes)."""
         st = self.sessions.get(key[0])
         ask = st.asks.get(key[1]) if st else None
         if ask is not None:
-            ask.event_id = event_id
+            ask.event_id = envelope["id"]
+            ask.envelope = envelope if _small(envelope) else None
             self.dirty = True
+
+    def bind_run(self, sid: str, envelope: dict[str, Any]) -> None:
+        """The receiver reports the ``run.started`` it emitted for ``sid``'s open run."""
+        st = self.sessions.get(sid)
+        if st is not None and st.run is not None and envelope.get("run") == st.run:
+            st.run_envelope = envelope if _small(envelope) else None
+            self.dirty = True
+
+    def open_envelopes(self) -> list[dict[str, Any]]:
+        """The stamped envelopes of every open run and open ask (restored
+        from the state file after a restart): what the receiver re-announces
+        (:meth:`bridges.core.bridge.BridgeContext.reannounce`)."""
+        out: list[dict[str, Any]] = []
+        for st in self.sessions.values():
+            if st.run is not None and st.run_envelope is not None:
+                out.append(st.run_envelope)
+            out += [a.envelope for a in st.asks.values() if a.envelope is not None]
+        return out
 
     def _settled(self, st: SessionState, t: str, p: dict[str, Any], ts: str | None) -> list[Out]:
         vid = p.get("approval_id") if t == "event.approval.resolved" else p.get("question_id")
@@ -430,3 +463,10 @@ class Tracker:
         for ask in list(st.asks.values()):
             out += self._resolve(st, ask, "dismissed", ts, cause=ask.event_id)
         return out
+
+
+def _small(envelope: dict[str, Any]) -> bool:
+    try:
+        return len(json.dumps(envelope)) <= ENVELOPE_KEPT
+    except (TypeError, ValueError):
+        return False
