@@ -13,6 +13,7 @@ or none). Design: ``shared/DESIGN.md`` ("How data flows",
 """
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -301,6 +302,23 @@ class BridgeContext:
             await self.redeliver(ev)
             self.health.count("reannounced")
         return len(good)
+
+
+#: bytes (JSON) of an open run's / ask's envelope a bridge keeps in its state
+#: file for :meth:`BridgeContext.reannounce`; a bigger one is not kept (its id is)
+REANNOUNCE_MAX = 64 * 1024
+
+
+def keepable(envelope: Envelope | None) -> Envelope | None:
+    """``envelope`` when a bridge may persist it for
+    :meth:`BridgeContext.reannounce` (JSON-serializable, at most
+    :data:`REANNOUNCE_MAX` bytes), else ``None``."""
+    if envelope is None:
+        return None
+    try:
+        return envelope if len(json.dumps(envelope)) <= REANNOUNCE_MAX else None
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass

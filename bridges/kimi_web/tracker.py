@@ -40,12 +40,11 @@ restarted daemon resumes by cursor with no duplicate and no dangling run.
 """
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridges.core.bridge import Emission
+from bridges.core.bridge import Emission, keepable
 from bridges.core.posture import Posture
 
 from . import mapping as M
@@ -54,9 +53,6 @@ TOOLS_KEPT = 256
 SETTLED_KEPT = 256
 GLOBAL = "__global__"
 STATE_VERSION = 1
-#: an open run's / ask's envelope larger than this (JSON bytes) is not kept
-#: for re-announcing (its id still is)
-ENVELOPE_KEPT = 64 * 1024
 
 
 @dataclass
@@ -323,19 +319,19 @@ class Tracker:
     def bind(self, key: tuple[str, str], envelope: dict[str, Any]) -> None:
         """The receiver reports the envelope of an ask it emitted (its id
         names the ask; the whole envelope is kept for :meth:`open_envelopes`
-        when it is at most :data:`ENVELOPE_KEPT` bytes)."""
+        when :func:`bridges.core.bridge.keepable`)."""
         st = self.sessions.get(key[0])
         ask = st.asks.get(key[1]) if st else None
         if ask is not None:
             ask.event_id = envelope["id"]
-            ask.envelope = envelope if _small(envelope) else None
+            ask.envelope = keepable(envelope)
             self.dirty = True
 
     def bind_run(self, sid: str, envelope: dict[str, Any]) -> None:
         """The receiver reports the ``run.started`` it emitted for ``sid``'s open run."""
         st = self.sessions.get(sid)
         if st is not None and st.run is not None and envelope.get("run") == st.run:
-            st.run_envelope = envelope if _small(envelope) else None
+            st.run_envelope = keepable(envelope)
             self.dirty = True
 
     def open_envelopes(self) -> list[dict[str, Any]]:
@@ -463,10 +459,3 @@ class Tracker:
         for ask in list(st.asks.values()):
             out += self._resolve(st, ask, "dismissed", ts, cause=ask.event_id)
         return out
-
-
-def _small(envelope: dict[str, Any]) -> bool:
-    try:
-        return len(json.dumps(envelope)) <= ENVELOPE_KEPT
-    except (TypeError, ValueError):
-        return False

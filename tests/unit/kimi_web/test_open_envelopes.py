@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
+from bridges.core import bridge as B
 from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
-from bridges.kimi_web import tracker as T
 from bridges.kimi_web.mapping import AGENT
 from bridges.kimi_web.tracker import Tracker
 
@@ -47,7 +47,7 @@ def test_open_run_and_ask_envelopes_survive_the_state_file_and_go_when_closed():
 
 
 def test_an_oversized_envelope_is_not_kept_but_its_id_is(monkeypatch):
-    monkeypatch.setattr(T, "ENVELOPE_KEPT", 10)
+    monkeypatch.setattr(B, "REANNOUNCE_MAX", 10)
     stamper = Stamper(AGENT, epoch=1, host="h")
     tr = Tracker(Posture(agent=AGENT, mode="primary"))
     drive(tr, stamper, frame("turn.started", 1, promptId="p1", turnId=1))
