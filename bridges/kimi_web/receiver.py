@@ -19,7 +19,10 @@ web channel"); the 2.1.0 drifts: ``tests/fixtures/kimi_web_real/README.md``.
 - **Liveness**: every ``ping {nonce}`` is answered ``pong {nonce}`` at once
   (2.1.0 closes a socket after two missed 10 s heartbeats); a socket silent
   for :data:`SILENT_HEARTBEATS` heartbeats is dropped and reattached
-  (health ``degraded`` meanwhile).
+  (health ``degraded`` meanwhile); the announced ``heartbeat_ms`` is clamped
+  to 1 s .. 5 min (:func:`heartbeat_s`). The backoff resets only after an
+  attachment stayed up :data:`STABLE_S` seconds: a server that accepts and
+  drops the socket at once is retried ever more slowly, not every 0.5 s.
 - **Resume**: the per-session cursors ``{seq, epoch}`` (acked by the server,
   advanced by every persisted frame) ride the next ``subscribe``; the server
   replays what was missed, the tracker drops the overlap by ``(session,
@@ -51,6 +54,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -82,6 +86,11 @@ MAX_SESSIONS = 10_000
 MAX_HELD = 2000
 FLUSH_EVERY = 1.0
 BACKOFF_INITIAL, BACKOFF_CAP = 0.5, 30.0
+#: an attachment that stayed up this long resets the backoff (one that the
+#: server accepts and drops at once keeps backing off)
+STABLE_S = 30.0
+#: the server's ``heartbeat_ms`` is clamped to this range (seconds)
+HEARTBEAT_MIN_S, HEARTBEAT_MAX_S = 1.0, 300.0
 CLIENT_ID = "aep-bridges"
 
 
@@ -146,6 +155,7 @@ class Receiver:
         #: listed by REST but ``not_found`` at subscribe (2.1.0: not loaded yet)
         self.dormant: set[str] = set()
         self.attached = trio.Event()
+        self._attached_at: float | None = None
         self._n = 0
         self._pending_subs: dict[str, list[str]] = {}
         #: frames of a session between its subscribe and the ack (the replay
@@ -270,7 +280,8 @@ class Receiver:
                         if outcome == "reattach":
                             self.ws, self.attached, attempt = None, trio.Event(), 0
                             continue
-                        if outcome == "ok":
+                        if outcome == "ok" and self._attached_at is not None \
+                                and trio.current_time() - self._attached_at >= STABLE_S:
                             attempt = 0
                     self.ws = None
                     self.attached = trio.Event()
@@ -364,8 +375,7 @@ class Receiver:
             hello = _parse(await ws.get_message())
         if not isinstance(hello, dict) or hello.get("type") != "server_hello":
             raise VendorError(0, "no server_hello")
-        hb = M.obj(hello.get("payload")).get("heartbeat_ms")
-        heartbeat = hb / 1000 if isinstance(hb, (int, float)) and hb > 0 else DEFAULT_HEARTBEAT_S
+        heartbeat = heartbeat_s(M.obj(hello.get("payload")).get("heartbeat_ms"))
         await self._send(ws, "client_hello", {"client_id": CLIENT_ID})
         if self._reannounce:
             restored, self._reannounce = self._reannounce, []
@@ -386,6 +396,7 @@ class Receiver:
                 await self._emit(self.tracker.gone(sid))
         await self.subscribe(ids)
         self.ctx.health.source, self.ctx.health.detail = True, None
+        self._attached_at = trio.current_time()
         self.attached.set()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, ep)
@@ -639,6 +650,16 @@ _BAD = object()
 def _seq_of(frame: dict[str, Any]) -> int:
     seq = frame.get("seq")
     return seq if isinstance(seq, int) else 0
+
+
+def heartbeat_s(hb: object) -> float:
+    """The server's announced ``heartbeat_ms`` in seconds, clamped to
+    [:data:`HEARTBEAT_MIN_S`, :data:`HEARTBEAT_MAX_S`];
+    :data:`DEFAULT_HEARTBEAT_S` for anything not a positive finite number
+    (a boolean, a string, NaN, Infinity)."""
+    if isinstance(hb, bool) or not isinstance(hb, (int, float)) or not math.isfinite(hb) or hb <= 0:
+        return DEFAULT_HEARTBEAT_S
+    return min(HEARTBEAT_MAX_S, max(HEARTBEAT_MIN_S, hb / 1000))
 
 
 def root_cause(exc: BaseException) -> BaseException:

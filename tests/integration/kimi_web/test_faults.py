@@ -285,3 +285,15 @@ async def test_content_quoting_the_token_is_redacted_by_value(tmp_path):
         done = (await h.until(lambda: h.of("tool.completed")))[0]
         assert "result_redacted" in done["data"]
         assert stub.token not in repr(h.events)
+
+
+async def test_a_server_that_accepts_and_drops_the_socket_is_backed_off(tmp_path):
+    """Review finding 4: every socket is accepted (hello, subscribe acked)
+    and closed at once. The backoff resets only after an attachment stayed
+    up a while, so the retries slow down (0.25-0.5 s, 0.5-1 s, 1-2 s, 2-4 s):
+    in 5 s at most a handful, not one every half second (10 or more)."""
+    stub = stub_with([("close",)])
+    async with bridge_on(stub, tmp_path) as h:
+        await h.until(lambda: stub.connections >= 1, "the first socket")
+        await trio.sleep(5)
+        assert 2 <= stub.connections <= 6, (stub.connections, h.counters())

@@ -49,3 +49,14 @@ def test_root_cause_unwraps_single_groups():
     assert root_cause(ExceptionGroup("g", [ExceptionGroup("h", [e])])) is e
     g = ExceptionGroup("g", [ValueError(), KeyError()])
     assert root_cause(g) is g
+
+
+def test_the_announced_heartbeat_is_clamped_and_garbage_is_the_default():
+    """Review finding 4: a server's ``heartbeat_ms`` of 1 would drop a
+    healthy socket every 3 ms; a boolean, Infinity or NaN is not a number."""
+    from bridges.kimi_web.receiver import DEFAULT_HEARTBEAT_S, heartbeat_s
+    assert heartbeat_s(1) == 1.0 and heartbeat_s(0.5) == 1.0
+    assert heartbeat_s(10_000) == 10.0
+    assert heartbeat_s(10**12) == 300.0
+    for bad in (True, False, float("inf"), float("nan"), -5, 0, "10000", None, [10]):
+        assert heartbeat_s(bad) == DEFAULT_HEARTBEAT_S, bad
