@@ -42,6 +42,9 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 ``frames_duplicate``, ``frames_unknown``, ``socket_connects``,
 ``socket_errors``, ``socket_auth_failed``, ``socket_silent``,
 ``socket_too_large``, ``sessions_subscribed``, ``sessions_dormant``, ``rest_errors``,
+``sessions_evicted``, ``sessions_wake_refused`` (:data:`MAX_WOKEN`),
+``frames_held_overflow`` (:data:`MAX_HELD`, :data:`MAX_HELD_BYTES`, :data:`MAX_HELD_TOTAL`),
+``reannounced``, ``reannounce_skipped``,
 ``discovery_failed``, ``reattach_endpoint_changed``, ``state_write_errors``; and
 the tracker's (:mod:`bridges.kimi_web.tracker`): ``frames_duplicate``,
 ``resyncs``, ``tool_results_unpaired``, ``turn_ended_without_run``,
@@ -84,6 +87,14 @@ MAX_FRAME = 16 * 1024 * 1024
 MAX_PAGES = 50
 MAX_SESSIONS = 10_000
 MAX_HELD = 2000
+#: bytes of frames held for one session between its subscribe and the ack,
+#: and for all sessions together (frames are up to :data:`MAX_FRAME`)
+MAX_HELD_BYTES, MAX_HELD_TOTAL = 32 * 1024 * 1024, 64 * 1024 * 1024
+#: sessions subscribed because a frame named them (not in the REST listing):
+#: beyond this the least recently woken one without an open run or ask is
+#: unsubscribed and forgotten (``sessions_evicted``); when none can be, the
+#: new one is not subscribed (``sessions_wake_refused``)
+MAX_WOKEN = 500
 FLUSH_EVERY = 1.0
 BACKOFF_INITIAL, BACKOFF_CAP = 0.5, 30.0
 #: an attachment that stayed up this long resets the backoff (one that the
@@ -161,6 +172,11 @@ class Receiver:
         #: frames of a session between its subscribe and the ack (the replay
         #: and global-channel copies interleave; sorted by seq at the ack)
         self._held: dict[str, list[dict[str, Any]]] = {}
+        self._held_bytes: dict[str, int] = {}
+        self._held_total = 0
+        self._held_cut: set[str] = set()  # sessions whose held frames overflowed
+        self._listed: set[str] = set()
+        self._woken: dict[str, None] = {}  # insertion order = LRU
         self._no_cursor: set[str] = set()
         self._state_path = state_path(config)
         # one set of counters: the tracker's (duplicates, unpaired results,
@@ -385,7 +401,9 @@ class Receiver:
         assert ep is not None
         self.subscribed, self.dormant = set(), set()
         self._held, self._pending_subs = {}, {}  # a new socket: nothing of the old one is pending
+        self._held_bytes, self._held_total, self._held_cut = {}, 0, set()
         ids = [s["id"] for s in sessions]
+        self._listed, self._woken = set(ids), {}
         cursors = self.tracker.cursors()
         busy = {s["id"] for s in sessions if s.get("busy") is True
                 or s.get("pending_interaction") not in (None, "none")}
@@ -462,7 +480,7 @@ class Receiver:
         elif M.silent(frame):
             h.count("frames_volatile")
         else:
-            await self._on_event(frame)
+            await self._on_event(frame, len(raw) if isinstance(raw, (str, bytes)) else 0)
 
     async def _on_protocol(self, ws: Any, frame: dict[str, Any], nursery: trio.Nursery) -> None:
         t, p = frame["type"], M.obj(frame.get("payload"))
@@ -473,7 +491,7 @@ class Receiver:
         elif t == "resync_required":
             sid = p.get("session_id")
             if isinstance(sid, str) and sid:
-                self._held.pop(sid, None)
+                self._drop_held(sid)
                 nursery.start_soon(self._resync, sid, {"seq": p.get("current_seq"), "epoch": p.get("epoch")})
         elif t == "error":
             self.ctx.health.count("frames_error")
@@ -481,7 +499,7 @@ class Receiver:
                 code = p.get("code")
                 raise VendorError(code if isinstance(code, int) else 0, "fatal WS error")
 
-    async def _on_event(self, frame: dict[str, Any]) -> None:
+    async def _on_event(self, frame: dict[str, Any], size: int = 0) -> None:
         h = self.ctx.health
         sid = frame.get("session_id")
         if not isinstance(sid, str) or not sid:
@@ -495,9 +513,14 @@ class Receiver:
             return
         held = self._held.get(sid)
         if held is not None:
-            if len(held) < MAX_HELD:
+            mine = self._held_bytes.get(sid, 0)
+            if len(held) < MAX_HELD and mine + size <= MAX_HELD_BYTES \
+                    and self._held_total + size <= MAX_HELD_TOTAL:
                 held.append(frame)
+                self._held_bytes[sid] = mine + size
+                self._held_total += size
             else:
+                self._held_cut.add(sid)
                 h.count("frames_held_overflow")  # the rebuild at the ack covers them
             return
         await self._process(frame)
@@ -514,10 +537,42 @@ class Receiver:
         if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
                 and isinstance(epoch, str):
             cur = {"seq": seq - 1, "epoch": epoch}
+        if sid not in self._listed and sid not in self.tracker.sessions:
+            room, evicted = self._room_to_wake()
+            if not room:
+                self.ctx.health.count("sessions_wake_refused")
+                return
+            if evicted is not None and self.ws is not None:
+                # 2.1.0's protocol has unsubscribe (same payload as subscribe)
+                await self._send(self.ws, "unsubscribe", {"session_ids": [evicted]})
+        if sid not in self._listed:
+            self._woken.pop(sid, None)
+            self._woken[sid] = None
         if sid in self.dormant:
             self.dormant.discard(sid)
             self._no_cursor.add(sid)  # rebuilt once accepted: its turn may predate the load
         await self.subscribe([sid], {sid: cur} if cur else None)
+
+    def _room_to_wake(self) -> tuple[bool, str | None]:
+        """Room for one more woken session (:data:`MAX_WOKEN`), and the
+        session evicted to make it (the least recently woken one without an
+        open run or ask), if one was."""
+        if len(self._woken) < MAX_WOKEN:
+            return True, None
+        for old in self._woken:
+            st = self.tracker.sessions.get(old)
+            if st is None or (st.run is None and not st.asks):
+                del self._woken[old]
+                self.subscribed.discard(old)
+                self._drop_held(old)
+                self.tracker.forget(old)
+                self.ctx.health.count("sessions_evicted")
+                return True, old
+        return False, None
+
+    def _drop_held(self, sid: str) -> None:
+        self._held.pop(sid, None)
+        self._held_total -= self._held_bytes.pop(sid, 0)
 
     async def _process(self, frame: dict[str, Any]) -> None:
         if not self.tracker.accept(frame):
@@ -530,10 +585,13 @@ class Receiver:
     async def _release(self, sid: str) -> bool:
         """Process the frames held for ``sid`` in ``seq`` order; True when
         some had to be dropped (a rebuild is due)."""
-        held = self._held.pop(sid, None) or []
+        held = self._held.get(sid) or []
+        self._drop_held(sid)
+        cut = sid in self._held_cut
+        self._held_cut.discard(sid)
         for f in sorted(held, key=_seq_of):
             await self._process(f)
-        return len(held) >= MAX_HELD
+        return cut
 
     async def _on_ack(self, frame: dict[str, Any], nursery: trio.Nursery) -> None:
         fid = frame.get("id")
@@ -545,7 +603,7 @@ class Receiver:
             self.ctx.health.count("subscribe_refused")
             self.subscribed.difference_update(chunk)
             for sid in chunk:
-                self._held.pop(sid, None)
+                self._drop_held(sid)
             return
         cursors = M.obj(p.get("cursors"))
         resync = set(x for x in p.get("resync_required") or [] if isinstance(x, str))
@@ -557,7 +615,7 @@ class Receiver:
                 nursery.start_soon(self._check_exists, sid)
         for sid in p.get("not_found") or []:
             if isinstance(sid, str):
-                self._held.pop(sid, None)
+                self._drop_held(sid)
         for sid in p.get("accepted") or []:
             if not isinstance(sid, str):
                 continue
@@ -570,7 +628,7 @@ class Receiver:
                 self._no_cursor.discard(sid)
                 nursery.start_soon(self._resync, sid, None)
         for sid in resync:
-            self._held.pop(sid, None)
+            self._drop_held(sid)
             nursery.start_soon(self._resync, sid, cursors.get(sid))
 
     async def _check_exists(self, sid: str) -> None:

@@ -446,6 +446,12 @@ class Tracker:
                     out += self._asked(st, t, item, ts)
         return out
 
+    def forget(self, sid: str) -> None:
+        """Drop ``sid``'s state without emitting (an evicted session with
+        nothing open; a later frame starts it afresh)."""
+        if self.sessions.pop(sid, None) is not None:
+            self.dirty = True
+
     def gone(self, sid: str, ts: str | None = None) -> list[Out]:
         """The session no longer exists on the server (40401): its asks are
         dismissed, its run ends ``run.cancelled``, the state is forgotten."""
