@@ -60,6 +60,7 @@ import logging
 import math
 import os
 import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -256,7 +257,7 @@ class Receiver:
         before = None
         complete = False
         for _ in range(MAX_PAGES):
-            q = "?page_size=100" + (f"&before_id={before}" if before else "")
+            q = "?page_size=100" + (f"&before_id={seg(before)}" if before else "")
             data = await self.request("GET", "/sessions" + q)
             raw = M.obj(data).get("items")
             page = [i for i in raw if isinstance(i, dict) and isinstance(i.get("id"), str)] \
@@ -635,7 +636,7 @@ class Receiver:
         """A ``not_found`` at subscribe: gone (40401) closes the session's
         state; existing makes it dormant until a frame names it."""
         try:
-            await self.request("GET", f"/sessions/{sid}")
+            await self.request("GET", f"/sessions/{seg(sid)}")
         except VendorError as e:
             if e.code == 40401:
                 await self._emit(self.tracker.gone(sid))
@@ -649,7 +650,7 @@ class Receiver:
             # of its prompts loads it on the server, then the subscription by
             # cursor replays, and a rebuild closes what the restart cut off
             try:
-                await self.request("GET", f"/sessions/{sid}/prompts")
+                await self.request("GET", f"/sessions/{seg(sid)}/prompts")
             except (VendorError, Unreachable, AuthRefused):
                 self.ctx.health.count("rest_errors")
             else:
@@ -663,11 +664,11 @@ class Receiver:
         """Rebuild ``sid`` from REST (see :meth:`Tracker.resync`)."""
         snap: dict[str, Any] = {}
         try:
-            snap["session"] = await self.request("GET", f"/sessions/{sid}")
-            snap["prompts"] = await self.request("GET", f"/sessions/{sid}/prompts")
-            a = await self.request("GET", f"/sessions/{sid}/approvals?status=pending")
+            snap["session"] = await self.request("GET", f"/sessions/{seg(sid)}")
+            snap["prompts"] = await self.request("GET", f"/sessions/{seg(sid)}/prompts")
+            a = await self.request("GET", f"/sessions/{seg(sid)}/approvals?status=pending")
             snap["approvals"] = M.obj(a).get("items")
-            q = await self.request("GET", f"/sessions/{sid}/questions?status=pending")
+            q = await self.request("GET", f"/sessions/{seg(sid)}/questions?status=pending")
             snap["questions"] = M.obj(q).get("items")
         except VendorError as e:
             if e.code == 40401:
@@ -708,6 +709,13 @@ _BAD = object()
 def _seq_of(frame: dict[str, Any]) -> int:
     seq = frame.get("seq")
     return seq if isinstance(seq, int) else 0
+
+
+def seg(vendor_id: str) -> str:
+    """A vendor id (session, approval, prompt) as one URL path segment or
+    query value: percent-quoted, ``/``, ``?``, ``#`` and ``..`` included, so
+    an id can never reach another route."""
+    return urllib.parse.quote(vendor_id, safe="")
 
 
 def heartbeat_s(hb: object) -> float:

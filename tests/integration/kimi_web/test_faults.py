@@ -297,3 +297,21 @@ async def test_a_server_that_accepts_and_drops_the_socket_is_backed_off(tmp_path
         await h.until(lambda: stub.connections >= 1, "the first socket")
         await trio.sleep(5)
         assert 2 <= stub.connections <= 6, (stub.connections, h.counters())
+
+
+async def test_vendor_ids_in_the_write_routes_are_quoted(tmp_path):
+    """Review finding 6: a hostile approval id or prompt id cannot steer a
+    write to another route (``../``, ``?``): each is one quoted segment."""
+    stub = stub_with([turn(1, "p/../../x?y"), approval(2, "a/../../sessions?z"), ("hang",)])
+    async with bridge_on(stub, tmp_path, control=True) as h:
+        req = (await h.until(lambda: h.of("attention.requested")))[0]
+        ack = await h.command("c1", "control.attention.respond", subject=req["id"],
+                              data={"answer": {"option": "approved"}})
+        assert ack["type"] == "control.accepted", ack
+        ack2 = await h.command("c2", "control.cancel", data={"scope": "run"})
+        assert ack2["type"] == "control.accepted", ack2
+    # the stub sees the decoded path: the whole id arrived inside its segment
+    # (unquoted, the client would have folded the ``..`` and cut at ``?``)
+    assert [p for p, _ in stub.posts()] == [
+        f"/api/v1/sessions/{S}/approvals/a/../../sessions?z",
+        f"/api/v1/sessions/{S}/prompts/p/../../x?y:abort"]

@@ -90,3 +90,12 @@ async def test_frames_held_before_the_ack_are_capped_by_bytes_per_session_and_in
     assert [len(r._held[s]) for s in "ab"] == [2, 1]  # noqa: SLF001 - 800 of 1000; the total 1200 of 1500
     assert ctx.health.counters["frames_held_overflow"] == 3
     assert await r._release("a") is True and r._held_total == 400  # noqa: SLF001 - a rebuild is due
+
+
+def test_vendor_ids_are_one_quoted_path_segment():
+    """Review finding 6: an id with ``/``, ``?``, ``#`` or ``..`` cannot reach
+    another route or add a query; a plain 2.1.0 id is unchanged."""
+    from bridges.kimi_web.receiver import seg
+    assert seg("session_01JX") == "session_01JX" and seg("msg_abc-1.2~") == "msg_abc-1.2~"
+    assert seg("../../admin?x=1#f") == "..%2F..%2Fadmin%3Fx%3D1%23f"
+    assert "/" not in seg("a/b") and "&" not in seg("a&before_id=z")
