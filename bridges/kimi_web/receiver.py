@@ -430,13 +430,28 @@ class Receiver:
                 nursery.cancel_scope.cancel()
 
     async def _watch(self, ep: discovery.Endpoint) -> None:
-        """Reattach when discovery says another instance or another token."""
+        """Reattach when discovery says another instance or another token.
+        Discovery failing while attached (the token file made 0644 or
+        unreadable, the instance file gone) keeps the socket but says so in
+        ``health.detail`` (the message names the file, never the token;
+        counted ``discovery_failed_attached``): the next reattach would fail."""
+        health = self.ctx.health
+        warned: str | None = None
         while True:
             await trio.sleep(WATCH_S)
             try:
                 now = discovery.resolve(self.config)
-            except discovery.NotFound:
-                continue  # the socket itself will tell when the server is gone
+            except discovery.NotFound as e:
+                # the socket itself will tell when the server is gone
+                if warned is None:
+                    health.count("discovery_failed_attached")
+                warned = f"attached, but discovery fails now: {e}"
+                health.detail = warned
+                continue
+            if warned is not None:
+                if health.detail == warned:
+                    health.detail = None
+                warned = None
             if now.key != ep.key or now.token != ep.token:
                 raise _Reattach()
 

@@ -58,10 +58,11 @@ class Harness:
 
 @asynccontextmanager
 async def bridge_on(stub: StubKap, tmp_path: Path, *, primary: bool = True, control: bool = False,
-                    token: str | None = None, capture: str = "metadata"):
+                    token: str | None = None, capture: str = "metadata", token_file: bool = False):
     async with trio.open_nursery() as n:
         await n.start(stub.serve)
-        cfg = KimiWebConfig(home=tmp_path / "home", url=stub.url, token=token or stub.token,
+        cfg = KimiWebConfig(home=tmp_path / "home", url=stub.url,
+                            token=None if token_file else token or stub.token,
                             primary=primary, control=control, aep_token=control,
                             state_dir=tmp_path / "state")
         policy = CapturePolicy.from_env({"AEP_CAPTURE": capture})
@@ -315,3 +316,27 @@ async def test_vendor_ids_in_the_write_routes_are_quoted(tmp_path):
     assert [p for p, _ in stub.posts()] == [
         f"/api/v1/sessions/{S}/approvals/a/../../sessions?z",
         f"/api/v1/sessions/{S}/prompts/p/../../x?y:abort"]
+
+
+
+async def test_a_token_file_made_readable_while_attached_shows_in_health(tmp_path):
+    """Review finding 6: the token file turning 0644 (or unreadable) while
+    attached keeps the socket but says so in ``health.detail`` (never the
+    token); fixed again, the detail clears."""
+    home = tmp_path / "home"
+    home.mkdir()
+    stub = stub_with([turn(1), ended(2), ("hang",)])
+    tok = home / "server.token"
+    tok.write_text(stub.token)
+    tok.chmod(0o600)
+    async with bridge_on(stub, tmp_path, token_file=True) as h:
+        await h.until(lambda: h.of("run.finished"))
+        assert h.ctx.health.detail is None
+        tok.chmod(0o644)
+        await h.until(lambda: h.ctx.health.detail, "the operator signal")
+        detail = h.ctx.health.detail
+        assert "readable by others" in detail and stub.token not in detail
+        assert h.ctx.health.source is True and stub.connections == 1  # still attached
+        assert h.counters()["discovery_failed_attached"] == 1
+        tok.chmod(0o600)
+        await h.until(lambda: h.ctx.health.detail is None, "the signal cleared")
