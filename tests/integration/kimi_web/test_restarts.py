@@ -276,3 +276,38 @@ async def test_approval_pending_across_a_daemon_restart_is_answered_through_cont
     finally:
         stream.close()
         daemon.stop()
+
+
+async def test_the_right_token_is_nowhere_at_debug_level(mock, server, tmp_path):
+    """Review finding 5 (the wrong-token test's twin): attached with the
+    RIGHT token, logging at DEBUG, through an approval answered over control:
+    the token is in no log line, not in ``/healthz``, not in the JSONL logs
+    and not in any file of the state dir."""
+    daemon = KimiDaemon(server, tmp_path / "state",
+                        {"AEP_LOG_LEVEL": "debug", "AEP_KIMI_WEB_CONTROL": "1"}).start()
+    stream = daemon.subscribe()
+    user = KimiUser(server)
+    try:
+        mock.play(BASH, Text("ran"))
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"), what="ask"))[0]
+        status, ack = await command(daemon, "control.attention.respond", sid, subject=req["id"],
+                                    data={"answer": {"option": "approved"}})
+        assert status == "accepted", (status, ack)
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+        token = server.token()
+        assert len(token) >= 16
+        h = await trio.to_thread.run_sync(daemon.healthz)
+        assert h["bridges"]["kimi_web"]["source"] is True
+        assert token not in json.dumps(h)
+    finally:
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+    log = daemon.log()
+    assert '"level": "debug"' in log or " DEBUG " in log  # debug lines were written
+    assert token not in log
+    files = {p: p.read_bytes() for p in Path(daemon.state).rglob("*")  # noqa: ASYNC240 - after the run
+             if p.is_file()}
+    assert any(p.suffix == ".jsonl" for p in files) and any(p.parent.name == "kimi_web" for p in files)
+    assert [p for p, body in files.items() if token.encode() in body] == []
