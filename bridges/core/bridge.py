@@ -13,8 +13,9 @@ or none). Design: ``shared/DESIGN.md`` ("How data flows",
 """
 from __future__ import annotations
 
+import json
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import (
@@ -27,6 +28,7 @@ from typing import (
     Protocol,
     Required,
     TypedDict,
+    cast,
 )
 
 import trio
@@ -284,6 +286,54 @@ class BridgeContext:
         """Re-send an already-emitted envelope verbatim (same ``id``, same
         ``(epoch, seq)``), AEP-0004 §3."""
         await self._channel.send(Outbound(self.name, event, redelivery=True))
+
+    async def reannounce(self, envelopes: Iterable[object]) -> int:
+        """After a daemon restart, re-send what a bridge's state file
+        restored as still open (the stamped ``run.started`` of an open run,
+        the ``attention.requested`` of a pending ask) byte-identically, as
+        :meth:`redeliver` does: the JSONL session log does not append it
+        again, the relay dedupes on ``(source, id)``, and a fresh relay
+        learns that this emitter claims those sessions, so commands for them
+        route here (AEP-0004 §4.5) and consumers see the open ask.
+
+        ``envelopes``: untrusted (read back from disk); only an envelope of
+        this bridge's agent and stamper host with a session, an ``id`` and
+        an ``(epoch, seq)`` is re-sent, in ``(session, epoch, seq)`` order.
+        Returns how many were re-sent (counted ``reannounced``; the rest
+        ``reannounce_skipped``)."""
+        good: list[Envelope] = []
+        for ev in envelopes:
+            ok = isinstance(ev, dict) and isinstance(ev.get("id"), str) and ev["id"] \
+                and isinstance(ev.get("type"), str) and isinstance(ev.get("session"), str) \
+                and ev.get("agent") == self.stamper.agent \
+                and ev.get("source") == self.stamper.source(ev["session"]) \
+                and isinstance(ev.get("epoch"), int) and isinstance(ev.get("seq"), int)
+            if ok:
+                good.append(cast(Envelope, ev))
+            else:
+                self.health.count("reannounce_skipped")
+        good.sort(key=lambda e: (e["session"], e["epoch"], e["seq"]))
+        for ev in good:
+            await self.redeliver(ev)
+            self.health.count("reannounced")
+        return len(good)
+
+
+#: bytes (JSON) of an open run's / ask's envelope a bridge keeps in its state
+#: file for :meth:`BridgeContext.reannounce`; a bigger one is not kept (its id is)
+REANNOUNCE_MAX = 64 * 1024
+
+
+def keepable(envelope: Envelope | None) -> Envelope | None:
+    """``envelope`` when a bridge may persist it for
+    :meth:`BridgeContext.reannounce` (JSON-serializable, at most
+    :data:`REANNOUNCE_MAX` bytes), else ``None``."""
+    if envelope is None:
+        return None
+    try:
+        return envelope if len(json.dumps(envelope)) <= REANNOUNCE_MAX else None
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass

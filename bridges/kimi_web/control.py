@@ -38,7 +38,7 @@ from typing import Any, Callable
 from bridges.core.control import Refuse, WriteResult
 
 from . import mapping as M
-from .receiver import AuthRefused, Receiver, VendorError
+from .receiver import AuthRefused, Receiver, VendorError, seg
 from .tracker import SessionState
 
 RESPOND = "control.attention.respond"
@@ -146,7 +146,7 @@ class KimiWebControl:
             if ask.settling is not None:
                 raise Refuse("refused", "an answer to this request is already settling")
             d = decide(data.get("answer"))
-            return Plan("respond", cmd["id"], f"/sessions/{st.id}/approvals/{ask.vendor_id}",
+            return Plan("respond", cmd["id"], f"/sessions/{seg(st.id)}/approvals/{seg(ask.vendor_id)}",
                         d["body"], st, ask=ask, applied=d["applied"])
         scope = data.get("scope")
         if scope == "session":
@@ -159,7 +159,7 @@ class KimiWebControl:
             raise Refuse("refused", "the command's run is not the active run")
         if st.run.startswith("turn-"):
             raise Refuse("refused", "the active turn has no prompt id to abort")
-        return Plan("cancel", cmd["id"], f"/sessions/{st.id}/prompts/{st.run}:abort", {}, st)
+        return Plan("cancel", cmd["id"], f"/sessions/{seg(st.id)}/prompts/{seg(st.run)}:abort", {}, st)
 
     def note(self, plan: Plan) -> Callable[[], None]:
         """The note the vendor's outcome is cause-linked through; its undo."""

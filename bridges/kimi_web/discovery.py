@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,18 @@ class Endpoint:
         return (self.url, self.server_id)
 
 
-def pid_alive(pid: int) -> bool:
-    """``kill(pid, 0)``: alive (or not ours to signal) -> True."""
+#: an instance whose pid belongs to another user (``EPERM``) counts as live
+#: only while its ``heartbeat_at`` is this recent (seconds): a crashed
+#: server's pid reused by someone else's process is stale, not live
+FOREIGN_PID_FRESH_S = 120.0
+
+
+def pid_alive(pid: int, heartbeat_at: float = 0.0, now: float | None = None) -> bool:
+    """``kill(pid, 0)``: our process with that pid -> True, none -> False.
+    ``EPERM`` (a process of another user holds the pid: the server runs as
+    someone else, or a crash left the file and the pid was reused) -> True
+    only when ``heartbeat_at`` (epoch seconds or milliseconds; ``0``:
+    unknown) is within :data:`FOREIGN_PID_FRESH_S` of ``now``, or unknown."""
     if pid <= 0:
         return False
     try:
@@ -64,7 +75,10 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
+        if heartbeat_at <= 0:
+            return True  # nothing to tell by: as before
+        hb = heartbeat_at / 1000 if heartbeat_at > 1e11 else heartbeat_at
+        return abs((time.time() if now is None else now) - hb) <= FOREIGN_PID_FRESH_S
     except OSError:
         return False
     return True
@@ -100,7 +114,7 @@ def live_instances(home: Path) -> list[Instance]:
             inst = parse_instance(json.loads(p.read_text()))
         except (OSError, ValueError):
             continue
-        if inst is not None and pid_alive(inst.pid):
+        if inst is not None and pid_alive(inst.pid, inst.heartbeat_at):
             found.append(inst)
     return sorted(found, key=lambda i: (i.started_at, i.heartbeat_at), reverse=True)
 

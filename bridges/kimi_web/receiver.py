@@ -19,7 +19,10 @@ web channel"); the 2.1.0 drifts: ``tests/fixtures/kimi_web_real/README.md``.
 - **Liveness**: every ``ping {nonce}`` is answered ``pong {nonce}`` at once
   (2.1.0 closes a socket after two missed 10 s heartbeats); a socket silent
   for :data:`SILENT_HEARTBEATS` heartbeats is dropped and reattached
-  (health ``degraded`` meanwhile).
+  (health ``degraded`` meanwhile); the announced ``heartbeat_ms`` is clamped
+  to 1 s .. 5 min (:func:`heartbeat_s`). The backoff resets only after an
+  attachment stayed up :data:`STABLE_S` seconds: a server that accepts and
+  drops the socket at once is retried ever more slowly, not every 0.5 s.
 - **Resume**: the per-session cursors ``{seq, epoch}`` (acked by the server,
   advanced by every persisted frame) ride the next ``subscribe``; the server
   replays what was missed, the tracker drops the overlap by ``(session,
@@ -39,6 +42,9 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 ``frames_duplicate``, ``frames_unknown``, ``socket_connects``,
 ``socket_errors``, ``socket_auth_failed``, ``socket_silent``,
 ``socket_too_large``, ``sessions_subscribed``, ``sessions_dormant``, ``rest_errors``,
+``sessions_evicted``, ``sessions_wake_refused`` (:data:`MAX_WOKEN`),
+``frames_held_overflow`` (:data:`MAX_HELD`, :data:`MAX_HELD_BYTES`, :data:`MAX_HELD_TOTAL`),
+``reannounced``, ``reannounce_skipped``,
 ``discovery_failed``, ``reattach_endpoint_changed``, ``state_write_errors``; and
 the tracker's (:mod:`bridges.kimi_web.tracker`): ``frames_duplicate``,
 ``resyncs``, ``tool_results_unpaired``, ``turn_ended_without_run``,
@@ -51,8 +57,10 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -80,8 +88,21 @@ MAX_FRAME = 16 * 1024 * 1024
 MAX_PAGES = 50
 MAX_SESSIONS = 10_000
 MAX_HELD = 2000
+#: bytes of frames held for one session between its subscribe and the ack,
+#: and for all sessions together (frames are up to :data:`MAX_FRAME`)
+MAX_HELD_BYTES, MAX_HELD_TOTAL = 32 * 1024 * 1024, 64 * 1024 * 1024
+#: sessions subscribed because a frame named them (not in the REST listing):
+#: beyond this the least recently woken one without an open run or ask is
+#: unsubscribed and forgotten (``sessions_evicted``); when none can be, the
+#: new one is not subscribed (``sessions_wake_refused``)
+MAX_WOKEN = 500
 FLUSH_EVERY = 1.0
 BACKOFF_INITIAL, BACKOFF_CAP = 0.5, 30.0
+#: an attachment that stayed up this long resets the backoff (one that the
+#: server accepts and drops at once keeps backing off)
+STABLE_S = 30.0
+#: the server's ``heartbeat_ms`` is clamped to this range (seconds)
+HEARTBEAT_MIN_S, HEARTBEAT_MAX_S = 1.0, 300.0
 CLIENT_ID = "aep-bridges"
 
 
@@ -146,17 +167,26 @@ class Receiver:
         #: listed by REST but ``not_found`` at subscribe (2.1.0: not loaded yet)
         self.dormant: set[str] = set()
         self.attached = trio.Event()
+        self._attached_at: float | None = None
         self._n = 0
         self._pending_subs: dict[str, list[str]] = {}
         #: frames of a session between its subscribe and the ack (the replay
         #: and global-channel copies interleave; sorted by seq at the ack)
         self._held: dict[str, list[dict[str, Any]]] = {}
+        self._held_bytes: dict[str, int] = {}
+        self._held_total = 0
+        self._held_cut: set[str] = set()  # sessions whose held frames overflowed
+        self._listed: set[str] = set()
+        self._woken: dict[str, None] = {}  # insertion order = LRU
         self._no_cursor: set[str] = set()
         self._state_path = state_path(config)
         # one set of counters: the tracker's (duplicates, unpaired results,
         # settled asks...) show in /healthz beside the receiver's
         tracker.counters = ctx.health.counters
         self._restore()
+        #: what the state file restored as open, re-announced at the first
+        #: attach of this run (a restarted daemon's fresh relay learns the claims)
+        self._reannounce = tracker.open_envelopes()
 
     # -- state file -------------------------------------------------------------
     def _restore(self) -> None:
@@ -227,7 +257,7 @@ class Receiver:
         before = None
         complete = False
         for _ in range(MAX_PAGES):
-            q = "?page_size=100" + (f"&before_id={before}" if before else "")
+            q = "?page_size=100" + (f"&before_id={seg(before)}" if before else "")
             data = await self.request("GET", "/sessions" + q)
             raw = M.obj(data).get("items")
             page = [i for i in raw if isinstance(i, dict) and isinstance(i.get("id"), str)] \
@@ -267,7 +297,8 @@ class Receiver:
                         if outcome == "reattach":
                             self.ws, self.attached, attempt = None, trio.Event(), 0
                             continue
-                        if outcome == "ok":
+                        if outcome == "ok" and self._attached_at is not None \
+                                and trio.current_time() - self._attached_at >= STABLE_S:
                             attempt = 0
                     self.ws = None
                     self.attached = trio.Event()
@@ -361,15 +392,19 @@ class Receiver:
             hello = _parse(await ws.get_message())
         if not isinstance(hello, dict) or hello.get("type") != "server_hello":
             raise VendorError(0, "no server_hello")
-        hb = M.obj(hello.get("payload")).get("heartbeat_ms")
-        heartbeat = hb / 1000 if isinstance(hb, (int, float)) and hb > 0 else DEFAULT_HEARTBEAT_S
+        heartbeat = heartbeat_s(M.obj(hello.get("payload")).get("heartbeat_ms"))
         await self._send(ws, "client_hello", {"client_id": CLIENT_ID})
+        if self._reannounce:
+            restored, self._reannounce = self._reannounce, []
+            await self.ctx.reannounce(restored)
         sessions, complete = listing
         ep = self.endpoint
         assert ep is not None
         self.subscribed, self.dormant = set(), set()
         self._held, self._pending_subs = {}, {}  # a new socket: nothing of the old one is pending
+        self._held_bytes, self._held_total, self._held_cut = {}, 0, set()
         ids = [s["id"] for s in sessions]
+        self._listed, self._woken = set(ids), {}
         cursors = self.tracker.cursors()
         busy = {s["id"] for s in sessions if s.get("busy") is True
                 or s.get("pending_interaction") not in (None, "none")}
@@ -380,6 +415,7 @@ class Receiver:
                 await self._emit(self.tracker.gone(sid))
         await self.subscribe(ids)
         self.ctx.health.source, self.ctx.health.detail = True, None
+        self._attached_at = trio.current_time()
         self.attached.set()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, ep)
@@ -394,13 +430,28 @@ class Receiver:
                 nursery.cancel_scope.cancel()
 
     async def _watch(self, ep: discovery.Endpoint) -> None:
-        """Reattach when discovery says another instance or another token."""
+        """Reattach when discovery says another instance or another token.
+        Discovery failing while attached (the token file made 0644 or
+        unreadable, the instance file gone) keeps the socket but says so in
+        ``health.detail`` (the message names the file, never the token;
+        counted ``discovery_failed_attached``): the next reattach would fail."""
+        health = self.ctx.health
+        warned: str | None = None
         while True:
             await trio.sleep(WATCH_S)
             try:
                 now = discovery.resolve(self.config)
-            except discovery.NotFound:
-                continue  # the socket itself will tell when the server is gone
+            except discovery.NotFound as e:
+                # the socket itself will tell when the server is gone
+                if warned is None:
+                    health.count("discovery_failed_attached")
+                warned = f"attached, but discovery fails now: {e}"
+                health.detail = warned
+                continue
+            if warned is not None:
+                if health.detail == warned:
+                    health.detail = None
+                warned = None
             if now.key != ep.key or now.token != ep.token:
                 raise _Reattach()
 
@@ -445,7 +496,7 @@ class Receiver:
         elif M.silent(frame):
             h.count("frames_volatile")
         else:
-            await self._on_event(frame)
+            await self._on_event(frame, len(raw) if isinstance(raw, (str, bytes)) else 0)
 
     async def _on_protocol(self, ws: Any, frame: dict[str, Any], nursery: trio.Nursery) -> None:
         t, p = frame["type"], M.obj(frame.get("payload"))
@@ -456,7 +507,7 @@ class Receiver:
         elif t == "resync_required":
             sid = p.get("session_id")
             if isinstance(sid, str) and sid:
-                self._held.pop(sid, None)
+                self._drop_held(sid)
                 nursery.start_soon(self._resync, sid, {"seq": p.get("current_seq"), "epoch": p.get("epoch")})
         elif t == "error":
             self.ctx.health.count("frames_error")
@@ -464,7 +515,7 @@ class Receiver:
                 code = p.get("code")
                 raise VendorError(code if isinstance(code, int) else 0, "fatal WS error")
 
-    async def _on_event(self, frame: dict[str, Any]) -> None:
+    async def _on_event(self, frame: dict[str, Any], size: int = 0) -> None:
         h = self.ctx.health
         sid = frame.get("session_id")
         if not isinstance(sid, str) or not sid:
@@ -478,9 +529,14 @@ class Receiver:
             return
         held = self._held.get(sid)
         if held is not None:
-            if len(held) < MAX_HELD:
+            mine = self._held_bytes.get(sid, 0)
+            if len(held) < MAX_HELD and mine + size <= MAX_HELD_BYTES \
+                    and self._held_total + size <= MAX_HELD_TOTAL:
                 held.append(frame)
+                self._held_bytes[sid] = mine + size
+                self._held_total += size
             else:
+                self._held_cut.add(sid)
                 h.count("frames_held_overflow")  # the rebuild at the ack covers them
             return
         await self._process(frame)
@@ -497,10 +553,42 @@ class Receiver:
         if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
                 and isinstance(epoch, str):
             cur = {"seq": seq - 1, "epoch": epoch}
+        if sid not in self._listed and sid not in self.tracker.sessions:
+            room, evicted = self._room_to_wake()
+            if not room:
+                self.ctx.health.count("sessions_wake_refused")
+                return
+            if evicted is not None and self.ws is not None:
+                # 2.1.0's protocol has unsubscribe (same payload as subscribe)
+                await self._send(self.ws, "unsubscribe", {"session_ids": [evicted]})
+        if sid not in self._listed:
+            self._woken.pop(sid, None)
+            self._woken[sid] = None
         if sid in self.dormant:
             self.dormant.discard(sid)
             self._no_cursor.add(sid)  # rebuilt once accepted: its turn may predate the load
         await self.subscribe([sid], {sid: cur} if cur else None)
+
+    def _room_to_wake(self) -> tuple[bool, str | None]:
+        """Room for one more woken session (:data:`MAX_WOKEN`), and the
+        session evicted to make it (the least recently woken one without an
+        open run or ask), if one was."""
+        if len(self._woken) < MAX_WOKEN:
+            return True, None
+        for old in self._woken:
+            st = self.tracker.sessions.get(old)
+            if st is None or (st.run is None and not st.asks):
+                del self._woken[old]
+                self.subscribed.discard(old)
+                self._drop_held(old)
+                self.tracker.forget(old)
+                self.ctx.health.count("sessions_evicted")
+                return True, old
+        return False, None
+
+    def _drop_held(self, sid: str) -> None:
+        self._held.pop(sid, None)
+        self._held_total -= self._held_bytes.pop(sid, 0)
 
     async def _process(self, frame: dict[str, Any]) -> None:
         if not self.tracker.accept(frame):
@@ -513,10 +601,13 @@ class Receiver:
     async def _release(self, sid: str) -> bool:
         """Process the frames held for ``sid`` in ``seq`` order; True when
         some had to be dropped (a rebuild is due)."""
-        held = self._held.pop(sid, None) or []
+        held = self._held.get(sid) or []
+        self._drop_held(sid)
+        cut = sid in self._held_cut
+        self._held_cut.discard(sid)
         for f in sorted(held, key=_seq_of):
             await self._process(f)
-        return len(held) >= MAX_HELD
+        return cut
 
     async def _on_ack(self, frame: dict[str, Any], nursery: trio.Nursery) -> None:
         fid = frame.get("id")
@@ -528,7 +619,7 @@ class Receiver:
             self.ctx.health.count("subscribe_refused")
             self.subscribed.difference_update(chunk)
             for sid in chunk:
-                self._held.pop(sid, None)
+                self._drop_held(sid)
             return
         cursors = M.obj(p.get("cursors"))
         resync = set(x for x in p.get("resync_required") or [] if isinstance(x, str))
@@ -540,7 +631,7 @@ class Receiver:
                 nursery.start_soon(self._check_exists, sid)
         for sid in p.get("not_found") or []:
             if isinstance(sid, str):
-                self._held.pop(sid, None)
+                self._drop_held(sid)
         for sid in p.get("accepted") or []:
             if not isinstance(sid, str):
                 continue
@@ -553,14 +644,14 @@ class Receiver:
                 self._no_cursor.discard(sid)
                 nursery.start_soon(self._resync, sid, None)
         for sid in resync:
-            self._held.pop(sid, None)
+            self._drop_held(sid)
             nursery.start_soon(self._resync, sid, cursors.get(sid))
 
     async def _check_exists(self, sid: str) -> None:
         """A ``not_found`` at subscribe: gone (40401) closes the session's
         state; existing makes it dormant until a frame names it."""
         try:
-            await self.request("GET", f"/sessions/{sid}")
+            await self.request("GET", f"/sessions/{seg(sid)}")
         except VendorError as e:
             if e.code == 40401:
                 await self._emit(self.tracker.gone(sid))
@@ -574,7 +665,7 @@ class Receiver:
             # of its prompts loads it on the server, then the subscription by
             # cursor replays, and a rebuild closes what the restart cut off
             try:
-                await self.request("GET", f"/sessions/{sid}/prompts")
+                await self.request("GET", f"/sessions/{seg(sid)}/prompts")
             except (VendorError, Unreachable, AuthRefused):
                 self.ctx.health.count("rest_errors")
             else:
@@ -588,11 +679,11 @@ class Receiver:
         """Rebuild ``sid`` from REST (see :meth:`Tracker.resync`)."""
         snap: dict[str, Any] = {}
         try:
-            snap["session"] = await self.request("GET", f"/sessions/{sid}")
-            snap["prompts"] = await self.request("GET", f"/sessions/{sid}/prompts")
-            a = await self.request("GET", f"/sessions/{sid}/approvals?status=pending")
+            snap["session"] = await self.request("GET", f"/sessions/{seg(sid)}")
+            snap["prompts"] = await self.request("GET", f"/sessions/{seg(sid)}/prompts")
+            a = await self.request("GET", f"/sessions/{seg(sid)}/approvals?status=pending")
             snap["approvals"] = M.obj(a).get("items")
-            q = await self.request("GET", f"/sessions/{sid}/questions?status=pending")
+            q = await self.request("GET", f"/sessions/{seg(sid)}/questions?status=pending")
             snap["questions"] = M.obj(q).get("items")
         except VendorError as e:
             if e.code == 40401:
@@ -617,7 +708,9 @@ class Receiver:
                 self.ctx.health.count("emit_errors")
                 continue
             if o.ask_key is not None:
-                self.tracker.bind(o.ask_key, ev["id"])
+                self.tracker.bind(o.ask_key, ev)
+            elif ev["type"] == "run.started":
+                self.tracker.bind_run(o.session, ev)
             prev = ev
 
 
@@ -631,6 +724,23 @@ _BAD = object()
 def _seq_of(frame: dict[str, Any]) -> int:
     seq = frame.get("seq")
     return seq if isinstance(seq, int) else 0
+
+
+def seg(vendor_id: str) -> str:
+    """A vendor id (session, approval, prompt) as one URL path segment or
+    query value: percent-quoted, ``/``, ``?``, ``#`` and ``..`` included, so
+    an id can never reach another route."""
+    return urllib.parse.quote(vendor_id, safe="")
+
+
+def heartbeat_s(hb: object) -> float:
+    """The server's announced ``heartbeat_ms`` in seconds, clamped to
+    [:data:`HEARTBEAT_MIN_S`, :data:`HEARTBEAT_MAX_S`];
+    :data:`DEFAULT_HEARTBEAT_S` for anything not a positive finite number
+    (a boolean, a string, NaN, Infinity)."""
+    if isinstance(hb, bool) or not isinstance(hb, (int, float)) or not math.isfinite(hb) or hb <= 0:
+        return DEFAULT_HEARTBEAT_S
+    return min(HEARTBEAT_MAX_S, max(HEARTBEAT_MIN_S, hb / 1000))
 
 
 def root_cause(exc: BaseException) -> BaseException:

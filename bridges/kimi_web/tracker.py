@@ -44,7 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from bridges.core.bridge import Emission
+from bridges.core.bridge import Emission, keepable
 from bridges.core.posture import Posture
 
 from . import mapping as M
@@ -81,10 +81,12 @@ class Ask:
     fields: list[dict[str, Any]] = field(default_factory=list)
     settling: str | None = None  # command id
     applied: dict[str, Any] | None = None
+    #: the stamped ``attention.requested`` (re-announced after a restart)
+    envelope: dict[str, Any] | None = None
 
     def dump(self) -> dict[str, Any]:
         return {"vendor_id": self.vendor_id, "kind": self.kind, "run": self.run,
-                "event_id": self.event_id, "fields": self.fields}
+                "event_id": self.event_id, "fields": self.fields, "envelope": self.envelope}
 
 
 @dataclass
@@ -98,6 +100,8 @@ class SessionState:
     asks: dict[str, Ask] = field(default_factory=dict)
     settled: OrderedDict = field(default_factory=OrderedDict)
     cancel_note: str | None = None
+    #: the stamped ``run.started`` of the open run (re-announced after a restart)
+    run_envelope: dict[str, Any] | None = None
 
     @property
     def cursor(self) -> dict[str, Any] | None:
@@ -113,6 +117,7 @@ class SessionState:
     def dump(self) -> dict[str, Any]:
         return {"id": self.id, "epoch": self.epoch, "seq": self.seq, "run": self.run,
                 "turn": self.turn if isinstance(self.turn, (int, str)) else None,
+                "run_envelope": self.run_envelope if self.run else None,
                 "tools": list(self.tools.items())[-64:],
                 "asks": [a.dump() for a in self.asks.values()],
                 "settled": list(self.settled)[-64:]}
@@ -129,6 +134,8 @@ class SessionState:
         st.seq = body["seq"] if isinstance(body.get("seq"), int) and not isinstance(body["seq"], bool) \
             else None
         st.turn = body.get("turn") if isinstance(body.get("turn"), (int, str)) else None
+        if st.run and isinstance(body.get("run_envelope"), dict):
+            st.run_envelope = body["run_envelope"]
         for item in body.get("tools") or []:
             if isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item):
                 st.tools[item[0]] = item[1]
@@ -138,7 +145,8 @@ class SessionState:
                 st.asks[a["vendor_id"]] = Ask(
                     a["vendor_id"], a["kind"], run=a["run"] if isinstance(a.get("run"), str) else None,
                     event_id=a["event_id"] if isinstance(a.get("event_id"), str) else None,
-                    fields=[f for f in a.get("fields") or [] if isinstance(f, dict)])
+                    fields=[f for f in a.get("fields") or [] if isinstance(f, dict)],
+                    envelope=a["envelope"] if isinstance(a.get("envelope"), dict) else None)
         for vid in body.get("settled") or []:
             if isinstance(vid, str):
                 st.settle(vid)
@@ -287,7 +295,7 @@ class Tracker:
         if note and terminal["type"] == "run.cancelled":
             terminal = {"type": "run.cancelled", "data": {"by": "control"}}
             cause = note
-        st.run, st.turn, st.cancel_note = None, None, None
+        st.run, st.turn, st.cancel_note, st.run_envelope = None, None, None, None
         self.dirty = True
         out.append(Out(st.id, terminal, run=run, cause=cause, time=ts))
         return out
@@ -308,13 +316,34 @@ class Tracker:
         self.dirty = True
         return [Out(st.id, e, run=st.run, time=ts, ask_key=(st.id, vid))]
 
-    def bind(self, key: tuple[str, str], event_id: str) -> None:
-        """The receiver reports the envelope id of an ask it emitted."""
+    def bind(self, key: tuple[str, str], envelope: dict[str, Any]) -> None:
+        """The receiver reports the envelope of an ask it emitted (its id
+        names the ask; the whole envelope is kept for :meth:`open_envelopes`
+        when :func:`bridges.core.bridge.keepable`)."""
         st = self.sessions.get(key[0])
         ask = st.asks.get(key[1]) if st else None
         if ask is not None:
-            ask.event_id = event_id
+            ask.event_id = envelope["id"]
+            ask.envelope = keepable(envelope)
             self.dirty = True
+
+    def bind_run(self, sid: str, envelope: dict[str, Any]) -> None:
+        """The receiver reports the ``run.started`` it emitted for ``sid``'s open run."""
+        st = self.sessions.get(sid)
+        if st is not None and st.run is not None and envelope.get("run") == st.run:
+            st.run_envelope = keepable(envelope)
+            self.dirty = True
+
+    def open_envelopes(self) -> list[dict[str, Any]]:
+        """The stamped envelopes of every open run and open ask (restored
+        from the state file after a restart): what the receiver re-announces
+        (:meth:`bridges.core.bridge.BridgeContext.reannounce`)."""
+        out: list[dict[str, Any]] = []
+        for st in self.sessions.values():
+            if st.run is not None and st.run_envelope is not None:
+                out.append(st.run_envelope)
+            out += [a.envelope for a in st.asks.values() if a.envelope is not None]
+        return out
 
     def _settled(self, st: SessionState, t: str, p: dict[str, Any], ts: str | None) -> list[Out]:
         vid = p.get("approval_id") if t == "event.approval.resolved" else p.get("question_id")
@@ -416,6 +445,12 @@ class Tracker:
                 if isinstance(item, dict) and item.get(idk) not in st.asks:
                     out += self._asked(st, t, item, ts)
         return out
+
+    def forget(self, sid: str) -> None:
+        """Drop ``sid``'s state without emitting (an evicted session with
+        nothing open; a later frame starts it afresh)."""
+        if self.sessions.pop(sid, None) is not None:
+            self.dirty = True
 
     def gone(self, sid: str, ts: str | None = None) -> list[Out]:
         """The session no longer exists on the server (40401): its asks are

@@ -62,7 +62,7 @@ import trio
 import trio_websocket
 
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated
+from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated, keepable
 from bridges.core.errors import leaves
 from bridges.core.paths import write_atomic
 from bridges.core.posture import Posture
@@ -137,7 +137,12 @@ class Conversation:
     started: bool = False
     ended: bool = False
     seen: OrderedDict = field(default_factory=OrderedDict)
+    #: the stamped ``run.started`` / ``attention.requested`` still open
+    #: (re-announced after a daemon restart, :meth:`BridgeContext.reannounce`)
+    run_envelope: dict[str, Any] | None = None
+    attention_envelope: dict[str, Any] | None = None
     # runtime only
+    reannounce_due: bool = False
     pending_snap: tuple[str | None, str, str | None] | None = None  # (vendor ts, status, envelope id)
     notes: dict[str, str] = field(default_factory=dict)  # pause/resume/interrupt -> cmd id
     settling: Settling | None = None
@@ -161,7 +166,9 @@ class Conversation:
         return {"v": STATE_VERSION, "id": self.id, "status": self.status, "status_ts": self.status_ts,
                 "run_n": self.run_n, "run_id": self.run_id, "attention_id": self.attention_id,
                 "anchor": self.anchor, "started": self.started, "ended": self.ended,
-                "seen": list(self.seen)[-32:]}
+                "seen": list(self.seen)[-32:],
+                "run_envelope": self.run_envelope if self.run_id else None,
+                "attention_envelope": self.attention_envelope if self.attention_id else None}
 
     @classmethod
     def restore(cls, body: object, cid: str) -> "Conversation":
@@ -179,7 +186,17 @@ class Conversation:
         for eid in body.get("seen") or []:
             if isinstance(eid, str):
                 c.remember(eid)
+        run_env, ask_env = body.get("run_envelope"), body.get("attention_envelope")
+        if c.run_id and isinstance(run_env, dict) and run_env.get("run") == c.run_id:
+            c.run_envelope = run_env
+        if c.attention_id and isinstance(ask_env, dict) and ask_env.get("id") == c.attention_id:
+            c.attention_envelope = ask_env
+        c.reannounce_due = c.run_envelope is not None or c.attention_envelope is not None
         return c
+
+    def open_envelopes(self) -> list[dict[str, Any]]:
+        """What is still open, as stamped (see :attr:`run_envelope`)."""
+        return [e for e in (self.run_envelope, self.attention_envelope) if e is not None]
 
 
 Settings = OpenHandsConfig
@@ -397,6 +414,9 @@ class Receiver:
         try:
             with trio.CancelScope() as scope:
                 conv.scope = scope
+                if conv.reannounce_due:  # a restarted daemon: the fresh relay learns the claim
+                    conv.reannounce_due = False
+                    await self.ctx.reannounce(conv.open_envelopes())
                 if not conv.started:
                     await self._emit(conv, {"type": "session.started", "data": {
                         "client": {"name": "openhands-agent-server"}, "server": self._host}})
@@ -576,6 +596,7 @@ class Receiver:
                 await self._emit(conv, {"type": "attention.resolved", "subject": subject, "data": data},
                                  cause=link)
                 conv.attention_id = None
+                conv.attention_envelope = None
                 conv.attention_t0 = None
             elif t == "attention.requested":
                 em = m.copy()
@@ -584,14 +605,16 @@ class Receiver:
                     self.decorate(em)
                 env = await self._emit(conv, em, cause=cause)
                 conv.attention_id = env["id"]
+                conv.attention_envelope = keepable(env)
                 conv.attention_t0 = trio.current_time()
             elif t == "run.started":
                 conv.run_n += 1
                 conv.run_id = f"run:{conv.id}:{conv.run_n}"
-                await self._emit(conv, m, cause=cause)
+                conv.run_envelope = keepable(await self._emit(conv, m, cause=cause))
             elif t in ("run.finished", "run.failed", "run.cancelled"):
                 await self._emit(conv, m, cause=cause)
                 conv.run_id = None
+                conv.run_envelope = None
             elif t == "session.ended":
                 await self._emit(conv, m, cause=cause)
                 conv.ended = True

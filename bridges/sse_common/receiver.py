@@ -161,6 +161,9 @@ class SseReceiver:
         self._problem: str | None = None
         self.connects = 0
         self.reconcile_pending = False
+        #: what the state file restored as open, re-announced at the first
+        #: connect (a restarted daemon's fresh relay learns the claims)
+        self._reannounce = tracker.open_envelopes()
 
     # -------------------------------------------------------------- running
     async def run(self) -> None:
@@ -260,6 +263,9 @@ class SseReceiver:
             self._problem = None
             self.ctx.health.detail = None
             self.ctx.health.source = "degraded" if self.degraded else True
+            if self._reannounce:
+                restored, self._reannounce = self._reannounce, []
+                await self.ctx.reannounce(restored)
             await self.reconcile()
             try:
                 await self._read(events)
@@ -327,6 +333,8 @@ class SseReceiver:
             try:
                 o.envelope = await self.ctx.emit(o.session, o.emission, run=o.run,
                                                  cause=o.resolved_cause())
+                if o.envelope["type"] == "run.started":
+                    self.tracker.bind_run(o.session, o.envelope)
             except ValueError as e:  # an envelope the stamper refuses: count, go on
                 self.ctx.health.count("emit_errors")
                 log.warning("%s: could not stamp %s: %s", self.ctx.name,

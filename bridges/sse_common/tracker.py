@@ -48,7 +48,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from bridges.core.bridge import Emission
+from bridges.core.bridge import Emission, keepable
 from bridges.core.posture import Posture
 
 from .frames import BusEvent
@@ -130,6 +130,8 @@ class SessionState:
     cancel: Cancel | None = None
     messages: OrderedDict = field(default_factory=OrderedDict)  # reduction keys seen
     parts: dict[str, str | None] = field(default_factory=dict)  # companion: callID -> last status
+    #: the stamped ``run.started`` of the open run (re-announced after a restart)
+    run_envelope: dict[str, Any] | None = None
 
 
 CLOSED_RUNS_KEPT = 512
@@ -500,6 +502,7 @@ class Tracker:
         if len(st.closed_runs) > CLOSED_RUNS_KEPT:
             st.closed_runs.popitem(last=False)
         st.run = None
+        st.run_envelope = None
         st.tools.clear()
         st.rejected.clear()
         self.dirty = True
@@ -521,10 +524,13 @@ class Tracker:
                 "closed_runs": list(st.closed_runs)[-32:],
                 "settled": list(st.settled)[-32:],
                 "cancel": [st.cancel.command, st.cancel.run] if st.cancel else None,
+                "run_envelope": st.run_envelope if st.run else None,
                 "asks": [{"vendor_id": a.vendor_id, "kind": a.kind, "surface": a.surface,
                           "event_id": a.event_id, "run": a.run, "call_id": a.call_id,
                           "questions": a.questions, "fields": a.fields,
-                          "settling": a.settling, "applied": a.applied}
+                          "settling": a.settling, "applied": a.applied,
+                          "envelope": keepable(a.out.envelope)
+                          if a.out.envelope and "type" in a.out.envelope else None}
                          for a in st.asks.values() if a.event_id],
             }
         return {"version": 1, "sessions": out}
@@ -547,6 +553,8 @@ class Tracker:
         st.started = bool(d.get("started"))
         if isinstance(d.get("run"), str):
             st.run = d["run"]
+            if isinstance(d.get("run_envelope"), dict):
+                st.run_envelope = d["run_envelope"]
         for r in d.get("closed_runs") or []:
             if isinstance(r, str):
                 st.closed_runs[r] = None
@@ -560,6 +568,26 @@ class Tracker:
             ask = _restored_ask(st.id, a)
             if ask is not None:
                 st.asks[ask.vendor_id] = ask
+
+    def bind_run(self, sid: str, envelope: dict[str, Any]) -> None:
+        """The receiver stamped the ``run.started`` of ``sid``'s open run."""
+        st = self.sessions.get(sid)
+        if st is not None and st.run is not None and envelope.get("run") == st.run:
+            st.run_envelope = keepable(envelope)
+            self.dirty = True
+
+    def open_envelopes(self) -> list[dict[str, Any]]:
+        """The stamped envelopes of every open run and pending ask (kept
+        through :meth:`snapshot` / :meth:`restore`): what the receiver
+        re-announces after a daemon restart
+        (:meth:`bridges.core.bridge.BridgeContext.reannounce`)."""
+        out: list[dict[str, Any]] = []
+        for st in self.sessions.values():
+            if st.run is not None and st.run_envelope is not None:
+                out.append(st.run_envelope)
+            out += [a.out.envelope for a in st.asks.values()
+                    if a.out.envelope is not None and "type" in a.out.envelope]
+        return out
 
     # ------------------------------------------------------------ reconcile
     def reconcile(self, *, queried: set[str | None], busy: dict[str, str],
@@ -659,7 +687,10 @@ def _restored_ask(sid: str, a: Any) -> Ask | None:
     if not isinstance(a, dict) or not all(isinstance(a.get(k), str) for k in (
             "vendor_id", "kind", "surface", "event_id")):
         return None
-    out = Out(sid, {"type": "attention.requested"}, envelope={"id": a["event_id"]})
+    env = a.get("envelope")
+    out = Out(sid, {"type": "attention.requested"},
+              envelope=env if isinstance(env, dict) and env.get("id") == a["event_id"]
+              else {"id": a["event_id"]})
     return Ask(a["vendor_id"], sid, a["kind"], a["surface"], out,
                run=_str(a.get("run")), call_id=_str(a.get("call_id")),
                questions=_l(a.get("questions")), fields=_l(a.get("fields")),

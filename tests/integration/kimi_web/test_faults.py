@@ -58,10 +58,11 @@ class Harness:
 
 @asynccontextmanager
 async def bridge_on(stub: StubKap, tmp_path: Path, *, primary: bool = True, control: bool = False,
-                    token: str | None = None, capture: str = "metadata"):
+                    token: str | None = None, capture: str = "metadata", token_file: bool = False):
     async with trio.open_nursery() as n:
         await n.start(stub.serve)
-        cfg = KimiWebConfig(home=tmp_path / "home", url=stub.url, token=token or stub.token,
+        cfg = KimiWebConfig(home=tmp_path / "home", url=stub.url,
+                            token=None if token_file else token or stub.token,
                             primary=primary, control=control, aep_token=control,
                             state_dir=tmp_path / "state")
         policy = CapturePolicy.from_env({"AEP_CAPTURE": capture})
@@ -285,3 +286,57 @@ async def test_content_quoting_the_token_is_redacted_by_value(tmp_path):
         done = (await h.until(lambda: h.of("tool.completed")))[0]
         assert "result_redacted" in done["data"]
         assert stub.token not in repr(h.events)
+
+
+async def test_a_server_that_accepts_and_drops_the_socket_is_backed_off(tmp_path):
+    """Review finding 4: every socket is accepted (hello, subscribe acked)
+    and closed at once. The backoff resets only after an attachment stayed
+    up a while, so the retries slow down (0.25-0.5 s, 0.5-1 s, 1-2 s, 2-4 s):
+    in 5 s at most a handful, not one every half second (10 or more)."""
+    stub = stub_with([("close",)])
+    async with bridge_on(stub, tmp_path) as h:
+        await h.until(lambda: stub.connections >= 1, "the first socket")
+        await trio.sleep(5)
+        assert 2 <= stub.connections <= 6, (stub.connections, h.counters())
+
+
+async def test_vendor_ids_in_the_write_routes_are_quoted(tmp_path):
+    """Review finding 6: a hostile approval id or prompt id cannot steer a
+    write to another route (``../``, ``?``): each is one quoted segment."""
+    stub = stub_with([turn(1, "p/../../x?y"), approval(2, "a/../../sessions?z"), ("hang",)])
+    async with bridge_on(stub, tmp_path, control=True) as h:
+        req = (await h.until(lambda: h.of("attention.requested")))[0]
+        ack = await h.command("c1", "control.attention.respond", subject=req["id"],
+                              data={"answer": {"option": "approved"}})
+        assert ack["type"] == "control.accepted", ack
+        ack2 = await h.command("c2", "control.cancel", data={"scope": "run"})
+        assert ack2["type"] == "control.accepted", ack2
+    # the stub sees the decoded path: the whole id arrived inside its segment
+    # (unquoted, the client would have folded the ``..`` and cut at ``?``)
+    assert [p for p, _ in stub.posts()] == [
+        f"/api/v1/sessions/{S}/approvals/a/../../sessions?z",
+        f"/api/v1/sessions/{S}/prompts/p/../../x?y:abort"]
+
+
+
+async def test_a_token_file_made_readable_while_attached_shows_in_health(tmp_path):
+    """Review finding 6: the token file turning 0644 (or unreadable) while
+    attached keeps the socket but says so in ``health.detail`` (never the
+    token); fixed again, the detail clears."""
+    home = tmp_path / "home"
+    home.mkdir()
+    stub = stub_with([turn(1), ended(2), ("hang",)])
+    tok = home / "server.token"
+    tok.write_text(stub.token)
+    tok.chmod(0o600)
+    async with bridge_on(stub, tmp_path, token_file=True) as h:
+        await h.until(lambda: h.of("run.finished"))
+        assert h.ctx.health.detail is None
+        tok.chmod(0o644)
+        await h.until(lambda: h.ctx.health.detail, "the operator signal")
+        detail = h.ctx.health.detail
+        assert "readable by others" in detail and stub.token not in detail
+        assert h.ctx.health.source is True and stub.connections == 1  # still attached
+        assert h.counters()["discovery_failed_attached"] == 1
+        tok.chmod(0o600)
+        await h.until(lambda: h.ctx.health.detail is None, "the signal cleared")

@@ -160,7 +160,10 @@ async def test_daemon_restarted_mid_turn(mock, server, tmp_path):
         await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished after restart")
         await trio.sleep(1.0)
         after = validated(stream.of(sid))
-        assert core(after) == ["run.finished"]  # resumed by cursor: no second run.started
+        # resumed by cursor: the open run is re-announced (the same envelope,
+        # not a second run: the JSONL log below has one), then it finishes
+        assert core(after) == ["run.started", "run.finished"]
+        assert next(e for e in after if e["type"] == "run.started") == started
         fin = next(e for e in after if e["type"] == "run.finished")
         assert fin["run"] == started["run"]
         log = jsonl(daemon, sid)
@@ -224,7 +227,10 @@ async def test_approval_answered_while_the_daemon_was_down(mock, server, tmp_pat
         ans = next(e for e in after if e["type"] == "attention.answered")
         res = next(e for e in after if e["type"] == "attention.resolved")
         assert ans["subject"] == req["id"] == res["subject"] and ans["data"]["via"] == "oob"
-        assert "attention.requested" not in core(after) and "run.started" not in core(after)
+        # the restored open run and ask are re-announced as they were (same
+        # envelopes), never requested anew
+        assert [e for e in after if e["type"] == "attention.requested"] == [req]
+        assert core(after).count("run.started") == 1
         whole = jsonl(daemon, sid)  # both daemon runs, in order: one valid stream
         validated(whole)
         assert [e["type"] for e in whole if e["type"].startswith(("run.", "attention."))] == [
@@ -232,3 +238,79 @@ async def test_approval_answered_while_the_daemon_was_down(mock, server, tmp_pat
     finally:
         stream.close()
         daemon.stop()
+
+
+async def test_approval_pending_across_a_daemon_restart_is_answered_through_control(mock, server, tmp_path):
+    """Review finding 1: the daemon restarts with an approval pending. The
+    restarted bridge re-announces the open run and the open ask (the same
+    envelopes, byte-identical, ``redelivery``: not appended to the JSONL log
+    again), so the fresh relay routes a ``control.attention.respond`` for
+    the session to it (not ``no-route``) and a new consumer sees the ask."""
+    env = {"AEP_KIMI_WEB_CONTROL": "1"}
+    daemon = KimiDaemon(server, tmp_path / "state", env).start()
+    stream = daemon.subscribe()
+    user = KimiUser(server)
+    try:
+        mock.play(BASH, Text("ran"))
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"), what="ask"))[0]
+        started = stream.of(sid, "run.started")[0]
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+        daemon.start()
+        stream = daemon.subscribe()
+        again = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"),
+                                       what="the ask re-announced"))[0]
+        assert again == req  # the same envelope: id, epoch, seq, data
+        assert stream.of(sid, "run.started")[0] == started
+        status, ack = await command(daemon, "control.attention.respond", sid, subject=req["id"],
+                                    data={"answer": {"option": "approved"}})
+        assert status == "accepted", (status, ack)
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+        assert any("probe" in text for text in mock.mock.tool_results())  # the tool ran
+        ans = next(e for e in stream.of(sid) if e["type"] == "attention.answered")
+        assert ans["subject"] == req["id"] and ans["data"]["via"] == "control"
+        whole = jsonl(daemon, sid)  # the redelivery is not a second line
+        validated(whole)
+        assert [e["type"] for e in whole if e["type"].startswith(("run.", "attention."))] == [
+            "run.started", "attention.requested", "attention.answered", "attention.resolved",
+            "run.finished"]
+    finally:
+        stream.close()
+        daemon.stop()
+
+
+async def test_the_right_token_is_nowhere_at_debug_level(mock, server, tmp_path):
+    """Review finding 5 (the wrong-token test's twin): attached with the
+    RIGHT token, logging at DEBUG, through an approval answered over control:
+    the token is in no log line, not in ``/healthz``, not in the JSONL logs
+    and not in any file of the state dir."""
+    daemon = KimiDaemon(server, tmp_path / "state",
+                        {"AEP_LOG_LEVEL": "debug", "AEP_KIMI_WEB_CONTROL": "1"}).start()
+    stream = daemon.subscribe()
+    user = KimiUser(server)
+    try:
+        mock.play(BASH, Text("ran"))
+        sid = await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        req = (await stream.wait_for(lambda s: s.of(sid, "attention.requested"), what="ask"))[0]
+        status, ack = await command(daemon, "control.attention.respond", sid, subject=req["id"],
+                                    data={"answer": {"option": "approved"}})
+        assert status == "accepted", (status, ack)
+        await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
+        token = server.token()
+        assert len(token) >= 16
+        h = await trio.to_thread.run_sync(daemon.healthz)
+        assert h["bridges"]["kimi_web"]["source"] is True
+        assert token not in json.dumps(h)
+    finally:
+        stream.close()
+        assert daemon.stop() == 0, daemon.log()
+    log = daemon.log()
+    assert '"level": "debug"' in log or " DEBUG " in log  # debug lines were written
+    assert token not in log
+    files = {p: p.read_bytes() for p in Path(daemon.state).rglob("*")  # noqa: ASYNC240 - after the run
+             if p.is_file()}
+    assert any(p.suffix == ".jsonl" for p in files) and any(p.parent.name == "kimi_web" for p in files)
+    assert [p for p, body in files.items() if token.encode() in body] == []

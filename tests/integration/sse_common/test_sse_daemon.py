@@ -287,7 +287,9 @@ async def test_6b_daemon_restarted_mid_run(env: Env) -> None:
     restores its open runs and pending asks (the state dir) and reconciles
     from REST (the stream has no replay). The run continues under the same
     id without a second ``run.started``, the ask keeps its id and is
-    answered over AEP after the restart, and the session's JSONL history
+    answered over AEP after the restart; a consumer attaching after the
+    restart sees the open run and the pending ask (re-announced: the same
+    envelopes, byte-identical, not logged twice), and the session's JSONL history
     across both daemon lives is one valid stream: nothing dangles, nothing
     twice."""
     state = env.tmp / "restart"
@@ -297,9 +299,13 @@ async def test_6b_daemon_restarted_mid_run(env: Env) -> None:
     try:
         sid = await start_prompt(env, "AEP_BASH echo across-restart")
         first = (await stream.wait_for(lambda s: s.of(sid, "attention.requested")))[0]
+        started = stream.of(sid, "run.started")[0]
         stream.close()
         assert await trio.to_thread.run_sync(d.restart) == 0
         stream = d.subscribe()
+        again = await stream.wait_for(lambda s: len(s.of(sid)) >= 2 and s.of(sid)[:2],
+                                      what="the open run and ask re-announced")
+        assert again == [started, first]
         # the reconcile's observation of the busy session (it also re-claims
         # the session at the relay, so the command can be routed)
         busy = (await stream.wait_for(lambda s: s.of(sid, "progress.status")))[0]
@@ -308,7 +314,7 @@ async def test_6b_daemon_restarted_mid_run(env: Env) -> None:
                                     data={"answer": {"option": "once"}})
         assert status == "accepted", (status, ack)
         await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
-        after = stream.of(sid)
+        after = stream.of(sid)[2:]
         assert "run.started" not in types(after) and "attention.requested" not in types(after)
         assert types(after)[0] == "progress.status"
         answered = only(after, "attention.answered")

@@ -126,3 +126,20 @@ def test_decide_refuses(answer):
     with pytest.raises(Refuse) as e:
         decide(answer)
     assert e.value.reason == "invalid"
+
+
+
+def test_a_pid_of_another_user_is_live_only_with_a_fresh_heartbeat(monkeypatch):
+    """Review finding 6: ``EPERM`` means someone else's process holds the
+    pid: the server running as another user (its heartbeat is fresh) or a
+    crashed server's pid reused (its heartbeat is old): stale."""
+    from bridges.kimi_web import discovery as D
+
+    def eperm(pid, sig):
+        raise PermissionError(1, "Operation not permitted")
+    monkeypatch.setattr(D.os, "kill", eperm)
+    now = 1_800_000_000.0
+    assert D.pid_alive(4242, now - 10, now=now) is True
+    assert D.pid_alive(4242, (now - 10) * 1000, now=now) is True  # milliseconds
+    assert D.pid_alive(4242, now - 3600, now=now) is False
+    assert D.pid_alive(4242, 0.0, now=now) is True  # no heartbeat to tell by

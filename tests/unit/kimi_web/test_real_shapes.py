@@ -47,7 +47,7 @@ def drive(name: str, *, primary: bool = True, answerable: bool = False, capture:
                 kw["cause"] = cause
             ev = st.stamp(o.session, o.emission, **kw)
             if o.ask_key:
-                tr.bind(o.ask_key, ev["id"])
+                tr.bind(o.ask_key, ev)
             out.append(ev)
             prev = ev
 

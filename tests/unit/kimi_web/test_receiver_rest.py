@@ -49,3 +49,53 @@ def test_root_cause_unwraps_single_groups():
     assert root_cause(ExceptionGroup("g", [ExceptionGroup("h", [e])])) is e
     g = ExceptionGroup("g", [ValueError(), KeyError()])
     assert root_cause(g) is g
+
+
+def test_the_announced_heartbeat_is_clamped_and_garbage_is_the_default():
+    """Review finding 4: a server's ``heartbeat_ms`` of 1 would drop a
+    healthy socket every 3 ms; a boolean, Infinity or NaN is not a number."""
+    from bridges.kimi_web.receiver import DEFAULT_HEARTBEAT_S, heartbeat_s
+    assert heartbeat_s(1) == 1.0 and heartbeat_s(0.5) == 1.0
+    assert heartbeat_s(10_000) == 10.0
+    assert heartbeat_s(10**12) == 300.0
+    for bad in (True, False, float("inf"), float("nan"), -5, 0, "10000", None, [10]):
+        assert heartbeat_s(bad) == DEFAULT_HEARTBEAT_S, bad
+
+
+async def test_frames_held_before_the_ack_are_capped_by_bytes_per_session_and_in_total(monkeypatch, tmp_path):
+    """Review finding 3: held frames were capped by count only (2,000 of up
+    to 16 MiB each). Past the byte caps a frame is not held (counted
+    ``frames_held_overflow``) and the session is rebuilt at the ack."""
+    import logging
+
+    import trio
+
+    from bridges.core.bridge import BridgeContext, BridgeHealth
+    from bridges.core.envelope import Stamper
+    from bridges.core.posture import Posture
+    from bridges.kimi_web import receiver as R
+    from bridges.kimi_web.tracker import Tracker
+    monkeypatch.setattr(R, "MAX_HELD_BYTES", 1000)
+    monkeypatch.setattr(R, "MAX_HELD_TOTAL", 1500)
+    out_s, _out_r = trio.open_memory_channel(10)
+    _c, cmd_r = trio.open_memory_channel(1)
+    ctx = BridgeContext("kimi_web", Stamper("kimi-code", epoch=1, host="h"), out_s, cmd_r,
+                        BridgeHealth(), logging.getLogger("t"))
+    r = R.Receiver(KimiWebConfig(home=tmp_path, state_dir=None), Tracker(Posture(mode="primary")), ctx)
+    r.subscribed = {"a", "b"}
+    r._held = {"a": [], "b": []}  # noqa: SLF001 - the receiver's own hold, driven directly
+    for sid, n in (("a", 3), ("b", 3)):
+        for seq in range(n):
+            await r._on_event({"type": "turn.started", "session_id": sid, "seq": seq}, 400)  # noqa: SLF001
+    assert [len(r._held[s]) for s in "ab"] == [2, 1]  # noqa: SLF001 - 800 of 1000; the total 1200 of 1500
+    assert ctx.health.counters["frames_held_overflow"] == 3
+    assert await r._release("a") is True and r._held_total == 400  # noqa: SLF001 - a rebuild is due
+
+
+def test_vendor_ids_are_one_quoted_path_segment():
+    """Review finding 6: an id with ``/``, ``?``, ``#`` or ``..`` cannot reach
+    another route or add a query; a plain 2.1.0 id is unchanged."""
+    from bridges.kimi_web.receiver import seg
+    assert seg("session_01JX") == "session_01JX" and seg("msg_abc-1.2~") == "msg_abc-1.2~"
+    assert seg("../../admin?x=1#f") == "..%2F..%2Fadmin%3Fx%3D1%23f"
+    assert "/" not in seg("a/b") and "&" not in seg("a&before_id=z")

@@ -374,3 +374,23 @@ def test_restore_tolerates_garbage():
                  {"sessions": {"s": {"asks": [{"vendor_id": 1}], "cancel": ["x"]}}}):
         tr.restore(junk)
     assert all(not st.asks and st.cancel is None for st in tr.sessions.values())
+
+
+def test_snapshot_keeps_the_open_run_and_ask_envelopes_for_the_reannounce():
+    """Review of issue 8, finding 1: the stamped ``run.started`` (bound by
+    the receiver) and ``attention.requested`` survive the snapshot whole, for
+    ``BridgeContext.reannounce`` after a daemon restart; a closed run's go."""
+    import json
+    r = Run()
+    r.feed(user(), tool("call_1", "pending", input={}), ask())
+    started = next(e for e in r.evs if e["type"] == "run.started")
+    req = r.evs[-1]
+    r.tr.bind_run(S, started)
+    fresh = Tracker(Posture(agent="opencode", mode="primary", answerable=True))
+    fresh.restore(json.loads(json.dumps(r.tr.snapshot())))
+    assert fresh.open_envelopes() == [started, req]
+    r.feed(ev("permission.replied", requestID="per_1", reply="once"), ev("session.idle"))
+    assert r.tr.open_envelopes() == []
+    again = Tracker(Posture(agent="opencode", mode="primary"))
+    again.restore(json.loads(json.dumps(r.tr.snapshot())))
+    assert again.open_envelopes() == []
