@@ -40,6 +40,10 @@ from typing import Any
 
 from bridges.core import capture as _capture
 from bridges.core.naming import path_type
+from bridges.core.readers import arr as _l
+from bridges.core.readers import obj as _d
+from bridges.core.readers import text as _s
+from bridges.core.readers import whole as _int
 
 Emission = dict[str, Any]
 
@@ -97,22 +101,6 @@ class Posture:
 
 
 # ---------------------------------------------------------------- small readers
-
-def _s(v: Any) -> str | None:
-    return v if isinstance(v, str) and v else None
-
-
-def _d(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
-
-
-def _l(v: Any) -> list[Any]:
-    return v if isinstance(v, list) else []
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
 
 def _debug(e: Emission) -> Emission:
     e["severity"] = "debug"

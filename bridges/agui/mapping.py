@@ -46,6 +46,7 @@ from bridges.core import capture as _capture
 from bridges.core.bridge import Emission
 from bridges.core.naming import kind_type
 from bridges.core.posture import Posture
+from bridges.core.readers import text as _str
 
 VENDOR = "agui"
 
@@ -101,10 +102,6 @@ DEFAULT_POSTURE = Posture()
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) and v else None
-
 
 def canonical_type(event: Any) -> str | None:
     """The event's ``type`` with deprecated aliases resolved; ``None`` when

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from bridges.core import capture as _capture
 from bridges.core.naming import kind_type
+from bridges.core.readers import text as _str
 
 from .mapping import DEFAULT_POSTURE, VENDOR, Emission, Posture, canonical_type, map_event
 
@@ -79,10 +80,6 @@ class _Message:
         if keep and room > 0 and delta:
             self.parts.append(delta[:room])
             self.size += min(len(delta), room)
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) and v else None
 
 
 def event_time(event: Any) -> datetime | None:

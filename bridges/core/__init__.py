@@ -1,7 +1,7 @@
 """Shared machinery every bridge (and the supervisor) uses from below:
 the protocol vocabulary (:mod:`.aep`), envelope stamping, capture gating
 and redaction, vendor fallback naming, the mappers' one posture
-(:mod:`.posture`), the command ledger and control shape, settings, the
+(:mod:`.posture`) and their tolerant JSON readers (:mod:`.readers`), the command ledger and control shape, settings, the
 HTTP machinery (:mod:`.asgi`, :mod:`.http`).
 
 The layers point one way: ``bridges.core`` -> the bridges -> ``supervisor``
@@ -11,5 +11,5 @@ bridges' state) and :mod:`.http` (serving sockets it is handed)."""
 
 __all__ = [
     "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope", "errors",
-    "http", "ledger", "naming", "paths", "posture", "redaction", "settings",
+    "http", "ledger", "naming", "paths", "posture", "readers", "redaction", "settings",
 ]

@@ -47,6 +47,8 @@ from bridges.core import capture as _capture
 from bridges.core.bridge import Emission
 from bridges.core.naming import dotted_type
 from bridges.core.posture import Posture
+from bridges.core.readers import obj
+from bridges.core.readers import text as _s
 
 AGENT = "kimi-code"
 CHANNEL = "web"
@@ -70,10 +72,6 @@ APPROVAL_OPTIONS: tuple[tuple[str, str], ...] = (
     ("rejected", "Reject"))
 
 
-def _s(v: Any) -> str | None:
-    return v if isinstance(v, str) and v else None
-
-
 def channel(vendor_type: Any) -> Emission:
     """``x.kimi-code.web.<vendor type>`` with empty data (the channel
     visibility every frame degrades to)."""
@@ -94,11 +92,6 @@ def silent(frame: Any) -> bool:
     if not isinstance(t, str):
         return True
     return frame.get("volatile") is True or t in VOLATILE_TYPES or t.startswith(BUS_ECHO_PREFIX)
-
-
-def obj(v: Any) -> dict[str, Any]:
-    """``v`` when it is a JSON object, else ``{}``."""
-    return v if isinstance(v, dict) else {}
 
 
 def payload(frame: Any) -> dict[str, Any]:

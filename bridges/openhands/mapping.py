@@ -45,6 +45,7 @@ from bridges.core import capture as _capture
 from bridges.core.bridge import Emission
 from bridges.core.naming import kind_type
 from bridges.core.posture import Posture
+from bridges.core.readers import text as _str
 
 VENDOR = "openhands"
 
@@ -72,10 +73,6 @@ _FULL = _capture.rank("full")
 
 
 # --------------------------------------------------------------------------- helpers
-
-def _str(v: object) -> str | None:
-    return v if isinstance(v, str) and v else None
-
 
 def _base(ev: dict[str, Any]) -> dict[str, Any]:
     """The metadata floor every emission carries: the vendor's naive

@@ -45,6 +45,10 @@ from typing import Any, Callable
 from bridges.core import capture as _capture
 from bridges.core.bridge import Emission
 from bridges.core.posture import Posture
+from bridges.core.readers import arr as _l
+from bridges.core.readers import obj as _d
+from bridges.core.readers import text as _s
+from bridges.core.readers import whole as _int
 
 #: The >=7.4.6 / current reply enum, verbatim as options (design record
 #: "respond: answerable attention in the vendor's own vocabulary").
@@ -55,22 +59,6 @@ HOOK_OPTIONS: tuple[tuple[str, str], ...] = (("allow", "Allow"), ("deny", "Deny"
 
 #: Bus types that are the model/stream plane: never emitted.
 STREAMING = frozenset({"message.part.delta", "server.heartbeat"})
-
-
-def _s(v: object) -> str | None:
-    return v if isinstance(v, str) and v else None
-
-
-def _d(v: object) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
-
-
-def _l(v: Any) -> list[Any]:
-    return v if isinstance(v, list) else []
-
-
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _debug(e: Emission) -> Emission:

@@ -129,9 +129,10 @@ def test_importing_the_http_machinery_changes_nothing_in_hypercorn():
 PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
         "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope",
-        "errors", "http", "ledger", "naming", "paths", "posture", "redaction", "settings",
+        "errors", "http", "ledger", "naming", "paths", "posture", "readers", "redaction", "settings",
     },
     "bridges.core.posture": {"MODES", "Posture"},
+    "bridges.core.readers": {"arr", "obj", "text", "whole"},
     "bridges.core.aep": {
         "AEP_VERSION", "SUPPORTED_VERSIONS", "SEVERITIES", "SEVERITY_RANK", "DEFAULT_SEVERITY",
         "NOTICE_RANK", "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
