@@ -154,14 +154,14 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 def main(argv: list[str]) -> None:
     from tests.support.daemon import console_script
-    from tests.support.net import free_port
+    from tests.support.net import free_port, free_ports
 
     src_port = free_port()
     src = subprocess.Popen([sys.executable, "-m", "benchmarks.agui_bench", "--source", str(src_port)],
                            cwd=str(ROOT))
     source = f"http://127.0.0.1:{src_port}"
     tmp = tempfile.mkdtemp(prefix="agui-bench-")
-    relay_port, proxy_port = free_port(), free_port()
+    relay_port, proxy_port = free_ports(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEP_")}
     env.update(AEP_LISTEN=f"127.0.0.1:{relay_port}", AEP_STATE_DIR=tmp, AEP_BRIDGE_OTLP_IN="0",
                AEP_BRIDGE_AGUI="1", AEP_AGUI_UPSTREAM=source,

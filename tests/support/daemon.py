@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import httpx
 import trio
 
-from tests.support.net import free_port
+from tests.support.net import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ class DaemonProcess:
         self._pick_ports()
 
     def _pick_ports(self) -> None:
-        self.port, self.grpc_port, self.http_port = free_port(), free_port(), free_port()
+        self.port, self.grpc_port, self.http_port = free_ports(3)
 
     # -- environment ------------------------------------------------------
     def defaults(self) -> dict[str, str]:

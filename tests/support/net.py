@@ -25,6 +25,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` DISTINCT free TCP ports on 127.0.0.1: all bound at once before any
+    is released, since successive :func:`free_port` calls may be handed the
+    same port back (a daemon given one port for two listeners refuses to start)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 async def serve_loopback(app: Any, *, port: int = 0, graceful_timeout: float = 0.2,
                          websocket_max_message_size: int | None = None,
                          task_status=trio.TASK_STATUS_IGNORED) -> None:
