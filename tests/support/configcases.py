@@ -53,3 +53,25 @@ def check(case: dict[str, Any], from_env: Callable[[dict[str, str]], tuple[Any, 
     got = {k: plain(getattr(cfg, k)) for k in case["config"]}
     assert got == case["config"], case.get("about")
     return cfg
+
+
+class ConfigView:
+    """A frozen config with some of its derived properties (``control_open``)
+    exposed as plain attributes, so a case file can expect them like fields."""
+
+    def __init__(self, cfg: Any, props: tuple[str, ...]) -> None:
+        self._cfg = cfg
+        for name in props:
+            setattr(self, name, getattr(cfg, name))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cfg, name)
+
+
+def viewed(from_env: Callable[[Any], tuple[Any, list[str]]], *props: str
+           ) -> Callable[[Any], tuple[ConfigView, list[str]]]:
+    """``from_env`` with its config wrapped in a :class:`ConfigView`."""
+    def read(env: Any) -> tuple[ConfigView, list[str]]:
+        cfg, problems = from_env(env)
+        return ConfigView(cfg, props), problems
+    return read

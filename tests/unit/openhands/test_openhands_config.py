@@ -8,27 +8,15 @@ from pathlib import Path
 import pytest
 
 from bridges.openhands import config
-from tests.support.configcases import cases, check
+from tests.support.configcases import cases, check, viewed
 from tests.support.recording import RecordingEnv
 
 HERE = Path(__file__).parent / "testdata" / "config"
 
 
-class View:
-    def __init__(self, cfg: config.OpenHandsConfig) -> None:
-        self.cfg = cfg
-        self.control_open = cfg.control_open
-
-    def __getattr__(self, name: str):
-        return getattr(self.cfg, name)
-
-
 @pytest.mark.parametrize("case", cases(HERE))
 def test_openhands_config_case(case):
-    def from_env(env):
-        cfg, problems = config.from_env(env)
-        return View(cfg), problems
-    check(case, from_env)
+    check(case, viewed(config.from_env, "control_open"))
 
 
 def test_the_metadata_names_every_setting_the_code_reads():
