@@ -279,7 +279,7 @@ class RelayApp:
             where = {"line": lineno} if batch else {}  # 0-based line of the body
             try:
                 ev = loads(ln)
-                entry = relay.entry(ev)
+                entry = relay.entry(ev, ln, owned=True)  # ev is entry.attrs from here
             except (ValueError, InvalidEvent) as e:
                 relay.counters["invalid_events"] += 1
                 detail = str(e) if isinstance(e, InvalidEvent) else f"not valid JSON: {e}"

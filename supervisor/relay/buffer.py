@@ -63,7 +63,7 @@ class Entry:
     ``key``: the ``(source, id)`` dedupe key; ``n``: the relay-wide admission
     counter (replay snapshots cut on it)."""
 
-    __slots__ = ("attrs", "raw", "pos", "sev", "cap", "key", "n", "size")
+    __slots__ = ("attrs", "raw", "pos", "sev", "cap", "key", "n", "size", "bkey")
 
     def __init__(self, attrs: dict[str, Any], raw: bytes, pos: Position | None,
                  sev: int, cap: int, n: int = 0) -> None:
@@ -75,6 +75,8 @@ class Entry:
         self.key = (attrs["source"], attrs["id"])
         self.n = n
         self.size = len(raw) + ENTRY_OVERHEAD  # accounted bytes (the byte budgets)
+        #: the buffer this entry belongs to, ``(source, session)`` (sequenced entries)
+        self.bkey: BufKey = (attrs["source"], attrs["session"]) if pos is not None else None  # type: ignore[assignment]
 
     @property
     def type(self) -> str:
@@ -83,11 +85,6 @@ class Entry:
     @property
     def session(self) -> str | None:
         return self.attrs.get("session")
-
-    @property
-    def bkey(self) -> BufKey:
-        """The buffer this entry belongs to: ``(source, session)``."""
-        return (self.attrs["source"], self.attrs["session"])
 
 
 def same_event(a: bytes, b: bytes) -> bool:
@@ -277,14 +274,16 @@ class SessionBuffers:
             s.keys.insert(i, pos)
         s.bytes += entry.size
         self.bytes += entry.size
-        while len(s) > self.depth:
-            self._trim(s)
-            self.counters["trimmed"] += 1
-        while s.bytes > self.buffer_bytes:
-            self._trim(s)
-            self.counters["trimmed_bytes"] += 1
-        if len(s) == 0:
-            self._bury(key)
+        if len(s.entries) - s.start > self.depth:
+            while len(s) > self.depth:
+                self._trim(s)
+                self.counters["trimmed"] += 1
+        if s.bytes > self.buffer_bytes:
+            while s.bytes > self.buffer_bytes:
+                self._trim(s)
+                self.counters["trimmed_bytes"] += 1
+            if len(s) == 0:
+                self._bury(key)
         while self.bytes > self.total_bytes:  # least recently written first, oldest first
             victim_key, victim = next(iter(self._sessions.items()))
             self._trim(victim)

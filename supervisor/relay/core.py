@@ -250,10 +250,11 @@ class Relay:
         return out
 
     # -- ingest --------------------------------------------------------------------
-    def entry(self, ev: Any) -> Entry:
-        """Validate and serialize one event (:func:`.envelope.to_entry`;
+    def entry(self, ev: Any, text: str | None = None, *, owned: bool = False) -> Entry:
+        """Validate and serialize one event (:func:`.envelope.to_entry`:
+        ``text`` the JSON it was parsed from, ``owned`` ``ev`` handed over;
         raises :class:`InvalidEvent`)."""
-        return to_entry(ev)
+        return to_entry(ev, text, owned=owned)
 
     def check_position(self, e: Entry) -> None:
         """Raise :class:`InvalidEvent` when a different event of the same
@@ -284,23 +285,29 @@ class Relay:
         checked against the buffers and against earlier entries of the batch."""
         seen: dict[tuple[BufKey, Position], tuple[str, str]] = {}
         ids: dict[tuple[str, str], Entry] = {}
+        buffers = self.buffers
+        sources: set[str] = set()  # checked once per batch: a batch has few
         for i, e in enumerate(entries):
-            try:
-                self.check_owner(e, None)
-            except InvalidEvent as exc:
-                return i, str(exc)
+            src = e.attrs["source"]
+            if src not in sources:
+                try:
+                    self.check_owner(e, None)
+                except InvalidEvent as exc:
+                    return i, str(exc)
+                sources.add(src)
             if e.pos is None:
                 continue
             slot = (e.bkey, e.pos)
             held = seen.get(slot)
-            if (held is not None and held != e.key) or (held is None and self.buffers.conflict(e)):
+            if (held is not None and held != e.key) or (held is None and buffers.conflict(e)):
                 return i, _POSITION_TAKEN
             first = ids.get(e.key)
             if (first is not None and not same_event(first.raw, e.raw)) or \
-                    (first is None and self.buffers.conflicting_duplicate(e)):
+                    (first is None and buffers.conflicting_duplicate(e)):
                 return i, _ID_TAKEN
             seen[slot] = e.key
-            ids.setdefault(e.key, e)
+            if first is None:
+                ids[e.key] = e
         return None
 
     def ingest_http(self, entries: list[Entry]) -> None:
@@ -319,13 +326,19 @@ class Relay:
         is refused then (counted ``invalid_events``: one position, one
         event). Returns how many entries were ingested."""
         n = 0
+        counters = self.counters
         for i in range(0, len(entries), chunk):
             if i:
+                mark = counters["events"]
                 await trio.lowlevel.checkpoint()
+                # positions are re-checked only when another ingest ran meanwhile
+                recheck = counters["events"] != mark
+            else:
+                recheck = False
             for e in entries[i:i + chunk]:
-                if i and e.pos is not None and (self.buffers.conflict(e) or
-                                                self.buffers.conflicting_duplicate(e)):
-                    self.counters["invalid_events"] += 1
+                if recheck and e.pos is not None and (self.buffers.conflict(e) or
+                                                      self.buffers.conflicting_duplicate(e)):
+                    counters["invalid_events"] += 1
                     continue
                 self._admit(e, None)
                 n += 1

@@ -20,7 +20,7 @@ from .attrmatch import CORE_ATTRS
 from .buffer import Entry
 from .capcheck import exceeds as capture_exceeds
 
-__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "validate", "encode", "to_entry", "envelope_error",
+__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "validate", "well_formed", "encode", "to_entry", "envelope_error",
            "has_duplicate_keys", "trusted_entry", "AEP_VERSION", "is_command_type", "is_foreign"]
 
 _TYPE = re.compile(
@@ -179,6 +179,72 @@ def validate(ev: object) -> None:
     _check_scope(ev, ev["type"])
 
 
+# -- the hot path: a well-formed event in one pass ---------------------------------
+
+#: ``time`` forms valid by construction: ASCII digits, a day every month
+#: has (February 29 aside), hour 00-23, minute and second 00-59
+#: (:func:`_time_ok` has the rest: February 29, leap seconds, Unicode digits).
+_TIME_FAST = re.compile(
+    r"[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
+    r"|(?:0[13578]|1[02])-31)[Tt](?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
+    r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])\Z")
+def _str_ok(v: Any) -> bool:
+    return type(v) is str and v != ""
+
+
+def _count_ok(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+#: ``attribute -> test`` for every core attribute but ``data`` (exact types).
+_FAST: dict[str, Callable[[Any], bool]] = {
+    **{k: _str_ok for k in ("id", "type", "time", "source", "agent", *_OPTIONAL_STRINGS)},
+    "seq": _count_ok, "epoch": _count_ok, "aep": lambda v: True,
+    "severity": lambda v: type(v) is str and v in SEVERITY_RANK,
+    "capture": lambda v: type(v) is str and v in CAPTURE_RANK,
+    "traceparent": lambda v: type(v) is str and _TRACEPARENT.match(v) is not None,
+}
+_EXT_TYPES = (str, int, bool)
+
+
+def _attrs_ok(ev: dict[str, Any], shallow: bool) -> bool:
+    """Every attribute of ``ev`` in one pass (see :func:`well_formed`)."""
+    fast = _FAST
+    for k, v in ev.items():
+        test = fast.get(k)
+        if test is not None:
+            if not test(v):
+                return False
+        elif k == "data":
+            if type(v) is not dict or (not shallow and _deeper_than(v, MAX_DATA_DEPTH)):
+                return False
+        elif type(k) is not str or _EXT_NAME.match(k) is None or type(v) not in _EXT_TYPES:
+            return False
+    return True
+
+
+def well_formed(ev: object, shallow: bool = False) -> bool:
+    """``True`` only when :func:`validate` passes ``ev``: one pass over the
+    attributes with exact types (what ``json.loads`` builds), for the events
+    emitters actually send. ``False`` means "ask :func:`validate`" (which
+    raises the detail, or passes an event this pass is too strict for), so
+    verdicts and details are :func:`validate`'s alone. ``shallow``: the
+    caller knows ``data`` cannot nest past :data:`MAX_DATA_DEPTH` (its JSON
+    text holds fewer brackets than that)."""
+    if type(ev) is not dict or ev.get("aep") != AEP_VERSION:
+        return False
+    t, tm, src = ev.get("type"), ev.get("time"), ev.get("source")
+    if type(t) is not str or type(tm) is not str or type(src) is not str or \
+            "id" not in ev or "agent" not in ev or _TYPE.match(t) is None or \
+            _TIME_FAST.match(tm) is None or _URI.match(src) is None or not _attrs_ok(ev, shallow):
+        return False
+    if t.startswith("agent."):
+        return not ("session" in ev or "run" in ev or "step" in ev or "seq" in ev)
+    if "session" not in ev:
+        return False
+    return ("seq" not in ev) if is_foreign(t) else ("seq" in ev)
+
+
 def encode(ev: object) -> bytes:
     """The event's wire form (:func:`bridges.core.aep.dumps`: what the relay
     buffers and forwards). Raises :class:`InvalidEvent` when it has none: a
@@ -199,28 +265,40 @@ def encode(ev: object) -> bytes:
 _FULL = CAPTURE_RANK["full"]
 
 
-def to_entry(ev: Any) -> Entry:
+def to_entry(ev: Any, text: str | None = None, *, owned: bool = False) -> Entry:
     """One event as the relay holds it (:class:`~.buffer.Entry`): the
     envelope validated (:func:`validate`), serialized once (:func:`encode`),
     and its ``data`` checked against its declared ``capture``
     (:mod:`.capcheck`, AEP-0001 §8.2(a)). A command is not refused for
     carrying more than it declares (it is forwarded verbatim to its target,
     AEP-0004 §4.4); its rank is what it carries, so observers get its audit
-    copy down-leveled from there. Raises :class:`InvalidEvent`."""
-    validate(ev)
+    copy down-leveled from there. ``text``: the JSON text ``ev`` was parsed
+    from, when the caller has it (it bounds the nesting cheaply); ``owned``:
+    the caller hands ``ev`` over (it becomes the entry's ``attrs``, ``data``
+    popped, instead of being copied). Raises :class:`InvalidEvent`."""
+    if not well_formed(ev, text is not None and
+                       text.count("{") + text.count("[") <= MAX_DATA_DEPTH):
+        validate(ev)
     raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
-    attrs = {k: v for k, v in ev.items() if k != "data"}
-    pos = (ev.get("epoch", 0), ev["seq"]) if "seq" in ev else None
     declared = ev.get("capture", "metadata")
     cap = CAPTURE_RANK[declared]
-    if cap < _FULL and "data" in ev:
-        shown = capture_exceeds(ev["type"], ev["data"], declared)
+    data = ev.get("data")
+    if cap < _FULL and data is not None:
+        shown = capture_exceeds(ev["type"], data, declared)
         if shown is not None:
             if not is_command_type(ev["type"]):
                 raise InvalidEvent(f"data exceeds its declared capture {declared}: it carries "
                                    f"{shown}-level fields (AEP-0001 §8.2(a))")
             cap = CAPTURE_RANK[shown]
-    return Entry(attrs, raw, pos, SEVERITY_RANK[ev.get("severity", "info")], cap)
+    if owned:
+        attrs = ev
+        attrs.pop("data", None)
+    else:
+        attrs = ev.copy()
+        attrs.pop("data", None)
+    seq = attrs.get("seq")
+    pos = (attrs.get("epoch", 0), seq) if seq is not None else None
+    return Entry(attrs, raw, pos, SEVERITY_RANK[attrs.get("severity", "info")], cap)
 
 
 def trusted_entry(ev: dict[str, Any], raw: bytes) -> Entry:

@@ -138,3 +138,48 @@ def test_absurdly_nested_data_is_an_invalid_event():
         validate({**ev, "data": nested(980)})
     with pytest.raises(InvalidEvent, match="deeper than"):
         validate({**ev, "data": {"l": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}})
+
+
+# -- the hot path's one-pass check (issue 11) -------------------------------------
+def _validate_ok(ev) -> bool:
+    return envelope_error(ev) is None
+
+
+def test_well_formed_passes_the_golden_corpus():
+    from supervisor.relay.envelope import well_formed
+    passed = [ev["id"] for ev in GOLDEN if well_formed(ev)]
+    # the fast path must carry real traffic, or it is no fast path: every
+    # golden event without a Feb 29 / leap-second time takes it
+    assert len(passed) == len(GOLDEN), [ev["id"] for ev in GOLDEN if not well_formed(ev)]
+
+
+@settings(max_examples=600, deadline=None)
+@given(mutated(), st.booleans())
+def test_well_formed_never_passes_what_validate_refuses(ev, shallow):
+    from supervisor.relay.envelope import well_formed
+    if well_formed(ev, shallow):
+        assert _validate_ok(ev), (envelope_error(ev), ev)
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.from_regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,3})?"
+                     r"([Zz]|[+-][0-9]{2}:[0-9]{2})", fullmatch=True))
+def test_well_formed_times_agree_with_validate(time_):
+    from supervisor.relay.envelope import well_formed
+    ev = dict(GOLDEN[0], time=time_)
+    if well_formed(ev):
+        assert _validate_ok(ev), time_
+
+
+@pytest.mark.parametrize("time_", ["2026-11-30T12:00:00.000Z", "2026-01-31T23:59:59Z",
+                                   "2026-04-30T00:00:00+05:30", "2026-12-31t10:00:00.5z"])
+def test_well_formed_takes_common_times(time_):
+    from supervisor.relay.envelope import well_formed
+    assert well_formed(dict(GOLDEN[0], time=time_))
+
+
+@pytest.mark.parametrize("time_", ["2026-04-31T00:00:00Z", "2026-02-29T00:00:00Z",
+                                   "2026-02-30T00:00:00Z", "2026-12-31T23:59:60Z"])
+def test_well_formed_leaves_hard_times_to_validate(time_):
+    from supervisor.relay.envelope import well_formed
+    assert not well_formed(dict(GOLDEN[0], time=time_))
