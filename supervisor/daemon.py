@@ -8,6 +8,7 @@ uplink with a ``closing`` frame, end SSE streams and close WebSockets with
 1001, exit 0; if the drain outlives ``drain_deadline`` (5 s), exit 1."""
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -67,6 +68,23 @@ def build_bridges(cfg: Config, *, check_ports: bool = True) -> tuple[list[Bridge
     return bridges, problems
 
 
+_GC_THRESHOLD0 = 7000
+"""Allocations between young collections (CPython's default 700): an event
+allocates a few dozen objects, so the default collects every ~20 events."""
+
+
+def _settle_gc() -> None:
+    """Once everything is imported and started: move what exists into the
+    permanent generation (``gc.freeze``: modules, classes, the bridges'
+    tables are never garbage, and a full collection then no longer walks
+    them: on a loaded daemon that walk was the tail of the vendor frame ->
+    ``/stream`` latency), and collect young objects 10x less often (issue 11)."""
+    gc.collect()
+    gc.freeze()
+    _, t1, t2 = gc.get_threshold()
+    gc.set_threshold(_GC_THRESHOLD0, t1, t2)
+
+
 async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit status."""
@@ -120,6 +138,7 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
                                              max_connections=cfg.max_connections))
             await root.start(fleet.run)
             await notifier.notify("READY=1")
+            _settle_gc()
             root.start_soon(notifier.watchdog_loop)
             log.info("aep-bridges up: %s on %s; bridges: %s; epoch %d; %s",
                      "embedded relay" if relay else "health", ", ".join(bound),

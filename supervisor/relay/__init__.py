@@ -7,7 +7,7 @@ Public API (what the daemon uses):
 - ``Relay(token=None, buffer=10000, max_sessions=500, max_body=16 MiB,
   max_batch=10000, max_from=None, *, heartbeat_s=15.0, ws_ping_s=30.0,
   ws_timeout_s=90.0, queue_soft_bytes=1 MiB, queue_hard_bytes=8 MiB,
-  max_subscriptions=64, sse_linger_s=0.005, instance=None,
+  max_subscriptions=64, sse_linger_s=0.001, instance=None,
   cors_origins=None, buffer_bytes=8 MiB, total_bytes=256 MiB)``
   (:mod:`.core`). ``relay.discovery()`` (pure dict), ``relay.stats()``
   (counts for an authorized ``/healthz``), ``relay.roster()``,

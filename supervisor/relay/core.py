@@ -91,7 +91,7 @@ class Relay:
                  max_body: int = 16 * MiB, max_batch: int = 10_000, max_from: int | None = None,
                  *, heartbeat_s: float = 15.0, ws_ping_s: float = 30.0, ws_timeout_s: float = 90.0,
                  queue_soft_bytes: int = 1 * MiB, queue_hard_bytes: int = 8 * MiB,
-                 max_subscriptions: int = 64, sse_linger_s: float = 0.005,
+                 max_subscriptions: int = 64, sse_linger_s: float = 0.001,
                  instance: str | None = None, cors_origins: Iterable[str] | None = None,
                  buffer_bytes: int = 8 * MiB, total_bytes: int = 256 * MiB,
                  ws_close_wait_s: float = 1.0, strict_identity: bool = False,
