@@ -38,6 +38,7 @@ Pure functions: no I/O, no globals beyond compiled patterns.
 """
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -108,6 +109,12 @@ def fallback_type(vendor: str, family: str, leaf: str) -> str:
     :data:`MAX_SEGMENTS` are kept, so the result always satisfies the grammar
     and is never a vendor command type (:data:`RESERVED_FAMILY_RENAME`) (``fallback_type("acp", "initialize", "")``
     -> ``x.acp.initialize.event``)."""
+    if type(vendor) is str and type(family) is str and type(leaf) is str:
+        return _fallback_cached(vendor, family, leaf)
+    return _fallback(vendor, family, leaf)
+
+
+def _fallback(vendor: str, family: str, leaf: str) -> str:
     segs = (_segments(family) + _segments(leaf))[:MAX_SEGMENTS]
     if not segs:
         segs = ["unknown", "event"]
@@ -116,6 +123,12 @@ def fallback_type(vendor: str, family: str, leaf: str) -> str:
     if segs[0] == "control":
         segs[0] = RESERVED_FAMILY_RENAME
     return ".".join(["x", vendor_token(vendor), *segs])
+
+
+# A vendor publishes a handful of type names, each seen on every frame: the
+# sanitizing (NFKD, three regexes per segment) was ~5% of the SSE bridges'
+# path. Bounded: a hostile stream of fresh names only cycles the cache.
+_fallback_cached = functools.lru_cache(maxsize=4096)(_fallback)
 
 
 def kind_type(vendor: str, kind: str, *, drop_event_suffix: bool = True) -> str:
