@@ -165,7 +165,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.replay": {"ReplayJob", "Plan", "plan_replay"},
     "supervisor.relay.params": {"parse_capture", "parse_from", "parse_last_event_id",
                                 "normalize_origin", "parse_filter_json", "parse_from_json"},
-    "supervisor.relay.envelope": {"InvalidEvent", "MAX_DATA_DEPTH", "validate", "encode",
+    "supervisor.relay.envelope": {"InvalidEvent", "MAX_DATA_DEPTH", "validate", "well_formed", "encode",
                                   "to_entry", "envelope_error", "has_duplicate_keys",
                                   "trusted_entry", "AEP_VERSION", "is_command_type", "is_foreign"},
     "supervisor.relay.attrmatch": {"Filter", "InvalidFilter", "validate_filter", "attr_match",
