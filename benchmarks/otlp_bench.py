@@ -36,7 +36,8 @@ from opentelemetry.proto.collector.logs.v1 import logs_service_pb2, logs_service
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.daemon import free_port, run_daemon  # noqa: E402
+from tests.support.daemon import run_daemon  # noqa: E402
+from tests.support.net import free_port  # noqa: E402
 
 CAPTURE = ROOT / "tests" / "fixtures" / "codex_otel_real" / "otlp-grpc" / "export-000.pb"
 RECORDS_PER_REQUEST = 200
