@@ -21,6 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cached_property, lru_cache
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
@@ -47,6 +48,21 @@ class EventSpec:
     meta: tuple[str, ...] = ()
     redacted: tuple[str, ...] = ()
     full: tuple[str, ...] = ()
+
+    @cached_property
+    def grades(self) -> dict[str, int]:
+        """Each payload key -> :data:`META`, :data:`REDACTED` or
+        :data:`FULL` (a key listed twice takes its first grade, in that
+        order): :func:`gated_payload`'s plan, built once per spec."""
+        out: dict[str, int] = {}
+        for grade, keys in ((META, self.meta), (REDACTED, self.redacted), (FULL, self.full)):
+            for k in keys:
+                out.setdefault(k, grade)
+        return out
+
+
+META, REDACTED, FULL = 0, 1, 2
+"""The grades of :attr:`EventSpec.grades`."""
 
 
 # --------------------------------------------------------------------------- values
@@ -177,36 +193,36 @@ def record_time(rec: dict[str, Any], now: datetime | None = None,
     :data:`EARLIEST` is out of range (``2**64-1`` ns is year 2554): it is
     skipped for the next candidate and ``otlp.time_out_of_range`` is noted
     once per record (issue 10 #13)."""
+    # (inline, no helper closure: this runs once per LogRecord)
+    latest = None if now is None else now + FUTURE_SLACK
     out_of_range = False
-
-    def plausible(t: datetime | None) -> datetime | None:
-        nonlocal out_of_range
-        if t is None or now is None:
+    t = _from_nanos(rec.get("time_unix_nano"))
+    if t is not None:
+        if latest is None or EARLIEST <= t <= latest:
             return t
-        if t < EARLIEST or t > now + FUTURE_SLACK:
-            out_of_range = True
-            return None
-        return t
-
-    try:
-        t = plausible(_from_nanos(rec.get("time_unix_nano")))
-        if t:
-            return t
-        ts = attrs(rec).get("event.timestamp")
-        if isinstance(ts, str) and 10 <= len(ts) <= 40:
-            try:
-                t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-            except ValueError:
-                t = None
-            if t is not None:
-                if t.tzinfo is None:
-                    t = t.replace(tzinfo=timezone.utc)
-                if 1971 <= t.year <= 9998 and (t := plausible(t)) is not None:
+        out_of_range = True
+    a = rec.get("attributes")
+    ts = a.get("event.timestamp") if isinstance(a, dict) else None
+    if isinstance(ts, str) and 10 <= len(ts) <= 40:
+        try:
+            t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError:
+            t = None
+        if t is not None:
+            if t.tzinfo is None:
+                t = t.replace(tzinfo=timezone.utc)
+            if 1971 <= t.year <= 9998:
+                if latest is None or EARLIEST <= t <= latest:
+                    if out_of_range and notes is not None:
+                        notes.append("otlp.time_out_of_range")
                     return t
-        return plausible(_from_nanos(rec.get("observed_time_unix_nano")))
-    finally:
-        if out_of_range and notes is not None:
-            notes.append("otlp.time_out_of_range")
+                out_of_range = True
+    t = _from_nanos(rec.get("observed_time_unix_nano"))
+    if t is not None and latest is not None and not EARLIEST <= t <= latest:
+        t, out_of_range = None, True
+    if out_of_range and notes is not None:
+        notes.append("otlp.time_out_of_range")
+    return t
 
 
 EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
@@ -227,6 +243,7 @@ def _from_nanos(n: object) -> datetime | None:
 
 # --------------------------------------------------------------------------- payloads
 
+@lru_cache(maxsize=1024)
 def vendor_type(namespace: str, leaf: str) -> str:
     """``x.codex.otel`` + ``tool_result`` -> ``x.codex.otel.tool_result``.
     A leaf outside the AEP type grammar yields the ``unknown`` fallback."""
@@ -243,11 +260,15 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
     verbatim at ``full``, the ``full`` keys only at ``full``. Attribute order
     is kept."""
     data: dict[str, Any] = {}
-    red_ok = posture.allows(type_, "redacted")
-    full_ok = posture.allows(type_, "full")
+    grades = spec.grades
+    red_ok = full_ok = False
+    asked = False  # the ceiling is looked up at the first content key, if any
     for key, val in a.items():
-        if key in spec.meta:
-            if not is_scalar(val):
+        grade = grades.get(key)
+        if grade is None:
+            continue
+        if grade == META:
+            if not isinstance(val, (str, int, float)):  # bool is an int
                 if val is not None:
                     notes.append("otlp.value_unexpected")
                 continue
@@ -255,9 +276,16 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
                 notes.append("otlp.value_truncated")
                 val = val[:MAX_META_STR]
             data[key] = val
-        elif key in spec.redacted and red_ok and val is not None:
-            data[key] = val if full_ok else _capture.redact_text(text_of(val) or "", posture.policy)
-        elif key in spec.full and full_ok and val is not None:
+            continue
+        if not asked:
+            red_ok = posture.allows(type_, "redacted")
+            full_ok = posture.allows(type_, "full")
+            asked = True
+        if grade == REDACTED:
+            if red_ok and val is not None:
+                data[key] = val if full_ok else _capture.redact_text(text_of(val) or "",
+                                                                     posture.policy)
+        elif full_ok and val is not None:
             data[key] = val
     return data
 

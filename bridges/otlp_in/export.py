@@ -98,12 +98,23 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     notes: list[str] = []
     failures: list[Exception] = []
     planned: list[Planned] = []
+    # raw session key -> (session, its notes): a request's records share a
+    # few sessions, each checked against the id grammar once
+    sessions: dict[object, tuple[str | None, list[str]]] = {}
     for idx, rec in enumerate(records):
         if rec is None:
             refused[NOT_A_RECORD] += 1
             continue
         try:
-            sess = session_id(profile.session_key(rec), notes)
+            raw = profile.session_key(rec)
+            known = sessions.get(raw) if raw.__class__ is str else None
+            if known is None:
+                said: list[str] = []
+                known = (session_id(raw, said), said)
+                if raw.__class__ is str:
+                    sessions[raw] = known
+            sess = known[0]
+            notes.extend(known[1])
             if sess is None:
                 notes.append("otlp.no_session")
                 refused[NO_SESSION] += 1
@@ -115,7 +126,8 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
             refused[MAPPING_FAILED] += 1
             failures.append(e)
             continue
-        planned.extend(Planned(idx, sess, profile.stampable(em), when) for em in emissions)
+        for em in emissions:
+            planned.append(Planned(idx, sess, profile.stampable(em), when))
     return Plan(tuple(planned), dict(refused), tuple(notes), tuple(failures))
 
 
@@ -199,14 +211,19 @@ class Admission:
         mark = self.ctx.log_mark()
         todo = self._session_cap(p.emissions, reasons)
         ctx = self.ctx
+        free = ctx.room()  # sends counted against it until the next wait (no checkpoint between)
         for pos, item in enumerate(todo):
-            if (self.closing or ctx.saturated()) and not await self.room():
-                if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
-                    raise Unavailable("receiver is stopping; retry later" if self.closing else
-                                      "relay channel saturated; retry later", self.retry_after)
-                self._cut_short(todo[pos:], reasons)
-                break
+            if free < 1 or self.closing:
+                if not await self.room():
+                    if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
+                        raise Unavailable("receiver is stopping; retry later" if self.closing
+                                          else "relay channel saturated; retry later",
+                                          self.retry_after)
+                    self._cut_short(todo[pos:], reasons)
+                    break
+                free = ctx.room()
             emitted += self._send(item, reasons)
+            free -= 1
         health = self.ctx.health
         health.count("otlp.emitted", emitted)
         if emitted and not await self.ctx.logged_since(mark):
@@ -270,7 +287,7 @@ class Admission:
     def _send(self, item: Planned, reasons: Counter[str]) -> int:
         """1 when ``item`` went onto the channel, else 0 (reason counted)."""
         try:
-            self.ctx.emit_nowait(item.session, item.emission, time=item.time)
+            self.ctx.emit_nowait(item.session, item.emission, time=item.time, room_seen=True)
             return 1
         except Saturated:  # only an unbuffered channel gets here after room()
             reasons[SATURATED] += 1

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Container, Iterable, Iterator
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -92,11 +92,32 @@ def value_from_proto(v: AnyValue, notes: list[str], depth: int = 0) -> Any:
     return None
 
 
-def attrs_from_proto(kvs: Iterable[KeyValue], notes: list[str], depth: int = 0) -> dict[str, Any]:
-    """Repeated ``KeyValue`` -> ``{key: value}`` (a repeated key: last wins)."""
+def attrs_from_proto(kvs: Iterable[KeyValue], notes: list[str], depth: int = 0,
+                     keys: Container[str] | None = None) -> dict[str, Any]:
+    """Repeated ``KeyValue`` -> ``{key: value}`` (a repeated key: last wins).
+    ``keys``: flatten only these keys (``None``: all); the others are not
+    read at all, so an anomaly in their values is not noted either."""
     out: dict[str, Any] = {}
     for kv in kvs:
-        out[kv.key] = value_from_proto(kv.value, notes, depth)
+        key = kv.key
+        if keys is not None and key not in keys:
+            continue
+        v = kv.value
+        # a non-empty string_value is the set member of the oneof (nearly
+        # every attribute is one): no WhichOneof for it
+        text = v.string_value
+        if text:
+            out[key] = text
+            continue
+        kind = v.WhichOneof("value")
+        if kind == "string_value":
+            out[key] = text
+        elif kind == "int_value":
+            out[key] = v.int_value
+        elif kind == "bool_value":
+            out[key] = v.bool_value
+        else:
+            out[key] = value_from_proto(v, notes, depth)
     return out
 
 
@@ -127,23 +148,45 @@ def _record(resource: dict[str, Any], attributes: dict[str, Any], *, event_name:
     return rec
 
 
-def records_from_proto(request: ExportLogsServiceRequest, notes: list[str]) -> Iterator[FlatRecord]:
+def records_from_proto(request: ExportLogsServiceRequest, notes: list[str], *,
+                       keys: Container[str] | None = None,
+                       resource_keys: Container[str] | None = None) -> Iterator[FlatRecord]:
     """Flatten every LogRecord of an ``ExportLogsServiceRequest`` message, in
     order. A decoded protobuf message is structurally sound by construction,
-    so this never yields ``None``."""
+    so this never yields ``None``. ``keys`` / ``resource_keys``: flatten
+    only these LogRecord / resource attributes (``None``: all; a vendor
+    profile's :attr:`~bridges.otlp_in.profiles.Profile.reads`: what its
+    mapper can look at, the same mapping for less work)."""
     for rl in request.resource_logs:
-        resource = attrs_from_proto(rl.resource.attributes, notes)
+        resource = attrs_from_proto(rl.resource.attributes, notes, 0, resource_keys)
         for sl in rl.scope_logs:
             scope = _scope(sl.scope.name, sl.scope.version)
             for lr in sl.log_records:
-                yield _record(
-                    dict(resource), attrs_from_proto(lr.attributes, notes),
-                    event_name=lr.event_name,
-                    body=value_from_proto(lr.body, notes) if lr.HasField("body") else None,
-                    time_unix_nano=lr.time_unix_nano,
-                    observed_time_unix_nano=lr.observed_time_unix_nano,
-                    severity_number=int(lr.severity_number),
-                    severity_text=lr.severity_text, scope=scope)
+                # the _record shape, built inline (one per LogRecord)
+                rec: FlatRecord = {"resource": dict(resource),
+                                   "attributes": attrs_from_proto(lr.attributes, notes, 0, keys)}
+                field = lr.event_name
+                if field:
+                    rec["event_name"] = field
+                if lr.HasField("body"):
+                    body = value_from_proto(lr.body, notes)
+                    if body is not None:
+                        rec["body"] = body
+                n = lr.time_unix_nano
+                if n:
+                    rec["time_unix_nano"] = n
+                n = lr.observed_time_unix_nano
+                if n:
+                    rec["observed_time_unix_nano"] = n
+                n = int(lr.severity_number)
+                if n:
+                    rec["severity_number"] = n
+                field = lr.severity_text
+                if field:
+                    rec["severity_text"] = field
+                if scope:
+                    rec["scope"] = scope
+                yield rec
 
 
 def count_proto_records(request: ExportLogsServiceRequest) -> int:
@@ -281,9 +324,11 @@ def value_from_json(v: object, notes: list[str], depth: int = 0) -> Any:
     return out
 
 
-def attrs_from_json(kvs: object, notes: list[str], depth: int = 0) -> dict[str, Any]:
+def attrs_from_json(kvs: object, notes: list[str], depth: int = 0,
+                    keys: Container[str] | None = None) -> dict[str, Any]:
     """An OTLP/JSON ``KeyValue`` list -> ``{key: value}``; entries without a
-    string key are skipped (noted)."""
+    string key are skipped (noted). ``keys``: flatten only these (``None``:
+    all; as :func:`attrs_from_proto`)."""
     out: dict[str, Any] = {}
     if kvs is None:
         return out
@@ -294,8 +339,11 @@ def attrs_from_json(kvs: object, notes: list[str], depth: int = 0) -> dict[str, 
         if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
             notes.append("otlp.attribute_malformed")
             continue
+        key = kv["key"]
+        if keys is not None and key not in keys:
+            continue
         val = kv.get("value")
-        out[kv["key"]] = None if val is None else value_from_json(val, notes, depth)
+        out[key] = None if val is None else value_from_json(val, notes, depth)
     return out
 
 
@@ -316,10 +364,12 @@ def _obj(v: Any, where: str) -> dict[str, Any]:
     return v
 
 
-def records_from_json(doc: object, notes: list[str]) -> list[FlatRecord | None]:
+def records_from_json(doc: object, notes: list[str], *, keys: Container[str] | None = None,
+                      resource_keys: Container[str] | None = None) -> list[FlatRecord | None]:
     """Flatten an OTLP/JSON ``ExportLogsServiceRequest`` (already
     ``json.loads``-ed). Returns one entry per LogRecord in order: a flat
     record, or ``None`` for an entry that is not a LogRecord object.
+    ``keys`` / ``resource_keys``: as :func:`records_from_proto`.
 
     Raises :class:`NotOtlp` when the document is not an export request: not
     an object, or ``resourceLogs``/``scopeLogs``/``logRecords`` of the wrong
@@ -331,7 +381,7 @@ def records_from_json(doc: object, notes: list[str]) -> list[FlatRecord | None]:
     for i, rl in enumerate(_list(doc, "resourceLogs", "resource_logs", "request")):
         rl = _obj(rl, f"resourceLogs[{i}]")
         res = _obj(rl.get("resource"), f"resourceLogs[{i}].resource")
-        resource = attrs_from_json(res.get("attributes"), notes)
+        resource = attrs_from_json(res.get("attributes"), notes, 0, resource_keys)
         for j, sl in enumerate(_list(rl, "scopeLogs", "scope_logs", f"resourceLogs[{i}]")):
             sl = _obj(sl, f"resourceLogs[{i}].scopeLogs[{j}]")
             sc = sl.get("scope")
@@ -341,12 +391,12 @@ def records_from_json(doc: object, notes: list[str]) -> list[FlatRecord | None]:
                 scope = _scope(name if isinstance(name, str) else "",
                                version if isinstance(version, str) else "")
             for lr in _list(sl, "logRecords", "log_records", f"resourceLogs[{i}].scopeLogs[{j}]"):
-                out.append(_record_from_json(resource, scope, lr, notes))
+                out.append(_record_from_json(resource, scope, lr, notes, keys))
     return out
 
 
 def _record_from_json(resource: dict[str, Any], scope: dict[str, str] | None, lr: Any,
-                      notes: list[str]) -> FlatRecord | None:
+                      notes: list[str], keys: Container[str] | None = None) -> FlatRecord | None:
     if not isinstance(lr, dict):
         notes.append("otlp.record_malformed")
         return None
@@ -370,7 +420,7 @@ def _record_from_json(resource: dict[str, Any], scope: dict[str, str] | None, lr
         event_name = None
     body = lr.get("body")
     return _record(
-        dict(resource), attrs_from_json(lr.get("attributes"), notes),
+        dict(resource), attrs_from_json(lr.get("attributes"), notes, 0, keys),
         event_name=event_name,
         body=value_from_json(body, notes) if body is not None else None,
         time_unix_nano=ints["time_unix_nano"],
