@@ -183,6 +183,19 @@ def session_id(raw: object, notes: list[str]) -> str | None:
 
 def record_time(rec: dict[str, Any], now: datetime | None = None,
                 notes: list[str] | None = None) -> datetime | None:
+    """See :func:`record_moment` (this is it, always as a ``datetime``)."""
+    t = record_moment(rec, now, notes)
+    return datetime.fromisoformat(t.replace("Z", "+00:00")) if isinstance(t, str) else t
+
+
+_CANONICAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+"""The stamper's own time form (``2026-11-30T13:05:16.466Z``, what
+:func:`bridges.core.envelope.rfc3339` writes): a vendor time already in it
+needs no formatting (Codex 0.171 writes ``event.timestamp`` so)."""
+
+
+def record_moment(rec: dict[str, Any], now: datetime | None = None,
+                  notes: list[str] | None = None) -> datetime | str | None:
     """The moment a record describes: ``time_unix_nano``, else the vendor's
     ``event.timestamp`` attribute (RFC 3339; Codex stamps it while leaving
     the LogRecord timestamp unset), else ``observed_time_unix_nano``. ``None``
@@ -192,7 +205,11 @@ def record_time(rec: dict[str, Any], now: datetime | None = None,
     vendor time later than ``now`` + :data:`FUTURE_SLACK` or before
     :data:`EARLIEST` is out of range (``2**64-1`` ns is year 2554): it is
     skipped for the next candidate and ``otlp.time_out_of_range`` is noted
-    once per record (issue 10 #13)."""
+    once per record (issue 10 #13).
+
+    An ``event.timestamp`` already in the stamper's form (UTC, milliseconds,
+    ``Z``) is returned as that string, once validated: the stamper takes it
+    as is, and ``rfc3339`` of the parsed time is the same text."""
     # (inline, no helper closure: this runs once per LogRecord)
     latest = None if now is None else now + FUTURE_SLACK
     out_of_range = False
@@ -215,7 +232,7 @@ def record_time(rec: dict[str, Any], now: datetime | None = None,
                 if latest is None or EARLIEST <= t <= latest:
                     if out_of_range and notes is not None:
                         notes.append("otlp.time_out_of_range")
-                    return t
+                    return ts if _CANONICAL_TIME.fullmatch(ts) else t
                 out_of_range = True
     t = _from_nanos(rec.get("observed_time_unix_nano"))
     if t is not None and latest is not None and not EARLIEST <= t <= latest:

@@ -35,7 +35,7 @@ import trio
 from bridges.core.bridge import BridgeContext, Emission, Saturated
 from bridges.core.posture import Posture
 
-from .common import record_time, session_id
+from .common import record_moment, session_id
 from .flatten import FlatRecord
 from .profiles import Profile
 from .status import Accepted, Unavailable
@@ -62,14 +62,16 @@ TOO_MANY_SESSIONS = "too many new sessions"
 class Planned(NamedTuple):
     """One emission to stamp: the index of its LogRecord in the request,
     its AEP ``session``, the emission (with the profile's gating hint) and
-    the moment it describes (``None``: the stamper uses the receive time).
+    the moment it describes (``None``: the stamper uses the receive time; a
+    string: already in the stamper's form,
+    :func:`~bridges.otlp_in.common.record_moment`).
     A named tuple: one is made per record (a frozen dataclass costs a
     ``__setattr__`` per field)."""
 
     record: int
     session: str
     emission: Emission
-    time: datetime | None
+    time: datetime | str | None
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,7 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     and the exception kept in :attr:`Plan.failures`. ``now``: the receive
     time (the caller reads the clock); a vendor time out of range around it
     falls back to the next candidate, noted ``otlp.time_out_of_range``
-    (:func:`~bridges.otlp_in.common.record_time`)."""
+    (:func:`~bridges.otlp_in.common.record_moment`)."""
     refused: Counter[str] = Counter()
     notes: list[str] = []
     failures: list[Exception] = []
@@ -120,7 +122,7 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
                 refused[NO_SESSION] += 1
                 continue
             emissions = profile.map_record(rec, posture, notes)
-            when = record_time(rec, now, notes)
+            when = record_moment(rec, now, notes)
         except Exception as e:  # a mapper bug must not take the receiver down
             notes.append("otlp.mapping_error")
             refused[MAPPING_FAILED] += 1

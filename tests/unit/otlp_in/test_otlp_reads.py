@@ -215,7 +215,8 @@ _TS = st.one_of(st.none(), st.just(5), st.sampled_from([
 def test_record_time_keeps_its_behavior(t, ts, obs, with_now, attrs_kind):
     from datetime import datetime, timezone
 
-    from bridges.otlp_in.common import record_time
+    from bridges.core.envelope import rfc3339
+    from bridges.otlp_in.common import record_moment, record_time
     rec = {"attributes": {"event.timestamp": ts} if attrs_kind == "dict" else
            (None if attrs_kind == "none" else ["event.timestamp"])}
     if t is not None:
@@ -227,3 +228,11 @@ def test_record_time_keeps_its_behavior(t, ts, obs, with_now, attrs_kind):
     ref_notes: list[str] = []
     assert record_time(rec, now, got_notes) == _record_time_reference(rec, now, ref_notes)
     assert got_notes == ref_notes
+    # record_moment is the same moment; given as text, it is exactly what the
+    # stamper would have written for it
+    moment = record_moment(rec, now, [])
+    ref = _record_time_reference(rec, now, [])
+    if isinstance(moment, str):
+        assert ref is not None and moment == rfc3339(ref)
+    else:
+        assert moment == ref
