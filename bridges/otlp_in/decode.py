@@ -34,7 +34,8 @@ class Reads(NamedTuple):
     LogRecord) and ``resource``, each a set of keys or ``None`` for all. A
     run passes its vendor profile's (:attr:`Profile.reads
     <bridges.otlp_in.profiles.Profile.reads>`): the keys its mapper can
-    look at; the rest is never read (nor noted when malformed)."""
+    look at; the rest of a protobuf request is never read (nor noted when
+    malformed)."""
 
     attributes: frozenset[str] | None = None
     resource: frozenset[str] | None = None
@@ -107,7 +108,8 @@ def decode_http_body(content_type: str | None, content_encoding: str | None, bod
                      limit: int, notes: list[str], reads: Reads = ALL
                      ) -> tuple[bool, list[FlatRecord | None]]:
     """An OTLP/HTTP logs body -> ``(is_json, records)``; ``reads``: the
-    attributes to flatten (see :class:`Reads`). Raises :class:`BadRequest`
+    attributes to flatten from a protobuf body (see :class:`Reads`; a JSON
+    body is flattened whole, :func:`decode_json`). Raises :class:`BadRequest`
     (415 unsupported type/encoding, 413 too large, 400 undecodable or not
     an OTLP export request)."""
     mt = media_type(content_type)
@@ -122,22 +124,22 @@ def decode_http_body(content_type: str | None, content_encoding: str | None, bod
         raise BadRequest(Refusal.UNSUPPORTED, f"unsupported Content-Encoding {enc!r}; use gzip "
                          "or none", "otlp.unsupported_encoding")
     if mt in JSON_TYPES:
-        return True, decode_json(body, notes, reads)
+        return True, decode_json(body, notes)
     return False, decode_proto(body, notes, reads)
 
 
-def decode_json(body: bytes, notes: list[str], reads: Reads = ALL) -> list[FlatRecord | None]:
-    """OTLP/JSON ``ExportLogsServiceRequest`` bytes -> records (``reads``:
-    :class:`Reads`); 400 on invalid JSON or a document that is not an
-    export request."""
+def decode_json(body: bytes, notes: list[str]) -> list[FlatRecord | None]:
+    """OTLP/JSON ``ExportLogsServiceRequest`` bytes -> records, every
+    attribute flattened (parsing the JSON is most of the cost, and each
+    malformed value is counted, as the OTLP/JSON receiver always did); 400
+    on invalid JSON or a document that is not an export request."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise BadRequest(Refusal.MALFORMED, f"body is not JSON: {type(e).__name__}",
                          "otlp.undecodable") from None
     try:
-        return flatten.records_from_json(doc, notes, keys=reads.attributes,
-                                         resource_keys=reads.resource)
+        return flatten.records_from_json(doc, notes)
     except NotOtlp as e:
         raise BadRequest(Refusal.MALFORMED, f"not an OTLP logs export request: {e}",
                          "otlp.undecodable") from None

@@ -324,11 +324,9 @@ def value_from_json(v: object, notes: list[str], depth: int = 0) -> Any:
     return out
 
 
-def attrs_from_json(kvs: object, notes: list[str], depth: int = 0,
-                    keys: Container[str] | None = None) -> dict[str, Any]:
+def attrs_from_json(kvs: object, notes: list[str], depth: int = 0) -> dict[str, Any]:
     """An OTLP/JSON ``KeyValue`` list -> ``{key: value}``; entries without a
-    string key are skipped (noted). ``keys``: flatten only these (``None``:
-    all; as :func:`attrs_from_proto`)."""
+    string key are skipped (noted)."""
     out: dict[str, Any] = {}
     if kvs is None:
         return out
@@ -339,11 +337,8 @@ def attrs_from_json(kvs: object, notes: list[str], depth: int = 0,
         if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
             notes.append("otlp.attribute_malformed")
             continue
-        key = kv["key"]
-        if keys is not None and key not in keys:
-            continue
         val = kv.get("value")
-        out[key] = None if val is None else value_from_json(val, notes, depth)
+        out[kv["key"]] = None if val is None else value_from_json(val, notes, depth)
     return out
 
 
@@ -364,12 +359,10 @@ def _obj(v: Any, where: str) -> dict[str, Any]:
     return v
 
 
-def records_from_json(doc: object, notes: list[str], *, keys: Container[str] | None = None,
-                      resource_keys: Container[str] | None = None) -> list[FlatRecord | None]:
+def records_from_json(doc: object, notes: list[str]) -> list[FlatRecord | None]:
     """Flatten an OTLP/JSON ``ExportLogsServiceRequest`` (already
     ``json.loads``-ed). Returns one entry per LogRecord in order: a flat
     record, or ``None`` for an entry that is not a LogRecord object.
-    ``keys`` / ``resource_keys``: as :func:`records_from_proto`.
 
     Raises :class:`NotOtlp` when the document is not an export request: not
     an object, or ``resourceLogs``/``scopeLogs``/``logRecords`` of the wrong
@@ -381,7 +374,7 @@ def records_from_json(doc: object, notes: list[str], *, keys: Container[str] | N
     for i, rl in enumerate(_list(doc, "resourceLogs", "resource_logs", "request")):
         rl = _obj(rl, f"resourceLogs[{i}]")
         res = _obj(rl.get("resource"), f"resourceLogs[{i}].resource")
-        resource = attrs_from_json(res.get("attributes"), notes, 0, resource_keys)
+        resource = attrs_from_json(res.get("attributes"), notes)
         for j, sl in enumerate(_list(rl, "scopeLogs", "scope_logs", f"resourceLogs[{i}]")):
             sl = _obj(sl, f"resourceLogs[{i}].scopeLogs[{j}]")
             sc = sl.get("scope")
@@ -391,12 +384,12 @@ def records_from_json(doc: object, notes: list[str], *, keys: Container[str] | N
                 scope = _scope(name if isinstance(name, str) else "",
                                version if isinstance(version, str) else "")
             for lr in _list(sl, "logRecords", "log_records", f"resourceLogs[{i}].scopeLogs[{j}]"):
-                out.append(_record_from_json(resource, scope, lr, notes, keys))
+                out.append(_record_from_json(resource, scope, lr, notes))
     return out
 
 
 def _record_from_json(resource: dict[str, Any], scope: dict[str, str] | None, lr: Any,
-                      notes: list[str], keys: Container[str] | None = None) -> FlatRecord | None:
+                      notes: list[str]) -> FlatRecord | None:
     if not isinstance(lr, dict):
         notes.append("otlp.record_malformed")
         return None
@@ -420,7 +413,7 @@ def _record_from_json(resource: dict[str, Any], scope: dict[str, str] | None, lr
         event_name = None
     body = lr.get("body")
     return _record(
-        dict(resource), attrs_from_json(lr.get("attributes"), notes, 0, keys),
+        dict(resource), attrs_from_json(lr.get("attributes"), notes),
         event_name=event_name,
         body=value_from_json(body, notes) if body is not None else None,
         time_unix_nano=ints["time_unix_nano"],

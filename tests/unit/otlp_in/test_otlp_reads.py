@@ -1,7 +1,7 @@
 """The narrowed decode (``Profile.reads``): the decoder flattens only the
 attributes a profile's session key, record time and mapper look at, and
 that must change nothing downstream. Held on every mapping pin (both
-vendors), on every real Codex 0.171 capture (protobuf and OTLP/JSON), and on
+vendors), on every real Codex 0.171 protobuf capture (OTLP/JSON is flattened whole), and on
 generated records, in both modes at every capture ceiling: the plan (the
 emissions, their sessions and times, the notes, the refusals) of the
 narrowed records equals the plan of the full ones."""
@@ -20,7 +20,7 @@ from bridges.core.aep import CAPTURE_LEVELS
 from bridges.core.capture import CapturePolicy
 from bridges.core.posture import Posture
 from bridges.otlp_in import flatten
-from bridges.otlp_in.decode import ALL, Reads, decode_json, decode_proto
+from bridges.otlp_in.decode import ALL, Reads, decode_http_body, decode_json, decode_proto
 from bridges.otlp_in.export import plan
 from bridges.otlp_in.profiles import PROFILES
 from tests.support.shared import fixture
@@ -78,21 +78,32 @@ def _real_requests() -> list[tuple[str, bytes]]:
     return out
 
 
-@pytest.mark.parametrize("kind,body", _real_requests(),
-                         ids=[f"{k}-{i}" for i, (k, _) in enumerate(_real_requests())])
-def test_real_codex_exports_decode_narrowed_to_the_same_plan(kind, body):
-    decode = decode_json if kind == "json" else decode_proto
+def _real_requests() -> list[bytes]:
+    return [p.read_bytes() for p in sorted(REAL.glob("*/export-*.pb"))]
+
+
+@pytest.mark.parametrize("body", _real_requests(),
+                         ids=[f"pb-{i}" for i in range(len(_real_requests()))])
+def test_real_codex_exports_decode_narrowed_to_the_same_plan(body):
     reads = _reads("codex")
     full_notes: list[str] = []
-    full = decode(body, full_notes)
+    full = decode_proto(body, full_notes)
     narrow_notes: list[str] = []
-    narrow = decode(body, narrow_notes, reads)
+    narrow = decode_proto(body, narrow_notes, reads)
     assert narrow == [_narrow(r, reads) for r in full]
     assert narrow_notes == full_notes == []
     _same_plan("codex", full, narrow)
     # 0.171 sends attributes no mapping looks at: those are what is skipped
     dropped = {k for r in full for k in r["attributes"]} - reads.attributes
     assert {"app.version", "originator", "terminal.type", "slug"} <= dropped
+
+
+def test_json_bodies_are_flattened_whole():
+    # OTLP/JSON keeps every attribute (and counts each malformed value)
+    body = next(REAL.glob("otlp-http-json/export-*.json")).read_bytes()
+    _, full = decode_http_body("application/json", None, body, 1 << 24, [])
+    _, again = decode_http_body("application/json", None, body, 1 << 24, [], _reads("codex"))
+    assert again == full and any("app.version" in r["attributes"] for r in full)
 
 
 _scalar = st.one_of(st.none(), st.booleans(), st.integers(-5, 2 ** 40), st.text(max_size=12),
@@ -128,7 +139,7 @@ def test_generated_records_map_the_same_narrowed(vendor, data):
 
 
 @pytest.mark.parametrize("vendor", sorted(PINS))
-def test_protobuf_and_json_narrow_alike(vendor):
+def test_protobuf_narrows_the_pins_nested_in_a_real_request(vendor):
     # the pin inputs nested into a real request, decoded both ways with the reads
     from tests.unit.otlp_in.test_otlp_pins import nest_proto
 
@@ -138,9 +149,10 @@ def test_protobuf_and_json_narrow_alike(vendor):
         (rec,) = flatten.records_from_proto(req, [], keys=reads.attributes,
                                             resource_keys=reads.resource)
         assert rec == _narrow(inp, reads)
-        doc = json.loads(json_format.MessageToJson(req))
-        assert decode_json(json.dumps(doc).encode(), [], reads) == [rec]
+        assert decode_proto(req.SerializeToString(), [], reads) == [rec]
         assert decode_proto(req.SerializeToString(), [], ALL) == [inp]
+        doc = json.loads(json_format.MessageToJson(req))
+        assert decode_json(json.dumps(doc).encode(), []) == [inp]
 
 
 def test_a_malformed_value_of_an_unread_key_is_not_read():
