@@ -253,10 +253,15 @@ class BridgeContext:
     def emit_nowait(self, session: str | None, emission: Emission, *, run: str | None = None,
                     cause: str | None = None, time: datetime | str | None = None,
                     severity: str | None = None,
-                    extensions: Mapping[str, Any] | None = None) -> Envelope:
+                    extensions: Mapping[str, Any] | None = None,
+                    room_seen: bool = False) -> Envelope:
         """Like :meth:`emit` but never waits. Raises :class:`Saturated` when
-        the channel is full; nothing is stamped then (no ``seq`` is burnt)."""
-        if self.saturated():
+        the channel is full; nothing is stamped then (no ``seq`` is burnt).
+        ``room_seen``: the caller counted this send against :meth:`room`
+        in the same synchronous stretch (no checkpoint since: no other
+        sender ran), so the per-event check is skipped (a batch sender's
+        fast path)."""
+        if not room_seen and self.saturated():
             raise Saturated(self.name)
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
@@ -270,6 +275,13 @@ class BridgeContext:
     def saturated(self) -> bool:
         stats = self._channel.statistics()
         return stats.current_buffer_used >= stats.max_buffer_size
+
+    def room(self) -> int | float:
+        """How many more items the relay channel holds right now (``0``:
+        saturated; ``math.inf`` for an unbounded channel). Valid until the
+        caller's next checkpoint: only then can another sender run."""
+        stats = self._channel.statistics()
+        return max(0, stats.max_buffer_size - stats.current_buffer_used)
 
     async def wait_room(self) -> None:
         """Return once the relay channel has room (no deadline: wrap it in

@@ -503,6 +503,44 @@ def gate_form_values(fields: Any, values: Any, ceiling: str,
     return out
 
 
+_LEVEL_KEYS: dict[int, tuple[Mapping[str, str], frozenset[str]]] = {}
+
+
+def _level_keys(levels: Mapping[str, str]) -> frozenset[str]:
+    """Every key of ``levels`` and every dotted prefix of one (``error``
+    for ``error.message``), worked out once per ``levels`` mapping (the
+    gate's plan for a vendor type: the mappers pass the same module-level
+    mapping for every event of a type)."""
+    hit = _LEVEL_KEYS.get(id(levels))
+    if hit is not None and hit[0] is levels:
+        return hit[1]
+    keys = set()
+    for k in levels:
+        keys.add(k)
+        keys.update(k[:i] for i, ch in enumerate(k) if ch == ".")
+    if len(_LEVEL_KEYS) >= 512:  # a caller building a fresh mapping per event
+        _LEVEL_KEYS.clear()
+    _LEVEL_KEYS[id(levels)] = (levels, frozenset(keys))
+    return frozenset(keys)
+
+
+def _plain_members(data: dict[str, Any], levels: Mapping[str, str]) -> dict[str, Any] | None:
+    """The gate of an unregistered type whose payload names no key of
+    ``levels`` (nor a prefix of one): every member is ``metadata`` and kept,
+    copied, so the result is :func:`gate`'s without a gating pass. ``None``
+    when some member is declared (or may hold declared members): the full
+    pass decides then."""
+    declared = _level_keys(levels) if levels else frozenset()
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if k.__class__ is not str or k in declared:
+            return None
+        if isinstance(v, (dict, list, tuple)):
+            v = _copy(v)
+        out[k] = v
+    return out
+
+
 def gate(type_: str, data: dict[str, Any] | None, ceiling: str, policy: CapturePolicy, *,
          agent: str | None = None, subject: str | None = None, form_fields: Any = None,
          levels: Mapping[str, str] | None = None,
@@ -565,8 +603,13 @@ def gate(type_: str, data: dict[str, Any] | None, ceiling: str, policy: CaptureP
     if not isinstance(data, dict) or not data:
         return None, "metadata"
     node = _ct.node_for(type_)
-    if node is None and levels is None:
-        return _copy(data), ceiling
+    if node is None:
+        if levels is None:
+            return _copy(data), ceiling
+        if form_fields is None and not structural:
+            plain = _plain_members(data, levels)
+            if plain is not None:
+                return plain, "metadata"
     g = _Gate(ceiling, policy, agent=agent, subject=subject, form_fields=form_fields,
               levels=levels, structural=frozenset(structural or ()), derive=True)
     out = g.obj(node, data, "")

@@ -14,8 +14,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from aep_sdk import ulid
-
 from . import capture as _capture
 from .aep import AEP_VERSION
 from .paths import write_atomic
@@ -46,6 +44,47 @@ def rfc3339(dt: datetime | None = None) -> str:
     """``2026-11-30T12:00:00.123Z`` (UTC, millisecond precision)."""
     dt = dt or datetime.now(timezone.utc)
     return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+# a random byte -> one character (its low 5 bits; 256 = 8 x 32, so uniform)
+_BYTE_TO_CHAR = bytes((ord(_CROCKFORD[b % 32]) for b in range(256)))
+_POOL_IDS = 256
+
+
+class Ulids:
+    """ULIDs built exactly as the SDK builds them (``aep_sdk.ulid``: the
+    millisecond time in 10 Crockford base32 characters, then 16 characters
+    each from one random byte, 80 random bits), made for the stamper's hot
+    path: the random bytes come from ``os.urandom`` in blocks of
+    :data:`_POOL_IDS` ids (one system call per block, not one per id), are
+    spelled with one ``bytes.translate``, and the time part is spelled once
+    per millisecond. Not thread-safe (one per stamper)."""
+
+    def __init__(self) -> None:
+        self._pool = b""
+        self._pos = 0
+        self._ms = -1
+        self._time = ""
+
+    def __call__(self, now_ms: int | None = None) -> str:
+        """A new id; ``now_ms``: the time part (default: the clock)."""
+        t = _time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        if t != self._ms:
+            self._ms, self._time = t, _time_part(t)
+        pos = self._pos
+        if pos + 16 > len(self._pool):
+            self._pool, pos = os.urandom(16 * _POOL_IDS), 0
+        self._pos = pos + 16
+        return self._time + self._pool[pos:pos + 16].translate(_BYTE_TO_CHAR).decode("ascii")
+
+
+def _time_part(ms: int) -> str:
+    out = ""
+    for _ in range(10):
+        out = _CROCKFORD[ms % 32] + out
+        ms //= 32
+    return out
 
 
 def is_agent_scoped(type_: str) -> bool:
@@ -101,10 +140,24 @@ class Stamper:
         self.epoch = epoch
         self.policy = policy or _capture.CapturePolicy()
         self._seq: dict[str, int] = {}
+        self._ulid = Ulids()
+        self._sources: dict[str, str] = {}  # session -> source (one per sequenced session)
+        self._sources_of = (self.host, self.agent)
+        # type -> ceiling under ``_ceilings_of`` (``policy`` may be replaced)
+        self._ceilings: dict[str, str] = {}
+        self._ceilings_of = self.policy
 
     def source(self, session: str | None) -> str:
         base = f"aep://{self.host}/agent/{self.agent}"
         return f"{base}/session/{session}" if session else base
+
+    def _ceiling(self, type_: str) -> str:
+        if self._ceilings_of is not self.policy:
+            self._ceilings, self._ceilings_of = {}, self.policy
+        c = self._ceilings.get(type_)
+        if c is None:
+            c = self._ceilings[type_] = self.policy.ceiling_for(type_)
+        return c
 
     def knows(self, session: str) -> bool:
         """Whether this stamper has stamped a sequenced event for ``session``."""
@@ -130,12 +183,21 @@ class Stamper:
         agent_scoped = is_agent_scoped(type_)
         if not agent_scoped and not session:
             raise ValueError(f"{type_} is session-scoped and needs a session")
+        source: str | None
+        if agent_scoped or session is None:
+            source = self.source(None)
+        else:
+            if self._sources_of[0] is not self.host or self._sources_of[1] is not self.agent:
+                self._sources, self._sources_of = {}, (self.host, self.agent)
+            source = self._sources.get(session)
+            if source is None:
+                source = self._sources[session] = self.source(session)
         ev: dict[str, Any] = {
             "aep": AEP_VERSION,
-            "id": ulid(),
+            "id": self._ulid(),
             "type": type_,
             "time": time if isinstance(time, str) else rfc3339(time),
-            "source": self.source(None if agent_scoped else session),
+            "source": source,
             "agent": self.agent,
         }
         if extensions:
@@ -156,7 +218,7 @@ class Stamper:
         sev = severity or emission.get("severity") or _DEFAULT_SEVERITY.get(type_)
         if sev and sev != "info":
             ev["severity"] = sev
-        ceiling = self.policy.ceiling_for(type_)
+        ceiling = self._ceiling(type_)
         # ``gating``: optional hints for the gate, never put on the wire
         # (``form_fields``, ``levels``, ``structural``; see capture.gate).
         hints: Gating = emission.get("gating") or {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import capture as _capture
+from .aep import CAPTURE_RANK as _RANK
 from .capture import CapturePolicy
 from .naming import dotted_type
 
@@ -47,6 +48,10 @@ class Posture:
     policy: CapturePolicy = field(default_factory=CapturePolicy)
     deltas: bool = False
     answerable: bool = False
+    # type -> ceiling, filled as mappers ask (the policy is frozen): a
+    # mapper asks per event, often twice
+    _ceilings: dict[str, str] = field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -59,7 +64,10 @@ class Posture:
 
     def ceiling(self, type_: str) -> str:
         """The capture ceiling for ``type_`` (``none`` ... ``full``)."""
-        return self.policy.ceiling_for(type_)
+        c = self._ceilings.get(type_)
+        if c is None:
+            c = self._ceilings[type_] = self.policy.ceiling_for(type_)
+        return c
 
     def level(self, type_: str) -> int:
         """The rank of :meth:`ceiling` (``bridges.core.capture.rank``)."""
@@ -67,7 +75,7 @@ class Posture:
 
     def allows(self, type_: str, level: str) -> bool:
         """True when ``level`` content may go into a ``type_`` payload."""
-        return self.level(type_) >= _capture.rank(level)
+        return _RANK[self.ceiling(type_)] >= _capture.rank(level)
 
     def content(self, type_: str) -> str | None:
         """``redacted``/``full`` when content may ride on ``type_``, else

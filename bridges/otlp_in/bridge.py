@@ -33,6 +33,7 @@ from bridges.core.posture import Posture
 from bridges.core.settings import Address, bindable
 
 from .config import OtlpConfig, check
+from .decode import Reads
 from .export import Admission
 from .grpc import GrpcReceiver
 from .http import HttpReceiver, serve_http
@@ -151,6 +152,7 @@ class OtlpRun:
                                    retry_after=retry_after,
                                    max_new_sessions=config.max_new_sessions,
                                    new_sessions_per_s=config.new_sessions_per_s)
+        self.reads = Reads(profile.reads, profile.resource_reads)
         self.bound: dict[str, Address | None] = {"grpc": None, "http": None}
         self.serving = False
 
@@ -169,7 +171,7 @@ class OtlpRun:
             if self.config.grpc_listen is not None:
                 grpc_rx = GrpcReceiver(self.admission.export, trio.lowlevel.current_trio_token(),
                                        max_body=self.config.max_body, on_problem=self.problem,
-                                       workers=self.grpc_workers)
+                                       workers=self.grpc_workers, reads=self.reads)
                 self.bound["grpc"] = grpc_rx.start(self.config.grpc_listen)
             try:
                 async with trio.open_nursery() as nursery:
@@ -203,7 +205,8 @@ class OtlpRun:
                           ) -> None:
         health = self.ctx.health
         app = HttpReceiver(self.admission.export, max_body=self.config.max_body,
-                           on_problem=self.problem, body_timeout=self.config.body_timeout)
+                           on_problem=self.problem, body_timeout=self.config.body_timeout,
+                           reads=self.reads)
         await serve_http(app, listen, log=self.ctx.log.getChild("http"),
                          on_refused_host=partial(health.count, "otlp.refused_host"),
                          on_fault=lambda kind: health.count("otlp.connection_errors"),

@@ -140,6 +140,17 @@ LEVELS: dict[str, dict[str, str]] = {
 """Per vendor type, the content keys :func:`map_record` may put in its
 payload and their grade (the stamper's ``gating.levels`` hint)."""
 
+READS = frozenset({"event.name", "conversation.id", "event.timestamp", "prompt", "user.email",
+                   "model", "tool_name", "call_id", "success", "duration_ms", "output", "error",
+                   "error.message", "decision", "source"}.union(
+                       *(spec.grades for spec in EVENTS.values())))
+"""Every LogRecord attribute this profile looks at (event name, session key,
+time, payload keys, the primary mapping's keys): the protobuf decoder
+flattens only these (:attr:`bridges.otlp_in.profiles.Profile.reads`); a
+0.171 ``codex.sse_event`` carries 10 attributes, 5 of them read."""
+RESOURCE_READS = frozenset({"host.name", "user.email"})
+"""The resource attributes this profile looks at."""
+
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed", "tool.denied")
 """The core subset this profile emits in primary mode (design record)."""
 

@@ -21,6 +21,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from functools import cached_property, lru_cache
 from typing import Any, Callable
 
 from bridges.core import capture as _capture
@@ -47,6 +48,21 @@ class EventSpec:
     meta: tuple[str, ...] = ()
     redacted: tuple[str, ...] = ()
     full: tuple[str, ...] = ()
+
+    @cached_property
+    def grades(self) -> dict[str, int]:
+        """Each payload key -> :data:`META`, :data:`REDACTED` or
+        :data:`FULL` (a key listed twice takes its first grade, in that
+        order): :func:`gated_payload`'s plan, built once per spec."""
+        out: dict[str, int] = {}
+        for grade, keys in ((META, self.meta), (REDACTED, self.redacted), (FULL, self.full)):
+            for k in keys:
+                out.setdefault(k, grade)
+        return out
+
+
+META, REDACTED, FULL = 0, 1, 2
+"""The grades of :attr:`EventSpec.grades`."""
 
 
 # --------------------------------------------------------------------------- values
@@ -167,6 +183,19 @@ def session_id(raw: object, notes: list[str]) -> str | None:
 
 def record_time(rec: dict[str, Any], now: datetime | None = None,
                 notes: list[str] | None = None) -> datetime | None:
+    """See :func:`record_moment` (this is it, always as a ``datetime``)."""
+    t = record_moment(rec, now, notes)
+    return datetime.fromisoformat(t.replace("Z", "+00:00")) if isinstance(t, str) else t
+
+
+_CANONICAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+"""The stamper's own time form (``2026-11-30T13:05:16.466Z``, what
+:func:`bridges.core.envelope.rfc3339` writes): a vendor time already in it
+needs no formatting (Codex 0.171 writes ``event.timestamp`` so)."""
+
+
+def record_moment(rec: dict[str, Any], now: datetime | None = None,
+                  notes: list[str] | None = None) -> datetime | str | None:
     """The moment a record describes: ``time_unix_nano``, else the vendor's
     ``event.timestamp`` attribute (RFC 3339; Codex stamps it while leaving
     the LogRecord timestamp unset), else ``observed_time_unix_nano``. ``None``
@@ -176,37 +205,41 @@ def record_time(rec: dict[str, Any], now: datetime | None = None,
     vendor time later than ``now`` + :data:`FUTURE_SLACK` or before
     :data:`EARLIEST` is out of range (``2**64-1`` ns is year 2554): it is
     skipped for the next candidate and ``otlp.time_out_of_range`` is noted
-    once per record (issue 10 #13)."""
+    once per record (issue 10 #13).
+
+    An ``event.timestamp`` already in the stamper's form (UTC, milliseconds,
+    ``Z``) is returned as that string, once validated: the stamper takes it
+    as is, and ``rfc3339`` of the parsed time is the same text."""
+    # (inline, no helper closure: this runs once per LogRecord)
+    latest = None if now is None else now + FUTURE_SLACK
     out_of_range = False
-
-    def plausible(t: datetime | None) -> datetime | None:
-        nonlocal out_of_range
-        if t is None or now is None:
+    t = _from_nanos(rec.get("time_unix_nano"))
+    if t is not None:
+        if latest is None or EARLIEST <= t <= latest:
             return t
-        if t < EARLIEST or t > now + FUTURE_SLACK:
-            out_of_range = True
-            return None
-        return t
-
-    try:
-        t = plausible(_from_nanos(rec.get("time_unix_nano")))
-        if t:
-            return t
-        ts = attrs(rec).get("event.timestamp")
-        if isinstance(ts, str) and 10 <= len(ts) <= 40:
-            try:
-                t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
-            except ValueError:
-                t = None
-            if t is not None:
-                if t.tzinfo is None:
-                    t = t.replace(tzinfo=timezone.utc)
-                if 1971 <= t.year <= 9998 and (t := plausible(t)) is not None:
-                    return t
-        return plausible(_from_nanos(rec.get("observed_time_unix_nano")))
-    finally:
-        if out_of_range and notes is not None:
-            notes.append("otlp.time_out_of_range")
+        out_of_range = True
+    a = rec.get("attributes")
+    ts = a.get("event.timestamp") if isinstance(a, dict) else None
+    if isinstance(ts, str) and 10 <= len(ts) <= 40:
+        try:
+            t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError:
+            t = None
+        if t is not None:
+            if t.tzinfo is None:
+                t = t.replace(tzinfo=timezone.utc)
+            if 1971 <= t.year <= 9998:
+                if latest is None or EARLIEST <= t <= latest:
+                    if out_of_range and notes is not None:
+                        notes.append("otlp.time_out_of_range")
+                    return ts if _CANONICAL_TIME.fullmatch(ts) else t
+                out_of_range = True
+    t = _from_nanos(rec.get("observed_time_unix_nano"))
+    if t is not None and latest is not None and not EARLIEST <= t <= latest:
+        t, out_of_range = None, True
+    if out_of_range and notes is not None:
+        notes.append("otlp.time_out_of_range")
+    return t
 
 
 EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
@@ -227,6 +260,7 @@ def _from_nanos(n: object) -> datetime | None:
 
 # --------------------------------------------------------------------------- payloads
 
+@lru_cache(maxsize=1024)
 def vendor_type(namespace: str, leaf: str) -> str:
     """``x.codex.otel`` + ``tool_result`` -> ``x.codex.otel.tool_result``.
     A leaf outside the AEP type grammar yields the ``unknown`` fallback."""
@@ -243,11 +277,15 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
     verbatim at ``full``, the ``full`` keys only at ``full``. Attribute order
     is kept."""
     data: dict[str, Any] = {}
-    red_ok = posture.allows(type_, "redacted")
-    full_ok = posture.allows(type_, "full")
+    grades = spec.grades
+    red_ok = full_ok = False
+    asked = False  # the ceiling is looked up at the first content key, if any
     for key, val in a.items():
-        if key in spec.meta:
-            if not is_scalar(val):
+        grade = grades.get(key)
+        if grade is None:
+            continue
+        if grade == META:
+            if not isinstance(val, (str, int, float)):  # bool is an int
                 if val is not None:
                     notes.append("otlp.value_unexpected")
                 continue
@@ -255,9 +293,16 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
                 notes.append("otlp.value_truncated")
                 val = val[:MAX_META_STR]
             data[key] = val
-        elif key in spec.redacted and red_ok and val is not None:
-            data[key] = val if full_ok else _capture.redact_text(text_of(val) or "", posture.policy)
-        elif key in spec.full and full_ok and val is not None:
+            continue
+        if not asked:
+            red_ok = posture.allows(type_, "redacted")
+            full_ok = posture.allows(type_, "full")
+            asked = True
+        if grade == REDACTED:
+            if red_ok and val is not None:
+                data[key] = val if full_ok else _capture.redact_text(text_of(val) or "",
+                                                                     posture.policy)
+        elif full_ok and val is not None:
             data[key] = val
     return data
 

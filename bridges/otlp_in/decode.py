@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
@@ -26,6 +27,22 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from . import flatten
 from .flatten import FlatRecord, NotOtlp
 from .status import BadRequest, Refusal
+
+
+class Reads(NamedTuple):
+    """Which attributes a decoder flattens: ``attributes`` (of each
+    LogRecord) and ``resource``, each a set of keys or ``None`` for all. A
+    run passes its vendor profile's (:attr:`Profile.reads
+    <bridges.otlp_in.profiles.Profile.reads>`): the keys its mapper can
+    look at; the rest of a protobuf request is never read (nor noted when
+    malformed)."""
+
+    attributes: frozenset[str] | None = None
+    resource: frozenset[str] | None = None
+
+
+ALL = Reads()
+"""Flatten every attribute (the pins' full record shape)."""
 
 PROTOBUF_TYPES = frozenset({"application/x-protobuf", "application/protobuf"})
 JSON_TYPES = frozenset({"application/json"})
@@ -88,10 +105,13 @@ def is_json(content_type: str | None) -> bool:
 
 
 def decode_http_body(content_type: str | None, content_encoding: str | None, body: bytes,
-                     limit: int, notes: list[str]) -> tuple[bool, list[FlatRecord | None]]:
-    """An OTLP/HTTP logs body -> ``(is_json, records)``. Raises
-    :class:`BadRequest` (415 unsupported type/encoding, 413 too large, 400
-    undecodable or not an OTLP export request)."""
+                     limit: int, notes: list[str], reads: Reads = ALL
+                     ) -> tuple[bool, list[FlatRecord | None]]:
+    """An OTLP/HTTP logs body -> ``(is_json, records)``; ``reads``: the
+    attributes to flatten from a protobuf body (see :class:`Reads`; a JSON
+    body is flattened whole, :func:`decode_json`). Raises :class:`BadRequest`
+    (415 unsupported type/encoding, 413 too large, 400 undecodable or not
+    an OTLP export request)."""
     mt = media_type(content_type)
     if mt not in PROTOBUF_TYPES and mt not in JSON_TYPES:
         raise BadRequest(Refusal.UNSUPPORTED, f"unsupported Content-Type {mt or '(none)'!r}; "
@@ -105,12 +125,14 @@ def decode_http_body(content_type: str | None, content_encoding: str | None, bod
                          "or none", "otlp.unsupported_encoding")
     if mt in JSON_TYPES:
         return True, decode_json(body, notes)
-    return False, decode_proto(body, notes)
+    return False, decode_proto(body, notes, reads)
 
 
 def decode_json(body: bytes, notes: list[str]) -> list[FlatRecord | None]:
-    """OTLP/JSON ``ExportLogsServiceRequest`` bytes -> records; 400 on
-    invalid JSON or a document that is not an export request."""
+    """OTLP/JSON ``ExportLogsServiceRequest`` bytes -> records, every
+    attribute flattened (parsing the JSON is most of the cost, and each
+    malformed value is counted, as the OTLP/JSON receiver always did); 400
+    on invalid JSON or a document that is not an export request."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
@@ -123,12 +145,13 @@ def decode_json(body: bytes, notes: list[str]) -> list[FlatRecord | None]:
                          "otlp.undecodable") from None
 
 
-def decode_proto(body: bytes, notes: list[str]) -> list[FlatRecord | None]:
-    """Protobuf ``ExportLogsServiceRequest`` bytes -> records; 400 on a
-    corrupt or truncated message."""
+def decode_proto(body: bytes, notes: list[str], reads: Reads = ALL) -> list[FlatRecord | None]:
+    """Protobuf ``ExportLogsServiceRequest`` bytes -> records (``reads``:
+    :class:`Reads`); 400 on a corrupt or truncated message."""
     try:
         req = ExportLogsServiceRequest.FromString(body)
     except (DecodeError, RecursionError, ValueError) as e:
         raise BadRequest(Refusal.MALFORMED, f"undecodable protobuf: {str(e)[:200]}",
                          "otlp.undecodable") from None
-    return list(flatten.records_from_proto(req, notes))
+    return list(flatten.records_from_proto(req, notes, keys=reads.attributes,
+                                           resource_keys=reads.resource))

@@ -35,7 +35,7 @@ import trio
 from bridges.core.bridge import BridgeContext, Emission, Saturated
 from bridges.core.posture import Posture
 
-from .common import record_time, session_id
+from .common import record_moment, session_id
 from .flatten import FlatRecord
 from .profiles import Profile
 from .status import Accepted, Unavailable
@@ -62,14 +62,16 @@ TOO_MANY_SESSIONS = "too many new sessions"
 class Planned(NamedTuple):
     """One emission to stamp: the index of its LogRecord in the request,
     its AEP ``session``, the emission (with the profile's gating hint) and
-    the moment it describes (``None``: the stamper uses the receive time).
+    the moment it describes (``None``: the stamper uses the receive time; a
+    string: already in the stamper's form,
+    :func:`~bridges.otlp_in.common.record_moment`).
     A named tuple: one is made per record (a frozen dataclass costs a
     ``__setattr__`` per field)."""
 
     record: int
     session: str
     emission: Emission
-    time: datetime | None
+    time: datetime | str | None
 
 
 @dataclass(frozen=True)
@@ -93,29 +95,41 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     and the exception kept in :attr:`Plan.failures`. ``now``: the receive
     time (the caller reads the clock); a vendor time out of range around it
     falls back to the next candidate, noted ``otlp.time_out_of_range``
-    (:func:`~bridges.otlp_in.common.record_time`)."""
+    (:func:`~bridges.otlp_in.common.record_moment`)."""
     refused: Counter[str] = Counter()
     notes: list[str] = []
     failures: list[Exception] = []
     planned: list[Planned] = []
+    # raw session key -> (session, its notes): a request's records share a
+    # few sessions, each checked against the id grammar once
+    sessions: dict[object, tuple[str | None, list[str]]] = {}
     for idx, rec in enumerate(records):
         if rec is None:
             refused[NOT_A_RECORD] += 1
             continue
         try:
-            sess = session_id(profile.session_key(rec), notes)
+            raw = profile.session_key(rec)
+            known = sessions.get(raw) if raw.__class__ is str else None
+            if known is None:
+                said: list[str] = []
+                known = (session_id(raw, said), said)
+                if raw.__class__ is str:
+                    sessions[raw] = known
+            sess = known[0]
+            notes.extend(known[1])
             if sess is None:
                 notes.append("otlp.no_session")
                 refused[NO_SESSION] += 1
                 continue
             emissions = profile.map_record(rec, posture, notes)
-            when = record_time(rec, now, notes)
+            when = record_moment(rec, now, notes)
         except Exception as e:  # a mapper bug must not take the receiver down
             notes.append("otlp.mapping_error")
             refused[MAPPING_FAILED] += 1
             failures.append(e)
             continue
-        planned.extend(Planned(idx, sess, profile.stampable(em), when) for em in emissions)
+        for em in emissions:
+            planned.append(Planned(idx, sess, profile.stampable(em), when))
     return Plan(tuple(planned), dict(refused), tuple(notes), tuple(failures))
 
 
@@ -199,14 +213,19 @@ class Admission:
         mark = self.ctx.log_mark()
         todo = self._session_cap(p.emissions, reasons)
         ctx = self.ctx
+        free = ctx.room()  # sends counted against it until the next wait (no checkpoint between)
         for pos, item in enumerate(todo):
-            if (self.closing or ctx.saturated()) and not await self.room():
-                if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
-                    raise Unavailable("receiver is stopping; retry later" if self.closing else
-                                      "relay channel saturated; retry later", self.retry_after)
-                self._cut_short(todo[pos:], reasons)
-                break
+            if free < 1 or self.closing:
+                if not await self.room():
+                    if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
+                        raise Unavailable("receiver is stopping; retry later" if self.closing
+                                          else "relay channel saturated; retry later",
+                                          self.retry_after)
+                    self._cut_short(todo[pos:], reasons)
+                    break
+                free = ctx.room()
             emitted += self._send(item, reasons)
+            free -= 1
         health = self.ctx.health
         health.count("otlp.emitted", emitted)
         if emitted and not await self.ctx.logged_since(mark):
@@ -270,7 +289,7 @@ class Admission:
     def _send(self, item: Planned, reasons: Counter[str]) -> int:
         """1 when ``item`` went onto the channel, else 0 (reason counted)."""
         try:
-            self.ctx.emit_nowait(item.session, item.emission, time=item.time)
+            self.ctx.emit_nowait(item.session, item.emission, time=item.time, room_seen=True)
             return 1
         except Saturated:  # only an unbuffered channel gets here after room()
             reasons[SATURATED] += 1

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Container, Iterable, Iterator
 
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -92,11 +92,32 @@ def value_from_proto(v: AnyValue, notes: list[str], depth: int = 0) -> Any:
     return None
 
 
-def attrs_from_proto(kvs: Iterable[KeyValue], notes: list[str], depth: int = 0) -> dict[str, Any]:
-    """Repeated ``KeyValue`` -> ``{key: value}`` (a repeated key: last wins)."""
+def attrs_from_proto(kvs: Iterable[KeyValue], notes: list[str], depth: int = 0,
+                     keys: Container[str] | None = None) -> dict[str, Any]:
+    """Repeated ``KeyValue`` -> ``{key: value}`` (a repeated key: last wins).
+    ``keys``: flatten only these keys (``None``: all); the others are not
+    read at all, so an anomaly in their values is not noted either."""
     out: dict[str, Any] = {}
     for kv in kvs:
-        out[kv.key] = value_from_proto(kv.value, notes, depth)
+        key = kv.key
+        if keys is not None and key not in keys:
+            continue
+        v = kv.value
+        # a non-empty string_value is the set member of the oneof (nearly
+        # every attribute is one): no WhichOneof for it
+        text = v.string_value
+        if text:
+            out[key] = text
+            continue
+        kind = v.WhichOneof("value")
+        if kind == "string_value":
+            out[key] = text
+        elif kind == "int_value":
+            out[key] = v.int_value
+        elif kind == "bool_value":
+            out[key] = v.bool_value
+        else:
+            out[key] = value_from_proto(v, notes, depth)
     return out
 
 
@@ -127,23 +148,45 @@ def _record(resource: dict[str, Any], attributes: dict[str, Any], *, event_name:
     return rec
 
 
-def records_from_proto(request: ExportLogsServiceRequest, notes: list[str]) -> Iterator[FlatRecord]:
+def records_from_proto(request: ExportLogsServiceRequest, notes: list[str], *,
+                       keys: Container[str] | None = None,
+                       resource_keys: Container[str] | None = None) -> Iterator[FlatRecord]:
     """Flatten every LogRecord of an ``ExportLogsServiceRequest`` message, in
     order. A decoded protobuf message is structurally sound by construction,
-    so this never yields ``None``."""
+    so this never yields ``None``. ``keys`` / ``resource_keys``: flatten
+    only these LogRecord / resource attributes (``None``: all; a vendor
+    profile's :attr:`~bridges.otlp_in.profiles.Profile.reads`: what its
+    mapper can look at, the same mapping for less work)."""
     for rl in request.resource_logs:
-        resource = attrs_from_proto(rl.resource.attributes, notes)
+        resource = attrs_from_proto(rl.resource.attributes, notes, 0, resource_keys)
         for sl in rl.scope_logs:
             scope = _scope(sl.scope.name, sl.scope.version)
             for lr in sl.log_records:
-                yield _record(
-                    dict(resource), attrs_from_proto(lr.attributes, notes),
-                    event_name=lr.event_name,
-                    body=value_from_proto(lr.body, notes) if lr.HasField("body") else None,
-                    time_unix_nano=lr.time_unix_nano,
-                    observed_time_unix_nano=lr.observed_time_unix_nano,
-                    severity_number=int(lr.severity_number),
-                    severity_text=lr.severity_text, scope=scope)
+                # the _record shape, built inline (one per LogRecord)
+                rec: FlatRecord = {"resource": dict(resource),
+                                   "attributes": attrs_from_proto(lr.attributes, notes, 0, keys)}
+                field = lr.event_name
+                if field:
+                    rec["event_name"] = field
+                if lr.HasField("body"):
+                    body = value_from_proto(lr.body, notes)
+                    if body is not None:
+                        rec["body"] = body
+                n = lr.time_unix_nano
+                if n:
+                    rec["time_unix_nano"] = n
+                n = lr.observed_time_unix_nano
+                if n:
+                    rec["observed_time_unix_nano"] = n
+                n = int(lr.severity_number)
+                if n:
+                    rec["severity_number"] = n
+                field = lr.severity_text
+                if field:
+                    rec["severity_text"] = field
+                if scope:
+                    rec["scope"] = scope
+                yield rec
 
 
 def count_proto_records(request: ExportLogsServiceRequest) -> int:

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from bridges.core.settings import Address
 
-from .decode import decode_proto
+from .decode import ALL, Reads, decode_proto
 from .export import Export, OnProblem
 from .status import BadRequest, Refused, Unavailable, grpc_refused, response_message
 
@@ -39,11 +39,13 @@ class GrpcReceiver:
     export coroutine, called through ``token``; ``max_body``: the message
     limit in bytes; ``on_problem``: told about each non-retryable refusal
     (:data:`bridges.otlp_in.export.OnProblem`); ``workers``: handler threads
-    (at most ``4 * workers`` RPCs are admitted at once)."""
+    (at most ``4 * workers`` RPCs are admitted at once); ``reads``: the
+    attributes to flatten (:class:`~bridges.otlp_in.decode.Reads`)."""
 
     def __init__(self, export: Export, token: trio.lowlevel.TrioToken, *, max_body: int,
-                 on_problem: OnProblem, workers: int = 4) -> None:
+                 on_problem: OnProblem, workers: int = 4, reads: Reads = ALL) -> None:
         self.export = export
+        self.reads = reads
         self.token = token
         self.max_body = max_body
         self.on_problem = on_problem
@@ -92,7 +94,7 @@ class GrpcReceiver:
         """The handler (on a grpcio thread)."""
         notes: list[str] = []
         try:
-            records = decode_proto(body, notes)
+            records = decode_proto(body, notes, self.reads)
             result = trio.from_thread.run(self.export, records, notes, trio_token=self.token)
         except Refused as e:
             if isinstance(e, BadRequest):

@@ -28,7 +28,7 @@ from bridges.core.asgi import Receive, Scope, Send, host_guard, lifespan
 from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address
 
-from .decode import decode_http_body, is_json
+from .decode import ALL, Reads, decode_http_body, is_json
 from .export import Export, OnProblem
 from .status import BadRequest, HttpAnswer, Refusal, Refused, Unavailable, http_accepted, http_refused
 
@@ -47,11 +47,13 @@ class HttpReceiver:
     elsewhere, 405 for other methods). ``export``: the trio-side export
     coroutine; ``max_body``: the body limit in bytes (compressed and
     inflated); ``on_problem``: see :data:`OnProblem` (retryable refusals are
-    counted by the export path, not here)."""
+    counted by the export path, not here); ``reads``: the attributes to
+    flatten (:class:`~bridges.otlp_in.decode.Reads`)."""
 
     def __init__(self, export: Export, *, max_body: int, on_problem: OnProblem,
-                 body_timeout: float = 30.0) -> None:
+                 body_timeout: float = 30.0, reads: Reads = ALL) -> None:
         self.export = export
+        self.reads = reads
         self.max_body = max_body
         self.on_problem = on_problem
         self.body_timeout = body_timeout
@@ -85,7 +87,7 @@ class HttpReceiver:
             with trio.move_on_after(DECODE_DEADLINE_S) as late:
                 json_answer, records = await trio.to_thread.run_sync(
                     decode_http_body, headers.get("content-type"),
-                    headers.get("content-encoding"), body, self.max_body, notes,
+                    headers.get("content-encoding"), body, self.max_body, notes, self.reads,
                     abandon_on_cancel=True, limiter=self._decoders)
             if late.cancelled_caught:
                 self.on_problem("otlp.decode_timeout", "decoding exceeded its deadline")

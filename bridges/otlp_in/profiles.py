@@ -6,9 +6,10 @@ Pure data; :data:`PROFILES` is keyed by the ``AEP_OTLP_VENDOR`` value."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
-from bridges.core.bridge import Emission
+from bridges.core.bridge import Emission, Gating
 
 from . import codex, vscode
 from .common import Mapper
@@ -25,7 +26,11 @@ class Profile:
     emissions; ``namespace``: the ``x.<vendor>.otel`` family;
     ``primary_types``: the core subset emitted in primary mode;
     ``known``: the event names mapped to named vendor types; ``levels``:
-    per vendor type, its content keys and their grade."""
+    per vendor type, its content keys and their grade; ``reads`` /
+    ``resource_reads``: every LogRecord / resource attribute the session
+    key, the record time and the mapper look at (``None``: any): the
+    decoder flattens only these, so the mapping is the same for less work
+    (``tests/unit/otlp_in/test_otlp_reads.py`` holds each profile to it)."""
 
     vendor: str
     agent: str
@@ -35,6 +40,8 @@ class Profile:
     primary_types: tuple[str, ...]
     known: frozenset[str]
     levels: dict[str, dict[str, str]]
+    reads: frozenset[str] | None = None
+    resource_reads: frozenset[str] | None = None
 
     def stampable(self, emission: Emission) -> Emission:
         """``emission`` plus the stamper's ``gating`` hint for a vendor
@@ -44,13 +51,23 @@ class Profile:
         type_ = emission.get("type", "")
         if not type_.startswith(self.namespace + "."):
             return emission
-        return {**emission, "gating": {"levels": self.levels.get(type_, {})}}
+        gating = self._gatings.get(type_)
+        if gating is None:  # a type outside the table (``unknown``): nothing declared
+            gating = {"levels": self.levels.get(type_, {})}
+        return {**emission, "gating": gating}
+
+    @cached_property
+    def _gatings(self) -> dict[str, Gating]:
+        """Per vendor type, its ``gating`` hint, built once (the same
+        ``levels`` mapping each time, so the gate's per-type plan is reused)."""
+        return {t: {"levels": lv} for t, lv in self.levels.items()}
 
 
 PROFILES: dict[str, Profile] = {
     "codex": Profile("codex", "codex", codex.session_key, codex.map_record, codex.NAMESPACE,
-                     codex.PRIMARY_TYPES, frozenset(codex.EVENTS), codex.LEVELS),
+                     codex.PRIMARY_TYPES, frozenset(codex.EVENTS), codex.LEVELS,
+                     codex.READS, codex.RESOURCE_READS),
     "vscode": Profile("vscode", "vscode", vscode.session_key, vscode.map_record,
                       vscode.NAMESPACE, vscode.PRIMARY_TYPES, frozenset(vscode.EVENTS),
-                      vscode.LEVELS),
+                      vscode.LEVELS, vscode.READS, vscode.RESOURCE_READS),
 }

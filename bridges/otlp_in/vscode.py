@@ -66,6 +66,14 @@ LEVELS: dict[str, dict[str, str]] = {
     vendor_type(NAMESPACE, spec.leaf): spec_levels(spec) for spec in EVENTS.values()}
 """Per vendor type, the content keys and their grade (``gating.levels``)."""
 
+READS = frozenset({"event.name", "event.timestamp", "gen_ai.request.model", "gen_ai.tool.name",
+                   "success", "gen_ai.tool.call.id", "error.type", "duration_ms"}.union(
+                       *(spec.grades for spec in EVENTS.values())))
+"""Every LogRecord attribute this profile looks at (the decoder flattens
+only these; :attr:`bridges.otlp_in.profiles.Profile.reads`)."""
+RESOURCE_READS = frozenset({"session.id"})
+"""The resource attributes this profile looks at (the session key)."""
+
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed")
 """The core subset this profile emits in primary mode (design record)."""
 

@@ -607,3 +607,50 @@ def test_form_values_never_leak_free_text_below_redacted(fields, values, ceiling
     else:  # redacted+: every answer with a spec survives (free text redacted)
         assert set(kept) == {k for k in values if k in specs}
     assert gate_form_values(fields, values, ceiling) == kept
+
+
+_VENDOR_LEVELS = st.dictionaries(
+    st.sampled_from(["file", "error", "error.message", "payload.content", "a.b.c", "note"]),
+    st.sampled_from([*LEVELS, "bogus"]), max_size=4)
+_VENDOR_KEYS = st.sampled_from(["file", "error", "error.message", "payload", "a", "a.b",
+                                "event.kind", "duration_ms", "note", "x"])
+
+
+def _full_pass(data, ceiling, levels):
+    """The gating pass itself (what gate() did for every vendor event before
+    its per-type plan): the reference the plain-member shortcut must equal."""
+    g = capture._Gate(ceiling, POLICY, agent="a", subject=None, form_fields=None,
+                      levels=levels, structural=frozenset(), derive=True)
+    out = g.obj(None, data, "")
+    return (out or None), (g.honored if out else "metadata")
+
+
+@settings(max_examples=600, deadline=None)
+@given(data=st.dictionaries(_VENDOR_KEYS, st.recursive(
+           _leaf, lambda c: st.lists(c, max_size=3) | st.dictionaries(_VENDOR_KEYS | st.text(
+               max_size=4), c, max_size=3), max_leaves=10), min_size=1, max_size=6),
+       levels=_VENDOR_LEVELS, ceiling=st.sampled_from(["metadata", "redacted", "full"]))
+def test_vendor_type_gate_shortcut_equals_the_full_pass(data, levels, ceiling):
+    # gate() skips the pass for a vendor payload that names no declared key
+    # (the common OTLP case); the answer must be the pass's, byte for byte,
+    # and never alias the input.
+    before = copy.deepcopy(data)
+    out, level = gate("x.acme.thing", data, ceiling, POLICY, levels=levels)
+    assert (out, level) == _full_pass(copy.deepcopy(before), ceiling, levels)
+    assert json.dumps(out) == json.dumps(_full_pass(copy.deepcopy(before), ceiling, levels)[0])
+    assert data == before
+    if out:
+        for k, v in out.items():
+            assert v is not data[k] or not isinstance(v, (dict, list))
+
+
+def test_vendor_type_gate_shortcut_is_taken_and_still_drops_declared_keys():
+    levels = {"error": "redacted", "error.message": "redacted"}
+    assert gate("x.codex.otel.sse_event", {"event.kind": "response.created", "duration_ms": "0"},
+                "metadata", POLICY, levels=levels) == (
+        {"event.kind": "response.created", "duration_ms": "0"}, "metadata")
+    # a declared key present: the full pass runs and drops it at metadata
+    assert gate("x.codex.otel.sse_event", {"event.kind": "k", "error": "boom"}, "metadata",
+                POLICY, levels=levels) == ({"event.kind": "k"}, "metadata")
+    assert gate("x.codex.otel.sse_event", {"error": {"message": "a@b.io"}}, "redacted",
+                POLICY, levels=levels) == ({"error": {"message": "[REDACTED:pii]"}}, "redacted")

@@ -246,3 +246,40 @@ def test_epoch_never_regresses_below_a_clock_seeded_start(tmp_path, monkeypatch)
 def test_an_epoch_file_holding_infinity_seeds_from_the_clock(tmp_path):
     (tmp_path / "epoch").write_text('{"epoch": Infinity}')
     assert EpochStore(tmp_path).next_epoch() >= 1_700_000_000
+
+
+def test_ulids_are_the_sdk_form_time_first_and_random_after():
+    from aep_sdk import ulid as sdk_ulid
+
+    from bridges.core.envelope import Ulids
+
+    make = Ulids()
+    ms = 1_796_043_916_466
+    ids = [make(ms) for _ in range(1000)]  # spans several random blocks
+    assert len(set(ids)) == 1000
+    assert all(re.fullmatch(r"[0-9A-HJKMNP-TV-Z]{26}", i) for i in ids)
+    # the first 10 characters are the millisecond time, exactly as the SDK spells it
+    assert {i[:10] for i in ids} == {sdk_ulid(ms)[:10]}
+    assert make(0)[:10] == "0000000000" and make(2 ** 48 - 1)[:10] == "7ZZZZZZZZZ"
+    # ...and sort by time
+    assert make(ms + 1) > max(ids) and make(ms - 1) < min(ids)
+    # every character of the random part occurs (no stuck bits)
+    assert set("".join(i[10:] for i in ids)) == set("0123456789ABCDEFGHJKMNPQRSTVWXYZ")
+
+
+def test_source_follows_a_changed_host_or_agent():
+    s = _stamper()
+    assert s.stamp("a", {"type": "progress.status"})["source"] == \
+        "aep://host-a/agent/test-agent/session/a"
+    s.host = "host-b"
+    assert s.stamp("a", {"type": "progress.status"})["source"] == \
+        "aep://host-b/agent/test-agent/session/a"
+
+
+def test_ceiling_follows_a_replaced_policy():
+    s = _stamper()
+    data = {"tool": {"name": "bash"}, "result": "secret output"}
+    assert "result" not in s.stamp("a", {"type": "tool.completed", "data": data})["data"]
+    s.policy = CapturePolicy(ceiling="full")
+    ev = s.stamp("a", {"type": "tool.completed", "data": data})
+    assert ev["data"]["result"] == "secret output" and ev["capture"] == "full"
