@@ -7,7 +7,8 @@ NATS cluster never see each other's subjects::
     S.ev.<agent>.<session>     one event (payload: the event's JSON bytes,
                                exactly the JSONL line without its newline)
     S.cmd.<daemon>             commands for one daemon (request/reply)
-    KV  S_claims               <agent>.<session> -> the claim (daemon, control)
+    KV  S_claims               <agent>.<session>.<daemon> -> one daemon's claim
+                               of one session (its declared control block)
     KV  S_daemons              <daemon> -> the daemon's hello identity
 
 so an AEP ``attr-match`` filter on ``agent`` and ``session`` becomes a
@@ -120,18 +121,27 @@ def daemons_bucket(stream: str) -> str:
     return f"{stream}_daemons"
 
 
-def claim_key(agent: str | None, session: str | None) -> str:
-    """``<agent>.<session>``: one session's key in the claims bucket."""
-    return f"{token(agent)}.{token(session)}"
+def claim_key(agent: str | None, session: str | None, daemon: str) -> str:
+    """``<agent>.<session>.<daemon>``: one daemon's claim of one session in
+    the claims bucket. One key per claimant, so two daemons claiming one
+    session are two keys and the relay can answer ``ambiguous`` exactly
+    (AEP-0004 §4.2); ``<agent>.<session>.*`` lists a session's claimants."""
+    return f"{token(agent)}.{token(session)}.{token(daemon)}"
 
 
-def parse_claim_key(key: str) -> tuple[str, str | None]:
-    """The inverse of :func:`claim_key`; raises ``ValueError``."""
-    agent, sep, session = key.partition(".")
-    if not sep or "." in session:
+def claim_prefix(agent: str | None, session: str | None) -> str:
+    """The KV key filter of every claim of one session: ``<agent>.<session>.*``."""
+    return f"{token(agent)}.{token(session)}.*"
+
+
+def parse_claim_key(key: str) -> tuple[str, str | None, str]:
+    """``(agent, session, daemon)``, the inverse of :func:`claim_key`;
+    raises ``ValueError``."""
+    parts = key.split(".")
+    if len(parts) != 3:
         raise ValueError(f"not a claim key: {key!r}")
-    s = untoken(session)
-    return untoken(agent), (s or None)
+    s = untoken(parts[1])
+    return untoken(parts[0]), (s or None), untoken(parts[2])
 
 
 def msg_id(event: Mapping[str, Any]) -> str | None:
@@ -145,7 +155,7 @@ def msg_id(event: Mapping[str, Any]) -> str | None:
 
 
 __all__: Sequence[str] = (
-    "STREAM_NAME", "claim_key", "claims_bucket", "command_subject", "daemons_bucket",
+    "STREAM_NAME", "claim_key", "claim_prefix", "claims_bucket", "command_subject", "daemons_bucket",
     "event_subject", "event_subject_of", "events_wildcard", "filter_subjects", "msg_id",
     "parse_claim_key", "parse_event_subject", "token", "untoken",
 )

@@ -66,8 +66,9 @@ def test_filter_subjects() -> None:
 
 
 def test_claim_key_and_msg_id() -> None:
-    assert S.claim_key("codex", "t.1") == "codex.=dC4x"
-    assert S.parse_claim_key("codex.=dC4x") == ("codex", "t.1")
+    assert S.claim_key("codex", "t.1", "host-a") == "codex.=dC4x.host-a"
+    assert S.parse_claim_key("codex.=dC4x.host-a") == ("codex", "t.1", "host-a")
+    assert S.claim_prefix("codex", "t.1") == "codex.=dC4x.*"
     assert S.msg_id({"id": "01J", "source": "aep://host/codex"}) == "01J aep://host/codex"
     assert S.msg_id({"id": "01J"}) is None
     assert S.command_subject("AEP", "host-1") == "AEP.cmd.host-1"
