@@ -18,7 +18,8 @@ sessions) and 1 session (the order rule's cost: one server round trip per
 event). ``--quick``: fewer events.
 
 Figures compare runs on one machine (2 shared cores here); not absolutes.
-``python -m benchmarks jetstream`` (``scripts/dev bench jetstream``)."""
+``python -m benchmarks jetstream_publish`` (``scripts/dev bench jetstream_publish``;
+the relay side is ``jetstream_bench.py``)."""
 from __future__ import annotations
 
 import os
