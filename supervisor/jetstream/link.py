@@ -88,6 +88,8 @@ def _connect_options(cfg: NatsConfig, name: str, link_box: list[Link]) -> dict[s
         log.warning("nats: %s: %s", type(e).__name__, _scrub(str(e), cfg)[:200])
 
     async def disconnected_cb() -> None:
+        if link_box and link_box[0].nc.is_closed:
+            return  # our own close (shutdown), not a loss
         if link_box:
             link_box[0].counters["disconnects"] += 1
         log.warning("nats: disconnected; reconnecting")
