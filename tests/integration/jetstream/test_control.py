@@ -88,3 +88,23 @@ async def test_claims_in_kv_and_a_command_through_the_listener_is_acked_once(tmp
             except Exception:  # noqa: BLE001 -- nats-py: NoKeysError when empty
                 keys = []
             assert key not in keys
+
+
+async def test_claims_are_refreshed_within_their_ttl(tmp_path) -> None:
+    """AEP_NATS_CLAIM_TTL=1: the bucket forgets an entry a second after its
+    last put; a running daemon's claim is still there after several TTLs."""
+    with NatsCluster(1, tmp_path) as c:
+        async with running_fleet(tmp_path, [ToyControlBridge()], c.url,
+                                 AEP_NATS_CLAIM_TTL="1") as fleet:
+            key = S.claim_key("toy-agent", "toy-1", fleet.jetstream.daemon)
+            async with open_link(fleet.cfg.nats) as link:
+                with trio.fail_after(20):
+                    while fleet.jetstream.presence.counters["claims_put"] < 1:
+                        await trio.sleep(0.05)
+                kv = await aio(link.js.key_value)("AEP_claims")
+                status = await aio(link.js.stream_info)("KV_AEP_claims")
+                assert status.config.max_age == 1.0
+                await trio.sleep(3.5)
+                entry = await aio(kv.get)(key)
+                assert S.parse_value(entry.value)["daemon"] == fleet.jetstream.daemon
+                assert fleet.jetstream.presence.counters["claims_put"] >= 4
