@@ -143,7 +143,7 @@ async def open_link(cfg: NatsConfig, *, name: str = "aep-bridges",
         try:
             yield link
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 try:
                     await aio(nc.close)()
                 except Exception as e:  # noqa: BLE001 -- closing a dead link is not an error

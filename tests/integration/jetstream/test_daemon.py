@@ -100,3 +100,37 @@ def test_check_says_whether_the_servers_answer(tmp_path) -> None:
                   "AEP_NATS_CREDS": str(tmp_path / "missing.creds")})
     assert bad.returncode == 2 and "AEP_NATS_CREDS=" in bad.stderr \
         and "not a readable file" in bad.stderr
+
+
+async def test_nats_down_with_a_full_outbox_holds_the_pump_and_shutdown_exits_clean(tmp_path) -> None:
+    """No server answers and the outbox (16) fills with notice+ events: the
+    pump waits (backpressure, nothing dropped), the daemon keeps answering
+    /healthz, and SIGTERM still exits 0 within the drain deadline; every
+    event the OTLP bridge acknowledged is in the JSONL log."""
+    d = DaemonProcess(tmp_path / "state", {"AEP_NATS_URL": f"nats://127.0.0.1:{free_port()}",
+                                           "AEP_NATS_OUTBOX": "16",
+                                           "AEP_OTLP_PRIMARY": "1"}, token=TOKEN)
+    await trio.to_thread.run_sync(lambda: d.start(healthy=False))
+    try:
+        http = d.env["AEP_OTLP_HTTP_LISTEN"]
+
+        def post(i: int) -> int:
+            body = json.dumps(otlp_json([otlp_record(f"conv-full-{i}",
+                                                     event_name="codex.conversation_starts")]))
+            try:
+                return httpx.post(f"http://{http}/v1/logs", content=body.encode(), timeout=3,
+                                  trust_env=False,
+                                  headers={"content-type": "application/json"}).status_code
+            except httpx.HTTPError:
+                return 0
+        codes = [await trio.to_thread.run_sync(post, i) for i in range(24)]
+        h = await trio.to_thread.run_sync(d.healthz)
+        assert h["ok"] is False and h["nats"]["connected"] is False
+        pub = h["nats"]["publish"]
+        assert pub["outbox"] == 16 and pub["dropped"] == 0
+        assert codes.count(200) >= 8
+    finally:
+        status = await trio.to_thread.run_sync(d.stop)
+    assert status == 0, d.log()[-3000:]
+    logged = {e["session"] for e in _jsonl(tmp_path / "state") if e["type"] == "session.started"}
+    assert len(logged) >= codes.count(200)
