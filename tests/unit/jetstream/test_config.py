@@ -1,0 +1,46 @@
+"""AEP_NATS_* parsing (supervisor.jetstream.config): off when unset, one
+problem line per bad value, credentials never in a problem line or repr."""
+from __future__ import annotations
+
+from supervisor.jetstream.config import NatsConfig, file_problems, from_env, redact_url
+
+
+def test_unset_is_off() -> None:
+    assert from_env({}) == (None, [])
+
+
+def test_defaults() -> None:
+    cfg, problems = from_env({"AEP_NATS_URL": "nats://127.0.0.1:4222, nats://b:4223"})
+    assert problems == []
+    assert cfg is not None
+    assert cfg.servers == ("nats://127.0.0.1:4222", "nats://b:4223")
+    assert (cfg.stream, cfg.replicas, cfg.outbox) == ("AEP", 1, 10_000)
+    assert cfg.max_age == 7 * 86400 and cfg.max_bytes == 1 << 30
+
+
+def test_bad_values_are_problems_and_never_echo_a_password() -> None:
+    cfg, problems = from_env({
+        "AEP_NATS_URL": "http://u:hunter2@x:1,nats://ok:4222",
+        "AEP_NATS_STREAM": "a.b", "AEP_NATS_REPLICAS": "7",
+        "AEP_NATS_TLS_CERT": "/c.pem", "AEP_NATS_CREDS": "relative.creds",
+    })
+    assert cfg is None
+    text = "\n".join(problems)
+    assert "hunter2" not in text
+    assert "AEP_NATS_URL" in text and "AEP_NATS_STREAM" in text and "AEP_NATS_REPLICAS" in text
+    assert "AEP_NATS_TLS_KEY" in text and "AEP_NATS_CREDS" in text
+    assert len(problems) == 5
+
+
+def test_repr_and_shown_servers_hide_credentials() -> None:
+    cfg, _ = from_env({"AEP_NATS_URL": "nats://u:hunter2@h:4222"})
+    assert cfg is not None
+    assert "hunter2" not in repr(cfg)
+    assert cfg.shown_servers == ("nats://***@h:4222",)
+    assert redact_url("nats://tok@h") == "nats://***@h"
+    assert redact_url("nats://h:1") == "nats://h:1"
+
+
+def test_missing_files_reported(tmp_path) -> None:
+    cfg = NatsConfig(servers=("nats://h:1",), creds=tmp_path / "none.creds")
+    assert file_problems(cfg) == [f"AEP_NATS_CREDS={str(tmp_path / 'none.creds')!r}: not a readable file"]
