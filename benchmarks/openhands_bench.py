@@ -46,6 +46,7 @@ from bridges.core.envelope import Stamper  # noqa: E402
 from bridges.core.posture import Posture  # noqa: E402
 from bridges.openhands import from_env  # noqa: E402
 from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
+from supervisor.fleet import PUMP_BATCH  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "openhands_real"
@@ -89,10 +90,19 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path) -> tuple[f
     written = 0
 
     async def sink() -> None:
+        # the fleet's pump (supervisor.fleet.Fleet._pump): whatever is queued,
+        # up to PUMP_BATCH, encoded once and appended with one write per file
         nonlocal written
         async for item in recv:
-            log.write(item.event, encode_line(item.event))
-            written += 1
+            batch = [item]
+            while len(batch) < PUMP_BATCH:
+                try:
+                    batch.append(recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            log.write_batch([(it.event, encode_line(it.event)) for it in batch])
+            written += len(batch)
+            await trio.lowlevel.checkpoint()
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as n:

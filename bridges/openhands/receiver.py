@@ -98,6 +98,12 @@ class Gone(Exception):
     """The conversation does not exist on the server (socket 4004)."""
 
 
+class _FrameTimedOut(Exception):
+    """A frame's emissions waited past its deadline for room on the relay
+    channel (raised by :meth:`Receiver._emit`, caught by
+    :meth:`Receiver.handle_raw`)."""
+
+
 def _parse_ts(value: Any) -> datetime | None:
     """A vendor timestamp as a comparable naive datetime (aware ones are
     converted to naive UTC), or ``None``."""
@@ -148,6 +154,8 @@ class Conversation:
     settling: Settling | None = None
     attention_t0: float | None = None
     frames_in_conn: int = 0
+    in_frame: bool = False  # handle_raw has a frame in hand
+    frame_deadline: float | None = None  # set at the frame's first wait for channel room
     dirty: bool = False
     last_flush: float = 0.0
     scope: trio.CancelScope | None = None
@@ -496,13 +504,20 @@ class Receiver:
         if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str) or not ev["kind"]:
             self.ctx.health.count("frames_malformed")
             return
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + FRAME_DEADLINE) as scope:
+        # No cancel scope per frame (it cost more than mapping the frame): a
+        # frame only ever waits in _emit's slow path, which shields itself
+        # with the frame's deadline (conv.in_frame says a frame is in hand).
+        conv.in_frame = True
+        try:
             await self.handle_event(conv, ev)
             self._flush(conv)
-        if scope.cancelled_caught:  # the relay channel stayed full: part of the frame is lost
+        except _FrameTimedOut:  # the relay channel stayed full: part of the frame is lost
             self.ctx.health.count("frames_timed_out")
             log.warning("OpenHands frame for %s not fully delivered within %ss (relay channel full)",
                         conv.id, FRAME_DEADLINE)
+        finally:
+            conv.in_frame = False
+            conv.frame_deadline = None
 
     async def handle_event(self, conv: Conversation, ev: dict[str, Any]) -> None:
         eid = ev.get("id")
@@ -623,11 +638,23 @@ class Receiver:
         self._flush(conv, force=True)
 
     async def _emit(self, conv: Conversation, emission: Emission, *,
-                    cause: str | None = None) -> Envelope:
-        try:  # no checkpoint while the channel has room (a frame's emissions stay together)
+                    cause: str | None = None, framed: bool = True) -> Envelope:
+        """Stamp and send one emission of ``conv``. No checkpoint while the
+        channel has room (a frame's emissions stay together). When it is
+        full inside :meth:`handle_raw` (``framed`` and ``conv.in_frame``) the
+        wait is shielded from the bridge's own cancellation until the
+        frame's deadline (:data:`FRAME_DEADLINE` from its first wait), past
+        which :class:`_FrameTimedOut` abandons the rest of the frame."""
+        try:
             return self.ctx.emit_nowait(conv.id, emission, run=conv.run_id, cause=cause)
         except Saturated:
+            if not (framed and conv.in_frame):
+                return await self.ctx.emit(conv.id, emission, run=conv.run_id, cause=cause)
+        if conv.frame_deadline is None:
+            conv.frame_deadline = trio.current_time() + FRAME_DEADLINE
+        with trio.CancelScope(shield=True, deadline=conv.frame_deadline):
             return await self.ctx.emit(conv.id, emission, run=conv.run_id, cause=cause)
+        raise _FrameTimedOut()
 
     async def emit_outcome(self, session: str, emission: Emission, cause: str) -> None:
         """For control: an outcome event in ``session`` (its open run)."""
@@ -635,7 +662,7 @@ class Receiver:
         if conv is None:
             await self.ctx.emit(session, emission, cause=cause)
         else:
-            await self._emit(conv, emission, cause=cause)
+            await self._emit(conv, emission, cause=cause, framed=False)
 
     # ------------------------------------------------------------------ persistence
     def _path(self, cid: str) -> Path | None:
