@@ -51,7 +51,6 @@ import json
 import logging
 import re
 import urllib.parse
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -128,10 +127,11 @@ class Settling:
     answer: dict[str, Any]
 
 
-@dataclass
+@dataclass(slots=True)
 class Conversation:
     """Per-conversation receiver state (bounded: a few scalars and a ring
-    of :data:`SEEN_IDS` ids)."""
+    of :data:`SEEN_IDS` ids). Slotted: a thousand attached conversations
+    carry no per-instance ``__dict__``."""
 
     id: str
     status: str | None = None
@@ -142,7 +142,9 @@ class Conversation:
     anchor: str | None = None
     started: bool = False
     ended: bool = False
-    seen: OrderedDict = field(default_factory=OrderedDict)
+    #: the recent vendor ids, oldest first (a plain dict as an ordered set:
+    #: a third smaller than an ``OrderedDict`` when the ring is full)
+    seen: dict[str, None] = field(default_factory=dict)
     #: the stamped ``run.started`` / ``attention.requested`` still open
     #: (re-announced after a daemon restart, :meth:`BridgeContext.reannounce`)
     run_envelope: dict[str, Any] | None = None
@@ -165,9 +167,10 @@ class Conversation:
         """Record a vendor id; ``False`` when it was already seen."""
         if eid in self.seen:
             return False
-        self.seen[eid] = None
-        while len(self.seen) > SEEN_IDS:
-            self.seen.popitem(last=False)
+        seen = self.seen
+        seen[eid] = None
+        while len(seen) > SEEN_IDS:
+            del seen[next(iter(seen))]
         return True
 
     def persisted(self) -> dict[str, Any]:
@@ -474,8 +477,11 @@ class Receiver:
             while not conv.ended:
                 raw: str | bytes | None = None
                 try:
-                    with trio.move_on_after(SNAPSHOT_QUIET if conv.pending_snap else 3600) as quiet:
+                    if conv.pending_snap is None:  # idle: no timer (a scope per socket costs memory)
                         raw = await ws.get_message()
+                    else:
+                        with trio.move_on_after(SNAPSHOT_QUIET):
+                            raw = await ws.get_message()
                 except trio_websocket.ConnectionClosed as e:
                     code = getattr(e.reason, "code", None)
                     if code == 4001:
@@ -483,7 +489,7 @@ class Receiver:
                     if code == 4004:
                         raise Gone() from None
                     raise
-                if quiet.cancelled_caught or raw is None:  # None only when the quiet timer fired
+                if raw is None:  # None only when the quiet timer fired
                     await self._apply_pending(conv)
                     continue
                 conv.frames_in_conn += 1
