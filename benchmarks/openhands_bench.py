@@ -11,14 +11,17 @@
    fresh ids. The floor, measured in the same run: ``json.loads`` of the same
    frames and ``encode_line`` of the same number of events, no mapping, no
    I/O. Reported as ``path / floor``.
-2. Memory per attached conversation at 10, 100 and 1000 conversations: a
+2. Memory per attached conversation at 10 and 100 conversations (and 1000
+   in the full run, not ``--quick``): a
    stub agent server (``python -m tests.support.openhands stub``, its own
    process, speaking the same REST + first-message-auth socket protocol)
    serves N finished conversations; the bridge (in this process) discovers
    them, attaches one socket each and replays them. Reported per
-   conversation: the growth of this process's resident set (VmRSS) and of
-   Python-allocated memory (tracemalloc), after everything is attached and
-   idle, beside the idle baseline.
+   conversation: the growth of this process's resident set (VmRSS, in a run
+   without tracemalloc) and of Python-allocated memory (tracemalloc, in a
+   second run), after everything is attached and idle, beside the idle
+   baseline. The stub's conversations are short (5 events), so the dedupe
+   ring is nearly empty; a full ring (:data:`SEEN_IDS` ids) adds ~14 KiB.
 
 Figures compare runs on one machine (2 shared cores here); not absolutes."""
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import resource
 import subprocess
 import sys
@@ -46,6 +50,7 @@ from bridges.core.envelope import Stamper  # noqa: E402
 from bridges.core.posture import Posture  # noqa: E402
 from bridges.openhands import from_env  # noqa: E402
 from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
+from supervisor.fleet import PUMP_BATCH  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "openhands_real"
@@ -89,10 +94,19 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path) -> tuple[f
     written = 0
 
     async def sink() -> None:
+        # the fleet's pump (supervisor.fleet.Fleet._pump): whatever is queued,
+        # up to PUMP_BATCH, encoded once and appended with one write per file
         nonlocal written
         async for item in recv:
-            log.write(item.event, encode_line(item.event))
-            written += 1
+            batch = [item]
+            while len(batch) < PUMP_BATCH:
+                try:
+                    batch.append(recv.receive_nowait())
+                except (trio.WouldBlock, trio.EndOfChannel):
+                    break
+            log.write_batch([(it.event, encode_line(it.event)) for it in batch])
+            written += len(batch)
+            await trio.lowlevel.checkpoint()
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as n:
@@ -128,6 +142,16 @@ def floor_rate(convs: list[tuple[str, list[str]]], n_events: int) -> float:
     return len(frames) / (time.perf_counter() - t0)
 
 
+def file_create_us(n: int) -> float:
+    """Microseconds to create (``O_CREAT``) and close one empty file, ``n``
+    files in a fresh directory (what the session log pays per new session)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        for i in range(n):
+            os.close(os.open(f"{tmp}/{i}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        return (time.perf_counter() - t0) / max(1, n) * 1e6
+
+
 # --------------------------------------------------------------------------- memory
 
 def start_stub(n: int) -> tuple[subprocess.Popen, str]:
@@ -140,7 +164,11 @@ def start_stub(n: int) -> tuple[subprocess.Popen, str]:
     return proc, url
 
 
-async def memory_per_conversation(n: int) -> dict[str, float]:
+async def memory_per_conversation(n: int, trace: bool = False) -> dict[str, float]:
+    """Attach ``n`` stub conversations and measure, once idle, this process's
+    growth: resident set (``trace=False``: tracemalloc off, its own per-block
+    bookkeeping would inflate RSS) or Python-allocated bytes
+    (``trace=True``, tracemalloc on from before the bridge starts)."""
     proc, url = start_stub(n)
     try:
         with tempfile.TemporaryDirectory() as state:
@@ -162,7 +190,8 @@ async def memory_per_conversation(n: int) -> dict[str, float]:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(drain)
                 gc.collect()
-                tracemalloc.start()
+                if trace:
+                    tracemalloc.start()
                 base_py = tracemalloc.get_traced_memory()[0]
                 base_rss = rss_mib()
                 t0 = time.perf_counter()
@@ -181,7 +210,8 @@ async def memory_per_conversation(n: int) -> dict[str, float]:
                 gc.collect()
                 py = tracemalloc.get_traced_memory()[0] - base_py
                 rss = rss_mib() - base_rss
-                tracemalloc.stop()
+                if trace:
+                    tracemalloc.stop()
                 nursery.cancel_scope.cancel()
             return {"n": n, "rss_kib": rss * 1024, "py_kib": py / 1024, "attach_s": attach_s,
                     "events": events}
@@ -191,16 +221,23 @@ async def memory_per_conversation(n: int) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> None:
-    quick = "--quick" in argv
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    if "--memory-point" in argv:
+        print(json.dumps(memory_point(int(argv[argv.index("--memory-point") + 1]))))
+        return
+    quick = "--quick" in argv
     n_convs = 200 if quick else 2000
     convs = corpus(n_convs)
     with tempfile.TemporaryDirectory() as tmp:
         c0 = time.process_time()
         rate, n_frames, n_events = trio.run(path_rate, convs, Path(tmp))
         cpu = time.process_time() - c0  # this process only: the agent stub runs in its own
+        # the same conversations again into the same log directory: each session's
+        # file exists now (what a long conversation's later frames see)
+        warm, _, _ = trio.run(path_rate, convs, Path(tmp))
     floor = floor_rate(convs, n_events)
+    create_us = file_create_us(n_convs)
     print(f"Frames through mapping to the JSONL log ({n_frames:,} real captured frames over {n_convs} "
           f"conversations -> {n_events:,} events)")
     print(f"  path:  {rate:>10,.0f} frames/s  ({rate * n_events / n_frames:,.0f} events/s)")
@@ -208,18 +245,36 @@ def main(argv: list[str]) -> None:
     print(f"  ratio to floor: {rate / floor:.3f}")
     print(f"  CPU s per 10k events: path {cpu * 10_000 / n_events:.3f} (whole run, setup included)"
           f", floor {n_frames / floor * 10_000 / n_events:.3f}")
+    print(f"  of which creating the {n_convs} session log files (one per conversation, "
+          f"{n_frames / n_convs:.0f} frames each): ~{create_us:,.0f} us a file on this disk "
+          f"(~{create_us * n_convs / 1e6 / (n_frames / rate):.0%} of the path's time)")
+    print(f"  path, each session's log file already there: {warm:>10,.0f} frames/s, ratio {warm / floor:.3f}")
     print("Memory per attached conversation (stub agent server in its own process; marginal over a "
           "running bridge with no conversation)")
+    for n in ((10, 100) if quick else (10, 100, 1000)):
+        # each point in a fresh process: RSS growth is not hidden by memory an
+        # earlier point (or tracemalloc) freed and this one reuses
+        out = subprocess.run([sys.executable, "-m", "benchmarks.openhands_bench", "--memory-point", str(n)],
+                             cwd=str(ROOT), capture_output=True, text=True, check=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        if n == 10:
+            print(f"  bridge with 0 conversations: {r['base_rss_kib']:.0f} KiB RSS, {r['base_py_kib']:.0f} KiB "
+                  "Python-allocated (fixed cost)")
+        print(f"  {n:>5} conversations: {r['rss_kib']:7.1f} KiB RSS/conv, {r['py_kib']:7.1f} KiB "
+              f"Python-allocated/conv; attached+replayed in {r['attach_s']:.1f} s ({r['events']:,} events)")
+
+
+def memory_point(n: int) -> dict[str, float]:
+    """One memory point, in this (fresh) process: warm-up, the idle bridge,
+    ``n`` conversations untraced (RSS), then both again traced (Python)."""
     trio.run(memory_per_conversation, 5)  # warm-up: lazy imports, first sockets, allocator arenas
     base = trio.run(memory_per_conversation, 0)
-    print(f"  bridge with 0 conversations: {base['rss_kib']:.0f} KiB RSS, {base['py_kib']:.0f} KiB "
-          "Python-allocated (fixed cost)")
-    for n in ((10, 100) if quick else (10, 100, 1000)):
-        r = trio.run(memory_per_conversation, n)
-        print(f"  {n:>5} conversations: {(r['rss_kib'] - base['rss_kib']) / n:7.1f} KiB RSS/conv, "
-              f"{(r['py_kib'] - base['py_kib']) / n:7.1f} KiB Python-allocated/conv; attached+replayed "
-              f"in {r['attach_s']:.1f} s ({r['events']:,} events)")
-
+    r = trio.run(memory_per_conversation, n)
+    base_py = trio.run(memory_per_conversation, 0, True)
+    p = trio.run(memory_per_conversation, n, True)
+    return {"n": n, "rss_kib": (r["rss_kib"] - base["rss_kib"]) / n, "py_kib": (p["py_kib"] - base_py["py_kib"]) / n,
+            "base_rss_kib": base["rss_kib"], "base_py_kib": base_py["py_kib"], "attach_s": r["attach_s"],
+            "events": r["events"]}
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -282,6 +282,74 @@ async def latency(n: int = 1500, rate: float = 150.0) -> dict:
             "max_ms": lat[-1], "cpu_10k": cpu * 10_000 / len(lat)}
 
 
+def state_cost(open_runs: int, frames: int, *, whole: bool) -> dict:
+    """Persistence cost of one state-changing frame (an ask raised, then
+    answered, in turn across the sessions) with ``open_runs`` runs open.
+    ``whole``: what the bridge did before issue 11, the whole snapshot
+    serialized and the file replaced atomically on every change; else the
+    bridge's incremental save (:meth:`StateFile.save_changes`: the changed
+    entry appended to the journal, compaction included when it falls due).
+    Only the persistence is timed (the tracker's own work is the same)."""
+    from bridges.core.paths import write_atomic
+    from bridges.core.posture import Posture
+    from bridges.sse_common.frames import BusEvent
+    from bridges.sse_common.state import StateFile
+    from bridges.sse_common.tracker import Tracker
+
+    tr = Tracker(Posture(agent="opencode", mode="primary"), max_sessions=max(5000, open_runs))
+    stamper = Stamper("opencode", epoch=1, host="bench")
+
+    def feed(ev: BusEvent) -> None:
+        for o in tr.feed(ev):
+            o.envelope = stamper.stamp(o.session, o.emission, run=o.run, cause=o.resolved_cause())
+            if o.envelope["type"] == "run.started":
+                tr.bind_run(o.session, o.envelope)
+            tr.touch(o.session)
+
+    for i in range(open_runs):
+        sid = f"ses_{i:06d}"
+        feed(BusEvent("message.updated", {"sessionID": sid, "info": {"id": f"msg_{i:06d}", "role": "user",
+                                                                      "sessionID": sid}}))
+    times: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "state.json"
+        sf = StateFile(path)
+        sf.save(tr.snapshot())
+        tr.changes()
+        for k in range(frames):
+            sid = f"ses_{(k // 2) % open_runs:06d}"
+            if k % 2 == 0:
+                feed(BusEvent("permission.asked", {"sessionID": sid, "id": f"per_{k}", "permission": "bash",
+                                                   "patterns": ["ls"], "tool": {"callID": f"call_{k}"}}))
+            else:
+                feed(BusEvent("permission.replied", {"sessionID": sid, "requestID": f"per_{k - 1}",
+                                                     "reply": "once"}))
+            t0 = time.perf_counter()
+            if whole:
+                write_atomic(path, json.dumps(tr.snapshot(), sort_keys=True, separators=(",", ":")))
+                tr.changes()
+            else:
+                sf.save_changes(tr.changes(), tr.snapshot)
+            times.append(time.perf_counter() - t0)
+        size = path.stat().st_size
+    times.sort()
+    return {"open_runs": open_runs, "frames": frames, "mean_us": statistics.fmean(times) * 1e6,
+            "p50_us": times[len(times) // 2] * 1e6, "max_us": times[-1] * 1e6,
+            "compactions": sf.counters["compactions"] - 1, "doc_kib": size / 1024}
+
+
+def print_state_costs(quick: bool) -> None:
+    print("SSE tracker state persistence per state-changing frame (ask raised / answered), "
+          "runs open across sessions:")
+    for n in (10, 5000):
+        old = state_cost(n, 40 if n > 100 else 400, whole=True)
+        new = state_cost(n, 5000 if quick else 12000, whole=False)  # >= one compaction at 5,000
+        print(f"  {n:>5} open runs: whole-file rewrite (before) mean {old['mean_us']:9,.0f} us; "
+              f"incremental journal (after) mean {new['mean_us']:6,.0f} us, p50 {new['p50_us']:5,.0f} us, "
+              f"max {new['max_us']:8,.0f} us ({new['compactions']} compactions in {new['frames']:,} frames, "
+              f"document {new['doc_kib']:,.0f} KiB); before/after {old['mean_us'] / new['mean_us']:.0f}x")
+
+
 def _cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (all threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -293,6 +361,9 @@ def main(argv: list[str]) -> None:
         trio.run(_serve_source, argv[1])
         return
     quick = "--quick" in argv
+    if "--state" in argv:  # the tracker-state row alone
+        print_state_costs(quick)
+        return
     t = trio.run(throughput, 10 if quick else 40)
     print(f"throughput ({t['frames']} real frames -> {t['events']} events, primary mode):")
     print(f"  path  {t['path_frames_per_s']:>9.0f} frames/s  {t['path_events_per_s']:>8.0f} "
@@ -307,6 +378,7 @@ def main(argv: list[str]) -> None:
           f"{lat['rate_per_s']:.0f}/s through the daemon): p50 {lat['p50_ms']:.1f} ms, "
           f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms; daemon CPU "
           f"{lat['cpu_10k']:.3f} s per 10k events (idle costs included: 10 s at 150/s)")
+    print_state_costs(quick)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ version's ``event_transport_dump`` stripped ``parent_id``; the current server
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from bridges.core import capture as _capture
@@ -111,13 +112,20 @@ def _tool(ev: dict[str, Any]) -> dict[str, Any] | None:
     return ref
 
 
+@functools.lru_cache(maxsize=1024)
+def _kind_type(kind: str) -> str:
+    """:func:`bridges.core.naming.kind_type` for this vendor, memoized (a
+    pure function of the kind; a few dozen kinds recur on every frame)."""
+    return kind_type(VENDOR, kind)
+
+
 def _vendor(ev: dict[str, Any], kind: str, posture: Posture, *,
             extra: dict[str, Any] | None = None, content: dict[str, Any] | None = None,
             subject: str | None = None, step: str | None = None) -> Emission:
     """An ``x.openhands.*`` emission at ``debug``: metadata ``extra`` plus
     ``content`` (redaction-gated: only at ``redacted``+, through the §9.4
     pipeline at ``redacted``, declared in ``levels``)."""
-    type_ = kind_type(VENDOR, kind)
+    type_ = _kind_type(kind)
     data = _base(ev)
     if extra:
         data.update(extra)

@@ -51,7 +51,6 @@ import json
 import logging
 import re
 import urllib.parse
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -98,6 +97,12 @@ class Gone(Exception):
     """The conversation does not exist on the server (socket 4004)."""
 
 
+class _FrameTimedOut(Exception):
+    """A frame's emissions waited past its deadline for room on the relay
+    channel (raised by :meth:`Receiver._emit`, caught by
+    :meth:`Receiver.handle_raw`)."""
+
+
 def _parse_ts(value: Any) -> datetime | None:
     """A vendor timestamp as a comparable naive datetime (aware ones are
     converted to naive UTC), or ``None``."""
@@ -122,10 +127,11 @@ class Settling:
     answer: dict[str, Any]
 
 
-@dataclass
+@dataclass(slots=True)
 class Conversation:
     """Per-conversation receiver state (bounded: a few scalars and a ring
-    of :data:`SEEN_IDS` ids)."""
+    of :data:`SEEN_IDS` ids). Slotted: a thousand attached conversations
+    carry no per-instance ``__dict__``."""
 
     id: str
     status: str | None = None
@@ -136,7 +142,9 @@ class Conversation:
     anchor: str | None = None
     started: bool = False
     ended: bool = False
-    seen: OrderedDict = field(default_factory=OrderedDict)
+    #: the recent vendor ids, oldest first (a plain dict as an ordered set:
+    #: a third smaller than an ``OrderedDict`` when the ring is full)
+    seen: dict[str, None] = field(default_factory=dict)
     #: the stamped ``run.started`` / ``attention.requested`` still open
     #: (re-announced after a daemon restart, :meth:`BridgeContext.reannounce`)
     run_envelope: dict[str, Any] | None = None
@@ -148,6 +156,8 @@ class Conversation:
     settling: Settling | None = None
     attention_t0: float | None = None
     frames_in_conn: int = 0
+    in_frame: bool = False  # handle_raw has a frame in hand
+    frame_deadline: float | None = None  # set at the frame's first wait for channel room
     dirty: bool = False
     last_flush: float = 0.0
     scope: trio.CancelScope | None = None
@@ -157,9 +167,10 @@ class Conversation:
         """Record a vendor id; ``False`` when it was already seen."""
         if eid in self.seen:
             return False
-        self.seen[eid] = None
-        while len(self.seen) > SEEN_IDS:
-            self.seen.popitem(last=False)
+        seen = self.seen
+        seen[eid] = None
+        while len(seen) > SEEN_IDS:
+            del seen[next(iter(seen))]
         return True
 
     def persisted(self) -> dict[str, Any]:
@@ -466,8 +477,11 @@ class Receiver:
             while not conv.ended:
                 raw: str | bytes | None = None
                 try:
-                    with trio.move_on_after(SNAPSHOT_QUIET if conv.pending_snap else 3600) as quiet:
+                    if conv.pending_snap is None:  # idle: no timer (a scope per socket costs memory)
                         raw = await ws.get_message()
+                    else:
+                        with trio.move_on_after(SNAPSHOT_QUIET):
+                            raw = await ws.get_message()
                 except trio_websocket.ConnectionClosed as e:
                     code = getattr(e.reason, "code", None)
                     if code == 4001:
@@ -475,7 +489,7 @@ class Receiver:
                     if code == 4004:
                         raise Gone() from None
                     raise
-                if quiet.cancelled_caught or raw is None:  # None only when the quiet timer fired
+                if raw is None:  # None only when the quiet timer fired
                     await self._apply_pending(conv)
                     continue
                 conv.frames_in_conn += 1
@@ -496,13 +510,20 @@ class Receiver:
         if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str) or not ev["kind"]:
             self.ctx.health.count("frames_malformed")
             return
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + FRAME_DEADLINE) as scope:
+        # No cancel scope per frame (it cost more than mapping the frame): a
+        # frame only ever waits in _emit's slow path, which shields itself
+        # with the frame's deadline (conv.in_frame says a frame is in hand).
+        conv.in_frame = True
+        try:
             await self.handle_event(conv, ev)
             self._flush(conv)
-        if scope.cancelled_caught:  # the relay channel stayed full: part of the frame is lost
+        except _FrameTimedOut:  # the relay channel stayed full: part of the frame is lost
             self.ctx.health.count("frames_timed_out")
             log.warning("OpenHands frame for %s not fully delivered within %ss (relay channel full)",
                         conv.id, FRAME_DEADLINE)
+        finally:
+            conv.in_frame = False
+            conv.frame_deadline = None
 
     async def handle_event(self, conv: Conversation, ev: dict[str, Any]) -> None:
         eid = ev.get("id")
@@ -623,11 +644,23 @@ class Receiver:
         self._flush(conv, force=True)
 
     async def _emit(self, conv: Conversation, emission: Emission, *,
-                    cause: str | None = None) -> Envelope:
-        try:  # no checkpoint while the channel has room (a frame's emissions stay together)
+                    cause: str | None = None, framed: bool = True) -> Envelope:
+        """Stamp and send one emission of ``conv``. No checkpoint while the
+        channel has room (a frame's emissions stay together). When it is
+        full inside :meth:`handle_raw` (``framed`` and ``conv.in_frame``) the
+        wait is shielded from the bridge's own cancellation until the
+        frame's deadline (:data:`FRAME_DEADLINE` from its first wait), past
+        which :class:`_FrameTimedOut` abandons the rest of the frame."""
+        try:
             return self.ctx.emit_nowait(conv.id, emission, run=conv.run_id, cause=cause)
         except Saturated:
+            if not (framed and conv.in_frame):
+                return await self.ctx.emit(conv.id, emission, run=conv.run_id, cause=cause)
+        if conv.frame_deadline is None:
+            conv.frame_deadline = trio.current_time() + FRAME_DEADLINE
+        with trio.CancelScope(shield=True, deadline=conv.frame_deadline):
             return await self.ctx.emit(conv.id, emission, run=conv.run_id, cause=cause)
+        raise _FrameTimedOut()
 
     async def emit_outcome(self, session: str, emission: Emission, cause: str) -> None:
         """For control: an outcome event in ``session`` (its open run)."""
@@ -635,7 +668,7 @@ class Receiver:
         if conv is None:
             await self.ctx.emit(session, emission, cause=cause)
         else:
-            await self._emit(conv, emission, cause=cause)
+            await self._emit(conv, emission, cause=cause, framed=False)
 
     # ------------------------------------------------------------------ persistence
     def _path(self, cid: str) -> Path | None:

@@ -63,10 +63,12 @@ class SseRun(BridgeRun):
     receiver: SseReceiver | None = None
 
     def persist(self) -> None:
-        """Save the tracker's persistent part if it changed."""
+        """Save the tracker's persistent part if it changed: the changed
+        sessions' entries only (:meth:`StateFile.save_changes`, a journal
+        append; the whole snapshot only when the journal is compacted)."""
         if self.tracker.dirty:
             self.tracker.dirty = False
-            self.state.save(self.tracker.snapshot())
+            self.state.save_changes(self.tracker.changes(), self.tracker.snapshot)
 
 
 class SseBridge:

@@ -333,6 +333,7 @@ class SseReceiver:
             try:
                 o.envelope = await self.ctx.emit(o.session, o.emission, run=o.run,
                                                  cause=o.resolved_cause())
+                self.tracker.touch(o.session)  # its entry may carry this envelope (an ask)
                 if o.envelope["type"] == "run.started":
                     self.tracker.bind_run(o.session, o.envelope)
             except ValueError as e:  # an envelope the stamper refuses: count, go on

@@ -153,6 +153,10 @@ class Tracker:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.counters: dict[str, int] = {}
         self.dirty = False  # the persistent part (snapshot()) changed
+        #: sessions whose persistent entry may have changed since the last
+        #: :meth:`changes` (every session :meth:`state` hands out, ended,
+        #: evicted, armed or reconciled): what an incremental save rewrites
+        self.touched: set[str] = set()
 
     # ------------------------------------------------------------ helpers
     def count(self, name: str, n: int = 1) -> None:
@@ -162,7 +166,14 @@ class Tracker:
     def primary(self) -> bool:
         return self.posture.mode == "primary"
 
+    def touch(self, sid: str) -> None:
+        """Mark ``sid``'s persistent entry as possibly changed (the receiver
+        calls it once an emission of ``sid`` is stamped: an ask's entry
+        carries its envelope)."""
+        self.touched.add(sid)
+
     def state(self, sid: str, directory: str | None = None) -> SessionState:
+        self.touched.add(sid)
         st = self.sessions.get(sid)
         if st is None:
             st = self.sessions[sid] = SessionState(sid)
@@ -179,6 +190,7 @@ class Tracker:
             return
         for sid in [s for s, st in self.sessions.items() if st.run is None and not st.asks]:
             del self.sessions[sid]
+            self.touched.add(sid)
             excess -= 1
             if excess <= 0:
                 return
@@ -209,11 +221,13 @@ class Tracker:
     def arm_answer(self, ask: Ask, command: str, applied: dict[str, Any]) -> Callable[[], None]:
         """Mark ``ask`` settling by ``command``; returns the disarm."""
         ask.settling, ask.applied = command, applied
+        self.touched.add(ask.session)
         self.dirty = True
 
         def disarm() -> None:
             if ask.settling == command:
                 ask.settling, ask.applied = None, None
+                self.touched.add(ask.session)
                 self.dirty = True
         return disarm
 
@@ -226,6 +240,7 @@ class Tracker:
         def disarm() -> None:
             if st.cancel is note:
                 st.cancel = None
+                self.touched.add(st.id)
                 self.dirty = True
         return disarm
 
@@ -315,6 +330,7 @@ class Tracker:
 
     def _end(self, sid: str) -> None:
         self.sessions.pop(sid, None)
+        self.touched.add(sid)
         self.ended[sid] = None
         if len(self.ended) > self.max_sessions:
             self.ended.popitem(last=False)
@@ -517,23 +533,42 @@ class Tracker:
         marks, the cancel note, and the recently settled/closed ids."""
         out: dict[str, Any] = {}
         for sid, st in self.sessions.items():
-            if st.run is None and not st.asks and st.cancel is None:
-                continue
-            out[sid] = {
-                "directory": st.directory, "run": st.run, "started": st.started,
-                "closed_runs": list(st.closed_runs)[-32:],
-                "settled": list(st.settled)[-32:],
-                "cancel": [st.cancel.command, st.cancel.run] if st.cancel else None,
-                "run_envelope": st.run_envelope if st.run else None,
-                "asks": [{"vendor_id": a.vendor_id, "kind": a.kind, "surface": a.surface,
-                          "event_id": a.event_id, "run": a.run, "call_id": a.call_id,
-                          "questions": a.questions, "fields": a.fields,
-                          "settling": a.settling, "applied": a.applied,
-                          "envelope": keepable(a.out.envelope)
-                          if a.out.envelope and "type" in a.out.envelope else None}
-                         for a in st.asks.values() if a.event_id],
-            }
+            entry = self._entry(st)
+            if entry is not None:
+                out[sid] = entry
         return {"version": 1, "sessions": out}
+
+    def changes(self) -> dict[str, dict[str, Any] | None]:
+        """The :meth:`snapshot` entries of the sessions touched since the
+        last call (``None``: the session has no entry any more), and the
+        touched set cleared: an incremental save costs what changed, not
+        what is open (:meth:`bridges.sse_common.state.StateFile.save_changes`)."""
+        out: dict[str, dict[str, Any] | None] = {}
+        for sid in self.touched:
+            st = self.sessions.get(sid)
+            out[sid] = self._entry(st) if st is not None else None
+        self.touched.clear()
+        return out
+
+    @staticmethod
+    def _entry(st: SessionState) -> dict[str, Any] | None:
+        """One session's :meth:`snapshot` entry (``None``: nothing to keep)."""
+        if st.run is None and not st.asks and st.cancel is None:
+            return None
+        return {
+            "directory": st.directory, "run": st.run, "started": st.started,
+            "closed_runs": list(st.closed_runs)[-32:],
+            "settled": list(st.settled)[-32:],
+            "cancel": [st.cancel.command, st.cancel.run] if st.cancel else None,
+            "run_envelope": st.run_envelope if st.run else None,
+            "asks": [{"vendor_id": a.vendor_id, "kind": a.kind, "surface": a.surface,
+                      "event_id": a.event_id, "run": a.run, "call_id": a.call_id,
+                      "questions": a.questions, "fields": a.fields,
+                      "settling": a.settling, "applied": a.applied,
+                      "envelope": keepable(a.out.envelope)
+                      if a.out.envelope and "type" in a.out.envelope else None}
+                     for a in st.asks.values() if a.event_id],
+        }
 
     def restore(self, snap: object) -> int:
         """Load a :meth:`snapshot` (tolerant: anything malformed is skipped).
@@ -574,6 +609,7 @@ class Tracker:
         st = self.sessions.get(sid)
         if st is not None and st.run is not None and envelope.get("run") == st.run:
             st.run_envelope = keepable(envelope)
+            self.touched.add(sid)
             self.dirty = True
 
     def open_envelopes(self) -> list[dict[str, Any]]:
@@ -612,6 +648,7 @@ class Tracker:
         outs += self._reconcile_new_asks(pending_p, pending_q)
         for sid, st in list(self.sessions.items()):
             if _inside(st, queried):
+                self.touched.add(sid)
                 outs += self._reconcile_gone(sid, st, pending_p.keys() | pending_q.keys(),
                                              busy, messages)
         return outs

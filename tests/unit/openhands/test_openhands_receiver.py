@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 import trio
+import trio.testing
 
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
@@ -207,3 +208,33 @@ async def test_a_frame_stuck_on_a_full_channel_is_counted_not_fatal(autojump_clo
     await rx.handle_raw(conv, json.dumps({"kind": "PauseEvent", "id": "p2", "timestamp": "2026-01-01T00:00:01"}))
     assert health.counters["frames_timed_out"] == 2
     assert conv.anchor is None  # an undelivered frame never advances the replay anchor
+
+
+async def test_a_frame_waiting_for_room_lands_whole_when_the_bridge_is_cancelled():
+    """The frame's shield lives only around the wait for channel room (no
+    scope per frame, issue 11), yet a bridge cancelled while a frame waits
+    still delivers all of that frame's emissions, and nothing times out."""
+    send, recv = trio.open_memory_channel(0)  # every emission waits for the reader
+    _, crecv = trio.open_memory_channel(1)
+    health = BridgeHealth()
+    ctx = BridgeContext("openhands", Stamper("openhands", epoch=1, host="h"), send, crecv, health,
+                        logging.getLogger("t"))
+    rx = Receiver(Settings(url="http://127.0.0.1:1"), Posture(), ctx, None)
+    conv = Conversation("c0ffee00-0000-4000-8000-000000000003")
+    frame = json.dumps(M_state("execution_status", "running", "2026-01-01T00:00:00"))
+    scopes: list[trio.CancelScope] = []
+
+    async def bridge() -> None:
+        with trio.CancelScope() as scope:
+            scopes.append(scope)
+            await rx.handle_raw(conv, frame)
+
+    async with trio.open_nursery() as n:
+        n.start_soon(bridge)
+        await trio.testing.wait_all_tasks_blocked()
+        scopes[0].cancel()  # the bridge is stopped while the frame waits for room
+        with trio.fail_after(5):
+            got = [await recv.receive(), await recv.receive()]
+    assert [o.event["type"] for o in got] == ["state.delta", "run.started"]
+    assert health.counters.get("frames_timed_out", 0) == 0 and not conv.in_frame
+    assert conv.anchor == "2026-01-01T00:00:00"
