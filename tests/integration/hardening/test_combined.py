@@ -125,7 +125,10 @@ def test_several_attacks_at_once_leave_healthz_fast_and_sigterm_clean(tmp_path):
         stop.set()
         assert not errors, errors
         assert len(probe.latencies) >= 20
-        assert probe.worst < 1.0, f"/healthz slowest {probe.worst:.2f}s: {probe.latencies}"
+        # a stall, not a speed: a starved loop leaves /healthz unanswered for
+        # the attack's length (tens of seconds); a loaded 2-core machine
+        # answers it in well under a second most of the time, 1-2 s at worst
+        assert probe.worst < 4.0, f"/healthz stalled {probe.worst:.2f}s: {probe.latencies}"
         assert post_otlp(d.http_port, otlp_json([otlp_record("victim")])).status_code == 200
         time.sleep(0.5)
         after = [e for e in _stream_all(d.url) if e.get("session") == "victim"]
