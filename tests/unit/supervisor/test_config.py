@@ -91,7 +91,22 @@ def test_env_reader_collects_one_line_per_problem_and_keeps_defaults():
     assert r.url("U", "http://d:1") == "ftp://h"
     assert r.hostport("H", "127.0.0.1:1") is None
     assert len(r.problems) == 6
-    assert r.problems[0] == "F='maybe': expected 1 or 0"
+    assert r.problems[0] == "F='maybe': expected 1/true/yes/on or 0/false/no/off"
+
+
+def test_a_bad_flag_names_every_word_a_flag_accepts():
+    """The problem line lists exactly what is accepted (not "1 or 0" while
+    true/yes/on are taken too)."""
+    from bridges.core.settings import FALSE, TRUE
+    r = EnvReader({"F": "maybe", **{f"T{i}": w.upper() for i, w in enumerate(TRUE)},
+                   **{f"N{i}": w.title() for i, w in enumerate(FALSE) if w}})
+    assert r.flag("F", True) is True
+    line = r.problems[0]
+    for i, w in enumerate(TRUE):
+        assert r.flag(f"T{i}") is True and w in line
+    for i, w in enumerate(w for w in FALSE if w):
+        assert r.flag(f"N{i + 1}", True) is False and w in line
+    assert len(r.problems) == 1
 
 
 def test_port_in_use_is_refused():
