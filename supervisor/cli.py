@@ -33,11 +33,12 @@ def _refuse(problems: list[str]) -> int:
     return 2
 
 
-def _load(*, relay_only: bool = False, check_ports: bool = True):
+def _load(*, relay_only: bool = False, check_ports: bool = True, create: bool = True):
     """Config + bridges with every problem collected (core and bridge
-    settings alike); warnings (misspelt names) printed, not fatal."""
+    settings alike); warnings (misspelt names) printed, not fatal.
+    ``create=False``: probe without creating the state directory."""
     from .daemon import build_bridges
-    cfg, problems = config_mod.load(relay_only=relay_only, check_ports=check_ports)
+    cfg, problems = config_mod.load(relay_only=relay_only, check_ports=check_ports, create=create)
     for w in cfg.warnings:
         print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
     bridges, more = ([], []) if relay_only else build_bridges(cfg, check_ports=check_ports)
@@ -135,13 +136,16 @@ def _explain_in_use(cfg: config_mod.Config, problems: list[str], hint: str) -> l
 def _cmd_check(args: argparse.Namespace) -> int:
     if (refused := _apply_env_file(args)) is not None:
         return refused
-    cfg, _, problems = _load(check_ports=not args.no_ports)
+    # check creates nothing: a missing state directory is reported, not made
+    cfg, _, problems = _load(check_ports=not args.no_ports, create=False)
     problems = _explain_in_use(cfg, problems, "to validate this configuration beside it: "
                                               "aep-bridges check --no-ports")
     if problems:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "
           + (", ".join(s.key for s in cfg.enabled) or "none"))
+    if not cfg.state_dir.exists():
+        print(f"aep-bridges: state directory {cfg.state_dir} will be created by the first run")
     if cfg.nats is not None:  # AEP_NATS_URL: say whether the servers answer
         from .jetstream.link import probe
         _, lines = trio.run(probe, cfg.nats)

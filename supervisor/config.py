@@ -90,7 +90,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_RELAY_URL", "unset", "a remote AEP relay (`http(s)://host:port`); each bridge "
             "uplinks as its own emitter to `{url}/socket` with `AEP_TOKEN`"),
     Setting("AEP_STATE_DIR", "`$XDG_STATE_HOME/aep-bridges` (`~/.local/state/aep-bridges`)",
-            "session logs (`logs/{agent}/{session}.jsonl`) and the persisted epoch"),
+            "session logs (`logs/{agent}/{session}.jsonl`) and the persisted epoch; "
+            "an absolute path (a relative one is refused)"),
     Setting("AEP_BUFFER", "`10000`", "relay replay buffer, events per session"),
     Setting("AEP_MAX_SESSIONS", "`500`", "relay session cap (least recently written evicted)"),
     Setting("AEP_MAX_BODY", "`16777216`",
@@ -233,10 +234,25 @@ class Config:
         return self.relay_url is None
 
 
-def state_dir_problem(path: Path) -> str | None:
+def state_dir_problem(path: Path, *, create: bool = True) -> str | None:
     """``None`` when the state directory exists (or can be created) and a
     file can be written in it; else the problem line. Session logs and the
-    epoch live there: a daemon that cannot write them has no history."""
+    epoch live there: a daemon that cannot write them has no history.
+    ``create=False`` (``aep-bridges check``) creates and writes nothing: a
+    missing directory passes when its nearest existing ancestor is a
+    directory this user may create entries in."""
+    if not path.is_absolute():
+        # a service's working directory is not the user's: a relative path
+        # would put the history somewhere else under systemd or launchd
+        return f"AEP_STATE_DIR={str(path)!r}: must be an absolute path"
+    if not create:
+        at = path
+        while not at.exists() and at.parent != at:
+            at = at.parent
+        if not at.is_dir() or not os.access(at, os.W_OK | os.X_OK):
+            why = "not a directory" if at.exists() and not at.is_dir() else "permission denied"
+            return f"AEP_STATE_DIR={str(path)!r}: not writable ({why}: {str(at)!r})"
+        return None
     probe = path / ".aep-bridges-probe"
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -248,12 +264,14 @@ def state_dir_problem(path: Path) -> str | None:
 
 
 def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
-         check_ports: bool = True) -> tuple[Config, list[str]]:
+         check_ports: bool = True, create: bool = True) -> tuple[Config, list[str]]:
     """Parse the environment. Returns ``(config, problems)``; a non-empty
     ``problems`` list means: refuse to start (a bad value is never stored:
     its field keeps the default). ``relay_only`` is ``aep-bridges relay``
     (no bridges, no uplink); ``check_ports`` probes the machine (listen
-    ports free, state directory writable)."""
+    ports free, state directory writable); ``create=False`` (``check``)
+    probes without creating the state directory. A relative
+    ``AEP_STATE_DIR`` is a problem either way."""
     env = dict(os.environ if env is None else env)
     r = EnvReader(env)
     limits = _relay_limits(r)
@@ -278,7 +296,9 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     if nats is not None:  # the credential / TLS files must be readable (with --no-ports too)
         r.problems.extend(file_problems(nats))
     if check_ports:
-        r.problems.extend(_probe(cfg, blocked=bool(r.problems)))
+        r.problems.extend(_probe(cfg, blocked=bool(r.problems), create=create))
+    elif not cfg.state_dir.is_absolute() and (problem := state_dir_problem(cfg.state_dir)):
+        r.problems.append(problem)  # a config problem, probes or not
     return cfg, r.problems
 
 
@@ -375,11 +395,11 @@ def _unknown_names(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _probe(cfg: Config, *, blocked: bool) -> list[str]:
+def _probe(cfg: Config, *, blocked: bool, create: bool = True) -> list[str]:
     """The machine checks: the state directory writable, the listen address
     free (only when the embedded relay serves and nothing else is wrong)."""
     problems = []
-    if problem := state_dir_problem(cfg.state_dir):
+    if problem := state_dir_problem(cfg.state_dir, create=create):
         problems.append(problem)
     if cfg.embedded_relay and not blocked and not problems and not bindable(*cfg.listen):
         problems.append(f"AEP_LISTEN={cfg.listen[0]}:{cfg.listen[1]}: address in use or "

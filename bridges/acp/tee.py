@@ -177,6 +177,9 @@ class TeeOptions:
     queue_bytes: int = DEFAULT_QUEUE_BYTES
     observe_rate: float = DEFAULT_OBSERVE_RATE
     verbose: bool = False
+    #: False when the tee's own observation settings are unusable: the agent
+    #: still runs, piped through untouched, and nothing is sent anywhere
+    observe: bool = True
     tee_id: str = field(default_factory=lambda: wire.new_tee_id())
 
 
@@ -447,6 +450,8 @@ class Tee:
         """A copy of bytes that already went out, to the queue (the daemon
         splits the lines): O(1) Python work per pipe read."""
         self.observed[direction] += len(chunk)
+        if not self.opts.observe:
+            return
         data = self.shippers[direction].cut(chunk)
         if data:
             self.queue.push(wire.piece(direction, data))
@@ -481,7 +486,8 @@ class Tee:
         stdin, stdout = _stream(0, False), _stream(1, True)
         stdout_done = trio.Event()
         async with trio.open_nursery() as root:
-            root.start_soon(self.link.run)
+            if self.opts.observe:
+                root.start_soon(self.link.run)
             with trio.open_signal_receiver(*FORWARDED) as signals:
                 async with trio.open_nursery() as pumps:
                     pumps.start_soon(self._pump_in, stdin, to_agent)
@@ -586,15 +592,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace, environ: dict[str, str]) -> tuple[TeeOptions | None, str]:
-    """``(options, "")`` or ``(None, problem)`` for the command line."""
+    """``(options, "")``; ``(None, problem)`` when there is no agent to run;
+    ``(options with observe=False, problem)`` when only the tee's own
+    observation settings are unusable (a bad ``--daemon``/``--name``, an
+    unreadable ``--token-file``, bad bounds): the agent must still run
+    (fail-open, design record "Attach shape": the tee never affects the
+    editor-agent session)."""
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         return None, "no agent command: aep-bridges acp [OPTIONS] -- AGENT_CMD [ARGS...]"
-    daemon = args.daemon or environ.get("AEP_ACP_DAEMON") or DEFAULT_DAEMON
-    problem = wire.daemon_problem(daemon)
+    token, problem = _observation_settings(args, environ)
     if problem:
+        return TeeOptions(command=command, observe=False), problem
+    daemon = args.daemon or environ.get("AEP_ACP_DAEMON") or DEFAULT_DAEMON
+    return TeeOptions(command=command, daemon=daemon.rstrip("/"), name=args.name, token=token,
+                      max_line=args.max_line, queue_bytes=args.queue_bytes,
+                      observe_rate=args.observe_rate, verbose=args.verbose), ""
+
+
+def _observation_settings(args: argparse.Namespace, environ: dict[str, str]) -> tuple[str | None, str]:
+    """``(token, "")``, or ``(None, the first unusable observation setting)``."""
+    daemon = args.daemon or environ.get("AEP_ACP_DAEMON") or DEFAULT_DAEMON
+    if problem := wire.daemon_problem(daemon):
         return None, problem
     if not wire.valid_name(args.name):
         return None, f"--name {args.name!r}: expected letters, digits, '_' or '-'"
@@ -603,25 +624,28 @@ def options_from(args: argparse.Namespace, environ: dict[str, str]) -> tuple[Tee
         try:
             with open(args.token_file, encoding="utf-8") as f:
                 token = f.read().strip() or None
-        except OSError as e:
-            return None, f"--token-file {args.token_file!r}: {e.strerror or e}"
+        except (OSError, UnicodeDecodeError) as e:
+            return None, f"--token-file {args.token_file!r}: {getattr(e, 'strerror', None) or e}"
     if args.max_line < 1024 or args.queue_bytes < 1024:
         return None, "--max-line and --queue-bytes: at least 1024 bytes"
     if not 0 < args.observe_rate <= 10_000:
         return None, "--observe-rate: MB/s above 0 (at most 10000)"
-    return TeeOptions(command=command, daemon=daemon.rstrip("/"), name=args.name, token=token,
-                      max_line=args.max_line, queue_bytes=args.queue_bytes,
-                      observe_rate=args.observe_rate, verbose=args.verbose), ""
+    return token, ""
 
 
 def main(args: argparse.Namespace, environ: dict[str, str] | None = None) -> int:
-    """Run the tee; returns the agent's exit status (2 for a bad command
-    line, 127 when the agent cannot be started)."""
+    """Run the tee; returns the agent's exit status (2 when there is no
+    agent command, 127 when the agent cannot be started). A bad observation
+    setting is said once on stderr and the agent runs unobserved."""
     opts, problem = options_from(args, dict(os.environ if environ is None else environ))
     if opts is None:
         _ensure_std_fds()
         to_stderr(f"aep-bridges acp: {problem}")
         return 2
+    if problem:
+        _ensure_std_fds()
+        to_stderr(f"aep-bridges acp: {problem}; running the agent without observation "
+                  "(the session is unaffected)")
     _ensure_std_fds()  # before trio.run: its own descriptors must not land on 0/1/2
     return trio.run(Tee(opts).run)
 

@@ -28,6 +28,7 @@ from . import redaction as _red
 from .aep import CAPTURE_LEVELS as LEVELS
 from .aep import CAPTURE_RANK as _RANK
 from .aep import capture_rank as rank
+from .settings import FALSE, FLAG_EXPECTED, TRUE
 
 #: Credentials of the daemon itself (shared/DESIGN.md operator interface):
 #: their values are always treated as configured secrets (§9.4 b).
@@ -40,8 +41,8 @@ BUILTIN_SECRET_NAMES = (
     "AEP_NATS_URL",  # may hold user:password@ (issue 14)
 )
 
-_FALSE = {"0", "false", "no", "off"}
-_TRUE = {"1", "true", "yes", "on", ""}
+_FALSE = set(FALSE) - {""}
+_TRUE = {*TRUE, ""}  # unset: redact PII (the default)
 
 
 def _max(a: str, b: str) -> str:
@@ -185,7 +186,7 @@ class CapturePolicy:
             pii = True
         else:
             problems.append(f"AEP_REDACT_PII={environ.get('AEP_REDACT_PII')!r} is not a boolean "
-                            "(expected 1 or 0)")
+                            f"({FLAG_EXPECTED})")
             pii = True
         if problems:
             return None, problems

@@ -11,10 +11,14 @@ __all__ = ["state_dir", "write_atomic"]
 
 def state_dir(env: Mapping[str, str]) -> Path:
     """``AEP_STATE_DIR``, else ``$XDG_STATE_HOME/aep-bridges``, else
-    ``~/.local/state/aep-bridges``."""
+    ``~/.local/state/aep-bridges``. A relative ``XDG_STATE_HOME`` is ignored
+    (the XDG spec: invalid); a relative ``AEP_STATE_DIR`` is returned as is
+    (the config refuses it)."""
     if env.get("AEP_STATE_DIR"):
         return Path(env["AEP_STATE_DIR"]).expanduser()
-    xdg = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME", "~"), ".local", "state")
+    xdg = env.get("XDG_STATE_HOME") or ""
+    if not os.path.isabs(xdg):
+        xdg = os.path.join(env.get("HOME", "~"), ".local", "state")
     return Path(xdg).expanduser() / "aep-bridges"
 
 

@@ -26,6 +26,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 TRUE = ("1", "true", "yes", "on")
 FALSE = ("", "0", "false", "no", "off")
+#: what a bad boolean's problem line says was expected: every word
+#: :meth:`EnvReader.flag` accepts (an empty value is "unset")
+FLAG_EXPECTED = f"expected {'/'.join(TRUE)} or {'/'.join(w for w in FALSE if w)}"
 
 Address = tuple[str, int]
 
@@ -119,7 +122,7 @@ class EnvReader:
             return True
         if v.strip().lower() in FALSE:
             return False
-        self.problems.append(f"{name}={v!r}: expected 1 or 0")
+        self.problems.append(f"{name}={v!r}: {FLAG_EXPECTED}")
         return default
 
     def integer(self, name: str, default: int, *, minimum: int | None = None,

@@ -169,7 +169,10 @@ class Receiver:
         self.attached = trio.Event()
         self._attached_at: float | None = None
         self._n = 0
+        #: subscribes awaiting their ack: frame id -> the sessions it still
+        #: answers for (an eviction takes its session out), and the reverse
         self._pending_subs: dict[str, list[str]] = {}
+        self._pending_of: dict[str, str] = {}
         #: frames of a session between its subscribe and the ack (the replay
         #: and global-channel copies interleave; sorted by seq at the ack)
         self._held: dict[str, list[dict[str, Any]]] = {}
@@ -401,7 +404,8 @@ class Receiver:
         ep = self.endpoint
         assert ep is not None
         self.subscribed, self.dormant = set(), set()
-        self._held, self._pending_subs = {}, {}  # a new socket: nothing of the old one is pending
+        # a new socket: nothing of the old one is pending
+        self._held, self._pending_subs, self._pending_of = {}, {}, {}
         self._held_bytes, self._held_total, self._held_cut = {}, 0, set()
         ids = [s["id"] for s in sessions]
         self._listed, self._woken = set(ids), {}
@@ -455,9 +459,12 @@ class Receiver:
             if now.key != ep.key or now.token != ep.token:
                 raise _Reattach()
 
-    async def _send(self, ws: Any, type_: str, payload: dict[str, Any]) -> str:
+    def _frame_id(self) -> str:
         self._n += 1
-        fid = f"aep-{self._n}"
+        return f"aep-{self._n}"
+
+    async def _send(self, ws: Any, type_: str, payload: dict[str, Any], fid: str | None = None) -> str:
+        fid = fid or self._frame_id()
         await ws.send_message(json.dumps({"type": type_, "id": fid, "payload": payload}))
         return fid
 
@@ -477,10 +484,14 @@ class Receiver:
             if cur:
                 payload["cursors"] = cur
             self.subscribed.update(chunk)
+            # pending before the send: the ack can be read (and an eviction
+            # happen) before this task runs again
+            fid = self._frame_id()
+            self._pending_subs[fid] = chunk
             for sid in chunk:
                 self._held.setdefault(sid, [])
-            fid = await self._send(ws, "subscribe", payload)
-            self._pending_subs[fid] = chunk
+                self._pending_of[sid] = fid
+            await self._send(ws, "subscribe", payload, fid)
 
     async def _on_raw(self, ws: Any, raw: Any, nursery: trio.Nursery) -> None:
         """One text frame off the socket (see the module docstring)."""
@@ -506,7 +517,7 @@ class Receiver:
             await self._on_ack(frame, nursery)
         elif t == "resync_required":
             sid = p.get("session_id")
-            if isinstance(sid, str) and sid:
+            if isinstance(sid, str) and sid in self.subscribed:  # only what we follow
                 self._drop_held(sid)
                 nursery.start_soon(self._resync, sid, {"seq": p.get("current_seq"), "epoch": p.get("epoch")})
         elif t == "error":
@@ -553,7 +564,7 @@ class Receiver:
         if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
                 and isinstance(epoch, str):
             cur = {"seq": seq - 1, "epoch": epoch}
-        if sid not in self._listed and sid not in self.tracker.sessions:
+        if sid not in self._listed and sid not in self._woken:
             room, evicted = self._room_to_wake()
             if not room:
                 self.ctx.health.count("sessions_wake_refused")
@@ -578,13 +589,34 @@ class Receiver:
         for old in self._woken:
             st = self.tracker.sessions.get(old)
             if st is None or (st.run is None and not st.asks):
-                del self._woken[old]
-                self.subscribed.discard(old)
-                self._drop_held(old)
-                self.tracker.forget(old)
-                self.ctx.health.count("sessions_evicted")
+                self._evict(old)
                 return True, old
         return False, None
+
+    def _evict(self, sid: str) -> None:
+        """Forget a woken session in every per-session structure, its
+        subscribe still awaiting an ack included (that ack, when it comes,
+        no longer answers for it: nothing it says can bring the session
+        back past :data:`MAX_WOKEN`)."""
+        del self._woken[sid]
+        self.subscribed.discard(sid)
+        self.dormant.discard(sid)
+        self._no_cursor.discard(sid)
+        self._held_cut.discard(sid)
+        self._drop_held(sid)
+        fid = self._pending_of.pop(sid, None)
+        chunk = self._pending_subs.get(fid) if fid is not None else None
+        if chunk is not None:
+            chunk.remove(sid)
+            if not chunk:
+                del self._pending_subs[fid]  # type: ignore[arg-type]
+        self.tracker.forget(sid)
+        self.ctx.health.count("sessions_evicted")
+
+    def _follows(self, sid: str) -> bool:
+        """``sid`` is still ours (listed, woken or held in the tracker): a
+        REST answer that comes back after its eviction is dropped."""
+        return sid in self._listed or sid in self._woken or sid in self.tracker.sessions
 
     def _drop_held(self, sid: str) -> None:
         self._held.pop(sid, None)
@@ -615,6 +647,12 @@ class Receiver:
         p = M.obj(frame.get("payload"))
         if chunk is None:
             return
+        for sid in chunk:
+            if self._pending_of.get(sid) == fid:
+                del self._pending_of[sid]
+        # the ack answers only for the sessions this subscribe still stands
+        # for (not one evicted meanwhile, nor one it never named)
+        mine = set(chunk)
         if frame.get("code") not in (0, None):
             self.ctx.health.count("subscribe_refused")
             self.subscribed.difference_update(chunk)
@@ -622,18 +660,18 @@ class Receiver:
                 self._drop_held(sid)
             return
         cursors = M.obj(p.get("cursors"))
-        resync = set(x for x in p.get("resync_required") or [] if isinstance(x, str))
-        for sid in p.get("not_found") or []:
+        resync = set(x for x in p.get("resync_required") or [] if x in mine)
+        not_found = [x for x in p.get("not_found") or [] if x in mine]
+        for sid in not_found:
             if isinstance(sid, str):
                 # 2.1.0 says not_found for a session that exists but is not
                 # loaded (after a restart): REST decides whether it is gone
                 self.subscribed.discard(sid)
                 nursery.start_soon(self._check_exists, sid)
-        for sid in p.get("not_found") or []:
-            if isinstance(sid, str):
-                self._drop_held(sid)
+        for sid in not_found:
+            self._drop_held(sid)
         for sid in p.get("accepted") or []:
-            if not isinstance(sid, str):
+            if sid not in mine:
                 continue
             self.ctx.health.count("sessions_subscribed")
             if sid in resync:
@@ -658,8 +696,8 @@ class Receiver:
             return
         except (Unreachable, AuthRefused):
             return
-        if sid in self.subscribed:
-            return
+        if sid in self.subscribed or not self._follows(sid):
+            return  # subscribed again, or evicted, meanwhile
         if sid in self.tracker.sessions and self.tracker.sessions[sid].cursor is not None:
             # a session we were following (the server restarted): a REST read
             # of its prompts loads it on the server, then the subscription by
@@ -693,6 +731,8 @@ class Receiver:
         except (Unreachable, AuthRefused):
             self.ctx.health.count("rest_errors")
             return
+        if not self._follows(sid):
+            return  # evicted while the rebuild read REST
         if isinstance(cursor, dict) and isinstance(cursor.get("seq"), int) and isinstance(cursor.get("epoch"), str):
             st = self.tracker.session(sid)
             st.epoch, st.seq = cursor["epoch"], cursor["seq"]

@@ -29,8 +29,10 @@ shape", "Identity", "Run synthesis", "The attention loop", "Timestamps",
   (:func:`bridges.openhands.mapping.status_moments` with the receiver's own
   ``run_open``). The connect snapshot states the PRESENT, then the replay
   states the PAST: the snapshot's status is held as pending and applied
-  once a newer frame arrives or the socket goes quiet, and a status fact
-  older than the last one applied is never applied (still mapped).
+  once a newer frame arrives or the replay delivered the newest persisted
+  event (asked over REST right after the snapshot; the socket going quiet
+  decides only when REST could not say), and a status fact older than the
+  last one applied is never applied (still mapped).
 - **Per-conversation bounded state** (:class:`Conversation`): status, the
   open run, the pending attention, the anchor and a ring of
   :data:`SEEN_IDS` recent vendor ids; persisted (atomic JSON) under
@@ -80,7 +82,11 @@ beyond it is counted (``search_pages_capped``) and nothing is detached."""
 MAX_CONVERSATIONS = 10_000
 MAX_BACKOFF = 60.0
 SNAPSHOT_QUIET = 0.5
-"""Seconds of socket silence after which a held connect snapshot applies."""
+"""Seconds of socket silence after which a held connect snapshot applies
+when the replay's end is unknown (the REST read of the newest event failed)."""
+MARKER_WAIT = 60.0
+"""Seconds of socket silence after which a held snapshot applies although
+the replay never delivered the newest event REST named (a last resort)."""
 REST_TIMEOUT = 10.0
 MAX_FRAME = 16 * 1024 * 1024
 FLUSH_EVERY = 1.0
@@ -152,6 +158,11 @@ class Conversation:
     # runtime only
     reannounce_due: bool = False
     pending_snap: tuple[str | None, str, str | None] | None = None  # (vendor ts, status, envelope id)
+    #: the newest persisted event id when the snapshot came (REST), "" when
+    #: there is none, None when unknown: the held snapshot applies once the
+    #: replay has delivered it (the replay is then past the snapshot)
+    replay_marker: str | None = None
+    marker_due: bool = False
     notes: dict[str, str] = field(default_factory=dict)  # pause/resume/interrupt -> cmd id
     settling: Settling | None = None
     attention_t0: float | None = None
@@ -473,14 +484,17 @@ class Receiver:
             self.ctx.health.count("socket_connects")
             # The one frame this bridge ever writes to the server's socket.
             await ws.send_message(json.dumps({"type": "auth", "session_api_key": self.settings.key or ""}))
-            conv.pending_snap = None
+            conv.pending_snap, conv.replay_marker, conv.marker_due = None, None, False
             while not conv.ended:
                 raw: str | bytes | None = None
+                quiet_s: float | None = None  # idle: no timer (a scope per socket costs memory)
+                if conv.pending_snap is not None:
+                    quiet_s = SNAPSHOT_QUIET if conv.replay_marker is None else MARKER_WAIT
                 try:
-                    if conv.pending_snap is None:  # idle: no timer (a scope per socket costs memory)
+                    if quiet_s is None:
                         raw = await ws.get_message()
                     else:
-                        with trio.move_on_after(SNAPSHOT_QUIET):
+                        with trio.move_on_after(quiet_s):
                             raw = await ws.get_message()
                 except trio_websocket.ConnectionClosed as e:
                     code = getattr(e.reason, "code", None)
@@ -496,6 +510,31 @@ class Receiver:
                 if conv.frames_in_conn == 1:
                     self._socket_ok(conv)
                 await self.handle_raw(conv, raw)
+                if conv.marker_due:
+                    await self._learn_replay_end(conv)
+
+    async def _learn_replay_end(self, conv: Conversation) -> None:
+        """A connect snapshot is held: ask REST for the newest persisted
+        event (read AFTER the snapshot was made, so every event older than
+        the snapshot is at or before it). The replay (or the live feed)
+        delivering that id ends the hold, whatever the clock says: a loaded
+        server that starts its replay late no longer gets its snapshot
+        applied first (which made the replayed run's facts stale and lost
+        run.started / run.failed). No events at all: it applies now."""
+        conv.marker_due = False
+        try:
+            r = await self.rest.get(f"/api/conversations/{conv.id}/events/search",
+                                    {"limit": 1, "sort_order": "TIMESTAMP_DESC"})
+            items = r.json().get("items") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            items = None
+        if not isinstance(items, list):
+            conv.replay_marker = None  # unknown: the quiet rule decides
+            return
+        newest = items[0].get("id") if items and isinstance(items[0], dict) else None
+        conv.replay_marker = newest if isinstance(newest, str) and newest else ""
+        if conv.replay_marker == "" or conv.replay_marker in conv.seen:
+            await self._apply_pending(conv)
 
     # ------------------------------------------------------------------ frames
     async def handle_raw(self, conv: Conversation, raw: str | bytes) -> None:
@@ -527,8 +566,12 @@ class Receiver:
 
     async def handle_event(self, conv: Conversation, ev: dict[str, Any]) -> None:
         eid = ev.get("id")
+        reached = conv.pending_snap is not None and isinstance(eid, str) and bool(eid) \
+            and eid == conv.replay_marker
         if isinstance(eid, str) and eid and not conv.remember(eid):
             self.ctx.health.count("frames_duplicate")
+            if reached:
+                await self._apply_pending(conv)
             return
         ts = ev.get("timestamp") if isinstance(ev.get("timestamp"), str) else None
         tdt = _parse_ts(ts)
@@ -549,8 +592,11 @@ class Receiver:
         if fresh is not None:
             if snap:
                 conv.pending_snap = (ts, fresh, env["id"] if env else None)
+                conv.replay_marker, conv.marker_due = None, True
             else:
                 await self._transition(conv, fresh, ts, cause=env["id"] if env else None)
+        if reached and conv.pending_snap is not None and not snap:
+            await self._apply_pending(conv)  # the replay is past the snapshot
         if not M.is_ephemeral(ev) and tdt is not None:
             adt = _parse_ts(conv.anchor)
             if adt is None or tdt >= adt:

@@ -17,7 +17,9 @@ acked like 2.1.0 (``accepted``, ``not_found``, ``resync_required``,
 list per connection in :attr:`StubKap.scripts`; the last one repeats) is
 played after the first subscribe ack: a dict is sent as JSON, a ``str`` /
 ``bytes`` raw, ``("sleep", s)`` waits, ``("hang",)`` goes silent (no pings
-either), ``("close",)`` closes, ``("ping",)`` sends a ping.
+either), ``("close",)`` closes, ``("ping",)`` sends a ping,
+``("hold_acks",)`` keeps every later ``subscribe`` ack back (a loaded
+server answering late) until ``("release_acks",)`` sends them, in order.
 """
 from __future__ import annotations
 
@@ -62,6 +64,9 @@ class StubKap:
     post_answers: dict[str, dict] = field(default_factory=dict)
     not_found: set[str] = field(default_factory=set)
     resync: set[str] = field(default_factory=set)
+    #: sessions every subscribe ack also names as accepted (a buggy or
+    #: hostile server answering for what was never asked)
+    ack_also: list[str] = field(default_factory=list)
     rest: list[tuple[str, str, Any]] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
     connections: int = 0
@@ -133,6 +138,7 @@ class StubKap:
         script = self.scripts[index]
         subscribed = trio.Event()
         closed = trio.Event()
+        held: list[dict[str, Any]] | None = None  # subscribe acks kept back (``hold_acks``)
 
         async def out(obj: Any) -> None:
             if isinstance(obj, (dict, list)):
@@ -158,12 +164,16 @@ class StubKap:
                                            "cursors": {}}})
                 elif t == "subscribe":
                     ids = p.get("session_ids") or []
-                    acc = [s for s in ids if s not in self.not_found]
-                    await out({"type": "ack", "id": f.get("id"), "code": 0, "msg": "success",
+                    acc = [s for s in ids if s not in self.not_found] + self.ack_also
+                    answer = {"type": "ack", "id": f.get("id"), "code": 0, "msg": "success",
                                "payload": {"accepted": acc,
                                            "not_found": [s for s in ids if s in self.not_found],
                                            "resync_required": [s for s in acc if s in self.resync],
-                                           "cursors": {s: {"seq": 0, "epoch": EPOCH} for s in acc}}})
+                                           "cursors": {s: {"seq": 0, "epoch": EPOCH} for s in acc}}}
+                    if held is not None:
+                        held.append(answer)
+                    else:
+                        await out(answer)
                     subscribed.set()
 
         async with trio.open_nursery() as n:
@@ -186,6 +196,12 @@ class StubKap:
                     elif step[0] == "close":
                         await send({"type": "websocket.close", "code": 1000})
                         break
+                    elif step[0] == "hold_acks":
+                        held = []
+                    elif step[0] == "release_acks":
+                        late, held = held or [], None
+                        for answer in late:
+                            await out(answer)
                     elif step[0] == "ping":
                         await out({"type": "ping", "timestamp": "2026-12-01T09:00:00.000Z",
                                    "payload": {"nonce": "n1"}})

@@ -703,6 +703,9 @@ class StubAgentServer:
     page_size: int = 100
     conversations: dict[str, StubConversation] = field(default_factory=dict)
     search_status: int = 200
+    #: seconds between the connect snapshot (the first frame) and the rest
+    #: (a loaded server reading its event files late)
+    replay_delay: float = 0.0
     search_forever: bool = False
     search_garbage: bool = False
     socket_close_on_auth: bool = False
@@ -761,6 +764,18 @@ class StubAgentServer:
                     "next_page_id": str(nxt) if (nxt < len(ids) or self.search_forever) else None}
             await send_json(send, 200, body)
             return
+        if method == "GET" and path.startswith("/api/conversations/") and \
+                path.endswith("/events/search"):
+            # the persisted events (not the full_state snapshots), newest first
+            conv = self.conversations.get(path.split("/")[3])
+            if conv is None:
+                await send_json(send, 404, {"detail": "Not Found"})
+                return
+            evs = [json.loads(f) for f in conv.frames if f.startswith("{")]
+            evs = [e for e in evs if isinstance(e, dict) and e.get("key") != "full_state"]
+            evs.sort(key=lambda e: str(e.get("timestamp")), reverse=True)
+            await send_json(send, 200, {"items": evs[:1], "next_page_id": None})
+            return
         if method == "GET" and path.startswith("/api/conversations/"):
             cid = path.rsplit("/", 1)[-1]
             conv = self.conversations.get(cid)
@@ -817,7 +832,9 @@ class StubAgentServer:
             if self.socket_garbage:
                 for junk in ("not json", "{truncated", "[1, 2", "\x00\x01"):
                     await send({"type": "websocket.send", "text": junk})
-            for frame in list(conv.frames):
+            for i, frame in enumerate(list(conv.frames)):
+                if i == 1 and self.replay_delay:
+                    await trio.sleep(self.replay_delay)
                 await send({"type": "websocket.send", "text": frame})
             while True:
                 m = await receive()

@@ -317,6 +317,29 @@ def test_no_thread_is_left_at_exit_in_process(tmp_path):
     assert b"Fatal Python error" not in err
 
 
+@pytest.mark.parametrize("extra,needle", [(("--token-file", "/nonexistent/aep-token"), b"--token-file"),
+                                          (("--name", "not a name"), b"--name")])
+def test_a_bad_observation_setting_runs_the_agent_unobserved(extra, needle):
+    """Fail-open: an unusable observation setting of the tee itself (a
+    missing token file) never stops the editor's agent: it runs piped
+    through byte for byte with its own exit status, and stderr says why
+    once."""
+    data = b"".join(b'{"jsonrpc":"2.0","method":"n","params":{"i":%d}}\n' % i for i in range(200))
+    agent = py("""
+        import os, sys
+        while True:
+            b = os.read(0, 65536)
+            if not b:
+                break
+            os.write(1, b)
+        sys.exit(4)
+    """)
+    out, err, rc = run_through(agent, data, *extra)
+    assert out == data and rc == 4, err
+    lines = [ln for ln in err.splitlines() if ln.startswith(b"aep-bridges acp:")]
+    assert len(lines) == 1 and needle in lines[0] and b"without observation" in lines[0], err
+
+
 def test_fail_open_when_the_daemon_accepts_and_never_answers():
     """A listener that accepts TCP and never speaks (a hung daemon): the
     session is unaffected and the tee exits promptly with the agent."""

@@ -82,6 +82,36 @@ async def test_unknown_kinds_and_unexpected_fields_degrade_to_visibility(tmp_pat
     assert rig.health.public()["source"] is True
 
 
+@pytest.mark.parametrize("replay_delay", [0.0, 2.0], ids=["prompt", "late-replay"])
+async def test_a_run_that_ended_before_the_attach_is_seen_however_late_the_replay(tmp_path,
+                                                                                 replay_delay):
+    """The captured unreachable-model conversation (already ``error`` when
+    the bridge attaches: the connect snapshot says so, then the replay tells
+    running -> error). ``late-replay``: the server sends its replay seconds
+    after the snapshot (a loaded machine reading its event files), longer
+    than any quiet timer; the run is still started and failed, in order."""
+    from pathlib import Path
+    captured = Path(__file__).parents[2] / "fixtures" / "openhands_real" / "model_unreachable.json"
+    frames = json.loads(captured.read_text())["frames"]
+    snapshots = [f for f in frames if f.get("key") == "full_state"]
+    assert snapshots[-1]["value"]["execution_status"] == "error"
+    # attached after the end: the present (the last snapshot), then the past
+    stub = StubAgentServer(replay_delay=replay_delay)
+    conv = stub.add(frames=[snapshots[-1]] + [f for f in frames if f.get("key") != "full_state"],
+                    status="error")
+    async with running(stub, tmp_path) as rig:
+        await rig.wait(lambda e: rig.of(conv.id, "run.failed") and rig.of(conv.id, "error.raised"),
+                       what="run.failed and error.raised")
+        await until(lambda: rig.receiver.conversations[conv.id].pending_snap is None,
+                    what="the snapshot applied")
+    evs = rig.of(conv.id)
+    validate_stream(evs)
+    kinds = [e["type"] for e in evs if e["type"].startswith("run.")]
+    assert kinds == ["run.started", "run.failed"], kinds
+    assert rig.of(conv.id, "run.failed")[0]["data"] == {"reason": "error"}
+    assert rig.receiver.conversations[conv.id].status == "error"
+
+
 async def test_non_json_frames_are_counted_and_the_socket_goes_on(tmp_path):
     stub = StubAgentServer(socket_garbage=True)
     conv = running_conv(stub)

@@ -70,6 +70,24 @@ def test_check_subcommand(tmp_path):
     assert bad.returncode == 2 and "AEP_ACP_AGENTS" in bad.stderr
 
 
+def test_check_creates_nothing_and_a_relative_state_dir_is_refused(tmp_path):
+    """``check`` reports a missing state directory as to be created (it
+    creates nothing); a relative AEP_STATE_DIR is refused by check and run."""
+    base = {"HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    state = tmp_path / "a" / "state"
+    ok = subprocess.run(console_script() + ["check"], capture_output=True, text=True,
+                        env={**base, "AEP_STATE_DIR": str(state)}, timeout=60, cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert f"state directory {state} will be created" in ok.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.rglob("*"))
+    for cmd in (["check"], ["check", "--no-ports"], ["run"]):
+        bad = subprocess.run(console_script() + cmd, capture_output=True, text=True,
+                             env={**base, "AEP_STATE_DIR": "rel/state"}, timeout=60, cwd=tmp_path)
+        assert bad.returncode == 2 and "AEP_STATE_DIR='rel/state': must be an absolute path" \
+            in bad.stderr, (cmd, bad.stderr)
+    assert not (tmp_path / "rel").exists()
+
+
 def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
     token = "t0k-" + "x" * 20
     with run_daemon(tmp_path, {"AEP_TOKEN": token}) as d:

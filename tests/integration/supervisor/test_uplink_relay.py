@@ -148,11 +148,17 @@ async def test_relay_down_at_start_killed_mid_stream_restarted(nursery, caplog):
     try:
         await wait_for(lambda: len(consumer.seqs()) == 50, "consumer caught up")
 
-        # 3. stream, and kill the relay mid-stream
-        produced = trio.Event()
+        # 3. stream, and kill the relay mid-stream: the second half is only
+        # produced once the relay is dead (by construction, not by timing: on
+        # a loaded machine the whole stream could otherwise be produced and
+        # drained before the kill)
+        half = 300
+        killed, produced = trio.Event(), trio.Event()
 
         async def produce():
             for i in range(50, total):
+                if i == half:
+                    await killed.wait()
                 await up.put(event(i, sev[i % 5]))
                 if i % 20 == 0:
                     await trio.sleep(0.01)
@@ -161,13 +167,13 @@ async def test_relay_down_at_start_killed_mid_stream_restarted(nursery, caplog):
         nursery.start_soon(produce)
         await wait_for(lambda: len(remote.admitted(relay1)) >= 200, "streaming")
         remote.kill()
-        assert up.counters["outbox"] > 0 or not produced.is_set()  # really mid-stream
+        killed.set()
         seen_before_kill = len(consumer.seqs())
-        await trio.sleep(0.5)
+        await produced.wait()
+        assert up.counters["outbox"] >= total - half  # really mid-stream: held while down
 
         # 4. restarted on the same port (fresh buffer, as after a process restart)
         relay2 = await remote.start(nursery)
-        await produced.wait()
         await wait_for(lambda: up.counters["outbox"] == 0, "outbox drained")
 
         # nothing at notice+ lost: every notice+ event reached a relay that admitted it

@@ -168,15 +168,24 @@ def test_options_defaults_env_and_arguments(tmp_path):
     assert (opts.daemon, opts.token, opts.name) == ("http://h:2", "s3cret", "gemini")
 
 
+@pytest.mark.parametrize("argv", [(), ("--",)])
+def test_no_agent_command_is_the_only_refusal(argv):
+    opts, problem = options_from(parse(*argv), {})
+    assert opts is None and "no agent command" in problem
+
+
 @pytest.mark.parametrize("argv,needle", [
-    ((), "no agent command"), (("--",), "no agent command"),
     (("--daemon", "nope", "--", "a"), "--daemon"), (("--name", "a b", "--", "a"), "--name"),
     (("--token-file", "/nonexistent/x", "--", "a"), "--token-file"),
     (("--max-line", "10", "--", "a"), "--max-line"),
     (("--observe-rate", "0", "--", "a"), "--observe-rate")])
-def test_bad_command_lines(argv, needle):
-    opts, problem = options_from(parse(*argv), {})
-    assert opts is None and needle in problem
+def test_bad_observation_settings_run_the_agent_unobserved(argv, needle):
+    """Fail-open (design record "Attach shape"): the tee's own observation
+    settings never stop the editor's agent; the problem is said, the agent
+    runs with observation off."""
+    opts, problem = options_from(parse(*argv), {"AEP_TOKEN": "t0k"})
+    assert opts is not None and opts.command == ["a"] and opts.observe is False
+    assert needle in problem and opts.token is None  # nothing is sent anywhere
 
 
 def test_exit_status():

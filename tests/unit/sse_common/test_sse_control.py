@@ -243,7 +243,7 @@ def test_gate_needs_primary_and_token_and_the_flag():
     ({"AEP_KILOCODE_SSE_CONTROL": "1", "AEP_KILOCODE_SSE_PRIMARY": "1"}, "needs AEP_TOKEN"),
     ({"AEP_KILOCODE_URL": "ftp://x"}, "AEP_KILOCODE_URL"),
     ({"AEP_KILOCODE_URL": "http://h:99999"}, "bad port"),
-    ({"AEP_KILOCODE_SSE_PRIMARY": "maybe"}, "expected 1 or 0"),
+    ({"AEP_KILOCODE_SSE_PRIMARY": "maybe"}, "expected 1/true/yes/on or 0/false/no/off"),
     ({"AEP_KILOCODE_SSE_ACK_GUARD_MS": "20000"}, "AEP_KILOCODE_SSE_ACK_GUARD_MS"),
     ({"AEP_KILOCODE_SSE_ACK_GUARD_MS": "soon"}, "AEP_KILOCODE_SSE_ACK_GUARD_MS"),
 ])

@@ -91,7 +91,22 @@ def test_env_reader_collects_one_line_per_problem_and_keeps_defaults():
     assert r.url("U", "http://d:1") == "ftp://h"
     assert r.hostport("H", "127.0.0.1:1") is None
     assert len(r.problems) == 6
-    assert r.problems[0] == "F='maybe': expected 1 or 0"
+    assert r.problems[0] == "F='maybe': expected 1/true/yes/on or 0/false/no/off"
+
+
+def test_a_bad_flag_names_every_word_a_flag_accepts():
+    """The problem line lists exactly what is accepted (not "1 or 0" while
+    true/yes/on are taken too)."""
+    from bridges.core.settings import FALSE, TRUE
+    r = EnvReader({"F": "maybe", **{f"T{i}": w.upper() for i, w in enumerate(TRUE)},
+                   **{f"N{i}": w.title() for i, w in enumerate(FALSE) if w}})
+    assert r.flag("F", True) is True
+    line = r.problems[0]
+    for i, w in enumerate(TRUE):
+        assert r.flag(f"T{i}") is True and w in line
+    for i, w in enumerate(w for w in FALSE if w):
+        assert r.flag(f"N{i + 1}", True) is False and w in line
+    assert len(r.problems) == 1
 
 
 def test_port_in_use_is_refused():
@@ -137,3 +152,32 @@ def test_relay_byte_budgets_and_cors_origins():
     assert cfg.cors_origins == ("https://dash.example", "http://localhost:5173")
     _, bad = load({"AEP_CORS_ORIGINS": "*", "AEP_BUFFER_BYTES": "12"})
     assert len(bad) == 2 and "AEP_CORS_ORIGINS" in bad[1] and "AEP_BUFFER_BYTES=12" in bad[0]
+
+
+def test_a_relative_state_dir_is_a_config_problem_with_or_without_probes(tmp_path, monkeypatch):
+    """A service's working directory is not the user's: ``AEP_STATE_DIR``
+    must be absolute, for ``run`` (probes) and ``check --no-ports`` alike;
+    nothing is created relative to the cwd."""
+    monkeypatch.chdir(tmp_path)
+    for probes in (True, False):
+        _, problems = config.load({"HOME": str(tmp_path), "AEP_STATE_DIR": "rel/state"},
+                                  check_ports=probes)
+        assert "AEP_STATE_DIR='rel/state': must be an absolute path" in problems, problems
+    assert not (tmp_path / "rel").exists()
+
+
+def test_the_check_probe_creates_no_state_dir(tmp_path):
+    missing = tmp_path / "a" / "b" / "state"
+    assert config.state_dir_problem(missing, create=False) is None
+    assert not (tmp_path / "a").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    problem = config.state_dir_problem(blocker / "state", create=False)
+    assert problem is not None and "not writable" in problem and "not a directory" in problem
+    assert config.state_dir_problem(missing) is None and missing.is_dir()  # run creates it
+
+
+def test_a_relative_xdg_state_home_is_ignored(tmp_path):
+    from bridges.core.paths import state_dir
+    assert state_dir({"HOME": str(tmp_path), "XDG_STATE_HOME": "rel"}) == \
+        tmp_path / ".local" / "state" / "aep-bridges"
