@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from typing import Any
 
 import trio
@@ -95,12 +96,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_relay(args: argparse.Namespace) -> int:
     from .daemon import run_daemon
+    from .jetstream import config as nats_config
     cfg, _, problems = _load(relay_only=True)
-    if problems:
-        return _refuse(problems)
+    nats, more = nats_config.from_env(cfg.environ)
+    if nats is not None:
+        more += nats_config.file_problems(nats)
+    if problems or more:
+        return _refuse(problems + more)
     logs.setup(cfg.environ)
     raise_fd_limit()
-    return trio.run(run_daemon, cfg, [])
+    return trio.run(partial(run_daemon, cfg, [], nats=nats))
 
 
 def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:

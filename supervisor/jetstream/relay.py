@@ -1,0 +1,739 @@
+"""``aep-bridges relay`` over JetStream (issue 14; DESIGN.md "Past one
+machine"): the standard AEP bindings served from the stream, by any number
+of relay instances at once, none holding history in memory.
+
+:class:`JetStreamRelay` is the embedded :class:`~supervisor.relay.core.Relay`
+with its store swapped: the ASGI app, the SSE/WS writers, filter and
+``from`` parsing, the capture-ceiling down-level, auth and the limits are
+the relay's own (:mod:`supervisor.relay`); what changes is where events go
+and come from.
+
+- **Subscriptions.** Each AEP subscription is one ephemeral pull consumer
+  (``AckPolicy.NONE``, memory storage) whose subject filters are the
+  filter's agent/session terms (:func:`~.plan.subject_plan`); the rest of
+  the attr-match filter runs in process. A consumer that fails (its node
+  died, the stream leader moved) is made again from the stream sequence
+  after the last one delivered, so order holds and nothing repeats (the
+  ordered-consumer rule, done by hand so the outlet's room paces the
+  fetches: a reader that keeps up is never shed, §8.4).
+- **Resume.** ``from`` / ``Last-Event-ID`` positions resolve to stream
+  sequences by a binary search with ``next_by_subj`` message gets
+  (:func:`~.plan.resolve_after`, the position in the ``Aep-Pos`` header);
+  the replay phase (the named sessions' subjects, from the earliest start,
+  up to the stream's last sequence at subscribe time, each session past its
+  own position) then the live phase (the filter's subjects from the next
+  sequence): no gap, no duplicate. ``replay-exhausted`` when the session's
+  earliest held position is past the asked one; ``from=all`` replays from
+  the stream's first sequence; ``live=0`` ends after the replay.
+- **Ingest.** Events POSTed or sent on ``/socket`` are published
+  (``Nats-Msg-Id`` = ``(source, id)``: the server drops redeliveries,
+  acknowledged before the emitter is answered; a cluster that does not
+  acknowledge within :data:`PUBLISH_DEADLINE_S` is ``503 unavailable``). A
+  ``/socket`` emitter's sessions are claimed in the claims bucket under this
+  relay's id, refreshed within the bucket's TTL, deleted when it goes.
+- **Control.** A command (authenticated bindings only) routes by the
+  claims bucket: no claimant ``no-route``, several ``ambiguous``, a verb
+  outside the claimant's declared ``control.accepts`` ``unsupported``;
+  else a NATS request to ``S.cmd.<daemon>``; the ack and outcome come back
+  through the stream as ordinary events. This relay answers its own
+  ``S.cmd.<relay id>`` for its ``/socket`` emitters.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import Any, Sequence
+
+import nats
+import nats.errors
+import nats.js.errors
+import trio
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
+
+from bridges.core.aep import SEVERITIES, dumps, is_command_type, loads
+from bridges.core.backoff import backoff_delay
+from supervisor.relay.buffer import Entry, Position
+from supervisor.relay.connections import Connection, SocketConnection, Unavailable
+from supervisor.relay.core import Relay
+from supervisor.relay.envelope import trusted_entry
+from supervisor.relay.outlet import OPEN, Outlet, Subscriber
+from supervisor.relay.replay import exhausted_marker
+
+from .config import NatsConfig
+from .link import Link, aio
+from .plan import POS_HEADER, Found, format_pos, parse_pos, resolve_after, session_subject, subject_plan
+from .subjects import (
+    claim_key,
+    claims_bucket,
+    command_subject,
+    daemons_bucket,
+    event_subject_of,
+    events_wildcard,
+    msg_id,
+    parse_claim_key,
+    token,
+)
+
+log = logging.getLogger("aep.relay.jetstream")
+
+FETCH_BATCH = 256
+FETCH_TIMEOUT_S = 1.0
+IDLE_CHECKS = 5
+"""Idle fetches (of :data:`FETCH_TIMEOUT_S`) before a live consumer is
+asked whether it still exists (its node may have died quietly)."""
+CONSUMER_INACTIVE_S = 30.0
+PUBLISH_WINDOW = 256
+PUBLISH_DEADLINE_S = 10.0
+REQUEST_TIMEOUT_S = 5.0
+SEVERITY_HEADER = "Aep-Severity"
+CONSUMER_PREFIX = "aeprelay"
+
+_NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, nats.js.errors.Error,
+                                                 TimeoutError, OSError)
+
+
+def roster_entries(claims: Sequence[tuple[str, bytes]],
+                   daemons: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The roster (AEP-0003 §4.1) from the claims bucket: one entry per
+    ``(claim key, value)``, ``{session, agent, instance?, control?, emits?}``
+    with the claim's declarations verbatim, the daemon's (``daemons``, its
+    bucket entry) filling what the claim leaves out. Malformed keys and
+    values are skipped. Pure."""
+    out = []
+    for key, raw in claims:
+        try:
+            agent, session, daemon = parse_claim_key(key)
+            value = loads(raw) if raw else {}
+        except ValueError:
+            continue
+        if not isinstance(value, dict) or session is None:
+            continue
+        base = daemons.get(daemon) or {}
+        entry: dict[str, Any] = {"session": session, "agent": agent}
+        for k in ("instance", "control", "emits"):
+            v = value.get(k, base.get(k))
+            if v is not None:
+                entry[k] = v
+        out.append(entry)
+    return out
+
+
+def accepts_of(value: dict[str, Any]) -> frozenset[str]:
+    """A claim's declared ``control.accepts`` (none declared: nothing)."""
+    ctl = value.get("control")
+    acc = ctl.get("accepts") if isinstance(ctl, dict) else None
+    return frozenset(a for a in acc if isinstance(a, str)) if isinstance(acc, list) else frozenset()
+
+
+class JsSocketConnection(SocketConnection):
+    """A ``/socket`` connection of a :class:`JetStreamRelay`: the roster
+    comes from the claims bucket (asked without blocking the reader)."""
+
+    relay: JetStreamRelay
+
+    def send_roster(self, rid: str) -> None:
+        self.relay.spawn(self._roster_async, rid)
+
+    async def _roster_async(self, rid: str) -> None:
+        try:
+            entries = await self.relay.roster_async()
+        except _NATS_ERRORS as e:
+            self.error("unavailable", f"the claims bucket did not answer ({type(e).__name__})",
+                       id=rid)
+            return
+        self.send({"type": "roster", "id": rid, "entries": entries})
+
+
+class JetStreamRelay(Relay):
+    """The relay served from JetStream (module docstring). ``link``: the
+    open :class:`~.link.Link`; ``cfg``: the ``AEP_NATS_*`` settings; the
+    keyword arguments are :class:`~supervisor.relay.core.Relay`'s. Call
+    :meth:`run` in a nursery (``await nursery.start(relay.run)``) before
+    serving: it makes the stream and buckets if absent and owns every
+    consumer task."""
+
+    def __init__(self, link: Link, cfg: NatsConfig, **kwargs: Any) -> None:
+        self.relay_id = kwargs.pop("relay_id", None) or f"relay-{secrets.token_hex(6)}"
+        kwargs.setdefault("instance", self.relay_id)
+        super().__init__(**kwargs)
+        self.link = link
+        self.cfg = cfg
+        self.stream = cfg.stream
+        self._nursery: trio.Nursery | None = None
+        self._scopes: dict[Outlet, dict[Subscriber, trio.CancelScope]] = {}
+        self._kv_claims: Any = None
+        self._kv_daemons: Any = None
+        self._retention: dict[str, Any] = {}
+        self._n = 0
+        #: per /socket emitter: session -> the agent its claim key names
+        self._claim_agents: dict[Connection, dict[str, str]] = {}
+        #: consumer name -> its subject filters, for the live consumers of this relay
+        self.consumers: dict[str, list[str]] = {}
+        self.counters.update({"published": 0, "publish_failed": 0, "consumers_made": 0,
+                              "consumers_remade": 0, "bad_stream_messages": 0,
+                              "commands_forwarded": 0, "commands_received": 0})
+
+    def __repr__(self) -> str:
+        return f"<JetStreamRelay {self.relay_id} stream={self.stream} auth={'on' if self.has_token else 'off'}>"
+
+    # -- lifecycle -------------------------------------------------------------
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Make the stream and the buckets if absent, listen on this relay's
+        command subject, keep its claims fresh; runs until cancelled."""
+        await self._ensure()
+        sub = await aio(self.link.nc.subscribe)(command_subject(self.stream, self.relay_id))
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._serve_commands, sub)
+                nursery.start_soon(self._refresh_claims)
+                nursery.start_soon(self._refresh_retention)
+                task_status.started()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                try:
+                    await aio(sub.unsubscribe)()
+                except _NATS_ERRORS:
+                    pass
+
+    def spawn(self, fn: Any, *args: Any) -> None:
+        """Run ``fn(*args)`` in the relay's nursery (a no-op once it ended)."""
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    async def _ensure(self) -> None:
+        js = self.link.js
+        cfg = self.cfg
+        try:
+            info = await aio(js.stream_info)(self.stream)
+        except nats.js.errors.NotFoundError:
+            try:
+                info = await aio(js.add_stream)(StreamConfig(
+                    name=self.stream, subjects=[events_wildcard(self.stream)],
+                    max_age=cfg.max_age, max_bytes=cfg.max_bytes, num_replicas=cfg.replicas,
+                    duplicate_window=120.0, allow_direct=True))
+            except nats.js.errors.BadRequestError:  # another party made it meanwhile
+                info = await aio(js.stream_info)(self.stream)
+        self._note_retention(info)
+        self._kv_claims = await self._bucket(claims_bucket(self.stream), cfg.claim_ttl)
+        self._kv_daemons = await self._bucket(daemons_bucket(self.stream), cfg.claim_ttl)
+
+    async def _bucket(self, name: str, ttl: float) -> Any:
+        js = self.link.js
+        try:
+            return await aio(js.key_value)(name)
+        except nats.js.errors.BucketNotFoundError:
+            pass
+        try:
+            return await aio(js.create_key_value)(bucket=name, ttl=ttl, history=1,
+                                                  replicas=self.cfg.replicas)
+        except nats.js.errors.BadRequestError:
+            return await aio(js.key_value)(name)
+
+    def _note_retention(self, info: Any) -> None:
+        c, st = info.config, info.state
+        self._retention = {
+            "stream": self.stream, "max_age_s": c.max_age or 0, "max_bytes": c.max_bytes or -1,
+            "max_msgs": c.max_msgs or -1, "replicas": c.num_replicas or 1,
+            "messages": st.messages, "first_seq": st.first_seq, "last_seq": st.last_seq,
+        }
+
+    async def _refresh_retention(self) -> None:
+        while True:
+            await trio.sleep(5.0)
+            try:
+                self._note_retention(await aio(self.link.js.stream_info)(self.stream))
+            except _NATS_ERRORS as e:
+                log.debug("jetstream relay: stream info: %s", type(e).__name__)
+
+    # -- declarations ------------------------------------------------------------
+    def capabilities(self) -> dict[str, Any]:
+        """The relay's capability block: ``replay.buffer`` is the stream's
+        retention as a global count (``max_msgs``, else what it holds now),
+        ``replay.all``; the retention itself under ``experimental.jetstream``."""
+        caps = super().capabilities()
+        r = self._retention
+        depth = r.get("max_msgs", -1)
+        caps["replay"] = {"buffer": depth if depth and depth > 0 else r.get("messages", 0),
+                          "all": True}
+        caps["experimental"] = {"jetstream": {k: r[k] for k in
+                                              ("stream", "max_age_s", "max_bytes", "max_msgs",
+                                               "replicas") if k in r}}
+        return caps
+
+    # -- connections -------------------------------------------------------------
+    def open_socket(self, authenticated: bool) -> SocketConnection:
+        conn = JsSocketConnection(self, authenticated)
+        self._conns.add(conn)
+        self._outlets.add(conn.outlet)
+        return conn
+
+    def release(self, conn: Connection) -> None:
+        gone = self._claim_agents.pop(conn, {})
+        super().release(conn)
+        for session, agent in gone.items():
+            if not any(self._claim_agents.get(c, {}).get(session) == agent
+                       for c in self.claims.holders(session)):
+                self.spawn(self._kv_delete, claim_key(agent, session, self.relay_id))
+
+    async def roster_async(self) -> list[dict[str, Any]]:
+        """Every live claim in the claims bucket (every daemon's, every
+        relay's), as roster entries."""
+        claims = await self._kv_entries(self._kv_claims, ">")
+        daemons: dict[str, dict[str, Any]] = {}
+        for key, raw in await self._kv_entries(self._kv_daemons, ">"):
+            try:
+                v = loads(raw)
+                daemons[key] = v if isinstance(v, dict) else {}
+            except ValueError:
+                continue
+        return roster_entries(claims, daemons)
+
+    async def _kv_entries(self, kv: Any, keys: str) -> list[tuple[str, bytes]]:
+        """``(key, value)`` of every live key matching ``keys`` (a watch that
+        ends after the initial values)."""
+        w = await aio(kv.watch)(keys, ignore_deletes=True)
+        out = []
+        try:
+            while True:
+                e = await aio(w.updates)(timeout=REQUEST_TIMEOUT_S)
+                if e is None:
+                    break
+                if e.value:
+                    out.append((e.key, e.value))
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                try:
+                    await aio(w.stop)()
+                except _NATS_ERRORS:
+                    pass
+        return out
+
+    async def _kv_delete(self, key: str) -> None:
+        try:
+            await aio(self._kv_claims.delete)(key)
+        except _NATS_ERRORS as e:
+            log.debug("jetstream relay: claim delete: %s", type(e).__name__)
+
+    def _claim_value(self, conn: Connection) -> bytes:
+        v: dict[str, Any] = {"daemon": self.relay_id}
+        if isinstance(conn.identity.get("instance"), str):
+            v["instance"] = conn.identity["instance"]
+        for k in ("control", "emits"):
+            if k in conn.capabilities:
+                v[k] = conn.capabilities[k]
+        return dumps(v)
+
+    async def _put_claim(self, conn: Connection, agent: str, session: str) -> None:
+        try:
+            await aio(self._kv_claims.put)(claim_key(agent, session, self.relay_id),
+                                           self._claim_value(conn))
+        except _NATS_ERRORS as e:
+            log.warning("jetstream relay: claim of a session not stored (%s); the next "
+                        "refresh retries", type(e).__name__)
+
+    async def _refresh_claims(self) -> None:
+        period = max(self.cfg.claim_ttl / 3, 0.5)
+        while True:
+            await trio.sleep(period)
+            for conn, agents in list(self._claim_agents.items()):
+                for session in list(conn.claims):
+                    agent = agents.get(session)
+                    if conn.open and agent is not None:
+                        await self._put_claim(conn, agent, session)
+
+    # -- ingest: publish ---------------------------------------------------------
+    async def ingest(self, ev: Any, conn: Connection | None,
+                     raw: str | None = None) -> tuple[str, str] | None:
+        """One event from a connection: checked as the embedded relay checks
+        it (:meth:`~supervisor.relay.core.Relay.accept`), a command routed by
+        the claims bucket, anything else published and acknowledged, then its
+        session claimed for ``conn``. Raises :class:`InvalidEvent`,
+        :class:`~supervisor.relay.connections.Unavailable`."""
+        e = self.accept(ev, conn, raw)
+        if is_command_type(e.attrs["type"]):
+            return await self._route(ev, e, conn, raw)
+        await self._publish([e])
+        if e.pos is not None and conn is not None and conn.can_claim:
+            session, agent = e.attrs["session"], e.attrs["agent"]
+            agents = self._claim_agents.setdefault(conn, {})
+            new = agents.get(session) != agent
+            agents[session] = agent
+            self.claims.claim(conn, session)
+            self.claims.own_source(conn, e.attrs["source"])
+            if new:
+                await self._put_claim(conn, agent, session)
+        return None
+
+    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256) -> int:
+        """Publish a checked ``POST /events`` batch; every event is
+        acknowledged by the stream before the 202 (raises
+        :class:`~supervisor.relay.connections.Unavailable` otherwise: the
+        emitter sends the batch again, the server drops what it holds)."""
+        await self._publish(entries)
+        return len(entries)
+
+    async def _publish(self, entries: list[Entry]) -> None:
+        failed: list[BaseException] = []
+        limit = trio.Semaphore(PUBLISH_WINDOW)
+        async with trio.open_nursery() as nursery:
+            for e in entries:
+                await limit.acquire()
+                nursery.start_soon(self._publish_one, e, limit, failed)
+        if failed:
+            self.counters["publish_failed"] += len(failed)
+            raise Unavailable(f"the JetStream stream did not acknowledge {len(failed)} of "
+                              f"{len(entries)} events ({type(failed[0]).__name__}); send them "
+                              "again (duplicates are dropped)")
+
+    async def _publish_one(self, e: Entry, limit: trio.Semaphore,
+                           failed: list[BaseException]) -> None:
+        try:
+            attrs = e.attrs
+            headers = {SEVERITY_HEADER: SEVERITIES[e.sev]}
+            mid = msg_id(attrs)
+            if mid is not None:
+                headers["Nats-Msg-Id"] = mid
+            if e.pos is not None:
+                headers[POS_HEADER] = format_pos(e.pos)
+            subject = event_subject_of(self.stream, attrs)
+            attempt = 0
+            with trio.move_on_after(PUBLISH_DEADLINE_S) as deadline:
+                while True:
+                    try:
+                        await aio(self.link.js.publish)(subject, e.raw, headers=headers,
+                                                        timeout=2.0)
+                        self.counters["published"] += 1
+                        self.counters["events"] += 1
+                        return
+                    except _NATS_ERRORS as exc:
+                        last = exc
+                        await trio.sleep(backoff_delay(attempt, 0.1, 1.0))
+                        attempt += 1
+            if deadline.cancelled_caught:
+                failed.append(last)
+        finally:
+            limit.release()
+
+    # -- control -----------------------------------------------------------------
+    async def _claimants(self, session: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """``(agent, daemon, claim value)`` of every live claim of ``session``."""
+        out = []
+        for key, raw in await self._kv_entries(self._kv_claims, f"*.{token(session)}.*"):
+            try:
+                agent, _, daemon = parse_claim_key(key)
+                value = loads(raw)
+            except ValueError:
+                continue
+            out.append((agent, daemon, value if isinstance(value, dict) else {}))
+        return out
+
+    async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
+                     raw: str | None) -> tuple[str, str] | None:
+        """AEP-0004 §4 across hosts: the claims bucket names the one daemon
+        (or relay) whose connection owns the session; the command goes to it
+        as a NATS request, verbatim."""
+        refusal = self.auth_refusal(sender)
+        if refusal is None:
+            refusal = await self._forward(ev, raw)
+        if refusal is not None:
+            self.counters["commands_refused"] += 1
+            return refusal
+        self.counters["commands_routed"] += 1
+        return None
+
+    async def _forward(self, ev: dict[str, Any], raw: str | None) -> tuple[str, str] | None:
+        session, type_ = ev["session"], ev["type"]
+        try:
+            holders = await self._claimants(session)
+        except _NATS_ERRORS as e:
+            return ("no-route", f"the claims bucket did not answer ({type(e).__name__})")
+        if not holders:
+            return ("no-route", f"no connected emitter owns session {session}")
+        if len(holders) > 1:
+            return ("ambiguous", f"{len(holders)} connected emitters claim session {session}")
+        _, daemon, value = holders[0]
+        if type_ not in accepts_of(value):
+            return ("unsupported", f"the target does not accept {type_}")
+        body = raw.encode("utf-8") if raw is not None else dumps(ev)
+        try:
+            reply = await aio(self.link.nc.request)(command_subject(self.stream, daemon), body,
+                                                    timeout=REQUEST_TIMEOUT_S)
+        except _NATS_ERRORS as e:
+            return ("no-route", f"the owning daemon did not answer ({type(e).__name__})")
+        self.counters["commands_forwarded"] += 1
+        return reply_refusal(reply.data)
+
+    async def _serve_commands(self, sub: Any) -> None:
+        """Commands for this relay's own ``/socket`` emitters (their claims
+        name this relay): delivered to the one local claimant, answered
+        with the reply shape of :func:`reply_refusal`."""
+        while True:
+            try:
+                msg = await aio(sub.next_msg)(timeout=None)
+            except TimeoutError:
+                continue
+            except nats.errors.Error as e:
+                log.warning("jetstream relay: command subscription: %s", type(e).__name__)
+                await trio.sleep(1.0)
+                continue
+            self.counters["commands_received"] += 1
+            answer = await self._deliver_local(msg.data)
+            try:
+                await aio(msg.respond)(dumps(answer))
+            except _NATS_ERRORS as e:
+                log.debug("jetstream relay: command reply: %s", type(e).__name__)
+
+    async def _deliver_local(self, data: bytes) -> dict[str, Any]:
+        try:
+            text = data.decode("utf-8")
+            cmd = loads(text)
+        except ValueError:
+            return {"ok": False, "code": "invalid-event", "detail": "not a JSON command"}
+        if not isinstance(cmd, dict) or not isinstance(cmd.get("session"), str) \
+                or not isinstance(cmd.get("type"), str):
+            return {"ok": False, "code": "invalid-event", "detail": "not a command envelope"}
+        refusal = self.claims.refusal(cmd["session"], cmd["type"])
+        if refusal is not None:
+            return {"ok": False, "code": refusal[0], "detail": refusal[1]}
+        target = self.claims.holders(cmd["session"])[0]
+        try:
+            await target.deliver_command(cmd, text)
+        except Exception as e:  # noqa: BLE001 -- a dead target is no route
+            return {"ok": False, "code": "no-route",
+                    "detail": f"the owning connection is going away ({type(e).__name__})"}
+        return {"ok": True}
+
+    # -- subscriptions -----------------------------------------------------------
+    def subscribe(self, sub: Subscriber, *, plan_all: bool,
+                  positions: list[tuple[str, Position | None]] | None, live: bool,
+                  tail: list[Any] | None = None) -> None:
+        """Start ``sub``'s consumer task (replay, then live when ``live``)."""
+        if live:
+            self.fanout.add(sub)  # the outlet's bookkeeping; nothing is fanned out in process
+        scope = trio.CancelScope()
+        self._scopes.setdefault(sub.outlet, {})[sub] = scope
+        if self._nursery is None:
+            sub.outlet.terminate("shutting-down", code=1001)
+            return
+        self._nursery.start_soon(self._consume, scope, sub, plan_all, positions, live, tail)
+
+    def end_after_replay(self, outlet: Outlet) -> None:
+        pass  # the consumer task ends a live=0 stream after its replay
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        super().unsubscribe(sub)
+        scope = self._scopes.get(sub.outlet, {}).pop(sub, None)
+        if scope is not None:
+            scope.cancel()
+
+    def detach_outlet(self, outlet: Outlet) -> None:
+        super().detach_outlet(outlet)
+        for scope in self._scopes.pop(outlet, {}).values():
+            scope.cancel()
+
+    async def _consume(self, scope: trio.CancelScope, sub: Subscriber, plan_all: bool,
+                       positions: list[tuple[str, Position | None]] | None, live: bool,
+                       tail: list[Any] | None) -> None:
+        with scope:
+            try:
+                await self._serve_sub(sub, plan_all, positions, live, tail)
+            except _NATS_ERRORS as e:
+                log.warning("jetstream relay: a subscription failed to start (%s)",
+                            type(e).__name__)
+                sub.outlet.terminate("unavailable", code=1011)
+        per = self._scopes.get(sub.outlet)
+        if per is not None and per.get(sub) is scope:
+            del per[sub]
+
+    async def _serve_sub(self, sub: Subscriber, plan_all: bool,
+                         positions: list[tuple[str, Position | None]] | None, live: bool,
+                         tail: list[Any] | None) -> None:
+        info = await aio(self.link.js.stream_info)(self.stream)
+        first, last = info.state.first_seq, info.state.last_seq
+        flt = sub.filter.source
+        if plan_all:
+            subjects = subject_plan(self.stream, flt)
+            await self._phase(sub, subjects, first, None if live else last, {})
+        else:
+            after: dict[str, Position] = {}
+            starts: list[int] = []
+            for session, pos in positions or ():
+                assert pos is not None
+                r = await resolve_after(pos, first, last, self._lookup(session))
+                if r.exhausted and r.earliest is not None:
+                    sub.outlet.push_frame(exhausted_marker(sub, session, r.earliest))
+                prior = after.get(session)
+                after[session] = pos if prior is None else min(prior, pos)
+                starts.append(r.start)
+            named = list(after)
+            if not live:  # a replay-only request replays the sessions the filter pins
+                named += [s for s in sub.filter.sessions if s not in after]
+                starts += [first] * (len(named) - len(after))
+            if named and min(starts) <= last:
+                await self._phase(sub, subject_plan(self.stream, flt, named), min(starts), last,
+                                  after)
+            if live:
+                await self._phase(sub, subject_plan(self.stream, flt), last + 1, None, {})
+        if tail and sub.outlet.state == OPEN:
+            for t in tail:
+                sub.outlet.push_frame(t)
+        if not live:
+            sub.outlet.end(True)
+
+    def _lookup(self, session: str) -> Any:
+        subject = session_subject(self.stream, session)
+
+        async def lookup(n: int) -> Found | None:
+            try:
+                m = await aio(self.link.js.get_msg)(self.stream, seq=max(n, 1), subject=subject,
+                                                    next=True)
+            except nats.js.errors.NotFoundError:
+                return None
+            pos = parse_pos((m.headers or {}).get(POS_HEADER))
+            if pos is None:
+                try:
+                    ev = loads(m.data or b"")
+                    pos = (int(ev.get("epoch", 0)), int(ev["seq"]))
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    return None
+            return Found(int(m.seq or 0), pos)
+        return lookup
+
+    async def _room(self, outlet: Outlet) -> None:
+        """Wait until the outlet's queue is below half its soft budget."""
+        half = self.queue_soft_bytes // 2
+        # no event marks "below a level"; the writer drains in ~ms steps
+        while outlet.state == OPEN and outlet.queued_bytes > half:  # noqa: ASYNC110
+            await trio.sleep(0.005)
+
+    async def _open_consumer(self, subjects: list[str], start: int) -> tuple[Any, str]:
+        self._n += 1
+        name = f"{CONSUMER_PREFIX}_{token(self.relay_id)}_{self._n}"
+        cfg = ConsumerConfig(
+            name=name, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(start, 1),
+            ack_policy=AckPolicy.NONE, inactive_threshold=CONSUMER_INACTIVE_S,
+            mem_storage=True, num_replicas=1, max_waiting=4)
+        if len(subjects) == 1:
+            cfg.filter_subject = subjects[0]
+        else:
+            cfg.filter_subjects = subjects
+        await aio(self.link.js.add_consumer)(self.stream, config=cfg)
+        psub = await aio(self.link.js.pull_subscribe_bind)(consumer=name, stream=self.stream)
+        self.counters["consumers_made"] += 1
+        self.consumers[name] = list(subjects)
+        return psub, name
+
+    async def _drop_consumer(self, psub: Any, name: str) -> None:
+        self.consumers.pop(name, None)
+        with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+            try:
+                await aio(psub.unsubscribe)()
+                await aio(self.link.js.delete_consumer)(self.stream, name)
+            except _NATS_ERRORS:
+                pass  # gone with its node; the inactive threshold removes the rest
+
+    async def _phase(self, sub: Subscriber, subjects: list[str], start: int, stop: int | None,
+                     after: dict[str, Position]) -> None:
+        """Deliver the stream from ``start`` on ``subjects`` to ``sub``: up
+        to ``stop`` (replay) or until cancelled (live). A failed consumer is
+        remade after the last delivered sequence."""
+        if not subjects:
+            if stop is None:
+                await trio.sleep_forever()
+            return
+        outlet = sub.outlet
+        done = start - 1
+        attempt = 0
+        while outlet.state == OPEN:
+            psub = name = None
+            try:
+                psub, name = await self._open_consumer(subjects, done + 1)
+                if attempt:
+                    self.counters["consumers_remade"] += 1
+                attempt = 0
+                idle = 0
+                while outlet.state == OPEN:
+                    await self._room(outlet)
+                    try:
+                        msgs = await aio(psub.fetch)(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
+                    except TimeoutError:  # nats-py's, or asyncio's from inside fetch: idle
+                        idle += 1
+                        if stop is not None or idle >= IDLE_CHECKS:
+                            idle = 0
+                            ci = await aio(psub.consumer_info)()  # raises when it is gone
+                            if stop is not None and ci.num_pending == 0:
+                                return
+                        continue
+                    idle = 0
+                    for m in msgs:
+                        sseq = m.metadata.sequence.stream
+                        if stop is not None and sseq > stop:
+                            return
+                        if sseq <= done:
+                            continue
+                        done = sseq
+                        self._deliver(sub, m.data, after)
+                        if stop is not None and sseq >= stop:
+                            return
+                return
+            except _NATS_ERRORS as e:
+                delay = backoff_delay(attempt, 0.2, 5.0)
+                attempt += 1
+                log.info("jetstream relay: consumer lost (%s); remade from stream sequence %d "
+                         "in %.1fs", type(e).__name__, done + 1, delay)
+                await trio.sleep(delay)
+            finally:
+                if psub is not None and name is not None:
+                    await self._drop_consumer(psub, name)
+
+    def _deliver(self, sub: Subscriber, data: bytes, after: dict[str, Position]) -> None:
+        try:
+            ev = json.loads(data)
+            e = trusted_entry(ev, data)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self.counters["bad_stream_messages"] += 1
+            return
+        if after and e.pos is not None:
+            held = after.get(e.attrs.get("session"))  # type: ignore[arg-type]
+            if held is not None and e.pos <= held:
+                return
+        if not sub.filter.matches(e.attrs):
+            return
+        try:
+            sub.offer(self.fanout.render(e, sub.ceiling))
+        except Exception as exc:  # noqa: BLE001 -- one bad event sheds one subscriber, as fan-out does
+            self.counters["fanout_errors"] += 1
+            log.error("jetstream relay: delivery failed (%s); shedding the subscriber",
+                      type(exc).__name__)
+            sub.outlet.terminate("internal-error")
+
+    async def close(self, reason: str = "shutting down", *, grace: float = 2.0) -> None:
+        """The relay's orderly close, then this relay's claims deleted."""
+        await super().close(reason, grace=grace)
+        with trio.move_on_after(2.0):
+            for agents in list(self._claim_agents.values()):
+                for session, agent in list(agents.items()):
+                    await self._kv_delete(claim_key(agent, session, self.relay_id))
+
+
+def reply_refusal(data: bytes) -> tuple[str, str] | None:
+    """A daemon's (or relay's) answer on ``S.cmd.<daemon>``: ``None`` when it
+    took the command (``{"ok": true}``), else ``(code, detail)`` of its
+    refusal (``{"ok": false, "code", "detail"}``; anything unreadable is
+    ``no-route``). Pure."""
+    try:
+        v = loads(data)
+    except ValueError:
+        return ("no-route", "the owning daemon answered something unreadable")
+    if isinstance(v, dict) and v.get("ok") is True:
+        return None
+    if isinstance(v, dict) and isinstance(v.get("code"), str):
+        return (v["code"], str(v.get("detail") or v["code"]))
+    return ("no-route", "the owning daemon refused the command")
+
+
+__all__: Sequence[str] = ("JetStreamRelay", "JsSocketConnection", "accepts_of", "reply_refusal",
+                          "roster_entries")
