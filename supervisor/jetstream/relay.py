@@ -735,5 +735,8 @@ def reply_refusal(data: bytes) -> tuple[str, str] | None:
     return ("no-route", "the owning daemon refused the command")
 
 
-__all__: Sequence[str] = ("JetStreamRelay", "JsSocketConnection", "accepts_of", "reply_refusal",
-                          "roster_entries")
+__all__: Sequence[str] = (
+    "CONSUMER_INACTIVE_S", "CONSUMER_PREFIX", "FETCH_BATCH", "FETCH_TIMEOUT_S", "IDLE_CHECKS",
+    "JetStreamRelay", "JsSocketConnection", "PUBLISH_DEADLINE_S", "PUBLISH_WINDOW",
+    "REQUEST_TIMEOUT_S", "SEVERITY_HEADER", "accepts_of", "reply_refusal", "roster_entries",
+)
