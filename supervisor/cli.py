@@ -147,6 +147,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "
           + (", ".join(s.key for s in cfg.enabled) or "none"))
+    if cfg.nats is not None:  # AEP_NATS_URL: say whether the servers answer
+        from .jetstream.link import probe
+        _, lines = trio.run(probe, cfg.nats)
+        for line in lines:
+            print(f"aep-bridges: {line}")
     return 0
 
 

@@ -30,6 +30,9 @@ from bridges.core.capture import CapturePolicy
 from bridges.core.paths import state_dir
 from bridges.core.settings import EnvReader, Setting, bindable, check_fields, token_problem
 
+from .jetstream.config import SETTINGS as NATS_SETTINGS
+from .jetstream.config import NatsConfig, file_problems
+from .jetstream.config import from_env as nats_from_env
 from .relay.core import normalize_origin
 from .retention import SETTINGS as RETENTION_SETTINGS
 from .retention import RetentionPolicy
@@ -165,7 +168,7 @@ def known_settings() -> frozenset[str]:
     so a misspelt setting is pointed out instead of silently ignored. A
     bridge whose settings cannot be imported is skipped (its factory's load
     failure is reported when it is enabled)."""
-    out = {s.name for s in SETTINGS + DEV_SETTINGS} | _FLAGS
+    out = {s.name for s in SETTINGS + DEV_SETTINGS + NATS_SETTINGS} | _FLAGS
     for spec in FLEET:
         try:
             out |= bridge_setting_names(spec)
@@ -220,6 +223,7 @@ class Config:
     enabled: tuple[BridgeSpec, ...] = ()
     warnings: tuple[str, ...] = ()
     environ: Mapping[str, str] = field(default_factory=dict, repr=False)
+    nats: NatsConfig | None = field(default=None, repr=False)  # AEP_NATS_URL set: JetStream
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -261,6 +265,8 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     r.problems.extend(more)
     relay_url = None if relay_only else _relay_url(r)
     enabled = () if relay_only else _enabled(r, env)
+    nats, more = nats_from_env(env)
+    r.problems.extend(more)
     token = r.text("AEP_TOKEN")
     if (problem := token_problem("AEP_TOKEN", token)):
         r.problems.append(problem)
@@ -268,9 +274,11 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     cfg = Config(token=token, relay_url=relay_url, listen=listen,
                  state_dir=state_dir(env), cors_origins=cors, policy=policy,
                  retention=retention, enabled=enabled,
-                 warnings=_unknown_names(env), environ=env, **limits)
+                 warnings=_unknown_names(env), environ=env, nats=nats, **limits)
     if check_ports:
         r.problems.extend(_probe(cfg, blocked=bool(r.problems)))
+        if nats is not None:  # the credential / TLS files must be readable
+            r.problems.extend(file_problems(nats))
     return cfg, r.problems
 
 
@@ -381,8 +389,9 @@ def _probe(cfg: Config, *, blocked: bool) -> list[str]:
 
 def all_settings() -> dict[str, tuple[Setting, ...]]:
     """Every documented setting by owner: ``core`` (with the flags),
-    ``dev``, and each built bridge's key (the knob tables' source)."""
-    out: dict[str, tuple[Setting, ...]] = {"core": SETTINGS + FLAG_SETTINGS, "dev": DEV_SETTINGS}
+    ``dev``, ``nats`` (``AEP_NATS_*``, "Past one machine"), and each built bridge's key (the knob tables' source)."""
+    out: dict[str, tuple[Setting, ...]] = {"core": SETTINGS + FLAG_SETTINGS, "dev": DEV_SETTINGS,
+                                           "nats": NATS_SETTINGS}
     for spec in FLEET:
         if spec.built:
             out[spec.key] = bridge_settings(spec)

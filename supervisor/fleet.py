@@ -41,6 +41,7 @@ from .metrics import Metrics
 from .retention import RetainingSessionLog
 
 if TYPE_CHECKING:
+    from .jetstream.sink import JetStreamSink
     from .relay.connections import LocalEmitter
     from .relay.core import Relay
     from .uplink import Uplink
@@ -190,6 +191,7 @@ class Member:
     uplink: Uplink | None = None
     restarts: int = 0
     refused_at: float | None = None  # trio time of the relay's last refusal of its event
+    inbox_full_warned: bool = False
     started: trio.Event = field(default_factory=trio.Event)
 
 
@@ -230,6 +232,14 @@ class Fleet:
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
             ctx.attach_log(self._log_writable)
             self.members[b.name] = Member(b, ctx, health, inbox_send)
+        self.jetstream: JetStreamSink | None = None
+        if cfg.nats is not None:  # AEP_NATS_URL: every event also published to JetStream
+            from .jetstream.presence import daemon_id
+            from .jetstream.sink import JetStreamSink
+            self.jetstream = JetStreamSink(
+                cfg.nats, daemon_id(cfg.state_dir, self.host), host=self.host, epoch=self.epoch,
+                hellos={n: hello_for(m.bridge, self.host) for n, m in self.members.items()},
+                max_sessions=cfg.max_sessions, hand=self._hand_by_name)
         self.metrics.watch(self)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
@@ -241,6 +251,8 @@ class Fleet:
         async with trio.open_nursery() as nursery:
             for m in self.members.values():
                 await self._attach(nursery, m)
+            if self.jetstream is not None:
+                await nursery.start(self.jetstream.run)
             nursery.start_soon(self._pump)
             nursery.start_soon(self.session_log.maintain)
             with self._bridges_scope:
@@ -273,22 +285,31 @@ class Fleet:
         relay: a full inbox drops it and counts (the sender's retry with the
         same id recovers it, AEP-0004 §2.3). Its arrival time is noted for
         the ack latency (:meth:`_observe_ack`)."""
-        warned = False
-        note = self._note_arrival
-
         async def deliver(cmd: dict[str, Any]) -> None:
-            nonlocal warned
-            note(cmd)
-            try:
-                m.inbox.send_nowait(cmd)
-                warned = False
-            except trio.WouldBlock:
-                m.health.count("commands_dropped")
-                if not warned:  # once per full spell, not once per command
-                    warned = True
-                    log.warning("bridge %s control inbox full; commands dropped until it drains "
-                                "(counted in commands_dropped)", m.bridge.name)
+            self._hand(m, cmd)
         return deliver
+
+    def _hand(self, m: Member, cmd: dict[str, Any]) -> bool:
+        """The one command hand-off (the embedded relay's routing and the
+        JetStream command listener): note the arrival, put it on the
+        bridge's inbox; ``False`` when full (dropped, counted, warned once
+        per full spell)."""
+        self._note_arrival(cmd)
+        try:
+            m.inbox.send_nowait(cmd)
+            m.inbox_full_warned = False
+            return True
+        except trio.WouldBlock:
+            m.health.count("commands_dropped")
+            if not m.inbox_full_warned:  # once per full spell, not once per command
+                m.inbox_full_warned = True
+                log.warning("bridge %s control inbox full; commands dropped until it drains "
+                            "(counted in commands_dropped)", m.bridge.name)
+            return False
+
+    def _hand_by_name(self, bridge: str, cmd: dict[str, Any]) -> bool:
+        m = self.members.get(bridge)
+        return m is not None and self._hand(m, cmd)
 
     async def _supervise(self, m: Member) -> None:
         attempt = 0
@@ -405,6 +426,10 @@ class Fleet:
                                   "in relay_refused)", item.bridge, e)
                     continue
                 log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
+        js = self.jetstream
+        if js is not None:  # the JetStream sink: the same bytes, in channel order
+            for item, ev, line in encoded:
+                await js.put(ev, line[:-1], item.bridge)
 
     def _log_writable(self) -> bool:
         return self.session_log.writable()
@@ -447,6 +472,9 @@ class Fleet:
                 break
             await self._deliver(item)
         self.session_log.close()
+        if self.jetstream is not None:  # what JetStream has not acknowledged yet, within the deadline
+            with trio.move_on_after(max(0.5, self.cfg.drain_deadline - 1.5)):
+                await self.jetstream.publisher.flush()
         async with trio.open_nursery() as closing:  # concurrently: one deadline for all
             for m in self.members.values():
                 if m.uplink is not None:
@@ -480,6 +508,9 @@ class Fleet:
             "log": log_ok,
             "bridges": bridges,
         }
+        if self.jetstream is not None:
+            body["nats"] = self.jetstream.health(authorized)
+            body["ok"] = body["ok"] and body["nats"]["connected"]
         if authorized:
             body["counts"] = {
                 **self.counters,

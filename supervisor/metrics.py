@@ -28,6 +28,9 @@ Families (all prefixed ``aep_bridges_``):
 ``relay_commands_total{outcome}``            commands the relay ``routed`` or ``refused`` itself
 ``command_ack_latency_seconds``              command arrival at the fleet (relay or uplink) -> its
                                              ack (histogram)
+``nats_published_total`` ...                 the JetStream sink (``AEP_NATS_URL``): publishes,
+                                             acks, duplicates, errors, outbox depth, connected,
+                                             commands from relays by outcome
 ``session_log_*``                            lines, write errors, bytes on disk, rotations,
                                              compressions, removals (retention)
 ``process_*``                                fds, RSS, CPU (``prometheus_client.ProcessCollector``)
@@ -114,6 +117,7 @@ class FleetCollector(Collector):
         yield self._drops()
         yield from self._bridges()
         yield from self._relay()
+        yield from self._nats()
         yield from self._session_log()
         acks = CounterMetricFamily(f"{PREFIX}_command_acks", "Command acks emitted, by decision",
                                    labels=["bridge", "decision", "reason"])
@@ -140,6 +144,11 @@ class FleetCollector(Collector):
                 totals[k] = totals.get(k, 0) + int(up.get(f"dropped_{sev}", 0))
             k = ("uplink-outbox-full", "notice+")
             totals[k] = totals.get(k, 0) + int(up.get("dropped", 0))
+        js = getattr(f, "jetstream", None)
+        if js is not None:
+            st = js.publisher.stats()
+            for sev in ("debug", "info"):  # notice+ is never shed: the pump waits instead
+                totals[("nats-outbox-full", sev)] = int(st[f"dropped_{sev}"])
         if f.relay is not None:
             rc = f.relay.stats()["counters"]
             for sev in ("debug", "info"):  # notice+ is never shed: the stream ends instead
@@ -207,6 +216,28 @@ class FleetCollector(Collector):
         yield cmds
         yield CounterMetricFamily(f"{PREFIX}_relay_streams_terminated", "Consumers shed as too "
                                   "slow (AEP-0003 §8.4)", value=rc.get("streams_terminated", 0))
+
+    def _nats(self) -> Iterator[Metric]:
+        js = getattr(self.fleet, "jetstream", None)
+        if js is None:
+            return
+        st = js.publisher.stats()
+        for key, help_ in (("published", "JetStream publishes (resends included)"),
+                           ("acked", "JetStream publish acks (duplicates included)"),
+                           ("duplicates", "Publishes the server dropped as duplicates "
+                                          "(Nats-Msg-Id seen)"),
+                           ("publish_errors", "JetStream publishes that failed (retried)")):
+            yield CounterMetricFamily(f"{PREFIX}_nats_{key}", help_, value=st[key])
+        yield GaugeMetricFamily(f"{PREFIX}_nats_outbox_events", "Events waiting for a JetStream "
+                                "ack", value=st["outbox"])
+        yield GaugeMetricFamily(f"{PREFIX}_nats_connected", "1 while the NATS link is up",
+                                value=st["connected"])
+        pc = js.presence.counters
+        cmds = CounterMetricFamily(f"{PREFIX}_nats_commands", "Commands from relays over NATS, "
+                                   "handed to a bridge or refused", labels=["outcome"])
+        cmds.add_metric(["delivered"], pc["commands_delivered"])
+        cmds.add_metric(["refused"], pc["commands_refused"])
+        yield cmds
 
     def _session_log(self) -> Iterator[Metric]:
         sl = self.fleet.session_log

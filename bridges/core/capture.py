@@ -37,6 +37,7 @@ BUILTIN_SECRET_NAMES = (
     "AEP_OPENCODE_PASSWORD",
     "AEP_KILOCODE_PASSWORD",
     "AEP_KIMI_WEB_TOKEN",
+    "AEP_NATS_URL",  # may hold user:password@ (issue 14)
 )
 
 _FALSE = {"0", "false", "no", "off"}

@@ -29,12 +29,14 @@ TLS_CERT = "AEP_NATS_TLS_CERT"
 TLS_KEY = "AEP_NATS_TLS_KEY"
 OUTBOX = "AEP_NATS_OUTBOX"
 CLAIM_TTL = "AEP_NATS_CLAIM_TTL"
+DUPLICATE_WINDOW = "AEP_NATS_DUPLICATE_WINDOW"
 
 DEFAULT_STREAM = "AEP"
 DEFAULT_MAX_AGE = 7 * 86400.0
 DEFAULT_MAX_BYTES = 1 << 30
 DEFAULT_OUTBOX = 10_000
 DEFAULT_CLAIM_TTL = 30.0
+DEFAULT_DUPLICATE_WINDOW = 300.0
 
 SETTINGS: tuple[Setting, ...] = (
     Setting(URL, "unset", "NATS servers, comma-separated (`nats://a:4222,nats://b:4222`; "
@@ -49,6 +51,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(MAX_BYTES, f"`{DEFAULT_MAX_BYTES}`", "bytes the stream keeps (oldest dropped "
             "first)"),
     Setting(REPLICAS, "`1`", "stream replicas (`3` on a 3-node cluster: survives a node)"),
+    Setting(DUPLICATE_WINDOW, f"`{int(DEFAULT_DUPLICATE_WINDOW)}`", "seconds the server "
+            "remembers a `Nats-Msg-Id` (`<id> <source>`): a resend within it (a lost ack, a "
+            "reconnect) is dropped as a duplicate; one later is stored twice (AEP consumers "
+            "dedupe on `(source, id)`). At most `AEP_NATS_MAX_AGE`"),
     Setting(CREDS, "unset", "a NATS `.creds` file (JWT + NKey seed); its content is never "
             "logged"),
     Setting(TLS_CA, "unset", "CA bundle to verify the NATS servers (`tls://` URLs)"),
@@ -78,6 +84,7 @@ class NatsConfig:
     tls_key: Path | None = None
     outbox: int = DEFAULT_OUTBOX
     claim_ttl: float = DEFAULT_CLAIM_TTL
+    duplicate_window: float = DEFAULT_DUPLICATE_WINDOW
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -147,6 +154,7 @@ def from_env(env: Mapping[str, str]) -> tuple[NatsConfig | None, list[str]]:
         max_age=r.seconds(MAX_AGE, DEFAULT_MAX_AGE, maximum=10 * 365 * 86400.0),
         max_bytes=r.integer(MAX_BYTES, DEFAULT_MAX_BYTES, minimum=1 << 20, unit="bytes"),
         replicas=r.integer(REPLICAS, 1, minimum=1, maximum=5),
+        duplicate_window=r.seconds(DUPLICATE_WINDOW, DEFAULT_DUPLICATE_WINDOW, maximum=86400.0),
         outbox=r.integer(OUTBOX, DEFAULT_OUTBOX, minimum=16),
         claim_ttl=r.seconds(CLAIM_TTL, DEFAULT_CLAIM_TTL, maximum=3600.0),
         **cfg_paths,

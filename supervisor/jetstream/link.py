@@ -31,6 +31,7 @@ log = logging.getLogger("aep.nats")
 T = TypeVar("T")
 
 CONNECT_TIMEOUT_S = 2.0
+PROBE_TIMEOUT_S = 3.0
 RECONNECT_WAIT_S = 0.5
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 15.0
@@ -147,4 +148,53 @@ async def open_link(cfg: NatsConfig, *, name: str = "aep-bridges",
                     log.debug("nats: close: %s", type(e).__name__)
 
 
-__all__: Sequence[str] = ("Link", "aio", "open_link", "ssl_context")
+async def probe(cfg: NatsConfig) -> tuple[bool, list[str]]:
+    """``aep-bridges check``'s question: does a server of ``cfg`` answer,
+    with JetStream, and does the stream exist? One connection attempt per
+    server, no retries. Returns ``(answered, lines)``; the lines never hold
+    a credential."""
+    import nats.js.errors as jerr
+    opts = _connect_options(cfg, "aep-bridges check", [])
+    opts.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=PROBE_TIMEOUT_S,
+                error_cb=_quiet, disconnected_cb=_quiet_cb, reconnected_cb=_quiet_cb)
+    shown = ", ".join(cfg.shown_servers)
+    async with trio_asyncio.open_loop():
+        try:
+            with trio.fail_after(PROBE_TIMEOUT_S * (len(cfg.servers) + 1)):
+                nc = await aio(nats.connect)(**opts)
+        except (OSError, nats.errors.Error, TimeoutError, trio.TooSlowError) as e:
+            return False, [f"NATS: no server of {shown} answers ({type(e).__name__}); "
+                           "`run` starts anyway and keeps retrying, events wait in its outbox"]
+        try:
+            url = redact_url(nc.connected_url.geturl()) if nc.connected_url else "?"
+            js = nc.jetstream()
+            try:
+                await aio(js.account_info)()
+            except (nats.errors.Error, TimeoutError) as e:
+                return True, [f"NATS: {url} answers but JetStream does not ({type(e).__name__}): "
+                              "enable it (`jetstream {}` in the server config)"]
+            try:
+                info = await aio(js.stream_info)(cfg.stream)
+                state = f"stream {cfg.stream} holds {info.state.messages} events"
+            except jerr.NotFoundError:
+                state = f"stream {cfg.stream} absent (`run` creates it)"
+            except (nats.errors.Error, TimeoutError) as e:
+                state = f"stream {cfg.stream} unknown ({type(e).__name__})"
+            return True, [f"NATS: {url} answers, JetStream on, {state}"]
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                try:
+                    await aio(nc.close)()
+                except Exception:  # noqa: BLE001 -- closing a probe
+                    pass
+
+
+async def _quiet(e: Exception) -> None:
+    log.debug("nats probe: %s", type(e).__name__)
+
+
+async def _quiet_cb() -> None:
+    return None
+
+
+__all__: Sequence[str] = ("Link", "aio", "open_link", "probe", "ssl_context")

@@ -27,14 +27,82 @@ token ``=`` (base64 of nothing: the empty string).
 **Message id.** ``Nats-Msg-Id`` is ``<id> <source>`` (AEP-0001 §7.4:
 ``(source, id)`` is the dedupe key; ids hold no space), so a redelivery
 after a reconnect is dropped by the server inside its duplicate window.
+
+**Event headers** (every message on ``S.ev.>``; :func:`event_headers`), so
+a relay resolves resume positions and filters without parsing the JSON:
+
+====================  =========================================================
+``Nats-Msg-Id``       ``<id> <source>`` (absent when either is missing)
+``Aep-Pos``           ``<epoch>:<seq>``, the event's AEP position in its
+                      session (absent for ``agent.*`` and seq-less events);
+                      :func:`parse_pos` reads it
+``Aep-Severity``      the event's severity, ``info`` when the envelope omits it
+``Aep-Type``          the event's ``type``
+``Aep-Source``        the event's ``source``
+``Aep-Daemon``        the publishing daemon's id (``<host>-<10 ULID chars>``)
+====================  =========================================================
+
+Per session, the stream holds events in the order the daemon emitted them:
+the publisher has at most one unacknowledged publish per subject (a
+session's next event leaves only after the server acknowledged the one
+before), pipelining across sessions only.
+
+**Claims** (KV ``S_claims``, key :func:`claim_key`, bucket TTL =
+``AEP_NATS_CLAIM_TTL``, re-put every TTL/3 while the daemon runs, deleted
+when the daemon stops or its bridge stops claiming the session). The value
+is JSON (:func:`claim_value`)::
+
+    {"v": 1, "daemon": "<daemon id>", "bridge": "<bridge name>",
+     "agent": "<agent>", "session": "<session>",
+     "identity": {"agent": ..., "instance": ...},   # the bridge's hello identity, verbatim
+     "control": {"accepts": [...], "ack_window_ms": N},   # the hello's block, verbatim; absent: none
+     "emits": [...],                                # the hello's block, verbatim; absent: none
+     "at": <unix ms of this put>}
+
+A session has as many claims as claimant daemons: exactly one key under
+:func:`claim_prefix` routes; none is ``no-route``, several ``ambiguous``;
+a type outside the claim's ``control.accepts`` is ``unsupported``
+(AEP-0004 §4.2, §4.5). Two bridges of ONE daemon claiming one session
+(the same agent) share a key; that daemon's listener answers ``ambiguous``.
+
+**Daemons** (KV ``S_daemons``, key ``token(daemon)``, same TTL and
+refresh; :func:`daemon_value`)::
+
+    {"v": 1, "daemon": "<id>", "host": "<host>", "pid": N, "epoch": N,
+     "started": "<RFC 3339>", "at": <unix ms>,
+     "bridges": [{"name": ..., "hello": {...the emitter hello...}}, ...]}
+
+**Commands** (request/reply on ``S.cmd.<daemon>``): the request payload is
+the command envelope's JSON (UTF-8, as the sender wrote it; the relay has
+authenticated the sender and checked the envelope); no headers are needed.
+The daemon hands it to the member bridge owning the session exactly as the
+embedded relay routes (the bridge's inbox, then its ledger, which dedupes
+``(source, id)``: a relay retry is acked once). The reply payload is JSON
+(:func:`command_reply`, :func:`parse_command_reply`)::
+
+    {"v": 1, "status": "accepted", "daemon": "<id>", "bridge": "<name>"}
+    {"v": 1, "status": "refused", "daemon": "<id>", "code": "<code>", "detail": "..."}
+
+``accepted`` means handed to the bridge's inbox (accepted for delivery, not
+the AEP ack: the ack and the outcome come as ordinary events on
+``S.ev.<agent>.<session>``, ``cause`` = the command id). ``code`` is one of
+:data:`REFUSAL_CODES`: ``no-route`` (no bridge of this daemon claims the
+session: a stale claim), ``ambiguous`` (two of its bridges do),
+``unsupported`` (the owner's hello does not declare the type), ``invalid``
+(not a JSON object with a string ``type`` and ``session``), ``busy`` (the
+bridge's inbox is full: dropped and counted, as in the embedded relay; the
+sender's retry with the same id recovers it).
 """
 from __future__ import annotations
 
 import base64
+import json
 import re
 from typing import Any, Mapping, Sequence
 
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")
+_PRINTABLE = re.compile(r"[\x20-\x7e]*")
+_UNPRINTABLE = re.compile(r"[^\x20-\x7e]")
 STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What ``AEP_NATS_STREAM`` may be: a JetStream stream name that is also
 one subject token and a KV bucket prefix."""
@@ -154,7 +222,138 @@ def msg_id(event: Mapping[str, Any]) -> str | None:
     return None
 
 
+MSG_ID = "Nats-Msg-Id"
+POS = "Aep-Pos"
+SEVERITY = "Aep-Severity"
+TYPE = "Aep-Type"
+SOURCE = "Aep-Source"
+DAEMON = "Aep-Daemon"
+HEADERS = (MSG_ID, POS, SEVERITY, TYPE, SOURCE, DAEMON)
+"""The header names of an event message (the module docstring's table)."""
+
+REFUSAL_CODES = ("no-route", "ambiguous", "unsupported", "invalid", "busy")
+"""The ``code`` of a refused command reply (see the module docstring)."""
+
+SHAPE_VERSION = 1
+"""``v`` of every KV value and command reply (a reader ignores other ``v``)."""
+
+
+def _ascii(value: str) -> str:
+    # header values are one line of printable ASCII; AEP ids, sources and
+    # types are, and anything else is escaped rather than break the header block
+    if _PRINTABLE.fullmatch(value):
+        return value
+    return _UNPRINTABLE.sub(lambda m: "\\u%04x" % (ord(m[0]) & 0xFFFF), value)
+
+
+def event_headers(event: Mapping[str, Any], daemon: str) -> dict[str, str]:
+    """The headers of ``event``'s message (the module docstring's table).
+    Pure; never raises on a malformed envelope (a field of the wrong type
+    is left out)."""
+    h: dict[str, str] = {}
+    mid = msg_id(event)
+    if mid is not None:
+        h[MSG_ID] = _ascii(mid)
+    epoch, seq = event.get("epoch"), event.get("seq")
+    if isinstance(epoch, int) and isinstance(seq, int) and not isinstance(epoch, bool) \
+            and not isinstance(seq, bool):
+        h[POS] = f"{epoch}:{seq}"
+    sev = event.get("severity")
+    h[SEVERITY] = _ascii(sev) if isinstance(sev, str) and sev else "info"
+    for name, key in ((TYPE, "type"), (SOURCE, "source")):
+        v = event.get(key)
+        if isinstance(v, str) and v:
+            h[name] = _ascii(v)
+    h[DAEMON] = _ascii(daemon)
+    return h
+
+
+def parse_pos(value: str | None) -> tuple[int, int] | None:
+    """``(epoch, seq)`` of an ``Aep-Pos`` value; ``None`` when absent or
+    not ``<int>:<int>`` (never raises)."""
+    if not value:
+        return None
+    a, sep, b = value.partition(":")
+    if not sep or not a.isdigit() or not b.isdigit():
+        return None
+    return int(a), int(b)
+
+
+def claim_value(*, daemon: str, bridge: str, hello: Mapping[str, Any], agent: str,
+                session: str | None, at_ms: int) -> bytes:
+    """The JSON value of one claim (module docstring, "Claims"): ``hello``
+    is the bridge's emitter hello; its ``identity`` and the ``control`` /
+    ``emits`` of its ``capabilities`` are copied verbatim."""
+    ident = hello.get("identity")
+    caps = hello.get("capabilities")
+    caps = caps if isinstance(caps, Mapping) else {}
+    body: dict[str, Any] = {"v": SHAPE_VERSION, "daemon": daemon, "bridge": bridge,
+                            "agent": agent, "session": session,
+                            "identity": dict(ident) if isinstance(ident, Mapping) else {}}
+    for k in ("control", "emits"):
+        if k in caps:
+            body[k] = caps[k]
+    body["at"] = at_ms
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def parse_value(raw: bytes | None) -> dict[str, Any] | None:
+    """A claim / daemon value or command reply as a dict; ``None`` for
+    anything that is not a JSON object of :data:`SHAPE_VERSION` (never
+    raises)."""
+    if not raw:
+        return None
+    try:
+        v = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return v if isinstance(v, dict) and v.get("v") == SHAPE_VERSION else None
+
+
+def daemon_value(*, daemon: str, host: str, pid: int, epoch: int, started: str,
+                 hellos: Mapping[str, Mapping[str, Any]], at_ms: int) -> bytes:
+    """The JSON value of a daemon's ``S_daemons`` entry (module docstring,
+    "Daemons"); ``hellos``: bridge name -> its emitter hello."""
+    body = {"v": SHAPE_VERSION, "daemon": daemon, "host": host, "pid": pid, "epoch": epoch,
+            "started": started, "at": at_ms,
+            "bridges": [{"name": n, "hello": dict(h)} for n, h in hellos.items()]}
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def command_reply(daemon: str, *, bridge: str | None = None, code: str | None = None,
+                  detail: str = "") -> bytes:
+    """The reply to a command request: ``accepted`` (handed to ``bridge``)
+    when ``code`` is ``None``, else ``refused`` with ``code`` (one of
+    :data:`REFUSAL_CODES`; ``ValueError`` otherwise) and ``detail``."""
+    body: dict[str, Any] = {"v": SHAPE_VERSION, "daemon": daemon}
+    if code is None:
+        body.update(status="accepted", bridge=bridge)
+    else:
+        if code not in REFUSAL_CODES:
+            raise ValueError(f"not a refusal code: {code!r}")
+        body.update(status="refused", code=code, detail=detail)
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def parse_command_reply(raw: bytes | None) -> tuple[str, str | None, str]:
+    """``(status, code, detail)`` of a command reply: ``("accepted", None,
+    "")``, ``("refused", code, detail)``, or ``("invalid", None, why)`` for
+    a reply that is neither (never raises)."""
+    v = parse_value(raw)
+    if v is None:
+        return ("invalid", None, "not a command reply")
+    if v.get("status") == "accepted":
+        return ("accepted", None, "")
+    if v.get("status") == "refused" and v.get("code") in REFUSAL_CODES:
+        d = v.get("detail")
+        return ("refused", str(v["code"]), d if isinstance(d, str) else "")
+    return ("invalid", None, "not a command reply")
+
+
 __all__: Sequence[str] = (
+    "DAEMON", "HEADERS", "MSG_ID", "POS", "REFUSAL_CODES", "SEVERITY", "SHAPE_VERSION", "SOURCE",
+    "TYPE", "claim_value", "command_reply", "daemon_value", "event_headers", "parse_command_reply",
+    "parse_pos", "parse_value",
     "STREAM_NAME", "claim_key", "claim_prefix", "claims_bucket", "command_subject", "daemons_bucket",
     "event_subject", "event_subject_of", "events_wildcard", "filter_subjects", "msg_id",
     "parse_claim_key", "parse_event_subject", "token", "untoken",

@@ -168,3 +168,34 @@ class NatsCluster:
 
 
 __all__ = ("NatsCluster", "nats_server_binary")
+
+
+async def stream_messages(link, stream: str, *, subject: str | None = None,
+                          timeout: float = 30.0) -> list:
+    """Every message the stream holds now (``subject``: a filter), in
+    stream order: ``nats.aio.msg.Msg`` objects (``subject``, ``headers``,
+    ``data``, ``metadata.sequence.stream``), read with an ordered consumer
+    through the trio link (``supervisor.jetstream.link``)."""
+    import trio
+
+    from supervisor.jetstream.link import aio
+    info = await aio(link.js.stream_info)(stream)
+    want = info.state.messages if subject is None else None
+    sub = await aio(link.js.subscribe)(subject or f"{stream}.>", ordered_consumer=True,
+                                       stream=stream)
+    out = []
+    try:
+        with trio.fail_after(timeout):
+            while want is None or len(out) < want:
+                try:
+                    msg = await aio(sub.next_msg)(timeout=1.0)
+                except Exception:  # noqa: BLE001 -- nats TimeoutError: nothing more
+                    if want is None:
+                        break
+                    continue
+                out.append(msg)
+                if want is None and msg.metadata.num_pending == 0:
+                    break
+    finally:
+        await aio(sub.unsubscribe)()
+    return out

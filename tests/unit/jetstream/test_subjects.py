@@ -73,3 +73,80 @@ def test_claim_key_and_msg_id() -> None:
     assert S.msg_id({"id": "01J"}) is None
     assert S.command_subject("AEP", "host-1") == "AEP.cmd.host-1"
     assert S.claims_bucket("AEP") == "AEP_claims"
+
+
+# -- the event headers, claim / daemon values and command replies ------------------
+
+HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def test_event_headers_carry_id_position_severity_type_source_daemon() -> None:
+    ev = {"id": "01JABC", "source": "aep://h/otlp", "epoch": 7, "seq": 42,
+          "type": "tool.failed", "severity": "warning", "agent": "codex", "session": "s"}
+    assert S.event_headers(ev, "h-01JXYZ1234") == {
+        "Nats-Msg-Id": "01JABC aep://h/otlp", "Aep-Pos": "7:42", "Aep-Severity": "warning",
+        "Aep-Type": "tool.failed", "Aep-Source": "aep://h/otlp", "Aep-Daemon": "h-01JXYZ1234"}
+
+
+def test_agent_scoped_event_has_no_position_and_default_severity() -> None:
+    h = S.event_headers({"id": "1", "source": "s", "type": "agent.status"}, "d")
+    assert S.POS not in h and h[S.SEVERITY] == "info"
+    assert S.parse_pos(h.get(S.POS)) is None
+
+
+@given(st.dictionaries(st.sampled_from(["id", "source", "epoch", "seq", "type", "severity"]),
+                       st.one_of(st.text(), st.integers(), st.booleans(), st.none())),
+       st.text())
+def test_event_headers_never_raise_and_values_are_one_ascii_line(ev: dict, daemon: str) -> None:
+    for k, v in S.event_headers(ev, daemon).items():
+        assert k in S.HEADERS and HEADER_VALUE.fullmatch(v), (k, v)
+
+
+@given(st.integers(min_value=0, max_value=2**63), st.integers(min_value=0, max_value=2**63))
+def test_position_header_round_trips(epoch: int, seq: int) -> None:
+    h = S.event_headers({"epoch": epoch, "seq": seq}, "d")
+    assert S.parse_pos(h[S.POS]) == (epoch, seq)
+
+
+@pytest.mark.parametrize("bad", ["", "1", "a:1", "1:", ":1", "1:-2", "1:2:3", "True:1"])
+def test_parse_pos_refuses_garbage(bad: str) -> None:
+    assert S.parse_pos(bad) is None
+
+
+def test_claim_value_copies_identity_and_declarations_verbatim() -> None:
+    hello = {"type": "hello", "role": "emitter",
+             "identity": {"agent": "opencode", "instance": "h/1/opencode_sse"},
+             "capabilities": {"emits": ["run.*"], "capture": "metadata",
+                              "control": {"accepts": ["control.run.cancel"], "ack_window_ms": 5000}}}
+    v = S.parse_value(S.claim_value(daemon="h-1", bridge="opencode_sse", hello=hello,
+                                    agent="opencode", session="ses_1", at_ms=123))
+    assert v == {"v": 1, "daemon": "h-1", "bridge": "opencode_sse", "agent": "opencode",
+                 "session": "ses_1", "identity": hello["identity"], "emits": ["run.*"],
+                 "control": {"accepts": ["control.run.cancel"], "ack_window_ms": 5000}, "at": 123}
+
+
+def test_claim_value_without_control_declares_none() -> None:
+    v = S.parse_value(S.claim_value(daemon="d", bridge="b", hello={"identity": {"agent": "a"}},
+                                    agent="a", session=None, at_ms=0))
+    assert v is not None and "control" not in v and v["session"] is None
+
+
+def test_daemon_value_lists_each_bridge_hello() -> None:
+    v = S.parse_value(S.daemon_value(daemon="d", host="h", pid=9, epoch=3, started="t",
+                                     hellos={"b": {"role": "emitter"}}, at_ms=5))
+    assert v is not None and v["bridges"] == [{"name": "b", "hello": {"role": "emitter"}}]
+
+
+def test_command_replies_round_trip() -> None:
+    assert S.parse_command_reply(S.command_reply("d", bridge="b")) == ("accepted", None, "")
+    for code in S.REFUSAL_CODES:
+        assert S.parse_command_reply(S.command_reply("d", code=code, detail="why")) == \
+            ("refused", code, "why")
+    with pytest.raises(ValueError):
+        S.command_reply("d", code="nope")
+
+
+@given(st.binary())
+def test_parse_never_raises_on_garbage(raw: bytes) -> None:
+    assert S.parse_command_reply(raw)[0] in ("accepted", "refused", "invalid")
+    S.parse_value(raw)

@@ -1,0 +1,342 @@
+"""The daemon's side of control across hosts (issue 14): its stable id,
+its session claims in KV ``S_claims``, its entry in KV ``S_daemons``, and
+the command listener on ``S.cmd.<daemon>`` (the shapes:
+:mod:`supervisor.jetstream.subjects`).
+
+- **Id** (:func:`daemon_id`): ``<host>-<10 ULID chars>``, made once and
+  kept in ``AEP_STATE_DIR/daemon-id``, so a restarted daemon keeps its
+  command subject and its claims' keys.
+- **Claims** (:class:`Claims`, pure): a bridge claims a session when it
+  emits a sequenced event of it, as in the embedded relay (AEP-0004 §4.5),
+  bounded per bridge to ``AEP_MAX_SESSIONS`` (least recently used
+  released); :class:`Presence` puts each new claim at once and every claim
+  again each ``AEP_NATS_CLAIM_TTL / 3`` (the buckets' TTL is the claim
+  TTL: a daemon gone that long has no claims), deletes released ones and,
+  on shutdown, all of its own.
+- **Commands**: a request on ``S.cmd.<daemon>`` is routed to the member
+  bridge that claims the command's session, through the same hand-off as
+  the embedded relay's routing (the fleet's ``hand`` callback: the bridge's
+  bounded inbox, then its ledger, which dedupes ``(source, id)``: a
+  relay's retry is acked once, by a byte-identical re-ack). The reply is
+  immediate (accepted for delivery or refused, :func:`route`); the ack and
+  the outcome travel as ordinary events through the publisher.
+
+Nothing here logs a command's content or a credential.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from collections import OrderedDict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import trio
+from aep_sdk import ulid
+
+from bridges.core.aep import is_command_type
+from bridges.core.backoff import backoff_delay
+from bridges.core.paths import write_atomic
+
+from .config import NatsConfig
+from .subjects import (
+    claim_key,
+    claim_value,
+    claims_bucket,
+    command_reply,
+    command_subject,
+    daemon_value,
+    daemons_bucket,
+    token,
+)
+
+if TYPE_CHECKING:
+    from .link import Link
+
+log = logging.getLogger("aep.nats.presence")
+
+_HOST_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
+ID_FILE = "daemon-id"
+
+
+def daemon_id(state_dir: Path, host: str) -> str:
+    """This daemon's id: read from ``state_dir/daemon-id``, else made
+    (``<host>-<10 lower-case ULID random chars>``, the host reduced to
+    ``[A-Za-z0-9_-]``) and written there. When the state directory cannot
+    be written the id is made anew (logged; claims of the old one expire)."""
+    path = Path(state_dir) / ID_FILE
+    try:
+        got = path.read_text().strip()
+        if got and re.fullmatch(r"[A-Za-z0-9_-]{1,128}", got):
+            return got
+    except OSError:
+        pass
+    made = f"{_HOST_SAFE.sub('-', host).strip('-')[:48] or 'host'}-{ulid().lower()[-10:]}"
+    try:
+        write_atomic(path, made + "\n", fsync=True)
+    except OSError as e:
+        log.warning("nats: daemon id not persisted (%s): it changes at the next start",
+                    type(e).__name__)
+    return made
+
+
+class Claims:
+    """Which member bridge claims which ``(agent, session)`` (pure).
+
+    :meth:`note` an event a bridge emitted: a sequenced event (``session``
+    and ``seq``) claims its session; returns what changed (``(added,
+    released)`` keys). Bounded per bridge to ``max_sessions``, least
+    recently used released first."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._by_bridge: dict[str, OrderedDict[tuple[str, str], None]] = {}
+
+    def note(self, bridge: str, event: Mapping[str, Any]
+             ) -> tuple[tuple[str, str] | None, tuple[str, str] | None]:
+        session, agent, seq = event.get("session"), event.get("agent"), event.get("seq")
+        if not (isinstance(session, str) and session and isinstance(agent, str)
+                and isinstance(seq, int)) or is_command_type(event.get("type")):
+            return None, None
+        mine = self._by_bridge.setdefault(bridge, OrderedDict())
+        key = (agent, session)
+        if key in mine:
+            mine.move_to_end(key)
+            return None, None
+        mine[key] = None
+        released = None
+        if len(mine) > self.max_sessions:
+            released, _ = mine.popitem(last=False)
+        return key, released
+
+    def holders(self, session: str) -> list[str]:
+        """The bridges claiming ``session`` (any agent)."""
+        return [b for b, claims in self._by_bridge.items()
+                if any(s == session for (_, s) in claims)]
+
+    def items(self) -> list[tuple[str, str, str]]:
+        """Every claim as ``(bridge, agent, session)``."""
+        return [(b, a, s) for b, claims in self._by_bridge.items() for (a, s) in claims]
+
+
+def accepts_of(hello: Mapping[str, Any]) -> frozenset[str]:
+    """``capabilities.control.accepts`` of a hello (empty when malformed)."""
+    caps = hello.get("capabilities")
+    ctl = caps.get("control") if isinstance(caps, Mapping) else None
+    acc = ctl.get("accepts") if isinstance(ctl, Mapping) else None
+    return frozenset(a for a in acc if isinstance(a, str)) if isinstance(acc, list) else frozenset()
+
+
+def route(claims: Claims, hellos: Mapping[str, Mapping[str, Any]], raw: bytes
+          ) -> tuple[dict[str, Any] | None, str | None, str | None, str]:
+    """Decide where a command request goes (pure): ``(cmd, bridge, code,
+    detail)``; ``code`` ``None`` means deliver ``cmd`` to ``bridge``. The
+    refusals are those of the embedded relay's routing (AEP-0004 §4.2:
+    ``no-route``, ``ambiguous``, ``unsupported``) and ``invalid`` for a
+    request that is not a command envelope."""
+    try:
+        cmd = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None, None, "invalid", "the request is not JSON"
+    if not isinstance(cmd, dict) or not is_command_type(cmd.get("type")) \
+            or not isinstance(cmd.get("session"), str) or not isinstance(cmd.get("id"), str):
+        return None, None, "invalid", "not a command envelope with a string id and session"
+    holders = claims.holders(cmd["session"])
+    if not holders:
+        return cmd, None, "no-route", "no bridge of this daemon owns the session"
+    if len(holders) > 1:
+        return cmd, None, "ambiguous", f"{len(holders)} bridges of this daemon claim the session"
+    bridge = holders[0]
+    if cmd["type"] not in accepts_of(hellos.get(bridge, {})):
+        return cmd, None, "unsupported", f"the target does not accept {cmd['type']}"
+    return cmd, bridge, None, ""
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Presence:
+    """The claims, the daemon entry and the command listener over one
+    :class:`~supervisor.jetstream.link.Link` (see the module docstring).
+
+    ``hellos``: bridge name -> its emitter hello; ``hand(bridge, cmd) ->
+    bool``: put the command on the bridge's inbox (``False``: full, counted
+    by the fleet). ``counters``: ``claims_put``, ``claims_deleted``,
+    ``kv_errors``, ``commands_received``, ``commands_delivered``,
+    ``commands_refused``."""
+
+    def __init__(self, cfg: NatsConfig, daemon: str, *, host: str, epoch: int,
+                 hellos: Mapping[str, Mapping[str, Any]], max_sessions: int,
+                 hand: Callable[[str, dict[str, Any]], bool]) -> None:
+        self.cfg = cfg
+        self.daemon = daemon
+        self.host = host
+        self.epoch = epoch
+        self.hellos = dict(hellos)
+        self.claims = Claims(max_sessions)
+        self.hand = hand
+        self.started = datetime.now(timezone.utc).isoformat(timespec="milliseconds") \
+            .replace("+00:00", "Z")
+        self.counters: dict[str, int] = {"claims_put": 0, "claims_deleted": 0, "kv_errors": 0,
+                                         "commands_received": 0, "commands_delivered": 0,
+                                         "commands_refused": 0}
+        self._new: list[tuple[str, str, str]] = []
+        self._gone: list[tuple[str, str]] = []
+        self._changed = trio.Event()
+        self._kv: Any = None
+        self._daemons_kv: Any = None
+
+    # -- the fleet's side (sync, on the pump) -----------------------------------------
+    def note(self, bridge: str, event: Mapping[str, Any]) -> None:
+        """An event ``bridge`` emitted (see :meth:`Claims.note`)."""
+        added, released = self.claims.note(bridge, event)
+        if added is not None:
+            self._new.append((bridge, *added))
+            self._changed.set()
+        if released is not None:
+            self._gone.append(released)
+            self._changed.set()
+
+    # -- running ---------------------------------------------------------------------
+    async def run(self, link: Link) -> None:
+        """Open the buckets, put the daemon entry, serve commands and keep
+        the claims fresh until cancelled; then withdraw (bounded, shielded)."""
+        try:
+            async with trio.open_nursery() as n:
+                await self._open_buckets(link)
+                n.start_soon(self._serve_commands, link)
+                await self._keep(link)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                await self.withdraw()
+
+    async def _open_buckets(self, link: Link) -> None:
+        from nats.js.api import KeyValueConfig
+
+        from .link import aio
+        attempt = 0
+        while True:
+            try:
+                self._kv = await self._bucket(link, aio, KeyValueConfig,
+                                              claims_bucket(self.cfg.stream))
+                self._daemons_kv = await self._bucket(link, aio, KeyValueConfig,
+                                                      daemons_bucket(self.cfg.stream))
+                return
+            except Exception as e:  # noqa: BLE001 -- retried: NATS may be electing
+                self.counters["kv_errors"] += 1
+                if attempt % 20 == 0:
+                    log.warning("nats: claims buckets not ready (%s); retrying", type(e).__name__)
+                await trio.sleep(backoff_delay(attempt, 0.2, 5.0))
+                attempt += 1
+
+    async def _bucket(self, link: Link, aio: Any, kv_config: Any, name: str) -> Any:
+        import nats.js.errors as jerr
+        try:
+            return await aio(link.js.key_value)(name)
+        except jerr.BucketNotFoundError:
+            return await aio(link.js.create_key_value)(kv_config(
+                bucket=name, history=1, ttl=self.cfg.claim_ttl, replicas=self.cfg.replicas))
+
+    async def _keep(self, link: Link) -> None:
+        """Put new claims as they come; every TTL/3 put them all again
+        (and the daemon entry)."""
+        period = max(0.5, self.cfg.claim_ttl / 3)
+        next_full = 0.0
+        while True:
+            if trio.current_time() >= next_full:
+                await self._put_daemon()
+                self._new = [(b, a, s) for b, a, s in self.claims.items()]
+                next_full = trio.current_time() + period
+            new, self._new = self._new, []
+            gone, self._gone = self._gone, []
+            for b, a, s in new:
+                await self._put_claim(b, a, s)
+            for a, s in gone:
+                await self._delete(claim_key(a, s, self.daemon))
+            self._changed = trio.Event()
+            if self._new or self._gone:
+                continue
+            with trio.move_on_at(next_full):
+                await self._changed.wait()
+
+    async def _put_claim(self, bridge: str, agent: str, session: str) -> None:
+        from .link import aio
+        value = claim_value(daemon=self.daemon, bridge=bridge, hello=self.hellos.get(bridge, {}),
+                            agent=agent, session=session, at_ms=_now_ms())
+        try:
+            await aio(self._kv.put)(claim_key(agent, session, self.daemon), value)
+            self.counters["claims_put"] += 1
+        except Exception as e:  # noqa: BLE001 -- the next refresh puts it again
+            self.counters["kv_errors"] += 1
+            log.debug("nats: claim put failed: %s", type(e).__name__)
+
+    async def _put_daemon(self) -> None:
+        from .link import aio
+        value = daemon_value(daemon=self.daemon, host=self.host, pid=os.getpid(),
+                             epoch=self.epoch, started=self.started, hellos=self.hellos,
+                             at_ms=_now_ms())
+        try:
+            await aio(self._daemons_kv.put)(token(self.daemon), value)
+        except Exception as e:  # noqa: BLE001 -- the next refresh puts it again
+            self.counters["kv_errors"] += 1
+            log.debug("nats: daemon entry put failed: %s", type(e).__name__)
+
+    async def _delete(self, key: str, kv: Any = None) -> None:
+        from .link import aio
+        try:
+            await aio((kv or self._kv).delete)(key)
+            self.counters["claims_deleted"] += 1
+        except Exception as e:  # noqa: BLE001 -- it expires with the TTL anyway
+            self.counters["kv_errors"] += 1
+            log.debug("nats: claim delete failed: %s", type(e).__name__)
+
+    async def withdraw(self) -> None:
+        """Delete this daemon's claims and entry (shutdown: relays answer
+        ``no-route`` at once instead of after the TTL)."""
+        if self._kv is None:
+            return
+        for _, a, s in self.claims.items():
+            await self._delete(claim_key(a, s, self.daemon))
+        if self._daemons_kv is not None:
+            await self._delete(token(self.daemon), self._daemons_kv)
+
+    async def _serve_commands(self, link: Link) -> None:
+        """Requests on ``S.cmd.<daemon>``, one at a time, each answered at
+        once (the hand-off never waits)."""
+        from .link import aio
+        sub = await aio(link.nc.subscribe)(command_subject(self.cfg.stream, self.daemon))
+        try:
+            while True:
+                msg = await aio(sub.next_msg)(timeout=None)
+                reply = self.handle(msg.data)
+                if msg.reply:
+                    try:
+                        await aio(link.nc.publish)(msg.reply, reply)
+                    except Exception as e:  # noqa: BLE001 -- the relay's request times out
+                        log.debug("nats: command reply failed: %s", type(e).__name__)
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                try:
+                    await aio(sub.unsubscribe)()
+                except Exception:  # noqa: BLE001 -- closing anyway
+                    pass
+
+    def handle(self, raw: bytes) -> bytes:
+        """One command request -> its reply bytes (routed and handed)."""
+        self.counters["commands_received"] += 1
+        cmd, bridge, code, detail = route(self.claims, self.hellos, raw)
+        if code is None and cmd is not None and bridge is not None:
+            if self.hand(bridge, cmd):
+                self.counters["commands_delivered"] += 1
+                return command_reply(self.daemon, bridge=bridge)
+            code, detail = "busy", "the bridge's command inbox is full; retry with the same id"
+        self.counters["commands_refused"] += 1
+        return command_reply(self.daemon, code=code or "invalid", detail=detail)
+
+
+__all__: Sequence[str] = ("Claims", "ID_FILE", "Presence", "accepts_of", "daemon_id", "route")
