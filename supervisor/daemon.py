@@ -12,6 +12,7 @@ import importlib
 import logging
 import os
 import signal
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -91,8 +92,9 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
                 trio.open_nursery() as outer:
             js_relay = JetStreamRelay(link, nats, **relay_options(cfg))
             await outer.start(js_relay.run)
-            status = await _run_daemon(cfg, bridges, js_relay, notifier=notifier,
-                                       task_status=task_status)
+            # the relay is the one NATS party here: the (bridgeless) fleet runs no sink
+            status = await _run_daemon(replace(cfg, nats=None), bridges, js_relay,
+                                       notifier=notifier, task_status=task_status)
             outer.cancel_scope.cancel()
         return status
     relay = None
@@ -148,7 +150,8 @@ async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
             await notifier.notify("READY=1")
             root.start_soon(notifier.watchdog_loop)
             log.info("aep-bridges up: %s on %s; bridges: %s; epoch %d; %s",
-                     "embedded relay" if relay else "health", ", ".join(bound),
+                     (getattr(relay, "mode", "embedded relay") if relay else "health"),
+                     ", ".join(bound),
                      ", ".join(fleet.members) or "none", fleet.epoch,
                      "control routing on (token set)" if cfg.token
                      else "watch-only (no AEP_TOKEN: commands refused)")

@@ -11,7 +11,6 @@ no I/O, no clocks; the one lookup the position search needs is passed in.
   memory), and whether ``replay-exhausted`` is due (AEP-0003 §5: the
   earliest position the stream still holds for the session is later than
   the one right after the asked position).
-- :func:`parse_pos`: the ``Aep-Pos`` header (``<epoch>:<seq>``).
 """
 from __future__ import annotations
 
@@ -26,10 +25,6 @@ MAX_SUBJECTS = 256
 """At most this many subject filters per consumer (the cross product of a
 filter's agents and sessions); past it the consumer takes every event
 subject and the filter is applied in process only."""
-
-POS_HEADER = "Aep-Pos"
-"""The position header on every sequenced event: ``<epoch>:<seq>``."""
-
 
 def _strings(pred: Any) -> list[str] | None:
     """The exact string values an attr-match predicate pins (``None``:
@@ -68,23 +63,6 @@ def subject_plan(stream: str, flt: Mapping[str, Any],
 def session_subject(stream: str, session: str) -> str:
     """Every event subject of one session, whatever its agent: ``S.ev.*.<session>``."""
     return f"{stream}.ev.*.{token(session)}"
-
-
-def parse_pos(value: str | None) -> Position | None:
-    """``(epoch, seq)`` from an ``Aep-Pos`` header value; ``None`` when
-    absent or malformed."""
-    if not value:
-        return None
-    epoch, sep, seq = value.partition(":")
-    if not sep or not epoch.isascii() or not seq.isascii() or not epoch.isdigit() \
-            or not seq.isdigit():
-        return None
-    return int(epoch), int(seq)
-
-
-def format_pos(pos: Position) -> str:
-    """The ``Aep-Pos`` header value for ``pos``."""
-    return f"{pos[0]}:{pos[1]}"
 
 
 @dataclass(frozen=True)
@@ -141,6 +119,5 @@ async def resolve_after(after: Position, first: int, last: int, lookup: Lookup) 
     return Resolved(f.seq if f is not None else last + 1, exhausted, head.pos)
 
 
-__all__: Sequence[str] = ("Found", "Lookup", "MAX_SUBJECTS", "POS_HEADER", "Position", "Resolved",
-                          "format_pos", "parse_pos", "resolve_after", "session_subject",
-                          "subject_plan")
+__all__: Sequence[str] = ("Found", "Lookup", "MAX_SUBJECTS", "Position", "Resolved",
+                          "resolve_after", "session_subject", "subject_plan")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import time
 from typing import Any, Sequence
 
 import nats
@@ -51,7 +52,7 @@ import nats.js.errors
 import trio
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 
-from bridges.core.aep import SEVERITIES, dumps, is_command_type, loads
+from bridges.core.aep import dumps, is_command_type, loads
 from bridges.core.backoff import backoff_delay
 from supervisor.relay.buffer import Entry, Position
 from supervisor.relay.connections import Connection, SocketConnection, Unavailable
@@ -62,16 +63,22 @@ from supervisor.relay.replay import exhausted_marker
 
 from .config import NatsConfig
 from .link import Link, aio
-from .plan import POS_HEADER, Found, format_pos, parse_pos, resolve_after, session_subject, subject_plan
+from .plan import Found, resolve_after, session_subject, subject_plan
+from .publish import wanted_stream
 from .subjects import (
+    POS,
     claim_key,
+    claim_value,
     claims_bucket,
+    command_reply,
     command_subject,
     daemons_bucket,
+    event_headers,
     event_subject_of,
-    events_wildcard,
-    msg_id,
     parse_claim_key,
+    parse_command_reply,
+    parse_pos,
+    parse_value,
     token,
 )
 
@@ -86,7 +93,6 @@ CONSUMER_INACTIVE_S = 30.0
 PUBLISH_WINDOW = 256
 PUBLISH_DEADLINE_S = 10.0
 REQUEST_TIMEOUT_S = 5.0
-SEVERITY_HEADER = "Aep-Severity"
 CONSUMER_PREFIX = "aeprelay"
 
 _NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, nats.js.errors.Error,
@@ -96,23 +102,38 @@ _NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, nats.js.erro
 def roster_entries(claims: Sequence[tuple[str, bytes]],
                    daemons: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The roster (AEP-0003 §4.1) from the claims bucket: one entry per
-    ``(claim key, value)``, ``{session, agent, instance?, control?, emits?}``
-    with the claim's declarations verbatim, the daemon's (``daemons``, its
-    bucket entry) filling what the claim leaves out. Malformed keys and
-    values are skipped. Pure."""
+    ``(claim key, value)`` (:func:`~.subjects.claim_value` shape),
+    ``{session, agent, instance?, control?, emits?}`` with the claim's
+    declarations verbatim; what a claim leaves out comes from its bridge's
+    hello in the daemon's entry (``daemons``: daemon id -> its
+    :func:`~.subjects.daemon_value`). Malformed keys and values, and values
+    of another shape version, are skipped. Pure."""
     out = []
     for key, raw in claims:
         try:
             agent, session, daemon = parse_claim_key(key)
-            value = loads(raw) if raw else {}
         except ValueError:
             continue
-        if not isinstance(value, dict) or session is None:
+        value = parse_value(raw)
+        if value is None or session is None:
             continue
-        base = daemons.get(daemon) or {}
+        hello: dict[str, Any] = {}
+        for b in (daemons.get(daemon) or {}).get("bridges") or ():
+            if isinstance(b, dict) and b.get("name") == value.get("bridge") \
+                    and isinstance(b.get("hello"), dict):
+                hello = b["hello"]
+        ident: dict[str, Any] = {}
+        if isinstance(value.get("identity"), dict) and value["identity"]:
+            ident = value["identity"]
+        elif isinstance(hello.get("identity"), dict):
+            ident = hello["identity"]
+        c = hello.get("capabilities")
+        caps: dict[str, Any] = c if isinstance(c, dict) else {}
         entry: dict[str, Any] = {"session": session, "agent": agent}
-        for k in ("instance", "control", "emits"):
-            v = value.get(k, base.get(k))
+        if isinstance(ident.get("instance"), str):
+            entry["instance"] = ident["instance"]
+        for k in ("control", "emits"):
+            v = value.get(k, caps.get(k))
             if v is not None:
                 entry[k] = v
         out.append(entry)
@@ -160,6 +181,8 @@ class JetStreamRelay(Relay):
         self.link = link
         self.cfg = cfg
         self.stream = cfg.stream
+        #: how the daemon's start line names this relay
+        self.mode = f"JetStream relay {self.relay_id} (stream {cfg.stream})"
         self._nursery: trio.Nursery | None = None
         self._scopes: dict[Outlet, dict[Subscriber, trio.CancelScope]] = {}
         self._kv_claims: Any = None
@@ -210,10 +233,8 @@ class JetStreamRelay(Relay):
             info = await aio(js.stream_info)(self.stream)
         except nats.js.errors.NotFoundError:
             try:
-                info = await aio(js.add_stream)(StreamConfig(
-                    name=self.stream, subjects=[events_wildcard(self.stream)],
-                    max_age=cfg.max_age, max_bytes=cfg.max_bytes, num_replicas=cfg.replicas,
-                    duplicate_window=120.0, allow_direct=True))
+                # the daemons' settings (they create or update it; a relay only reads)
+                info = await aio(js.add_stream)(StreamConfig(**wanted_stream(cfg)))
             except nats.js.errors.BadRequestError:  # another party made it meanwhile
                 info = await aio(js.stream_info)(self.stream)
         self._note_retention(info)
@@ -283,12 +304,10 @@ class JetStreamRelay(Relay):
         relay's), as roster entries."""
         claims = await self._kv_entries(self._kv_claims, ">")
         daemons: dict[str, dict[str, Any]] = {}
-        for key, raw in await self._kv_entries(self._kv_daemons, ">"):
-            try:
-                v = loads(raw)
-                daemons[key] = v if isinstance(v, dict) else {}
-            except ValueError:
-                continue
+        for _, raw in await self._kv_entries(self._kv_daemons, ">"):
+            v = parse_value(raw)
+            if v is not None and isinstance(v.get("daemon"), str):
+                daemons[v["daemon"]] = v
         return roster_entries(claims, daemons)
 
     async def _kv_entries(self, kv: Any, keys: str) -> list[tuple[str, bytes]]:
@@ -317,19 +336,12 @@ class JetStreamRelay(Relay):
         except _NATS_ERRORS as e:
             log.debug("jetstream relay: claim delete: %s", type(e).__name__)
 
-    def _claim_value(self, conn: Connection) -> bytes:
-        v: dict[str, Any] = {"daemon": self.relay_id}
-        if isinstance(conn.identity.get("instance"), str):
-            v["instance"] = conn.identity["instance"]
-        for k in ("control", "emits"):
-            if k in conn.capabilities:
-                v[k] = conn.capabilities[k]
-        return dumps(v)
-
     async def _put_claim(self, conn: Connection, agent: str, session: str) -> None:
+        value = claim_value(daemon=self.relay_id, bridge=f"socket-{id(conn):x}",
+                            hello={"identity": conn.identity, "capabilities": conn.capabilities},
+                            agent=agent, session=session, at_ms=int(time.time() * 1000))
         try:
-            await aio(self._kv_claims.put)(claim_key(agent, session, self.relay_id),
-                                           self._claim_value(conn))
+            await aio(self._kv_claims.put)(claim_key(agent, session, self.relay_id), value)
         except _NATS_ERRORS as e:
             log.warning("jetstream relay: claim of a session not stored (%s); the next "
                         "refresh retries", type(e).__name__)
@@ -392,12 +404,7 @@ class JetStreamRelay(Relay):
                            failed: list[BaseException]) -> None:
         try:
             attrs = e.attrs
-            headers = {SEVERITY_HEADER: SEVERITIES[e.sev]}
-            mid = msg_id(attrs)
-            if mid is not None:
-                headers["Nats-Msg-Id"] = mid
-            if e.pos is not None:
-                headers[POS_HEADER] = format_pos(e.pos)
+            headers = event_headers(attrs, self.relay_id)
             subject = event_subject_of(self.stream, attrs)
             attempt = 0
             with trio.move_on_after(PUBLISH_DEADLINE_S) as deadline:
@@ -424,10 +431,11 @@ class JetStreamRelay(Relay):
         for key, raw in await self._kv_entries(self._kv_claims, f"*.{token(session)}.*"):
             try:
                 agent, _, daemon = parse_claim_key(key)
-                value = loads(raw)
             except ValueError:
                 continue
-            out.append((agent, daemon, value if isinstance(value, dict) else {}))
+            value = parse_value(raw)
+            if value is not None:
+                out.append((agent, daemon, value))
         return out
 
     async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
@@ -482,29 +490,31 @@ class JetStreamRelay(Relay):
             self.counters["commands_received"] += 1
             answer = await self._deliver_local(msg.data)
             try:
-                await aio(msg.respond)(dumps(answer))
+                await aio(msg.respond)(answer)
             except _NATS_ERRORS as e:
                 log.debug("jetstream relay: command reply: %s", type(e).__name__)
 
-    async def _deliver_local(self, data: bytes) -> dict[str, Any]:
+    async def _deliver_local(self, data: bytes) -> bytes:
+        """The :func:`~.subjects.command_reply` to one command request."""
+        me = self.relay_id
         try:
             text = data.decode("utf-8")
             cmd = loads(text)
         except ValueError:
-            return {"ok": False, "code": "invalid-event", "detail": "not a JSON command"}
+            return command_reply(me, code="invalid", detail="not a JSON command")
         if not isinstance(cmd, dict) or not isinstance(cmd.get("session"), str) \
                 or not isinstance(cmd.get("type"), str):
-            return {"ok": False, "code": "invalid-event", "detail": "not a command envelope"}
+            return command_reply(me, code="invalid", detail="not a command envelope")
         refusal = self.claims.refusal(cmd["session"], cmd["type"])
         if refusal is not None:
-            return {"ok": False, "code": refusal[0], "detail": refusal[1]}
+            return command_reply(me, code=refusal[0], detail=refusal[1])
         target = self.claims.holders(cmd["session"])[0]
         try:
             await target.deliver_command(cmd, text)
         except Exception as e:  # noqa: BLE001 -- a dead target is no route
-            return {"ok": False, "code": "no-route",
-                    "detail": f"the owning connection is going away ({type(e).__name__})"}
-        return {"ok": True}
+            return command_reply(me, code="no-route",
+                                 detail=f"the owning connection is going away ({type(e).__name__})")
+        return command_reply(me, bridge=f"socket-{id(target):x}")
 
     # -- subscriptions -----------------------------------------------------------
     def subscribe(self, sub: Subscriber, *, plan_all: bool,
@@ -592,7 +602,7 @@ class JetStreamRelay(Relay):
                                                     next=True)
             except nats.js.errors.NotFoundError:
                 return None
-            pos = parse_pos((m.headers or {}).get(POS_HEADER))
+            pos = parse_pos((m.headers or {}).get(POS))
             if pos is None:
                 try:
                     ev = loads(m.data or b"")
@@ -719,24 +729,25 @@ class JetStreamRelay(Relay):
                     await self._kv_delete(claim_key(agent, session, self.relay_id))
 
 
-def reply_refusal(data: bytes) -> tuple[str, str] | None:
-    """A daemon's (or relay's) answer on ``S.cmd.<daemon>``: ``None`` when it
-    took the command (``{"ok": true}``), else ``(code, detail)`` of its
-    refusal (``{"ok": false, "code", "detail"}``; anything unreadable is
-    ``no-route``). Pure."""
-    try:
-        v = loads(data)
-    except ValueError:
-        return ("no-route", "the owning daemon answered something unreadable")
-    if isinstance(v, dict) and v.get("ok") is True:
+def reply_refusal(data: bytes | None) -> tuple[str, str] | None:
+    """A daemon's (or relay's) reply on ``S.cmd.<daemon>``
+    (:func:`~.subjects.parse_command_reply`): ``None`` when it took the
+    command, else the AEP-0004 §4.2 ``(code, detail)`` to answer the
+    sender (a reply of no known shape is ``no-route``). Pure."""
+    status, code, detail = parse_command_reply(data)
+    if status == "accepted":
         return None
-    if isinstance(v, dict) and isinstance(v.get("code"), str):
-        return (v["code"], str(v.get("detail") or v["code"]))
-    return ("no-route", "the owning daemon refused the command")
+    if status == "refused" and code is not None:
+        if code == "busy":  # the bridge's inbox was full: dropped, the retry recovers it
+            return ("no-route", detail or "the owning bridge is busy; retry")
+        if code == "invalid":
+            return ("invalid-event", detail or "the owning daemon found the command invalid")
+        return (code, detail or code)
+    return ("no-route", "the owning daemon answered something unreadable")
 
 
 __all__: Sequence[str] = (
     "CONSUMER_INACTIVE_S", "CONSUMER_PREFIX", "FETCH_BATCH", "FETCH_TIMEOUT_S", "IDLE_CHECKS",
     "JetStreamRelay", "JsSocketConnection", "PUBLISH_DEADLINE_S", "PUBLISH_WINDOW",
-    "REQUEST_TIMEOUT_S", "SEVERITY_HEADER", "accepts_of", "reply_refusal", "roster_entries",
+    "REQUEST_TIMEOUT_S", "accepts_of", "reply_refusal", "roster_entries",
 )

@@ -14,7 +14,7 @@ import trio
 import trio_websocket
 
 from supervisor.jetstream.link import aio, open_link
-from tests.support.js_relay import TOKEN, SocketEmitter, ensure_stream, nats_config, running_js_relay
+from tests.support.js_relay_harness import TOKEN, SocketEmitter, ensure_stream, nats_config, running_js_relay
 from tests.support.nats import NatsCluster
 from tests.support.relay_harness import SSE, event, wait_until
 

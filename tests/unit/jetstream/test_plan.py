@@ -90,13 +90,6 @@ def test_plan_covers_every_event_the_filter_matches(agent_pin: Any, session_pin:
         assert f.matches(attrs)
 
 
-def test_parse_pos() -> None:
-    assert P.parse_pos("3:17") == (3, 17)
-    assert P.parse_pos(P.format_pos((0, 5))) == (0, 5)
-    for bad in (None, "", "3", "a:1", "1:", ":1", "1:2:3", "²:1", "-1:2"):
-        assert P.parse_pos(bad) is None
-
-
 # -- position resolution against a fake next_by_subj -------------------------
 
 class FakeStream:

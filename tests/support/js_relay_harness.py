@@ -18,9 +18,8 @@ import trio
 
 from supervisor.jetstream.config import NatsConfig, from_env
 from supervisor.jetstream.link import Link, aio, open_link
-from supervisor.jetstream.plan import POS_HEADER, format_pos
-from supervisor.jetstream.relay import SEVERITY_HEADER, JetStreamRelay
-from supervisor.jetstream.subjects import event_subject_of, msg_id
+from supervisor.jetstream.relay import JetStreamRelay
+from supervisor.jetstream.subjects import event_headers, event_subject_of
 from supervisor.relay.serve import serve_relay
 from tests.support.daemon import DaemonProcess
 
@@ -80,12 +79,7 @@ class StreamPublisher:
         self.published: list[dict[str, Any]] = []
 
     async def publish(self, ev: dict[str, Any], *, deadline: float = 60.0) -> int:
-        headers = {SEVERITY_HEADER: ev.get("severity", "info")}
-        mid = msg_id(ev)
-        if mid:
-            headers["Nats-Msg-Id"] = mid
-        if ev.get("seq") is not None:
-            headers[POS_HEADER] = format_pos((ev.get("epoch", 0), ev["seq"]))
+        headers = event_headers(ev, "test-publisher")
         body = json.dumps(ev, separators=(",", ":")).encode()
         with trio.fail_after(deadline):
             while True:
