@@ -58,7 +58,7 @@ from supervisor.relay.buffer import Entry, Position
 from supervisor.relay.connections import Connection, SocketConnection, Unavailable
 from supervisor.relay.core import Relay
 from supervisor.relay.envelope import trusted_entry
-from supervisor.relay.outlet import OPEN, Outlet, Subscriber
+from supervisor.relay.outlet import OPEN, Outlet, Subscriber, frame_text
 from supervisor.relay.replay import exhausted_marker
 
 from .config import NatsConfig
@@ -153,6 +153,15 @@ class JsSocketConnection(SocketConnection):
 
     relay: JetStreamRelay
 
+    def send(self, frame: dict[str, Any]) -> None:
+        # "subscribed" leaves once the consumer's live start is fixed (the
+        # stream's last sequence read): a sender that waits for it, as the
+        # SDK's ControlClient does before a command, then misses no ack
+        if frame.get("type") == "subscribed":
+            self.relay.hold_subscribed(self.outlet, frame)
+            return
+        super().send(frame)
+
     def send_roster(self, rid: str) -> None:
         self.relay.spawn(self._roster_async, rid)
 
@@ -185,6 +194,8 @@ class JetStreamRelay(Relay):
         self.mode = f"JetStream relay {self.relay_id} (stream {cfg.stream})"
         self._nursery: trio.Nursery | None = None
         self._scopes: dict[Outlet, dict[Subscriber, trio.CancelScope]] = {}
+        #: (outlet, subscription id) -> its "subscribed" frame, until positioned
+        self._held: dict[tuple[Outlet, Any], dict[str, Any]] = {}
         self._kv_claims: Any = None
         self._kv_daemons: Any = None
         self._retention: dict[str, Any] = {}
@@ -530,17 +541,30 @@ class JetStreamRelay(Relay):
             return
         self._nursery.start_soon(self._consume, scope, sub, plan_all, positions, live, tail)
 
+    def hold_subscribed(self, outlet: Outlet, frame: dict[str, Any]) -> None:
+        """Keep a WS ``subscribed`` frame until its consumer task has fixed
+        where live delivery starts (:meth:`_serve_sub` sends it)."""
+        self._held[(outlet, frame.get("id"))] = frame
+
+    def _release_subscribed(self, sub: Subscriber) -> None:
+        frame = self._held.pop((sub.outlet, sub.sid), None)
+        if frame is not None:
+            sub.outlet.push_frame(frame_text(frame))
+
     def end_after_replay(self, outlet: Outlet) -> None:
         pass  # the consumer task ends a live=0 stream after its replay
 
     def unsubscribe(self, sub: Subscriber) -> None:
         super().unsubscribe(sub)
+        self._held.pop((sub.outlet, sub.sid), None)
         scope = self._scopes.get(sub.outlet, {}).pop(sub, None)
         if scope is not None:
             scope.cancel()
 
     def detach_outlet(self, outlet: Outlet) -> None:
         super().detach_outlet(outlet)
+        for key in [k for k in self._held if k[0] is outlet]:
+            del self._held[key]
         for scope in self._scopes.pop(outlet, {}).values():
             scope.cancel()
 
@@ -561,7 +585,10 @@ class JetStreamRelay(Relay):
     async def _serve_sub(self, sub: Subscriber, plan_all: bool,
                          positions: list[tuple[str, Position | None]] | None, live: bool,
                          tail: list[Any] | None) -> None:
-        info = await aio(self.link.js.stream_info)(self.stream)
+        try:
+            info = await aio(self.link.js.stream_info)(self.stream)
+        finally:
+            self._release_subscribed(sub)
         first, last = info.state.first_seq, info.state.last_seq
         flt = sub.filter.source
         if plan_all:
