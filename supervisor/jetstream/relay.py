@@ -44,6 +44,7 @@ import json
 import logging
 import secrets
 import time
+from collections import deque
 from typing import Any, Sequence
 
 import nats
@@ -147,6 +148,144 @@ def accepts_of(value: dict[str, Any]) -> frozenset[str]:
     return frozenset(a for a in acc if isinstance(a, str)) if isinstance(acc, list) else frozenset()
 
 
+class _Acks:
+    """JetStream publishes whose acknowledgements come back on one wildcard
+    inbox subscription (``<inbox>.<n>``), read in a callback: under
+    trio-asyncio nats-py's ``js.publish`` (a request with its own future
+    and timeout each) measured ~6k/s for 10k events, against ~30k/s for the
+    same calls on plain asyncio; the callback path keeps the per-message
+    asyncio work to a minimum."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.prefix = ""
+        self._n = 0
+        self._waiting: dict[str, list[Any]] = {}
+
+    async def open(self) -> None:
+        self.prefix = self.link.nc.new_inbox()
+
+        async def got(msg: Any) -> None:
+            w = self._waiting.pop(msg.subject.rpartition(".")[2], None)
+            if w is not None:
+                w[1] = msg
+                w[0].set()
+        await aio(self.link.nc.subscribe)(self.prefix + ".*", cb=got)
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str], *,
+                      ack_wait_s: float) -> dict[str, Any]:
+        """The stream's ack (``{stream, seq, duplicate?}``); raises
+        ``TimeoutError`` (no answer), ``nats.errors.NoRespondersError`` (no
+        stream leader yet) or ``nats.js.errors.APIError`` (refused)."""
+        self._n += 1
+        key = str(self._n)
+        w: list[Any] = [trio.Event(), None]
+        self._waiting[key] = w
+        try:
+            await aio(self.link.nc.publish)(subject, payload, reply=f"{self.prefix}.{key}",
+                                            headers=headers)
+            with trio.fail_after(ack_wait_s):
+                await w[0].wait()
+        except trio.TooSlowError:
+            raise TimeoutError("no publish acknowledgement") from None
+        finally:
+            self._waiting.pop(key, None)
+        msg = w[1]
+        status = (msg.headers or {}).get("Status")
+        if status == "503":
+            raise nats.errors.NoRespondersError
+        try:
+            ack = json.loads(msg.data or b"")
+        except ValueError:
+            raise nats.js.errors.APIError(description="unreadable publish ack") from None
+        if not isinstance(ack, dict) or "error" in ack or status is not None:
+            err = ack.get("error") if isinstance(ack, dict) else None
+            raise nats.js.errors.APIError(description=str(err or status)[:200])
+        return ack
+
+
+class _ConsumerGone(Exception):
+    """The server ended a pull request for a reason other than "no more
+    messages" (409: the consumer was deleted, its leader changed...)."""
+
+
+_CONSUMER_ERRORS: tuple[type[BaseException], ...] = (*_NATS_ERRORS, _ConsumerGone)
+
+
+class _Pull:
+    """One pull consumer read through a core NATS subscription on an inbox
+    of our own: each :meth:`fetch` publishes one ``CONSUMER.MSG.NEXT``
+    request and collects what the server sends back, ending on a full
+    batch or a 404/408 status. Measured under trio-asyncio (10k events):
+    nats-py's ``PullSubscription.fetch`` ~5k msgs/s, this ~88k/s (fetch
+    awaits an asyncio timeout per message; this appends in a callback)."""
+
+    def __init__(self, link: Link, stream: str, name: str) -> None:
+        self.link = link
+        self.stream = stream
+        self.name = name
+        self._buf: deque[Any] = deque()
+        self._wake = trio.Event()
+        self._sub: Any = None
+        self._inbox = ""
+        self._outstanding = 0  # messages the open pull request may still bring
+
+    async def open(self) -> None:
+        nc = self.link.nc
+        self._inbox = nc.new_inbox()
+
+        async def got(msg: Any) -> None:
+            self._buf.append(msg)
+            self._wake.set()
+        self._sub = await aio(nc.subscribe)(self._inbox, cb=got,
+                                            pending_msgs_limit=16 * FETCH_BATCH)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await aio(self._sub.unsubscribe)()
+            self._sub = None
+
+    async def fetch(self, batch: int, expires_s: float, *, no_wait: bool = False) -> list[Any]:
+        """The next data messages, as soon as any arrive. One pull request
+        (``batch`` messages, open ``expires_s``; ``no_wait``: answered at
+        once with what is there) is kept outstanding and renewed when it
+        ends, so a live message is delivered the moment the server sends
+        it, and at most ``batch`` are in flight (the caller paces by
+        calling). ``[]``: a request ended with nothing (idle). Raises
+        ``TimeoutError`` when the server answers nothing, not even the
+        expiry (the consumer's node is gone), :class:`_ConsumerGone` on a
+        409-class status."""
+        if self._outstanding <= 0:
+            req: dict[str, Any] = {"batch": batch}
+            if no_wait:
+                req["no_wait"] = True
+            else:
+                req["expires"] = int(expires_s * 1e9)
+            await aio(self.link.nc.publish)(
+                f"$JS.API.CONSUMER.MSG.NEXT.{self.stream}.{self.name}", json.dumps(req).encode(),
+                reply=self._inbox)
+            self._outstanding = batch
+        out: list[Any] = []
+        with trio.fail_after(expires_s + 2.0):
+            while not self._buf:
+                self._wake = trio.Event()
+                await self._wake.wait()
+        while self._buf:
+            m = self._buf.popleft()
+            status = (m.headers or {}).get("Status")
+            if status is None:
+                out.append(m)
+                self._outstanding -= 1
+            elif status in ("404", "408"):
+                self._outstanding = 0
+            elif status != "100":  # 100: an idle heartbeat
+                self._outstanding = 0
+                if out:
+                    return out
+                raise _ConsumerGone(f"{status} {(m.headers or {}).get('Description', '')}")
+        return out
+
+
 class JsSocketConnection(SocketConnection):
     """A ``/socket`` connection of a :class:`JetStreamRelay`: the roster
     comes from the claims bucket (asked without blocking the reader)."""
@@ -196,6 +335,7 @@ class JetStreamRelay(Relay):
         self._scopes: dict[Outlet, dict[Subscriber, trio.CancelScope]] = {}
         #: (outlet, subscription id) -> its "subscribed" frame, until positioned
         self._held: dict[tuple[Outlet, Any], dict[str, Any]] = {}
+        self._acks = _Acks(link)
         self._kv_claims: Any = None
         self._kv_daemons: Any = None
         self._retention: dict[str, Any] = {}
@@ -215,7 +355,19 @@ class JetStreamRelay(Relay):
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Make the stream and the buckets if absent, listen on this relay's
         command subject, keep its claims fresh; runs until cancelled."""
-        await self._ensure()
+        attempt = 0
+        while True:
+            try:
+                await self._ensure()
+                break
+            except _NATS_ERRORS as e:  # an election, a cluster still forming, no storage
+                delay = backoff_delay(attempt, 0.5, 10.0)
+                if attempt % 10 == 0:
+                    log.warning("jetstream relay: stream %s or its buckets not ready (%s: %s); "
+                                "retrying in %.1fs", self.stream, type(e).__name__,
+                                str(getattr(e, "description", "") or "")[:120], delay)
+                attempt += 1
+                await trio.sleep(delay)
         sub = await aio(self.link.nc.subscribe)(command_subject(self.stream, self.relay_id))
         try:
             async with trio.open_nursery() as nursery:
@@ -251,6 +403,8 @@ class JetStreamRelay(Relay):
         self._note_retention(info)
         self._kv_claims = await self._bucket(claims_bucket(self.stream), cfg.claim_ttl)
         self._kv_daemons = await self._bucket(daemons_bucket(self.stream), cfg.claim_ttl)
+        if self._acks.prefix == "":
+            await self._acks.open()
 
     async def _bucket(self, name: str, ttl: float) -> Any:
         js = self.link.js
@@ -399,41 +553,53 @@ class JetStreamRelay(Relay):
         return len(entries)
 
     async def _publish(self, entries: list[Entry]) -> None:
+        """Publish ``entries``, each acknowledged by the stream: one lane per
+        subject (session), each lane one publish at a time (a retry never
+        lands a session's event after its successor: the stream holds every
+        session in order, which resume relies on), the lanes concurrent (at
+        most :data:`PUBLISH_WINDOW`). Raises :class:`Unavailable`."""
+        lanes: dict[str, list[Entry]] = {}
+        for e in entries:
+            lanes.setdefault(event_subject_of(self.stream, e.attrs), []).append(e)
         failed: list[BaseException] = []
         limit = trio.Semaphore(PUBLISH_WINDOW)
         async with trio.open_nursery() as nursery:
-            for e in entries:
+            for subject, lane in lanes.items():
                 await limit.acquire()
-                nursery.start_soon(self._publish_one, e, limit, failed)
+                nursery.start_soon(self._publish_lane, subject, lane, limit, failed)
         if failed:
             self.counters["publish_failed"] += len(failed)
             raise Unavailable(f"the JetStream stream did not acknowledge {len(failed)} of "
                               f"{len(entries)} events ({type(failed[0]).__name__}); send them "
                               "again (duplicates are dropped)")
 
-    async def _publish_one(self, e: Entry, limit: trio.Semaphore,
-                           failed: list[BaseException]) -> None:
+    async def _publish_lane(self, subject: str, lane: list[Entry], limit: trio.Semaphore,
+                            failed: list[BaseException]) -> None:
         try:
-            attrs = e.attrs
-            headers = event_headers(attrs, self.relay_id)
-            subject = event_subject_of(self.stream, attrs)
-            attempt = 0
-            with trio.move_on_after(PUBLISH_DEADLINE_S) as deadline:
-                while True:
-                    try:
-                        await aio(self.link.js.publish)(subject, e.raw, headers=headers,
-                                                        timeout=2.0)
-                        self.counters["published"] += 1
-                        self.counters["events"] += 1
-                        return
-                    except _NATS_ERRORS as exc:
-                        last = exc
-                        await trio.sleep(backoff_delay(attempt, 0.1, 1.0))
-                        attempt += 1
-            if deadline.cancelled_caught:
-                failed.append(last)
+            for i, e in enumerate(lane):
+                err = await self._publish_one(subject, e)
+                if err is not None:  # the rest of this session waits for the resend
+                    failed.extend([err] * (len(lane) - i))
+                    return
         finally:
             limit.release()
+
+    async def _publish_one(self, subject: str, e: Entry) -> BaseException | None:
+        headers = event_headers(e.attrs, self.relay_id)
+        attempt = 0
+        last: BaseException = TimeoutError("no acknowledgement")
+        with trio.move_on_after(PUBLISH_DEADLINE_S):
+            while True:
+                try:
+                    await self._acks.publish(subject, e.raw, headers, ack_wait_s=2.0)
+                    self.counters["published"] += 1
+                    self.counters["events"] += 1
+                    return None
+                except _NATS_ERRORS as exc:
+                    last = exc
+                    await trio.sleep(backoff_delay(attempt, 0.1, 1.0))
+                    attempt += 1
+        return last
 
     # -- control -----------------------------------------------------------------
     async def _claimants(self, session: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -646,7 +812,7 @@ class JetStreamRelay(Relay):
         while outlet.state == OPEN and outlet.queued_bytes > half:  # noqa: ASYNC110
             await trio.sleep(0.005)
 
-    async def _open_consumer(self, subjects: list[str], start: int) -> tuple[Any, str]:
+    async def _open_consumer(self, subjects: list[str], start: int) -> _Pull:
         self._n += 1
         name = f"{CONSUMER_PREFIX}_{token(self.relay_id)}_{self._n}"
         cfg = ConsumerConfig(
@@ -658,18 +824,19 @@ class JetStreamRelay(Relay):
         else:
             cfg.filter_subjects = subjects
         await aio(self.link.js.add_consumer)(self.stream, config=cfg)
-        psub = await aio(self.link.js.pull_subscribe_bind)(consumer=name, stream=self.stream)
+        pull = _Pull(self.link, self.stream, name)
+        await pull.open()
         self.counters["consumers_made"] += 1
         self.consumers[name] = list(subjects)
-        return psub, name
+        return pull
 
-    async def _drop_consumer(self, psub: Any, name: str) -> None:
-        self.consumers.pop(name, None)
+    async def _drop_consumer(self, pull: _Pull) -> None:
+        self.consumers.pop(pull.name, None)
         with trio.CancelScope(shield=True), trio.move_on_after(2.0):
             try:
-                await aio(psub.unsubscribe)()
-                await aio(self.link.js.delete_consumer)(self.stream, name)
-            except _NATS_ERRORS:
+                await pull.close()
+                await aio(self.link.js.delete_consumer)(self.stream, pull.name)
+            except _CONSUMER_ERRORS:
                 pass  # gone with its node; the inactive threshold removes the rest
 
     async def _phase(self, sub: Subscriber, subjects: list[str], start: int, stop: int | None,
@@ -685,46 +852,46 @@ class JetStreamRelay(Relay):
         done = start - 1
         attempt = 0
         while outlet.state == OPEN:
-            psub = name = None
+            pull = None
             try:
-                psub, name = await self._open_consumer(subjects, done + 1)
+                pull = await self._open_consumer(subjects, done + 1)
                 if attempt:
                     self.counters["consumers_remade"] += 1
                 attempt = 0
                 idle = 0
                 while outlet.state == OPEN:
                     await self._room(outlet)
-                    try:
-                        msgs = await aio(psub.fetch)(FETCH_BATCH, timeout=FETCH_TIMEOUT_S)
-                    except TimeoutError:  # nats-py's, or asyncio's from inside fetch: idle
+                    msgs = await pull.fetch(FETCH_BATCH, FETCH_TIMEOUT_S, no_wait=stop is not None)
+                    if not msgs:
                         idle += 1
                         if stop is not None or idle >= IDLE_CHECKS:
-                            idle = 0
-                            ci = await aio(psub.consumer_info)()  # raises when it is gone
+                            idle = 0  # raises NotFoundError when the consumer is gone
+                            ci = await aio(self.link.js.consumer_info)(self.stream, pull.name)
                             if stop is not None and ci.num_pending == 0:
                                 return
                         continue
                     idle = 0
                     for m in msgs:
-                        sseq = m.metadata.sequence.stream
+                        meta = m.metadata
+                        sseq = meta.sequence.stream
                         if stop is not None and sseq > stop:
                             return
                         if sseq <= done:
                             continue
                         done = sseq
                         self._deliver(sub, m.data, after)
-                        if stop is not None and sseq >= stop:
+                        if stop is not None and (sseq >= stop or meta.num_pending == 0):
                             return
                 return
-            except _NATS_ERRORS as e:
+            except _CONSUMER_ERRORS as e:
                 delay = backoff_delay(attempt, 0.2, 5.0)
                 attempt += 1
                 log.info("jetstream relay: consumer lost (%s); remade from stream sequence %d "
                          "in %.1fs", type(e).__name__, done + 1, delay)
                 await trio.sleep(delay)
             finally:
-                if psub is not None and name is not None:
-                    await self._drop_consumer(psub, name)
+                if pull is not None:
+                    await self._drop_consumer(pull)
 
     def _deliver(self, sub: Subscriber, data: bytes, after: dict[str, Position]) -> None:
         try:
