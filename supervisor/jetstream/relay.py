@@ -540,6 +540,9 @@ class JetStreamRelay(Relay):
             agents[session] = agent
             self.claims.claim(conn, session)
             self.claims.own_source(conn, e.attrs["source"])
+            if len(agents) > len(conn.claims):  # the claim table's LRU dropped some
+                for gone in [s for s in agents if s not in conn.claims]:
+                    self.spawn(self._kv_delete, claim_key(agents.pop(gone), gone, self.relay_id))
             if new:
                 await self._put_claim(conn, agent, session)
         return None

@@ -242,3 +242,26 @@ async def test_a_command_through_relay_b_reaches_the_emitter_on_relay_a(tmp_path
                 assert len(em.executed) == 2
             finally:
                 em.close()
+
+
+async def test_post_is_503_unavailable_while_no_server_acknowledges(tmp_path) -> None:
+    with NatsCluster(1, tmp_path) as c:
+        async with running_js_relay(c.url, token=TOKEN) as (relay, base), \
+                httpx.AsyncClient(timeout=60) as client:
+            ok = await client.post(base + "/events", headers=POST, content=ndjson([event(0)]))
+            assert ok.status_code == 202
+            await trio.to_thread.run_sync(c.kill, 0)
+            r = await client.post(base + "/events", headers=POST, content=ndjson([event(1)]))
+            assert r.status_code == 503 and r.json()["error"] == "unavailable"
+            assert relay.counters["publish_failed"] == 1
+            await trio.to_thread.run_sync(c.start, 0)
+            # the emitter sends it again once NATS is back: stored once
+            with trio.fail_after(60):
+                while True:
+                    r = await client.post(base + "/events", headers=POST,
+                                          content=ndjson([event(1), event(0)]))
+                    if r.status_code == 202:
+                        break
+                    await trio.sleep(0.5)
+            info = await aio(relay.link.js.stream_info)("AEP")
+            assert info.state.messages == 2
