@@ -275,10 +275,10 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
                  state_dir=state_dir(env), cors_origins=cors, policy=policy,
                  retention=retention, enabled=enabled,
                  warnings=_unknown_names(env), environ=env, nats=nats, **limits)
+    if nats is not None:  # the credential / TLS files must be readable (with --no-ports too)
+        r.problems.extend(file_problems(nats))
     if check_ports:
         r.problems.extend(_probe(cfg, blocked=bool(r.problems)))
-        if nats is not None:  # the credential / TLS files must be readable
-            r.problems.extend(file_problems(nats))
     return cfg, r.problems
 
 

@@ -243,6 +243,7 @@ class Fleet:
         self.metrics.watch(self)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
+        self._draining = False
 
     # -- running -------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -429,7 +430,7 @@ class Fleet:
         js = self.jetstream
         if js is not None:  # the JetStream sink: the same bytes, in channel order
             for item, ev, line in encoded:
-                await js.put(ev, line[:-1], item.bridge)
+                await js.put(ev, line[:-1], item.bridge, wait=not self._draining)
 
     def _log_writable(self) -> bool:
         return self.session_log.writable()
@@ -465,6 +466,7 @@ class Fleet:
         holds, flush the session logs, and close every uplink with a
         ``closing`` frame. Bounded by the caller's deadline."""
         self._bridges_scope.cancel()
+        self._draining = True  # the JetStream outbox no longer holds the pump
         while True:
             try:
                 item = self._recv.receive_nowait()
@@ -473,7 +475,7 @@ class Fleet:
             await self._deliver(item)
         self.session_log.close()
         if self.jetstream is not None:  # what JetStream has not acknowledged yet, within the deadline
-            with trio.move_on_after(max(0.5, self.cfg.drain_deadline - 1.5)):
+            with trio.move_on_after(max(0.5, self.cfg.drain_deadline - 2.5)):
                 await self.jetstream.publisher.flush()
         async with trio.open_nursery() as closing:  # concurrently: one deadline for all
             for m in self.members.values():

@@ -212,8 +212,9 @@ class Presence:
                 n.start_soon(self._serve_commands, link)
                 await self._keep(link)
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
-                await self.withdraw()
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                if link.connected:  # a dead link cannot delete: the TTL will
+                    await self.withdraw()
 
     async def _open_buckets(self, link: Link) -> None:
         from nats.js.api import KeyValueConfig

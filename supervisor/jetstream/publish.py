@@ -21,7 +21,8 @@ So an event is published only once every earlier event of its session is
 known stored (acknowledged, stored or duplicate), and stream sequence
 numbers are monotonic: the stream order of a session is its emission order.
 A failed round confirms what was acknowledged, rewinds the rest to the
-front of the outbox (acknowledged events are skipped on the resend), waits
+front of the outbox (acknowledged events are skipped on the resend and
+are no longer sheddable: they are stored, so never counted as drops), waits
 with the shared backoff and tries again. A resent event the server already
 stored (the ack was lost) carries the same ``Nats-Msg-Id`` and is dropped by
 the server's dedupe inside the stream's duplicate window
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import trio
 
+from bridges.core.aep import NOTICE_RANK
 from bridges.core.backoff import backoff_delay
 
 from ..outbox import Entry, Outbox
@@ -208,6 +210,9 @@ class Publisher:
                 self.last_error = None
                 continue
             self.counters["rounds_failed"] += 1
+            for e in batch:
+                if e.item.acked:  # stored already: resent as a no-op, never shed as a drop
+                    e.rank = NOTICE_RANK
             self.outbox.rewind()
             delay = backoff_delay(attempt, RETRY_INITIAL_S, RETRY_MAX_S)
             if attempt == 0 or attempt % 20 == 0:
@@ -310,7 +315,7 @@ async def ensure_stream(link: Link, cfg: NatsConfig) -> str:
             await aio(js.add_stream)(StreamConfig(**want))
             log.info("nats: stream %s created (%s)", cfg.stream,
                      ", ".join(f"{k}={v}" for k, v in want.items() if k != "name"))
-            await _await_leader(link, cfg.stream)
+            await await_leader(link, cfg.stream)
             return "created"
         except jerr.BadRequestError:
             info = await aio(js.stream_info)(cfg.stream)  # another daemon created it first
@@ -329,11 +334,11 @@ async def ensure_stream(link: Link, cfg: NatsConfig) -> str:
                       "the update (%s); publishing into it as it is", cfg.stream,
                       "; ".join(drift), getattr(e, "description", None) or type(e).__name__)
             outcome = "kept"
-    await _await_leader(link, cfg.stream)
+    await await_leader(link, cfg.stream)
     return outcome
 
 
-async def _await_leader(link: Link, stream: str) -> None:
+async def await_leader(link: Link, stream: str) -> None:
     """Until the stream answers ``STREAM.INFO`` with a leader (a fresh R3
     stream elects one after ``add_stream`` returns: publishing before that
     meets "no responders", ``NoStreamResponseError``)."""
@@ -350,5 +355,7 @@ async def _await_leader(link: Link, stream: str) -> None:
             await trio.sleep(0.1)
 
 
-__all__: Sequence[str] = ("Message", "Publisher", "ensure_stream", "message_for", "stream_drift",
+__all__: Sequence[str] = ("LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
+                          "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "await_leader",
+                          "ensure_stream", "message_for", "stream_drift",
                           "wanted_stream")

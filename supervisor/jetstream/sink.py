@@ -47,12 +47,19 @@ class JetStreamSink:
     def connected(self) -> bool:
         return self.publisher.connected
 
-    async def put(self, event: dict[str, Any], raw: bytes, bridge: str) -> None:
+    async def put(self, event: dict[str, Any], raw: bytes, bridge: str, *,
+                  wait: bool = True) -> None:
         """One event from the pump (``raw``: its JSON bytes): noted for the
         claims, queued for publishing (waits only while the outbox is full
-        of ``notice``+)."""
+        of ``notice``+). ``wait=False`` (the shutdown drain, bounded by its
+        deadline): never waits; an event that finds no room is counted
+        ``unqueued_at_shutdown`` (it is in the JSONL log)."""
         self.presence.note(bridge, event)
-        await self.publisher.put(event, raw)
+        if wait:
+            await self.publisher.put(event, raw)
+        elif self.publisher.offer(event, raw) == "full":
+            self.publisher.counters["unqueued_at_shutdown"] = \
+                self.publisher.counters.get("unqueued_at_shutdown", 0) + 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect, ensure the stream, then publish and serve claims and

@@ -45,6 +45,7 @@ class NatsCluster:
     def __init__(self, n: int, root: Path, *, ready_timeout: float = 30.0) -> None:
         self.n = n
         self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
         self.ready_timeout = ready_timeout
         ports = free_ports(3 * n)
         self.client_ports = ports[:n]

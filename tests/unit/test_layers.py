@@ -186,6 +186,13 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
     "supervisor.retention": {"RetainingSessionLog", "RetentionPolicy", "SETTINGS", "parse_age", "parse_size", "segment_name"},
     "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
+    "supervisor.jetstream.publish": {"LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
+                                     "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "await_leader",
+                                     "ensure_stream", "message_for", "stream_drift",
+                                     "wanted_stream"},
+    "supervisor.jetstream.presence": {"Claims", "ID_FILE", "Presence", "accepts_of", "daemon_id",
+                                      "route"},
+    "supervisor.jetstream.sink": {"JetStreamSink"},
     "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "install", "plan", "read_env_file", "render_plist", "render_unit"},
 }
 

@@ -4,9 +4,11 @@ leader being killed, and the trio link publishes and reads back."""
 from __future__ import annotations
 
 import trio
+from nats.js.errors import NoStreamResponseError
 
 from supervisor.jetstream.config import from_env
 from supervisor.jetstream.link import aio, open_link
+from supervisor.jetstream.publish import await_leader
 from tests.support.nats import NatsCluster
 
 
@@ -23,14 +25,30 @@ async def test_link_publishes_and_reads_back_on_one_node(tmp_path) -> None:
             assert msg.data == b"one"
 
 
+async def _publish_through_no_responders(link, subject: str, data: bytes) -> None:
+    with trio.fail_after(20):
+        while True:
+            try:
+                await aio(link.js.publish)(subject, data)
+                return
+            except NoStreamResponseError:
+                await trio.sleep(0.1)
+
+
 async def test_three_node_cluster_keeps_an_r3_stream_through_a_leader_kill(tmp_path) -> None:
     with NatsCluster(3, tmp_path) as c:
         cfg, _ = from_env({"AEP_NATS_URL": c.url})
         assert cfg is not None
         async with open_link(cfg) as link:
             await aio(link.js.add_stream)(name="R", subjects=["R.>"], num_replicas=3)
+            # add_stream can return before the R3 group has elected its leader,
+            # and the new stream's subject interest reaches the other nodes'
+            # routes a moment later: a publish in between meets "no responders"
+            # (NoStreamResponseError, the flake seen once in ~7 runs). Wait for
+            # the leader, and retry "no responders" (only that) for a bounded time
+            await await_leader(link, "R")
             for i in range(10):
-                await aio(link.js.publish)("R.x", str(i).encode())
+                await _publish_through_no_responders(link, "R.x", str(i).encode())
             leader = None
             with trio.fail_after(20):
                 while leader is None:

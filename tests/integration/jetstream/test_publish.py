@@ -13,6 +13,7 @@ from supervisor.jetstream.link import aio, open_link
 from tests.integration.jetstream.fleet_support import (
     BurstBridge,
     decoded,
+    nats_config,
     running_fleet,
     wait_published,
 )
@@ -100,3 +101,20 @@ async def test_nats_down_at_start_then_up_loses_nothing(tmp_path) -> None:
         _assert_per_session_order(events)
     finally:
         c.close()
+
+
+async def test_an_existing_stream_with_other_settings_is_updated_and_said_so(tmp_path, caplog) -> None:
+    with NatsCluster(1, tmp_path) as c:
+        async with open_link(nats_config(c.url)) as link:
+            await aio(link.js.add_stream)(name="AEP", subjects=["AEP.ev.>"], max_age=60.0)
+        bridge = BurstBridge(4, sessions=1)
+        async with running_fleet(tmp_path, [bridge], c.url, AEP_NATS_MAX_AGE="7200") as fleet:
+            await bridge.done.wait()
+            await wait_published(fleet, 4)
+            assert fleet.jetstream.stream_state == "updated"
+            async with open_link(fleet.cfg.nats) as link:
+                info = await aio(link.js.stream_info)("AEP")
+        assert info.config.max_age == 7200.0 and info.config.duplicate_window == 300.0
+        assert info.state.messages == 4
+        said = [r.getMessage() for r in caplog.records if "existed with other settings" in r.getMessage()]
+        assert said and "max_age: 60.0 -> 7200.0" in said[0]
