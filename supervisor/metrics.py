@@ -149,6 +149,7 @@ class FleetCollector(Collector):
             st = js.publisher.stats()
             for sev in ("debug", "info"):  # notice+ is never shed: the pump waits instead
                 totals[("nats-outbox-full", sev)] = int(st[f"dropped_{sev}"])
+            totals[("nats-too-large", "*")] = int(st["too_large"])
         if f.relay is not None:
             rc = f.relay.stats()["counters"]
             for sev in ("debug", "info"):  # notice+ is never shed: the stream ends instead

@@ -83,8 +83,10 @@ class Link:
 
 def _connect_options(cfg: NatsConfig, name: str, link_box: list[Link]) -> dict[str, Any]:
     async def error_cb(e: Exception) -> None:
-        if link_box:
-            link_box[0].counters["errors"] += 1
+        if not link_box:  # a failed first connect: open_link reports those, rate-limited
+            log.debug("nats: %s: %s", type(e).__name__, _scrub(str(e), cfg)[:200])
+            return
+        link_box[0].counters["errors"] += 1
         log.warning("nats: %s: %s", type(e).__name__, _scrub(str(e), cfg)[:200])
 
     async def disconnected_cb() -> None:

@@ -66,6 +66,20 @@ RETRY_INITIAL_S = 0.1
 RETRY_MAX_S = 5.0
 
 
+@dataclass(frozen=True, slots=True)
+class TooLarge:
+    """A publish result: the message exceeds the server's max payload or the
+    stream's max message size, so no retry can store it."""
+
+    why: str
+
+
+def too_large(e: BaseException) -> bool:
+    """Whether ``e`` says the message is too big to ever be stored
+    (nats-py ``MaxPayloadError``; JetStream ``err_code`` 10054)."""
+    return type(e).__name__ == "MaxPayloadError" or getattr(e, "err_code", None) == 10054
+
+
 @dataclass(slots=True)
 class Message:
     """One outbox item: the subject, the payload (the event's JSON bytes,
@@ -100,6 +114,9 @@ async def _publish_lanes(js: Any, msgs: Sequence[Message], ack_wait_s: float) ->
                 results[i] = await js.publish(m.subject, m.payload, timeout=ack_wait_s,
                                               headers=m.headers)
             except Exception as e:  # noqa: BLE001 -- the lane's failure is its result
+                if too_large(e):  # can never be stored: settled (counted), the lane goes on
+                    results[i] = TooLarge(type(e).__name__)
+                    continue
                 results[i] = e
                 return
 
@@ -115,7 +132,8 @@ class Publisher:
     ``counters``: ``offered``, ``published`` (publish attempts, resends
     included), ``acked`` (PubAcks, duplicates included), ``duplicates``
     (PubAcks saying the server already held it), ``publish_errors``,
-    ``rounds_failed``, and the outbox's ``dropped_debug``, ``dropped_info``,
+    ``rounds_failed``, ``too_large`` (never storable: over the server's
+    max payload; logged, in the JSONL log only), and the outbox's ``dropped_debug``, ``dropped_info``,
     ``dropped``, ``rewound``; :attr:`depth` is the outbox's live size."""
 
     def __init__(self, cfg: NatsConfig, daemon: str) -> None:
@@ -124,7 +142,7 @@ class Publisher:
         self.outbox = Outbox(cfg.outbox)
         self.counters: dict[str, int] = {"offered": 0, "published": 0, "acked": 0,
                                          "duplicates": 0, "publish_errors": 0,
-                                         "rounds_failed": 0}
+                                         "rounds_failed": 0, "too_large": 0}
         self._room = trio.lowlevel.ParkingLot()  # put() waiting for room (notice+, full)
         self._work = trio.Event()  # something was offered
         self._idle = trio.Event()  # the outbox is empty
@@ -246,6 +264,13 @@ class Publisher:
             if r is None:
                 continue
             self.counters["published"] += 1
+            if isinstance(r, TooLarge):  # never storable: settled, counted, logged (never silent)
+                msg.acked = True
+                self.counters["too_large"] += 1
+                log.error("nats: an event of %d bytes on %s is too large for the server (%s): "
+                          "not published (it is in the JSONL log; counted too_large)",
+                          len(msg.payload), msg.subject, r.why)
+                continue
             if isinstance(r, BaseException):
                 self.counters["publish_errors"] += 1
                 if failure is None:
@@ -356,6 +381,6 @@ async def await_leader(link: Link, stream: str) -> None:
 
 
 __all__: Sequence[str] = ("LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
-                          "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "await_leader",
-                          "ensure_stream", "message_for", "stream_drift",
+                          "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "TooLarge", "await_leader",
+                          "ensure_stream", "too_large", "message_for", "stream_drift",
                           "wanted_stream")

@@ -1,7 +1,8 @@
 """In-process fleets publishing into a real nats-server (issue 14): the
 real Fleet, stamper, ledger, embedded relay and JetStream sink, with small
 test bridges (a burst emitter; a control-capable bridge) standing in for a
-vendor, as tests/integration/supervisor/test_fleet_control.py does."""
+vendor, as tests/integration/supervisor/test_fleet_control.py does (its
+``ToyBridge`` is the control-capable one here too)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +12,6 @@ from typing import Any, AsyncIterator
 import trio
 
 from bridges.core.bridge import BridgeRun
-from bridges.core.control import Refuse, WriteResult
 from supervisor.config import Config
 from supervisor.fleet import Fleet
 from supervisor.jetstream.config import from_env
@@ -59,55 +59,6 @@ class BurstBridge:
                 await trio.sleep(self.pace)
         self.done.set()
         await trio.sleep_forever()
-
-
-class ToyControlBridge:
-    """Owns session ``toy-1`` (agent ``toy-agent``); accepts
-    ``control.cancel`` for run ``r1`` (the write is recorded)."""
-
-    name = "toyctl"
-    agent = "toy-agent"
-
-    def __init__(self) -> None:
-        self.writes: list[dict[str, Any]] = []
-
-    def capabilities(self) -> dict[str, Any]:
-        return {"emits": ["session", "run"],
-                "control": {"accepts": ["control.cancel"], "ack_window_ms": 10000}}
-
-    def preflight(self, *, check_ports: bool = True) -> list[str]:
-        return []
-
-    def listeners(self) -> dict[str, Any]:
-        return {}
-
-    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        ctx.health.source = True
-        await ctx.emit("toy-1", {"type": "session.started", "data": {}})
-        await ctx.emit("toy-1", {"type": "run.started", "data": {}}, run="r1")
-        task_status.started(BridgeRun(controller=_ToyController(self.writes)))
-        await trio.sleep_forever()
-
-
-class _ToyController:
-    accepts = ("control.cancel",)
-    ack_window_ms = 10000
-    guard_ms = 8000
-
-    def __init__(self, writes: list[dict[str, Any]]) -> None:
-        self.writes = writes
-
-    def check(self, cmd):
-        if cmd.get("run") != "r1":
-            raise Refuse("refused", "no such run")
-        return cmd
-
-    def note(self, plan):
-        return None
-
-    async def perform(self, plan):
-        self.writes.append(plan)
-        return WriteResult(200)
 
 
 def nats_config(url: str, **env: str):

@@ -39,8 +39,8 @@ async def test_leader_killed_mid_stream_loses_no_notice_and_keeps_order(tmp_path
             await trio.to_thread.run_sync(c.kill, int(leader[1:]))
             await bridge.done.wait()
             pub = fleet.jetstream.publisher
-            with trio.fail_after(120):
-                while pub.depth:
+            with trio.fail_after(120):  # every event through the pump, then acked or shed
+                while fleet.counters["events"] < 1500 or pub.depth:
                     await trio.sleep(0.05)
             st = pub.stats()
             new_leader = await _leader(c, "AEP")

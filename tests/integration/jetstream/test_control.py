@@ -11,7 +11,8 @@ import trio
 
 from supervisor.jetstream import subjects as S
 from supervisor.jetstream.link import aio, open_link
-from tests.integration.jetstream.fleet_support import ToyControlBridge, decoded, running_fleet
+from tests.integration.jetstream.fleet_support import decoded, running_fleet
+from tests.integration.supervisor.test_fleet_control import ToyBridge
 from tests.support.nats import NatsCluster, stream_messages
 
 
@@ -34,7 +35,7 @@ async def _acks_of(link, cause: str) -> list[dict]:
 
 async def test_claims_in_kv_and_a_command_through_the_listener_is_acked_once(tmp_path) -> None:
     with NatsCluster(1, tmp_path) as c:
-        bridge = ToyControlBridge()
+        bridge = ToyBridge()
         async with running_fleet(tmp_path, [bridge], c.url) as fleet:
             daemon = fleet.jetstream.daemon
             assert (tmp_path / "state" / "daemon-id").read_text().strip() == daemon
@@ -50,12 +51,12 @@ async def test_claims_in_kv_and_a_command_through_the_listener_is_acked_once(tmp
                             await trio.sleep(0.1)
                 claim = S.parse_value(entry.value)
                 assert claim is not None
-                assert claim["daemon"] == daemon and claim["bridge"] == "toyctl"
+                assert claim["daemon"] == daemon and claim["bridge"] == "toy"
                 assert claim["identity"]["agent"] == "toy-agent"
                 assert claim["control"] == {"accepts": ["control.cancel"], "ack_window_ms": 10000}
                 dkv = await aio(link.js.key_value)("AEP_daemons")
                 dent = S.parse_value((await aio(dkv.get)(S.token(daemon))).value)
-                assert dent is not None and dent["bridges"][0]["name"] == "toyctl"
+                assert dent is not None and dent["bridges"][0]["name"] == "toy"
 
                 raw = _cmd("01JCMD00000000000000000001", run="r1")
                 assert await _request(link, daemon, raw) == ("accepted", None, "")
@@ -94,7 +95,7 @@ async def test_claims_are_refreshed_within_their_ttl(tmp_path) -> None:
     """AEP_NATS_CLAIM_TTL=1: the bucket forgets an entry a second after its
     last put; a running daemon's claim is still there after several TTLs."""
     with NatsCluster(1, tmp_path) as c:
-        async with running_fleet(tmp_path, [ToyControlBridge()], c.url,
+        async with running_fleet(tmp_path, [ToyBridge()], c.url,
                                  AEP_NATS_CLAIM_TTL="1") as fleet:
             key = S.claim_key("toy-agent", "toy-1", fleet.jetstream.daemon)
             async with open_link(fleet.cfg.nats) as link:

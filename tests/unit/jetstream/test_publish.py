@@ -132,3 +132,29 @@ def test_stream_settings_and_drift() -> None:
     same = SimpleNamespace(**{k: want[k] for k in ("max_age", "max_bytes", "num_replicas",
                                                      "duplicate_window", "subjects")})
     assert P.stream_drift(same, want) == []
+
+
+def test_a_message_too_large_for_the_server_is_settled_counted_and_the_lane_goes_on() -> None:
+    import nats.errors
+
+    class Big(FakeJS):
+        async def publish(self, subject, payload, timeout, headers):
+            if headers["Nats-Msg-Id"].startswith("id00001 "):
+                raise nats.errors.MaxPayloadError
+            return await super().publish(subject, payload, timeout, headers)
+
+    async def main():
+        js = Big([])
+        pub = P.Publisher(_cfg(), "d")
+        async with trio_asyncio.open_loop():
+            async with trio.open_nursery() as n:
+                n.start_soon(pub.run, SimpleNamespace(connected=True, js=js))
+                for i in range(3):
+                    await pub.put(_event(i, "s"), b"{}")
+                with trio.fail_after(10):
+                    await pub.flush()
+                n.cancel_scope.cancel()
+        return js, pub
+    js, pub = trio.run(main)
+    assert [mid for _, mid in js.stored] == ["id00000 aep://h/t", "id00002 aep://h/t"]
+    assert pub.stats()["too_large"] == 1 and pub.stats()["rounds_failed"] == 0
