@@ -16,7 +16,8 @@ import trio
 
 from bridges.core.bridge import BridgeRun
 from supervisor.jetstream.link import open_link
-from tests.integration.jetstream.fleet_support import ToyControlBridge, running_fleet
+from tests.integration.jetstream.fleet_support import running_fleet
+from tests.integration.supervisor.test_fleet_control import ToyBridge
 from tests.support.daemon import Collector
 from tests.support.js_relay_harness import TOKEN, nats_config, relay_process
 from tests.support.nats import NatsCluster, stream_messages
@@ -78,7 +79,7 @@ async def test_two_daemons_two_relays_resume_across_relays_and_a_node_killed(tmp
     with NatsCluster(3, tmp_path / "nats") as c:
         relay_a = relay_process(tmp_path / "ra", c.url, env=nats_env)
         relay_b = relay_process(tmp_path / "rb", c.url, env=nats_env)
-        async with running_fleet(tmp_path / "d1", [t1, ToyControlBridge()], c.url,
+        async with running_fleet(tmp_path / "d1", [t1, ToyBridge()], c.url,
                                  token=TOKEN, **nats_env) as f1, \
                 running_fleet(tmp_path / "d2", [t2], c.url, token=TOKEN, **nats_env):
             await _start(relay_a)
@@ -146,8 +147,7 @@ async def test_two_daemons_two_relays_resume_across_relays_and_a_node_killed(tmp
                 outcome, ack = await command(relay_b, "control.cancel", "toy-1", run="r1")
                 assert outcome == "accepted", ack
                 assert ack["type"] == "control.accepted" and ack["agent"] == "toy-agent"
-                assert f1.members["toyctl"].bridge.writes and \
-                    len(f1.members["toyctl"].bridge.writes) == 1
+                assert len(f1.members["toy"].bridge.writes) == 1
                 async with open_link(nats_config(c.url)) as link:
                     msgs = await stream_messages(link, "AEP", subject="AEP.ev.toy-agent.toy-1")
                 acks = [json.loads(m.data) for m in msgs
