@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 from typing import Any
 
 import trio
@@ -101,7 +102,8 @@ def _cmd_relay(args: argparse.Namespace) -> int:
         return _refuse(problems)
     logs.setup(cfg.environ)
     raise_fd_limit()
-    return trio.run(run_daemon, cfg, [])
+    # AEP_NATS_URL: serve the AEP bindings from JetStream ("Past one machine")
+    return trio.run(partial(run_daemon, cfg, [], nats=cfg.nats))
 
 
 def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:

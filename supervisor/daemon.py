@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import signal
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -85,19 +86,46 @@ def _settle_gc() -> None:
     gc.set_threshold(_GC_THRESHOLD0, t1, t2)
 
 
+def relay_options(cfg: Config) -> dict[str, Any]:
+    """The :class:`~supervisor.relay.core.Relay` arguments ``cfg`` sets."""
+    return dict(token=cfg.token, buffer=cfg.buffer, max_sessions=cfg.max_sessions,
+                max_body=cfg.max_body, max_batch=cfg.max_batch, max_from=cfg.max_from,
+                buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes,
+                cors_origins=cfg.cors_origins, strict_identity=cfg.strict_identity,
+                max_filter_terms=cfg.max_filter_terms, body_timeout_s=cfg.body_timeout,
+                subscriber_bytes=cfg.subscriber_bytes)
+
+
 async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,
+                     nats: Any = None,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
-    """Run until SIGTERM/SIGINT; returns the process exit status."""
-    notifier = notifier or Notifier(cfg.environ)
+    """Run until SIGTERM/SIGINT; returns the process exit status. ``nats``
+    (a :class:`~supervisor.jetstream.config.NatsConfig`, ``aep-bridges
+    relay`` with ``AEP_NATS_URL``): the relay serves from JetStream
+    (:class:`~supervisor.jetstream.relay.JetStreamRelay`)."""
+    if nats is not None and cfg.embedded_relay:
+        from .jetstream.link import open_link
+        from .jetstream.relay import JetStreamRelay
+        async with open_link(nats, name="aep-bridges relay") as link, \
+                trio.open_nursery() as outer:
+            js_relay = JetStreamRelay(link, nats, **relay_options(cfg))
+            await outer.start(js_relay.run)
+            # the relay is the one NATS party here: the (bridgeless) fleet runs no sink
+            status = await _run_daemon(replace(cfg, nats=None), bridges, js_relay,
+                                       notifier=notifier, task_status=task_status)
+            outer.cancel_scope.cancel()
+        return status
     relay = None
     if cfg.embedded_relay:
         from .relay.core import Relay
-        relay = Relay(token=cfg.token, buffer=cfg.buffer, max_sessions=cfg.max_sessions,
-                      max_body=cfg.max_body, max_batch=cfg.max_batch, max_from=cfg.max_from,
-                      buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes,
-                      cors_origins=cfg.cors_origins, strict_identity=cfg.strict_identity,
-                      max_filter_terms=cfg.max_filter_terms, body_timeout_s=cfg.body_timeout,
-                      subscriber_bytes=cfg.subscriber_bytes)
+        relay = Relay(**relay_options(cfg))
+    return await _run_daemon(cfg, bridges, relay, notifier=notifier, task_status=task_status)
+
+
+async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
+                      notifier: Notifier | None,
+                      task_status: trio.TaskStatus[list[str]]) -> int:
+    notifier = notifier or Notifier(cfg.environ)
     from .mounts import Mounts
     mounts = Mounts(cfg.token)  # bridge-served paths on AEP_LISTEN (the ACP tees)
     fleet = Fleet(cfg, bridges, relay=relay, mounts=mounts)
@@ -141,7 +169,8 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
             _settle_gc()
             root.start_soon(notifier.watchdog_loop)
             log.info("aep-bridges up: %s on %s; bridges: %s; epoch %d; %s",
-                     "embedded relay" if relay else "health", ", ".join(bound),
+                     (getattr(relay, "mode", "embedded relay") if relay else "health"),
+                     ", ".join(bound),
                      ", ".join(fleet.members) or "none", fleet.epoch,
                      "control routing on (token set)" if cfg.token
                      else "watch-only (no AEP_TOKEN: commands refused)")

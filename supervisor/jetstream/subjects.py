@@ -64,6 +64,10 @@ A session has as many claims as claimant daemons: exactly one key under
 a type outside the claim's ``control.accepts`` is ``unsupported``
 (AEP-0004 §4.2, §4.5). Two bridges of ONE daemon claiming one session
 (the same agent) share a key; that daemon's listener answers ``ambiguous``.
+A JetStream relay claims the sessions of the emitters on its own
+``/socket`` the same way: ``daemon`` is the relay's id (``relay-<hex>``,
+no ``S_daemons`` entry), ``bridge`` names the connection, and the relay
+answers ``S.cmd.<relay id>`` with the same replies.
 
 **Daemons** (KV ``S_daemons``, key ``token(daemon)``, same TTL and
 refresh; :func:`daemon_value`)::

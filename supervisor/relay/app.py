@@ -67,6 +67,7 @@ from bridges.core.asgi import (
 from bridges.core.asgi import header as _header
 from bridges.core.http import FaultLog, fault_kind
 
+from .connections import Unavailable
 from .core import Relay
 from .envelope import InvalidEvent
 from .params import normalize_origin
@@ -297,7 +298,15 @@ class RelayApp:
             return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
         if relay.closing:
             return await respond(send, 503, {"error": "shutting-down"}, close=True)
-        accepted = await relay.ingest_http_batch(entries)
+        await self._ingest(entries, send)
+
+    async def _ingest(self, entries: list[Any], send: Send) -> None:
+        """Ingest a checked batch: 202 ``{"accepted": n}``, or 503
+        ``unavailable`` when the relay's store did not take it."""
+        try:
+            accepted = await self.relay.ingest_http_batch(entries)
+        except Unavailable as e:
+            return await respond(send, 503, {"error": "unavailable", "detail": str(e)})
         await respond(send, 202, {"accepted": accepted})
 
     # -- WebSocket ---------------------------------------------------------------

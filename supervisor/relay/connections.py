@@ -25,7 +25,7 @@ from .params import parse_capture, parse_from
 if TYPE_CHECKING:
     from .core import Relay
 
-__all__ = ["RelayClosed", "CommandRefused", "Connection", "LocalEmitter", "SocketConnection",
+__all__ = ["RelayClosed", "Unavailable", "CommandRefused", "Connection", "LocalEmitter", "SocketConnection",
            "Claims", "ROLES"]
 
 ROLES = ("emitter", "consumer", "both")
@@ -33,6 +33,12 @@ ROLES = ("emitter", "consumer", "both")
 
 class RelayClosed(RuntimeError):
     """The relay (or this in-process connection) is closed; nothing was ingested."""
+
+
+class Unavailable(RuntimeError):
+    """The relay's store did not take the events (a JetStream relay whose
+    NATS cluster is unreachable): nothing is acknowledged; the emitter
+    sends them again (duplicates are dropped on ``(source, id)``)."""
 
 
 class CommandRefused(Exception):
@@ -367,6 +373,9 @@ class SocketConnection(Connection):
             extra = {"cause": cause} if cause else {}
             self.error("invalid-event", str(e), **extra)
             return
+        except Unavailable as e:
+            self.error("unavailable", str(e), **({"cause": cause} if cause else {}))
+            return
         if refusal is not None:
             code, detail = refusal
             self.send({"type": "error", "cause": ev["id"], "code": code, "detail": detail})
@@ -421,6 +430,10 @@ class SocketConnection(Connection):
         if self.role == "emitter":
             self.error("unauthorized", "roster is answered on consumer/both connections", id=rid)
             return
+        self.send_roster(rid)
+
+    def send_roster(self, rid: str) -> None:
+        """Answer a ``roster`` request ``rid`` (AEP-0003 §4.1)."""
         self.send({"type": "roster", "id": rid, "entries": self.relay.roster()})
 
     def _ping(self, msg: dict[str, Any]) -> None:

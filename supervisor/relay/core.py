@@ -351,6 +351,16 @@ class Relay:
         routed (AEP-0004 §4) and anything else admitted (claimed, buffered,
         fanned out). Returns a command refusal ``(code, detail)`` or
         ``None``; raises :class:`InvalidEvent`."""
+        e = self.accept(ev, conn, raw)
+        if is_command_type(e.attrs["type"]):
+            return await self._route(ev, e, conn, raw)
+        self._admit(e, conn)
+        return None
+
+    def accept(self, ev: Any, conn: Connection | None, raw: str | None = None) -> Entry:
+        """Every check :meth:`ingest` makes before it routes or admits
+        ``ev`` (validation, source ownership, position, identity; a
+        command's duplicate keys); the entry, or :class:`InvalidEvent`."""
         e = self.entry(ev)
         self.check_owner(e, conn)
         self.check_position(e)
@@ -359,12 +369,9 @@ class Relay:
             # the connection's own events (sequenced and agent.*); commands and
             # attention.routed speak for their sender, not a declared emitter
             self._identity_mismatch(conn, ev["agent"])
-        if is_command_type(e.attrs["type"]):
-            if raw is not None and has_duplicate_keys(raw):
-                raise InvalidEvent("duplicate attribute names in command")
-            return await self._route(ev, e, conn, raw)
-        self._admit(e, conn)
-        return None
+        if is_command_type(e.attrs["type"]) and raw is not None and has_duplicate_keys(raw):
+            raise InvalidEvent("duplicate attribute names in command")
+        return e
 
     def _identity_mismatch(self, conn: Connection, agent: Any) -> None:
         """An event whose ``agent`` is not the connection's hello identity
@@ -431,12 +438,17 @@ class Relay:
         return None
 
     def _route_check(self, ev: dict[str, Any], sender: Connection | None) -> tuple[str, str] | None:
+        return self.auth_refusal(sender) or self.claims.refusal(ev["session"], ev["type"])
+
+    def auth_refusal(self, sender: Connection | None) -> tuple[str, str] | None:
+        """``unauthorized`` unless ``sender`` is an authenticated binding
+        (AEP-0004 §4.1); ``None`` when it may send commands."""
         if sender is None or not sender.authenticated:
             if self._token is None:
                 return ("unauthorized", "control requires an authenticated binding (AEP-0004 §4.1); "
                         "this relay runs without AEP_TOKEN (watch-only)")
             return ("unauthorized", "control requires an authenticated binding (AEP-0004 §4.1)")
-        return self.claims.refusal(ev["session"], ev["type"])
+        return None
 
     # -- subscriptions (the fan-out is :mod:`.fanout`) -------------------------------
     def unsubscribe(self, sub: Subscriber) -> None:
@@ -485,8 +497,14 @@ class Relay:
         tail = None if live else [b": replay-complete\n\n"]
         self.subscribe(sub, plan_all=plan_all, positions=positions, live=live, tail=tail)
         if not live:
-            outlet.end(True)
+            self.end_after_replay(outlet)
         return outlet
+
+    def end_after_replay(self, outlet: Outlet) -> None:
+        """A ``live=0`` stream ends once its queued replay is written (here
+        the replay is queued whole at :meth:`subscribe`; a backend that
+        delivers it later ends the outlet itself)."""
+        outlet.end(True)
 
     # -- shutdown ---------------------------------------------------------------------
     async def close(self, reason: str = "shutting down", *, grace: float = 2.0) -> None:

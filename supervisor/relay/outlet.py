@@ -151,6 +151,11 @@ class Outlet:
         """How many items are queued (events, frames, replay, end)."""
         return len(self._q)
 
+    @property
+    def queued_bytes(self) -> int:
+        """Accounted bytes queued (what the soft and hard bounds measure)."""
+        return self._bytes
+
     def peek(self) -> Item | None:
         """The item at the head of the queue (``None`` when empty)."""
         return self._q[0] if self._q else None

@@ -17,7 +17,7 @@ from .buffer import BufKey, Entry, Position, SessionBuffers
 from .fanout import View
 from .outlet import Subscriber, frame_text
 
-__all__ = ["ReplayJob", "Plan", "plan_replay"]
+__all__ = ["ReplayJob", "Plan", "exhausted_marker", "plan_replay"]
 
 Plan = list[tuple[BufKey, "Position | None", bool]]
 """``[(buffer key, after, mark)]``: resume strictly after ``after``
@@ -48,6 +48,15 @@ def plan_replay(buffers: SessionBuffers, flt: Filter, *, plan_all: bool,
     return plan
 
 
+def exhausted_marker(sub: Subscriber, session: str, earliest: Position) -> bytes | str:
+    """The ``replay-exhausted`` marker for ``sub`` (AEP-0003 §5): the SSE
+    comment (§3.3.3) or the WS frame ``{type, sub, session, earliest}``."""
+    if sub.outlet.kind == "sse":
+        return f": replay-exhausted {_comment_safe(session)} {earliest[0]}:{earliest[1]}\n\n".encode()
+    return frame_text({"type": "replay-exhausted", "sub": sub.sid, "session": session,
+                       "earliest": {"epoch": earliest[0], "seq": earliest[1]}})
+
+
 class ReplayJob:
     """Buffered replay for one subscription, rendered lazily in chunks.
 
@@ -71,10 +80,7 @@ class ReplayJob:
         self._cur: deque[Entry] = deque()
 
     def _marker(self, session: str, earliest: Position) -> Any:
-        if self.sub.outlet.kind == "sse":
-            return f": replay-exhausted {_comment_safe(session)} {earliest[0]}:{earliest[1]}\n\n".encode()
-        return frame_text({"type": "replay-exhausted", "sub": self.sub.sid, "session": session,
-                           "earliest": {"epoch": earliest[0], "seq": earliest[1]}})
+        return exhausted_marker(self.sub, session, earliest)
 
     def next_chunk(self) -> list[Any] | None:
         """The next payloads (at most :attr:`CHUNK`, after scanning at most
