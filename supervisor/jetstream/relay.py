@@ -268,10 +268,13 @@ class _Pull:
                 reply=self._inbox)
             self._outstanding = batch
         out: list[Any] = []
-        with trio.fail_after(expires_s + 2.0):
+        with trio.move_on_after(expires_s + 2.0) as waited:
             while not self._buf:
                 self._wake = trio.Event()
                 await self._wake.wait()
+        if waited.cancelled_caught:  # not even the expiry came back: the node is gone
+            self._outstanding = 0
+            raise TimeoutError("no answer to the pull request")
         while self._buf:
             m = self._buf.popleft()
             status = (m.headers or {}).get("Status")
@@ -748,6 +751,10 @@ class JetStreamRelay(Relay):
             except _NATS_ERRORS as e:
                 log.warning("jetstream relay: a subscription failed to start (%s)",
                             type(e).__name__)
+                sub.outlet.terminate("unavailable", code=1011)
+            except Exception as e:  # noqa: BLE001 -- one subscription never takes the relay down
+                log.error("jetstream relay: a subscription failed: %s: %s", type(e).__name__,
+                          str(e)[:200])
                 sub.outlet.terminate("unavailable", code=1011)
         per = self._scopes.get(sub.outlet)
         if per is not None and per.get(sub) is scope:

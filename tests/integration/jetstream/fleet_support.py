@@ -21,15 +21,17 @@ SEVERITIES = ("debug", "info", "notice", "warning")
 
 
 class BurstBridge:
-    """Emits ``n`` events round-robin over ``sessions`` sessions, severity
-    cycling debug/info/notice/warning, ``pace`` seconds apart (0: as fast
-    as the channel takes them); ``done`` once all are stamped."""
+    """Emits ``n`` events round-robin over ``sessions`` sessions named
+    ``<prefix>-<k>``, severity cycling debug/info/notice/warning, ``pace``
+    seconds apart (0: as fast as the channel takes them), once ``start`` is
+    set (when given); ``done`` once all are stamped."""
 
     agent = "toy"
 
     def __init__(self, n: int, sessions: int = 4, *, pace: float = 0.0, name: str = "burst",
-                 start: trio.Event | None = None) -> None:
+                 start: trio.Event | None = None, prefix: str = "ses") -> None:
         self.name = name
+        self.prefix = prefix
         self.n = n
         self.sessions = sessions
         self.pace = pace
@@ -52,7 +54,7 @@ class BurstBridge:
         if self.start is not None:
             await self.start.wait()
         for i in range(self.n):
-            ev = await ctx.emit(f"ses-{i % self.sessions}", {"type": "x.toy.tick", "data": {"i": i}},
+            ev = await ctx.emit(f"{self.prefix}-{i % self.sessions}", {"type": "x.toy.tick", "data": {"i": i}},
                                 severity=SEVERITIES[i % len(SEVERITIES)])
             self.emitted.append(ev)
             if self.pace:

@@ -14,52 +14,12 @@ from typing import Any
 
 import trio
 
-from bridges.core.bridge import BridgeRun
 from supervisor.jetstream.link import open_link
-from tests.integration.jetstream.fleet_support import running_fleet
+from tests.integration.jetstream.fleet_support import BurstBridge, running_fleet
 from tests.integration.supervisor.test_fleet_control import ToyBridge
 from tests.support.daemon import Collector
 from tests.support.js_relay_harness import TOKEN, nats_config, relay_process
 from tests.support.nats import NatsCluster, stream_messages
-
-SEVERITIES = ("debug", "info", "notice", "warning")
-
-
-class Ticker:
-    """Emits ``n`` events round-robin over ``sessions`` sessions named
-    ``<prefix>-<k>``, severity cycling debug..warning, ``pace`` s apart,
-    once ``go`` is set."""
-
-    agent = "toy"
-
-    def __init__(self, name: str, prefix: str, n: int, go: trio.Event, *, sessions: int = 3,
-                 pace: float = 0.01) -> None:
-        self.name, self.prefix, self.n, self.go = name, prefix, n, go
-        self.sessions, self.pace = sessions, pace
-        self.emitted: list[dict[str, Any]] = []
-        self.done = trio.Event()
-
-    def capabilities(self) -> dict[str, Any]:
-        return {"emits": ["x.toy.*"]}
-
-    def preflight(self, *, check_ports: bool = True) -> list[str]:
-        return []
-
-    def listeners(self) -> dict[str, Any]:
-        return {}
-
-    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        ctx.health.source = True
-        task_status.started(BridgeRun())
-        await self.go.wait()
-        for i in range(self.n):
-            ev = await ctx.emit(f"{self.prefix}-{i % self.sessions}",
-                                {"type": "x.toy.tick", "data": {"i": i}},
-                                severity=SEVERITIES[i % len(SEVERITIES)])
-            self.emitted.append(ev)
-            await trio.sleep(self.pace)
-        self.done.set()
-        await trio.sleep_forever()
 
 
 def _key(ev: dict[str, Any]) -> tuple[str, str]:
@@ -73,7 +33,7 @@ async def _start(proc) -> None:
 async def test_two_daemons_two_relays_resume_across_relays_and_a_node_killed(tmp_path) -> None:
     n = 450
     go = trio.Event()
-    t1, t2 = Ticker("ticks", "one", n, go), Ticker("ticks", "two", n, go)
+    t1, t2 = (BurstBridge(n, 3, pace=0.01, name="ticks", start=go, prefix=p) for p in ("one", "two"))
     nats_env = {"AEP_NATS_REPLICAS": "3"}
     (tmp_path / "nats").mkdir()
     with NatsCluster(3, tmp_path / "nats") as c:
