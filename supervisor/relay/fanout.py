@@ -179,7 +179,8 @@ class Fanout:
         for sub, asked in list(waiting.items()):
             if pos <= asked:
                 continue  # not past the position yet: forwarded as received, still waiting
-            del waiting[sub]
+            if waiting.pop(sub, None) is None:
+                continue  # shed meanwhile: a marker passed its outlet's hard bound
             if sub.pending is not None:
                 sub.pending.pop(session, None)
                 if not sub.pending:
@@ -187,7 +188,7 @@ class Fanout:
             if pos[0] != asked[0] or pos[1] != asked[1] + 1:
                 self.counters["replay_exhausted_late"] += 1
                 sub.outlet.push_frame(exhausted_marker(sub, session, pos))
-        if not waiting:
+        if not waiting and self._pending.get(session) is waiting:
             del self._pending[session]
 
     def view(self, e: Entry, ceiling: str | None, cache: dict[str | None, View]) -> View:

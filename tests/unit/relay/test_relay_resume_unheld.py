@@ -207,3 +207,19 @@ async def test_a_session_named_twice_waits_from_its_earliest_position():
     assert relay.fanout.pending == 1
     post(relay, 7)  # past 5 but not its next: the conservative verdict
     assert sse_wire(await take(outlet)) == [f"# replay-exhausted {S} {EPOCH}:7", f"{S}:{EPOCH}:7"]
+
+
+async def test_a_marker_that_sheds_its_consumer_ends_the_wait_of_its_other_subscriptions():
+    # two subscriptions of one WebSocket wait on S; the first marker passes the
+    # hard bound: the consumer is shed (closing, 1013) mid-resolution, the ingest goes on
+    relay = Relay(queue_soft_bytes=10, queue_hard_bytes=100)
+    conn = await ws(relay)
+    for sid in ("a", "b"):
+        await conn.handle_text(json.dumps({"type": "subscribe", "id": sid, "from": [
+            {"session": S, "epoch": EPOCH, "seq": 5}]}))
+    assert relay.fanout.pending == 2
+    post(relay, 9)
+    assert relay.fanout.pending == 0 and relay.counters["streams_terminated"] == 1
+    out = await take(conn.outlet)
+    assert out[0]["type"] == "closing" and out[-1] == ("END", (1013, "slow-consumer"))
+    assert relay.buffers.held(S) == 1
