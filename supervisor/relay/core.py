@@ -42,7 +42,7 @@ from .envelope import (
 from .fanout import Fanout
 from .outlet import Outlet, Subscriber
 from .params import normalize_origin
-from .replay import ReplayJob, plan_replay
+from .replay import ReplayJob, plan_replay, unheld_positions
 
 __all__ = ["Relay", "RelayClosed", "CommandRefused", "LocalEmitter", "normalize_origin",
            "RELAY_AGENT"]
@@ -134,7 +134,7 @@ class Relay:
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
-            "refused_owned_source": 0,
+            "refused_owned_source": 0, "replay_exhausted_late": 0,
         }
         self.fanout = Fanout(self.counters)
 
@@ -475,11 +475,15 @@ class Relay:
                   tail: list[Any] | None = None) -> None:
         """Register ``sub`` for live delivery (when ``live``) and queue its
         replay (:func:`.replay.plan_replay`), atomically (no checkpoint in
-        between, so no gap and no duplicate)."""
+        between, so no gap and no duplicate). A resume position of a
+        session the relay holds nothing of waits for that session's first
+        later event (:func:`.replay.unheld_positions`, :class:`.fanout.Fanout`):
+        ``replay-exhausted`` then precedes it unless it is the next one."""
         plan = plan_replay(self.buffers, sub.filter, plan_all=plan_all, positions=positions,
                            live=live)
         if live:
-            self.fanout.add(sub)
+            self.fanout.add(sub, unheld_positions(self.buffers, plan_all=plan_all,
+                                                  positions=positions, live=live))
         if plan or tail:
             sub.outlet.push_replay(ReplayJob(self.buffers, self.fanout.render, sub, plan,
                                              self._admitted, tail))

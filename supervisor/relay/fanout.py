@@ -16,8 +16,8 @@ from typing import Callable
 from bridges.core import capture as _capture
 from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, dumps
 
-from .buffer import Entry
-from .outlet import EventItem, Outlet, Subscriber
+from .buffer import Entry, Position
+from .outlet import EventItem, Outlet, Subscriber, exhausted_marker
 
 __all__ = ["Fanout", "View", "downlevel_raw", "sse_safe"]
 
@@ -92,26 +92,61 @@ def downlevel_raw(e: Entry, ceiling: str, on_error: Callable[[Exception], None])
 
 class Fanout:
     """The relay's live subscriptions. ``counters`` is the relay's counter
-    dict (``fanout_errors``, ``downlevel_errors`` are counted into it)."""
+    dict (``fanout_errors``, ``downlevel_errors`` and ``replay_exhausted_late``
+    are counted into it).
+
+    Resume positions of sessions the relay held nothing of at subscribe
+    time (:func:`.replay.unheld_positions`) wait here, per session, for that
+    session's first event past them: the exact next one (same epoch, seq
+    + 1) resolves it silently; any later one (a gap, a later epoch) first
+    queues ``replay-exhausted`` with ``earliest`` = that event's position
+    (AEP-0003 §3.3 item 3, §5: the request predates what the relay holds).
+    Events at or before the asked position are forwarded as received (live
+    fan-out never dedupes, §5) and leave it waiting. Checked once per
+    sequenced event whatever its filters say (the verdict is about what the
+    relay holds, as replay's is), before any delivery, so the marker
+    precedes the event on every outlet; nothing per delivery, nothing at
+    all while none waits. Bounded by the subscriptions' ``from`` lists
+    (``AEP_MAX_FROM``); dropped with the subscription."""
 
     def __init__(self, counters: dict[str, int]) -> None:
         self.counters = counters
+        counters.setdefault("replay_exhausted_late", 0)
         self._subs: set[Subscriber] = set()
         self._snapshot: tuple[Subscriber, ...] = ()  # iterated by offer(): safe to mutate the set
+        #: session -> subscriber -> the position it resumes after
+        self._pending: dict[str, dict[Subscriber, Position]] = {}
 
     def __len__(self) -> int:
         return len(self._subs)
 
-    def add(self, sub: Subscriber) -> None:
-        """Deliver live events to ``sub`` from now on."""
+    def add(self, sub: Subscriber, pending: dict[str, Position] | None = None) -> None:
+        """Deliver live events to ``sub`` from now on; ``pending``: its
+        resume positions of sessions the relay holds nothing of (class
+        docstring)."""
         self._subs.add(sub)
         self._snapshot = tuple(self._subs)
         sub.outlet.subs.append(sub)
+        if pending:
+            sub.pending = dict(pending)
+            for session, pos in pending.items():
+                self._pending.setdefault(session, {})[sub] = pos
+
+    def _unpend(self, sub: Subscriber) -> None:
+        if sub.pending:
+            for session in sub.pending:
+                waiting = self._pending.get(session)
+                if waiting is not None:
+                    waiting.pop(sub, None)
+                    if not waiting:
+                        del self._pending[session]
+        sub.pending = None
 
     def remove(self, sub: Subscriber) -> None:
         """Stop delivering to ``sub`` (what its outlet holds stays queued;
         its replay, if still running, stops: issue 10 #3)."""
         sub.active = False
+        self._unpend(sub)
         if sub in self._subs:
             self._subs.discard(sub)
             self._snapshot = tuple(self._subs)
@@ -125,9 +160,36 @@ class Fanout:
         if outlet.subs:
             for sub in outlet.subs:
                 sub.active = False
+                self._unpend(sub)
                 self._subs.discard(sub)
             outlet.subs = []
             self._snapshot = tuple(self._subs)
+
+    @property
+    def pending(self) -> int:
+        """How many (subscription, session) resume positions wait."""
+        return sum(len(w) for w in self._pending.values())
+
+    def _resolve(self, e: Entry, pos: Position) -> None:
+        """``e`` (sequenced) against the positions waiting on its session."""
+        session = e.attrs["session"]
+        waiting = self._pending.get(session)
+        if waiting is None:
+            return
+        for sub, asked in list(waiting.items()):
+            if pos <= asked:
+                continue  # not past the position yet: forwarded as received, still waiting
+            if waiting.pop(sub, None) is None:
+                continue  # shed meanwhile: a marker passed its outlet's hard bound
+            if sub.pending is not None:
+                sub.pending.pop(session, None)
+                if not sub.pending:
+                    sub.pending = None
+            if pos[0] != asked[0] or pos[1] != asked[1] + 1:
+                self.counters["replay_exhausted_late"] += 1
+                sub.outlet.push_frame(exhausted_marker(sub, session, pos))
+        if not waiting and self._pending.get(session) is waiting:
+            del self._pending[session]
 
     def view(self, e: Entry, ceiling: str | None, cache: dict[str | None, View]) -> View:
         """``e`` rendered at ``ceiling`` (mechanical down-level, AEP-0003
@@ -152,6 +214,8 @@ class Fanout:
 
     def offer(self, e: Entry) -> None:
         """Offer ``e`` to every matching live subscription (never blocks)."""
+        if self._pending and e.pos is not None:
+            self._resolve(e, e.pos)
         cache: dict[str | None, View] = {}
         attrs = e.attrs
         for sub in self._snapshot:

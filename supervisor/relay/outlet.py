@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .replay import ReplayJob
 
 __all__ = ["Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "FrameItem", "ReplayItem",
-           "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text"]
+           "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text", "exhausted_marker"]
 
 log = logging.getLogger("aep.relay")
 
@@ -51,6 +51,22 @@ def frame_text(obj: dict[str, Any]) -> str:
         return dumps(obj).decode("utf-8")
     except UnicodeEncodeError:
         return dumps(scrub_surrogates(obj)).decode("utf-8")
+
+
+def _comment_safe(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A").replace("\0", "%00")
+
+
+def exhausted_marker(sub: Subscriber, session: str, earliest: Position) -> bytes | str:
+    """The ``replay-exhausted`` marker for ``sub`` (AEP-0003 §3.3 item 3,
+    §5): the SSE comment ``: replay-exhausted {session} {epoch}:{seq}``
+    (bytes; a session's line breaks percent-escaped) or the WS frame
+    ``{type: replay-exhausted, sub, session, earliest: {epoch, seq}}``
+    (text). ``earliest``: the first position the consumer gets next."""
+    if sub.outlet.kind == "sse":
+        return f": replay-exhausted {_comment_safe(session)} {earliest[0]}:{earliest[1]}\n\n".encode()
+    return frame_text({"type": "replay-exhausted", "sub": sub.sid, "session": session,
+                       "earliest": {"epoch": earliest[0], "seq": earliest[1]}})
 
 
 # -- queued items -----------------------------------------------------------------
@@ -393,7 +409,7 @@ class Subscriber:
     """One live subscription: an SSE stream, or one ``subscribe`` of a WS
     connection (``sid`` set). ``ceiling`` is the capture ceiling or ``None``."""
 
-    __slots__ = ("filter", "ceiling", "outlet", "sid", "offer", "active")
+    __slots__ = ("filter", "ceiling", "outlet", "sid", "offer", "active", "pending")
 
     def __init__(self, flt: Filter, ceiling: str | None, outlet: Outlet, sid: Any = None) -> None:
         self.filter = flt
@@ -403,6 +419,11 @@ class Subscriber:
         #: False once replaced, unsubscribed or its connection ended: its
         #: queued replay is then abandoned (issue 10 #3)
         self.active = True
+        #: resume positions of sessions the relay held nothing of when this
+        #: subscribed (session -> asked position), awaiting that session's
+        #: first later event (:meth:`Fanout.add <.fanout.Fanout.add>`);
+        #: ``None`` when there are none (the common case)
+        self.pending: dict[str, Position] | None = None
         #: ``offer(view)``: queue one rendered event on the outlet (chosen once: the hot path)
         self.offer: Callable[[View], None] = self._offer_sse if outlet.kind == "sse" \
             else self._offer_ws

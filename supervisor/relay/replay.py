@@ -15,18 +15,14 @@ from typing import Any, Callable
 from .attrmatch import Filter
 from .buffer import BufKey, Entry, Position, SessionBuffers
 from .fanout import View
-from .outlet import Subscriber, frame_text
+from .outlet import Subscriber, exhausted_marker
 
-__all__ = ["ReplayJob", "Plan", "exhausted_marker", "plan_replay"]
+__all__ = ["ReplayJob", "Plan", "exhausted_marker", "plan_replay", "unheld_positions"]
 
 Plan = list[tuple[BufKey, "Position | None", bool]]
 """``[(buffer key, after, mark)]``: resume strictly after ``after``
 (``None``: from the earliest held); ``mark``: an exhausted buffer gets a
 ``replay-exhausted`` marker (never for replay-all)."""
-
-
-def _comment_safe(s: str) -> str:
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A").replace("\0", "%00")
 
 
 def plan_replay(buffers: SessionBuffers, flt: Filter, *, plan_all: bool,
@@ -48,13 +44,24 @@ def plan_replay(buffers: SessionBuffers, flt: Filter, *, plan_all: bool,
     return plan
 
 
-def exhausted_marker(sub: Subscriber, session: str, earliest: Position) -> bytes | str:
-    """The ``replay-exhausted`` marker for ``sub`` (AEP-0003 §5): the SSE
-    comment (§3.3.3) or the WS frame ``{type, sub, session, earliest}``."""
-    if sub.outlet.kind == "sse":
-        return f": replay-exhausted {_comment_safe(session)} {earliest[0]}:{earliest[1]}\n\n".encode()
-    return frame_text({"type": "replay-exhausted", "sub": sub.sid, "session": session,
-                       "earliest": {"epoch": earliest[0], "seq": earliest[1]}})
+def unheld_positions(buffers: SessionBuffers, *, plan_all: bool,
+                     positions: list[tuple[str, Position | None]] | None,
+                     live: bool) -> dict[str, Position] | None:
+    """The resume positions (session -> asked position) of sessions the
+    relay holds nothing of, not even a remembered eviction: replay cannot
+    say whether they predate what it holds, so a live subscription waits
+    for each one's first later event (:meth:`.fanout.Fanout.add`; AEP-0003
+    §3.3 item 3, §5). A session named twice keeps its earliest position.
+    ``None`` when there are none, for replay-all (which names no position)
+    and for replay-only requests (nothing live follows)."""
+    if plan_all or not positions or not live:
+        return None
+    out: dict[str, Position] = {}
+    for s, pos in positions:
+        if pos is not None and not buffers.keys_for(s, gone=True):
+            old = out.get(s)
+            out[s] = pos if old is None or pos < old else old
+    return out or None
 
 
 class ReplayJob:
@@ -79,9 +86,6 @@ class ReplayJob:
         self.tail = tail
         self._cur: deque[Entry] = deque()
 
-    def _marker(self, session: str, earliest: Position) -> Any:
-        return exhausted_marker(self.sub, session, earliest)
-
     def next_chunk(self) -> list[Any] | None:
         """The next payloads (at most :attr:`CHUNK`, after scanning at most
         :attr:`SCAN` entries): ``[]`` when a slice matched nothing but more
@@ -98,7 +102,7 @@ class ReplayJob:
                 key, after, mark = self.plan.popleft()
                 entries, exhausted, earliest = self.buffers.replay_after(key, after)
                 if exhausted and mark and earliest is not None:
-                    out.append(self._marker(key[1], earliest))
+                    out.append(exhausted_marker(self.sub, key[1], earliest))
                 self._cur = deque(entries)
                 continue
             e = self._cur.popleft()

@@ -160,9 +160,10 @@ PUBLIC: dict[str, set[str]] = {
                                      "LocalEmitter", "SocketConnection", "Claims", "ROLES"},
     "supervisor.relay.outlet": {"Outlet", "OutletHub", "Subscriber", "Item", "EventItem",
                                 "FrameItem", "ReplayItem", "EndItem", "OPEN", "FINISHING",
-                                "TERMINATED", "CLOSED", "frame_text"},
+                                "TERMINATED", "CLOSED", "frame_text", "exhausted_marker"},
     "supervisor.relay.fanout": {"Fanout", "View", "downlevel_raw", "sse_safe"},
-    "supervisor.relay.replay": {"ReplayJob", "Plan", "exhausted_marker", "plan_replay"},
+    "supervisor.relay.replay": {"ReplayJob", "Plan", "exhausted_marker", "plan_replay",
+                                "unheld_positions"},
     "supervisor.jetstream.plan": {"Found", "Lookup", "MAX_SUBJECTS", "Position", "Resolved",
                                   "resolve_after", "session_subject", "subject_plan"},
     "supervisor.jetstream.relay": {

@@ -21,9 +21,12 @@ from typing import Any
 import aep_sdk
 import trio
 
+from bridges.core.asgi import refuse_upgrade
 from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound
 from bridges.core.envelope import Stamper
+from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.ledger import CommandLedger, Refuse, WriteResult
+from supervisor.relay.app import make_app
 from supervisor.relay.core import Relay
 from supervisor.relay.serve import serve_relay
 from supervisor.uplink import Uplink
@@ -63,13 +66,29 @@ class RemoteRelay:
         self.relays: list[Relay] = []
         self._scope: trio.CancelScope | None = None
 
-    async def start(self, nursery: trio.Nursery) -> Relay:
+    async def start(self, nursery: trio.Nursery, sockets_after: trio.Event | None = None) -> Relay:
+        """A fresh relay on the port; with ``sockets_after``, WebSocket
+        upgrades (the uplink) are refused 503 until it is set, while SSE
+        consumers are served: the test orders who reaches the relay first."""
         relay = Relay(token=TOKEN)
         self.relays.append(relay)
 
         async def serve(task_status=trio.TASK_STATUS_IGNORED):
             with trio.CancelScope() as self._scope:
-                await serve_relay(relay, ("127.0.0.1", self.port), task_status=task_status)
+                if sockets_after is None:
+                    await serve_relay(relay, ("127.0.0.1", self.port), task_status=task_status)
+                    return
+                app = make_app(relay)
+
+                async def gated(scope, receive, send):
+                    if scope["type"] == "websocket" and not sockets_after.is_set():
+                        await receive()  # websocket.connect
+                        return await refuse_upgrade(scope, send, 503, {"error": "held by the test"})
+                    await app(scope, receive, send)
+
+                await serve_app(gated, bind_socket("127.0.0.1", self.port), trio.Event(),
+                                config=hyper_config(), before_drain=relay.close,
+                                task_status=task_status)
 
         await nursery.start(serve)
         return relay
@@ -87,12 +106,12 @@ class Consumer:
     """``aep_sdk.subscribe`` (SSE, resume by (session, epoch, seq), (source,
     id) dedupe, reconnect with backoff), collecting into thread-safe lists."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, from_: Any = "all") -> None:
         self.events: list[dict[str, Any]] = []
         self.comments: list[str] = []
         self.errors: list[str] = []
         self._lock = threading.Lock()
-        self.sub = aep_sdk.subscribe(url, self._on_event, token=TOKEN, from_="all",
+        self.sub = aep_sdk.subscribe(url, self._on_event, token=TOKEN, from_=from_,
                                      filter={"session": SESSION},
                                      on_comment=self._on_comment, on_error=self._on_error,
                                      backoff_initial_ms=100, backoff_max_ms=400,
@@ -172,8 +191,17 @@ async def test_relay_down_at_start_killed_mid_stream_restarted(nursery, caplog):
         await produced.wait()
         assert up.counters["outbox"] >= total - half  # really mid-stream: held while down
 
-        # 4. restarted on the same port (fresh buffer, as after a process restart)
-        relay2 = await remote.start(nursery)
+        # 4. restarted on the same port (fresh buffer, as after a process
+        # restart); the consumer resumes into it before the uplink may re-send
+        # anything (the order that once lost events silently: the relay held
+        # nothing of the session, so replay could not say the position
+        # predates what it would hold)
+        uplink_in = trio.Event()
+        relay2 = await remote.start(nursery, sockets_after=uplink_in)
+        await wait_for(lambda: relay2.stats()["subscribers"] == 1, "consumer resumed")
+        resumed_after = consumer.seqs()[-1]  # its position: nothing of relay2 yet
+        assert SESSION not in relay2.buffers
+        uplink_in.set()
         await wait_for(lambda: up.counters["outbox"] == 0, "outbox drained")
 
         # nothing at notice+ lost: every notice+ event reached a relay that admitted it
@@ -192,13 +220,50 @@ async def test_relay_down_at_start_killed_mid_stream_restarted(nursery, caplog):
         assert seqs == sorted(set(seqs)), "duplicates or reordering across the resume"
         assert len(seqs) > seen_before_kill
         missing = set(range(total)) - set(seqs)
-        if missing:
-            # only legal gap: the consumer's position predated the new relay's
-            # buffer, and the relay said so (AEP-0003 §3.3 item 3)
-            assert any(c.startswith(f"replay-exhausted {SESSION}") for c in consumer.comments), \
-                (sorted(missing)[:10], consumer.comments)
-            earliest = min(e["seq"] for e in remote.admitted(relay2))
-            assert all(s < earliest for s in missing)
+        # the uplink re-sends in order (unconfirmed first): the first event
+        # past the consumer's position decides. The only legal gap is the one
+        # before it, and the relay says so exactly once (AEP-0003 §3.3 item 3)
+        first = min(e["seq"] for e in remote.admitted(relay2) if e["seq"] > resumed_after)
+        assert missing == set(range(resumed_after + 1, first))
+        markers = [c for c in consumer.comments if c.startswith("replay-exhausted")]
+        assert markers == ([f"replay-exhausted {SESSION} {EPOCH}:{first}"] if missing else []), \
+            (sorted(missing)[:10], consumer.comments)
+    finally:
+        consumer.close()
+    await up.close()
+
+
+async def test_a_consumer_resuming_into_the_restarted_relay_hears_the_gap(nursery):
+    """The relay restarted empty; a consumer resumes from a position it
+    reached on the old relay before the uplink re-sends (what the old relay
+    confirmed is gone with it): the relay holds nothing of the session, and
+    the first event it then gets is past a gap, so ``replay-exhausted``
+    (earliest = that event) precedes it, once (AEP-0003 §3.3 item 3)."""
+    remote = RemoteRelay(free_port())
+    cmds_send, _ = trio.open_memory_channel(16)
+    up = Uplink(remote.url, TOKEN, hello(), cmds_send, backoff=(0.05, 0.4), ping_interval=0.5)
+    relay1 = await remote.start(nursery)
+    await nursery.start(up.run)
+    for i in range(100):
+        await up.put(event(i, "notice"))
+    # all confirmed by the old relay: nothing of 0..99 will be sent again
+    await wait_for(lambda: len(remote.admitted(relay1)) == 100 and up.counters["outbox"] == 0,
+                   "confirmed")
+    remote.kill()
+    await wait_for(lambda: not up.connected, "uplink saw the kill")
+    for i in range(100, 150):
+        await up.put(event(i, "notice"))
+    uplink_in = trio.Event()
+    relay2 = await remote.start(nursery, sockets_after=uplink_in)
+    consumer = Consumer(remote.url, from_=[{"session": SESSION, "epoch": EPOCH, "seq": 49}])
+    try:
+        await wait_for(lambda: relay2.stats()["subscribers"] == 1, "consumer resumed")
+        assert SESSION not in relay2.buffers
+        uplink_in.set()
+        await wait_for(lambda: consumer.seqs() and consumer.seqs()[-1] == 149, "consumer at the end")
+        assert consumer.seqs() == list(range(100, 150))
+        assert [c for c in consumer.comments if c.startswith("replay-exhausted")] == \
+            [f"replay-exhausted {SESSION} {EPOCH}:100"]
     finally:
         consumer.close()
     await up.close()
