@@ -53,7 +53,14 @@ async def test_leader_killed_mid_stream_loses_no_notice_and_keeps_order(tmp_path
         missing = [e for e in bridge.emitted if e["id"] not in stored]
         sev = Counter(e.get("severity", "info") for e in missing)
         assert set(sev) <= {"debug", "info"}, f"lost notice+: {sev}"
-        assert sev["debug"] == st["dropped_debug"] and sev["info"] == st["dropped_info"]
+        # every missing event was counted as a drop; a counted drop may still
+        # have been stored: its publish reached the server but the ack was lost
+        # in the failover, so the outbox could not know (supervisor/outbox.py:
+        # a rewound entry is shed as unconfirmed). At most one such publish is in
+        # flight per session lane in each failed round.
+        assert sev["debug"] <= st["dropped_debug"] and sev["info"] <= st["dropped_info"]
+        over = st["dropped_debug"] + st["dropped_info"] - sev["debug"] - sev["info"]
+        assert over <= st["rounds_failed"] * bridge.sessions, (over, st)
         for s in {e["session"] for e in bridge.emitted}:
             want = [e["id"] for e in bridge.emitted if e["session"] == s and e["id"] in stored]
             assert [e["id"] for e in events if e["session"] == s] == want, f"order of {s}"
