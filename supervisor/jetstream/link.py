@@ -89,14 +89,20 @@ def _reason(e: BaseException, cfg: NatsConfig) -> str:
 
 def _connect_options(cfg: NatsConfig, name: str, link_box: list[Link]) -> dict[str, Any]:
     failures = [0]
+    kinds: set[str] = set()
 
     async def error_cb(e: Exception) -> None:
         if not link_box:
             # a failed first connect: nats-py retries it by itself forever
             # (max_reconnect_attempts=-1), so this is the only place the
             # reason (refused credentials, a certificate that does not
-            # verify) can reach the operator: the first, then every 20th
-            lvl = logging.WARNING if failures[0] % 20 == 0 else logging.DEBUG
+            # verify) can reach the operator: each new kind of failure
+            # once (a refusal often alternates with the reset after it),
+            # then every 20th
+            kind = f"{type(e).__name__}: {e}"
+            new = kind not in kinds and len(kinds) < 8
+            kinds.add(kind)
+            lvl = logging.WARNING if new or failures[0] % 20 == 0 else logging.DEBUG
             failures[0] += 1
             log.log(lvl, "nats: cannot connect to %s (%s); retrying",
                     ", ".join(cfg.shown_servers), _reason(e, cfg))
@@ -138,7 +144,10 @@ async def open_link(cfg: NatsConfig, *, name: str = "aep-bridges",
     """Connect to ``cfg.servers`` (retrying with backoff until one answers:
     a daemon that starts while NATS is down keeps running and connects
     later) and yield the :class:`Link`; the connection is drained and
-    closed on exit. The asyncio loop lives exactly as long as the block."""
+    closed on exit. The asyncio loop lives exactly as long as the block.
+    While no server accepts the connection (down, credentials refused, a
+    certificate that does not verify) each new reason is a redacted
+    ``nats: cannot connect to ... (Type: message); retrying`` warning."""
     async with trio_asyncio.open_loop():
         box: list[Link] = []
         attempt = 0

@@ -97,8 +97,7 @@ async def test_a_wrong_password_is_refused_with_a_redacted_line(tmp_path, caplog
     with _userpass_cluster(tmp_path) as c:
         url = c.url.replace("nats://", f"nats://aep:{wrong}@")
         await _refused(url)
-        no_pass = c.url.replace("nats://", "nats://")
-        await _refused(no_pass)
+        await _refused(c.url)  # no credentials at all
         bad = _check({"AEP_STATE_DIR": str(tmp_path / "state"), "AEP_NATS_URL": url})
     retry = [r.getMessage() for r in caplog.records
              if r.name == "aep.nats" and r.levelno >= logging.WARNING]
@@ -159,14 +158,12 @@ async def test_tls_with_the_ca_publishes_and_without_it_verification_fails(tmp_p
         await _refused(url, AEP_NATS_TLS_CA=str(pki["other_ca"]))
         state = {"AEP_STATE_DIR": str(tmp_path / "state")}
         ok = _check({**state, "AEP_NATS_URL": url, "AEP_NATS_TLS_CA": str(pki["ca"])})
-        started = time.monotonic()
+        # a hang would be _check's subprocess timeout (60 s), an error here
         bad = _check({**state, "AEP_NATS_URL": url, "AEP_NATS_TLS_CA": str(pki["other_ca"])})
-        took = time.monotonic() - started
     assert ok.returncode == 0 and "answers, JetStream on, stream AEP holds 12 events" in ok.stdout, \
         ok.stdout + ok.stderr
     assert bad.returncode == 0 and "no server of tls://127.0.0.1:" in bad.stdout
     assert "certificate verify failed" in bad.stdout, bad.stdout
-    assert took < 55, "check must answer, not hang"  # _check's own timeout is 60 s
     retry = [r.getMessage() for r in caplog.records
              if r.name == "aep.nats" and r.levelno >= logging.WARNING]
     assert any("certificate verify failed" in m for m in retry), retry
@@ -187,6 +184,14 @@ async def test_mutual_tls_needs_the_client_certificate(tmp_path, caplog) -> None
         bad = _check({**state, "AEP_NATS_URL": url, "AEP_NATS_TLS_CA": str(pki["ca"])})
     assert ok.returncode == 0 and "answers, JetStream on" in ok.stdout, ok.stdout + ok.stderr
     assert bad.returncode == 0 and "no server of tls://127.0.0.1:" in bad.stdout, bad.stdout
+    # TLS 1.3: the client's handshake ends before the server checks the
+    # client certificate, so the refusal reaches the client either as the
+    # server's alert or as the socket it closed under the CONNECT (a race)
+    assert "certificate required" in bad.stdout.lower() or "Broken pipe" in bad.stdout \
+        or "reset by peer" in bad.stdout, bad.stdout
+    retry = [r.getMessage() for r in caplog.records
+             if r.name == "aep.nats" and r.levelno >= logging.WARNING]
+    assert any(m.startswith("nats: cannot connect to tls://127.0.0.1:") for m in retry), retry
     key = pki["client_key"].read_text().splitlines()[1]
     assert key not in caplog.text and key not in ok.stdout + bad.stdout
 
