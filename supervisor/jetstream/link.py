@@ -81,13 +81,34 @@ class Link:
         return bool(self.nc.is_connected)
 
 
+def _reason(e: BaseException, cfg: NatsConfig) -> str:
+    """``Type: message`` of a connection failure, credentials scrubbed."""
+    text = _scrub(str(e), cfg)[:200]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def _connect_options(cfg: NatsConfig, name: str, link_box: list[Link]) -> dict[str, Any]:
+    failures = [0]
+    kinds: set[str] = set()
+
     async def error_cb(e: Exception) -> None:
-        if not link_box:  # a failed first connect: open_link reports those, rate-limited
-            log.debug("nats: %s: %s", type(e).__name__, _scrub(str(e), cfg)[:200])
+        if not link_box:
+            # a failed first connect: nats-py retries it by itself forever
+            # (max_reconnect_attempts=-1), so this is the only place the
+            # reason (refused credentials, a certificate that does not
+            # verify) can reach the operator: each new kind of failure
+            # once (a refusal often alternates with the reset after it),
+            # then every 20th
+            kind = f"{type(e).__name__}: {e}"
+            new = kind not in kinds and len(kinds) < 8
+            kinds.add(kind)
+            lvl = logging.WARNING if new or failures[0] % 20 == 0 else logging.DEBUG
+            failures[0] += 1
+            log.log(lvl, "nats: cannot connect to %s (%s); retrying",
+                    ", ".join(cfg.shown_servers), _reason(e, cfg))
             return
         link_box[0].counters["errors"] += 1
-        log.warning("nats: %s: %s", type(e).__name__, _scrub(str(e), cfg)[:200])
+        log.warning("nats: %s", _reason(e, cfg))
 
     async def disconnected_cb() -> None:
         if link_box and link_box[0].nc.is_closed:
@@ -123,7 +144,10 @@ async def open_link(cfg: NatsConfig, *, name: str = "aep-bridges",
     """Connect to ``cfg.servers`` (retrying with backoff until one answers:
     a daemon that starts while NATS is down keeps running and connects
     later) and yield the :class:`Link`; the connection is drained and
-    closed on exit. The asyncio loop lives exactly as long as the block."""
+    closed on exit. The asyncio loop lives exactly as long as the block.
+    While no server accepts the connection (down, credentials refused, a
+    certificate that does not verify) each new reason is a redacted
+    ``nats: cannot connect to ... (Type: message); retrying`` warning."""
     async with trio_asyncio.open_loop():
         box: list[Link] = []
         attempt = 0
@@ -158,16 +182,25 @@ async def probe(cfg: NatsConfig) -> tuple[bool, list[str]]:
     server, no retries. Returns ``(answered, lines)``; the lines never hold
     a credential."""
     import nats.js.errors as jerr
+    errors: list[BaseException] = []
+
+    async def remember(e: Exception) -> None:
+        log.debug("nats probe: %s", type(e).__name__)
+        errors.append(e)
+
     opts = _connect_options(cfg, "aep-bridges check", [])
     opts.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=PROBE_TIMEOUT_S,
-                error_cb=_quiet, disconnected_cb=_quiet_cb, reconnected_cb=_quiet_cb)
+                error_cb=remember, disconnected_cb=_quiet_cb, reconnected_cb=_quiet_cb)
     shown = ", ".join(cfg.shown_servers)
     async with trio_asyncio.open_loop():
         try:
             with trio.fail_after(PROBE_TIMEOUT_S * (len(cfg.servers) + 1)):
                 nc = await aio(nats.connect)(**opts)
         except Exception as e:  # noqa: BLE001 -- any failure to connect is the answer
-            return False, [f"NATS: no server of {shown} answers ({type(e).__name__}); "
+            # the server's own reason (nats-py's error callback saw it) over
+            # the generic one the connect raised at the end
+            why = _reason(errors[-1] if errors else e, cfg)
+            return False, [f"NATS: no server of {shown} answers ({why}); "
                            "`run` starts anyway and keeps retrying, events wait in its outbox"]
         try:
             url = redact_url(nc.connected_url.geturl()) if nc.connected_url else "?"
@@ -191,10 +224,6 @@ async def probe(cfg: NatsConfig) -> tuple[bool, list[str]]:
                     await aio(nc.close)()
                 except Exception:  # noqa: BLE001 -- closing a probe
                     pass
-
-
-async def _quiet(e: Exception) -> None:
-    log.debug("nats probe: %s", type(e).__name__)
 
 
 async def _quiet_cb() -> None:

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
 import httpx
 
@@ -40,10 +41,14 @@ def nats_server_binary() -> str:
 class NatsCluster:
     """``n`` nats-server nodes with JetStream on 127.0.0.1 (a cluster named
     ``aep`` when ``n > 1``). ``urls``: the client URLs, ``url``: them
-    comma-joined (the ``AEP_NATS_URL`` form). Logs go to ``root/nK.log``."""
+    comma-joined (the ``AEP_NATS_URL`` form). Logs go to ``root/nK.log``.
+    ``extra_conf``: server config lines appended to every node's file
+    (``authorization { ... }``, ``tls { ... }``, ``operator: ...``)."""
 
-    def __init__(self, n: int, root: Path, *, ready_timeout: float = 30.0) -> None:
+    def __init__(self, n: int, root: Path, *, ready_timeout: float = 30.0,
+                 extra_conf: Sequence[str] = ()) -> None:
         self.n = n
+        self.extra_conf = tuple(extra_conf)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.ready_timeout = ready_timeout
@@ -76,6 +81,7 @@ class NatsCluster:
                                for j, p in enumerate(self.cluster_ports) if j != i)
             lines.append(f"cluster {{ name: aep, listen: 127.0.0.1:{self.cluster_ports[i]}, "
                          f"routes: [{routes}] }}")
+        lines += self.extra_conf
         conf = self.root / f"n{i}.conf"
         conf.write_text("\n".join(lines) + "\n")
         return conf

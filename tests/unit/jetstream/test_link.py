@@ -1,0 +1,43 @@
+"""What the NATS link says while its first connect is refused (issue 14:
+credentials are never logged): nats-py retries that connect inside
+``nats.connect`` and tells only its error callback, so the callback is
+the operator's one view of why; the real-server side of this is
+tests/integration/jetstream/test_auth.py."""
+from __future__ import annotations
+
+import logging
+import ssl
+
+import nats.errors
+
+from supervisor.jetstream.link import _connect_options
+from tests.integration.jetstream.fleet_support import nats_config
+
+SECRET = "hunter2-not-logged"
+
+
+async def test_a_refused_first_connect_warns_each_new_reason_once_redacted(caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="aep.nats")
+    cfg = nats_config(f"nats://aep:{SECRET}@127.0.0.1:4222,tls://10.0.0.2:4222")
+    error_cb = _connect_options(cfg, "t", [])["error_cb"]
+    auth = nats.errors.Error("nats: 'Authorization Violation'")
+    reset = ConnectionResetError(104, "Connection reset by peer")
+    leak = OSError(f"cannot reach nats://aep:{SECRET}@127.0.0.1:4222")
+    for _ in range(5):
+        await error_cb(auth)
+        await error_cb(reset)
+    await error_cb(leak)
+    await error_cb(ssl.SSLCertVerificationError(1, "certificate verify failed"))
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    shown = "nats://***@127.0.0.1:4222, tls://10.0.0.2:4222"
+    assert warned == [
+        f"nats: cannot connect to {shown} (Error: nats: 'Authorization Violation'); retrying",
+        f"nats: cannot connect to {shown} (ConnectionResetError: [Errno 104] Connection reset "
+        "by peer); retrying",
+        f"nats: cannot connect to {shown} (OSError: cannot reach nats://***@127.0.0.1:4222); "
+        "retrying",
+        f"nats: cannot connect to {shown} (SSLCertVerificationError: certificate verify "
+        "failed); retrying",
+    ]
+    assert len(caplog.records) == 12  # the repeats: debug
+    assert SECRET not in caplog.text
