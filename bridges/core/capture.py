@@ -434,10 +434,12 @@ class _Gate:
 
     def arr(self, item: _ct.Node, values: list[Any], path: str) -> list[Any]:
         out = []
-        for i, v in enumerate(values):
+        for v in values:
             if item.props is not None:
                 if isinstance(v, dict):  # an object item expected: other shapes dropped
-                    out.append(self.obj(item, v, path, i))
+                    # numbered by its place in the output, so a placeholder label
+                    # names the item a consumer sees (and re-gating is idempotent)
+                    out.append(self.obj(item, v, path, len(out)))
             elif item.level != "metadata":
                 if self.allowed(item.level):
                     out.append(self.content(v))
