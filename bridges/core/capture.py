@@ -433,7 +433,7 @@ class _Gate:
         return _DROP
 
     def arr(self, item: _ct.Node, values: list[Any], path: str) -> list[Any]:
-        out = []
+        out: list[Any] = []
         for v in values:
             if item.props is not None:
                 if isinstance(v, dict):  # an object item expected: other shapes dropped
