@@ -183,13 +183,21 @@ async def stream_messages(link, stream: str, *, subject: str | None = None,
     stream order: ``nats.aio.msg.Msg`` objects (``subject``, ``headers``,
     ``data``, ``metadata.sequence.stream``), read with an ordered consumer
     through the trio link (``supervisor.jetstream.link``)."""
+    import nats.errors
     import trio
 
     from supervisor.jetstream.link import aio
-    info = await aio(link.js.stream_info)(stream)
+
+    with trio.fail_after(timeout):  # after a leader change the API can time out a while
+        while True:
+            try:
+                info = await aio(link.js.stream_info)(stream)
+                sub = await aio(link.js.subscribe)(subject or f"{stream}.>",
+                                                   ordered_consumer=True, stream=stream)
+                break
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                await trio.sleep(0.2)
     want = info.state.messages if subject is None else None
-    sub = await aio(link.js.subscribe)(subject or f"{stream}.>", ordered_consumer=True,
-                                       stream=stream)
     out = []
     try:
         with trio.fail_after(timeout):
