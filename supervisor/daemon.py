@@ -104,22 +104,50 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
     relay`` with ``AEP_NATS_URL``): the relay serves from JetStream
     (:class:`~supervisor.jetstream.relay.JetStreamRelay`)."""
     if nats is not None and cfg.embedded_relay:
-        from .jetstream.link import open_link
-        from .jetstream.relay import JetStreamRelay
-        async with open_link(nats, name="aep-bridges relay") as link, \
-                trio.open_nursery() as outer:
-            js_relay = JetStreamRelay(link, nats, **relay_options(cfg))
-            await outer.start(js_relay.run)
-            # the relay is the one NATS party here: the (bridgeless) fleet runs no sink
-            status = await _run_daemon(replace(cfg, nats=None), bridges, js_relay,
-                                       notifier=notifier, task_status=task_status)
-            outer.cancel_scope.cancel()
-        return status
+        return await _run_jetstream_relay(cfg, bridges, nats, notifier=notifier,
+                                          task_status=task_status)
     relay = None
     if cfg.embedded_relay:
         from .relay.core import Relay
         relay = Relay(**relay_options(cfg))
     return await _run_daemon(cfg, bridges, relay, notifier=notifier, task_status=task_status)
+
+
+async def _run_jetstream_relay(cfg: Config, bridges: list[Bridge], nats: Any, *,
+                               notifier: Notifier | None,
+                               task_status: trio.TaskStatus[list[str]]) -> int:
+    """``aep-bridges relay`` over JetStream: connect (retrying until a
+    server answers), then serve. SIGTERM/SIGINT while still connecting
+    ends it at once with status 0 (nothing is served yet, so nothing to
+    drain); once serving, :func:`_run_daemon`'s own handler takes over."""
+    from .jetstream.link import open_link
+    from .jetstream.relay import JetStreamRelay
+    serving = False
+    stopped: list[int] = []
+    status = EXIT_OK
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as early:
+        async with trio.open_nursery() as guard:
+            async def stop_while_connecting() -> None:
+                async for signum in early:
+                    if not serving:
+                        log.info("received %s while connecting to NATS: exiting",
+                                 signal.Signals(signum).name)
+                        stopped.append(signum)
+                        guard.cancel_scope.cancel()
+                        return
+            guard.start_soon(stop_while_connecting)
+            log.info("aep-bridges relay: connecting to NATS %s", ", ".join(nats.shown_servers))
+            async with open_link(nats, name="aep-bridges relay") as link, \
+                    trio.open_nursery() as outer:
+                serving = True
+                js_relay = JetStreamRelay(link, nats, **relay_options(cfg))
+                await outer.start(js_relay.run)
+                # the relay is the one NATS party here: the (bridgeless) fleet runs no sink
+                status = await _run_daemon(replace(cfg, nats=None), bridges, js_relay,
+                                           notifier=notifier, task_status=task_status)
+                outer.cancel_scope.cancel()
+            guard.cancel_scope.cancel()
+    return status
 
 
 async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,

@@ -101,13 +101,16 @@ class NatsConfig:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced by ``***@``."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
+    """``url`` with everything before the last ``@`` of its authority
+    replaced by ``***``. Text, not a URL parse: a password holding an
+    unencoded ``/``, ``#`` or ``?`` (or a URL too broken to parse) must not
+    slip past the redaction."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    if "@" not in rest:
         return url
-    host = parts.hostname or ""
-    netloc = "***@" + host + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    return (f"{scheme}://" if sep else "") + "***@" + rest.rpartition("@")[2]
 
 
 def from_env(env: Mapping[str, str]) -> tuple[NatsConfig | None, list[str]]:
@@ -122,12 +125,13 @@ def from_env(env: Mapping[str, str]) -> tuple[NatsConfig | None, list[str]]:
     for u in (x.strip() for x in raw.split(",")):
         if not u:
             continue
-        parts = urllib.parse.urlsplit(u)
         try:
+            parts = urllib.parse.urlsplit(u)
             port_ok = parts.port is None or 0 < parts.port < 65536
-        except ValueError:
-            port_ok = False
-        if parts.scheme not in ("nats", "tls") or not parts.hostname or not port_ok:
+            host = parts.hostname
+        except ValueError:  # "nats://[::1", a port out of range
+            parts, port_ok, host = urllib.parse.urlsplit(""), False, None
+        if parts.scheme not in ("nats", "tls") or not host or not port_ok:
             r.problems.append(f"{URL}: {redact_url(u)!r} is not nats://host:port or tls://host:port")
             continue
         servers.append(u)

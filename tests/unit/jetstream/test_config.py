@@ -44,3 +44,18 @@ def test_repr_and_shown_servers_hide_credentials() -> None:
 def test_missing_files_reported(tmp_path) -> None:
     cfg = NatsConfig(servers=("nats://h:1",), creds=tmp_path / "none.creds")
     assert file_problems(cfg) == [f"AEP_NATS_CREDS={str(tmp_path / 'none.creds')!r}: not a readable file"]
+
+
+def test_malformed_urls_are_problems_not_crashes() -> None:
+    for url in ("nats://[::1", "nats://alice:S3cretPW@127.0.0.1:99999", "nats://h:0"):
+        cfg, problems = from_env({"AEP_NATS_URL": url})
+        assert cfg is None and len(problems) == 1 and "AEP_NATS_URL" in problems[0]
+        assert "S3cretPW" not in problems[0]
+
+
+def test_a_password_with_unencoded_delimiters_is_never_shown() -> None:
+    for pw in ("S3cret/PW", "S3cret#PW", "S3cret?PW", "a@b"):
+        url = f"nats://alice:{pw}@h:4222"
+        assert redact_url(url) == "nats://***@h:4222"
+        _, problems = from_env({"AEP_NATS_URL": url})
+        assert all(pw not in p and "alice" not in p for p in problems)
