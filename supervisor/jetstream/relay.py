@@ -56,7 +56,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StreamConfig
 from bridges.core.aep import dumps, is_command_type, loads
 from bridges.core.backoff import backoff_delay
 from supervisor.relay.buffer import Entry, Position
-from supervisor.relay.connections import Connection, SocketConnection, Unavailable
+from supervisor.relay.connections import Connection, SocketConnection, TooLarge, Unavailable
 from supervisor.relay.core import Relay
 from supervisor.relay.envelope import trusted_entry
 from supervisor.relay.outlet import OPEN, Outlet, Subscriber, frame_text
@@ -556,7 +556,15 @@ class JetStreamRelay(Relay):
         """Publish a checked ``POST /events`` batch; every event is
         acknowledged by the stream before the 202 (raises
         :class:`~supervisor.relay.connections.Unavailable` otherwise: the
-        emitter sends the batch again, the server drops what it holds)."""
+        emitter sends the batch again, the server drops what it holds);
+        raises :class:`~supervisor.relay.connections.TooLarge` (a 413,
+        nothing published) for an event over the server's max payload."""
+        limit = self.link.nc.max_payload
+        for i, e in enumerate(entries):
+            if limit and len(e.raw) > limit:
+                self.counters["too_large"] = self.counters.get("too_large", 0) + 1
+                raise TooLarge(i, f"event of {len(e.raw)} bytes is over the NATS server's max "
+                                  f"payload of {limit} bytes (the stream can never hold it)")
         await self._publish(entries)
         return len(entries)
 

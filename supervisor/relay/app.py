@@ -67,7 +67,7 @@ from bridges.core.asgi import (
 from bridges.core.asgi import header as _header
 from bridges.core.http import FaultLog, fault_kind
 
-from .connections import Unavailable
+from .connections import TooLarge, Unavailable
 from .core import Relay
 from .envelope import InvalidEvent
 from .params import normalize_origin
@@ -301,10 +301,14 @@ class RelayApp:
         await self._ingest(entries, send)
 
     async def _ingest(self, entries: list[Any], send: Send) -> None:
-        """Ingest a checked batch: 202 ``{"accepted": n}``, or 503
-        ``unavailable`` when the relay's store did not take it."""
+        """Ingest a checked batch: 202 ``{"accepted": n}``, 413
+        ``payload-too-large`` for an event the store can never take, or 503
+        ``unavailable`` when the store did not take it (send it again)."""
         try:
             accepted = await self.relay.ingest_http_batch(entries)
+        except TooLarge as e:  # never storable: resending cannot help
+            return await respond(send, 413, {"error": "payload-too-large", "detail": str(e),
+                                             "line": e.index})
         except Unavailable as e:
             return await respond(send, 503, {"error": "unavailable", "detail": str(e)})
         await respond(send, 202, {"accepted": accepted})

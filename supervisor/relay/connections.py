@@ -25,7 +25,7 @@ from .params import parse_capture, parse_from
 if TYPE_CHECKING:
     from .core import Relay
 
-__all__ = ["RelayClosed", "Unavailable", "CommandRefused", "Connection", "LocalEmitter", "SocketConnection",
+__all__ = ["RelayClosed", "TooLarge", "Unavailable", "CommandRefused", "Connection", "LocalEmitter", "SocketConnection",
            "Claims", "ROLES"]
 
 ROLES = ("emitter", "consumer", "both")
@@ -39,6 +39,16 @@ class Unavailable(RuntimeError):
     """The relay's store did not take the events (a JetStream relay whose
     NATS cluster is unreachable): nothing is acknowledged; the emitter
     sends them again (duplicates are dropped on ``(source, id)``)."""
+
+
+class TooLarge(ValueError):
+    """An event the relay's store can never take (a JetStream relay: over
+    the server's max payload): ``index`` in the batch; the answer is a
+    413, never a "send it again"."""
+
+    def __init__(self, index: int, detail: str) -> None:
+        super().__init__(detail)
+        self.index = index
 
 
 class CommandRefused(Exception):

@@ -265,3 +265,21 @@ async def test_post_is_503_unavailable_while_no_server_acknowledges(tmp_path) ->
                     await trio.sleep(0.5)
             info = await aio(relay.link.js.stream_info)("AEP")
             assert info.state.messages == 2
+
+
+async def test_an_event_over_the_servers_max_payload_is_413_not_send_again(tmp_path) -> None:
+    # the stream can never hold it: a 503 "send them again" would have the
+    # emitter retry forever (found by a fresh-user review)
+    with NatsCluster(1, tmp_path) as c:
+        async with running_js_relay(c.url, token=TOKEN) as (relay, base), \
+                httpx.AsyncClient(timeout=60) as client:
+            limit = relay.link.nc.max_payload
+            big = event(1, type="x.test.blob.sent", data={"blob": "z" * (limit + 1)})
+            r = await client.post(base + "/events", headers=POST,
+                                  content=ndjson([event(0), big]))
+            assert r.status_code == 413, r.text
+            assert r.json()["error"] == "payload-too-large" and r.json()["line"] == 1
+            info = await aio(relay.link.js.stream_info)("AEP")
+            assert info.state.messages == 0  # nothing of the refused batch published
+            ok = await client.post(base + "/events", headers=POST, content=ndjson([event(0)]))
+            assert ok.status_code == 202
