@@ -510,8 +510,10 @@ class Fleet:
             "log": log_ok,
             "bridges": bridges,
         }
-        if self.jetstream is not None:
-            body["nats"] = self.jetstream.health(authorized)
+        nats_health = self.jetstream.health if self.jetstream is not None else \
+            getattr(self.relay, "nats_health", None)  # a JetStream relay's own link
+        if nats_health is not None:
+            body["nats"] = nats_health(authorized)
             body["ok"] = body["ok"] and body["nats"]["connected"]
         if authorized:
             body["counts"] = {

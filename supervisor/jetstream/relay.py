@@ -353,6 +353,16 @@ class JetStreamRelay(Relay):
                               "consumers_remade": 0, "bad_stream_messages": 0,
                               "commands_forwarded": 0, "commands_received": 0})
 
+    def nats_health(self, authorized: bool) -> dict[str, Any]:
+        """``/healthz``'s ``nats`` block: ``{connected}``, with the relay id,
+        the stream, the servers (redacted) and the counters when
+        ``authorized``; the fleet's ``ok`` is false while not connected."""
+        body: dict[str, Any] = {"connected": self.link.connected}
+        if authorized:
+            body.update(relay=self.relay_id, stream=self.stream,
+                        servers=list(self.link.cfg.shown_servers),
+                        counters=dict(self.counters), link=dict(self.link.counters))
+        return body
     def __repr__(self) -> str:
         return f"<JetStreamRelay {self.relay_id} stream={self.stream} auth={'on' if self.has_token else 'off'}>"
 
