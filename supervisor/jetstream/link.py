@@ -90,6 +90,7 @@ def _reason(e: BaseException, cfg: NatsConfig) -> str:
 def _connect_options(cfg: NatsConfig, name: str, link_box: list[Link]) -> dict[str, Any]:
     failures = [0]
     kinds: set[str] = set()
+    outage: set[str] = set()  # error kinds already logged since the last (re)connect
 
     async def error_cb(e: Exception) -> None:
         if not link_box:
@@ -108,7 +109,12 @@ def _connect_options(cfg: NatsConfig, name: str, link_box: list[Link]) -> dict[s
                     ", ".join(cfg.shown_servers), _reason(e, cfg))
             return
         link_box[0].counters["errors"] += 1
-        log.warning("nats: %s", _reason(e, cfg))
+        # while reconnecting nats-py reports every failed attempt (every
+        # 0.5 s): each kind once per outage, the rest at debug
+        kind = type(e).__name__
+        new = kind not in outage
+        outage.add(kind)
+        log.log(logging.WARNING if new else logging.DEBUG, "nats: %s", _reason(e, cfg))
 
     async def disconnected_cb() -> None:
         if link_box and link_box[0].nc.is_closed:
@@ -118,6 +124,7 @@ def _connect_options(cfg: NatsConfig, name: str, link_box: list[Link]) -> dict[s
         log.warning("nats: disconnected; reconnecting")
 
     async def reconnected_cb() -> None:
+        outage.clear()
         if link_box:
             link_box[0].counters["reconnects"] += 1
             url = link_box[0].nc.connected_url

@@ -41,3 +41,29 @@ async def test_a_refused_first_connect_warns_each_new_reason_once_redacted(caplo
     ]
     assert len(caplog.records) == 12  # the repeats: debug
     assert SECRET not in caplog.text
+
+
+async def test_reconnect_failures_warn_once_per_kind_per_outage(caplog) -> None:
+    # a mid-run outage: nats-py reports every failed reconnect (0.5 s apart);
+    # 45 warnings in 22 s before (fresh-user review), one per kind now
+    caplog.set_level(logging.DEBUG, logger="aep.nats")
+
+    class FakeLink:
+        counters = {"errors": 0, "reconnects": 0, "disconnects": 0}
+
+        class nc:
+            connected_url = None
+            is_closed = False
+
+    box = [FakeLink()]
+    opts = _connect_options(nats_config("nats://127.0.0.1:4222"), "t", box)  # type: ignore[list-item]
+    refused = ConnectionRefusedError(111, "Connection refused")
+    for _ in range(10):
+        await opts["error_cb"](refused)
+    await opts["error_cb"](TimeoutError())
+    await opts["reconnected_cb"]()
+    await opts["error_cb"](refused)  # a new outage: said again
+    warned = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.WARNING and "Refused" in r.getMessage()]
+    assert len(warned) == 2
+    assert FakeLink.counters["errors"] == 12
