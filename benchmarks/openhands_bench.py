@@ -50,7 +50,7 @@ from bridges.core.envelope import Stamper  # noqa: E402
 from bridges.core.posture import Posture  # noqa: E402
 from bridges.openhands import from_env  # noqa: E402
 from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
-from supervisor.fleet import PUMP_BATCH  # noqa: E402
+from supervisor.fleet import take_batch  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "openhands_real"
@@ -98,12 +98,7 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path) -> tuple[f
         # up to PUMP_BATCH, encoded once and appended with one write per file
         nonlocal written
         async for item in recv:
-            batch = [item]
-            while len(batch) < PUMP_BATCH:
-                try:
-                    batch.append(recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
+            batch = take_batch(recv, item)
             log.write_batch([(it.event, encode_line(it.event)) for it in batch])
             written += len(batch)
             await trio.lowlevel.checkpoint()

@@ -163,6 +163,18 @@ writers, which run between drains, keep a burst under each consumer's
 soft budget (AEP-0003 §8.4 sheds slow consumers, not healthy ones)."""
 
 
+def take_batch(recv: trio.MemoryReceiveChannel[Any], first: Any, limit: int = PUMP_BATCH) -> list[Any]:
+    """``first`` and whatever else ``recv`` holds right now, at most
+    ``limit`` items in all, without waiting (the pump's one drain)."""
+    batch = [first]
+    while len(batch) < limit:
+        try:
+            batch.append(recv.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            break
+    return batch
+
+
 class _NotingInbox:
     """A bridge's control inbox as its uplink sees it: each command's
     arrival is noted (the ack latency) before it is handed on."""
@@ -349,12 +361,7 @@ class Fleet:
         handed to the sinks in order, then the pump yields once."""
         recv = self._recv
         async for item in recv:
-            batch = [item]
-            while len(batch) < PUMP_BATCH:
-                try:
-                    batch.append(recv.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
+            batch = take_batch(recv, item)
             self._room.unpark_all()  # the channel has room again
             await self._deliver_batch(batch)
             await trio.lowlevel.checkpoint()  # the relay's writers get their turn
