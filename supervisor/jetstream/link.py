@@ -80,6 +80,49 @@ class Link:
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
 
+    async def wait_connected(self) -> None:
+        """Return once the client is connected (at once when it is)."""
+        while not self.nc.is_connected:  # noqa: ASYNC110 -- nats-py's state, on the asyncio side
+            await trio.sleep(0.1)
+
+
+class Outage:
+    """What a NATS user logs while the link is down: each ``kind`` of
+    failure once as a warning (:meth:`failed`; the repeats of the same
+    outage at debug), and the recovery once (:meth:`recovered`), so a retry
+    loop running every few hundred milliseconds through an outage writes
+    two lines, not hundreds (the publisher's and link's rule, DESIGN.md
+    "Bad input gets a clear answer"). ``spells``: outages noted, by kind.
+    Pure apart from the logger."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.log = logger
+        self._down: set[str] = set()
+        self.spells: dict[str, int] = {}
+
+    def down(self, kind: str) -> bool:
+        """Whether an outage of ``kind`` is being noted now."""
+        return kind in self._down
+
+    def failed(self, kind: str, msg: str, *args: object) -> bool:
+        """Note a failure of ``kind``: ``msg % args`` as a warning the
+        first time in this outage (returns ``True``), else at debug."""
+        first = kind not in self._down
+        if first:
+            self._down.add(kind)
+            self.spells[kind] = self.spells.get(kind, 0) + 1
+        self.log.log(logging.WARNING if first else logging.DEBUG, msg, *args)
+        return first
+
+    def recovered(self, kind: str, msg: str, *args: object) -> bool:
+        """End the outage of ``kind``: ``msg % args`` at info when one was
+        noted (returns ``True``), nothing otherwise."""
+        if kind not in self._down:
+            return False
+        self._down.discard(kind)
+        self.log.info(msg, *args)
+        return True
+
 
 def _reason(e: BaseException, cfg: NatsConfig) -> str:
     """``Type: message`` of a connection failure, credentials scrubbed."""
@@ -237,4 +280,4 @@ async def _quiet_cb() -> None:
     return None
 
 
-__all__: Sequence[str] = ("Link", "aio", "open_link", "probe", "ssl_context")
+__all__: Sequence[str] = ("Link", "Outage", "aio", "open_link", "probe", "ssl_context")

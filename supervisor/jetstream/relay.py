@@ -63,7 +63,7 @@ from supervisor.relay.outlet import OPEN, Outlet, Subscriber, frame_text
 from supervisor.relay.replay import exhausted_marker
 
 from .config import NatsConfig
-from .link import Link, aio
+from .link import Link, Outage, aio
 from .plan import Found, resolve_after, session_subject, subject_plan
 from .publish import wanted_stream
 from .subjects import (
@@ -94,6 +94,9 @@ CONSUMER_INACTIVE_S = 30.0
 PUBLISH_WINDOW = 256
 PUBLISH_DEADLINE_S = 10.0
 REQUEST_TIMEOUT_S = 5.0
+ROUTE_DEADLINE_S = 8.0
+"""Longest a command waits for its route (the claims lookup and the
+owner's reply) before it is refused ``no-route`` with retry advice."""
 CONSUMER_PREFIX = "aeprelay"
 
 _NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, nats.js.errors.Error,
@@ -351,7 +354,10 @@ class JetStreamRelay(Relay):
         self.consumers: dict[str, list[str]] = {}
         self.counters.update({"published": 0, "publish_failed": 0, "consumers_made": 0,
                               "consumers_remade": 0, "bad_stream_messages": 0,
-                              "commands_forwarded": 0, "commands_received": 0})
+                              "commands_forwarded": 0, "commands_received": 0,
+                              "commands_unreachable": 0})
+        #: each kind of NATS outage logged once, its recovery once (not per retry)
+        self.outage = Outage(log)
 
     def nats_health(self, authorized: bool) -> dict[str, Any]:
         """``/healthz``'s ``nats`` block: ``{connected}``, with the relay id,
@@ -656,11 +662,29 @@ class JetStreamRelay(Relay):
         return None
 
     async def _forward(self, ev: dict[str, Any], raw: str | None) -> tuple[str, str] | None:
+        """The claims lookup and the request to the owner, answered within
+        :data:`ROUTE_DEADLINE_S`; while this relay cannot reach NATS the
+        answer is ``no-route`` at once (AEP-0004 §4.2: no owner is
+        reachable through this relay now; the §2.3 retry with the same id
+        is safe, the target dedupes)."""
+        if not self.link.connected:
+            return self._unreachable("this relay has no NATS connection")
+        with trio.move_on_after(ROUTE_DEADLINE_S):
+            return await self._forward_now(ev, raw)
+        return self._unreachable(f"no answer within {ROUTE_DEADLINE_S:g}s")
+
+    def _unreachable(self, why: str) -> tuple[str, str]:
+        self.counters["commands_unreachable"] += 1
+        return ("no-route", f"{why}: the session's owner cannot be reached now; "
+                            "retry the command (same id) when NATS is back")
+
+    async def _forward_now(self, ev: dict[str, Any], raw: str | None) -> tuple[str, str] | None:
         session, type_ = ev["session"], ev["type"]
         try:
             holders = await self._claimants(session)
         except _NATS_ERRORS as e:
-            return ("no-route", f"the claims bucket did not answer ({type(e).__name__})")
+            return ("no-route", f"the claims bucket did not answer ({type(e).__name__}); "
+                                "retry the command (same id)")
         if not holders:
             return ("no-route", f"no connected emitter owns session {session}")
         if len(holders) > 1:
@@ -781,11 +805,7 @@ class JetStreamRelay(Relay):
     async def _serve_sub(self, sub: Subscriber, plan_all: bool,
                          positions: list[tuple[str, Position | None]] | None, live: bool,
                          tail: list[Any] | None) -> None:
-        try:
-            info = await aio(self.link.js.stream_info)(self.stream)
-        finally:
-            self._release_subscribed(sub)
-        first, last = info.state.first_seq, info.state.last_seq
+        first, last = await self._bounds(sub)
         flt = sub.filter.source
         if plan_all:
             subjects = subject_plan(self.stream, flt)
@@ -815,6 +835,36 @@ class JetStreamRelay(Relay):
                 sub.outlet.push_frame(t)
         if not live:
             sub.outlet.end(True)
+
+    async def _bounds(self, sub: Subscriber) -> tuple[int, int]:
+        """The stream's ``(first, last)`` sequence, fixing where ``sub``'s
+        live delivery starts, then its held ``subscribed`` frame released.
+        While NATS cannot be reached the frame is released at once (the
+        subscription stands: a sender waiting for it, the SDK's
+        ``ControlClient``, goes on and its command is refused ``no-route``
+        with retry advice) and the stream is asked again when the link is
+        back: live delivery then starts from the stream's end at that time."""
+        attempt = 0
+        while True:
+            if self.link.connected:
+                try:
+                    info = await aio(self.link.js.stream_info)(self.stream)
+                    break
+                except _NATS_ERRORS as e:
+                    why = type(e).__name__
+            else:
+                why = "no NATS connection"
+            self._release_subscribed(sub)
+            self.outage.failed("subscribe", "jetstream relay: cannot read stream %s (%s); "
+                               "new subscriptions wait for it", self.stream, why)
+            await self.link.wait_connected()
+            await trio.sleep(backoff_delay(attempt, 0.2, 5.0))
+            attempt += 1
+        self._release_subscribed(sub)
+        if attempt:
+            self.outage.recovered("subscribe", "jetstream relay: stream %s answers again; "
+                                  "waiting subscriptions started", self.stream)
+        return info.state.first_seq, info.state.last_seq
 
     def _lookup(self, session: str) -> Any:
         subject = session_subject(self.stream, session)
@@ -887,6 +937,8 @@ class JetStreamRelay(Relay):
                 pull = await self._open_consumer(subjects, done + 1)
                 if attempt:
                     self.counters["consumers_remade"] += 1
+                    self.outage.recovered("consumers", "jetstream relay: NATS is back; "
+                                          "consumers remade, subscriptions resumed")
                 attempt = 0
                 idle = 0
                 while outlet.state == OPEN:
@@ -916,8 +968,15 @@ class JetStreamRelay(Relay):
             except _CONSUMER_ERRORS as e:
                 delay = backoff_delay(attempt, 0.2, 5.0)
                 attempt += 1
-                log.info("jetstream relay: consumer lost (%s); remade from stream sequence %d "
-                         "in %.1fs", type(e).__name__, done + 1, delay)
+                if not self.link.connected or self.outage.down("consumers"):
+                    # nothing can be remade until NATS is back: said once per outage
+                    self.outage.failed("consumers", "jetstream relay: NATS unreachable (%s); "
+                                       "subscriptions wait and resume where they stopped",
+                                       type(e).__name__)
+                    await self.link.wait_connected()
+                else:
+                    log.info("jetstream relay: consumer lost (%s); remaking it from stream "
+                             "sequence %d in %.1fs", type(e).__name__, done + 1, delay)
                 await trio.sleep(delay)
             finally:
                 if pull is not None:
@@ -973,5 +1032,5 @@ def reply_refusal(data: bytes | None) -> tuple[str, str] | None:
 __all__: Sequence[str] = (
     "CONSUMER_INACTIVE_S", "CONSUMER_PREFIX", "FETCH_BATCH", "FETCH_TIMEOUT_S", "IDLE_CHECKS",
     "JetStreamRelay", "JsSocketConnection", "PUBLISH_DEADLINE_S", "PUBLISH_WINDOW",
-    "REQUEST_TIMEOUT_S", "accepts_of", "reply_refusal", "roster_entries",
+    "REQUEST_TIMEOUT_S", "ROUTE_DEADLINE_S", "accepts_of", "reply_refusal", "roster_entries",
 )

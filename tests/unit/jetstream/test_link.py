@@ -67,3 +67,22 @@ async def test_reconnect_failures_warn_once_per_kind_per_outage(caplog) -> None:
               if r.levelno >= logging.WARNING and "Refused" in r.getMessage()]
     assert len(warned) == 2
     assert FakeLink.counters["errors"] == 12
+
+
+def test_outage_logs_each_kind_once_and_its_recovery_once(caplog) -> None:
+    import logging
+
+    from supervisor.jetstream.link import Outage
+    logger = logging.getLogger("aep.test.outage")
+    caplog.set_level(logging.DEBUG, logger="aep.test.outage")
+    o = Outage(logger)
+    assert o.recovered("consumers", "back") is False  # nothing was down: silent
+    assert [o.failed("consumers", "down %d", i) for i in range(5)] == [True] + [False] * 4
+    assert o.failed("subscribe", "other kind") is True
+    assert o.down("consumers") and o.recovered("consumers", "back") is True
+    assert o.recovered("consumers", "back") is False
+    assert o.failed("consumers", "down again") is True
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert levels == [("WARNING", "down 0")] + [("DEBUG", f"down {i}") for i in range(1, 5)] + [
+        ("WARNING", "other kind"), ("INFO", "back"), ("WARNING", "down again")]
+    assert o.spells == {"consumers": 2, "subscribe": 1}
