@@ -113,6 +113,37 @@ def redact_url(url: str) -> str:
     return (f"{scheme}://" if sep else "") + "***@" + rest.rpartition("@")[2]
 
 
+MAX_SECONDS = 10 * 365 * 86400.0
+"""The longest ``AEP_NATS_MAX_AGE`` (and so duplicate window) accepted."""
+
+
+def _duplicate_window(r: EnvReader, max_age: float) -> float:
+    """``AEP_NATS_DUPLICATE_WINDOW``: seconds > 0, at most the stream's
+    ``AEP_NATS_MAX_AGE`` (JetStream refuses a window longer than the
+    stream keeps its events: it cannot remember an id past its event). A
+    value over it is a problem line naming that limit and the max age in
+    force; the field keeps the default (cut to the max age, as an unset
+    window is: never a problem)."""
+    fallback = min(DEFAULT_DUPLICATE_WINDOW, max_age)
+    given = r.raw(DUPLICATE_WINDOW)
+    if given is None:
+        return fallback
+    try:
+        window = float(given)
+        if not window > 0 or window != window:
+            raise ValueError
+    except ValueError:
+        r.problems.append(f"{DUPLICATE_WINDOW}={given!r}: expected seconds > 0 "
+                          f"(default {DEFAULT_DUPLICATE_WINDOW:g})")
+        return fallback
+    if window > max_age:
+        r.problems.append(f"{DUPLICATE_WINDOW}={given!r}: expected at most {MAX_AGE} "
+                          f"({max_age:g} s: the stream cannot remember an id longer than it "
+                          f"keeps the event; default {DEFAULT_DUPLICATE_WINDOW:g})")
+        return fallback
+    return window
+
+
 def from_env(env: Mapping[str, str]) -> tuple[NatsConfig | None, list[str]]:
     """``(config, problems)``; config ``None`` when ``AEP_NATS_URL`` is
     unset (JetStream off) or unusable. Never raises; problem lines never
@@ -153,12 +184,12 @@ def from_env(env: Mapping[str, str]) -> tuple[NatsConfig | None, list[str]]:
         r.problems.append(f"{TLS_CERT} and {TLS_KEY} go together (mutual TLS needs both)")
         cfg_paths.pop("tls_cert", None)
         cfg_paths.pop("tls_key", None)
+    max_age = r.seconds(MAX_AGE, DEFAULT_MAX_AGE, maximum=MAX_SECONDS)
     cfg = NatsConfig(
-        servers=tuple(servers), stream=stream,
-        max_age=r.seconds(MAX_AGE, DEFAULT_MAX_AGE, maximum=10 * 365 * 86400.0),
+        servers=tuple(servers), stream=stream, max_age=max_age,
         max_bytes=r.integer(MAX_BYTES, DEFAULT_MAX_BYTES, minimum=1 << 20, unit="bytes"),
         replicas=r.integer(REPLICAS, 1, minimum=1, maximum=5),
-        duplicate_window=r.seconds(DUPLICATE_WINDOW, DEFAULT_DUPLICATE_WINDOW, maximum=86400.0),
+        duplicate_window=_duplicate_window(r, max_age),
         outbox=r.integer(OUTBOX, DEFAULT_OUTBOX, minimum=16),
         claim_ttl=r.seconds(CLAIM_TTL, DEFAULT_CLAIM_TTL, maximum=3600.0),
         **cfg_paths,

@@ -59,3 +59,32 @@ def test_a_password_with_unencoded_delimiters_is_never_shown() -> None:
         assert redact_url(url) == "nats://***@h:4222"
         _, problems = from_env({"AEP_NATS_URL": url})
         assert all(pw not in p and "alice" not in p for p in problems)
+
+
+def test_the_duplicate_window_problem_names_its_limit_the_max_age() -> None:
+    """The window's one limit is AEP_NATS_MAX_AGE (JetStream refuses a
+    longer window); the line said "expected seconds > 0" for a positive
+    value over an unrelated 86400 cap, and a window over a short max age
+    was cut silently."""
+    url = {"AEP_NATS_URL": "nats://h:4222"}
+    cfg, problems = from_env({**url, "AEP_NATS_DUPLICATE_WINDOW": "100000"})
+    assert problems == [] and cfg is not None and cfg.duplicate_window == 100000.0  # < 7 days
+    cfg, problems = from_env({**url, "AEP_NATS_DUPLICATE_WINDOW": "900",
+                              "AEP_NATS_MAX_AGE": "600"})
+    assert cfg is None
+    assert problems == ["AEP_NATS_DUPLICATE_WINDOW='900': expected at most AEP_NATS_MAX_AGE "
+                        "(600 s: the stream cannot remember an id longer than it keeps the "
+                        "event; default 300)"]
+    cfg, problems = from_env({**url, "AEP_NATS_DUPLICATE_WINDOW": "2000000"})
+    assert problems == ["AEP_NATS_DUPLICATE_WINDOW='2000000': expected at most "
+                        "AEP_NATS_MAX_AGE (604800 s: the stream cannot remember an id longer "
+                        "than it keeps the event; default 300)"]
+    for bad in ("0", "-5", "soon", "nan"):
+        _, problems = from_env({**url, "AEP_NATS_DUPLICATE_WINDOW": bad})
+        assert problems == [f"AEP_NATS_DUPLICATE_WINDOW={bad!r}: expected seconds > 0 "
+                            "(default 300)"]
+    # unset: the default, cut to a shorter max age without a problem
+    cfg, problems = from_env({**url, "AEP_NATS_MAX_AGE": "60"})
+    assert problems == [] and cfg is not None and cfg.duplicate_window == 60.0
+    cfg, problems = from_env({**url, "AEP_NATS_DUPLICATE_WINDOW": "45", "AEP_NATS_MAX_AGE": "60"})
+    assert problems == [] and cfg is not None and cfg.duplicate_window == 45.0
