@@ -221,7 +221,10 @@ class FleetCollector(Collector):
     def _nats(self) -> Iterator[Metric]:
         js = getattr(self.fleet, "jetstream", None)
         if js is None:
+            yield from _nats_relay(self.fleet.relay)
             return
+        if js.link is not None:
+            yield from _nats_link(js.link.counters)
         st = js.publisher.stats()
         for key, help_ in (("published", "JetStream publishes (resends included)"),
                            ("acked", "JetStream publish acks (duplicates included)"),
@@ -263,3 +266,39 @@ class FleetCollector(Collector):
                            ("compress_errors", "Failed compressions"),
                            ("remove_errors", "Failed removals")):
             yield CounterMetricFamily(f"{PREFIX}_session_log_{key}", help_, value=counters[key])
+
+
+def _nats_link(counters: dict[str, int]) -> Iterator[Metric]:
+    """The NATS link's own counters (a daemon's sink or a JetStream relay)."""
+    for key, help_ in (("disconnects", "NATS connections lost"),
+                       ("reconnects", "NATS reconnections made")):
+        yield CounterMetricFamily(f"{PREFIX}_nats_{key}", help_, value=counters.get(key, 0))
+
+
+def _nats_relay(relay: Any) -> Iterator[Metric]:
+    """``aep-bridges relay`` over JetStream: its link, publishes, consumers
+    and command routing (``JetStreamRelay.nats_stats``), the daemon's names."""
+    stats = getattr(relay, "nats_stats", None)
+    if stats is None:
+        return
+    st: dict[str, int] = stats()
+    yield from _nats_link(st)
+    yield GaugeMetricFamily(f"{PREFIX}_nats_connected", "1 while the NATS link is up",
+                            value=st["connected"])
+    for key, help_ in (("published", "JetStream publishes acknowledged (POST /events, /socket)"),
+                       ("publish_errors", "Events the stream did not acknowledge in time "
+                                          "(the emitter was answered 503)"),
+                       ("consumers_made", "JetStream consumers made for subscriptions"),
+                       ("consumers_remade", "Consumers remade after a loss (node, leader, "
+                                            "outage)"),
+                       ("bad_stream_messages", "Stream messages that are not AEP events "
+                                               "(skipped)")):
+        yield CounterMetricFamily(f"{PREFIX}_nats_{key}", help_, value=st[key])
+    yield GaugeMetricFamily(f"{PREFIX}_nats_consumers", "Live JetStream consumers "
+                            "(one per subscription phase)", value=st["consumers"])
+    cmds = CounterMetricFamily(f"{PREFIX}_nats_commands", "Commands over NATS: forwarded to "
+                               "the owning daemon, received for this relay's /socket emitters, "
+                               "refused no-route while NATS was unreachable", labels=["outcome"])
+    for outcome in ("forwarded", "received", "unreachable"):
+        cmds.add_metric([outcome], st[f"commands_{outcome}"])
+    yield cmds

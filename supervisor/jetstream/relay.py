@@ -369,6 +369,28 @@ class JetStreamRelay(Relay):
                         servers=list(self.link.cfg.shown_servers),
                         counters=dict(self.counters), link=dict(self.link.counters))
         return body
+
+    def nats_stats(self) -> dict[str, int]:
+        """``/metrics``' NATS figures of this relay (the daemon's names,
+        :mod:`supervisor.metrics`): ``connected`` (0/1), the link's
+        ``disconnects``/``reconnects``/``errors``, the publishes
+        (``published``, ``publish_errors``: events not acknowledged in time),
+        the consumers (``consumers`` live, ``consumers_made``,
+        ``consumers_remade``), ``bad_stream_messages`` and the commands
+        (``commands_forwarded`` to an owner, ``commands_received`` for this
+        relay's ``/socket`` emitters, ``commands_unreachable``: refused
+        ``no-route`` because NATS could not be reached)."""
+        c = self.counters
+        return {"connected": int(self.link.connected), **{k: int(v) for k, v in
+                                                          self.link.counters.items()},
+                "published": int(c["published"]), "publish_errors": int(c["publish_failed"]),
+                "consumers": len(self.consumers), "consumers_made": int(c["consumers_made"]),
+                "consumers_remade": int(c["consumers_remade"]),
+                "bad_stream_messages": int(c["bad_stream_messages"]),
+                "commands_forwarded": int(c["commands_forwarded"]),
+                "commands_received": int(c["commands_received"]),
+                "commands_unreachable": int(c["commands_unreachable"])}
+
     def __repr__(self) -> str:
         return f"<JetStreamRelay {self.relay_id} stream={self.stream} auth={'on' if self.has_token else 'off'}>"
 
