@@ -186,7 +186,7 @@ class Presence:
                                          "commands_received": 0, "commands_delivered": 0,
                                          "commands_refused": 0}
         self._new: list[tuple[str, str, str]] = []
-        self._gone: list[tuple[str, str]] = []
+        self._gone: list[tuple[str, str, str]] = []
         self._changed = trio.Event()
         self._kv: Any = None
         self._daemons_kv: Any = None
@@ -199,7 +199,7 @@ class Presence:
             self._new.append((bridge, *added))
             self._changed.set()
         if released is not None:
-            self._gone.append(released)
+            self._gone.append((bridge, *released))
             self._changed.set()
 
     # -- running ---------------------------------------------------------------------
@@ -257,8 +257,8 @@ class Presence:
             gone, self._gone = self._gone, []
             for b, a, s in new:
                 await self._put_claim(b, a, s)
-            for a, s in gone:
-                await self._delete(claim_key(a, s, self.daemon))
+            for b, a, s in gone:
+                await self._delete(claim_key(a, s, self.daemon, b))
             self._changed = trio.Event()
             if self._new or self._gone:
                 continue
@@ -270,7 +270,7 @@ class Presence:
         value = claim_value(daemon=self.daemon, bridge=bridge, hello=self.hellos.get(bridge, {}),
                             agent=agent, session=session, at_ms=_now_ms())
         try:
-            await aio(self._kv.put)(claim_key(agent, session, self.daemon), value)
+            await aio(self._kv.put)(claim_key(agent, session, self.daemon, bridge), value)
             self.counters["claims_put"] += 1
         except Exception as e:  # noqa: BLE001 -- the next refresh puts it again
             self.counters["kv_errors"] += 1
@@ -301,8 +301,8 @@ class Presence:
         ``no-route`` at once instead of after the TTL)."""
         if self._kv is None:
             return
-        for _, a, s in self.claims.items():
-            await self._delete(claim_key(a, s, self.daemon))
+        for b, a, s in self.claims.items():
+            await self._delete(claim_key(a, s, self.daemon, b))
         if self._daemons_kv is not None:
             await self._delete(token(self.daemon), self._daemons_kv)
 

@@ -70,16 +70,17 @@ from .subjects import (
     POS,
     claim_key,
     claim_value,
+    claimants,
     claims_bucket,
     command_reply,
     command_subject,
     daemons_bucket,
     event_headers,
     event_subject_of,
-    parse_claim_key,
     parse_command_reply,
     parse_pos,
     parse_value,
+    session_claims_filter,
     token,
 )
 
@@ -111,19 +112,15 @@ def roster_entries(claims: Sequence[tuple[str, bytes]],
     declarations verbatim; what a claim leaves out comes from its bridge's
     hello in the daemon's entry (``daemons``: daemon id -> its
     :func:`~.subjects.daemon_value`). Malformed keys and values, and values
-    of another shape version, are skipped. Pure."""
+    of another shape version, are skipped; a claim present in both key
+    shapes is one entry (:func:`~.subjects.claimants`). Pure."""
     out = []
-    for key, raw in claims:
-        try:
-            agent, session, daemon = parse_claim_key(key)
-        except ValueError:
-            continue
-        value = parse_value(raw)
-        if value is None or session is None:
+    for agent, session, daemon, bridge, value in claimants(claims):
+        if session is None:
             continue
         hello: dict[str, Any] = {}
         for b in (daemons.get(daemon) or {}).get("bridges") or ():
-            if isinstance(b, dict) and b.get("name") == value.get("bridge") \
+            if isinstance(b, dict) and b.get("name") == bridge \
                     and isinstance(b.get("hello"), dict):
                 hello = b["hello"]
         ident: dict[str, Any] = {}
@@ -502,10 +499,13 @@ class JetStreamRelay(Relay):
     def release(self, conn: Connection) -> None:
         gone = self._claim_agents.pop(conn, {})
         super().release(conn)
-        for session, agent in gone.items():
-            if not any(self._claim_agents.get(c, {}).get(session) == agent
-                       for c in self.claims.holders(session)):
-                self.spawn(self._kv_delete, claim_key(agent, session, self.relay_id))
+        for session, agent in gone.items():  # this connection's own keys, no one else's
+            self.spawn(self._kv_delete, self._claim_key(conn, agent, session))
+
+    def _claim_key(self, conn: Connection, agent: str, session: str) -> str:
+        """The claims-bucket key of ``conn``'s claim (the connection is the
+        claimant, as a bridge is on a daemon)."""
+        return claim_key(agent, session, self.relay_id, _socket_bridge(conn))
 
     async def roster_async(self) -> list[dict[str, Any]]:
         """Every live claim in the claims bucket (every daemon's, every
@@ -545,11 +545,11 @@ class JetStreamRelay(Relay):
             log.debug("jetstream relay: claim delete: %s", type(e).__name__)
 
     async def _put_claim(self, conn: Connection, agent: str, session: str) -> None:
-        value = claim_value(daemon=self.relay_id, bridge=f"socket-{id(conn):x}",
+        value = claim_value(daemon=self.relay_id, bridge=_socket_bridge(conn),
                             hello={"identity": conn.identity, "capabilities": conn.capabilities},
                             agent=agent, session=session, at_ms=int(time.time() * 1000))
         try:
-            await aio(self._kv_claims.put)(claim_key(agent, session, self.relay_id), value)
+            await aio(self._kv_claims.put)(self._claim_key(conn, agent, session), value)
         except _NATS_ERRORS as e:
             log.warning("jetstream relay: claim of a session not stored (%s); the next "
                         "refresh retries", type(e).__name__)
@@ -585,7 +585,7 @@ class JetStreamRelay(Relay):
             self.claims.own_source(conn, e.attrs["source"])
             if len(agents) > len(conn.claims):  # the claim table's LRU dropped some
                 for gone in [s for s in agents if s not in conn.claims]:
-                    self.spawn(self._kv_delete, claim_key(agents.pop(gone), gone, self.relay_id))
+                    self.spawn(self._kv_delete, self._claim_key(conn, agents.pop(gone), gone))
             if new:
                 await self._put_claim(conn, agent, session)
         return None
@@ -657,17 +657,11 @@ class JetStreamRelay(Relay):
 
     # -- control -----------------------------------------------------------------
     async def _claimants(self, session: str) -> list[tuple[str, str, dict[str, Any]]]:
-        """``(agent, daemon, claim value)`` of every live claim of ``session``."""
-        out = []
-        for key, raw in await self._kv_entries(self._kv_claims, f"*.{token(session)}.*"):
-            try:
-                agent, _, daemon = parse_claim_key(key)
-            except ValueError:
-                continue
-            value = parse_value(raw)
-            if value is not None:
-                out.append((agent, daemon, value))
-        return out
+        """``(agent, daemon, claim value)`` of every live claimant of
+        ``session`` (one per bridge or ``/socket`` connection, either key
+        shape, :func:`~.subjects.claimants`)."""
+        entries = await self._kv_entries(self._kv_claims, session_claims_filter(session))
+        return [(agent, daemon, value) for agent, _, daemon, _, value in claimants(entries)]
 
     async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
                      raw: str | None) -> tuple[str, str] | None:
@@ -763,7 +757,7 @@ class JetStreamRelay(Relay):
         except Exception as e:  # noqa: BLE001 -- a dead target is no route
             return command_reply(me, code="no-route",
                                  detail=f"the owning connection is going away ({type(e).__name__})")
-        return command_reply(me, bridge=f"socket-{id(target):x}")
+        return command_reply(me, bridge=_socket_bridge(target))
 
     # -- subscriptions -----------------------------------------------------------
     def subscribe(self, sub: Subscriber, *, plan_all: bool,
@@ -1029,9 +1023,14 @@ class JetStreamRelay(Relay):
         """The relay's orderly close, then this relay's claims deleted."""
         await super().close(reason, grace=grace)
         with trio.move_on_after(2.0):
-            for agents in list(self._claim_agents.values()):
+            for conn, agents in list(self._claim_agents.items()):
                 for session, agent in list(agents.items()):
-                    await self._kv_delete(claim_key(agent, session, self.relay_id))
+                    await self._kv_delete(self._claim_key(conn, agent, session))
+
+
+def _socket_bridge(conn: Connection) -> str:
+    """The claimant name of a ``/socket`` connection (``socket-<hex>``)."""
+    return f"socket-{id(conn):x}"
 
 
 def reply_refusal(data: bytes | None) -> tuple[str, str] | None:

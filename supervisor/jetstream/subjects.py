@@ -7,8 +7,9 @@ NATS cluster never see each other's subjects::
     S.ev.<agent>.<session>     one event (payload: the event's JSON bytes,
                                exactly the JSONL line without its newline)
     S.cmd.<daemon>             commands for one daemon (request/reply)
-    KV  S_claims               <agent>.<session>.<daemon> -> one daemon's claim
-                               of one session (its declared control block)
+    KV  S_claims               <agent>.<session>.<daemon>.<bridge> -> one
+                               bridge's claim of one session (its declared
+                               control block)
     KV  S_daemons              <daemon> -> the daemon's hello identity
 
 so an AEP ``attr-match`` filter on ``agent`` and ``session`` becomes a
@@ -59,11 +60,13 @@ is JSON (:func:`claim_value`)::
      "emits": [...],                                # the hello's block, verbatim; absent: none
      "at": <unix ms of this put>}
 
-A session has as many claims as claimant daemons: exactly one key under
-:func:`claim_prefix` routes; none is ``no-route``, several ``ambiguous``;
-a type outside the claim's ``control.accepts`` is ``unsupported``
-(AEP-0004 §4.2, §4.5). Two bridges of ONE daemon claiming one session
-(the same agent) share a key; that daemon's listener answers ``ambiguous``.
+A session has as many claims as claimants (bridges, on any daemons):
+exactly one claimant under :func:`claim_prefix` routes; none is
+``no-route``, several ``ambiguous``; a type outside the claim's
+``control.accepts`` is ``unsupported`` (AEP-0004 §4.2, §4.5). Keys of the
+older shape ``<agent>.<session>.<daemon>`` (daemons before the bridge was
+in the key) are still read, their bridge taken from the value
+(:func:`claimants` counts a claim present in both shapes once).
 A JetStream relay claims the sessions of the emitters on its own
 ``/socket`` the same way: ``daemon`` is the relay's id (``relay-<hex>``,
 no ``S_daemons`` entry), ``bridge`` names the connection, and the relay
@@ -193,27 +196,77 @@ def daemons_bucket(stream: str) -> str:
     return f"{stream}_daemons"
 
 
-def claim_key(agent: str | None, session: str | None, daemon: str) -> str:
-    """``<agent>.<session>.<daemon>``: one daemon's claim of one session in
-    the claims bucket. One key per claimant, so two daemons claiming one
-    session are two keys and the relay can answer ``ambiguous`` exactly
-    (AEP-0004 §4.2); ``<agent>.<session>.*`` lists a session's claimants."""
-    return f"{token(agent)}.{token(session)}.{token(daemon)}"
+def claim_key(agent: str | None, session: str | None, daemon: str, bridge: str | None) -> str:
+    """``<agent>.<session>.<daemon>.<bridge>``: one claimant's claim of one
+    session in the claims bucket, the claimant being one bridge of one
+    daemon (or one ``/socket`` connection of a relay). One key per
+    claimant, so two daemons, or two bridges of one daemon, claiming one
+    session are two keys and the relay answers ``ambiguous`` exactly
+    (AEP-0004 §4.2), the roster lists both (AEP-0003 §4.1), and one
+    bridge's release never deletes the other's claim.
+    ``bridge=None`` makes the older shape ``<agent>.<session>.<daemon>``
+    (one key per daemon, written by daemons before the bridge was in the
+    key): readers still accept it (:func:`parse_claim_key`, :func:`claimants`);
+    nothing writes it any more."""
+    key = f"{token(agent)}.{token(session)}.{token(daemon)}"
+    return key if bridge is None else f"{key}.{token(bridge)}"
 
 
 def claim_prefix(agent: str | None, session: str | None) -> str:
-    """The KV key filter of every claim of one session: ``<agent>.<session>.*``."""
-    return f"{token(agent)}.{token(session)}.*"
+    """The KV key filter of every claim of one session, either key shape:
+    ``<agent>.<session>.>``."""
+    return f"{token(agent)}.{token(session)}.>"
 
 
-def parse_claim_key(key: str) -> tuple[str, str | None, str]:
-    """``(agent, session, daemon)``, the inverse of :func:`claim_key`;
-    raises ``ValueError``."""
+def session_claims_filter(session: str | None) -> str:
+    """The KV key filter of every claim of ``session`` by any agent, either
+    key shape: ``*.<session>.>``."""
+    return f"*.{token(session)}.>"
+
+
+def parse_claim_key(key: str) -> tuple[str, str | None, str, str | None]:
+    """``(agent, session, daemon, bridge)``, the inverse of
+    :func:`claim_key`; ``bridge`` is ``None`` for the older three-token
+    shape (the claim's value names it). Raises ``ValueError``."""
     parts = key.split(".")
-    if len(parts) != 3:
+    if len(parts) not in (3, 4):
         raise ValueError(f"not a claim key: {key!r}")
     s = untoken(parts[1])
-    return untoken(parts[0]), (s or None), untoken(parts[2])
+    bridge = untoken(parts[3]) if len(parts) == 4 else None
+    return untoken(parts[0]), (s or None), untoken(parts[2]), bridge
+
+
+def claimants(entries: Sequence[tuple[str, bytes]]
+              ) -> list[tuple[str, str | None, str, str | None, dict[str, Any]]]:
+    """The distinct claimants in claims-bucket ``(key, value)`` entries:
+    ``(agent, session, daemon, bridge, value)``, in first-seen order, one
+    per ``(agent, session, daemon, bridge)``; an older-shape key's bridge
+    is its value's ``bridge``, so a claim written in both shapes (a daemon
+    upgraded in place, its old key not yet expired) counts once, as the
+    new-shape entry. Malformed keys, values that do not parse
+    (:func:`parse_value`) and a value whose ``bridge`` contradicts its
+    key are skipped. Pure; never raises."""
+    out: dict[tuple[str, str | None, str, str | None], tuple[dict[str, Any], bool]] = {}
+    for key, raw in entries:
+        try:
+            agent, session, daemon, bridge = parse_claim_key(key)
+        except ValueError:
+            continue
+        value = parse_value(raw)
+        if value is None:
+            continue
+        named = value.get("bridge")
+        named = named if isinstance(named, str) else None
+        legacy = bridge is None
+        if legacy:
+            bridge = named
+        elif named is not None and named != bridge:
+            continue
+        ident = (agent, session, daemon, bridge)
+        have = out.get(ident)
+        if have is None or (have[1] and not legacy):
+            out[ident] = (value, legacy)
+    return [(*ident, value) for ident, (value, _) in out.items()]
 
 
 def msg_id(event: Mapping[str, Any]) -> str | None:
@@ -360,5 +413,6 @@ __all__: Sequence[str] = (
     "parse_pos", "parse_value",
     "STREAM_NAME", "claim_key", "claim_prefix", "claims_bucket", "command_subject", "daemons_bucket",
     "event_subject", "event_subject_of", "events_wildcard", "filter_subjects", "msg_id",
-    "parse_claim_key", "parse_event_subject", "token", "untoken",
+    "claimants", "parse_claim_key", "parse_event_subject", "session_claims_filter", "token",
+    "untoken",
 )

@@ -40,7 +40,7 @@ async def test_claims_in_kv_and_a_command_through_the_listener_is_acked_once(tmp
             daemon = fleet.jetstream.daemon
             assert (tmp_path / "state" / "daemon-id").read_text().strip() == daemon
             async with open_link(fleet.cfg.nats) as link:
-                key = S.claim_key("toy-agent", "toy-1", daemon)
+                key = S.claim_key("toy-agent", "toy-1", daemon, "toy")
                 with trio.fail_after(20):
                     while True:
                         try:
@@ -97,7 +97,7 @@ async def test_claims_are_refreshed_within_their_ttl(tmp_path) -> None:
     with NatsCluster(1, tmp_path) as c:
         async with running_fleet(tmp_path, [ToyBridge()], c.url,
                                  AEP_NATS_CLAIM_TTL="1") as fleet:
-            key = S.claim_key("toy-agent", "toy-1", fleet.jetstream.daemon)
+            key = S.claim_key("toy-agent", "toy-1", fleet.jetstream.daemon, "toy")
             async with open_link(fleet.cfg.nats) as link:
                 with trio.fail_after(20):
                     while fleet.jetstream.presence.counters["claims_put"] < 1:

@@ -18,10 +18,10 @@ HELLO = {"identity": {"agent": "opencode", "instance": "box1/opencode"},
 
 def test_roster_entries_carry_each_claims_declarations_verbatim() -> None:
     claims = [
-        (S.claim_key("opencode", "ses_1", "d1"),
+        (S.claim_key("opencode", "ses_1", "d1", "opencode"),
          S.claim_value(daemon="d1", bridge="opencode", hello=HELLO, agent="opencode",
                        session="ses_1", at_ms=1)),
-        (S.claim_key("codex", "s.2", "d2"),
+        (S.claim_key("codex", "s.2", "d2", "otlp"),
          S.claim_value(daemon="d2", bridge="otlp", hello={"identity": {"instance": "box2/codex"}},
                        agent="codex", session="s.2", at_ms=1)),
     ]
@@ -37,15 +37,16 @@ def test_the_daemon_entry_fills_what_a_claim_leaves_out() -> None:
                        "session": "ses_1", "identity": {}}).encode()
     daemons = {"d1": json.loads(S.daemon_value(daemon="d1", host="box1", pid=1, epoch=1,
                                                started="x", hellos={"opencode": HELLO}, at_ms=1))}
-    assert R.roster_entries([(S.claim_key("opencode", "ses_1", "d1"), bare)], daemons) == [
+    assert R.roster_entries([(S.claim_key("opencode", "ses_1", "d1", "opencode"), bare)], daemons) == [
         {"session": "ses_1", "agent": "opencode", "instance": "box1/opencode",
          "control": {"accepts": ["control.attention.respond"]}, "emits": ["run", "tool"]}]
 
 
 def test_roster_skips_malformed_keys_values_other_versions_and_sessionless_claims() -> None:
     ok = S.claim_value(daemon="d", bridge="b", hello={}, agent="a", session="s", at_ms=1)
-    claims = [("not-a-key", ok), (S.claim_key("a", "s", "d"), b"[not json"),
-              (S.claim_key("a", None, "d"), ok), (S.claim_key("a", "s", "d"), b'{"v": 2}')]
+    claims = [("not-a-key", ok), (S.claim_key("a", "s", "d", "b"), b"[not json"),
+              (S.claim_key("a", None, "d", "b"), ok), (S.claim_key("a", "s", "d", "b"), b'{"v": 2}'),
+              (S.claim_key("a", "s", "d", "other"), ok)]  # the value names another bridge
     assert R.roster_entries(claims, {}) == []
 
 
@@ -53,6 +54,24 @@ def test_roster_skips_malformed_keys_values_other_versions_and_sessionless_claim
        st.dictionaries(st.text(max_size=5), st.dictionaries(st.text(max_size=5), st.none())))
 def test_roster_never_raises_on_garbage(claims, daemons) -> None:
     assert isinstance(R.roster_entries(claims, daemons), list)
+
+
+def test_two_bridges_of_one_daemon_are_two_roster_entries_and_both_key_shapes_one() -> None:
+    """Two bridges of one agent on one daemon claiming one session: two
+    claimants, two entries (AEP-0003 §4.1, one per live claim; the old
+    <agent>.<session>.<daemon> key made them one). A claim in both key
+    shapes (a daemon upgraded in place, its old key not expired yet) is one."""
+    def value(bridge: str) -> bytes:
+        return S.claim_value(daemon="d1", bridge=bridge, hello=HELLO, agent="opencode",
+                             session="ses_1", at_ms=1)
+    claims = [(S.claim_key("opencode", "ses_1", "d1", "a"), value("a")),
+              (S.claim_key("opencode", "ses_1", "d1", None), value("a")),  # legacy, same claim
+              (S.claim_key("opencode", "ses_1", "d1", "b"), value("b"))]
+    entries = R.roster_entries(claims, {})
+    assert len(entries) == 2 and entries[0] == entries[1]
+    assert [b for *_, b, _ in S.claimants(claims)] == ["a", "b"]
+    # a legacy key alone still reads (its bridge from the value)
+    assert R.roster_entries(claims[1:2], {}) == entries[:1]
 
 
 def test_accepts_of() -> None:

@@ -66,9 +66,13 @@ def test_filter_subjects() -> None:
 
 
 def test_claim_key_and_msg_id() -> None:
-    assert S.claim_key("codex", "t.1", "host-a") == "codex.=dC4x.host-a"
-    assert S.parse_claim_key("codex.=dC4x.host-a") == ("codex", "t.1", "host-a")
-    assert S.claim_prefix("codex", "t.1") == "codex.=dC4x.*"
+    assert S.claim_key("codex", "t.1", "host-a", "otlp_in") == "codex.=dC4x.host-a.otlp_in"
+    assert S.parse_claim_key("codex.=dC4x.host-a.otlp_in") == ("codex", "t.1", "host-a", "otlp_in")
+    # the older shape (no bridge) still parses
+    assert S.claim_key("codex", "t.1", "host-a", None) == "codex.=dC4x.host-a"
+    assert S.parse_claim_key("codex.=dC4x.host-a") == ("codex", "t.1", "host-a", None)
+    assert S.claim_prefix("codex", "t.1") == "codex.=dC4x.>"
+    assert S.session_claims_filter("t.1") == "*.=dC4x.>"
     assert S.msg_id({"id": "01J", "source": "aep://host/codex"}) == "01J aep://host/codex"
     assert S.msg_id({"id": "01J"}) is None
     assert S.command_subject("AEP", "host-1") == "AEP.cmd.host-1"
@@ -150,3 +154,28 @@ def test_command_replies_round_trip() -> None:
 def test_parse_never_raises_on_garbage(raw: bytes) -> None:
     assert S.parse_command_reply(raw)[0] in ("accepted", "refused", "invalid")
     S.parse_value(raw)
+
+
+_ANY = st.one_of(st.none(), st.text(max_size=12))
+
+
+@given(_ANY, _ANY, st.text(min_size=1, max_size=12), st.one_of(st.none(), st.text(max_size=12)))
+def test_claim_keys_of_both_shapes_round_trip_and_are_valid_kv_keys(agent, session, daemon,
+                                                                     bridge) -> None:
+    key = S.claim_key(agent, session, daemon, bridge)
+    assert re.fullmatch(r"[-/_=.A-Za-z0-9]+", key)
+    a, s_, d, b = S.parse_claim_key(key)
+    assert (a, s_, d, b) == (agent or "", session or None, daemon, bridge)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.sampled_from(["d1", "d2"]),
+                          st.sampled_from(["x", "y"]), st.booleans()), max_size=12))
+def test_claimants_are_the_distinct_bridge_claims_whatever_the_key_shape(claims) -> None:
+    """Each (session, daemon, bridge) claim once, whether its key is of the
+    new shape, the old one (bridge in the value only), or both."""
+    entries = [(S.claim_key("codex", sess, d, None if legacy else b),
+                S.claim_value(daemon=d, bridge=b, hello={}, agent="codex", session=sess, at_ms=1))
+               for sess, d, b, legacy in claims]
+    got = [(s_, d, b) for _, s_, d, b, _ in S.claimants(entries)]
+    assert sorted(got) == sorted({(sess, d, b) for sess, d, b, _ in claims})
+    assert all(v["bridge"] == b for *_, b, v in S.claimants(entries))
