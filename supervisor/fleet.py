@@ -251,7 +251,7 @@ class Fleet:
             self.jetstream = JetStreamSink(
                 cfg.nats, daemon_id(cfg.state_dir, self.host), host=self.host, epoch=self.epoch,
                 hellos={n: hello_for(m.bridge, self.host) for n, m in self.members.items()},
-                max_sessions=cfg.max_sessions, hand=self._hand_by_name)
+                max_sessions=cfg.max_sessions, hand=self._hand_by_name, state_dir=cfg.state_dir)
         self.metrics.watch(self)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()

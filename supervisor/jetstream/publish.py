@@ -308,16 +308,20 @@ class Publisher:
                 "connected": int(self.connected)}
 
     # -- the sender ----------------------------------------------------------------
-    async def run(self, link: Link) -> None:
+    async def run(self, link: Link, first: Sequence[Message] = ()) -> None:
         """Publish until cancelled: rounds over ``link`` (see the module
-        docstring). Never raises for a NATS failure (it is counted, logged
-        once per failing spell, and retried with the shared backoff)."""
+        docstring). ``first``: messages published, all acknowledged, before
+        anything in the outbox (a killed predecessor's, :mod:`.recover`:
+        older than what this run queued, so sessions stay in order). Never
+        raises for a NATS failure (it is counted, logged once per failing
+        spell, and retried with the shared backoff)."""
         from .link import aio
         self.link = link
         publish_lanes = aio(_publish_lanes)
         inbox = AckInbox(link.nc)
         await aio(inbox.open)()
         try:
+            await self._first(link, inbox, publish_lanes, list(first))
             await self._rounds(link, inbox, publish_lanes)
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
@@ -325,6 +329,47 @@ class Publisher:
                     await aio(inbox.close)()
                 except Exception as e:  # noqa: BLE001 -- closing a dead link
                     log.debug("nats: ack inbox close: %s", type(e).__name__)
+
+    async def _first(self, link: Link, inbox: AckInbox, publish_lanes: Any,
+                     todo: list[Message]) -> None:
+        """Publish ``todo`` in rounds of :data:`ROUND_MAX` until every one
+        is acknowledged (the lane rule: a lane stops at its first failure,
+        the round's unacknowledged rest is resent after the backoff)."""
+        attempt = 0
+        self.counters["recovered"] = self.counters.get("recovered", 0)
+        while todo:
+            if not link.connected:
+                await link.wait_connected()
+            batch = todo[:ROUND_MAX]
+            results = await publish_lanes(inbox, batch, PUBLISH_TIMEOUT_S)
+            failure = self._settle_first(batch, results)
+            todo = [m for m in todo if not m.acked]
+            if failure is not None:
+                self.counters["rounds_failed"] += 1
+                await trio.sleep(backoff_delay(attempt, RETRY_INITIAL_S, RETRY_MAX_S))
+                attempt += 1
+            else:
+                attempt = 0
+
+    def _settle_first(self, batch: list[Message], results: list[object]) -> str | None:
+        failure = None
+        for msg, r in zip(batch, results, strict=True):
+            if r is None:
+                continue
+            self.counters["published"] += 1
+            if isinstance(r, TooLarge):
+                msg.acked = True
+                self.counters["too_large"] += 1
+            elif isinstance(r, BaseException):
+                self.counters["publish_errors"] += 1
+                failure = failure or type(r).__name__
+            else:
+                msg.acked = True
+                self.counters["acked"] += 1
+                self.counters["recovered"] += 1
+                if r.get("duplicate") if isinstance(r, dict) else getattr(r, "duplicate", False):
+                    self.counters["duplicates"] += 1
+        return failure
 
     async def _rounds(self, link: Link, inbox: AckInbox, publish_lanes: Any) -> None:
         attempt = 0

@@ -982,21 +982,27 @@ class JetStreamRelay(Relay):
                             return
                 return
             except _CONSUMER_ERRORS as e:
-                delay = backoff_delay(attempt, 0.2, 5.0)
+                await self._consumer_lost(e, done, attempt)
                 attempt += 1
-                if not self.link.connected or self.outage.down("consumers"):
-                    # nothing can be remade until NATS is back: said once per outage
-                    self.outage.failed("consumers", "jetstream relay: NATS unreachable (%s); "
-                                       "subscriptions wait and resume where they stopped",
-                                       type(e).__name__)
-                    await self.link.wait_connected()
-                else:
-                    log.info("jetstream relay: consumer lost (%s); remaking it from stream "
-                             "sequence %d in %.1fs", type(e).__name__, done + 1, delay)
-                await trio.sleep(delay)
             finally:
                 if pull is not None:
                     await self._drop_consumer(pull)
+
+    async def _consumer_lost(self, e: BaseException, done: int, attempt: int) -> None:
+        """Wait before a lost consumer is remade: for NATS itself while it is
+        unreachable (said once per outage, :class:`~.link.Outage`), then the
+        shared backoff."""
+        delay = backoff_delay(attempt, 0.2, 5.0)
+        if not self.link.connected or self.outage.down("consumers"):
+            # nothing can be remade until NATS is back
+            self.outage.failed("consumers", "jetstream relay: NATS unreachable (%s); "
+                               "subscriptions wait and resume where they stopped",
+                               type(e).__name__)
+            await self.link.wait_connected()
+        else:
+            log.info("jetstream relay: consumer lost (%s); remaking it from stream "
+                     "sequence %d in %.1fs", type(e).__name__, done + 1, delay)
+        await trio.sleep(delay)
 
     def _deliver(self, sub: Subscriber, data: bytes, after: dict[str, Position]) -> None:
         try:

@@ -12,6 +12,7 @@ fleet's pump is held only when that outbox is full of ``notice``+ events.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import trio
@@ -21,6 +22,7 @@ from bridges.core.backoff import backoff_delay
 from .config import NatsConfig
 from .presence import Presence
 from .publish import Publisher, ensure_stream
+from .recover import mark_clean, recover
 
 log = logging.getLogger("aep.nats")
 
@@ -34,8 +36,11 @@ class JetStreamSink:
 
     def __init__(self, cfg: NatsConfig, daemon: str, *, host: str, epoch: int,
                  hellos: Mapping[str, Mapping[str, Any]], max_sessions: int,
-                 hand: Callable[[str, dict[str, Any]], bool]) -> None:
+                 hand: Callable[[str, dict[str, Any]], bool],
+                 state_dir: Path | None = None) -> None:
         self.cfg = cfg
+        #: where the JSONL logs are (``None``: no recovery of a killed run's outbox)
+        self.state_dir = state_dir
         self.daemon = daemon
         self.publisher = Publisher(cfg, daemon)
         self.presence = Presence(cfg, daemon, host=host, epoch=epoch, hellos=hellos,
@@ -81,9 +86,34 @@ class JetStreamSink:
                                     (getattr(e, "description", None) or "")[:160])
                     attempt += 1
                     await trio.sleep(delay)
-            async with trio.open_nursery() as n:
-                n.start_soon(self.publisher.run, link)
-                n.start_soon(self.presence.run, link)
+            first = await self._recovered(link)
+            try:
+                async with trio.open_nursery() as n:
+                    n.start_soon(self.publisher.run, link, first)
+                    n.start_soon(self.presence.run, link)
+            finally:
+                # stopped with nothing left (the fleet drained it): the next
+                # start need not read the logs back (recover.py)
+                if self.state_dir is not None and self.publisher.depth == 0 \
+                        and all(m.acked for m in first):
+                    mark_clean(self.state_dir)
+
+    async def _recovered(self, link: Any) -> list[Any]:
+        """What a killed predecessor left unpublished (:func:`.recover.recover`),
+        asked until the stream answers."""
+        if self.state_dir is None:
+            return []
+        attempt = 0
+        while True:
+            try:
+                return await recover(link, self.cfg, self.state_dir, self.daemon,
+                                     limit=self.presence.claims.max_sessions)
+            except Exception as e:  # noqa: BLE001 -- the stream did not answer: retried
+                if attempt % 10 == 0:
+                    log.warning("nats: cannot check the stream for a killed run's events "
+                                "(%s); retrying", type(e).__name__)
+                attempt += 1
+                await trio.sleep(backoff_delay(attempt, 0.2, 10.0))
 
     def health(self, authorized: bool) -> dict[str, Any]:
         """``{connected}``, with every counter when ``authorized``."""

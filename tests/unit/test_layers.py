@@ -169,7 +169,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.relay": {
         "CONSUMER_INACTIVE_S", "CONSUMER_PREFIX", "FETCH_BATCH", "FETCH_TIMEOUT_S", "IDLE_CHECKS",
         "JetStreamRelay", "JsSocketConnection", "PUBLISH_DEADLINE_S", "PUBLISH_WINDOW",
-        "REQUEST_TIMEOUT_S", "accepts_of", "reply_refusal", "roster_entries"},
+        "REQUEST_TIMEOUT_S", "ROUTE_DEADLINE_S", "accepts_of", "reply_refusal", "roster_entries"},
     "supervisor.relay.params": {"parse_capture", "parse_from", "parse_last_event_id",
                                 "normalize_origin", "parse_filter_json", "parse_from_json"},
     "supervisor.relay.envelope": {"InvalidEvent", "MAX_DATA_DEPTH", "validate", "well_formed", "encode",
@@ -187,13 +187,16 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
     "supervisor.retention": {"RetainingSessionLog", "RetentionPolicy", "SETTINGS", "parse_age", "parse_size", "segment_name"},
     "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
-    "supervisor.jetstream.publish": {"LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
+    "supervisor.jetstream.publish": {"AckInbox", "LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
                                      "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "TooLarge",
                                      "await_leader", "ensure_stream", "message_for",
                                      "stream_drift", "too_large", "wanted_stream"},
     "supervisor.jetstream.presence": {"Claims", "ID_FILE", "Presence", "accepts_of", "daemon_id",
                                       "route"},
     "supervisor.jetstream.sink": {"JetStreamSink"},
+    "supervisor.jetstream.recover": {"CLEAN_FILE", "MAX_FILE_BYTES", "candidate_files",
+                                     "clean_marker", "mark_clean", "missing_lines", "recover",
+                                     "take_clean"},
     "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "install", "plan", "read_env_file", "render_plist", "render_unit"},
 }
 

@@ -78,6 +78,8 @@ async def test_an_outage_is_logged_once_and_live_subscriptions_resume_after_it(
                 await n.start(lambda task_status, s=s, flt=flt: s.run(
                     client, base + "/stream", headers=AUTH, params={"filter": flt},
                     task_status=task_status))
+            # an SSE response starts before its consumer's live start is fixed
+            await wait_until(lambda: len(relay.consumers) == 2, timeout=30)
             assert (await client.post(base + "/events", headers=POST,
                                       content=ndjson([event(0)]))).status_code == 202
             await wait_until(lambda: all(len(s.messages) == 1 for s in subs), timeout=30)
