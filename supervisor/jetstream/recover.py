@@ -17,13 +17,17 @@ since) is left alone and logged: guessing could store events twice.
 Re-sending is safe anyway: the server drops a ``Nats-Msg-Id`` it holds
 within ``AEP_NATS_DUPLICATE_WINDOW``.
 
-**Which files.** A clean shutdown (the outbox empty when the sink stopped)
-writes ``AEP_STATE_DIR/nats-outbox-clean``; a start finding it removes it
-and looks at nothing (nothing was pending). Without it (a crash, SIGKILL,
-an outbox not drained, a first start) the live session files modified in
-the last ``AEP_NATS_MAX_AGE`` are looked at, most recent first, at most
-``limit``. Rotated segments are not read (an event old enough to be in one
-was published long before, or counted).
+**Which files.** ``AEP_STATE_DIR/nats-outbox`` says how the last run with
+``AEP_NATS_URL`` ended: ``{"state": "running", "since": T}`` while one
+runs (so after a crash, SIGKILL or a drain deadline passed) and
+``{"state": "clean"}`` once it stopped with its outbox empty. A start that
+finds ``running`` reads back the live session files modified since ``T``
+(most recent first, at most ``limit``; the last :data:`MAX_FILE_BYTES` of
+each), and keeps ``T`` in the file until its own recovery is all
+acknowledged (a crash during the recovery loses nothing), then writes its
+own start. A start that finds ``clean`` or no file (the first run with
+``AEP_NATS_URL``: events logged before it are not back-filled) reads
+nothing. Rotated segments are not read.
 
 **Order.** The recovered events are published before anything the new run
 queued (:meth:`~.publish.Publisher.run`'s ``first``), so each session's
@@ -52,7 +56,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aep.nats.recover")
 
-CLEAN_FILE = "nats-outbox-clean"
+MARK_FILE = "nats-outbox"
 _SEGMENT = re.compile(r"\.\d{8}T\d{6}\.\d{6}Z\.jsonl$")  # a rotated segment (supervisor.retention)
 MAX_FILE_BYTES = 64 << 20
 """Largest tail of one session file read back (a session with more than
@@ -103,33 +107,41 @@ def missing_lines(lines: Sequence[bytes], last_id: str | None, *, now: float,
     return None
 
 
-def clean_marker(state_dir: Path) -> Path:
-    """Where a clean shutdown says nothing was left unpublished."""
-    return Path(state_dir) / CLEAN_FILE
+def marker(state_dir: Path) -> Path:
+    """The file saying how the last run with ``AEP_NATS_URL`` ended."""
+    return Path(state_dir) / MARK_FILE
 
 
-def mark_clean(state_dir: Path) -> None:
-    """Note a clean stop (the outbox empty); never raises."""
+def read_mark(state_dir: Path) -> float | None:
+    """``since`` of a run that did not stop clean (recover the files
+    modified after it); ``None`` after a clean stop or with no file (a
+    first run). Never raises: an unreadable file counts as a crash since
+    the epoch would (too many files), so as no file."""
     try:
-        clean_marker(state_dir).write_text(f"{time.time():.3f}\n")
+        v = json.loads(marker(state_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(v, dict) and v.get("state") == "running" \
+            and isinstance(v.get("since"), (int, float)):
+        return float(v["since"])
+    return None
+
+
+def write_mark(state_dir: Path, since: float | None) -> None:
+    """``running`` since ``since`` (epoch s), or ``clean`` (``None``).
+    Atomic; never raises (logged at debug)."""
+    from bridges.core.paths import write_atomic
+    body = {"state": "clean"} if since is None else {"state": "running", "since": since}
+    try:
+        write_atomic(marker(state_dir), json.dumps(body) + "\n", fsync=True)
     except OSError as e:
-        log.debug("nats: clean marker not written: %s", type(e).__name__)
-
-
-def take_clean(state_dir: Path) -> bool:
-    """Whether the last run stopped clean; removes the marker (a crash of
-    this run must not look clean). Never raises."""
-    path = clean_marker(state_dir)
-    try:
-        path.unlink()
-        return True
-    except OSError:
-        return False
+        log.debug("nats: %s not written: %s", MARK_FILE, type(e).__name__)
 
 
 def candidate_files(logs: Path, *, now: float, max_age: float, limit: int) -> list[Path]:
     """Live session files (``logs/<agent>/<session>.jsonl``) modified in the
-    last ``max_age`` seconds, most recent first, at most ``limit``."""
+    last ``max_age`` seconds before ``now``, most recent first, at most
+    ``limit``."""
     found = []
     try:
         agents = list(os.scandir(logs))
@@ -164,20 +176,19 @@ def _tail(path: Path) -> list[bytes]:
 
 
 async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
-                  limit: int) -> list[Message]:
-    """The messages a killed predecessor left unpublished (module
-    docstring), in file order per session; ``[]`` after a clean stop.
-    Raises the nats-py error when the stream cannot be asked (the caller
-    retries)."""
+                  since: float, limit: int) -> list[Message]:
+    """The messages a run that did not stop clean left unpublished (module
+    docstring), read from the session files modified since ``since``
+    (epoch s, :func:`read_mark`), in file order per session. Raises the
+    nats-py error when the stream cannot be asked (the caller retries)."""
     import nats.js.errors
 
     from .link import aio
     from .publish import message_for
-    if take_clean(state_dir):
-        return []
     now = time.time()
     out: list[Message] = []
-    files = candidate_files(Path(state_dir) / "logs", now=now, max_age=cfg.max_age, limit=limit)
+    window = min(cfg.max_age, max(0.0, now - since) + 5.0)  # 5 s: mtime granularity, clocks
+    files = candidate_files(Path(state_dir) / "logs", now=now, max_age=window, limit=limit)
     for path in files:
         try:
             lines = _tail(path)
@@ -205,11 +216,11 @@ async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
             continue
         out += [message_for(cfg.stream, ev, raw, daemon) for ev, raw in got
                 if event_subject_of(cfg.stream, ev) == subject]
-    if out:
-        log.warning("nats: the last run stopped with events unpublished: %d from %d session "
-                    "logs are published again first", len(out), len(files))
+    log.log(logging.WARNING if out else logging.INFO,
+            "nats: the last run did not stop clean: %d events from %d session logs it wrote "
+            "are not in the stream; publishing them first", len(out), len(files))
     return out
 
 
-__all__: Sequence[str] = ("CLEAN_FILE", "MAX_FILE_BYTES", "candidate_files", "clean_marker",
-                          "mark_clean", "missing_lines", "recover", "take_clean")
+__all__: Sequence[str] = ("MARK_FILE", "MAX_FILE_BYTES", "candidate_files", "marker",
+                          "missing_lines", "read_mark", "recover", "write_mark")

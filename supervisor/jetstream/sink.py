@@ -12,6 +12,7 @@ fleet's pump is held only when that outbox is full of ``notice``+ events.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -22,7 +23,7 @@ from bridges.core.backoff import backoff_delay
 from .config import NatsConfig
 from .presence import Presence
 from .publish import Publisher, ensure_stream
-from .recover import mark_clean, recover
+from .recover import read_mark, recover, write_mark
 
 log = logging.getLogger("aep.nats")
 
@@ -86,34 +87,54 @@ class JetStreamSink:
                                     (getattr(e, "description", None) or "")[:160])
                     attempt += 1
                     await trio.sleep(delay)
-            first = await self._recovered(link)
+            started = time.time()
+            first = await self._recovered(link, started)
             try:
                 async with trio.open_nursery() as n:
                     n.start_soon(self.publisher.run, link, first)
                     n.start_soon(self.presence.run, link)
+                    if first:
+                        n.start_soon(self._mark_when_recovered, first, started)
             finally:
                 # stopped with nothing left (the fleet drained it): the next
                 # start need not read the logs back (recover.py)
                 if self.state_dir is not None and self.publisher.depth == 0 \
                         and all(m.acked for m in first):
-                    mark_clean(self.state_dir)
+                    write_mark(self.state_dir, None)
 
-    async def _recovered(self, link: Any) -> list[Any]:
-        """What a killed predecessor left unpublished (:func:`.recover.recover`),
-        asked until the stream answers."""
+    async def _recovered(self, link: Any, started: float) -> list[Any]:
+        """What a run that did not stop clean left unpublished
+        (:mod:`.recover`), asked until the stream answers; notes this run
+        as running (since the crashed run's start while its events are
+        still to publish)."""
         if self.state_dir is None:
+            return []
+        since = read_mark(self.state_dir)
+        write_mark(self.state_dir, started if since is None else since)
+        if since is None:
             return []
         attempt = 0
         while True:
             try:
-                return await recover(link, self.cfg, self.state_dir, self.daemon,
-                                     limit=self.presence.claims.max_sessions)
+                got = await recover(link, self.cfg, self.state_dir, self.daemon, since=since,
+                                    limit=self.presence.claims.max_sessions)
+                if not got:
+                    write_mark(self.state_dir, started)
+                return got
             except Exception as e:  # noqa: BLE001 -- the stream did not answer: retried
                 if attempt % 10 == 0:
                     log.warning("nats: cannot check the stream for a killed run's events "
                                 "(%s); retrying", type(e).__name__)
                 attempt += 1
                 await trio.sleep(backoff_delay(attempt, 0.2, 10.0))
+
+    async def _mark_when_recovered(self, first: list[Any], started: float) -> None:
+        """Once every recovered event is acknowledged, this run's own start
+        is what a crash of it would have to recover from."""
+        while not all(m.acked for m in first):  # noqa: ASYNC110 -- a handful of checks
+            await trio.sleep(0.2)
+        if self.state_dir is not None:
+            write_mark(self.state_dir, started)
 
     def health(self, authorized: bool) -> dict[str, Any]:
         """``{connected}``, with every counter when ``authorized``."""

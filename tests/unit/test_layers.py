@@ -194,9 +194,9 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.presence": {"Claims", "ID_FILE", "Presence", "accepts_of", "daemon_id",
                                       "route"},
     "supervisor.jetstream.sink": {"JetStreamSink"},
-    "supervisor.jetstream.recover": {"CLEAN_FILE", "MAX_FILE_BYTES", "candidate_files",
-                                     "clean_marker", "mark_clean", "missing_lines", "recover",
-                                     "take_clean"},
+    "supervisor.jetstream.recover": {"MARK_FILE", "MAX_FILE_BYTES", "candidate_files",
+                                     "marker", "missing_lines", "read_mark", "recover",
+                                     "write_mark"},
     "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "install", "plan", "read_env_file", "render_plist", "render_unit"},
 }
 

@@ -10,9 +10,9 @@ import json
 import httpx
 import trio
 
+from supervisor.jetstream import recover as R
 from supervisor.jetstream.config import from_env
 from supervisor.jetstream.link import open_link
-from supervisor.jetstream.recover import CLEAN_FILE
 from tests.integration.jetstream.fleet_support import decoded
 from tests.integration.jetstream.test_daemon import TOKEN, _jsonl
 from tests.support.daemon import DaemonProcess
@@ -47,7 +47,9 @@ async def test_a_daemon_killed_mid_outage_publishes_its_logged_tail_at_the_next_
             await trio.to_thread.run_sync(_post, d, range(0, 3))
             await _until(lambda: (h := d.healthz())["nats"]["publish"]["acked"] > 0
                          and h["nats"]["publish"]["outbox"] == 0 or None)
-            stored_before = d.healthz()["nats"]["publish"]["acked"]
+            first = d.healthz()["nats"]["publish"]
+            stored_before = first["acked"]
+            assert first.get("recovered", 0) == 0  # a first run back-fills nothing
             await trio.to_thread.run_sync(c.kill, 0)
             await _until(lambda: d.healthz()["nats"]["connected"] is False or None)
             await trio.to_thread.run_sync(_post, d, range(1, 6))  # sessions old and new
@@ -55,7 +57,8 @@ async def test_a_daemon_killed_mid_outage_publishes_its_logged_tail_at_the_next_
                                 and n or None)
         finally:
             await trio.to_thread.run_sync(d.kill)  # SIGKILL: the outbox is gone
-        assert not (state / CLEAN_FILE).exists()
+        since = R.read_mark(state)
+        assert since is not None  # found "running": the next start reads the logs back
         logged = _jsonl(state)
         assert len(logged) > stored_before and held > 0
         await trio.to_thread.run_sync(c.start, 0)
@@ -69,7 +72,7 @@ async def test_a_daemon_killed_mid_outage_publishes_its_logged_tail_at_the_next_
             assert got["nats"]["publish"]["recovered"] >= held
         finally:
             assert await trio.to_thread.run_sync(d2.stop) == 0
-        assert (state / CLEAN_FILE).exists()  # drained at the SIGTERM: the next start reads nothing
+        assert R.read_mark(state) is None  # drained at the SIGTERM: the next start reads nothing
 
         logged = _jsonl(state)  # both runs
         cfg, _ = from_env({"AEP_NATS_URL": c.url})

@@ -2,7 +2,7 @@
 (supervisor.jetstream.recover.missing_lines): everything after the stream's
 last stored event of the session, found by its Nats-Msg-Id; the whole file
 (within the max age) when the stream holds none of it; nothing when the
-stored event is not in the file. And the clean-stop marker."""
+stored event is not in the file. And the run marker."""
 from __future__ import annotations
 
 import json
@@ -52,11 +52,14 @@ def test_never_raises_on_garbage(lines, last) -> None:
     assert got is None or isinstance(got, list)
 
 
-def test_the_clean_marker_is_taken_once(tmp_path) -> None:
-    assert R.take_clean(tmp_path) is False
-    R.mark_clean(tmp_path)
-    assert R.take_clean(tmp_path) is True
-    assert R.take_clean(tmp_path) is False  # a crash of this run must not look clean
+def test_the_run_marker_says_what_to_read_back(tmp_path) -> None:
+    assert R.read_mark(tmp_path) is None  # no file: a first run, nothing to read back
+    R.write_mark(tmp_path, 1234.5)
+    assert R.read_mark(tmp_path) == 1234.5  # found running: it did not stop clean
+    R.write_mark(tmp_path, None)
+    assert R.read_mark(tmp_path) is None
+    R.marker(tmp_path).write_text("{torn")
+    assert R.read_mark(tmp_path) is None
 
 
 def test_candidate_files_are_live_recent_files_newest_first(tmp_path) -> None:
