@@ -8,6 +8,8 @@ The daemon never waits for NATS: :meth:`JetStreamSink.run` connects in its
 own task (retrying while no server answers); until then, and through any
 outage, events wait in the publisher's outbox (the §8.4 policy), and the
 fleet's pump is held only when that outbox is full of ``notice``+ events.
+Once connected, what a run that did not stop clean logged but never got
+acknowledged is published first (:mod:`.recover`).
 """
 from __future__ import annotations
 
