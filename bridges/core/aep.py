@@ -119,7 +119,8 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 # markers (a shared markers dict would keep stale ids after a failed
 # encode): a cycle recurses until RecursionError, and that one case goes
 # through ``_ENCODER`` for its own answer (ValueError for a cycle).
-_C_ENCODE = None if json.encoder.c_make_encoder is None else json.encoder.c_make_encoder(
+_C_MAKE = getattr(json.encoder, "c_make_encoder", None)  # CPython's _json (untyped)
+_C_ENCODE = None if _C_MAKE is None else _C_MAKE(
     None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
 
 
