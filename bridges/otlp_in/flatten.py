@@ -541,6 +541,11 @@ def _kv_slow(b: bytes) -> KeyValue:
 
 _SCALARS = (str, int, float, bool, type(None))
 
+MEMO_MAX_BYTES = 256
+"""The longest ``KeyValue`` an :class:`AttributeReader` memoizes (ids,
+names, kinds, flags; not prompts or tool output): its memo holds at most
+``memo`` times this many bytes of keys."""
+
 
 class AttributeReader:
     """One raw ``KeyValue`` (bytes, :data:`RawRequest`) -> ``(key, value,
@@ -551,9 +556,10 @@ class AttributeReader:
     ``RecursionError``/``ValueError``) where parsing the real request
     would have.
 
-    Scalar verdicts are memoized by their bytes (most attributes of an
-    exporter's records repeat: the event name, the session id, the kind):
-    at most ``memo`` entries, forgotten all at once when full. Safe to
+    Scalar verdicts of short attributes (:data:`MEMO_MAX_BYTES`) are
+    memoized by their bytes (most attributes of an exporter's records
+    repeat: the event name, the session id, the kind): at most ``memo``
+    entries, forgotten all at once when full. Safe to
     share between threads (dict operations under the GIL)."""
 
     def __init__(self, keys: Container[str] | None = None, memo: int = 4096) -> None:
@@ -570,7 +576,7 @@ class AttributeReader:
         """:meth:`__call__` without looking at the memo first (after
         :attr:`remembered` said ``None``)."""
         got = self._read(b)
-        if got[1] is SKIP or got[1].__class__ in _SCALARS:
+        if len(b) <= MEMO_MAX_BYTES and (got[1] is SKIP or got[1].__class__ in _SCALARS):
             seen = self._seen
             if len(seen) >= self.memo:
                 seen.clear()

@@ -224,3 +224,6 @@ def test_memo_keeps_only_scalars_and_stays_bounded():
         assert reader(kv) == (f"k{i}", "v", ())
         assert reader.remembered(kv) == (f"k{i}", "v", ())
     assert len(reader._seen) <= 3  # noqa: SLF001 -- the bound is the point
+    long = KeyValue(key="output", value=AnyValue(string_value="x" * flatten.MEMO_MAX_BYTES))
+    assert reader(long.SerializeToString())[1] == "x" * flatten.MEMO_MAX_BYTES
+    assert reader.remembered(long.SerializeToString()) is None  # long values are not kept
