@@ -162,31 +162,37 @@ def records_from_proto(request: ExportLogsServiceRequest, notes: list[str], *,
         for sl in rl.scope_logs:
             scope = _scope(sl.scope.name, sl.scope.version)
             for lr in sl.log_records:
-                # the _record shape, built inline (one per LogRecord)
-                rec: FlatRecord = {"resource": dict(resource),
-                                   "attributes": attrs_from_proto(lr.attributes, notes, 0, keys)}
-                field = lr.event_name
-                if field:
-                    rec["event_name"] = field
-                if lr.HasField("body"):
-                    body = value_from_proto(lr.body, notes)
-                    if body is not None:
-                        rec["body"] = body
-                n = lr.time_unix_nano
-                if n:
-                    rec["time_unix_nano"] = n
-                n = lr.observed_time_unix_nano
-                if n:
-                    rec["observed_time_unix_nano"] = n
-                n = int(lr.severity_number)
-                if n:
-                    rec["severity_number"] = n
-                field = lr.severity_text
-                if field:
-                    rec["severity_text"] = field
-                if scope:
-                    rec["scope"] = scope
-                yield rec
+                yield _log_record(lr, resource, attrs_from_proto(lr.attributes, notes, 0, keys),
+                                  scope, notes)
+
+
+def _log_record(lr: Any, resource: dict[str, Any], attributes: dict[str, Any],
+                scope: dict[str, str] | None, notes: list[str]) -> FlatRecord:
+    """One LogRecord message (real or raw schema) with its flattened
+    ``attributes`` -> the :func:`_record` shape, built inline."""
+    rec: FlatRecord = {"resource": dict(resource), "attributes": attributes}
+    field = lr.event_name
+    if field:
+        rec["event_name"] = field
+    if lr.HasField("body"):
+        body = value_from_proto(lr.body, notes)
+        if body is not None:
+            rec["body"] = body
+    n = lr.time_unix_nano
+    if n:
+        rec["time_unix_nano"] = n
+    n = lr.observed_time_unix_nano
+    if n:
+        rec["observed_time_unix_nano"] = n
+    n = int(lr.severity_number)
+    if n:
+        rec["severity_number"] = n
+    field = lr.severity_text
+    if field:
+        rec["severity_text"] = field
+    if scope:
+        rec["scope"] = scope
+    return rec
 
 
 def count_proto_records(request: ExportLogsServiceRequest) -> int:
@@ -620,27 +626,5 @@ def records_from_raw(request: Any, notes: list[str], attribute: AttributeReader,
                         attributes[key] = value
                         if said:
                             notes.extend(said)
-                rec: FlatRecord = {"resource": dict(resource), "attributes": attributes}
-                field = lr.event_name
-                if field:
-                    rec["event_name"] = field
-                if lr.HasField("body"):
-                    body = value_from_proto(lr.body, notes)
-                    if body is not None:
-                        rec["body"] = body
-                n = lr.time_unix_nano
-                if n:
-                    rec["time_unix_nano"] = n
-                n = lr.observed_time_unix_nano
-                if n:
-                    rec["observed_time_unix_nano"] = n
-                n = int(lr.severity_number)
-                if n:
-                    rec["severity_number"] = n
-                field = lr.severity_text
-                if field:
-                    rec["severity_text"] = field
-                if scope:
-                    rec["scope"] = scope
-                out.append(rec)
+                out.append(_log_record(lr, resource, attributes, scope, notes))
     return out
