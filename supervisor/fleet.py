@@ -61,6 +61,10 @@ class Sink(Protocol):
     @property
     def connected(self) -> bool: ...
 
+    #: ``offer(event, raw) -> bool``: hand a first delivery over without
+    #: waiting (``False``: not taken, use :meth:`send`); ``None``: always :meth:`send`
+    offer: Callable[[dict[str, Any], bytes], bool] | None
+
     async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None: ...
 
 
@@ -137,6 +141,9 @@ class _RelaySink:
         self.conn = conn
         self.connected = True
         self._stamped = getattr(conn, "ingest_stamped", None)  # a connection may offer none
+        #: the pump's synchronous hand-off (no coroutine per event): the
+        #: trusted path, ``False`` for what it does not take (a command)
+        self.offer: Callable[[dict[str, Any], bytes], bool] | None = self._stamped
 
     async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None:
         if self._stamped is None or not self._stamped(event, raw):
@@ -144,6 +151,8 @@ class _RelaySink:
 
 
 class _UplinkSink:
+    offer: Callable[[dict[str, Any], bytes], bool] | None = None  # the uplink's put may wait
+
     def __init__(self, uplink: Uplink) -> None:
         self.uplink = uplink
 
@@ -234,6 +243,7 @@ class Fleet:
         self.members: dict[str, Member] = {}
         self.started_at = time.monotonic()
         self.counters: dict[str, int] = {"events": 0, "sink_errors": 0}
+        self._families: dict[str, str] = {}  # event type -> its /metrics family (the prefix)
         for b in bridges:
             health = BridgeHealth()
             inbox_send, inbox_recv = trio.open_memory_channel[dict[str, Any]](256)
@@ -398,27 +408,24 @@ class Fleet:
         channel order."""
         encoded = []
         for item in items:
-            got = self._encode(item)
-            if got is not None:
-                encoded.append((item, got[0], got[1]))
-        fresh = [(item, ev, line) for item, ev, line in encoded if not item.redelivery]
+            try:  # the common case inline; _encode has the repairs and refusals
+                encoded.append((item, item.event, encode_line(item.event)))
+            except (TypeError, ValueError):
+                got = self._encode(item)
+                if got is not None:
+                    encoded.append((item, got[0], got[1]))
+        fresh = [t for t in encoded if not t[0].redelivery]
         if fresh:
-            written = self.session_log.write_batch([(ev, line) for _, ev, line in fresh])
-            self.counters["events"] += len(fresh)
-            for (item, ev, _), ok in zip(fresh, written, strict=True):
-                if not ok:
-                    self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
-                self._log_result(item.bridge, ok)
-                type_ = str(ev.get("type", ""))
-                self.emitted[(item.bridge, type_.split(".", 1)[0])] += 1
-                if type_ in ("control.accepted", "control.rejected"):
-                    self._observe_ack(item.bridge, ev)
+            self._logged(fresh, self.session_log.write_batch([(ev, line) for _, ev, line in fresh]))
+        members = self.members
         for item, ev, line in encoded:
-            m = self.members.get(item.bridge)
+            m = members.get(item.bridge)
             if m is None or m.sink is None:
                 continue
             try:
-                await m.sink.send(ev, item.redelivery, line[:-1])
+                offer = m.sink.offer if not item.redelivery else None
+                if offer is None or not offer(ev, line[:-1]):
+                    await m.sink.send(ev, item.redelivery, line[:-1])
             except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
                 self.counters["sink_errors"] += 1
                 if type(e).__name__ == "InvalidEvent":
@@ -438,6 +445,27 @@ class Fleet:
         if js is not None:  # the JetStream sink: the same bytes, in channel order
             for item, ev, line in encoded:
                 await js.put(ev, line[:-1], item.bridge, wait=not self._draining)
+
+    def _logged(self, fresh: list[tuple[Outbound, dict[str, Any], bytes]],
+                written: list[bool]) -> None:
+        """Count the first deliveries ``fresh`` the session log was given and
+        report each verdict in ``written`` to its bridge, in order."""
+        self.counters["events"] += len(fresh)
+        families = self._families
+        for (item, ev, _), ok in zip(fresh, written, strict=True):
+            if not ok:
+                self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
+            self._log_result(item.bridge, ok)
+            type_ = ev.get("type", "")
+            family = families.get(type_) if type_.__class__ is str else None
+            if family is None:
+                type_ = str(type_)
+                family = type_.split(".", 1)[0]
+                if len(families) < 4096:  # a bound: types are vendor-chosen
+                    families[type_] = family
+            self.emitted[(item.bridge, family)] += 1
+            if type_ in ("control.accepted", "control.rejected"):
+                self._observe_ack(item.bridge, ev)
 
     def _log_writable(self) -> bool:
         return self.session_log.writable()

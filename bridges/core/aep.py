@@ -114,12 +114,27 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 
 
+# The C encoder ``_ENCODER.encode`` builds on every call, built once (issue
+# 11: ~0.7 us of a ~2.5 us event encode), without the circular-reference
+# markers (a shared markers dict would keep stale ids after a failed
+# encode): a cycle recurses until RecursionError, and that one case goes
+# through ``_ENCODER`` for its own answer (ValueError for a cycle).
+_C_MAKE = getattr(json.encoder, "c_make_encoder", None)  # CPython's _json (untyped)
+_C_ENCODE = None if _C_MAKE is None else _C_MAKE(
+    None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+
+
 def dumps(obj: Any) -> bytes:
     """The wire form of ``obj``: compact JSON (``,``/``:`` separators, no
     spaces), UTF-8, non-ASCII kept. Raises ``UnicodeEncodeError`` when a
     string (key or value, any depth) holds a lone UTF-16 surrogate (no
     UTF-8 form; see the module docstring), ``ValueError`` for ``NaN`` /
     ``Infinity`` (not JSON) and ``TypeError`` for a value JSON cannot carry."""
+    if _C_ENCODE is not None and obj.__class__ is dict:
+        try:
+            return "".join(_C_ENCODE(obj, 0)).encode("utf-8")
+        except RecursionError:
+            pass  # a cycle or absurd depth: _ENCODER's own answer
     return _ENCODER.encode(obj).encode("utf-8")
 
 

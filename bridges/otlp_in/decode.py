@@ -105,13 +105,16 @@ def is_json(content_type: str | None) -> bool:
 
 
 def decode_http_body(content_type: str | None, content_encoding: str | None, body: bytes,
-                     limit: int, notes: list[str], reads: Reads = ALL
+                     limit: int, notes: list[str], reads: Reads = ALL,
+                     decoder: ProtoDecoder | None = None
                      ) -> tuple[bool, list[FlatRecord | None]]:
     """An OTLP/HTTP logs body -> ``(is_json, records)``; ``reads``: the
     attributes to flatten from a protobuf body (see :class:`Reads`; a JSON
-    body is flattened whole, :func:`decode_json`). Raises :class:`BadRequest`
-    (415 unsupported type/encoding, 413 too large, 400 undecodable or not
-    an OTLP export request)."""
+    body is flattened whole, :func:`decode_json`); ``decoder``: the
+    protobuf decoder to use instead (its own ``reads``; a receiver's
+    :class:`ProtoDecoder`). Raises :class:`BadRequest` (415 unsupported
+    type/encoding, 413 too large, 400 undecodable or not an OTLP export
+    request)."""
     mt = media_type(content_type)
     if mt not in PROTOBUF_TYPES and mt not in JSON_TYPES:
         raise BadRequest(Refusal.UNSUPPORTED, f"unsupported Content-Type {mt or '(none)'!r}; "
@@ -125,6 +128,8 @@ def decode_http_body(content_type: str | None, content_encoding: str | None, bod
                          "or none", "otlp.unsupported_encoding")
     if mt in JSON_TYPES:
         return True, decode_json(body, notes)
+    if decoder is not None:
+        return False, decoder(body, notes)
     return False, decode_proto(body, notes, reads)
 
 
@@ -155,3 +160,30 @@ def decode_proto(body: bytes, notes: list[str], reads: Reads = ALL) -> list[Flat
                          "otlp.undecodable") from None
     return list(flatten.records_from_proto(req, notes, keys=reads.attributes,
                                            resource_keys=reads.resource))
+
+
+class ProtoDecoder:
+    """:func:`decode_proto` for one receiver, the same records for less
+    work (``decode(body, notes)``): the request is parsed with the
+    raw-attribute schema (:data:`~bridges.otlp_in.flatten.RawRequest`) and
+    each ``KeyValue`` read by one :class:`~bridges.otlp_in.flatten.AttributeReader`
+    (the canonical string/bool/int shapes without a message wrapper, the
+    rest by the real schema, repeats from its memo). Equal to
+    :func:`decode_proto` with the same ``reads``, records, notes and
+    refusals alike (``tests/unit/otlp_in/test_otlp_raw_decode.py``). Shared
+    by a receiver's worker threads."""
+
+    def __init__(self, reads: Reads = ALL, memo: int = 4096) -> None:
+        self.reads = reads
+        self._attribute = flatten.AttributeReader(reads.attributes, memo)
+
+    def __call__(self, body: bytes, notes: list[str]) -> list[FlatRecord | None]:
+        """Protobuf ``ExportLogsServiceRequest`` bytes -> records; 400
+        (:class:`BadRequest`) on a corrupt or truncated message."""
+        try:
+            req = flatten.RawRequest.FromString(body)
+            return list(flatten.records_from_raw(req, notes, self._attribute,
+                                                 resource_keys=self.reads.resource))
+        except (DecodeError, RecursionError, ValueError) as e:
+            raise BadRequest(Refusal.MALFORMED, f"undecodable protobuf: {str(e)[:200]}",
+                             "otlp.undecodable") from None

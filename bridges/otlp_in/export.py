@@ -213,9 +213,12 @@ class Admission:
         mark = self.ctx.log_mark()
         todo = self._session_cap(p.emissions, reasons)
         ctx = self.ctx
-        free = ctx.room()  # sends counted against it until the next wait (no checkpoint between)
+        emit = ctx.emit_nowait
+        # sends are counted against room() until the next wait, and closing
+        # is looked at again only then: neither changes without a checkpoint
+        free = 0 if self._closing else ctx.room()
         for pos, item in enumerate(todo):
-            if free < 1 or self.closing:
+            if free < 1:
                 if not await self.room():
                     if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
                         raise Unavailable("receiver is stopping; retry later" if self.closing
@@ -224,7 +227,11 @@ class Admission:
                     self._cut_short(todo[pos:], reasons)
                     break
                 free = ctx.room()
-            emitted += self._send(item, reasons)
+            try:  # inline: one call per record; _refused sorts out the refusals
+                emit(item.session, item.emission, time=item.time, room_seen=True)
+                emitted += 1
+            except Exception as e:  # noqa: BLE001 -- sorted out (or re-raised) by _refused
+                emitted += self._refused(item, e, reasons)
             free -= 1
         health = self.ctx.health
         health.count("otlp.emitted", emitted)
@@ -258,12 +265,19 @@ class Admission:
         refused: set[str] = set()
         kept: list[Planned] = []
         lost: set[int] = set()
+        known: set[str] = set()  # sessions the stamper knows (asked once per session)
+        knows = self.ctx.stamper.knows
         for item in emissions:
             s = item.session
+            if s in known:
+                kept.append(item)
+                continue
             if s in refused:
                 lost.add(item.record)
                 continue
-            if s not in fresh and not self.ctx.stamper.knows(s):
+            if s not in fresh and knows(s):
+                known.add(s)
+            elif s not in fresh:
                 if len(fresh) >= self.max_new_sessions or self._tokens < 1:
                     refused.add(s)
                     lost.add(item.record)
@@ -286,20 +300,22 @@ class Admission:
         self.ctx.log.warning("%s: %s; %d LogRecords rejected via partial_success",
                              self.ctx.name, why, lost)
 
-    def _send(self, item: Planned, reasons: Counter[str]) -> int:
-        """1 when ``item`` went onto the channel, else 0 (reason counted)."""
-        try:
-            self.ctx.emit_nowait(item.session, item.emission, time=item.time, room_seen=True)
-            return 1
-        except Saturated:  # only an unbuffered channel gets here after room()
+    def _refused(self, item: Planned, e: Exception, reasons: Counter[str]) -> int:
+        """0, the reason counted, for ``e``, raised by ``emit_nowait`` of
+        ``item``: the channel full (an unbuffered one, after room()) or a
+        stamping refusal; a closed channel raises
+        :class:`~bridges.otlp_in.status.Unavailable`, anything else ``e``."""
+        if isinstance(e, Saturated):
             reasons[SATURATED] += 1
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
+        elif isinstance(e, (trio.ClosedResourceError, trio.BrokenResourceError)):
             raise Unavailable("relay channel closed; retry later", self.retry_after) from None
-        except ValueError as e:
+        elif isinstance(e, ValueError):
             self.ctx.log.warning("%s: cannot stamp %s: %s", self.ctx.name,
                                  item.emission.get("type"), e)
             self.ctx.health.count("otlp.stamp_error")
             reasons[STAMP_FAILED] += 1
+        else:
+            raise e
         return 0
 
     async def room(self) -> bool:

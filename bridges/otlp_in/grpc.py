@@ -3,7 +3,7 @@ on a grpcio server (OTLP spec "OTLP/gRPC").
 
 grpcio demands its own thread pool: each RPC runs on one of
 ``workers`` handler threads, which decodes the request there (pure,
-:func:`bridges.otlp_in.decode.decode_proto`; grpcio has already inflated a
+:class:`bridges.otlp_in.decode.ProtoDecoder`; grpcio has already inflated a
 gzip-compressed message and enforced ``max_body`` as
 ``grpc.max_receive_message_length``, answering RESOURCE_EXHAUSTED above it)
 and then hands the records back to trio explicitly with
@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 
 from bridges.core.settings import Address
 
-from .decode import ALL, Reads, decode_proto
+from .decode import ALL, ProtoDecoder, Reads
 from .export import Export, OnProblem
 from .status import BadRequest, Refused, Unavailable, grpc_refused, response_message
 
@@ -46,6 +46,7 @@ class GrpcReceiver:
                  on_problem: OnProblem, workers: int = 4, reads: Reads = ALL) -> None:
         self.export = export
         self.reads = reads
+        self.decode = ProtoDecoder(reads)
         self.token = token
         self.max_body = max_body
         self.on_problem = on_problem
@@ -94,7 +95,7 @@ class GrpcReceiver:
         """The handler (on a grpcio thread)."""
         notes: list[str] = []
         try:
-            records = decode_proto(body, notes, self.reads)
+            records = self.decode(body, notes)
             result = trio.from_thread.run(self.export, records, notes, trio_token=self.token)
         except Refused as e:
             if isinstance(e, BadRequest):

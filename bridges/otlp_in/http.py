@@ -28,7 +28,7 @@ from bridges.core.asgi import Receive, Scope, Send, host_guard, lifespan
 from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address
 
-from .decode import ALL, Reads, decode_http_body, is_json
+from .decode import ALL, ProtoDecoder, Reads, decode_http_body, is_json
 from .export import Export, OnProblem
 from .status import BadRequest, HttpAnswer, Refusal, Refused, Unavailable, http_accepted, http_refused
 
@@ -54,6 +54,7 @@ class HttpReceiver:
                  body_timeout: float = 30.0, reads: Reads = ALL) -> None:
         self.export = export
         self.reads = reads
+        self._proto = ProtoDecoder(reads)  # shared by the decode threads
         self.max_body = max_body
         self.on_problem = on_problem
         self.body_timeout = body_timeout
@@ -88,7 +89,7 @@ class HttpReceiver:
                 json_answer, records = await trio.to_thread.run_sync(
                     decode_http_body, headers.get("content-type"),
                     headers.get("content-encoding"), body, self.max_body, notes, self.reads,
-                    abandon_on_cancel=True, limiter=self._decoders)
+                    self._proto, abandon_on_cancel=True, limiter=self._decoders)
             if late.cancelled_caught:
                 self.on_problem("otlp.decode_timeout", "decoding exceeded its deadline")
                 raise Unavailable(f"decoding took over {DECODE_DEADLINE_S:g}s; retry later")
