@@ -256,18 +256,20 @@ class BridgeContext:
                     extensions: Mapping[str, Any] | None = None,
                     room_seen: bool = False) -> Envelope:
         """Like :meth:`emit` but never waits. Raises :class:`Saturated` when
-        the channel is full; nothing is stamped then (no ``seq`` is burnt).
-        ``room_seen``: the caller counted this send against :meth:`room`
-        in the same synchronous stretch (no checkpoint since: no other
-        sender ran), so the per-event check is skipped (a batch sender's
-        fast path)."""
-        if not room_seen and self.saturated():
-            raise Saturated(self.name)
+        the channel is full; nothing is stamped then (no ``seq`` is burnt:
+        the envelope is stamped, offered, and taken back with
+        :meth:`~bridges.core.envelope.Stamper.unstamp` when the channel
+        refuses it, all in one synchronous stretch; cheaper than asking the
+        channel for its statistics before every event). ``room_seen``: the
+        caller counted this send against :meth:`room` in the same
+        synchronous stretch (kept for the batch senders that do; the
+        refusal is handled the same way)."""
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
         try:
             self._channel.send_nowait(Outbound(self.name, ev))
-        except trio.WouldBlock:  # raced to full between check and send
+        except trio.WouldBlock:
+            self.stamper.unstamp(ev)
             raise Saturated(self.name) from None
         self._sent += 1
         return ev
