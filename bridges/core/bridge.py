@@ -189,6 +189,7 @@ class BridgeContext:
         self._done = 0  # of those, how many the fleet has written or failed
         self._failed_at = 0  # the latest ticket the session log could not write
         self._progress = trio.Event()
+        self._waiting = 0  # tasks in logged_since (no one waiting: no Event per verdict)
         self._attached = False
         self._writable: Callable[[], bool] = lambda: True
 
@@ -205,8 +206,9 @@ class BridgeContext:
         self._done += 1
         if not written:
             self._failed_at = self._done
-        self._progress.set()
-        self._progress = trio.Event()
+        if self._waiting:
+            self._progress.set()
+            self._progress = trio.Event()
 
     def log_writable(self) -> bool:
         """Whether the session log writes right now (false while the disk is full)."""
@@ -225,9 +227,13 @@ class BridgeContext:
         if not self._attached:
             return True
         target = self._sent
-        with trio.move_on_after(within_s):
-            while self._done < target:
-                await self._progress.wait()
+        self._waiting += 1
+        try:
+            with trio.move_on_after(within_s):
+                while self._done < target:
+                    await self._progress.wait()
+        finally:
+            self._waiting -= 1
         return self._done >= target and self._failed_at <= mark
 
     @property

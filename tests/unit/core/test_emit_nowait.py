@@ -11,6 +11,7 @@ import logging
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -69,3 +70,39 @@ def test_a_refused_first_event_leaves_its_session_unknown():
     assert not ctx.stamper.knows("new")  # the OTLP session cap counts on this
     recv.receive_nowait()
     assert ctx.emit_nowait("new", {"type": "x.b.tick"})["seq"] == 0
+
+
+async def test_logged_since_wakes_on_each_verdict_and_reports_a_failure():
+    # log_result swaps its wake-up Event only while someone waits in
+    # logged_since: every waiter still sees every verdict
+    ctx, recv = _ctx(16)
+    ctx.attach_log(lambda: True)
+    results: dict[str, bool] = {}
+
+    async def wait(name: str, mark: int) -> None:
+        results[name] = await ctx.logged_since(mark)
+
+    ctx.emit_nowait("s", {"type": "x.b.tick"})
+    ctx.log_result(True)  # a verdict no one waits for
+    mark = ctx.log_mark()
+    for _ in range(3):
+        ctx.emit_nowait("s", {"type": "x.b.tick"})
+    async with trio.open_nursery() as n:
+        n.start_soon(wait, "first", mark)
+        n.start_soon(wait, "second", mark)
+        await trio.testing.wait_all_tasks_blocked()
+        assert results == {}
+        ctx.log_result(True)
+        ctx.log_result(True)
+        await trio.testing.wait_all_tasks_blocked()
+        assert results == {}  # one verdict still to come
+        ctx.log_result(False)
+    assert results == {"first": False, "second": False}
+    assert ctx._waiting == 0
+    ctx.emit_nowait("s", {"type": "x.b.tick"})
+    later = ctx.log_mark() - 1
+    async with trio.open_nursery() as n:
+        n.start_soon(wait, "third", later)
+        await trio.testing.wait_all_tasks_blocked()
+        ctx.log_result(True)
+    assert results["third"] is True
