@@ -21,6 +21,7 @@ from bridges.core.aep import dumps
 
 log = logging.getLogger("aep.jsonl")
 
+_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,150}\Z")
 
 
@@ -66,7 +67,9 @@ class SessionLog:
         self.root = Path(root)
         self.max_open = max(1, max_open)
         self._fds: OrderedDict[Path, int] = OrderedDict()
-        self._paths: dict[tuple[Any, Any], Path] = {}  # (agent, session) -> its file
+        # (agent, session) -> its file as (path, str path, str directory)
+        self._paths: dict[tuple[Any, Any], tuple[Path, str, str]] = {}
+        self._dirs: set[str] = set()  # agent directories made (or found) by this log
         self.errors = 0
         self.lines = 0
         self.failing = False  # the last write failed (health)
@@ -75,34 +78,56 @@ class SessionLog:
                          "unwritten": 0}
 
     def path_for(self, event: dict[str, Any]) -> Path:
-        key = (event.get("agent"), event.get("session"))
-        path = self._paths.get(key)
-        if path is None:
+        """The file ``event`` is appended to (``{root}/{agent}/{session}.jsonl``,
+        both names through :func:`safe_name`; ``_agent.jsonl`` without a session)."""
+        return self._target((event.get("agent"), event.get("session")))[0]
+
+    def _target(self, key: tuple[Any, Any]) -> tuple[Path, str, str]:
+        target = self._paths.get(key)
+        if target is None:
             if len(self._paths) >= 4096:  # bounded: a fleet writes to few sessions at a time
                 self._paths.clear()
             agent = safe_name(str(key[0] or "unknown"))
             session = key[1]
             name = safe_name(str(session)) if session else "_agent"  # cannot collide: see safe_name
-            path = self._paths[key] = self.root / agent / f"{name}.jsonl"
-        return path
+            path = self.root / agent / f"{name}.jsonl"
+            target = self._paths[key] = (path, str(path), str(path.parent))
+        return target
 
-    def _fd(self, path: Path) -> int:
-        fd = self._fds.pop(path, None)
-        if fd is None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            while len(self._fds) >= self.max_open:
-                _, old = self._fds.popitem(last=False)
-                os.close(old)
-                self.counters["descriptors_evicted"] += 1
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            self.counters["files_opened"] += 1
-        self._fds[path] = fd
+    def _fd(self, target: tuple[Path, str, str]) -> int:
+        path = target[0]
+        fds = self._fds
+        fd = fds.get(path)
+        if fd is not None:
+            fds.move_to_end(path)
+            return fd
+        while len(fds) >= self.max_open:
+            _, old = fds.popitem(last=False)
+            os.close(old)
+            self.counters["descriptors_evicted"] += 1
+        fd = fds[path] = self._open(target[1], target[2])
+        self.counters["files_opened"] += 1
         return fd
+
+    def _open(self, file: str, directory: str) -> int:
+        """``file`` opened for appending (created ``0600`` when missing); its
+        directory is made the first time this log writes there (and again
+        when it went away since). Raises ``OSError``."""
+        if directory not in self._dirs:
+            os.makedirs(directory, exist_ok=True)
+            self._dirs.add(directory)
+        try:
+            return os.open(file, _FLAGS, 0o600)
+        except FileNotFoundError:  # the directory was removed under us
+            self._dirs.discard(directory)
+            os.makedirs(directory, exist_ok=True)
+            self._dirs.add(directory)
+            return os.open(file, _FLAGS, 0o600)
 
     def write(self, event: dict[str, Any], line: bytes | None = None) -> bool:
         """Append one event's line; ``True`` when the whole line is on disk,
         ``False`` (nothing of it left in the file) otherwise."""
-        return self._append(self.path_for(event),
+        return self._append(self._target((event.get("agent"), event.get("session"))),
                             line if line is not None else encode_line(event), 1)
 
     def write_batch(self, events: list[tuple[dict[str, Any], bytes]]) -> list[bool]:
@@ -113,23 +138,32 @@ class SessionLog:
         :meth:`write`). Raises nothing."""
         if len(events) == 1:
             ev, line = events[0]
-            return [self._append(self.path_for(ev), line, 1)]
-        groups: dict[Path, list[int]] = {}
+            return [self._append(self._target((ev.get("agent"), ev.get("session"))), line, 1)]
+        groups: dict[tuple[Any, Any], list[int]] = {}
         for i, (ev, _) in enumerate(events):
-            groups.setdefault(self.path_for(ev), []).append(i)
+            key = (ev.get("agent"), ev.get("session"))
+            idx = groups.get(key)
+            if idx is None:
+                groups[key] = [i]
+            else:
+                idx.append(i)
         done = [False] * len(events)
-        for path, idx in groups.items():
-            ok = self._append(path, b"".join(events[i][1] for i in idx), len(idx))
+        for key, idx in groups.items():
+            if len(idx) == 1:
+                ok = self._append(self._target(key), events[idx[0]][1], 1)
+            else:
+                ok = self._append(self._target(key), b"".join([events[i][1] for i in idx]),
+                                  len(idx))
             for i in idx:
                 done[i] = ok
         return done
 
-    def _append(self, path: Path, data: bytes, lines: int) -> bool:
-        """One ``write`` of ``lines`` whole lines to ``path``: all on disk
-        (``True``) or none of them left in the file."""
+    def _append(self, target: tuple[Path, str, str], data: bytes, lines: int) -> bool:
+        """One ``write`` of ``lines`` whole lines to ``target``'s file: all
+        on disk (``True``) or none of them left in the file."""
         fd = -1
         try:
-            fd = self._fd(path)
+            fd = self._fd(target)
             n = os.write(fd, data)
             if n != len(data):  # regular files short-write only when the disk is full
                 self._cut(fd, n)
@@ -140,7 +174,7 @@ class SessionLog:
             if not self.failing:  # once per failing spell, not per line
                 log.error("cannot write session log %s: %s (events still go to the relay; "
                           "OTLP exports are refused retryably until the log writes again)",
-                          path, e)
+                          target[1], e)
             self.failing = True
             self.failed_at = time.monotonic()
             return False

@@ -189,6 +189,7 @@ class BridgeContext:
         self._done = 0  # of those, how many the fleet has written or failed
         self._failed_at = 0  # the latest ticket the session log could not write
         self._progress = trio.Event()
+        self._waiting = 0  # tasks in logged_since (no one waiting: no Event per verdict)
         self._attached = False
         self._writable: Callable[[], bool] = lambda: True
 
@@ -205,8 +206,9 @@ class BridgeContext:
         self._done += 1
         if not written:
             self._failed_at = self._done
-        self._progress.set()
-        self._progress = trio.Event()
+        if self._waiting:
+            self._progress.set()
+            self._progress = trio.Event()
 
     def log_writable(self) -> bool:
         """Whether the session log writes right now (false while the disk is full)."""
@@ -225,9 +227,13 @@ class BridgeContext:
         if not self._attached:
             return True
         target = self._sent
-        with trio.move_on_after(within_s):
-            while self._done < target:
-                await self._progress.wait()
+        self._waiting += 1
+        try:
+            with trio.move_on_after(within_s):
+                while self._done < target:
+                    await self._progress.wait()
+        finally:
+            self._waiting -= 1
         return self._done >= target and self._failed_at <= mark
 
     @property
@@ -256,18 +262,20 @@ class BridgeContext:
                     extensions: Mapping[str, Any] | None = None,
                     room_seen: bool = False) -> Envelope:
         """Like :meth:`emit` but never waits. Raises :class:`Saturated` when
-        the channel is full; nothing is stamped then (no ``seq`` is burnt).
-        ``room_seen``: the caller counted this send against :meth:`room`
-        in the same synchronous stretch (no checkpoint since: no other
-        sender ran), so the per-event check is skipped (a batch sender's
-        fast path)."""
-        if not room_seen and self.saturated():
-            raise Saturated(self.name)
+        the channel is full; nothing is stamped then (no ``seq`` is burnt:
+        the envelope is stamped, offered, and taken back with
+        :meth:`~bridges.core.envelope.Stamper.unstamp` when the channel
+        refuses it, all in one synchronous stretch; cheaper than asking the
+        channel for its statistics before every event). ``room_seen``: the
+        caller counted this send against :meth:`room` in the same
+        synchronous stretch (kept for the batch senders that do; the
+        refusal is handled the same way)."""
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
         try:
             self._channel.send_nowait(Outbound(self.name, ev))
-        except trio.WouldBlock:  # raced to full between check and send
+        except trio.WouldBlock:
+            self.stamper.unstamp(ev)
             raise Saturated(self.name) from None
         self._sent += 1
         return ev

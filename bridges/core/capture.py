@@ -236,7 +236,27 @@ def digest(value: Any) -> str:
 # ------------------------------------------------------------------ the gate
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})  # exact classes: kept as they are
+
+
 def _copy(v: Any) -> Any:
+    """A copy of a JSON value: objects and arrays (tuples too, as lists)
+    rebuilt, leaves shared (scalars without a call)."""
+    cls = v.__class__
+    if cls in _SCALARS:
+        return v
+    if cls is dict:
+        out = v.copy()
+        for k, x in out.items():
+            if x.__class__ not in _SCALARS:
+                out[k] = _copy(x)  # an existing key: the order stays
+        return out
+    if cls is list:
+        out_list = v.copy()
+        for i, x in enumerate(out_list):
+            if x.__class__ not in _SCALARS:
+                out_list[i] = _copy(x)
+        return out_list
     if isinstance(v, dict):
         return {k: _copy(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
@@ -539,10 +559,229 @@ def _plain_members(data: dict[str, Any], levels: Mapping[str, str]) -> dict[str,
     for k, v in data.items():
         if k.__class__ is not str or k in declared:
             return None
-        if isinstance(v, (dict, list, tuple)):
-            v = _copy(v)
-        out[k] = v
+        out[k] = v if v.__class__ in _SCALARS else _copy(v)
     return out
+
+
+# ------------------------------------------------------------------ the compiled gate
+
+# what a member of a registered node becomes at one ceiling (the branches of
+# ``_Gate._member`` / ``_Gate._structural``, decided once per node and ceiling)
+_SKIP, _KEEP, _CONTENT, _OBJ, _ARR, _VALUES = range(6)
+# made members (``_Gate._made``): synthesized or derived after the first pass
+_M_PROMPT, _M_LABEL, _M_DIGEST, _M_TWIN = range(4)
+
+
+class _Compiled:
+    """One registered table node gated at one ceiling without hints (no
+    ``levels``, ``structural`` or ``form_fields``): what :class:`_Gate` does
+    member by member, worked out once. ``acts``: member -> (action, the
+    child's plan or item plan); ``made``: the members the node makes, as
+    ``(key, kind, source member)``; an array item plan is ``(action, plan)``.
+    Equal to the :class:`_Gate` pass by a property test
+    (``tests/unit/core/test_capture_plan.py``)."""
+
+    __slots__ = ("acts", "made", "ceiling")
+
+    def __init__(self, node: _ct.Node, ceiling: str) -> None:
+        self.ceiling = ceiling
+        self.acts: dict[str, tuple[int, Any]] = {}
+        allowed = _RANK[ceiling]
+        for key, child in (node.props or {}).items():
+            self.acts[key] = _action(child, ceiling, allowed)
+        made: list[tuple[str, int, str | None]] = []
+        for key, child in _made_members(node):
+            if child.star == "prompt":
+                made.append((key, _M_PROMPT, None))
+            elif child.star == "label":
+                made.append((key, _M_LABEL, None))
+            elif child.digest_of and _RANK[child.level] <= allowed:
+                made.append((key, _M_DIGEST, child.digest_of))
+            elif child.twin_of and ceiling == "redacted":
+                made.append((key, _M_TWIN, child.twin_of))
+        self.made = tuple(made)
+
+
+def _action(child: _ct.Node, ceiling: str, allowed: int) -> tuple[int, Any]:
+    if child.star in ("prompt", "label"):
+        return _SKIP, None
+    if child.star == "values":
+        return _VALUES, None
+    if _RANK[child.level] > allowed:
+        return _SKIP, None
+    if child.level != "metadata":
+        return _CONTENT, None
+    if child.props is not None:
+        return _OBJ, _compiled(child, ceiling)
+    if child.items is not None:
+        item = child.items
+        if item.props is not None:
+            return _ARR, (_OBJ, _compiled(item, ceiling))
+        if item.level != "metadata":
+            return _ARR, ((_CONTENT if _RANK[item.level] <= allowed else _SKIP), None)
+        return _ARR, (_KEEP, None)
+    return _KEEP, None
+
+
+_COMPILED: dict[tuple[int, str], _Compiled] = {}  # (id(node), ceiling); nodes live forever
+
+
+def _compiled(node: _ct.Node, ceiling: str) -> _Compiled:
+    key = (id(node), ceiling)
+    plan = _COMPILED.get(key)
+    if plan is None:
+        plan = _COMPILED[key] = _Compiled(node, ceiling)
+    return plan
+
+
+class _Run:
+    """One compiled gating pass (:meth:`GatePlan.gate` without hints): the
+    payload walked by the plans, the level honored accumulated."""
+
+    __slots__ = ("ceiling", "policy", "agent", "subject", "honored")
+
+    def __init__(self, ceiling: str, policy: CapturePolicy, agent: Any, subject: Any) -> None:
+        self.ceiling = ceiling
+        self.policy = policy
+        self.agent = agent
+        self.subject = subject
+        self.honored = "metadata"
+
+    def content(self, v: Any) -> Any:
+        if self.ceiling == "redacted":
+            if self.honored == "metadata":
+                self.honored = "redacted"
+            return redact_value(v, self.policy)
+        self.honored = "full"  # only a full ceiling keeps content verbatim
+        return v if v.__class__ in _SCALARS else _copy(v)
+
+    def obj(self, plan: _Compiled, value: dict[str, Any], index: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        acts = plan.acts
+        for key, v in value.items():
+            act = acts.get(key)
+            if act is None:  # unannotated: metadata (AEP-0002 §5.1 rule 4)
+                out[key] = v if v.__class__ in _SCALARS else _copy(v)
+                continue
+            kind, sub = act
+            if kind == _KEEP:
+                out[key] = v if v.__class__ in _SCALARS else _copy(v)
+            elif kind == _OBJ:
+                if isinstance(v, dict):
+                    out[key] = self.obj(sub, v, 0)
+            elif kind == _CONTENT:
+                out[key] = self.content(v)
+            elif kind == _ARR:
+                if isinstance(v, list):
+                    out[key] = self.arr(sub, v)
+            elif kind == _VALUES:
+                if isinstance(v, dict):
+                    kept, lvl = _gate_values(None, v, self.ceiling, self.policy)
+                    self.honored = _max(self.honored, lvl)
+                    out[key] = kept
+        if plan.made:
+            self.make(plan, value, index, out)
+        return out
+
+    def make(self, plan: _Compiled, value: dict[str, Any], index: int,
+             out: dict[str, Any]) -> None:
+        """The members ``plan``'s node makes (``_Gate._made``), into ``out``."""
+        for key, kind, src in plan.made:
+            if kind == _M_PROMPT:
+                v = value.get(key)
+                if self.ceiling == "metadata" or not isinstance(v, str):
+                    out[key] = synthesize_prompt(self.agent, value.get("kind"), self.subject)
+                else:
+                    out[key] = self.content(v)
+            elif kind == _M_LABEL:
+                v = value.get(key)
+                if self.ceiling == "metadata" or not isinstance(v, str):
+                    out[key] = _placeholder(value, index)
+                else:
+                    out[key] = self.content(v)
+            elif key not in value and src in value:
+                out[key] = digest(value[src]) if kind == _M_DIGEST else self.content(value[src])
+
+    def arr(self, item: tuple[int, Any], values: list[Any]) -> list[Any]:
+        kind, sub = item
+        out: list[Any] = []
+        if kind == _OBJ:
+            for v in values:
+                if isinstance(v, dict):  # numbered by its place in the output (see _Gate.arr)
+                    out.append(self.obj(sub, v, len(out)))
+        elif kind == _CONTENT:
+            for v in values:
+                out.append(self.content(v))
+        elif kind == _KEEP:
+            for v in values:
+                out.append(v if v.__class__ in _SCALARS else _copy(v))
+        return out
+
+
+class GatePlan:
+    """:func:`gate` for one type at one ceiling, with what can be decided
+    without the payload decided once (the stamper keeps one per type):
+    ``gate(data, policy, ...)`` returns exactly what ``gate(type_, data,
+    ceiling, policy, ...)`` returns. A registered type's payload without
+    hints goes through the node's compiled plan (:class:`_Compiled`); an
+    unregistered type's through the plain-member shortcut; anything else
+    through the full :class:`_Gate` pass. Raises ``ValueError`` for an
+    unknown ``ceiling``."""
+
+    __slots__ = ("type", "ceiling", "node", "compiled")
+
+    def __init__(self, type_: str, ceiling: str) -> None:
+        rank(ceiling)
+        self.type = type_
+        self.ceiling = ceiling
+        self.node = _ct.node_for(type_)
+        self.compiled = _compiled(self.node, ceiling) \
+            if self.node is not None and ceiling != "none" else None
+
+    def gate(self, data: Any, policy: CapturePolicy, *, agent: str | None = None,
+             subject: str | None = None, form_fields: Any = None,
+             levels: Mapping[str, str] | None = None,
+             structural: Collection[str] = ()) -> tuple[dict[str, Any] | None, str]:
+        """See :func:`gate` (the same arguments but the type and ceiling)."""
+        ceiling = self.ceiling
+        if ceiling == "none":
+            return None, "none"
+        if not isinstance(data, dict) or not data:
+            return None, "metadata"
+        node = self.node
+        if node is None:
+            if levels is None:
+                return _copy(data), ceiling
+            if form_fields is None and not structural:
+                plain = _plain_members(data, levels)
+                if plain is not None:
+                    return plain, "metadata"
+        elif self.compiled is not None and not levels and form_fields is None \
+                and not structural:
+            run = _Run(ceiling, policy, agent, subject)
+            out = run.obj(self.compiled, data, 0)
+            return (out or None), (run.honored if out else "metadata")
+        g = _Gate(ceiling, policy, agent=agent, subject=subject, form_fields=form_fields,
+                  levels=levels, structural=frozenset(structural or ()), derive=True)
+        out = g.obj(node, data, "")
+        return (out or None), (g.honored if out else "metadata")
+
+
+_PLANS: dict[tuple[str, str], GatePlan] = {}
+
+
+def gate_plan(type_: str, ceiling: str) -> GatePlan:
+    """The (shared, memoized) :class:`GatePlan` of ``type_`` at ``ceiling``
+    (at most 4,096 kept: vendor type names are open-ended). Raises
+    ``ValueError`` for an unknown ``ceiling``."""
+    key = (type_, ceiling)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = GatePlan(type_, ceiling)
+        if len(_PLANS) >= 4096:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def gate(type_: str, data: dict[str, Any] | None, ceiling: str, policy: CapturePolicy, *,
@@ -600,24 +839,11 @@ def gate(type_: str, data: dict[str, Any] | None, ceiling: str, policy: CaptureP
     under-claim would leak past a lower consumer ceiling.
 
     Never raises for JSON-shaped ``data``/``form_fields``; a non-object
-    ``data`` is dropped. Raises ``ValueError`` for an unknown ``ceiling``."""
-    rank(ceiling)
-    if ceiling == "none":
-        return None, "none"
-    if not isinstance(data, dict) or not data:
-        return None, "metadata"
-    node = _ct.node_for(type_)
-    if node is None:
-        if levels is None:
-            return _copy(data), ceiling
-        if form_fields is None and not structural:
-            plain = _plain_members(data, levels)
-            if plain is not None:
-                return plain, "metadata"
-    g = _Gate(ceiling, policy, agent=agent, subject=subject, form_fields=form_fields,
-              levels=levels, structural=frozenset(structural or ()), derive=True)
-    out = g.obj(node, data, "")
-    return (out or None), (g.honored if out else "metadata")
+    ``data`` is dropped. Raises ``ValueError`` for an unknown ``ceiling``.
+    The work is :meth:`GatePlan.gate` of :func:`gate_plan`."""
+    return gate_plan(type_, ceiling).gate(data, policy, agent=agent, subject=subject,
+                                          form_fields=form_fields, levels=levels,
+                                          structural=structural)
 
 
 # ------------------------------------------------------------------ relay hop

@@ -19,7 +19,7 @@ from .aep import AEP_VERSION
 from .paths import write_atomic
 
 if TYPE_CHECKING:
-    from .bridge import Emission, Gating
+    from .bridge import Emission
 
 log = logging.getLogger("aep.core.envelope")
 
@@ -46,6 +46,14 @@ def rfc3339(dt: datetime | None = None) -> str:
     return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def ms_text(ms: int) -> str:
+    """:func:`rfc3339` of the instant ``ms`` milliseconds after the Unix
+    epoch (``ms >= 0``), from integers alone (no float rounding): what the
+    stamper writes for "now" (the millisecond its clock read falls in)."""
+    sec, milli = divmod(ms, 1000)
+    return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(sec)) + f".{milli:03d}Z"
+
+
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 # a random byte -> one character (its low 5 bits; 256 = 8 x 32, so uniform)
 _BYTE_TO_CHAR = bytes((ord(_CROCKFORD[b % 32]) for b in range(256)))
@@ -57,26 +65,31 @@ class Ulids:
     millisecond time in 10 Crockford base32 characters, then 16 characters
     each from one random byte, 80 random bits), made for the stamper's hot
     path: the random bytes come from ``os.urandom`` in blocks of
-    :data:`_POOL_IDS` ids (one system call per block, not one per id), are
-    spelled with one ``bytes.translate``, and the time part is spelled once
-    per millisecond. Not thread-safe (one per stamper)."""
+    :data:`_POOL_IDS` ids (one system call per block, not one per id), the
+    whole block is spelled with one ``bytes.translate`` (each id is then a
+    slice of it), and the time part is spelled once per millisecond. Not
+    thread-safe (one per stamper)."""
 
     def __init__(self) -> None:
-        self._pool = b""
+        self._chars = ""
         self._pos = 0
         self._ms = -1
         self._time = ""
 
     def __call__(self, now_ms: int | None = None) -> str:
         """A new id; ``now_ms``: the time part (default: the clock)."""
-        t = _time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        return self.at(_time.time_ns() // 1_000_000 if now_ms is None else now_ms)
+
+    def at(self, t: int) -> str:
+        """A new id whose time part is ``t`` (milliseconds since the epoch)."""
         if t != self._ms:
             self._ms, self._time = t, _time_part(t)
         pos = self._pos
-        if pos + 16 > len(self._pool):
-            self._pool, pos = os.urandom(16 * _POOL_IDS), 0
+        if pos + 16 > len(self._chars):
+            self._chars = os.urandom(16 * _POOL_IDS).translate(_BYTE_TO_CHAR).decode("ascii")
+            pos = 0
         self._pos = pos + 16
-        return self._time + self._pool[pos:pos + 16].translate(_BYTE_TO_CHAR).decode("ascii")
+        return self._time + self._chars[pos:pos + 16]
 
 
 def _time_part(ms: int) -> str:
@@ -131,33 +144,72 @@ class Stamper:
 
     ``agent``: the AEP agent id; ``host``: the ``source`` authority;
     ``epoch``: this daemon run's epoch; ``policy``: the capture posture.
-    Not thread-safe; one per bridge, used from trio tasks only."""
+    ``agent``, ``host`` and ``policy`` may be replaced (a bridge that learns
+    a secret adds it to the policy): what the stamper worked out from them
+    is dropped then. Not thread-safe; one per bridge, used from trio tasks
+    only.
+
+    The hot path (:meth:`stamp`) reads the clock once per event (the ULID's
+    time and ``time`` come from the same read), spells the time once per
+    millisecond, and keeps per type what the type decides (scope, default
+    severity, ceiling, the capture gate's :class:`~bridges.core.capture.GatePlan`)
+    and per session its ``source``."""
 
     def __init__(self, agent: str, *, epoch: int = 0, host: str | None = None,
                  policy: _capture.CapturePolicy | None = None) -> None:
-        self.agent = agent
-        self.host = host or socket.gethostname() or "localhost"
+        self._agent = agent
+        self._host = host or socket.gethostname() or "localhost"
+        self._policy = policy or _capture.CapturePolicy()
         self.epoch = epoch
-        self.policy = policy or _capture.CapturePolicy()
         self._seq: dict[str, int] = {}
-        self._ulid = Ulids()
+        self._ulid = Ulids().at
+        self._when_ms = -1  # the millisecond ``_when`` spells
+        self._when = ""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._base = f"aep://{self._host}/agent/{self._agent}"
         self._sources: dict[str, str] = {}  # session -> source (one per sequenced session)
-        self._sources_of = (self.host, self.agent)
-        # type -> ceiling under ``_ceilings_of`` (``policy`` may be replaced)
-        self._ceilings: dict[str, str] = {}
-        self._ceilings_of = self.policy
+        # type -> (session-scoped, default severity, the gate's plan at its ceiling)
+        self._types: dict[str, tuple[bool, str | None, _capture.GatePlan]] = {}
+
+    @property
+    def agent(self) -> str:
+        return self._agent
+
+    @agent.setter
+    def agent(self, value: str) -> None:
+        self._agent = value
+        self._reset()
+
+    @property
+    def host(self) -> str:
+        return self._host
+
+    @host.setter
+    def host(self, value: str) -> None:
+        self._host = value
+        self._reset()
+
+    @property
+    def policy(self) -> _capture.CapturePolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, value: _capture.CapturePolicy) -> None:
+        self._policy = value
+        self._reset()
 
     def source(self, session: str | None) -> str:
-        base = f"aep://{self.host}/agent/{self.agent}"
-        return f"{base}/session/{session}" if session else base
+        return f"{self._base}/session/{session}" if session else self._base
 
-    def _ceiling(self, type_: str) -> str:
-        if self._ceilings_of is not self.policy:
-            self._ceilings, self._ceilings_of = {}, self.policy
-        c = self._ceilings.get(type_)
-        if c is None:
-            c = self._ceilings[type_] = self.policy.ceiling_for(type_)
-        return c
+    def _type_plan(self, type_: str) -> tuple[bool, str | None, _capture.GatePlan]:
+        plan = (not is_agent_scoped(type_), _DEFAULT_SEVERITY.get(type_),
+                _capture.gate_plan(type_, self._policy.ceiling_for(type_)))
+        if len(self._types) >= 4096:  # vendor type names are open-ended
+            self._types.clear()
+        self._types[type_] = plan
+        return plan
 
     def knows(self, session: str) -> bool:
         """Whether this stamper has stamped a sequenced event for ``session``."""
@@ -168,6 +220,25 @@ class Stamper:
         self._seq[session] = seq + 1
         return seq
 
+    def _now(self, ms: int) -> str:
+        """:func:`ms_text` of ``ms``, spelled once per millisecond."""
+        if ms != self._when_ms:
+            self._when_ms, self._when = ms, ms_text(ms)
+        return self._when
+
+    def unstamp(self, envelope: Mapping[str, Any]) -> None:
+        """Take back ``envelope``, the last one :meth:`stamp` returned (no
+        stamp since): its ``seq`` is handed out again and a session it was
+        the first of is unknown again (:meth:`knows`), as if it had never
+        been stamped. For a sender that could not put it anywhere
+        (:meth:`bridges.core.bridge.BridgeContext.emit_nowait`)."""
+        session, seq = envelope.get("session"), envelope.get("seq")
+        if isinstance(seq, int) and self._seq.get(session) == seq + 1:  # type: ignore[arg-type]
+            if seq == 0:
+                del self._seq[session]  # type: ignore[arg-type]
+            else:
+                self._seq[session] = seq  # type: ignore[index]
+
     def stamp(self, session: str | None, emission: Emission, *, run: str | None = None,
               cause: str | None = None, time: datetime | str | None = None,
               severity: str | None = None,
@@ -176,57 +247,68 @@ class Stamper:
         step?, severity?, gating?}`` (``gating``: hints for
         :func:`bridges.core.capture.gate`, not emitted). The payload passes
         the capture gate at the ceiling for its type; ``capture`` is stamped
-        with the level honored.
+        with the level honored. ``time``: a datetime or a string already in
+        the :func:`rfc3339` form (default: now, the millisecond of the
+        ULID's time part).
         Raises ``ValueError`` for an ill-formed extension attribute
         (AEP-0001 §5.4) or a session-scoped type without a session."""
         type_ = emission["type"]
-        agent_scoped = is_agent_scoped(type_)
-        if not agent_scoped and not session:
-            raise ValueError(f"{type_} is session-scoped and needs a session")
-        source: str | None
-        if agent_scoped or session is None:
-            source = self.source(None)
-        else:
-            if self._sources_of[0] is not self.host or self._sources_of[1] is not self.agent:
-                self._sources, self._sources_of = {}, (self.host, self.agent)
+        plan = self._types.get(type_)
+        if plan is None:
+            plan = self._type_plan(type_)
+        scoped, default_severity, gate = plan
+        if scoped:
+            if not session:
+                raise ValueError(f"{type_} is session-scoped and needs a session")
             source = self._sources.get(session)
             if source is None:
-                source = self._sources[session] = self.source(session)
+                source = self._sources[session] = f"{self._base}/session/{session}"
+        else:
+            source = self._base
+        ms = _time.time_ns() // 1_000_000
         ev: dict[str, Any] = {
             "aep": AEP_VERSION,
-            "id": self._ulid(),
+            "id": self._ulid(ms),
             "type": type_,
-            "time": time if isinstance(time, str) else rfc3339(time),
+            "time": self._now(ms) if time is None else
+            time if isinstance(time, str) else rfc3339(time),
             "source": source,
-            "agent": self.agent,
+            "agent": self._agent,
         }
         if extensions:
             from aep_sdk.emit import _check_extensions  # the SDK's §5.4 gate
             ev.update(_check_extensions(dict(extensions)))
-        if emission.get("subject") is not None:
-            ev["subject"] = emission["subject"]
-        if not agent_scoped:
+        subject = emission.get("subject")
+        if subject is not None:
+            ev["subject"] = subject
+        if scoped:
             ev["session"] = session
             if run is not None:
                 ev["run"] = run
-            if emission.get("step") is not None:
-                ev["step"] = emission["step"]
-            ev["seq"] = self.next_seq(session)  # type: ignore[arg-type]
+            step = emission.get("step")
+            if step is not None:
+                ev["step"] = step
+            seqs = self._seq
+            seq = seqs.get(session, 0)  # type: ignore[arg-type]
+            seqs[session] = seq + 1  # type: ignore[index]
+            ev["seq"] = seq
             ev["epoch"] = self.epoch
         if cause is not None:
             ev["cause"] = cause
-        sev = severity or emission.get("severity") or _DEFAULT_SEVERITY.get(type_)
+        sev = severity or emission.get("severity") or default_severity
         if sev and sev != "info":
             ev["severity"] = sev
-        ceiling = self._ceiling(type_)
         # ``gating``: optional hints for the gate, never put on the wire
         # (``form_fields``, ``levels``, ``structural``; see capture.gate).
-        hints: Gating = emission.get("gating") or {}
-        data, level = _capture.gate(
-            type_, emission.get("data"), ceiling, self.policy,
-            agent=self.agent, subject=emission.get("subject"),
-            form_fields=hints.get("form_fields"), levels=hints.get("levels"),
-            structural=hints.get("structural") or ())
+        hints = emission.get("gating")
+        if hints:
+            data, level = gate.gate(
+                emission.get("data"), self._policy, agent=self._agent, subject=subject,
+                form_fields=hints.get("form_fields"), levels=hints.get("levels"),
+                structural=hints.get("structural") or ())
+        else:
+            data, level = gate.gate(emission.get("data"), self._policy, agent=self._agent,
+                                    subject=subject)
         ev["capture"] = level
         if data:
             ev["data"] = data
