@@ -55,6 +55,7 @@ from bridges.opencode_sse import PROFILE  # noqa: E402
 from bridges.sse_common.bridge import SseBridge  # noqa: E402
 from bridges.sse_common.config import SseConfig  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
+from supervisor.fleet import take_batch  # noqa: E402
 from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures"
@@ -152,17 +153,21 @@ async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
     done = trio.Event()
 
     async def pump():
+        # the fleet's pump (supervisor/fleet.py `_pump`): what is queued as one
+        # batch, encoded once, one `write` per session file, then a yield
         async for item in recv:
-            ev = item.event
             if box["events"] == 0:
                 box["t0"] = time.perf_counter()
                 box["c0"] = time.process_time()
-            log.write(ev, encode_line(ev))
-            box["events"] += 1
+            batch = take_batch(recv, item)
+            log.write_batch([(it.event, encode_line(it.event)) for it in batch])
+            box["events"] += len(batch)
+            ev = batch[-1].event
             if ev.get("session") == END and ev["type"] == "session.ended":
                 box["t1"] = time.perf_counter()
                 box["c1"] = time.process_time()
                 done.set()
+            await trio.lowlevel.checkpoint()
 
     async with trio.open_nursery() as n:
         n.start_soon(pump)

@@ -311,7 +311,8 @@ class SseReceiver:
                 self.ctx.health.source = True
                 log.info("%s: session events flow again; stream no longer degraded",
                          self.ctx.name)
-        before = dict(self.tracker.counters)
+        fed = self.tracker.fed  # what this feed counts (no copy of every counter per frame)
+        fed.clear()
         try:
             outs = self.tracker.feed(ev)
         except (RecursionError, ValueError, TypeError) as e:
@@ -322,17 +323,36 @@ class SseReceiver:
             log.warning("%s: skipped a frame the mapping could not handle (%s)",
                         self.ctx.name, type(e).__name__)
             return
-        for k, v in self.tracker.counters.items():
-            if v != before.get(k, 0):
-                self.ctx.health.count(k, v - before.get(k, 0))
-        await self.emit(outs)
+        if fed:
+            for k, v in fed.items():
+                self.ctx.health.count(k, v)
+        if outs:
+            await self.emit(outs)
+        else:
+            self.persist()
 
     async def emit(self, outs: list[Out]) -> None:
-        """Stamp and send ``outs`` in order, then persist what changed."""
+        """Stamp and send ``outs`` in order, then persist what changed.
+
+        While the relay channel has room the envelopes go on it without a
+        checkpoint (:meth:`BridgeContext.emit_nowait`, counted against one
+        :meth:`BridgeContext.room`): the fleet's pump then takes what the
+        frames of one network read produced as one batch (one JSONL
+        ``write`` per session) instead of waking per event; the next read
+        of the stream is the checkpoint. A full channel waits for room
+        (:meth:`BridgeContext.emit`), as before."""
+        ctx = self.ctx
+        room = ctx.room()
         for o in outs:
             try:
-                o.envelope = await self.ctx.emit(o.session, o.emission, run=o.run,
-                                                 cause=o.resolved_cause())
+                if room > 0:
+                    room -= 1
+                    o.envelope = ctx.emit_nowait(o.session, o.emission, run=o.run,
+                                                 cause=o.resolved_cause(), room_seen=True)
+                else:
+                    o.envelope = await ctx.emit(o.session, o.emission, run=o.run,
+                                                cause=o.resolved_cause())
+                    room = ctx.room()
                 self.tracker.touch(o.session)  # its entry may carry this envelope (an ask)
                 if o.envelope["type"] == "run.started":
                     self.tracker.bind_run(o.session, o.envelope)
