@@ -27,6 +27,7 @@ Figures compare runs on one machine (2 shared cores here); not absolutes.
 ``python -m benchmarks sse`` (``scripts/dev bench sse``)."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -41,6 +42,7 @@ from pathlib import Path
 
 import httpx
 import trio
+import trio.testing
 from httpx_sse import aconnect_sse
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
@@ -297,14 +299,19 @@ async def latency(n: int = 1500, rate: float = 150.0) -> dict:
             "max_ms": lat[-1], "cpu_10k": cpu * 10_000 / len(lat)}
 
 
-def state_cost(open_runs: int, frames: int, *, whole: bool) -> dict:
+async def state_cost(open_runs: int, frames: int, *, mode: str) -> dict:
     """Persistence cost of one state-changing frame (an ask raised, then
-    answered, in turn across the sessions) with ``open_runs`` runs open.
-    ``whole``: what the bridge did before issue 11, the whole snapshot
-    serialized and the file replaced atomically on every change; else the
-    bridge's incremental save (:meth:`StateFile.save_changes`: the changed
-    entry appended to the journal, compaction included when it falls due).
-    Only the persistence is timed (the tracker's own work is the same)."""
+    answered, in turn across the sessions) with ``open_runs`` runs open,
+    timed from before the save to after the checkpoint that follows it (the
+    receiver's next read): what the event loop is held for. ``mode``:
+    ``whole``, what the bridge did before issue 11 (the whole snapshot
+    serialized and the file replaced on every change); ``sync``, the
+    incremental save (:meth:`StateFile.save_changes`: the changed entry
+    appended to the journal) with each due compaction run inside the save;
+    ``task``, the bridge's setup: the same saves with
+    :meth:`StateFile.compactor` running, the compaction in steps at the
+    checkpoints. The tracker's own work is the same in every mode, and not
+    timed."""
     from bridges.core.paths import write_atomic
     from bridges.core.posture import Posture
     from bridges.sse_common.frames import BusEvent
@@ -325,44 +332,83 @@ def state_cost(open_runs: int, frames: int, *, whole: bool) -> dict:
         sid = f"ses_{i:06d}"
         feed(BusEvent("message.updated", {"sessionID": sid, "info": {"id": f"msg_{i:06d}", "role": "user",
                                                                       "sessionID": sid}}))
+    # the collector's passes, timed apart: a gen-2 pass walks every open
+    # run's state (~50-60 ms at 5,000 here) and lands wherever it falls
+    gc_time = [0.0, 0.0]  # total, longest
+    started = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            took = time.perf_counter() - started[0]
+            gc_time[0] += took
+            gc_time[1] = max(gc_time[1], took)
+    gc.callbacks.append(on_gc)
     times: list[float] = []
+    compacting: list[float] = []  # saves that compacted inside (mode sync)
+    steps: list[float] = []  # checkpoints at which the compactor ran a step (mode task)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "state.json"
         sf = StateFile(path)
         sf.save(tr.snapshot())
         tr.changes()
-        for k in range(frames):
-            sid = f"ses_{(k // 2) % open_runs:06d}"
-            if k % 2 == 0:
-                feed(BusEvent("permission.asked", {"sessionID": sid, "id": f"per_{k}", "permission": "bash",
-                                                   "patterns": ["ls"], "tool": {"callID": f"call_{k}"}}))
-            else:
-                feed(BusEvent("permission.replied", {"sessionID": sid, "requestID": f"per_{k - 1}",
-                                                     "reply": "once"}))
-            t0 = time.perf_counter()
-            if whole:
-                write_atomic(path, json.dumps(tr.snapshot(), sort_keys=True, separators=(",", ":")))
-                tr.changes()
-            else:
-                sf.save_changes(tr.changes(), tr.snapshot)
-            times.append(time.perf_counter() - t0)
+        async with trio.open_nursery() as nursery:
+            if mode == "task":
+                nursery.start_soon(sf.compactor)
+                await trio.testing.wait_all_tasks_blocked()
+            for k in range(frames):
+                sid = f"ses_{(k // 2) % open_runs:06d}"
+                if k % 2 == 0:
+                    feed(BusEvent("permission.asked", {"sessionID": sid, "id": f"per_{k}",
+                                                       "permission": "bash", "patterns": ["ls"],
+                                                       "tool": {"callID": f"call_{k}"}}))
+                else:
+                    feed(BusEvent("permission.replied", {"sessionID": sid, "requestID": f"per_{k - 1}",
+                                                         "reply": "once"}))
+                t0, g0 = time.perf_counter(), gc_time[0]
+                if mode == "whole":
+                    write_atomic(path, json.dumps(tr.snapshot(), sort_keys=True, separators=(",", ":")))
+                    tr.changes()
+                else:
+                    before = sf.counters["compactions"]
+                    sf.save_changes(tr.changes())
+                    if sf.counters["compactions"] != before:
+                        compacting.append(time.perf_counter() - t0 - (gc_time[0] - g0))
+                t1, g1 = time.perf_counter(), gc_time[0]
+                await trio.lowlevel.checkpoint()  # the compactor's steps run here
+                t2 = time.perf_counter()
+                times.append(t2 - t0)
+                if sf._since is not None or t2 - t1 > 2e-4:  # noqa: SLF001 (a step ran)
+                    steps.append(t2 - t1 - (gc_time[0] - g1))
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
         size = path.stat().st_size
+    gc.callbacks.remove(on_gc)
     times.sort()
     return {"open_runs": open_runs, "frames": frames, "mean_us": statistics.fmean(times) * 1e6,
             "p50_us": times[len(times) // 2] * 1e6, "max_us": times[-1] * 1e6,
+            "compaction_max_us": max(compacting + steps, default=0.0) * 1e6,
+            "gc_max_us": gc_time[1] * 1e6,
             "compactions": sf.counters["compactions"] - 1, "doc_kib": size / 1024}
 
 
 def print_state_costs(quick: bool) -> None:
     print("SSE tracker state persistence per state-changing frame (ask raised / answered), "
-          "runs open across sessions:")
+          "runs open across sessions; the event loop held from the save to the next checkpoint:")
     for n in (10, 5000):
-        old = state_cost(n, 40 if n > 100 else 400, whole=True)
-        new = state_cost(n, 5000 if quick else 12000, whole=False)  # >= one compaction at 5,000
-        print(f"  {n:>5} open runs: whole-file rewrite (before) mean {old['mean_us']:9,.0f} us; "
-              f"incremental journal (after) mean {new['mean_us']:6,.0f} us, p50 {new['p50_us']:5,.0f} us, "
-              f"max {new['max_us']:8,.0f} us ({new['compactions']} compactions in {new['frames']:,} frames, "
-              f"document {new['doc_kib']:,.0f} KiB); before/after {old['mean_us'] / new['mean_us']:.0f}x")
+        old = trio.run(partial(state_cost, n, 40 if n > 100 else 400, mode="whole"))
+        print(f"  {n:>5} open runs: whole-file rewrite (before issue 11) mean {old['mean_us']:9,.0f} us")
+        for mode, what in (("sync", "journal, compaction inside the save"),
+                           ("task", "journal, compaction in steps (the bridge's compactor task)")):
+            # >= one compaction at 5,000
+            new = trio.run(partial(state_cost, n, 5000 if quick else 12000, mode=mode))
+            print(f"        {what}: mean {new['mean_us']:6,.0f} us, p50 {new['p50_us']:5,.0f} us, "
+                  f"max {new['max_us']:8,.0f} us (longest collector pass {new['gc_max_us']:,.0f} us), "
+                  f"longest hold by a compaction, collector passes excluded "
+                  f"{new['compaction_max_us']:7,.0f} us ({new['compactions']} compactions in "
+                  f"{new['frames']:,} frames, document {new['doc_kib']:,.0f} KiB); "
+                  f"before/after mean {old['mean_us'] / new['mean_us']:.0f}x")
 
 
 def _cpu_s(pid: int) -> float:

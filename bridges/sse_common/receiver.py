@@ -320,7 +320,8 @@ class SseReceiver:
     async def handle_data(self, data: str) -> None:
         """One SSE ``data`` payload: parse, feed, emit (counting what is
         skipped)."""
-        self.ctx.health.count("frames")
+        counters = self.ctx.health.counters
+        counters["frames"] = counters.get("frames", 0) + 1
         if not data:
             self.ctx.health.count("frames_empty")
             return

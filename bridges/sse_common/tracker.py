@@ -269,8 +269,7 @@ class Tracker:
         if ev.type in STREAMING:
             self.count("heartbeats" if ev.type == "server.heartbeat" else "deltas_skipped")
             return []
-        part = _d(ev.properties.get("part"))
-        if ev.type == "message.part.updated" and part.get("type") != "tool":
+        if ev.type == "message.part.updated" and _d(ev.properties.get("part")).get("type") != "tool":
             self.count("deltas_skipped")
             return []
         sid = ev.session

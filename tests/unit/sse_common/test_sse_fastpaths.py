@@ -6,6 +6,8 @@ slow path it skips (hypothesis).
   plainly, and :func:`parse_frame` against the frozen-dataclass parser it
   replaced (the reference below, verbatim but for the class);
 - the memo of version-stripped sync types against the regex;
+- the state file's compaction, joined from the entry texts it keeps,
+  against the whole snapshot of the tracker it serialized before;
 - the receiver's emission (``emit_nowait`` while the channel has room,
   ``emit`` when full) against the per-event ``await ctx.emit`` it replaced:
   the same envelopes in the same order, whatever the channel's size, and the
@@ -14,6 +16,7 @@ slow path it skips (hypothesis).
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -29,8 +32,10 @@ from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
 from bridges.opencode_sse import PROFILE
 from bridges.sse_common import frames as _frames
+from bridges.sse_common import state as _state
 from bridges.sse_common.frames import BusEvent, FrameError, parse_frame, session_of, unversioned
 from bridges.sse_common.receiver import ReceiverSettings, SseReceiver
+from bridges.sse_common.state import StateFile
 from bridges.sse_common.tracker import Tracker
 from tests.support.opencode_fixtures import real_frames
 from tests.unit.sse_common.test_sse_fuzz import frames as fuzz_frames
@@ -286,3 +291,47 @@ def test_the_real_captures_through_the_receiver_equal_the_per_event_path():
 
     (want, want_counts), (got, got_counts) = trio.run(both)
     assert len(got) > 100 and _shape(got) == _shape(want) and got_counts == want_counts
+
+
+# ------------------------------------------------------------------ the state file
+
+_examples = itertools.count()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
+@given(st.lists(plausible | sync_frames, min_size=1, max_size=16), st.data())
+def test_a_compaction_writes_what_the_whole_snapshot_would(tmp_path, seq, data):
+    """The document a compaction joins from the remembered entry texts is,
+    byte for byte, the whole-snapshot document the state file wrote before
+    issue 11 (``_dumps`` of ``tracker.snapshot()``), at every save, across
+    restarts and real compactions."""
+    path = tmp_path / f"s{next(_examples)}.json"  # tmp_path is shared by the examples
+    sf = StateFile(path)
+    tr = Tracker(Posture(agent="opencode", mode="primary"))
+    stamper = Stamper("opencode", epoch=1, host="t")
+    for frame in seq:
+        try:
+            ev = parse_frame(json.dumps(frame), wrapped=True)
+        except FrameError:
+            continue
+        for o in tr.feed(ev):
+            o.envelope = stamper.stamp(o.session, o.emission, run=o.run, cause=o.resolved_cause())
+            tr.touch(o.session)
+            if o.envelope["type"] == "run.started":
+                tr.bind_run(o.session, o.envelope)
+        if tr.dirty:
+            tr.dirty = False
+            sf.save_changes(tr.changes())
+            gen = data.draw(st.integers(0, 99))
+            assert sf.compacted(gen) == _state._dumps(dict(tr.snapshot(), journal=gen))
+            if data.draw(st.booleans()):  # compact now (as a full journal would)
+                sf.save_changes({})
+                sf._compact_due = True  # noqa: SLF001 (forcing the due compaction)
+                sf.save_changes({})
+                assert json.loads(path.read_text())["sessions"] == json.loads(
+                    json.dumps(tr.snapshot()))["sessions"]
+            if data.draw(st.booleans()):  # a restart reads it back
+                sf = StateFile(path)
+                sf.load()
+                assert sf.compacted(1) == _state._dumps(dict(tr.snapshot(), journal=1))
