@@ -23,7 +23,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,7 +36,7 @@ from bridges.opencode_sse import PROFILE
 from bridges.sse_common import frames as _frames
 from bridges.sse_common import state as _state
 from bridges.sse_common.frames import BusEvent, FrameError, parse_frame, session_of, unversioned
-from bridges.sse_common.receiver import ReceiverSettings, SseReceiver
+from bridges.sse_common.receiver import ReceiverSettings, SseReceiver, StreamSilent
 from bridges.sse_common.state import StateFile
 from bridges.sse_common.tracker import Tracker
 from tests.support.opencode_fixtures import real_frames
@@ -335,3 +337,67 @@ def test_a_compaction_writes_what_the_whole_snapshot_would(tmp_path, seq, data):
                 sf = StateFile(path)
                 sf.load()
                 assert sf.compacted(1) == _state._dumps(dict(tr.snapshot(), journal=1))
+
+
+# ------------------------------------------------------------------ the heartbeat deadline
+
+class _Sse:
+    def __init__(self, data: str) -> None:
+        self.data = data
+
+
+def _created(i: int) -> str:
+    return json.dumps({"directory": "/p", "payload": {"type": "session.created", "properties": {
+        "sessionID": f"ses_{i}", "info": {"id": f"ses_{i}"}}}})
+
+
+async def _stream(gaps: list[float]):
+    for i, gap in enumerate(gaps):
+        await trio.sleep(gap)
+        yield _Sse(_created(i))
+    await trio.sleep_forever()
+
+
+async def test_the_silence_watch_drops_a_stream_waiting_heartbeat_timeout(autojump_clock):
+    """The watch task cancels the read once it has waited exactly
+    ``heartbeat_timeout`` since the last frame was handled (virtual time),
+    never while frames keep coming closer than that."""
+    ctx, _, recv = _ctx(100)
+    rx = SseReceiver(PROFILE, None, Tracker(Posture(agent="opencode")), ctx,  # type: ignore[arg-type]
+                     url="http://x", settings=ReceiverSettings(heartbeat_timeout=1.0))
+    async with trio.open_nursery() as n:
+        n.start_soon(rx._silence_watch)  # noqa: SLF001
+        t0 = trio.current_time()
+        with pytest.raises(StreamSilent):
+            await rx._read(_stream([0.9, 0.9, 0.9]).__aiter__())  # noqa: SLF001
+        assert trio.current_time() - t0 == pytest.approx(2.7 + 1.0)
+        assert ctx.health.counters["frames"] == 3
+        n.cancel_scope.cancel()
+
+
+async def test_time_spent_handling_a_frame_is_not_silence(autojump_clock):
+    """A frame whose emit waits 5 s for room on the relay channel (longer
+    than the 1 s heartbeat timeout) does not drop the stream: only waiting
+    for the vendor counts."""
+    ctx, _, recv = _ctx(1)
+    rx = SseReceiver(PROFILE, None, Tracker(Posture(agent="opencode")), ctx,  # type: ignore[arg-type]
+                     url="http://x", settings=ReceiverSettings(heartbeat_timeout=1.0))
+    got = []
+
+    async def late_reader():
+        await trio.sleep(5)
+        async for item in recv:
+            got.append(item.event)
+
+    async def stream():
+        for i in range(3):
+            await trio.sleep(0.5)
+            yield _Sse(_created(i))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(rx._silence_watch)  # noqa: SLF001
+        n.start_soon(late_reader)
+        await rx._read(stream().__aiter__())  # noqa: SLF001 (ends with the stream: no StreamSilent)
+        await trio.testing.wait_all_tasks_blocked()
+        assert [e["session"] for e in got] == ["ses_0", "ses_1", "ses_2"]
+        n.cancel_scope.cancel()
