@@ -121,9 +121,11 @@ class _Bounded:
     buffer one SSE event beyond ``limit`` characters (memory bound against a
     never-ending line or data block)."""
 
-    def __init__(self, response: httpx.Response, limit: int) -> None:
+    def __init__(self, response: httpx.Response, limit: int,
+                 on_read: Callable[[], None] | None = None) -> None:
         self._r = response
         self._limit = limit
+        self._on_read = on_read or (lambda: None)
         self.headers = response.headers
 
     async def aiter_text(self) -> AsyncIterator[str]:
@@ -136,6 +138,7 @@ class _Bounded:
             if pending > self._limit:
                 raise StreamOverflow()
             tail = joined[-3:]
+            self._on_read()  # the read that brought it may have let other tasks run
             yield text
 
 
@@ -169,6 +172,11 @@ class SseReceiver:
         #: waiting, e.g. while a frame is handled)
         self._read_scope: trio.CancelScope | None = None
         self._waiting_since = math.inf
+        #: the relay channel's room as :meth:`emit` last counted it for the
+        #: stream's frames (``None``: unknown). Valid until the reading task
+        #: lets others run: only in a network read (each new chunk of the
+        #: stream forgets it) or waiting for room (``emit`` forgets it)
+        self._room: int | float | None = None
 
     # -------------------------------------------------------------- running
     async def run(self) -> None:
@@ -260,7 +268,8 @@ class SseReceiver:
             ctype = response.headers.get("content-type", "").partition(";")[0].strip()
             if ctype != "text/event-stream":
                 raise SSEError(f"content-type {ctype or 'missing'}, not text/event-stream")
-            source = EventSource(_Bounded(response, 2 * self.settings.max_frame))  # type: ignore[arg-type]
+            source = EventSource(_Bounded(response, 2 * self.settings.max_frame,  # type: ignore[arg-type]
+                                          self._forget_room))
             events = source.aiter_sse()
             self.connected = True
             self.connects += 1
@@ -293,7 +302,7 @@ class SseReceiver:
                     except StopAsyncIteration:
                         return
                     self._waiting_since = math.inf
-                    await self.handle_data(sse.data)
+                    await self.handle_data(sse.data, stream=True)
                     self._waiting_since = trio.current_time()
             finally:
                 self._read_scope = None
@@ -317,9 +326,10 @@ class SseReceiver:
                 due = math.inf
             await trio.sleep_until(min(due, now + timeout))
 
-    async def handle_data(self, data: str) -> None:
+    async def handle_data(self, data: str, *, stream: bool = False) -> None:
         """One SSE ``data`` payload: parse, feed, emit (counting what is
-        skipped)."""
+        skipped). ``stream``: the payload is a frame :meth:`_read` took off
+        the stream (see :meth:`emit`)."""
         counters = self.ctx.health.counters
         counters["frames"] = counters.get("frames", 0) + 1
         if not data:
@@ -356,11 +366,14 @@ class SseReceiver:
             for k, v in fed.items():
                 self.ctx.health.count(k, v)
         if outs:
-            await self.emit(outs)
+            await self.emit(outs, stream=stream)
         else:
             self.persist()
 
-    async def emit(self, outs: list[Out]) -> None:
+    def _forget_room(self) -> None:
+        self._room = None
+
+    async def emit(self, outs: list[Out], *, stream: bool = False) -> None:
         """Stamp and send ``outs`` in order, then persist what changed.
 
         While the relay channel has room the envelopes go on it without a
@@ -369,9 +382,14 @@ class SseReceiver:
         frames of one network read produced as one batch (one JSONL
         ``write`` per session) instead of waking per event; the next read
         of the stream is the checkpoint. A full channel waits for room
-        (:meth:`BridgeContext.emit`), as before."""
+        (:meth:`BridgeContext.emit`), as before. ``stream``: ``outs`` come
+        from a frame of the stream being read (:meth:`handle_data`): the
+        room counted for the frames before it in the same chunk still holds
+        (no other task ran since), so trio's channel statistics are not
+        asked again per frame."""
         ctx = self.ctx
-        room = ctx.room()
+        room = self._room if stream and self._room is not None else ctx.room()
+        self._room = None
         for o in outs:
             try:
                 if room > 0:
@@ -382,6 +400,7 @@ class SseReceiver:
                     o.envelope = await ctx.emit(o.session, o.emission, run=o.run,
                                                 cause=o.resolved_cause())
                     room = ctx.room()
+                    stream = False  # other tasks ran: nothing counted before holds
                 self.tracker.touch(o.session)  # its entry may carry this envelope (an ask)
                 if o.envelope["type"] == "run.started":
                     self.tracker.bind_run(o.session, o.envelope)
@@ -389,6 +408,8 @@ class SseReceiver:
                 self.ctx.health.count("emit_errors")
                 log.warning("%s: could not stamp %s: %s", self.ctx.name,
                             o.emission.get("type"), e)
+        if stream:
+            self._room = room
         self.persist()
 
     # -------------------------------------------------------------- REST reads

@@ -23,6 +23,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -265,8 +266,8 @@ async def _receiver(seq: list[str], mode: str, size: int
 
     async with trio.open_nursery() as n:
         n.start_soon(drain)
-        for data in seq:
-            await rx.handle_data(data)
+        for data in seq:  # as `_read` hands them over: no other sender, the room counted once
+            await rx.handle_data(data, stream=True)
         await send.aclose()
     return got, dict(ctx.health.counters)
 
@@ -401,3 +402,42 @@ async def test_time_spent_handling_a_frame_is_not_silence(autojump_clock):
         await trio.testing.wait_all_tasks_blocked()
         assert [e["session"] for e in got] == ["ses_0", "ses_1", "ses_2"]
         n.cancel_scope.cancel()
+
+
+async def test_the_room_counted_for_a_chunk_is_forgotten_at_the_next_read():
+    """Another sender fills the relay channel while the stream waits for its
+    next chunk: the frames of that chunk count the room afresh (they wait
+    for it) instead of trusting what the previous chunk's frames counted,
+    which would burn a ``seq`` on an envelope the channel refuses."""
+    from httpx_sse import EventSource
+
+    from bridges.sse_common.receiver import _Bounded
+
+    ctx, send, recv = _ctx(4)
+    rx = SseReceiver(PROFILE, None, Tracker(Posture(agent="opencode")), ctx,  # type: ignore[arg-type]
+                     url="http://x", settings=ReceiverSettings())
+    other = send.clone()
+    got: list[dict[str, Any]] = []
+
+    async def body():
+        yield f"data: {_created(0)}\n\n".encode()
+        await trio.sleep(0.01)
+        for _ in range(3):  # the channel is full now (1 from the stream + 3)
+            other.send_nowait(type("Item", (), {"event": {"filler": True}})())
+        yield f"data: {_created(1)}\n\ndata: {_created(2)}\n\n".encode()
+
+    async def reader():
+        await trio.sleep(0.05)
+        async for item in recv:
+            got.append(item.event)
+
+    response = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+    async with trio.open_nursery() as n:
+        n.start_soon(reader)
+        events = EventSource(_Bounded(response, 1 << 20, rx._forget_room)).aiter_sse()  # type: ignore[arg-type]  # noqa: SLF001
+        await rx._read(events)  # noqa: SLF001
+        await other.aclose()
+        await send.aclose()
+    assert [e.get("session") for e in got if "filler" not in e] == ["ses_0", "ses_1", "ses_2"]
+    assert [e["seq"] for e in got if "filler" not in e] == [0, 0, 0]  # no seq burnt (one each)
+    assert ctx.health.counters.get("emit_errors") is None
