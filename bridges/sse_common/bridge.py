@@ -68,7 +68,10 @@ class SseRun(BridgeRun):
         append; the whole snapshot only when the journal is compacted)."""
         if self.tracker.dirty:
             self.tracker.dirty = False
-            self.state.save_changes(self.tracker.changes(), self.tracker.snapshot)
+            if self.state.path is None:  # no persistence (companion, no state dir)
+                self.tracker.touched.clear()
+                return
+            self.state.save_changes(self.tracker.changes())
 
 
 class SseBridge:
@@ -176,6 +179,8 @@ class SseBridge:
                 run.controller = ControlGate(self.profile, write_http, run.tracker,
                                              guard_ms=self.config.guard_ms, persist=run.persist)
             async with trio.open_nursery() as nursery:
+                if run.state.path is not None:
+                    nursery.start_soon(run.state.compactor)  # compactions off the save path
                 nursery.start_soon(run.receiver.run)
                 task_status.started(run)
 

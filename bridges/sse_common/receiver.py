@@ -121,9 +121,11 @@ class _Bounded:
     buffer one SSE event beyond ``limit`` characters (memory bound against a
     never-ending line or data block)."""
 
-    def __init__(self, response: httpx.Response, limit: int) -> None:
+    def __init__(self, response: httpx.Response, limit: int,
+                 on_read: Callable[[], None] | None = None) -> None:
         self._r = response
         self._limit = limit
+        self._on_read = on_read or (lambda: None)
         self.headers = response.headers
 
     async def aiter_text(self) -> AsyncIterator[str]:
@@ -136,6 +138,7 @@ class _Bounded:
             if pending > self._limit:
                 raise StreamOverflow()
             tail = joined[-3:]
+            self._on_read()  # the read that brought it may have let other tasks run
             yield text
 
 
@@ -164,6 +167,16 @@ class SseReceiver:
         #: what the state file restored as open, re-announced at the first
         #: connect (a restarted daemon's fresh relay learns the claims)
         self._reannounce = tracker.open_envelopes()
+        #: the stream being read (its scope: :meth:`_silence_watch` cancels
+        #: it) and since when it has been waiting for a frame (``inf``: not
+        #: waiting, e.g. while a frame is handled)
+        self._read_scope: trio.CancelScope | None = None
+        self._waiting_since = math.inf
+        #: the relay channel's room as :meth:`emit` last counted it for the
+        #: stream's frames (``None``: unknown). Valid until the reading task
+        #: lets others run: only in a network read (each new chunk of the
+        #: stream forgets it) or waiting for room (``emit`` forgets it)
+        self._room: int | float | None = None
 
     # -------------------------------------------------------------- running
     async def run(self) -> None:
@@ -171,6 +184,7 @@ class SseReceiver:
         reconnect. Returns only when cancelled."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watchdog)
+            nursery.start_soon(self._silence_watch)
             nursery.start_soon(self._reconcile_retry)
             attempt = 0
             while True:
@@ -254,7 +268,8 @@ class SseReceiver:
             ctype = response.headers.get("content-type", "").partition(";")[0].strip()
             if ctype != "text/event-stream":
                 raise SSEError(f"content-type {ctype or 'missing'}, not text/event-stream")
-            source = EventSource(_Bounded(response, 2 * self.settings.max_frame))  # type: ignore[arg-type]
+            source = EventSource(_Bounded(response, 2 * self.settings.max_frame,  # type: ignore[arg-type]
+                                          self._forget_room))
             events = source.aiter_sse()
             self.connected = True
             self.connects += 1
@@ -273,26 +288,50 @@ class SseReceiver:
                 await events.aclose()
 
     async def _read(self, events: AsyncIterator[Any]) -> None:
-        timeout = self.settings.heartbeat_timeout
-        # one cancel scope for the whole stream, its deadline moved per
-        # frame (a scope per frame cost more than parsing the frame); no
-        # deadline while a frame is handled (emitting may wait for room)
+        """Handle the stream's frames until it ends; :class:`StreamSilent`
+        when no frame came for ``heartbeat_timeout`` seconds of waiting
+        (the time a frame's handling takes, emitting included, which may
+        wait for room on the relay channel, does not count)."""
         with trio.CancelScope() as cs:
-            while True:
-                cs.deadline = trio.current_time() + timeout
-                try:
-                    sse = await events.__anext__()
-                except StopAsyncIteration:
-                    return
-                cs.deadline = math.inf
-                await self.handle_data(sse.data)
+            self._read_scope = cs
+            try:
+                self._waiting_since = trio.current_time()
+                while True:
+                    try:
+                        sse = await events.__anext__()
+                    except StopAsyncIteration:
+                        return
+                    self._waiting_since = math.inf
+                    await self.handle_data(sse.data, stream=True)
+                    self._waiting_since = trio.current_time()
+            finally:
+                self._read_scope = None
+                self._waiting_since = math.inf
         if cs.cancelled_caught:
             raise StreamSilent()
 
-    async def handle_data(self, data: str) -> None:
+    async def _silence_watch(self) -> None:
+        """The heartbeat deadline of :meth:`_read`: cancels the read once it
+        has waited ``heartbeat_timeout`` for a frame. A task of its own, so
+        a frame costs two attribute writes and a clock read instead of
+        moving a cancel scope's deadline twice (trio re-files the deadline
+        each time: that was ~5% of the whole path, issue 11)."""
+        timeout = self.settings.heartbeat_timeout
+        while True:
+            now = trio.current_time()
+            due = self._waiting_since + timeout
+            if now >= due and self._read_scope is not None:
+                self._read_scope.cancel()
+                self._waiting_since = math.inf
+                due = math.inf
+            await trio.sleep_until(min(due, now + timeout))
+
+    async def handle_data(self, data: str, *, stream: bool = False) -> None:
         """One SSE ``data`` payload: parse, feed, emit (counting what is
-        skipped)."""
-        self.ctx.health.count("frames")
+        skipped). ``stream``: the payload is a frame :meth:`_read` took off
+        the stream (see :meth:`emit`)."""
+        counters = self.ctx.health.counters
+        counters["frames"] = counters.get("frames", 0) + 1
         if not data:
             self.ctx.health.count("frames_empty")
             return
@@ -311,7 +350,8 @@ class SseReceiver:
                 self.ctx.health.source = True
                 log.info("%s: session events flow again; stream no longer degraded",
                          self.ctx.name)
-        before = dict(self.tracker.counters)
+        fed = self.tracker.fed  # what this feed counts (no copy of every counter per frame)
+        fed.clear()
         try:
             outs = self.tracker.feed(ev)
         except (RecursionError, ValueError, TypeError) as e:
@@ -322,17 +362,45 @@ class SseReceiver:
             log.warning("%s: skipped a frame the mapping could not handle (%s)",
                         self.ctx.name, type(e).__name__)
             return
-        for k, v in self.tracker.counters.items():
-            if v != before.get(k, 0):
-                self.ctx.health.count(k, v - before.get(k, 0))
-        await self.emit(outs)
+        if fed:
+            for k, v in fed.items():
+                self.ctx.health.count(k, v)
+        if outs:
+            await self.emit(outs, stream=stream)
+        else:
+            self.persist()
 
-    async def emit(self, outs: list[Out]) -> None:
-        """Stamp and send ``outs`` in order, then persist what changed."""
+    def _forget_room(self) -> None:
+        self._room = None
+
+    async def emit(self, outs: list[Out], *, stream: bool = False) -> None:
+        """Stamp and send ``outs`` in order, then persist what changed.
+
+        While the relay channel has room the envelopes go on it without a
+        checkpoint (:meth:`BridgeContext.emit_nowait`, counted against one
+        :meth:`BridgeContext.room`): the fleet's pump then takes what the
+        frames of one network read produced as one batch (one JSONL
+        ``write`` per session) instead of waking per event; the next read
+        of the stream is the checkpoint. A full channel waits for room
+        (:meth:`BridgeContext.emit`), as before. ``stream``: ``outs`` come
+        from a frame of the stream being read (:meth:`handle_data`): the
+        room counted for the frames before it in the same chunk still holds
+        (no other task ran since), so trio's channel statistics are not
+        asked again per frame."""
+        ctx = self.ctx
+        room = self._room if stream and self._room is not None else ctx.room()
+        self._room = None
         for o in outs:
             try:
-                o.envelope = await self.ctx.emit(o.session, o.emission, run=o.run,
-                                                 cause=o.resolved_cause())
+                if room > 0:
+                    room -= 1
+                    o.envelope = ctx.emit_nowait(o.session, o.emission, run=o.run,
+                                                 cause=o.resolved_cause(), room_seen=True)
+                else:
+                    o.envelope = await ctx.emit(o.session, o.emission, run=o.run,
+                                                cause=o.resolved_cause())
+                    room = ctx.room()
+                    stream = False  # other tasks ran: nothing counted before holds
                 self.tracker.touch(o.session)  # its entry may carry this envelope (an ask)
                 if o.envelope["type"] == "run.started":
                     self.tracker.bind_run(o.session, o.envelope)
@@ -340,6 +408,8 @@ class SseReceiver:
                 self.ctx.health.count("emit_errors")
                 log.warning("%s: could not stamp %s: %s", self.ctx.name,
                             o.emission.get("type"), e)
+        if stream:
+            self._room = room
         self.persist()
 
     # -------------------------------------------------------------- REST reads

@@ -152,6 +152,10 @@ class Tracker:
         self.ended: OrderedDict[str, None] = OrderedDict()
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.counters: dict[str, int] = {}
+        #: what :meth:`count` counted since the caller last cleared it (the
+        #: receiver clears it before each :meth:`feed` and forwards it to
+        #: the bridge's health counters)
+        self.fed: dict[str, int] = {}
         self.dirty = False  # the persistent part (snapshot()) changed
         #: sessions whose persistent entry may have changed since the last
         #: :meth:`changes` (every session :meth:`state` hands out, ended,
@@ -161,6 +165,7 @@ class Tracker:
     # ------------------------------------------------------------ helpers
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
+        self.fed[name] = self.fed.get(name, 0) + n
 
     @property
     def primary(self) -> bool:
@@ -264,8 +269,7 @@ class Tracker:
         if ev.type in STREAMING:
             self.count("heartbeats" if ev.type == "server.heartbeat" else "deltas_skipped")
             return []
-        part = _d(ev.properties.get("part"))
-        if ev.type == "message.part.updated" and part.get("type") != "tool":
+        if ev.type == "message.part.updated" and _d(ev.properties.get("part")).get("type") != "tool":
             self.count("deltas_skipped")
             return []
         sid = ev.session

@@ -89,6 +89,13 @@ async def run_once(bridge: SseBridge, vendor: Vendor, until) -> tuple[SseRun, li
             n.start_soon(collect)
             while not until(run, events):
                 await trio.sleep(0.02)
+            # what was emitted by then, collected or still queued (the
+            # receiver sends without a checkpoint while there is room)
+            while True:
+                try:
+                    events.append(out_r.receive_nowait().event)
+                except trio.WouldBlock:
+                    break
             n.cancel_scope.cancel()
     return run, events
 
