@@ -13,6 +13,7 @@ import time as _time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
+from urllib.parse import quote
 
 from . import capture as _capture
 from .aep import AEP_VERSION
@@ -98,6 +99,18 @@ def _time_part(ms: int) -> str:
         out = _CROCKFORD[ms % 32] + out
         ms //= 32
     return out
+
+
+_SEGMENT_SAFE = "!$&'()*+,;=:@"  # RFC 3986 pchar beyond the unreserved characters, minus "/"
+
+
+def session_segment(session: str) -> str:
+    """``session`` as one RFC 3986 path segment of ``source``: unchanged when
+    it is made of URI path characters (every vendor id seen so far), else
+    percent-encoded as UTF-8 (a space, a control character, ``/``, ``%``,
+    non-ASCII), so ``source`` stays a valid URI whatever a vendor names its
+    sessions and two sessions never share one (the encoding is one to one)."""
+    return quote(session, safe=_SEGMENT_SAFE)
 
 
 def is_agent_scoped(type_: str) -> bool:
@@ -201,7 +214,10 @@ class Stamper:
         self._reset()
 
     def source(self, session: str | None) -> str:
-        return f"{self._base}/session/{session}" if session else self._base
+        """``aep://{host}/agent/{agent}[/session/{session}]`` (AEP-0001 §5.1
+        #6); the session is one percent-encoded path segment (see
+        :func:`session_segment`)."""
+        return f"{self._base}/session/{session_segment(session)}" if session else self._base
 
     def _type_plan(self, type_: str) -> tuple[bool, str | None, _capture.GatePlan]:
         plan = (not is_agent_scoped(type_), _DEFAULT_SEVERITY.get(type_),
@@ -262,7 +278,7 @@ class Stamper:
                 raise ValueError(f"{type_} is session-scoped and needs a session")
             source = self._sources.get(session)
             if source is None:
-                source = self._sources[session] = f"{self._base}/session/{session}"
+                source = self._sources[session] = self.source(session)
         else:
             source = self._base
         ms = _time.time_ns() // 1_000_000

@@ -13,6 +13,7 @@ import itertools
 import json
 import os
 from datetime import datetime, timedelta, timezone
+from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,9 @@ from tests.unit.core.test_capture_gating import _json_for
 from tests.unit.core.test_capture_plan import _full_pass
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+SAFE = "!$&'()*+,;=:@"
 
 
 class RefStamper:
@@ -47,7 +51,8 @@ class RefStamper:
 
     def source(self, session):
         base = f"aep://{self.host}/agent/{self.agent}"
-        return f"{base}/session/{session}" if session else base
+        # issue 11 follow-up: the session is percent-encoded (test_stamp_source)
+        return f"{base}/session/{quote(session, safe=SAFE)}" if session else base
 
     def stamp(self, session, emission, *, run=None, cause=None, time=None, severity=None,
               extensions=None):

@@ -1,0 +1,45 @@
+"""``source`` stays a valid URI whatever a vendor names its sessions
+(AEP-0001 §5.1 #6): the session is one percent-encoded path segment.
+
+Found by the SSE fuzz (a session id ``"\\r"`` gave ``aep://.../session/\\r``,
+which no URI parser accepts)."""
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote, urlsplit
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bridges.core.envelope import Stamper, session_segment
+from tests.support.schema import validate_event
+
+# RFC 3986 §3.3: segment = *pchar; pchar = unreserved / pct-encoded / sub-delims / ":" / "@"
+_SEGMENT = re.compile(r"(?:[A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-F]{2})*")
+
+_ids = st.text(min_size=1, max_size=40)
+
+
+@given(_ids)
+def test_any_session_gives_a_valid_uri_source(session: str) -> None:
+    ev = Stamper("opencode", host="h", epoch=1).stamp(session, {"type": "run.started"})
+    assert ev["session"] == session  # the session field itself is verbatim
+    validate_event(ev)
+    prefix, _, segment = ev["source"].partition("/session/")
+    assert prefix == "aep://h/agent/opencode"
+    assert _SEGMENT.fullmatch(segment), ev["source"]
+    assert "/" not in segment and unquote(segment) == session  # one segment, lossless
+
+
+@given(_ids, _ids)
+def test_two_sessions_never_share_a_source(a: str, b: str) -> None:
+    if a != b:
+        assert session_segment(a) != session_segment(b)
+
+
+def test_vendor_shaped_ids_are_unchanged() -> None:
+    # ids every pin and capture uses: the wire form of existing sessions does not move
+    for session in ("ses_4f1c2a9e7ffeQpLx", "s_8f2c", "019a8e2c-6f1b-7d55-9d7b-1c1e4c7f2d10",
+                    "conv:1@host", "a.b~c_d-e"):
+        assert session_segment(session) == session
+        assert urlsplit(f"aep://h/agent/x/session/{session}").path.endswith(session)
