@@ -117,8 +117,10 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constants)
 # circular-reference dict), built once: ~0.8 of ~2.5 us an event (issue 11).
 # Without the markers a cycle is found by recursion depth, answered as
 # ``ValueError`` like the markers' "Circular reference detected".
-_C_ENCODE = None if _json_encoder.c_make_encoder is None else _json_encoder.c_make_encoder(
-    None, _ENCODER.default, _json_encoder.c_encode_basestring, None, ":", ",", False, False, False)
+_C_MAKE = getattr(_json_encoder, "c_make_encoder", None)
+_C_ENCODE = None if _C_MAKE is None else _C_MAKE(
+    None, _ENCODER.default, getattr(_json_encoder, "c_encode_basestring"),  # noqa: B009 -- untyped C
+    None, ":", ",", False, False, False)
 
 
 def dumps(obj: Any) -> bytes:

@@ -226,6 +226,17 @@ class SessionBuffers:
         i = bisect_left(s.keys, pos, lo=s.start)
         return i < len(s.keys) and s.keys[i] == pos
 
+    def fresh(self, entry: Entry) -> bool:
+        """Whether the sequenced ``entry`` is past everything its buffer holds
+        and its ``(source, id)`` is not held: then it is neither a
+        :meth:`conflict` nor a :meth:`conflicting_duplicate` (one lookup for
+        the common case of an emitter appending)."""
+        s = self._sessions.get(entry.bkey)
+        if s is None:
+            return True
+        keys = s.keys
+        return (not keys or entry.pos > keys[-1]) and entry.key not in s.ids  # type: ignore[operator]
+
     def held_duplicate(self, entry: Entry) -> Entry | None:
         """The held entry with ``entry``'s ``(source, id)``, if any (admission
         keeps the first, AEP-0001 §7 rule 4)."""
