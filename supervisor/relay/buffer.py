@@ -65,9 +65,9 @@ BufKey = tuple[str, str]
 """``(source, session)``: one emitter's session (AEP-0001 §5.2)."""
 
 
-Held = tuple  # (names, raw, sev, cap, n, size, epoch, seq, *values): see Entry.held
+Held = tuple  # (names, raw, sev, cap, n, size, epoch, seq, source, id, *values): Entry.held
 """One buffered event: ``(names, raw, sev, cap, n, size, epoch, seq,
-*values)``, the :class:`Entry` fields with ``attrs`` as
+source, id, *values)``, the :class:`Entry` fields with ``attrs`` as
 ``dict(zip(names, values))``: atomic values only, flat (module docstring)."""
 
 #: attribute-name tuples shared by every held event of the same layout (an
@@ -107,9 +107,9 @@ class Entry:
         attrs = self.attrs
         names = tuple(attrs)
         names = _NAMES.setdefault(names, names) if len(_NAMES) < _MAX_NAMES else names
-        pos = self.pos
+        pos, key = self.pos, self.key
         return (names, self.raw, self.sev, self.cap, self.n, self.size,
-                pos[0], pos[1], *attrs.values())  # type: ignore[index]
+                pos[0], pos[1], key[0], key[1], *attrs.values())  # type: ignore[index]
 
     @classmethod
     def from_held(cls, h: Held) -> Entry:
@@ -118,9 +118,9 @@ class Entry:
         e = cls.__new__(cls)
         e.raw, e.sev, e.cap, e.n, e.size = h[1:6]
         e.pos = (h[6], h[7])
-        e.attrs = attrs = dict(zip(h[0], h[8:], strict=True))
-        e.key = (attrs["source"], attrs["id"])
-        e.bkey = (attrs["source"], attrs["session"])
+        e.key = (h[8], h[9])
+        e.attrs = attrs = dict(zip(h[0], h[10:], strict=True))
+        e.bkey = (h[8], attrs["session"])
         return e
 
     @property
@@ -256,8 +256,7 @@ class SessionBuffers:
     def _trim(self, s: _Session) -> None:
         """Drop the oldest entry of ``s``."""
         h = s.entries[s.start]
-        names = h[0]
-        s.ids.pop((h[8 + names.index("source")], h[8 + names.index("id")]), None)
+        s.ids.pop((h[8], h[9]), None)
         s.entries[s.start] = None  # type: ignore[call-overload]  # release now
         s.bytes -= h[5]
         self.bytes -= h[5]
