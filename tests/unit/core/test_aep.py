@@ -176,3 +176,27 @@ def test_dumps_answers_a_cycle_or_absurd_nesting_with_value_error():
     for bad in (loop, deep):
         with pytest.raises(ValueError):
             aep.dumps(bad)
+
+
+def _refuse(name):
+    raise ValueError(name)
+
+
+def _decoded(text):
+    try:
+        return ("ok", json.loads(text, parse_constant=_refuse))
+    except ValueError:
+        return ("error",)
+
+
+@given(st.one_of(_json_values.map(json.dumps), _json_values.map(lambda v: " " + json.dumps(v) + "\n"),
+                 st.text(max_size=30), _json_values.map(lambda v: json.dumps(v) + "x")))
+def test_loads_fast_path_answers_as_the_json_module(text):
+    """The scanner called directly answers exactly what ``json.loads``
+    (with the strict constants) answers: the value, or a ``ValueError``."""
+    want = _decoded(text)
+    try:
+        got = ("ok", aep.loads(text))
+    except ValueError:
+        got = ("error",)
+    assert got == want
