@@ -168,10 +168,10 @@ class TurnsSink(SseSink):
 async def test_back_to_back_posts_reach_a_consumer_behind_a_socket_whole():
     """20,000 info events POSTed back to back (500-line batches, nothing
     awaited between them but the answers) to a consumer whose every write
-    takes two scheduler turns: the writer takes its whole queue each turn,
-    so what ingest queued while it wrote leaves in the next write instead of
-    piling up past the 1 MiB soft budget (a 256 KiB take per turn shed
-    thousands: issue 11)."""
+    takes two scheduler turns: the writer takes up to half its soft budget
+    each turn (here its whole queue), so what ingest queued while it wrote
+    leaves in the next write instead of piling up past the 1 MiB soft budget
+    (a 256 KiB take per turn shed thousands: issue 11)."""
     relay = Relay()
     app = make_app(relay)
     sink = TurnsSink(turns=2)

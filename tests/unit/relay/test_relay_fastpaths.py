@@ -58,3 +58,4 @@ def test_fresh_implies_no_position_or_identity_refusal(admitted, probe, depth):
     p = entry(*probe, raw=b'{"other":1}')
     if b.fresh(p):
         assert not b.conflict(p) and not b.conflicting_duplicate(p)
+
