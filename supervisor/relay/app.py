@@ -277,15 +277,17 @@ class RelayApp:
         entries = []
         batch = ctype != "application/json"
         for lineno, ln in lines:
-            where = {"line": lineno} if batch else {}  # 0-based line of the body
             try:
                 ev = loads(ln)
                 entry = relay.entry(ev, ln, owned=True)  # ev is entry.attrs from here
             except (ValueError, InvalidEvent) as e:
                 relay.counters["invalid_events"] += 1
                 detail = str(e) if isinstance(e, InvalidEvent) else f"not valid JSON: {e}"
+                where = {"line": lineno} if batch else {}  # 0-based line of the body
                 return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
-            if is_command_type(ev["type"]):
+            # a command carries no seq (validated): a sequenced event is none
+            if entry.pos is None and is_command_type(ev["type"]):
+                where = {"line": lineno} if batch else {}
                 return await respond(send, 403, {
                     "error": "unauthorized", **where,
                     "detail": "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)"})

@@ -142,6 +142,8 @@ def _compile_one(key: str, pred: Any) -> Callable[[Any], bool]:
 
     if not prefixes:
         def eq(v: Any) -> bool:
+            if type(v) is str:  # the common case, without the tag's isinstance chain
+                return ("s", v) in exact
             t = _tag(v)
             return t is not None and (t, v) in exact
         return eq

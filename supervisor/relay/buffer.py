@@ -25,6 +25,18 @@
   and per wholly evicted buffer, at most ``max_sessions`` of those), so a
   resume from before it gets ``replay-exhausted`` instead of silence.
 
+What a buffer holds per event is one flat :data:`Held` tuple of atomic
+values (the wire bytes, ranks, position, the envelope attribute values,
+and a shared tuple of their names), not the :class:`Entry` object, a dict
+or nested tuples: CPython's collector stops tracking a tuple of atomic
+values at the first young collection that sees it (a tuple holding a dict
+stays tracked for good; one holding fresh tuples needs a second pass),
+so tens of thousands of held events cost a collection nothing (an
+``Entry`` per held event was one tracked object each, walked by every
+collection that reached it: on the fleet's OTLP path the young and full
+collections walking the buffers cost ~1-4 us per record, issue 11).
+Readers get :class:`Entry` objects rebuilt from them (:meth:`Entry.from_held`).
+
 Pure data structure: no I/O, no clocks. Memory is bounded by
 ``total_bytes`` (accounted per entry as its compact JSON plus
 :data:`ENTRY_OVERHEAD` for the envelope attributes and bookkeeping; an
@@ -36,7 +48,8 @@ from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from typing import Any, Iterator
 
-__all__ = ["SessionBuffers", "Entry", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB", "same_event"]
+__all__ = ["SessionBuffers", "Entry", "Held", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB",
+           "same_event"]
 
 MiB = 1 << 20
 
@@ -50,6 +63,17 @@ Position = tuple[int, int]
 
 BufKey = tuple[str, str]
 """``(source, session)``: one emitter's session (AEP-0001 §5.2)."""
+
+
+Held = tuple  # (names, raw, sev, cap, n, size, epoch, seq, source, id, *values): Entry.held
+"""One buffered event: ``(names, raw, sev, cap, n, size, epoch, seq,
+source, id, *values)``, the :class:`Entry` fields with ``attrs`` as
+``dict(zip(names, values))``: atomic values only, flat (module docstring)."""
+
+#: attribute-name tuples shared by every held event of the same layout (an
+#: emitter's events repeat a handful); bounded, past it each keeps its own
+_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
+_MAX_NAMES = 4096
 
 
 class Entry:
@@ -78,6 +102,27 @@ class Entry:
         #: the buffer this entry belongs to, ``(source, session)`` (sequenced entries)
         self.bkey: BufKey = (attrs["source"], attrs["session"]) if pos is not None else None  # type: ignore[assignment]
 
+    def held(self) -> Held:
+        """What a buffer keeps of this sequenced entry (:data:`Held`)."""
+        attrs = self.attrs
+        names = tuple(attrs)
+        names = _NAMES.setdefault(names, names) if len(_NAMES) < _MAX_NAMES else names
+        pos, key = self.pos, self.key
+        return (names, self.raw, self.sev, self.cap, self.n, self.size,
+                pos[0], pos[1], key[0], key[1], *attrs.values())  # type: ignore[index]
+
+    @classmethod
+    def from_held(cls, h: Held) -> Entry:
+        """The entry a :data:`Held` tuple was made from (equal fields, new
+        ``attrs``, ``pos`` and ``key`` objects)."""
+        e = cls.__new__(cls)
+        e.raw, e.sev, e.cap, e.n, e.size = h[1:6]
+        e.pos = (h[6], h[7])
+        e.key = (h[8], h[9])
+        e.attrs = attrs = dict(zip(h[0], h[10:], strict=True))
+        e.bkey = (h[8], attrs["session"])
+        return e
+
     @property
     def type(self) -> str:
         return self.attrs["type"]
@@ -103,10 +148,10 @@ class _Session:
     __slots__ = ("entries", "keys", "start", "ids", "bytes", "dropped")
 
     def __init__(self, dropped: Position | None = None) -> None:
-        self.entries: list[Entry] = []
+        self.entries: list[Held] = []
         self.keys: list[Position] = []
         self.start = 0  # entries[:start] are trimmed (compacted lazily)
-        self.ids: dict[tuple[str, str], Entry] = {}  # (source, id) -> the held entry
+        self.ids: dict[tuple[str, str], Held] = {}  # (source, id) -> the held entry
         self.bytes = 0  # accounted bytes of the held entries
         self.dropped = dropped  # highest position ever trimmed from this buffer
 
@@ -181,27 +226,40 @@ class SessionBuffers:
         i = bisect_left(s.keys, pos, lo=s.start)
         return i < len(s.keys) and s.keys[i] == pos
 
+    def fresh(self, entry: Entry) -> bool:
+        """Whether the sequenced ``entry`` is past everything its buffer holds
+        and its ``(source, id)`` is not held: then it is neither a
+        :meth:`conflict` nor a :meth:`conflicting_duplicate` (one lookup for
+        the common case of an emitter appending)."""
+        s = self._sessions.get(entry.bkey)
+        if s is None:
+            return True
+        keys = s.keys
+        return (not keys or entry.pos > keys[-1]) and entry.key not in s.ids  # type: ignore[operator]
+
     def held_duplicate(self, entry: Entry) -> Entry | None:
         """The held entry with ``entry``'s ``(source, id)``, if any (admission
         keeps the first, AEP-0001 §7 rule 4)."""
         s = self._sessions.get(entry.bkey) if entry.pos is not None else None
-        return s.ids.get(entry.key) if s is not None else None
+        h = s.ids.get(entry.key) if s is not None else None
+        return Entry.from_held(h) if h is not None else None
 
     def conflicting_duplicate(self, entry: Entry) -> bool:
         """Whether a held event has ``entry``'s ``(source, id)`` but other
         content (issue 10 #14): refused ``invalid-event``, never delivered.
         A byte-identical (or key-order-only different) redelivery is not."""
-        held = self.held_duplicate(entry)
-        return held is not None and not same_event(held.raw, entry.raw)
+        s = self._sessions.get(entry.bkey) if entry.pos is not None else None
+        h = s.ids.get(entry.key) if s is not None else None
+        return h is not None and not same_event(h[1], entry.raw)
 
     # -- dropping ------------------------------------------------------------
     def _trim(self, s: _Session) -> None:
         """Drop the oldest entry of ``s``."""
-        e = s.entries[s.start]
-        s.ids.pop(e.key, None)
+        h = s.entries[s.start]
+        s.ids.pop((h[8], h[9]), None)
         s.entries[s.start] = None  # type: ignore[call-overload]  # release now
-        s.bytes -= e.size
-        self.bytes -= e.size
+        s.bytes -= h[5]
+        self.bytes -= h[5]
         pos = s.keys[s.start]
         if s.dropped is None or pos > s.dropped:
             s.dropped = pos
@@ -263,14 +321,14 @@ class SessionBuffers:
             return False
         else:
             self._sessions.move_to_end(key)  # recency = last buffered write
-        s.ids[entry.key] = entry
+        h = s.ids[entry.key] = entry.held()
         pos = entry.pos
         if not s.keys or pos >= s.keys[-1]:
-            s.entries.append(entry)
+            s.entries.append(h)
             s.keys.append(pos)
         else:  # backfill: insert-sort (rare)
             i = bisect_right(s.keys, pos, lo=s.start)
-            s.entries.insert(i, entry)
+            s.entries.insert(i, h)
             s.keys.insert(i, pos)
         s.bytes += entry.size
         self.bytes += entry.size
@@ -295,10 +353,16 @@ class SessionBuffers:
 
     def replay_after(self, key: BufKey, after: Position | None
                      ) -> tuple[list[Entry], bool, Position | None]:
+        """:meth:`held_after` with the entries rebuilt (:meth:`Entry.from_held`)."""
+        held, exhausted, earliest = self.held_after(key, after)
+        return [Entry.from_held(h) for h in held], exhausted, earliest
+
+    def held_after(self, key: BufKey, after: Position | None
+                   ) -> tuple[list[Held], bool, Position | None]:
         """Entries of the buffer ``key`` strictly after ``after`` (all held
         entries when ``after`` is ``None``), in ``(epoch, seq)`` order.
 
-        Returns ``(entries, exhausted, earliest)``: ``exhausted`` is true when
+        Returns ``(held, exhausted, earliest)`` (:data:`Held` tuples): ``exhausted`` is true when
         the requested position predates what the buffer holds, i.e. the
         earliest held position is later than the position right after
         ``after`` (events in between may have been evicted or never reached
@@ -328,4 +392,5 @@ class SessionBuffers:
         for k in keys:
             s = self._sessions.get(k)
             if s is not None:
-                yield from s.entries[s.start:]
+                for h in s.entries[s.start:]:
+                    yield Entry.from_held(h)

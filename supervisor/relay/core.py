@@ -297,13 +297,15 @@ class Relay:
                 sources.add(src)
             if e.pos is None:
                 continue
+            fresh = buffers.fresh(e)  # neither check can refuse it (the common case)
             slot = (e.bkey, e.pos)
             held = seen.get(slot)
-            if (held is not None and held != e.key) or (held is None and buffers.conflict(e)):
+            if (held is not None and held != e.key) or \
+                    (held is None and not fresh and buffers.conflict(e)):
                 return i, _POSITION_TAKEN
             first = ids.get(e.key)
             if (first is not None and not same_event(first.raw, e.raw)) or \
-                    (first is None and buffers.conflicting_duplicate(e)):
+                    (first is None and not fresh and buffers.conflicting_duplicate(e)):
                 return i, _ID_TAKEN
             seen[slot] = e.key
             if first is None:

@@ -188,38 +188,77 @@ _TIME_FAST = re.compile(
     r"[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|(?:0[13-9]|1[0-2])-(?:29|30)"
     r"|(?:0[13578]|1[02])-31)[Tt](?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]+)?"
     r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])\Z")
-def _str_ok(v: Any) -> bool:
-    return type(v) is str and v != ""
 
 
-def _count_ok(v: Any) -> bool:
-    return type(v) is int and v >= 0
-
-
-#: ``attribute -> test`` for every core attribute but ``data`` (exact types).
+#: the core attributes that are non-empty strings, and the counts (``seq``, ``epoch``)
+_STR_ATTRS = frozenset(("id", "type", "time", "source", "agent", *_OPTIONAL_STRINGS))
+_COUNT_ATTRS = frozenset(("seq", "epoch"))
+#: ``attribute -> test`` for the other core attributes but ``data`` (exact types)
 _FAST: dict[str, Callable[[Any], bool]] = {
-    **{k: _str_ok for k in ("id", "type", "time", "source", "agent", *_OPTIONAL_STRINGS)},
-    "seq": _count_ok, "epoch": _count_ok, "aep": lambda v: True,
+    "aep": lambda v: True,
     "severity": lambda v: type(v) is str and v in SEVERITY_RANK,
     "capture": lambda v: type(v) is str and v in CAPTURE_RANK,
     "traceparent": lambda v: type(v) is str and _TRACEPARENT.match(v) is not None,
 }
 _EXT_TYPES = (str, int, bool)
 
+_AGENT, _SESSION, _FOREIGN = 1, 2, 3
+#: ``type -> scope`` for the types seen (a type passing the grammar: agent-,
+#: session-scoped, or foreign), memoized: an emitter repeats a handful of
+#: types, and the grammar regex and the command rule cost more than the rest
+#: of the check. Bounded: cleared when full.
+_TYPE_SCOPE: dict[str, int] = {}
+_MAX_TYPES = 4096
+
+
+def _type_scope(t: str) -> int:
+    """``0`` for a ``type`` the grammar refuses, else its scope (memoized)."""
+    scope = _TYPE_SCOPE.get(t)
+    if scope is None:
+        if _TYPE.match(t) is None:
+            return 0
+        scope = _AGENT if t.startswith("agent.") else _FOREIGN if is_foreign(t) else _SESSION
+        if len(_TYPE_SCOPE) >= _MAX_TYPES:
+            _TYPE_SCOPE.clear()
+        _TYPE_SCOPE[t] = scope
+    return scope
+
+
+#: ``source`` URIs that passed :data:`_URI` (an emitter repeats one per
+#: session); bounded like :data:`_TYPE_SCOPE`
+_SOURCE_OK: dict[str, None] = {}
+
+
+def _source_ok(src: str) -> bool:
+    if src in _SOURCE_OK:
+        return True
+    if _URI.match(src) is None:
+        return False
+    if len(_SOURCE_OK) >= _MAX_TYPES:
+        _SOURCE_OK.clear()
+    _SOURCE_OK[src] = None
+    return True
+
 
 def _attrs_ok(ev: dict[str, Any], shallow: bool) -> bool:
     """Every attribute of ``ev`` in one pass (see :func:`well_formed`)."""
-    fast = _FAST
     for k, v in ev.items():
-        test = fast.get(k)
-        if test is not None:
-            if not test(v):
+        if k in _STR_ATTRS:
+            if type(v) is not str or not v:
+                return False
+        elif k in _COUNT_ATTRS:
+            if type(v) is not int or v < 0:
                 return False
         elif k == "data":
             if type(v) is not dict or (not shallow and _deeper_than(v, MAX_DATA_DEPTH)):
                 return False
-        elif type(k) is not str or _EXT_NAME.match(k) is None or type(v) not in _EXT_TYPES:
-            return False
+        else:
+            test = _FAST.get(k)
+            if test is not None:
+                if not test(v):
+                    return False
+            elif type(k) is not str or _EXT_NAME.match(k) is None or type(v) not in _EXT_TYPES:
+                return False
     return True
 
 
@@ -235,14 +274,17 @@ def well_formed(ev: object, shallow: bool = False) -> bool:
         return False
     t, tm, src = ev.get("type"), ev.get("time"), ev.get("source")
     if type(t) is not str or type(tm) is not str or type(src) is not str or \
-            "id" not in ev or "agent" not in ev or _TYPE.match(t) is None or \
-            _TIME_FAST.match(tm) is None or _URI.match(src) is None or not _attrs_ok(ev, shallow):
+            "id" not in ev or "agent" not in ev:
         return False
-    if t.startswith("agent."):
+    scope = _type_scope(t)
+    if not scope or _TIME_FAST.match(tm) is None or not _source_ok(src) or \
+            not _attrs_ok(ev, shallow):
+        return False
+    if scope == _AGENT:
         return not ("session" in ev or "run" in ev or "step" in ev or "seq" in ev)
     if "session" not in ev:
         return False
-    return ("seq" not in ev) if is_foreign(t) else ("seq" in ev)
+    return ("seq" not in ev) if scope == _FOREIGN else ("seq" in ev)
 
 
 def encode(ev: object) -> bytes:

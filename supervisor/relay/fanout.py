@@ -31,6 +31,20 @@ def sse_safe(s: str) -> bool:
 
 # -- rendered views -------------------------------------------------------------
 
+#: memoized SSE framing: ``type -> b"event: {type}\ndata: "`` and ``session ->
+#: b"\nid: {session}:"`` (``b""`` for a name SSE cannot carry); bounded
+_HEADS: dict[str, bytes] = {}
+_IDS: dict[str, bytes] = {}
+_MAX_MEMO = 4096
+
+
+def _memo(table: dict[str, bytes], key: str, value: bytes) -> bytes:
+    if len(table) >= _MAX_MEMO:
+        table.clear()
+    table[key] = value
+    return value
+
+
 class View:
     """One event rendered at one capture ceiling: ``raw`` (compact JSON bytes),
     ``sse()`` (the whole SSE message, AEP-0003 §3.3.2) and ``text()`` (the WS
@@ -55,15 +69,25 @@ class View:
     def sse(self) -> bytes:
         if self._sse is None:
             e = self.entry
-            parts = [b"event: ", e.attrs["type"].encode(), b"\ndata: ", self.raw, b"\n"]
-            session = e.attrs.get("session")
+            attrs = e.attrs
+            t = attrs["type"]
+            head = _HEADS.get(t)
+            if head is None:
+                head = _memo(_HEADS, t, b"event: " + t.encode() + b"\ndata: ")
+            session = attrs.get("session")
+            pos = e.pos
             # agent-scoped and seq-less events carry no id: they are not
             # resumable positions; a session name that would break SSE
             # framing is never written into a field
-            if e.pos is not None and isinstance(session, str) and sse_safe(session):
-                parts.append(f"id: {session}:{e.pos[0]}:{e.pos[1]}\n".encode())
-            parts.append(b"\n")
-            self._sse = b"".join(parts)
+            if pos is not None and type(session) is str:
+                ident = _IDS.get(session)
+                if ident is None:
+                    ident = _memo(_IDS, session, b"\nid: " + session.encode() + b":"
+                                  if sse_safe(session) else b"")
+                if ident:
+                    self._sse = b"%s%s%s%d:%d\n\n" % (head, self.raw, ident, pos[0], pos[1])
+                    return self._sse
+            self._sse = head + self.raw + b"\n\n"
         return self._sse
 
     def text(self) -> str:

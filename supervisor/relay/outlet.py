@@ -346,11 +346,21 @@ class Outlet:
         return [{"sub": sid, "session": s, "epoch": p[0], "seq": p[1]}
                 for sid, per in self.delivered.items() for s, p in per.items()]
 
-    async def next_batch(self, max_bytes: int = 256 * 1024, linger: float = 0.0,
+    async def next_batch(self, max_bytes: int | None = None, linger: float = 0.0,
                          last_write: float | None = None) -> tuple[list[Any], Any]:
         """Wait for output; returns ``(payloads, end)``: payloads to write in
         order, and ``end`` (not ``None``) when the stream must end after
-        them (SSE: ``True``; WS: ``(code, reason)``). ``linger`` (seconds):
+        them (SSE: ``True``; WS: ``(code, reason)``). ``max_bytes``: how
+        much to take (accounted bytes; at least one item); by default half
+        the consumer's soft budget (``queue_soft_bytes``; ``debug``/``info``
+        are shed past the budget, so that is half of the most they can
+        queue), leaving the other half for what ingest queues while that
+        write is in flight. Less per turn than ingest queues
+        between turns shed a consumer that reads at full speed (a 256 KiB
+        cap did, for back-to-back POSTs: issue 11); much more is held again
+        as one body per consumer stuck in a send (the whole queue, for 100
+        stuck readers: +175 MiB RSS; ``tests/integration/hardening/test_stalls.py``).
+        ``linger`` (seconds):
         once output is pending, wait that long before collecting it, so a
         writer makes at most one write per ``linger`` and a burst leaves in
         one write instead of one per event (replay is not delayed).
@@ -377,6 +387,8 @@ class Outlet:
             self._urge = None
         out: list[Any] = []
         size = 0
+        if max_bytes is None:
+            max_bytes = self._soft // 2
         while self._q and size < max_bytes:
             item = self._q[0]
             if isinstance(item, ReplayItem):

@@ -13,7 +13,7 @@ from collections import deque
 from typing import Any, Callable
 
 from .attrmatch import Filter
-from .buffer import BufKey, Entry, Position, SessionBuffers
+from .buffer import BufKey, Entry, Held, Position, SessionBuffers
 from .fanout import View
 from .outlet import Subscriber, exhausted_marker
 
@@ -84,7 +84,7 @@ class ReplayJob:
         self.plan = deque(plan)
         self.cutoff = cutoff
         self.tail = tail
-        self._cur: deque[Entry] = deque()
+        self._cur: deque[Held] = deque()
 
     def next_chunk(self) -> list[Any] | None:
         """The next payloads (at most :attr:`CHUNK`, after scanning at most
@@ -100,14 +100,17 @@ class ReplayJob:
                 if not self.plan:
                     break
                 key, after, mark = self.plan.popleft()
-                entries, exhausted, earliest = self.buffers.replay_after(key, after)
+                entries, exhausted, earliest = self.buffers.held_after(key, after)
                 if exhausted and mark and earliest is not None:
                     out.append(exhausted_marker(self.sub, key[1], earliest))
                 self._cur = deque(entries)
                 continue
-            e = self._cur.popleft()
+            h = self._cur.popleft()
             scanned += 1
-            if e.n > self.cutoff or not self.sub.filter.matches(e.attrs):
+            if h[4] > self.cutoff:  # admitted after the cut (n): live delivers it
+                continue
+            e = Entry.from_held(h)
+            if not self.sub.filter.matches(e.attrs):
                 continue
             view = self.render(e, self.sub.ceiling)
             if outlet.kind == "sse":

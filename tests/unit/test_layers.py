@@ -178,7 +178,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.attrmatch": {"Filter", "InvalidFilter", "validate_filter", "attr_match",
                                    "MATCH_ALL", "CORE_ATTRS", "FILTERABLE", "DEFAULTS",
                                    "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms"},
-    "supervisor.relay.buffer": {"SessionBuffers", "Entry", "Position", "BufKey",
+    "supervisor.relay.buffer": {"SessionBuffers", "Entry", "Held", "Position", "BufKey",
                                 "ENTRY_OVERHEAD", "MiB", "same_event"},
     "supervisor.relay.capcheck": {"exceeds", "content_level"},
     "supervisor.http": {"serve_asgi", "health_app"},

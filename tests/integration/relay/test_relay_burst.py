@@ -145,3 +145,47 @@ async def test_a_10k_bridge_burst_through_the_fleet_reaches_a_full_speed_consume
     assert [i.rsplit(":", 1)[1] for i in sink.ids] == [str(i) for i in range(BURST)]
     log = (tmp_path / "logs" / "burst" / "b1.jsonl").read_text().splitlines()
     assert len(log) == BURST  # and the session log has every one
+
+
+class TurnsSink(SseSink):
+    """A consumer that reads at full speed behind a socket: each body takes
+    ``turns`` scheduler turns to leave, whatever its size (the kernel takes
+    what the reader drained meanwhile), so ingest runs between a writer's
+    turns. Counts, not times."""
+
+    def __init__(self, turns: int) -> None:
+        super().__init__()
+        self.turns = turns
+        self.bodies = 0
+
+    async def send(self, msg):
+        for _ in range(self.turns):
+            await trio.lowlevel.checkpoint()
+        self.bodies += 1
+        await super().send(msg)
+
+
+async def test_back_to_back_posts_reach_a_consumer_behind_a_socket_whole():
+    """20,000 info events POSTed back to back (500-line batches, nothing
+    awaited between them but the answers) to a consumer whose every write
+    takes two scheduler turns: the writer takes up to half its soft budget
+    each turn (here its whole queue), so what ingest queued while it wrote
+    leaves in the next write instead of piling up past the 1 MiB soft budget
+    (a 256 KiB take per turn shed thousands: issue 11)."""
+    relay = Relay()
+    app = make_app(relay)
+    sink = TurnsSink(turns=2)
+    n_events = 2 * BURST
+    lines = [json.dumps(_event(i)) for i in range(n_events)]
+    async with trio.open_nursery() as n:
+        n.start_soon(_stream, relay, sink, {})
+        await trio.testing.wait_all_tasks_blocked()
+        for i in range(0, n_events, 500):
+            resp = await _post(app, "\n".join(lines[i:i + 500]).encode())
+            assert resp["status"] == 202
+        await _settle(sink, n_events)
+        n.cancel_scope.cancel()
+    assert relay.counters["dropped_low_severity"] == 0
+    assert sink.events == n_events
+    assert sink.ids == [f"b1:0:{i}" for i in range(n_events)]
+    assert sink.bodies < n_events // 256  # writes carry many events each

@@ -145,3 +145,58 @@ def test_write_atomic_failure_keeps_the_old_document(tmp_path):
         write_atomic(path, "new \ud800")
     assert path.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]
+
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**80, max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=30)
+
+
+@given(_json_values)
+def test_dumps_is_the_json_module_s_compact_encoding(value):
+    """The prebuilt C encoder writes exactly what ``json.dumps`` with the
+    wire options writes (issue 11: built once instead of per call)."""
+    try:
+        want = json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        with pytest.raises(UnicodeEncodeError):
+            aep.dumps(value)
+        return
+    assert aep.dumps(value) == want
+
+
+def test_dumps_answers_a_cycle_or_absurd_nesting_with_value_error():
+    loop: list = []
+    loop.append(loop)
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    for bad in (loop, deep):
+        with pytest.raises(ValueError):
+            aep.dumps(bad)
+
+
+def _refuse(name):
+    raise ValueError(name)
+
+
+def _decoded(text):
+    try:
+        return ("ok", json.loads(text, parse_constant=_refuse))
+    except ValueError:
+        return ("error",)
+
+
+@given(st.one_of(_json_values.map(json.dumps), _json_values.map(lambda v: " " + json.dumps(v) + "\n"),
+                 st.text(max_size=30), _json_values.map(lambda v: json.dumps(v) + "x")))
+def test_loads_fast_path_answers_as_the_json_module(text):
+    """The scanner called directly answers exactly what ``json.loads``
+    (with the strict constants) answers: the value, or a ``ValueError``."""
+    want = _decoded(text)
+    try:
+        got = ("ok", aep.loads(text))
+    except ValueError:
+        got = ("error",)
+    assert got == want
