@@ -88,6 +88,8 @@ MARKER_WAIT = 60.0
 """Seconds of socket silence after which a held snapshot applies although
 the replay never delivered the newest event REST named (a last resort)."""
 REST_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 2.0
+"""Seconds the close handshake of a socket may take before it is dropped."""
 MAX_FRAME = 16 * 1024 * 1024
 FLUSH_EVERY = 1.0
 FRAME_DEADLINE = 10.0
@@ -171,8 +173,12 @@ class Conversation:
     frame_deadline: float | None = None  # set at the frame's first wait for channel room
     dirty: bool = False
     last_flush: float = 0.0
-    scope: trio.CancelScope | None = None
-    done: trio.Event = field(default_factory=trio.Event)
+    scope: trio.CancelScope | None = None  # the current connection attempt's (its nursery's)
+    #: the task ended or is being stopped (:meth:`Receiver._detach`)
+    detached: bool = False
+    #: set when the task ends; made only when :meth:`Receiver._detach` waits
+    #: for it (an Event per idle conversation costs ~0.2 KiB)
+    done: trio.Event | None = None
 
     def remember(self, eid: str) -> bool:
         """Record a vendor id; ``False`` when it was already seen."""
@@ -265,7 +271,7 @@ class Receiver:
         self.ctx = ctx
         self.rest = rest
         self.decorate = decorate
-        self._ws_connect = ws_connect or trio_websocket.open_websocket_url
+        self._ws_connect = ws_connect or trio_websocket.connect_websocket_url
         self.conversations: dict[str, Conversation] = {}
         self._nursery: trio.Nursery | None = None
         self._auth_logged: set[str] = set()
@@ -418,10 +424,14 @@ class Receiver:
         """Stop observing ``conv``. ``vanished``: the server no longer has it,
         so the deletion closes the session (attention dismissed, run
         cancelled, ``session.ended`` ``killed``) and its state file goes."""
-        if conv.scope is not None:
-            conv.scope.cancel()
-        with trio.move_on_after(10):
-            await conv.done.wait()
+        if not conv.detached:
+            conv.detached = True  # the task does not reconnect
+            if conv.scope is not None:
+                conv.scope.cancel()
+            if conv.done is None:
+                conv.done = trio.Event()
+            with trio.move_on_after(10):
+                await conv.done.wait()
         self.conversations.pop(conv.id, None)
         self.ctx.health.count("conversations_detached")
         if vanished and not conv.ended:
@@ -432,40 +442,48 @@ class Receiver:
 
     # ------------------------------------------------------------------ one conversation
     async def _conversation_task(self, conv: Conversation) -> None:
+        """Observe ``conv`` until it ends or is detached: one connection at a
+        time, reconnecting with backoff. Each attempt (its backoff wait
+        included) runs in the nursery that owns the connection's reader
+        task, whose cancel scope is ``conv.scope`` for :meth:`_detach`: no
+        second scope per conversation."""
         failures = 0
         try:
-            with trio.CancelScope() as scope:
-                conv.scope = scope
-                if conv.reannounce_due:  # a restarted daemon: the fresh relay learns the claim
-                    conv.reannounce_due = False
-                    await self.ctx.reannounce(conv.open_envelopes())
-                if not conv.started:
-                    await self._emit(conv, {"type": "session.started", "data": {
-                        "client": {"name": "openhands-agent-server"}, "server": self._host}})
-                    conv.started = True
-                    self._flush(conv, force=True)
-                while not conv.ended:
-                    conv.frames_in_conn = 0
-                    try:
-                        await self._socket_once(conv)
-                    except Exception as e:  # noqa: BLE001 -- a socket fault never kills the task
-                        causes = leaves(e)
-                        if any(isinstance(x, AuthRefused) for x in causes):
-                            self._auth_failed("events socket", conv)
-                        else:
-                            self.ctx.health.count("socket_errors")
-                            if not any(isinstance(x, Gone) for x in causes):
-                                log.info("OpenHands socket for %s dropped (%s); reconnecting",
-                                         conv.id, _why(e))
-                    if conv.ended:
-                        break
-                    if conv.frames_in_conn:
-                        failures = 0  # the connection worked: reconnect soon
-                    failures += 1
-                    await trio.sleep(backoff_delay(failures, 0.5, MAX_BACKOFF))
+            while not conv.ended and not conv.detached:
+                conv.frames_in_conn = 0
+                try:
+                    async with trio.open_nursery() as nursery:
+                        conv.scope = nursery.cancel_scope
+                        if failures:
+                            await trio.sleep(backoff_delay(failures, 0.5, MAX_BACKOFF))
+                        elif conv.reannounce_due:  # a restarted daemon: the fresh relay learns the claim
+                            conv.reannounce_due = False
+                            await self.ctx.reannounce(conv.open_envelopes())
+                        if not conv.started:
+                            await self._emit(conv, {"type": "session.started", "data": {
+                                "client": {"name": "openhands-agent-server"}, "server": self._host}})
+                            conv.started = True
+                            self._flush(conv, force=True)
+                        await self._socket_once(conv, nursery)
+                except Exception as e:  # noqa: BLE001 -- a socket fault never kills the task
+                    causes = leaves(e)
+                    if any(isinstance(x, AuthRefused) for x in causes):
+                        self._auth_failed("events socket", conv)
+                    else:
+                        self.ctx.health.count("socket_errors")
+                        if not any(isinstance(x, Gone) for x in causes):
+                            log.info("OpenHands socket for %s dropped (%s); reconnecting",
+                                     conv.id, _why(e))
+                finally:
+                    conv.scope = None
+                if conv.frames_in_conn:
+                    failures = 0  # the connection worked: reconnect soon
+                failures += 1
         finally:
             self._flush(conv, force=True)
-            conv.done.set()
+            conv.detached = True  # the task is over
+            if conv.done is not None:
+                conv.done.set()
 
     def _socket_url(self, conv: Conversation) -> str:
         if conv.anchor:
@@ -474,44 +492,65 @@ class Receiver:
             q = "resend_mode=all"
         return f"{self._ws_base}/sockets/events/{conv.id}?{q}"
 
-    async def _socket_once(self, conv: Conversation) -> None:
+    async def _socket_once(self, conv: Conversation, nursery: trio.Nursery) -> None:
         """One connection: connect, authenticate, read until it closes.
         Raises :class:`AuthRefused` (close 4001), :class:`Gone` (4004) or the
-        transport's own error."""
-        async with self._ws_connect(self._socket_url(conv), max_message_size=MAX_FRAME,
-                                    message_queue_size=16, connect_timeout=REST_TIMEOUT,
-                                    disconnect_timeout=2) as ws:
-            self.ctx.health.count("socket_connects")
-            # The one frame this bridge ever writes to the server's socket.
-            await ws.send_message(json.dumps({"type": "auth", "session_api_key": self.settings.key or ""}))
-            conv.pending_snap, conv.replay_marker, conv.marker_due = None, None, False
-            while not conv.ended:
-                raw: str | bytes | None = None
-                quiet_s: float | None = None  # idle: no timer (a scope per socket costs memory)
-                if conv.pending_snap is not None:
-                    quiet_s = SNAPSHOT_QUIET if conv.replay_marker is None else MARKER_WAIT
-                try:
-                    if quiet_s is None:
+        transport's own error (``trio_websocket.HandshakeError`` subclasses
+        for a refused or timed-out connect, as ``open_websocket_url``).
+
+        The connection's reader task runs in the caller's ``nursery``
+        (``connect_websocket_url``), not under ``open_websocket_url``'s
+        context manager: that suspended async generator (its frame, three
+        closures, an ``outcome``) and its own nursery stayed alive for as
+        long as the socket was open, ~1.5 KiB per attached conversation."""
+        try:
+            with trio.fail_after(REST_TIMEOUT):
+                ws = await self._ws_connect(nursery, self._socket_url(conv), max_message_size=MAX_FRAME,
+                                            message_queue_size=16)
+        except trio.TooSlowError:
+            raise trio_websocket.ConnectionTimeout from None
+        except OSError as e:
+            raise trio_websocket.HandshakeError from e
+        try:
+            await self._read(conv, ws)
+        finally:
+            with trio.move_on_after(CLOSE_TIMEOUT) as closing:
+                await ws.aclose()
+            if closing.cancelled_caught:  # the peer never answered the close: drop the reader
+                nursery.cancel_scope.cancel()
+
+    async def _read(self, conv: Conversation, ws: trio_websocket.WebSocketConnection) -> None:
+        self.ctx.health.count("socket_connects")
+        # The one frame this bridge ever writes to the server's socket.
+        await ws.send_message(json.dumps({"type": "auth", "session_api_key": self.settings.key or ""}))
+        conv.pending_snap, conv.replay_marker, conv.marker_due = None, None, False
+        while not conv.ended:
+            raw: str | bytes | None = None
+            quiet_s: float | None = None  # idle: no timer (a scope per socket costs memory)
+            if conv.pending_snap is not None:
+                quiet_s = SNAPSHOT_QUIET if conv.replay_marker is None else MARKER_WAIT
+            try:
+                if quiet_s is None:
+                    raw = await ws.get_message()
+                else:
+                    with trio.move_on_after(quiet_s):
                         raw = await ws.get_message()
-                    else:
-                        with trio.move_on_after(quiet_s):
-                            raw = await ws.get_message()
-                except trio_websocket.ConnectionClosed as e:
-                    code = getattr(e.reason, "code", None)
-                    if code == 4001:
-                        raise AuthRefused() from None
-                    if code == 4004:
-                        raise Gone() from None
-                    raise
-                if raw is None:  # None only when the quiet timer fired
-                    await self._apply_pending(conv)
-                    continue
-                conv.frames_in_conn += 1
-                if conv.frames_in_conn == 1:
-                    self._socket_ok(conv)
-                await self.handle_raw(conv, raw)
-                if conv.marker_due:
-                    await self._learn_replay_end(conv)
+            except trio_websocket.ConnectionClosed as e:
+                code = getattr(e.reason, "code", None)
+                if code == 4001:
+                    raise AuthRefused() from None
+                if code == 4004:
+                    raise Gone() from None
+                raise
+            if raw is None:  # None only when the quiet timer fired
+                await self._apply_pending(conv)
+                continue
+            conv.frames_in_conn += 1
+            if conv.frames_in_conn == 1:
+                self._socket_ok(conv)
+            await self.handle_raw(conv, raw)
+            if conv.marker_due:
+                await self._learn_replay_end(conv)
 
     async def _learn_replay_end(self, conv: Conversation) -> None:
         """A connect snapshot is held: ask REST for the newest persisted
