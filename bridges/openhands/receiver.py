@@ -49,6 +49,7 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -95,6 +96,7 @@ FLUSH_EVERY = 1.0
 FRAME_DEADLINE = 10.0
 """Seconds one frame's emissions may wait for room on the relay channel."""
 STATE_VERSION = 1
+_STATE_NAME = re.compile(r"[0-9A-Za-z-]+")
 
 
 class AuthRefused(Exception):
@@ -113,9 +115,19 @@ class _FrameTimedOut(Exception):
 
 def _parse_ts(value: Any) -> datetime | None:
     """A vendor timestamp as a comparable naive datetime (aware ones are
-    converted to naive UTC), or ``None``."""
+    converted to naive UTC), or ``None``. A frame's timestamp is compared
+    again as the anchor, the held snapshot's and the last status's time:
+    parsed once, then memoized (:func:`_parse_text`)."""
     if not isinstance(value, str) or not value:
         return None
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_text(value: str) -> datetime | None:
+    """:func:`_parse_ts` of a non-empty string, memoized (a pure function of
+    the text: equal by a property test; 256 recent timestamps, a fixed
+    ~60 KiB at most, not per conversation)."""
     try:
         dt = datetime.fromisoformat(value)
     except ValueError:
@@ -520,6 +532,8 @@ class Receiver:
                 nursery.cancel_scope.cancel()
 
     async def _read(self, conv: Conversation, ws: trio_websocket.WebSocketConnection) -> None:
+        """Authenticate, then hand each frame to :meth:`handle_raw` until the
+        conversation ends or the socket closes (see :meth:`_socket_once`)."""
         self.ctx.health.count("socket_connects")
         # The one frame this bridge ever writes to the server's socket.
         await ws.send_message(json.dumps({"type": "auth", "session_api_key": self.settings.key or ""}))
@@ -605,21 +619,23 @@ class Receiver:
 
     async def handle_event(self, conv: Conversation, ev: dict[str, Any]) -> None:
         eid = ev.get("id")
-        reached = conv.pending_snap is not None and isinstance(eid, str) and bool(eid) \
-            and eid == conv.replay_marker
-        if isinstance(eid, str) and eid and not conv.remember(eid):
-            self.ctx.health.count("frames_duplicate")
-            if reached:
-                await self._apply_pending(conv)
-            return
-        ts = ev.get("timestamp") if isinstance(ev.get("timestamp"), str) else None
+        reached = False
+        if isinstance(eid, str) and eid:
+            reached = conv.pending_snap is not None and eid == conv.replay_marker
+            if not conv.remember(eid):
+                self.ctx.health.count("frames_duplicate")
+                if reached:
+                    await self._apply_pending(conv)
+                return
+        ts = ev.get("timestamp")
+        if not isinstance(ts, str):
+            ts = None
         tdt = _parse_ts(ts)
-        snap = M.is_snapshot(ev)
+        snap, status, ephemeral = M.frame_facts(ev)
         if conv.pending_snap is not None and not snap:
             pdt = _parse_ts(conv.pending_snap[0])
             if tdt is not None and (pdt is None or tdt >= pdt):
                 await self._apply_pending(conv)
-        status = M.status_of(ev)
         fresh = status if status is not None and self._fresh(conv, tdt) else None
         cause = None
         if fresh is not None and not snap and fresh != conv.status:
@@ -636,7 +652,7 @@ class Receiver:
                 await self._transition(conv, fresh, ts, cause=env["id"] if env else None)
         if reached and conv.pending_snap is not None and not snap:
             await self._apply_pending(conv)  # the replay is past the snapshot
-        if not M.is_ephemeral(ev) and tdt is not None:
+        if not ephemeral and tdt is not None:
             adt = _parse_ts(conv.anchor)
             if adt is None or tdt >= adt:
                 conv.anchor = ts
@@ -757,7 +773,7 @@ class Receiver:
 
     # ------------------------------------------------------------------ persistence
     def _path(self, cid: str) -> Path | None:
-        if self._state_dir is None or not re.fullmatch(r"[0-9A-Za-z-]+", cid):
+        if self._state_dir is None or not _STATE_NAME.fullmatch(cid):
             return None
         return self._state_dir / f"{cid}.json"
 

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime, timezone
 from pathlib import Path
 
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
 from bridges.openhands import mapping as M
-from bridges.openhands.receiver import SEEN_IDS, Conversation, Receiver, Settings
+from bridges.openhands.receiver import SEEN_IDS, Conversation, Receiver, Settings, _parse_ts
 from tests.support.schema import validate_event, validate_stream
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "openhands_real"
@@ -238,3 +241,30 @@ async def test_a_frame_waiting_for_room_lands_whole_when_the_bridge_is_cancelled
     assert [o.event["type"] for o in got] == ["state.delta", "run.started"]
     assert health.counters.get("frames_timed_out", 0) == 0 and not conv.in_frame
     assert conv.anchor == "2026-01-01T00:00:00"
+
+
+def _parse_ts_uncached(value):
+    """The receiver's timestamp rule, written out without its memo."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+    return dt
+
+
+_TS = st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2100, 1, 1),
+                   timezones=st.none() | st.timezones()).map(lambda d: d.isoformat())
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_TS | st.text(max_size=30) | st.none() | st.integers(), min_size=1, max_size=40),
+       picks=st.lists(st.integers(0, 1000), max_size=80))
+def test_memoized_timestamps_equal_the_plain_parse(values, picks):
+    """The memo returns what parsing returns, for fresh and repeated texts
+    in any order (valid naive and aware ISO forms, garbage, non-strings)."""
+    for v in values + [values[i % len(values)] for i in picks]:
+        assert _parse_ts(v) == _parse_ts_uncached(v)
