@@ -529,8 +529,10 @@ class Receiver:
         long as the socket was open, ~1.5 KiB per attached conversation."""
         try:
             with trio.fail_after(REST_TIMEOUT):
+                # one message read ahead per connection: a replay storm over a
+                # thousand sockets holds one frame each in memory, not 16
                 ws = await self._ws_connect(nursery, self._socket_url(conv), max_message_size=MAX_FRAME,
-                                            message_queue_size=16)
+                                            message_queue_size=1)
         except trio.TooSlowError:
             raise trio_websocket.ConnectionTimeout from None
         except OSError as e:
