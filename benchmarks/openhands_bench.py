@@ -82,13 +82,16 @@ def rss_mib() -> float:
 
 # --------------------------------------------------------------------------- throughput
 
-async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path) -> tuple[float, int, int]:
+async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path,
+                    state_dir: Path | None = None) -> tuple[float, int, int]:
+    """``state_dir``: with the bridge's state directory (the daemon always
+    has one) and its state writer running, as :meth:`Receiver.run` runs it."""
     send, recv = trio.open_memory_channel(4096)
     _, crecv = trio.open_memory_channel(1)
     health = BridgeHealth()
     ctx = BridgeContext("openhands", Stamper("openhands", epoch=1, host="bench", policy=CapturePolicy()),
                         send, crecv, health, logging.getLogger("bench"))
-    rx = Receiver(Settings(url="http://127.0.0.1:1"), Posture(), ctx, None)
+    rx = Receiver(Settings(url="http://127.0.0.1:1", state_dir=state_dir), Posture(), ctx, None)
     log = SessionLog(logdir)
     n_frames = sum(len(f) for _, f in convs)
     written = 0
@@ -106,12 +109,16 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path) -> tuple[f
     t0 = time.perf_counter()
     async with trio.open_nursery() as n:
         n.start_soon(sink)
-        for cid, frames in convs:
-            conv = Conversation(cid)
-            rx.conversations[cid] = conv
-            for raw in frames:
-                await rx.handle_raw(conv, raw)
-            await rx._apply_pending(conv)
+        async with trio.open_nursery() as writer:
+            if state_dir is not None:
+                await writer.start(rx.persist)
+            for cid, frames in convs:
+                conv = Conversation(cid)
+                rx.conversations[cid] = conv
+                for raw in frames:
+                    await rx.handle_raw(conv, raw)
+                await rx._apply_pending(conv)
+            writer.cancel_scope.cancel()  # the writer writes what is still queued as it ends
         await send.aclose()
     dt = time.perf_counter() - t0
     log.close()
@@ -231,6 +238,10 @@ def main(argv: list[str]) -> None:
         # the same conversations again into the same log directory: each session's
         # file exists now (what a long conversation's later frames see)
         warm, _, _ = trio.run(path_rate, convs, Path(tmp))
+    with tempfile.TemporaryDirectory() as tmp:
+        c0 = time.process_time()
+        stateful, _, _ = trio.run(path_rate, convs, Path(tmp) / "log", Path(tmp) / "state")
+        state_cpu = time.process_time() - c0
     floor = floor_rate(convs, n_events)
     create_us = file_create_us(n_convs)
     print(f"Frames through mapping to the JSONL log ({n_frames:,} real captured frames over {n_convs} "
@@ -244,6 +255,9 @@ def main(argv: list[str]) -> None:
           f"{n_frames / n_convs:.0f} frames each): ~{create_us:,.0f} us a file on this disk "
           f"(~{create_us * n_convs / 1e6 / (n_frames / rate):.0%} of the path's time)")
     print(f"  path, each session's log file already there: {warm:>10,.0f} frames/s, ratio {warm / floor:.3f}")
+    print(f"  path with the bridge's state directory (the daemon always has one; fresh log files): "
+          f"{stateful:>10,.0f} frames/s, ratio {stateful / floor:.3f}, CPU s per 10k events "
+          f"{state_cpu * 10_000 / n_events:.3f}")
     print("Memory per attached conversation (stub agent server in its own process; marginal over a "
           "running bridge with no conversation)")
     for n in ((10, 100) if quick else (10, 100, 1000)):

@@ -363,7 +363,26 @@ def is_ephemeral(event: object) -> bool:
     frames. Such events never advance the ``since`` anchor."""
     if not isinstance(event, dict):
         return True
-    return is_snapshot(event) or event.get("kind") in _EPHEMERAL_KINDS
+    kind = event.get("kind")
+    return is_snapshot(event) or (isinstance(kind, str) and kind in _EPHEMERAL_KINDS)
+
+
+def frame_facts(event: dict[str, Any]) -> tuple[bool, str | None, bool]:
+    """``(is_snapshot(event), status_of(event), is_ephemeral(event))`` in one
+    look at ``kind`` (the receiver asks all three of every frame; a frame
+    that is no state update answers without a second lookup). ``event``: a
+    dict (the receiver's checked frame); equal to the three functions for
+    every dict (a property test holds it to them)."""
+    kind = event.get("kind")
+    if kind != STATE_KIND:
+        return False, None, kind in _EPHEMERAL_KINDS if isinstance(kind, str) else False
+    key, value = event.get("key"), event.get("value")
+    if key == "execution_status":
+        return False, value if isinstance(value, str) and value else None, False
+    if key == FULL_STATE:
+        st = value.get("execution_status") if isinstance(value, dict) else None
+        return True, st if isinstance(st, str) and st else None, True
+    return False, None, False
 
 
 def status_moments(prev: str | None, next_: str | None, *,

@@ -169,8 +169,9 @@ async def test_vanished_conversation_is_detached(tmp_path):
                             state_frame("execution_status", "waiting_for_confirmation", TS.format(2))])
     async with running(stub, tmp_path) as rig:
         await rig.wait(lambda e: rig.of(conv.id, "attention.requested"))
+        # written by the state writer within STATE_LINGER of the change
+        await until(lambda: any((tmp_path / "state" / "openhands").rglob(f"{conv.id}.json")))
         state_file = next((tmp_path / "state" / "openhands").rglob(f"{conv.id}.json"))
-        assert state_file.exists()
         del stub.conversations[conv.id]
         await rig.wait(lambda e: rig.of(conv.id, "session.ended"))
     evs = rig.of(conv.id)

@@ -19,6 +19,7 @@ from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
 from bridges.openhands.mapping import (
     ATTENTION_PROMPT,
+    frame_facts,
     is_ephemeral,
     is_snapshot,
     map_event,
@@ -378,6 +379,24 @@ def test_fuzz_any_json_event_maps_to_valid_events(event, ceiling, deltas):
         validate_event(ev)
     status_of(event)
     is_ephemeral(event)
+
+
+@settings(max_examples=500, deadline=None)
+@given(event=_event | st.fixed_dictionaries({"kind": _json}, optional={"key": _json, "value": _json})
+       | st.dictionaries(st.text(max_size=12), _json, max_size=4))
+def test_frame_facts_equals_the_three_questions(event):
+    """The receiver's one-look shortcut answers exactly what is_snapshot,
+    status_of and is_ephemeral answer, for any JSON object (kinds of every
+    JSON type: an unhashable kind is not ephemeral and never raises)."""
+    assert frame_facts(event) == (is_snapshot(event), status_of(event), is_ephemeral(event))
+
+
+def test_frame_facts_on_the_real_frames():
+    frames = [f for p in sorted(REAL.glob("*.json")) for f in json.loads(p.read_text()).get("frames", [])]
+    assert len(frames) > 50
+    assert any(frame_facts(f)[0] for f in frames) and any(frame_facts(f)[1] for f in frames)
+    for f in frames:
+        assert frame_facts(f) == (is_snapshot(f), status_of(f), is_ephemeral(f))
 
 
 @settings(max_examples=200, deadline=None)

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime, timezone
 from pathlib import Path
 
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
 from bridges.openhands import mapping as M
-from bridges.openhands.receiver import SEEN_IDS, Conversation, Receiver, Settings
+from bridges.openhands.receiver import SEEN_IDS, Conversation, Receiver, Settings, _parse_ts
 from tests.support.schema import validate_event, validate_stream
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "openhands_real"
@@ -238,3 +241,72 @@ async def test_a_frame_waiting_for_room_lands_whole_when_the_bridge_is_cancelled
     assert [o.event["type"] for o in got] == ["state.delta", "run.started"]
     assert health.counters.get("frames_timed_out", 0) == 0 and not conv.in_frame
     assert conv.anchor == "2026-01-01T00:00:00"
+
+
+def _parse_ts_uncached(value):
+    """The receiver's timestamp rule, written out without its memo."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        dt = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if dt.tzinfo is not None:
+        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
+    return dt
+
+
+_TS = st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(2100, 1, 1),
+                   timezones=st.none() | st.timezones()).map(lambda d: d.isoformat())
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_TS | st.text(max_size=30) | st.none() | st.integers(), min_size=1, max_size=40),
+       picks=st.lists(st.integers(0, 1000), max_size=80))
+def test_memoized_timestamps_equal_the_plain_parse(values, picks):
+    """The memo returns what parsing returns, for fresh and repeated texts
+    in any order (valid naive and aware ISO forms, garbage, non-strings)."""
+    for v in values + [values[i % len(values)] for i in picks]:
+        assert _parse_ts(v) == _parse_ts_uncached(v)
+
+
+async def test_state_writer_coalesces_a_burst_into_the_last_state(tmp_path, autojump_clock, monkeypatch):
+    """With the writer running, a conversation's burst of status changes is
+    one write, made STATE_LINGER after the first change, and the file holds
+    exactly what an immediate write at the end of the burst would hold."""
+    from bridges.openhands import receiver as R
+    writes: list[str] = []
+    real_write = R.write_atomic
+    monkeypatch.setattr(R, "write_atomic", lambda path, text, **kw: (writes.append(path.name), real_write(path, text, **kw)))
+    h = Harness(tmp_path)
+    async with trio.open_nursery() as n:
+        await n.start(h.rx.persist)
+        await h.feed(frames("approve"))
+        assert writes == [], "queued, not written inside the burst"
+        await trio.sleep(R.STATE_LINGER * 2)
+        assert writes == [f"{h.conv.id}.json"]
+        on_disk = json.loads((tmp_path / "openhands" / "127.0.0.1_1" / f"{h.conv.id}.json").read_text())
+        assert on_disk == json.loads(json.dumps(h.conv.persisted()))
+        assert on_disk["status"] == "finished" and on_disk["anchor"] == h.conv.anchor
+        # the immediate path (no writer) writes the same document
+        h.conv.dirty = True
+        h.rx._flush(h.conv, force=True, now=True)
+        assert json.loads((tmp_path / "openhands" / "127.0.0.1_1" / f"{h.conv.id}.json").read_text()) == on_disk
+        n.cancel_scope.cancel()
+
+
+async def test_state_writer_writes_what_is_queued_when_cancelled_and_never_a_forgotten_one(
+        tmp_path, autojump_clock):
+    h = Harness(tmp_path)
+    other = Conversation("c0ffee00-0000-4000-8000-000000000002")
+    h.rx.conversations[other.id] = other
+    state = tmp_path / "openhands" / "127.0.0.1_1"
+    async with trio.open_nursery() as n:
+        await n.start(h.rx.persist)
+        await h.feed(frames("approve"))
+        other.dirty = True
+        h.rx._flush(other, force=True)
+        h.rx._forget(other.id)  # vanished meanwhile: the queued write must not resurrect it
+        n.cancel_scope.cancel()
+    assert (state / f"{h.conv.id}.json").exists()
+    assert not (state / f"{other.id}.json").exists()
