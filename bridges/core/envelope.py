@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import quote
 
 from . import capture as _capture
-from .aep import AEP_VERSION
+from .aep import AEP_VERSION, scrub_surrogates
 from .paths import write_atomic
 
 if TYPE_CHECKING:
@@ -108,9 +108,12 @@ def session_segment(session: str) -> str:
     """``session`` as one RFC 3986 path segment of ``source``: unchanged when
     it is made of URI path characters (every vendor id seen so far), else
     percent-encoded as UTF-8 (a space, a control character, ``/``, ``%``,
-    non-ASCII), so ``source`` stays a valid URI whatever a vendor names its
-    sessions and two sessions never share one (the encoding is one to one)."""
-    return quote(session, safe=_SEGMENT_SAFE)
+    non-ASCII, a lone surrogate), so ``source`` stays a valid URI whatever a vendor names its
+    sessions and two sessions never share one (one to one, but for lone
+    surrogates, which become U+FFFD as in the ``session`` field)."""
+    # a lone surrogate (a vendor's JSON ``\\ud800``) has no UTF-8 form: U+FFFD,
+    # as the fleet writes the ``session`` field itself (scrub_surrogates)
+    return quote(scrub_surrogates(session), safe=_SEGMENT_SAFE)
 
 
 def is_agent_scoped(type_: str) -> bool:

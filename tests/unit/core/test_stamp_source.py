@@ -37,6 +37,11 @@ def test_two_sessions_never_share_a_source(a: str, b: str) -> None:
         assert session_segment(a) != session_segment(b)
 
 
+def test_a_lone_surrogate_session_is_spelled_not_raised() -> None:
+    # as the fleet writes the session field: U+FFFD, so source and session agree
+    assert session_segment("x\ud800") == session_segment("x\ufffd") == "x%EF%BF%BD"
+
+
 def test_vendor_shaped_ids_are_unchanged() -> None:
     # ids every pin and capture uses: the wire form of existing sessions does not move
     for session in ("ses_4f1c2a9e7ffeQpLx", "s_8f2c", "019a8e2c-6f1b-7d55-9d7b-1c1e4c7f2d10",

@@ -185,7 +185,7 @@ async def test_lone_surrogates_never_kill_the_pump(tmp_path):
         n.cancel_scope.cancel()
     first = relay.events[0]
     assert first["data"]["model"] == "gpt\ufffd" and first["session"] == "s\ufffdx"
-    assert first["source"].endswith("/session/s\ufffdx")
+    assert first["source"].endswith("/session/s%EF%BF%BDx")  # one URI path segment
     assert relay.events[1]["data"] == {"ok": True}
     files = list((tmp_path / "logs" / "oneshot").iterdir())
     lines = files[0].read_bytes().decode("utf-8").splitlines()  # valid UTF-8
