@@ -255,18 +255,23 @@ class SessionBuffers:
     # -- dropping ------------------------------------------------------------
     def _trim(self, s: _Session) -> None:
         """Drop the oldest entry of ``s``."""
-        h = s.entries[s.start]
+        start = s.start
+        entries = s.entries
+        h = entries[start]
         s.ids.pop((h[8], h[9]), None)
-        s.entries[s.start] = None  # type: ignore[call-overload]  # release now
-        s.bytes -= h[5]
-        self.bytes -= h[5]
-        pos = s.keys[s.start]
-        if s.dropped is None or pos > s.dropped:
+        entries[start] = None  # type: ignore[call-overload]  # release now
+        size = h[5]
+        s.bytes -= size
+        self.bytes -= size
+        pos = s.keys[start]
+        dropped = s.dropped
+        if dropped is None or pos > dropped:
             s.dropped = pos
-        s.start += 1
-        if s.start > 1024 and s.start * 2 > len(s.entries):
-            del s.entries[:s.start]
-            del s.keys[:s.start]
+        start += 1
+        s.start = start
+        if start > 1024 and start * 2 > len(entries):
+            del entries[:start]
+            del s.keys[:start]
             s.start = 0
 
     def _bury(self, key: BufKey) -> None:
@@ -305,7 +310,8 @@ class SessionBuffers:
         once (too big to hold: it was fanned out live, replay announces it
         as dropped)."""
         key = entry.bkey
-        assert entry.pos is not None, "only sequenced session events are buffered"
+        pos = entry.pos
+        assert pos is not None, "only sequenced session events are buffered"
         s = self._sessions.get(key)
         if s is None:
             if len(self._sessions) >= self.max_sessions:
@@ -322,20 +328,25 @@ class SessionBuffers:
         else:
             self._sessions.move_to_end(key)  # recency = last buffered write
         h = s.ids[entry.key] = entry.held()
-        pos = entry.pos
-        if not s.keys or pos >= s.keys[-1]:
-            s.entries.append(h)
-            s.keys.append(pos)
+        entries, keys = s.entries, s.keys
+        if not keys or pos >= keys[-1]:
+            entries.append(h)
+            keys.append(pos)
         else:  # backfill: insert-sort (rare)
-            i = bisect_right(s.keys, pos, lo=s.start)
-            s.entries.insert(i, h)
-            s.keys.insert(i, pos)
-        s.bytes += entry.size
-        self.bytes += entry.size
-        if len(s.entries) - s.start > self.depth:
-            while len(s) > self.depth:
+            i = bisect_right(keys, pos, lo=s.start)
+            entries.insert(i, h)
+            keys.insert(i, pos)
+        size = entry.size
+        s.bytes += size
+        self.bytes += size
+        # len(s) spelled out below: the hot path (one call per admission)
+        # pays no method call for it; _trim stays the one way to drop
+        depth = self.depth
+        if len(entries) - s.start > depth:
+            counters = self.counters
+            while len(s.entries) - s.start > depth:
                 self._trim(s)
-                self.counters["trimmed"] += 1
+                counters["trimmed"] += 1
         if s.bytes > self.buffer_bytes:
             while s.bytes > self.buffer_bytes:
                 self._trim(s)

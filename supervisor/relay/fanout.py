@@ -240,12 +240,24 @@ class Fanout:
         """Offer ``e`` to every matching live subscription (never blocks)."""
         if self._pending and e.pos is not None:
             self._resolve(e, e.pos)
-        cache: dict[str | None, View] = {}
-        attrs = e.attrs
+        # the view as ingested (what every subscriber at or above the
+        # event's capture gets: the common case) without view()'s cache;
+        # a lower ceiling's down-leveled views go through view() as before
+        plain: View | None = None
+        cache: dict[str | None, View] | None = None
+        attrs, cap = e.attrs, e.cap
         for sub in self._snapshot:
             if sub.filter.matches(attrs):
                 try:
-                    sub.offer(self.view(e, sub.ceiling, cache))
+                    ceiling = sub.ceiling
+                    if ceiling is None or CAPTURE_RANK[ceiling] >= cap:
+                        if plain is None:
+                            plain = View(e, e.raw)
+                        sub.offer(plain)
+                    else:
+                        if cache is None:
+                            cache = {}
+                        sub.offer(self.view(e, ceiling, cache))
                 except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
                     # (a batch is accepted whole): that subscriber is shed instead
                     self.counters["fanout_errors"] += 1

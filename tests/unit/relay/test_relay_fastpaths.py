@@ -1,11 +1,13 @@
 """The relay's hot-path shortcuts (issue 11) held equal to the slow paths
 they skip: the SSE framing memo, :meth:`SessionBuffers.fresh` against the
-position and identity checks it lets ``check_batch`` skip."""
+position and identity checks it lets ``check_batch`` skip, the fan-out's
+as-ingested view against :meth:`Fanout.render`."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridges.core.aep import CAPTURE_RANK
 from supervisor.relay.buffer import Entry, SessionBuffers
 from supervisor.relay.fanout import View, sse_safe
 
@@ -58,4 +60,43 @@ def test_fresh_implies_no_position_or_identity_refusal(admitted, probe, depth):
     p = entry(*probe, raw=b'{"other":1}')
     if b.fresh(p):
         assert not b.conflict(p) and not b.conflicting_duplicate(p)
+
+
+
+_CEILINGS = st.sampled_from([None, "none", "metadata", "redacted", "full"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(declared=st.sampled_from(["none", "metadata", "redacted", "full"]),
+       ceilings=st.lists(_CEILINGS, min_size=1, max_size=6))
+def test_fanout_views_equal_render_per_ceiling(declared, ceilings):
+    """Fanout.offer's as-ingested view (no view() cache) and view()'s
+    down-leveled ones queue what render() gives for each subscriber's
+    ceiling, one shared item per effective ceiling."""
+    from supervisor.relay.attrmatch import Filter
+    from supervisor.relay.core import Relay
+    from supervisor.relay.envelope import to_entry
+    from supervisor.relay.outlet import Outlet, Subscriber
+
+    relay = Relay()
+    data = {"none": None, "metadata": {"status": "success", "duration_ms": 3},
+            "redacted": {"status": "success", "result_redacted": "r***"},
+            "full": {"status": "success", "result": "out", "result_redacted": "o**"}}[declared]
+    ev = {"aep": "0.1", "id": "01J", "type": "tool.completed", "time": "2026-11-30T12:00:00.000Z",
+          "source": SRC, "agent": "a", "session": "s", "seq": 1, "capture": declared}
+    if data is not None:
+        ev["data"] = data
+    e = to_entry(ev)
+    outlets = []
+    for c in ceilings:
+        o = Outlet(relay, "sse")
+        relay.fanout.add(Subscriber(Filter({}), c, o))
+        outlets.append(o)
+    relay.fanout.offer(e)
+    by_effective: dict[object, object] = {}
+    for c, o in zip(ceilings, outlets, strict=True):
+        (item,) = list(o._q)
+        assert item.payload == relay.fanout.render(e, c).sse()
+        eff = None if c is None or CAPTURE_RANK[c] >= e.cap else c
+        assert by_effective.setdefault(eff, item) is item  # shared per effective ceiling
 
