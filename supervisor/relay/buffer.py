@@ -49,7 +49,7 @@ from collections import OrderedDict
 from typing import Any, Iterator
 
 __all__ = ["SessionBuffers", "Entry", "Held", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB",
-           "same_event"]
+           "same_event", "same_json"]
 
 MiB = 1 << 20
 
@@ -134,14 +134,36 @@ class Entry:
 
 def same_event(a: bytes, b: bytes) -> bool:
     """Whether two serialized events carry the same content (JSON equality:
-    attribute order does not matter)."""
+    attribute order does not matter, ``true`` is not ``1``; see
+    :func:`same_json`)."""
     if a == b:
         return True
     import json
     try:
-        return bool(json.loads(a) == json.loads(b))
-    except ValueError:
+        return same_json(json.loads(a), json.loads(b))
+    except (ValueError, RecursionError):
         return False
+
+
+def _kind(v: Any) -> type:
+    # JSON has one number type (1 and 1.0 are one value), and booleans apart
+    return float if type(v) is int else type(v)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """JSON value equality of two decoded values: objects by their members
+    (any order), arrays element-wise, numbers by value, and no value equal to
+    one of another JSON type. Python's ``==`` is not that: ``True == 1 ==
+    1.0``, so a changed ``true`` -> ``1`` passed as a redelivery (fresh-user
+    review; the README's integrity row: other content under a held
+    ``(source, id)`` is refused)."""
+    if _kind(a) is not _kind(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(map(same_json, a, b))
+    return bool(a == b)
 
 
 class _Session:

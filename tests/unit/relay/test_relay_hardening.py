@@ -97,3 +97,16 @@ async def test_a_conflicting_duplicate_is_refused_and_a_redelivery_passes():
     assert err["code"] == "invalid-event"
     with pytest.raises(InvalidEvent):
         await relay.attach_emitter(hello(agent="a", ), _noop).ingest(other)
+
+
+async def test_true_for_1_or_1_0_for_true_is_other_content_not_a_redelivery():
+    """Python's ``True == 1 == 1.0`` let changed content pass as a
+    redelivery (fresh-user review): JSON values of other types differ."""
+    relay = Relay()
+    first = ev(0, data={"exit_code": 1, "ok": False})
+    relay.ingest_http([relay.entry(first)])
+    for changed in ({"exit_code": True, "ok": False}, {"exit_code": 1, "ok": 0}):
+        problem = relay.check_batch([relay.entry({**first, "data": changed})])
+        assert problem is not None and "(source, id)" in problem[1], changed
+    same_number = {**first, "data": {"exit_code": 1.0, "ok": False}}  # one JSON number
+    assert relay.check_batch([relay.entry(same_number)]) is None
