@@ -207,6 +207,10 @@ class SessionBuffers:
         self.bytes = 0
         self._sessions: OrderedDict[BufKey, _Session] = OrderedDict()
         self._names: dict[str, dict[BufKey, None]] = {}  # session name -> its buffers
+        # source -> its buffers: a source need not name one session (AEP-0001
+        # §5.1 #6 only recommends .../session/{session}), and (source, id) is
+        # the identity whatever the session (§7)
+        self._sources: dict[str, dict[BufKey, None]] = {}
         # wholly dropped buffers: key -> highest position dropped (bounded)
         self._gone: OrderedDict[BufKey, Position] = OrderedDict()
         self._gone_names: dict[str, dict[BufKey, None]] = {}
@@ -255,7 +259,9 @@ class SessionBuffers:
         the common case of an emitter appending)."""
         s = self._sessions.get(entry.bkey)
         if s is None:
-            return True
+            return entry.bkey[0] not in self._sources  # no other session holds the source
+        if len(self._sources[entry.bkey[0]]) > 1:
+            return False  # a source over several sessions: the full checks
         keys = s.keys
         return (not keys or entry.pos > keys[-1]) and entry.key not in s.ids  # type: ignore[operator]
 
@@ -270,9 +276,18 @@ class SessionBuffers:
         """Whether a held event has ``entry``'s ``(source, id)`` but other
         content (issue 10 #14): refused ``invalid-event``, never delivered.
         A byte-identical (or key-order-only different) redelivery is not."""
-        s = self._sessions.get(entry.bkey) if entry.pos is not None else None
+        if entry.pos is None:
+            return False
+        s = self._sessions.get(entry.bkey)
         h = s.ids.get(entry.key) if s is not None else None
-        return h is not None and not same_event(h[1], entry.raw)
+        if h is None:
+            # the same (source, id) held under another session of the source:
+            # other content by construction (its session differs)
+            for key in self._sources.get(entry.bkey[0], ()):
+                if key != entry.bkey and entry.key in self._sessions[key].ids:
+                    return True
+            return False
+        return not same_event(h[1], entry.raw)
 
     # -- dropping ------------------------------------------------------------
     def _trim(self, s: _Session) -> None:
@@ -301,6 +316,11 @@ class SessionBuffers:
             names.pop(key, None)
             if not names:
                 del self._names[key[1]]
+        shared = self._sources.get(key[0])
+        if shared is not None:
+            shared.pop(key, None)
+            if not shared:
+                del self._sources[key[0]]
         marks = [p for p in (s.keys[-1] if len(s) else None, s.dropped) if p is not None]
         if not marks:
             return
@@ -338,6 +358,7 @@ class SessionBuffers:
                 self._forget(key)
             s = self._sessions[key] = _Session(dropped)
             self._names.setdefault(key[1], {})[key] = None
+            self._sources.setdefault(key[0], {})[key] = None
         elif entry.key in s.ids:
             self.counters["duplicates"] += 1
             return False
