@@ -452,10 +452,17 @@ class Fleet:
         report each verdict in ``written`` to its bridge, in order."""
         self.counters["events"] += len(fresh)
         families = self._families
+        # per bridge [verdicts, 1-based position of the last failure]: one
+        # log_results call per bridge per drain instead of one per event
+        verdicts: dict[str, list[int]] = {}
         for (item, ev, _), ok in zip(fresh, written, strict=True):
+            tally = verdicts.get(item.bridge)
+            if tally is None:
+                tally = verdicts[item.bridge] = [0, 0]
+            tally[0] += 1
             if not ok:
                 self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
-            self._log_result(item.bridge, ok)
+                tally[1] = tally[0]
             type_ = ev.get("type", "")
             family = families.get(type_) if type_.__class__ is str else None
             if family is None:
@@ -466,6 +473,11 @@ class Fleet:
             self.emitted[(item.bridge, family)] += 1
             if type_ in ("control.accepted", "control.rejected"):
                 self._observe_ack(item.bridge, ev)
+        members = self.members
+        for bridge, (n, last_failed) in verdicts.items():
+            m = members.get(bridge)
+            if m is not None:
+                m.ctx.log_results(n, last_failed)
 
     def _log_writable(self) -> bool:
         return self.session_log.writable()
