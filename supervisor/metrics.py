@@ -155,7 +155,10 @@ class FleetCollector(Collector):
             for sev in ("debug", "info"):  # notice+ is never shed: the stream ends instead
                 totals[("relay-slow-consumer", sev)] = int(rc.get(f"dropped_{sev}", 0))
             totals[("relay-invalid-event", "*")] = int(rc.get("invalid_events", 0))
-            totals[("relay-replay-trimmed", "*")] = int(rc.get("trimmed", 0))
+            # out of replay by the depth or by a byte budget (``trimmed_bytes``
+            # counts entries too): a POSTed batch is mostly the second
+            totals[("relay-replay-trimmed", "*")] = \
+                int(rc.get("trimmed", 0)) + int(rc.get("trimmed_bytes", 0))
         for (reason, sev), n in sorted(totals.items()):
             drops.add_metric([reason, sev], n)
         return drops

@@ -185,7 +185,8 @@ class Stamper:
 
     def _reset(self) -> None:
         self._base = f"aep://{self._host}/agent/{self._agent}"
-        self._sources: dict[str, str] = {}  # session -> source (one per sequenced session)
+        # vendor session -> (source, the session as stamped); one per sequenced session
+        self._sources: dict[str, tuple[str, str]] = {}
         # type -> (session-scoped, default severity, the gate's plan at its ceiling)
         self._types: dict[str, tuple[bool, str | None, _capture.GatePlan]] = {}
 
@@ -230,11 +231,23 @@ class Stamper:
         self._types[type_] = plan
         return plan
 
+    def _session_of(self, session: str) -> tuple[str, str]:
+        """``(source, session as stamped)``: a lone surrogate (no UTF-8 form)
+        becomes U+FFFD here, once, so the ``seq`` and the ``source`` are the
+        session's the wire carries (the fleet replaces it in the event the
+        same way): two vendor sessions that differ only in lone surrogates
+        are one AEP session with one gap-free ``seq``, never two sessions
+        numbered from 0 under one name (fresh-user review: the relay refused
+        the second ``(epoch, seq)`` and the bridge's health went red)."""
+        clean = scrub_surrogates(session)
+        return self.source(clean), clean
+
     def knows(self, session: str) -> bool:
         """Whether this stamper has stamped a sequenced event for ``session``."""
-        return session in self._seq
+        return scrub_surrogates(session) in self._seq
 
     def next_seq(self, session: str) -> int:
+        session = scrub_surrogates(session)
         seq = self._seq.get(session, 0)
         self._seq[session] = seq + 1
         return seq
@@ -279,9 +292,10 @@ class Stamper:
         if scoped:
             if not session:
                 raise ValueError(f"{type_} is session-scoped and needs a session")
-            source = self._sources.get(session)
-            if source is None:
-                source = self._sources[session] = self.source(session)
+            known = self._sources.get(session)
+            if known is None:
+                known = self._sources[session] = self._session_of(session)
+            source, session = known
         else:
             source = self._base
         ms = _time.time_ns() // 1_000_000

@@ -270,7 +270,9 @@ class RelayApp:
         if ctype == "application/json":
             lines = [(0, text)]
         else:
-            lines = [(i, ln) for i, ln in enumerate(text.split("\n")) if ln.strip()]
+            # blank means JSON whitespace only: str.strip() would also drop a
+            # line of \x0b or U+2028 without a word (AEP-0003 §3.2: 400, with its index)
+            lines = [(i, ln) for i, ln in enumerate(text.split("\n")) if ln.strip(" \t\r")]
             if len(lines) > relay.max_batch:
                 return await respond(send, 413, {"error": "too-many-events",
                                                   "max": relay.max_batch, "count": len(lines)})

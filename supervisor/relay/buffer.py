@@ -49,7 +49,7 @@ from collections import OrderedDict
 from typing import Any, Iterator
 
 __all__ = ["SessionBuffers", "Entry", "Held", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB",
-           "same_event"]
+           "same_event", "same_json"]
 
 MiB = 1 << 20
 
@@ -134,14 +134,36 @@ class Entry:
 
 def same_event(a: bytes, b: bytes) -> bool:
     """Whether two serialized events carry the same content (JSON equality:
-    attribute order does not matter)."""
+    attribute order does not matter, ``true`` is not ``1``; see
+    :func:`same_json`)."""
     if a == b:
         return True
     import json
     try:
-        return bool(json.loads(a) == json.loads(b))
-    except ValueError:
+        return same_json(json.loads(a), json.loads(b))
+    except (ValueError, RecursionError):
         return False
+
+
+def _kind(v: Any) -> type:
+    # JSON has one number type (1 and 1.0 are one value), and booleans apart
+    return float if type(v) is int else type(v)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """JSON value equality of two decoded values: objects by their members
+    (any order), arrays element-wise, numbers by value, and no value equal to
+    one of another JSON type. Python's ``==`` is not that: ``True == 1 ==
+    1.0``, so a changed ``true`` -> ``1`` passed as a redelivery (fresh-user
+    review; the README's integrity row: other content under a held
+    ``(source, id)`` is refused)."""
+    if _kind(a) is not _kind(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(map(same_json, a, b))
+    return bool(a == b)
 
 
 class _Session:
@@ -185,6 +207,10 @@ class SessionBuffers:
         self.bytes = 0
         self._sessions: OrderedDict[BufKey, _Session] = OrderedDict()
         self._names: dict[str, dict[BufKey, None]] = {}  # session name -> its buffers
+        # source -> its buffers: a source need not name one session (AEP-0001
+        # §5.1 #6 only recommends .../session/{session}), and (source, id) is
+        # the identity whatever the session (§7)
+        self._sources: dict[str, dict[BufKey, None]] = {}
         # wholly dropped buffers: key -> highest position dropped (bounded)
         self._gone: OrderedDict[BufKey, Position] = OrderedDict()
         self._gone_names: dict[str, dict[BufKey, None]] = {}
@@ -233,7 +259,9 @@ class SessionBuffers:
         the common case of an emitter appending)."""
         s = self._sessions.get(entry.bkey)
         if s is None:
-            return True
+            return entry.bkey[0] not in self._sources  # no other session holds the source
+        if len(self._sources[entry.bkey[0]]) > 1:
+            return False  # a source over several sessions: the full checks
         keys = s.keys
         return (not keys or entry.pos > keys[-1]) and entry.key not in s.ids  # type: ignore[operator]
 
@@ -248,9 +276,18 @@ class SessionBuffers:
         """Whether a held event has ``entry``'s ``(source, id)`` but other
         content (issue 10 #14): refused ``invalid-event``, never delivered.
         A byte-identical (or key-order-only different) redelivery is not."""
-        s = self._sessions.get(entry.bkey) if entry.pos is not None else None
+        if entry.pos is None:
+            return False
+        s = self._sessions.get(entry.bkey)
         h = s.ids.get(entry.key) if s is not None else None
-        return h is not None and not same_event(h[1], entry.raw)
+        if h is None:
+            # the same (source, id) held under another session of the source:
+            # other content by construction (its session differs)
+            for key in self._sources.get(entry.bkey[0], ()):
+                if key != entry.bkey and entry.key in self._sessions[key].ids:
+                    return True
+            return False
+        return not same_event(h[1], entry.raw)
 
     # -- dropping ------------------------------------------------------------
     def _trim(self, s: _Session) -> None:
@@ -279,6 +316,11 @@ class SessionBuffers:
             names.pop(key, None)
             if not names:
                 del self._names[key[1]]
+        shared = self._sources.get(key[0])
+        if shared is not None:
+            shared.pop(key, None)
+            if not shared:
+                del self._sources[key[0]]
         marks = [p for p in (s.keys[-1] if len(s) else None, s.dropped) if p is not None]
         if not marks:
             return
@@ -316,6 +358,7 @@ class SessionBuffers:
                 self._forget(key)
             s = self._sessions[key] = _Session(dropped)
             self._names.setdefault(key[1], {})[key] = None
+            self._sources.setdefault(key[0], {})[key] = None
         elif entry.key in s.ids:
             self.counters["duplicates"] += 1
             return False

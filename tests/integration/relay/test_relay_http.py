@@ -49,6 +49,18 @@ async def test_post_batch_rejected_whole_with_line_index():
         assert r.status_code == 400
 
 
+@pytest.mark.parametrize("junk", ["\x0b", "\x1c", "\u2028", "\x0c"])
+async def test_a_line_of_non_json_whitespace_is_an_error_not_a_blank(junk):
+    """Blank means JSON whitespace (space, tab, CR) only: ``str.strip()``
+    dropped a line of \\x0b or U+2028 and accepted the batch (fresh-user
+    review); AEP-0003 §3.2 answers 400 with the line."""
+    async with running_relay() as (relay, base), httpx.AsyncClient() as c:
+        body = "\n".join([json.dumps(event(0)), junk, " \t\r", json.dumps(event(1))])
+        r = await c.post(base + "/events", content=body, headers={**V, **NDJSON})
+        assert r.status_code == 400 and r.json()["line"] == 1, r.text
+        assert await held(relay) == 0
+
+
 @pytest.mark.parametrize("headers", [{}, {"authorization": "Bearer wrong"},
                                      {"authorization": f"Basic {TOKEN}"}])
 async def test_post_needs_the_token_when_one_is_set(headers):

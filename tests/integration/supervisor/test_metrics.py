@@ -152,3 +152,24 @@ async def test_command_acks_and_latency_with_the_real_opencode_server(tmp_path):
     assert value(m, "aep_bridges_relay_commands_total", outcome="routed") == 2
     assert value(m, "aep_bridges_events_emitted_total", bridge="opencode_sse", family="attention") >= 3
     assert value(m, "aep_bridges_vendor_reconnects_total", bridge="opencode_sse") >= 0
+
+
+def test_replay_trimmed_counts_the_byte_budget_too(tmp_path):
+    """``relay-replay-trimmed`` stayed 0 while the relay trimmed POSTed
+    events by its byte budget (fresh-user review): both trims count."""
+    d = DaemonProcess(tmp_path / "state", {"AEP_BUFFER": "10000", "AEP_BUFFER_BYTES": "4096",
+                                           "AEP_BUFFER_TOTAL_BYTES": "4096"}, token=TOKEN).start()
+    try:
+        events = [{"aep": "0.1", "id": f"01M8S7MJ4TS57S28JBY8D7{i:04d}", "type": "run.started",
+                   "time": "2026-12-01T12:00:00.000Z", "source": "aep://t/agent/a/session/s1",
+                   "agent": "a", "session": "s1", "seq": i, "epoch": 1, "capture": "metadata",
+                   "data": {"pad": "x" * 200}} for i in range(40)]
+        r = httpx.post(d.url + "/events", content="\n".join(json.dumps(e) for e in events),
+                       headers={"content-type": "application/x-ndjson", "AEP-Version": "0.1",
+                                "authorization": f"Bearer {TOKEN}"}, timeout=10, trust_env=False)
+        assert r.status_code == 202, r.text
+        m = scrape(d)
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+    trimmed = value(m, "aep_bridges_events_dropped_total", reason="relay-replay-trimmed", severity="*")
+    assert trimmed >= 30  # 40 events of ~450 bytes through a 4 KiB budget

@@ -48,3 +48,17 @@ def test_vendor_shaped_ids_are_unchanged() -> None:
                     "conv:1@host", "a.b~c_d-e"):
         assert session_segment(session) == session
         assert urlsplit(f"aep://h/agent/x/session/{session}").path.endswith(session)
+
+
+def test_sessions_differing_only_in_lone_surrogates_are_one_gap_free_session() -> None:
+    """Both vendor sessions become U+FFFD on the wire: one session, one
+    ``seq`` line (two lines from 0 under one name made the relay refuse the
+    second (epoch, seq) and the bridge's health red; fresh-user review)."""
+    st_ = Stamper("opencode", host="h", epoch=1)
+    evs = [st_.stamp(s, {"type": "run.started"}) for s in ("\ud800", "\udbff", "\ud800")]
+    assert [e["session"] for e in evs] == ["\ufffd"] * 3
+    assert [e["seq"] for e in evs] == [0, 1, 2]
+    assert {e["source"] for e in evs} == {"aep://h/agent/opencode/session/%EF%BF%BD"}
+    for e in evs:
+        validate_event(e)
+    assert st_.knows("\udbff") and st_.knows("\ufffd")

@@ -252,3 +252,30 @@ def test_held_entries_cost_the_collector_nothing():
     assert [(e.attrs["id"], e.pos, e.n) for e in entries] == [("id-998", (0, 998), 999),
                                                               ("id-999", (0, 999), 1000)]
     assert b.held_duplicate(E(5, id="id-5")).raw == b'{"x":1}'
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    max_leaves=12)
+
+
+def _canonical(v):
+    """An independent JSON-value form: type-tagged, members sorted, numbers as floats."""
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return (type(v).__name__, v)
+    if isinstance(v, (int, float)):
+        return ("number", float(v))
+    if isinstance(v, list):
+        return ("array", tuple(_canonical(x) for x in v))
+    return ("object", tuple(sorted((k, _canonical(x)) for k, x in v.items())))
+
+
+@given(_json, _json)
+def test_same_json_is_json_value_equality(a, b):
+    from supervisor.relay.buffer import same_json
+    assert same_json(a, b) == (_canonical(a) == _canonical(b))
+    assert same_json(a, a)
+    if isinstance(a, dict):
+        assert same_json(a, dict(reversed(list(a.items()))))  # member order does not matter

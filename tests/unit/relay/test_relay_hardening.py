@@ -97,3 +97,40 @@ async def test_a_conflicting_duplicate_is_refused_and_a_redelivery_passes():
     assert err["code"] == "invalid-event"
     with pytest.raises(InvalidEvent):
         await relay.attach_emitter(hello(agent="a", ), _noop).ingest(other)
+
+
+async def test_true_for_1_or_1_0_for_true_is_other_content_not_a_redelivery():
+    """Python's ``True == 1 == 1.0`` let changed content pass as a
+    redelivery (fresh-user review): JSON values of other types differ."""
+    relay = Relay()
+    first = ev(0, data={"exit_code": 1, "ok": False})
+    relay.ingest_http([relay.entry(first)])
+    for changed in ({"exit_code": True, "ok": False}, {"exit_code": 1, "ok": 0}):
+        problem = relay.check_batch([relay.entry({**first, "data": changed})])
+        assert problem is not None and "(source, id)" in problem[1], changed
+    same_number = {**first, "data": {"exit_code": 1.0, "ok": False}}  # one JSON number
+    assert relay.check_batch([relay.entry(same_number)]) is None
+
+
+async def test_one_source_over_two_sessions_cannot_hold_one_id_twice():
+    """``source`` need not name the session (AEP-0001 §5.1 #6 only
+    recommends it) and consumers dedupe on ``(source, id)``: the same id
+    under another session of that source is other content, refused, on
+    POST and on a socket (fresh-user review: both were accepted, and
+    consumers dropped the second, real event)."""
+    relay = Relay()
+    shared = "aep://h/agent/shared"
+    first = ev(0, session="xs1", id="X", source=shared, data={"v": 1})
+    relay.ingest_http([relay.entry(first)])
+    again = ev(0, session="xs2", id="X", source=shared, data={"v": 2})
+    problem = relay.check_batch([relay.entry(again)])
+    assert problem is not None and "(source, id)" in problem[1]
+    conn = await ws(relay, role="emitter", agent="a")
+    await conn.handle_text(json.dumps(again))
+    (err,) = await take(conn.outlet)
+    assert err["code"] == "invalid-event"
+    other_id = ev(0, session="xs2", id="Y", source=shared)
+    assert relay.check_batch([relay.entry(other_id)]) is None  # a new id is fine
+    relay.ingest_http([relay.entry(other_id)])
+    assert relay.check_batch([relay.entry(ev(1, session="xs2", id="Z", source=shared))]) is None
+    assert relay.check_batch([relay.entry(first)]) is None  # its own redelivery still passes
