@@ -24,7 +24,7 @@ import socket
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, Sequence
 
 import trio
 
@@ -144,6 +144,10 @@ class _RelaySink:
         #: the pump's synchronous hand-off (no coroutine per event): the
         #: trusted path, ``False`` for what it does not take (a command)
         self.offer: Callable[[dict[str, Any], bytes], bool] | None = self._stamped
+        #: the same for a run of one drain at once: ``offer_run(pairs, start)``
+        #: -> the index of the first pair not taken (``send`` answers it)
+        self.offer_run: Callable[[Sequence[tuple[dict[str, Any], bytes]], int], int] | None = \
+            getattr(conn, "ingest_stamped_run", None)
 
     async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None:
         if self._stamped is None or not self._stamped(event, raw):
@@ -152,6 +156,7 @@ class _RelaySink:
 
 class _UplinkSink:
     offer: Callable[[dict[str, Any], bytes], bool] | None = None  # the uplink's put may wait
+    offer_run: Callable[[Sequence[tuple[dict[str, Any], bytes]], int], int] | None = None
 
     def __init__(self, uplink: Uplink) -> None:
         self.uplink = uplink
@@ -418,33 +423,58 @@ class Fleet:
         if fresh:
             self._logged(fresh, self.session_log.write_batch([(ev, line) for _, ev, line in fresh]))
         members = self.members
-        for item, ev, line in encoded:
+        i, n = 0, len(encoded)
+        while i < n:
+            item, ev, line = encoded[i]
             m = members.get(item.bridge)
             if m is None or m.sink is None:
+                i += 1
                 continue
-            try:
-                offer = m.sink.offer if not item.redelivery else None
-                if offer is None or not offer(ev, line[:-1]):
-                    await m.sink.send(ev, item.redelivery, line[:-1])
-            except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
-                self.counters["sink_errors"] += 1
-                if type(e).__name__ == "InvalidEvent":
-                    # the relay refused the bridge's own event (a forged position took
-                    # its place, issue 10 #8): consumers miss it, so health goes red
-                    m.health.count("relay_refused")
-                    m.health.detail = f"relay refused an event: {str(e)[:120]}"
-                    first = m.refused_at is None or \
-                        trio.current_time() - m.refused_at > REFUSED_RED_S
-                    m.refused_at = trio.current_time()
-                    if first:
-                        log.error("relay refused an event of %s (%s); health is red (counted "
-                                  "in relay_refused)", item.bridge, e)
+            run = None if item.redelivery else getattr(m.sink, "offer_run", None)
+            if run is not None:
+                # the trusted path takes this bridge's next first deliveries in
+                # one call; the pair it stops at (a command, a refusal) and a
+                # run that raises take the one-event path below, in order
+                j = i + 1
+                while j < n and encoded[j][0].bridge == item.bridge and not encoded[j][0].redelivery:
+                    j += 1
+                try:
+                    i += run([(e, raw[:-1]) for _, e, raw in encoded[i:j]], 0)
+                except Exception:  # noqa: BLE001 -- answered event by event below
+                    pass
+                if i == j:
                     continue
-                log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
+                item, ev, line = encoded[i]
+            await self._to_sink(m, item, ev, line)
+            i += 1
         js = self.jetstream
         if js is not None:  # the JetStream sink: the same bytes, in channel order
             for item, ev, line in encoded:
                 await js.put(ev, line[:-1], item.bridge, wait=not self._draining)
+
+    async def _to_sink(self, m: Member, item: Outbound, ev: dict[str, Any], line: bytes) -> None:
+        """Hand one encoded event to ``m``'s sink; a sink fault is counted
+        and logged, never raised (a refusal of the relay turns health red)."""
+        assert m.sink is not None
+        try:
+            offer = m.sink.offer if not item.redelivery else None
+            if offer is None or not offer(ev, line[:-1]):
+                await m.sink.send(ev, item.redelivery, line[:-1])
+        except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
+            self.counters["sink_errors"] += 1
+            if type(e).__name__ == "InvalidEvent":
+                # the relay refused the bridge's own event (a forged position took
+                # its place, issue 10 #8): consumers miss it, so health goes red
+                m.health.count("relay_refused")
+                m.health.detail = f"relay refused an event: {str(e)[:120]}"
+                first = m.refused_at is None or \
+                    trio.current_time() - m.refused_at > REFUSED_RED_S
+                m.refused_at = trio.current_time()
+                if first:
+                    log.error("relay refused an event of %s (%s); health is red (counted "
+                              "in relay_refused)", item.bridge, e)
+                return
+            log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
 
     def _logged(self, fresh: list[tuple[Outbound, dict[str, Any], bytes]],
                 written: list[bool]) -> None:
@@ -452,10 +482,17 @@ class Fleet:
         report each verdict in ``written`` to its bridge, in order."""
         self.counters["events"] += len(fresh)
         families = self._families
+        # per bridge [verdicts, 1-based position of the last failure]: one
+        # log_results call per bridge per drain instead of one per event
+        verdicts: dict[str, list[int]] = {}
         for (item, ev, _), ok in zip(fresh, written, strict=True):
+            tally = verdicts.get(item.bridge)
+            if tally is None:
+                tally = verdicts[item.bridge] = [0, 0]
+            tally[0] += 1
             if not ok:
                 self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
-            self._log_result(item.bridge, ok)
+                tally[1] = tally[0]
             type_ = ev.get("type", "")
             family = families.get(type_) if type_.__class__ is str else None
             if family is None:
@@ -466,6 +503,11 @@ class Fleet:
             self.emitted[(item.bridge, family)] += 1
             if type_ in ("control.accepted", "control.rejected"):
                 self._observe_ack(item.bridge, ev)
+        members = self.members
+        for bridge, (n, last_failed) in verdicts.items():
+            m = members.get(bridge)
+            if m is not None:
+                m.ctx.log_results(n, last_failed)
 
     def _log_writable(self) -> bool:
         return self.session_log.writable()

@@ -11,7 +11,7 @@ Transport-free: the ASGI layer (:mod:`.app`) feeds
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import trio
 
@@ -271,6 +271,19 @@ class LocalEmitter(Connection):
             raise RelayClosed("connection closed")
         self.relay.admit_stamped(event, raw, self)
         return True
+
+    def ingest_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]],
+                           start: int = 0) -> int:
+        """:meth:`ingest_stamped` for ``pairs[start:]`` in one call: the
+        index of the first pair not taken (a command, or one the relay
+        would refuse: hand it to :meth:`ingest_stamped` or :meth:`ingest`
+        for its answer), ``len(pairs)`` when all were admitted
+        (:meth:`Relay.admit_stamped_run
+        <supervisor.relay.core.Relay.admit_stamped_run>`). Raises
+        :class:`RelayClosed`."""
+        if not self.open or self.relay.closing:
+            raise RelayClosed("connection closed")
+        return self.relay.admit_stamped_run(pairs, start, self)
 
     def close(self) -> None:
         """Detach: drop this connection's claims."""
