@@ -440,8 +440,15 @@ class Fleet:
                     j += 1
                 try:
                     i += run([(e, raw[:-1]) for _, e, raw in encoded[i:j]], 0)
-                except Exception:  # noqa: BLE001 -- answered event by event below
-                    pass
+                except Exception as exc:  # noqa: BLE001 -- answered event by event below
+                    taken = getattr(exc, "taken", None)  # RunFault: pairs before it were taken
+                    if taken is not None:  # counted like _to_sink's fault, never handed over again
+                        self.counters["sink_errors"] += 1
+                        cause = exc.__cause__ or exc
+                        log.error("sink for %s failed: %s: %s", item.bridge, type(cause).__name__, cause)
+                        i += taken
+                        continue
+                    # raised before taking anything (e.g. the relay closed)
                 if i == j:
                     continue
                 item, ev, line = encoded[i]

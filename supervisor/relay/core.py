@@ -45,12 +45,22 @@ from .params import normalize_origin
 from .replay import ReplayJob, plan_replay, unheld_positions
 
 __all__ = ["Relay", "RelayClosed", "CommandRefused", "LocalEmitter", "normalize_origin",
-           "RELAY_AGENT"]
+           "RELAY_AGENT", "RunFault"]
 
 log = logging.getLogger("aep.relay")
 
 RELAY_AGENT = "aep-bridges-relay"
 
+
+
+class RunFault(Exception):
+    """:meth:`Relay.admit_stamped_run` failed inside the admission of a
+    pair: every pair before index ``taken`` (that one included) was handed
+    to the relay, so a caller resumes at ``taken`` (the cause is chained)."""
+
+    def __init__(self, taken: int) -> None:
+        super().__init__(f"admission failed at pair {taken - 1}")
+        self.taken = taken
 
 class Relay:
     """The embedded relay (AEP-0003 bindings, AEP-0004 §4 routing).
@@ -420,25 +430,35 @@ class Relay:
         it. Equal to one :meth:`admit_stamped` per pair (property test
         ``tests/unit/relay/test_admit_run.py``); the owner check is made
         once per run of one ``source`` (only this loop's own admissions,
-        which make ``conn`` the owner, run in between)."""
+        which make ``conn`` the owner, run in between). A pair whose checks
+        raise is not taken (its index is returned, nothing of it done); a
+        pair whose admission raises part way raises :class:`RunFault`
+        (``taken``: the index after it), so the caller never hands an
+        admitted pair over again."""
         buffers, claims, agent = self.buffers, self.claims, conn.agent
         checked: str | None = None  # the source last found not owned by another
         for i in range(start, len(pairs)):
-            ev, raw = pairs[i]
-            if is_command_type(ev.get("type")):
-                return i
-            e = trusted_entry(ev, raw)
-            src = e.attrs["source"]
-            if src != checked:
-                owner = claims.source_owner(src)
-                if owner is not None and owner is not conn:
+            try:
+                ev, raw = pairs[i]
+                if is_command_type(ev.get("type")):
                     return i
-                checked = src
-            if e.pos is not None and (buffers.conflict(e) or buffers.conflicting_duplicate(e)):
+                e = trusted_entry(ev, raw)
+                src = e.attrs["source"]
+                if src != checked:
+                    owner = claims.source_owner(src)
+                    if owner is not None and owner is not conn:
+                        return i
+                    checked = src
+                if e.pos is not None and (buffers.conflict(e) or buffers.conflicting_duplicate(e)):
+                    return i
+                if agent is not None and ev["agent"] != agent and not is_foreign(e.attrs["type"]):
+                    return i
+            except Exception:  # noqa: BLE001 -- nothing of it done: its own answer on the one-event path
                 return i
-            if agent is not None and ev["agent"] != agent and not is_foreign(e.attrs["type"]):
-                return i
-            self._admit(e, conn)
+            try:
+                self._admit(e, conn)
+            except Exception as exc:
+                raise RunFault(i + 1) from exc
         return len(pairs)
 
     def _admit(self, e: Entry, conn: Connection | None) -> None:

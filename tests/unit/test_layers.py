@@ -152,7 +152,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.core.paths": {"state_dir", "write_atomic"},
     "supervisor.relay": {"Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent"},
     "supervisor.relay.core": {"Relay", "RelayClosed", "CommandRefused", "LocalEmitter",
-                              "normalize_origin", "RELAY_AGENT"},
+                              "normalize_origin", "RELAY_AGENT", "RunFault"},
     "supervisor.relay.app": {"RelayApp", "make_app"},
     "supervisor.relay.serve": {"serve_relay"},
     "supervisor.relay.streams": {"serve_sse", "pump_sse", "serve_socket", "refuse_upgrade"},

@@ -76,3 +76,56 @@ def test_a_drains_verdicts_reach_each_bridge_as_one_call_per_event_would(tmp_pat
         assert _state(fleet.members[name].ctx) == _state(ctx)
     assert fleet.counters["events"] == len(drain)
     assert fleet.counters.get("jsonl_unwritten", 0) == sum(not ok for _, ok in drain)
+
+
+async def _noop_deliver(cmd):
+    return None
+
+
+async def _deliver_with_a_bad_pair(tmp_path, bad: int, n: int):
+    import re
+
+    from supervisor.fleet import _RelaySink
+    from supervisor.relay.attrmatch import Filter
+    from supervisor.relay.core import Relay
+    fleet = Fleet(Config(state_dir=tmp_path), [Quiet("codex")], host="h")
+    relay = Relay(buffer=1000)
+    outlet = relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
+    conn = relay.attach_emitter({"role": "emitter", "identity": {"agent": "codex", "instance": "h"},
+                                 "capabilities": {"emits": ["x"], "control": {
+                                     "accepts": [], "ack_window_ms": 1000}}}, _noop_deliver)
+    fleet.members["codex"].sink = _RelaySink(conn)
+    st_ = Stamper("codex", host="h", epoch=1)
+    evs = [st_.stamp("s1", {"type": "x.codex.tool.seen", "data": {"n": i}}) for i in range(n)]
+    evs[bad]["severity"] = "warn"  # a bridge bug: no rank for it, the relay's entry raises
+    await fleet._deliver_batch([Outbound("codex", e) for e in evs])
+    live = [int(re.search(rb'"seq":(\d+)', bytes(i.payload)).group(1)) for i in outlet._q
+            if b'"seq"' in bytes(i.payload)]
+    return fleet, relay, live
+
+
+async def test_a_pair_that_fails_in_a_run_is_counted_once_and_nothing_is_handed_over_twice(tmp_path):
+    """The pump's run path re-admitted what a failing run had already taken
+    (the break-it review: 10 admissions and 6 duplicates for 5 events, live
+    seqs going backwards; quadratic in the failing pair's position)."""
+    fleet, relay, live = await _deliver_with_a_bad_pair(tmp_path, bad=3, n=5)
+    assert live == [0, 1, 2, 4]
+    assert relay.buffers.counters["duplicates"] == 0 and relay.counters["events"] == 4
+    assert fleet.counters["sink_errors"] == 1
+
+
+async def test_a_fault_inside_an_admission_resumes_after_that_pair(tmp_path, monkeypatch):
+    from supervisor.relay.core import Relay
+    real = Relay._admit
+    calls = {"n": 0}
+
+    def flaky(self, e, conn):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third admission fails part way
+            raise RuntimeError("fanout broke")
+        return real(self, e, conn)
+    monkeypatch.setattr(Relay, "_admit", flaky)
+    fleet, relay, live = await _deliver_with_a_bad_pair(tmp_path, bad=5, n=8)
+    assert live == [0, 1, 3, 4, 6, 7]  # 2 failed inside its admission, 5 before it
+    assert relay.buffers.counters["duplicates"] == 0
+    assert fleet.counters["sink_errors"] == 2
