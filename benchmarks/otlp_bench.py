@@ -117,6 +117,10 @@ class SseCounter(threading.Thread):
                         return
                     if line.startswith("data:"):
                         self.count += 1
+                        self.counted()
+
+    def counted(self) -> None:
+        """Called after each counted event (a hook for subclasses)."""
 
 
 def wait_count(counters: list[SseCounter], target: int, timeout: float = 300) -> float:
@@ -170,17 +174,9 @@ class FanoutCounter(SseCounter):
         self.target = target
         self.reached = threading.Event()
 
-    def run(self) -> None:
-        with httpx.Client(timeout=None) as c:
-            with c.stream("GET", self.url + "/stream", params=self.params) as r:
-                self.ready.set()
-                for line in r.iter_lines():
-                    if self.stop:
-                        return
-                    if line.startswith("data:"):
-                        self.count += 1
-                        if self.count == self.target:
-                            self.reached.set()
+    def counted(self) -> None:
+        if self.count == self.target:
+            self.reached.set()
 
 
 def fanout(d, n_subs: int, n_events: int) -> tuple[float, float]:
