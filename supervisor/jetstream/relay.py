@@ -65,7 +65,7 @@ from supervisor.relay.replay import exhausted_marker
 from .config import NatsConfig
 from .link import Link, Outage, aio
 from .plan import Found, resolve_after, session_subject, subject_plan
-from .publish import wanted_stream
+from .publish import _ack_of, wanted_stream
 from .subjects import (
     POS,
     claim_key,
@@ -190,18 +190,7 @@ class _Acks:
             raise TimeoutError("no publish acknowledgement") from None
         finally:
             self._waiting.pop(key, None)
-        msg = w[1]
-        status = (msg.headers or {}).get("Status")
-        if status == "503":
-            raise nats.errors.NoRespondersError
-        try:
-            ack = json.loads(msg.data or b"")
-        except ValueError:
-            raise nats.js.errors.APIError(description="unreadable publish ack") from None
-        if not isinstance(ack, dict) or "error" in ack or status is not None:
-            err = ack.get("error") if isinstance(ack, dict) else None
-            raise nats.js.errors.APIError(description=str(err or status)[:200])
-        return ack
+        return _ack_of(w[1])  # the publisher's PubAck reading, one for both
 
 
 class _ConsumerGone(Exception):

@@ -147,3 +147,14 @@ class SocketEmitter:
             self.duplex.close()
         except Exception:  # noqa: BLE001 -- already closed
             pass
+
+
+def roster_of(url: str) -> list[dict[str, Any]]:
+    """The relay's roster at ``url`` as the AEP SDK's ``ControlClient`` sees it."""
+    import aep_sdk
+    client = aep_sdk.ControlClient(url, agent="tester", host="laptop", token=TOKEN)
+    client.connect(connect_timeout_ms=10_000)
+    try:
+        return client.roster()
+    finally:
+        client.close()

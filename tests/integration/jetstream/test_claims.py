@@ -16,7 +16,7 @@ from supervisor.jetstream import subjects as S
 from supervisor.jetstream.link import aio, open_link
 from tests.integration.jetstream.fleet_support import running_fleet
 from tests.integration.supervisor.test_fleet_control import ToyBridge
-from tests.support.js_relay_harness import TOKEN, running_js_relay
+from tests.support.js_relay_harness import TOKEN, roster_of, running_js_relay
 from tests.support.nats import NatsCluster
 
 
@@ -33,16 +33,6 @@ def _command(url: str, session: str) -> tuple[str, Any]:
                                        ack_window_ms=10_000, retries=0)
     except aep_sdk.NackError as e:
         return e.reason, e.detail
-    finally:
-        client.close()
-
-
-def _roster(url: str) -> list[dict[str, Any]]:
-    import aep_sdk
-    client = aep_sdk.ControlClient(url, agent="tester", host="laptop", token=TOKEN)
-    client.connect(connect_timeout_ms=10_000)
-    try:
-        return client.roster()
     finally:
         client.close()
 
@@ -66,7 +56,7 @@ async def test_two_bridges_of_one_agent_on_one_daemon_are_two_claimants(tmp_path
             with trio.fail_after(20):
                 while await _keys(link) != want:
                     await trio.sleep(0.1)
-            roster = await trio.to_thread.run_sync(_roster, base)
+            roster = await trio.to_thread.run_sync(roster_of, base)
             assert len([r for r in roster if r["session"] == "toy-1"]) == 2, roster
             reason, detail = await trio.to_thread.run_sync(_command, base, "toy-1")
             assert reason == "invalid" and detail.startswith("ambiguous: 2 "), (reason, detail)
@@ -89,7 +79,7 @@ async def test_an_old_shape_key_of_the_same_claim_is_one_claimant(tmp_path) -> N
             value = (await aio(kv.get)(new)).value
             # what the previous release wrote for this very claim
             await aio(kv.put)(S.claim_key("toy-agent", "toy-1", d, None), value)
-            roster = await trio.to_thread.run_sync(_roster, base)
+            roster = await trio.to_thread.run_sync(roster_of, base)
             assert len([r for r in roster if r["session"] == "toy-1"]) == 1, roster
             outcome, ack = await trio.to_thread.run_sync(_command, base, "toy-1")
             assert outcome == "accepted", ack

@@ -14,7 +14,14 @@ import trio
 import trio_websocket
 
 from supervisor.jetstream.link import aio, open_link
-from tests.support.js_relay_harness import TOKEN, SocketEmitter, ensure_stream, nats_config, running_js_relay
+from tests.support.js_relay_harness import (
+    TOKEN,
+    SocketEmitter,
+    ensure_stream,
+    nats_config,
+    roster_of,
+    running_js_relay,
+)
 from tests.support.nats import NatsCluster
 from tests.support.relay_harness import SSE, event, wait_until
 
@@ -181,16 +188,6 @@ def _command(url: str, type_: str, session: str) -> tuple[str, Any]:
         client.close()
 
 
-def _roster(url: str) -> list[dict[str, Any]]:
-    import aep_sdk
-    client = aep_sdk.ControlClient(url, agent="tester", host="laptop", token=TOKEN)
-    client.connect(connect_timeout_ms=10_000)
-    try:
-        return client.roster()
-    finally:
-        client.close()
-
-
 async def test_a_command_through_relay_b_reaches_the_emitter_on_relay_a(tmp_path) -> None:
     verb = "control.attention.respond"
     with NatsCluster(1, tmp_path) as c:
@@ -204,7 +201,7 @@ async def test_a_command_through_relay_b_reaches_the_emitter_on_relay_a(tmp_path
                 await wait_until(lambda: ra.counters["published"] >= 1)
                 await wait_until(lambda: "s1" in [s for s in ra.claims._holders])
 
-                roster = await trio.to_thread.run_sync(_roster, base_b)
+                roster = await trio.to_thread.run_sync(roster_of, base_b)
                 assert [r for r in roster if r["session"] == "s1"] == [{
                     "session": "s1", "agent": "codex", "instance": "box-a/codex",
                     "control": {"accepts": [verb], "ack_window_ms": 10_000},
