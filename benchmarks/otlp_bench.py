@@ -44,11 +44,19 @@ RECORDS_PER_REQUEST = 200
 FLOOR_TRIES = 5
 """A floor is the best of this many runs: on a shared machine one run of it
 can land in another process's burst and halve it."""
+ROUNDS = 3
+"""Each daemon path runs this many identical rounds (``--quick``: 2) and
+reports the best, as the floor does: one round of ~0.3 s lands in another
+process's burst as easily as one floor run. Every round is the same work
+(OTLP: fresh conversations, so each round creates its session log files;
+fan-out: a fresh session); the CPU figure is the mean over all rounds."""
 
 
-def build_requests(n_requests: int) -> list[logs_service_pb2.ExportLogsServiceRequest]:
+def build_requests(n_requests: int, tag: str = ""
+                   ) -> list[logs_service_pb2.ExportLogsServiceRequest]:
     """``n_requests`` requests of ``RECORDS_PER_REQUEST`` real Codex records,
-    each request its own conversation id (so sessions spread out)."""
+    each request its own conversation id (so sessions spread out);
+    ``tag`` makes the ids of one round differ from every other round's."""
     base = logs_service_pb2.ExportLogsServiceRequest.FromString(CAPTURE.read_bytes())
     records = [lr for rl in base.resource_logs for sl in rl.scope_logs for lr in sl.log_records]
     out = []
@@ -63,7 +71,7 @@ def build_requests(n_requests: int) -> list[logs_service_pb2.ExportLogsServiceRe
             lr.CopyFrom(records[j % len(records)])
             for kv in lr.attributes:
                 if kv.key == "conversation.id":
-                    kv.value.string_value = f"bench-conv-{i}"
+                    kv.value.string_value = f"bench-conv{tag}-{i}"
         out.append(req)
     return out
 
@@ -179,12 +187,12 @@ class FanoutCounter(SseCounter):
             self.reached.set()
 
 
-def fanout(d, n_subs: int, n_events: int) -> tuple[float, float]:
+def fanout(d, n_subs: int, n_events: int, tag: str = "") -> tuple[float, float]:
     """(deliveries/s through the relay, floor deliveries/s). The clock runs
     from the first POST (the emitter's HTTP client already built: its TLS
     context alone costs 20-80 ms, more than the run) until every subscriber
-    has every event."""
-    session = f"fan-{n_subs}"
+    has every event. ``tag`` names a fresh session (and ids) per round."""
+    session = f"fan-{n_subs}{tag}"
     subs = [FanoutCounter(d.url, {"filter": json.dumps({"session": session})}, n_events)
             for _ in range(n_subs)]
     for s in subs:
@@ -195,7 +203,7 @@ def fanout(d, n_subs: int, n_events: int) -> tuple[float, float]:
     lines = []
     for i in range(n_events):
         lines.append(json.dumps({
-            "aep": "0.1", "id": f"01BENCH{n_subs:04d}{i:010d}", "type": "tool.completed",
+            "aep": "0.1", "id": f"01BENCH{n_subs:04d}{tag}{i:010d}", "type": "tool.completed",
             "time": "2026-11-30T12:00:00.000Z", "source": f"aep://b/agent/bench/session/{session}",
             "agent": "bench", "session": session, "seq": i, "epoch": 0,
             "data": {"tool": {"name": "bash", "call_id": f"c{i}"}, "status": "success",
@@ -254,38 +262,67 @@ def floor_cpu_10k(floor: float) -> float:
     return 10_000 / floor
 
 
+def best_of(rounds: int, run) -> tuple[float, float, list[float]]:
+    """``run(r)`` -> (rate, cpu s/10k) for rounds ``r`` = 0.. ``rounds`` - 1:
+    (the best rate, the mean CPU, every round's rate)."""
+    rates, cpus = [], []
+    for r in range(rounds):
+        rate, cpu = run(r)
+        rates.append(rate)
+        cpus.append(cpu)
+    return max(rates), sum(cpus) / len(cpus), rates
+
+
 def main(argv: list[str]) -> None:
     quick = "--quick" in argv
     n_req = 10 if quick else 50
+    rounds = 2 if quick else ROUNDS
     requests = build_requests(n_req)
     floor = floor_rate(requests)
     total = n_req * RECORDS_PER_REQUEST
     fcpu = floor_cpu_10k(floor)
+    # fresh conversations every round: lift the new-session rate limit (a
+    # refusal would shed records, not cost CPU)
+    env = {"AEP_BUFFER": "2000", "AEP_LOG_LEVEL": "warning",
+           "AEP_OTLP_NEW_SESSIONS_PER_S": "100000"}
     with tempfile.TemporaryDirectory() as tmp:
-        with run_daemon(Path(tmp) / "a", {"AEP_BUFFER": "2000", "AEP_LOG_LEVEL": "warning"}) as d:
+        with run_daemon(Path(tmp) / "a", env) as d:
             rss0 = rss_mib(d.proc.pid)
             print(f"OTLP LogRecords/s ({n_req} requests x {RECORDS_PER_REQUEST} real Codex records,"
-                  " -> JSONL + SSE subscribers); CPU s per 10k records (daemon, all threads)")
+                  " -> JSONL + SSE subscribers); CPU s per 10k records (daemon, all threads);"
+                  f" best of {rounds} rounds, each on fresh conversations")
             print(f"  floor (protobuf decode + json.dumps of mapped events, no I/O): {floor:,.0f}/s"
                   f"   CPU {fcpu:.3f} s/10k")
             for kind, n_subs in (("grpc", 1), ("http-protobuf", 1), ("grpc", 10)):
-                c0 = cpu_s(d.proc.pid)
-                rate = otlp_rate(d, kind, requests, n_subs)
-                cpu = per_10k(cpu_s(d.proc.pid) - c0, total)
+                def otlp_round(r: int, kind: str = kind, n_subs: int = n_subs) -> tuple[float, float]:
+                    reqs = build_requests(n_req, f"-{kind}{n_subs}-{r}")
+                    c0 = cpu_s(d.proc.pid)
+                    rate = otlp_rate(d, kind, reqs, n_subs)
+                    return rate, per_10k(cpu_s(d.proc.pid) - c0, total)
+                rate, cpu, rates = best_of(rounds, otlp_round)
                 label = f"{kind}, {n_subs} sub{'s' if n_subs > 1 else ''}"
                 print(f"  {label:<20} {rate:>10,.0f}/s   ratio to floor {rate / floor:.3f}"
-                      f"   CPU {cpu:.3f} s/10k ({cpu / fcpu:.1f}x the floor's)")
+                      f"   CPU {cpu:.3f} s/10k ({cpu / fcpu:.1f}x the floor's)"
+                      f"   rounds {' '.join(f'{x / floor:.3f}' for x in rates)}")
             print("Relay fan-out (events POSTed as NDJSON, delivered over SSE);"
-                  " CPU s per 10k deliveries")
+                  f" CPU s per 10k deliveries; best of {rounds} rounds")
             n_events = 400 if quick else 2000
             for n_subs in (1, 10, 100):
                 n = n_events if n_subs < 100 else n_events // 4
-                c0 = cpu_s(d.proc.pid)
-                rate, ffloor = fanout(d, n_subs, n)
-                cpu = per_10k(cpu_s(d.proc.pid) - c0, n * n_subs)
+                floors: list[float] = []
+
+                def fan_round(r: int, n_subs: int = n_subs, n: int = n,
+                              floors: list[float] = floors) -> tuple[float, float]:
+                    c0 = cpu_s(d.proc.pid)
+                    rate, ffloor = fanout(d, n_subs, n, f"r{r}")
+                    floors.append(ffloor)
+                    return rate, per_10k(cpu_s(d.proc.pid) - c0, n * n_subs)
+                rate, cpu, rates = best_of(rounds, fan_round)
+                ffloor = max(floors)
                 print(f"  {n_subs:>3} subscribers: {rate:>10,.0f} deliveries/s"
                       f"   floor {ffloor:,.0f}/s   ratio {rate / ffloor:.3f}"
-                      f"   CPU {cpu:.3f} s/10k (floor {10_000 / ffloor:.3f})")
+                      f"   CPU {cpu:.3f} s/10k (floor {10_000 / ffloor:.3f})"
+                      f"   rounds {' '.join(f'{x / ffloor:.3f}' for x in rates)}")
             time.sleep(1.0)
             print(f"Daemon resident memory: {rss0:.1f} MiB at start, "
                   f"{rss_mib(d.proc.pid):.1f} MiB at steady state after the runs")
