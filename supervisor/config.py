@@ -33,6 +33,7 @@ from bridges.core.settings import EnvReader, Setting, bindable, check_fields, to
 from .jetstream.config import SETTINGS as NATS_SETTINGS
 from .jetstream.config import NatsConfig, file_problems
 from .jetstream.config import from_env as nats_from_env
+from .relay.buffer import ENTRY_OVERHEAD
 from .relay.core import normalize_origin
 from .retention import SETTINGS as RETENTION_SETTINGS
 from .retention import RetentionPolicy
@@ -312,9 +313,12 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
         "max_body": r.integer("AEP_MAX_BODY", 16 << 20, minimum=1, unit="bytes"),
         "max_batch": r.integer("AEP_MAX_BATCH", 10_000, minimum=1),
         "max_from": r.integer("AEP_MAX_FROM", max_sessions, minimum=1),
-        "buffer_bytes": r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=1024, unit="bytes"),
-        "total_bytes": r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20, minimum=1024,
-                                 unit="bytes"),
+        # each held event is accounted len(raw) + ENTRY_OVERHEAD: below four
+        # overheads a session buffer could hold nothing (or one event)
+        "buffer_bytes": r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=4 * ENTRY_OVERHEAD,
+                                  unit="bytes"),
+        "total_bytes": r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20,
+                                 minimum=4 * ENTRY_OVERHEAD, unit="bytes"),
         "log_max_open": r.integer("AEP_LOG_MAX_OPEN", 128, minimum=1),
         "strict_identity": r.flag("AEP_STRICT_IDENTITY"),
         "max_filter_terms": r.integer("AEP_MAX_FILTER_TERMS", 1024, minimum=1),

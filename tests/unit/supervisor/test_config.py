@@ -181,3 +181,23 @@ def test_a_relative_xdg_state_home_is_ignored(tmp_path):
     from bridges.core.paths import state_dir
     assert state_dir({"HOME": str(tmp_path), "XDG_STATE_HOME": "rel"}) == \
         tmp_path / ".local" / "state" / "aep-bridges"
+
+
+def test_the_smallest_accepted_byte_budgets_still_hold_events():
+    """Each held event is accounted ``len(raw) + ENTRY_OVERHEAD`` bytes: at
+    the old minimum (1024 = the overhead) a session buffer held nothing.
+    The minimum is now four overheads, and a buffer at it holds events."""
+    from supervisor.relay.buffer import ENTRY_OVERHEAD, Entry, SessionBuffers
+    for name in ("AEP_BUFFER_BYTES", "AEP_BUFFER_TOTAL_BYTES"):
+        _, bad = load({name: str(4 * ENTRY_OVERHEAD - 1)})
+        assert len(bad) == 1 and f"{name}={4 * ENTRY_OVERHEAD - 1}" in bad[0]
+    cfg, problems = load({"AEP_BUFFER_BYTES": str(4 * ENTRY_OVERHEAD),
+                          "AEP_BUFFER_TOTAL_BYTES": str(4 * ENTRY_OVERHEAD)})
+    assert problems == []
+    b = SessionBuffers(100, 10, buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes)
+    raw = b'{"aep":"0.1","type":"tool.completed","data":{"status":"success"}}' * 4
+    for seq in range(3):
+        attrs = {"id": f"e{seq}", "source": "aep://h/agent/a", "type": "tool.completed",
+                 "session": "s1", "seq": seq}
+        b.admit(Entry(attrs, raw, (0, seq), 1, 1))
+    assert b.held(("aep://h/agent/a", "s1")) == 3
