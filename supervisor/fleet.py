@@ -39,6 +39,7 @@ from .config import Config
 from .jsonlog import encode_line
 from .metrics import Metrics
 from .retention import RetainingSessionLog
+from .spares import SPARE_DIR, SpareFiles
 
 if TYPE_CHECKING:
     from .jetstream.sink import JetStreamSink
@@ -238,6 +239,8 @@ class Fleet:
         self.session_log = RetainingSessionLog(cfg.state_dir / "logs", cfg.retention,
                                                max_open=cfg.log_max_open)
         self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
+        # new sessions' files are renamed from spares made off the loop (issue 11)
+        self.spares = self.session_log.spares = SpareFiles(cfg.state_dir / "logs" / SPARE_DIR)
         #: (bridge, type family) -> events; (bridge, decision, reason) -> acks (/metrics)
         self.emitted: Counter[tuple[str, str]] = Counter()
         self.acks: Counter[tuple[str, str, str]] = Counter()
@@ -283,6 +286,7 @@ class Fleet:
                 await nursery.start(self.jetstream.run)
             nursery.start_soon(self._pump)
             nursery.start_soon(self.session_log.maintain)
+            nursery.start_soon(self.spares.keep)
             with self._bridges_scope:
                 async with trio.open_nursery() as bridges:
                     for m in self.members.values():

@@ -259,6 +259,15 @@ class FleetCollector(Collector):
             if key in sl.counters:
                 yield CounterMetricFamily(f"{PREFIX}_session_log_{key}", help_,
                                           value=sl.counters[key])
+        spares = sl.spares
+        if spares is not None:
+            sp = CounterMetricFamily(f"{PREFIX}_session_log_spare_files", "Spare session log "
+                                     "files made ahead, taken for new sessions, missed (a "
+                                     "file created on the event loop), failed",
+                                     labels=["outcome"])
+            for key in ("made", "taken", "missed", "errors"):
+                sp.add_metric([key], spares.counters[key])
+            yield sp
         counters = sl.retained
         yield GaugeMetricFamily(f"{PREFIX}_session_log_bytes", "Bytes of session logs on disk",
                                 value=sl.current_bytes())

@@ -173,3 +173,37 @@ def test_replay_trimmed_counts_the_byte_budget_too(tmp_path):
         assert d.stop() == 0, d.log()[-3000:]
     trimmed = value(m, "aep_bridges_events_dropped_total", reason="relay-replay-trimmed", severity="*")
     assert trimmed >= 30  # 40 events of ~450 bytes through a 4 KiB budget
+
+
+def test_a_new_sessions_log_file_is_a_spare_renamed_into_place(tmp_path):
+    """The daemon keeps spare session log files made off the event loop
+    (``supervisor.spares``); a new session's file is one of them renamed,
+    counted on ``/metrics``, and the pool is refilled."""
+    import os
+    import stat
+    import time
+
+    from tests.support.daemon import ROOT
+    d = DaemonProcess(tmp_path / "state", {"AEP_OTLP_PRIMARY": "1"}, token=TOKEN).start()
+    spare = "aep_bridges_session_log_spare_files_total"
+    try:
+        deadline = time.monotonic() + 30
+        while value(scrape(d), spare, outcome="made") < 64:  # the first refill, in a worker thread
+            assert time.monotonic() < deadline, "no spares were made"
+            time.sleep(0.05)
+        body = (ROOT / EXPORT).read_bytes()
+        r = httpx.post(f"http://127.0.0.1:{d.http_port}/v1/logs", content=body,
+                       headers={"content-type": "application/json"}, timeout=10, trust_env=False)
+        assert r.status_code == 200, r.text
+        m = scrape(d)
+    finally:
+        assert d.stop() == 0, d.log()[-3000:]
+    assert value(m, spare, outcome="taken") == 1  # one conversation, one new file
+    assert value(m, spare, outcome="missed") == 0 and value(m, spare, outcome="errors") == 0
+    logs = tmp_path / "state" / "logs"
+    (session_file,) = (logs / "codex").glob("*.jsonl")
+    assert stat.S_IMODE(session_file.stat().st_mode) == 0o600
+    assert session_file.read_text().count("\n") == value(m, "aep_bridges_session_log_lines_total")
+    left = sorted(os.listdir(logs / ".spare"))
+    assert len(left) == 63 and all(n.endswith(".spare") for n in left)
+    assert stat.S_IMODE((logs / ".spare").stat().st_mode) == 0o700

@@ -1,0 +1,169 @@
+"""Spare session log files: empty files made ahead of time, so that the
+first event of a new session is appended to a file that is renamed into
+place rather than created on the event loop.
+
+Why (issue 11): creating a file is the one part of a new session's first
+event that the daemon cannot make cheap. Measured on ext4 here, a create
+costs 30-800 us of kernel time (the inode allocator steps over every inode
+freed in the last minutes), a rename of an existing empty file ~25 us. Every
+new OpenCode/Kilo session, OpenHands conversation and Codex conversation
+pays it before its first event reaches the relay (the log is written
+first: DESIGN.md "Delivery"). The spares are made in a worker thread, off
+the event loop and its core; the loop only renames.
+
+Layout: ``{logs}/.spare/{n}.spare``, ``0600`` in a ``0700`` directory. No
+session or agent name can be ``.spare`` (:func:`supervisor.jsonlog.safe_name`
+starts every name with a letter, digit or ``~``), and nothing that reads
+the logs looks at files without ``.jsonl`` in their name. Spares left by a
+previous run are used again; a spare is only ever renamed onto a path that
+does not exist (the caller has just seen ``ENOENT`` there, and this process
+is the log's only writer), so no session file is ever replaced.
+
+Pure bookkeeping plus two kinds of I/O: :meth:`SpareFiles.take` (one
+``rename``, on the loop) and :meth:`SpareFiles.keep` (the refills, in a
+worker thread owned by the task that awaits it)."""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections import deque
+from pathlib import Path
+
+import trio
+
+__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET"]
+
+log = logging.getLogger("aep.jsonl")
+
+SPARE_DIR = ".spare"
+DEFAULT_TARGET = 64
+"""Spares kept ready: a refill starts when half are used. 64 covers a burst
+of 32 new sessions between two refills (a refill of 32 takes 1-25 ms)."""
+
+_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+
+class SpareFiles:
+    """A pool of empty ``0600`` files in ``directory`` (see the module
+    docstring). ``target``: how many to keep ready. ``counters``:
+    ``made`` (files created by refills), ``taken`` (renamed into place),
+    ``missed`` (a session file created on the event loop instead: none
+    ready, or the rename failed; counted by the log), ``errors`` (refills
+    or renames that failed)."""
+
+    def __init__(self, directory: Path, *, target: int = DEFAULT_TARGET) -> None:
+        self.directory = Path(directory)
+        self.target = max(1, target)
+        self._ready: deque[str] = deque()
+        self._next = 0  # the next spare's number
+        self._low = trio.Event()  # set: at most half the target is ready
+        self._low.set()
+        self._failing = False  # the last refill failed: logged once per spell
+        self.counters = {"made": 0, "taken": 0, "missed": 0, "errors": 0}
+
+    def ready(self) -> int:
+        """Spares ready to be taken now."""
+        return len(self._ready)
+
+    def take(self, dest: str) -> bool:
+        """Rename a spare to ``dest`` (a path that does not exist, in a
+        directory on the same file system); ``True`` when ``dest`` now
+        exists as an empty ``0600`` file, ``False`` when no spare is ready
+        or the rename failed (the caller creates ``dest`` itself; a missing
+        directory of ``dest`` keeps the spare for the retry). Raises nothing."""
+        ready = self._ready
+        taken = False
+        while ready:
+            spare = ready.popleft()
+            try:
+                os.rename(spare, dest)
+            except FileNotFoundError:
+                if os.path.lexists(spare):  # dest's directory is gone, not the spare
+                    ready.appendleft(spare)
+                    break
+                continue  # the spare went away (a cleanup): the next one
+            except OSError:  # another file system, permissions...: dropped, counted
+                self.counters["errors"] += 1
+                break
+            self.counters["taken"] += 1
+            taken = True
+            break
+        if len(ready) <= self.target // 2:
+            self._low.set()
+        return taken
+
+    async def keep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                   ) -> None:
+        """Forever: keep :attr:`target` spares ready, refilling in a worker
+        thread whenever half of them are used (the spares of a previous run
+        are adopted first). A failing refill is logged once per failing
+        spell and retried at the next use, at most once a second."""
+        task_status.started()
+        adopted, after = await trio.to_thread.run_sync(self._adopt)
+        self._ready.extend(adopted)
+        self._next = max(self._next, after)
+        while True:
+            await self._low.wait()
+            self._low = trio.Event()
+            want = self.target - len(self._ready)
+            if want <= 0:
+                continue
+            made, self._next, err = await trio.to_thread.run_sync(self._make, self._next, want)
+            self._ready.extend(made)
+            self.counters["made"] += len(made)
+            if err is not None:
+                self.counters["errors"] += 1
+                if not self._failing:
+                    log.warning("cannot make spare session log files in %s: %s "
+                                "(new session files are created on the event loop meanwhile)",
+                                self.directory, err)
+                self._failing = True
+                await trio.sleep(1.0)
+                self._low.set()
+            elif self._failing:
+                self._failing = False
+                log.info("spare session log files are made again")
+
+    # -- in the worker thread: no shared state touched, results returned
+    def _adopt(self) -> tuple[list[str], int]:
+        """The spares a previous run left (empty regular files named
+        ``{n}.spare``, one link) and the number after the highest of them."""
+        found: list[str] = []
+        after = 0
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return found, after
+        for e in entries:
+            name = e.name
+            if not name.endswith(".spare") or not name[:-6].isdigit():
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_nlink == 1:
+                found.append(e.path)
+                after = max(after, int(name[:-6]) + 1)
+        return found, after
+
+    def _make(self, first: int, n: int) -> tuple[list[str], int, OSError | None]:
+        """Create ``n`` spares numbered from ``first`` on (skipping numbers
+        taken by strays); returns their paths, the next free number and the
+        error that stopped the refill early, if any."""
+        made: list[str] = []
+        i = first
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            while len(made) < n:
+                path = os.path.join(self.directory, f"{i}.spare")
+                i += 1
+                try:
+                    os.close(os.open(path, _FLAGS, 0o600))
+                except FileExistsError:  # a stray of an earlier run: skip its number
+                    continue
+                made.append(path)
+        except OSError as e:
+            return made, i, e
+        return made, i, None

@@ -1,0 +1,171 @@
+"""Spare session log files (``supervisor.spares``, issue 11): a new
+session's file is an empty spare renamed into place. Held to the log
+without spares (same files, same lines, existing files never replaced),
+the pool's refill task, the spares of a previous run, and failures
+falling back to creating the file."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.jsonlog import SessionLog, encode_line
+from supervisor.spares import SPARE_DIR, SpareFiles
+
+_SESSIONS = st.sampled_from(["s1", "s2", "ses 3", "../x", None, "s5", "s6", "s7"])
+
+
+def _ev(agent, session, n):
+    ev = {"aep": "0.1", "id": f"e{n}", "type": "x.t.e", "seq": n, "agent": agent}
+    if session is not None:
+        ev["session"] = session
+    return ev
+
+
+def _files(root: Path) -> dict[str, list[int]]:
+    return {str(p.relative_to(root)): [json.loads(x)["seq"] for x in p.read_text().splitlines()]
+            for p in sorted(root.rglob("*.jsonl"))}
+
+
+def _pool(root: Path, n: int, target: int = 64) -> SpareFiles:
+    sp = SpareFiles(root / SPARE_DIR, target=target)
+    made, sp._next, err = sp._make(0, n)  # what keep() does in its worker thread
+    assert err is None
+    sp._ready.extend(made)
+    return sp
+
+
+@settings(max_examples=120, deadline=None)
+@given(batches=st.lists(st.lists(st.tuples(st.sampled_from(["codex", "kimi"]), _SESSIONS),
+                                 min_size=1, max_size=6), max_size=10),
+       spares=st.integers(0, 6), max_open=st.integers(1, 3),
+       existing=st.lists(_SESSIONS, max_size=3))
+def test_a_log_with_spares_writes_exactly_what_a_log_without_them_writes(
+        batches, spares, max_open, existing):
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        with_spares, plain = SessionLog(Path(a), max_open=max_open), SessionLog(Path(b))
+        with_spares.spares = pool = _pool(Path(a), spares)
+        for root in (a, b):  # files a previous run left: appended to, never replaced
+            for session in existing:
+                SessionLog(Path(root)).write(_ev("codex", session, -1))
+        n = 0
+        for batch in batches:
+            evs = [_ev(agent, session, n + i) for i, (agent, session) in enumerate(batch)]
+            n += len(evs)
+            assert with_spares.write_batch([(e, encode_line(e)) for e in evs]) == [True] * len(evs)
+            for e in evs:
+                assert plain.write(e) is True
+        with_spares.close()
+        plain.close()
+        assert _files(Path(a)) == _files(Path(b))
+        new_files = len(_files(Path(b))) - len(set(existing))
+        assert pool.counters["taken"] == min(spares, new_files)
+        assert pool.ready() == spares - pool.counters["taken"]
+        left = os.listdir(Path(a) / SPARE_DIR)
+        assert len(left) == pool.ready()
+        for p in Path(a).rglob("*.jsonl"):
+            assert stat.S_IMODE(p.stat().st_mode) == 0o600
+
+
+def test_a_spare_is_never_renamed_over_an_existing_file(tmp_path):
+    log = SessionLog(tmp_path)
+    assert log.write(_ev("codex", "s1", 0))
+    log.close()
+    again = SessionLog(tmp_path)
+    again.spares = pool = _pool(tmp_path, 2)
+    assert again.write(_ev("codex", "s1", 1)) and again.write(_ev("codex", "s2", 2))
+    again.close()
+    assert _files(tmp_path) == {"codex/s1.jsonl": [0, 1], "codex/s2.jsonl": [2]}
+    assert pool.counters["taken"] == 1 and pool.ready() == 1
+
+
+def test_a_spare_that_went_away_is_skipped_and_none_left_means_the_slow_create(tmp_path):
+    pool = _pool(tmp_path, 2)
+    os.unlink(pool._ready[0])
+    log = SessionLog(tmp_path)
+    log.spares = pool
+    for i in range(3):
+        assert log.write(_ev("codex", f"s{i}", i))
+    log.close()
+    assert _files(tmp_path) == {f"codex/s{i}.jsonl": [i] for i in range(3)}
+    assert pool.counters["taken"] == 1 and pool.counters["missed"] == 2 and pool.ready() == 0
+
+
+def test_a_session_directory_removed_under_the_log_keeps_the_spares(tmp_path):
+    import shutil
+    log = SessionLog(tmp_path)
+    log.spares = pool = _pool(tmp_path, 3)
+    assert log.write(_ev("codex", "s1", 0))
+    shutil.rmtree(tmp_path / "codex")
+    assert log.write(_ev("codex", "s2", 1)) and not log.failing
+    log.close()
+    assert _files(tmp_path) == {"codex/s2.jsonl": [1]}
+    assert pool.counters["taken"] == 2 and pool.ready() == 1 and pool.counters["missed"] == 0
+
+
+def test_keep_fills_the_pool_refills_at_half_and_adopts_a_previous_runs_spares(tmp_path):
+    d = tmp_path / SPARE_DIR
+    d.mkdir()
+    (d / "3.spare").touch()
+    (d / "5.spare").write_text("not empty: not a spare")
+    (d / "x.spare").touch()
+    (d / "7.spare").touch()
+    os.link(d / "7.spare", tmp_path / "linked")  # two links: a session's file, not a spare
+
+    async def main():
+        pool = SpareFiles(d, target=8)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.keep)
+            with trio.fail_after(10):
+                while pool.ready() < 8:
+                    await trio.sleep(0.01)
+            assert str(d / "3.spare") in pool._ready  # adopted
+            assert str(d / "7.spare") not in pool._ready and str(d / "5.spare") not in pool._ready
+            assert pool.counters["made"] == 7  # 4, 6, 8, 9, 10, 11, 12: 5 and 7 are strays
+            for i in range(5):  # below half: a refill
+                assert pool.take(str(tmp_path / f"t{i}"))
+            with trio.fail_after(10):
+                while pool.ready() < 8:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        return pool
+
+    pool = trio.run(main)
+    assert pool.counters["taken"] == 5 and pool.counters["made"] == 12
+    assert (d / "5.spare").read_text() == "not empty: not a spare"
+    names = sorted(os.listdir(d))
+    assert len(names) == 8 + 3  # ready, and the three strays left alone
+    assert os.stat(tmp_path / "linked").st_nlink == 2  # the linked one never taken
+
+
+def test_a_failing_refill_is_logged_once_and_the_log_creates_files_meanwhile(tmp_path, caplog):
+    blocker = tmp_path / "logs"
+    blocker.mkdir()
+    (blocker / SPARE_DIR).write_text("a file where the spare directory should be")
+
+    async def main():
+        pool = SpareFiles(blocker / SPARE_DIR, target=4)
+        log = SessionLog(blocker)
+        log.spares = pool
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.keep)
+            with trio.fail_after(10):
+                while pool.counters["errors"] < 2:  # retried after a second
+                    await trio.sleep(0.05)
+            assert log.write(_ev("codex", "s", 0)) and not log.failing
+            nursery.cancel_scope.cancel()
+        log.close()
+        return pool
+
+    with caplog.at_level(logging.WARNING, logger="aep.jsonl"):
+        pool = trio.run(main)
+    assert pool.ready() == 0 and pool.counters["made"] == 0
+    assert len([r for r in caplog.records if "spare" in r.getMessage()]) == 1
+    assert _files(blocker) == {"codex/s.jsonl": [0]}
