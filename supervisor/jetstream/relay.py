@@ -329,6 +329,8 @@ class JetStreamRelay(Relay):
         self._scopes: dict[Outlet, dict[Subscriber, trio.CancelScope]] = {}
         #: (outlet, subscription id) -> its "subscribed" frame, until positioned
         self._held: dict[tuple[Outlet, Any], dict[str, Any]] = {}
+        #: SSE outlets whose response waits for their live start (:meth:`live_fixed`)
+        self._fixed: dict[Outlet, trio.Event] = {}
         self._acks = _Acks(link)
         self._kv_claims: Any = None
         self._kv_daemons: Any = None
@@ -760,6 +762,8 @@ class JetStreamRelay(Relay):
         if self._nursery is None:
             sub.outlet.terminate("shutting-down", code=1001)
             return
+        if sub.outlet.kind == "sse":
+            self._fixed.setdefault(sub.outlet, trio.Event())
         self._nursery.start_soon(self._consume, scope, sub, plan_all, positions, live, tail)
 
     def hold_subscribed(self, outlet: Outlet, frame: dict[str, Any]) -> None:
@@ -767,10 +771,24 @@ class JetStreamRelay(Relay):
         where live delivery starts (:meth:`_serve_sub` sends it)."""
         self._held[(outlet, frame.get("id"))] = frame
 
+    async def live_fixed(self, outlet: Outlet) -> None:
+        """An SSE stream's response waits, like a WS ``subscribed`` frame,
+        until its consumer task has fixed where live delivery starts (or
+        given up: a NATS outage releases it at once, as for WS)."""
+        ready = self._fixed.get(outlet)
+        if ready is not None:
+            await ready.wait()
+
     def _release_subscribed(self, sub: Subscriber) -> None:
         frame = self._held.pop((sub.outlet, sub.sid), None)
         if frame is not None:
             sub.outlet.push_frame(frame_text(frame))
+        self._release_stream(sub.outlet)
+
+    def _release_stream(self, outlet: Outlet) -> None:
+        ready = self._fixed.pop(outlet, None)
+        if ready is not None:
+            ready.set()
 
     def end_after_replay(self, outlet: Outlet) -> None:
         pass  # the consumer task ends a live=0 stream after its replay
@@ -786,6 +804,7 @@ class JetStreamRelay(Relay):
         super().detach_outlet(outlet)
         for key in [k for k in self._held if k[0] is outlet]:
             del self._held[key]
+        self._release_stream(outlet)
         for scope in self._scopes.pop(outlet, {}).values():
             scope.cancel()
 
@@ -794,7 +813,10 @@ class JetStreamRelay(Relay):
                        tail: list[Any] | None) -> None:
         with scope:
             try:
-                await self._serve_sub(sub, plan_all, positions, live, tail)
+                try:
+                    await self._serve_sub(sub, plan_all, positions, live, tail)
+                finally:
+                    self._release_stream(sub.outlet)  # a waiting response goes on (to its end)
             except _NATS_ERRORS as e:
                 log.warning("jetstream relay: a subscription failed to start (%s)",
                             type(e).__name__)

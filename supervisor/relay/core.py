@@ -559,6 +559,12 @@ class Relay:
             self.end_after_replay(outlet)
         return outlet
 
+    async def live_fixed(self, outlet: Outlet) -> None:
+        """Return once where ``outlet``'s live delivery starts is fixed, so
+        an event posted after the stream's response began is delivered
+        (here at :meth:`subscribe`, at once; a backend that fixes it later,
+        the JetStream relay, waits). The SSE response starts after this."""
+
     def end_after_replay(self, outlet: Outlet) -> None:
         """A ``live=0`` stream ends once its queued replay is written (here
         the replay is queued whole at :meth:`subscribe`; a backend that

@@ -64,14 +64,22 @@ async def serve_sse(relay: Relay, scope: Scope, receive: Receive, send: Send) ->
         if parsed is not None:
             positions = [parsed]
     live = q.get("live") != "0"
-    await send({"type": "http.response.start", "status": 200, "headers": [
+    start = {"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"text/event-stream; charset=utf-8"),
         (b"cache-control", b"no-cache"),
-        (b"x-accel-buffering", b"no")]})
+        (b"x-accel-buffering", b"no")]}
     if scope["method"] == "HEAD":
+        await send(start)
         return await send({"type": "http.response.body", "body": b""})
     outlet = relay.open_stream(flt, ceiling, plan_all=plan_all, positions=positions, live=live)
     outlet.abort = scope.get("state", {}).get(ABORT_KEY)
+    try:
+        # a client that posts once the response began must see its event
+        await relay.live_fixed(outlet)
+        await send(start)
+    except BaseException:
+        outlet.closed()
+        raise
     await pump_sse(relay, outlet, receive, send)
 
 

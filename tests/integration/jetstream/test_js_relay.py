@@ -280,3 +280,33 @@ async def test_an_event_over_the_servers_max_payload_is_413_not_send_again(tmp_p
             assert info.state.messages == 0  # nothing of the refused batch published
             ok = await client.post(base + "/events", headers=POST, content=ndjson([event(0)]))
             assert ok.status_code == 202
+
+
+async def test_an_sse_stream_misses_nothing_posted_once_its_response_began(tmp_path,
+                                                                           monkeypatch) -> None:
+    """The SSE response starts only once the consumer has fixed where live
+    delivery starts (the stream's last sequence read), as a WS holds its
+    ``subscribed`` frame: a client that posts as soon as the response
+    began sees its own event. Before, the response began at once, and an
+    event published before the stream's bounds were read fell between the
+    (empty) replay and the live phase."""
+    import asyncio
+    from functools import partial
+    with NatsCluster(1, tmp_path) as c:
+        async with running_js_relay(c.url, token=TOKEN) as (relay, base), \
+                httpx.AsyncClient(timeout=30) as client, trio.open_nursery() as nursery:
+            real = relay.link.js.stream_info
+
+            async def late(*args: Any, **kwargs: Any) -> Any:
+                await asyncio.sleep(0.5)  # the bounds read answered late
+                return await real(*args, **kwargs)
+            monkeypatch.setattr(relay.link.js, "stream_info", late)
+            live = SSE()
+            await nursery.start(partial(live.run, client, base + "/stream", headers=AUTH))
+            assert live.status == 200
+            r = await client.post(base + "/events", content=ndjson([event(0, "s1")]),
+                                  headers=POST)
+            assert r.status_code == 202
+            await wait_until(lambda: len(live.messages) >= 1, timeout=10)
+            assert positions(live.messages) == [("s1", 0)]
+            nursery.cancel_scope.cancel()
