@@ -6,7 +6,7 @@
    classification, ``(session, epoch, seq)`` dedupe, the pure mapping and
    the tracker's run/tool/ask state, envelope stamping with the capture
    gate) -> the relay channel -> the fleet's JSONL session log
-   (``supervisor.jsonlog.SessionLog`` + ``encode_line``, real files), in
+   (``supervisor.jsonlog.SessionLog`` with spare files, as the fleet runs it, + ``encode_line``, real files), in
    primary mode. The frames are the real ``kimi web`` 2.1.0 captures
    (``tests/fixtures/kimi_web_real``) replayed over many sessions with fresh
    session ids. The floor, measured in the same run: ``json.loads`` of the
@@ -38,6 +38,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import fleet_log  # noqa: E402
 from benchmarks.openhands_bench import rss_mib  # noqa: E402  (one VmRSS reader)
 from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
 from bridges.core.capture import CapturePolicy  # noqa: E402
@@ -49,7 +50,7 @@ from bridges.kimi_web.mapping import AGENT  # noqa: E402
 from bridges.kimi_web.receiver import Receiver  # noqa: E402
 from bridges.kimi_web.tracker import Tracker  # noqa: E402
 from supervisor.fleet import run_bridge  # noqa: E402
-from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
+from supervisor.jsonlog import encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "kimi_web_real"
 CAPTURES = ("approve", "approve_session", "reject", "abort_pending", "question", "question_dismiss")
@@ -86,7 +87,6 @@ async def path_rate(sids: list[str], raws: list[str], logdir: Path) -> tuple[flo
     cfg = KimiWebConfig(home=logdir / "home", url="http://127.0.0.1:1", token="t", primary=True)
     rx = Receiver(cfg, Tracker(Posture(agent=AGENT, mode="primary")), ctx)
     rx.subscribed = set(sids)
-    log = SessionLog(logdir)
     written = 0
 
     async def sink() -> None:
@@ -95,13 +95,16 @@ async def path_rate(sids: list[str], raws: list[str], logdir: Path) -> tuple[flo
             log.write(item.event, encode_line(item.event))
             written += 1
 
-    t0 = time.perf_counter()
-    async with trio.open_nursery() as n:
-        n.start_soon(sink)
-        for raw in raws:
-            await rx._on_raw(None, raw, n)
-        await send.aclose()
-    dt = time.perf_counter() - t0
+    async with trio.open_nursery() as spare_keeper:
+        log = await fleet_log(spare_keeper, logdir)
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as n:
+            n.start_soon(sink)
+            for raw in raws:
+                await rx._on_raw(None, raw, n)
+            await send.aclose()
+        dt = time.perf_counter() - t0
+        spare_keeper.cancel_scope.cancel()
     log.close()
     return len(raws) / dt, written
 

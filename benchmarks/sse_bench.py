@@ -10,7 +10,7 @@ section 7).
    bridge's own receiver (httpx + httpx-sse, ``parse_frame``, vendor-id
    dedupe, the tracker and pure mapping, envelope stamping with the capture
    gate) -> the relay channel -> the fleet's JSONL session log
-   (``supervisor.jsonlog``, real files), in primary mode. The floor, measured
+   (``supervisor.jsonlog`` with spare files, as the fleet runs it; real files), in primary mode. The floor, measured
    in the same run on the same stream (floor and path alternate, three
    rounds each, each figure the best of its rounds): httpx-sse parsing + ``json.loads`` of
    every frame + ``json.dumps`` of it, nothing else. Reported: frames/s and
@@ -50,6 +50,7 @@ from hypercorn.trio import serve as hypercorn_serve
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import fleet_log  # noqa: E402
 from bridges.core.asgi import lifespan  # noqa: E402
 from bridges.core.bridge import BridgeContext, BridgeHealth  # noqa: E402
 from bridges.core.capture import CapturePolicy  # noqa: E402
@@ -59,7 +60,7 @@ from bridges.sse_common.bridge import SseBridge  # noqa: E402
 from bridges.sse_common.config import SseConfig  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
 from supervisor.fleet import take_batch  # noqa: E402
-from supervisor.jsonlog import SessionLog, encode_line  # noqa: E402
+from supervisor.jsonlog import encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures"
 END = "ses_benchmark_end"
@@ -152,7 +153,6 @@ async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
     _, cmd_r = trio.open_memory_channel(1)
     ctx = BridgeContext(bridge.name, Stamper("opencode", epoch=1, host="bench"), send, cmd_r,
                         BridgeHealth(), logging.getLogger("bench"))
-    log = SessionLog(logdir)
     box: dict = {"events": 0}
     done = trio.Event()
 
@@ -174,6 +174,7 @@ async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
             await trio.lowlevel.checkpoint()
 
     async with trio.open_nursery() as n:
+        log = await fleet_log(n, logdir)
         n.start_soon(pump)
         await n.start(bridge.run, ctx)
         await done.wait()

@@ -183,12 +183,13 @@ def test_a_new_sessions_log_file_is_a_spare_renamed_into_place(tmp_path):
     import stat
     import time
 
+    from supervisor.spares import DEFAULT_TARGET
     from tests.support.daemon import ROOT
     d = DaemonProcess(tmp_path / "state", {"AEP_OTLP_PRIMARY": "1"}, token=TOKEN).start()
     spare = "aep_bridges_session_log_spare_files_total"
     try:
         deadline = time.monotonic() + 30
-        while value(scrape(d), spare, outcome="made") < 64:  # the first refill, in a worker thread
+        while value(scrape(d), spare, outcome="made") < DEFAULT_TARGET:  # the first refill, in a worker thread
             assert time.monotonic() < deadline, "no spares were made"
             time.sleep(0.05)
         body = (ROOT / EXPORT).read_bytes()
@@ -205,5 +206,5 @@ def test_a_new_sessions_log_file_is_a_spare_renamed_into_place(tmp_path):
     assert stat.S_IMODE(session_file.stat().st_mode) == 0o600
     assert session_file.read_text().count("\n") == value(m, "aep_bridges_session_log_lines_total")
     left = sorted(os.listdir(logs / ".spare"))
-    assert len(left) == 63 and all(n.endswith(".spare") for n in left)
+    assert len(left) == DEFAULT_TARGET - 1 and all(n.endswith(".spare") for n in left)
     assert stat.S_IMODE((logs / ".spare").stat().st_mode) == 0o700
