@@ -304,3 +304,22 @@ def test_the_loads_property_catches_a_planted_bug(monkeypatch, planted):
         monkeypatch.setattr(aep, "_stdlib_loads", orjson.loads)
     bad = find(_inputs, lambda t: not _loads_agrees(t), settings=_FIND)
     assert not _loads_agrees(bad)
+
+
+def _at_stack_depth(frames, fn):
+    return fn() if frames <= 0 else _at_stack_depth(frames - 1, fn)
+
+
+def test_dumps_from_a_deep_stack_answers_as_the_stdlib_there():
+    """The walk after orjson recurses in Python: where the caller's stack
+    leaves it too little room, the stdlib answers (as it does there too)."""
+    import sys
+
+    value: list = [1]
+    for _ in range(200):
+        value = [value]
+    for used in (0, sys.getrecursionlimit() - 350, sys.getrecursionlimit() - 150):
+        new = _at_stack_depth(used, lambda: _answer(aep.dumps, value))
+        old = _at_stack_depth(used, lambda: _answer(_REF_DUMPS, value))
+        assert new == old
+    assert new[0] == "error" or new[1] == _REF_DUMPS(value)
