@@ -155,8 +155,9 @@ _json_values = st.recursive(
 
 @given(_json_values)
 def test_dumps_is_the_json_module_s_compact_encoding(value):
-    """The prebuilt C encoder writes exactly what ``json.dumps`` with the
-    wire options writes (issue 11: built once instead of per call)."""
+    """``dumps`` writes exactly what ``json.dumps`` with the wire options
+    writes (issue 11: orjson where its bytes are these, else the C encoder
+    built once instead of per call)."""
     try:
         want = json.dumps(value, ensure_ascii=False, separators=(",", ":"),
                           allow_nan=False).encode("utf-8")

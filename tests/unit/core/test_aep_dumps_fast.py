@@ -1,7 +1,7 @@
-"""``bridges.core.aep.dumps`` calls the C encoder it builds once instead of
-``JSONEncoder.encode`` (which builds one per call): the same bytes and the
-same refusals (``NaN``, lone surrogates, values JSON cannot carry, cycles,
-absurd depth) as the encoder it stands for, on any value."""
+"""``bridges.core.aep.dumps`` (orjson first, else the C encoder it builds
+once instead of ``JSONEncoder.encode``, which builds one per call): the same
+bytes and the same refusals (``NaN``, lone surrogates, values JSON cannot
+carry, cycles, absurd depth) as the encoder it stands for, on any value."""
 from __future__ import annotations
 
 import math
