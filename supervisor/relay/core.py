@@ -347,9 +347,14 @@ class Relay:
                 recheck = counters["events"] != mark
             else:
                 recheck = False
-            for e in entries[i:i + chunk]:
-                if recheck and e.pos is not None and (self.buffers.conflict(e) or
-                                                      self.buffers.conflicting_duplicate(e)):
+            part = entries[i:i + chunk]
+            if not recheck:
+                self._admit_run(part)
+                n += len(part)
+                continue
+            for e in part:
+                if e.pos is not None and (self.buffers.conflict(e) or
+                                          self.buffers.conflicting_duplicate(e)):
                     counters["invalid_events"] += 1
                     continue
                 self._admit(e, None)
@@ -473,6 +478,26 @@ class Relay:
         # agent.* and seq-less foreign events are live-only; every event is
         # fanned out as received, duplicates included (AEP-0003 §5)
         self.fanout.offer(e)
+
+    def _admit_run(self, entries: Sequence[Entry]) -> None:
+        """``_admit(e, None)`` for each of ``entries`` in order (no
+        connection: ``POST /events``), in one call: every sequenced one
+        buffered, then the run fanned out (:meth:`.fanout.Fanout.offer_run`;
+        nothing reads the buffers in between, there is no checkpoint).
+        Equal to one :meth:`_admit` each (property test
+        ``tests/unit/relay/test_relay_runs.py``)."""
+        self.counters["events"] += len(entries)
+        n = self._admitted
+        admit = self.buffers.admit
+        try:
+            for e in entries:
+                if e.pos is not None:
+                    n += 1
+                    e.n = n
+                    admit(e)
+        finally:
+            self._admitted = n
+        self.fanout.offer_run(entries)
 
     async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
                      raw: str | None) -> tuple[str, str] | None:

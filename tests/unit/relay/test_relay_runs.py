@@ -1,0 +1,208 @@
+"""The POST path's run shortcuts (issue 11) held equal to the one-event
+paths they skip: :meth:`Relay._admit_run` (buffers, then
+:meth:`Fanout.offer_run`) against one :meth:`Relay._admit` per entry, and
+:meth:`Outlet.offer_many` against one :meth:`Outlet.offer` per item. Equal
+means: every outlet queues the same items in the same order (payloads,
+sizes, severities, WS marks), sheds and counts the same (§8.4 order:
+``debug``/``info`` dropped past the soft budget, evicted for ``notice``+,
+the stream terminated past the hard one), ends in the same state, and the
+buffers hold the same entries. Small budgets make the shedding happen."""
+from __future__ import annotations
+
+import copy
+
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from supervisor.relay.attrmatch import Filter
+from supervisor.relay.core import Relay
+from supervisor.relay.envelope import to_entry
+from supervisor.relay.outlet import EndItem, EventItem, FrameItem, Outlet, ReplayItem, Subscriber
+
+FILTERS = [{}, {"session": "s1"}, {"session": ["s1", "s2"]}, {"agent": "a1"}, {"type": "tool.*"},
+           {"severity": {"gte": "notice"}}, {"epoch": 0}, {"session": "s2", "agent": "a2"},
+           {"capture": "full"}, {"region": "eu"}, {"region": 1}]
+CEILINGS = [None, "none", "metadata", "redacted", "full"]
+DATA = {"none": None, "metadata": {"status": "success", "duration_ms": 3},
+        "redacted": {"status": "success", "result_redacted": "r***"},
+        "full": {"status": "success", "result": "out", "result_redacted": "o**"}}
+
+_event = st.fixed_dictionaries({
+    "session": st.sampled_from(["s1", "s2", None]),
+    "agent": st.sampled_from(["a1", "a2"]),
+    "type": st.sampled_from(["tool.completed", "message.delta", "x.v.thing.done"]),
+    "severity": st.sampled_from([None, "debug", "info", "notice", "error"]),
+    "capture": st.sampled_from([None, "none", "metadata", "redacted", "full"]),
+    "epoch": st.sampled_from([None, 0, 1]),
+    "seq": st.integers(0, 6),
+    "id": st.integers(0, 8),
+    "region": st.sampled_from([None, "eu", 1, True]),
+})
+
+
+def _envelope(spec: dict, source_of: dict) -> dict:
+    session = spec["session"]
+    ev = {"aep": "0.1", "id": f"id{spec['id']}", "type": spec["type"],
+          "time": "2026-11-30T12:00:00.000Z", "agent": spec["agent"]}
+    if session is None:  # agent-scoped: live only
+        ev["type"] = "agent.presence"
+        ev["source"] = f"aep://h/agent/{spec['agent']}"
+    else:
+        ev["source"] = source_of.get(session, f"aep://h/agent/a/session/{session}")
+        ev.update(session=session, seq=spec["seq"])
+        if spec["epoch"] is not None:
+            ev["epoch"] = spec["epoch"]
+    for k in ("severity", "capture", "region"):
+        if spec[k] is not None:
+            ev[k] = spec[k]
+    declared = spec["capture"] or "metadata"
+    data = DATA[declared] if ev["type"] == "tool.completed" else {"n": spec["seq"]}
+    if declared == "none":
+        data = None
+    if data is not None:
+        ev["data"] = copy.deepcopy(data)
+    return ev
+
+
+def _item(item: object) -> tuple:
+    if isinstance(item, EventItem):
+        return ("event", item.payload, item.size, item.sev, item.mark)
+    if isinstance(item, FrameItem):
+        payload = item.payload
+        return ("frame", payload() if callable(payload) else payload, item.size)
+    if isinstance(item, EndItem):
+        return ("end", item.end)
+    assert isinstance(item, ReplayItem)
+    return ("replay",)
+
+
+def _outlet_state(o: Outlet) -> tuple:
+    return (o.state, o.dropped, o.queued_bytes, [_item(i) for i in o._q], o.delivered)
+
+
+def _buffers_state(relay: Relay) -> list:
+    out = []
+    for key, s in relay.buffers._sessions.items():
+        out.append((key, s.entries[s.start:], s.keys[s.start:], sorted(s.ids), s.bytes, s.dropped))
+    return out
+
+
+def _relay(soft: int, subs: list, pending: bool) -> tuple[Relay, list[Outlet]]:
+    relay = Relay(buffer=4, max_sessions=3, queue_soft_bytes=soft, queue_hard_bytes=soft * 3)
+    outlets: list[Outlet] = []
+    ws: Outlet | None = None
+    for n, (kind, fi, ci) in enumerate(subs):
+        if kind == "sse" or ws is None:
+            o = Outlet(relay, kind)
+            outlets.append(o)
+            if kind == "ws":
+                ws = o
+        else:
+            o = ws  # a second subscription on the same WebSocket
+        sub = Subscriber(Filter(FILTERS[fi]), CEILINGS[ci], o, sid=f"sub{n}" if kind == "ws" else None)
+        relay.fanout.add(sub, {"s1": (0, 2)} if pending and n == 0 else None)
+    return relay, outlets
+
+
+_subs = st.lists(st.tuples(st.sampled_from(["sse", "ws"]), st.integers(0, len(FILTERS) - 1),
+                           st.integers(0, len(CEILINGS) - 1)), min_size=1, max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(specs=st.lists(_event, min_size=0, max_size=24), subs=_subs,
+       soft=st.sampled_from([400, 1200, 5000, 1 << 20]), pending=st.booleans(),
+       queued=st.integers(0, 3), split=st.integers(1, 24),
+       shared_source=st.booleans())
+def test_admit_run_equals_one_admit_per_entry(specs, subs, soft, pending, queued, split, shared_source):
+    source_of = {"s1": "aep://h/agent/a", "s2": "aep://h/agent/a"} if shared_source else {}
+    envelopes = [_envelope(s, source_of) for s in specs]
+    one, one_outlets = _relay(soft, subs, pending)
+    run, run_outlets = _relay(soft, subs, pending)
+    for outlets in (one_outlets, run_outlets):
+        for o in outlets:  # output already waiting: the budgets start part used
+            for _ in range(queued):
+                o.offer(EventItem(b"x" * 150, 150, 1))
+
+    def admissible(relay: Relay) -> list:
+        entries = []
+        for ev in envelopes:
+            e = to_entry(copy.deepcopy(ev))
+            entries.append(e)
+        return entries
+
+    one_entries, run_entries = admissible(one), admissible(run)
+    for e in one_entries:
+        one._admit(e, None)
+    for i in range(0, len(run_entries), split):
+        run._admit_run(run_entries[i:i + split])
+    assert [_outlet_state(o) for o in run_outlets] == [_outlet_state(o) for o in one_outlets]
+    assert run.counters == one.counters
+    assert run.buffers.counters == one.buffers.counters
+    assert _buffers_state(run) == _buffers_state(one)
+    assert [e.n for e in run_entries] == [e.n for e in one_entries]
+    assert run.fanout.pending == one.fanout.pending
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.tuples(st.integers(1, 900), st.integers(0, 5)), max_size=20),
+       queued=st.lists(st.tuples(st.integers(1, 900), st.integers(0, 5)), max_size=6),
+       soft=st.integers(200, 4000), hard_x=st.integers(1, 4), in_send=st.booleans(),
+       state=st.sampled_from(["open", "finishing"]))
+def test_offer_many_equals_one_offer_per_item(sizes, queued, soft, hard_x, in_send, state):
+    async def main() -> None:
+        def outlet() -> Outlet:
+            relay = Relay(queue_soft_bytes=soft, queue_hard_bytes=soft * hard_x)
+            o = Outlet(relay, "sse")
+            for n, (size, sev) in enumerate(queued):
+                o.offer(EventItem(b"q%d" % n, size, sev))
+            o.in_send = in_send
+            o.send_started = trio.current_time()
+            o.state = state
+            return o
+        items = [EventItem(b"i%d" % n, size, sev) for n, (size, sev) in enumerate(sizes)]
+        one, many = outlet(), outlet()
+        for item in items:
+            one.offer(item)
+        many.offer_many(items, sum(i.size for i in items))
+        assert _outlet_state(many) == _outlet_state(one)
+        assert many.hub.counters == one.hub.counters
+    trio.run(main)
+
+
+def test_a_run_from_one_emitter_asks_a_constant_filter_once():
+    """The shortcut is taken: a stream filtering on another session is
+    asked once for a run of one session, not once per entry."""
+    relay = Relay()
+    calls = []
+
+    class Counting(Filter):
+        __slots__ = ()
+
+        def matches(self, attrs):  # type: ignore[override]
+            calls.append(attrs["id"])
+            return super().matches(attrs)
+
+    relay.fanout.add(Subscriber(Counting({"session": "other"}), None, Outlet(relay, "sse")))
+    entries = [to_entry({"aep": "0.1", "id": f"i{n}", "type": "tool.completed",
+                         "time": "2026-11-30T12:00:00Z", "source": "aep://h/agent/a/session/s",
+                         "agent": "a", "session": "s", "seq": n}) for n in range(10)]
+    relay._admit_run(entries)
+    assert calls == ["i0"]
+
+
+def test_one_verdict_needs_one_type_not_just_equal_values():
+    """``True == 1`` in Python, not in attr-match (§6.2): a run whose
+    ``region`` is ``true`` then ``1`` is two verdicts for ``{"region": 1}``."""
+    specs = [{"session": "s1", "agent": "a1", "type": "tool.completed", "severity": None,
+              "capture": None, "epoch": None, "seq": n, "id": n, "region": r}
+             for n, r in enumerate([True, 1, True, 1])]
+    envelopes = [_envelope(s, {}) for s in specs]
+    subs = [("sse", FILTERS.index({"region": 1}), 0)]
+    one, one_outlets = _relay(1 << 20, subs, False)
+    run, run_outlets = _relay(1 << 20, subs, False)
+    for e in [to_entry(copy.deepcopy(ev)) for ev in envelopes]:
+        one._admit(e, None)
+    run._admit_run([to_entry(copy.deepcopy(ev)) for ev in envelopes])
+    assert len(one_outlets[0]._q) == 2
+    assert [_outlet_state(o) for o in run_outlets] == [_outlet_state(o) for o in one_outlets]
