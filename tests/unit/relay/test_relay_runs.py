@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -206,3 +207,68 @@ def test_one_verdict_needs_one_type_not_just_equal_values():
     run._admit_run([to_entry(copy.deepcopy(ev)) for ev in envelopes])
     assert len(one_outlets[0]._q) == 2
     assert [_outlet_state(o) for o in run_outlets] == [_outlet_state(o) for o in one_outlets]
+
+
+# -- check_batch's fresh-run shortcut -------------------------------------------------
+
+_held = st.lists(st.tuples(st.sampled_from(["s1", "s2"]), st.integers(0, 6), st.integers(0, 8)),
+                 max_size=10)
+_batch = st.lists(st.tuples(st.sampled_from(["s1", "s2", None]), st.integers(0, 8),
+                            st.integers(0, 10), st.booleans()), max_size=12)
+
+
+def _entry(session, seq, ident, variant, source_of):
+    spec = {"session": session, "agent": "a1", "type": "tool.completed", "severity": None,
+            "capture": None, "epoch": None, "seq": seq, "id": ident,
+            "region": "eu" if variant else None}
+    return to_entry(_envelope(spec, source_of))
+
+
+@settings(max_examples=600, deadline=None)
+@given(held=_held, batch=_batch, shared_source=st.booleans(), owned=st.booleans(),
+       ascending=st.booleans())
+def test_check_batch_fresh_run_equals_the_full_checks(held, batch, shared_source, owned, ascending):
+    source_of = {"s1": "aep://h/agent/a", "s2": "aep://h/agent/a"} if shared_source else {}
+    if ascending:  # what emitters send: one session, seqs going up (the shortcut's case)
+        batch = [("s1", 7 + n, ident, v) for n, (_, _, ident, v) in enumerate(batch)]
+    relay = Relay(buffer=5)
+    if owned:  # another emitter's connection owns s2's source
+        conn = relay.attach_emitter({"role": "emitter", "identity": {"agent": "a1", "instance": "h"},
+                                     "capabilities": {"emits": ["x"]}}, _noop)
+        relay.claims.own_source(conn, source_of.get("s2", "aep://h/agent/a/session/s2"))
+    for session, seq, ident in held:
+        e = _entry(session, seq, ident, False, source_of)
+        if relay.check_batch([e]) is None:
+            relay._admit(e, None)
+    entries = [_entry(*b, source_of) for b in batch]
+    fast = relay.check_batch(entries)
+    relay._fresh_run = lambda entries: False  # type: ignore[method-assign]
+    assert fast == relay.check_batch(entries)
+
+
+async def _noop(cmd):
+    return None
+
+
+@pytest.mark.parametrize("batch, expected", [
+    # a later entry's id is already held (other content): refused, not fresh
+    ([(7, 5), (8, 3)], (1, "id")),
+    # positions going back within the batch: a held position under another id
+    ([(7, 5), (1, 6)], (1, "position")),
+    # one id twice in the batch with other content
+    ([(7, 5), (8, 5)], (1, "id")),
+    # an emitter appending: nothing to refuse
+    ([(7, 5), (8, 6), (9, 7)], None),
+])
+def test_check_batch_fresh_run_guards(batch, expected):
+    relay = Relay(buffer=5)
+    for seq, ident in [(0, 3), (1, 4)]:
+        relay._admit(_entry("s1", seq, ident, False, {}), None)
+    entries = [_entry("s1", seq, ident, False, {}) for seq, ident in batch]
+    got = relay.check_batch(entries)
+    relay._fresh_run = lambda entries: False  # type: ignore[method-assign]
+    assert got == relay.check_batch(entries)
+    if expected is None:
+        assert got is None
+    else:
+        assert got is not None and got[0] == expected[0] and expected[1] in got[1]
