@@ -272,3 +272,15 @@ def test_check_batch_fresh_run_guards(batch, expected):
         assert got is None
     else:
         assert got is not None and got[0] == expected[0] and expected[1] in got[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(parts=st.lists(st.sampled_from(["", " ", "\t\r", "\x0b", "\u2028", "{}", "x", " {} "]),
+                      min_size=1, max_size=12))
+def test_line_numbers_asked_on_demand_equal_the_indexed_lines(parts):
+    """The POST path names a refused event's line from the split body when
+    it answers (``_line_number``) instead of keeping ``(line, text)`` per
+    event: the same line as enumerating the non-blank lines."""
+    from supervisor.relay.app import _line_number
+    indexed = [(i, ln) for i, ln in enumerate(parts) if ln.strip(" \t\r")]
+    assert [_line_number(parts, j) for j in range(len(indexed))] == [i for i, _ in indexed]
