@@ -284,3 +284,94 @@ def test_line_numbers_asked_on_demand_equal_the_indexed_lines(parts):
     from supervisor.relay.app import _line_number
     indexed = [(i, ln) for i, ln in enumerate(parts) if ln.strip(" \t\r")]
     assert [_line_number(parts, j) for j in range(len(indexed))] == [i for i, _ in indexed]
+
+
+# -- the capture check's hot keys -------------------------------------------------------
+
+def _reference_rank(spec, value, best):
+    """The capture walk over every key (what ``capcheck._max_rank`` did
+    before it skipped the keys that cannot show more than metadata)."""
+    for key, v in value.items():
+        s = spec.get(key)
+        if s is None:
+            continue
+        r, obj, item = s
+        if r > best:
+            if r == 3:
+                return 3
+            best = r
+        elif r == 1:
+            if obj is not None:
+                if isinstance(v, dict):
+                    best = _reference_rank(obj, v, best)
+            elif item is not None and isinstance(v, list) and v:
+                irank, iobj = item
+                if iobj is not None:
+                    for x in v:
+                        if isinstance(x, dict):
+                            best = _reference_rank(iobj, x, best)
+                            if best == 3:
+                                return 3
+                elif irank > best:
+                    best = irank
+            if best == 3:
+                return 3
+    return best
+
+
+def _spec_keys():
+    from supervisor.relay.capcheck import _SPECS
+    names: set[str] = set()
+
+    def walk(spec):
+        for k, (_, obj, item) in spec.items():
+            names.add(k)
+            if obj is not None:
+                walk(obj)
+            if item is not None and item[1] is not None:
+                walk(item[1])
+    for spec in _SPECS.values():
+        walk(spec)
+    return sorted(names) + ["junk"]
+
+
+_KEYS = st.sampled_from(_spec_keys())
+_JSON = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=3)),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(_KEYS, c, max_size=5),
+                     max_leaves=16)
+
+
+def _shaped(spec, depth=0):
+    """A payload laid out like ``spec`` (its keys, nested where it nests),
+    with junk keys and values of other shapes mixed in."""
+    keys = sorted(spec) + ["junk"]
+
+    def value(key):
+        member = spec.get(key)
+        options = [_JSON]
+        if member is not None and depth < 3:
+            _, obj, item = member
+            if obj is not None:
+                options.append(_shaped(obj, depth + 1))
+            if item is not None:
+                options.append(st.lists(_shaped(item[1], depth + 1) if item[1] is not None
+                                        else _JSON, min_size=1, max_size=3))
+        return st.one_of(options)
+    return st.lists(st.sampled_from(keys), max_size=6, unique=True).flatmap(
+        lambda ks: st.fixed_dictionaries({k: value(k) for k in ks}))
+
+
+def _typed_payloads():
+    from supervisor.relay.capcheck import _SPECS
+    return st.sampled_from(sorted(_SPECS)).flatmap(
+        lambda t: st.tuples(st.just(t), _shaped(_SPECS[t])))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(typed=_typed_payloads())
+def test_capture_check_hot_keys_equal_the_whole_walk(typed):
+    from bridges.core.aep import CAPTURE_LEVELS
+    from supervisor.relay.capcheck import _SPECS, content_level
+    type_, data = typed
+    want = "none" if not data else CAPTURE_LEVELS[_reference_rank(_SPECS[type_], data, 1)]
+    assert content_level(type_, data) == want
