@@ -95,6 +95,18 @@ def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
     return wrapped
 
 
+def _line_number(parts: list[str], j: int) -> int:
+    """The 0-based line of the body holding its ``j``-th event (``parts``:
+    the body split at ``\n``; blank lines hold none). Asked only for an
+    answer that names a line, so the hot path keeps no index per line."""
+    for i, ln in enumerate(parts):
+        if ln.strip(" \t\r"):
+            if not j:
+                return i
+            j -= 1
+    raise IndexError(j)
+
+
 class RelayApp:
     """The ASGI application for one :class:`~supervisor.relay.core.Relay`.
     ``healthz(authorized) -> dict`` replaces the relay's own health body
@@ -267,29 +279,31 @@ class RelayApp:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
             return await respond(send, 400, {"error": "invalid-event", "detail": "body is not UTF-8"})
-        if ctype == "application/json":
-            lines = [(0, text)]
+        batch = ctype != "application/json"
+        if not batch:
+            parts = lines = [text]
         else:
             # blank means JSON whitespace only: str.strip() would also drop a
             # line of \x0b or U+2028 without a word (AEP-0003 §3.2: 400, with its index)
-            lines = [(i, ln) for i, ln in enumerate(text.split("\n")) if ln.strip(" \t\r")]
+            parts = text.split("\n")
+            lines = [ln for ln in parts if ln.strip(" \t\r")]
             if len(lines) > relay.max_batch:
                 return await respond(send, 413, {"error": "too-many-events",
                                                   "max": relay.max_batch, "count": len(lines)})
         entries = []
-        batch = ctype != "application/json"
-        for lineno, ln in lines:
+        entry_of = relay.entry
+        for j, ln in enumerate(lines):
             try:
                 ev = loads(ln)
-                entry = relay.entry(ev, ln, owned=True)  # ev is entry.attrs from here
+                entry = entry_of(ev, ln, owned=True)  # ev is entry.attrs from here
             except (ValueError, InvalidEvent) as e:
                 relay.counters["invalid_events"] += 1
                 detail = str(e) if isinstance(e, InvalidEvent) else f"not valid JSON: {e}"
-                where = {"line": lineno} if batch else {}  # 0-based line of the body
+                where = {"line": _line_number(parts, j)} if batch else {}
                 return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
             # a command carries no seq (validated): a sequenced event is none
             if entry.pos is None and is_command_type(ev["type"]):
-                where = {"line": lineno} if batch else {}
+                where = {"line": _line_number(parts, j)} if batch else {}
                 return await respond(send, 403, {
                     "error": "unauthorized", **where,
                     "detail": "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)"})
@@ -298,7 +312,7 @@ class RelayApp:
         if problem is not None:
             index, detail = problem
             relay.counters["invalid_events"] += 1
-            where = {"line": lines[index][0]} if batch else {}
+            where = {"line": _line_number(parts, index)} if batch else {}
             return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
         if relay.closing:
             return await respond(send, 503, {"error": "shutting-down"}, close=True)

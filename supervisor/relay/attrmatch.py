@@ -178,7 +178,7 @@ class Filter:
     tests one event's envelope attributes (a mapping; ``data`` is never
     consulted). ``f.source`` is the filter object as given."""
 
-    __slots__ = ("source", "_preds", "sessions")
+    __slots__ = ("source", "_preds", "sessions", "keys")
 
     def __init__(self, flt: Any, max_terms: int | None = None) -> None:
         if max_terms is not None and isinstance(flt, dict) and \
@@ -189,6 +189,10 @@ class Filter:
         self.source = flt
         self._preds = tuple((k, DEFAULTS.get(k, _MISSING), _compile_one(k, p))
                             for k, p in flt.items())
+        #: ``(attribute, default)`` of each attribute the filter reads: the
+        #: verdict is a function of ``attrs.get(attribute, default)`` for
+        #: these alone (their types and values)
+        self.keys: tuple[tuple[str, Any], ...] = tuple((k, d) for k, d, _ in self._preds)
         s = flt.get("session")
         #: the exact session names this filter pins, if it pins any (replay hint)
         self.sessions: tuple[str, ...] = tuple(

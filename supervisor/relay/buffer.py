@@ -265,6 +265,12 @@ class SessionBuffers:
         keys = s.keys
         return (not keys or entry.pos > keys[-1]) and entry.key not in s.ids  # type: ignore[operator]
 
+    def held_ids(self, key: BufKey) -> dict[tuple[str, str], Held] | None:
+        """The ``(source, id)`` keys the buffer ``key`` holds (a read-only
+        view for lookups), ``None`` when it holds no buffer."""
+        s = self._sessions.get(key)
+        return s.ids if s is not None else None
+
     def held_duplicate(self, entry: Entry) -> Entry | None:
         """The held entry with ``entry``'s ``(source, id)``, if any (admission
         keeps the first, AEP-0001 §7 rule 4)."""

@@ -34,10 +34,28 @@ from bridges.core.captable import TABLE, Node
 __all__ = ["exceeds", "content_level"]
 
 
-def _compile(node: Node) -> dict[str, tuple[int, Any, Any]]:
+class _Spec(dict[str, tuple[int, Any, Any]]):
     """``key -> (rank, object spec | None, array item spec | None)`` for the
-    members of ``node``; ``[metadata*]`` members are left out (never
-    counted). Array items: ``(rank, object spec | None)``."""
+    members of one table node (array items: ``(rank, object spec | None)``),
+    and ``hot``: the keys whose presence can show more than ``metadata``
+    (a rank above it, or below them a member that can). A value none of
+    whose keys is hot shows ``metadata`` at most, whatever it nests."""
+
+    __slots__ = ("hot",)
+
+    def __init__(self, members: dict[str, tuple[int, Any, Any]]) -> None:
+        super().__init__(members)
+        hot = set()
+        for key, (r, obj, item) in members.items():
+            if r > 1 or (obj is not None and obj.hot) or (
+                    item is not None and (item[0] > 1 or (item[1] is not None and item[1].hot))):
+                hot.add(key)
+        self.hot: frozenset[str] = frozenset(hot)
+
+
+def _compile(node: Node) -> _Spec:
+    """The :class:`_Spec` of ``node``'s members; ``[metadata*]`` members are
+    left out (never counted)."""
     out: dict[str, tuple[int, Any, Any]] = {}
     for key, child in (node.props or {}).items():
         if child.star is not None:
@@ -48,10 +66,10 @@ def _compile(node: Node) -> dict[str, tuple[int, Any, Any]]:
             it = child.items
             item = (_RANK[it.level], _compile(it) if it.props is not None else None)
         out[key] = (_RANK[child.level], obj, item)
-    return out
+    return _Spec(out)
 
 
-_SPECS: dict[str, dict[str, tuple[int, Any, Any]]] = {t: _compile(n) for t, n in TABLE.items()}
+_SPECS: dict[str, _Spec] = {t: _compile(n) for t, n in TABLE.items()}
 
 
 def content_level(type_: str, data: object) -> str:
@@ -67,12 +85,18 @@ def content_level(type_: str, data: object) -> str:
     return _LEVELS[_max_rank(spec, data, 1)]
 
 
-def _max_rank(spec: dict[str, tuple[int, Any, Any]], value: dict[str, Any], best: int) -> int:
+def _max_rank(spec: _Spec, value: dict[str, Any], best: int) -> int:
+    """The highest rank ``value`` shows by ``spec``, at least ``best``
+    (``>= 1``): only its hot keys are looked at (:class:`_Spec`; held
+    equal to the walk over every key by a property test,
+    ``tests/unit/relay/test_relay_runs.py``)."""
+    hot = spec.hot
+    if hot.isdisjoint(value):
+        return best
     for key, v in value.items():
-        s = spec.get(key)
-        if s is None:
+        if key not in hot:
             continue
-        r, obj, item = s
+        r, obj, item = spec[key]
         if r > best:
             if r == 3:
                 return 3
@@ -82,17 +106,23 @@ def _max_rank(spec: dict[str, tuple[int, Any, Any]], value: dict[str, Any], best
                 if isinstance(v, dict):
                     best = _max_rank(obj, v, best)
             elif item is not None and isinstance(v, list) and v:
-                irank, iobj = item
-                if iobj is not None:
-                    for x in v:
-                        if isinstance(x, dict):
-                            best = _max_rank(iobj, x, best)
-                            if best == 3:
-                                return 3
-                elif irank > best:
-                    best = irank
+                best = _items_rank(item, v, best)
             if best == 3:
                 return 3
+    return best
+
+
+def _items_rank(item: tuple[int, _Spec | None], v: list[Any], best: int) -> int:
+    """:func:`_max_rank` over a non-empty array by its item spec."""
+    irank, iobj = item
+    if iobj is not None:
+        for x in v:
+            if isinstance(x, dict):
+                best = _max_rank(iobj, x, best)
+                if best == 3:
+                    return 3
+    elif irank > best:
+        best = irank
     return best
 
 

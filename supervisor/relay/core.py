@@ -293,6 +293,17 @@ class Relay:
         ``entries`` is ingested (a batch is accepted or rejected whole):
         ``(index, detail)`` of the first problem, or ``None``. Positions are
         checked against the buffers and against earlier entries of the batch."""
+        if self._fresh_run(entries):  # no position can be refused: the sources alone
+            checked: set[str] = set()
+            for i, e in enumerate(entries):
+                src = e.attrs["source"]
+                if src not in checked:
+                    try:
+                        self.check_owner(e, None)
+                    except InvalidEvent as exc:
+                        return i, str(exc)
+                    checked.add(src)
+            return None
         seen: dict[tuple[BufKey, Position], tuple[str, str]] = {}
         ids: dict[tuple[str, str], Entry] = {}
         buffers = self.buffers
@@ -322,6 +333,40 @@ class Relay:
                 ids[e.key] = e
         return None
 
+    def _fresh_run(self, entries: list[Entry]) -> bool:
+        """Whether every sequenced entry of ``entries`` is of one buffer, in
+        strictly increasing positions, of distinct ids, and
+        :meth:`~.buffer.SessionBuffers.fresh` (past what the buffer holds,
+        its ``(source, id)`` not held): then no two of them share a
+        position or an id and none meets a held one, so :meth:`check_batch`
+        can refuse none of them for its position (an emitter appending, the
+        common case: one lookup an entry instead of the batch's tables).
+        :meth:`check_batch` with it equals :meth:`check_batch` without it
+        (property test ``tests/unit/relay/test_relay_runs.py``)."""
+        buffers = self.buffers
+        bkey: BufKey | None = None
+        prev: Position | None = None
+        held: dict[tuple[str, str], Any] | None = None
+        ids: set[str] = set()
+        count = 0
+        for e in entries:
+            pos = e.pos
+            if pos is None:
+                continue
+            if bkey is None:
+                if not buffers.fresh(e):
+                    return False
+                bkey = e.bkey
+                held = buffers.held_ids(bkey)
+            elif e.bkey != bkey or not pos > prev or (held is not None and e.key in held):  # type: ignore[operator]
+                # (same buffer, past the first, which is past the buffer's
+                # last: fresh() is the id lookup alone)
+                return False
+            prev = pos
+            ids.add(e.attrs["id"])
+            count += 1
+        return len(ids) == count
+
     def ingest_http(self, entries: list[Entry]) -> None:
         """Ingest validated, non-command entries from ``POST /events``
         (no connection: HTTP emitters claim nothing) that passed
@@ -347,9 +392,14 @@ class Relay:
                 recheck = counters["events"] != mark
             else:
                 recheck = False
-            for e in entries[i:i + chunk]:
-                if recheck and e.pos is not None and (self.buffers.conflict(e) or
-                                                      self.buffers.conflicting_duplicate(e)):
+            part = entries[i:i + chunk]
+            if not recheck:
+                self._admit_run(part)
+                n += len(part)
+                continue
+            for e in part:
+                if e.pos is not None and (self.buffers.conflict(e) or
+                                          self.buffers.conflicting_duplicate(e)):
                     counters["invalid_events"] += 1
                     continue
                 self._admit(e, None)
@@ -473,6 +523,26 @@ class Relay:
         # agent.* and seq-less foreign events are live-only; every event is
         # fanned out as received, duplicates included (AEP-0003 §5)
         self.fanout.offer(e)
+
+    def _admit_run(self, entries: Sequence[Entry]) -> None:
+        """``_admit(e, None)`` for each of ``entries`` in order (no
+        connection: ``POST /events``), in one call: every sequenced one
+        buffered, then the run fanned out (:meth:`.fanout.Fanout.offer_run`;
+        nothing reads the buffers in between, there is no checkpoint).
+        Equal to one :meth:`_admit` each (property test
+        ``tests/unit/relay/test_relay_runs.py``)."""
+        self.counters["events"] += len(entries)
+        n = self._admitted
+        admit = self.buffers.admit
+        try:
+            for e in entries:
+                if e.pos is not None:
+                    n += 1
+                    e.n = n
+                    admit(e)
+        finally:
+            self._admitted = n
+        self.fanout.offer_run(entries)
 
     async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
                      raw: str | None) -> tuple[str, str] | None:

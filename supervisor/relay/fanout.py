@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from bridges.core import capture as _capture
 from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, dumps
 
+from .attrmatch import Filter
 from .buffer import Entry, Position
 from .outlet import EventItem, Outlet, Subscriber, exhausted_marker
 
-__all__ = ["Fanout", "View", "downlevel_raw", "sse_safe"]
+__all__ = ["Fanout", "View", "downlevel_raw", "sse_safe", "sse_message"]
 
 log = logging.getLogger("aep.relay")
 
@@ -36,6 +37,8 @@ def sse_safe(s: str) -> bool:
 _HEADS: dict[str, bytes] = {}
 _IDS: dict[str, bytes] = {}
 _MAX_MEMO = 4096
+#: a rank above every capture level (no ceiling: everything as ingested)
+_ABOVE_ALL = len(CAPTURE_LEVELS)
 
 
 def _memo(table: dict[str, bytes], key: str, value: bytes) -> bytes:
@@ -43,6 +46,30 @@ def _memo(table: dict[str, bytes], key: str, value: bytes) -> bytes:
         table.clear()
     table[key] = value
     return value
+
+
+def sse_message(e: Entry, raw: bytes) -> bytes:
+    """The SSE message (AEP-0003 §3.3.2) carrying ``raw`` as ``e``:
+    ``event: {type}``, ``data: {raw}`` and, for a sequenced event whose
+    session SSE can carry, ``id: {session}:{epoch}:{seq}``."""
+    attrs = e.attrs
+    t = attrs["type"]
+    head = _HEADS.get(t)
+    if head is None:
+        head = _memo(_HEADS, t, b"event: " + t.encode() + b"\ndata: ")
+    session = attrs.get("session")
+    pos = e.pos
+    # agent-scoped and seq-less events carry no id: they are not
+    # resumable positions; a session name that would break SSE
+    # framing is never written into a field
+    if pos is not None and type(session) is str:
+        ident = _IDS.get(session)
+        if ident is None:
+            ident = _memo(_IDS, session, b"\nid: " + session.encode() + b":"
+                          if sse_safe(session) else b"")
+        if ident:
+            return b"%s%s%s%d:%d\n\n" % (head, raw, ident, pos[0], pos[1])
+    return head + raw + b"\n\n"
 
 
 class View:
@@ -68,26 +95,7 @@ class View:
 
     def sse(self) -> bytes:
         if self._sse is None:
-            e = self.entry
-            attrs = e.attrs
-            t = attrs["type"]
-            head = _HEADS.get(t)
-            if head is None:
-                head = _memo(_HEADS, t, b"event: " + t.encode() + b"\ndata: ")
-            session = attrs.get("session")
-            pos = e.pos
-            # agent-scoped and seq-less events carry no id: they are not
-            # resumable positions; a session name that would break SSE
-            # framing is never written into a field
-            if pos is not None and type(session) is str:
-                ident = _IDS.get(session)
-                if ident is None:
-                    ident = _memo(_IDS, session, b"\nid: " + session.encode() + b":"
-                                  if sse_safe(session) else b"")
-                if ident:
-                    self._sse = b"%s%s%s%d:%d\n\n" % (head, self.raw, ident, pos[0], pos[1])
-                    return self._sse
-            self._sse = head + self.raw + b"\n\n"
+            self._sse = sse_message(self.entry, self.raw)
         return self._sse
 
     def text(self) -> str:
@@ -114,6 +122,70 @@ def downlevel_raw(e: Entry, ceiling: str, on_error: Callable[[Exception], None])
         return dumps(ev)
 
 
+def _plain_item(e: Entry) -> EventItem:
+    """``e``'s SSE message as ingested, as one queue item (:meth:`View.sse_item`)."""
+    payload = sse_message(e, e.raw)
+    return EventItem(payload, len(payload), e.sev)
+
+
+def _same_across(entries: Sequence[Entry], key: str, default: Any) -> bool:
+    """Whether ``attrs.get(key, default)`` is one value of one type (or
+    absent) in every entry."""
+    first = entries[0].attrs.get(key, default)
+    kind = type(first)
+    for e in entries:
+        v = e.attrs.get(key, default)
+        if v is not first and (type(v) is not kind or v != first):
+            return False
+    return True
+
+
+class _Run:
+    """What :meth:`Fanout.offer_run` shares between the subscriptions of
+    one run: the as-ingested SSE item of each entry (made once), each
+    entry's down-leveled views, the whole run's item list, the highest
+    capture rank in it, and which attributes hold one value across it."""
+
+    __slots__ = ("entries", "plain", "caches", "top", "_whole", "_same")
+
+    def __init__(self, entries: Sequence[Entry]) -> None:
+        self.entries = entries
+        self.plain: list[EventItem | None] = [None] * len(entries)
+        self.caches: list[dict[str | None, View] | None] = [None] * len(entries)
+        self.top = max(e.cap for e in entries)
+        self._whole: tuple[list[EventItem], int] | None = None
+        self._same: dict[tuple[str, Any], bool] = {}
+
+    def whole(self) -> tuple[list[EventItem], int]:
+        """Every entry's as-ingested SSE item, in order, and their total size."""
+        if self._whole is None:
+            items = []
+            size = 0
+            plain = self.plain
+            for i, e in enumerate(self.entries):
+                item = plain[i]
+                if item is None:
+                    item = plain[i] = _plain_item(e)
+                items.append(item)
+                size += item.size
+            self._whole = items, size
+        return self._whole
+
+    def constant(self, flt: Filter) -> bool:
+        """Whether ``flt`` gives every entry the verdict it gives the first:
+        each attribute it reads (:attr:`Filter.keys`, defaults applied) is
+        one value of one type, or absent, across the run (``True == 1`` in
+        Python, not in attr-match)."""
+        same = self._same
+        for key, default in flt.keys:
+            verdict = same.get((key, default))
+            if verdict is None:
+                verdict = same[key, default] = _same_across(self.entries, key, default)
+            if not verdict:
+                return False
+        return True
+
+
 class Fanout:
     """The relay's live subscriptions. ``counters`` is the relay's counter
     dict (``fanout_errors``, ``downlevel_errors`` and ``replay_exhausted_late``
@@ -136,7 +208,8 @@ class Fanout:
     def __init__(self, counters: dict[str, int]) -> None:
         self.counters = counters
         counters.setdefault("replay_exhausted_late", 0)
-        self._subs: set[Subscriber] = set()
+        #: in subscription order (a dict: fan-out order is the same run to run)
+        self._subs: dict[Subscriber, None] = {}
         self._snapshot: tuple[Subscriber, ...] = ()  # iterated by offer(): safe to mutate the set
         #: session -> subscriber -> the position it resumes after
         self._pending: dict[str, dict[Subscriber, Position]] = {}
@@ -148,7 +221,7 @@ class Fanout:
         """Deliver live events to ``sub`` from now on; ``pending``: its
         resume positions of sessions the relay holds nothing of (class
         docstring)."""
-        self._subs.add(sub)
+        self._subs[sub] = None
         self._snapshot = tuple(self._subs)
         sub.outlet.subs.append(sub)
         if pending:
@@ -172,7 +245,7 @@ class Fanout:
         sub.active = False
         self._unpend(sub)
         if sub in self._subs:
-            self._subs.discard(sub)
+            del self._subs[sub]
             self._snapshot = tuple(self._subs)
         try:
             sub.outlet.subs.remove(sub)
@@ -185,7 +258,7 @@ class Fanout:
             for sub in outlet.subs:
                 sub.active = False
                 self._unpend(sub)
-                self._subs.discard(sub)
+                self._subs.pop(sub, None)
             outlet.subs = []
             self._snapshot = tuple(self._subs)
 
@@ -236,6 +309,95 @@ class Fanout:
         log.error("relay: downlevel failed (%s); delivering the envelope without data",
                   type(exc).__name__)
 
+    def offer_run(self, entries: Sequence[Entry]) -> None:
+        """:meth:`offer` for each of ``entries`` in order, in one call (a
+        POSTed chunk): what every outlet queues, drops and counts is what
+        one :meth:`offer` per entry gives (property test
+        ``tests/unit/relay/test_relay_runs.py``). An SSE stream has one
+        subscription, so its events are collected per subscription (the
+        as-ingested SSE item made once per entry and shared, as
+        :meth:`offer` shares it) and queued with one
+        :meth:`Outlet.offer_many`. A filter whose attributes hold one value
+        (type and value) across the run gives one verdict for all of it,
+        so it is asked once (a run comes from one emitter; the streams
+        filtering on another session or agent cost one check a run, not
+        one an event). A WebSocket's subscriptions share its outlet, so
+        they take the entries one by one as :meth:`offer` does. While a
+        resume position waits (``replay-exhausted`` must precede the event
+        on every outlet) each entry takes :meth:`offer`."""
+        if self._pending or len(entries) < 2:
+            for e in entries:
+                self.offer(e)
+            return
+        subs = self._snapshot
+        if not subs:
+            return
+        run = _Run(entries)
+        shared: list[Subscriber] = []
+        for sub in subs:
+            if sub.outlet.kind == "sse":
+                self._offer_run_sse(sub, run)
+            else:
+                shared.append(sub)  # several subscriptions, one outlet: entry by entry
+        if shared:
+            for i, e in enumerate(entries):
+                cache = run.caches[i]
+                self._offer_to(shared, e, cache if cache is not None else {})
+
+    def _offer_run_sse(self, sub: Subscriber, run: _Run) -> None:
+        """The run to one SSE stream (:meth:`offer_run`)."""
+        outlet, entries = sub.outlet, run.entries
+        out: list[EventItem] = []
+        size = 0
+        try:
+            flt, ceiling = sub.filter, sub.ceiling
+            rank = _ABOVE_ALL if ceiling is None else CAPTURE_RANK[ceiling]
+            every = run.constant(flt)  # one verdict for the whole run
+            if every:
+                if not flt.matches(entries[0].attrs):
+                    return
+                if rank >= run.top:  # all of it as ingested: one list for every such stream
+                    outlet.offer_many(*run.whole())
+                    return
+            matches, plain, caches = flt.matches, run.plain, run.caches
+            for i, e in enumerate(entries):
+                if every or matches(e.attrs):
+                    if rank >= e.cap:
+                        item = plain[i]
+                        if item is None:
+                            item = plain[i] = _plain_item(e)
+                    else:
+                        cache = caches[i]
+                        if cache is None:
+                            cache = caches[i] = {}
+                        item = self.view(e, ceiling, cache).sse_item()
+                    out.append(item)
+                    size += item.size
+        except Exception as exc:  # noqa: BLE001 -- as offer(): shed after what came before
+            if out:
+                outlet.offer_many(out, size)
+            self._shed(sub, exc)
+            return
+        if out:
+            outlet.offer_many(out, size)
+
+    def _offer_to(self, subs: Sequence[Subscriber], e: Entry, cache: dict[str | None, View]) -> None:
+        """``e`` to each of ``subs`` whose filter matches (views from ``cache``)."""
+        attrs = e.attrs
+        for sub in subs:
+            try:
+                if sub.filter.matches(attrs):
+                    sub.offer(self.view(e, sub.ceiling, cache))
+            except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
+                self._shed(sub, exc)
+
+    def _shed(self, sub: Subscriber, exc: Exception) -> None:
+        """A fan-out to ``sub`` failed: counted, logged, its outlet terminated."""
+        self.counters["fanout_errors"] += 1
+        log.error("relay: fan-out to a %s subscriber failed (%s); shedding it",
+                  sub.outlet.kind, type(exc).__name__)
+        sub.outlet.terminate("internal-error")
+
     def offer(self, e: Entry) -> None:
         """Offer ``e`` to every matching live subscription (never blocks)."""
         if self._pending and e.pos is not None:
@@ -247,20 +409,18 @@ class Fanout:
         cache: dict[str | None, View] | None = None
         attrs, cap = e.attrs, e.cap
         for sub in self._snapshot:
-            if sub.filter.matches(attrs):
-                try:
-                    ceiling = sub.ceiling
-                    if ceiling is None or CAPTURE_RANK[ceiling] >= cap:
-                        if plain is None:
-                            plain = View(e, e.raw)
-                        sub.offer(plain)
-                    else:
-                        if cache is None:
-                            cache = {}
-                        sub.offer(self.view(e, ceiling, cache))
-                except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
-                    # (a batch is accepted whole): that subscriber is shed instead
-                    self.counters["fanout_errors"] += 1
-                    log.error("relay: fan-out to a %s subscriber failed (%s); shedding it",
-                              sub.outlet.kind, type(exc).__name__)
-                    sub.outlet.terminate("internal-error")
+            try:
+                if not sub.filter.matches(attrs):
+                    continue
+                ceiling = sub.ceiling
+                if ceiling is None or CAPTURE_RANK[ceiling] >= cap:
+                    if plain is None:
+                        plain = View(e, e.raw)
+                    sub.offer(plain)
+                else:
+                    if cache is None:
+                        cache = {}
+                    sub.offer(self.view(e, ceiling, cache))
+            except Exception as exc:  # noqa: BLE001 -- never abort an ingest half-way
+                # (a batch is accepted whole): that subscriber is shed instead
+                self._shed(sub, exc)
