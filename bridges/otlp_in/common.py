@@ -292,13 +292,19 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
         if grade is None:
             continue
         if grade == META:
-            if not isinstance(val, (str, int, float)):  # bool is an int
-                if val is not None:
-                    notes.append("otlp.value_unexpected")
-                continue
-            if isinstance(val, str) and len(val) > MAX_META_STR:
-                notes.append("otlp.value_truncated")
-                val = val[:MAX_META_STR]
+            cls = val.__class__
+            if cls is str:  # the common case first: no isinstance calls
+                if len(val) > MAX_META_STR:
+                    notes.append("otlp.value_truncated")
+                    val = val[:MAX_META_STR]
+            elif cls is not int and cls is not float and cls is not bool:
+                if not isinstance(val, (str, int, float)):  # bool is an int
+                    if val is not None:
+                        notes.append("otlp.value_unexpected")
+                    continue
+                if isinstance(val, str) and len(val) > MAX_META_STR:
+                    notes.append("otlp.value_truncated")
+                    val = val[:MAX_META_STR]
             data[key] = val
             continue
         if not asked:
