@@ -49,12 +49,16 @@ class Profile:
         claims the capture level actually honored rather than the ceiling.
         Core types need none (their schema annotations are the table)."""
         type_ = emission.get("type", "")
-        if not type_.startswith(self.namespace + "."):
+        if not type_.startswith(self._prefix):
             return emission
         gating = self._gatings.get(type_)
         if gating is None:  # a type outside the table (``unknown``): nothing declared
             gating = {"levels": self.levels.get(type_, {})}
         return {**emission, "gating": gating}
+
+    @cached_property
+    def _prefix(self) -> str:
+        return self.namespace + "."
 
     @cached_property
     def _gatings(self) -> dict[str, Gating]:
