@@ -150,6 +150,9 @@ flattens only these (:attr:`bridges.otlp_in.profiles.Profile.reads`); a
 0.171 ``codex.sse_event`` carries 10 attributes, 5 of them read."""
 RESOURCE_READS = frozenset({"host.name", "user.email"})
 """The resource attributes this profile looks at."""
+FIELDS = frozenset({"event_name", "body", "time_unix_nano", "observed_time_unix_nano"})
+"""The record fields this profile looks at besides the attributes and the
+resource (the event name's fallbacks, the record time's candidates)."""
 
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed", "tool.denied")
 """The core subset this profile emits in primary mode (design record)."""

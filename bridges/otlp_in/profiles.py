@@ -28,7 +28,8 @@ class Profile:
     ``known``: the event names mapped to named vendor types; ``levels``:
     per vendor type, its content keys and their grade; ``reads`` /
     ``resource_reads``: every LogRecord / resource attribute the session
-    key, the record time and the mapper look at (``None``: any): the
+    key, the record time and the mapper look at (``None``: any), and
+    ``fields`` every other record field they look at: the
     decoder flattens only these, so the mapping is the same for less work
     (``tests/unit/otlp_in/test_otlp_reads.py`` holds each profile to it)."""
 
@@ -42,6 +43,7 @@ class Profile:
     levels: dict[str, dict[str, str]]
     reads: frozenset[str] | None = None
     resource_reads: frozenset[str] | None = None
+    fields: frozenset[str] | None = None
 
     def stampable(self, emission: Emission) -> Emission:
         """``emission`` plus the stamper's ``gating`` hint for a vendor
@@ -70,8 +72,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "codex": Profile("codex", "codex", codex.session_key, codex.map_record, codex.NAMESPACE,
                      codex.PRIMARY_TYPES, frozenset(codex.EVENTS), codex.LEVELS,
-                     codex.READS, codex.RESOURCE_READS),
+                     codex.READS, codex.RESOURCE_READS, codex.FIELDS),
     "vscode": Profile("vscode", "vscode", vscode.session_key, vscode.map_record,
                       vscode.NAMESPACE, vscode.PRIMARY_TYPES, frozenset(vscode.EVENTS),
-                      vscode.LEVELS, vscode.READS, vscode.RESOURCE_READS),
+                      vscode.LEVELS, vscode.READS, vscode.RESOURCE_READS, vscode.FIELDS),
 }
