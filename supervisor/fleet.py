@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, Sequence
 
 import trio
 
-from bridges.core.aep import SUPPORTED_VERSIONS, scrub_surrogates
+from bridges.core.aep import SUPPORTED_VERSIONS, dumps, scrub_surrogates
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Envelope, Outbound
 from bridges.core.envelope import EpochStore, Stamper
@@ -36,7 +36,6 @@ from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
 
 from .config import Config
-from .jsonlog import encode_line
 from .metrics import Metrics
 from .retention import RetainingSessionLog
 from .spares import SPARE_DIR, SpareFiles
@@ -387,17 +386,18 @@ class Fleet:
         self._pump_done.set()
 
     def _encode(self, item: Outbound) -> tuple[dict[str, Any], bytes] | None:
-        """``(event, JSONL line)``, the event repaired when its text had no
-        UTF-8 form; ``None`` for an event that is not JSON (counted, logged)."""
+        """``(event, wire bytes)`` (:func:`~bridges.core.aep.dumps`, no
+        newline), the event repaired when its text had no UTF-8 form;
+        ``None`` for an event that is not JSON (counted, logged)."""
         ev = item.event
         try:
-            return ev, encode_line(ev)
+            return ev, dumps(ev)
         except UnicodeEncodeError:
             # vendor text with a lone surrogate: no UTF-8 form, so not an AEP
             # event as it stands; U+FFFD it, once, for the log and the relay
             ev = scrub_surrogates(ev)
             self.counters["unencodable_text"] = self.counters.get("unencodable_text", 0) + 1
-            return ev, encode_line(ev)
+            return ev, dumps(ev)
         except (TypeError, ValueError) as e:  # not JSON at all: a bridge bug, never fatal
             self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
             log.error("bridge %s emitted an unserializable event (%s): dropped",
@@ -414,22 +414,25 @@ class Fleet:
         (one ``write`` per session file) and report each to its bridge
         (:meth:`~bridges.core.bridge.BridgeContext.log_result`, in order);
         then hand each, with its encoded bytes, to its bridge's sink, in
-        channel order."""
+        channel order. The bytes are the wire form without a newline (what
+        the relay, the uplink and JetStream take); the session log's join
+        puts the newlines in (no per-event copy to add or cut one)."""
         encoded = []
         for item in items:
             try:  # the common case inline; _encode has the repairs and refusals
-                encoded.append((item, item.event, encode_line(item.event)))
+                encoded.append((item, item.event, dumps(item.event)))
             except (TypeError, ValueError):
                 got = self._encode(item)
                 if got is not None:
                     encoded.append((item, got[0], got[1]))
         fresh = [t for t in encoded if not t[0].redelivery]
         if fresh:
-            self._logged(fresh, self.session_log.write_batch([(ev, line) for _, ev, line in fresh]))
+            self._logged(fresh, self.session_log.write_raw_batch(
+                [(ev, raw) for _, ev, raw in fresh]))
         members = self.members
         i, n = 0, len(encoded)
         while i < n:
-            item, ev, line = encoded[i]
+            item, ev, raw = encoded[i]
             m = members.get(item.bridge)
             if m is None or m.sink is None:
                 i += 1
@@ -443,7 +446,7 @@ class Fleet:
                 while j < n and encoded[j][0].bridge == item.bridge and not encoded[j][0].redelivery:
                     j += 1
                 try:
-                    i += run([(e, raw[:-1]) for _, e, raw in encoded[i:j]], 0)
+                    i += run([(e, raw) for _, e, raw in encoded[i:j]], 0)
                 except Exception as exc:  # noqa: BLE001 -- answered event by event below
                     taken = getattr(exc, "taken", None)  # RunFault: pairs before it were taken
                     if taken is not None:  # counted like _to_sink's fault, never handed over again
@@ -455,22 +458,23 @@ class Fleet:
                     # raised before taking anything (e.g. the relay closed)
                 if i == j:
                     continue
-                item, ev, line = encoded[i]
-            await self._to_sink(m, item, ev, line)
+                item, ev, raw = encoded[i]
+            await self._to_sink(m, item, ev, raw)
             i += 1
         js = self.jetstream
         if js is not None:  # the JetStream sink: the same bytes, in channel order
-            for item, ev, line in encoded:
-                await js.put(ev, line[:-1], item.bridge, wait=not self._draining)
+            for item, ev, raw in encoded:
+                await js.put(ev, raw, item.bridge, wait=not self._draining)
 
-    async def _to_sink(self, m: Member, item: Outbound, ev: dict[str, Any], line: bytes) -> None:
-        """Hand one encoded event to ``m``'s sink; a sink fault is counted
-        and logged, never raised (a refusal of the relay turns health red)."""
+    async def _to_sink(self, m: Member, item: Outbound, ev: dict[str, Any], raw: bytes) -> None:
+        """Hand one encoded event (``raw``: its wire bytes) to ``m``'s sink;
+        a sink fault is counted and logged, never raised (a refusal of the
+        relay turns health red)."""
         assert m.sink is not None
         try:
             offer = m.sink.offer if not item.redelivery else None
-            if offer is None or not offer(ev, line[:-1]):
-                await m.sink.send(ev, item.redelivery, line[:-1])
+            if offer is None or not offer(ev, raw):
+                await m.sink.send(ev, item.redelivery, raw)
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
             self.counters["sink_errors"] += 1
             if type(e).__name__ == "InvalidEvent":

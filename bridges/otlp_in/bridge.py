@@ -152,7 +152,7 @@ class OtlpRun:
                                    retry_after=retry_after,
                                    max_new_sessions=config.max_new_sessions,
                                    new_sessions_per_s=config.new_sessions_per_s)
-        self.reads = Reads(profile.reads, profile.resource_reads)
+        self.reads = Reads(profile.reads, profile.resource_reads, profile.fields)
         self.bound: dict[str, Address | None] = {"grpc": None, "http": None}
         self.serving = False
 

@@ -150,6 +150,9 @@ flattens only these (:attr:`bridges.otlp_in.profiles.Profile.reads`); a
 0.171 ``codex.sse_event`` carries 10 attributes, 5 of them read."""
 RESOURCE_READS = frozenset({"host.name", "user.email"})
 """The resource attributes this profile looks at."""
+FIELDS = frozenset({"event_name", "body", "time_unix_nano", "observed_time_unix_nano"})
+"""The record fields this profile looks at besides the attributes and the
+resource (the event name's fallbacks, the record time's candidates)."""
 
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed", "tool.denied")
 """The core subset this profile emits in primary mode (design record)."""
@@ -167,6 +170,10 @@ def session_key(rec: dict[str, Any]) -> object:
     return attrs(rec).get("conversation.id")
 
 
+_TYPES = {name: vendor_type(NAMESPACE, spec.leaf) for name, spec in EVENTS.items()}
+"""Each known event name -> its vendor type (worked out once)."""
+
+
 def map_record(rec: dict[str, Any], posture: Posture, notes: list[str] | None = None
                ) -> list[Emission]:
     """One flattened Codex LogRecord -> emissions (0 or 1). ``notes``
@@ -179,7 +186,7 @@ def map_record(rec: dict[str, Any], posture: Posture, notes: list[str] | None = 
             notes.append("otlp.unknown_event")
         return [unknown(NAMESPACE, name)]
     a = attrs(rec)
-    if posture.primary:
+    if posture.mode == "primary":
         core = _primary(name, a, posture, notes)
         if core is not None:
             return core
@@ -188,7 +195,7 @@ def map_record(rec: dict[str, Any], posture: Posture, notes: list[str] | None = 
 
 def _companion(name: str, spec: EventSpec, rec: dict[str, Any], a: dict[str, Any],
                posture: Posture, notes: list[str]) -> Emission:
-    type_ = vendor_type(NAMESPACE, spec.leaf)
+    type_ = _TYPES[name]
     data = gated_payload(spec, a, type_, posture, notes)
     if name == "codex.user_prompt":
         prompt = a.get("prompt")

@@ -192,6 +192,11 @@ _CANONICAL_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 """The stamper's own time form (``2026-11-30T13:05:16.466Z``, what
 :func:`bridges.core.envelope.rfc3339` writes): a vendor time already in it
 needs no formatting (Codex 0.171 writes ``event.timestamp`` so)."""
+_DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
+_CANONICAL_SHAPE = b"0000-00-00T00:00:00.000Z"
+"""An ASCII text is in :data:`_CANONICAL_TIME`'s form exactly when its
+bytes, every digit spelled ``0``, are this (held equal to the regex by
+``tests/unit/otlp_in/test_otlp_moment.py``)."""
 
 
 def record_moment(rec: dict[str, Any], now: datetime | None = None,
@@ -232,7 +237,9 @@ def record_moment(rec: dict[str, Any], now: datetime | None = None,
                 if latest is None or EARLIEST <= t <= latest:
                     if out_of_range and notes is not None:
                         notes.append("otlp.time_out_of_range")
-                    return ts if _CANONICAL_TIME.fullmatch(ts) else t
+                    # _CANONICAL_TIME.fullmatch(ts), without the regex (~0.3 us a record)
+                    return ts if len(ts) == 24 and ts.isascii() and \
+                        ts.encode("ascii").translate(_DIGITS_AS_0) == _CANONICAL_SHAPE else t
                 out_of_range = True
     t = _from_nanos(rec.get("observed_time_unix_nano"))
     if t is not None and latest is not None and not EARLIEST <= t <= latest:
@@ -285,13 +292,19 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
         if grade is None:
             continue
         if grade == META:
-            if not isinstance(val, (str, int, float)):  # bool is an int
-                if val is not None:
-                    notes.append("otlp.value_unexpected")
-                continue
-            if isinstance(val, str) and len(val) > MAX_META_STR:
-                notes.append("otlp.value_truncated")
-                val = val[:MAX_META_STR]
+            cls = val.__class__
+            if cls is str:  # the common case first: no isinstance calls
+                if len(val) > MAX_META_STR:
+                    notes.append("otlp.value_truncated")
+                    val = val[:MAX_META_STR]
+            elif cls is not int and cls is not float and cls is not bool:
+                if not isinstance(val, (str, int, float)):  # bool is an int
+                    if val is not None:
+                        notes.append("otlp.value_unexpected")
+                    continue
+                if isinstance(val, str) and len(val) > MAX_META_STR:
+                    notes.append("otlp.value_truncated")
+                    val = val[:MAX_META_STR]
             data[key] = val
             continue
         if not asked:

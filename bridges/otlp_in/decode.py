@@ -31,7 +31,10 @@ from .status import BadRequest, Refusal
 
 class Reads(NamedTuple):
     """Which attributes a decoder flattens: ``attributes`` (of each
-    LogRecord) and ``resource``, each a set of keys or ``None`` for all. A
+    LogRecord) and ``resource``, each a set of keys or ``None`` for all,
+    and ``fields``: the record fields beyond those two the profile reads
+    (``None``: all; a protobuf record then leaves out ``severity_number``,
+    ``severity_text`` and ``scope`` when ``fields`` names none of them). A
     run passes its vendor profile's (:attr:`Profile.reads
     <bridges.otlp_in.profiles.Profile.reads>`): the keys its mapper can
     look at; the rest of a protobuf request is never read (nor noted when
@@ -39,6 +42,13 @@ class Reads(NamedTuple):
 
     attributes: frozenset[str] | None = None
     resource: frozenset[str] | None = None
+    fields: frozenset[str] | None = None
+
+    @property
+    def extras(self) -> bool:
+        """Whether a record keeps ``severity_number``, ``severity_text`` and
+        ``scope`` (:data:`~bridges.otlp_in.flatten.EXTRA_FIELDS`)."""
+        return self.fields is None or not self.fields.isdisjoint(flatten.EXTRA_FIELDS)
 
 
 ALL = Reads()
@@ -159,7 +169,7 @@ def decode_proto(body: bytes, notes: list[str], reads: Reads = ALL) -> list[Flat
         raise BadRequest(Refusal.MALFORMED, f"undecodable protobuf: {str(e)[:200]}",
                          "otlp.undecodable") from None
     return list(flatten.records_from_proto(req, notes, keys=reads.attributes,
-                                           resource_keys=reads.resource))
+                                           resource_keys=reads.resource, extras=reads.extras))
 
 
 class ProtoDecoder:
@@ -175,6 +185,7 @@ class ProtoDecoder:
 
     def __init__(self, reads: Reads = ALL, memo: int = 4096) -> None:
         self.reads = reads
+        self._extras = reads.extras
         self._attribute = flatten.AttributeReader(reads.attributes, memo)
 
     def __call__(self, body: bytes, notes: list[str]) -> list[FlatRecord | None]:
@@ -183,7 +194,8 @@ class ProtoDecoder:
         try:
             req = flatten.RawRequest.FromString(body)
             return list(flatten.records_from_raw(req, notes, self._attribute,
-                                                 resource_keys=self.reads.resource))
+                                                 resource_keys=self.reads.resource,
+                                                 extras=self._extras))
         except (DecodeError, RecursionError, ValueError) as e:
             raise BadRequest(Refusal.MALFORMED, f"undecodable protobuf: {str(e)[:200]}",
                              "otlp.undecodable") from None

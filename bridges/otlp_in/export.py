@@ -103,12 +103,16 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     # raw session key -> (session, its notes): a request's records share a
     # few sessions, each checked against the id grammar once
     sessions: dict[object, tuple[str | None, list[str]]] = {}
+    # the profile's seams read once per request, not once per record
+    session_key, map_record, stampable = profile.session_key, profile.map_record, \
+        profile.stampable
+    append = planned.append
     for idx, rec in enumerate(records):
         if rec is None:
             refused[NOT_A_RECORD] += 1
             continue
         try:
-            raw = profile.session_key(rec)
+            raw = session_key(rec)
             known = sessions.get(raw) if raw.__class__ is str else None
             if known is None:
                 said: list[str] = []
@@ -116,12 +120,13 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
                 if raw.__class__ is str:
                     sessions[raw] = known
             sess = known[0]
-            notes.extend(known[1])
+            if known[1]:
+                notes.extend(known[1])
             if sess is None:
                 notes.append("otlp.no_session")
                 refused[NO_SESSION] += 1
                 continue
-            emissions = profile.map_record(rec, posture, notes)
+            emissions = map_record(rec, posture, notes)
             when = record_moment(rec, now, notes)
         except Exception as e:  # a mapper bug must not take the receiver down
             notes.append("otlp.mapping_error")
@@ -129,8 +134,12 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
             failures.append(e)
             continue
         for em in emissions:
-            planned.append(Planned(idx, sess, profile.stampable(em), when))
+            # Planned(...) without the named tuple's Python-level __new__ (what it calls)
+            append(_new_tuple(Planned, (idx, sess, stampable(em), when)))
     return Plan(tuple(planned), dict(refused), tuple(notes), tuple(failures))
+
+
+_new_tuple = tuple.__new__
 
 
 class Admission:

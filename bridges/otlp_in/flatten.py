@@ -148,28 +148,37 @@ def _record(resource: dict[str, Any], attributes: dict[str, Any], *, event_name:
     return rec
 
 
+EXTRA_FIELDS = frozenset({"severity_number", "severity_text", "scope"})
+"""The record fields no vendor profile reads so far: a decoder given
+``extras=False`` leaves them out (:class:`~bridges.otlp_in.decode.Reads`)."""
+
+
 def records_from_proto(request: ExportLogsServiceRequest, notes: list[str], *,
                        keys: Container[str] | None = None,
-                       resource_keys: Container[str] | None = None) -> Iterator[FlatRecord]:
+                       resource_keys: Container[str] | None = None,
+                       extras: bool = True) -> Iterator[FlatRecord]:
     """Flatten every LogRecord of an ``ExportLogsServiceRequest`` message, in
     order. A decoded protobuf message is structurally sound by construction,
     so this never yields ``None``. ``keys`` / ``resource_keys``: flatten
     only these LogRecord / resource attributes (``None``: all; a vendor
     profile's :attr:`~bridges.otlp_in.profiles.Profile.reads`: what its
-    mapper can look at, the same mapping for less work)."""
+    mapper can look at, the same mapping for less work); ``extras=False``:
+    without :data:`EXTRA_FIELDS`."""
     for rl in request.resource_logs:
         resource = attrs_from_proto(rl.resource.attributes, notes, 0, resource_keys)
         for sl in rl.scope_logs:
             scope = _scope(sl.scope.name, sl.scope.version)
             for lr in sl.log_records:
                 yield _log_record(lr, resource, attrs_from_proto(lr.attributes, notes, 0, keys),
-                                  scope, notes)
+                                  scope, notes, extras)
 
 
 def _log_record(lr: Any, resource: dict[str, Any], attributes: dict[str, Any],
-                scope: dict[str, str] | None, notes: list[str]) -> FlatRecord:
+                scope: dict[str, str] | None, notes: list[str], extras: bool = True
+                ) -> FlatRecord:
     """One LogRecord message (real or raw schema) with its flattened
-    ``attributes`` -> the :func:`_record` shape, built inline."""
+    ``attributes`` -> the :func:`_record` shape, built inline (without
+    :data:`EXTRA_FIELDS` unless ``extras``)."""
     rec: FlatRecord = {"resource": dict(resource), "attributes": attributes}
     field = lr.event_name
     if field:
@@ -184,6 +193,8 @@ def _log_record(lr: Any, resource: dict[str, Any], attributes: dict[str, Any],
     n = lr.observed_time_unix_nano
     if n:
         rec["observed_time_unix_nano"] = n
+    if not extras:
+        return rec
     n = int(lr.severity_number)
     if n:
         rec["severity_number"] = n
@@ -608,10 +619,11 @@ class AttributeReader:
 
 
 def records_from_raw(request: Any, notes: list[str], attribute: AttributeReader, *,
-                     resource_keys: Container[str] | None = None) -> list[FlatRecord]:
+                     resource_keys: Container[str] | None = None,
+                     extras: bool = True) -> list[FlatRecord]:
     """:func:`records_from_proto` over a :data:`RawRequest` message: the same
-    records (and notes) as the real message gives with ``attribute.keys``
-    and ``resource_keys``. Raises what ``attribute`` raises."""
+    records (and notes) as the real message gives with ``attribute.keys``,
+    ``resource_keys`` and ``extras``. Raises what ``attribute`` raises."""
     out: list[FlatRecord] = []
     remembered, read = attribute.remembered, attribute.read
     for rl in request.resource_logs:
@@ -626,5 +638,5 @@ def records_from_raw(request: Any, notes: list[str], attribute: AttributeReader,
                         attributes[key] = value
                         if said:
                             notes.extend(said)
-                out.append(_log_record(lr, resource, attributes, scope, notes))
+                out.append(_log_record(lr, resource, attributes, scope, notes, extras))
     return out

@@ -28,7 +28,8 @@ class Profile:
     ``known``: the event names mapped to named vendor types; ``levels``:
     per vendor type, its content keys and their grade; ``reads`` /
     ``resource_reads``: every LogRecord / resource attribute the session
-    key, the record time and the mapper look at (``None``: any): the
+    key, the record time and the mapper look at (``None``: any), and
+    ``fields`` every other record field they look at: the
     decoder flattens only these, so the mapping is the same for less work
     (``tests/unit/otlp_in/test_otlp_reads.py`` holds each profile to it)."""
 
@@ -42,6 +43,7 @@ class Profile:
     levels: dict[str, dict[str, str]]
     reads: frozenset[str] | None = None
     resource_reads: frozenset[str] | None = None
+    fields: frozenset[str] | None = None
 
     def stampable(self, emission: Emission) -> Emission:
         """``emission`` plus the stamper's ``gating`` hint for a vendor
@@ -49,12 +51,16 @@ class Profile:
         claims the capture level actually honored rather than the ceiling.
         Core types need none (their schema annotations are the table)."""
         type_ = emission.get("type", "")
-        if not type_.startswith(self.namespace + "."):
+        if not type_.startswith(self._prefix):
             return emission
         gating = self._gatings.get(type_)
         if gating is None:  # a type outside the table (``unknown``): nothing declared
             gating = {"levels": self.levels.get(type_, {})}
         return {**emission, "gating": gating}
+
+    @cached_property
+    def _prefix(self) -> str:
+        return self.namespace + "."
 
     @cached_property
     def _gatings(self) -> dict[str, Gating]:
@@ -66,8 +72,8 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "codex": Profile("codex", "codex", codex.session_key, codex.map_record, codex.NAMESPACE,
                      codex.PRIMARY_TYPES, frozenset(codex.EVENTS), codex.LEVELS,
-                     codex.READS, codex.RESOURCE_READS),
+                     codex.READS, codex.RESOURCE_READS, codex.FIELDS),
     "vscode": Profile("vscode", "vscode", vscode.session_key, vscode.map_record,
                       vscode.NAMESPACE, vscode.PRIMARY_TYPES, frozenset(vscode.EVENTS),
-                      vscode.LEVELS, vscode.READS, vscode.RESOURCE_READS),
+                      vscode.LEVELS, vscode.READS, vscode.RESOURCE_READS, vscode.FIELDS),
 }

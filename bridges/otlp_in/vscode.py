@@ -73,6 +73,9 @@ READS = frozenset({"event.name", "event.timestamp", "gen_ai.request.model", "gen
 only these; :attr:`bridges.otlp_in.profiles.Profile.reads`)."""
 RESOURCE_READS = frozenset({"session.id"})
 """The resource attributes this profile looks at (the session key)."""
+FIELDS = frozenset({"event_name", "body", "time_unix_nano", "observed_time_unix_nano"})
+"""The record fields this profile looks at besides the attributes and the
+resource (the event name's fallbacks, the record time's candidates)."""
 
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed")
 """The core subset this profile emits in primary mode (design record)."""

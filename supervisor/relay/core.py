@@ -487,11 +487,15 @@ class Relay:
         admitted pair over again."""
         buffers, claims, agent = self.buffers, self.claims, conn.agent
         checked: str | None = None  # the source last found not owned by another
+        plain: str | None = None  # the type last found not a command (a run has few)
         for i in range(start, len(pairs)):
             try:
                 ev, raw = pairs[i]
-                if is_command_type(ev.get("type")):
-                    return i
+                type_ = ev.get("type")
+                if type_ != plain or type_.__class__ is not str:
+                    if is_command_type(type_):
+                        return i
+                    plain = type_ if type_.__class__ is str else None
                 e = trusted_entry(ev, raw)
                 src = e.attrs["source"]
                 if src != checked:
@@ -499,7 +503,10 @@ class Relay:
                     if owner is not None and owner is not conn:
                         return i
                     checked = src
-                if e.pos is not None and (buffers.conflict(e) or buffers.conflicting_duplicate(e)):
+                # fresh(): one lookup says neither check can refuse it (an
+                # emitter appending); else both checks, as admit_stamped makes
+                if e.pos is not None and not buffers.fresh(e) and \
+                        (buffers.conflict(e) or buffers.conflicting_duplicate(e)):
                     return i
                 if agent is not None and ev["agent"] != agent and not is_foreign(e.attrs["type"]):
                     return i

@@ -22,7 +22,8 @@ from bridges.otlp_in.profiles import PROFILES
 from bridges.otlp_in.status import BadRequest
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
-CODEX = Reads(PROFILES["codex"].reads, PROFILES["codex"].resource_reads)
+CODEX = Reads(PROFILES["codex"].reads, PROFILES["codex"].resource_reads,
+              PROFILES["codex"].fields)
 
 
 def _outcome(decode, body: bytes):

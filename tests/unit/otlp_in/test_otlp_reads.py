@@ -33,11 +33,12 @@ POSTURES = [Posture(mode=mode, policy=CapturePolicy(ceiling=ceiling))
 
 def _reads(vendor: str) -> Reads:
     p = PROFILES[vendor]
-    return Reads(p.reads, p.resource_reads)
+    return Reads(p.reads, p.resource_reads, p.fields)
 
 
 def _narrow(rec: dict, reads: Reads) -> dict:
-    out = dict(rec)
+    out = {k: v for k, v in rec.items() if k in ("attributes", "resource")
+           or reads.fields is None or k in reads.fields}
     out["attributes"] = {k: v for k, v in rec["attributes"].items() if k in reads.attributes}
     out["resource"] = {k: v for k, v in rec["resource"].items() if k in reads.resource}
     return out
@@ -96,6 +97,9 @@ def test_real_codex_exports_decode_narrowed_to_the_same_plan(body):
     # 0.171 sends attributes no mapping looks at: those are what is skipped
     dropped = {k for r in full for k in r["attributes"]} - reads.attributes
     assert {"app.version", "originator", "terminal.type", "slug"} <= dropped
+    # ...and record fields none looks at (its severity, the scope)
+    assert {"severity_number", "severity_text", "scope"} <= {k for r in full for k in r} \
+        and not any({"severity_number", "severity_text", "scope"} & set(r) for r in narrow)
 
 
 def test_json_bodies_are_flattened_whole():
@@ -125,7 +129,12 @@ def _records(vendor: str):
                                                                          max_size=8)).map(
              lambda t: {"event.name": t[0], **t[1]})},
         optional={"time_unix_nano": st.integers(0, 2 ** 63),
-                  "body": st.sampled_from(["codex.user_prompt", "free text"])}),
+                  "observed_time_unix_nano": st.integers(0, 2 ** 63),
+                  "event_name": st.sampled_from(["codex.tool_result", "event x.rs:1"]),
+                  "body": st.sampled_from(["codex.user_prompt", "free text"]),
+                  # the fields no profile reads (Reads.fields): narrowed away
+                  "severity_number": st.integers(1, 24), "severity_text": st.text(max_size=5),
+                  "scope": st.just({"name": "codex_otel.log_only"})}),
         min_size=1, max_size=4)
 
 
@@ -147,7 +156,7 @@ def test_protobuf_narrows_the_pins_nested_in_a_real_request(vendor):
     for inp in _pin_inputs(vendor):
         req = nest_proto(inp)
         (rec,) = flatten.records_from_proto(req, [], keys=reads.attributes,
-                                            resource_keys=reads.resource)
+                                            resource_keys=reads.resource, extras=reads.extras)
         assert rec == _narrow(inp, reads)
         assert decode_proto(req.SerializeToString(), [], reads) == [rec]
         assert decode_proto(req.SerializeToString(), [], ALL) == [inp]

@@ -35,7 +35,9 @@ ops = st.lists(st.one_of(
     st.tuples(st.just("dup"), st.integers(0, 50)),
     st.tuples(st.just("forge"), st.integers(0, 50)),
     st.tuples(st.just("reid"), st.integers(0, 50)),
-    st.tuples(st.just("cmd"), st.sampled_from(["s1", "s2"])),
+    # commands (core and vendor) and a control.* type that is not one
+    st.tuples(st.just("cmd"), st.sampled_from(["s1", "s2"]),
+              st.sampled_from(["control.cancel", "x.codex.control.stop", "control.interrupt"])),
     st.tuples(st.just("agent"), st.sampled_from(["s1", "s2"])),
 ), max_size=40)
 
@@ -53,7 +55,7 @@ def _pairs(script, stampers):
                 ev["seq"] += 100
         elif op[0] == "cmd":
             ev = {"aep": "0.1", "id": stampers[0].stamp(None, {"type": "agent.heartbeat"})["id"],
-                  "type": "control.interrupt", "source": "aep://x", "agent": "codex",
+                  "type": op[2], "source": "aep://x", "agent": "codex",
                   "session": op[1], "time": "2026-12-01T00:00:00Z", "data": {}}
         elif op[0] == "agent":
             ev = stampers[0].stamp(op[1], {"type": "x.codex.tool.seen"})

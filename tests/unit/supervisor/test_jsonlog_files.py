@@ -99,3 +99,47 @@ def test_a_directory_that_cannot_be_made_is_retried_on_the_next_write(tmp_path):
     assert sl.write(_ev("codex", "s", 1)) is True and not sl.failing
     sl.close()
     assert _files(tmp_path) == {"codex/s.jsonl": [1]}
+
+
+@settings(max_examples=150, deadline=None)
+@given(batches=st.lists(st.lists(st.tuples(_AGENTS, _SESSIONS), min_size=1, max_size=8),
+                        max_size=12),
+       max_open=st.integers(1, 4), full=st.sets(st.integers(0, 11), max_size=3))
+def test_raw_batches_equal_newline_batches(batches, max_open, full):
+    """``write_raw_batch`` (the pump's: the wire bytes without a newline,
+    runs of one session taken without a lookup) writes the same bytes and
+    answers the same verdicts as ``write_batch`` of newline-ended lines,
+    a full disk included (``full``: the batches whose writes fail)."""
+    from bridges.core.aep import dumps
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+        raw_log, line_log = SessionLog(Path(a), max_open=max_open), SessionLog(Path(b))
+        n = 0
+        for k, batch in enumerate(batches):
+            evs = []
+            for agent, session in batch:
+                evs.append(_ev(agent, session, n))
+                n += 1
+            if k in full:  # the disk is full for this batch: every write fails
+                for log_ in (raw_log, line_log):
+                    log_._append = _failing(log_)  # type: ignore[method-assign]
+            got = raw_log.write_raw_batch([(e, dumps(e)) for e in evs])
+            want = line_log.write_batch([(e, encode_line(e)) for e in evs])
+            assert got == want == [k not in full] * len(evs)
+            for log_ in (raw_log, line_log):
+                log_.__dict__.pop("_append", None)
+        raw_log.close()
+        line_log.close()
+        for rel in {str(p.relative_to(b)) for p in Path(b).rglob("*.jsonl")} | \
+                {str(p.relative_to(a)) for p in Path(a).rglob("*.jsonl")}:
+            assert (Path(a) / rel).read_bytes() == (Path(b) / rel).read_bytes()
+        assert raw_log.lines == line_log.lines
+
+
+def _failing(log_: SessionLog):
+    """``log_``'s ``_append`` on a full disk: nothing written (each write
+    still whole lines)."""
+    def append(target, data, lines):
+        assert data.endswith(b"\n") and data.count(b"\n") == lines
+        log_.errors += lines
+        return False
+    return append

@@ -1,0 +1,115 @@
+"""``record_moment``'s shortcut for an ``event.timestamp`` already in the
+stamper's form: the text is recognised by one ``bytes.translate`` instead
+of the ``_CANONICAL_TIME`` regex. Held equal to the function as it was
+(the regex, kept below as the reference) on generated times: every digit
+layout, non-ASCII digits, lone surrogates, out-of-range instants, with and
+without a receive time."""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from bridges.otlp_in import common
+from bridges.otlp_in.common import EARLIEST, FUTURE_SLACK, _from_nanos, record_moment
+
+_REGEX = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def reference(rec: dict[str, Any], now: datetime | None = None,
+              notes: list[str] | None = None) -> datetime | str | None:
+    """``record_moment`` before the shortcut (the regex decides the form)."""
+    latest = None if now is None else now + FUTURE_SLACK
+    out_of_range = False
+    t = _from_nanos(rec.get("time_unix_nano"))
+    if t is not None:
+        if latest is None or EARLIEST <= t <= latest:
+            return t
+        out_of_range = True
+    a = rec.get("attributes")
+    ts = a.get("event.timestamp") if isinstance(a, dict) else None
+    if isinstance(ts, str) and 10 <= len(ts) <= 40:
+        try:
+            t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError:
+            t = None
+        if t is not None:
+            if t.tzinfo is None:
+                t = t.replace(tzinfo=timezone.utc)
+            if 1971 <= t.year <= 9998:
+                if latest is None or EARLIEST <= t <= latest:
+                    if out_of_range and notes is not None:
+                        notes.append("otlp.time_out_of_range")
+                    return ts if _REGEX.fullmatch(ts) else t
+                out_of_range = True
+    t = _from_nanos(rec.get("observed_time_unix_nano"))
+    if t is not None and latest is not None and not EARLIEST <= t <= latest:
+        t, out_of_range = None, True
+    if out_of_range and notes is not None:
+        notes.append("otlp.time_out_of_range")
+    return t
+
+
+_SHAPE = "0000-00-00T00:00:00.000Z"
+_CHARS = st.sampled_from("0123456789-T:.Z+ z,W٣１\ud800")
+
+
+def _perturbed(base: str) -> st.SearchStrategy[str]:
+    """``base`` with a few characters replaced, dropped or added."""
+    return st.lists(st.tuples(st.integers(0, 23), _CHARS, st.sampled_from("rdi")),
+                    max_size=3).map(lambda edits: _edit(base, edits))
+
+
+def _edit(s: str, edits: list[tuple[int, str, str]]) -> str:
+    for i, ch, how in edits:
+        i = min(i, len(s))
+        s = s[:i] + ch + s[i + 1:] if how == "r" else s[:i] + s[i + 1:] if how == "d" \
+            else s[:i] + ch + s[i:]
+    return s
+
+
+_canonical = st.datetimes(min_value=datetime(1960, 1, 1), max_value=datetime(9999, 12, 31)).map(
+    lambda d: d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z")
+_times = st.one_of(_canonical, _canonical.flatmap(_perturbed),
+                   st.text(_CHARS, min_size=10, max_size=30),
+                   st.builds(lambda d: d.isoformat(), st.datetimes(timezones=st.just(timezone.utc))))
+_nows = st.one_of(st.none(), st.datetimes(min_value=datetime(1990, 1, 1),
+                                          max_value=datetime(9000, 1, 1),
+                                          timezones=st.sampled_from(
+                                              [timezone.utc, timezone(timedelta(hours=-7))])))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(ts=_times, now=_nows, observed=st.one_of(st.none(), st.integers(-1, 2**64 - 1)),
+       time_nano=st.one_of(st.none(), st.just(2**64 - 1)))
+@example(ts="2026-11-30T13:05:16.576Z", now=datetime(2026, 11, 30, tzinfo=timezone.utc),
+         observed=None, time_nano=None)
+@example(ts="2026-11-30T13:05:16.576Z", now=None, observed=None, time_nano=None)
+@example(ts="2026-11-30T13:05:16,576Z", now=None, observed=None, time_nano=None)
+@example(ts="2026-11-30T13:05:16.5760", now=None, observed=None, time_nano=None)
+@example(ts="٢٠٢٦-11-30T13:05:16.576Z", now=None, observed=None, time_nano=None)
+def test_record_moment_equals_the_regex_form(ts: str, now: datetime | None,
+                                             observed: int | None, time_nano: int | None) -> None:
+    rec: dict[str, Any] = {"attributes": {"event.timestamp": ts}}
+    if observed is not None:
+        rec["observed_time_unix_nano"] = observed
+    if time_nano is not None:
+        rec["time_unix_nano"] = time_nano
+    got_notes: list[str] = []
+    want_notes: list[str] = []
+    got = record_moment(rec, now, got_notes)
+    want = reference(rec, now, want_notes)
+    assert got == want and type(got) is type(want)
+    assert got_notes == want_notes
+
+
+def test_the_shape_is_the_regex_on_the_exporters_form() -> None:
+    ts = "2026-11-30T13:05:16.576Z"
+    assert ts.encode("ascii").translate(common._DIGITS_AS_0) == common._CANONICAL_SHAPE \
+        == _SHAPE.encode("ascii")
+    moment = record_moment({"attributes": {"event.timestamp": ts}},
+                           datetime(2026, 11, 30, 14, tzinfo=timezone.utc), [])
+    assert moment == ts and isinstance(moment, str)
