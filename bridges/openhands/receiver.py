@@ -66,6 +66,7 @@ import httpx
 import trio
 import trio_websocket
 
+from bridges.core import aep
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated, keepable
 from bridges.core.errors import leaves
@@ -128,6 +129,21 @@ class _FrameTimedOut(Exception):
     """A frame's emissions waited past its deadline for room on the relay
     channel (raised by :meth:`Receiver._emit`, caught by
     :meth:`Receiver.handle_raw`)."""
+
+
+def _frame_json(raw: str | bytes) -> Any:
+    """A socket frame's JSON value, exactly ``json.loads(raw)`` (same value,
+    same exceptions: ``ValueError``, ``TypeError``, ``RecursionError``): read
+    with the project's strict reader :func:`bridges.core.aep.loads` (the C
+    scanner without ``json.loads``'s wrappers, and whatever faster reader
+    that module adopts), and with ``json.loads`` again only when the strict
+    reader refuses the text (``NaN``/``Infinity``, which a vendor frame may
+    carry, or not JSON at all: then ``json.loads`` gives the answer). Equal
+    to ``json.loads`` by a property test."""
+    try:
+        return aep.loads(raw)
+    except ValueError:
+        return json.loads(raw)
 
 
 def _parse_ts(value: Any) -> datetime | None:
@@ -622,7 +638,7 @@ class Receiver:
         emissions land whole even when the bridge is being stopped)."""
         self.ctx.health.count("frames")
         try:
-            ev = json.loads(raw)
+            ev = _frame_json(raw)
         except (TypeError, ValueError):
             self.ctx.health.count("frames_not_json")
             return
@@ -670,7 +686,12 @@ class Receiver:
         conv.dirty = True
         env = None
         for emission in M.map_event(ev, self.posture):
-            env = await self._emit(conv, emission, cause=cause)
+            # _emit's fast path without its coroutine (one per emission,
+            # every frame); a full channel takes _emit's waiting path
+            try:
+                env = self.ctx.emit_nowait(conv.id, emission, run=conv.run_id, cause=cause)
+            except Saturated:
+                env = await self._emit(conv, emission, cause=cause)
         if fresh is not None:
             if snap:
                 conv.pending_snap = (ts, fresh, env["id"] if env else None)
