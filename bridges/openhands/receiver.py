@@ -66,6 +66,7 @@ import httpx
 import trio
 import trio_websocket
 
+from bridges.core import aep
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated, keepable
 from bridges.core.errors import leaves
@@ -92,6 +93,16 @@ MARKER_WAIT = 60.0
 """Seconds of socket silence after which a held snapshot applies although
 the replay never delivered the newest event REST named (a last resort)."""
 REST_TIMEOUT = 10.0
+ATTACH_CONCURRENCY = 8
+"""Socket handshakes (connect, HTTP upgrade) in flight at once, over all
+conversations. A discovery that lists a thousand conversations used to start
+a thousand handshakes together: their transient objects (h11 requests and
+responses, header lists, the first replayed frames) filled new allocator
+pools between the long-lived per-socket objects, and the holes stayed
+resident once they were freed (36-37 KiB RSS per idle conversation at 1,000
+over a 22 KiB Python heap; 25-26 KiB in waves of 8, attached in about half
+the time on a loopback server). A handshake holds its slot for at most
+:data:`REST_TIMEOUT`."""
 CLOSE_TIMEOUT = 2.0
 """Seconds the close handshake of a socket may take before it is dropped."""
 MAX_FRAME = 16 * 1024 * 1024
@@ -118,6 +129,21 @@ class _FrameTimedOut(Exception):
     """A frame's emissions waited past its deadline for room on the relay
     channel (raised by :meth:`Receiver._emit`, caught by
     :meth:`Receiver.handle_raw`)."""
+
+
+def _frame_json(raw: str | bytes) -> Any:
+    """A socket frame's JSON value, exactly ``json.loads(raw)`` (same value,
+    same exceptions: ``ValueError``, ``TypeError``, ``RecursionError``): read
+    with the project's strict reader :func:`bridges.core.aep.loads` (the C
+    scanner without ``json.loads``'s wrappers, and whatever faster reader
+    that module adopts), and with ``json.loads`` again only when the strict
+    reader refuses the text (``NaN``/``Infinity``, which a vendor frame may
+    carry, or not JSON at all: then ``json.loads`` gives the answer). Equal
+    to ``json.loads`` by a property test."""
+    try:
+        return aep.loads(raw)
+    except ValueError:
+        return json.loads(raw)
 
 
 def _parse_ts(value: Any) -> datetime | None:
@@ -304,6 +330,7 @@ class Receiver:
         self._state_wake = trio.Event()
         self._state_dir = (settings.state_dir / "openhands" / _server_key(settings.url)
                            if settings.state_dir else None)
+        self._attaching = trio.CapacityLimiter(ATTACH_CONCURRENCY)
 
     # ------------------------------------------------------------------ health
     def _source(self, value: bool | str, detail: str | None = None) -> None:
@@ -526,13 +553,15 @@ class Receiver:
         (``connect_websocket_url``), not under ``open_websocket_url``'s
         context manager: that suspended async generator (its frame, three
         closures, an ``outcome``) and its own nursery stayed alive for as
-        long as the socket was open, ~1.5 KiB per attached conversation."""
+        long as the socket was open, ~1.5 KiB per attached conversation.
+        At most :data:`ATTACH_CONCURRENCY` handshakes run at once."""
         try:
-            with trio.fail_after(REST_TIMEOUT):
-                # one message read ahead per connection: a replay storm over a
-                # thousand sockets holds one frame each in memory, not 16
-                ws = await self._ws_connect(nursery, self._socket_url(conv), max_message_size=MAX_FRAME,
-                                            message_queue_size=1)
+            async with self._attaching:
+                with trio.fail_after(REST_TIMEOUT):
+                    # one message read ahead per connection: a replay storm over a
+                    # thousand sockets holds one frame each in memory, not 16
+                    ws = await self._ws_connect(nursery, self._socket_url(conv), max_message_size=MAX_FRAME,
+                                                message_queue_size=1)
         except trio.TooSlowError:
             raise trio_websocket.ConnectionTimeout from None
         except OSError as e:
@@ -609,7 +638,7 @@ class Receiver:
         emissions land whole even when the bridge is being stopped)."""
         self.ctx.health.count("frames")
         try:
-            ev = json.loads(raw)
+            ev = _frame_json(raw)
         except (TypeError, ValueError):
             self.ctx.health.count("frames_not_json")
             return
@@ -657,7 +686,12 @@ class Receiver:
         conv.dirty = True
         env = None
         for emission in M.map_event(ev, self.posture):
-            env = await self._emit(conv, emission, cause=cause)
+            # _emit's fast path without its coroutine (one per emission,
+            # every frame); a full channel takes _emit's waiting path
+            try:
+                env = self.ctx.emit_nowait(conv.id, emission, run=conv.run_id, cause=cause)
+            except Saturated:
+                env = await self._emit(conv, emission, cause=cause)
         if fresh is not None:
             if snap:
                 conv.pending_snap = (ts, fresh, env["id"] if env else None)
