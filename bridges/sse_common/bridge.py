@@ -36,13 +36,13 @@ from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
 from bridges.core.posture import Posture
 from bridges.core.settings import Address
+from bridges.core.statefile import StateFile, state_path
 
 from . import config as _config
 from .config import SseConfig
 from .control import ACCEPTS, ACK_WINDOW_MS, ControlGate, ReadOnlyClient
 from .profile import SseProfile
 from .receiver import ReceiverSettings, SseReceiver
-from bridges.core.statefile import StateFile, state_path
 from .tracker import Tracker
 
 log = logging.getLogger("aep.sse.bridge")

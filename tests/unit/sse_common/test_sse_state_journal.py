@@ -14,9 +14,9 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from bridges.core import statefile as state_mod
 from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
-from bridges.core import statefile as state_mod
 from bridges.core.statefile import StateFile
 from bridges.sse_common.tracker import Tracker
 from tests.support.opencode_fixtures import global_events
