@@ -309,13 +309,13 @@ class Receiver:
         self._persisting = False  # persist() runs: state writes are queued for it
         self._state_due: dict[str, Conversation] = {}
         self._state_wake = trio.Event()
-        #: the old layout's directory of per-conversation files (:meth:`_migrate`)
-        self._state_dir = (settings.state_dir / "openhands" / _server_key(settings.url)
-                           if settings.state_dir else None)
         #: one document + journal per server, ``{AEP_STATE_DIR}/openhands/{server}.json``
+        #: (``_state_dir`` below: the old layout's directory, :meth:`_migrate`)
         self._state = (StateFile(state_path(settings.state_dir, "openhands", settings.url))
                        if settings.state_dir else None)
         self._state_open = False  # loaded (:meth:`_opened`)
+        self._state_dir = (settings.state_dir / "openhands" / _server_key(settings.url)
+                           if settings.state_dir else None)
 
     # ------------------------------------------------------------------ health
     def _source(self, value: bool | str, detail: str | None = None) -> None:
