@@ -315,8 +315,8 @@ async def state_cost(open_runs: int, frames: int, *, mode: str) -> dict:
     timed."""
     from bridges.core.paths import write_atomic
     from bridges.core.posture import Posture
+    from bridges.core.statefile import StateFile
     from bridges.sse_common.frames import BusEvent
-    from bridges.sse_common.state import StateFile
     from bridges.sse_common.tracker import Tracker
 
     tr = Tracker(Posture(agent="opencode", mode="primary"), max_sessions=max(5000, open_runs))

@@ -7,9 +7,11 @@ HTTP machinery (:mod:`.asgi`, :mod:`.http`).
 The layers point one way: ``bridges.core`` -> the bridges -> ``supervisor``
 (``tests/unit/test_layers.py``). Nothing here performs I/O except
 :mod:`.paths` (atomic state-file writes, used by the epoch store and the
-bridges' state) and :mod:`.http` (serving sockets it is handed)."""
+bridges' state), :mod:`.statefile` (the bridges' journaled state document)
+and :mod:`.http` (serving sockets it is handed)."""
 
 __all__ = [
     "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope", "errors",
     "http", "ledger", "naming", "paths", "posture", "readers", "redaction", "settings",
+    "statefile",
 ]

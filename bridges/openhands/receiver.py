@@ -35,13 +35,17 @@ shape", "Identity", "Run synthesis", "The attention loop", "Timestamps",
   last one applied is never applied (still mapped).
 - **Per-conversation bounded state** (:class:`Conversation`): status, the
   open run, the pending attention, the anchor and a ring of
-  :data:`SEEN_IDS` recent vendor ids; persisted (atomic JSON) under
-  ``{AEP_STATE_DIR}/openhands/<server>/<conversation>.json`` so a restarted
-  daemon reattaches with ``since`` and emits no duplicates, no second
-  ``session.started`` and no dangling run or attention. Written by one
-  writer task (:meth:`Receiver.persist`): a status change queues its
+  :data:`SEEN_IDS` recent vendor ids; persisted as one entry of the
+  server's state document ``{AEP_STATE_DIR}/openhands/<server>.json`` and
+  its journal (:mod:`bridges.core.statefile`, the SSE bridges' own) so a
+  restarted daemon reattaches with ``since`` and emits no duplicates, no
+  second ``session.started`` and no dangling run or attention. Written by
+  one writer task (:meth:`Receiver.persist`): a status change queues its
   conversation, written :data:`STATE_LINGER` later with whatever else
-  changed meanwhile (one write for a replay's burst, not one a change).
+  changed meanwhile, every conversation's in one journal ``write`` (one
+  for a replay's burst, not one a change nor a file a conversation). The
+  old layout (a file per conversation under ``.../openhands/<server>/``)
+  is carried into the document at the first load.
 
 Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 ``frames_malformed``, ``frames_duplicate``, ``search_errors``,
@@ -70,8 +74,8 @@ from bridges.core import aep
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated, keepable
 from bridges.core.errors import leaves
-from bridges.core.paths import write_atomic
 from bridges.core.posture import Posture
+from bridges.core.statefile import StateFile, state_path
 
 from . import mapping as M
 from .config import OpenHandsConfig
@@ -115,6 +119,9 @@ FRAME_DEADLINE = 10.0
 """Seconds one frame's emissions may wait for room on the relay channel."""
 STATE_VERSION = 1
 _STATE_NAME = re.compile(r"[0-9A-Za-z-]+")
+"""A conversation id as the old layout named its file (:meth:`Receiver._migrate`)."""
+_LEFTOVER = re.compile(r"\.[0-9A-Za-z-]+\.json\..+")
+"""A temporary file the old layout's atomic write left behind in a crash."""
 
 
 class AuthRefused(Exception):
@@ -328,6 +335,11 @@ class Receiver:
         self._persisting = False  # persist() runs: state writes are queued for it
         self._state_due: dict[str, Conversation] = {}
         self._state_wake = trio.Event()
+        #: one document + journal per server, ``{AEP_STATE_DIR}/openhands/{server}.json``
+        #: (``_state_dir`` below: the old layout's directory, :meth:`_migrate`)
+        self._state = (StateFile(state_path(settings.state_dir, "openhands", settings.url))
+                       if settings.state_dir else None)
+        self._state_open = False  # loaded (:meth:`_opened`)
         self._state_dir = (settings.state_dir / "openhands" / _server_key(settings.url)
                            if settings.state_dir else None)
         self._attaching = trio.CapacityLimiter(ATTACH_CONCURRENCY)
@@ -367,7 +379,7 @@ class Receiver:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            if self._state_dir is not None:
+            if self._state is not None:
                 await nursery.start(self.persist)
             task_status.started()
             try:
@@ -820,30 +832,35 @@ class Receiver:
             await self._emit(conv, emission, cause=cause, framed=False)
 
     # ------------------------------------------------------------------ persistence
-    def _path(self, cid: str) -> Path | None:
-        if self._state_dir is None or not _STATE_NAME.fullmatch(cid):
-            return None
-        return self._state_dir / f"{cid}.json"
+    def _opened(self) -> StateFile | None:
+        """The server's state document (:mod:`bridges.core.statefile`),
+        loaded on first use, the old layout carried into it (:meth:`_migrate`);
+        ``None`` without a state directory. Loaded once: a conversation's
+        entry is then read from memory at attach (:meth:`_load`), never
+        from a file per conversation and poll."""
+        st = self._state
+        if st is not None and not self._state_open:
+            self._state_open = True
+            st.load()  # its entries stay in ``st`` as texts; the parsed document is dropped
+            self._migrate(st)
+        return st
 
     def _load(self, cid: str) -> Conversation:
-        path = self._path(cid)
-        if path is None:
-            return Conversation(cid)
-        try:
-            return Conversation.restore(json.loads(path.read_text()), cid)
-        except FileNotFoundError:
-            return Conversation(cid)
-        except (OSError, ValueError) as e:
-            log.warning("OpenHands state for %s unreadable (%s); starting fresh", cid, type(e).__name__)
-            return Conversation(cid)
+        """The conversation as the state document last held it (fresh when
+        it holds nothing for ``cid``, or no state directory; an unreadable
+        document is one warning and a fresh start, see
+        :meth:`StateFile.load`)."""
+        st = self._opened()
+        return Conversation(cid) if st is None else Conversation.restore(st.entry(cid), cid)
 
     def _flush(self, conv: Conversation, *, force: bool = False, now: bool = False) -> None:
         """Persist the conversation's state when dirty, at most once per
         :data:`FLUSH_EVERY` seconds unless ``force``. While :meth:`persist`
         runs, the write is queued for it (within :data:`STATE_LINGER`, one
-        write per conversation for a whole burst of frames and status
-        changes: the file is replaced whole, so only the last state
-        counts); ``now`` (a task's end) or no writer: written at once."""
+        journal ``write`` for a whole burst of frames and status changes of
+        every conversation queued: an entry replaces the last one, so only
+        the last state counts); ``now`` (a task's end) or no writer: written
+        at once."""
         if not conv.dirty:
             return
         t = trio.current_time()
@@ -851,7 +868,7 @@ class Receiver:
             return
         conv.dirty = False
         conv.last_flush = t
-        if self._state_dir is None:
+        if self._state is None:
             return
         if self._persisting and not now:
             self._state_due[conv.id] = conv
@@ -861,49 +878,112 @@ class Receiver:
         self._write_state(conv)
 
     def _write_state(self, conv: Conversation) -> None:
-        """Replace the conversation's state file (atomic) with its state now."""
-        path = self._path(conv.id)
-        if path is None:
-            return
-        try:
-            write_atomic(path, json.dumps(conv.persisted()))
-        except OSError as e:
-            self.ctx.health.count("state_write_errors")
-            log.warning("cannot persist OpenHands state under %s (%s)", path.parent,
-                        e.strerror or type(e).__name__)
+        """Save the conversation's state now (one journal line)."""
+        self._save({conv.id: conv.persisted()})
+
+    def _save(self, changes: dict[str, dict[str, Any] | None]) -> bool:
+        """``changes`` (``{cid: Conversation.persisted() or None for
+        gone}``) into the state document's journal, one ``write``
+        (:meth:`StateFile.save_changes`: entries equal to what is saved are
+        skipped; compaction is its own). A failure is counted
+        (``state_write_errors``) and logged once by the state file, never
+        raised; returns ``False`` then."""
+        st = self._opened()
+        if st is None or not changes:
+            return True
+        errors = st.errors
+        st.save_changes(changes)
+        if st.errors == errors:
+            return True
+        self.ctx.health.count("state_write_errors", st.errors - errors)
+        return False
 
     def _write_due(self) -> None:
         due, self._state_due = self._state_due, {}
-        for conv in due.values():
-            self._write_state(conv)
+        self._save({cid: conv.persisted() for cid, conv in due.items()})
 
     async def persist(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The state writer (started by :meth:`run` when there is a state
         directory): writes what :meth:`_flush` queued, :data:`STATE_LINGER`
-        after the first of a burst, and everything still queued when it is
-        cancelled. A state write (a new file and a rename, 0.1-1 ms on this
-        machine's disk) per status change was 5.4 writes per conversation
-        of the real captures, most of the bridge's CPU per frame."""
+        after the first of a burst, all of it in one journal ``write``, and
+        everything still queued when it is cancelled; runs the state
+        document's compactor (:meth:`StateFile.compactor`) beside it. Each
+        conversation's own file, replaced whole (a new file and a rename:
+        30-800 us of kernel time each on this machine's disk), cost more
+        than the conversation's frames (issue 11)."""
+        assert self._state is not None
         self._persisting = True
-        task_status.started()
         try:
-            while True:
-                await self._state_wake.wait()
-                await trio.sleep(STATE_LINGER)
-                self._state_wake = trio.Event()
-                self._write_due()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._state.compactor)
+                task_status.started()
+                while True:
+                    await self._state_wake.wait()
+                    await trio.sleep(STATE_LINGER)
+                    self._state_wake = trio.Event()
+                    self._write_due()
         finally:
             self._persisting = False
             self._write_due()
 
     def _forget(self, cid: str) -> None:
-        self._state_due.pop(cid, None)  # a queued write would bring the file back
-        path = self._path(cid)
-        if path is not None:
+        """Drop the conversation's entry (it vanished from the server)."""
+        self._state_due.pop(cid, None)  # a queued write would bring it back
+        self._save({cid: None})
+
+    def _migrate(self, st: StateFile) -> None:
+        """Carry the old layout into the document: one file per
+        conversation, ``{AEP_STATE_DIR}/openhands/{server}/{cid}.json``.
+        Each file is read (an unreadable one is a warning and a fresh
+        start, as it was), all of them saved in one journal ``write``, then
+        removed with the directory (and any temporary file a crash left).
+        A file whose conversation the document already holds was carried
+        before (a crash before the removal) and is only removed: the
+        document's entry is as new or newer. A failed save removes nothing
+        (tried again at the next start)."""
+        legacy = self._state_dir
+        assert legacy is not None
+        try:
+            paths = sorted(legacy.iterdir())
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            log.warning("old OpenHands state under %s unreadable (%s); not carried over", legacy,
+                        e.strerror or type(e).__name__)
+            return
+        carried: dict[str, dict[str, Any] | None] = {}
+        done: list[Path] = []
+        for path in paths:
+            cid = path.name.removesuffix(".json")
+            if _LEFTOVER.fullmatch(path.name):
+                done.append(path)
+            elif cid != path.name and _STATE_NAME.fullmatch(cid):
+                done.append(path)
+                if st.entry(cid) is not None:
+                    continue
+                try:
+                    body = json.loads(path.read_text())
+                except (OSError, ValueError) as e:
+                    log.warning("OpenHands state for %s unreadable (%s); starting fresh", cid,
+                                type(e).__name__)
+                    continue
+                carried[cid] = Conversation.restore(body, cid).persisted()
+        if not self._save(carried):
+            return
+        for path in done:
             try:
                 path.unlink()
-            except OSError:
+            except FileNotFoundError:
                 pass
+            except OSError as e:  # carried again at the next start (the document's entry wins)
+                log.warning("cannot remove old OpenHands state file %s (%s)", path,
+                            e.strerror or type(e).__name__)
+        try:
+            legacy.rmdir()
+        except OSError:  # something else is in it: left alone
+            pass
+        log.info("OpenHands state: %d conversation files under %s carried into %s", len(carried),
+                 legacy, st.path)
 
 
 def _why(e: BaseException) -> str:

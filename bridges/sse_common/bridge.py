@@ -10,7 +10,7 @@ nothing of a run stays on the bridge object. Design record:
 ``shared/aep/docs/adapter-opencode-design.md`` (the SSE bridge section);
 DESIGN.md (the operator's interface names).
 In primary mode the open runs and pending asks are kept in a small state
-file under ``AEP_STATE_DIR`` (:mod:`bridges.sse_common.state`) so a daemon
+file under ``AEP_STATE_DIR`` (:mod:`bridges.core.statefile`) so a daemon
 restart continues them instead of leaving them dangling: that file is the
 only thing one run passes to the next.
 
@@ -36,13 +36,13 @@ from bridges.core.bridge import Bridge, BridgeContext, BridgeRun, Capabilities
 from bridges.core.capture import CapturePolicy
 from bridges.core.posture import Posture
 from bridges.core.settings import Address
+from bridges.core.statefile import StateFile, state_path
 
 from . import config as _config
 from .config import SseConfig
 from .control import ACCEPTS, ACK_WINDOW_MS, ControlGate, ReadOnlyClient
 from .profile import SseProfile
 from .receiver import ReceiverSettings, SseReceiver
-from .state import StateFile, state_path
 from .tracker import Tracker
 
 log = logging.getLogger("aep.sse.bridge")

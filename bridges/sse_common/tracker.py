@@ -546,7 +546,7 @@ class Tracker:
         """The :meth:`snapshot` entries of the sessions touched since the
         last call (``None``: the session has no entry any more), and the
         touched set cleared: an incremental save costs what changed, not
-        what is open (:meth:`bridges.sse_common.state.StateFile.save_changes`)."""
+        what is open (:meth:`bridges.core.statefile.StateFile.save_changes`)."""
         out: dict[str, dict[str, Any] | None] = {}
         for sid in self.touched:
             st = self.sessions.get(sid)

@@ -130,6 +130,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
         "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope",
         "errors", "http", "ledger", "naming", "paths", "posture", "readers", "redaction", "settings",
+        "statefile",
     },
     "bridges.core.posture": {"MODES", "Posture"},
     "bridges.core.readers": {"arr", "obj", "text", "whole"},
@@ -150,6 +151,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "bridges.core.errors": {"leaves", "root_cause"},
     "bridges.core.paths": {"state_dir", "write_atomic"},
+    "bridges.core.statefile": {"COMPACT_CHUNK", "COMPACT_MIN", "StateFile", "state_path"},
     "supervisor.relay": {"Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent"},
     "supervisor.relay.core": {"Relay", "RelayClosed", "CommandRefused", "LocalEmitter",
                               "normalize_origin", "RELAY_AGENT", "RunFault"},

@@ -13,10 +13,12 @@ blocking ControlClient calls are handed to a worker thread with
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import trio
 
+from bridges.core.statefile import StateFile
 from tests.support.daemon import Collector, command
 from tests.support.openhands import (
     AgentClient,
@@ -237,11 +239,15 @@ async def test_7_model_unreachable(server, daemon, stream):
 
 # --------------------------------------------------------------------------- 8
 
-async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
+@pytest.mark.parametrize("layout", ["journal", "old layout"])
+async def test_8_daemon_restarted_mid_conversation(server, tmp_path, layout):
     """The daemon stopped (SIGTERM) while a confirmation is pending and the
     vendor moves on meanwhile; restarted on the same state dir it reattaches
     (since-replay): no duplicate on the stream, no dangling run or attention;
-    the open run and ask are re-announced first (review of issue 8, finding 1)."""
+    the open run and ask are re-announced first (review of issue 8, finding 1).
+    ``old layout``: the state the first daemon left is rewritten, while it
+    is stopped, as the previous release kept it (a file per conversation):
+    the restarted daemon carries it over and behaves the same."""
     d = OpenHandsDaemon(server, tmp_path / "state", {"AEP_OPENHANDS_CONTROL": "1"})
     await trio.to_thread.run_sync(d.start)
     reader = d.subscribe()
@@ -254,6 +260,9 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
             before = reader.of(cid)
             reader.close()
             assert await trio.to_thread.run_sync(d.stop) == 0, d.log()
+            assert cid in openhands_state(tmp_path / "state")
+            if layout == "old layout":
+                to_old_layout(tmp_path / "state")
             await vendor.confirm(cid)  # nobody observes this
             with trio.fail_after(30):
                 while await vendor.status(cid) != "finished":
@@ -278,9 +287,33 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path):
         run_id = [e for e in before if e["type"] == "run.started"][0]["run"]
         assert [e["run"] for e in evs if e["type"] == "run.finished"] == [run_id]
         assert min(e["epoch"] for e in evs) > max(e["epoch"] for e in before)
+        assert openhands_state(tmp_path / "state")[cid]["status"] == "finished"
+        assert [p.name for p in (tmp_path / "state" / "openhands").iterdir() if p.is_dir()] == []
     finally:
         reader.close()
         d.stop()
+
+
+def openhands_state(state: Path) -> dict:
+    """The OpenHands conversations' entries in the daemon's state directory
+    (one document + journal per agent server, bridges/core/statefile.py)."""
+    docs = {p.with_name(p.name.removesuffix(".journal")) for p in (state / "openhands").glob("*.json*")}
+    assert len(docs) == 1, docs  # one agent server
+    doc = StateFile(docs.pop()).load()
+    return doc["sessions"] if isinstance(doc, dict) else {}
+
+
+def to_old_layout(state: Path) -> None:
+    """Rewrite the OpenHands state as the previous release kept it:
+    ``openhands/{server}/{cid}.json`` each, no document, no journal."""
+    entries = openhands_state(state)
+    for p in list((state / "openhands").glob("*.json*")):
+        server = p.name.partition(".json")[0]
+        p.unlink()
+    for cid, entry in entries.items():
+        old = state / "openhands" / server / f"{cid}.json"
+        old.parent.mkdir(exist_ok=True)
+        old.write_text(json.dumps(entry))
 
 
 # --------------------------------------------------------------------------- 9

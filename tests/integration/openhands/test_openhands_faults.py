@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from bridges.core.statefile import StateFile
 from tests.support.openhands import SESSION_KEY, Rig, StubAgentServer, state_frame
 from tests.support.schema import validate_event, validate_stream
 
@@ -169,15 +170,24 @@ async def test_vanished_conversation_is_detached(tmp_path):
                             state_frame("execution_status", "waiting_for_confirmation", TS.format(2))])
     async with running(stub, tmp_path) as rig:
         await rig.wait(lambda e: rig.of(conv.id, "attention.requested"))
-        # written by the state writer within STATE_LINGER of the change
-        await until(lambda: any((tmp_path / "state" / "openhands").rglob(f"{conv.id}.json")))
-        state_file = next((tmp_path / "state" / "openhands").rglob(f"{conv.id}.json"))
+        # saved by the state writer within STATE_LINGER of the change
+        await until(lambda: conv.id in saved(tmp_path))
         del stub.conversations[conv.id]
         await rig.wait(lambda e: rig.of(conv.id, "session.ended"))
     evs = rig.of(conv.id)
     validate_stream(evs)
     assert [e["type"] for e in evs][-3:] == ["attention.resolved", "run.cancelled", "session.ended"]
-    assert not state_file.exists() and conv.id not in rig.receiver.conversations
+    assert conv.id not in saved(tmp_path) and conv.id not in rig.receiver.conversations
+
+
+def saved(tmp_path) -> dict:
+    """The conversations a restarted daemon would find (the server's state
+    document with its journal, read by a fresh StateFile)."""
+    paths = {p.with_name(p.name.removesuffix(".journal"))  # (the document comes with a compaction)
+             for p in (tmp_path / "state" / "openhands").glob("*.json*")}
+    assert len(paths) <= 1, paths  # one agent server: one document
+    doc = StateFile(paths.pop()).load() if paths else None
+    return doc["sessions"] if isinstance(doc, dict) else {}
 
 
 # --------------------------------------------------------------------------- writes

@@ -30,15 +30,15 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bridges.core import statefile as _state
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
+from bridges.core.statefile import StateFile
 from bridges.opencode_sse import PROFILE
 from bridges.sse_common import frames as _frames
-from bridges.sse_common import state as _state
 from bridges.sse_common.frames import BusEvent, FrameError, parse_frame, session_of, unversioned
 from bridges.sse_common.receiver import ReceiverSettings, SseReceiver, StreamSilent
-from bridges.sse_common.state import StateFile
 from bridges.sse_common.tracker import Tracker
 from tests.support.opencode_fixtures import real_frames
 from tests.unit.sse_common.test_sse_fuzz import frames as fuzz_frames

@@ -1,4 +1,4 @@
-"""The SSE bridge's incremental state file (``bridges/sse_common/state.py``,
+"""The SSE bridge's incremental state file (``bridges/core/statefile.py``,
 issue 11): the journal replays to exactly what the tracker's whole
 snapshot says, a torn tail loses only the torn line, compaction is crash-safe,
 and a save writes what changed, not what is open (counts, not times)."""
@@ -14,10 +14,10 @@ import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
+from bridges.core import statefile as state_mod
 from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
-from bridges.sse_common import state as state_mod
-from bridges.sse_common.state import StateFile
+from bridges.core.statefile import StateFile
 from bridges.sse_common.tracker import Tracker
 from tests.support.opencode_fixtures import global_events
 from tests.unit.sse_common.test_sse_tracker import stamp
