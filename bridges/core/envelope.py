@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import quote
 
 from . import capture as _capture
-from .aep import AEP_VERSION, scrub_surrogates
+from .aep import AEP_VERSION, SEVERITY_RANK, scrub_surrogates
 from .paths import write_atomic
 
 if TYPE_CHECKING:
@@ -283,12 +283,19 @@ class Stamper:
         the :func:`rfc3339` form (default: now, the millisecond of the
         ULID's time part).
         Raises ``ValueError`` for an ill-formed extension attribute
-        (AEP-0001 §5.4) or a session-scoped type without a session."""
+        (AEP-0001 §5.4), a severity outside AEP-0001 §8.1 or a
+        session-scoped type without a session (nothing stamped: no ``seq``
+        is taken)."""
         type_ = emission["type"]
         plan = self._types.get(type_)
         if plan is None:
             plan = self._type_plan(type_)
         scoped, default_severity, gate = plan
+        sev = severity or emission.get("severity") or default_severity
+        if sev and sev != "info" and (sev.__class__ is not str or sev not in SEVERITY_RANK):
+            # refused before a seq is taken (a gap) and before the relay would
+            # drop the event: AEP-0001 §8.1 is a closed set
+            raise ValueError(f"{type_}: unknown severity {sev!r}")
         if scoped:
             if not session:
                 raise ValueError(f"{type_} is session-scoped and needs a session")
@@ -328,7 +335,6 @@ class Stamper:
             ev["epoch"] = self.epoch
         if cause is not None:
             ev["cause"] = cause
-        sev = severity or emission.get("severity") or default_severity
         if sev and sev != "info":
             ev["severity"] = sev
         # ``gating``: optional hints for the gate, never put on the wire

@@ -283,3 +283,22 @@ def test_ceiling_follows_a_replaced_policy():
     s.policy = CapturePolicy(ceiling="full")
     ev = s.stamp("a", {"type": "tool.completed", "data": data})
     assert ev["data"]["result"] == "secret output" and ev["capture"] == "full"
+
+
+@pytest.mark.parametrize("bad", ["loud", "Warning", "INFO ", 3, ["error"]])
+def test_a_severity_outside_the_registry_is_refused_before_a_seq_is_taken(bad):
+    """AEP-0001 §8.1 is a closed set: a bridge's unknown severity is a
+    ``ValueError`` at stamping (before, the envelope went out and the relay
+    dropped it, counted as a sink error), and the refused emission takes no
+    ``seq``: the session's next event follows without a gap."""
+    s = Stamper("opencode", host="h")
+    first = s.stamp("ses_1", {"type": "tool.started", "data": {"tool": {"name": "bash"}}})
+    with pytest.raises(ValueError, match="unknown severity"):
+        s.stamp("ses_1", {"type": "tool.completed", "severity": bad,
+                          "data": {"tool": {"name": "bash"}}})
+    with pytest.raises(ValueError, match="unknown severity"):
+        s.stamp("ses_1", {"type": "tool.completed"}, severity=bad)
+    after = s.stamp("ses_1", {"type": "tool.completed", "severity": "warning",
+                              "data": {"tool": {"name": "bash"}}})
+    assert after["seq"] == first["seq"] + 1 and after["severity"] == "warning"
+    validate_event(after)
