@@ -264,7 +264,10 @@ def dumps(obj: Any) -> bytes:
     else:
         try:
             if _plain_dict(obj) if type(obj) is dict else _plain(obj):
-                return out
+                # orjson's bytes keep the block it wrote into (4 KiB at least:
+                # a 450-byte event held 4,121 bytes of RSS); events are kept
+                # (relay buffers, SSE queues), so an exact-size copy, ~0.12 us
+                return memoryview(out).tobytes()
         except RecursionError:  # the caller's stack was already deep: the stdlib decides
             pass
     return _stdlib_dumps(obj)

@@ -323,3 +323,21 @@ def test_dumps_from_a_deep_stack_answers_as_the_stdlib_there():
         old = _at_stack_depth(used, lambda: _answer(_REF_DUMPS, value))
         assert new == old
     assert new[0] == "error" or new[1] == _REF_DUMPS(value)
+
+
+def test_dumps_bytes_hold_their_own_size_not_orjsons_write_block():
+    """orjson writes into a block of 4 KiB or more and its bytes keep that
+    block; the relay keeps every event's wire bytes (buffers, SSE queues),
+    so a small event held ~8x its size (the stuck-readers RSS test caught
+    it: +40 MiB). ``dumps`` returns exact-size bytes."""
+    import tracemalloc
+    ev = {"aep": "0.1", "type": "tool.completed", "seq": 1, "data": {"x": "y" * 300}}
+    assert aep._OJ_DUMPS(ev) == aep.dumps(ev)  # the orjson path, not the stdlib's
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [aep.dumps(ev) for _ in range(1000)]
+        per = (tracemalloc.get_traced_memory()[0] - before) / len(kept)
+    finally:
+        tracemalloc.stop()
+    assert per < 2 * len(kept[0]), f"{per:.0f} bytes held per {len(kept[0])}-byte event"
