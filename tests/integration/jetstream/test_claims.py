@@ -83,11 +83,20 @@ async def test_an_old_shape_key_of_the_same_claim_is_one_claimant(tmp_path) -> N
             assert len([r for r in roster if r["session"] == "toy-1"]) == 1, roster
             outcome, ack = await trio.to_thread.run_sync(_command, base, "toy-1")
             assert outcome == "accepted", ack
-            assert ack["type"] == "control.accepted" and len(bridge.writes) == 1
+            assert ack["type"] == "control.accepted"
+            with trio.fail_after(10):  # the write follows the accepted ack
+                while len(bridge.writes) < 1:
+                    await trio.sleep(0.05)
+            assert len(bridge.writes) == 1
             # the old shape alone (an old daemon) still routes (the daemon's
             # refresh, every TTL/3 = 40 s, would put the new key back)
             await aio(kv.delete)(new)
             assert new not in await _keys(link)
             outcome, ack = await trio.to_thread.run_sync(_command, base, "toy-1")
             assert outcome == "accepted", ack
+            # the ack can reach the client before the relay has read the NATS
+            # reply (its counter) or the bridge has made its write
+            with trio.fail_after(10):
+                while relay.counters["commands_forwarded"] < 2 or len(bridge.writes) < 2:
+                    await trio.sleep(0.05)
             assert relay.counters["commands_forwarded"] == 2 and len(bridge.writes) == 2
