@@ -62,6 +62,9 @@ class SpareFiles:
         self._low = trio.Event()  # set: at most half the target is ready
         self._low.set()
         self._failing = False  # the last refill failed: logged once per spell
+        #: directories a rename into failed for good (another file system...):
+        #: their new files are created, no spare is spent on them again
+        self._foreign: set[str] = set()
         self.counters = {"made": 0, "taken": 0, "missed": 0, "errors": 0}
 
     def ready(self) -> int:
@@ -75,6 +78,11 @@ class SpareFiles:
         or the rename failed (the caller creates ``dest`` itself; a missing
         directory of ``dest`` keeps the spare for the retry). Raises nothing."""
         ready = self._ready
+        if not ready:
+            return False
+        where = os.path.dirname(dest)
+        if where in self._foreign:
+            return False
         taken = False
         while ready:
             spare = ready.popleft()
@@ -85,8 +93,12 @@ class SpareFiles:
                     ready.appendleft(spare)
                     break
                 continue  # the spare went away (a cleanup): the next one
-            except OSError:  # another file system, permissions...: dropped, counted
+            except OSError as e:  # another file system (EXDEV), permissions...
+                ready.appendleft(spare)  # kept: never one left behind per session
+                self._foreign.add(where)
                 self.counters["errors"] += 1
+                log.warning("spare session log files cannot be moved into %s (%s); its new "
+                            "files are created in place", where, e.strerror or type(e).__name__)
                 break
             self.counters["taken"] += 1
             taken = True
@@ -145,7 +157,9 @@ class SpareFiles:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_nlink == 1:
+            # a spare becomes a session log as it is: only ours, 0600, empty
+            if (stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_nlink == 1
+                    and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()):
                 found.append(e.path)
                 after = max(after, int(name[:-6]) + 1)
         return found, after
@@ -158,6 +172,8 @@ class SpareFiles:
         i = first
         try:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            if stat.S_IMODE(os.stat(self.directory).st_mode) != 0o700:
+                os.chmod(self.directory, 0o700)  # one made otherwise (a restore, umask)
             while len(made) < n:
                 path = os.path.join(self.directory, f"{i}.spare")
                 i += 1

@@ -108,6 +108,23 @@ class StateFile:
         self._wake: trio.Event | None = None  # set: a compactor task waits for work
         self.counters = {"appends": 0, "compactions": 0, "torn_tail": 0}
 
+    def _remove_temporaries(self) -> None:
+        """Remove the compaction documents a crash left half written
+        (``.{name}.XXXXXXXX`` beside the document; never read, they would
+        pile up one per crash)."""
+        assert self.path is not None
+        prefix = f".{self.path.name}."
+        try:
+            entries = list(os.scandir(self.path.parent))
+        except OSError:
+            return
+        for e in entries:
+            if e.name.startswith(prefix) and len(e.name) > len(prefix):
+                try:
+                    os.unlink(e.path)
+                except OSError:  # gone already, or not ours to remove: left
+                    pass
+
     def load(self) -> object:
         """The saved document with its journal replayed, as parsed JSON
         (untrusted: the tracker checks its shape; sessions in id order, as
@@ -115,6 +132,7 @@ class StateFile:
         unreadable."""
         if self.path is None:
             return None
+        self._remove_temporaries()
         doc: object = None
         try:
             text = self.path.read_text()

@@ -57,3 +57,22 @@ async def test_a_save_after_the_compactor_ended_compacts_at_once(tmp_path, monke
     assert doc["journal"] == sf._gen  # noqa: SLF001
     fresh = StateFile(path).load()
     assert isinstance(fresh, dict) and fresh["sessions"] == {f"s{i}": entry(i) for i in range(20)}
+
+
+def test_a_crash_mid_compaction_leaves_no_temporary_document_behind(tmp_path):
+    """The compaction writes its new document to ``.{name}.XXXXXXXX`` before
+    the replace; a kill -9 in between left one per crash (break-it review:
+    ~30 after 40 kills). ``load`` removes them; the document, its journal
+    and other files stay."""
+    path = tmp_path / "srv.json"
+    first = StateFile(path)
+    first.load()
+    first.save_changes({"a": entry(1)})
+    for junk in (".srv.json.abc12345", ".srv.json.zz"):
+        (tmp_path / junk).write_text('{"version": 1, "sess')
+    (tmp_path / ".other.json.abc12345").write_text("not this file's")
+    before = {p.name for p in tmp_path.iterdir()} - {".srv.json.abc12345", ".srv.json.zz"}
+    again = StateFile(path)
+    again.load()
+    assert {p.name for p in tmp_path.iterdir()} == before
+    assert again.entry("a") == entry(1)

@@ -117,6 +117,8 @@ def test_keep_fills_the_pool_refills_at_half_and_adopts_a_previous_runs_spares(t
     (d / "5.spare").write_text("not empty: not a spare")
     (d / "x.spare").touch()
     (d / "7.spare").touch()
+    for p in d.iterdir():
+        os.chmod(p, 0o600)  # as a previous run made them
     os.link(d / "7.spare", tmp_path / "linked")  # two links: a session's file, not a spare
 
     async def main():
@@ -169,3 +171,69 @@ def test_a_failing_refill_is_logged_once_and_the_log_creates_files_meanwhile(tmp
     assert pool.ready() == 0 and pool.counters["made"] == 0
     assert len([r for r in caplog.records if "spare" in r.getMessage()]) == 1
     assert _files(blocker) == {"codex/s.jsonl": [0]}
+
+
+def test_only_our_own_0600_spares_are_adopted_and_the_directory_is_made_0700(tmp_path):
+    """A spare becomes a session log as it is: one a restore left 0644 (or
+    another user's) is never adopted, and a ``.spare`` directory found
+    looser than 0700 is tightened (break-it review: a new session's log
+    came out world-readable)."""
+    d = tmp_path / SPARE_DIR
+    d.mkdir(mode=0o755)
+    os.chmod(d, 0o755)
+    (d / "0.spare").touch(mode=0o644)
+    os.chmod(d / "0.spare", 0o644)
+    (d / "1.spare").touch(mode=0o600)
+    os.chmod(d / "1.spare", 0o600)
+
+    async def main():
+        pool = SpareFiles(d, target=4)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.keep)
+            with trio.fail_after(10):
+                while pool.ready() < 4:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+        return pool
+
+    pool = trio.run(main)
+    assert str(d / "0.spare") not in pool._ready and str(d / "1.spare") in pool._ready
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700
+    log = SessionLog(tmp_path)
+    log.spares = pool
+    for i in range(4):
+        assert log.write(_ev("codex", f"n{i}", i))
+    log.close()
+    for p in (tmp_path / "codex").glob("*.jsonl"):
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600
+
+
+def test_a_directory_spares_cannot_be_moved_into_keeps_the_spares(tmp_path, monkeypatch):
+    """A rename that fails for good (an agent directory on another file
+    system: EXDEV) puts the spare back and stops trying that directory:
+    no spare file is left behind per new session (break-it review: 768
+    leftovers after 600 sessions), and other directories still take them."""
+    import errno
+
+    from supervisor import spares as spares_mod
+    real = os.rename
+    renames = []
+
+    def rename(src, dst):
+        renames.append(dst)
+        if os.path.dirname(dst).endswith("elsewhere"):
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return real(src, dst)
+    monkeypatch.setattr(spares_mod.os, "rename", rename)
+    log = SessionLog(tmp_path)
+    log.spares = pool = _pool(tmp_path, 3)
+    for i in range(5):
+        assert log.write(_ev("elsewhere", f"s{i}", i))
+    assert log.write(_ev("codex", "s", 9))
+    log.close()
+    assert len([r for r in renames if "elsewhere" in r]) == 1  # tried once, not per session
+    assert pool.counters["errors"] == 1 and pool.counters["taken"] == 1
+    assert pool.counters["missed"] == 5 and pool.ready() == 2
+    assert len(os.listdir(tmp_path / SPARE_DIR)) == 2
+    assert _files(tmp_path) == {**{f"elsewhere/s{i}.jsonl": [i] for i in range(5)},
+                                "codex/s.jsonl": [9]}
