@@ -73,7 +73,7 @@ class SessionLog:
         # (agent, session) -> its file as (path, str path, str directory)
         self._paths: dict[tuple[Any, Any], tuple[Path, str, str]] = {}
         self._dirs: set[str] = set()  # agent directories made (or found) by this log
-        #: spare files renamed into place for new sessions (the fleet sets
+        #: spare files linked into place for new sessions (the fleet sets
         #: and refills it; :mod:`supervisor.spares`), or ``None``: created here
         self.spares: SpareFiles | None = None
         self.errors = 0
@@ -116,7 +116,7 @@ class SessionLog:
         return fd
 
     def _open(self, file: str, directory: str) -> int:
-        """``file`` opened for appending (a spare renamed into place or
+        """``file`` opened for appending (a spare linked into place or
         created ``0600`` when missing); its directory is made the first time
         this log writes there (and again when it went away since). Raises
         ``OSError``."""
@@ -138,7 +138,7 @@ class SessionLog:
         if spares.ready():
             try:
                 return os.open(file, _EXISTING)
-            except FileNotFoundError:  # a new session: a spare renamed is ~25 us, a create 30-800
+            except FileNotFoundError:  # a new session: a spare linked is ~25 us, a create 30-800
                 if spares.take(file):
                     return os.open(file, _EXISTING)
         try:

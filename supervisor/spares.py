@@ -1,27 +1,29 @@
 """Spare session log files: empty files made ahead of time, so that the
-first event of a new session is appended to a file that is renamed into
+first event of a new session is appended to a file that is linked into
 place rather than created on the event loop.
 
 Why (issue 11): creating a file is the one part of a new session's first
 event that the daemon cannot make cheap. Measured on ext4 here, a create
 costs 30-800 us of kernel time (the inode allocator steps over every inode
-freed in the last minutes), a rename of an existing empty file ~25 us. Every
+freed in the last minutes), linking an existing empty file ~25 us. Every
 new OpenCode/Kilo session, OpenHands conversation and Codex conversation
 pays it before its first event reaches the relay (the log is written
 first: DESIGN.md "Delivery"). The spares are made in a worker thread, off
-the event loop and its core; the loop only renames.
+the event loop and its core; the loop only links them into place.
 
 Layout: ``{logs}/.spare/{n}.spare``, ``0600`` in a ``0700`` directory. No
 session or agent name can be ``.spare`` (:func:`supervisor.jsonlog.safe_name`
 starts every name with a letter, digit or ``~``), and nothing that reads
 the logs looks at files without ``.jsonl`` in their name. Spares left by a
-previous run are used again; a spare is only ever renamed onto a path that
-does not exist (the caller has just seen ``ENOENT`` there, and this process
-is the log's only writer), so no session file is ever replaced.
+previous run are used again when they are this user's, ``0600`` and empty.
+A spare is linked (``link(2)``, which refuses an existing path) as the new
+session's file, then its spare name removed: no session file is ever
+replaced, even by a second writer of the same logs.
 
-Pure bookkeeping plus two kinds of I/O: :meth:`SpareFiles.take` (one
-``rename``, on the loop) and :meth:`SpareFiles.keep` (the refills, in a
-worker thread owned by the task that awaits it)."""
+Pure bookkeeping plus two kinds of I/O: :meth:`SpareFiles.take` (a
+``link`` and an ``unlink``, ~25 us together, on the loop) and
+:meth:`SpareFiles.keep` (the refills, in a worker thread owned by the task
+that awaits it)."""
 from __future__ import annotations
 
 import logging
@@ -49,10 +51,10 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 class SpareFiles:
     """A pool of empty ``0600`` files in ``directory`` (see the module
     docstring). ``target``: how many to keep ready. ``counters``:
-    ``made`` (files created by refills), ``taken`` (renamed into place),
+    ``made`` (files created by refills), ``taken`` (linked into place),
     ``missed`` (a session file created on the event loop instead: none
-    ready, or the rename failed; counted by the log), ``errors`` (refills
-    or renames that failed)."""
+    ready, or the link failed; counted by the log), ``errors`` (refills
+    or links that failed)."""
 
     def __init__(self, directory: Path, *, target: int = DEFAULT_TARGET) -> None:
         self.directory = Path(directory)
@@ -62,7 +64,7 @@ class SpareFiles:
         self._low = trio.Event()  # set: at most half the target is ready
         self._low.set()
         self._failing = False  # the last refill failed: logged once per spell
-        #: directories a rename into failed for good (another file system...):
+        #: directories a link into failed for good (another file system...):
         #: their new files are created, no spare is spent on them again
         self._foreign: set[str] = set()
         self.counters = {"made": 0, "taken": 0, "missed": 0, "errors": 0}
@@ -72,11 +74,12 @@ class SpareFiles:
         return len(self._ready)
 
     def take(self, dest: str) -> bool:
-        """Rename a spare to ``dest`` (a path that does not exist, in a
+        """Link a spare as ``dest`` and drop its spare name (``dest`` in a
         directory on the same file system); ``True`` when ``dest`` now
-        exists as an empty ``0600`` file, ``False`` when no spare is ready
-        or the rename failed (the caller creates ``dest`` itself; a missing
-        directory of ``dest`` keeps the spare for the retry). Raises nothing."""
+        exists as an empty ``0600`` file, ``False`` when no spare is ready,
+        ``dest`` exists already or the link failed (the caller creates or
+        opens ``dest`` itself; a missing directory of ``dest`` keeps the
+        spare for the retry). Raises nothing."""
         ready = self._ready
         if not ready:
             return False
@@ -87,7 +90,12 @@ class SpareFiles:
         while ready:
             spare = ready.popleft()
             try:
-                os.rename(spare, dest)
+                # link(2), not rename(2): it refuses a dest that exists, so a
+                # session log is never replaced, whoever made it meanwhile
+                os.link(spare, dest)
+            except FileExistsError:
+                ready.appendleft(spare)
+                break
             except FileNotFoundError:
                 if os.path.lexists(spare):  # dest's directory is gone, not the spare
                     ready.appendleft(spare)
@@ -100,6 +108,10 @@ class SpareFiles:
                 log.warning("spare session log files cannot be moved into %s (%s); its new "
                             "files are created in place", where, e.strerror or type(e).__name__)
                 break
+            try:
+                os.unlink(spare)
+            except OSError:  # left with two links: the next start removes this name
+                pass
             self.counters["taken"] += 1
             taken = True
             break
@@ -157,8 +169,16 @@ class SpareFiles:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
+            if st.st_nlink > 1 and stat.S_ISREG(st.st_mode):
+                # a crash between a take's link and unlink: the file is a
+                # session's log now; only this name of it goes
+                try:
+                    os.unlink(e.path)
+                except OSError:
+                    pass
+                continue
             # a spare becomes a session log as it is: only ours, 0600, empty
-            if (stat.S_ISREG(st.st_mode) and st.st_size == 0 and st.st_nlink == 1
+            if (stat.S_ISREG(st.st_mode) and st.st_size == 0
                     and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()):
                 found.append(e.path)
                 after = max(after, int(name[:-6]) + 1)

@@ -129,8 +129,10 @@ def test_keep_fills_the_pool_refills_at_half_and_adopts_a_previous_runs_spares(t
                 while pool.ready() < 8:
                     await trio.sleep(0.01)
             assert str(d / "3.spare") in pool._ready  # adopted
-            assert str(d / "7.spare") not in pool._ready and str(d / "5.spare") not in pool._ready
-            assert pool.counters["made"] == 7  # 4, 6, 8, 9, 10, 11, 12: 5 and 7 are strays
+            assert str(d / "5.spare") not in pool._ready
+            linked = os.stat(tmp_path / "linked").st_ino  # never a spare again
+            assert all(os.stat(p).st_ino != linked for p in pool._ready)
+            assert pool.counters["made"] == 7  # 4, 6, 7 (freed), 8, 9, 10, 11: 5 is a stray
             for i in range(5):  # below half: a refill
                 assert pool.take(str(tmp_path / f"t{i}"))
             with trio.fail_after(10):
@@ -143,8 +145,10 @@ def test_keep_fills_the_pool_refills_at_half_and_adopts_a_previous_runs_spares(t
     assert pool.counters["taken"] == 5 and pool.counters["made"] == 12
     assert (d / "5.spare").read_text() == "not empty: not a spare"
     names = sorted(os.listdir(d))
-    assert len(names) == 8 + 3  # ready, and the three strays left alone
-    assert os.stat(tmp_path / "linked").st_nlink == 2  # the linked one never taken
+    assert len(names) == 8 + 2  # ready, and the two strays left alone
+    # two links: a crash between a take's link and unlink; the spare name
+    # goes, the session's file stays
+    assert "7.spare" not in names and os.stat(tmp_path / "linked").st_nlink == 1
 
 
 def test_a_failing_refill_is_logged_once_and_the_log_creates_files_meanwhile(tmp_path, caplog):
@@ -216,15 +220,15 @@ def test_a_directory_spares_cannot_be_moved_into_keeps_the_spares(tmp_path, monk
     import errno
 
     from supervisor import spares as spares_mod
-    real = os.rename
+    real = os.link
     renames = []
 
-    def rename(src, dst):
+    def link(src, dst):
         renames.append(dst)
         if os.path.dirname(dst).endswith("elsewhere"):
             raise OSError(errno.EXDEV, "Invalid cross-device link")
         return real(src, dst)
-    monkeypatch.setattr(spares_mod.os, "rename", rename)
+    monkeypatch.setattr(spares_mod.os, "link", link)
     log = SessionLog(tmp_path)
     log.spares = pool = _pool(tmp_path, 3)
     for i in range(5):
@@ -237,3 +241,31 @@ def test_a_directory_spares_cannot_be_moved_into_keeps_the_spares(tmp_path, monk
     assert len(os.listdir(tmp_path / SPARE_DIR)) == 2
     assert _files(tmp_path) == {**{f"elsewhere/s{i}.jsonl": [i] for i in range(5)},
                                 "codex/s.jsonl": [9]}
+
+
+
+def test_a_file_another_writer_made_meanwhile_is_opened_never_replaced(tmp_path, monkeypatch):
+    """Between the log's ENOENT and the spare's link another writer of the
+    same logs (a second daemon on one state directory) makes the file and
+    writes a line: link(2) refuses, the spare stays, and both lines are
+    kept (break-it review: with rename, 1 line of 600 was lost)."""
+    from supervisor import jsonlog as jsonlog_mod
+    log = SessionLog(tmp_path)
+    log.spares = pool = _pool(tmp_path, 2)
+    real_open = os.open
+    raced = []
+
+    def racing_open(path, flags, *mode):
+        if path.endswith("s1.jsonl") and not raced and not flags & os.O_CREAT:
+            raced.append(path)
+            try:
+                return real_open(path, flags, *mode)
+            finally:  # the other writer, right after our ENOENT
+                with open(path, "ab") as f:
+                    f.write(json.dumps(_ev("codex", "s1", -1)).encode() + b"\n")
+        return real_open(path, flags, *mode)
+    monkeypatch.setattr(jsonlog_mod.os, "open", racing_open)
+    assert log.write(_ev("codex", "s1", 0))
+    log.close()
+    assert _files(tmp_path) == {"codex/s1.jsonl": [-1, 0]}
+    assert pool.ready() == 2 and pool.counters["taken"] == 0
