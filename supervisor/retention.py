@@ -207,10 +207,24 @@ class RetainingSessionLog(SessionLog):
         rotated = 0
         for path, fd in list(self._fds.items()):
             try:
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
             except OSError:
                 continue
+            size = st.st_size
             prev = self._sizes.get(path, self._scanned.get(path, 0))
+            if st.st_nlink == 0:
+                # removed under the daemon (its directory, by hand): writes
+                # would go on into the deleted file; the next one makes it
+                # again (the directory too), so at most one interval's lines
+                # went where nobody can read them
+                del self._fds[path]
+                os.close(fd)
+                self._sizes.pop(path, None)
+                self._opened.pop(path, None)
+                self.total_bytes -= prev
+                log.warning("session log %s was removed while open; the next event of its "
+                            "session starts it again", path)
+                continue
             self.total_bytes += size - prev
             self._sizes[path] = size
             opened = self._opened.setdefault(path, now)

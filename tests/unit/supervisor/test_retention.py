@@ -233,3 +233,25 @@ def test_current_bytes_is_fresh_between_looks(tmp_path):
     log.check()
     assert log.total_bytes == log.current_bytes() == du(tmp_path)
     log.close()
+
+
+def test_a_live_file_removed_under_the_daemon_is_started_again(tmp_path, caplog):
+    """An agent directory removed by hand while its files are open: the
+    cached descriptors pointed into deleted files, so every later
+    (acknowledged) event of those sessions went where nobody could read it
+    (break-it review). The per-second check sees the file gone (no link
+    left), closes it, and the next write makes directory and file again."""
+    import shutil
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=None,
+                                                        max_total_bytes=None), clock=Clock())
+    write(log, ev("s1", 0))
+    write(log, ev("s2", 0))
+    shutil.rmtree(tmp_path / "codex")
+    with caplog.at_level("WARNING", logger="aep.retention"):
+        log.check()
+    assert len([r for r in caplog.records if "removed while open" in r.getMessage()]) == 2
+    write(log, ev("s1", 1))
+    log.close()
+    lines = (tmp_path / "codex" / "s1.jsonl").read_text().splitlines()
+    assert [json.loads(x)["seq"] for x in lines] == [1]
+    assert log.total_bytes == (tmp_path / "codex" / "s1.jsonl").stat().st_size
