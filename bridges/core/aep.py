@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Iterable
 
 import orjson
 
@@ -189,35 +189,18 @@ def _same_float(x: float) -> bool:
     return _OJ_DUMPS(x) == float.__repr__(x).encode()
 
 
-def _plain_dict(d: dict[Any, Any]) -> bool:
-    for v in d.values():
+def _plain_values(values: Iterable[Any]) -> bool:
+    """:func:`_plain` for every one of ``values`` (a dict's values, a list's
+    or a tuple's items)."""
+    for v in values:
         t = type(v)
         if t is str or t is int:
             continue
         if t is dict:
-            if not _plain_dict(v):
+            if not _plain_values(v.values()):
                 return False
         elif t is list or t is tuple:
-            if not _plain_seq(v):
-                return False
-        elif t is float:
-            if not _same_float(v):
-                return False
-        elif t is not bool and v is not None:
-            return False
-    return True
-
-
-def _plain_seq(s: list[Any] | tuple[Any, ...]) -> bool:
-    for v in s:
-        t = type(v)
-        if t is str or t is int:
-            continue
-        if t is dict:
-            if not _plain_dict(v):
-                return False
-        elif t is list or t is tuple:
-            if not _plain_seq(v):
+            if not _plain_values(v):
                 return False
         elif t is float:
             if not _same_float(v):
@@ -237,9 +220,9 @@ def _plain(obj: Any) -> bool:
     its limit, there is no cycle)."""
     t = type(obj)
     if t is dict:
-        return _plain_dict(obj)
+        return _plain_values(obj.values())
     if t is list or t is tuple:
-        return _plain_seq(obj)
+        return _plain_values(obj)
     if t is float:
         return _same_float(obj)
     return t is str or t is int or t is bool or obj is None
@@ -263,7 +246,7 @@ def dumps(obj: Any) -> bytes:
         pass  # any refusal: the stdlib's own answer below
     else:
         try:
-            if _plain_dict(obj) if type(obj) is dict else _plain(obj):
+            if _plain_values(obj.values()) if type(obj) is dict else _plain(obj):
                 # orjson's bytes keep the block it wrote into (4 KiB at least:
                 # a 450-byte event held 4,121 bytes of RSS); events are kept
                 # (relay buffers, SSE queues), so an exact-size copy, ~0.12 us

@@ -269,12 +269,17 @@ _FIND = settings(database=None, max_examples=5000, deadline=None,
                                      "orjson's refusal kept"])
 def test_the_dumps_property_catches_a_planted_bug(monkeypatch, planted):
     if planted == "no type walk":  # Enum members, UUIDs, NaN would be written as orjson does
-        monkeypatch.setattr(aep, "_plain_dict", lambda d: True)
+        monkeypatch.setattr(aep, "_plain_values", lambda v: True)
         monkeypatch.setattr(aep, "_plain", lambda o: True)
     elif planted == "no float check":  # NaN as null, 1e-05 as 0.00001
         monkeypatch.setattr(aep, "_same_float", lambda x: True)
     elif planted == "no walk into lists":  # an Enum member inside a list or tuple slips by
-        monkeypatch.setattr(aep, "_plain_seq", lambda s: True)
+        walk = aep._plain_values
+        monkeypatch.setattr(aep, "_plain_values",
+                            lambda v: isinstance(v, (list, tuple)) or walk(v))
+        monkeypatch.setattr(aep, "_plain", lambda o: isinstance(o, (list, tuple)) or
+                            o.__class__ in (str, int, bool, dict, type(None)) or
+                            (o.__class__ is float and aep._same_float(o)))
     else:  # no stdlib answer after orjson refuses (an int past 64 bits, a non-str key)
         monkeypatch.setattr(aep, "_stdlib_dumps", orjson.dumps)
     bad = find(_event_like | _value, lambda o: not _dumps_agrees(o), settings=_FIND)

@@ -42,6 +42,14 @@ def _pool(root: Path, n: int, target: int = 64) -> SpareFiles:
     return sp
 
 
+async def _filled(pool: SpareFiles, nursery: trio.Nursery) -> None:
+    """Start ``pool``'s keeper in ``nursery`` and wait until it is full."""
+    await nursery.start(pool.keep)
+    with trio.fail_after(10):
+        while pool.ready() < pool.target:
+            await trio.sleep(0.01)
+
+
 @settings(max_examples=120, deadline=None)
 @given(batches=st.lists(st.lists(st.tuples(st.sampled_from(["codex", "kimi"]), _SESSIONS),
                                  min_size=1, max_size=6), max_size=10),
@@ -124,10 +132,7 @@ def test_keep_fills_the_pool_refills_at_half_and_adopts_a_previous_runs_spares(t
     async def main():
         pool = SpareFiles(d, target=8)
         async with trio.open_nursery() as nursery:
-            await nursery.start(pool.keep)
-            with trio.fail_after(10):
-                while pool.ready() < 8:
-                    await trio.sleep(0.01)
+            await _filled(pool, nursery)
             assert str(d / "3.spare") in pool._ready  # adopted
             assert str(d / "5.spare") not in pool._ready
             linked = os.stat(tmp_path / "linked").st_ino  # never a spare again
@@ -193,10 +198,7 @@ def test_only_our_own_0600_spares_are_adopted_and_the_directory_is_made_0700(tmp
     async def main():
         pool = SpareFiles(d, target=4)
         async with trio.open_nursery() as nursery:
-            await nursery.start(pool.keep)
-            with trio.fail_after(10):
-                while pool.ready() < 4:
-                    await trio.sleep(0.01)
+            await _filled(pool, nursery)
             nursery.cancel_scope.cancel()
         return pool
 
