@@ -3,6 +3,7 @@ server and a 3-node JetStream cluster come up, an R3 stream survives its
 leader being killed, and the trio link publishes and reads back."""
 from __future__ import annotations
 
+import nats
 import trio
 from nats.js.errors import NoStreamResponseError
 
@@ -40,7 +41,16 @@ async def test_three_node_cluster_keeps_an_r3_stream_through_a_leader_kill(tmp_p
         cfg, _ = from_env({"AEP_NATS_URL": c.url})
         assert cfg is not None
         async with open_link(cfg) as link:
-            await aio(link.js.add_stream)(name="R", subjects=["R.>"], num_replicas=3)
+            # a fresh cluster may not have elected its meta leader yet: the
+            # stream request times out (seen once in a loaded CI run)
+            with trio.fail_after(60):
+                while True:
+                    try:
+                        await aio(link.js.add_stream)(name="R", subjects=["R.>"],
+                                                      num_replicas=3)
+                        break
+                    except nats.errors.TimeoutError:
+                        await trio.sleep(0.5)
             # add_stream can return before the R3 group has elected its leader,
             # and the new stream's subject interest reaches the other nodes'
             # routes a moment later: a publish in between meets "no responders"
