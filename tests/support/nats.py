@@ -99,6 +99,36 @@ class NatsCluster:
             log.close()
         for k in todo:
             self.wait_ready(k)
+        if self.n > 1 and all(p is not None and p.poll() is None for p in self.procs):
+            self.wait_meta_complete()
+
+    def wait_meta_complete(self) -> None:
+        """Until the meta leader sees every other node as a current peer.
+        A node's ``/healthz`` and a known meta leader are not enough: until
+        the leader has heard from every peer, an R3 stream request is
+        refused with ``no suitable peers for placement, peer offline``
+        (err_code 10005, seen in a loaded CI run). Raises ``RuntimeError``
+        with each node's meta view after ``ready_timeout``."""
+        deadline = time.monotonic() + self.ready_timeout
+        views: list[object] = []
+        while time.monotonic() < deadline:
+            views = [self._meta_view(k) for k in range(self.n)]
+            for k, meta in enumerate(views):
+                if not isinstance(meta, dict) or meta.get("leader") != f"n{k}":
+                    continue
+                peers = meta.get("replicas") or []
+                if len(peers) == self.n - 1 and all(
+                        p.get("current") and not p.get("offline") for p in peers):
+                    return
+            time.sleep(0.1)
+        raise RuntimeError(f"nats meta cluster never complete: {views!r}")
+
+    def _meta_view(self, i: int) -> object:
+        try:
+            r = httpx.get(f"http://127.0.0.1:{self.monitor_ports[i]}/jsz", timeout=1.0)
+            return r.json().get("meta_cluster")
+        except (httpx.HTTPError, ValueError):
+            return None
 
     def wait_ready(self, i: int) -> None:
         """Until node ``i``'s ``/healthz?js-enabled-only=true`` says ok
@@ -121,11 +151,8 @@ class NatsCluster:
         raise RuntimeError(f"nats node n{i} not ready:\n{tail}")
 
     def _meta_leader(self, i: int) -> bool:
-        try:
-            r = httpx.get(f"http://127.0.0.1:{self.monitor_ports[i]}/jsz", timeout=1.0)
-            return bool((r.json().get("meta_cluster") or {}).get("leader"))
-        except (httpx.HTTPError, ValueError):
-            return False
+        meta = self._meta_view(i)
+        return isinstance(meta, dict) and bool(meta.get("leader"))
 
     def kill(self, i: int, *, hard: bool = True) -> None:
         """Stop node ``i``: SIGKILL (``hard``) or SIGTERM, and reap it."""
