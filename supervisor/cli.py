@@ -90,9 +90,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if problems:
         return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this one other "
                                                       "ports: AEP_LISTEN, AEP_OTLP_*_LISTEN)"))
+    from .statelock import StateDirBusy, hold
+    try:  # one daemon per state directory: the session logs and state files have one writer
+        lock = hold(cfg.state_dir)
+    except StateDirBusy as e:
+        who = f"aep-bridges pid {e.pid}" if e.pid else "another aep-bridges"
+        return _refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: in use by {who}; stop it "
+                        "first, or give this daemon a state directory of its own"])
+    except OSError as e:
+        return _refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: cannot lock "
+                        f"{e.filename or 'daemon.lock'}: {e.strerror or e}"])
     logs.setup(cfg.environ)
     raise_fd_limit()
-    return trio.run(run_daemon, cfg, bridges)
+    try:
+        return trio.run(run_daemon, cfg, bridges)
+    finally:
+        lock.release()
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:

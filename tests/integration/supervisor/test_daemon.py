@@ -235,3 +235,30 @@ def test_relay_and_otlp_on_one_port_is_refused(tmp_path):
                                "AEP_OTLP_HTTP_LISTEN": f"127.0.0.1:{port}"}, wait=False) as d:
         assert d.proc.wait(timeout=30) == 2
     assert "is also a listener of otlp_in.codex" in d.log()
+
+
+def test_a_second_daemon_on_one_state_directory_is_refused(tmp_path):
+    """Two daemons on one state directory would both write its session logs
+    and state files (a review lost 1 line of 600 that way): the second one,
+    on ports of its own, exits 2 naming the first one's pid, before it binds
+    or writes anything. A kill -9 leaves no stale lock behind."""
+    import signal
+    with run_daemon(tmp_path) as first:
+        logs = tmp_path / "state" / "logs"
+
+        def written() -> list[str]:  # the first one's spare files are still being made
+            return sorted(str(p) for p in logs.rglob("*") if ".spare" not in p.parts)
+        before = written()
+        with run_daemon(tmp_path, wait=False) as second:
+            assert second.proc.wait(timeout=30) == 2
+        text = second.log()
+        assert f"in use by aep-bridges pid {first.proc.pid}" in text, text
+        assert "AEP_STATE_DIR=" in text
+        with socket.socket() as s:  # the refused one bound nothing
+            s.bind(("127.0.0.1", second.port))
+        assert written() == before
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=10)
+        with run_daemon(tmp_path) as third:  # the dead holder's lock went with it
+            r = httpx.get(third.url + "/healthz", timeout=10)
+            assert r.status_code in (200, 401, 503)

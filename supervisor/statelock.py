@@ -1,0 +1,81 @@
+"""One daemon per state directory: an advisory ``flock(2)`` on
+``<AEP_STATE_DIR>/daemon.lock``, held by ``aep-bridges run`` for its
+whole life.
+
+Why: two daemons on one state directory share the session logs, the
+epoch and the bridges' state files (OpenHands, the SSE trackers). Each
+of those assumes one writer: two writers lose lines and state (seen in a
+review: 1 line of 600 lost, state entries overwritten). Different ports
+do not protect the state directory, so the second daemon is refused
+before it touches anything.
+
+The lock dies with its process (``kill -9`` included, so a crash never
+leaves a stale lock behind). The file holds the holder's pid, only so the
+refusal can name it. ``aep-bridges relay`` takes no lock: it keeps no
+session logs and may share a host's default state directory with a
+daemon."""
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+LOCK_FILE = "daemon.lock"
+
+
+class StateDirBusy(Exception):
+    """Another live process holds the state directory's lock. ``pid``:
+    the holder's pid as it wrote it (``None`` when unreadable)."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        self.path = path
+        self.pid = pid
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(f"{path} is held by {who}")
+
+
+class StateLock:
+    """The held lock: an open descriptor on ``daemon.lock``. Keep the object
+    alive for as long as the daemon runs; :meth:`release` (or process exit)
+    frees it."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Unlock and close; idempotent."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the last descriptor drops the flock
+            self._fd = None
+
+
+def hold(state_dir: Path) -> StateLock:
+    """Take ``state_dir``'s lock without waiting (the directory must exist)
+    and write our pid into it. Raises :class:`StateDirBusy` when a live
+    process holds it, ``OSError`` when the file cannot be opened."""
+    path = Path(state_dir) / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _read_pid(fd)
+        os.close(fd)
+        raise StateDirBusy(path, pid) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return StateLock(path, fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text.isdigit() else None
+    except OSError:
+        return None
+
+
+__all__ = ("LOCK_FILE", "StateDirBusy", "StateLock", "hold")

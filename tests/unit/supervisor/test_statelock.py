@@ -1,0 +1,53 @@
+"""The state directory's lock (``supervisor.statelock``): one holder at a
+time, the holder's pid readable by the refused one, the file private, and
+the lock free again once released."""
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from supervisor.statelock import LOCK_FILE, StateDirBusy, hold
+
+
+def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):
+    first = hold(tmp_path)
+    try:
+        # flock belongs to the open file description: a second open, even in
+        # this process, meets the first one's lock as another daemon would
+        with pytest.raises(StateDirBusy) as e:
+            hold(tmp_path)
+        assert e.value.pid == os.getpid()
+        assert e.value.path == tmp_path / LOCK_FILE
+    finally:
+        first.release()
+
+
+def test_the_lock_is_free_again_after_release_and_release_is_idempotent(tmp_path):
+    hold(tmp_path).release()
+    again = hold(tmp_path)
+    again.release()
+    again.release()
+
+
+def test_the_lock_file_holds_only_our_pid(tmp_path):
+    (tmp_path / LOCK_FILE).write_text("123456789012\n")  # a longer stale pid
+    lock = hold(tmp_path)
+    try:
+        assert (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    finally:
+        lock.release()
+
+
+def test_a_fresh_lock_file_is_made_0600(tmp_path):
+    lock = hold(tmp_path)
+    try:
+        assert stat.S_IMODE((tmp_path / LOCK_FILE).stat().st_mode) == 0o600
+    finally:
+        lock.release()
+
+
+def test_a_missing_state_directory_is_an_oserror(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        hold(tmp_path / "nowhere")
