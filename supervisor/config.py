@@ -256,7 +256,7 @@ def state_dir_problem(path: Path, *, create: bool = True) -> str | None:
         return None
     probe = path / ".aep-bridges-probe"
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # session logs: the user's alone
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:

@@ -177,6 +177,24 @@ def test_the_check_probe_creates_no_state_dir(tmp_path):
     assert config.state_dir_problem(missing) is None and missing.is_dir()  # run creates it
 
 
+def test_a_state_dir_the_daemon_creates_is_private(tmp_path):
+    """Session logs hold the agents' activity: a state directory made by the
+    daemon is 0700 (under any umask); one the operator made keeps its mode."""
+    import os
+    import stat
+    old = os.umask(0o022)
+    try:
+        made = tmp_path / "made" / "state"
+        assert config.state_dir_problem(made) is None
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o750)
+        assert config.state_dir_problem(theirs) is None
+        assert stat.S_IMODE(theirs.stat().st_mode) == 0o750
+    finally:
+        os.umask(old)
+
+
 def test_a_relative_xdg_state_home_is_ignored(tmp_path):
     from bridges.core.paths import state_dir
     assert state_dir({"HOME": str(tmp_path), "XDG_STATE_HOME": "rel"}) == \

@@ -29,7 +29,8 @@ def test_the_unit_keeps_everything_but_execstart():
     diff = [(a, b) for a, b in zip(shipped.splitlines(), rendered.splitlines(), strict=True) if a != b]
     assert diff == [("ExecStart=/usr/local/bin/aep-bridges run", f"ExecStart={EXE} run")]
     for kept in ("Type=notify", "WatchdogSec=30", "NoNewPrivileges=yes", "ProtectSystem=strict",
-                 "EnvironmentFile=-/etc/aep-bridges/env", "RestartPreventExitStatus=2"):
+                 "EnvironmentFile=-/etc/aep-bridges/env", "RestartPreventExitStatus=2",
+                 "StateDirectoryMode=0700"):
         assert kept in rendered.splitlines()
 
 
