@@ -225,18 +225,7 @@ def record_moment(rec: dict[str, Any], now: datetime | None = None,
         out_of_range = True
     a = rec.get("attributes")
     ts = a.get("event.timestamp") if isinstance(a, dict) else None
-    # the exporter's own form (every Codex record): decided by comparing
-    # texts (UTC, one width: text order is time order), not by parsing
-    verdict = _canonical_verdict(ts, now) if ts.__class__ is str and len(ts) == 24 and \
-        ts.isascii() and ts.encode("ascii").translate(_DIGITS_AS_0) == _CANONICAL_SHAPE \
-        else _SLOW
-    if verdict == _IN_RANGE:
-        if out_of_range and notes is not None:
-            notes.append("otlp.time_out_of_range")
-        return ts  # type: ignore[return-value]  # a str: _canonical_verdict read it
-    if verdict == _OUT_OF_RANGE:
-        out_of_range = True
-    elif verdict == _SLOW and isinstance(ts, str) and 10 <= len(ts) <= 40:
+    if isinstance(ts, str) and 10 <= len(ts) <= 40:
         try:
             t = datetime.fromisoformat(ts.replace("Z", "+00:00"))
         except ValueError:
@@ -264,55 +253,6 @@ EARLIEST = datetime(2000, 1, 1, tzinfo=timezone.utc)
 """Vendor times before this are out of range (no exporter predates it)."""
 FUTURE_SLACK = timedelta(days=1)
 """How far past the receive time a vendor time may be (clock skew)."""
-
-
-_SLOW, _IGNORED, _IN_RANGE, _OUT_OF_RANGE = range(4)
-_DATES: dict[str, bool] = {}  # "YYYY-MM-DD" -> a real date (a request's records share a few)
-_EARLIEST_TEXT = "2000-01-01T00:00:00.000Z"  # EARLIEST in the canonical form
-_latest: tuple[datetime | None, str] = (None, "")  # a receive time, its latest canonical text
-
-
-def _canonical_verdict(ts: str, now: datetime | None) -> int:
-    """What :func:`record_moment`'s parse of ``ts`` decides, for a text
-    in :data:`_CANONICAL_SHAPE` (digits where it has ``0``): ``_SLOW``
-    when the text cannot tell (a naive ``now``, a ``latest`` past the
-    calendar in UTC: the parse decides), ``_IGNORED``
-    when ``datetime.fromisoformat`` refuses it (no such date, hour 24,
-    minute or second 60) or its year is outside 1971-9998,
-    ``_OUT_OF_RANGE`` when it is before :data:`EARLIEST` or after ``now``
-    + :data:`FUTURE_SLACK` (``now`` aware), else ``_IN_RANGE``. By text:
-    the texts are UTC and of one width, so their order is the times'; an
-    instant of whole milliseconds is at most ``latest`` exactly when it is
-    at most ``latest`` cut to its millisecond. Held equal to the parse by
-    ``tests/unit/otlp_in/test_otlp_moment.py``."""
-    date = ts[:10]
-    real = _DATES.get(date)
-    if real is None:
-        try:
-            datetime.fromisoformat(date)
-            real = True
-        except ValueError:
-            real = False
-        if len(_DATES) >= 1024:
-            _DATES.clear()
-        _DATES[date] = real
-    if not real or ts[11:13] > "23" or ts[14:16] > "59" or ts[17:19] > "59" \
-            or not "1971" <= ts[:4] <= "9998":
-        return _IGNORED
-    if now is None:
-        return _IN_RANGE
-    global _latest
-    seen, text = _latest  # one tuple: read and replaced whole
-    if seen is not now:
-        if now.utcoffset() is None:
-            return _SLOW  # naive: the parse's comparison decides (it raises)
-        try:
-            latest = (now + FUTURE_SLACK).astimezone(timezone.utc)
-        except OverflowError:
-            return _SLOW
-        text = latest.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        _latest = (now, text)
-    return _IN_RANGE if _EARLIEST_TEXT <= ts <= text else _OUT_OF_RANGE
 
 
 def _from_nanos(n: object) -> datetime | None:

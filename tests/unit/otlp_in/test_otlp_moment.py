@@ -165,9 +165,9 @@ def _edge_case(draw: st.DrawFn) -> tuple[str, datetime | None]:
          observed=None, time_nano=None)
 def test_record_moment_at_the_bounds_and_the_calendar(
         case: tuple[str, datetime | None], observed: int | None, time_nano: int | None) -> None:
-    """The text comparison (``_canonical_verdict``) against the parse at
-    the places it could differ: the range's two ends to the millisecond,
-    dates and times the calendar refuses, years at 1971 and 9998."""
+    """``record_moment`` against the reference at the places a shortcut
+    could differ: the range's two ends to the millisecond, dates and times
+    the calendar refuses, years at 1971 and 9998."""
     ts, now = case
     rec: dict[str, Any] = {"attributes": {"event.timestamp": ts}}
     if observed is not None:
