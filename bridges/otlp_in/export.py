@@ -104,8 +104,9 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     # few sessions, each checked against the id grammar once
     sessions: dict[object, tuple[str | None, list[str]]] = {}
     # the profile's seams read once per request, not once per record
+    # map_record's emissions are its own, fresh: the gating hint goes in in place
     session_key, map_record, stampable = profile.session_key, profile.map_record, \
-        profile.stampable
+        profile.hint
     append = planned.append
     for idx, rec in enumerate(records):
         if rec is None:
