@@ -311,7 +311,9 @@ class BridgeContext:
             return start  # broken: emit_nowait answers (nothing stamped here)
         # no more than the channel holds: what it would refuse is not stamped
         # here at all (emit_nowait stamps and takes it back, as it always does)
-        stop = min(stop, start + max(0, stats.max_buffer_size - stats.current_buffer_used))
+        room = stats.max_buffer_size - stats.current_buffer_used
+        if room < stop - start:
+            stop = start + max(0, int(room))
         send = self._channel.send_nowait
         name = self.name
         i = start

@@ -12,7 +12,7 @@ import socket
 import time as _time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence
 from urllib.parse import quote
 
 from . import capture as _capture
@@ -273,7 +273,7 @@ class Stamper:
 
     def stamp_run(self, session: str, emissions: Sequence[Emission],
                   times: Sequence[datetime | str | None], start: int = 0,
-                  stop: int | None = None) -> Iterator[dict[str, Any]]:
+                  stop: int | None = None) -> Generator[dict[str, Any], None, None]:
         """``stamp(session, emissions[i], time=times[i])`` for ``i`` from
         ``start`` (to ``stop``, default the end), lazily: each envelope is
         stamped when the iterator is advanced, so a consumer that cannot
