@@ -535,27 +535,39 @@ class Fleet:
         # per bridge [verdicts, 1-based position of the last failure]: one
         # log_results call per bridge per drain instead of one per event
         verdicts: dict[str, list[int]] = {}
+        # per bridge, events per exact type (one dict step an event, no key
+        # tuple), folded into the (bridge, family) counts once per drain
+        types: dict[str, dict[str, int]] = {}
+        bridge: str | None = None
+        tally: list[int] = []
+        seen: dict[str, int] = {}
         for item, (ev, _), ok in zip(outs, fresh, written, strict=True):
-            tally = verdicts.get(item.bridge)
-            if tally is None:
-                tally = verdicts[item.bridge] = [0, 0]
+            if item.bridge != bridge:
+                bridge = item.bridge
+                tally = verdicts.get(bridge) or verdicts.setdefault(bridge, [0, 0])
+                seen = types.get(bridge) or types.setdefault(bridge, {})
             tally[0] += 1
             if not ok:
                 self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
                 tally[1] = tally[0]
             type_ = ev.get("type", "")
-            family = families.get(type_) if type_.__class__ is str else None
-            if family is None:
+            if type_.__class__ is not str:
                 type_ = str(type_)
-                family = type_.split(".", 1)[0]
-                if len(families) < 4096:  # a bound: types are vendor-chosen
-                    families[type_] = family
-            self.emitted[(item.bridge, family)] += 1
+            seen[type_] = seen.get(type_, 0) + 1
             if type_ in ("control.accepted", "control.rejected"):
-                self._observe_ack(item.bridge, ev)
+                self._observe_ack(bridge, ev)
+        emitted = self.emitted
+        for name, counts in types.items():
+            for type_, n in counts.items():
+                family = families.get(type_)
+                if family is None:
+                    family = type_.split(".", 1)[0]
+                    if len(families) < 4096:  # a bound: types are vendor-chosen
+                        families[type_] = family
+                emitted[(name, family)] += n
         members = self.members
-        for bridge, (n, last_failed) in verdicts.items():
-            m = members.get(bridge)
+        for name, (n, last_failed) in verdicts.items():
+            m = members.get(name)
             if m is not None:
                 m.ctx.log_results(n, last_failed)
 

@@ -209,7 +209,7 @@ def test_a_drain_hands_over_and_logs_as_one_event_at_a_time_would(tmp_path_facto
                     await fleet._deliver_batch([item])
         logs = sorted((p.relative_to(tmp).as_posix(), p.read_bytes())
                       for p in (tmp / "logs").rglob("*.jsonl"))
-        return got, logs, dict(fleet.counters), {
+        return got, logs, dict(fleet.counters), dict(fleet.emitted), {
             name: _state(fleet.members[name].ctx) for name in ("a", "b")}
 
     async def both():
@@ -220,5 +220,13 @@ def test_a_drain_hands_over_and_logs_as_one_event_at_a_time_would(tmp_path_facto
         lines = sum(body.count(b"\n") for _, body in batched[1])
         assert lines == sum(not redelivery and kind != "unencodable"
                             for drain in drains for _, redelivery, kind in drain)
+        # /metrics' per-family counts: every logged event, by its type's family
+        want: dict = {}
+        for drain in drains:
+            for bridge, redelivery, kind in drain:
+                if not redelivery and kind != "unencodable":
+                    key = (bridge, "control" if kind.startswith("control") else "x")
+                    want[key] = want.get(key, 0) + 1
+        assert batched[3] == want
 
     trio.run(both)
