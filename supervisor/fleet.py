@@ -385,10 +385,13 @@ class Fleet:
             await trio.lowlevel.checkpoint()  # the relay's writers get their turn
         self._pump_done.set()
 
-    def _encode(self, item: Outbound) -> tuple[dict[str, Any], bytes] | None:
+    def _encode(self, item: Outbound, *, report: bool = True
+                ) -> tuple[dict[str, Any], bytes] | None:
         """``(event, wire bytes)`` (:func:`~bridges.core.aep.dumps`, no
         newline), the event repaired when its text had no UTF-8 form;
-        ``None`` for an event that is not JSON (counted, logged)."""
+        ``None`` for an event that is not JSON (counted, logged; its
+        bridge told it was not written unless ``report`` is false: the
+        caller tells it, in order)."""
         ev = item.event
         try:
             return ev, dumps(ev)
@@ -402,7 +405,7 @@ class Fleet:
             self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
             log.error("bridge %s emitted an unserializable event (%s): dropped",
                       item.bridge, type(e).__name__)
-            if not item.redelivery:
+            if report and not item.redelivery:
                 self._log_result(item.bridge, False)
             return None
 
@@ -417,22 +420,55 @@ class Fleet:
         channel order. The bytes are the wire form without a newline (what
         the relay, the uplink and JetStream take); the session log's join
         puts the newlines in (no per-event copy to add or cut one)."""
-        encoded = []
-        for item in items:
+        # two parallel lists, no per-event tuple beyond the (event, bytes)
+        # pair: ``pairs`` is what the session log and the relay take as it is
+        outs: list[Outbound] = []
+        pairs: list[tuple[dict[str, Any], bytes]] = []
+        redelivered = False
+        for k, item in enumerate(items):
             try:  # the common case inline; _encode has the repairs and refusals
-                encoded.append((item, item.event, dumps(item.event)))
+                pairs.append((item.event, dumps(item.event)))
             except (TypeError, ValueError):
-                got = self._encode(item)
-                if got is not None:
-                    encoded.append((item, got[0], got[1]))
-        fresh = [t for t in encoded if not t[0].redelivery]
+                got = self._encode(item, report=False)
+                if got is None:
+                    # not JSON: its verdict (unwritten) reaches its bridge in channel
+                    # order, after those before it and before those after it (a
+                    # bridge's logged_since reads the order: an export whose event
+                    # was dropped must not be the one acknowledged)
+                    if k:
+                        await self._deliver_batch(items[:k])
+                    if not item.redelivery:
+                        self._log_result(item.bridge, False)
+                    if k + 1 < len(items):
+                        await self._deliver_batch(items[k + 1:])
+                    return
+                pairs.append(got)
+            outs.append(item)
+            if item.redelivery:
+                redelivered = True
+        if redelivered:  # a re-send is forwarded, never logged twice
+            keep = [k for k, item in enumerate(outs) if not item.redelivery]
+            fresh_outs, fresh = [outs[k] for k in keep], [pairs[k] for k in keep]
+        else:
+            fresh_outs, fresh = outs, pairs
         if fresh:
-            self._logged(fresh, self.session_log.write_raw_batch(
-                [(ev, raw) for _, ev, raw in fresh]))
+            self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh))
+        await self._hand_over(outs, pairs)
+        js = self.jetstream
+        if js is not None:  # the JetStream sink: the same bytes, in channel order
+            for item, (ev, raw) in zip(outs, pairs, strict=True):
+                await js.put(ev, raw, item.bridge, wait=not self._draining)
+
+    async def _hand_over(self, outs: list[Outbound],
+                         pairs: list[tuple[dict[str, Any], bytes]]) -> None:
+        """Hand each encoded event (``pairs[i]``, of ``outs[i]``) to its
+        bridge's sink, in channel order: a run of one bridge's first
+        deliveries through the sink's ``offer_run`` (the list itself when
+        the run goes to the end), the rest one by one (:meth:`_to_sink`)."""
         members = self.members
-        i, n = 0, len(encoded)
+        i, n = 0, len(outs)
         while i < n:
-            item, ev, raw = encoded[i]
+            item = outs[i]
             m = members.get(item.bridge)
             if m is None or m.sink is None:
                 i += 1
@@ -443,28 +479,26 @@ class Fleet:
                 # one call; the pair it stops at (a command, a refusal) and a
                 # run that raises take the one-event path below, in order
                 j = i + 1
-                while j < n and encoded[j][0].bridge == item.bridge and not encoded[j][0].redelivery:
+                while j < n and outs[j].bridge == item.bridge and not outs[j].redelivery:
                     j += 1
+                whole = j == n  # to the end: the list itself, indices as they are
                 try:
-                    i += run([(e, raw) for _, e, raw in encoded[i:j]], 0)
+                    i = run(pairs, i) if whole else i + run(pairs[i:j], 0)
                 except Exception as exc:  # noqa: BLE001 -- answered event by event below
                     taken = getattr(exc, "taken", None)  # RunFault: pairs before it were taken
                     if taken is not None:  # counted like _to_sink's fault, never handed over again
                         self.counters["sink_errors"] += 1
                         cause = exc.__cause__ or exc
                         log.error("sink for %s failed: %s: %s", item.bridge, type(cause).__name__, cause)
-                        i += taken
+                        i = taken if whole else i + taken
                         continue
                     # raised before taking anything (e.g. the relay closed)
                 if i == j:
                     continue
-                item, ev, raw = encoded[i]
+                item = outs[i]
+            ev, raw = pairs[i]
             await self._to_sink(m, item, ev, raw)
             i += 1
-        js = self.jetstream
-        if js is not None:  # the JetStream sink: the same bytes, in channel order
-            for item, ev, raw in encoded:
-                await js.put(ev, raw, item.bridge, wait=not self._draining)
 
     async def _to_sink(self, m: Member, item: Outbound, ev: dict[str, Any], raw: bytes) -> None:
         """Hand one encoded event (``raw``: its wire bytes) to ``m``'s sink;
@@ -491,36 +525,49 @@ class Fleet:
                 return
             log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
 
-    def _logged(self, fresh: list[tuple[Outbound, dict[str, Any], bytes]],
+    def _logged(self, outs: list[Outbound], fresh: list[tuple[dict[str, Any], bytes]],
                 written: list[bool]) -> None:
-        """Count the first deliveries ``fresh`` the session log was given and
-        report each verdict in ``written`` to its bridge, in order."""
+        """Count the first deliveries ``outs`` (their ``(event, bytes)``
+        pairs ``fresh``) the session log was given and report each verdict
+        in ``written`` to its bridge, in order."""
         self.counters["events"] += len(fresh)
         families = self._families
         # per bridge [verdicts, 1-based position of the last failure]: one
         # log_results call per bridge per drain instead of one per event
         verdicts: dict[str, list[int]] = {}
-        for (item, ev, _), ok in zip(fresh, written, strict=True):
-            tally = verdicts.get(item.bridge)
-            if tally is None:
-                tally = verdicts[item.bridge] = [0, 0]
+        # per bridge, events per exact type (one dict step an event, no key
+        # tuple), folded into the (bridge, family) counts once per drain
+        types: dict[str, dict[str, int]] = {}
+        bridge: str | None = None
+        tally: list[int] = []
+        seen: dict[str, int] = {}
+        for item, (ev, _), ok in zip(outs, fresh, written, strict=True):
+            if item.bridge != bridge:
+                bridge = item.bridge
+                tally = verdicts.get(bridge) or verdicts.setdefault(bridge, [0, 0])
+                seen = types.get(bridge) or types.setdefault(bridge, {})
             tally[0] += 1
             if not ok:
                 self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
                 tally[1] = tally[0]
             type_ = ev.get("type", "")
-            family = families.get(type_) if type_.__class__ is str else None
-            if family is None:
+            if type_.__class__ is not str:
                 type_ = str(type_)
-                family = type_.split(".", 1)[0]
-                if len(families) < 4096:  # a bound: types are vendor-chosen
-                    families[type_] = family
-            self.emitted[(item.bridge, family)] += 1
+            seen[type_] = seen.get(type_, 0) + 1
             if type_ in ("control.accepted", "control.rejected"):
-                self._observe_ack(item.bridge, ev)
+                self._observe_ack(bridge, ev)
+        emitted = self.emitted
+        for name, counts in types.items():
+            for type_, n in counts.items():
+                family = families.get(type_)
+                if family is None:
+                    family = type_.split(".", 1)[0]
+                    if len(families) < 4096:  # a bound: types are vendor-chosen
+                        families[type_] = family
+                emitted[(name, family)] += n
         members = self.members
-        for bridge, (n, last_failed) in verdicts.items():
-            m = members.get(bridge)
+        for name, (n, last_failed) in verdicts.items():
+            m = members.get(name)
             if m is not None:
                 m.ctx.log_results(n, last_failed)
 

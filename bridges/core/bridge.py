@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import (
@@ -294,6 +294,45 @@ class BridgeContext:
         self._sent += 1
         return ev
 
+    def emit_run(self, session: str, emissions: Sequence[Emission],
+                 times: Sequence[datetime | str | None], start: int, stop: int) -> int:
+        """:meth:`emit_nowait` of ``emissions[i]`` with ``times[i]`` for
+        ``session``, for ``i`` from ``start`` to ``stop``, in one run
+        (:meth:`~bridges.core.envelope.Stamper.stamp_run`), at most as many
+        as the channel has room for. Never waits, never raises for an
+        emission: returns the index of the first one not sent (``stop``
+        when all were), which the caller sends with :meth:`emit_nowait` to
+        get its answer (the channel full or closed, a stamping refusal),
+        nothing of it stamped. The same envelopes on
+        the channel as those :meth:`emit_nowait` calls would put there
+        (``tests/unit/core/test_stamp_run.py``)."""
+        stats = self._channel.statistics()
+        if not stats.open_receive_channels:
+            return start  # broken: emit_nowait answers (nothing stamped here)
+        # no more than the channel holds: what it would refuse is not stamped
+        # here at all (emit_nowait stamps and takes it back, as it always does)
+        room = stats.max_buffer_size - stats.current_buffer_used
+        if room < stop - start:
+            stop = start + max(0, int(room))
+        send = self._channel.send_nowait
+        name = self.name
+        i = start
+        run = self.stamper.stamp_run(session, emissions, times, start, stop)
+        try:
+            for ev in run:
+                try:
+                    send(_new_tuple(Outbound, (name, ev, False)))
+                except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                    self.stamper.unstamp(ev)
+                    break
+                i += 1
+        except Exception:  # noqa: BLE001 -- raised before its seq was taken: emit_nowait answers it
+            pass
+        finally:
+            run.close()
+            self._sent += i - start
+        return i
+
     def saturated(self) -> bool:
         stats = self._channel.statistics()
         return stats.current_buffer_used >= stats.max_buffer_size
@@ -351,6 +390,9 @@ class BridgeContext:
             await self.redeliver(ev)
             self.health.count("reannounced")
         return len(good)
+
+
+_new_tuple = tuple.__new__  # a named tuple without its Python-level __new__
 
 
 #: bytes (JSON) of an open run's / ask's envelope a bridge keeps in its state

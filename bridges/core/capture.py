@@ -767,6 +767,24 @@ class GatePlan:
         return (out or None), (g.honored if out else "metadata")
 
 
+    def gate_levels(self, data: Any, policy: CapturePolicy, agent: str | None,
+                    subject: str | None, levels: Mapping[str, str] | None
+                    ) -> tuple[dict[str, Any] | None, str]:
+        """:meth:`gate` with only a ``levels`` hint (no ``form_fields``,
+        no ``structural``), positional: the stamper's run path
+        (:meth:`bridges.core.envelope.Stamper.stamp_run`). The same
+        answer as ``gate(data, policy, agent=agent, subject=subject,
+        levels=levels)``: an unregistered type's payload naming no declared
+        key takes the plain-member copy directly, everything else
+        :meth:`gate` itself."""
+        if self.node is None and levels is not None and self.ceiling != "none" \
+                and data.__class__ is dict and data:
+            plain = _plain_members(data, levels)
+            if plain is not None:
+                return plain, "metadata"
+        return self.gate(data, policy, agent=agent, subject=subject, levels=levels)
+
+
 _PLANS: dict[tuple[str, str], GatePlan] = {}
 
 

@@ -12,7 +12,7 @@ import socket
 import time as _time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence
 from urllib.parse import quote
 
 from . import capture as _capture
@@ -270,6 +270,95 @@ class Stamper:
                 del self._seq[session]  # type: ignore[arg-type]
             else:
                 self._seq[session] = seq  # type: ignore[index]
+
+    def stamp_run(self, session: str, emissions: Sequence[Emission],
+                  times: Sequence[datetime | str | None], start: int = 0,
+                  stop: int | None = None) -> Generator[dict[str, Any], None, None]:
+        """``stamp(session, emissions[i], time=times[i])`` for ``i`` from
+        ``start`` (to ``stop``, default the end), lazily: each envelope is
+        stamped when the iterator is advanced, so a consumer that cannot
+        place one takes it back with :meth:`unstamp` and stops. One run of
+        one session, what one OTLP export request holds: the session's
+        ``source``, the per-type plans and the clock (one read per run: the
+        ULIDs' time part) are looked up once instead of once per event.
+
+        Equal to those :meth:`stamp` calls envelope for envelope (with the
+        clock standing still over the run; held by
+        ``tests/unit/core/test_stamp_run.py``). The iterator ends early,
+        before the emission at the index the consumer counted to, at an
+        emission the run does not take (an unknown severity, an
+        agent-scoped type, no session): that one's answer is
+        :meth:`stamp`'s own (``ValueError``), for the caller to ask."""
+        stop = len(emissions) if stop is None else stop
+        if not session or start >= stop:
+            return
+        known = self._sources.get(session)
+        if known is None:
+            known = self._sources[session] = self._session_of(session)
+        source, clean = known
+        types = self._types
+        ulid, policy, agent, epoch = self._ulid, self._policy, self._agent, self.epoch
+        seqs = self._seq
+        ms = _time.time_ns() // 1_000_000
+        last_type: object = None
+        scoped = False
+        default_severity: str | None = None
+        gate: Any = None
+        for i in range(start, stop):
+            emission = emissions[i]
+            type_ = emission["type"]
+            if type_ is not last_type:
+                plan = types.get(type_)
+                if plan is None:
+                    plan = self._type_plan(type_)
+                scoped, default_severity, gate = plan
+                last_type = type_
+            if not scoped:
+                return  # agent-scoped: stamp() decides
+            sev = emission.get("severity") or default_severity
+            if sev and sev != "info" and (sev.__class__ is not str or sev not in SEVERITY_RANK):
+                return  # refused by stamp(), before a seq is taken
+            subject = emission.get("subject")
+            # the gate first: the one step that can raise (a payload that is not
+            # JSON), and nothing of this event is taken yet then
+            hints = emission.get("gating")
+            if not hints:
+                data, level = gate.gate(emission.get("data"), policy, agent=agent,
+                                        subject=subject)
+            elif len(hints) == 1 and "levels" in hints:
+                data, level = gate.gate_levels(emission.get("data"), policy, agent, subject,
+                                               hints["levels"])
+            else:
+                data, level = gate.gate(
+                    emission.get("data"), policy, agent=agent, subject=subject,
+                    form_fields=hints.get("form_fields"), levels=hints.get("levels"),
+                    structural=hints.get("structural") or ())
+            time = times[i]
+            ev: dict[str, Any] = {
+                "aep": AEP_VERSION,
+                "id": ulid(ms),
+                "type": type_,
+                "time": self._now(ms) if time is None else
+                time if isinstance(time, str) else rfc3339(time),
+                "source": source,
+                "agent": agent,
+            }
+            if subject is not None:
+                ev["subject"] = subject
+            ev["session"] = clean
+            step = emission.get("step")
+            if step is not None:
+                ev["step"] = step
+            seq = seqs.get(clean, 0)
+            seqs[clean] = seq + 1
+            ev["seq"] = seq
+            ev["epoch"] = epoch
+            if sev and sev != "info":
+                ev["severity"] = sev
+            ev["capture"] = level
+            if data:
+                ev["data"] = data
+            yield ev
 
     def stamp(self, session: str | None, emission: Emission, *, run: str | None = None,
               cause: str | None = None, time: datetime | str | None = None,

@@ -104,8 +104,9 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     # few sessions, each checked against the id grammar once
     sessions: dict[object, tuple[str | None, list[str]]] = {}
     # the profile's seams read once per request, not once per record
+    # map_record's emissions are its own, fresh: the gating hint goes in in place
     session_key, map_record, stampable = profile.session_key, profile.map_record, \
-        profile.stampable
+        profile.hint
     append = planned.append
     for idx, rec in enumerate(records):
         if rec is None:
@@ -222,11 +223,18 @@ class Admission:
         mark = self.ctx.log_mark()
         todo = self._session_cap(p.emissions, reasons)
         ctx = self.ctx
-        emit = ctx.emit_nowait
+        emit, emit_run = ctx.emit_nowait, ctx.emit_run
+        # each run of one session is stamped and sent in one call (as many
+        # as the channel has room for); the emission a run stops at gets
+        # its own answer from emit_nowait (_refused sorts it out)
+        emissions = [item.emission for item in todo]
+        times = [item.time for item in todo]
+        n = len(todo)
         # sends are counted against room() until the next wait, and closing
         # is looked at again only then: neither changes without a checkpoint
         free = 0 if self._closing else ctx.room()
-        for pos, item in enumerate(todo):
+        pos = 0
+        while pos < n:
             if free < 1:
                 if not await self.room():
                     if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
@@ -236,12 +244,24 @@ class Admission:
                     self._cut_short(todo[pos:], reasons)
                     break
                 free = ctx.room()
-            try:  # inline: one call per record; _refused sorts out the refusals
-                emit(item.session, item.emission, time=item.time, room_seen=True)
-                emitted += 1
-            except Exception as e:  # noqa: BLE001 -- sorted out (or re-raised) by _refused
-                emitted += self._refused(item, e, reasons)
-            free -= 1
+            session = todo[pos].session
+            limit = n if free >= n - pos else pos + int(free)
+            end = pos + 1
+            while end < limit and todo[end].session == session:
+                end += 1
+            sent = emit_run(session, emissions, times, pos, end)
+            emitted += sent - pos
+            free -= sent - pos
+            pos = sent
+            if sent < end:  # the run stopped here: this one's own answer
+                item = todo[pos]
+                try:
+                    emit(item.session, item.emission, time=item.time, room_seen=True)
+                    emitted += 1
+                except Exception as e:  # noqa: BLE001 -- sorted out (or re-raised) by _refused
+                    emitted += self._refused(item, e, reasons)
+                free -= 1
+                pos += 1
         health = self.ctx.health
         health.count("otlp.emitted", emitted)
         if emitted and not await self.ctx.logged_since(mark):

@@ -94,6 +94,60 @@ def test_plan_never_raises_and_accounts_for_every_record(records, vendor, primar
     assert all(isinstance(n, str) for n in p.notes)
 
 
+def _reference_plan(records, profile, posture, now):
+    """``plan`` spelled out (the seams called per record, the gating hint
+    added by ``Profile.stampable``'s copy): the slow path ``plan``'s
+    shortcuts (the profile's seams read once, the hint set in place on the
+    mapper's fresh emission, a session's id checked once) are held to."""
+    from bridges.otlp_in.common import record_moment, session_id
+    out, notes = [], []
+    for idx, rec in enumerate(records):
+        if rec is None:
+            continue
+        try:
+            sess = session_id(profile.session_key(rec), notes)
+            if sess is None:
+                notes.append("otlp.no_session")
+                continue
+            emissions = profile.map_record(rec, posture, notes)
+            when = record_moment(rec, now, notes)
+        except Exception:  # noqa: BLE001 -- plan's mapping_error
+            notes.append("otlp.mapping_error")
+            continue
+        out += [(idx, sess, profile.stampable(em), when) for em in emissions]
+    return out, notes
+
+
+_codex_record = st.fixed_dictionaries(
+    {"resource": st.dictionaries(st.sampled_from(["host.name", "user.email"]), _value,
+                                 max_size=2),
+     "attributes": st.fixed_dictionaries(
+         {"event.name": st.sampled_from(["codex.sse_event", "codex.tool_result",
+                                         "codex.user_prompt", "codex.conversation_starts",
+                                         "codex.other", "vscode.chat", ""]),
+          "conversation.id": st.sampled_from(["c1", "c 2", "", "c3"])},
+         optional={"success": st.sampled_from(["true", "false", True]),
+                   "tool_name": st.text(max_size=4), "event.kind": _value,
+                   "duration_ms": _value, "error": _value,
+                   "event.timestamp": st.just("2026-11-30T13:05:16.576Z")})})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_record | _codex_record, max_size=8), st.sampled_from(sorted(PROFILES)),
+       st.booleans(), st.sampled_from(["metadata", "redacted", "full"]))
+def test_plan_equals_the_seams_called_record_by_record(records, vendor, primary, ceiling):
+    from datetime import datetime, timezone
+    now = datetime(2026, 11, 30, 14, tzinfo=timezone.utc)
+    profile = PROFILES[vendor]
+    posture = Posture(mode="primary" if primary else "companion",
+                      policy=CapturePolicy(ceiling=ceiling))
+    p = plan(records, profile, posture, now)
+    want, notes = _reference_plan(records, profile, posture, now)
+    assert [tuple(e) for e in p.emissions] == want
+    assert [n for n in p.notes if n != "otlp.session_id_sanitized"] == \
+        [n for n in notes if n != "otlp.session_id_sanitized"]
+
+
 # --------------------------------------------------------------------------- admission
 
 def _admission(size: int, *, grace: float = 0.05):

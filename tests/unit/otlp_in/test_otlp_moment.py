@@ -113,3 +113,70 @@ def test_the_shape_is_the_regex_on_the_exporters_form() -> None:
     moment = record_moment({"attributes": {"event.timestamp": ts}},
                            datetime(2026, 11, 30, 14, tzinfo=timezone.utc), [])
     assert moment == ts and isinstance(moment, str)
+
+
+def _text(d: datetime) -> str:
+    d = d.astimezone(timezone.utc)
+    return d.strftime("%Y-%m-%dT%H:%M:%S.") + f"{d.microsecond // 1000:03d}Z"
+
+
+_aware_nows = st.datetimes(min_value=datetime(1990, 1, 1), max_value=datetime(9998, 12, 29),
+                           timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5)),
+                                                      timezone(timedelta(hours=-7))]))
+
+
+@st.composite
+def _edge_case(draw: st.DrawFn) -> tuple[str, datetime | None]:
+    """A canonical text at a bound of the range (``now`` + the slack, cut
+    to its millisecond, or EARLIEST, a few ms either side), or with a
+    field the calendar refuses (Feb 29/30, day 31, hour 24, minute or
+    second 60), with or without a receive time."""
+    now = draw(st.one_of(st.none(), _aware_nows))
+    kind = draw(st.sampled_from(["latest", "earliest", "field"]))
+    if kind == "latest" and now is not None:
+        ts = _text(now + FUTURE_SLACK + timedelta(milliseconds=draw(st.integers(-3, 3))))
+    elif kind in ("latest", "earliest"):
+        ts = _text(EARLIEST + timedelta(milliseconds=draw(st.integers(-3, 3))))
+    else:
+        year = draw(st.sampled_from(["1970", "1971", "2000", "2023", "2024", "2100", "9998",
+                                     "9999"]))
+        month = draw(st.sampled_from(["00", "01", "02", "04", "12", "13"]))
+        day = draw(st.sampled_from(["00", "01", "28", "29", "30", "31", "32"]))
+        hms = draw(st.sampled_from(["00:00:00", "23:59:59", "24:00:00", "12:60:00",
+                                    "12:00:60", "99:99:99"]))
+        ts = f"{year}-{month}-{day}T{hms}.{draw(st.integers(0, 999)):03d}Z"
+    return ts, now
+
+
+@settings(max_examples=1500, deadline=None)
+@given(case=_edge_case(), observed=st.one_of(st.none(), st.integers(-1, 2**64 - 1)),
+       time_nano=st.one_of(st.none(), st.just(2**64 - 1)))
+@example(case=("2024-02-29T00:00:00.000Z", None), observed=None, time_nano=None)
+@example(case=("2023-02-29T00:00:00.000Z", None), observed=None, time_nano=None)
+@example(case=("2026-11-30T24:00:00.000Z", None), observed=None, time_nano=None)
+@example(case=("1999-12-31T23:59:59.999Z", datetime(2026, 1, 1, tzinfo=timezone.utc)),
+         observed=None, time_nano=None)
+@example(case=("2026-01-02T00:00:00.000Z", datetime(2026, 1, 1, tzinfo=timezone.utc)),
+         observed=None, time_nano=None)
+@example(case=("2026-01-02T00:00:00.001Z", datetime(2026, 1, 1, tzinfo=timezone.utc)),
+         observed=None, time_nano=None)
+@example(case=("2026-01-02T00:00:00.000Z", datetime(2026, 1, 1, 0, 0, 0, 999,
+                                                     tzinfo=timezone.utc)),
+         observed=None, time_nano=None)
+def test_record_moment_at_the_bounds_and_the_calendar(
+        case: tuple[str, datetime | None], observed: int | None, time_nano: int | None) -> None:
+    """``record_moment`` against the reference at the places a shortcut
+    could differ: the range's two ends to the millisecond, dates and times
+    the calendar refuses, years at 1971 and 9998."""
+    ts, now = case
+    rec: dict[str, Any] = {"attributes": {"event.timestamp": ts}}
+    if observed is not None:
+        rec["observed_time_unix_nano"] = observed
+    if time_nano is not None:
+        rec["time_unix_nano"] = time_nano
+    got_notes: list[str] = []
+    want_notes: list[str] = []
+    got = record_moment(rec, now, got_notes)
+    want = reference(rec, now, want_notes)
+    assert got == want and type(got) is type(want)
+    assert got_notes == want_notes

@@ -68,10 +68,10 @@ def test_a_drains_verdicts_reach_each_bridge_as_one_call_per_event_would(tmp_pat
     fresh = []
     for i, (bridge, ok) in enumerate(drain):
         ev = {"type": "x.a.tick.seen" if i % 3 else "control.accepted", "cause": str(i)}
-        fresh.append((Outbound(bridge, ev), ev, b"{}\n"))
+        fresh.append((Outbound(bridge, ev), (ev, b"{}")))
         if bridge in slow:
             slow[bridge].log_result(ok)
-    fleet._logged(fresh, [ok for _, ok in drain])
+    fleet._logged([o for o, _ in fresh], [pair for _, pair in fresh], [ok for _, ok in drain])
     for name, ctx in slow.items():
         assert _state(fleet.members[name].ctx) == _state(ctx)
     assert fleet.counters["events"] == len(drain)
@@ -129,3 +129,104 @@ async def test_a_fault_inside_an_admission_resumes_after_that_pair(tmp_path, mon
     assert live == [0, 1, 3, 4, 6, 7]  # 2 failed inside its admission, 5 before it
     assert relay.buffers.counters["duplicates"] == 0
     assert fleet.counters["sink_errors"] == 2
+
+
+class _Fault(Exception):
+    """What the relay's run raises part way (``RunFault``: ``taken``)."""
+
+    def __init__(self, taken: int) -> None:
+        super().__init__(f"failed at {taken - 1}")
+        self.taken = taken
+
+
+class _Sink:
+    """A sink recording what it is handed, and how: a run takes pairs up to
+    a command (returned) and fails part way at a ``boom`` event; ``offer``
+    refuses commands; ``send`` takes anything."""
+
+    connected = True
+
+    def __init__(self, name: str, got: list) -> None:
+        self.name, self.got = name, got
+
+    def offer_run(self, pairs, start=0):
+        for k in range(start, len(pairs)):
+            ev, raw = pairs[k]
+            if ev["type"].startswith("control."):
+                return k
+            if ev.get("boom"):
+                raise _Fault(k + 1)
+            self.got.append((self.name, "run", raw))
+        return len(pairs)
+
+    def offer(self, ev, raw):
+        if ev.get("boom"):
+            raise RuntimeError("boom")
+        if ev["type"].startswith("control."):
+            return False
+        self.got.append((self.name, "offer", raw))
+        return True
+
+    async def send(self, ev, redelivery, raw):
+        self.got.append((self.name, "send" if not redelivery else "resend", raw))
+
+
+_item = st.tuples(st.sampled_from(["a", "b", "gone"]), st.booleans(),
+                  st.sampled_from(["x.a.tick", "control.accepted", "boom", "unencodable"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.lists(_item, max_size=12), max_size=5))
+def test_a_drain_hands_over_and_logs_as_one_event_at_a_time_would(tmp_path_factory, drains):
+    """``_deliver_batch`` (two parallel lists; the pairs list handed to the
+    session log and, when a run goes to the end, to the relay as it is)
+    against the same events delivered one at a time: the same hand-offs
+    in the same order (run, offer, send), the same session log, verdicts
+    and counters, for drains mixing bridges, re-sends, commands, events
+    the relay fails on and events that are not JSON."""
+    async def deliver(batched: bool):
+        tmp = tmp_path_factory.mktemp("pump")
+        fleet = Fleet(Config(state_dir=tmp), [Quiet("a"), Quiet("b")], host="h")
+        got: list = []
+        for name in ("a", "b"):
+            fleet.members[name].sink = _Sink(name, got)
+        n = 0
+        for drain in drains:
+            batch = []
+            for bridge, redelivery, kind in drain:
+                n += 1
+                ev: dict = {"type": "x.a.tick" if kind in ("boom", "unencodable") else kind,
+                            "session": f"s{n % 3}", "agent": bridge, "seq": n}
+                if kind == "boom":
+                    ev["boom"] = True
+                if kind == "unencodable":
+                    ev["data"] = {1j}
+                batch.append(Outbound(bridge, ev, redelivery))
+            if batched:
+                await fleet._deliver_batch(batch)
+            else:
+                for item in batch:
+                    await fleet._deliver_batch([item])
+        logs = sorted((p.relative_to(tmp).as_posix(), p.read_bytes())
+                      for p in (tmp / "logs").rglob("*.jsonl"))
+        return got, logs, dict(fleet.counters), dict(fleet.emitted), {
+            name: _state(fleet.members[name].ctx) for name in ("a", "b")}
+
+    async def both():
+        batched = await deliver(True)
+        assert batched == await deliver(False)
+        # and the one at a time path is the contract: a re-send never logged,
+        # an event that is not JSON neither
+        lines = sum(body.count(b"\n") for _, body in batched[1])
+        assert lines == sum(not redelivery and kind != "unencodable"
+                            for drain in drains for _, redelivery, kind in drain)
+        # /metrics' per-family counts: every logged event, by its type's family
+        want: dict = {}
+        for drain in drains:
+            for bridge, redelivery, kind in drain:
+                if not redelivery and kind != "unencodable":
+                    key = (bridge, "control" if kind.startswith("control") else "x")
+                    want[key] = want.get(key, 0) + 1
+        assert batched[3] == want
+
+    trio.run(both)
