@@ -20,10 +20,20 @@ A spare is linked (``link(2)``, which refuses an existing path) as the new
 session's file, then its spare name removed: no session file is ever
 replaced, even by a second writer of the same logs.
 
+The spare name is removed by the worker thread, not on the loop (issue 11
+latency): an ``unlink`` in ``.spare`` waits for the directory's lock, which
+a refill's create holds for its whole inode allocation (0.2-1.3 ms a create
+on this machine's ext4; the loop's unlink took up to 5-11 ms while a refill
+ran, 15-140 us otherwise). A taken spare's name is retired within
+:data:`RETIRE_AFTER` seconds (with the next refill, or alone); until then
+the session's file has a second link in ``.spare``, which the next start
+removes too if the daemon stops first (the same case as a crash between
+the link and the unlink).
+
 Pure bookkeeping plus two kinds of I/O: :meth:`SpareFiles.take` (a
-``link`` and an ``unlink``, ~25 us together, on the loop) and
-:meth:`SpareFiles.keep` (the refills, in a worker thread owned by the task
-that awaits it)."""
+``link``, ~25 us, on the loop) and :meth:`SpareFiles.keep` (the refills
+and the spare names' removal, in a worker thread owned by the task that
+awaits it)."""
 from __future__ import annotations
 
 import logging
@@ -34,7 +44,7 @@ from pathlib import Path
 
 import trio
 
-__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET"]
+__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "RETIRE_AFTER"]
 
 log = logging.getLogger("aep.jsonl")
 
@@ -44,6 +54,11 @@ DEFAULT_TARGET = 256
 burst of 128 new sessions between two refills (an OpenHands server's
 conversations attached at start, a bench's 2,000); each is an empty file
 (an inode, no data block)."""
+
+RETIRE_AFTER = 1.0
+"""Most seconds a taken spare's name stays (a second link of the session's
+file) when no refill comes first: the takes of a burst share one thread
+hop."""
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
@@ -61,8 +76,11 @@ class SpareFiles:
         self.target = max(1, target)
         self._ready: deque[str] = deque()
         self._next = 0  # the next spare's number
-        self._low = trio.Event()  # set: at most half the target is ready
-        self._low.set()
+        self._low = True  # at most half the target is ready: refill
+        #: spare names linked into place, to be removed by the keeper's worker
+        self._taken: list[str] = []
+        self._wake = trio.Event()  # set: a refill due, or names to remove
+        self._wake.set()
         self._failing = False  # the last refill failed: logged once per spell
         #: directories a link into failed for good (another file system...):
         #: their new files are created, no spare is spent on them again
@@ -74,8 +92,9 @@ class SpareFiles:
         return len(self._ready)
 
     def take(self, dest: str) -> bool:
-        """Link a spare as ``dest`` and drop its spare name (``dest`` in a
-        directory on the same file system); ``True`` when ``dest`` now
+        """Link a spare as ``dest`` (``dest`` in a directory on the same
+        file system; the spare name is left for :meth:`keep`'s worker to
+        remove, see the module docstring); ``True`` when ``dest`` now
         exists as an empty ``0600`` file, ``False`` when no spare is ready,
         ``dest`` exists already or the link failed (the caller creates or
         opens ``dest`` itself; a missing directory of ``dest`` keeps the
@@ -108,50 +127,84 @@ class SpareFiles:
                 log.warning("spare session log files cannot be moved into %s (%s); its new "
                             "files are created in place", where, e.strerror or type(e).__name__)
                 break
-            try:
-                os.unlink(spare)
-            except OSError:  # left with two links: the next start removes this name
-                pass
+            # the spare name goes in the keeper's worker: an unlink here would
+            # wait for .spare's lock while a refill creates there
+            self._taken.append(spare)
+            self._wake.set()
             self.counters["taken"] += 1
             taken = True
             break
         if len(ready) <= self.target // 2:
-            self._low.set()
+            self._low = True
+            self._wake.set()
         return taken
+
+    def retire(self) -> None:
+        """Remove the spare names of the spares taken so far, now (what
+        :meth:`keep`'s worker does; :meth:`keep` calls it when it ends).
+        Raises nothing: a name that cannot be removed is left for the next
+        start (:meth:`_adopt` removes a spare name with a second link)."""
+        names, self._taken = self._taken, []
+        _unlink_all(names)
 
     async def keep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                    ) -> None:
         """Forever: keep :attr:`target` spares ready, refilling in a worker
         thread whenever half of them are used (the spares of a previous run
-        are adopted first). A failing refill is logged once per failing
-        spell and retried at the next use, at most once a second."""
+        are adopted first), and remove taken spares' names there (with the
+        next refill, or within :data:`RETIRE_AFTER` seconds; what is left
+        when it ends, on the loop). A failing refill is logged once per
+        failing spell and retried at the next use, at most once a second."""
         task_status.started()
-        adopted, after = await trio.to_thread.run_sync(self._adopt)
-        self._ready.extend(adopted)
-        self._next = max(self._next, after)
-        while True:
-            await self._low.wait()
-            self._low = trio.Event()
-            want = self.target - len(self._ready)
-            if want <= 0:
-                continue
-            made, self._next, err = await trio.to_thread.run_sync(self._make, self._next, want)
-            self._ready.extend(made)
-            self.counters["made"] += len(made)
-            if err is not None:
-                self.counters["errors"] += 1
-                if not self._failing:
-                    log.warning("cannot make spare session log files in %s: %s "
-                                "(new session files are created on the event loop meanwhile)",
-                                self.directory, err)
-                self._failing = True
-                await trio.sleep(1.0)
-                self._low.set()
-            elif self._failing:
-                self._failing = False
-                log.info("spare session log files are made again")
+        try:
+            adopted, after = await trio.to_thread.run_sync(self._adopt)
+            self._ready.extend(adopted)
+            self._next = max(self._next, after)
+            while True:
+                await self._wake.wait()
+                if not self._low:
+                    # names to remove only: the takes of a burst (and a refill
+                    # falling due meanwhile) share one thread hop
+                    with trio.move_on_after(RETIRE_AFTER):
+                        while not self._low:
+                            self._wake = trio.Event()
+                            await self._wake.wait()
+                self._wake = trio.Event()
+                want = self.target - len(self._ready) if self._low else 0
+                self._low = False
+                names, self._taken = self._taken, []
+                if want <= 0 and not names:
+                    continue
+                made, self._next, err = await trio.to_thread.run_sync(
+                    self._refill, names, self._next, want)
+                self._ready.extend(made)
+                self.counters["made"] += len(made)
+                if err is not None:
+                    self.counters["errors"] += 1
+                    if not self._failing:
+                        log.warning("cannot make spare session log files in %s: %s "
+                                    "(new session files are created on the event loop "
+                                    "meanwhile)", self.directory, err)
+                    self._failing = True
+                    await trio.sleep(1.0)
+                    self._low = True
+                    self._wake.set()
+                elif self._failing and want > 0:
+                    self._failing = False
+                    log.info("spare session log files are made again")
+        finally:
+            self.retire()  # what is left: a few unlinks, at shutdown
 
     # -- in the worker thread: no shared state touched, results returned
+    def _refill(self, names: list[str], first: int, n: int
+                ) -> tuple[list[str], int, OSError | None]:
+        """Remove the taken spares' ``names``, then :meth:`_make` ``n``
+        spares (none when ``n <= 0``)."""
+        _unlink_all(names)
+        if n <= 0:
+            return [], first, None
+        return self._make(first, n)
+
     def _adopt(self) -> tuple[list[str], int]:
         """The spares a previous run left (empty regular files named
         ``{n}.spare``, one link) and the number after the highest of them."""
@@ -205,3 +258,13 @@ class SpareFiles:
         except OSError as e:
             return made, i, e
         return made, i, None
+
+
+def _unlink_all(names: list[str]) -> None:
+    """``unlink`` each of ``names``; one that fails is left (a taken
+    spare's second name: the next start removes it)."""
+    for name in names:
+        try:
+            os.unlink(name)
+        except OSError:
+            pass

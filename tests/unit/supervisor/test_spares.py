@@ -76,6 +76,12 @@ def test_a_log_with_spares_writes_exactly_what_a_log_without_them_writes(
         new_files = len(_files(Path(b))) - len(set(existing))
         assert pool.counters["taken"] == min(spares, new_files)
         assert pool.ready() == spares - pool.counters["taken"]
+        # a taken spare's name stays until the keeper's worker removes it:
+        # a second link of the session's file, never a spare again
+        pending = sorted(set(os.listdir(Path(a) / SPARE_DIR)) - {os.path.basename(r) for r in pool._ready})
+        assert len(pending) == pool.counters["taken"]
+        assert all(os.stat(Path(a) / SPARE_DIR / n).st_nlink == 2 for n in pending)
+        pool.retire()
         left = os.listdir(Path(a) / SPARE_DIR)
         assert len(left) == pool.ready()
         for p in Path(a).rglob("*.jsonl"):
@@ -240,6 +246,7 @@ def test_a_directory_spares_cannot_be_moved_into_keeps_the_spares(tmp_path, monk
     assert len([r for r in renames if "elsewhere" in r]) == 1  # tried once, not per session
     assert pool.counters["errors"] == 1 and pool.counters["taken"] == 1
     assert pool.counters["missed"] == 5 and pool.ready() == 2
+    pool.retire()
     assert len(os.listdir(tmp_path / SPARE_DIR)) == 2
     assert _files(tmp_path) == {**{f"elsewhere/s{i}.jsonl": [i] for i in range(5)},
                                 "codex/s.jsonl": [9]}
@@ -271,3 +278,50 @@ def test_a_file_another_writer_made_meanwhile_is_opened_never_replaced(tmp_path,
     log.close()
     assert _files(tmp_path) == {"codex/s1.jsonl": [-1, 0]}
     assert pool.ready() == 2 and pool.counters["taken"] == 0
+
+
+def test_the_loop_never_unlinks_in_the_spare_directory(tmp_path, monkeypatch):
+    """A take only links (issue 11 latency: an unlink in ``.spare`` waits
+    for the lock a refill's create holds); the taken spare's name is
+    removed by the keeper's worker thread, alone within RETIRE_AFTER when
+    no refill is due, and what is left when the keeper ends goes then. The
+    session's file keeps its one name and its lines throughout."""
+    import threading
+
+    from supervisor import spares as spares_mod
+    real = os.unlink
+    on_loop = []
+
+    def unlink(path, *a, **kw):
+        if threading.current_thread() is threading.main_thread():
+            on_loop.append(path)
+        return real(path, *a, **kw)
+    monkeypatch.setattr(spares_mod.os, "unlink", unlink)
+    d = tmp_path / SPARE_DIR
+
+    async def main():
+        pool = SpareFiles(d, target=8)
+        log = SessionLog(tmp_path)
+        log.spares = pool
+        async with trio.open_nursery() as nursery:
+            await _filled(pool, nursery)
+            assert log.write(_ev("codex", "s0", 0))  # 7 ready: no refill due
+            (name,) = set(os.listdir(d)) - {os.path.basename(r) for r in pool._ready}
+            assert os.stat(d / name).st_nlink == 2  # not removed on the loop
+            with trio.fail_after(10):
+                while (d / name).exists():
+                    await trio.sleep(0.01)
+            assert os.stat(tmp_path / "codex" / "s0.jsonl").st_nlink == 1
+            for i in range(1, 3):  # pending when the keeper ends
+                assert log.write(_ev("codex", f"s{i}", i))
+            assert on_loop == []
+            nursery.cancel_scope.cancel()
+        log.close()
+        return pool
+
+    pool = trio.run(main)
+    assert sorted(os.listdir(d)) == sorted(os.path.basename(r) for r in pool._ready)
+    assert pool.ready() == 5 and pool.counters["taken"] == 3
+    assert _files(tmp_path) == {f"codex/s{i}.jsonl": [i] for i in range(3)}
+    for i in range(3):
+        assert os.stat(tmp_path / "codex" / f"s{i}.jsonl").st_nlink == 1
