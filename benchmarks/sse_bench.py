@@ -287,17 +287,63 @@ async def latency(n: int = 1500, rate: float = 150.0) -> dict:
                                     if len(got) == n:
                                         return
                     with trio.fail_after(n / rate + 60):
+                        load = os.getloadavg()[0]
+                        made0 = await _spares_made(c, port)
+                        threads0, pressure0, t0 = _thread_cpu_s(daemon.pid), _cpu_pressure_s(), \
+                            time.perf_counter()
                         cpu0 = _cpu_s(daemon.pid)
                         await read()
                         cpu = _cpu_s(daemon.pid) - cpu0
+                        threads1, pressure1, t1 = _thread_cpu_s(daemon.pid), _cpu_pressure_s(), \
+                            time.perf_counter()
+                        made = await _spares_made(c, port) - made0
             finally:
                 daemon.terminate()
                 daemon.wait(timeout=10)
                 nursery.cancel_scope.cancel()
     lat = sorted((got[s] - sent[s]) * 1000 for s in got if s in sent)
     q = statistics.quantiles(lat, n=100)
+    loop_s = threads1.get(daemon.pid, 0.0) - threads0.get(daemon.pid, 0.0)
     return {"events": len(lat), "rate_per_s": rate, "p50_ms": q[49], "p99_ms": q[98],
-            "max_ms": lat[-1], "cpu_10k": cpu * 10_000 / len(lat)}
+            "max_ms": lat[-1], "cpu_10k": cpu * 10_000 / len(lat),
+            # what the machine and the daemon's own threads did meanwhile
+            "load": load, "pressure_pct": None if pressure0 is None or pressure1 is None
+            else (pressure1 - pressure0) / (t1 - t0) * 100,
+            "loop_cpu_s": loop_s, "worker_cpu_s": cpu - loop_s, "spares_made": made,
+            "over_2ms": sum(x > 2.0 for x in lat)}
+
+
+async def _spares_made(c: httpx.AsyncClient, port: int) -> int:
+    """The daemon's spare session log files made so far (``/metrics``)."""
+    text = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
+    for line in text.splitlines():
+        if line.startswith("aep_bridges_session_log_spare_files_total") and 'outcome="made"' in line:
+            return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+def _thread_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of process ``pid``."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a worker thread that just ended
+            continue
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
+def _cpu_pressure_s() -> float | None:
+    """Seconds so far in which some runnable task of this machine waited
+    for a CPU (``/proc/pressure/cpu`` ``some total``; ``None`` without PSI)."""
+    try:
+        for line in Path("/proc/pressure/cpu").read_text().splitlines():
+            if line.startswith("some "):
+                return int(line.rsplit("total=", 1)[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 async def state_cost(open_runs: int, frames: int, *, mode: str) -> dict:
@@ -442,6 +488,13 @@ def main(argv: list[str]) -> None:
           f"{lat['rate_per_s']:.0f}/s through the daemon): p50 {lat['p50_ms']:.1f} ms, "
           f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms; daemon CPU "
           f"{lat['cpu_10k']:.3f} s per 10k events (idle costs included: 10 s at 150/s)")
+    pressure = "n/a" if lat["pressure_pct"] is None else f"{lat['pressure_pct']:.0f}%"
+    per_spare = (f", {lat['worker_cpu_s'] * 1e6 / lat['spares_made']:,.0f} us each"
+                 if lat["spares_made"] else "")
+    print(f"  {lat['over_2ms']} events over 2 ms; meanwhile: load {lat['load']:.2f}, CPU pressure "
+          f"{pressure} (of the run's time, some runnable task of the machine waited for a CPU); "
+          f"daemon CPU: event loop {lat['loop_cpu_s']:.2f} s, worker threads "
+          f"{lat['worker_cpu_s']:.2f} s ({lat['spares_made']} spare log files made{per_spare})")
     print_state_costs(quick)
 
 
