@@ -39,11 +39,21 @@ __all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET"]
 log = logging.getLogger("aep.jsonl")
 
 SPARE_DIR = ".spare"
-DEFAULT_TARGET = 256
-"""Spares kept ready: a refill starts when half are used. 256 covers a
-burst of 128 new sessions between two refills (an OpenHands server's
-conversations attached at start, a bench's 2,000); each is an empty file
-(an inode, no data block)."""
+DEFAULT_TARGET = 2048
+"""Spares kept ready (each an empty file: an inode, no data block). A
+burst of up to ``DEFAULT_TARGET - DEFAULT_TARGET // 8`` (1,792) new
+sessions (an OpenHands server's conversations attached at start) is served
+with no file created while it lasts; the pool is topped up once the burst
+is over (:meth:`SpareFiles.keep`)."""
+QUIET = 0.25
+"""Seconds without a spare taken before the pool is topped up above its
+low-water mark: creates are kernel time (30-800 us each here), and made
+beside a burst they take the CPU the burst runs on (issue 11: the
+OpenHands bench's 2,000 fresh sessions ran ~30% slower than with the files
+there, the takes themselves ~22 us a session)."""
+CHUNK = 128
+"""Spares made per worker-thread call: a top-up yields to a burst that
+starts meanwhile within one chunk."""
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
@@ -61,8 +71,10 @@ class SpareFiles:
         self.target = max(1, target)
         self._ready: deque[str] = deque()
         self._next = 0  # the next spare's number
-        self._low = trio.Event()  # set: at most half the target is ready
-        self._low.set()
+        #: at most this many ready: refilled at once, not only when quiet
+        self.low = self.target // 8
+        self._used = trio.Event()  # set: a spare was taken (the keeper waits on it when full)
+        self._urgent = trio.Event()  # set: at most ``low`` ready
         self._failing = False  # the last refill failed: logged once per spell
         #: directories a link into failed for good (another file system...):
         #: their new files are created, no spare is spent on them again
@@ -115,26 +127,37 @@ class SpareFiles:
             self.counters["taken"] += 1
             taken = True
             break
-        if len(ready) <= self.target // 2:
-            self._low.set()
+        self._used.set()
+        if len(ready) <= self.low:
+            self._urgent.set()
         return taken
 
     async def keep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                    ) -> None:
-        """Forever: keep :attr:`target` spares ready, refilling in a worker
-        thread whenever half of them are used (the spares of a previous run
-        are adopted first). A failing refill is logged once per failing
-        spell and retried at the next use, at most once a second."""
+        """Forever: keep :attr:`target` spares ready (the spares of a
+        previous run are adopted first). Spares are made in a worker thread,
+        :data:`CHUNK` at a time: at once while at most :attr:`low` are
+        ready, otherwise only once no spare was taken for :data:`QUIET`
+        seconds, so a burst of new sessions is served from the pool without
+        files being created beside it. A failing refill is logged once per
+        failing spell and retried at most once a second."""
         task_status.started()
         adopted, after = await trio.to_thread.run_sync(self._adopt)
         self._ready.extend(adopted)
         self._next = max(self._next, after)
         while True:
-            await self._low.wait()
-            self._low = trio.Event()
-            want = self.target - len(self._ready)
-            if want <= 0:
+            if len(self._ready) >= self.target:
+                self._used = trio.Event()
+                await self._used.wait()  # set by take()
                 continue
+            if len(self._ready) > self.low:
+                seen = self.counters["taken"]
+                self._urgent = trio.Event()
+                with trio.move_on_after(QUIET):
+                    await self._urgent.wait()  # set by take() at the low-water mark
+                if self.counters["taken"] != seen and len(self._ready) > self.low:
+                    continue  # sessions are being started: not now
+            want = min(CHUNK, self.target - len(self._ready))
             made, self._next, err = await trio.to_thread.run_sync(self._make, self._next, want)
             self._ready.extend(made)
             self.counters["made"] += len(made)
@@ -146,7 +169,6 @@ class SpareFiles:
                                 self.directory, err)
                 self._failing = True
                 await trio.sleep(1.0)
-                self._low.set()
             elif self._failing:
                 self._failing = False
                 log.info("spare session log files are made again")
