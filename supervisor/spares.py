@@ -138,19 +138,21 @@ class SpareFiles:
         previous run are adopted first). Spares are made in a worker thread,
         :data:`CHUNK` at a time: at once while at most :attr:`low` are
         ready, otherwise only once no spare was taken for :data:`QUIET`
-        seconds, so a burst of new sessions is served from the pool without
-        files being created beside it. A failing refill is logged once per
-        failing spell and retried at most once a second."""
+        seconds (then chunk after chunk until one is taken), so a burst of
+        new sessions is served from the pool without files being created
+        beside it. A failing refill is logged once per failing spell and
+        retried at most once a second."""
         task_status.started()
         adopted, after = await trio.to_thread.run_sync(self._adopt)
         self._ready.extend(adopted)
         self._next = max(self._next, after)
+        seen = -1  # spares taken as of the last quiet look
         while True:
             if len(self._ready) >= self.target:
                 self._used = trio.Event()
                 await self._used.wait()  # set by take()
                 continue
-            if len(self._ready) > self.low:
+            if len(self._ready) > self.low and self.counters["taken"] != seen:
                 seen = self.counters["taken"]
                 self._urgent = trio.Event()
                 with trio.move_on_after(QUIET):
