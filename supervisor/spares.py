@@ -34,7 +34,7 @@ from pathlib import Path
 
 import trio
 
-__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET"]
+__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK"]
 
 log = logging.getLogger("aep.jsonl")
 
