@@ -9,7 +9,11 @@ freed in the last minutes), linking an existing empty file ~25 us. Every
 new OpenCode/Kilo session, OpenHands conversation and Codex conversation
 pays it before its first event reaches the relay (the log is written
 first: DESIGN.md "Delivery"). The spares are made in a worker thread, off
-the event loop and its core; the loop only links them into place.
+the event loop, and made ahead of a burst rather than beside it: a create
+is kernel CPU the burst would otherwise share (no-journal ext4 scans past
+every inode freed in the last minute or more), so the pool is topped up
+when no spare has been taken for a while, and at once only when nearly
+empty (:meth:`SpareFiles.keep`); the loop only links them into place.
 
 Layout: ``{logs}/.spare/{n}.spare``, ``0600`` in a ``0700`` directory. No
 session or agent name can be ``.spare`` (:func:`supervisor.jsonlog.safe_name`
