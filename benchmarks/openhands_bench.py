@@ -84,6 +84,11 @@ def rss_mib() -> float:
 
 # --------------------------------------------------------------------------- throughput
 
+#: the spare files' counters over the last :func:`path_rate`'s timed part
+#: (``supervisor.spares.SpareFiles.counters``, end minus start)
+SPARES_SEEN: dict[str, int] = {}
+
+
 async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path,
                     state_dir: Path | None = None) -> tuple[float, int, int]:
     """``state_dir``: with the bridge's state directory (the daemon always
@@ -109,6 +114,7 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path,
 
     async with trio.open_nursery() as spare_keeper:
         log = await fleet_log(spare_keeper, logdir)
+        before = dict(log.spares.counters)
         t0 = time.perf_counter()
         async with trio.open_nursery() as n:
             n.start_soon(sink)
@@ -124,6 +130,8 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path,
                 writer.cancel_scope.cancel()  # the writer writes what is still queued as it ends
             await send.aclose()
         dt = time.perf_counter() - t0
+        SPARES_SEEN.clear()
+        SPARES_SEEN.update({k: v - before[k] for k, v in log.spares.counters.items()})
         spare_keeper.cancel_scope.cancel()
     log.close()
     return n_frames / dt, n_frames, written
@@ -243,6 +251,7 @@ def main(argv: list[str]) -> None:
         c0 = time.process_time()
         rate, n_frames, n_events = trio.run(path_rate, convs, Path(tmp))
         cpu = time.process_time() - c0  # this process only: the agent stub runs in its own
+        fresh_spares = dict(SPARES_SEEN)
         # the same conversations again into the same log directory: each session's
         # file exists now (what a long conversation's later frames see)
         warm, _, _ = trio.run(path_rate, convs, Path(tmp))
@@ -260,10 +269,13 @@ def main(argv: list[str]) -> None:
     print(f"  CPU s per 10k events: path {cpu * 10_000 / n_events:.3f} (whole run, setup included)"
           f", floor {n_frames / floor * 10_000 / n_events:.3f}")
     print(f"  the {n_convs} session log files (one per conversation, {n_frames / n_convs:.0f} "
-          f"frames each) are spares made ahead in a worker thread and renamed into place, as "
+          f"frames each) are spares made ahead in a worker thread and linked into place, as "
           f"the fleet does; a create costs ~{create_us:,.0f} us a file on this disk now "
           f"(~{create_us * n_convs / 1e6 / (n_frames / rate):.0%} of the path's time if the "
           "event loop made them)")
+    print(f"  spare files while the clock ran: {fresh_spares.get('taken', 0):,} taken, "
+          f"{fresh_spares.get('missed', 0):,} missed (created on the event loop), "
+          f"{fresh_spares.get('made', 0):,} made beside the burst (a worker thread's creates)")
     print(f"  path, each session's log file already there: {warm:>10,.0f} frames/s, ratio {warm / floor:.3f}")
     print(f"  path with the bridge's state directory (the daemon always has one; fresh log files): "
           f"{stateful:>10,.0f} frames/s, ratio {stateful / floor:.3f}, CPU s per 10k events "

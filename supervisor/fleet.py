@@ -238,8 +238,9 @@ class Fleet:
         self.session_log = RetainingSessionLog(cfg.state_dir / "logs", cfg.retention,
                                                max_open=cfg.log_max_open)
         self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
-        # new sessions' files are renamed from spares made off the loop (issue 11)
-        self.spares = self.session_log.spares = SpareFiles(cfg.state_dir / "logs" / SPARE_DIR)
+        # new sessions' files are linked from spares made off the loop (issue 11)
+        self.spares = self.session_log.spares = SpareFiles(cfg.state_dir / "logs" / SPARE_DIR,
+                                                           target=cfg.log_spares)
         #: (bridge, type family) -> events; (bridge, decision, reason) -> acks (/metrics)
         self.emitted: Counter[tuple[str, str]] = Counter()
         self.acks: Counter[tuple[str, str, str]] = Counter()

@@ -9,7 +9,11 @@ freed in the last minutes), linking an existing empty file ~25 us. Every
 new OpenCode/Kilo session, OpenHands conversation and Codex conversation
 pays it before its first event reaches the relay (the log is written
 first: DESIGN.md "Delivery"). The spares are made in a worker thread, off
-the event loop and its core; the loop only links them into place.
+the event loop, and made ahead of a burst rather than beside it: a create
+is kernel CPU the burst would otherwise share (no-journal ext4 scans past
+every inode freed in the last minute or more), so the pool is topped up
+when no spare has been taken for a while, and at once only when nearly
+empty (:meth:`SpareFiles.keep`); the loop only links them into place.
 
 Layout: ``{logs}/.spare/{n}.spare``, ``0600`` in a ``0700`` directory. No
 session or agent name can be ``.spare`` (:func:`supervisor.jsonlog.safe_name`
@@ -44,21 +48,31 @@ from pathlib import Path
 
 import trio
 
-__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "RETIRE_AFTER"]
+__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER"]
 
 log = logging.getLogger("aep.jsonl")
 
 SPARE_DIR = ".spare"
-DEFAULT_TARGET = 256
-"""Spares kept ready: a refill starts when half are used. 256 covers a
-burst of 128 new sessions between two refills (an OpenHands server's
-conversations attached at start, a bench's 2,000); each is an empty file
-(an inode, no data block)."""
+DEFAULT_TARGET = 2048
+"""Spares kept ready (each an empty file: an inode, no data block). A
+burst of up to ``DEFAULT_TARGET - DEFAULT_TARGET // 8`` (1,792) new
+sessions (an OpenHands server's conversations attached at start) is served
+with no file created while it lasts; the pool is topped up once the burst
+is over (:meth:`SpareFiles.keep`)."""
+QUIET = 0.25
+"""Seconds without a spare taken before the pool is topped up above its
+low-water mark: creates are kernel time (30-800 us each here), and made
+beside a burst they take the CPU the burst runs on (issue 11: the
+OpenHands bench's 2,000 fresh sessions ran ~30% slower than with the files
+there, the takes themselves ~22 us a session)."""
+CHUNK = 128
+"""Spares made per worker-thread call: a top-up yields to a burst that
+starts meanwhile within one chunk."""
 
 RETIRE_AFTER = 1.0
 """Most seconds a taken spare's name stays (a second link of the session's
-file) when no refill comes first: the takes of a burst share one thread
-hop."""
+file): the takes of a burst share one thread hop, at most one per
+:data:`QUIET` while it lasts."""
 
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
@@ -76,11 +90,12 @@ class SpareFiles:
         self.target = max(1, target)
         self._ready: deque[str] = deque()
         self._next = 0  # the next spare's number
-        self._low = True  # at most half the target is ready: refill
+        #: at most this many ready: refilled at once, not only when quiet
+        self.low = self.target // 8
+        self._used = trio.Event()  # set: a spare was taken (the keeper waits on it when full)
+        self._urgent = trio.Event()  # set: at most ``low`` ready
         #: spare names linked into place, to be removed by the keeper's worker
         self._taken: list[str] = []
-        self._wake = trio.Event()  # set: a refill due, or names to remove
-        self._wake.set()
         self._failing = False  # the last refill failed: logged once per spell
         #: directories a link into failed for good (another file system...):
         #: their new files are created, no spare is spent on them again
@@ -130,13 +145,12 @@ class SpareFiles:
             # the spare name goes in the keeper's worker: an unlink here would
             # wait for .spare's lock while a refill creates there
             self._taken.append(spare)
-            self._wake.set()
             self.counters["taken"] += 1
             taken = True
             break
-        if len(ready) <= self.target // 2:
-            self._low = True
-            self._wake.set()
+        self._used.set()
+        if len(ready) <= self.low:
+            self._urgent.set()
         return taken
 
     def retire(self) -> None:
@@ -149,29 +163,39 @@ class SpareFiles:
 
     async def keep(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                    ) -> None:
-        """Forever: keep :attr:`target` spares ready, refilling in a worker
-        thread whenever half of them are used (the spares of a previous run
-        are adopted first), and remove taken spares' names there (with the
-        next refill, or within :data:`RETIRE_AFTER` seconds; what is left
-        when it ends, on the loop). A failing refill is logged once per
-        failing spell and retried at the next use, at most once a second."""
+        """Forever: keep :attr:`target` spares ready (the spares of a
+        previous run are adopted first). Spares are made in a worker thread,
+        :data:`CHUNK` at a time: at once while at most :attr:`low` are
+        ready, otherwise only once no spare was taken for :data:`QUIET`
+        seconds (then chunk after chunk until one is taken), so a burst of
+        new sessions is served from the pool without files being created
+        beside it. Taken spares' names are removed in the same worker hops
+        (during a burst, one hop per :data:`QUIET` removes only names; what
+        is left when it ends, on the loop). A failing refill is logged once
+        per failing spell and retried at most once a second."""
         task_status.started()
         try:
             adopted, after = await trio.to_thread.run_sync(self._adopt)
             self._ready.extend(adopted)
             self._next = max(self._next, after)
+            seen = -1  # spares taken as of the last quiet look
             while True:
-                await self._wake.wait()
-                if not self._low:
-                    # names to remove only: the takes of a burst (and a refill
-                    # falling due meanwhile) share one thread hop
-                    with trio.move_on_after(RETIRE_AFTER):
-                        while not self._low:
-                            self._wake = trio.Event()
-                            await self._wake.wait()
-                self._wake = trio.Event()
-                want = self.target - len(self._ready) if self._low else 0
-                self._low = False
+                want = 0
+                if len(self._ready) >= self.target:
+                    if not self._taken:
+                        self._used = trio.Event()
+                        await self._used.wait()  # set by take()
+                        continue
+                elif len(self._ready) > self.low and self.counters["taken"] != seen:
+                    seen = self.counters["taken"]
+                    self._urgent = trio.Event()
+                    with trio.move_on_after(QUIET):
+                        await self._urgent.wait()  # set by take() at the low-water mark
+                    if self.counters["taken"] == seen or len(self._ready) <= self.low:
+                        want = min(CHUNK, self.target - len(self._ready))
+                    # else sessions are being started: no create beside them, names only
+                else:
+                    want = min(CHUNK, self.target - len(self._ready))
                 names, self._taken = self._taken, []
                 if want <= 0 and not names:
                     continue
@@ -187,8 +211,6 @@ class SpareFiles:
                                     "meanwhile)", self.directory, err)
                     self._failing = True
                     await trio.sleep(1.0)
-                    self._low = True
-                    self._wake.set()
                 elif self._failing and want > 0:
                     self._failing = False
                     log.info("spare session log files are made again")

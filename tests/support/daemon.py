@@ -80,6 +80,8 @@ class DaemonProcess:
             "AEP_OTLP_HTTP_LISTEN": f"127.0.0.1:{self.http_port}",
             "AEP_STATE_DIR": str(self.state),
             "AEP_LOG_FORMAT": "json",
+            # a test daemon starts few sessions: 64 spare files, not 2,048 per state dir
+            "AEP_LOG_SPARES": "64",
             "PYTHONUNBUFFERED": "1",
         }
         if self.token:

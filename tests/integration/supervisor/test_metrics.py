@@ -175,21 +175,23 @@ def test_replay_trimmed_counts_the_byte_budget_too(tmp_path):
     assert trimmed >= 30  # 40 events of ~450 bytes through a 4 KiB budget
 
 
-def test_a_new_sessions_log_file_is_a_spare_renamed_into_place(tmp_path):
+def test_a_new_sessions_log_file_is_a_spare_linked_into_place(tmp_path):
     """The daemon keeps spare session log files made off the event loop
-    (``supervisor.spares``); a new session's file is one of them renamed,
+    (``supervisor.spares``, ``AEP_LOG_SPARES`` of them); a new session's file is one of them linked,
     counted on ``/metrics``, and the pool is refilled."""
     import os
     import stat
     import time
 
-    from supervisor.spares import DEFAULT_TARGET
+    from supervisor.spares import CHUNK
     from tests.support.daemon import ROOT
-    d = DaemonProcess(tmp_path / "state", {"AEP_OTLP_PRIMARY": "1"}, token=TOKEN).start()
+    target = 2 * CHUNK + 7  # AEP_LOG_SPARES: a pool made in three worker-thread calls
+    d = DaemonProcess(tmp_path / "state", {"AEP_OTLP_PRIMARY": "1", "AEP_LOG_SPARES": str(target)},
+                      token=TOKEN).start()
     spare = "aep_bridges_session_log_spare_files_total"
     try:
         deadline = time.monotonic() + 30
-        while value(scrape(d), spare, outcome="made") < DEFAULT_TARGET:  # the first refill, in a worker thread
+        while value(scrape(d), spare, outcome="made") < target:  # the first fill, in a worker thread
             assert time.monotonic() < deadline, "no spares were made"
             time.sleep(0.05)
         body = (ROOT / EXPORT).read_bytes()
@@ -206,5 +208,6 @@ def test_a_new_sessions_log_file_is_a_spare_renamed_into_place(tmp_path):
     assert stat.S_IMODE(session_file.stat().st_mode) == 0o600
     assert session_file.read_text().count("\n") == value(m, "aep_bridges_session_log_lines_total")
     left = sorted(os.listdir(logs / ".spare"))
-    assert len(left) == DEFAULT_TARGET - 1 and all(n.endswith(".spare") for n in left)
+    # one taken; the keeper may have made one more once the pool was quiet (0.25 s)
+    assert len(left) in (target - 1, target) and all(n.endswith(".spare") for n in left)
     assert stat.S_IMODE((logs / ".spare").stat().st_mode) == 0o700

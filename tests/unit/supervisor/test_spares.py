@@ -124,7 +124,7 @@ def test_a_session_directory_removed_under_the_log_keeps_the_spares(tmp_path):
     assert pool.counters["taken"] == 2 and pool.ready() == 1 and pool.counters["missed"] == 0
 
 
-def test_keep_fills_the_pool_refills_at_half_and_adopts_a_previous_runs_spares(tmp_path):
+def test_keep_fills_the_pool_refills_when_quiet_and_adopts_a_previous_runs_spares(tmp_path):
     d = tmp_path / SPARE_DIR
     d.mkdir()
     (d / "3.spare").touch()
@@ -144,7 +144,7 @@ def test_keep_fills_the_pool_refills_at_half_and_adopts_a_previous_runs_spares(t
             linked = os.stat(tmp_path / "linked").st_ino  # never a spare again
             assert all(os.stat(p).st_ino != linked for p in pool._ready)
             assert pool.counters["made"] == 7  # 4, 6, 7 (freed), 8, 9, 10, 11: 5 is a stray
-            for i in range(5):  # below half: a refill
+            for i in range(5):  # above the low-water mark: refilled once no spare is taken
                 assert pool.take(str(tmp_path / f"t{i}"))
             with trio.fail_after(10):
                 while pool.ready() < 8:
@@ -305,7 +305,7 @@ def test_the_loop_never_unlinks_in_the_spare_directory(tmp_path, monkeypatch):
         log.spares = pool
         async with trio.open_nursery() as nursery:
             await _filled(pool, nursery)
-            assert log.write(_ev("codex", "s0", 0))  # 7 ready: no refill due
+            assert log.write(_ev("codex", "s0", 0))  # 7 ready: a top-up once QUIET
             (name,) = set(os.listdir(d)) - {os.path.basename(r) for r in pool._ready}
             assert os.stat(d / name).st_nlink == 2  # not removed on the loop
             with trio.fail_after(10):
@@ -321,7 +321,54 @@ def test_the_loop_never_unlinks_in_the_spare_directory(tmp_path, monkeypatch):
 
     pool = trio.run(main)
     assert sorted(os.listdir(d)) == sorted(os.path.basename(r) for r in pool._ready)
-    assert pool.ready() == 5 and pool.counters["taken"] == 3
+    assert pool.ready() == 6 and pool.counters["taken"] == 3  # 8 after the quiet top-up
     assert _files(tmp_path) == {f"codex/s{i}.jsonl": [i] for i in range(3)}
     for i in range(3):
         assert os.stat(tmp_path / "codex" / f"s{i}.jsonl").st_nlink == 1
+
+
+def test_a_burst_is_served_from_the_pool_with_no_spare_made_beside_it(tmp_path):
+    """While spares are taken less than QUIET apart and more than ``low``
+    are ready, none is made (their creates would run beside the burst)."""
+    from trio.testing import MockClock
+
+    from supervisor.spares import QUIET
+
+    async def main():
+        pool = SpareFiles(tmp_path / SPARE_DIR, target=16)
+        assert pool.low == 2
+        made = []
+        async with trio.open_nursery() as nursery:
+            await _filled(pool, nursery)
+            for i in range(13):  # 16 -> 3 ready: above the low-water mark throughout
+                assert pool.take(str(tmp_path / f"t{i}"))
+                await trio.sleep(QUIET / 3)
+                made.append(pool.counters["made"])
+            nursery.cancel_scope.cancel()
+        return made, pool
+
+    made, pool = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert made == [16] * 13 and pool.ready() == 3
+
+
+def test_at_the_low_water_mark_spares_are_made_at_once(tmp_path, monkeypatch):
+    """A burst that takes the pool down to ``low`` gets spares made beside
+    it: with QUIET never reached, only that path can make them."""
+    from supervisor import spares
+
+    async def main():
+        pool = SpareFiles(tmp_path / SPARE_DIR, target=16)
+        async with trio.open_nursery() as nursery:
+            await _filled(pool, nursery)
+            monkeypatch.setattr(spares, "QUIET", 1e9)
+            for i in range(13):
+                assert pool.take(str(tmp_path / f"t{i}"))
+            await trio.sleep(0.2)
+            assert pool.counters["made"] == 16  # 3 ready: waiting for a quiet pool
+            assert pool.take(str(tmp_path / "t13"))  # 2: the low-water mark
+            with trio.fail_after(10):
+                while pool.counters["made"] == 16:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
