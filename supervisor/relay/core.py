@@ -534,21 +534,20 @@ class Relay:
     def _admit_run(self, entries: Sequence[Entry]) -> None:
         """``_admit(e, None)`` for each of ``entries`` in order (no
         connection: ``POST /events``), in one call: every sequenced one
-        buffered, then the run fanned out (:meth:`.fanout.Fanout.offer_run`;
+        buffered (:meth:`.buffer.SessionBuffers.admit_run`), then the run fanned out (:meth:`.fanout.Fanout.offer_run`;
         nothing reads the buffers in between, there is no checkpoint).
         Equal to one :meth:`_admit` each (property test
         ``tests/unit/relay/test_relay_runs.py``)."""
         self.counters["events"] += len(entries)
         n = self._admitted
-        admit = self.buffers.admit
-        try:
-            for e in entries:
-                if e.pos is not None:
-                    n += 1
-                    e.n = n
-                    admit(e)
-        finally:
-            self._admitted = n
+        held = []
+        for e in entries:
+            if e.pos is not None:
+                n += 1
+                e.n = n
+                held.append(e)
+        self._admitted = n
+        self.buffers.admit_run(held)
         self.fanout.offer_run(entries)
 
     async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
