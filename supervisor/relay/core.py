@@ -485,7 +485,22 @@ class Relay:
         pair whose admission raises part way raises :class:`RunFault`
         (``taken``: the index after it), so the caller never hands an
         admitted pair over again."""
-        buffers, claims, agent = self.buffers, self.claims, conn.agent
+        taken: list[Entry] = []
+        try:
+            return self._admit_stamped_run(pairs, start, conn, taken)
+        finally:
+            # the run's fan-out, once its admissions are done (nothing reads
+            # the fan-out in between; a refused pair's own answer comes after)
+            if taken:
+                self.fanout.offer_run(taken)
+
+    def _admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
+                           conn: Connection, taken: list[Entry]) -> int:
+        """:meth:`admit_stamped_run`'s checks and admissions (:meth:`_admit`
+        without its fan-out): each admitted entry is appended to ``taken``,
+        for the caller to fan out as one run."""
+        buffers, claims, agent, counters = self.buffers, self.claims, conn.agent, self.counters
+        claim = conn.can_claim
         checked: str | None = None  # the source last found not owned by another
         plain: str | None = None  # the type last found not a command (a run has few)
         for i in range(start, len(pairs)):
@@ -512,10 +527,18 @@ class Relay:
                     return i
             except Exception:  # noqa: BLE001 -- nothing of it done: its own answer on the one-event path
                 return i
-            try:
-                self._admit(e, conn)
+            try:  # _admit(e, conn), its fan-out left to the caller
+                counters["events"] += 1
+                if e.pos is not None:
+                    if claim:
+                        claims.claim(conn, e.attrs["session"])
+                        claims.own_source(conn, src)
+                    self._admitted += 1
+                    e.n = self._admitted
+                    buffers.admit(e)
             except Exception as exc:
                 raise RunFault(i + 1) from exc
+            taken.append(e)
         return len(pairs)
 
     def _admit(self, e: Entry, conn: Connection | None) -> None:
