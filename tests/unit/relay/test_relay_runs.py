@@ -441,3 +441,45 @@ def test_buffers_admit_run_takes_an_appending_stretch_in_one_step():
     assert s.keys[s.start:] == [(0, 6), (0, 7), (0, 8)] and s.dropped == (0, 5)
     assert sorted(s.ids) == [("aep://h/s1", f"i{n}") for n in (6, 7, 8)]
     assert b.counters["trimmed"] == 6 and b.bytes == 3 * (10 + 1024)
+
+
+# -- the encode of a well-formed event ---------------------------------------------------
+
+class _Colour(__import__("enum").Enum):
+    RED = "red"
+
+
+_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=2 ** 63, max_value=2 ** 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e-05, 1e16, 1e+22, -0.0, 0.1, 123456789.125, 5e-324]),
+    st.text(max_size=4), st.sampled_from(["\ud800", "é", "\u2028", "\x00"]),
+    st.sampled_from([_Colour.RED, __import__("uuid").UUID(int=7), b"b"]))
+_value = st.recursive(_scalar, lambda c: st.lists(c, max_size=3) | st.tuples(c, c)
+                      | st.dictionaries(st.text(max_size=3), c, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(data=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), _value, max_size=4)),
+       ext=st.dictionaries(st.sampled_from(["region", "n", "flag"]),
+                           st.one_of(st.text(max_size=3), st.integers(), st.booleans(),
+                                     st.integers(min_value=2 ** 64, max_value=2 ** 66)), max_size=2),
+       seq=st.one_of(st.integers(0, 10), st.integers(2 ** 64, 2 ** 66)))
+def test_encode_of_a_well_formed_event_equals_encode(data, ext, seq):
+    """``_encode_formed`` (orjson, ``data`` alone walked) gives what
+    :func:`encode` gives for every event :func:`well_formed` passes: the
+    same bytes, or the same refusal."""
+    from supervisor.relay.envelope import InvalidEvent, _encode_formed, encode, well_formed
+    ev = {"aep": "0.1", "id": "i1", "type": "tool.completed", "time": "2026-11-30T12:00:00Z",
+          "source": "aep://h/agent/a/session/s", "agent": "a", "session": "s", "seq": seq, **ext}
+    if data is not None:
+        ev["data"] = data
+    if not well_formed(ev):
+        return
+
+    def answer(f):
+        try:
+            return f(ev)
+        except InvalidEvent as e:
+            return ("refused", str(e))
+    assert answer(_encode_formed) == answer(encode)
