@@ -102,11 +102,17 @@ class Entry:
         #: the buffer this entry belongs to, ``(source, session)`` (sequenced entries)
         self.bkey: BufKey = (attrs["source"], attrs["session"]) if pos is not None else None  # type: ignore[assignment]
 
-    def held(self) -> Held:
-        """What a buffer keeps of this sequenced entry (:data:`Held`)."""
+    def held(self, like: Held | None = None) -> Held:
+        """What a buffer keeps of this sequenced entry (:data:`Held`).
+        ``like``: a held tuple made just before (a run's previous entry),
+        whose shared names this entry's layout reuses when it is the same
+        (no table lookup)."""
         attrs = self.attrs
         names = tuple(attrs)
-        names = _NAMES.setdefault(names, names) if len(_NAMES) < _MAX_NAMES else names
+        if like is not None and like[0] == names:
+            names = like[0]
+        elif len(_NAMES) < _MAX_NAMES:
+            names = _NAMES.setdefault(names, names)
         pos, key = self.pos, self.key
         return (names, self.raw, self.sev, self.cap, self.n, self.size,
                 pos[0], pos[1], key[0], key[1], *attrs.values())  # type: ignore[index]
@@ -439,6 +445,7 @@ class SessionBuffers:
             last = keys[-1] if keys else None
             added = 0
             j = i
+            h = None
             while j < n:
                 e = run[j]
                 pos = e.pos
@@ -447,7 +454,7 @@ class SessionBuffers:
                 if e.bkey != key or (last is not None and pos < last) or k in ids \
                         or added + size > room:  # type: ignore[operator]
                     break
-                h = ids[k] = e.held()
+                h = ids[k] = e.held(h)
                 entries.append(h)
                 keys.append(pos)  # type: ignore[arg-type]
                 last = pos

@@ -260,11 +260,11 @@ class Relay:
         return out
 
     # -- ingest --------------------------------------------------------------------
-    def entry(self, ev: Any, text: str | None = None, *, owned: bool = False) -> Entry:
-        """Validate and serialize one event (:func:`.envelope.to_entry`:
-        ``text`` the JSON it was parsed from, ``owned`` ``ev`` handed over;
-        raises :class:`InvalidEvent`)."""
-        return to_entry(ev, text, owned=owned)
+    #: ``entry(ev, text=None, *, owned=False) -> Entry``: validate and
+    #: serialize one event (:func:`.envelope.to_entry` itself, no wrapper
+    #: frame per event: ``text`` the JSON it was parsed from, ``owned``
+    #: ``ev`` handed over; raises :class:`InvalidEvent`)
+    entry = staticmethod(to_entry)
 
     def check_position(self, e: Entry) -> None:
         """Raise :class:`InvalidEvent` when a different event of the same

@@ -14,7 +14,8 @@ import json
 import re
 from typing import Any, Callable, Iterable
 
-from bridges.core.aep import (  # dumps's own parts: see _encode_formed
+# _OJ_DUMPS, _OJ_REFUSE, _plain_values: dumps's own parts (see _encode_formed)
+from bridges.core.aep import (
     _OJ_DUMPS,
     _OJ_REFUSE,
     AEP_VERSION,
