@@ -448,15 +448,15 @@ class SessionBuffers:
             h = None
             while j < n:
                 e = run[j]
-                pos = e.pos
+                pos: Position = e.pos  # type: ignore[assignment]  # sequenced
                 k = e.key
                 size = e.size
-                if e.bkey != key or (last is not None and pos < last) or k in ids \
-                        or added + size > room:  # type: ignore[operator]
+                if e.bkey != key or (last is not None and pos < last) \
+                        or k in ids or added + size > room:
                     break
                 h = ids[k] = e.held(h)
                 entries.append(h)
-                keys.append(pos)  # type: ignore[arg-type]
+                keys.append(pos)
                 last = pos
                 added += size
                 j += 1
