@@ -137,6 +137,9 @@ class Relay:
         self._conns: set[Connection] = set()
         self.claims = Claims(max_sessions)
         self._admitted = 0
+        #: while :meth:`admit_stamped_run` runs (synchronously), the entries
+        #: :meth:`_admit` took, fanned out as one run at its end; else ``None``
+        self._run: list[Entry] | None = None
         self._started = time.monotonic()
         self.counters: dict[str, int] = {
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
@@ -346,7 +349,7 @@ class Relay:
         buffers = self.buffers
         bkey: BufKey | None = None
         prev: Position | None = None
-        held: dict[tuple[str, str], Any] | None = None
+        held: dict[str, Any] | None = None  # the first entry's buffer's ids
         ids: set[str] = set()
         count = 0
         for e in entries:
@@ -358,7 +361,7 @@ class Relay:
                     return False
                 bkey = e.bkey
                 held = buffers.held_ids(bkey)
-            elif e.bkey != bkey or not pos > prev or (held is not None and e.key in held):  # type: ignore[operator]
+            elif e.bkey != bkey or not pos > prev or (held is not None and e.key[1] in held):  # type: ignore[operator]
                 # (same buffer, past the first, which is past the buffer's
                 # last: fresh() is the id lookup alone)
                 return False
@@ -486,21 +489,21 @@ class Relay:
         (``taken``: the index after it), so the caller never hands an
         admitted pair over again."""
         taken: list[Entry] = []
+        self._run = taken  # _admit collects the run's entries instead of offering each
         try:
-            return self._admit_stamped_run(pairs, start, conn, taken)
+            return self._admit_stamped_run(pairs, start, conn)
         finally:
+            self._run = None
             # the run's fan-out, once its admissions are done (nothing reads
             # the fan-out in between; a refused pair's own answer comes after)
             if taken:
                 self.fanout.offer_run(taken)
 
     def _admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
-                           conn: Connection, taken: list[Entry]) -> int:
-        """:meth:`admit_stamped_run`'s checks and admissions (:meth:`_admit`
-        without its fan-out): each admitted entry is appended to ``taken``,
-        for the caller to fan out as one run."""
-        buffers, claims, agent, counters = self.buffers, self.claims, conn.agent, self.counters
-        claim = conn.can_claim
+                           conn: Connection) -> int:
+        """:meth:`admit_stamped_run`'s checks and admissions (each
+        :meth:`_admit` collects its entry for the caller's one fan-out)."""
+        buffers, claims, agent = self.buffers, self.claims, conn.agent
         checked: str | None = None  # the source last found not owned by another
         plain: str | None = None  # the type last found not a command (a run has few)
         for i in range(start, len(pairs)):
@@ -527,18 +530,10 @@ class Relay:
                     return i
             except Exception:  # noqa: BLE001 -- nothing of it done: its own answer on the one-event path
                 return i
-            try:  # _admit(e, conn), its fan-out left to the caller
-                counters["events"] += 1
-                if e.pos is not None:
-                    if claim:
-                        claims.claim(conn, e.attrs["session"])
-                        claims.own_source(conn, src)
-                    self._admitted += 1
-                    e.n = self._admitted
-                    buffers.admit(e)
+            try:
+                self._admit(e, conn)
             except Exception as exc:
                 raise RunFault(i + 1) from exc
-            taken.append(e)
         return len(pairs)
 
     def _admit(self, e: Entry, conn: Connection | None) -> None:
@@ -552,7 +547,11 @@ class Relay:
             self.buffers.admit(e)
         # agent.* and seq-less foreign events are live-only; every event is
         # fanned out as received, duplicates included (AEP-0003 §5)
-        self.fanout.offer(e)
+        run = self._run
+        if run is not None:  # inside admit_stamped_run: fanned out with its run
+            run.append(e)
+        else:
+            self.fanout.offer(e)
 
     def _admit_run(self, entries: Sequence[Entry]) -> None:
         """``_admit(e, None)`` for each of ``entries`` in order (no
