@@ -179,7 +179,9 @@ class _Session:
         self.entries: list[Held] = []
         self.keys: list[Position] = []
         self.start = 0  # entries[:start] are trimmed (compacted lazily)
-        self.ids: dict[tuple[str, str], Held] = {}  # (source, id) -> the held entry
+        #: id -> the held entry (every entry of a buffer has its source: the
+        #: ids are the (source, id) keys without a tuple to build and hash each)
+        self.ids: dict[str, Held] = {}
         self.bytes = 0  # accounted bytes of the held entries
         self.dropped = dropped  # highest position ever trimmed from this buffer
 
@@ -253,7 +255,7 @@ class SessionBuffers:
         emitter fault). A redelivery of the same event is no conflict."""
         s = self._sessions.get(entry.bkey)
         pos = entry.pos
-        if s is None or pos is None or not s.keys or pos > s.keys[-1] or entry.key in s.ids:
+        if s is None or pos is None or not s.keys or pos > s.keys[-1] or entry.key[1] in s.ids:
             return False
         i = bisect_left(s.keys, pos, lo=s.start)
         return i < len(s.keys) and s.keys[i] == pos
@@ -269,11 +271,12 @@ class SessionBuffers:
         if len(self._sources[entry.bkey[0]]) > 1:
             return False  # a source over several sessions: the full checks
         keys = s.keys
-        return (not keys or entry.pos > keys[-1]) and entry.key not in s.ids  # type: ignore[operator]
+        return (not keys or entry.pos > keys[-1]) and entry.key[1] not in s.ids  # type: ignore[operator]
 
-    def held_ids(self, key: BufKey) -> dict[tuple[str, str], Held] | None:
-        """The ``(source, id)`` keys the buffer ``key`` holds (a read-only
-        view for lookups), ``None`` when it holds no buffer."""
+    def held_ids(self, key: BufKey) -> dict[str, Held] | None:
+        """The ``id`` values the buffer ``key`` holds (its source is
+        ``key[0]``: a read-only view for lookups), ``None`` when it holds no
+        buffer."""
         s = self._sessions.get(key)
         return s.ids if s is not None else None
 
@@ -281,7 +284,7 @@ class SessionBuffers:
         """The held entry with ``entry``'s ``(source, id)``, if any (admission
         keeps the first, AEP-0001 §7 rule 4)."""
         s = self._sessions.get(entry.bkey) if entry.pos is not None else None
-        h = s.ids.get(entry.key) if s is not None else None
+        h = s.ids.get(entry.key[1]) if s is not None else None
         return Entry.from_held(h) if h is not None else None
 
     def conflicting_duplicate(self, entry: Entry) -> bool:
@@ -291,12 +294,12 @@ class SessionBuffers:
         if entry.pos is None:
             return False
         s = self._sessions.get(entry.bkey)
-        h = s.ids.get(entry.key) if s is not None else None
+        h = s.ids.get(entry.key[1]) if s is not None else None
         if h is None:
             # the same (source, id) held under another session of the source:
             # other content by construction (its session differs)
             for key in self._sources.get(entry.bkey[0], ()):
-                if key != entry.bkey and entry.key in self._sessions[key].ids:
+                if key != entry.bkey and entry.key[1] in self._sessions[key].ids:
                     return True
             return False
         return not same_event(h[1], entry.raw)
@@ -307,7 +310,7 @@ class SessionBuffers:
         start = s.start
         entries = s.entries
         h = entries[start]
-        s.ids.pop((h[8], h[9]), None)
+        s.ids.pop(h[9], None)
         entries[start] = None  # type: ignore[call-overload]  # release now
         size = h[5]
         s.bytes -= size
@@ -377,12 +380,12 @@ class SessionBuffers:
             s = self._sessions[key] = _Session(dropped)
             self._names.setdefault(key[1], {})[key] = None
             self._sources.setdefault(key[0], {})[key] = None
-        elif entry.key in s.ids:
+        elif entry.key[1] in s.ids:
             self.counters["duplicates"] += 1
             return False
         else:
             self._sessions.move_to_end(key)  # recency = last buffered write
-        h = s.ids[entry.key] = entry.held()
+        h = s.ids[entry.key[1]] = entry.held()
         entries, keys = s.entries, s.keys
         if not keys or pos >= keys[-1]:
             entries.append(h)
@@ -449,7 +452,7 @@ class SessionBuffers:
             while j < n:
                 e = run[j]
                 pos: Position = e.pos  # type: ignore[assignment]  # sequenced
-                k = e.key
+                k = e.key[1]
                 size = e.size
                 if e.bkey != key or (last is not None and pos < last) \
                         or k in ids or added + size > room:
@@ -481,7 +484,7 @@ class SessionBuffers:
         freed = 0
         for x in range(start, stop):
             h = entries[x]
-            ids.pop((h[8], h[9]), None)
+            ids.pop(h[9], None)
             freed += h[5]
             entries[x] = None  # type: ignore[call-overload]  # release now
         s.bytes -= freed

@@ -439,7 +439,7 @@ def test_buffers_admit_run_takes_an_appending_stretch_in_one_step():
     assert calls == []
     s = b._sessions[("aep://h/s1", "s1")]
     assert s.keys[s.start:] == [(0, 6), (0, 7), (0, 8)] and s.dropped == (0, 5)
-    assert sorted(s.ids) == [("aep://h/s1", f"i{n}") for n in (6, 7, 8)]
+    assert sorted(s.ids) == [f"i{n}" for n in (6, 7, 8)]
     assert b.counters["trimmed"] == 6 and b.bytes == 3 * (10 + 1024)
 
 
