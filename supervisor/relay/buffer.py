@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 __all__ = ["SessionBuffers", "Entry", "Held", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB",
            "same_event", "same_json"]
@@ -102,11 +102,17 @@ class Entry:
         #: the buffer this entry belongs to, ``(source, session)`` (sequenced entries)
         self.bkey: BufKey = (attrs["source"], attrs["session"]) if pos is not None else None  # type: ignore[assignment]
 
-    def held(self) -> Held:
-        """What a buffer keeps of this sequenced entry (:data:`Held`)."""
+    def held(self, like: Held | None = None) -> Held:
+        """What a buffer keeps of this sequenced entry (:data:`Held`).
+        ``like``: a held tuple made just before (a run's previous entry),
+        whose shared names this entry's layout reuses when it is the same
+        (no table lookup)."""
         attrs = self.attrs
         names = tuple(attrs)
-        names = _NAMES.setdefault(names, names) if len(_NAMES) < _MAX_NAMES else names
+        if like is not None and like[0] == names:
+            names = like[0]
+        elif len(_NAMES) < _MAX_NAMES:
+            names = _NAMES.setdefault(names, names)
         pos, key = self.pos, self.key
         return (names, self.raw, self.sev, self.cap, self.n, self.size,
                 pos[0], pos[1], key[0], key[1], *attrs.values())  # type: ignore[index]
@@ -173,7 +179,9 @@ class _Session:
         self.entries: list[Held] = []
         self.keys: list[Position] = []
         self.start = 0  # entries[:start] are trimmed (compacted lazily)
-        self.ids: dict[tuple[str, str], Held] = {}  # (source, id) -> the held entry
+        #: id -> the held entry (every entry of a buffer has its source: the
+        #: ids are the (source, id) keys without a tuple to build and hash each)
+        self.ids: dict[str, Held] = {}
         self.bytes = 0  # accounted bytes of the held entries
         self.dropped = dropped  # highest position ever trimmed from this buffer
 
@@ -247,7 +255,7 @@ class SessionBuffers:
         emitter fault). A redelivery of the same event is no conflict."""
         s = self._sessions.get(entry.bkey)
         pos = entry.pos
-        if s is None or pos is None or not s.keys or pos > s.keys[-1] or entry.key in s.ids:
+        if s is None or pos is None or not s.keys or pos > s.keys[-1] or entry.key[1] in s.ids:
             return False
         i = bisect_left(s.keys, pos, lo=s.start)
         return i < len(s.keys) and s.keys[i] == pos
@@ -263,11 +271,12 @@ class SessionBuffers:
         if len(self._sources[entry.bkey[0]]) > 1:
             return False  # a source over several sessions: the full checks
         keys = s.keys
-        return (not keys or entry.pos > keys[-1]) and entry.key not in s.ids  # type: ignore[operator]
+        return (not keys or entry.pos > keys[-1]) and entry.key[1] not in s.ids  # type: ignore[operator]
 
-    def held_ids(self, key: BufKey) -> dict[tuple[str, str], Held] | None:
-        """The ``(source, id)`` keys the buffer ``key`` holds (a read-only
-        view for lookups), ``None`` when it holds no buffer."""
+    def held_ids(self, key: BufKey) -> dict[str, Held] | None:
+        """The ``id`` values the buffer ``key`` holds (its source is
+        ``key[0]``: a read-only view for lookups), ``None`` when it holds no
+        buffer."""
         s = self._sessions.get(key)
         return s.ids if s is not None else None
 
@@ -275,7 +284,7 @@ class SessionBuffers:
         """The held entry with ``entry``'s ``(source, id)``, if any (admission
         keeps the first, AEP-0001 §7 rule 4)."""
         s = self._sessions.get(entry.bkey) if entry.pos is not None else None
-        h = s.ids.get(entry.key) if s is not None else None
+        h = s.ids.get(entry.key[1]) if s is not None else None
         return Entry.from_held(h) if h is not None else None
 
     def conflicting_duplicate(self, entry: Entry) -> bool:
@@ -285,12 +294,12 @@ class SessionBuffers:
         if entry.pos is None:
             return False
         s = self._sessions.get(entry.bkey)
-        h = s.ids.get(entry.key) if s is not None else None
+        h = s.ids.get(entry.key[1]) if s is not None else None
         if h is None:
             # the same (source, id) held under another session of the source:
             # other content by construction (its session differs)
             for key in self._sources.get(entry.bkey[0], ()):
-                if key != entry.bkey and entry.key in self._sessions[key].ids:
+                if key != entry.bkey and entry.key[1] in self._sessions[key].ids:
                     return True
             return False
         return not same_event(h[1], entry.raw)
@@ -301,7 +310,7 @@ class SessionBuffers:
         start = s.start
         entries = s.entries
         h = entries[start]
-        s.ids.pop((h[8], h[9]), None)
+        s.ids.pop(h[9], None)
         entries[start] = None  # type: ignore[call-overload]  # release now
         size = h[5]
         s.bytes -= size
@@ -371,12 +380,12 @@ class SessionBuffers:
             s = self._sessions[key] = _Session(dropped)
             self._names.setdefault(key[1], {})[key] = None
             self._sources.setdefault(key[0], {})[key] = None
-        elif entry.key in s.ids:
+        elif entry.key[1] in s.ids:
             self.counters["duplicates"] += 1
             return False
         else:
             self._sessions.move_to_end(key)  # recency = last buffered write
-        h = s.ids[entry.key] = entry.held()
+        h = s.ids[entry.key[1]] = entry.held()
         entries, keys = s.entries, s.keys
         if not keys or pos >= keys[-1]:
             entries.append(h)
@@ -410,6 +419,85 @@ class SessionBuffers:
                 self._bury(victim_key)
                 self.counters["sessions_evicted"] += 1
         return True
+
+    def admit_run(self, run: Sequence[Entry]) -> None:
+        """:meth:`admit` for each of the sequenced entries ``run``, in order,
+        in one call (a POSTed chunk, an emitter appending). A stretch of
+        entries :meth:`admit` would simply append to one existing buffer
+        (its position at or past the buffer's last, its ``(source, id)``
+        not held, the stretch within both byte budgets before any trim, so
+        no byte budget can trim during it) is appended in one step: the
+        buffer moved to the recent end once, then the depth trimmed once
+        for the whole stretch (the same oldest entries :meth:`admit` trims
+        one by one). Every other entry takes :meth:`admit`. Equal to one
+        :meth:`admit` per entry (property test
+        ``tests/unit/relay/test_relay_runs.py``); the verdicts are not
+        returned (the relay's runs do not read them)."""
+        i, n = 0, len(run)
+        sessions = self._sessions
+        while i < n:
+            e = run[i]
+            key = e.bkey
+            s = sessions.get(key)
+            if s is None:
+                self.admit(e)  # a new buffer (and maybe an eviction): the general path
+                i += 1
+                continue
+            ids, entries, keys = s.ids, s.entries, s.keys
+            room = min(self.buffer_bytes - s.bytes, self.total_bytes - self.bytes)
+            last = keys[-1] if keys else None
+            added = 0
+            j = i
+            h = None
+            while j < n:
+                e = run[j]
+                pos: Position = e.pos  # type: ignore[assignment]  # sequenced
+                k = e.key[1]
+                size = e.size
+                if e.bkey != key or (last is not None and pos < last) \
+                        or k in ids or added + size > room:
+                    break
+                h = ids[k] = e.held(h)
+                entries.append(h)
+                keys.append(pos)
+                last = pos
+                added += size
+                j += 1
+            if j == i:
+                self.admit(e)  # a duplicate, a backfill or a byte trim: the general path
+                i += 1
+                continue
+            sessions.move_to_end(key)  # recency = last buffered write
+            s.bytes += added
+            self.bytes += added
+            over = len(entries) - s.start - self.depth
+            if over > 0:
+                self._trim_many(s, over)
+                self.counters["trimmed"] += over
+            i = j
+
+    def _trim_many(self, s: _Session, count: int) -> None:
+        """:meth:`_trim` ``count`` times (the oldest ``count`` entries of ``s``)."""
+        start = s.start
+        stop = start + count
+        entries, ids = s.entries, s.ids
+        freed = 0
+        for x in range(start, stop):
+            h = entries[x]
+            ids.pop(h[9], None)
+            freed += h[5]
+            entries[x] = None  # type: ignore[call-overload]  # release now
+        s.bytes -= freed
+        self.bytes -= freed
+        pos = s.keys[stop - 1]  # the highest trimmed: keys are in order
+        dropped = s.dropped
+        if dropped is None or pos > dropped:
+            s.dropped = pos
+        s.start = stop
+        if stop > 1024 and stop * 2 > len(entries):
+            del entries[:stop]
+            del s.keys[:stop]
+            s.start = 0
 
     def replay_after(self, key: BufKey, after: Position | None
                      ) -> tuple[list[Entry], bool, Position | None]:

@@ -137,6 +137,9 @@ class Relay:
         self._conns: set[Connection] = set()
         self.claims = Claims(max_sessions)
         self._admitted = 0
+        #: while :meth:`admit_stamped_run` runs (synchronously), the entries
+        #: :meth:`_admit` took, fanned out as one run at its end; else ``None``
+        self._run: list[Entry] | None = None
         self._started = time.monotonic()
         self.counters: dict[str, int] = {
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
@@ -260,11 +263,11 @@ class Relay:
         return out
 
     # -- ingest --------------------------------------------------------------------
-    def entry(self, ev: Any, text: str | None = None, *, owned: bool = False) -> Entry:
-        """Validate and serialize one event (:func:`.envelope.to_entry`:
-        ``text`` the JSON it was parsed from, ``owned`` ``ev`` handed over;
-        raises :class:`InvalidEvent`)."""
-        return to_entry(ev, text, owned=owned)
+    #: ``entry(ev, text=None, *, owned=False) -> Entry``: validate and
+    #: serialize one event (:func:`.envelope.to_entry` itself, no wrapper
+    #: frame per event: ``text`` the JSON it was parsed from, ``owned``
+    #: ``ev`` handed over; raises :class:`InvalidEvent`)
+    entry = staticmethod(to_entry)
 
     def check_position(self, e: Entry) -> None:
         """Raise :class:`InvalidEvent` when a different event of the same
@@ -346,7 +349,7 @@ class Relay:
         buffers = self.buffers
         bkey: BufKey | None = None
         prev: Position | None = None
-        held: dict[tuple[str, str], Any] | None = None
+        held: dict[str, Any] | None = None  # the first entry's buffer's ids
         ids: set[str] = set()
         count = 0
         for e in entries:
@@ -358,7 +361,7 @@ class Relay:
                     return False
                 bkey = e.bkey
                 held = buffers.held_ids(bkey)
-            elif e.bkey != bkey or not pos > prev or (held is not None and e.key in held):  # type: ignore[operator]
+            elif e.bkey != bkey or not pos > prev or (held is not None and e.key[1] in held):  # type: ignore[operator]
                 # (same buffer, past the first, which is past the buffer's
                 # last: fresh() is the id lookup alone)
                 return False
@@ -485,6 +488,21 @@ class Relay:
         pair whose admission raises part way raises :class:`RunFault`
         (``taken``: the index after it), so the caller never hands an
         admitted pair over again."""
+        taken: list[Entry] = []
+        self._run = taken  # _admit collects the run's entries instead of offering each
+        try:
+            return self._admit_stamped_run(pairs, start, conn)
+        finally:
+            self._run = None
+            # the run's fan-out, once its admissions are done (nothing reads
+            # the fan-out in between; a refused pair's own answer comes after)
+            if taken:
+                self.fanout.offer_run(taken)
+
+    def _admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
+                           conn: Connection) -> int:
+        """:meth:`admit_stamped_run`'s checks and admissions (each
+        :meth:`_admit` collects its entry for the caller's one fan-out)."""
         buffers, claims, agent = self.buffers, self.claims, conn.agent
         checked: str | None = None  # the source last found not owned by another
         plain: str | None = None  # the type last found not a command (a run has few)
@@ -529,26 +547,29 @@ class Relay:
             self.buffers.admit(e)
         # agent.* and seq-less foreign events are live-only; every event is
         # fanned out as received, duplicates included (AEP-0003 §5)
-        self.fanout.offer(e)
+        run = self._run
+        if run is not None:  # inside admit_stamped_run: fanned out with its run
+            run.append(e)
+        else:
+            self.fanout.offer(e)
 
     def _admit_run(self, entries: Sequence[Entry]) -> None:
         """``_admit(e, None)`` for each of ``entries`` in order (no
         connection: ``POST /events``), in one call: every sequenced one
-        buffered, then the run fanned out (:meth:`.fanout.Fanout.offer_run`;
+        buffered (:meth:`.buffer.SessionBuffers.admit_run`), then the run fanned out (:meth:`.fanout.Fanout.offer_run`;
         nothing reads the buffers in between, there is no checkpoint).
         Equal to one :meth:`_admit` each (property test
         ``tests/unit/relay/test_relay_runs.py``)."""
         self.counters["events"] += len(entries)
         n = self._admitted
-        admit = self.buffers.admit
-        try:
-            for e in entries:
-                if e.pos is not None:
-                    n += 1
-                    e.n = n
-                    admit(e)
-        finally:
-            self._admitted = n
+        held = []
+        for e in entries:
+            if e.pos is not None:
+                n += 1
+                e.n = n
+                held.append(e)
+        self._admitted = n
+        self.buffers.admit_run(held)
         self.fanout.offer_run(entries)
 
     async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,

@@ -14,7 +14,18 @@ import json
 import re
 from typing import Any, Callable, Iterable
 
-from bridges.core.aep import AEP_VERSION, CAPTURE_RANK, SEVERITY_RANK, dumps, is_command_type, is_foreign
+# _OJ_DUMPS, _OJ_REFUSE, _plain_values: dumps's own parts (see _encode_formed)
+from bridges.core.aep import (
+    _OJ_DUMPS,
+    _OJ_REFUSE,
+    AEP_VERSION,
+    CAPTURE_RANK,
+    SEVERITY_RANK,
+    _plain_values,
+    dumps,
+    is_command_type,
+    is_foreign,
+)
 
 from .attrmatch import CORE_ATTRS
 from .buffer import Entry
@@ -304,6 +315,27 @@ def encode(ev: object) -> bytes:
         raise InvalidEvent("event is not representable as JSON") from None
 
 
+def _encode_formed(ev: dict[str, Any]) -> bytes:
+    """:func:`encode` of an event :func:`well_formed` passed, the same bytes
+    or the same refusal for less: :func:`bridges.core.aep.dumps` takes
+    orjson's bytes once every value is one orjson and the json module write
+    alike (``_plain``), and of such an event only ``data`` can hold another
+    (its other attributes are exact ``str``/``int``/``bool``, and orjson
+    itself refuses subclasses), so only ``data`` is walked. Anything else
+    (orjson refusing, a value in ``data`` the two write differently) takes
+    :func:`encode`. Held equal to :func:`encode` by a property test
+    (``tests/unit/relay/test_relay_runs.py``)."""
+    try:
+        out = _OJ_DUMPS(ev, None, _OJ_REFUSE)
+        data = ev.get("data")
+        if data is None or _plain_values(data.values()):
+            # an exact-size copy, as dumps makes (orjson's keeps its write block)
+            return memoryview(out).tobytes()
+    except Exception:  # noqa: BLE001 -- a refusal (or a deep stack): encode's own answer
+        pass
+    return encode(ev)
+
+
 _FULL = CAPTURE_RANK["full"]
 
 
@@ -318,10 +350,12 @@ def to_entry(ev: Any, text: str | None = None, *, owned: bool = False) -> Entry:
     from, when the caller has it (it bounds the nesting cheaply); ``owned``:
     the caller hands ``ev`` over (it becomes the entry's ``attrs``, ``data``
     popped, instead of being copied). Raises :class:`InvalidEvent`."""
-    if not well_formed(ev, text is not None and
-                       text.count("{") + text.count("[") <= MAX_DATA_DEPTH):
+    if well_formed(ev, text is not None and
+                   text.count("{") + text.count("[") <= MAX_DATA_DEPTH):
+        raw = _encode_formed(ev)
+    else:
         validate(ev)
-    raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
+        raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
     declared = ev.get("capture", "metadata")
     cap = CAPTURE_RANK[declared]
     data = ev.get("data")

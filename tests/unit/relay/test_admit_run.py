@@ -69,6 +69,8 @@ def _pairs(script, stampers):
 def _world(other_owns: dict | None):
     relay = Relay(buffer=1000)
     outlet = relay.open_stream(Filter({}), None, plan_all=False, positions=None, live=True)
+    # a second stream: another filter and a capture ceiling (down-leveled views)
+    relay.open_stream(Filter({"session": "s1"}), "none", plan_all=False, positions=None, live=True)
     conn = relay.attach_emitter(_hello("codex"), _noop)
     if other_owns is not None:  # another emitter sent under the second stamper's source
         other = relay.attach_emitter(_hello("codex"), _noop)
@@ -88,8 +90,8 @@ def _answer(conn, ev, raw, said: list) -> None:
 
 def _seen(relay, outlet, conn):
     held = {k: list(s.entries) for k, s in relay.buffers._sessions.items()}
-    return (dict(relay.counters), held, [bytes(getattr(i, "data", b"") or b"") or repr(i)
-                                         for i in outlet._q],
+    return (dict(relay.counters), held, [[repr(i) for i in o._q] for o in
+                                         sorted(relay.outlets, key=lambda o: o is not outlet)],
             list(conn.claims), list(conn.sources), relay._admitted)
 
 

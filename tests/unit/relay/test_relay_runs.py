@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.relay.attrmatch import Filter
+from supervisor.relay.buffer import Entry
 from supervisor.relay.core import Relay
 from supervisor.relay.envelope import to_entry
 from supervisor.relay.outlet import EndItem, EventItem, FrameItem, Outlet, ReplayItem, Subscriber
@@ -375,3 +376,110 @@ def test_capture_check_hot_keys_equal_the_whole_walk(typed):
     type_, data = typed
     want = "none" if not data else CAPTURE_LEVELS[_reference_rank(_SPECS[type_], data, 1)]
     assert content_level(type_, data) == want
+
+
+# -- the buffers' run admission ---------------------------------------------------------
+
+def _buf_entry(session: str, seq: int, ident: int, size: int, source: str) -> Entry:
+    attrs = {"id": f"i{ident}", "source": source, "type": "tool.completed",
+             "session": session, "seq": seq, "epoch": 0}
+    return Entry(attrs, b"x" * size, (0, seq), 1, 1)
+
+
+def _whole_state(b) -> tuple:
+    sessions = [(key, s.entries[s.start:], s.keys[s.start:], sorted(s.ids), s.bytes, s.dropped)
+                for key, s in b._sessions.items()]
+    return (sessions, b.bytes, dict(b.counters), list(b._gone.items()),
+            {k: list(v) for k, v in b._names.items()}, {k: list(v) for k, v in b._sources.items()},
+            {k: list(v) for k, v in b._gone_names.items()})
+
+
+# mostly an emitter appending (the shortcut's case), with duplicates, backfills,
+# other sessions, a shared source and sizes that cross the byte budgets
+_run_step = st.tuples(st.sampled_from(["s1", "s1", "s1", "s2", "s3"]), st.integers(-2, 3),
+                      st.integers(0, 30), st.sampled_from([0, 10, 300, 3000]), st.booleans())
+
+
+@settings(max_examples=800, deadline=None)
+@given(prior=st.lists(_run_step, max_size=12), runs=st.lists(st.lists(_run_step, max_size=14), max_size=4),
+       depth=st.integers(1, 6), max_sessions=st.integers(1, 3),
+       budget=st.sampled_from([(5000, 6000), (8000, 20000), (1 << 20, 1 << 22)]))
+def test_buffers_admit_run_equals_one_admit_per_entry(prior, runs, depth, max_sessions, budget):
+    from supervisor.relay.buffer import SessionBuffers
+
+    def entries(steps, seq0):
+        out, seq = [], seq0
+        for session, step, ident, size, shared in steps:
+            seq = max(seq + step, 0)  # mostly rising, sometimes back or equal
+            source = "aep://h/agent/a" if shared else f"aep://h/agent/a/session/{session}"
+            out.append(_buf_entry(session, seq, ident, size, source))
+        return out
+    one = SessionBuffers(depth, max_sessions, buffer_bytes=budget[0], total_bytes=budget[1])
+    run = SessionBuffers(depth, max_sessions, buffer_bytes=budget[0], total_bytes=budget[1])
+    for b in (one, run):
+        for e in entries(prior, 0):
+            b.admit(e)
+    assert _whole_state(run) == _whole_state(one)
+    for n, steps in enumerate(runs):
+        for e in entries(steps, 10 * n):
+            one.admit(e)
+        run.admit_run(entries(steps, 10 * n))
+        assert _whole_state(run) == _whole_state(one)
+
+
+def test_buffers_admit_run_takes_an_appending_stretch_in_one_step():
+    """The shortcut is taken: an emitter appending to a held buffer past its
+    depth is not admitted entry by entry (and still trims exactly)."""
+    from supervisor.relay.buffer import SessionBuffers
+    b = SessionBuffers(3, 10)
+    b.admit(_buf_entry("s1", 0, 0, 10, "aep://h/s1"))
+    calls = []
+    b.admit = lambda e: calls.append(e)  # type: ignore[method-assign]
+    b.admit_run([_buf_entry("s1", seq, seq, 10, "aep://h/s1") for seq in range(1, 9)])
+    assert calls == []
+    s = b._sessions[("aep://h/s1", "s1")]
+    assert s.keys[s.start:] == [(0, 6), (0, 7), (0, 8)] and s.dropped == (0, 5)
+    assert sorted(s.ids) == [f"i{n}" for n in (6, 7, 8)]
+    assert b.counters["trimmed"] == 6 and b.bytes == 3 * (10 + 1024)
+
+
+# -- the encode of a well-formed event ---------------------------------------------------
+
+class _Colour(__import__("enum").Enum):
+    RED = "red"
+
+
+_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(min_value=2 ** 63, max_value=2 ** 70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e-05, 1e16, 1e+22, -0.0, 0.1, 123456789.125, 5e-324]),
+    st.text(max_size=4), st.sampled_from(["\ud800", "é", "\u2028", "\x00"]),
+    st.sampled_from([_Colour.RED, __import__("uuid").UUID(int=7), b"b"]))
+_value = st.recursive(_scalar, lambda c: st.lists(c, max_size=3) | st.tuples(c, c)
+                      | st.dictionaries(st.text(max_size=3), c, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(data=st.one_of(st.none(), st.dictionaries(st.text(max_size=4), _value, max_size=4)),
+       ext=st.dictionaries(st.sampled_from(["region", "n", "flag"]),
+                           st.one_of(st.text(max_size=3), st.integers(), st.booleans(),
+                                     st.integers(min_value=2 ** 64, max_value=2 ** 66)), max_size=2),
+       seq=st.one_of(st.integers(0, 10), st.integers(2 ** 64, 2 ** 66)))
+def test_encode_of_a_well_formed_event_equals_encode(data, ext, seq):
+    """``_encode_formed`` (orjson, ``data`` alone walked) gives what
+    :func:`encode` gives for every event :func:`well_formed` passes: the
+    same bytes, or the same refusal."""
+    from supervisor.relay.envelope import InvalidEvent, _encode_formed, encode, well_formed
+    ev = {"aep": "0.1", "id": "i1", "type": "tool.completed", "time": "2026-11-30T12:00:00Z",
+          "source": "aep://h/agent/a/session/s", "agent": "a", "session": "s", "seq": seq, **ext}
+    if data is not None:
+        ev["data"] = data
+    if not well_formed(ev):
+        return
+
+    def answer(f):
+        try:
+            return f(ev)
+        except InvalidEvent as e:
+            return ("refused", str(e))
+    assert answer(_encode_formed) == answer(encode)
