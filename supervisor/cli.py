@@ -87,16 +87,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if (refused := _apply_env_file(args)) is not None:
         return refused
     cfg, bridges, problems = _load()
-    if problems:
-        return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this one other "
-                                                      "ports: AEP_LISTEN, AEP_OTLP_*_LISTEN)"))
     from .statelock import StateDirBusy, hold
+
+    def busy(e: StateDirBusy) -> str:
+        who = f"aep-bridges pid {e.pid}" if e.pid else "another aep-bridges"
+        return (f"AEP_STATE_DIR={str(cfg.state_dir)!r}: in use by {who}; stop it "
+                "first, or give this daemon a state directory of its own")
+    if problems:
+        problems = _explain_in_use(cfg, problems, "stop it first (or give this one other "
+                                                  "ports: AEP_LISTEN, AEP_OTLP_*_LISTEN)")
+        if cfg.state_dir.is_dir():  # the same daemon on its ports and its state directory
+            try:
+                hold(cfg.state_dir).release()
+            except StateDirBusy as e:
+                problems = [busy(e), *problems]
+            except OSError:
+                pass
+        return _refuse(problems)
     try:  # one daemon per state directory: the session logs and state files have one writer
         lock = hold(cfg.state_dir)
     except StateDirBusy as e:
-        who = f"aep-bridges pid {e.pid}" if e.pid else "another aep-bridges"
-        return _refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: in use by {who}; stop it "
-                        "first, or give this daemon a state directory of its own"])
+        return _refuse([busy(e)])
     except OSError as e:
         return _refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: cannot lock "
                         f"{e.filename or 'daemon.lock'}: {e.strerror or e}"])

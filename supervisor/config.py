@@ -125,7 +125,8 @@ SETTINGS: tuple[Setting, ...] = (
             "written closed first, counted)"),
     Setting("AEP_LOG_SPARES", "`2048`", "empty session log files kept ready in `logs/.spare` "
             "for new sessions (linked into place; a burst of up to 7/8 of them creates no file "
-            "while it lasts; each is an inode, no data)"),
+            "while it lasts; each is an inode, no data; 1-65536, never past 95% of the file "
+            "system's inodes)"),
     Setting("AEP_STRICT_IDENTITY", "`0`", "`1`: refuse (`invalid-event`) an emitter's events "
             "whose `agent` is not its hello `identity.agent`; `0`: accept and claim them, "
             "counted `identity_mismatch`, logged once per connection"),
@@ -324,7 +325,7 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
         "total_bytes": r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20,
                                  minimum=4 * ENTRY_OVERHEAD, unit="bytes"),
         "log_max_open": r.integer("AEP_LOG_MAX_OPEN", 128, minimum=1),
-        "log_spares": r.integer("AEP_LOG_SPARES", 2048, minimum=1),
+        "log_spares": r.integer("AEP_LOG_SPARES", 2048, minimum=1, maximum=65536),
         "strict_identity": r.flag("AEP_STRICT_IDENTITY"),
         "max_filter_terms": r.integer("AEP_MAX_FILTER_TERMS", 1024, minimum=1),
         "subscriber_bytes": r.integer("AEP_SUBSCRIBER_BYTES", 8 << 20, minimum=64 << 10,

@@ -286,7 +286,8 @@ class Fleet:
                 await nursery.start(self.jetstream.run)
             nursery.start_soon(self._pump)
             nursery.start_soon(self.session_log.maintain)
-            nursery.start_soon(self.spares.keep)
+            if self.members:  # a bridgeless fleet (`aep-bridges relay`) writes no session log
+                nursery.start_soon(self.spares.keep)
             with self._bridges_scope:
                 async with trio.open_nursery() as bridges:
                     for m in self.members.values():

@@ -40,6 +40,7 @@ and the spare names' removal, in a worker thread owned by the task that
 awaits it)."""
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -48,7 +49,8 @@ from pathlib import Path
 
 import trio
 
-__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER"]
+__all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER",
+           "INODE_RESERVE"]
 
 log = logging.getLogger("aep.jsonl")
 
@@ -74,7 +76,19 @@ RETIRE_AFTER = 1.0
 file): the takes of a burst share one thread hop, at most one per
 :data:`QUIET` while it lasts."""
 
+INODE_RESERVE = 0.05
+"""Spares never take the file system's last free inodes: a refill stops
+short of ``INODE_RESERVE`` of its inodes (at least 1,024) being free, so
+the pool cannot leave the daemon's own session logs (or a restart's
+probe) without an inode. File systems that report no inode count (0)
+are not limited."""
+
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+# a link that failed with one of these never works into that directory:
+# another file system, or one without hard links; anything else (read-only
+# for a while, permissions, no space) is tried again at the next take
+_FOREIGN_ERRNOS = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP,
+                             errno.EOPNOTSUPP})
 
 
 class SpareFiles:
@@ -135,12 +149,14 @@ class SpareFiles:
                     ready.appendleft(spare)
                     break
                 continue  # the spare went away (a cleanup): the next one
-            except OSError as e:  # another file system (EXDEV), permissions...
+            except OSError as e:  # another file system (EXDEV), read-only, no space...
                 ready.appendleft(spare)  # kept: never one left behind per session
-                self._foreign.add(where)
                 self.counters["errors"] += 1
-                log.warning("spare session log files cannot be moved into %s (%s); its new "
-                            "files are created in place", where, e.strerror or type(e).__name__)
+                if e.errno in _FOREIGN_ERRNOS:  # for good: stop spending spares there
+                    self._foreign.add(where)
+                    log.warning("spare session log files cannot be linked into %s (%s); its "
+                                "new files are created in place", where,
+                                e.strerror or type(e).__name__)
                 break
             # the spare name goes in the keeper's worker: an unlink here would
             # wait for .spare's lock while a refill creates there
@@ -229,7 +245,9 @@ class SpareFiles:
 
     def _adopt(self) -> tuple[list[str], int]:
         """The spares a previous run left (empty regular files named
-        ``{n}.spare``, one link) and the number after the highest of them."""
+        ``{n}.spare``, one link) and the number after the highest of them.
+        Names with a second link (a taken spare) and our non-empty ones (a
+        taken spare whose session file was removed) are removed."""
         found: list[str] = []
         after = 0
         try:
@@ -252,6 +270,15 @@ class SpareFiles:
                 except OSError:
                     pass
                 continue
+            if stat.S_ISREG(st.st_mode) and st.st_size > 0 and st.st_uid == os.getuid():
+                # a taken spare whose session file was removed before its
+                # name was retired (and the daemon stopped meanwhile): what
+                # is left is a removed session's lines, never to be kept
+                try:
+                    os.unlink(e.path)
+                except OSError:
+                    pass
+                continue
             # a spare becomes a session log as it is: only ours, 0600, empty
             if (stat.S_ISREG(st.st_mode) and st.st_size == 0
                     and stat.S_IMODE(st.st_mode) == 0o600 and st.st_uid == os.getuid()):
@@ -269,6 +296,9 @@ class SpareFiles:
             os.makedirs(self.directory, mode=0o700, exist_ok=True)
             if stat.S_IMODE(os.stat(self.directory).st_mode) != 0o700:
                 os.chmod(self.directory, 0o700)  # one made otherwise (a restore, umask)
+            room = _inode_room(self.directory)
+            short = room < n
+            n = min(n, room)
             while len(made) < n:
                 path = os.path.join(self.directory, f"{i}.spare")
                 i += 1
@@ -277,9 +307,23 @@ class SpareFiles:
                 except FileExistsError:  # a stray of an earlier run: skip its number
                     continue
                 made.append(path)
+            if short:  # told like a full disk: logged once a spell, retried in a second
+                raise OSError(errno.ENOSPC, "free inodes down to the reserve "
+                                            f"({INODE_RESERVE:.0%} of the file system's)")
         except OSError as e:
             return made, i, e
         return made, i, None
+
+
+def _inode_room(directory: Path) -> int:
+    """How many files may be made in ``directory`` without eating into
+    :data:`INODE_RESERVE`; a large number when the file system reports no
+    inode count. Raises ``OSError`` (``statvfs``)."""
+    st = os.statvfs(directory)
+    if st.f_files <= 0:
+        return 1 << 30
+    reserve = max(1024, int(st.f_files * INODE_RESERVE))
+    return max(0, st.f_favail - reserve)
 
 
 def _unlink_all(names: list[str]) -> None:

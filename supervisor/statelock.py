@@ -16,8 +16,10 @@ session logs and may share a host's default state directory with a
 daemon."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from pathlib import Path
 
 LOCK_FILE = "daemon.lock"
@@ -53,20 +55,31 @@ class StateLock:
 def hold(state_dir: Path) -> StateLock:
     """Take ``state_dir``'s lock without waiting (the directory must exist)
     and write our pid into it. Raises :class:`StateDirBusy` when a live
-    process holds it, ``OSError`` when the file cannot be opened."""
+    process holds it, ``OSError`` (its ``filename`` the lock file) when
+    the file cannot be opened or locked: a symlink (``ELOOP``), not a
+    regular file (``EINVAL``), no permission."""
     path = Path(state_dir) / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    # never through a symlink (it would truncate whatever it names), never
+    # waiting on a FIFO
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        pid = _read_pid(fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateDirBusy(path, _read_pid(fd)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:
         os.close(fd)
-        raise StateDirBusy(path, pid) from None
+        if e.filename is None and not isinstance(e, StateDirBusy):
+            e.filename = str(path)
+        raise
     except BaseException:
         os.close(fd)
         raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return StateLock(path, fd)
 
 

@@ -66,6 +66,20 @@ async def wait_health(daemon: KimiDaemon, pred, timeout: float = 30.0) -> dict:
             await trio.sleep(0.2)
 
 
+def _asking(mock: ThreadedMock, text: str) -> list[dict]:
+    """The model requests whose last user message is ``text`` exactly (kimi
+    web sends an unanswered prompt joined to the next one: "a\\n\\nb")."""
+    out = []
+    for body in mock.mock.chat_requests():
+        users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
+        content = users[-1].get("content") if users else None
+        if isinstance(content, list):
+            content = " ".join(c.get("text", "") for c in content if isinstance(c, dict))
+        if isinstance(content, str) and content.strip() == text:
+            out.append(body)
+    return out
+
+
 async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path):
     daemon = KimiDaemon(server, tmp_path / "state").start()
     stream = daemon.subscribe()
@@ -86,6 +100,7 @@ async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path)
         assert server.instance_files() == stale  # left behind, its pid dead: skipped
         await wait_health(daemon, lambda b: b["source"] is not True)
         mock.play(Text("back"))
+        asked_again = len(_asking(mock, "say hi again"))
         server.start()  # a new port, a new instance file, the same home
         assert set(server.instance_files()).isdisjoint(stale)  # 2.1.0 prunes the stale one at start
         await wait_health(daemon, lambda b: b["source"] is True)
@@ -100,9 +115,14 @@ async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path)
         await trio.sleep(1.0)
         evs = validated(stream.of(sid))
         cut = [e for e in evs if e.get("run") == evs_run(evs, 1) and e["type"].startswith("run.")]
-        # the kill cut the turn off: closed from the REST rebuild, never claimed finished
-        assert [e["type"] for e in cut] == ["run.started", "run.failed"]
-        assert cut[1]["data"]["reason"] == "lost"
+        if len(_asking(mock, "say hi again")) == asked_again:
+            # the kill cut the turn off: closed from the REST rebuild, never claimed finished
+            assert [e["type"] for e in cut] == ["run.started", "run.failed"]
+            assert cut[1]["data"]["reason"] == "lost"
+        else:
+            # kimi web resumed the cut-off turn after its restart (it asked the
+            # model again; seen once in a loaded CI run): the turn did finish
+            assert [e["type"] for e in cut] == ["run.started", "run.finished"]
         assert terminals_close_every_run(evs)
         assert len({e["run"] for e in evs if e["type"] == "run.started"}) == 3  # no duplicate
         log = jsonl(daemon, sid)

@@ -257,6 +257,12 @@ def test_a_second_daemon_on_one_state_directory_is_refused(tmp_path):
         with socket.socket() as s:  # the refused one bound nothing
             s.bind(("127.0.0.1", second.port))
         assert written() == before
+        # the same ports too: the ports' refusal names the holder as well
+        same = {k: first.env[k] for k in ("AEP_LISTEN", "AEP_OTLP_GRPC_LISTEN",
+                                          "AEP_OTLP_HTTP_LISTEN")}
+        with run_daemon(tmp_path, same, wait=False) as twin:
+            assert twin.proc.wait(timeout=30) == 2
+        assert f"in use by aep-bridges pid {first.proc.pid}" in twin.log(), twin.log()
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(timeout=10)
         with run_daemon(tmp_path) as third:  # the dead holder's lock went with it

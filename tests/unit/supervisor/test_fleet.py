@@ -262,3 +262,15 @@ def test_root_cause_unwraps_nursery_groups():
     leaf = OSError(98, "Address already in use")
     assert root_cause(ExceptionGroup("x", [ExceptionGroup("y", [leaf])])) is leaf
     assert root_cause(leaf) is leaf
+
+
+async def test_a_fleet_without_bridges_keeps_no_spare_files(tmp_path):
+    """``aep-bridges relay`` (no bridges) writes no session log, so it makes
+    no spare files (review: it made the whole pool beside a daemon's)."""
+    fleet = Fleet(Config(state_dir=tmp_path), [], relay=RecordingRelay(), host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        await trio.sleep(1.0)  # real time: the keeper's work is in a worker thread
+        n.cancel_scope.cancel()
+    assert fleet.spares.counters["made"] == 0
+    assert not (tmp_path / "logs" / ".spare").exists()

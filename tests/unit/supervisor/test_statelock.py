@@ -51,3 +51,21 @@ def test_a_fresh_lock_file_is_made_0600(tmp_path):
 def test_a_missing_state_directory_is_an_oserror(tmp_path):
     with pytest.raises(FileNotFoundError):
         hold(tmp_path / "nowhere")
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    (tmp_path / LOCK_FILE).symlink_to(target)
+    with pytest.raises(OSError) as e:
+        hold(tmp_path)
+    assert e.value.filename == str(tmp_path / LOCK_FILE)
+    assert target.read_text() == "keep me\n"
+
+
+def test_a_lock_file_that_is_not_a_regular_file_is_refused_by_name(tmp_path):
+    os.mkfifo(tmp_path / LOCK_FILE)
+    with pytest.raises(OSError) as e:
+        hold(tmp_path)  # a FIFO: neither waited on nor locked
+    assert e.value.filename == str(tmp_path / LOCK_FILE)
+    assert not isinstance(e.value, StateDirBusy)
