@@ -17,6 +17,7 @@ list of problems, one clear line each, so the CLI can refuse to start (exit
 from __future__ import annotations
 
 import difflib
+import errno
 import functools
 import importlib
 import logging
@@ -260,13 +261,39 @@ def state_dir_problem(path: Path, *, create: bool = True) -> str | None:
             return f"AEP_STATE_DIR={str(path)!r}: not writable ({why}: {str(at)!r})"
         return None
     probe = path / ".aep-bridges-probe"
-    try:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)  # session logs: the user's alone
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        return f"AEP_STATE_DIR={str(path)!r}: not writable ({e.strerror or type(e).__name__})"
+    for attempt in (0, 1):
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)  # session logs: the user's alone
+            probe.write_bytes(b"")
+            probe.unlink()
+            return None
+        except OSError as e:
+            # the file system's inodes are gone, and our own spare session log
+            # files hold some: they are only ready-made files, give some back
+            if attempt or e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _give_back_spares(path):
+                return f"AEP_STATE_DIR={str(path)!r}: not writable ({e.strerror or type(e).__name__})"
     return None
+
+
+def _give_back_spares(state: Path, n: int = 64) -> int:
+    """Remove up to ``n`` spare files (``logs/.spare/{n}.spare``, empty)
+    of the state directory ``state``; how many went."""
+    gone = 0
+    try:
+        entries = list(os.scandir(state / "logs" / ".spare"))
+    except OSError:
+        return 0
+    for e in entries:
+        if gone >= n:
+            break
+        if e.name.endswith(".spare") and e.name[:-6].isdigit():
+            try:
+                if e.stat(follow_symlinks=False).st_size == 0:
+                    os.unlink(e.path)
+                    gone += 1
+            except OSError:
+                pass
+    return gone
 
 
 def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,

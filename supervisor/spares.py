@@ -86,9 +86,9 @@ are not limited."""
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 # a link that failed with one of these never works into that directory:
 # another file system, or one without hard links; anything else (read-only
-# for a while, permissions, no space) is tried again at the next take
-_FOREIGN_ERRNOS = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP,
-                             errno.EOPNOTSUPP})
+# for a while, permissions, an immutable directory's EPERM, no space) is
+# tried again at the next take
+_FOREIGN_ERRNOS = frozenset({errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
 
 
 class SpareFiles:
@@ -220,13 +220,14 @@ class SpareFiles:
                 self._ready.extend(made)
                 self.counters["made"] += len(made)
                 if err is not None:
-                    self.counters["errors"] += 1
+                    if not isinstance(err, _AtReserve):  # the reserve is no error
+                        self.counters["errors"] += 1
                     if not self._failing:
                         log.warning("cannot make spare session log files in %s: %s "
                                     "(new session files are created on the event loop "
                                     "meanwhile)", self.directory, err)
                     self._failing = True
-                    await trio.sleep(1.0)
+                    await trio.sleep(5.0 if isinstance(err, _AtReserve) else 1.0)
                 elif self._failing and want > 0:
                     self._failing = False
                     log.info("spare session log files are made again")
@@ -307,12 +308,16 @@ class SpareFiles:
                 except FileExistsError:  # a stray of an earlier run: skip its number
                     continue
                 made.append(path)
-            if short:  # told like a full disk: logged once a spell, retried in a second
-                raise OSError(errno.ENOSPC, "free inodes down to the reserve "
-                                            f"({INODE_RESERVE:.0%} of the file system's)")
+            if short:  # logged once a spell, looked at again every few seconds
+                raise _AtReserve(errno.ENOSPC, "free inodes down to the reserve "
+                                               f"({INODE_RESERVE:.0%} of the file system's)")
         except OSError as e:
             return made, i, e
         return made, i, None
+
+
+class _AtReserve(OSError):
+    """A refill stopped at :data:`INODE_RESERVE`: not an error, a limit."""
 
 
 def _inode_room(directory: Path) -> int:

@@ -64,8 +64,11 @@ def hold(state_dir: Path) -> StateLock:
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
                  0o600)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if st.st_nlink > 1:  # a hard link: the pid would overwrite another file's lines
+            raise OSError(errno.EMLINK, "has other links (a hard link to another file)", str(path))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

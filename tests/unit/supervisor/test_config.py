@@ -219,3 +219,27 @@ def test_the_smallest_accepted_byte_budgets_still_hold_events():
                  "session": "s1", "seq": seq}
         b.admit(Entry(attrs, raw, (0, seq), 1, 1))
     assert b.held(("aep://h/agent/a", "s1")) == 3
+
+
+def test_the_start_probe_gives_back_spares_when_the_inodes_are_gone(tmp_path, monkeypatch):
+    """Our own spare session log files may hold the last inodes (review: the
+    daemon could not start again once another program took the rest): the
+    probe gives some back and tries again; with none to give it refuses."""
+    import errno
+    spare = tmp_path / "logs" / ".spare"
+    spare.mkdir(parents=True)
+    for i in range(3):
+        (spare / f"{i}.spare").touch()
+    real = type(tmp_path).write_bytes
+    always = [False]
+
+    def write_bytes(self, data):  # the file system is full while our spares are there
+        if self.name == ".aep-bridges-probe" and (always[0] or len(list(spare.iterdir())) == 3):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, data)
+    monkeypatch.setattr(type(tmp_path), "write_bytes", write_bytes)
+    assert config.state_dir_problem(tmp_path) is None
+    assert not any(spare.iterdir())  # given back (up to 64 a time)
+    always[0] = True
+    problem = config.state_dir_problem(tmp_path)  # nothing left to give back
+    assert problem is not None and "No space left on device" in problem

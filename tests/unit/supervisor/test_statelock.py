@@ -69,3 +69,13 @@ def test_a_lock_file_that_is_not_a_regular_file_is_refused_by_name(tmp_path):
         hold(tmp_path)  # a FIFO: neither waited on nor locked
     assert e.value.filename == str(tmp_path / LOCK_FILE)
     assert not isinstance(e.value, StateDirBusy)
+
+
+def test_a_hard_linked_lock_file_is_refused_and_its_other_name_untouched(tmp_path):
+    other = tmp_path / "precious"
+    other.write_text("keep me\n")
+    os.link(other, tmp_path / LOCK_FILE)
+    with pytest.raises(OSError) as e:
+        hold(tmp_path)
+    assert e.value.filename == str(tmp_path / LOCK_FILE)
+    assert other.read_text() == "keep me\n"
