@@ -38,6 +38,7 @@ from .relay.buffer import ENTRY_OVERHEAD
 from .relay.core import normalize_origin
 from .retention import SETTINGS as RETENTION_SETTINGS
 from .retention import RetentionPolicy
+from .spares import SPARE_DIR, give_back
 
 log = logging.getLogger("aep.config")
 
@@ -270,30 +271,10 @@ def state_dir_problem(path: Path, *, create: bool = True) -> str | None:
         except OSError as e:
             # the file system's inodes are gone, and our own spare session log
             # files hold some: they are only ready-made files, give some back
-            if attempt or e.errno not in (errno.ENOSPC, errno.EDQUOT) or not _give_back_spares(path):
+            if attempt or e.errno not in (errno.ENOSPC, errno.EDQUOT) \
+                    or not give_back(path / "logs" / SPARE_DIR):
                 return f"AEP_STATE_DIR={str(path)!r}: not writable ({e.strerror or type(e).__name__})"
     return None
-
-
-def _give_back_spares(state: Path, n: int = 64) -> int:
-    """Remove up to ``n`` spare files (``logs/.spare/{n}.spare``, empty)
-    of the state directory ``state``; how many went."""
-    gone = 0
-    try:
-        entries = list(os.scandir(state / "logs" / ".spare"))
-    except OSError:
-        return 0
-    for e in entries:
-        if gone >= n:
-            break
-        if e.name.endswith(".spare") and e.name[:-6].isdigit():
-            try:
-                if e.stat(follow_symlinks=False).st_size == 0:
-                    os.unlink(e.path)
-                    gone += 1
-            except OSError:
-                pass
-    return gone
 
 
 def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,

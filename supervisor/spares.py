@@ -50,7 +50,7 @@ from pathlib import Path
 import trio
 
 __all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER",
-           "INODE_RESERVE"]
+           "INODE_RESERVE", "give_back"]
 
 log = logging.getLogger("aep.jsonl")
 
@@ -329,6 +329,29 @@ def _inode_room(directory: Path) -> int:
         return 1 << 30
     reserve = max(1024, int(st.f_files * INODE_RESERVE))
     return max(0, st.f_favail - reserve)
+
+
+def give_back(directory: Path, n: int = 64) -> int:
+    """Remove up to ``n`` of the spares (empty ``{n}.spare`` files) in
+    ``directory``, at once, for a start that finds no free inode left
+    (:func:`supervisor.config.state_dir_problem`); how many went. Raises
+    nothing."""
+    gone = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for e in entries:
+        if gone >= n:
+            break
+        if e.name.endswith(".spare") and e.name[:-6].isdigit():
+            try:
+                if e.stat(follow_symlinks=False).st_size == 0:
+                    os.unlink(e.path)
+                    gone += 1
+            except OSError:
+                pass
+    return gone
 
 
 def _unlink_all(names: list[str]) -> None:

@@ -188,7 +188,7 @@ PUBLIC: dict[str, set[str]] = {
                           "is_command"},
     "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
     "supervisor.retention": {"RetainingSessionLog", "RetentionPolicy", "SETTINGS", "parse_age", "parse_size", "segment_name"},
-    "supervisor.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE"},
+    "supervisor.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE", "give_back"},
     "supervisor.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold"},
     "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
     "supervisor.jetstream.publish": {"AckInbox", "LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
