@@ -11,7 +11,8 @@ before it touches anything.
 
 The lock dies with its process (``kill -9`` included, so a crash never
 leaves a stale lock behind). The file holds the holder's pid, only so the
-refusal can name it. ``aep-bridges relay`` takes no lock: it keeps no
+refusal can name it; a daemon that ends (or a start refused later, e.g.
+for its ports) leaves it empty. ``aep-bridges relay`` takes no lock: it keeps no
 session logs and may share a host's default state directory with a
 daemon."""
 from __future__ import annotations
@@ -46,8 +47,14 @@ class StateLock:
         self._fd: int | None = fd
 
     def release(self) -> None:
-        """Unlock and close; idempotent."""
+        """Empty the file (still holding the lock: no pid is left naming a
+        process that is gone, e.g. a start refused for its ports), then
+        unlock and close; idempotent."""
         if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            except OSError:  # a read-only remount meanwhile: the pid stays, harmless
+                pass
             os.close(self._fd)  # closing the last descriptor drops the flock
             self._fd = None
 

@@ -31,6 +31,18 @@ def test_the_lock_is_free_again_after_release_and_release_is_idempotent(tmp_path
     again.release()
 
 
+def test_a_released_lock_leaves_no_pid_behind(tmp_path):
+    # a start refused after the lock (its ports busy) must not leave its pid
+    # in the file, where a reader would take it for the state dir's holder
+    hold(tmp_path).release()
+    assert (tmp_path / LOCK_FILE).read_text() == ""
+    lock = hold(tmp_path)
+    try:  # the next holder's pid is there again
+        assert (tmp_path / LOCK_FILE).read_text() == f"{os.getpid()}\n"
+    finally:
+        lock.release()
+
+
 def test_the_lock_file_holds_only_our_pid(tmp_path):
     (tmp_path / LOCK_FILE).write_text("123456789012\n")  # a longer stale pid
     lock = hold(tmp_path)
