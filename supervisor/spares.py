@@ -251,18 +251,8 @@ class SpareFiles:
         taken spare whose session file was removed) are removed."""
         found: list[str] = []
         after = 0
-        try:
-            entries = list(os.scandir(self.directory))
-        except OSError:
-            return found, after
-        for e in entries:
+        for e, st in _spare_entries(self.directory):
             name = e.name
-            if not name.endswith(".spare") or not name[:-6].isdigit():
-                continue
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
             if st.st_nlink > 1 and stat.S_ISREG(st.st_mode):
                 # a crash between a take's link and unlink: the file is a
                 # session's log now; only this name of it goes
@@ -337,21 +327,35 @@ def give_back(directory: Path, n: int = 64) -> int:
     (:func:`supervisor.config.state_dir_problem`); how many went. Raises
     nothing."""
     gone = 0
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return 0
-    for e in entries:
+    for e, st in _spare_entries(directory):
         if gone >= n:
             break
-        if e.name.endswith(".spare") and e.name[:-6].isdigit():
+        if st.st_size == 0:
             try:
-                if e.stat(follow_symlinks=False).st_size == 0:
-                    os.unlink(e.path)
-                    gone += 1
+                os.unlink(e.path)
+                gone += 1
             except OSError:
                 pass
     return gone
+
+
+def _spare_entries(directory: Path | str) -> list[tuple[os.DirEntry[str], os.stat_result]]:
+    """The entries of ``directory`` named like a spare (``{n}.spare``) with
+    their ``lstat``; none when it cannot be listed, an entry gone
+    meanwhile left out."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    out = []
+    for e in entries:
+        name = e.name
+        if name.endswith(".spare") and name[:-6].isdigit():
+            try:
+                out.append((e, e.stat(follow_symlinks=False)))
+            except OSError:
+                continue
+    return out
 
 
 def _unlink_all(names: list[str]) -> None:
