@@ -59,6 +59,9 @@ _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 # a random byte -> one character (its low 5 bits; 256 = 8 x 32, so uniform)
 _BYTE_TO_CHAR = bytes((ord(_CROCKFORD[b % 32]) for b in range(256)))
 _POOL_IDS = 256
+MAX_SOURCES = 4096
+"""Sessions whose ``source`` a :class:`Stamper` keeps spelled at once
+(a cache, emptied when full; the per-session ``seq`` is kept apart)."""
 
 
 class Ulids:
@@ -231,6 +234,17 @@ class Stamper:
         self._types[type_] = plan
         return plan
 
+    def _learn(self, session: str) -> tuple[str, str]:
+        """:meth:`_session_of`, kept for the session's next events. The table
+        is a cache (its values are derived from the name alone): it is
+        emptied at :data:`MAX_SOURCES` sessions, so a daemon that sees new
+        sessions all day does not keep one entry per session it ever saw
+        (a soak: ~200 bytes a session)."""
+        if len(self._sources) >= MAX_SOURCES:
+            self._sources.clear()
+        known = self._sources[session] = self._session_of(session)
+        return known
+
     def _session_of(self, session: str) -> tuple[str, str]:
         """``(source, session as stamped)``: a lone surrogate (no UTF-8 form)
         becomes U+FFFD here, once, so the ``seq`` and the ``source`` are the
@@ -294,7 +308,7 @@ class Stamper:
             return
         known = self._sources.get(session)
         if known is None:
-            known = self._sources[session] = self._session_of(session)
+            known = self._learn(session)
         source, clean = known
         types = self._types
         ulid, policy, agent, epoch = self._ulid, self._policy, self._agent, self.epoch
@@ -390,7 +404,7 @@ class Stamper:
                 raise ValueError(f"{type_} is session-scoped and needs a session")
             known = self._sources.get(session)
             if known is None:
-                known = self._sources[session] = self._session_of(session)
+                known = self._learn(session)
             source, session = known
         else:
             source = self._base

@@ -62,3 +62,21 @@ def test_sessions_differing_only_in_lone_surrogates_are_one_gap_free_session() -
     for e in evs:
         validate_event(e)
     assert st_.knows("\udbff") and st_.knows("\ufffd")
+
+
+def test_the_source_cache_is_bounded_and_an_evicted_session_is_stamped_the_same(monkeypatch) -> None:
+    # a daemon that sees new sessions all day must not keep one cached source
+    # per session it ever saw; a session whose entry went is spelled again,
+    # and its seq (kept apart) goes on gap-free
+    from bridges.core import envelope
+
+    monkeypatch.setattr(envelope, "MAX_SOURCES", 3)
+    s = Stamper("codex", host="h", epoch=2)
+    first = [s.stamp(f"ses-{i}", {"type": "run.started"}) for i in range(10)]
+    assert len(s._sources) <= 3
+    again = s.stamp("ses-0", {"type": "run.started"})  # long evicted
+    run = list(s.stamp_run("ses-1", [{"type": "run.started"}], [None]))
+    assert again["source"] == first[0]["source"] == "aep://h/agent/codex/session/ses-0"
+    assert (again["seq"], run[0]["seq"]) == (1, 1)
+    assert run[0]["source"] == first[1]["source"]
+    assert len(s._sources) <= 3
