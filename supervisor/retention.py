@@ -42,6 +42,7 @@ import trio
 from bridges.core.settings import EnvReader, Setting, check_fields
 
 from .jsonlog import SessionLog
+from .spares import SPARE_DIR
 
 __all__ = ["SETTINGS", "RetentionPolicy", "RetainingSessionLog", "parse_size", "parse_age",
            "segment_name"]
@@ -163,22 +164,23 @@ class RetainingSessionLog(SessionLog):
     def _rescan(self) -> None:
         """Total bytes under the root (the baseline :meth:`check` adds growth
         to), and any plain segment left uncompressed (a crash between
-        rotation and compression) queued."""
-        scanned: dict[Path, int] = {}
-        for p in self._files():
-            try:
-                scanned[p] = p.stat().st_size
-            except OSError:
-                continue
-            if _SEGMENT.search(p.name) and not p.name.endswith(".gz") and p not in self._todo:
-                self._todo.append(p)
-        self._scanned, self._sizes = scanned, {}
-        self.total_bytes = sum(scanned.values())
+        rotation and compression) queued. Scans on the caller's thread (at
+        start; the maintenance task scans in a worker thread)."""
+        self._apply(_scan(self.root))
 
-    def _files(self) -> list[Path]:
-        if not self.root.is_dir():
-            return []
-        return [p for p in self.root.rglob("*") if p.is_file() and ".jsonl" in p.name]
+    def _apply(self, scan: _Scan) -> None:
+        """Take ``scan`` (made by :func:`_scan`, in a worker thread or not)
+        as the baseline; nothing that changes files ran since it began (the
+        maintenance task does rotation, compression and sweeping in turn),
+        and what the writer appended since is growth the next
+        :meth:`check` counts (it reads each open file's size against the
+        size scanned)."""
+        todo = set(self._todo)
+        for seg in scan.segments:
+            if seg not in todo:
+                self._todo.append(seg)
+        self._scanned, self._sizes = scan.sizes, {}
+        self.total_bytes = scan.total
 
     def writing(self) -> set[Path]:
         """The live files with an open descriptor: never removed."""
@@ -278,7 +280,10 @@ class RetainingSessionLog(SessionLog):
             if self._wake.is_set() or self._todo or trio.current_time() - last_sweep >= sweep_interval:
                 self._wake = trio.Event()
                 await self.compress_pending()
-                self.sweep()
+                # the directory walk off the loop (~40 us a file on the loop
+                # made 20,000 files a 0.8 s stall every minute); the decisions
+                # and removals on it, checked against the files as they are
+                self._sweep(await trio.to_thread.run_sync(_scan, self.root))
                 last_sweep = trio.current_time()
             await trio.sleep(check_interval)
 
@@ -300,26 +305,34 @@ class RetainingSessionLog(SessionLog):
 
     def sweep(self) -> None:
         """Remove what the age and total-size rules say, oldest first, never
-        a file open for writing (see the module docstring)."""
-        self._rescan()
+        a file open for writing (see the module docstring). Scans the
+        directory on the caller's thread (:meth:`maintain` scans in a
+        worker thread)."""
+        self._sweep(_scan(self.root))
+
+    def _sweep(self, scan: _Scan) -> None:
+        """:meth:`sweep` from ``scan``, taken as the new baseline
+        (:meth:`_apply`). A file is removed only if it is still as scanned
+        (its size and mtime, looked at again now): one written since the
+        scan is not the old file the rules saw."""
+        self._apply(scan)
         writing = self.writing()
+        todo = set(self._todo)
         now = self.clock()
-        aged: list[tuple[float, int, Path]] = []
-        for p in self._files():
-            if p in writing or p in self._todo:
+        age, cap = self.policy.max_age, self.policy.max_total_bytes
+        for mtime, size, p in scan.aged:  # oldest first
+            too_old = age is not None and now - mtime > age
+            over = cap is not None and self.total_bytes > cap
+            if not (too_old or over):
+                break  # the rest are newer, and the total only falls
+            if p in writing or p in todo:
                 continue
             try:
                 st = p.stat()
             except OSError:
                 continue
-            aged.append((st.st_mtime, st.st_size, p))
-        aged.sort()
-        age, cap = self.policy.max_age, self.policy.max_total_bytes
-        for mtime, size, p in aged:
-            too_old = age is not None and now - mtime > age
-            over = cap is not None and self.total_bytes > cap
-            if not (too_old or over):
-                continue
+            if st.st_mtime != mtime or st.st_size != size:
+                continue  # written since the scan: the next sweep sees it as it is
             self._remove(p, size)
         if cap and self.total_bytes > cap:
             # only live files left: rotate the largest, so the next sweep
@@ -349,6 +362,56 @@ class RetainingSessionLog(SessionLog):
         self.total_bytes -= size
         self._sizes.pop(p, None)
         self._opened.pop(p, None)
+
+
+@dataclass(frozen=True)
+class _Scan:
+    """What :func:`_scan` found: each session log file's size (``sizes``)
+    and their ``total``, the plain segments left uncompressed
+    (``segments``), and ``(mtime, size, path)`` of each, oldest first
+    (``aged``)."""
+
+    sizes: dict[Path, int]
+    total: int
+    segments: list[Path]
+    aged: list[tuple[float, int, Path]]
+
+
+def _scan(root: Path) -> _Scan:
+    """Walk ``root`` (the agents' directories under it; the spare files'
+    directory is not walked) for session log files (a name with
+    ``.jsonl``, a regular file, links followed as ``stat`` does): pure, for a
+    worker thread; touches no state. Files that vanish meanwhile are left
+    out; an unreadable directory is skipped."""
+    sizes: dict[Path, int] = {}
+    segments: list[Path] = []
+    aged: list[tuple[float, int, Path]] = []
+    stack = [str(root)]
+    while stack:
+        top = stack.pop()
+        try:
+            with os.scandir(top) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):  # as rglob: no walk through a link
+                    if e.name != SPARE_DIR:
+                        stack.append(e.path)
+                    continue
+                if ".jsonl" not in e.name or not e.is_file():
+                    continue
+                st = e.stat()
+            except OSError:
+                continue
+            p = Path(e.path)
+            sizes[p] = st.st_size
+            aged.append((st.st_mtime, st.st_size, p))
+            if _SEGMENT.search(e.name) and not e.name.endswith(".gz"):
+                segments.append(p)
+    aged.sort()
+    return _Scan(sizes, sum(sizes.values()), segments, aged)
 
 
 def _gzip(seg: Path) -> Path:

@@ -255,3 +255,54 @@ def test_a_live_file_removed_under_the_daemon_is_started_again(tmp_path, caplog)
     lines = (tmp_path / "codex" / "s1.jsonl").read_text().splitlines()
     assert [json.loads(x)["seq"] for x in lines] == [1]
     assert log.total_bytes == (tmp_path / "codex" / "s1.jsonl").stat().st_size
+
+
+def test_a_file_written_after_the_scan_is_not_removed_by_its_sweep(tmp_path):
+    # maintain() walks the directory in a worker thread, then decides on the
+    # loop: a file the writer appended to in between is not the old file the
+    # scan saw, and is left for the next sweep to see as it is
+    import os
+
+    from supervisor import retention
+
+    d = tmp_path / "codex"
+    d.mkdir()
+    old, other = d / "old.jsonl", d / "other.jsonl"
+    for p in (old, other):
+        p.write_bytes(b'{"a":1}\n')
+        os.utime(p, (1_000.0, 1_000.0))  # long past max_age
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=86400.0,
+                                                        max_total_bytes=None))
+    scan = retention._scan(tmp_path)
+    with old.open("ab") as f:  # the writer, between the scan and the decisions
+        f.write(b'{"a":2}\n')
+    log._sweep(scan)
+    assert old.exists() and not other.exists()
+    assert log.retained["removed_files"] == 1
+    log.sweep()  # the next sweep sees it as it is now: old again only by its new mtime
+    assert old.exists()
+
+
+def test_the_scan_skips_the_spare_files_and_links_to_directories(tmp_path):
+    import os
+
+    from supervisor import retention
+    from supervisor.spares import SPARE_DIR
+
+    (tmp_path / "codex").mkdir()
+    (tmp_path / "codex" / "s.jsonl").write_bytes(b"x\n")
+    seg = segment_name(tmp_path / "codex" / "s.jsonl", 1_796_000_000.5)
+    seg.write_bytes(b"yy\n")
+    (tmp_path / "codex" / "notes.txt").write_bytes(b"zzzz")
+    (tmp_path / SPARE_DIR).mkdir()
+    (tmp_path / SPARE_DIR / "0.spare.jsonl").write_bytes(b"spare")  # never a session log
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    outside.mkdir()
+    (outside / "t.jsonl").write_bytes(b"outside\n")
+    os.symlink(outside, tmp_path / "linked")
+    os.utime(seg, (2_000.0, 2_000.0))  # the segment older than the live file
+    os.utime(tmp_path / "codex" / "s.jsonl", (3_000.0, 3_000.0))
+    scan = retention._scan(tmp_path)
+    assert set(scan.sizes) == {tmp_path / "codex" / "s.jsonl", seg}
+    assert scan.total == 2 + 3 and scan.segments == [seg]
+    assert scan.aged == [(2_000.0, 3, seg), (3_000.0, 2, tmp_path / "codex" / "s.jsonl")]
