@@ -49,6 +49,21 @@ def encode_line(event: dict[str, Any]) -> bytes:
     return dumps(event) + b"\n"
 
 
+class _Target:
+    """One session's file: its ``path`` (the descriptors' key), the same as
+    ``file`` (a ``str``, what ``os.open`` takes), its ``directory``, and
+    whether this log has not opened it yet (``new``: a new session's file
+    usually does not exist yet, so a spare is linked before any open)."""
+
+    __slots__ = ("path", "file", "directory", "new")
+
+    def __init__(self, path: Path, file: str, directory: str) -> None:
+        self.path = path
+        self.file = file
+        self.directory = directory
+        self.new = True
+
+
 class SessionLog:
     """Appends events to per-session files, keeping at most ``max_open``
     descriptors open (least recently written closed first; ``AEP_LOG_MAX_OPEN``).
@@ -70,8 +85,10 @@ class SessionLog:
         self.root = Path(root)
         self.max_open = max(1, max_open)
         self._fds: OrderedDict[Path, int] = OrderedDict()
-        # (agent, session) -> its file as (path, str path, str directory)
-        self._paths: dict[tuple[Any, Any], tuple[Path, str, str]] = {}
+        # (agent, session) -> its file
+        self._paths: dict[tuple[Any, Any], _Target] = {}
+        # safe agent name -> its directory (path, str path)
+        self._agent_dirs: dict[str, tuple[Path, str]] = {}
         self._dirs: set[str] = set()  # agent directories made (or found) by this log
         #: spare files linked into place for new sessions (the fleet sets
         #: and refills it; :mod:`supervisor.spares`), or ``None``: created here
@@ -86,9 +103,13 @@ class SessionLog:
     def path_for(self, event: dict[str, Any]) -> Path:
         """The file ``event`` is appended to (``{root}/{agent}/{session}.jsonl``,
         both names through :func:`safe_name`; ``_agent.jsonl`` without a session)."""
-        return self._target((event.get("agent"), event.get("session")))[0]
+        return self._target((event.get("agent"), event.get("session"))).path
 
-    def _target(self, key: tuple[Any, Any]) -> tuple[Path, str, str]:
+    def _target(self, key: tuple[Any, Any]) -> _Target:
+        """``key``'s file, worked out once per ``(agent, session)``: the
+        strings are joined as strings and the :class:`~pathlib.Path` (the
+        descriptors' key) made from its agent directory's, cached too
+        (pathlib per new session was ~5% of the one-frame path, issue 11)."""
         target = self._paths.get(key)
         if target is None:
             if len(self._paths) >= 4096:  # bounded: a fleet writes to few sessions at a time
@@ -96,12 +117,19 @@ class SessionLog:
             agent = safe_name(str(key[0] or "unknown"))
             session = key[1]
             name = safe_name(str(session)) if session else "_agent"  # cannot collide: see safe_name
-            path = self.root / agent / f"{name}.jsonl"
-            target = self._paths[key] = (path, str(path), str(path.parent))
+            where = self._agent_dirs.get(agent)
+            if where is None:
+                if len(self._agent_dirs) >= 256:  # agents are few; a bound all the same
+                    self._agent_dirs.clear()
+                path = self.root / agent
+                where = self._agent_dirs[agent] = (path, str(path))
+            file = f"{name}.jsonl"
+            directory = where[1]
+            target = self._paths[key] = _Target(where[0] / file, f"{directory}/{file}", directory)
         return target
 
-    def _fd(self, target: tuple[Path, str, str]) -> int:
-        path = target[0]
+    def _fd(self, target: _Target) -> int:
+        path = target.path
         fds = self._fds
         fd = fds.get(path)
         if fd is not None:
@@ -111,36 +139,44 @@ class SessionLog:
             _, old = fds.popitem(last=False)
             os.close(old)
             self.counters["descriptors_evicted"] += 1
-        fd = fds[path] = self._open(target[1], target[2])
+        fd = fds[path] = self._open(target.file, target.directory, target.new)
+        target.new = False
         self.counters["files_opened"] += 1
         return fd
 
-    def _open(self, file: str, directory: str) -> int:
+    def _open(self, file: str, directory: str, new: bool = False) -> int:
         """``file`` opened for appending (a spare linked into place or
         created ``0600`` when missing); its directory is made the first time
-        this log writes there (and again when it went away since). Raises
-        ``OSError``."""
+        this log writes there (and again when it went away since). ``new``:
+        the file is probably not there yet (a spare is linked before an open
+        is tried). Raises ``OSError``."""
         if directory not in self._dirs:
             os.makedirs(directory, exist_ok=True)
             self._dirs.add(directory)
         try:
-            return self._open_in(file)
+            return self._open_in(file, new)
         except FileNotFoundError:  # the directory was removed under us
             self._dirs.discard(directory)
             os.makedirs(directory, exist_ok=True)
             self._dirs.add(directory)
-            return self._open_in(file)
+            return self._open_in(file, new)
 
-    def _open_in(self, file: str) -> int:
+    def _open_in(self, file: str, new: bool = False) -> int:
         spares = self.spares
         if spares is None:
             return os.open(file, _FLAGS, 0o600)
         if spares.ready():
-            try:
-                return os.open(file, _EXISTING)
-            except FileNotFoundError:  # a new session: a spare linked is ~25 us, a create 30-800
+            if new:
+                # a new session: the link first (link(2) refuses a file that
+                # exists, which is then opened as it is), no failing open
                 if spares.take(file):
                     return os.open(file, _EXISTING)
+            else:
+                try:
+                    return os.open(file, _EXISTING)
+                except FileNotFoundError:  # a spare linked is ~25 us, a create 30-800
+                    if spares.take(file):
+                        return os.open(file, _EXISTING)
         try:
             fd = os.open(file, _FLAGS | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -206,7 +242,7 @@ class SessionLog:
                 done[i] = ok
         return done
 
-    def _append(self, target: tuple[Path, str, str], data: bytes, lines: int) -> bool:
+    def _append(self, target: _Target, data: bytes, lines: int) -> bool:
         """One ``write`` of ``lines`` whole lines to ``target``'s file: all
         on disk (``True``) or none of them left in the file."""
         fd = -1
@@ -222,7 +258,7 @@ class SessionLog:
             if not self.failing:  # once per failing spell, not per line
                 log.error("cannot write session log %s: %s (events still go to the relay; "
                           "OTLP exports are refused retryably until the log writes again)",
-                          target[1], e)
+                          target.file, e)
             self.failing = True
             self.failed_at = time.monotonic()
             return False

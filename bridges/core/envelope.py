@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import time as _time
 from datetime import datetime, timezone
@@ -64,6 +65,10 @@ MAX_SOURCES = 4096
 (a cache, emptied when full; the per-session ``seq`` is kept apart)."""
 
 
+# the last two time characters of a ULID (10 bits of its milliseconds)
+_LOW2 = tuple(_CROCKFORD[i >> 5] + _CROCKFORD[i & 31] for i in range(1024))
+
+
 class Ulids:
     """ULIDs built exactly as the SDK builds them (``aep_sdk.ulid``: the
     millisecond time in 10 Crockford base32 characters, then 16 characters
@@ -71,7 +76,9 @@ class Ulids:
     path: the random bytes come from ``os.urandom`` in blocks of
     :data:`_POOL_IDS` ids (one system call per block, not one per id), the
     whole block is spelled with one ``bytes.translate`` (each id is then a
-    slice of it), and the time part is spelled once per millisecond. Not
+    slice of it), and the time part is spelled once per millisecond, its
+    first 8 characters once per 1,024 ms (a trickle of events, each in a
+    millisecond of its own, looks up the last two; issue 11). Not
     thread-safe (one per stamper)."""
 
     def __init__(self) -> None:
@@ -79,6 +86,8 @@ class Ulids:
         self._pos = 0
         self._ms = -1
         self._time = ""
+        self._hi = -1  # ``ms >> 10`` that ``_hi_text`` spells
+        self._hi_text = ""
 
     def __call__(self, now_ms: int | None = None) -> str:
         """A new id; ``now_ms``: the time part (default: the clock)."""
@@ -87,7 +96,10 @@ class Ulids:
     def at(self, t: int) -> str:
         """A new id whose time part is ``t`` (milliseconds since the epoch)."""
         if t != self._ms:
-            self._ms, self._time = t, _time_part(t)
+            hi = t >> 10
+            if hi != self._hi:
+                self._hi, self._hi_text = hi, _time_part(t)[:8]
+            self._ms, self._time = t, self._hi_text + _LOW2[t & 1023]
         pos = self._pos
         if pos + 16 > len(self._chars):
             self._chars = os.urandom(16 * _POOL_IDS).translate(_BYTE_TO_CHAR).decode("ascii")
@@ -105,6 +117,8 @@ def _time_part(ms: int) -> str:
 
 
 _SEGMENT_SAFE = "!$&'()*+,;=:@"  # RFC 3986 pchar beyond the unreserved characters, minus "/"
+# a session made of these only is its own segment (what quote() leaves alone)
+_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9_.~!$&'()*+,;=:@-]*\Z")
 
 
 def session_segment(session: str) -> str:
@@ -114,6 +128,8 @@ def session_segment(session: str) -> str:
     non-ASCII, a lone surrogate), so ``source`` stays a valid URI whatever a vendor names its
     sessions and two sessions never share one (one to one, but for lone
     surrogates, which become U+FFFD as in the ``session`` field)."""
+    if _PLAIN_SEGMENT.match(session):  # every vendor id seen so far: one regex, no quote
+        return session
     # a lone surrogate (a vendor's JSON ``\\ud800``) has no UTF-8 form: U+FFFD,
     # as the fleet writes the ``session`` field itself (scrub_surrogates)
     return quote(scrub_surrogates(session), safe=_SEGMENT_SAFE)
@@ -184,6 +200,8 @@ class Stamper:
         self._ulid = Ulids().at
         self._when_ms = -1  # the millisecond ``_when`` spells
         self._when = ""
+        self._when_sec: int | None = None  # the second ``_when_prefix`` spells
+        self._when_prefix = ""
         self._reset()
 
     def _reset(self) -> None:
@@ -253,6 +271,8 @@ class Stamper:
         are one AEP session with one gap-free ``seq``, never two sessions
         numbered from 0 under one name (fresh-user review: the relay refused
         the second ``(epoch, seq)`` and the bridge's health went red)."""
+        if _PLAIN_SEGMENT.match(session):  # ASCII, its own segment (session_segment)
+            return f"{self._base}/session/{session}" if session else self._base, session
         clean = scrub_surrogates(session)
         return self.source(clean), clean
 
@@ -267,9 +287,15 @@ class Stamper:
         return seq
 
     def _now(self, ms: int) -> str:
-        """:func:`ms_text` of ``ms``, spelled once per millisecond."""
+        """:func:`ms_text` of ``ms``, spelled once per millisecond, its
+        date and time of day once per second (issue 11: a trickle of
+        events, each in a millisecond of its own)."""
         if ms != self._when_ms:
-            self._when_ms, self._when = ms, ms_text(ms)
+            sec, milli = divmod(ms, 1000)
+            if sec != self._when_sec:
+                self._when_sec = sec
+                self._when_prefix = _time.strftime("%Y-%m-%dT%H:%M:%S.", _time.gmtime(sec))
+            self._when_ms, self._when = ms, f"{self._when_prefix}{milli:03d}Z"
         return self._when
 
     def unstamp(self, envelope: Mapping[str, Any]) -> None:

@@ -51,7 +51,7 @@ import trio
 from httpx_sse import EventSource, SSEError
 
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import BridgeContext
+from bridges.core.bridge import BridgeContext, Saturated
 
 from .control import ReadOnlyClient
 from .frames import MAX_FRAME, FrameError, parse_frame
@@ -377,33 +377,45 @@ class SseReceiver:
         """Stamp and send ``outs`` in order, then persist what changed.
 
         While the relay channel has room the envelopes go on it without a
-        checkpoint (:meth:`BridgeContext.emit_nowait`, counted against one
-        :meth:`BridgeContext.room`): the fleet's pump then takes what the
-        frames of one network read produced as one batch (one JSONL
-        ``write`` per session) instead of waking per event; the next read
-        of the stream is the checkpoint. A full channel waits for room
-        (:meth:`BridgeContext.emit`), as before. ``stream``: ``outs`` come
-        from a frame of the stream being read (:meth:`handle_data`): the
-        room counted for the frames before it in the same chunk still holds
-        (no other task ran since), so trio's channel statistics are not
-        asked again per frame."""
+        checkpoint (:meth:`BridgeContext.emit_nowait`): the fleet's pump
+        then takes what the frames of one network read produced as one
+        batch (one JSONL ``write`` per session) instead of waking per
+        event; the next read of the stream is the checkpoint. A full
+        channel waits for room (:meth:`BridgeContext.emit`), as before.
+        The room is not asked for up front: ``emit_nowait`` is tried (a
+        refusal stamps nothing, :class:`~bridges.core.bridge.Saturated`),
+        and only once the channel was found full is its room counted
+        (:meth:`BridgeContext.room`, once per wait), so a trickle of one
+        event per read asks trio's channel statistics never (issue 11).
+        ``stream``: ``outs`` come from a frame of the stream being read
+        (:meth:`handle_data`): the room counted for the frames before it in
+        the same chunk still holds (no other task ran since)."""
         ctx = self.ctx
-        room = self._room if stream and self._room is not None else ctx.room()
+        # None: not counted (try, and count once refused); a number: counted
+        room = self._room if stream else None
         self._room = None
         for o in outs:
             try:
-                if room > 0:
-                    room -= 1
-                    o.envelope = ctx.emit_nowait(o.session, o.emission, run=o.run,
-                                                 cause=o.resolved_cause(), room_seen=True)
-                else:
-                    o.envelope = await ctx.emit(o.session, o.emission, run=o.run,
-                                                cause=o.resolved_cause())
+                envelope = None
+                if room is None or room > 0:
+                    try:
+                        envelope = ctx.emit_nowait(o.session, o.emission, run=o.run,
+                                                   cause=o.resolved_cause(),
+                                                   room_seen=room is not None)
+                    except Saturated:
+                        room = 0
+                    else:
+                        if room is not None:
+                            room -= 1
+                if envelope is None:
+                    envelope = await ctx.emit(o.session, o.emission, run=o.run,
+                                              cause=o.resolved_cause())
                     room = ctx.room()
                     stream = False  # other tasks ran: nothing counted before holds
+                o.envelope = envelope
                 self.tracker.touch(o.session)  # its entry may carry this envelope (an ask)
-                if o.envelope["type"] == "run.started":
-                    self.tracker.bind_run(o.session, o.envelope)
+                if envelope["type"] == "run.started":
+                    self.tracker.bind_run(o.session, envelope)
             except ValueError as e:  # an envelope the stamper refuses: count, go on
                 self.ctx.health.count("emit_errors")
                 log.warning("%s: could not stamp %s: %s", self.ctx.name,

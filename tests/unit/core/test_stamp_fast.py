@@ -232,3 +232,53 @@ def test_unstamp_leaves_the_stamper_as_if_never_stamped(ops):
 def test_os_urandom_is_what_the_ids_use():
     # guard for the monkeypatching above: the pool is read through envelope.os
     assert envelope.os is os
+
+
+# -- issue 11's trickle path: one event per millisecond, each a new session
+
+_MS = st.integers(0, (1 << 50) - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=_MS, steps=st.lists(st.one_of(st.integers(-3, 3), st.integers(-5000, 5000),
+                                           st.sampled_from([1024, -1024, 1023, 1025])),
+                                 max_size=60))
+def test_the_ulid_time_part_equals_the_spelled_one_however_the_clock_moves(start, steps):
+    """The first 8 characters cached per 1,024 ms and the last two looked
+    up spell exactly what :func:`_time_part` spells for every millisecond."""
+    ids = envelope.Ulids()
+    ms = start
+    for step in [0, *steps]:
+        ms = max(0, ms + step)
+        assert ids.at(ms)[:10] == envelope._time_part(ms)
+
+
+@settings(max_examples=300, deadline=None)
+@given(start=st.integers(0, 253_402_300_000_000),
+       steps=st.lists(st.one_of(st.integers(-3, 3), st.integers(-2500, 2500),
+                                st.sampled_from([1000, -1000, 999, 1001])), max_size=60))
+def test_the_time_text_cached_per_second_equals_ms_text(start, steps):
+    s = Stamper("a", host="h")
+    ms = start
+    for step in [0, *steps]:
+        ms = min(253_402_300_799_999, max(0, ms + step))
+        assert s._now(ms) == ms_text(ms)
+
+
+_SEGMENT_CHARS = st.characters(codec="utf-8") | st.sampled_from(list(SAFE + "_.-~/%? #\x00\ud800"))
+
+
+@settings(max_examples=500, deadline=None)
+@given(session=st.text(_SEGMENT_CHARS, max_size=12) | st.from_regex(r"[A-Za-z0-9_.~-]{1,12}",
+                                                                    fullmatch=True))
+def test_a_plain_session_id_is_its_own_segment_and_the_rest_is_quoted(session):
+    """The regex shortcut (no ``quote`` for an id made of URI path
+    characters) gives what ``quote`` gives, for any session, and the
+    stamper's ``(source, session)`` is the scrubbed session's."""
+    from bridges.core.aep import scrub_surrogates
+    clean = scrub_surrogates(session)
+    assert envelope.session_segment(session) == quote(clean, safe=SAFE)
+    if session:
+        s = Stamper("a", host="h")
+        assert s._session_of(session) == (f"aep://h/agent/a/session/{quote(clean, safe=SAFE)}",
+                                          clean)

@@ -2,6 +2,7 @@
 drain. The relay here is a recording stand-in for the embedded relay's
 emitter-connection interface (the real relay is exercised in the
 integration tests)."""
+import itertools
 import json
 
 import trio
@@ -274,3 +275,36 @@ async def test_a_fleet_without_bridges_keeps_no_spare_files(tmp_path):
         n.cancel_scope.cancel()
     assert fleet.spares.counters["made"] == 0
     assert not (tmp_path / "logs" / ".spare").exists()
+
+
+async def test_other_tasks_run_between_two_drains_of_the_pump(tmp_path):
+    """The pump yields once per drain (its channel's receive does, whether
+    or not something is queued), so a relay writer runs between two drains
+    of a full channel: it sees the deliveries arrive a batch or two at a
+    time (trio runs the two tasks in either order in a turn), never all at
+    once after the last."""
+    from supervisor.fleet import PUMP_BATCH
+
+    relay = RecordingRelay()
+    fleet = Fleet(Config(state_dir=tmp_path, channel_size=6 * PUMP_BATCH), [Steady()],
+                  relay=relay, host="h")
+    ctx = fleet.members["steady"].ctx
+    seen: list[int] = []
+
+    async def writer():
+        while len(relay.events) < 6 * PUMP_BATCH:
+            seen.append(len(relay.events))
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as n:
+        await fleet._attach(n, fleet.members["steady"])  # noqa: SLF001 (the sink, no bridge run)
+        for _ in range(6 * PUMP_BATCH):
+            ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+        n.start_soon(fleet._pump)  # noqa: SLF001
+        n.start_soon(writer)
+        with trio.fail_after(10):
+            while len(relay.events) < 6 * PUMP_BATCH:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    assert seen[0] == 0 and len(seen) >= 3
+    assert max(b - a for a, b in itertools.pairwise(seen)) <= 2 * PUMP_BATCH

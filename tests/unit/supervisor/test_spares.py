@@ -257,10 +257,15 @@ def test_a_file_another_writer_made_meanwhile_is_opened_never_replaced(tmp_path,
     """Between the log's ENOENT and the spare's link another writer of the
     same logs (a second daemon on one state directory) makes the file and
     writes a line: link(2) refuses, the spare stays, and both lines are
-    kept (break-it review: with rename, 1 line of 600 was lost)."""
+    kept (break-it review: with rename, 1 line of 600 was lost). The open
+    comes first for a file this log has opened before (here: rotated away
+    since, so it is missing again)."""
     from supervisor import jsonlog as jsonlog_mod
-    log = SessionLog(tmp_path)
-    log.spares = pool = _pool(tmp_path, 2)
+    log = SessionLog(tmp_path, max_open=1)
+    log.spares = pool = _pool(tmp_path, 3)
+    assert log.write(_ev("codex", "s1", -2)) and log.write(_ev("codex", "s2", 0))  # s1 closed
+    os.rename(tmp_path / "codex" / "s1.jsonl", tmp_path / "s1.old")  # a rotation
+    assert pool.ready() == 1 and pool.counters["taken"] == 2
     real_open = os.open
     raced = []
 
@@ -276,8 +281,24 @@ def test_a_file_another_writer_made_meanwhile_is_opened_never_replaced(tmp_path,
     monkeypatch.setattr(jsonlog_mod.os, "open", racing_open)
     assert log.write(_ev("codex", "s1", 0))
     log.close()
-    assert _files(tmp_path) == {"codex/s1.jsonl": [-1, 0]}
-    assert pool.ready() == 2 and pool.counters["taken"] == 0
+    assert raced and _files(tmp_path) == {"codex/s1.jsonl": [-1, 0], "codex/s2.jsonl": [0]}
+    assert pool.ready() == 1 and pool.counters["taken"] == 2
+
+
+def test_a_new_sessions_file_another_writer_made_is_opened_never_replaced(tmp_path):
+    """A session this log has not written yet is linked from a spare before
+    any open (no failing open per new session, issue 11); when another
+    writer of the same logs made its file already, link(2) refuses, the
+    spare stays, and the file is appended to as it is."""
+    (tmp_path / "codex").mkdir()
+    (tmp_path / "codex" / "s1.jsonl").write_bytes(json.dumps(_ev("codex", "s1", -1)).encode()
+                                                 + b"\n")
+    log = SessionLog(tmp_path)
+    log.spares = pool = _pool(tmp_path, 2)
+    assert log.write(_ev("codex", "s1", 0)) and log.write(_ev("codex", "s2", 0))
+    log.close()
+    assert _files(tmp_path) == {"codex/s1.jsonl": [-1, 0], "codex/s2.jsonl": [0]}
+    assert pool.ready() == 1 and pool.counters["taken"] == 1 and pool.counters["missed"] == 0
 
 
 def test_the_loop_never_unlinks_in_the_spare_directory(tmp_path, monkeypatch):
