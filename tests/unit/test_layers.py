@@ -176,7 +176,7 @@ PUBLIC: dict[str, set[str]] = {
                                 "normalize_origin", "parse_filter_json", "parse_from_json"},
     "supervisor.relay.envelope": {"InvalidEvent", "MAX_DATA_DEPTH", "validate", "well_formed", "encode",
                                   "to_entry", "envelope_error", "has_duplicate_keys",
-                                  "trusted_entry", "AEP_VERSION", "is_command_type", "is_foreign"},
+                                  "trusted_entry", "formed_entry", "AEP_VERSION", "is_command_type", "is_foreign"},
     "supervisor.relay.attrmatch": {"Filter", "InvalidFilter", "validate_filter", "attr_match",
                                    "MATCH_ALL", "CORE_ATTRS", "FILTERABLE", "DEFAULTS",
                                    "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms"},
