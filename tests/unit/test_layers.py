@@ -160,7 +160,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.streams": {"serve_sse", "pump_sse", "serve_socket", "refuse_upgrade"},
     "supervisor.relay.connections": {"RelayClosed", "TooLarge", "Unavailable", "CommandRefused", "Connection",
                                      "LocalEmitter", "SocketConnection", "Claims", "ROLES"},
-    "supervisor.relay.outlet": {"Outlet", "OutletHub", "Subscriber", "Item", "EventItem",
+    "supervisor.relay.outlet": {"Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "RunItem",
                                 "FrameItem", "ReplayItem", "EndItem", "OPEN", "FINISHING",
                                 "TERMINATED", "CLOSED", "frame_text", "exhausted_marker"},
     "supervisor.relay.fanout": {"Fanout", "View", "downlevel_raw", "sse_safe", "sse_message"},
