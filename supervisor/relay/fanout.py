@@ -173,10 +173,17 @@ class _Run:
         return self._whole
 
     def shared(self) -> RunItem:
-        """:meth:`whole` as one queue item, the same for every stream that
-        queues all of it (its payloads joined once for all of them)."""
+        """Every entry as ingested, as one queue item (:meth:`whole`'s
+        items, made only if something asks for them), the same for every
+        stream that queues all of it (its payloads joined once for all)."""
         if self._shared is None:
-            self._shared = RunItem(*self.whole())
+            if self._whole is not None:
+                self._shared = RunItem(*self._whole)
+            else:
+                entries = self.entries
+                payloads = [sse_message(e, e.raw) for e in entries]
+                self._shared = RunItem(None, sum(map(len, payloads)), payloads=payloads,
+                                       sevs=[e.sev for e in entries])
         return self._shared
 
     def constant(self, flt: Filter) -> bool:
@@ -365,7 +372,8 @@ class Fanout:
                 if not flt.matches(entries[0].attrs):
                     return
                 if rank >= run.top:  # all of it as ingested: one list for every such stream
-                    outlet.offer_many(*run.whole(), run.shared())
+                    shared = run.shared()
+                    outlet.offer_many(None, shared.size, shared)
                     return
             matches, plain, caches = flt.matches, run.plain, run.caches
             for i, e in enumerate(entries):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Union
 
 import trio
 
@@ -109,22 +109,60 @@ class EndItem:
     size: int = 0
 
 
-@dataclass(slots=True)
 class RunItem:
     """Consecutive SSE events queued as one (:meth:`Outlet.offer_many`):
     ``items`` (:class:`EventItem`, in order; never changed, so one run may
     be queued on every stream that receives all of it) and ``size``, the
     sum of their sizes. The queue means its items: whatever sheds or
     splits output sees them one by one (:meth:`Outlet.flat`); the writer
-    takes their payloads joined once (:meth:`joined`, shared)."""
-    items: list[EventItem]
-    size: int
-    _joined: bytes | None = None
+    takes their payloads joined once (:meth:`joined`, shared).
+
+    Made from ``items``, or from ``payloads`` (the SSE messages) and
+    ``sevs`` (their severity ranks, one each): then the items are made
+    only when something asks for them (a run queued whole and written
+    whole never does)."""
+
+    __slots__ = ("size", "_items", "_payloads", "_sevs", "_joined")
+
+    def __init__(self, items: list[EventItem] | None, size: int, *,
+                 payloads: list[bytes] | None = None, sevs: Sequence[int] = ()) -> None:
+        self.size = size
+        self._items = items
+        self._payloads = payloads
+        self._sevs = sevs
+        self._joined: bytes | None = None
+
+    def __len__(self) -> int:
+        """How many events the run holds."""
+        return len(self._items if self._items is not None else self._payloads or ())
+
+    @property
+    def items(self) -> list[EventItem]:
+        """The run's events, in order (made once)."""
+        if self._items is None:
+            self._items = self.events()
+        return self._items
+
+    def events(self) -> list[EventItem]:
+        """:attr:`items`, without keeping them when they are not made yet
+        (a look at what is queued leaves a lazy run lazy)."""
+        if self._items is not None:
+            return self._items
+        return [EventItem(p, len(p), sev)
+                for p, sev in zip(self._payloads or (), self._sevs, strict=True)]
+
+    def last_size(self) -> int:
+        """The size of the run's last event."""
+        if self._items is None and self._payloads is not None:
+            return len(self._payloads[-1])
+        return self.items[-1].size
 
     def joined(self) -> bytes:
         """Every item's payload, in order, as one ``bytes`` (made once)."""
         if self._joined is None:
-            self._joined = b"".join([i.payload for i in self.items])  # type: ignore[misc]
+            payloads = self._payloads
+            self._joined = b"".join(payloads if payloads is not None
+                                    else [i.payload for i in self.items])  # type: ignore[misc]
         return self._joined
 
 
@@ -200,7 +238,7 @@ class Outlet:
         out: list[Item] = []
         for item in self._q:
             if isinstance(item, RunItem):
-                out.extend(item.items)
+                out.extend(item.events())
             else:
                 out.append(item)
         return out
@@ -235,23 +273,29 @@ class Outlet:
         if self._urge is not None and self._bytes * 4 >= self._soft:
             self._urge.set()
 
-    def offer_many(self, items: list[EventItem], size: int, run: RunItem | None = None) -> None:
+    def offer_many(self, items: list[EventItem] | None, size: int, run: RunItem | None = None) -> None:
         """:meth:`offer` for each of ``items`` in order (``size``: the sum
         of their sizes; ``run``: a :class:`RunItem` of exactly these, to
-        share). When nothing can be shed (the writer is not stuck in a send
+        share; ``items`` ``None``: ``run``'s). When nothing can be shed (the writer is not stuck in a send
         and all of them fit under the soft budget) they are queued in one
         step, on an SSE stream as one :class:`RunItem`; otherwise one
         :meth:`offer` each. Equal to one :meth:`offer` per item, the clock
         standing still (property test ``tests/unit/relay/test_relay_runs.py``)."""
         if self.state != OPEN:
             return
+        if items is None:
+            assert run is not None, "offer_many needs items or a run"
+            if len(run) < 2:
+                items = run.items
         if self._bytes + size > self._soft or (self.in_send and self.stuck()):
-            for item in items:
+            for item in items if items is not None else run.items:  # type: ignore[union-attr]
                 self.offer(item)
             return
         # each offer would pass every check (not stuck, below the soft
         # budget, so the hard one too) and append: the same queue, one wake-up
-        if self.kind == "sse" and len(items) > 1:
+        if items is None:  # (a run of two or more, see above)
+            self._q.append(run)  # type: ignore[arg-type]
+        elif self.kind == "sse" and len(items) > 1:
             self._q.append(run if run is not None else RunItem(items, size))
         else:
             self._q.extend(items)
@@ -477,12 +521,12 @@ class Outlet:
         takes events (while ``size`` < ``max_bytes``): all of it, joined, or
         the events that fit, the rest left at the head as a run. Returns
         ``size`` with what it took."""
-        items = run.items
-        if size + run.size - items[-1].size < max_bytes:  # even its last event fits
+        if size + run.size - run.last_size() < max_bytes:  # even its last event fits
             self._q.popleft()
             self._bytes -= run.size
             out.append(run.joined())
             return size + run.size
+        items = run.items
         taken = 0
         start = size
         while size < max_bytes:  # one at least: the caller asked with size < max_bytes

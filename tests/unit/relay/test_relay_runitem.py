@@ -23,10 +23,11 @@ def _state(o: Outlet) -> tuple:
 
 
 # round sizes too: a batch cut exactly at max_bytes
-_item = st.tuples(st.one_of(st.integers(1, 700), st.sampled_from([100, 200, 300])),
+_item = st.tuples(st.one_of(st.integers(12, 700), st.sampled_from([100, 200, 300])),
                   st.integers(0, 5))
 _op = st.one_of(
     st.tuples(st.just("run"), st.lists(_item, min_size=1, max_size=8)),
+    st.tuples(st.just("lazy"), st.lists(_item, min_size=1, max_size=8)),
     st.tuples(st.just("one"), _item),
     st.tuples(st.just("take"), st.one_of(st.integers(1, 3000), st.sampled_from([200, 300, 600]))),
     st.tuples(st.just("frame"), st.integers(1, 300)),
@@ -43,14 +44,23 @@ def test_a_queued_run_equals_its_events_queued_one_by_one(ops, soft, hard_x):
         one, many = outlet(), outlet()
         n = 0
         for op, arg in ops:
-            if op == "run":
+            if op in ("run", "lazy"):
                 items = []
                 for size, sev in arg:
-                    items.append(EventItem(b"e%d." % n + b"x" * (size % 5), size, sev))
+                    payload = b"e%d." % n
+                    # a lazy run's items are made from its payloads: a size is the payload's
+                    items.append(EventItem(payload + b"x" * (size - len(payload)) if op == "lazy"
+                                           else payload, size, sev))
                     n += 1
                 for item in items:
                     one.offer(item)
-                many.offer_many(items, sum(i.size for i in items))
+                total = sum(i.size for i in items)
+                if op == "run":
+                    many.offer_many(items, total)
+                else:  # a run made from its payloads and severities (the fan-out's shared run)
+                    run = RunItem(None, total, payloads=[i.payload for i in items],
+                                  sevs=[i.sev for i in items])
+                    many.offer_many(None, total, run)
             elif op == "one":
                 item = EventItem(b"o%d." % n, arg[0], arg[1])
                 n += 1
