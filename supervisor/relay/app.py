@@ -232,7 +232,8 @@ class RelayApp:
         remainder is drained up to the same amount again so the emitter can
         read the 413 instead of a reset)."""
         limit = self.relay.max_body
-        body = bytearray()
+        chunks: list[bytes] = []  # joined once at the end (one copy; none for one chunk)
+        size = 0
         over = False
         drained = 0
         while True:
@@ -243,11 +244,12 @@ class RelayApp:
             if over:
                 drained += len(chunk)
             else:
-                body += chunk
-                if len(body) > limit:
-                    over, body = True, bytearray()
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    over, chunks = True, []
             if not msg.get("more_body") or drained > limit:
-                return None if over else bytes(body)
+                return None if over else b"".join(chunks)
 
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = self.relay
