@@ -276,16 +276,17 @@ class Outlet:
     def offer_many(self, items: list[EventItem] | None, size: int, run: RunItem | None = None) -> None:
         """:meth:`offer` for each of ``items`` in order (``size``: the sum
         of their sizes; ``run``: a :class:`RunItem` of exactly these, to
-        share; ``items`` ``None``: ``run``'s). When nothing can be shed (the writer is not stuck in a send
-        and all of them fit under the soft budget) they are queued in one
-        step, on an SSE stream as one :class:`RunItem`; otherwise one
-        :meth:`offer` each. Equal to one :meth:`offer` per item, the clock
-        standing still (property test ``tests/unit/relay/test_relay_runs.py``)."""
+        share; ``items`` ``None``: ``run``'s). When nothing can be shed
+        (the writer is not stuck in a send and all of them fit under the
+        soft budget) they are queued in one step, on an SSE stream as one
+        :class:`RunItem`; otherwise one :meth:`offer` each. Equal to one
+        :meth:`offer` per item, the clock standing still (property tests
+        ``tests/unit/relay/test_relay_runs.py``, ``test_relay_runitem.py``)."""
         if self.state != OPEN:
             return
         if items is None:
             assert run is not None, "offer_many needs items or a run"
-            if len(run) < 2:
+            if len(run) < 2 or self.kind != "sse":  # (a run is SSE bytes, written joined)
                 items = run.items
         if self._bytes + size > self._soft or (self.in_send and self.stuck()):
             for item in items if items is not None else run.items:  # type: ignore[union-attr]
