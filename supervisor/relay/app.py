@@ -48,7 +48,7 @@ inject events; AEP-0003 §8):
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import trio
 
@@ -69,7 +69,7 @@ from bridges.core.http import FaultLog, fault_kind
 
 from .connections import TooLarge, Unavailable
 from .core import Relay
-from .envelope import InvalidEvent
+from .envelope import InvalidEvent, formed_entry
 from .params import normalize_origin
 from .streams import refuse_upgrade, serve_socket, serve_sse
 
@@ -95,12 +95,13 @@ def _with_headers(send: Send, extra: list[tuple[bytes, bytes]]) -> Send:
     return wrapped
 
 
-def _line_number(parts: list[str], j: int) -> int:
+def _line_number(parts: Sequence[bytes | str], j: int) -> int:
     """The 0-based line of the body holding its ``j``-th event (``parts``:
-    the body split at ``\n``; blank lines hold none). Asked only for an
-    answer that names a line, so the hot path keeps no index per line."""
-    for i, ln in enumerate(parts):
-        if ln.strip(" \t\r"):
+    the body split at ``\n``, bytes or text; blank lines hold none). Asked
+    only for an answer that names a line, so the hot path keeps no index
+    per line."""
+    for i, line in enumerate(parts):
+        if line.strip(b" \t\r") if isinstance(line, bytes) else line.strip(" \t\r"):
             if not j:
                 return i
             j -= 1
@@ -231,7 +232,8 @@ class RelayApp:
         remainder is drained up to the same amount again so the emitter can
         read the 413 instead of a reset)."""
         limit = self.relay.max_body
-        body = bytearray()
+        chunks: list[bytes] = []  # joined once at the end (one copy; none for one chunk)
+        size = 0
         over = False
         drained = 0
         while True:
@@ -242,11 +244,12 @@ class RelayApp:
             if over:
                 drained += len(chunk)
             else:
-                body += chunk
-                if len(body) > limit:
-                    over, body = True, bytearray()
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
+                    over, chunks = True, []
             if not msg.get("more_body") or drained > limit:
-                return None if over else bytes(body)
+                return None if over else b"".join(chunks)
 
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = self.relay
@@ -275,39 +278,32 @@ class RelayApp:
                                              "max_seconds": relay.body_timeout_s}, close=True)
         if body is None:
             return await respond(send, 413, too_large, close=True)
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            return await respond(send, 400, {"error": "invalid-event", "detail": "body is not UTF-8"})
+        if not body.isascii():  # (ASCII is UTF-8: no decoding to know it)
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError:
+                return await respond(send, 400, {"error": "invalid-event",
+                                                  "detail": "body is not UTF-8"})
         batch = ctype != "application/json"
         if not batch:
-            parts = lines = [text]
+            parts = lines = [body]
         else:
-            # blank means JSON whitespace only: str.strip() would also drop a
-            # line of \x0b or U+2028 without a word (AEP-0003 §3.2: 400, with its index)
-            parts = text.split("\n")
-            lines = [ln for ln in parts if ln.strip(" \t\r")]
+            # blank means JSON whitespace only: strip() of the text would also
+            # drop a line of \x0b or U+2028 without a word (AEP-0003 §3.2: 400,
+            # with its index). The body's bytes split where its text would:
+            # UTF-8 holds no \n byte inside a character
+            parts = body.split(b"\n")
+            lines = [ln for ln in parts if ln.strip(b" \t\r")]
             if len(lines) > relay.max_batch:
                 return await respond(send, 413, {"error": "too-many-events",
                                                   "max": relay.max_batch, "count": len(lines)})
-        entries = []
-        entry_of = relay.entry
-        for j, ln in enumerate(lines):
-            try:
-                ev = loads(ln)
-                entry = entry_of(ev, ln, owned=True)  # ev is entry.attrs from here
-            except (ValueError, InvalidEvent) as e:
-                relay.counters["invalid_events"] += 1
-                detail = str(e) if isinstance(e, InvalidEvent) else f"not valid JSON: {e}"
-                where = {"line": _line_number(parts, j)} if batch else {}
-                return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
-            # a command carries no seq (validated): a sequenced event is none
-            if entry.pos is None and is_command_type(ev["type"]):
-                where = {"line": _line_number(parts, j)} if batch else {}
-                return await respond(send, 403, {
-                    "error": "unauthorized", **where,
-                    "detail": "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)"})
-            entries.append(entry)
+        entries = self._entries(lines)
+        if isinstance(entries, tuple):  # a refusal: (status, detail, index of its event)
+            status, detail, j = entries
+            where = {"line": _line_number(parts, j)} if batch else {}
+            if status == 403:
+                return await respond(send, 403, {"error": "unauthorized", **where, "detail": detail})
+            return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
         problem = relay.check_batch(entries)
         if problem is not None:
             index, detail = problem
@@ -317,6 +313,31 @@ class RelayApp:
         if relay.closing:
             return await respond(send, 503, {"error": "shutting-down"}, close=True)
         await self._ingest(entries, send)
+
+    def _entries(self, lines: list[bytes]) -> list[Any] | tuple[int, str, int]:
+        """The entries of a body's non-blank ``lines`` (UTF-8), or the
+        refusal of the first that has none: ``(status, detail, index)``, 400
+        ``invalid-event`` (counted) or 403 ``unauthorized`` for a command."""
+        relay = self.relay
+        entries = []
+        entry_of = relay.entry
+        for j, ln in enumerate(lines):
+            try:
+                # the event's entry from its bytes when that path knows the
+                # answer (envelope.formed_entry), else from its text
+                entry = formed_entry(ln)
+                if entry is None:
+                    text = ln.decode("utf-8")
+                    entry = entry_of(loads(text), text, owned=True)
+            except (ValueError, InvalidEvent) as e:
+                relay.counters["invalid_events"] += 1
+                detail = str(e) if isinstance(e, InvalidEvent) else f"not valid JSON: {e}"
+                return 400, detail, j
+            # a command carries no seq (validated): a sequenced event is none
+            if entry.pos is None and is_command_type(entry.attrs["type"]):
+                return 403, "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)", j
+            entries.append(entry)
+        return entries
 
     async def _ingest(self, entries: list[Any], send: Send) -> None:
         """Ingest a checked batch: 202 ``{"accepted": n}``, 413

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 # _OJ_DUMPS, _OJ_REFUSE, _plain_values: dumps's own parts (see _encode_formed)
 from bridges.core.aep import (
     _OJ_DUMPS,
+    _OJ_LOADS,
     _OJ_REFUSE,
     AEP_VERSION,
     CAPTURE_RANK,
@@ -32,7 +33,7 @@ from .buffer import Entry
 from .capcheck import exceeds as capture_exceeds
 
 __all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "validate", "well_formed", "encode", "to_entry", "envelope_error",
-           "has_duplicate_keys", "trusted_entry", "AEP_VERSION", "is_command_type", "is_foreign"]
+           "has_duplicate_keys", "trusted_entry", "formed_entry", "AEP_VERSION", "is_command_type", "is_foreign"]
 
 _TYPE = re.compile(
     r"(?:(?:agent|session|run|progress|tool|delegation|attention|resource|error|state"
@@ -287,9 +288,9 @@ def well_formed(ev: object, shallow: bool = False) -> bool:
     if type(t) is not str or type(tm) is not str or type(src) is not str or \
             "id" not in ev or "agent" not in ev:
         return False
-    scope = _type_scope(t)
-    if not scope or _TIME_FAST.match(tm) is None or not _source_ok(src) or \
-            not _attrs_ok(ev, shallow):
+    scope = _TYPE_SCOPE.get(t) or _type_scope(t)  # (the memo read here: the hot path)
+    if not scope or _TIME_FAST.match(tm) is None or \
+            (src not in _SOURCE_OK and not _source_ok(src)) or not _attrs_ok(ev, shallow):
         return False
     if scope == _AGENT:
         return not ("session" in ev or "run" in ev or "step" in ev or "seq" in ev)
@@ -356,6 +357,12 @@ def to_entry(ev: Any, text: str | None = None, *, owned: bool = False) -> Entry:
     else:
         validate(ev)
         raw = encode(ev)  # also refuses lone surrogates (no UTF-8 form)
+    return _entry_of(ev, raw, owned)
+
+
+def _entry_of(ev: dict[str, Any], raw: bytes, owned: bool) -> Entry:
+    """:func:`to_entry` once ``ev`` is valid and ``raw`` its wire form: the
+    capture check, then the entry (raises :class:`InvalidEvent`)."""
     declared = ev.get("capture", "metadata")
     cap = CAPTURE_RANK[declared]
     data = ev.get("data")
@@ -375,6 +382,59 @@ def to_entry(ev: Any, text: str | None = None, *, owned: bool = False) -> Entry:
     seq = attrs.get("seq")
     pos = (attrs.get("epoch", 0), seq) if seq is not None else None
     return Entry(attrs, raw, pos, SEVERITY_RANK[attrs.get("severity", "info")], cap)
+
+
+def _plain_within(values: Iterable[Any], depth: int) -> bool:
+    """Whether every one of ``values`` is an exact ``str``, ``int``,
+    ``bool`` or ``None``, or a ``dict``/``list`` of such values nesting at
+    most ``depth`` more levels (itself included). No ``float`` anywhere."""
+    for v in values:
+        t = type(v)
+        if t is str or t is int or t is bool or v is None:
+            continue
+        if t is dict:
+            if depth <= 0 or not _plain_within(v.values(), depth - 1):
+                return False
+        elif t is list:
+            if depth <= 0 or not _plain_within(v, depth - 1):
+                return False
+        else:
+            return False
+    return True
+
+
+def formed_entry(line: bytes) -> Entry | None:
+    """``to_entry(loads(text), text, owned=True)`` for the UTF-8 JSON
+    ``line`` (``text`` its ``str``), or ``None``: then the caller takes that
+    path itself (its answer, its refusal). What it skips, for the events
+    emitters send: :func:`bridges.core.aep.loads`'s text scans, the
+    bracket count, and ``data``'s two walks (one here instead).
+
+    Why the answer is the same: orjson read the bytes, the envelope is
+    :func:`well_formed`, and ``data`` holds no ``float`` and nests at most
+    :data:`MAX_DATA_DEPTH` levels. Then nothing in it is what orjson and
+    the json module read apart (``loads``'s scans look for the text of an
+    int past 64 bits, which orjson reads as a ``float``, and for nesting
+    past what both read; a ``float`` alone can be read otherwise, so any
+    one sends the event the long way), ``data`` is within the depth bound
+    whatever its text's brackets, and orjson's bytes are :func:`encode`'s
+    (``_encode_formed``: every value is plain). Held equal to that path by
+    a property test (``tests/unit/relay/test_relay_ingest_fast.py``)."""
+    try:
+        ev = _OJ_LOADS(line)
+    except Exception:  # noqa: BLE001 -- not JSON to orjson: the long way answers
+        return None
+    if not well_formed(ev, True):
+        return None
+    data = ev.get("data")
+    if data is not None and not _plain_within(data.values(), MAX_DATA_DEPTH - 1):
+        return None
+    try:
+        # an exact-size copy, as dumps makes (orjson's keeps its write block)
+        raw = memoryview(_OJ_DUMPS(ev, None, _OJ_REFUSE)).tobytes()
+    except Exception:  # noqa: BLE001 -- encode's refusal: the long way answers
+        return None
+    return _entry_of(ev, raw, True)
 
 
 def trusted_entry(ev: dict[str, Any], raw: bytes) -> Entry:

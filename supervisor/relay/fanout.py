@@ -18,7 +18,7 @@ from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, dumps
 
 from .attrmatch import Filter
 from .buffer import Entry, Position
-from .outlet import EventItem, Outlet, Subscriber, exhausted_marker
+from .outlet import EventItem, Outlet, RunItem, Subscriber, exhausted_marker
 
 __all__ = ["Fanout", "View", "downlevel_raw", "sse_safe", "sse_message"]
 
@@ -146,7 +146,7 @@ class _Run:
     entry's down-leveled views, the whole run's item list, the highest
     capture rank in it, and which attributes hold one value across it."""
 
-    __slots__ = ("entries", "plain", "caches", "top", "_whole", "_same")
+    __slots__ = ("entries", "plain", "caches", "top", "_whole", "_same", "_shared")
 
     def __init__(self, entries: Sequence[Entry]) -> None:
         self.entries = entries
@@ -155,6 +155,7 @@ class _Run:
         self.top = max(e.cap for e in entries)
         self._whole: tuple[list[EventItem], int] | None = None
         self._same: dict[tuple[str, Any], bool] = {}
+        self._shared: RunItem | None = None
 
     def whole(self) -> tuple[list[EventItem], int]:
         """Every entry's as-ingested SSE item, in order, and their total size."""
@@ -170,6 +171,20 @@ class _Run:
                 size += item.size
             self._whole = items, size
         return self._whole
+
+    def shared(self) -> RunItem:
+        """Every entry as ingested, as one queue item (:meth:`whole`'s
+        items, made only if something asks for them), the same for every
+        stream that queues all of it (its payloads joined once for all)."""
+        if self._shared is None:
+            if self._whole is not None:
+                self._shared = RunItem(*self._whole)
+            else:
+                entries = self.entries
+                payloads = [sse_message(e, e.raw) for e in entries]
+                self._shared = RunItem(None, sum(map(len, payloads)), payloads=payloads,
+                                       sevs=[e.sev for e in entries])
+        return self._shared
 
     def constant(self, flt: Filter) -> bool:
         """Whether ``flt`` gives every entry the verdict it gives the first:
@@ -357,7 +372,8 @@ class Fanout:
                 if not flt.matches(entries[0].attrs):
                     return
                 if rank >= run.top:  # all of it as ingested: one list for every such stream
-                    outlet.offer_many(*run.whole())
+                    shared = run.shared()
+                    outlet.offer_many(None, shared.size, shared)
                     return
             matches, plain, caches = flt.matches, run.plain, run.caches
             for i, e in enumerate(entries):

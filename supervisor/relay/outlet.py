@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Union
 
 import trio
 
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .fanout import View
     from .replay import ReplayJob
 
-__all__ = ["Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "FrameItem", "ReplayItem",
+__all__ = ["Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "RunItem", "FrameItem", "ReplayItem",
            "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text", "exhausted_marker"]
 
 log = logging.getLogger("aep.relay")
@@ -109,7 +109,64 @@ class EndItem:
     size: int = 0
 
 
-Item = Union[EventItem, FrameItem, ReplayItem, EndItem]  # what an outlet queues
+class RunItem:
+    """Consecutive SSE events queued as one (:meth:`Outlet.offer_many`):
+    ``items`` (:class:`EventItem`, in order; never changed, so one run may
+    be queued on every stream that receives all of it) and ``size``, the
+    sum of their sizes. The queue means its items: whatever sheds or
+    splits output sees them one by one (:meth:`Outlet.flat`); the writer
+    takes their payloads joined once (:meth:`joined`, shared).
+
+    Made from ``items``, or from ``payloads`` (the SSE messages) and
+    ``sevs`` (their severity ranks, one each): then the items are made
+    only when something asks for them (a run queued whole and written
+    whole never does)."""
+
+    __slots__ = ("size", "_items", "_payloads", "_sevs", "_joined")
+
+    def __init__(self, items: list[EventItem] | None, size: int, *,
+                 payloads: list[bytes] | None = None, sevs: Sequence[int] = ()) -> None:
+        self.size = size
+        self._items = items
+        self._payloads = payloads
+        self._sevs = sevs
+        self._joined: bytes | None = None
+
+    def __len__(self) -> int:
+        """How many events the run holds."""
+        return len(self._items if self._items is not None else self._payloads or ())
+
+    @property
+    def items(self) -> list[EventItem]:
+        """The run's events, in order (made once)."""
+        if self._items is None:
+            self._items = self.events()
+        return self._items
+
+    def events(self) -> list[EventItem]:
+        """:attr:`items`, without keeping them when they are not made yet
+        (a look at what is queued leaves a lazy run lazy)."""
+        if self._items is not None:
+            return self._items
+        return [EventItem(p, len(p), sev)
+                for p, sev in zip(self._payloads or (), self._sevs, strict=True)]
+
+    def last_size(self) -> int:
+        """The size of the run's last event."""
+        if self._items is None and self._payloads is not None:
+            return len(self._payloads[-1])
+        return self.items[-1].size
+
+    def joined(self) -> bytes:
+        """Every item's payload, in order, as one ``bytes`` (made once)."""
+        if self._joined is None:
+            payloads = self._payloads
+            self._joined = b"".join(payloads if payloads is not None
+                                    else [i.payload for i in self.items])  # type: ignore[misc]
+        return self._joined
+
+
+Item = Union[EventItem, RunItem, FrameItem, ReplayItem, EndItem]  # what an outlet queues
 
 
 class OutletHub(Protocol):
@@ -176,6 +233,16 @@ class Outlet:
         """The item at the head of the queue (``None`` when empty)."""
         return self._q[0] if self._q else None
 
+    def flat(self) -> list[Item]:
+        """What is queued, in order, a :class:`RunItem` as its events."""
+        out: list[Item] = []
+        for item in self._q:
+            if isinstance(item, RunItem):
+                out.extend(item.events())
+            else:
+                out.append(item)
+        return out
+
     # producer side --------------------------------------------------------
     def _push(self, item: Item) -> None:
         self._q.append(item)
@@ -206,21 +273,33 @@ class Outlet:
         if self._urge is not None and self._bytes * 4 >= self._soft:
             self._urge.set()
 
-    def offer_many(self, items: list[EventItem], size: int) -> None:
+    def offer_many(self, items: list[EventItem] | None, size: int, run: RunItem | None = None) -> None:
         """:meth:`offer` for each of ``items`` in order (``size``: the sum
-        of their sizes). When nothing can be shed (the writer is not in a
-        send and all of them fit under the soft budget) they are queued in
-        one step; otherwise one :meth:`offer` each. Equal to one
-        :meth:`offer` per item (property test ``tests/unit/relay/test_relay_runs.py``)."""
+        of their sizes; ``run``: a :class:`RunItem` of exactly these, to
+        share; ``items`` ``None``: ``run``'s). When nothing can be shed
+        (the writer is not stuck in a send and all of them fit under the
+        soft budget) they are queued in one step, on an SSE stream as one
+        :class:`RunItem`; otherwise one :meth:`offer` each. Equal to one
+        :meth:`offer` per item, the clock standing still (property tests
+        ``tests/unit/relay/test_relay_runs.py``, ``test_relay_runitem.py``)."""
         if self.state != OPEN:
             return
-        if self.in_send or self._bytes + size > self._soft:
-            for item in items:
+        if items is None:
+            assert run is not None, "offer_many needs items or a run"
+            if len(run) < 2 or self.kind != "sse":  # (a run is SSE bytes, written joined)
+                items = run.items
+        if self._bytes + size > self._soft or (self.in_send and self.stuck()):
+            for item in items if items is not None else run.items:  # type: ignore[union-attr]
                 self.offer(item)
             return
-        # each offer would pass every check (below the soft budget, so the
-        # hard one too) and append: the same queue, one wake-up
-        self._q.extend(items)
+        # each offer would pass every check (not stuck, below the soft
+        # budget, so the hard one too) and append: the same queue, one wake-up
+        if items is None:  # (a run of two or more, see above)
+            self._q.append(run)  # type: ignore[arg-type]
+        elif self.kind == "sse" and len(items) > 1:
+            self._q.append(run if run is not None else RunItem(items, size))
+        else:
+            self._q.extend(items)
         self._bytes += size
         self._wake.set()
         if self._urge is not None and self._bytes * 4 >= self._soft:
@@ -270,7 +349,7 @@ class Outlet:
         freed = 0
         dropped = [0] * NOTICE_RANK  # per severity rank below notice
         kept: deque[Item] = deque()
-        for item in self._q:
+        for item in self.flat():  # a run's events one by one
             if freed < need and isinstance(item, EventItem) and item.sev < NOTICE_RANK:
                 freed += item.size
                 dropped[item.sev] += 1
@@ -422,19 +501,42 @@ class Outlet:
                     await trio.lowlevel.checkpoint()
                     continue
                 return chunk, None
+            if isinstance(item, RunItem):
+                size = self._take_run(item, out, size, max_bytes)
+                continue
             self._q.popleft()
             self._bytes -= item.size
             if isinstance(item, EndItem):
                 return out, item.end
             payload = item.payload
-            if isinstance(item, EventItem):
-                if item.mark is not None:
-                    self.mark_delivered(*item.mark)
-            elif callable(payload):
+            if isinstance(item, EventItem) and item.mark is not None:
+                self.mark_delivered(*item.mark)
+            elif callable(payload):  # (an event's payload is text or bytes)
                 payload = payload()
             out.append(payload)
             size += item.size
         return out, None
+
+    def _take_run(self, run: RunItem, out: list[Any], size: int, max_bytes: int) -> int:
+        """:meth:`next_batch` taking the :class:`RunItem` at the head as it
+        takes events (while ``size`` < ``max_bytes``): all of it, joined, or
+        the events that fit, the rest left at the head as a run. Returns
+        ``size`` with what it took."""
+        if size + run.size - run.last_size() < max_bytes:  # even its last event fits
+            self._q.popleft()
+            self._bytes -= run.size
+            out.append(run.joined())
+            return size + run.size
+        items = run.items
+        taken = 0
+        start = size
+        while size < max_bytes:  # one at least: the caller asked with size < max_bytes
+            size += items[taken].size
+            taken += 1
+        self._q[0] = RunItem(items[taken:], run.size - (size - start))
+        self._bytes -= size - start
+        out.extend([i.payload for i in items[:taken]])
+        return size
 
 
 class Subscriber:

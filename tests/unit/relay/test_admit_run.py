@@ -90,7 +90,7 @@ def _answer(conn, ev, raw, said: list) -> None:
 
 def _seen(relay, outlet, conn):
     held = {k: list(s.entries) for k, s in relay.buffers._sessions.items()}
-    return (dict(relay.counters), held, [[repr(i) for i in o._q] for o in
+    return (dict(relay.counters), held, [[repr(i) for i in o.flat()] for o in
                                          sorted(relay.outlets, key=lambda o: o is not outlet)],
             list(conn.claims), list(conn.sources), relay._admitted)
 

@@ -13,6 +13,7 @@ import copy
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,7 +81,7 @@ def _item(item: object) -> tuple:
 
 
 def _outlet_state(o: Outlet) -> tuple:
-    return (o.state, o.dropped, o.queued_bytes, [_item(i) for i in o._q], o.delivered)
+    return (o.state, o.dropped, o.queued_bytes, [_item(i) for i in o.flat()], o.delivered)
 
 
 def _buffers_state(relay: Relay) -> list:
@@ -150,8 +151,8 @@ def test_admit_run_equals_one_admit_per_entry(specs, subs, soft, pending, queued
 @given(sizes=st.lists(st.tuples(st.integers(1, 900), st.integers(0, 5)), max_size=20),
        queued=st.lists(st.tuples(st.integers(1, 900), st.integers(0, 5)), max_size=6),
        soft=st.integers(200, 4000), hard_x=st.integers(1, 4), in_send=st.booleans(),
-       state=st.sampled_from(["open", "finishing"]))
-def test_offer_many_equals_one_offer_per_item(sizes, queued, soft, hard_x, in_send, state):
+       stuck=st.booleans(), state=st.sampled_from(["open", "finishing"]))
+def test_offer_many_equals_one_offer_per_item(sizes, queued, soft, hard_x, in_send, stuck, state):
     async def main() -> None:
         def outlet() -> Outlet:
             relay = Relay(queue_soft_bytes=soft, queue_hard_bytes=soft * hard_x)
@@ -159,7 +160,8 @@ def test_offer_many_equals_one_offer_per_item(sizes, queued, soft, hard_x, in_se
             for n, (size, sev) in enumerate(queued):
                 o.offer(EventItem(b"q%d" % n, size, sev))
             o.in_send = in_send
-            o.send_started = trio.current_time()
+            # a writer in its send since now, or for longer than stuck_s
+            o.send_started = trio.current_time() - (relay.stuck_s + 1 if stuck else 0)
             o.state = state
             return o
         items = [EventItem(b"i%d" % n, size, sev) for n, (size, sev) in enumerate(sizes)]
@@ -169,7 +171,7 @@ def test_offer_many_equals_one_offer_per_item(sizes, queued, soft, hard_x, in_se
         many.offer_many(items, sum(i.size for i in items))
         assert _outlet_state(many) == _outlet_state(one)
         assert many.hub.counters == one.hub.counters
-    trio.run(main)
+    trio.run(main, clock=trio.testing.MockClock())  # the clock stands still
 
 
 def test_a_run_from_one_emitter_asks_a_constant_filter_once():

@@ -99,7 +99,7 @@ async def _deliver_with_a_bad_pair(tmp_path, bad: int, n: int):
     evs = [st_.stamp("s1", {"type": "x.codex.tool.seen", "data": {"n": i}}) for i in range(n)]
     evs[bad]["severity"] = "warn"  # a bridge bug: no rank for it, the relay's entry raises
     await fleet._deliver_batch([Outbound("codex", e) for e in evs])
-    live = [int(re.search(rb'"seq":(\d+)', bytes(i.payload)).group(1)) for i in outlet._q
+    live = [int(re.search(rb'"seq":(\d+)', bytes(i.payload)).group(1)) for i in outlet.flat()
             if b'"seq"' in bytes(i.payload)]
     return fleet, relay, live
 
