@@ -303,6 +303,8 @@ async def _settle(c: httpx.AsyncClient, port: int, pid: int, timeout: float = 60
         if now == last:
             return
         last = now
+    print(f"  (the daemon did not settle in {timeout:.0f} s: still making spare files or busy;"
+          " the latency run below counts that work)")
 
 
 async def latency(n: int = 1500, rate: float = 150.0) -> dict:

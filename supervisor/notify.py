@@ -26,7 +26,7 @@ class Notifier:
         self.addr = addr or None
         usec = environ.get("WATCHDOG_USEC")
         pid = environ.get("WATCHDOG_PID")
-        armed = usec and usec.isdigit() and (not pid or pid == str(os.getpid()))
+        armed = usec and usec.isascii() and usec.isdigit() and (not pid or pid == str(os.getpid()))
         self._watchdog = int(usec) / 2e6 if armed else None  # type: ignore[arg-type]
 
     @property

@@ -329,10 +329,18 @@ class RetainingSessionLog(SessionLog):
                 continue
             try:
                 st = p.stat()
+            except FileNotFoundError:  # removed since the scan (by hand, logrotate)
+                self.total_bytes -= size
+                self._scanned.pop(p, None)
+                continue
             except OSError:
                 continue
             if st.st_mtime != mtime or st.st_size != size:
-                continue  # written since the scan: the next sweep sees it as it is
+                # written since the scan (not open here: another writer): kept,
+                # and counted at its size now; the next sweep sees it as it is
+                self.total_bytes += st.st_size - size
+                self._scanned[p] = st.st_size
+                continue
             self._remove(p, size)
         if cap and self.total_bytes > cap:
             # only live files left: rotate the largest, so the next sweep

@@ -350,7 +350,9 @@ def _spare_entries(directory: Path | str) -> list[tuple[os.DirEntry[str], os.sta
     out = []
     for e in entries:
         name = e.name
-        if name.endswith(".spare") and name[:-6].isdigit():
+        stem = name[:-6]
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+        if name.endswith(".spare") and stem.isascii() and stem.isdigit():
             try:
                 out.append((e, e.stat(follow_symlinks=False)))
             except OSError:

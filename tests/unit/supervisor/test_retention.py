@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import secrets
 from functools import partial
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from supervisor import retention
 from supervisor.retention import RetainingSessionLog, RetentionPolicy, parse_age, parse_size, segment_name
 
 
@@ -306,3 +308,73 @@ def test_the_scan_skips_the_spare_files_and_links_to_directories(tmp_path):
     assert set(scan.sizes) == {tmp_path / "codex" / "s.jsonl", seg}
     assert scan.total == 2 + 3 and scan.segments == [seg]
     assert scan.aged == [(2_000.0, 3, seg), (3_000.0, 2, tmp_path / "codex" / "s.jsonl")]
+
+
+# the scan runs in a worker thread: the directory may change between it and
+# the decisions on the loop (found by review 6a); these replay that window
+NOW = 1_796_000_000.0
+
+
+def _put(root: Path, name: str, size: int, age: float) -> Path:
+    p = root / "codex" / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"x" * (size - 1) + b"\n")
+    os.utime(p, (NOW - age, NOW - age))
+    return p
+
+
+def test_a_file_appended_or_truncated_during_the_scan_is_kept(tmp_path):
+    a = _put(tmp_path, "a.jsonl", 100, 10 * 86400)
+    b = _put(tmp_path, "b.jsonl", 100, 10 * 86400)
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=86400,
+                                                        max_total_bytes=None), clock=lambda: NOW)
+    scan = retention._scan(tmp_path)
+    with open(a, "ab") as f:
+        f.write(b"{}\n")
+    os.truncate(b, 10)
+    log._sweep(scan)
+    assert a.exists() and b.exists()
+
+
+def test_a_file_gone_during_the_scan_does_not_make_the_sweep_remove_another(tmp_path):
+    """Over the cap only because of a file that went away during the scan
+    (an operator's cleanup, a logrotate): the sweep must not remove a file
+    the rules do not ask for (found by a review: the vanished file's bytes
+    stayed in ``total_bytes`` and ``b.jsonl`` went too)."""
+    a = _put(tmp_path, "a.jsonl", 600, 300)   # oldest
+    b = _put(tmp_path, "b.jsonl", 300, 200)
+    c = _put(tmp_path, "c.jsonl", 300, 100)
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=None,
+                                                        max_total_bytes=1000), clock=lambda: NOW)
+    scan = retention._scan(tmp_path)
+    a.unlink()  # while the worker thread's scan was running
+    log._sweep(scan)
+    assert b.exists() and c.exists(), "a file under the cap was removed"
+    assert log.total_bytes == 600
+
+
+def test_the_same_through_maintain_with_the_scan_in_its_thread(tmp_path):
+    """The same window through :meth:`maintain` itself: the file goes away
+    while ``_scan`` runs in its worker thread."""
+    a = _put(tmp_path, "a.jsonl", 600, 300)
+    b = _put(tmp_path, "b.jsonl", 300, 200)
+    c = _put(tmp_path, "c.jsonl", 300, 100)
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=None,
+                                                        max_total_bytes=1000), clock=lambda: NOW)
+    real = retention._scan
+
+    def scan_then_cleanup(root):
+        out = real(root)
+        a.unlink()  # an operator's rm, just after the walk passed a.jsonl
+        return out
+
+    async def main():
+        retention._scan = scan_then_cleanup
+        try:
+            with trio.move_on_after(0.5):
+                await log.maintain(check_interval=10, sweep_interval=60)
+        finally:
+            retention._scan = real
+
+    trio.run(main)
+    assert b.exists() and c.exists(), "a file under the cap was removed"

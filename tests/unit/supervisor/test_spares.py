@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from supervisor.jsonlog import SessionLog, encode_line
-from supervisor.spares import SPARE_DIR, SpareFiles
+from supervisor.spares import SPARE_DIR, SpareFiles, give_back
 
 _SESSIONS = st.sampled_from(["s1", "s2", "ses 3", "../x", None, "s5", "s6", "s7"])
 
@@ -493,3 +493,16 @@ def test_the_inode_reserve_is_a_limit_not_an_error(tmp_path, monkeypatch):
         return pool
     pool = trio.run(main, clock=MockClock(autojump_threshold=0.05))
     assert pool.ready() == 6 and pool.counters["errors"] == 0
+
+
+# a stray name whose stem str.isdigit() takes but int() refuses ("²") stopped
+# the daemon at start (review 6a; older than the shared listing)
+def test_a_stray_superscript_digit_spare_name_is_ignored(tmp_path):
+    p = tmp_path / "\u00b2.spare"
+    os.close(os.open(p, os.O_CREAT | os.O_WRONLY, 0o600))
+    os.chmod(p, 0o600)
+    (tmp_path / "3.spare").touch(mode=0o600)
+    os.chmod(tmp_path / "3.spare", 0o600)
+    found, after = SpareFiles(tmp_path)._adopt()
+    assert found == [str(tmp_path / "3.spare")] and after == 4
+    assert give_back(tmp_path, 10) >= 1
