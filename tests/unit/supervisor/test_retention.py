@@ -378,3 +378,58 @@ def test_the_same_through_maintain_with_the_scan_in_its_thread(tmp_path):
 
     trio.run(main)
     assert b.exists() and c.exists(), "a file under the cap was removed"
+
+
+def test_maintain_lets_the_loop_run_between_steps_of_a_long_sweep(tmp_path):
+    # removing thousands of files at once held the event loop ~0.45 s: the
+    # maintenance task's sweep yields every REMOVALS_PER_STEP removals, and a
+    # file the writer opened meanwhile is not removed
+    n = 3 * retention.REMOVALS_PER_STEP + 5
+    for i in range(n):
+        _put(tmp_path, f"s{i:04d}.2026.jsonl", 10, 10 * 86400)
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=86400,
+                                                        max_total_bytes=None), clock=lambda: NOW)
+    ticks = [0]
+    seen: list[int] = []
+    real_remove = log._remove
+
+    def remove(p, size):
+        seen.append(ticks[0])
+        real_remove(p, size)
+
+    log._remove = remove  # type: ignore[method-assign]
+
+    async def main():
+        async def ticker():
+            while True:
+                ticks[0] += 1
+                await trio.lowlevel.checkpoint()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            with trio.move_on_after(1.0):
+                await log.maintain(check_interval=10, sweep_interval=60)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert len(seen) == n and not list((tmp_path / "codex").iterdir())
+    # trio runs a turn's tasks in random order, so two steps may see one tick
+    assert len(set(seen)) >= 2, "the sweep removed everything in one turn of the loop"
+
+
+def test_a_file_the_writer_opens_between_sweep_steps_is_not_removed(tmp_path):
+    n = 2 * retention.REMOVALS_PER_STEP + 5
+    for i in range(n):
+        _put(tmp_path, f"s{i:04d}.jsonl", 10, 10 * 86400)  # old live files, closed
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=None, max_age=86400,
+                                                        max_total_bytes=None), clock=lambda: NOW)
+    steps = log._sweep_steps(retention._scan(tmp_path))
+    next(steps)  # the first step's removals; the loop runs the writer here
+    last = f"s{n - 1:04d}"
+    log.write(ev(last, 0))  # its session comes back: the file is open for writing
+    for _ in steps:
+        pass
+    left = sorted(p.name for p in (tmp_path / "codex").iterdir())
+    assert left == [f"{last}.jsonl"]
+    assert (tmp_path / "codex" / f"{last}.jsonl").read_bytes().startswith(b"x")  # appended to
+    log.close()
