@@ -44,7 +44,7 @@ from bridges.core.settings import EnvReader, Setting, check_fields
 from .jsonlog import SessionLog
 from .spares import SPARE_DIR
 
-__all__ = ["SETTINGS", "RetentionPolicy", "RetainingSessionLog", "parse_size", "parse_age",
+__all__ = ["SETTINGS", "REMOVALS_PER_STEP", "RetentionPolicy", "RetainingSessionLog", "parse_size", "parse_age",
            "segment_name"]
 
 log = logging.getLogger("aep.retention")

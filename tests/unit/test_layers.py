@@ -187,7 +187,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
                           "is_command"},
     "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
-    "supervisor.retention": {"RetainingSessionLog", "RetentionPolicy", "SETTINGS", "parse_age", "parse_size", "segment_name"},
+    "supervisor.retention": {"RetainingSessionLog", "RetentionPolicy", "REMOVALS_PER_STEP", "SETTINGS", "parse_age", "parse_size", "segment_name"},
     "supervisor.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE", "give_back"},
     "supervisor.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold"},
     "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
