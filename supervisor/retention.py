@@ -339,7 +339,7 @@ class RetainingSessionLog(SessionLog):
             too_old = age is not None and now - mtime > age
             over = cap is not None and self.total_bytes > cap
             if not (too_old or over):
-                break  # the rest are newer, and the total only falls
+                break  # the rest are newer, and nothing after here changes the total
             if p in fds or p in todo:
                 continue
             try:
