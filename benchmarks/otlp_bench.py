@@ -114,13 +114,20 @@ class SseCounter(threading.Thread):
     connection closed, so the relay stops fanning out to it)."""
 
     def __init__(self, url: str, params: dict[str, str],
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, target: int | None = None) -> None:
         super().__init__(daemon=True)
         self.url, self.params, self.headers = url, params, headers or {}
         self.count = 0
         self.ready = threading.Event()
         self.stop = False
         self.sock: socket.socket | None = None
+        self.target = target
+        self.reached = threading.Event()
+        """Set when :attr:`count` reaches ``target``; :attr:`reached_at` is
+        when (``time.perf_counter()``, read in this thread as the chunk
+        that reached it is counted: the clock stops when the last delivery
+        lands, not at a poll)."""
+        self.reached_at: float | None = None
 
     def run(self) -> None:
         try:
@@ -146,7 +153,11 @@ class SseCounter(threading.Thread):
                 raise
 
     def counted(self) -> None:
-        """Called after each chunk that held events (a hook for subclasses)."""
+        """Called after each chunk that held events: notes the moment
+        ``target`` is reached."""
+        if self.target is not None and self.reached_at is None and self.count >= self.target:
+            self.reached_at = time.perf_counter()
+            self.reached.set()
 
     def close(self) -> None:
         """Stop counting and close the connection (from another thread)."""
@@ -159,13 +170,15 @@ class SseCounter(threading.Thread):
         self.join(5)
 
 
-def wait_count(counters: list[SseCounter], target: int, timeout: float = 300) -> float:
+def wait_reached(counters: list[SseCounter], timeout: float = 300) -> float:
+    """When the last of ``counters`` reached its target (``perf_counter``
+    time); raises ``RuntimeError`` when one has not within ``timeout`` s."""
     t_end = time.monotonic() + timeout
-    while sum(c.count for c in counters) < target:
-        if time.monotonic() > t_end:
-            raise RuntimeError(f"only {sum(c.count for c in counters)}/{target} delivered")
-        time.sleep(0.01)
-    return time.perf_counter()
+    for c in counters:
+        if not c.reached.wait(max(t_end - time.monotonic(), 0)):
+            raise RuntimeError(f"only {sum(c.count for c in counters)}/"
+                               f"{sum(c.target or 0 for c in counters)} delivered")
+    return max(c.reached_at for c in counters if c.reached_at is not None)
 
 
 def otlp_rate(d, kind: str, requests, n_subs: int = 1, *, sub_url: str | None = None,
@@ -173,14 +186,14 @@ def otlp_rate(d, kind: str, requests, n_subs: int = 1, *, sub_url: str | None = 
     """Records/s from the first request sent until every one of ``n_subs``
     SSE subscribers (on ``sub_url``, default the daemon's relay) has every
     record."""
-    subs = [SseCounter(sub_url or d.url, {"filter": json.dumps({"agent": "codex"})}, headers)
-            for _ in range(n_subs)]
+    total = len(requests) * RECORDS_PER_REQUEST
+    subs = [SseCounter(sub_url or d.url, {"filter": json.dumps({"agent": "codex"})}, headers,
+                       target=total) for _ in range(n_subs)]
     for sub in subs:
         sub.start()
     for sub in subs:
         sub.ready.wait(10)
     time.sleep(0.3)
-    total = len(requests) * RECORDS_PER_REQUEST
     t0 = time.perf_counter()
     if kind == "grpc":
         with grpc.insecure_channel(d.env["AEP_OTLP_GRPC_LISTEN"]) as ch:
@@ -194,25 +207,10 @@ def otlp_rate(d, kind: str, requests, n_subs: int = 1, *, sub_url: str | None = 
                               content=r.SerializeToString(),
                               headers={"content-type": "application/x-protobuf"})
                 resp.raise_for_status()
-    t1 = wait_count(subs, total * n_subs)
+    t1 = wait_reached(subs)
     for sub in subs:
         sub.close()
     return total / (t1 - t0)
-
-
-class FanoutCounter(SseCounter):
-    """An SSE subscriber for the fan-out runs: counts ``data:`` lines and
-    sets :attr:`reached` at ``target``, so the clock stops when the last
-    delivery lands (not at the next poll)."""
-
-    def __init__(self, url: str, params: dict[str, str], target: int) -> None:
-        super().__init__(url, params)
-        self.target = target
-        self.reached = threading.Event()
-
-    def counted(self) -> None:
-        if self.count >= self.target:
-            self.reached.set()
 
 
 def fanout(d, n_subs: int, n_events: int, tag: str = "") -> tuple[float, float]:
@@ -221,7 +219,7 @@ def fanout(d, n_subs: int, n_events: int, tag: str = "") -> tuple[float, float]:
     context alone costs 20-80 ms, more than the run) until every subscriber
     has every event. ``tag`` names a fresh session (and ids) per round."""
     session = f"fan-{n_subs}{tag}"
-    subs = [FanoutCounter(d.url, {"filter": json.dumps({"session": session})}, n_events)
+    subs = [SseCounter(d.url, {"filter": json.dumps({"session": session})}, target=n_events)
             for _ in range(n_subs)]
     for s in subs:
         s.start()
@@ -242,11 +240,7 @@ def fanout(d, n_subs: int, n_events: int, tag: str = "") -> tuple[float, float]:
         for b in batches:
             c.post(d.url + "/events", content=b, headers={
                 "content-type": "application/x-ndjson", "AEP-Version": "0.1"}).raise_for_status()
-        t_end = time.monotonic() + 300
-        for s in subs:
-            if not s.reached.wait(max(t_end - time.monotonic(), 0)):
-                raise RuntimeError(f"only {sum(c.count for c in subs)}/{n_events * n_subs} delivered")
-        t1 = time.perf_counter()
+        t1 = wait_reached(subs)
     for s in subs:
         s.close()
     rate = n_events * n_subs / (t1 - t0)
