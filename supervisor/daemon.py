@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import signal
+import sys
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -84,6 +85,21 @@ def _settle_gc() -> None:
     gc.freeze()
     _, t1, t2 = gc.get_threshold()
     gc.set_threshold(_GC_THRESHOLD0, t1, t2)
+
+
+GIL_SWITCH_S = 0.0005
+"""How long a thread waiting for the GIL waits before it asks the holder to
+drop it (``sys.setswitchinterval``; CPython's default 5 ms). The threads
+libraries demand (grpcio's handlers, trio's worker threads decoding an
+OTLP/HTTP body or scanning session logs) hand their work back to the event
+loop: with 5 ms, a handler with an export's answer in hand waited up to
+5 ms for a busy event loop before the exporter heard it, and the event
+loop as long behind a decoding thread (issue 11)."""
+
+
+def _settle_gil() -> None:
+    """Set the switch interval to :data:`GIL_SWITCH_S` (process-wide)."""
+    sys.setswitchinterval(GIL_SWITCH_S)
 
 
 def relay_options(cfg: Config) -> dict[str, Any]:
@@ -195,6 +211,7 @@ async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
             await root.start(fleet.run)
             await notifier.notify("READY=1")
             _settle_gc()
+            _settle_gil()
             root.start_soon(notifier.watchdog_loop)
             log.info("aep-bridges up: %s on %s; bridges: %s; epoch %d; %s",
                      (getattr(relay, "mode", "embedded relay") if relay else "health"),

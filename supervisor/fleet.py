@@ -457,7 +457,16 @@ class Fleet:
         else:
             fresh_outs, fresh = outs, pairs
         if fresh:
-            self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh))
+            if self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh)):
+                # a sender waits on these verdicts (an OTLP export's answer):
+                # let it answer before the relay's fan-out, so the exporter's
+                # next request arrives while the relay works (issue 11). Two
+                # turns: trio runs a turn's tasks in random order, so the woken
+                # sender has surely run once the pump is back from the second.
+                # The drain still reaches the sinks next, in order (shielded:
+                # a cancel here must not lose what the log already has).
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                await trio.lowlevel.cancel_shielded_checkpoint()
         await self._hand_over(outs, pairs)
         js = self.jetstream
         if js is not None:  # the JetStream sink: the same bytes, in channel order
@@ -531,10 +540,11 @@ class Fleet:
             log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
 
     def _logged(self, outs: list[Outbound], fresh: list[tuple[dict[str, Any], bytes]],
-                written: list[bool]) -> None:
+                written: list[bool]) -> bool:
         """Count the first deliveries ``outs`` (their ``(event, bytes)``
         pairs ``fresh``) the session log was given and report each verdict
-        in ``written`` to its bridge, in order."""
+        in ``written`` to its bridge, in order. Returns whether a bridge
+        had a task waiting on its verdicts (``logged_since``), now woken."""
         self.counters["events"] += len(fresh)
         families = self._families
         # per bridge [verdicts, 1-based position of the last failure]: one
@@ -571,10 +581,12 @@ class Fleet:
                         families[type_] = family
                 emitted[(name, family)] += n
         members = self.members
+        woke = False
         for name, (n, last_failed) in verdicts.items():
             m = members.get(name)
             if m is not None:
-                m.ctx.log_results(n, last_failed)
+                woke = m.ctx.log_results(n, last_failed) or woke
+        return woke
 
     def _log_writable(self) -> bool:
         return self.session_log.writable()

@@ -210,19 +210,22 @@ class BridgeContext:
             self._progress.set()
             self._progress = trio.Event()
 
-    def log_results(self, n: int, last_failed: int = 0) -> None:
+    def log_results(self, n: int, last_failed: int = 0) -> bool:
         """``n`` verdicts at once, equal to ``n`` :meth:`log_result` calls
         in order: ``last_failed`` is the 1-based position among them of the
         last ``False`` (``0``: all written). The fleet reports one drain's
-        verdicts per bridge in one call (one wake-up, not one per event)."""
+        verdicts per bridge in one call (one wake-up, not one per event).
+        Returns whether a task waiting in :meth:`logged_since` was woken."""
         if n <= 0:
-            return
+            return False
         if last_failed:
             self._failed_at = self._done + last_failed
         self._done += n
         if self._waiting:
             self._progress.set()
             self._progress = trio.Event()
+            return True
+        return False
 
     def log_writable(self) -> bool:
         """Whether the session log writes right now (false while the disk is full)."""

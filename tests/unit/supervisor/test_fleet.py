@@ -308,3 +308,30 @@ async def test_other_tasks_run_between_two_drains_of_the_pump(tmp_path):
         n.cancel_scope.cancel()
     assert seen[0] == 0 and len(seen) >= 3
     assert max(b - a for a, b in itertools.pairwise(seen)) <= 2 * PUMP_BATCH
+
+
+async def test_a_waiting_sender_hears_its_verdicts_before_the_relay_fans_out(tmp_path):
+    """An export awaiting ``logged_since`` (its answer to the exporter) is
+    woken by the drain's session-log verdicts and runs before the pump hands
+    that drain to the relay: the exporter's next request can arrive while
+    the relay fans out (issue 11). The log has the events when it answers;
+    the relay gets every one of them right after, in order."""
+    relay = RecordingRelay()
+    fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=relay, host="h")
+    ctx = fleet.members["steady"].ctx
+    at_answer: list[tuple[int, int]] = []
+
+    async with trio.open_nursery() as n:
+        await fleet._attach(n, fleet.members["steady"])  # noqa: SLF001 (the sink, no bridge run)
+        n.start_soon(fleet._pump)  # noqa: SLF001
+        mark = ctx.log_mark()
+        sent = [ctx.emit_nowait("s", {"type": "x.steady.tick.seen"}) for _ in range(5)]
+        assert await ctx.logged_since(mark)
+        log = tmp_path / "logs" / "steady" / "s.jsonl"
+        at_answer.append((len(log.read_text().splitlines()), len(relay.events)))
+        with trio.fail_after(10):
+            while len(relay.events) < 5:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    assert at_answer == [(5, 0)]
+    assert [ev["id"] for ev in relay.events] == [ev["id"] for ev in sent]
