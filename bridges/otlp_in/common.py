@@ -20,12 +20,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from functools import cached_property, lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from bridges.core import capture as _capture
-from bridges.core.bridge import Emission
+from bridges.core.bridge import Emission, Gating
 from bridges.core.posture import Posture
 
 MAX_META_STR = 512
@@ -59,6 +59,12 @@ class EventSpec:
             for k in keys:
                 out.setdefault(k, grade)
         return out
+
+    @cached_property
+    def content(self) -> bool:
+        """The spec has ``redacted`` or ``full`` keys (its payload depends
+        on the ceiling)."""
+        return bool(self.redacted or self.full)
 
 
 META, REDACTED, FULL = 0, 1, 2
@@ -255,6 +261,95 @@ FUTURE_SLACK = timedelta(days=1)
 """How far past the receive time a vendor time may be (clock skew)."""
 
 
+def _canonical_text(t: datetime) -> str:
+    """An aware ``t`` in :data:`_CANONICAL_TIME`'s form, cut to its millisecond."""
+    t = t.astimezone(timezone.utc)
+    return (f"{t.year:04d}-{t.month:02d}-{t.day:02d}T{t.hour:02d}:{t.minute:02d}:"
+            f"{t.second:02d}.{t.microsecond // 1000:03d}Z")
+
+
+_YEARS_LO, _YEARS_HI = "1971-01-01T00:00:00.000Z", "9998-12-31T23:59:59.999Z"
+"""The years :func:`record_moment` takes (1971..9998), as canonical text."""
+
+
+class Moments:
+    """:func:`record_moment` for the records of one request (one receive
+    time ``now``): ``moments(rec, notes)`` returns exactly ``record_moment(rec,
+    now, notes)``, the common case without parsing a date. A record without
+    ``time_unix_nano`` whose ``event.timestamp`` is already canonical text
+    (what Codex 0.171 sends) is taken as that text when it is in range, by
+    comparing text: fixed-width canonical UTC text sorts as time does, so
+    ``lo <= ts <= hi`` (the range's ends as canonical text, the latest cut
+    to its millisecond: a millisecond time is at most the latest exactly
+    when it is at most that cut) is the range check; the calendar check is
+    the hour, minute and second digits and, once per distinct day of the
+    request, ``date.fromisoformat``. Anything else (no shape, a day the
+    calendar refuses, out of range, a naive ``now``) is
+    :func:`record_moment` itself. Held equal to it by
+    ``tests/unit/otlp_in/test_otlp_moment.py``."""
+
+    __slots__ = ("now", "lo", "hi", "days", "texts")
+
+    def __init__(self, now: datetime | None) -> None:
+        self.now = now
+        self.lo: str = _YEARS_LO
+        self.hi: str | None = _YEARS_HI
+        # "YYYY-MM-DD" -> whether the calendar has it (a request spans a day or two)
+        self.days: dict[str, bool] = {}
+        #: each ``event.timestamp`` text looked at -> whether it is taken as
+        #: is (exporters stamp bursts of records in one millisecond): the
+        #: planning loop's first look (:func:`bridges.otlp_in.export.plan`)
+        self.texts: dict[str, bool] = {}
+        if now is not None:
+            self.lo = max(self.lo, _canonical_text(EARLIEST))
+            try:
+                latest = None if now.utcoffset() is None else now + FUTURE_SLACK
+                hi = None if latest is None else _canonical_text(latest)
+            except Exception:  # noqa: BLE001 -- record_moment itself answers (or raises) then
+                hi = None
+            self.hi = None if hi is None else min(hi, _YEARS_HI)
+
+    def __call__(self, rec: dict[str, Any], notes: list[str] | None = None
+                 ) -> datetime | str | None:
+        if self.hi is not None and rec.__class__ is dict and rec.get("time_unix_nano") is None:
+            a = rec.get("attributes")
+            ts = a.get("event.timestamp") if a.__class__ is dict else None
+            if ts.__class__ is str:
+                taken = self.texts.get(ts)
+                if taken is None:
+                    taken = self.takes(ts)
+                if taken:
+                    return ts
+        return record_moment(rec, self.now, notes)
+
+    def takes(self, ts: str) -> bool:
+        """Whether ``ts``, the ``event.timestamp`` of a record without
+        ``time_unix_nano``, is its moment as is (remembered in
+        :attr:`texts`, at most 4,096 kept)."""
+        hi = self.hi
+        taken = False
+        if hi is not None and len(ts) == 24 and self.lo <= ts <= hi \
+                and ts[14] < "6" and ts[17] < "6" and ts[11:13] < "24" and ts.isascii() \
+                and ts.encode("ascii").translate(_DIGITS_AS_0) == _CANONICAL_SHAPE:
+            day = ts[:10]
+            taken = self.days.get(day)  # type: ignore[assignment]
+            if taken is None:
+                taken = self.days[day] = _is_day(day)
+        texts = self.texts
+        if len(texts) >= 4096:
+            texts.clear()
+        texts[ts] = taken
+        return taken
+
+
+def _is_day(text: str) -> bool:
+    try:
+        date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _from_nanos(n: object) -> datetime | None:
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         return None
@@ -282,11 +377,20 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
     keys verbatim (scalars only; strings cut to :data:`MAX_META_STR`), the
     ``redacted`` keys through the redaction pipeline at ``redacted`` and
     verbatim at ``full``, the ``full`` keys only at ``full``. Attribute order
-    is kept."""
+    is kept. The work is :func:`payload` with the type's ceiling looked up."""
+    if spec.content:
+        return payload(spec.grades, a, notes, posture.allows(type_, "redacted"),
+                       posture.allows(type_, "full"), posture.policy)
+    return payload(spec.grades, a, notes, False, False, posture.policy)
+
+
+def payload(grades: dict[str, int], a: dict[str, Any], notes: list[str], red_ok: bool,
+            full_ok: bool, policy: _capture.CapturePolicy) -> dict[str, Any]:
+    """:func:`gated_payload` with the ceiling decided (``red_ok`` / ``full_ok``:
+    the type's ceiling allows ``redacted`` / ``full`` content; ``grades``:
+    :attr:`EventSpec.grades`): what a compiled plan
+    (:class:`Recipe`) calls per record."""
     data: dict[str, Any] = {}
-    grades = spec.grades
-    red_ok = full_ok = False
-    asked = False  # the ceiling is looked up at the first content key, if any
     for key, val in a.items():
         grade = grades.get(key)
         if grade is None:
@@ -306,18 +410,51 @@ def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Postu
                     notes.append("otlp.value_truncated")
                     val = val[:MAX_META_STR]
             data[key] = val
-            continue
-        if not asked:
-            red_ok = posture.allows(type_, "redacted")
-            full_ok = posture.allows(type_, "full")
-            asked = True
-        if grade == REDACTED:
+        elif grade == REDACTED:
             if red_ok and val is not None:
-                data[key] = val if full_ok else _capture.redact_text(text_of(val) or "",
-                                                                     posture.policy)
+                data[key] = val if full_ok else _capture.redact_text(text_of(val) or "", policy)
         elif full_ok and val is not None:
             data[key] = val
     return data
+
+
+class Plain(NamedTuple):
+    """What a vendor mapper's plain events are, for its profile's compiled
+    plan (:meth:`bridges.otlp_in.profiles.Profile.recipes`): ``mapper``
+    and ``session_key``, the seams this describes (the plan uses it only
+    while the profile's seams are these); ``events``: the mapper's
+    :class:`EventSpec` per known event name; ``special``: the names whose
+    companion mapping is more than :func:`gated_payload`; ``core``: the
+    names with a primary-mode core mapping; ``session_attribute``: the
+    LogRecord attribute ``session_key`` returns, when that is all it does
+    (``None``: it reads something else)."""
+
+    mapper: Mapper
+    session_key: Callable[[dict[str, Any]], object]
+    events: dict[str, EventSpec]
+    special: frozenset[str] = frozenset()
+    core: frozenset[str] = frozenset()
+    session_attribute: str | None = None
+
+
+Mapper = Callable[[dict[str, Any], Posture, list[str]], list[Emission]]
+"""``map_record(rec, posture, notes)``: one flattened record -> its emissions."""
+
+
+class Recipe(NamedTuple):
+    """One event name's mapping at one posture, compiled
+    (:meth:`bridges.otlp_in.profiles.Profile.recipes`), for an event whose
+    mapping there is exactly its gated payload: the emission is
+    ``{"type": type, "data": payload(grades, attributes, notes, red_ok,
+    full_ok, policy), "gating": gating}``, what the mapper and the
+    profile's hint give (``tests/unit/otlp_in/test_otlp_recipes.py``)."""
+
+    type: str
+    grades: dict[str, int]
+    red_ok: bool
+    full_ok: bool
+    policy: _capture.CapturePolicy
+    gating: Gating
 
 
 def spec_levels(spec: EventSpec, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -339,5 +476,3 @@ def unknown(namespace: str, name: str | None) -> Emission:
         em["data"]["event.name"] = name
     return em
 
-
-Mapper = Callable[[dict[str, Any], Posture, list[str]], list[Emission]]

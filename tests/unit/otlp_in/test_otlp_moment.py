@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from bridges.otlp_in import common
-from bridges.otlp_in.common import EARLIEST, FUTURE_SLACK, _from_nanos, record_moment
+from bridges.otlp_in.common import EARLIEST, FUTURE_SLACK, Moments, _from_nanos, record_moment
 
 _REGEX = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
@@ -97,6 +97,11 @@ def _same_as_reference(ts: str, now: datetime | None, observed: int | None,
     want = reference(rec, now, want_notes)
     assert got == want and type(got) is type(want)
     assert got_notes == want_notes
+    # the per-request shortcut (text comparison, no date parsing) is the same
+    fast_notes: list[str] = []
+    fast = Moments(now)(rec, fast_notes)
+    assert fast == want and type(fast) is type(want)
+    assert fast_notes == want_notes
 
 
 @settings(max_examples=1500, deadline=None)
@@ -177,3 +182,48 @@ def test_record_moment_at_the_bounds_and_the_calendar(
     the calendar refuses, years at 1971 and 9998."""
     ts, now = case
     _same_as_reference(ts, now, observed, time_nano)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases=st.lists(st.one_of(_canonical, _edge_case().map(lambda c: c[0]), _times),
+                      min_size=1, max_size=12),
+       now=st.one_of(_nows, st.just(datetime(9999, 12, 31, 12, tzinfo=timezone.utc)),
+                     st.just(datetime(2026, 11, 30))))
+@example(cases=["2026-11-30T13:05:16.576Z", "2026-02-30T13:05:16.576Z",
+                "2026-11-30T13:05:16.576Z"], now=None)
+@example(cases=["2026-11-30T13:05:16.576Z"], now=datetime(2026, 11, 30))  # naive: raises
+def test_one_moments_for_a_request_equals_record_moment(cases: list[str],
+                                                        now: datetime | None) -> None:
+    """One :class:`Moments` over a request's records (its day memo shared
+    by them, a receive time at the end of the calendar or naive) answers
+    what ``record_moment`` answers for each, raising alike."""
+    moments = Moments(now)
+    for ts in cases:
+        rec: dict[str, Any] = {"attributes": {"event.timestamp": ts}}
+        want_notes: list[str] = []
+        got_notes: list[str] = []
+        try:
+            want: object = record_moment(rec, now, want_notes)
+        except Exception as e:  # noqa: BLE001 -- the same exception is the point
+            want = type(e)
+        try:
+            got: object = moments(rec, got_notes)
+        except Exception as e:  # noqa: BLE001
+            got = type(e)
+        assert got == want and type(got) is type(want)
+        assert got_notes == want_notes
+
+
+def test_moments_takes_canonical_text_without_parsing(monkeypatch) -> None:
+    """The shortcut is taken (record_moment is not called) for the
+    exporter's canonical text in range, and not for a day the calendar
+    refuses."""
+    now = datetime(2026, 11, 30, 14, tzinfo=timezone.utc)
+    moments = Moments(now)
+    calls: list[object] = []
+    real = common.record_moment
+    monkeypatch.setattr(common, "record_moment", lambda *a: calls.append(a) or real(*a))
+    ts = "2026-11-30T13:05:16.576Z"
+    assert moments({"attributes": {"event.timestamp": ts}}, []) == ts and calls == []
+    assert moments({"attributes": {"event.timestamp": "2026-02-30T13:05:16.576Z"}}, []) is None
+    assert len(calls) == 1
