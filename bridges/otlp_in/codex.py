@@ -49,6 +49,7 @@ from bridges.core.posture import Posture
 
 from .common import (
     EventSpec,
+    Plain,
     attrs,
     event_name,
     gated_payload,
@@ -153,6 +154,12 @@ RESOURCE_READS = frozenset({"host.name", "user.email"})
 FIELDS = frozenset({"event_name", "body", "time_unix_nano", "observed_time_unix_nano"})
 """The record fields this profile looks at besides the attributes and the
 resource (the event name's fallbacks, the record time's candidates)."""
+
+SPECIAL = frozenset({"codex.user_prompt", "codex.conversation_starts"})
+"""The events whose companion payload is more than :func:`gated_payload`
+(:func:`_companion`'s double-gated prompt, host name and e-mail)."""
+CORE = frozenset({"codex.conversation_starts", "codex.tool_result", "codex.tool_decision"})
+"""The events :func:`_primary` may map to a core type."""
 
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed", "tool.denied")
 """The core subset this profile emits in primary mode (design record)."""
@@ -287,3 +294,8 @@ def _tool_decision(a: dict[str, Any], notes: list[str]) -> list[Emission] | None
         notes.append("otlp.degraded")
         return None
     return [{"type": "tool.denied", "data": {"tool": tool, "by": by}, "subject": tool["name"]}]
+
+
+PLAIN = Plain(map_record, session_key, EVENTS, SPECIAL, CORE, "conversation.id")
+"""This mapper's plain events, for the profile's compiled plan
+(:class:`~bridges.otlp_in.common.Plain`)."""

@@ -35,7 +35,7 @@ import trio
 from bridges.core.bridge import BridgeContext, Emission, Saturated
 from bridges.core.posture import Posture
 
-from .common import record_moment, session_id
+from .common import Moments, payload, session_id
 from .flatten import FlatRecord
 from .profiles import Profile
 from .status import Accepted, Unavailable
@@ -95,7 +95,16 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     and the exception kept in :attr:`Plan.failures`. ``now``: the receive
     time (the caller reads the clock); a vendor time out of range around it
     falls back to the next candidate, noted ``otlp.time_out_of_range``
-    (:func:`~bridges.otlp_in.common.record_moment`)."""
+    (:func:`~bridges.otlp_in.common.record_moment`).
+
+    A record of an event whose mapping at ``posture`` is its gated payload
+    takes the profile's compiled :class:`~bridges.otlp_in.common.Recipe`
+    (:meth:`Profile.recipes <bridges.otlp_in.profiles.Profile.recipes>`)
+    instead of ``map_record`` and the hint, and every record's moment comes
+    from one :class:`~bridges.otlp_in.common.Moments`: the same plan
+    (``tests/unit/otlp_in/test_otlp_recipes.py`` holds it to the plain
+    loop over ``session_key``, ``map_record``, ``record_moment`` and the
+    hint)."""
     refused: Counter[str] = Counter()
     notes: list[str] = []
     failures: list[Exception] = []
@@ -107,13 +116,21 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
     # map_record's emissions are its own, fresh: the gating hint goes in in place
     session_key, map_record, stampable = profile.session_key, profile.map_record, \
         profile.hint
+    recipes = profile.recipes(posture)
+    by_attribute = profile.session_attribute
+    moment = Moments(now)
+    texts = moment.texts
     append = planned.append
     for idx, rec in enumerate(records):
         if rec is None:
             refused[NOT_A_RECORD] += 1
             continue
         try:
-            raw = session_key(rec)
+            a = rec.get("attributes") if rec.__class__ is dict else None
+            if a.__class__ is not dict:
+                a = None
+            raw = a.get(by_attribute) if a is not None and by_attribute is not None \
+                else session_key(rec)
             known = sessions.get(raw) if raw.__class__ is str else None
             if known is None:
                 said: list[str] = []
@@ -127,15 +144,28 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
                 notes.append("otlp.no_session")
                 refused[NO_SESSION] += 1
                 continue
+            name = a.get("event.name") if a is not None else None
+            recipe = recipes.get(name) if name.__class__ is str else None
+            if recipe is not None and a is not None:
+                em: Emission = {"type": recipe.type,
+                                "data": payload(recipe.grades, a, notes, recipe.red_ok,
+                                                recipe.full_ok, recipe.policy),
+                                "gating": recipe.gating}
+                # the moment: Moments' own first look, inline (the texts it took)
+                ts = a.get("event.timestamp")
+                when = ts if ts.__class__ is str and texts.get(ts) and \
+                    rec.get("time_unix_nano") is None else moment(rec, notes)
+                # Planned(...) without the named tuple's Python-level __new__ (what it calls)
+                append(_new_tuple(Planned, (idx, sess, em, when)))
+                continue
             emissions = map_record(rec, posture, notes)
-            when = record_moment(rec, now, notes)
+            when = moment(rec, notes)
         except Exception as e:  # a mapper bug must not take the receiver down
             notes.append("otlp.mapping_error")
             refused[MAPPING_FAILED] += 1
             failures.append(e)
             continue
         for em in emissions:
-            # Planned(...) without the named tuple's Python-level __new__ (what it calls)
             append(_new_tuple(Planned, (idx, sess, stampable(em), when)))
     return Plan(tuple(planned), dict(refused), tuple(notes), tuple(failures))
 

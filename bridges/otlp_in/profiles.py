@@ -10,9 +10,10 @@ from functools import cached_property
 from typing import Callable
 
 from bridges.core.bridge import Emission, Gating
+from bridges.core.posture import Posture
 
 from . import codex, vscode
-from .common import Mapper
+from .common import MAX_EVENT_NAME, Mapper, Plain, Recipe, vendor_type
 from .flatten import FlatRecord
 
 
@@ -31,7 +32,11 @@ class Profile:
     key, the record time and the mapper look at (``None``: any), and
     ``fields`` every other record field they look at: the
     decoder flattens only these, so the mapping is the same for less work
-    (``tests/unit/otlp_in/test_otlp_reads.py`` holds each profile to it)."""
+    (``tests/unit/otlp_in/test_otlp_reads.py`` holds each profile to it).
+
+    ``plain``: what the mapper's plain events are
+    (:class:`~bridges.otlp_in.common.Plain`), for :meth:`recipes` and
+    :attr:`session_attribute`; ``None``: no compiled plan."""
 
     vendor: str
     agent: str
@@ -44,6 +49,7 @@ class Profile:
     reads: frozenset[str] | None = None
     resource_reads: frozenset[str] | None = None
     fields: frozenset[str] | None = None
+    plain: Plain | None = None
 
     def stampable(self, emission: Emission) -> Emission:
         """``emission`` plus the stamper's ``gating`` hint for a vendor
@@ -70,6 +76,47 @@ class Profile:
                 {"levels": self.levels.get(type_, {})}
         return emission
 
+    def recipes(self, posture: Posture) -> dict[str, Recipe]:
+        """Per event name whose mapping at ``posture`` is exactly its gated
+        payload (a known name, not ``special``, and in primary mode not
+        ``core``), the compiled :class:`~bridges.otlp_in.common.Recipe`:
+        the type, the payload plan, the ceiling's answers and the gating
+        hint decided once per posture instead of once per record
+        (:func:`bridges.otlp_in.export.plan`). Kept per posture object (a
+        run has one)."""
+        kept = self._recipes.get(id(posture))
+        if kept is not None and kept[0] is posture:
+            return kept[1]
+        out: dict[str, Recipe] = {}
+        plain = self.plain
+        if plain is not None and plain.mapper is self.map_record:
+            skip = plain.special | plain.core if posture.primary else plain.special
+            for name, spec in plain.events.items():
+                if name in skip or len(name) > MAX_EVENT_NAME:
+                    continue
+                type_ = vendor_type(self.namespace, spec.leaf)
+                gating = self._gatings.get(type_)
+                if gating is None or not type_.startswith(self._prefix):
+                    continue  # the hint path decides (no table entry: nothing shared)
+                out[name] = Recipe(type_, spec.grades, posture.allows(type_, "redacted"),
+                                   posture.allows(type_, "full"), posture.policy, gating)
+        if len(self._recipes) >= 64:
+            self._recipes.clear()
+        self._recipes[id(posture)] = (posture, out)
+        return out
+
+    @property
+    def session_attribute(self) -> str | None:
+        """The LogRecord attribute :attr:`session_key` returns, when that is
+        all it does (:class:`~bridges.otlp_in.common.Plain`), else ``None``."""
+        plain = self.plain
+        return plain.session_attribute if plain is not None and \
+            plain.session_key is self.session_key else None
+
+    @cached_property
+    def _recipes(self) -> dict[int, tuple[Posture, dict[str, Recipe]]]:
+        return {}
+
     @cached_property
     def _prefix(self) -> str:
         return self.namespace + "."
@@ -84,8 +131,9 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "codex": Profile("codex", "codex", codex.session_key, codex.map_record, codex.NAMESPACE,
                      codex.PRIMARY_TYPES, frozenset(codex.EVENTS), codex.LEVELS,
-                     codex.READS, codex.RESOURCE_READS, codex.FIELDS),
+                     codex.READS, codex.RESOURCE_READS, codex.FIELDS, codex.PLAIN),
     "vscode": Profile("vscode", "vscode", vscode.session_key, vscode.map_record,
                       vscode.NAMESPACE, vscode.PRIMARY_TYPES, frozenset(vscode.EVENTS),
-                      vscode.LEVELS, vscode.READS, vscode.RESOURCE_READS, vscode.FIELDS),
+                      vscode.LEVELS, vscode.READS, vscode.RESOURCE_READS, vscode.FIELDS,
+                      vscode.PLAIN),
 }

@@ -22,6 +22,7 @@ from bridges.core.posture import Posture
 
 from .common import (
     EventSpec,
+    Plain,
     attrs,
     event_name,
     gated_payload,
@@ -76,6 +77,11 @@ RESOURCE_READS = frozenset({"session.id"})
 FIELDS = frozenset({"event_name", "body", "time_unix_nano", "observed_time_unix_nano"})
 """The record fields this profile looks at besides the attributes and the
 resource (the event name's fallbacks, the record time's candidates)."""
+
+SPECIAL: frozenset[str] = frozenset()
+"""Every companion payload here is :func:`gated_payload`'s."""
+CORE = frozenset({"copilot_chat.session.start", "copilot_chat.tool.call"})
+"""The events :func:`_primary` may map to a core type."""
 
 PRIMARY_TYPES = ("session.started", "tool.completed", "tool.failed")
 """The core subset this profile emits in primary mode (design record)."""
@@ -135,3 +141,8 @@ def _primary(name: str, a: dict[str, Any], notes: list[str]) -> list[Emission] |
         return [{"type": "tool.completed" if ok else "tool.failed", "data": data,
                  "subject": tool_name}]
     return None
+
+
+PLAIN = Plain(map_record, session_key, EVENTS, SPECIAL, CORE, None)
+"""This mapper's plain events, for the profile's compiled plan
+(:class:`~bridges.otlp_in.common.Plain`)."""
