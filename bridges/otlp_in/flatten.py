@@ -42,6 +42,7 @@ protobuf as well as JSON).
 from __future__ import annotations
 
 import base64
+import itertools
 import math
 from typing import Any, Callable, Container, Iterable, Iterator
 
@@ -583,8 +584,13 @@ class AttributeReader:
         self.keys = keys
         self.memo = memo
         self._seen: dict[bytes, tuple[str, Any, tuple[str, ...]]] = {}
+        # the memoized verdicts that noted nothing, as ``(key, value)`` pairs
+        # (``(SKIP, None)`` for a key outside ``keys``): what dict() takes
+        self._pairs: dict[bytes, tuple[Any, Any]] = {}
         #: ``remembered(b)``: the memoized verdict or ``None`` (the hot loop's first try)
         self.remembered = self._seen.get
+        #: ``pair(b)``: the memoized verdict as a pair (:meth:`attributes`) or ``None``
+        self.pair = self._pairs.get
 
     def __call__(self, b: bytes) -> tuple[str, Any, tuple[str, ...]]:
         return self._seen.get(b) or self.read(b)
@@ -597,8 +603,25 @@ class AttributeReader:
             seen = self._seen
             if len(seen) >= self.memo:
                 seen.clear()
+                self._pairs.clear()
             seen[b] = got
+            if not got[2]:
+                self._pairs[b] = (SKIP, None) if got[1] is SKIP else (got[0], got[1])
         return got
+
+    def attributes(self, raw: list[bytes], notes: list[str]) -> dict[str, Any]:
+        """A LogRecord's raw ``KeyValue`` s -> its flattened attributes, as
+        :func:`attrs_from_proto` gives them (notes in order): the slow half
+        of :func:`records_from_raw` (some attribute not memoized)."""
+        out: dict[str, Any] = {}
+        remembered, read = self._seen.get, self.read
+        for b in raw:
+            key, value, said = remembered(b) or read(b)
+            if value is not SKIP:
+                out[key] = value
+                if said:
+                    notes.extend(said)
+        return out
 
     def _read(self, b: bytes) -> tuple[str, Any, tuple[str, ...]]:
         keys = self.keys
@@ -623,20 +646,31 @@ def records_from_raw(request: Any, notes: list[str], attribute: AttributeReader,
                      extras: bool = True) -> list[FlatRecord]:
     """:func:`records_from_proto` over a :data:`RawRequest` message: the same
     records (and notes) as the real message gives with ``attribute.keys``,
-    ``resource_keys`` and ``extras``. Raises what ``attribute`` raises."""
+    ``resource_keys`` and ``extras``. Raises what ``attribute`` raises.
+
+    A record's attributes are ``dict(map(attribute.pair, raw, ...))``, in C,
+    when the memo has every one of them (a miss is the pair ``(_MISS,
+    None)``: then :meth:`AttributeReader.attributes` reads the record
+    again; the ``(SKIP, None)`` pairs of unread keys are dropped: one key
+    for all of them, so the others keep their order)."""
     out: list[FlatRecord] = []
-    remembered, read = attribute.remembered, attribute.read
+    pair, slow = attribute.pair, attribute.attributes
     for rl in request.resource_logs:
         resource = attrs_from_proto(rl.resource.attributes, notes, 0, resource_keys)
         for sl in rl.scope_logs:
             scope = _scope(sl.scope.name, sl.scope.version)
             for lr in sl.log_records:
-                attributes: dict[str, Any] = {}
-                for b in lr.attributes:
-                    key, value, said = remembered(b) or read(b)
-                    if value is not SKIP:
-                        attributes[key] = value
-                        if said:
-                            notes.extend(said)
+                raw = lr.attributes[:]
+                attributes = dict(map(pair, raw, _MISSES))
+                if _MISS in attributes:
+                    attributes = slow(raw, notes)
+                elif SKIP in attributes:
+                    del attributes[SKIP]
                 out.append(_log_record(lr, resource, attributes, scope, notes, extras))
     return out
+
+
+_MISS = object()
+"""The key of :data:`_MISSES`' pair: an attribute the memo does not have."""
+_MISSES = itertools.repeat((_MISS, None))
+"""``dict.get``'s default for every attribute (:func:`records_from_raw`)."""

@@ -225,6 +225,24 @@ def test_memo_keeps_only_scalars_and_stays_bounded():
         assert reader(kv) == (f"k{i}", "v", ())
         assert reader.remembered(kv) == (f"k{i}", "v", ())
     assert len(reader._seen) <= 3  # noqa: SLF001 -- the bound is the point
+    assert len(reader._pairs) <= 3  # noqa: SLF001 -- the pairs memo is bounded alike
     long = KeyValue(key="output", value=AnyValue(string_value="x" * flatten.MEMO_MAX_BYTES))
     assert reader(long.SerializeToString())[1] == "x" * flatten.MEMO_MAX_BYTES
     assert reader.remembered(long.SerializeToString()) is None  # long values are not kept
+
+
+def test_a_memoized_verdict_that_notes_says_so_for_every_record():
+    """An attribute whose value degrades with a note (a profiles-only
+    ``string_value_strindex``: ``None``, noted) is noted for each record
+    that carries it, the memo warm or cold: only verdicts that note nothing
+    are taken as pairs (records_from_raw's dict(map(...)))."""
+    deep = KeyValue(key="deep", value=AnyValue(string_value_strindex=3)).SerializeToString()
+    plain = KeyValue(key="k", value=AnyValue(string_value="v")).SerializeToString()
+    body = _field(0x0A, _field(0x12, _field(0x12, _field(0x32, plain) + _field(0x32, deep))
+                               + _field(0x12, _field(0x32, deep) + _field(0x32, plain))))
+    decoder = ProtoDecoder(ALL)
+    for _ in range(3):
+        records, notes = _same(body, ALL, decoder)
+        assert notes == ["otlp.value_unexpected"] * 2
+        assert records == [{"resource": {}, "attributes": {"k": "v", "deep": None}},
+                           {"resource": {}, "attributes": {"deep": None, "k": "v"}}]
