@@ -147,10 +147,10 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
             name = a.get("event.name") if a is not None else None
             recipe = recipes.get(name) if name.__class__ is str else None
             if recipe is not None and a is not None:
-                em: Emission = {"type": recipe.type,
-                                "data": payload(recipe.grades, a, notes, recipe.red_ok,
-                                                recipe.full_ok, recipe.policy),
-                                "gating": recipe.gating}
+                type_, grades, red_ok, full_ok, policy, gating = recipe
+                em: Emission = {"type": type_,
+                                "data": payload(grades, a, notes, red_ok, full_ok, policy),
+                                "gating": gating}
                 # the moment: Moments' own first look, inline (the texts it took)
                 ts = a.get("event.timestamp")
                 when = ts if ts.__class__ is str and texts.get(ts) and \
