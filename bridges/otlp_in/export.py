@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Awaitable, Callable, NamedTuple, Sequence
+from typing import Any, Awaitable, Callable, NamedTuple, Sequence
 
 import trio
 
@@ -118,6 +118,8 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
         profile.hint
     recipes = profile.recipes(posture)
     by_attribute = profile.session_attribute
+    # raw session key -> its session, for the keys whose check noted nothing
+    clean: dict[str, str] = {}
     moment = Moments(now)
     texts = moment.texts
     append = planned.append
@@ -126,27 +128,31 @@ def plan(records: Sequence[FlatRecord | None], profile: Profile, posture: Postur
             refused[NOT_A_RECORD] += 1
             continue
         try:
-            a = rec.get("attributes") if rec.__class__ is dict else None
-            if a.__class__ is not dict:
-                a = None
-            raw = a.get(by_attribute) if a is not None and by_attribute is not None \
-                else session_key(rec)
-            known = sessions.get(raw) if raw.__class__ is str else None
-            if known is None:
-                said: list[str] = []
-                known = (session_id(raw, said), said)
-                if raw.__class__ is str:
-                    sessions[raw] = known
-            sess = known[0]
-            if known[1]:
-                notes.extend(known[1])
+            a: Any = rec.get("attributes") if rec.__class__ is dict else None
+            if a.__class__ is dict:
+                raw = a.get(by_attribute) if by_attribute is not None else session_key(rec)
+                name = a.get("event.name")
+            else:
+                raw, name = session_key(rec), None
+            sess = clean.get(raw) if raw.__class__ is str else None
             if sess is None:
-                notes.append("otlp.no_session")
-                refused[NO_SESSION] += 1
-                continue
-            name = a.get("event.name") if a is not None else None
+                known = sessions.get(raw) if raw.__class__ is str else None
+                if known is None:
+                    said: list[str] = []
+                    known = (session_id(raw, said), said)
+                    if raw.__class__ is str:
+                        sessions[raw] = known
+                        if known[0] is not None and not said:
+                            clean[raw] = known[0]
+                sess = known[0]
+                if known[1]:
+                    notes.extend(known[1])
+                if sess is None:
+                    notes.append("otlp.no_session")
+                    refused[NO_SESSION] += 1
+                    continue
             recipe = recipes.get(name) if name.__class__ is str else None
-            if recipe is not None and a is not None:
+            if recipe is not None:
                 type_, grades, red_ok, full_ok, policy, gating = recipe
                 em: Emission = {"type": type_,
                                 "data": payload(grades, a, notes, red_ok, full_ok, policy),
