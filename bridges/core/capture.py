@@ -554,7 +554,12 @@ def _plain_members(data: dict[str, Any], levels: Mapping[str, str]) -> dict[str,
     copied, so the result is :func:`gate`'s without a gating pass. ``None``
     when some member is declared (or may hold declared members): the full
     pass decides then."""
-    declared = _level_keys(levels) if levels else frozenset()
+    return _plain(data, _level_keys(levels) if levels else frozenset())
+
+
+def _plain(data: dict[str, Any], declared: frozenset[str]) -> dict[str, Any] | None:
+    """:func:`_plain_members` with ``levels``' keys and prefixes worked out
+    (``declared``, :func:`_level_keys`)."""
     out: dict[str, Any] = {}
     for k, v in data.items():
         if k.__class__ is not str or k in declared:
@@ -728,7 +733,7 @@ class GatePlan:
     through the full :class:`_Gate` pass. Raises ``ValueError`` for an
     unknown ``ceiling``."""
 
-    __slots__ = ("type", "ceiling", "node", "compiled")
+    __slots__ = ("type", "ceiling", "node", "compiled", "_declared")
 
     def __init__(self, type_: str, ceiling: str) -> None:
         rank(ceiling)
@@ -737,6 +742,9 @@ class GatePlan:
         self.node = _ct.node_for(type_)
         self.compiled = _compiled(self.node, ceiling) \
             if self.node is not None and ceiling != "none" else None
+        # the last ``levels`` mapping gate_levels saw, with its declared keys
+        # (a vendor type's hint is one module-level mapping: one lookup per type)
+        self._declared: tuple[Mapping[str, str], frozenset[str]] | None = None
 
     def gate(self, data: Any, policy: CapturePolicy, *, agent: str | None = None,
              subject: str | None = None, form_fields: Any = None,
@@ -779,7 +787,10 @@ class GatePlan:
         :meth:`gate` itself."""
         if self.node is None and levels is not None and self.ceiling != "none" \
                 and data.__class__ is dict and data:
-            plain = _plain_members(data, levels)
+            seen = self._declared
+            if seen is None or seen[0] is not levels:
+                seen = self._declared = (levels, _level_keys(levels) if levels else frozenset())
+            plain = _plain(data, seen[1])
             if plain is not None:
                 return plain, "metadata"
         return self.gate(data, policy, agent=agent, subject=subject, levels=levels)

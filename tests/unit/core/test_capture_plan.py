@@ -137,6 +137,36 @@ def test_gate_through_its_plan_equals_the_reference_with_hints(inp, ceiling, lev
     assert _same(got, ref), (got, ref)
 
 
+_vendor_data = st.dictionaries(
+    st.sampled_from(["error", "error.message", "error.code", "result", "kind", "x", "x.y"])
+    | st.text(max_size=4),
+    st.recursive(_leaf, lambda c: st.lists(c, max_size=2) | st.dictionaries(
+        st.sampled_from(["message", "a"]), c, max_size=2), max_leaves=4), max_size=5)
+_level_maps = [{}, {"error": "redacted", "error.message": "redacted"}, {"x.y": "full"},
+               {"result": "full"}]
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(type_=st.sampled_from(["x.acme.thing", "message.note", *TYPES[:3]]),
+       ceiling=st.sampled_from(LEVELS),
+       calls=st.lists(st.tuples(_vendor_data, st.integers(0, len(_level_maps) - 1)
+                                | st.none()), min_size=1, max_size=6),
+       fresh=st.booleans())
+def test_gate_levels_equals_the_reference(type_, ceiling, calls, fresh):
+    """``GatePlan.gate_levels`` (the stamper's run path; the declared keys
+    of the last ``levels`` mapping kept on the plan) against the reference
+    pass, one plan asked in turn with the same mapping, another mapping
+    (equal-valued copies too: identity is what is kept) and none."""
+    plan = capture.GatePlan(type_, ceiling)
+    for data, which in calls:
+        levels = None if which is None else (
+            dict(_level_maps[which]) if fresh else _level_maps[which])
+        ref = _full_pass(type_, copy.deepcopy(data), ceiling, POLICIES[0], "a", "S",
+                         None, levels)
+        got = plan.gate_levels(data, POLICIES[0], "a", "S", levels)
+        assert _same(got, ref), (got, ref)
+
+
 @given(v=st.recursive(_leaf | st.tuples(_leaf), lambda c: st.lists(c, max_size=4)
                       | st.dictionaries(st.text(max_size=4), c, max_size=4)
                       | st.tuples(c, c), max_leaves=30))
