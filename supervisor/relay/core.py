@@ -590,9 +590,12 @@ class Relay:
             self.counters["events"] += taken
             self._admitted = n
             run = self._run
-            if held and run is not None and run and run[-1] is e:
-                held.insert(0, e.held())
-                run[-1] = held  # a stretch: its held tuples
+            if held and run is not None:
+                if run and run[-1] is e:  # (it is, unless _admit is not the relay's own)
+                    held.insert(0, e.held())
+                    run[-1] = held  # a stretch: its held tuples
+                else:
+                    run.append(held)
         if fault is not None:
             raise RunFault(stop) from fault
         return stop

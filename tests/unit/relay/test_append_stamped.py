@@ -365,3 +365,24 @@ def _held_sse(held: list) -> list[bytes]:
         out.append(b"event: %s\ndata: %s\nid: %s:%d:%d\n\n" % (
             e.attrs["type"].encode(), e.raw, e.attrs["session"].encode(), *e.pos))
     return out
+
+
+def test_a_stretch_after_a_redelivered_duplicate_makes_its_buffer_the_most_recent():
+    """A duplicate is not a write (its buffer keeps its place in the
+    recency order); the appends after it are: as one admission each, the
+    stretch that follows it moves its buffer to the recent end."""
+    stamper = Stamper("codex", host="h")
+    s1 = [stamper.stamp("s1", {"type": TYPES[0]}) for _ in range(3)]
+    s2 = [stamper.stamp("s2", {"type": TYPES[0]}) for _ in range(2)]
+    drain = s1[:1] + s2 + [copy.deepcopy(s1[0])] + s1[1:]
+    pairs = [(ev, dumps(ev)) for ev in drain]
+    for way in ("one", "run"):
+        relay = Relay()
+        conn = relay.attach_emitter(_hello(), _noop)
+        if way == "one":
+            for ev, raw in pairs:
+                conn.ingest_stamped(ev, raw)
+        else:
+            assert conn.ingest_stamped_run(pairs, 0) == len(pairs)
+        assert [k[1] for k in relay.buffers.sessions()] == ["s2", "s1"]
+        assert relay.buffers.counters["duplicates"] == 1 and relay.counters["events"] == 6
