@@ -29,7 +29,7 @@ from bridges.core.aep import AEP_VERSION, CAPTURE_LEVELS
 from bridges.core.asgi import bearer_ok, token_matches
 
 from .attrmatch import DEFAULT_MAX_TERMS, Filter
-from .buffer import BufKey, Entry, MiB, Position, SessionBuffers, same_event
+from .buffer import AppendFault, BufKey, Entry, Held, MiB, Position, SessionBuffers, same_event
 from .connections import Claims, CommandRefused, Connection, LocalEmitter, RelayClosed, SocketConnection
 from .envelope import (
     InvalidEvent,
@@ -138,8 +138,9 @@ class Relay:
         self.claims = Claims(max_sessions)
         self._admitted = 0
         #: while :meth:`admit_stamped_run` runs (synchronously), the entries
-        #: :meth:`_admit` took, fanned out as one run at its end; else ``None``
-        self._run: list[Entry] | None = None
+        #: :meth:`_admit` took (a stretch of appends: one list of held tuples,
+        #: :meth:`_stretch`), fanned out at its end; else ``None``
+        self._run: list[Entry | list[Held]] | None = None
         self._started = time.monotonic()
         self.counters: dict[str, int] = {
             "events": 0, "invalid_events": 0, "bad_frames": 0, "dropped_low_severity": 0,
@@ -488,7 +489,7 @@ class Relay:
         pair whose admission raises part way raises :class:`RunFault`
         (``taken``: the index after it), so the caller never hands an
         admitted pair over again."""
-        taken: list[Entry] = []
+        taken: list[Entry | list[Held]] = []
         self._run = taken  # _admit collects the run's entries instead of offering each
         try:
             return self._admit_stamped_run(pairs, start, conn)
@@ -497,23 +498,50 @@ class Relay:
             # the run's fan-out, once its admissions are done (nothing reads
             # the fan-out in between; a refused pair's own answer comes after)
             if taken:
-                self.fanout.offer_run(taken)
+                self._offer_taken(taken)
+
+    def _offer_taken(self, taken: list[Entry | list[Held]]) -> None:
+        """Fan out what :meth:`admit_stamped_run` took, in order: entries
+        with :meth:`.fanout.Fanout.offer_run`, a stretch's held tuples with
+        :meth:`.fanout.Fanout.offer_held` (each equal to one
+        :meth:`.fanout.Fanout.offer` per event, so the pieces in order are)."""
+        fanout = self.fanout
+        if len(taken) == 1 and taken[0].__class__ is list:
+            fanout.offer_held(taken[0])  # the common drain: one stretch
+            return
+        entries: list[Entry] = []
+        for x in taken:
+            if x.__class__ is list:
+                if entries:
+                    fanout.offer_run(entries)
+                    entries = []
+                fanout.offer_held(x)
+            else:
+                entries.append(x)  # type: ignore[arg-type]
+        if entries:
+            fanout.offer_run(entries)
 
     def _admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
                            conn: Connection) -> int:
         """:meth:`admit_stamped_run`'s checks and admissions (each
-        :meth:`_admit` collects its entry for the caller's one fan-out)."""
+        :meth:`_admit` collects its entry for the caller's one fan-out).
+        After each sequenced admission, the pairs that follow it and merely
+        append to its buffer (one emitter session's drain) are admitted in
+        one :meth:`.buffer.SessionBuffers.append_stamped` call, their held
+        tuples collected for the fan-out in place of the entry (:meth:`_stretch`)."""
         buffers, claims, agent = self.buffers, self.claims, conn.agent
         checked: str | None = None  # the source last found not owned by another
-        plain: str | None = None  # the type last found not a command (a run has few)
-        for i in range(start, len(pairs)):
+        plain: set[str] = set()  # the types found not commands (a run has few)
+        i, end = start, len(pairs)
+        while i < end:
             try:
                 ev, raw = pairs[i]
                 type_ = ev.get("type")
-                if type_ != plain or type_.__class__ is not str:
+                if type_.__class__ is not str or type_ not in plain:
                     if is_command_type(type_):
                         return i
-                    plain = type_ if type_.__class__ is str else None
+                    if type_.__class__ is str:
+                        plain.add(type_)
                 e = trusted_entry(ev, raw)
                 src = e.attrs["source"]
                 if src != checked:
@@ -534,7 +562,43 @@ class Relay:
                 self._admit(e, conn)
             except Exception as exc:
                 raise RunFault(i + 1) from exc
-        return len(pairs)
+            i += 1
+            if e.pos is not None and i < end:
+                i = self._stretch(e, pairs, i, agent, plain)
+        return end
+
+    def _stretch(self, e: Entry, pairs: Sequence[tuple[dict[str, Any], bytes]], i: int,
+                 agent: str | None, plain: set[str]) -> int:
+        """Right after ``e``'s admission: the pairs from ``i`` on that the
+        run would check and :meth:`_admit` as mere appends to ``e``'s buffer
+        (:meth:`.buffer.SessionBuffers.append_stamped`), admitted at once;
+        returns the index of the first one not taken. Their source's owner
+        check is ``e``'s, and their claims are ``e``'s (the same session and
+        source, just made the most recent: claiming again changes nothing).
+        In the run's fan-out list, ``e`` is replaced by one list: its held
+        tuple then theirs (:meth:`.fanout.Fanout.offer_held`). Raises
+        :class:`RunFault` when an append raises part way."""
+        try:
+            stop, n, held = self.buffers.append_stamped(e.bkey, pairs, i, self._admitted, agent, plain)
+        except AppendFault as f:
+            stop, n, held = f.taken, f.n, f.held
+            fault: BaseException | None = f.__cause__ or f
+        else:
+            fault = None
+        taken = stop - i
+        if taken:
+            self.counters["events"] += taken
+            self._admitted = n
+            run = self._run
+            if held and run is not None:
+                if run and run[-1] is e:  # (it is, unless _admit is not the relay's own)
+                    held.insert(0, e.held())
+                    run[-1] = held  # a stretch: its held tuples
+                else:
+                    run.append(held)
+        if fault is not None:
+            raise RunFault(stop) from fault
+        return stop
 
     def _admit(self, e: Entry, conn: Connection | None) -> None:
         self.counters["events"] += 1

@@ -17,7 +17,7 @@ from bridges.core import capture as _capture
 from bridges.core.aep import CAPTURE_LEVELS, CAPTURE_RANK, dumps
 
 from .attrmatch import Filter
-from .buffer import Entry, Position
+from .buffer import Entry, Held, Position
 from .outlet import EventItem, Outlet, RunItem, Subscriber, exhausted_marker
 
 __all__ = ["Fanout", "View", "downlevel_raw", "sse_safe", "sse_message"]
@@ -140,22 +140,88 @@ def _same_across(entries: Sequence[Entry], key: str, default: Any) -> bool:
     return True
 
 
+def _held_payloads(held: Sequence[Held]) -> list[bytes]:
+    """:func:`sse_message` of each held event (:data:`.buffer.Held`, of one
+    layout: ``held[0]``'s attribute names), as :meth:`Entry.from_held` of
+    it would give it, without the entry."""
+    names = held[0][0]
+    at_type = 10 + names.index("type")
+    at_session = 10 + names.index("session") if "session" in names else -1
+    heads, ids = _HEADS, _IDS
+    out: list[bytes] = []
+    append = out.append
+    session: Any = None
+    ident = b""
+    for h in held:
+        t = h[at_type]
+        head = heads.get(t)
+        if head is None:
+            head = _memo(heads, t, b"event: " + t.encode() + b"\ndata: ")
+        if at_session >= 0:
+            ses = h[at_session]
+            if ses is not session:
+                session = ses
+                ident = b""
+                if type(ses) is str:
+                    ident = ids.get(ses)  # type: ignore[assignment]
+                    if ident is None:
+                        ident = _memo(ids, ses, b"\nid: " + ses.encode() + b":"
+                                      if sse_safe(ses) else b"")
+        if ident:
+            append(b"%s%s%s%d:%d\n\n" % (head, h[1], ident, h[6], h[7]))
+        else:
+            append(head + h[1] + b"\n\n")
+    return out
+
+
 class _Run:
     """What :meth:`Fanout.offer_run` shares between the subscriptions of
     one run: the as-ingested SSE item of each entry (made once), each
     entry's down-leveled views, the whole run's item list, the highest
-    capture rank in it, and which attributes hold one value across it."""
+    capture rank in it, and which attributes hold one value across it.
+    Made from the entries, or from the held tuples of sequenced events
+    (:meth:`Fanout.offer_held`): then the entries are made only if
+    something asks for them (a stream that takes the whole run as ingested
+    and the filters constant across it never do)."""
 
-    __slots__ = ("entries", "plain", "caches", "top", "_whole", "_same", "_shared")
+    __slots__ = ("_entries", "held", "plain", "caches", "top", "_whole", "_same", "_shared",
+                 "_uniform")
 
-    def __init__(self, entries: Sequence[Entry]) -> None:
-        self.entries = entries
-        self.plain: list[EventItem | None] = [None] * len(entries)
-        self.caches: list[dict[str | None, View] | None] = [None] * len(entries)
-        self.top = max(e.cap for e in entries)
+    def __init__(self, entries: Sequence[Entry] | None, held: Sequence[Held] | None = None) -> None:
+        self._entries = entries
+        self.held = held
+        count = len(entries) if entries is not None else len(held)  # type: ignore[arg-type]
+        self.plain: list[EventItem | None] = [None] * count
+        self.caches: list[dict[str | None, View] | None] = [None] * count
+        self.top = max(e.cap for e in entries) if entries is not None \
+            else max(h[3] for h in held)  # type: ignore[union-attr]
         self._whole: tuple[list[EventItem], int] | None = None
         self._same: dict[tuple[str, Any], bool] = {}
         self._shared: RunItem | None = None
+        self._uniform: bool | None = None  # held: all of one layout (one names tuple)
+
+    @property
+    def entries(self) -> Sequence[Entry]:
+        """The run's entries (made once from the held tuples if need be)."""
+        if self._entries is None:
+            self._entries = [Entry.from_held(h) for h in self.held]  # type: ignore[union-attr]
+        return self._entries
+
+    def first_attrs(self) -> dict[str, Any]:
+        """The first entry's attributes."""
+        if self._entries is not None:
+            return self._entries[0].attrs
+        h = self.held[0]  # type: ignore[index]
+        return dict(zip(h[0], h[10:], strict=True))
+
+    def uniform(self) -> bool:
+        """Held: whether every held tuple has the first one's names (then
+        an attribute is at one index in all of them)."""
+        if self._uniform is None:
+            held = self.held
+            names = held[0][0]  # type: ignore[index]
+            self._uniform = all(h[0] is names for h in held)  # type: ignore[union-attr]
+        return self._uniform
 
     def whole(self) -> tuple[list[EventItem], int]:
         """Every entry's as-ingested SSE item, in order, and their total size."""
@@ -179,6 +245,11 @@ class _Run:
         if self._shared is None:
             if self._whole is not None:
                 self._shared = RunItem(*self._whole)
+            elif self._entries is None and self.uniform():
+                held = self.held
+                payloads = _held_payloads(held)  # type: ignore[arg-type]
+                self._shared = RunItem(None, sum(map(len, payloads)), payloads=payloads,
+                                       sevs=[h[2] for h in held])  # type: ignore[union-attr]
             else:
                 entries = self.entries
                 payloads = [sse_message(e, e.raw) for e in entries]
@@ -195,10 +266,30 @@ class _Run:
         for key, default in flt.keys:
             verdict = same.get((key, default))
             if verdict is None:
-                verdict = same[key, default] = _same_across(self.entries, key, default)
+                if self._entries is None and self.uniform():
+                    verdict = _same_held(self.held, key)  # type: ignore[arg-type]
+                else:
+                    verdict = _same_across(self.entries, key, default)
+                same[key, default] = verdict
             if not verdict:
                 return False
         return True
+
+
+def _same_held(held: Sequence[Held], key: str) -> bool:
+    """:func:`_same_across` for held tuples of one layout: ``key`` is at one
+    index in each (absent from all: the default in each, one value)."""
+    names = held[0][0]
+    if key not in names:
+        return True
+    at = 10 + names.index(key)
+    first = held[0][at]
+    kind = type(first)
+    for h in held:
+        v = h[at]
+        if v is not first and (type(v) is not kind or v != first):
+            return False
+    return True
 
 
 class Fanout:
@@ -344,10 +435,27 @@ class Fanout:
             for e in entries:
                 self.offer(e)
             return
-        subs = self._snapshot
-        if not subs:
+        if self._snapshot:
+            self._offer_run(_Run(entries))
+
+    def offer_held(self, held: Sequence[Held]) -> None:
+        """:meth:`offer_run` for the entries the held tuples ``held``
+        (:data:`.buffer.Held`: sequenced events, e.g. appended to one buffer
+        by :meth:`.buffer.SessionBuffers.append_stamped`) were made from
+        (:meth:`Entry.from_held`), made only if something asks for them: an
+        SSE stream whose filter is constant across the run and which takes
+        all of it as ingested gets the SSE messages made from the held
+        tuples (property test ``tests/unit/relay/test_append_stamped.py``)."""
+        if self._pending or len(held) < 2:
+            for h in held:
+                self.offer(Entry.from_held(h))
             return
-        run = _Run(entries)
+        if self._snapshot:
+            self._offer_run(_Run(None, held))
+
+    def _offer_run(self, run: _Run) -> None:
+        """:meth:`offer_run`'s fan-out of ``run`` to the live subscriptions."""
+        subs = self._snapshot
         shared: list[Subscriber] = []
         for sub in subs:
             if sub.outlet.kind == "sse":
@@ -355,13 +463,13 @@ class Fanout:
             else:
                 shared.append(sub)  # several subscriptions, one outlet: entry by entry
         if shared:
-            for i, e in enumerate(entries):
+            for i, e in enumerate(run.entries):
                 cache = run.caches[i]
                 self._offer_to(shared, e, cache if cache is not None else {})
 
     def _offer_run_sse(self, sub: Subscriber, run: _Run) -> None:
         """The run to one SSE stream (:meth:`offer_run`)."""
-        outlet, entries = sub.outlet, run.entries
+        outlet = sub.outlet
         out: list[EventItem] = []
         size = 0
         try:
@@ -369,12 +477,17 @@ class Fanout:
             rank = _ABOVE_ALL if ceiling is None else CAPTURE_RANK[ceiling]
             every = run.constant(flt)  # one verdict for the whole run
             if every:
-                if not flt.matches(entries[0].attrs):
+                if not flt.matches(run.first_attrs()):
                     return
                 if rank >= run.top:  # all of it as ingested: one list for every such stream
-                    shared = run.shared()
-                    outlet.offer_many(None, shared.size, shared)
-                    return
+                    try:
+                        shared = run.shared()
+                    except Exception:  # noqa: BLE001 -- one that cannot be rendered: event by
+                        shared = None  # event below, what precedes it queued, then the shed
+                    if shared is not None:
+                        outlet.offer_many(None, shared.size, shared)
+                        return
+            entries = run.entries
             matches, plain, caches = flt.matches, run.plain, run.caches
             for i, e in enumerate(entries):
                 if every or matches(e.attrs):

@@ -181,7 +181,7 @@ PUBLIC: dict[str, set[str]] = {
                                    "MATCH_ALL", "CORE_ATTRS", "FILTERABLE", "DEFAULTS",
                                    "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms"},
     "supervisor.relay.buffer": {"SessionBuffers", "Entry", "Held", "Position", "BufKey",
-                                "ENTRY_OVERHEAD", "MiB", "same_event", "same_json"},
+                                "ENTRY_OVERHEAD", "MiB", "same_event", "same_json", "AppendFault"},
     "supervisor.relay.capcheck": {"exceeds", "content_level"},
     "supervisor.http": {"serve_asgi", "health_app"},
     "supervisor.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
