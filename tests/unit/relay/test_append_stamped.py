@@ -34,7 +34,7 @@ from supervisor.relay.attrmatch import Filter
 from supervisor.relay.buffer import Entry, SessionBuffers
 from supervisor.relay.core import Relay, RunFault
 from supervisor.relay.envelope import InvalidEvent, to_entry
-from supervisor.relay.outlet import EndItem, EventItem, FrameItem, Outlet, ReplayItem, Subscriber
+from supervisor.relay.outlet import Outlet
 
 from . import test_relay_runs as _runs
 
@@ -128,18 +128,7 @@ def _world(w: dict, subs: list, owns: dict | None):
     relay = Relay(buffer=w["depth"], max_sessions=w["max_sessions"], buffer_bytes=w["buffer_bytes"],
                   total_bytes=w["buffer_bytes"] * w["total_x"], queue_soft_bytes=w["soft"],
                   queue_hard_bytes=w["soft"] * 3)
-    outlets: list[Outlet] = []
-    ws: Outlet | None = None
-    for n, (kind, fi, ci) in enumerate(subs):
-        if kind == "sse" or ws is None:
-            o = Outlet(relay, kind)
-            outlets.append(o)
-            if kind == "ws":
-                ws = o
-        else:
-            o = ws  # a second subscription on the same WebSocket
-        sub = Subscriber(Filter(FILTERS[fi]), CEILINGS[ci], o, sid=f"sub{n}" if kind == "ws" else None)
-        relay.fanout.add(sub, {"s1": (0, 2)} if w["pending"] and n == 0 else None)
+    outlets = _runs._subscribe(relay, subs, w["pending"], FILTERS, CEILINGS)
     conn = relay.attach_emitter(_hello(), _noop)
     if owns is not None:  # another emitter sent under the second stamper's source
         other = relay.attach_emitter(_hello(), _noop)
@@ -156,16 +145,7 @@ def _world(w: dict, subs: list, owns: dict | None):
     return relay, outlets, conn
 
 
-def _item(item: object) -> tuple:
-    if isinstance(item, EventItem):
-        return ("event", item.payload, item.size, item.sev, item.mark)
-    if isinstance(item, FrameItem):
-        payload = item.payload
-        return ("frame", payload() if callable(payload) else payload, item.size)
-    if isinstance(item, EndItem):
-        return ("end", item.end)
-    assert isinstance(item, ReplayItem)
-    return ("replay",)
+_item = _runs._item
 
 
 def _seen(relay: Relay, outlets: list[Outlet], conn) -> tuple:

@@ -91,8 +91,11 @@ def _buffers_state(relay: Relay) -> list:
     return out
 
 
-def _relay(soft: int, subs: list, pending: bool) -> tuple[Relay, list[Outlet]]:
-    relay = Relay(buffer=4, max_sessions=3, queue_soft_bytes=soft, queue_hard_bytes=soft * 3)
+def _subscribe(relay: Relay, subs: list, pending: bool, filters: list = FILTERS,
+               ceilings: list = CEILINGS) -> list[Outlet]:
+    """Subscribers ``subs`` (``(kind, filter index, ceiling index)``) on
+    ``relay``, a WebSocket's later subscriptions on its first outlet; the
+    first with a pending resume position when ``pending``. Their outlets."""
     outlets: list[Outlet] = []
     ws: Outlet | None = None
     for n, (kind, fi, ci) in enumerate(subs):
@@ -103,9 +106,14 @@ def _relay(soft: int, subs: list, pending: bool) -> tuple[Relay, list[Outlet]]:
                 ws = o
         else:
             o = ws  # a second subscription on the same WebSocket
-        sub = Subscriber(Filter(FILTERS[fi]), CEILINGS[ci], o, sid=f"sub{n}" if kind == "ws" else None)
+        sub = Subscriber(Filter(filters[fi]), ceilings[ci], o, sid=f"sub{n}" if kind == "ws" else None)
         relay.fanout.add(sub, {"s1": (0, 2)} if pending and n == 0 else None)
-    return relay, outlets
+    return outlets
+
+
+def _relay(soft: int, subs: list, pending: bool) -> tuple[Relay, list[Outlet]]:
+    relay = Relay(buffer=4, max_sessions=3, queue_soft_bytes=soft, queue_hard_bytes=soft * 3)
+    return relay, _subscribe(relay, subs, pending)
 
 
 _subs = st.lists(st.tuples(st.sampled_from(["sse", "ws"]), st.integers(0, len(FILTERS) - 1),
