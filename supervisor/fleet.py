@@ -273,6 +273,7 @@ class Fleet:
         self.metrics.watch(self)
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
+        self._pumping = False  # the pump task is in its loop (drain() then leaves the channel to it)
         self._draining = False
 
     # -- running -------------------------------------------------------------
@@ -384,11 +385,15 @@ class Fleet:
         between drains without a checkpoint of its own, which cost an idle
         pump one more wake-up per event, in the writers' turn (issue 11)."""
         recv = self._recv
-        async for item in recv:
-            batch = take_batch(recv, item)
-            self._room.unpark_all()  # the channel has room again
-            await self._deliver_batch(batch)
-        self._pump_done.set()
+        self._pumping = True
+        try:
+            async for item in recv:
+                batch = take_batch(recv, item)
+                self._room.unpark_all()  # the channel has room again
+                await self._deliver_batch(batch)
+        finally:
+            self._pumping = False
+            self._pump_done.set()
 
     def _encode(self, item: Outbound, *, report: bool = True
                 ) -> tuple[dict[str, Any], bytes] | None:
@@ -623,12 +628,24 @@ class Fleet:
         ``closing`` frame. Bounded by the caller's deadline."""
         self._bridges_scope.cancel()
         self._draining = True  # the JetStream outbox no longer holds the pump
-        while True:
-            try:
-                item = self._recv.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            await self._deliver(item)
+        if self._pumping:
+            # the pump stays the channel's one consumer: with every send side
+            # closed it delivers what is queued, the drain it holds first, in
+            # channel order, and ends. Taking items here beside it reordered
+            # them, and the relay closed under the drain it was handing over
+            # (acknowledged events the consumers never saw). A sender after
+            # this (an OTLP export finishing) is refused as the channel closed.
+            self._send.close()
+            for m in self.members.values():
+                m.ctx.close_channel()
+            await self._pump_done.wait()
+        else:  # the pump never ran (or is gone): deliver what the channel holds here
+            while True:
+                try:
+                    item = self._recv.receive_nowait()
+                except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                    break
+                await self._deliver(item)
         self.session_log.close()
         if self.jetstream is not None:  # what JetStream has not acknowledged yet, within the deadline
             with trio.move_on_after(max(0.5, self.cfg.drain_deadline - 2.5)):

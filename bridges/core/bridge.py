@@ -336,6 +336,13 @@ class BridgeContext:
             self._sent += i - start
         return i
 
+    def close_channel(self) -> None:
+        """Close this context's end of the relay channel (the fleet's drain,
+        once the bridge is stopped): what it sent is still delivered; a
+        later emit raises ``trio.ClosedResourceError`` (an OTLP export is
+        refused retryably, :class:`~bridges.otlp_in.status.Unavailable`)."""
+        self._channel.close()
+
     def saturated(self) -> bool:
         stats = self._channel.statistics()
         return stats.current_buffer_used >= stats.max_buffer_size

@@ -335,3 +335,41 @@ async def test_a_waiting_sender_hears_its_verdicts_before_the_relay_fans_out(tmp
         n.cancel_scope.cancel()
     assert at_answer == [(5, 0)]
     assert [ev["id"] for ev in relay.events] == [ev["id"] for ev in sent]
+
+
+async def test_shutdown_delivers_every_logged_drain_to_the_relay_in_order(tmp_path):
+    """drain() at shutdown leaves the channel to the pump (every send side
+    closed, then it waits for the pump to end), so a drain the pump holds
+    (logged, its export answered, not yet handed over) reaches the relay
+    before what was queued after it, and before ``relay.close()``: an
+    acknowledged event the consumers never saw was the bug (a review found
+    the pump's hand-over overtaken, then refused as RelayClosed). After the
+    drain a sender is refused: the channel is closed."""
+    from supervisor.relay.core import Relay
+
+    relay = Relay()
+    fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=relay, host="h")
+    ctx = fleet.members["steady"].ctx
+    sent: list[dict] = []
+
+    async with trio.open_nursery() as n:
+        await fleet._attach(n, fleet.members["steady"])  # noqa: SLF001 (the sink, no bridge run)
+        n.start_soon(fleet._pump)  # noqa: SLF001
+        mark = ctx.log_mark()
+        sent.extend(ctx.emit_nowait("s", {"type": "x.steady.tick.seen"}) for _ in range(5))
+        assert await ctx.logged_since(mark)  # the pump now holds that drain, logged
+        sent.extend(ctx.emit_nowait("s", {"type": "x.steady.tick.seen"}) for _ in range(5))
+        with trio.fail_after(10):
+            await fleet.drain()
+        await relay.close("shutdown", grace=0.1)
+        try:
+            ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+        except trio.ClosedResourceError:
+            refused = True
+        else:
+            refused = False
+        n.cancel_scope.cancel()
+    held = sorted((e.n, e.pos[1]) for e in relay.buffers.iter_entries("s"))
+    assert [seq for _, seq in held] == [ev["seq"] for ev in sent] == list(range(10))
+    assert fleet.counters["sink_errors"] == 0
+    assert refused
