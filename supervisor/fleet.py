@@ -274,6 +274,7 @@ class Fleet:
         self._bridges_scope = trio.CancelScope()
         self._pump_done = trio.Event()
         self._pumping = False  # the pump task is in its loop (drain() then leaves the channel to it)
+        self._js_wait: trio.CancelScope | None = None  # the pump waiting for JetStream outbox room
         self._draining = False
 
     # -- running -------------------------------------------------------------
@@ -475,8 +476,19 @@ class Fleet:
         await self._hand_over(outs, pairs)
         js = self.jetstream
         if js is not None:  # the JetStream sink: the same bytes, in channel order
-            for item, (ev, raw) in zip(outs, pairs, strict=True):
-                await js.put(ev, raw, item.bridge, wait=not self._draining)
+            i = 0
+            if not self._draining:
+                # its waits for outbox room (NATS down, notice+ piling up) hold
+                # the pump; drain() ends them: from the one it cancels on, the
+                # events are offered without waiting (they are in the log)
+                self._js_wait = scope = trio.CancelScope()
+                with scope:
+                    for i, (item, (ev, raw)) in enumerate(zip(outs, pairs, strict=True)):  # noqa: B007 -- i is read after: where a cancel stopped the loop
+                        await js.put(ev, raw, item.bridge)
+                    i = len(outs)
+                self._js_wait = None
+            for item, (ev, raw) in zip(outs[i:], pairs[i:], strict=True):
+                await js.put(ev, raw, item.bridge, wait=False)
 
     async def _hand_over(self, outs: list[Outbound],
                          pairs: list[tuple[dict[str, Any], bytes]]) -> None:
@@ -628,6 +640,8 @@ class Fleet:
         ``closing`` frame. Bounded by the caller's deadline."""
         self._bridges_scope.cancel()
         self._draining = True  # the JetStream outbox no longer holds the pump
+        if self._js_wait is not None:
+            self._js_wait.cancel()
         if self._pumping:
             # the pump stays the channel's one consumer: with every send side
             # closed it delivers what is queued, the drain it holds first, in
