@@ -384,7 +384,11 @@ class Fleet:
         channel's ``receive`` always does (it parks when nothing is queued,
         else it is a checkpoint), so the relay's writers get their turn
         between drains without a checkpoint of its own, which cost an idle
-        pump one more wake-up per event, in the writers' turn (issue 11)."""
+        pump one more wake-up per event, in the writers' turn (issue 11).
+        Its only other yields: two turns between the log and the sinks when
+        an export waits on the drain's verdicts (:meth:`_deliver_batch`), and
+        a sink's own waits. At shutdown it stays the channel's one consumer
+        until the channel ends (:meth:`drain`)."""
         recv = self._recv
         self._pumping = True
         try:
