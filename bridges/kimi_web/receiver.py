@@ -216,10 +216,6 @@ class Receiver:
             self.ctx.health.count("state_write_errors")
 
     # -- REST ------------------------------------------------------------------------
-    def _headers(self) -> dict[str, str]:
-        assert self.endpoint is not None
-        return {"authorization": f"Bearer {self.endpoint.token}"}
-
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         """One REST call against the current endpoint (``path`` under
         ``/api/v1``); the ``data``. A 401 re-resolves the token once (a
@@ -227,19 +223,27 @@ class Receiver:
         :class:`AuthRefused`, :class:`bridges.core.ledger.Unreachable`."""
         assert self._client is not None
         for attempt in (0, 1):
-            if self.endpoint is None:
+            ep = self.endpoint
+            if ep is None:
                 raise Unreachable("kimi web is not attached")
             try:
-                r = await self._client.request(method, self.endpoint.url + "/api/v1" + path,
-                                               json=body, headers=self._headers())
+                r = await self._client.request(method, ep.url + "/api/v1" + path, json=body,
+                                               headers={"authorization": f"Bearer {ep.token}"})
             except (httpx.TransportError, OSError):
                 raise Unreachable("kimi web unreachable") from None
             try:
                 return envelope(r)
             except AuthRefused:
-                if attempt == 0 and self._refresh_endpoint():
+                # compared with the token this request carried: a reattach may
+                # have adopted the rotated one while the request was in flight
+                if attempt == 0 and (self._refresh_endpoint() or self._token_moved(ep)):
                     continue
                 raise
+
+    def _token_moved(self, sent: discovery.Endpoint) -> bool:
+        """The current endpoint is the same server as ``sent`` with another token."""
+        now = self.endpoint
+        return now is not None and now.key == sent.key and now.token != sent.token
 
     def _refresh_endpoint(self) -> bool:
         """Re-resolve (a rotated token); True when something changed."""

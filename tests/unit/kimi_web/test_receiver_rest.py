@@ -99,3 +99,59 @@ def test_vendor_ids_are_one_quoted_path_segment():
     assert seg("session_01JX") == "session_01JX" and seg("msg_abc-1.2~") == "msg_abc-1.2~"
     assert seg("../../admin?x=1#f") == "..%2F..%2Fadmin%3Fx%3D1%23f"
     assert "/" not in seg("a/b") and "&" not in seg("a&before_id=z")
+
+
+async def test_a_401_retries_when_a_reattach_adopted_the_rotated_token_mid_request(tmp_path):
+    """CI flake of 2026-12-02 (``test_token_rotated``: ``busy``, "kimi web
+    refused the token"): the write left with the old token; while it was in
+    flight the watcher's reattach adopted the rotated one, so re-resolving
+    found nothing new and the 401 was final. The retry is decided against
+    the token the request carried."""
+    import json
+    import logging
+    import os
+
+    import trio
+
+    from bridges.core.bridge import BridgeContext, BridgeHealth
+    from bridges.core.envelope import Stamper
+    from bridges.core.posture import Posture
+    from bridges.kimi_web import discovery
+    from bridges.kimi_web import receiver as R
+    from bridges.kimi_web.tracker import Tracker
+
+    d = tmp_path / "server" / "instances"
+    d.mkdir(parents=True)
+    (d / "01A.json").write_text(json.dumps({"server_id": "01A", "pid": os.getpid(), "host": "127.0.0.1",
+                                            "port": 3333, "started_at": 1, "heartbeat_at": 1}))
+    tok = tmp_path / "server.token"
+    tok.write_text("tok-new")
+    os.chmod(tok, 0o600)
+    out_s, _out_r = trio.open_memory_channel(10)
+    _c, cmd_r = trio.open_memory_channel(1)
+    ctx = BridgeContext("kimi_web", Stamper("kimi-code", epoch=1, host="h"), out_s, cmd_r,
+                        BridgeHealth(), logging.getLogger("t"))
+    r = R.Receiver(KimiWebConfig(home=tmp_path, state_dir=None), Tracker(Posture(mode="primary")), ctx)
+    url = "http://127.0.0.1:3333"
+    r.endpoint = discovery.Endpoint(url, "tok-old", "01A")
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers["authorization"])
+        # the reattach lands while this request is in flight
+        r.endpoint = discovery.Endpoint(url, "tok-new", "01A")
+        if request.headers["authorization"] != "Bearer tok-new":
+            return httpx.Response(401, json={"code": 40101, "msg": "Unauthorized", "data": None})
+        return httpx.Response(200, json={"code": 0, "msg": "success", "data": {"ok": True}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        r._client = client  # noqa: SLF001 - the receiver's own client, given directly
+        assert await r.request("POST", "/sessions/s/approvals/a", {"decision": "approved"}) == {"ok": True}
+        assert sent == ["Bearer tok-old", "Bearer tok-new"]
+        # a token the server refuses twice is still refused, once retried
+        sent.clear()
+        tok.write_text("tok-other")
+        with pytest.raises(AuthRefused):
+            r.endpoint = discovery.Endpoint(url, "tok-x", "01A")
+            await r.request("GET", "/sessions")
+        assert sent == ["Bearer tok-x", "Bearer tok-other"]
