@@ -48,11 +48,18 @@ class Gating(TypedDict, total=False):
     by the stamper and never put on the wire: ``levels`` grades payload keys
     a type's table does not (``{"summary": "redacted"}``); ``structural``
     names keys kept at every level (a form's ``prompt``); ``form_fields``:
-    an AEP-0006 form's fields, for gating ``answer.values``."""
+    an AEP-0006 form's fields, for gating ``answer.values``; ``plain``
+    (``True``, beside ``levels`` only): the emitter asserts its ``data`` is
+    a fresh dict of JSON scalars naming no key ``levels`` declares (nor a
+    prefix of one), so the gate of an unregistered type would keep it as it
+    is at ``metadata``: the stamper's run path takes it without the copy
+    (:meth:`bridges.core.envelope.Stamper.stamp_run`; an OTLP recipe makes
+    the claim, :meth:`bridges.otlp_in.profiles.Profile.recipes`)."""
 
     levels: Mapping[str, str]
     structural: Collection[str]
     form_fields: object
+    plain: bool
 
 
 class Emission(TypedDict):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Iterable, Mapping
 
 from . import captable as _ct
 from . import redaction as _red
@@ -548,6 +548,14 @@ def _level_keys(levels: Mapping[str, str]) -> frozenset[str]:
     return frozenset(keys)
 
 
+def declares(levels: Mapping[str, str], keys: Iterable[str]) -> bool:
+    """Whether ``levels`` (a gate's ``levels`` hint) declares any of
+    ``keys``, itself or as a dotted prefix of one of its keys: a payload
+    naming such a key is not plain (what the ``plain`` hint of
+    :class:`bridges.core.bridge.Gating` may claim)."""
+    return not _level_keys(levels).isdisjoint(keys)
+
+
 def _plain_members(data: dict[str, Any], levels: Mapping[str, str]) -> dict[str, Any] | None:
     """The gate of an unregistered type whose payload names no key of
     ``levels`` (nor a prefix of one): every member is ``metadata`` and kept,
@@ -733,7 +741,7 @@ class GatePlan:
     through the full :class:`_Gate` pass. Raises ``ValueError`` for an
     unknown ``ceiling``."""
 
-    __slots__ = ("type", "ceiling", "node", "compiled", "_declared")
+    __slots__ = ("type", "ceiling", "node", "compiled", "takes_plain", "_declared")
 
     def __init__(self, type_: str, ceiling: str) -> None:
         rank(ceiling)
@@ -742,6 +750,9 @@ class GatePlan:
         self.node = _ct.node_for(type_)
         self.compiled = _compiled(self.node, ceiling) \
             if self.node is not None and ceiling != "none" else None
+        #: an unregistered type below a ``none`` ceiling: a payload the emitter
+        #: claims plain (:class:`bridges.core.bridge.Gating` ``plain``) is kept as it is
+        self.takes_plain = self.node is None and ceiling != "none"
         # the last ``levels`` mapping gate_levels saw, with its declared keys
         # (a vendor type's hint is one module-level mapping: one lookup per type)
         self._declared: tuple[Mapping[str, str], frozenset[str]] | None = None
@@ -774,6 +785,28 @@ class GatePlan:
         out = g.obj(node, data, "")
         return (out or None), (g.honored if out else "metadata")
 
+
+    def gate_hinted(self, data: Any, policy: CapturePolicy, agent: str | None,
+                    subject: str | None, hints: Mapping[str, Any] | None
+                    ) -> tuple[dict[str, Any] | None, str]:
+        """:meth:`gate` with an emission's ``gating`` hints as they come
+        (:class:`bridges.core.bridge.Gating`, or ``None``), positional: the
+        stamper's run path (:meth:`bridges.core.envelope.Stamper.stamp_run`).
+        A ``plain`` claim on a type that :attr:`takes_plain` keeps a
+        non-empty ``data`` dict as it is (``metadata``: the claim is that the
+        gate would copy it so); a ``levels``-only hint takes
+        :meth:`gate_levels`; anything else :meth:`gate` itself."""
+        if not hints:
+            return self.gate(data, policy, agent=agent, subject=subject)
+        if "plain" in hints and self.takes_plain:
+            if data.__class__ is dict and data:
+                return data, "metadata"
+            return self.gate(data, policy, agent=agent, subject=subject, levels=hints.get("levels"))
+        if len(hints) == 1 and "levels" in hints:
+            return self.gate_levels(data, policy, agent, subject, hints["levels"])
+        return self.gate(data, policy, agent=agent, subject=subject,
+                         form_fields=hints.get("form_fields"), levels=hints.get("levels"),
+                         structural=hints.get("structural") or ())
 
     def gate_levels(self, data: Any, policy: CapturePolicy, agent: str | None,
                     subject: str | None, levels: Mapping[str, str] | None

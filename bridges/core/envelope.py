@@ -361,18 +361,8 @@ class Stamper:
             subject = emission.get("subject")
             # the gate first: the one step that can raise (a payload that is not
             # JSON), and nothing of this event is taken yet then
-            hints = emission.get("gating")
-            if not hints:
-                data, level = gate.gate(emission.get("data"), policy, agent=agent,
-                                        subject=subject)
-            elif len(hints) == 1 and "levels" in hints:
-                data, level = gate.gate_levels(emission.get("data"), policy, agent, subject,
-                                               hints["levels"])
-            else:
-                data, level = gate.gate(
-                    emission.get("data"), policy, agent=agent, subject=subject,
-                    form_fields=hints.get("form_fields"), levels=hints.get("levels"),
-                    structural=hints.get("structural") or ())
+            data, level = gate.gate_hinted(emission.get("data"), policy, agent, subject,
+                                           emission.get("gating"))
             time = times[i]
             ev: dict[str, Any] = {
                 "aep": AEP_VERSION,

@@ -10,10 +10,11 @@ from functools import cached_property
 from typing import Callable
 
 from bridges.core.bridge import Emission, Gating
+from bridges.core.capture import declares
 from bridges.core.posture import Posture
 
 from . import codex, vscode
-from .common import MAX_EVENT_NAME, Mapper, Plain, Recipe, vendor_type
+from .common import MAX_EVENT_NAME, EventSpec, Mapper, Plain, Recipe, vendor_type
 from .flatten import FlatRecord
 
 
@@ -98,12 +99,35 @@ class Profile:
                 gating = self._gatings.get(type_)
                 if gating is None or not type_.startswith(self._prefix):
                     continue  # the hint path decides (no table entry: nothing shared)
-                out[name] = Recipe(type_, spec.grades, posture.allows(type_, "redacted"),
-                                   posture.allows(type_, "full"), posture.policy, gating)
+                red_ok, full_ok = posture.allows(type_, "redacted"), posture.allows(type_, "full")
+                out[name] = Recipe(type_, spec.grades, red_ok, full_ok, posture.policy,
+                                   self._plain_gating(type_, spec, gating, red_ok, full_ok))
         if len(self._recipes) >= 64:
             self._recipes.clear()
         self._recipes[id(posture)] = (posture, out)
         return out
+
+    def _plain_gating(self, type_: str, spec: EventSpec, gating: Gating, red_ok: bool,
+                      full_ok: bool) -> Gating:
+        """``gating`` with the ``plain`` claim (:class:`bridges.core.bridge.Gating`)
+        when the recipe's payload can only be plain: at this posture it keeps
+        no content key (none allowed, or the spec has none), its metadata
+        values are JSON scalars (:func:`~bridges.otlp_in.common.payload`) and
+        ``levels`` declares none of its metadata keys. One hint object per
+        type, built once (the gate's per-type plan keys on it)."""
+        if (red_ok and spec.redacted) or (full_ok and spec.full):
+            return gating
+        levels = gating.get("levels")
+        if levels is None or declares(levels, spec.meta):
+            return gating
+        kept = self._plain_gatings.get(type_)
+        if kept is None or kept.get("levels") is not levels:
+            kept = self._plain_gatings[type_] = {"levels": levels, "plain": True}
+        return kept
+
+    @cached_property
+    def _plain_gatings(self) -> dict[str, Gating]:
+        return {}
 
     @property
     def session_attribute(self) -> str | None:

@@ -46,3 +46,24 @@ def drain(recv: trio.MemoryReceiveChannel[Outbound]) -> list[dict[str, Any]]:
             out.append(recv.receive_nowait().event)
         except trio.WouldBlock:
             return out
+
+
+def checked_claim(emission: Any, policy: CapturePolicy) -> Any:
+    """``emission`` as it would be without a ``plain`` claim in its
+    ``gating`` (:class:`bridges.core.bridge.Gating`), after asserting the
+    claim holds: the data a dict of exact JSON scalars that the gate of its
+    type at ``policy``'s ceiling for it keeps as it is, at ``metadata``. An
+    emission without the claim is returned as it is."""
+    from bridges.core.capture import declares, gate_plan
+    hints = emission.get("gating") or {}
+    if "plain" not in hints:
+        return emission
+    assert hints["plain"] is True and set(hints) == {"levels", "plain"}, hints
+    data = emission.get("data")
+    assert isinstance(data, dict), emission
+    assert all(type(v) in (str, int, float, bool) for v in data.values()), data
+    assert not declares(hints["levels"], data), (data, hints["levels"])
+    g = gate_plan(emission["type"], policy.ceiling_for(emission["type"]))
+    if data and g.takes_plain:
+        assert g.gate(data, policy, levels=hints["levels"]) == (data, "metadata")
+    return {**emission, "gating": {"levels": hints["levels"]}}

@@ -136,3 +136,38 @@ def test_stamp_run_stops_before_what_stamp_refuses():
     assert [e["seq"] for e in st_.stamp_run("s", ems, [None] * 3, 2)] == [1]
     assert list(st_.stamp_run("s", [{"type": "agent.presence"}], [None])) == []
     assert list(st_.stamp_run("", ems, [None] * 3)) == []
+
+
+_scalar = st.none() | st.booleans() | st.integers(-3, 2**40) | st.floats(allow_nan=False) \
+    | st.text(max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(type_=st.sampled_from(["x.codex.otel.sse_event", "x.vscode.chat", "tool.completed",
+                              "message.note", "session.started"]),
+       data=st.dictionaries(st.sampled_from(["kind", "model", "tool_name", "error", "n", "x"]),
+                            _scalar.filter(lambda v: v is not None), max_size=4),
+       levels=st.dictionaries(st.sampled_from(["args", "prompt", "x.y", "result"]),
+                              st.sampled_from(["redacted", "full"]), max_size=2),
+       ceiling=st.sampled_from(["none", "metadata", "redacted", "full"]))
+def test_a_true_plain_claim_stamps_what_the_gate_gives(type_, data, levels, ceiling):
+    """``Gating.plain`` (an OTLP recipe's claim: scalars, no declared key)
+    skips the gate's copy in ``stamp_run``: the envelope is ``stamp``'s,
+    which gates in full and ignores the claim; on a registered type or a
+    ``none`` ceiling the claim changes nothing. ``x`` is declared by
+    ``x.y``'s prefix: such data is never claimed plain."""
+    from bridges.core.capture import declares
+    if declares(levels, data):
+        return
+    policy = CapturePolicy(ceiling=ceiling)
+    a, b = (Stamper("agent-x", epoch=3, host="h", policy=policy) for _ in range(2))
+    for s in (a, b):
+        s._ulid = envelope.Ulids()  # noqa: SLF001 -- the same ids from both
+    em = {"type": type_, "data": dict(data), "gating": {"levels": levels, "plain": True}}
+    ms = 1_764_500_000_000
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(envelope._time, "time_ns", lambda: ms * 1_000_000)  # noqa: SLF001
+        mp.setattr(envelope.os, "urandom", lambda n: b"\x01" * n)
+        got = list(a.stamp_run("s1", [em], [None]))
+        want = [b.stamp("s1", {**em, "data": dict(data)})]
+    assert got == want and json.dumps(got) == json.dumps(want)

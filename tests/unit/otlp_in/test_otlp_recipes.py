@@ -32,6 +32,7 @@ from bridges.otlp_in.export import (
     plan,
 )
 from bridges.otlp_in.profiles import PROFILES
+from tests.support.otlp_in import checked_claim
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real"
 NOW = datetime(2026, 11, 30, 14, tzinfo=timezone.utc)
@@ -75,7 +76,12 @@ def reference_plan(records, profile, posture, now=None) -> Plan:
     return Plan(tuple(planned), dict(refused), tuple(notes), tuple(failures))
 
 
-def assert_same_plan(got: Plan, want: Plan) -> None:
+def assert_same_plan(got: Plan, want: Plan, posture: Posture | None = None) -> None:
+    """``got`` is ``want``, but for the recipes' ``plain`` claims (each checked
+    to hold at ``posture``'s policy, :func:`tests.support.otlp_in.checked_claim`)."""
+    policy = (posture or Posture()).policy
+    got = dataclasses.replace(got, emissions=tuple(
+        e._replace(emission=checked_claim(e.emission, policy)) for e in got.emissions))
     assert got.emissions == want.emissions
     for g, w in zip(got.emissions, want.emissions, strict=True):  # types too, not just values
         assert type(g.time) is type(w.time)
@@ -166,7 +172,7 @@ _nows = st.one_of(st.none(), st.just(NOW), st.just(datetime(2026, 11, 30, 14)),
 def test_plan_equals_the_plain_loop(recs, vendor, posture, now):
     profile = PROFILES[vendor]
     assert_same_plan(plan(recs, profile, posture, now),
-                     reference_plan(recs, profile, posture, now))
+                     reference_plan(recs, profile, posture, now), posture)
 
 
 @settings(max_examples=300, deadline=None)
@@ -187,7 +193,7 @@ def test_each_recipe_is_the_mapper_and_the_hint(name, attrs, posture):
         got = {"type": recipe.type, "data": payload(recipe.grades, a, notes, recipe.red_ok,
                                                     recipe.full_ok, recipe.policy),
                "gating": recipe.gating}
-        assert [got] == want and notes == want_notes
+        assert [checked_claim(got, posture.policy)] == want and notes == want_notes
 
 
 def test_recipes_leave_the_special_and_core_events_to_the_mapper():
@@ -256,4 +262,4 @@ def test_real_captures_and_the_benchmark_plan_the_same():
             for now in (NOW, None, datetime(2026, 12, 1, 13, 5, 16, 576000, timezone.utc)):
                 for profile in PROFILES.values():
                     assert_same_plan(plan(recs, profile, posture, now),
-                                     reference_plan(recs, profile, posture, now))
+                                     reference_plan(recs, profile, posture, now), posture)
