@@ -798,7 +798,7 @@ class GatePlan:
         :meth:`gate_levels`; anything else :meth:`gate` itself."""
         if not hints:
             return self.gate(data, policy, agent=agent, subject=subject)
-        if "plain" in hints and self.takes_plain:
+        if "plain" in hints and self.takes_plain and "levels" in hints:  # the claim as Gating defines it
             if data.__class__ is dict and data:
                 return data, "metadata"
             return self.gate(data, policy, agent=agent, subject=subject, levels=hints.get("levels"))
