@@ -785,7 +785,6 @@ class GatePlan:
         out = g.obj(node, data, "")
         return (out or None), (g.honored if out else "metadata")
 
-
     def gate_hinted(self, data: Any, policy: CapturePolicy, agent: str | None,
                     subject: str | None, hints: Mapping[str, Any] | None
                     ) -> tuple[dict[str, Any] | None, str]:
