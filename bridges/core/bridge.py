@@ -49,10 +49,12 @@ class Gating(TypedDict, total=False):
     a type's table does not (``{"summary": "redacted"}``); ``structural``
     names keys kept at every level (a form's ``prompt``); ``form_fields``:
     an AEP-0006 form's fields, for gating ``answer.values``; ``plain``
-    (``True``, beside ``levels`` only): the emitter asserts its ``data`` is
-    a fresh dict of JSON scalars naming no key ``levels`` declares (nor a
-    prefix of one), so the gate of an unregistered type would keep it as it
-    is at ``metadata``: the stamper's run path takes it without the copy
+    (``True``, beside a ``levels`` mapping only; ``False`` or beside
+    ``levels`` ``None`` is no claim): the emitter asserts its ``data`` is
+    a fresh dict of JSON scalars under ``str`` keys naming no key
+    ``levels`` declares (nor a prefix of one), so the gate of an
+    unregistered type would keep it as it is at ``metadata``: the
+    stamper's run path takes it without the copy
     (:meth:`bridges.core.envelope.Stamper.stamp_run`; an OTLP recipe makes
     the claim, :meth:`bridges.otlp_in.profiles.Profile.recipes`)."""
 

@@ -797,10 +797,13 @@ class GatePlan:
         :meth:`gate_levels`; anything else :meth:`gate` itself."""
         if not hints:
             return self.gate(data, policy, agent=agent, subject=subject)
-        if "plain" in hints and self.takes_plain and "levels" in hints:  # the claim as Gating defines it
+        # the claim as Gating defines it: plain True, beside levels (a
+        # mapping: without one the gate claims the ceiling); plain False or
+        # beside levels None is no claim and takes the gate below
+        if self.takes_plain and hints.get("plain") is True and hints.get("levels") is not None:
             if data.__class__ is dict and data:
                 return data, "metadata"
-            return self.gate(data, policy, agent=agent, subject=subject, levels=hints.get("levels"))
+            return self.gate(data, policy, agent=agent, subject=subject, levels=hints["levels"])
         if len(hints) == 1 and "levels" in hints:
             return self.gate_levels(data, policy, agent, subject, hints["levels"])
         return self.gate(data, policy, agent=agent, subject=subject,

@@ -60,7 +60,7 @@ def checked_claim(emission: Any, policy: CapturePolicy) -> Any:
         return emission
     assert hints["plain"] is True and set(hints) == {"levels", "plain"}, hints
     data = emission.get("data")
-    assert isinstance(data, dict), emission
+    assert isinstance(data, dict) and all(type(k) is str for k in data), emission
     assert all(type(v) in (str, int, float, bool) for v in data.values()), data
     assert not declares(hints["levels"], data), (data, hints["levels"])
     g = gate_plan(emission["type"], policy.ceiling_for(emission["type"]))

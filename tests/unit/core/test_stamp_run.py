@@ -171,3 +171,33 @@ def test_a_true_plain_claim_stamps_what_the_gate_gives(type_, data, levels, ceil
         got = list(a.stamp_run("s1", [em], [None]))
         want = [b.stamp("s1", {**em, "data": dict(data)})]
     assert got == want and json.dumps(got) == json.dumps(want)
+
+
+@pytest.mark.parametrize("ceiling", ["metadata", "redacted", "full"])
+@pytest.mark.parametrize("gating", [
+    {"levels": {"arguments": "full"}, "plain": False},  # said not plain
+    {"levels": None, "plain": True},  # no levels: the gate claims the ceiling
+    {"plain": True},
+], ids=["plain-false", "levels-none", "no-levels"])
+def test_what_is_no_plain_claim_takes_the_whole_gate(gating, ceiling):
+    """Only ``plain: True`` beside a ``levels`` mapping is the claim
+    (:class:`bridges.core.bridge.Gating`): ``plain: False`` or a claim
+    without levels is gated in full in ``stamp_run`` as in ``stamp``, so
+    a declared ``full`` key never leaves at ``metadata`` and ``capture``
+    never under-claims (a review's finding: the keys' presence was taken
+    for the claim)."""
+    policy = CapturePolicy(ceiling=ceiling)
+    a, b = (Stamper("agent-x", epoch=3, host="h", policy=policy) for _ in range(2))
+    for s in (a, b):
+        s._ulid = envelope.Ulids()  # noqa: SLF001 -- the same ids from both
+    data = {"arguments": "ghp_" + "a" * 36, "n": 1}
+    em = {"type": "x.codex.otel.tool_result", "data": dict(data), "gating": gating}
+    ms = 1_764_500_000_000
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(envelope._time, "time_ns", lambda: ms * 1_000_000)  # noqa: SLF001
+        mp.setattr(envelope.os, "urandom", lambda n: b"\x01" * n)
+        got = list(a.stamp_run("s1", [em], [None]))
+        want = [b.stamp("s1", {**em, "data": dict(data)})]
+    assert got == want and json.dumps(got) == json.dumps(want)
+    if ceiling == "metadata" and gating.get("levels"):  # declared full: not at metadata
+        assert "arguments" not in got[0].get("data", {})
