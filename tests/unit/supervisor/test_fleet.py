@@ -337,6 +337,42 @@ async def test_a_waiting_sender_hears_its_verdicts_before_the_relay_fans_out(tmp
     assert [ev["id"] for ev in relay.events] == [ev["id"] for ev in sent]
 
 
+async def test_the_pump_drops_the_gil_for_a_waiting_sender_before_the_relay_fans_out(
+        tmp_path, monkeypatch):
+    """When a sender waits on a drain's verdicts, the pump, after letting it
+    run, drops the GIL once (``_drop_gil``) before the relay's hand-over: a
+    sender answering from grpcio's thread takes it then, not a switch
+    interval later (issue 11). A drain nobody waits on does not."""
+    import supervisor.fleet as fleet_mod
+
+    relay = RecordingRelay()
+    fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=relay, host="h")
+    ctx = fleet.members["steady"].ctx
+    log = tmp_path / "logs" / "steady" / "s.jsonl"
+    drops: list[tuple[int, int]] = []
+    monkeypatch.setattr(fleet_mod, "_drop_gil", lambda: drops.append(
+        (len(log.read_text().splitlines()), len(relay.events))))
+
+    async with trio.open_nursery() as n:
+        await fleet._attach(n, fleet.members["steady"])  # noqa: SLF001 (the sink, no bridge run)
+        n.start_soon(fleet._pump)  # noqa: SLF001
+        mark = ctx.log_mark()
+        for _ in range(5):
+            ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+        assert await ctx.logged_since(mark)
+        with trio.fail_after(10):
+            while len(relay.events) < 5:
+                await trio.sleep(0.01)
+        assert drops == [(5, 0)]  # after the log has the drain, before the relay does
+        for _ in range(3):  # nobody waits on these verdicts
+            ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
+        with trio.fail_after(10):
+            while len(relay.events) < 8:
+                await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    assert drops == [(5, 0)]
+
+
 async def test_shutdown_delivers_every_logged_drain_to_the_relay_in_order(tmp_path):
     """drain() at shutdown leaves the channel to the pump (every send side
     closed, then it waits for the pump to end), so a drain the pump holds
