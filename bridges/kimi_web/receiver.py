@@ -219,7 +219,9 @@ class Receiver:
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         """One REST call against the current endpoint (``path`` under
         ``/api/v1``); the ``data``. A 401 re-resolves the token once (a
-        rotation) and retries. Raises :class:`VendorError`,
+        rotation) and retries, on the same server only: a write refused by
+        one kimi web is never resent to another (its sessions are its
+        own). Raises :class:`VendorError`,
         :class:`AuthRefused`, :class:`bridges.core.ledger.Unreachable`."""
         assert self._client is not None
         for attempt in (0, 1):
@@ -235,9 +237,12 @@ class Receiver:
                 return envelope(r)
             except AuthRefused:
                 # compared with the token this request carried: a reattach may
-                # have adopted the rotated one while the request was in flight
-                if attempt == 0 and (self._refresh_endpoint() or self._token_moved(ep)):
-                    continue
+                # have adopted the rotated one while the request was in flight;
+                # and with its server: the run loop may have moved to another
+                if attempt == 0:
+                    self._refresh_endpoint()
+                    if self._token_moved(ep):
+                        continue
                 raise
 
     def _token_moved(self, sent: discovery.Endpoint) -> bool:

@@ -107,31 +107,9 @@ async def test_a_401_retries_when_a_reattach_adopted_the_rotated_token_mid_reque
     flight the watcher's reattach adopted the rotated one, so re-resolving
     found nothing new and the 401 was final. The retry is decided against
     the token the request carried."""
-    import json
-    import logging
-    import os
-
-    import trio
-
-    from bridges.core.bridge import BridgeContext, BridgeHealth
-    from bridges.core.envelope import Stamper
-    from bridges.core.posture import Posture
     from bridges.kimi_web import discovery
-    from bridges.kimi_web import receiver as R
-    from bridges.kimi_web.tracker import Tracker
 
-    d = tmp_path / "server" / "instances"
-    d.mkdir(parents=True)
-    (d / "01A.json").write_text(json.dumps({"server_id": "01A", "pid": os.getpid(), "host": "127.0.0.1",
-                                            "port": 3333, "started_at": 1, "heartbeat_at": 1}))
-    tok = tmp_path / "server.token"
-    tok.write_text("tok-new")
-    os.chmod(tok, 0o600)
-    out_s, _out_r = trio.open_memory_channel(10)
-    _c, cmd_r = trio.open_memory_channel(1)
-    ctx = BridgeContext("kimi_web", Stamper("kimi-code", epoch=1, host="h"), out_s, cmd_r,
-                        BridgeHealth(), logging.getLogger("t"))
-    r = R.Receiver(KimiWebConfig(home=tmp_path, state_dir=None), Tracker(Posture(mode="primary")), ctx)
+    r, tok = _discovering_receiver(tmp_path, "01A", 3333, "tok-new")
     url = "http://127.0.0.1:3333"
     r.endpoint = discovery.Endpoint(url, "tok-old", "01A")
     sent: list[str] = []
@@ -155,3 +133,60 @@ async def test_a_401_retries_when_a_reattach_adopted_the_rotated_token_mid_reque
             r.endpoint = discovery.Endpoint(url, "tok-x", "01A")
             await r.request("GET", "/sessions")
         assert sent == ["Bearer tok-x", "Bearer tok-other"]
+
+
+async def test_a_401_is_never_retried_on_another_server(tmp_path):
+    """A review's finding: the write was refused by server A; while it was
+    in flight the run loop moved to B, and discovery now finds C. The
+    retry went to B (a session of A's, a decision resent to another kimi
+    web). It is retried only on the server that refused it, with a rotated
+    token; here, on none."""
+    from bridges.kimi_web import discovery
+
+    r, _tok = _discovering_receiver(tmp_path, "01C", 5555, "tok-c")
+    r.endpoint = discovery.Endpoint("http://127.0.0.1:3333", "tok-a", "01A")
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(f"{request.url.host}:{request.url.port}")
+        r.endpoint = discovery.Endpoint("http://127.0.0.1:4444", "tok-b", "01B")
+        if len(sent) == 1:
+            return httpx.Response(401, json={"code": 40101, "msg": "Unauthorized", "data": None})
+        return httpx.Response(200, json={"code": 0, "msg": "success", "data": {"ok": True}})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        r._client = client  # noqa: SLF001 - the receiver's own client, given directly
+        with pytest.raises(AuthRefused):
+            await r.request("POST", "/sessions/s/approvals/a", {"decision": "approved"})
+    assert sent == ["127.0.0.1:3333"]
+
+
+def _discovering_receiver(tmp_path, server: str, port: int, token: str):
+    """A kimi_web ``Receiver`` whose discovery under ``tmp_path`` finds
+    ``server`` on ``port`` with ``token`` (the file, returned beside it)."""
+    import json
+    import logging
+    import os
+
+    import trio
+
+    from bridges.core.bridge import BridgeContext, BridgeHealth
+    from bridges.core.envelope import Stamper
+    from bridges.core.posture import Posture
+    from bridges.kimi_web import receiver as R
+    from bridges.kimi_web.tracker import Tracker
+
+    d = tmp_path / "server" / "instances"
+    d.mkdir(parents=True)
+    (d / f"{server}.json").write_text(json.dumps({
+        "server_id": server, "pid": os.getpid(), "host": "127.0.0.1", "port": port,
+        "started_at": 1, "heartbeat_at": 1}))
+    tok = tmp_path / "server.token"
+    tok.write_text(token)
+    os.chmod(tok, 0o600)
+    out_s, _out_r = trio.open_memory_channel(10)
+    _c, cmd_r = trio.open_memory_channel(1)
+    ctx = BridgeContext("kimi_web", Stamper("kimi-code", epoch=1, host="h"), out_s, cmd_r,
+                        BridgeHealth(), logging.getLogger("t"))
+    return R.Receiver(KimiWebConfig(home=tmp_path, state_dir=None),
+                      Tracker(Posture(mode="primary")), ctx), tok
