@@ -46,7 +46,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(HTTP_LISTEN, "`127.0.0.1:4318`", "OTLP/HTTP listener (`POST /v1/logs`)"),
     Setting(VENDOR, "`codex`", "vendor profile: `codex` or `vscode`; `codex,vscode` runs both "
             "profiles, each its own emitter; the second needs its own listeners"),
-    Setting(PRIMARY, "`0`", "emit the core subset, not only `x.{vendor}.otel.*`"),
+    Setting(PRIMARY, "`0`", "records with a core meaning as core types, in place of `x.{vendor}.otel.*`"),
     Setting("AEP_OTLP_{VENDOR}_GRPC_LISTEN", "first vendor: the shared listener",
             "per-profile OTLP/gRPC listener (`off` disables it)"),
     Setting("AEP_OTLP_{VENDOR}_HTTP_LISTEN", "first vendor: the shared listener",
