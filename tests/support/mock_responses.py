@@ -265,5 +265,11 @@ async def _serve_forever(port: int) -> None:
 
 if __name__ == "__main__":
     # python -m tests.support.mock_responses [PORT]: the mock model for your own Codex
-    import sys
-    trio.run(_serve_forever, int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.mock_responses",
+        description="Serve the demo's mock OpenAI Responses model on loopback and print the"
+                    " Codex config block to paste (stderr); the base URL alone goes to stdout.")
+    parser.add_argument("port", nargs="?", type=int, default=0,
+                        help="the port to listen on (default: any free one)")
+    trio.run(_serve_forever, parser.parse_args().port)
