@@ -159,18 +159,25 @@ def test_a_true_plain_claim_stamps_what_the_gate_gives(type_, data, levels, ceil
     from bridges.core.capture import declares
     if declares(levels, data):
         return
-    policy = CapturePolicy(ceiling=ceiling)
+    em = {"type": type_, "data": dict(data), "gating": {"levels": levels, "plain": True}}
+    got, want = _run_and_one_by_one(CapturePolicy(ceiling=ceiling), em, data)
+    assert got == want and json.dumps(got) == json.dumps(want)
+
+
+def _run_and_one_by_one(policy: CapturePolicy, em: dict, data: dict) -> tuple[list, list]:
+    """``em`` stamped by ``stamp_run`` and by ``stamp`` (``data`` copied
+    fresh for it), by two stampers at ``policy`` on one frozen clock with
+    the same ids: ``(run's envelopes, stamp's)``."""
     a, b = (Stamper("agent-x", epoch=3, host="h", policy=policy) for _ in range(2))
     for s in (a, b):
         s._ulid = envelope.Ulids()  # noqa: SLF001 -- the same ids from both
-    em = {"type": type_, "data": dict(data), "gating": {"levels": levels, "plain": True}}
     ms = 1_764_500_000_000
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(envelope._time, "time_ns", lambda: ms * 1_000_000)  # noqa: SLF001
         mp.setattr(envelope.os, "urandom", lambda n: b"\x01" * n)
         got = list(a.stamp_run("s1", [em], [None]))
         want = [b.stamp("s1", {**em, "data": dict(data)})]
-    assert got == want and json.dumps(got) == json.dumps(want)
+    return got, want
 
 
 @pytest.mark.parametrize("ceiling", ["metadata", "redacted", "full"])
@@ -186,18 +193,9 @@ def test_what_is_no_plain_claim_takes_the_whole_gate(gating, ceiling):
     a declared ``full`` key never leaves at ``metadata`` and ``capture``
     never under-claims (a review's finding: the keys' presence was taken
     for the claim)."""
-    policy = CapturePolicy(ceiling=ceiling)
-    a, b = (Stamper("agent-x", epoch=3, host="h", policy=policy) for _ in range(2))
-    for s in (a, b):
-        s._ulid = envelope.Ulids()  # noqa: SLF001 -- the same ids from both
     data = {"arguments": "ghp_" + "a" * 36, "n": 1}
     em = {"type": "x.codex.otel.tool_result", "data": dict(data), "gating": gating}
-    ms = 1_764_500_000_000
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(envelope._time, "time_ns", lambda: ms * 1_000_000)  # noqa: SLF001
-        mp.setattr(envelope.os, "urandom", lambda n: b"\x01" * n)
-        got = list(a.stamp_run("s1", [em], [None]))
-        want = [b.stamp("s1", {**em, "data": dict(data)})]
+    got, want = _run_and_one_by_one(CapturePolicy(ceiling=ceiling), em, data)
     assert got == want and json.dumps(got) == json.dumps(want)
     if ceiling == "metadata" and gating.get("levels"):  # declared full: not at metadata
         assert "arguments" not in got[0].get("data", {})
