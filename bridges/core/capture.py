@@ -797,13 +797,15 @@ class GatePlan:
         :meth:`gate_levels`; anything else :meth:`gate` itself."""
         if not hints:
             return self.gate(data, policy, agent=agent, subject=subject)
-        # the claim as Gating defines it: plain True, beside levels (a
-        # mapping: without one the gate claims the ceiling); plain False or
-        # beside levels None is no claim and takes the gate below
-        if self.takes_plain and hints.get("plain") is True and hints.get("levels") is not None:
-            if data.__class__ is dict and data:
-                return data, "metadata"
-            return self.gate(data, policy, agent=agent, subject=subject, levels=hints["levels"])
+        # the claim as Gating defines it: plain True, beside a levels mapping
+        # (without one the gate claims the ceiling); plain False, or beside
+        # levels None or a non-mapping, is no claim and takes the gate below
+        if self.takes_plain and hints.get("plain") is True:
+            levels = hints.get("levels")
+            if levels.__class__ is dict or isinstance(levels, Mapping):
+                if data.__class__ is dict and data:
+                    return data, "metadata"
+                return self.gate(data, policy, agent=agent, subject=subject, levels=levels)
         if len(hints) == 1 and "levels" in hints:
             return self.gate_levels(data, policy, agent, subject, hints["levels"])
         return self.gate(data, policy, agent=agent, subject=subject,

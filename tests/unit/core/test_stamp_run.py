@@ -185,7 +185,8 @@ def _run_and_one_by_one(policy: CapturePolicy, em: dict, data: dict) -> tuple[li
     {"levels": {"arguments": "full"}, "plain": False},  # said not plain
     {"levels": None, "plain": True},  # no levels: the gate claims the ceiling
     {"plain": True},
-], ids=["plain-false", "levels-none", "no-levels"])
+    {"levels": "arguments", "plain": True},  # not a mapping: stamp() refuses it, so must the run
+], ids=["plain-false", "levels-none", "no-levels", "levels-not-a-mapping"])
 def test_what_is_no_plain_claim_takes_the_whole_gate(gating, ceiling):
     """Only ``plain: True`` beside a ``levels`` mapping is the claim
     (:class:`bridges.core.bridge.Gating`): ``plain: False`` or a claim
@@ -195,7 +196,17 @@ def test_what_is_no_plain_claim_takes_the_whole_gate(gating, ceiling):
     for the claim)."""
     data = {"arguments": "ghp_" + "a" * 36, "n": 1}
     em = {"type": "x.codex.otel.tool_result", "data": dict(data), "gating": gating}
-    got, want = _run_and_one_by_one(CapturePolicy(ceiling=ceiling), em, data)
+    try:
+        got, want = _run_and_one_by_one(CapturePolicy(ceiling=ceiling), em, data)
+    except (AttributeError, TypeError) as e:  # stamp()'s answer to levels that are no mapping
+        assert not isinstance(gating.get("levels"), (dict, type(None)))
+        # the run raises it too, before a seq is taken (emit_run leaves it
+        # to emit_nowait, which answers with stamp()'s refusal)
+        run = Stamper("agent-x", host="h", policy=CapturePolicy(ceiling=ceiling))
+        with pytest.raises(type(e)):
+            list(run.stamp_run("s1", [em], [None]))
+        assert not run.knows("s1") or run._seq.get("s1", 0) == 0  # noqa: SLF001
+        return
     assert got == want and json.dumps(got) == json.dumps(want)
     if ceiling == "metadata" and gating.get("levels"):  # declared full: not at metadata
         assert "arguments" not in got[0].get("data", {})
