@@ -349,9 +349,10 @@ async def test_the_pump_drops_the_gil_for_a_waiting_sender_before_the_relay_fans
     fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=relay, host="h")
     ctx = fleet.members["steady"].ctx
     log = tmp_path / "logs" / "steady" / "s.jsonl"
-    drops: list[tuple[int, int]] = []
+    drops: list[tuple[int, int, int]] = []
+    answered: list[bool] = []  # the sender has run past its verdicts
     monkeypatch.setattr(fleet_mod, "_drop_gil", lambda: drops.append(
-        (len(log.read_text().splitlines()), len(relay.events))))
+        (len(log.read_text().splitlines()), len(relay.events), len(answered))))
 
     async with trio.open_nursery() as n:
         await fleet._attach(n, fleet.members["steady"])  # noqa: SLF001 (the sink, no bridge run)
@@ -360,17 +361,19 @@ async def test_the_pump_drops_the_gil_for_a_waiting_sender_before_the_relay_fans
         for _ in range(5):
             ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
         assert await ctx.logged_since(mark)
+        answered.append(True)
         with trio.fail_after(10):
             while len(relay.events) < 5:
                 await trio.sleep(0.01)
-        assert drops == [(5, 0)]  # after the log has the drain, before the relay does
+        # after the log has the drain and the sender has answered, before the relay has it
+        assert drops == [(5, 0, 1)]
         for _ in range(3):  # nobody waits on these verdicts
             ctx.emit_nowait("s", {"type": "x.steady.tick.seen"})
         with trio.fail_after(10):
             while len(relay.events) < 8:
                 await trio.sleep(0.01)
         n.cancel_scope.cancel()
-    assert drops == [(5, 0)]
+    assert drops == [(5, 0, 1)]
 
 
 async def test_shutdown_delivers_every_logged_drain_to_the_relay_in_order(tmp_path):
