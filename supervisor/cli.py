@@ -185,7 +185,7 @@ def _tail_parser(sub: Any) -> None:
     tail = sub.add_parser("tail", help="follow an AEP endpoint's /stream as a human timeline")
     tail.add_argument("--url", default=None,
                       help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN;"
-                           f" here now {default_url()})")
+                           f" here now {default_url().replace('%', '%%')})")  # argparse %-formats help
     tail.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
     tail.add_argument("--filter", action="append", default=[], metavar="F",
                       help="attr-match filter: JSON object or key=value[,value] (agent=codex, "
