@@ -221,7 +221,6 @@ class Member:
     started: trio.Event = field(default_factory=trio.Event)
 
 
-
 def _drop_gil() -> None:
     """Let another thread take the GIL now, if one waits for it. The sender
     that :meth:`Fleet._deliver_batch` let answer first may answer from a
