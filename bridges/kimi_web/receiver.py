@@ -250,16 +250,15 @@ class Receiver:
         now = self.endpoint
         return now is not None and now.key == sent.key and now.token != sent.token
 
-    def _refresh_endpoint(self) -> bool:
-        """Re-resolve (a rotated token); True when something changed."""
+    def _refresh_endpoint(self) -> None:
+        """Re-resolve: a rotated token of the current server is adopted
+        (another server is left to the run loop's reattach)."""
         try:
             ep = discovery.resolve(self.config)
         except discovery.NotFound:
-            return False
-        changed = self.endpoint is None or ep.key != self.endpoint.key or ep.token != self.endpoint.token
-        if changed and (self.endpoint is None or ep.key == self.endpoint.key):
+            return
+        if self.endpoint is None or ep.key == self.endpoint.key:
             self.endpoint = ep
-        return changed
 
     async def list_sessions(self) -> tuple[list[dict[str, Any]], bool]:
         """Every session (``GET /sessions``, paged by ``before_id``) and
