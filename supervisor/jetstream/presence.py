@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import time
@@ -245,47 +246,78 @@ class Presence:
 
     async def _keep(self, link: Link) -> None:
         """Put new claims as they come; every TTL/3 put them all again
-        (and the daemon entry)."""
+        (and the daemon entry). A put that fails (a KV bucket electing its
+        leader: just created, or a node killed) is tried again after the
+        shared backoff (0.2 s, doubling to 5 s), not first at the next
+        full refresh: a relay asked to route a command meanwhile finds no
+        owner and answers ``no-route``. Only claims still held are tried
+        again (a claim released meanwhile stays deleted)."""
         period = max(0.5, self.cfg.claim_ttl / 3)
         next_full = 0.0
+        retry: list[tuple[str, str, str]] = []
+        retry_at = math.inf
+        daemon_due = False
+        attempt = 0
         while True:
-            if trio.current_time() >= next_full:
-                await self._put_daemon()
+            now = trio.current_time()
+            if now >= next_full:
+                daemon_due = True
                 self._new = [(b, a, s) for b, a, s in self.claims.items()]
-                next_full = trio.current_time() + period
+                retry = []
+                next_full = now + period
+                retry_at = now
+            elif now >= retry_at:
+                held = set(self.claims.items())
+                self._new = [c for c in retry if c in held] + self._new
+                retry = []
+            if daemon_due and now >= retry_at:
+                daemon_due = not await self._put_daemon()
             new, self._new = self._new, []
             gone, self._gone = self._gone, []
             for b, a, s in new:
-                await self._put_claim(b, a, s)
+                if not await self._put_claim(b, a, s):
+                    retry.append((b, a, s))
             for b, a, s in gone:
                 await self._delete(claim_key(a, s, self.daemon, b))
             self._changed = trio.Event()
+            if not (retry or daemon_due):
+                attempt, retry_at = 0, math.inf
+            elif retry_at <= now or retry_at == math.inf:
+                retry_at = trio.current_time() + backoff_delay(attempt, 0.2, 5.0)
+                attempt += 1
             if self._new or self._gone:
                 continue
-            with trio.move_on_at(next_full):
+            with trio.move_on_at(min(next_full, retry_at)):
                 await self._changed.wait()
 
-    async def _put_claim(self, bridge: str, agent: str, session: str) -> None:
+    async def _put_claim(self, bridge: str, agent: str, session: str) -> bool:
+        """Put one claim; ``False`` when the bucket did not take it (counted
+        ``kv_errors``; :meth:`_keep` tries again)."""
         from .link import aio
         value = claim_value(daemon=self.daemon, bridge=bridge, hello=self.hellos.get(bridge, {}),
                             agent=agent, session=session, at_ms=_now_ms())
         try:
             await aio(self._kv.put)(claim_key(agent, session, self.daemon, bridge), value)
             self.counters["claims_put"] += 1
-        except Exception as e:  # noqa: BLE001 -- the next refresh puts it again
+            return True
+        except Exception as e:  # noqa: BLE001 -- tried again (_keep)
             self.counters["kv_errors"] += 1
             log.debug("nats: claim put failed: %s", type(e).__name__)
+            return False
 
-    async def _put_daemon(self) -> None:
+    async def _put_daemon(self) -> bool:
+        """Put the daemon entry; ``False`` when the bucket did not take it."""
         from .link import aio
         value = daemon_value(daemon=self.daemon, host=self.host, pid=os.getpid(),
                              epoch=self.epoch, started=self.started, hellos=self.hellos,
                              at_ms=_now_ms())
         try:
             await aio(self._daemons_kv.put)(token(self.daemon), value)
-        except Exception as e:  # noqa: BLE001 -- the next refresh puts it again
+            return True
+        except Exception as e:  # noqa: BLE001 -- tried again (_keep)
             self.counters["kv_errors"] += 1
             log.debug("nats: daemon entry put failed: %s", type(e).__name__)
+            return False
 
     async def _delete(self, key: str, kv: Any = None) -> None:
         from .link import aio

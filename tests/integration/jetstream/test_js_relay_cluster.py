@@ -114,7 +114,7 @@ async def test_two_daemons_two_relays_resume_across_relays_and_a_node_killed(tmp
                 # control across hosts: posted at relay B, owned by daemon 1
                 from tests.support.daemon import command
                 outcome, ack = await command(relay_b, "control.cancel", "toy-1", run="r1")
-                assert outcome == "accepted", ack
+                assert outcome == "accepted", (ack, f1.jetstream.presence.counters)
                 assert ack["type"] == "control.accepted" and ack["agent"] == "toy-agent"
                 assert len(f1.members["toy"].bridge.writes) == 1
                 async with open_link(nats_config(c.url)) as link:

@@ -86,3 +86,68 @@ def test_presence_hands_to_the_bridge_or_answers_busy() -> None:
     room[0] = False
     assert parse_command_reply(p.handle(_cmd()))[:2] == ("refused", "busy")
     assert p.counters["commands_delivered"] == 1 and p.counters["commands_refused"] == 1
+
+
+class _FlakyBucket:
+    """A KV bucket stand-in (trio-side: ``aio`` is patched to pass calls
+    through) whose first ``fail`` puts raise, as a bucket electing its
+    leader does (nats-py: ``NoRespondersError``)."""
+
+    def __init__(self, fail: int) -> None:
+        self.fail = fail
+        self.store: dict[str, bytes] = {}
+        self.puts = 0
+
+    async def put(self, key: str, value: bytes) -> None:
+        self.puts += 1
+        if self.fail > 0:
+            self.fail -= 1
+            raise TimeoutError("no responders")
+        self.store[key] = value
+
+    async def delete(self, key: str) -> None:
+        self.store.pop(key, None)
+
+
+def _keeping(monkeypatch, fail: int, daemons_fail: int = 0, max_sessions: int = 10):
+    import supervisor.jetstream.link as link_mod
+    from supervisor.jetstream.config import NatsConfig
+    monkeypatch.setattr(link_mod, "aio", lambda fn: fn)
+    p = P.Presence(NatsConfig(servers=("nats://x:1",), claim_ttl=30.0), "d", host="h",
+                   epoch=1, hellos={"b": HELLO}, max_sessions=max_sessions,
+                   hand=lambda b, c: True)
+    p._kv, p._daemons_kv = _FlakyBucket(fail), _FlakyBucket(daemons_fail)
+    return p
+
+
+async def test_a_claim_put_that_fails_is_tried_again_before_the_next_refresh(monkeypatch, autojump_clock) -> None:
+    # a CI flake: the claim of a session met the claims bucket electing its
+    # leader, the next try came only with the refresh (TTL/3 = 10 s), and a
+    # command routed meanwhile was answered no-route
+    import trio
+    p = _keeping(monkeypatch, fail=3, daemons_fail=2)
+    async with trio.open_nursery() as n:
+        n.start_soon(p._keep, None)
+        await trio.sleep(0.01)
+        p.note("b", _ev("s1"))
+        await trio.sleep(3.0)  # well before the refresh at 10 s
+        assert [k for k in p._kv.store] == [P.claim_key("opencode", "s1", "d", "b")]
+        assert len(p._daemons_kv.store) == 1
+        assert p.counters["kv_errors"] == 5 and p._kv.puts == 4
+        await trio.sleep(5.0)  # nothing left to retry: no more puts until the refresh
+        assert p._kv.puts == 4
+        n.cancel_scope.cancel()
+
+
+async def test_a_claim_released_while_its_retry_waits_is_not_put_again(monkeypatch, autojump_clock) -> None:
+    import trio
+    p = _keeping(monkeypatch, fail=1, max_sessions=1)
+    async with trio.open_nursery() as n:
+        n.start_soon(p._keep, None)
+        await trio.sleep(0.01)
+        p.note("b", _ev("s1"))  # its put fails
+        await trio.sleep(0.05)
+        p.note("b", _ev("s2"))  # s1 released (one session per bridge)
+        await trio.sleep(3.0)
+        assert list(p._kv.store) == [P.claim_key("opencode", "s2", "d", "b")]
+        n.cancel_scope.cancel()
