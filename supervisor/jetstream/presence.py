@@ -9,10 +9,11 @@ the command listener on ``S.cmd.<daemon>`` (the shapes:
 - **Claims** (:class:`Claims`, pure): a bridge claims a session when it
   emits a sequenced event of it, as in the embedded relay (AEP-0004 §4.5),
   bounded per bridge to ``AEP_MAX_SESSIONS`` (least recently used
-  released); :class:`Presence` puts each new claim at once and every claim
-  again each ``AEP_NATS_CLAIM_TTL / 3`` (the buckets' TTL is the claim
-  TTL: a daemon gone that long has no claims), deletes released ones and,
-  on shutdown, all of its own.
+  released); :class:`Presence` puts each new claim at once (one that
+  fails, a bucket electing its leader, again after a short backoff) and
+  every claim again each ``AEP_NATS_CLAIM_TTL / 3`` (the buckets' TTL is
+  the claim TTL: a daemon gone that long has no claims), deletes released
+  ones and, on shutdown, all of its own.
 - **Commands**: a request on ``S.cmd.<daemon>`` is routed to the member
   bridge that claims the command's session, through the same hand-off as
   the embedded relay's routing (the fleet's ``hand`` callback: the bridge's
