@@ -10,8 +10,26 @@ import time
 import benchmarks
 
 
+FLAGS = {"--quick": "shorter runs (fewer requests and rounds)",
+         "--state": "sse: the tracker-state row alone"}
+
+
+def usage(names: list[str]) -> str:
+    flags = "\n".join(f"  {k:<9} {v}" for k, v in FLAGS.items())
+    return (f"usage: python -m benchmarks [NAME...] [--quick] [--state]\n"
+            f"  NAME      one of: {' '.join(n.removesuffix('_bench') for n in names)}"
+            f" (default: all)\n{flags}")
+
+
 def main(argv: list[str]) -> int:
     names = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.endswith("_bench"))
+    if "-h" in argv or "--help" in argv:
+        print(usage(names))
+        return 0
+    unknown = [a for a in argv if a.startswith("-") and a not in FLAGS]
+    if unknown:  # a typo must not start the whole ~5-minute run
+        print(f"unknown option {' '.join(unknown)}\n{usage(names)}", file=sys.stderr)
+        return 2
     wanted = [a for a in argv if not a.startswith("-")]
     if wanted:
         names = [n for n in names if n.removesuffix("_bench") in wanted or n in wanted]

@@ -121,9 +121,15 @@ def npm_install(name: str, version: str) -> Path:
             prefix.mkdir(parents=True)
             cmd = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
                    f"{name}@{version}"]
+            # a package's postinstall may run its CLI (opencode-ai runs
+            # ``opencode --version``), which makes its XDG directories: in
+            # the install, never the user's ~/.config or ~/.local
+            xdg = prefix / ".xdg"
+            env = {**os.environ, **{f"XDG_{k}_HOME": str(xdg / k.lower())
+                                    for k in ("CONFIG", "DATA", "STATE", "CACHE")}}
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True,
-                                      timeout=NPM_TIMEOUT_S, cwd=prefix)
+                                      timeout=NPM_TIMEOUT_S, cwd=prefix, env=env)
             except subprocess.TimeoutExpired:
                 shutil.rmtree(prefix, ignore_errors=True)
                 skip_loudly(f"npm install {name}@{version} timed out after {NPM_TIMEOUT_S} s "

@@ -2,6 +2,7 @@
 the loud-skip-vs-fail policy (no network: npm is replaced where it would run)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -124,3 +125,22 @@ def test_a_wrong_pin_fails_instead_of_skipping(tmp_path, monkeypatch):
         vendors.npm_install("@openai/codex", "9.9.9")
     with pytest.raises(vendors.VendorInstallError, match="exact version"):
         vendors.npm_install("@openai/codex", "latest")
+
+
+def test_a_postinstall_writes_its_xdg_directories_inside_the_install(tmp_path, monkeypatch):
+    # a fresh-user review: opencode-ai's postinstall runs ``opencode --version``,
+    # which made ~/.config/opencode, ~/.local/share/opencode... in the user's HOME
+    monkeypatch.setenv("AEP_VENDOR_CACHE", str(tmp_path / "cache"))
+    envs: list = []
+    _fake_npm(monkeypatch)
+    fake = vendors.subprocess.run
+
+    def run(cmd, **kw):
+        envs.append(kw.get("env"))
+        return fake(cmd, **kw)
+    monkeypatch.setattr(vendors.subprocess, "run", run)
+    prefix = vendors.npm_install("opencode-ai", "1.0.0")
+    env = envs[0]
+    assert env is not None and env["PATH"] == os.environ["PATH"]
+    for k in ("CONFIG", "DATA", "STATE", "CACHE"):
+        assert Path(env[f"XDG_{k}_HOME"]).is_relative_to(prefix)
