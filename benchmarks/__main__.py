@@ -9,7 +9,6 @@ import time
 
 import benchmarks
 
-
 FLAGS = {"--quick": "shorter runs (fewer requests and rounds)",
          "--state": "sse: the tracker-state row alone"}
 

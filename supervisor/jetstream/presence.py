@@ -246,16 +246,21 @@ class Presence:
                 bucket=name, history=1, ttl=self.cfg.claim_ttl, replicas=self.cfg.replicas))
 
     async def _keep(self, link: Link) -> None:
-        """Put new claims as they come; every TTL/3 put them all again
-        (and the daemon entry). A put that fails (a KV bucket electing its
-        leader: just created, or a node killed) is tried again after the
-        shared backoff (0.2 s, doubling to 5 s), not first at the next
-        full refresh: a relay asked to route a command meanwhile finds no
-        owner and answers ``no-route``. Only claims still held are tried
-        again (a claim released meanwhile stays deleted)."""
+        """Put new claims as they come, delete released ones; every TTL/3
+        put them all again (and the daemon entry). What one pass does is
+        read against what is held at its start: a claim released and
+        claimed again before the pass is put, not deleted, and one claimed
+        and released is deleted, not put. A put or a delete that fails (a
+        KV bucket electing its leader: just created, or a node killed) is
+        tried again after the shared backoff (about 0.2 s, doubling to
+        5 s), each claim once however often it changed meanwhile, not first
+        at the next refresh: a relay asked to route a command meanwhile
+        would find no owner (``no-route``) or a stale second one
+        (``ambiguous``)."""
         period = max(0.5, self.cfg.claim_ttl / 3)
         next_full = 0.0
-        retry: list[tuple[str, str, str]] = []
+        retry_put: dict[tuple[str, str, str], None] = {}
+        retry_delete: dict[tuple[str, str, str], None] = {}
         retry_at = math.inf
         daemon_due = False
         attempt = 0
@@ -263,25 +268,29 @@ class Presence:
             now = trio.current_time()
             if now >= next_full:
                 daemon_due = True
-                self._new = [(b, a, s) for b, a, s in self.claims.items()]
-                retry = []
+                self._new = self.claims.items()
+                self._gone = [*retry_delete, *self._gone]
+                retry_put, retry_delete = {}, {}
                 next_full = now + period
                 retry_at = now
             elif now >= retry_at:
-                held = set(self.claims.items())
-                self._new = [c for c in retry if c in held] + self._new
-                retry = []
+                self._new = [*retry_put, *self._new]
+                self._gone = [*retry_delete, *self._gone]
+                retry_put, retry_delete = {}, {}
             if daemon_due and now >= retry_at:
                 daemon_due = not await self._put_daemon()
-            new, self._new = self._new, []
-            gone, self._gone = self._gone, []
-            for b, a, s in new:
-                if not await self._put_claim(b, a, s):
-                    retry.append((b, a, s))
+            held = set(self.claims.items())
+            new = dict.fromkeys(c for c in self._new if c in held)
+            gone = dict.fromkeys(c for c in self._gone if c not in held)
+            self._new, self._gone = [], []
+            for c in new:
+                if not await self._put_claim(*c):
+                    retry_put[c] = None
             for b, a, s in gone:
-                await self._delete(claim_key(a, s, self.daemon, b))
+                if not await self._delete(claim_key(a, s, self.daemon, b)):
+                    retry_delete[(b, a, s)] = None
             self._changed = trio.Event()
-            if not (retry or daemon_due):
+            if not (retry_put or retry_delete or daemon_due):
                 attempt, retry_at = 0, math.inf
             elif retry_at <= now or retry_at == math.inf:
                 retry_at = trio.current_time() + backoff_delay(attempt, 0.2, 5.0)
@@ -320,14 +329,18 @@ class Presence:
             log.debug("nats: daemon entry put failed: %s", type(e).__name__)
             return False
 
-    async def _delete(self, key: str, kv: Any = None) -> None:
+    async def _delete(self, key: str, kv: Any = None) -> bool:
+        """Delete one key; ``False`` when the bucket did not (counted
+        ``kv_errors``; :meth:`_keep` tries again, else the TTL ends it)."""
         from .link import aio
         try:
             await aio((kv or self._kv).delete)(key)
             self.counters["claims_deleted"] += 1
-        except Exception as e:  # noqa: BLE001 -- it expires with the TTL anyway
+            return True
+        except Exception as e:  # noqa: BLE001 -- tried again, else the TTL ends it
             self.counters["kv_errors"] += 1
             log.debug("nats: claim delete failed: %s", type(e).__name__)
+            return False
 
     async def withdraw(self) -> None:
         """Delete this daemon's claims and entry (shutdown: relays answer

@@ -93,8 +93,9 @@ class _FlakyBucket:
     through) whose first ``fail`` puts raise, as a bucket electing its
     leader does (nats-py: ``NoRespondersError``)."""
 
-    def __init__(self, fail: int) -> None:
+    def __init__(self, fail: int, fail_deletes: int = 0) -> None:
         self.fail = fail
+        self.fail_deletes = fail_deletes
         self.store: dict[str, bytes] = {}
         self.puts = 0
 
@@ -106,6 +107,9 @@ class _FlakyBucket:
         self.store[key] = value
 
     async def delete(self, key: str) -> None:
+        if self.fail_deletes > 0:
+            self.fail_deletes -= 1
+            raise TimeoutError("no responders")
         self.store.pop(key, None)
 
 
@@ -150,4 +154,64 @@ async def test_a_claim_released_while_its_retry_waits_is_not_put_again(monkeypat
         p.note("b", _ev("s2"))  # s1 released (one session per bridge)
         await trio.sleep(3.0)
         assert list(p._kv.store) == [P.claim_key("opencode", "s2", "d", "b")]
+        n.cancel_scope.cancel()
+
+
+def _key(session: str) -> str:
+    return P.claim_key("opencode", session, "d", "b")
+
+
+async def test_a_claim_churned_while_puts_fail_is_retried_once_per_pass(monkeypatch,
+                                                                       autojump_clock) -> None:
+    # a break-it review: every failed put of a re-claimed session was queued
+    # again, so one held claim was put ~1,000 times in a row per retry
+    import trio
+    p = _keeping(monkeypatch, fail=10**9, max_sessions=1)
+    async with trio.open_nursery() as n:
+        n.start_soon(p._keep, None)
+        await trio.sleep(0.01)
+        for i in range(400):
+            p.note("b", _ev("s1" if i % 2 == 0 else "s2"))
+            await trio.sleep(0.0002)
+        before = p._kv.puts
+        await trio.sleep(6.0)  # a few retry passes, no refresh
+        assert p.claims.items() == [("b", "opencode", "s2")]
+        assert 1 <= p._kv.puts - before <= 5  # one put a pass
+        n.cancel_scope.cancel()
+
+
+async def test_a_claim_released_and_claimed_again_in_one_pass_stays_put(monkeypatch,
+                                                                        autojump_clock) -> None:
+    # a break-it review (older than the retry): puts first, deletes after,
+    # deleted s1 while it was held again; commands to it met no-route
+    import trio
+    p = _keeping(monkeypatch, fail=0, max_sessions=1)
+    async with trio.open_nursery() as n:
+        n.start_soon(p._keep, None)
+        await trio.sleep(0.01)
+        p.note("b", _ev("s1"))
+        await trio.sleep(0.5)
+        p.note("b", _ev("s2"))  # s1 released...
+        p.note("b", _ev("s1"))  # ...and claimed again (s2 released), one pump tick
+        await trio.sleep(0.5)
+        assert p.claims.items() == [("b", "opencode", "s1")]
+        assert list(p._kv.store) == [_key("s1")]
+        n.cancel_scope.cancel()
+
+
+async def test_a_failed_delete_of_a_released_claim_is_tried_again(monkeypatch,
+                                                                  autojump_clock) -> None:
+    # else the stale claim stays for the TTL (30 s): a relay sees a second
+    # claimant and answers ambiguous
+    import trio
+    p = _keeping(monkeypatch, fail=0, max_sessions=1)
+    p._kv.fail_deletes = 2
+    async with trio.open_nursery() as n:
+        n.start_soon(p._keep, None)
+        await trio.sleep(0.01)
+        p.note("b", _ev("s1"))
+        await trio.sleep(0.5)
+        p.note("b", _ev("s2"))  # s1 released: its deletes fail twice
+        await trio.sleep(3.0)
+        assert list(p._kv.store) == [_key("s2")]
         n.cancel_scope.cancel()
