@@ -8,7 +8,7 @@
   with the agent's status.
 - ``aep-bridges tail``: follow an AEP endpoint as a human timeline
   (:mod:`supervisor.tail`).
-- ``aep-bridges service install --systemd|--launchd``: write the service
+- ``aep-bridges service install [--systemd|--launchd]``: write the service
   unit for this install (:mod:`supervisor.install`).
 
 Bad configuration is refused before anything binds: one line per problem on
@@ -218,8 +218,13 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 def _cmd_service(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .install import install
-    return install(args.manager, prefix=Path(args.prefix) if args.prefix else None,
+    from .install import default_manager, install
+    manager = args.manager or default_manager()
+    if manager is None:
+        print(f"aep-bridges service install: no service manager is known for {sys.platform}; "
+              "say --systemd or --launchd", file=sys.stderr)
+        return 2
+    return install(manager, prefix=Path(args.prefix) if args.prefix else None,
                    dry_run=args.dry_run)
 
 
@@ -245,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     svc = sub.add_parser("service", help="install the systemd unit or launchd agent for this install")
     svc_sub = svc.add_subparsers(dest="action", required=True)
     inst = svc_sub.add_parser("install", help="write the unit/plist and the environment file")
-    which = inst.add_mutually_exclusive_group(required=True)
-    which.add_argument("--systemd", dest="manager", action="store_const", const="systemd")
-    which.add_argument("--launchd", dest="manager", action="store_const", const="launchd")
+    which = inst.add_mutually_exclusive_group()
+    which.add_argument("--systemd", dest="manager", action="store_const", const="systemd",
+                       help="a systemd unit (the default on Linux)")
+    which.add_argument("--launchd", dest="manager", action="store_const", const="launchd",
+                       help="a launchd agent (the default on macOS)")
     inst.add_argument("--prefix", metavar="DIR", help="write under DIR instead of / (or ~ for launchd)")
     inst.add_argument("--dry-run", action="store_true", help="print what would be written, write nothing")
     args = parser.parse_args(argv)

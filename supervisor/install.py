@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping
 
 __all__ = ["install", "plan", "Planned", "read_env_file", "console_script", "render_unit",
-           "render_plist", "UNIT_NAME", "PLIST_LABEL", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR",
+           "render_plist", "default_manager", "UNIT_NAME", "PLIST_LABEL", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR",
            "ENV_TEMPLATE"]
 
 UNIT_NAME = "aep-bridges.service"
@@ -65,6 +65,18 @@ def read_env_file(path: Path) -> dict[str, str]:
             value = value[1:-1]
         out[key] = value
     return out
+
+
+def default_manager(platform: str | None = None) -> str | None:
+    """The service manager of ``platform`` (default ``sys.platform``):
+    ``"launchd"`` on macOS, ``"systemd"`` on Linux, ``None`` elsewhere (the
+    caller asks for ``--systemd`` or ``--launchd``)."""
+    platform = sys.platform if platform is None else platform
+    if platform == "darwin":
+        return "launchd"
+    if platform.startswith("linux"):
+        return "systemd"
+    return None
 
 
 def console_script() -> Path:

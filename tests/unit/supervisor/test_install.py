@@ -12,6 +12,7 @@ import pytest
 from supervisor.install import (
     ENV_TEMPLATE,
     _template,
+    default_manager,
     install,
     plan,
     read_env_file,
@@ -80,3 +81,27 @@ def test_read_env_file(tmp_path):
     p.write_text("AEP_OK=1\nnot a setting\n")
     with pytest.raises(ValueError, match=":2: expected KEY=VALUE"):
         read_env_file(p)
+
+
+@pytest.mark.parametrize(("platform", "manager"), [
+    ("linux", "systemd"), ("darwin", "launchd"), ("win32", None), ("freebsd14", None)])
+def test_the_default_manager_is_the_platforms(platform, manager):
+    assert default_manager(platform) == manager
+
+
+def test_service_install_without_a_manager_takes_the_platforms(tmp_path, monkeypatch, capsys):
+    from supervisor import cli
+    from supervisor import install as install_mod
+    asked: list[str] = []
+    monkeypatch.setattr(install_mod, "install",
+                        lambda manager, **kw: asked.append(manager) or 0)
+    monkeypatch.setattr(install_mod.sys, "platform", "linux")
+    assert cli.main(["service", "install", "--dry-run", "--prefix", str(tmp_path)]) == 0
+    monkeypatch.setattr(install_mod.sys, "platform", "darwin")
+    assert cli.main(["service", "install", "--dry-run"]) == 0
+    assert cli.main(["service", "install", "--systemd", "--dry-run"]) == 0
+    assert asked == ["systemd", "launchd", "systemd"]
+    monkeypatch.setattr(install_mod.sys, "platform", "win32")
+    assert cli.main(["service", "install", "--dry-run"]) == 2
+    assert "say --systemd or --launchd" in capsys.readouterr().err
+    assert asked == ["systemd", "launchd", "systemd"]  # nothing installed
