@@ -54,6 +54,8 @@ _SEVERITY_STYLE = {"error": "bold red", "critical": "bold white on red", "warnin
 # vendor (x.*) payload keys worth a glance, in the order shown
 _TELLING = ("tool_name", "tool", "decision", "success", "status", "outcome", "model", "kind",
             "event.kind", "name", "state", "reason", "duration_ms")
+#: payload keys a one-line gist leaves out: the vendor's bookkeeping
+_QUIET = frozenset({"vendor_ts", "vendor_event_id"})
 
 
 def default_url(environ: Mapping[str, str] | None = None) -> str:
@@ -134,14 +136,35 @@ def _options(data: Mapping[str, Any]) -> str:
 
 
 def _vendor_gist(data: Mapping[str, Any]) -> str:
-    bits = []
-    for k in _TELLING:
-        v = data.get(k)
-        if v is not None and not isinstance(v, (dict, list)):
-            bits.append(f"{k}={_s(v, 30)}")
+    """``k=v`` bits of a payload no family gist reads (vendor types and the
+    rest): the telling keys in their order, or, when it has none, its
+    other keys in the payload's order; token counts as ``tokens <in> in / <out> out``;
+    a nested object or list as ``k{n}`` / ``k[n]`` (its size). The
+    vendor's own bookkeeping (:data:`_QUIET`) is left out: it is in
+    ``--json``. At most four bits; ``""`` for an empty payload."""
+    bits: list[str] = []
+    keys = [k for k in _TELLING if k in data and data[k] is not None]
+    if not keys:
+        keys = [k for k in data if k not in _QUIET and not str(k).startswith("gen_ai.usage.")]
+    for k in keys:
         if len(bits) == 4:
             break
-    return " ".join(bits) if bits else _s(data) if data else ""
+        v = data[k]
+        if v is None:
+            continue
+        if k == "tool" and isinstance(v, dict) and v.get("name"):
+            bits.append(f"tool={_s(_tool_name(data), 30)}")
+        elif isinstance(v, dict):
+            bits.append(f"{k}{{{len(v)}}}")
+        elif isinstance(v, list):
+            bits.append(f"{k}[{len(v)}]")
+        else:
+            bits.append(f"{k}={_s(v, 30)}")
+    tokens = [f"{data[k]} {w}" for k, w in (("gen_ai.usage.input_tokens", "in"),
+                                             ("gen_ai.usage.output_tokens", "out")) if k in data]
+    if tokens and len(bits) < 4:
+        bits.append(f"tokens {' / '.join(tokens)}")
+    return " ".join(bits)
 
 
 def _tool_gist(type_: str, data: Mapping[str, Any]) -> str | None:

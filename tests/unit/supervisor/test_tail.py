@@ -35,6 +35,7 @@ def test_the_fixtures_give_us_material():
 def test_gist_of_every_pinned_emission(ev):
     text = gist(ev)
     assert isinstance(text, str) and "\n" not in text
+    assert not text.startswith(("{", "[")), text  # a summary, not the payload's JSON
     data = ev.get("data") or {}
     if ev["type"].startswith("tool.") and isinstance(data.get("tool"), dict):
         assert data["tool"]["name"] in text
@@ -74,6 +75,23 @@ def test_gists_name_what_happened():
                  "data": {"duration_ms": 4, "tool_name": "shell_command", "success": "true",
                           "call_id": "c1"}}) \
         == "tool_name=shell_command success=true duration_ms=4"
+    # no telling key: the other scalars, sizes of what nests, tokens; never the raw JSON,
+    # never the vendor's bookkeeping
+    assert gist({"type": "x.acp.plan.updated",
+                 "data": {"entries_pending": 2, "entries_completed": 1}}) \
+        == "entries_pending=2 entries_completed=1"
+    assert gist({"type": "x.opencode.message.updated",
+                 "data": {"role": "assistant", "gen_ai.usage.input_tokens": 120,
+                          "gen_ai.usage.output_tokens": 40}}) \
+        == "role=assistant tokens 120 in / 40 out"
+    assert gist({"type": "x.openhands.message.event",
+                 "data": {"vendor_ts": "2026-07-12T10:15:00.123456", "vendor_event_id": "e1",
+                          "role": "user", "skills": [1, 2], "extra": {"a": 1}}}) \
+        == "role=user skills[2] extra{1}"
+    assert gist({"type": "x.openhands.user_reject.observation",
+                 "data": {"tool": {"name": "bash", "call_id": "c"}}}) == "tool=bash"
+    assert gist({"type": "x.openhands.pause.event",
+                 "data": {"vendor_ts": "2026-07-12T10:15:00.123456"}, "subject": "S1"}) == "S1"
 
 
 def test_columns_are_aligned_and_pending_attention_highlighted():
