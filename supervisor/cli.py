@@ -221,8 +221,9 @@ def _cmd_service(args: argparse.Namespace) -> int:
     from .install import default_manager, install
     manager = args.manager or default_manager()
     if manager is None:
-        print(f"aep-bridges service install: no service manager is known for {sys.platform}; "
-              "say --systemd or --launchd", file=sys.stderr)
+        why = ", not booted with systemd" if sys.platform.startswith("linux") else ""
+        print("aep-bridges service install: cannot tell which service manager this host runs "
+              f"({sys.platform}{why}); say --systemd or --launchd", file=sys.stderr)
         return 2
     return install(manager, prefix=Path(args.prefix) if args.prefix else None,
                    dry_run=args.dry_run)
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     inst = svc_sub.add_parser("install", help="write the unit/plist and the environment file")
     which = inst.add_mutually_exclusive_group()
     which.add_argument("--systemd", dest="manager", action="store_const", const="systemd",
-                       help="a systemd unit (the default on Linux)")
+                       help="a systemd unit (the default on a Linux booted with systemd)")
     which.add_argument("--launchd", dest="manager", action="store_const", const="launchd",
                        help="a launchd agent (the default on macOS)")
     inst.add_argument("--prefix", metavar="DIR", help="write under DIR instead of / (or ~ for launchd)")

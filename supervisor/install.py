@@ -67,15 +67,21 @@ def read_env_file(path: Path) -> dict[str, str]:
     return out
 
 
-def default_manager(platform: str | None = None) -> str | None:
-    """The service manager of ``platform`` (default ``sys.platform``):
-    ``"launchd"`` on macOS, ``"systemd"`` on Linux, ``None`` elsewhere (the
-    caller asks for ``--systemd`` or ``--launchd``)."""
+def default_manager(platform: str | None = None, *, systemd_booted: bool | None = None
+                    ) -> str | None:
+    """The service manager of this host: ``"launchd"`` on macOS,
+    ``"systemd"`` on Linux booted with systemd (``/run/systemd/system``
+    exists, ``sd_booted(3)``'s test), ``None`` otherwise (a container, a
+    Linux with another init, any other platform: the caller asks for
+    ``--systemd`` or ``--launchd``). ``platform`` (default ``sys.platform``)
+    and ``systemd_booted`` are for tests."""
     platform = sys.platform if platform is None else platform
     if platform == "darwin":
         return "launchd"
     if platform.startswith("linux"):
-        return "systemd"
+        if systemd_booted is None:
+            systemd_booted = Path("/run/systemd/system").is_dir()
+        return "systemd" if systemd_booted else None
     return None
 
 

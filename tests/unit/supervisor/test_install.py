@@ -83,25 +83,28 @@ def test_read_env_file(tmp_path):
         read_env_file(p)
 
 
-@pytest.mark.parametrize(("platform", "manager"), [
-    ("linux", "systemd"), ("darwin", "launchd"), ("win32", None), ("freebsd14", None)])
-def test_the_default_manager_is_the_platforms(platform, manager):
-    assert default_manager(platform) == manager
+@pytest.mark.parametrize(("platform", "booted", "manager"), [
+    ("linux", True, "systemd"), ("linux", False, None), ("darwin", False, "launchd"),
+    ("win32", True, None), ("freebsd14", True, None)])
+def test_the_default_manager_is_the_hosts(platform, booted, manager):
+    assert default_manager(platform, systemd_booted=booted) == manager
 
 
-def test_service_install_without_a_manager_takes_the_platforms(tmp_path, monkeypatch, capsys):
+def test_service_install_without_a_manager_takes_the_hosts(monkeypatch, capsys):
     from supervisor import cli
     from supervisor import install as install_mod
     asked: list[str] = []
     monkeypatch.setattr(install_mod, "install",
                         lambda manager, **kw: asked.append(manager) or 0)
-    monkeypatch.setattr(install_mod.sys, "platform", "linux")
-    assert cli.main(["service", "install", "--dry-run", "--prefix", str(tmp_path)]) == 0
-    monkeypatch.setattr(install_mod.sys, "platform", "darwin")
+    # the seam, not sys.platform: what cli.main imports must see the real platform
+    found: list[str | None] = ["systemd"]
+    monkeypatch.setattr(install_mod, "default_manager", lambda: found[0])
+    assert cli.main(["service", "install", "--dry-run"]) == 0
+    found[0] = "launchd"
     assert cli.main(["service", "install", "--dry-run"]) == 0
     assert cli.main(["service", "install", "--systemd", "--dry-run"]) == 0
     assert asked == ["systemd", "launchd", "systemd"]
-    monkeypatch.setattr(install_mod.sys, "platform", "win32")
+    found[0] = None
     assert cli.main(["service", "install", "--dry-run"]) == 2
     assert "say --systemd or --launchd" in capsys.readouterr().err
     assert asked == ["systemd", "launchd", "systemd"]  # nothing installed
