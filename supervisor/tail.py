@@ -56,6 +56,8 @@ _TELLING = ("tool_name", "tool", "decision", "success", "status", "outcome", "mo
             "event.kind", "name", "state", "reason", "duration_ms")
 #: payload keys a one-line gist leaves out: the vendor's bookkeeping
 _QUIET = frozenset({"vendor_ts", "vendor_event_id"})
+#: the token counts a gist reads, and their word
+_TOKENS = {"gen_ai.usage.input_tokens": "in", "gen_ai.usage.output_tokens": "out"}
 
 
 def default_url(environ: Mapping[str, str] | None = None) -> str:
@@ -105,9 +107,27 @@ def _obj(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
+# what an event's text must not put on a terminal: C0/C1 controls and DEL
+# (ESC starts a terminal command), the line and paragraph separators, and
+# the bidi embeddings, overrides and isolates (text that reads reordered)
+_UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_UNSAFE.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+# ... and the characters str.split() breaks lines or words at: one space each
+_UNSAFE.update({ord(c): " " for c in "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85\u2028\u2029"})
+
+
+def safe(text: str) -> str:
+    """``text`` fit for one terminal line: each line break, tab or other
+    whitespace control a space, every other control character or bidi
+    control shown as its escape (``\\x1b``, ``\\u202e``), so an event's
+    content can neither start a terminal command nor forge a line of the
+    timeline (:func:`_s` also makes whitespace runs one space)."""
+    return text.translate(_UNSAFE)
+
+
 def _s(v: Any, limit: int = 60) -> str:
     text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-    text = " ".join(text.split())
+    text = safe(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -138,30 +158,31 @@ def _options(data: Mapping[str, Any]) -> str:
 def _vendor_gist(data: Mapping[str, Any]) -> str:
     """``k=v`` bits of a payload no family gist reads (vendor types and the
     rest): the telling keys in their order, or, when it has none, its
-    other keys in the payload's order; token counts as ``tokens <in> in / <out> out``;
-    a nested object or list as ``k{n}`` / ``k[n]`` (its size). The
-    vendor's own bookkeeping (:data:`_QUIET`) is left out: it is in
-    ``--json``. At most four bits; ``""`` for an empty payload."""
+    other keys in the payload's order; token counts as ``tokens <in> in /
+    <out> out``; a nested object or list as ``k{n}`` / ``k[n]`` (its
+    size). The vendor's own bookkeeping (:data:`_QUIET`) is left out: it
+    is in ``--json``. At most four bits, keys and values shortened and made
+    :func:`safe`; ``""`` for an empty payload."""
     bits: list[str] = []
-    keys = [k for k in _TELLING if k in data and data[k] is not None]
+    keys = [k for k in _TELLING if data.get(k) is not None]
     if not keys:
-        keys = [k for k in data if k not in _QUIET and not str(k).startswith("gen_ai.usage.")]
+        keys = [k for k in data if k not in _QUIET and k not in _TOKENS]
     for k in keys:
         if len(bits) == 4:
             break
         v = data[k]
         if v is None:
             continue
-        if k == "tool" and isinstance(v, dict) and v.get("name"):
-            bits.append(f"tool={_s(_tool_name(data), 30)}")
+        name = _s(k, 24)
+        if k == "tool" and isinstance(v, dict) and isinstance(v.get("name"), str):
+            bits.append(f"tool={_s(v['name'], 30)}")
         elif isinstance(v, dict):
-            bits.append(f"{k}{{{len(v)}}}")
+            bits.append(f"{name}{{{len(v)}}}")
         elif isinstance(v, list):
-            bits.append(f"{k}[{len(v)}]")
+            bits.append(f"{name}[{len(v)}]")
         else:
-            bits.append(f"{k}={_s(v, 30)}")
-    tokens = [f"{data[k]} {w}" for k, w in (("gen_ai.usage.input_tokens", "in"),
-                                             ("gen_ai.usage.output_tokens", "out")) if k in data]
+            bits.append(f"{name}={_s(v, 30)}")
+    tokens = [f"{_s(data[k], 12)} {w}" for k, w in _TOKENS.items() if data.get(k) is not None]
     if tokens and len(bits) < 4:
         bits.append(f"tokens {' / '.join(tokens)}")
     return " ".join(bits)
@@ -228,7 +249,7 @@ def gist(ev: Mapping[str, Any]) -> str:
     subject = ev.get("subject")
     if not text and isinstance(subject, str):
         return _s(subject)
-    return text
+    return safe(text)
 
 
 def _gist(ev: Mapping[str, Any]) -> str:
@@ -294,13 +315,13 @@ class Timeline:
         style = OUTCOME_STYLE.get(type_) or _SEVERITY_STYLE.get(str(ev.get("severity") or "")) or (
             "dim" if family == "x" else FAMILY_STYLE.get(family, ""))
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(_cell(_clock(ev.get("time")), TIME_W), "dim")
+        t.append(_cell(safe(_clock(ev.get("time"))), TIME_W), "dim")
         t.append(" ")
-        t.append(_cell(str(ev.get("agent") or "?"), AGENT_W), "bold")
+        t.append(_cell(safe(str(ev.get("agent") or "?")), AGENT_W), "bold")
         t.append(" ")
-        t.append(_cell(_short_session(ev.get("session")), SESSION_W), "dim")
+        t.append(_cell(safe(_short_session(ev.get("session"))), SESSION_W), "dim")
         t.append(" ")
-        t.append(_cell(type_, TYPE_W), style)
+        t.append(_cell(safe(type_), TYPE_W), style)
         t.append(" ")
         summary = gist(ev)
         if type_ == "attention.requested" and isinstance(ev.get("id"), str):

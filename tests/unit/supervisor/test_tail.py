@@ -164,6 +164,59 @@ def test_garbage_never_raises(ev, type_):
     assert isinstance(Timeline().line(ev).plain, str)
 
 
+_HOSTILE = ["\n", "\r", "\x1b[2J", "\x1b]0;title\x07", "\x9b31m", "\x08", "\u2028", "\x85",
+            "\u202e", "\u2066", "\x00"]
+_hostile_text = st.one_of(
+    st.text(max_size=30),
+    st.builds(lambda a, c, b: a + c + b, st.text(max_size=5), st.sampled_from(_HOSTILE),
+              st.text(max_size=5)),
+    st.text(min_size=300, max_size=1500))
+_hostile_key = st.one_of(_hostile_text, st.sampled_from(
+    ["model", "tool", "name", "vendor_ts", "", "gen_ai.usage.input_tokens",
+     "gen_ai.usage.output_tokens"]))
+_hostile_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | _hostile_text,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(_hostile_key, c, max_size=3),
+    max_leaves=10)
+
+
+def _unsafe(text: str) -> list[str]:
+    """What a terminal line must not hold: controls, line and paragraph
+    separators, bidi controls."""
+    import unicodedata
+    return [c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")
+            or 0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069]
+
+
+@given(st.dictionaries(_hostile_key, _hostile_json, max_size=8),
+       st.sampled_from(["x.vendor.thing", "tool.completed", "attention.requested",
+                        "run.failed", "session.started", "control.rejected"]),
+       _hostile_text)
+def test_an_events_content_never_reaches_the_terminal_raw(data, type_, text):
+    """Keys and values alike: no control character (ESC would start a
+    terminal command), no line break (a forged timeline line), no bidi
+    control, and a vendor gist stays short (four bits, each shortened)."""
+    ev = {"type": type_, "data": data, "agent": text, "session": text, "time": "T" + text,
+          "subject": text, "id": "A1"}
+    summary = gist(ev)
+    assert not _unsafe(summary), repr(summary[:120])
+    if type_ == "x.vendor.thing":
+        assert len(summary) <= 4 * 60, len(summary)
+    line = Timeline().line({**ev, "type": type_ + text}).plain
+    assert not _unsafe(line), repr(line[:160])
+
+
+def test_hostile_keys_and_token_counts_are_escaped_and_shortened():
+    forged = gist({"type": "x.v.t", "data": {"a\nFAKE attention.requested": 1}})
+    assert "\n" not in forged and forged.startswith("a FAKE")
+    assert gist({"type": "x.v.t", "data": {"\x1b[2J": 1}}) == "\\x1b[2J=1"
+    tokens = gist({"type": "x.v.t", "data": {"gen_ai.usage.input_tokens": "1\n" + "9" * 10000}})
+    assert "\n" not in tokens and len(tokens) < 40
+    assert len(gist({"type": "x.v.t", "data": {"k" * 5000: 1, "j" * 5000: 2}})) < 60
+    assert gist({"type": "tool.completed", "data": {"tool": {"name": "b\u202eash"}}}) \
+        == "b\\u202eash ✓ completed"
+
+
 class FakeSubscription:
     """Stands in for ``aep_sdk.subscribe`` to drive :func:`supervisor.tail.run`'s
     error handling (the real consumer is exercised against the daemon in
