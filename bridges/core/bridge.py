@@ -288,7 +288,9 @@ class BridgeContext:
                     extensions: Mapping[str, Any] | None = None,
                     room_seen: bool = False) -> Envelope:
         """Like :meth:`emit` but never waits. Raises :class:`Saturated` when
-        the channel is full; nothing is stamped then (no ``seq`` is burnt:
+        the channel is full, ``trio.ClosedResourceError`` /
+        ``trio.BrokenResourceError`` when it is closed; nothing is stamped
+        then (no ``seq`` is burnt:
         the envelope is stamped, offered, and taken back with
         :meth:`~bridges.core.envelope.Stamper.unstamp` when the channel
         refuses it, all in one synchronous stretch; cheaper than asking the
@@ -303,6 +305,9 @@ class BridgeContext:
         except trio.WouldBlock:
             self.stamper.unstamp(ev)
             raise Saturated(self.name) from None
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.stamper.unstamp(ev)  # not sent: its seq is handed out again
+            raise
         self._sent += 1
         return ev
 

@@ -252,8 +252,10 @@ class Admission:
         """Stamp and send ``p``'s emissions in order, each after room is
         there. Raises :class:`~bridges.otlp_in.status.Unavailable` only
         while nothing of the request has been sent (a retry then cannot
-        duplicate); afterwards what cannot be sent is rejected in the
-        result instead."""
+        duplicate); afterwards what cannot be sent (the channel saturated
+        past ``emit_grace``, or closed by the run's stop) is rejected in the
+        result instead. The one exception: what was sent did not reach the
+        session log within 10 s (``otlp.log_unwritten``, issue 10 #9)."""
         reasons: Counter[str] = Counter(p.refused)
         emitted = 0
         mark = self.ctx.log_mark()
@@ -294,6 +296,15 @@ class Admission:
                 try:
                     emit(item.session, item.emission, time=item.time, room_seen=True)
                     emitted += 1
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    # the run is stopping (the fleet's drain closed the channel)
+                    if emitted == 0:  # nothing admitted yet: a retry cannot duplicate
+                        raise Unavailable("relay channel closed; retry later",
+                                          self.retry_after) from None
+                    # what went out stays acknowledged (the drain logs it); the rest
+                    # is rejected, so a retry of it duplicates nothing
+                    self._cut_short(todo[pos:], reasons, STOPPING)
+                    break
                 except Exception as e:  # noqa: BLE001 -- sorted out (or re-raised) by _refused
                     emitted += self._refused(item, e, reasons)
                 free -= 1
@@ -356,11 +367,16 @@ class Admission:
             self.ctx.health.count("otlp.sessions_refused", len(lost))
         return kept
 
-    def _cut_short(self, rest: Sequence[Planned], reasons: Counter[str]) -> None:
+    def _cut_short(self, rest: Sequence[Planned], reasons: Counter[str],
+                   why: str | None = None) -> None:
+        """Reject the LogRecords of ``rest`` (in ``partial_success``, counted,
+        logged): ``why`` (default: stopping when :attr:`closing`, else
+        saturated)."""
         lost = len({item.record for item in rest})
-        why = STOPPING if self.closing else SATURATED
+        if why is None:
+            why = STOPPING if self.closing else SATURATED
         reasons[why] += lost
-        self.ctx.health.count("otlp.rejected_stopping" if self.closing else
+        self.ctx.health.count("otlp.rejected_stopping" if why == STOPPING else
                               "otlp.rejected_saturated", lost)
         self.ctx.log.warning("%s: %s; %d LogRecords rejected via partial_success",
                              self.ctx.name, why, lost)
@@ -368,12 +384,10 @@ class Admission:
     def _refused(self, item: Planned, e: Exception, reasons: Counter[str]) -> int:
         """0, the reason counted, for ``e``, raised by ``emit_nowait`` of
         ``item``: the channel full (an unbuffered one, after room()) or a
-        stamping refusal; a closed channel raises
-        :class:`~bridges.otlp_in.status.Unavailable`, anything else ``e``."""
+        stamping refusal; anything else raises ``e`` (a closed channel is
+        :meth:`admit`'s own)."""
         if isinstance(e, Saturated):
             reasons[SATURATED] += 1
-        elif isinstance(e, (trio.ClosedResourceError, trio.BrokenResourceError)):
-            raise Unavailable("relay channel closed; retry later", self.retry_after) from None
         elif isinstance(e, ValueError):
             self.ctx.log.warning("%s: cannot stamp %s: %s", self.ctx.name,
                                  item.emission.get("type"), e)

@@ -196,6 +196,51 @@ async def test_admission_closing_answers_at_once_with_stopping():
     assert "stopping" in e.value.message and "otlp.saturated" not in adm.ctx.health.counters
 
 
+async def test_a_channel_closed_mid_request_rejects_the_rest_instead_of_a_503():
+    """The fleet's drain closes the bridge's send side while an export is
+    being admitted: what went out stays acknowledged (the drain logs it),
+    the rest is rejected in partial_success (a 503 made the exporter's
+    retry repeat what went out); the refused send burns no seq."""
+    adm, recv = _admission(2, grace=30)
+    got: list[dict] = []
+
+    async def drain_like_the_fleet():
+        while adm.ctx.room() > 0:
+            await trio.sleep(0.001)
+        adm.ctx.close_channel()
+        async for item in recv:  # what is queued, to the channel's end
+            got.append(item.event)
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as n:
+            n.start_soon(drain_like_the_fleet)
+            result = await adm.export(list(RECORDS), [])
+    assert len(got) == 2 and [e["seq"] for e in got] == [0, 1]
+    assert result.rejected == len(RECORDS) - 2
+    assert result.error_message == f"{len(RECORDS) - 2} LogRecords rejected: receiver stopping"
+    c = adm.ctx.health.counters
+    assert c["otlp.emitted"] == 2 and c["otlp.rejected_stopping"] == len(RECORDS) - 2
+    session = got[0]["session"]
+    assert adm.ctx.stamper.stamp(session, {"type": "x.codex.otel.unknown"})["seq"] == 2
+
+
+async def test_a_closed_channel_before_anything_is_a_503():
+    adm, _ = _admission(10)
+    adm.ctx.close_channel()
+    with pytest.raises(Unavailable) as e:
+        await adm.export(list(RECORDS), [])
+    assert "closed" in e.value.message
+
+
+def test_emit_nowait_on_a_closed_channel_burns_no_seq():
+    ctx, _ = bridge_context("otlp_in.codex", "codex", channel=10)
+    assert ctx.emit_nowait("s1", {"type": "x.codex.otel.unknown"})["seq"] == 0
+    ctx.close_channel()
+    with pytest.raises(trio.ClosedResourceError):
+        ctx.emit_nowait("s1", {"type": "x.codex.otel.unknown"})
+    assert ctx.stamper.stamp("s1", {"type": "x.codex.otel.unknown"})["seq"] == 1
+
+
 async def test_admission_counts_refusals_of_the_plan():
     adm, recv = _admission(10)
     result = await adm.admit(Plan(refused={"no session key": 3}))
