@@ -116,7 +116,7 @@ _UNSAFE.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066
 _UNSAFE.update({ord(c): " " for c in "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85\u2028\u2029"})
 
 
-def safe(text: str) -> str:
+def _safe(text: str) -> str:
     """``text`` fit for one terminal line: each line break, tab or other
     whitespace control a space, every other control character or bidi
     control shown as its escape (``\\x1b``, ``\\u202e``), so an event's
@@ -127,7 +127,7 @@ def safe(text: str) -> str:
 
 def _s(v: Any, limit: int = 60) -> str:
     text = v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-    text = safe(" ".join(text.split()))
+    text = _safe(" ".join(text.split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -162,7 +162,7 @@ def _vendor_gist(data: Mapping[str, Any]) -> str:
     <out> out``; a nested object or list as ``k{n}`` / ``k[n]`` (its
     size). The vendor's own bookkeeping (:data:`_QUIET`) is left out: it
     is in ``--json``. At most four bits, keys and values shortened and made
-    :func:`safe`; ``""`` for an empty payload."""
+    :func:`_safe`; ``""`` for an empty payload."""
     bits: list[str] = []
     keys = [k for k in _TELLING if data.get(k) is not None]
     if not keys:
@@ -249,7 +249,7 @@ def gist(ev: Mapping[str, Any]) -> str:
     subject = ev.get("subject")
     if not text and isinstance(subject, str):
         return _s(subject)
-    return safe(text)
+    return _safe(text)
 
 
 def _gist(ev: Mapping[str, Any]) -> str:
@@ -315,13 +315,13 @@ class Timeline:
         style = OUTCOME_STYLE.get(type_) or _SEVERITY_STYLE.get(str(ev.get("severity") or "")) or (
             "dim" if family == "x" else FAMILY_STYLE.get(family, ""))
         t = Text(no_wrap=True, overflow="ellipsis")
-        t.append(_cell(safe(_clock(ev.get("time"))), TIME_W), "dim")
+        t.append(_cell(_safe(_clock(ev.get("time"))), TIME_W), "dim")
         t.append(" ")
-        t.append(_cell(safe(str(ev.get("agent") or "?")), AGENT_W), "bold")
+        t.append(_cell(_safe(str(ev.get("agent") or "?")), AGENT_W), "bold")
         t.append(" ")
-        t.append(_cell(safe(_short_session(ev.get("session"))), SESSION_W), "dim")
+        t.append(_cell(_safe(_short_session(ev.get("session"))), SESSION_W), "dim")
         t.append(" ")
-        t.append(_cell(safe(type_), TYPE_W), style)
+        t.append(_cell(_safe(type_), TYPE_W), style)
         t.append(" ")
         summary = gist(ev)
         if type_ == "attention.requested" and isinstance(ev.get("id"), str):
