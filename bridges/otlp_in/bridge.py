@@ -36,7 +36,7 @@ from .config import OtlpConfig, check
 from .decode import Reads
 from .export import Admission
 from .grpc import GrpcReceiver
-from .http import HttpReceiver, serve_http
+from .http import GRACEFUL_S, HttpReceiver, serve_http
 from .profiles import PROFILES, Profile
 
 
@@ -155,17 +155,25 @@ class OtlpRun:
         self.reads = Reads(profile.reads, profile.resource_reads, profile.fields)
         self.bound: dict[str, Address | None] = {"grpc": None, "http": None}
         self.serving = False
+        # the HTTP server hears the run's stop as this event, not as a cancel,
+        # so the exports in flight answer (a cancel dropped their connections)
+        self._http_stop = trio.Event()
+        self._http_scope = trio.CancelScope(shield=True)
+        self._http_done = trio.Event()
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
         """Bind the listeners, call ``task_status.started()``, serve until
         cancelled. ``ctx.health.source`` is ``True`` while serving. On the
-        way out the gRPC server stops accepting (1 s grace, awaited in a
-        worker thread under a shielded scope) and an export still waiting
-        for room is answered at once: ``UNAVAILABLE`` if nothing of it was
-        emitted, else ``partial_success`` for the rest; the HTTP server
-        closes with the nursery. Raises ``OSError`` (bare, not grouped) when
-        a listener cannot bind."""
+        way out an export still waiting for room is answered at once
+        (``UNAVAILABLE`` / 503 if nothing of it was emitted, else
+        ``partial_success`` for the rest), and both servers stop accepting
+        and give the exports in flight a grace to answer: gRPC 1 s (awaited
+        in a worker thread), HTTP :data:`~bridges.otlp_in.http.GRACEFUL_S`
+        (its server runs shielded from the run's cancel and hears the stop
+        as an event; cancelled after the grace), both under a shielded
+        scope. Raises ``OSError`` (bare, not grouped) when a listener
+        cannot bind."""
         grpc_rx: GrpcReceiver | None = None
         try:
             if self.config.grpc_listen is not None:
@@ -180,7 +188,10 @@ class OtlpRun:
                                                                  self.config.http_listen)
                     self._up()
                     task_status.started()
-                    await trio.sleep_forever()
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        await self._stop_http()
             except BaseExceptionGroup as eg:
                 err = _bind_error(eg)
                 if err is eg:
@@ -192,6 +203,21 @@ class OtlpRun:
             self.admission.closing = True
             if grpc_rx is not None:
                 await grpc_rx.stop(grace=1.0)
+
+    async def _stop_http(self) -> None:
+        """The run's stop, for the HTTP server: what waits for room is
+        answered, the server stops accepting and its exports in flight get
+        their grace (they see the relay channel close under the fleet's
+        drain: :meth:`~bridges.otlp_in.export.Admission.admit` answers
+        ``partial_success`` then); a server still running after it is
+        cancelled."""
+        self.admission.closing = True
+        self._http_stop.set()
+        if self.config.http_listen is not None:
+            with trio.CancelScope(shield=True) as grace:
+                grace.deadline = trio.current_time() + GRACEFUL_S + 0.5
+                await self._http_done.wait()
+        self._http_scope.cancel()
 
     def _up(self) -> None:
         self.serving = True
@@ -207,11 +233,16 @@ class OtlpRun:
         app = HttpReceiver(self.admission.export, max_body=self.config.max_body,
                            on_problem=self.problem, body_timeout=self.config.body_timeout,
                            reads=self.reads)
-        await serve_http(app, listen, log=self.ctx.log.getChild("http"),
-                         on_refused_host=partial(health.count, "otlp.refused_host"),
-                         on_fault=lambda kind: health.count("otlp.connection_errors"),
-                         where=f"{self.name} OTLP/HTTP",
-                         max_connections=self.config.max_connections, task_status=task_status)
+        try:
+            with self._http_scope:  # shielded: the stop arrives as _http_stop (_stop_http)
+                await serve_http(app, listen, log=self.ctx.log.getChild("http"),
+                                 on_refused_host=partial(health.count, "otlp.refused_host"),
+                                 on_fault=lambda kind: health.count("otlp.connection_errors"),
+                                 where=f"{self.name} OTLP/HTTP",
+                                 max_connections=self.config.max_connections,
+                                 shutdown=self._http_stop, task_status=task_status)
+        finally:
+            self._http_done.set()
 
     def problem(self, counter: str, line: str) -> None:
         """A transport refused a request: count it, keep the line as the

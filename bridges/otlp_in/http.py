@@ -133,11 +133,19 @@ async def _respond(send: Send, answer: HttpAnswer) -> None:
     await send({"type": "http.response.body", "body": answer.body})
 
 
+GRACEFUL_S = 1.0
+"""Seconds the exports in flight get to answer once ``shutdown`` is set."""
+
+
 async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
                      on_refused_host: Callable[[], None], on_fault: Callable[[str], None],
                      where: str, max_connections: int | None = None,
+                     shutdown: trio.Event | None = None,
                      task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve ``app`` on ``listen`` until cancelled; ``task_status.started``
+    """Serve ``app`` on ``listen`` until ``shutdown`` is set (then: stop
+    accepting, close idle keep-alive connections, give the exports in
+    flight :data:`GRACEFUL_S` to answer, and return) or until cancelled
+    (no answer for what is in flight); ``task_status.started``
     gets the bound ``(host, port)``. Through the shared hardened
     :func:`~bridges.core.http.serve_app`: a connection that makes
     hypercorn raise is closed, reported as ``on_fault(kind)`` and logged
@@ -150,7 +158,7 @@ async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
     the address cannot be bound."""
     host, port = listen
     # hypercorn's own keep-alive default (5 s), as this listener always had
-    cfg = hyper_config(graceful_timeout=1.0, keep_alive_timeout=5.0, errorlog=log)
+    cfg = hyper_config(graceful_timeout=GRACEFUL_S, keep_alive_timeout=5.0, errorlog=log)
     sock = bind_socket(host, port)
 
     class _Started(trio.TaskStatus[Address]):  # reports the configured host, the bound port
@@ -158,6 +166,7 @@ async def serve_http(app: HttpReceiver, listen: Address, *, log: logging.Logger,
             assert value is not None
             task_status.started((host, value[1]))
 
-    await serve_app(host_guard(app, on_refuse=on_refused_host), sock, trio.Event(), config=cfg,
+    await serve_app(host_guard(app, on_refuse=on_refused_host), sock,
+                    shutdown if shutdown is not None else trio.Event(), config=cfg,
                     task_status=_Started(), on_fault=on_fault, max_connections=max_connections,
                     where=f"{where} {host}:{sock.getsockname()[1]}")

@@ -450,6 +450,80 @@ async def test_cancellation_with_an_export_in_flight():
     assert _connect_refused(port)
 
 
+async def _http_export_across_a_stop(channel: int, *, wait_for, after_stop=None):
+    """POST the real export over OTLP/HTTP, stop the run once ``wait_for(ctx)``
+    holds (what the fleet's drain does first: cancel the bridges) and, while
+    the run stops, take what was emitted and call ``after_stop(ctx, sent)``
+    (the drain's pump, which runs beside the bridges' stop); return what the
+    client got, the events emitted and the context."""
+    b = otlp_bridge(grpc="off", http="127.0.0.1:0", emit_grace=30)
+    result: dict = {}
+    sent: list = []
+
+    async def pump():
+        await trio.sleep(0.1)  # the bridges are stopping now
+        sent.extend(drain(recv))
+        if after_stop is not None:
+            after_stop(ctx, sent)
+
+    async with trio.open_nursery() as outer:
+        async with running(b, channel=channel) as (ctx, recv):
+            port = b.http_address[1]
+
+            async def call():
+                async with httpx.AsyncClient() as c:
+                    try:
+                        result["r"] = await c.post(url(b), content=PB, headers=PROTO, timeout=15)
+                    except httpx.HTTPError as e:
+                        result["r"] = e
+
+            outer.start_soon(call)
+            with trio.fail_after(10):
+                while not wait_for(ctx):
+                    await trio.sleep(0.01)
+            await trio.sleep(0.1)
+            outer.start_soon(pump)
+        with trio.fail_after(15):
+            while "r" not in result:
+                await trio.sleep(0.05)
+    assert _connect_refused(port)
+    return result["r"], sent, ctx
+
+
+async def test_an_http_export_waiting_for_room_at_the_stop_is_answered():
+    # The HTTP counterpart of the gRPC case above: the run's stop reaches the
+    # server as a graceful shutdown, not a cancel that dropped the connection
+    # after 3 events had gone out (the exporter's retry repeated them)
+    r, sent, ctx = await _http_export_across_a_stop(
+        3, wait_for=lambda ctx: ctx.health.counters.get("otlp.requests", 0) >= 1)
+    assert isinstance(r, httpx.Response), r
+    assert r.status_code == 200 and len(sent) == 3
+    resp = ExportLogsServiceResponse.FromString(r.content)
+    assert resp.partial_success.rejected_log_records == N_PB - 3
+    assert "receiver stopping" in resp.partial_success.error_message
+    assert ctx.health.counters["otlp.rejected_stopping"] == N_PB - 3
+
+
+async def test_an_http_export_waiting_on_its_log_verdict_at_the_stop_is_answered():
+    # Every event went out; the export waits for the session log's verdict
+    # when the run stops; the drain's pump writes them a moment later
+    def logged(ctx, sent):
+        ctx.log_results(len(sent))
+
+    def emitted_all(ctx):
+        if not getattr(ctx, "_test_attached", False):
+            ctx.attach_log(lambda: True)
+            ctx._test_attached = True
+        return ctx.log_mark() >= N_PB
+
+    r, sent, ctx = await _http_export_across_a_stop(1000, wait_for=emitted_all,
+                                                    after_stop=logged)
+    assert isinstance(r, httpx.Response), r
+    assert r.status_code == 200 and len(sent) == N_PB
+    resp = ExportLogsServiceResponse.FromString(r.content)
+    assert resp.partial_success.rejected_log_records == 0
+
+
 async def test_a_restart_starts_clean():
     # Run state lives on the per-run object, not the bridge (issue 7): a run
     # stopped while an export was waiting (its admission closing) leaves
