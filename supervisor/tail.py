@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, TextIO
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
@@ -107,21 +108,35 @@ def _obj(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-# what an event's text must not put on a terminal: C0/C1 controls and DEL
-# (ESC starts a terminal command), the line and paragraph separators, and
-# the bidi embeddings, overrides and isolates (text that reads reordered)
-_UNSAFE = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
-_UNSAFE.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
-# ... and the characters str.split() breaks lines or words at: one space each
-_UNSAFE.update({ord(c): " " for c in "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85\u2028\u2029"})
+def _invisible() -> dict[int, str]:
+    """The code points a timeline shows as escapes: C0/C1 controls and DEL
+    (ESC starts a terminal command), every format character (Unicode
+    category Cf: the bidi controls that make text read reordered, the
+    zero-width ones that make two names look alike, the tag characters)
+    and the surrogates (a lone one cannot be written as UTF-8)."""
+    import unicodedata
+    table = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+    # planes 0, 1 and 14 hold every format character Unicode has assigned
+    for c in (*range(0xA0, 0x20000), *range(0xE0000, 0xE1000)):
+        if 0xD800 <= c <= 0xDFFF or unicodedata.category(chr(c)) == "Cf":
+            table[c] = f"\\u{c:04x}"
+    # ... and the characters str.split() breaks lines or words at: one space each
+    table.update({ord(c): " " for c in "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85\u2028\u2029"})
+    return table
+
+
+_UNSAFE = _invisible()
+#: the same for ``--json`` lines, as JSON escapes (what json.dumps leaves raw)
+_JSON_UNSAFE = {c: f"\\u{c:04x}" for c in _UNSAFE if c >= 0x7F}
 
 
 def _safe(text: str) -> str:
     """``text`` fit for one terminal line: each line break, tab or other
-    whitespace control a space, every other control character or bidi
-    control shown as its escape (``\\x1b``, ``\\u202e``), so an event's
-    content can neither start a terminal command nor forge a line of the
-    timeline (:func:`_s` also makes whitespace runs one space)."""
+    whitespace control a space, every other control, format character or
+    surrogate shown as its escape (``\\x1b``, ``\\u202e``, ``\\u200b``), so an
+    event's content can neither start a terminal command, forge a line of
+    the timeline, reorder or hide text, nor stop the output (:func:`_s`
+    also makes whitespace runs one space)."""
     return text.translate(_UNSAFE)
 
 
@@ -297,7 +312,11 @@ def _short_session(sid: Any) -> str:
 
 
 def _cell(value: str, width: int) -> str:
-    return value[:width - 1] + "…" if len(value) > width else value.ljust(width)
+    """``value`` in exactly ``width`` terminal cells (a wide character takes
+    two, a combining mark none), cut with an ellipsis."""
+    if cell_len(value) > width:
+        return set_cell_size(value, width - 1) + "…"
+    return set_cell_size(value, width)
 
 
 @dataclass
@@ -330,7 +349,7 @@ class Timeline:
             t.append("  PENDING", "bold yellow")
         elif type_ in ("attention.resolved", "attention.timeout") and str(ev.get("subject")) in self.pending:
             asked = self.pending.pop(str(ev.get("subject")))
-            t.append(f"{summary} ← {_s((asked.get('data') or {}).get('prompt') or '', 40)}",
+            t.append(f"{summary} ← {_s(_obj(asked.get('data')).get('prompt') or '', 40)}",
                      "bold green")
             left = len(self.pending)
             if left:
@@ -387,17 +406,19 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
                 if status in (401, 403, 404):
                     hint = {401: " (pass --token or set AEP_TOKEN)",
                             404: " (is this an AEP endpoint?)"}.get(status, "")
-                    print(f"aep-bridges tail: {url} refused the stream: HTTP {status}{hint}",
-                          file=err)
+                    print(_safe(f"aep-bridges tail: {url} refused the stream: HTTP {status}"
+                                f"{hint}"), file=err)
                     return 1
-                text = f"aep-bridges tail: {url}: {item} (retrying)"
+                # the endpoint's own words (a status line, a reason) are its content
+                text = _safe(f"aep-bridges tail: {url}: {item} (retrying)")
                 if text != last_error:  # one line per distinct problem, not per retry
                     print(text, file=err, flush=True)
                     last_error = text
                 continue
             last_error = ""
             if as_json:
-                out.write(json.dumps(item, separators=(",", ":"), ensure_ascii=False) + "\n")
+                line = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
+                out.write(line.translate(_JSON_UNSAFE) + "\n")  # the same JSON, escaped
                 out.flush()
             else:
                 console.print(timeline.line(item), no_wrap=True, overflow="ellipsis")

@@ -165,7 +165,7 @@ def test_garbage_never_raises(ev, type_):
 
 
 _HOSTILE = ["\n", "\r", "\x1b[2J", "\x1b]0;title\x07", "\x9b31m", "\x08", "\u2028", "\x85",
-            "\u202e", "\u2066", "\x00"]
+            "\u202e", "\u2066", "\x00", "\u200b", "\u061c", "\ufeff", "\udc00", "\U000e0041"]
 _hostile_text = st.one_of(
     st.text(max_size=30),
     st.builds(lambda a, c, b: a + c + b, st.text(max_size=5), st.sampled_from(_HOSTILE),
@@ -181,11 +181,11 @@ _hostile_json = st.recursive(
 
 
 def _unsafe(text: str) -> list[str]:
-    """What a terminal line must not hold: controls, line and paragraph
-    separators, bidi controls."""
+    """What a terminal line must not hold: controls, format characters
+    (bidi controls, zero-width ones), surrogates, line and paragraph
+    separators."""
     import unicodedata
-    return [c for c in text if unicodedata.category(c) in ("Cc", "Zl", "Zp")
-            or 0x202A <= ord(c) <= 0x202E or 0x2066 <= ord(c) <= 0x2069]
+    return [c for c in text if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Zl", "Zp")]
 
 
 @given(st.dictionaries(_hostile_key, _hostile_json, max_size=8),
@@ -253,3 +253,71 @@ def test_run_survives_a_refused_from_all_but_not_a_refused_token():
     err = io.StringIO()
     assert run("http://x", out=io.StringIO(), err=err, subscribe=fake) == 1
     assert "HTTP 401 (pass --token or set AEP_TOKEN)" in err.getvalue() and fake.closed
+
+
+_NASTY = "a\u2028b\x9b31m\u202ec\u200bd\ufeff\x7f\udc00"
+
+
+def test_json_mode_escapes_what_json_dumps_leaves_raw():
+    """``--json``: the same JSON (it parses back to the event), with C1,
+    DEL, line separators, format characters and lone surrogates as
+    ``\\u`` escapes, so a terminal gets no raw control and a UTF-8 stdout
+    no unencodable character."""
+    import io
+    import json
+
+    from supervisor.tail import run
+    ev = {"id": "1", "type": "x.v.t", "agent": "a", "data": {_NASTY: _NASTY}}
+    out = io.StringIO()
+    assert run("http://x", as_json=True, limit=1, out=out, err=io.StringIO(),
+               subscribe=FakeSubscription([("event", ev)])) == 0
+    line = out.getvalue()
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert json.loads(line) == ev
+    assert not _unsafe(line[:-1]) and "\udc00" not in line and "\x9b" not in line
+    line.encode("utf-8")  # would raise on a raw lone surrogate
+
+
+def test_an_endpoints_own_words_reach_stderr_escaped():
+    import io
+
+    from aep_sdk import TransportError
+
+    from supervisor.tail import run
+    bad = TransportError("http", "bad status line: \x1b]0;pwned\x07\x1b[2J\nFORGED", status=None)
+    err = io.StringIO()
+    ev = {"id": "1", "type": "x.v.t", "agent": "a", "data": {}}
+    assert run("http://x", limit=1, out=io.StringIO(), err=err,
+               subscribe=FakeSubscription([("error", bad), ("event", ev)])) == 0
+    text = err.getvalue()
+    assert text.count("\n") == 1 and "\x1b" not in text and "\x07" not in text
+    assert "\\x1b]0;pwned" in text
+
+
+def test_format_characters_and_surrogates_are_shown_not_rendered():
+    text = gist({"type": "x.v.t", "data": {"k1": "a\u202e", "k2": "\u200b\ufeff",
+                                           "k3": "\x7f\udc00", "k4": "\x9b"}})
+    assert not _unsafe(text)
+    for shown in ("\\u202e", "\\u200b", "\\ufeff", "\\x7f", "\\udc00", "\\x9b"):
+        assert shown in text
+    text.encode("utf-8")
+
+
+def test_an_ask_whose_data_is_no_object_resolves_without_a_crash():
+    tl = Timeline()
+    tl.line({"id": "A1", "type": "attention.requested", "data": [1, 2]})
+    line = tl.line({"id": "R", "type": "attention.resolved", "subject": "A1", "data": "x"})
+    assert line.plain.rstrip().endswith("←") and tl.pending == {}
+
+
+def test_columns_hold_in_cells_with_wide_and_combining_characters():
+    from rich.cells import cell_len
+    tl = Timeline()
+    base = {"type": "tool.completed", "time": "2026-12-01T09:31:02.118Z",
+            "data": {"tool": {"name": "bash"}}}
+    lines = [tl.line({**base, "agent": agent, "session": agent}).plain
+             for agent in ("codex", "日本語のエージェント", "e\u0301\u0301\u0301x", "ok")]
+    gist_at = TIME_W + AGENT_W + SESSION_W + TYPE_W + 4
+    for plain in lines:
+        cut = plain.index("bash ✓")
+        assert cell_len(plain[:cut]) == gist_at, plain
