@@ -275,10 +275,16 @@ class BridgeContext:
         or an RFC 3339 string (default now); ``severity`` overrides the
         emission's; ``extensions``: AEP-0001 §5.4 attributes. Returns the
         envelope as sent. Raises ``ValueError`` as
-        :meth:`bridges.core.envelope.Stamper.stamp` does."""
+        :meth:`bridges.core.envelope.Stamper.stamp` does, and
+        ``trio.ClosedResourceError`` / ``trio.BrokenResourceError`` for a
+        closed channel (its stamp taken back unless another came after it)."""
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
-        await self._channel.send(Outbound(self.name, ev))
+        try:
+            await self._channel.send(Outbound(self.name, ev))
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self.stamper.unstamp(ev)  # not sent: its seq is handed out again, if still the last
+            raise
         self._sent += 1
         return ev
 

@@ -232,6 +232,15 @@ async def test_a_closed_channel_before_anything_is_a_503():
     assert "closed" in e.value.message
 
 
+async def test_emit_on_a_closed_channel_burns_no_seq():
+    ctx, _ = bridge_context("otlp_in.codex", "codex", channel=10)
+    assert (await ctx.emit("s1", {"type": "x.codex.otel.unknown"}))["seq"] == 0
+    ctx.close_channel()
+    with pytest.raises(trio.ClosedResourceError):
+        await ctx.emit("s1", {"type": "x.codex.otel.unknown"})
+    assert ctx.stamper.stamp("s1", {"type": "x.codex.otel.unknown"})["seq"] == 1
+
+
 def test_emit_nowait_on_a_closed_channel_burns_no_seq():
     ctx, _ = bridge_context("otlp_in.codex", "codex", channel=10)
     assert ctx.emit_nowait("s1", {"type": "x.codex.otel.unknown"})["seq"] == 0
