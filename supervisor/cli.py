@@ -219,7 +219,9 @@ def _cmd_service(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .install import default_manager, install
-    manager = args.manager or default_manager()
+    # a --prefix install stages files for another root: this host's init says nothing
+    manager = args.manager or (default_manager(systemd_booted=True) if args.prefix
+                               else default_manager())
     if manager is None:
         why = ", not booted with systemd" if sys.platform.startswith("linux") else ""
         print("aep-bridges service install: cannot tell which service manager this host runs "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Mapping
 
 __all__ = ["install", "plan", "Planned", "read_env_file", "console_script", "render_unit",
-           "render_plist", "default_manager", "UNIT_NAME", "PLIST_LABEL", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR",
+           "render_plist", "default_manager", "unreachable", "UNIT_NAME", "PLIST_LABEL", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR",
            "ENV_TEMPLATE"]
 
 UNIT_NAME = "aep-bridges.service"
@@ -105,12 +105,53 @@ def _template(name: str) -> str:
     return resources.files("supervisor").joinpath("service", name).read_text()
 
 
+_SHIPPED_NOTE = ("# As shipped, ExecStart is where a system-wide install puts the script:\n"
+                 "#   sudo PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install .\n")
+_WRITTEN_NOTE = ("# ExecStart names the console script of the install that wrote this file\n"
+                 "# (as shipped: /usr/local/bin/aep-bridges, a system-wide pipx install).\n")
+
+
 def render_unit(exe: Path) -> str:
-    """The shipped unit with ``ExecStart`` pointing at ``exe``."""
+    """The shipped unit with ``ExecStart`` pointing at ``exe`` (and its
+    header saying so, in place of the shipped file's note). Raises
+    ``RuntimeError`` when the template lacks its single ``ExecStart=``."""
     text, n = re.subn(r"(?m)^ExecStart=.*$", f"ExecStart={exe} run", _template(UNIT_NAME))
     if n != 1:
         raise RuntimeError("the shipped unit has no single ExecStart= line")
-    return text
+    return text.replace(_SHIPPED_NOTE, _WRITTEN_NOTE)
+
+
+def unreachable(exe: Path) -> str | None:
+    """Why the shipped unit's service could not run ``exe``, or ``None``.
+    The unit runs as a ``DynamicUser`` with ``PrivateTmp=yes``: a script
+    (or the interpreter its ``#!`` line names, symlinks resolved) under
+    ``/tmp`` or ``/var/tmp`` is hidden from it, and one that other users
+    cannot read and execute, or whose directories they cannot enter
+    (``/root``, a home directory of mode 0700), it cannot start."""
+    paths = [Path(exe)]
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(512)
+        if first.startswith(b"#!") and first[2:].split():
+            paths.append(Path(first[2:].split()[0].decode(errors="replace")))
+    except OSError:
+        pass
+    for p in paths:
+        for shown in (p, p.resolve()):
+            if shown.is_relative_to("/tmp") or shown.is_relative_to("/var/tmp"):
+                return f"{shown} is under a temporary directory, which PrivateTmp=yes hides"
+    for p in paths:
+        real = p.resolve()
+        try:
+            if real.stat().st_mode & 0o005 != 0o005:
+                return f"{real} is not readable and executable by other users"
+            for d in real.parents:
+                if d.stat().st_mode & 0o001 == 0:
+                    return (f"{d} (on the way to {real}) is not open to other users "
+                            f"(mode {d.stat().st_mode & 0o777:o})")
+        except OSError as e:
+            return f"{real}: {e.strerror or e}"
+    return None
 
 
 def render_plist(exe: Path, env_file: Path, log_file: Path) -> bytes:
@@ -145,8 +186,9 @@ def plan(manager: str, *, exe: Path, prefix: Path | None = None,
         unit = under(SYSTEMD_UNIT_DIR / UNIT_NAME)
         files = [Planned(unit, render_unit(exe).encode(), 0o644),
                  Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True)]
-        then = [f"edit {env} (AEP_TOKEN, the AEP_BRIDGE_* you want)",
-                "systemctl daemon-reload", "systemctl enable --now aep-bridges",
+        sudo = "sudo " if os.geteuid() != 0 else ""
+        then = [f"{sudo}edit {env} (AEP_TOKEN, the AEP_BRIDGE_* you want)",
+                f"{sudo}systemctl daemon-reload", f"{sudo}systemctl enable --now aep-bridges",
                 "systemctl status aep-bridges; journalctl -u aep-bridges -f"]
         return files, then
     if manager == "launchd":
@@ -174,10 +216,12 @@ def install(manager: str, *, prefix: Path | None = None, dry_run: bool = False,
         print(f"aep-bridges service: {e}", file=sys.stderr)
         return 1
     files, then = plan(manager, exe=exe, prefix=prefix)
-    if manager == "systemd" and str(exe).startswith(("/root/", "/home/")):
-        print(f"aep-bridges service: warning: {exe} is in a home directory; the unit runs as a "
-              "DynamicUser that may not read it (install with `pipx install --global` or into "
-              "/opt, see the README)", file=sys.stderr)
+    why = unreachable(exe) if manager == "systemd" else None
+    if why is not None:
+        print(f"aep-bridges service: warning: the service could not start {exe}: {why} (the "
+              "unit runs as a DynamicUser with PrivateTmp=yes); install system-wide first: "
+              "sudo PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install . (README, "
+              "Installing it for real)", file=sys.stderr)
     for f in files:
         if f.keep_existing and f.path.exists():
             print(f"keep   {f.path} (exists)", file=out)

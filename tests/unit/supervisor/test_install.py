@@ -4,6 +4,7 @@ never touching the real system."""
 from __future__ import annotations
 
 import io
+import os
 import plistlib
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from supervisor.install import (
     read_env_file,
     render_plist,
     render_unit,
+    unreachable,
 )
 
 EXE = Path("/opt/pipx/venvs/aep-bridges/bin/aep-bridges")
@@ -28,7 +30,12 @@ def test_the_unit_keeps_everything_but_execstart():
     rendered = render_unit(EXE)
     assert f"ExecStart={EXE} run" in rendered.splitlines()
     diff = [(a, b) for a, b in zip(shipped.splitlines(), rendered.splitlines(), strict=True) if a != b]
-    assert diff == [("ExecStart=/usr/local/bin/aep-bridges run", f"ExecStart={EXE} run")]
+    assert diff == [  # the header's note on ExecStart follows it
+        ("# As shipped, ExecStart is where a system-wide install puts the script:",
+         "# ExecStart names the console script of the install that wrote this file"),
+        ("#   sudo PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install .",
+         "# (as shipped: /usr/local/bin/aep-bridges, a system-wide pipx install)."),
+        ("ExecStart=/usr/local/bin/aep-bridges run", f"ExecStart={EXE} run")]
     for kept in ("Type=notify", "WatchdogSec=30", "NoNewPrivileges=yes", "ProtectSystem=strict",
                  "EnvironmentFile=-/etc/aep-bridges/env", "RestartPreventExitStatus=2",
                  "StateDirectoryMode=0700"):
@@ -108,3 +115,59 @@ def test_service_install_without_a_manager_takes_the_hosts(monkeypatch, capsys):
     assert cli.main(["service", "install", "--dry-run"]) == 2
     assert "say --systemd or --launchd" in capsys.readouterr().err
     assert asked == ["systemd", "launchd", "systemd"]  # nothing installed
+
+
+def test_a_script_the_service_could_not_start_is_named(tmp_path):
+    """The unit's DynamicUser and PrivateTmp=yes: a script under /tmp, one
+    in a directory other users cannot enter, or one whose #! interpreter is
+    such, is reported; a system path is not."""
+    assert unreachable(Path("/usr/bin/env")) is None
+    script = tmp_path / "aep-bridges"
+    script.write_text("#!/usr/bin/env python3\n")
+    script.chmod(0o755)
+    assert "PrivateTmp" in (unreachable(script) or "")
+    if os.geteuid() == 0 or not Path("/root").exists():
+        return  # root reads /root; the rest needs a directory closed to us
+    assert "not open to other users" in (unreachable(Path("/root/x")) or "")
+
+
+def test_the_shebangs_interpreter_is_looked_at_too(tmp_path, monkeypatch):
+    import supervisor.install as install_mod
+    script = Path("/usr/local/bin/aep-bridges-test-not-there")
+    real_open = open
+
+    def fake_open(path, mode="r", *a, **kw):
+        if Path(path) == script:
+            return io.BytesIO(b"#!/tmp/venv/bin/python\n")
+        return real_open(path, mode, *a, **kw)
+
+    monkeypatch.setattr(install_mod, "open", fake_open, raising=False)
+    why = unreachable(script)
+    assert why is not None and "/tmp/venv/bin/python" in why and "PrivateTmp" in why, why
+
+
+def test_a_prefix_install_defaults_to_systemd_on_linux(tmp_path, monkeypatch):
+    from supervisor import cli
+    from supervisor import install as install_mod
+    asked: list[str] = []
+    monkeypatch.setattr(install_mod, "install", lambda manager, **kw: asked.append(manager) or 0)
+    booted: list[bool | None] = []
+    real = install_mod.default_manager
+
+    def spy(platform=None, *, systemd_booted=None):
+        booted.append(systemd_booted)
+        return real("linux", systemd_booted=systemd_booted)
+
+    monkeypatch.setattr(install_mod, "default_manager", spy)
+    assert cli.main(["service", "install", "--prefix", str(tmp_path), "--dry-run"]) == 0
+    assert asked == ["systemd"] and booted == [True]
+
+
+def test_the_steps_after_say_sudo_when_not_root(monkeypatch):
+    import supervisor.install as install_mod
+    monkeypatch.setattr(install_mod.os, "geteuid", lambda: 1000)
+    _, then = plan("systemd", exe=EXE)
+    assert then[1:3] == ["sudo systemctl daemon-reload", "sudo systemctl enable --now aep-bridges"]
+    monkeypatch.setattr(install_mod.os, "geteuid", lambda: 0)
+    _, then = plan("systemd", exe=EXE)
+    assert then[1] == "systemctl daemon-reload"
