@@ -54,11 +54,13 @@ _SEVERITY_STYLE = {"error": "bold red", "critical": "bold white on red", "warnin
 
 # vendor (x.*) payload keys worth a glance, in the order shown
 _TELLING = ("tool_name", "tool", "decision", "success", "status", "outcome", "model", "kind",
-            "event.kind", "name", "state", "reason", "duration_ms")
+            "event.kind", "name", "state", "reason", "startup.phase", "startup.status",
+            "http.response.status_code", "endpoint", "duration_ms")
 #: payload keys a one-line gist leaves out: the vendor's bookkeeping
 _QUIET = frozenset({"vendor_ts", "vendor_event_id"})
-#: the token counts a gist reads, and their word
-_TOKENS = {"gen_ai.usage.input_tokens": "in", "gen_ai.usage.output_tokens": "out"}
+#: the token counts a gist reads (the OTel GenAI names, Codex's own), and their word
+_TOKENS = {"gen_ai.usage.input_tokens": "in", "input_token_count": "in",
+           "gen_ai.usage.output_tokens": "out", "output_token_count": "out"}
 
 
 def default_url(environ: Mapping[str, str] | None = None) -> str:
@@ -188,7 +190,7 @@ def _vendor_gist(data: Mapping[str, Any]) -> str:
         v = data[k]
         if v is None:
             continue
-        name = _s(k, 24)
+        name = _s(k, 30)
         if k == "tool" and isinstance(v, dict) and isinstance(v.get("name"), str):
             bits.append(f"tool={_s(v['name'], 30)}")
         elif isinstance(v, dict):
@@ -197,7 +199,11 @@ def _vendor_gist(data: Mapping[str, Any]) -> str:
             bits.append(f"{name}[{len(v)}]")
         else:
             bits.append(f"{name}={_s(v, 30)}")
-    tokens = [f"{_s(data[k], 12)} {w}" for k, w in _TOKENS.items() if data.get(k) is not None]
+    counts: dict[str, str] = {}  # word -> its first count (one name per word)
+    for k, w in _TOKENS.items():
+        if w not in counts and data.get(k) is not None:
+            counts[w] = _s(data[k], 12)
+    tokens = [f"{n} {w}" for w, n in counts.items()]
     if tokens and len(bits) < 4:
         bits.append(f"tokens {' / '.join(tokens)}")
     return " ".join(bits)

@@ -88,6 +88,18 @@ def test_gists_name_what_happened():
                  "data": {"vendor_ts": "2026-07-12T10:15:00.123456", "vendor_event_id": "e1",
                           "role": "user", "skills": [1, 2], "extra": {"a": 1}}}) \
         == "role=user skills[2] extra{1}"
+    # Codex's own names: the request's status and endpoint, the startup phase, its token counts
+    assert gist({"type": "x.codex.otel.api_request",
+                 "data": {"attempt": 1, "duration_ms": 34, "endpoint": "/v1/responses",
+                          "http.response.status_code": 200}}) \
+        == "http.response.status_code=200 endpoint=/v1/responses duration_ms=34"
+    assert gist({"type": "x.codex.otel.startup_phase",
+                 "data": {"duration_ms": 13, "startup.phase": "mcp", "startup.status": "ok"}}) \
+        == "startup.phase=mcp startup.status=ok duration_ms=13"
+    assert gist({"type": "x.codex.otel.sse_event",
+                 "data": {"event.kind": "response.completed", "input_token_count": 900,
+                          "output_token_count": 12}}) \
+        == "event.kind=response.completed tokens 900 in / 12 out"
     assert gist({"type": "x.openhands.user_reject.observation",
                  "data": {"tool": {"name": "bash", "call_id": "c"}}}) == "tool=bash"
     assert gist({"type": "x.openhands.pause.event",
@@ -212,7 +224,7 @@ def test_hostile_keys_and_token_counts_are_escaped_and_shortened():
     assert gist({"type": "x.v.t", "data": {"\x1b[2J": 1}}) == "\\x1b[2J=1"
     tokens = gist({"type": "x.v.t", "data": {"gen_ai.usage.input_tokens": "1\n" + "9" * 10000}})
     assert "\n" not in tokens and len(tokens) < 40
-    assert len(gist({"type": "x.v.t", "data": {"k" * 5000: 1, "j" * 5000: 2}})) < 60
+    assert len(gist({"type": "x.v.t", "data": {"k" * 5000: 1, "j" * 5000: 2}})) < 70
     assert gist({"type": "tool.completed", "data": {"tool": {"name": "b\u202eash"}}}) \
         == "b\\u202eash ✓ completed"
 
