@@ -183,12 +183,16 @@ class OtlpRun:
                 self.bound["grpc"] = grpc_rx.start(self.config.grpc_listen)
             try:
                 async with trio.open_nursery() as nursery:
-                    if self.config.http_listen is not None:
-                        self.bound["http"] = await nursery.start(self._serve_http,
-                                                                 self.config.http_listen)
-                    self._up()
-                    task_status.started()
                     try:
+                        if self.config.http_listen is not None:
+                            # shielded like the server it starts (binding does not
+                            # block): a cancel here must reach _stop_http below,
+                            # not leave a server no cancel can end
+                            with trio.CancelScope(shield=True):
+                                self.bound["http"] = await nursery.start(
+                                    self._serve_http, self.config.http_listen)
+                        self._up()
+                        task_status.started()
                         await trio.sleep_forever()
                     finally:
                         await self._stop_http()

@@ -49,6 +49,11 @@ OnProblem = Callable[[str, str], None]
 """``on_problem(counter, line)``: a transport refused a request (the
 ``BridgeHealth`` counter and one human line, never body content)."""
 
+STOP_VERDICT_S = 0.8
+"""Seconds an export waits for the session log's verdict once the run is
+stopping: within the servers' grace for what is in flight (1 s), so it is
+answered (503, counted ``otlp.log_unconfirmed_at_stop``), not cut off."""
+
 # partial_success reasons (error_message: "<n> LogRecords rejected: <reason>")
 NOT_A_RECORD = "not a LogRecord"
 NO_SESSION = "no session key"
@@ -198,6 +203,7 @@ class Admission:
         self.retry_after = retry_after
         self._closing = False
         self._waits: set[trio.CancelScope] = set()  # exports waiting for room
+        self._verdicts: set[trio.CancelScope] = set()  # exports waiting on the log's verdict
         self.max_new_sessions = max_new_sessions
         self.new_sessions_per_s = new_sessions_per_s
         self._tokens = float(max_new_sessions)  # new sessions admissible now (token bucket)
@@ -215,6 +221,11 @@ class Admission:
         if value:
             for scope in self._waits:
                 scope.cancel()
+            # the drain logs what went out, but the servers give what is in
+            # flight a grace of ~1 s: answer within it, not be cut off
+            deadline = trio.current_time() + STOP_VERDICT_S
+            for scope in self._verdicts:
+                scope.deadline = min(scope.deadline, deadline)
 
     async def export(self, records: list[FlatRecord | None], notes: list[str]) -> Accepted:
         """One request (an :data:`Export`): count it, wait for room
@@ -255,7 +266,9 @@ class Admission:
         duplicate); afterwards what cannot be sent (the channel saturated
         past ``emit_grace``, or closed by the run's stop) is rejected in the
         result instead. The one exception: what was sent did not reach the
-        session log within 10 s (``otlp.log_unwritten``, issue 10 #9)."""
+        session log within 10 s (``otlp.log_unwritten``, issue 10 #9), or
+        within :data:`STOP_VERDICT_S` of the run's stop
+        (``otlp.log_unconfirmed_at_stop``)."""
         reasons: Counter[str] = Counter(p.refused)
         emitted = 0
         mark = self.ctx.log_mark()
@@ -311,9 +324,13 @@ class Admission:
                 pos += 1
         health = self.ctx.health
         health.count("otlp.emitted", emitted)
-        if emitted and not await self.ctx.logged_since(mark):
+        if emitted and not await self._logged(mark):
             # the relay got them, the durable session log did not: not
             # acknowledged (issue 10 #9); the retry may duplicate on the relay
+            if self._closing:
+                health.count("otlp.log_unconfirmed_at_stop")
+                raise Unavailable("receiver stopped before the session log confirmed this "
+                                  "export; retry later", self.retry_after)
             health.count("otlp.log_unwritten")
             raise Unavailable("session log cannot write (disk full?); retry later",
                               self.retry_after)
@@ -323,6 +340,19 @@ class Admission:
         msg = "; ".join(f"{n} LogRecord{'s' if n > 1 else ''} rejected: {why}"
                         for why, n in reasons.items())
         return Accepted(rejected=rejected, error_message=msg)
+
+    async def _logged(self, mark: int) -> bool:
+        """:meth:`BridgeContext.logged_since` ``mark``, cut to
+        :data:`STOP_VERDICT_S` once the run is stopping (``False`` then)."""
+        with trio.CancelScope() as scope:
+            if self._closing:
+                scope.deadline = trio.current_time() + STOP_VERDICT_S
+            self._verdicts.add(scope)
+            try:
+                return await self.ctx.logged_since(mark)
+            finally:
+                self._verdicts.discard(scope)
+        return False
 
     def _session_cap(self, emissions: Sequence[Planned], reasons: Counter[str]
                      ) -> list[Planned]:

@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
 from bridges.core.bridge import BridgeContext
 from bridges.core.capture import CapturePolicy
 from bridges.otlp_in import OtlpConfig, OtlpInBridge, from_env
+from tests.support.net import free_port
 from tests.support.otlp_in import bridge_context, drain, otlp_bridge
 from tests.support.shared import fixture
 
@@ -522,6 +523,48 @@ async def test_an_http_export_waiting_on_its_log_verdict_at_the_stop_is_answered
     assert r.status_code == 200 and len(sent) == N_PB
     resp = ExportLogsServiceResponse.FromString(r.content)
     assert resp.partial_success.rejected_log_records == 0
+
+
+async def test_an_http_export_whose_verdict_outlasts_the_stop_is_answered_503():
+    # The drain's pump never confirms within the servers' grace: the export
+    # is answered 503 (its events went out: counted, and the retry may
+    # repeat them) before hypercorn's grace would cut its connection
+    def never(ctx):
+        if not getattr(ctx, "_test_attached", False):
+            ctx.attach_log(lambda: True)
+            ctx._test_attached = True
+        return ctx.log_mark() >= N_PB
+
+    r, sent, ctx = await _http_export_across_a_stop(1000, wait_for=never)
+    assert isinstance(r, httpx.Response), r
+    assert r.status_code == 503 and len(sent) == N_PB
+    assert ctx.health.counters["otlp.log_unconfirmed_at_stop"] == 1
+    assert "otlp.log_unwritten" not in ctx.health.counters
+
+
+@pytest.mark.parametrize("checkpoints", [0, 1, 3])
+async def test_a_run_cancelled_before_it_started_ends_and_leaves_nothing_listening(checkpoints):
+    # A drain reaching a bridge that is still binding (a restart): the
+    # shielded HTTP server must still hear the stop, not serve on forever
+    port = free_port()
+    b = otlp_bridge(grpc="off", http=f"127.0.0.1:{port}")
+    ctx, _ = bridge_context(b.name, b.agent)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as n:
+            n.start_soon(b.run, ctx)
+            for _ in range(checkpoints):
+                await trio.lowlevel.checkpoint()
+            n.cancel_scope.cancel()
+    assert _connect_refused(port)
+
+
+async def test_a_run_whose_start_is_cancelled_ends():
+    b = otlp_bridge(grpc="off", http="127.0.0.1:0")
+    ctx, _ = bridge_context(b.name, b.agent)
+    with trio.fail_after(5), trio.CancelScope() as cs:
+        async with trio.open_nursery() as n:
+            cs.cancel()
+            await n.start(b.run, ctx)
 
 
 async def test_a_restart_starts_clean():
