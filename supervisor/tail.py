@@ -121,15 +121,24 @@ def _invisible() -> dict[int, str]:
     # planes 0, 1 and 14 hold every format character Unicode has assigned
     for c in (*range(0xA0, 0x20000), *range(0xE0000, 0xE1000)):
         if 0xD800 <= c <= 0xDFFF or unicodedata.category(chr(c)) == "Cf":
-            table[c] = f"\\u{c:04x}"
+            table[c] = f"\\u{c:04x}" if c < 0x10000 else f"\\U{c:08x}"
     # ... and the characters str.split() breaks lines or words at: one space each
     table.update({ord(c): " " for c in "\t\n\v\f\r\x1c\x1d\x1e\x1f\x85\u2028\u2029"})
     return table
 
 
 _UNSAFE = _invisible()
+def _json_escape(c: int) -> str:
+    """``c`` as a JSON string escape: ``\\uXXXX``, a surrogate pair above
+    U+FFFF (RFC 8259 §7)."""
+    if c < 0x10000:
+        return f"\\u{c:04x}"
+    c -= 0x10000
+    return f"\\u{0xD800 + (c >> 10):04x}\\u{0xDC00 + (c & 0x3FF):04x}"
+
+
 #: the same for ``--json`` lines, as JSON escapes (what json.dumps leaves raw)
-_JSON_UNSAFE = {c: f"\\u{c:04x}" for c in _UNSAFE if c >= 0x7F}
+_JSON_UNSAFE = {c: _json_escape(c) for c in _UNSAFE if c >= 0x7F}
 
 
 def _safe(text: str) -> str:

@@ -267,7 +267,7 @@ def test_run_survives_a_refused_from_all_but_not_a_refused_token():
     assert "HTTP 401 (pass --token or set AEP_TOKEN)" in err.getvalue() and fake.closed
 
 
-_NASTY = "a\u2028b\x9b31m\u202ec\u200bd\ufeff\x7f\udc00"
+_NASTY = "a\u2028b\x9b31m\u202ec\u200bd\ufeff\x7f\udc00\U000e0001\U0001d173z"
 
 
 def test_json_mode_escapes_what_json_dumps_leaves_raw():
