@@ -277,13 +277,16 @@ class BridgeContext:
         envelope as sent. Raises ``ValueError`` as
         :meth:`bridges.core.envelope.Stamper.stamp` does, and
         ``trio.ClosedResourceError`` / ``trio.BrokenResourceError`` for a
-        closed channel (its stamp taken back unless another came after it)."""
+        closed channel; an emit that raises or is cancelled sent nothing,
+        and its stamp is taken back unless another came after it."""
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
         try:
             await self._channel.send(Outbound(self.name, ev))
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            self.stamper.unstamp(ev)  # not sent: its seq is handed out again, if still the last
+        except BaseException:
+            # not sent (a cancel while waiting for room, a closed channel: trio's
+            # send is all or nothing): its seq is handed out again, if still the last
+            self.stamper.unstamp(ev)
             raise
         self._sent += 1
         return ev

@@ -241,6 +241,18 @@ async def test_emit_on_a_closed_channel_burns_no_seq():
     assert ctx.stamper.stamp("s1", {"type": "x.codex.otel.unknown"})["seq"] == 1
 
 
+async def test_an_emit_cancelled_while_waiting_for_room_burns_no_seq():
+    # a bridge's stop (the drain cancels the bridges first) or a crash while
+    # its emit waits on a full channel: nothing was sent, no gap is left
+    ctx, recv = bridge_context("otlp_in.codex", "codex", channel=1)
+    assert (await ctx.emit("s1", {"type": "x.codex.otel.unknown"}))["seq"] == 0
+    with trio.move_on_after(0.05) as waited:
+        await ctx.emit("s1", {"type": "x.codex.otel.unknown"})
+    assert waited.cancelled_caught
+    assert [e["seq"] for e in drain(recv)] == [0]
+    assert (await ctx.emit("s1", {"type": "x.codex.otel.unknown"}))["seq"] == 1
+
+
 def test_emit_nowait_on_a_closed_channel_burns_no_seq():
     ctx, _ = bridge_context("otlp_in.codex", "codex", channel=10)
     assert ctx.emit_nowait("s1", {"type": "x.codex.otel.unknown"})["seq"] == 0
