@@ -115,36 +115,62 @@ def render_unit(exe: Path) -> str:
     """The shipped unit with ``ExecStart`` pointing at ``exe`` (and its
     header saying so, in place of the shipped file's note). Raises
     ``RuntimeError`` when the template lacks its single ``ExecStart=``."""
-    text, n = re.subn(r"(?m)^ExecStart=.*$", f"ExecStart={exe} run", _template(UNIT_NAME))
+    # systemd splits ExecStart= at whitespace unless the word is quoted
+    command = f'"{exe}"' if any(c.isspace() for c in str(exe)) else str(exe)
+    text, n = re.subn(r"(?m)^ExecStart=.*$", lambda _: f"ExecStart={command} run",
+                      _template(UNIT_NAME))
     if n != 1:
         raise RuntimeError("the shipped unit has no single ExecStart= line")
     return text.replace(_SHIPPED_NOTE, _WRITTEN_NOTE)
 
 
+def _interpreter(script: Path) -> Path | None:
+    """The interpreter a script names: its absolute ``#!`` path, or the one
+    pip's ``/bin/sh`` trampoline execs (what pip writes when the venv's path
+    has a space or is too long for a ``#!`` line); ``None`` for a binary, a
+    relative ``#!`` or an unreadable file."""
+    try:
+        with open(script, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    lines = head.split(b"\n")
+    if not lines[0].startswith(b"#!"):
+        return None
+    words = lines[0][2:].split()
+    if words == [b"/bin/sh"] and len(lines) > 1:
+        m = _TRAMPOLINE.match(lines[1])
+        if m:
+            return Path(m.group(1).decode(errors="replace"))
+    if words and words[0].startswith(b"/"):
+        return Path(words[0].decode(errors="replace"))
+    return None
+
+
+# the second line of pip's trampoline: three quotes, exec', then the quoted interpreter
+_TRAMPOLINE = re.compile(rb"^'{3}exec' \"([^\"]+)\" ")
+
+
 def unreachable(exe: Path) -> str | None:
     """Why the shipped unit's service could not run ``exe``, or ``None``.
-    The unit runs as a ``DynamicUser`` with ``PrivateTmp=yes``: a script
-    (or the interpreter its ``#!`` line names, symlinks resolved) under
-    ``/tmp`` or ``/var/tmp`` is hidden from it, and one that other users
-    cannot read and execute, or whose directories they cannot enter
-    (``/root``, a home directory of mode 0700), it cannot start."""
-    paths = [Path(exe)]
-    try:
-        with open(exe, "rb") as f:
-            first = f.readline(512)
-        if first.startswith(b"#!") and first[2:].split():
-            paths.append(Path(first[2:].split()[0].decode(errors="replace")))
-    except OSError:
-        pass
-    for p in paths:
+    The unit runs as a ``DynamicUser`` with ``PrivateTmp=yes``: a script,
+    or the interpreter it names (:func:`_interpreter`; symlinks resolved),
+    under ``/tmp`` or ``/var/tmp`` is hidden from it; a script other users
+    cannot read and execute, an interpreter they cannot execute, or either
+    in a directory they cannot enter (``/root``, a home directory of mode
+    0700), it cannot start."""
+    interpreter = _interpreter(exe)
+    paths = [(Path(exe), 0o005)] + ([(interpreter, 0o001)] if interpreter else [])
+    for p, _ in paths:
         for shown in (p, p.resolve()):
             if shown.is_relative_to("/tmp") or shown.is_relative_to("/var/tmp"):
                 return f"{shown} is under a temporary directory, which PrivateTmp=yes hides"
-    for p in paths:
+    for p, needs in paths:
         real = p.resolve()
         try:
-            if real.stat().st_mode & 0o005 != 0o005:
-                return f"{real} is not readable and executable by other users"
+            if real.stat().st_mode & needs != needs:
+                what = "readable and executable" if needs == 0o005 else "executable"
+                return f"{real} is not {what} by other users"
             for d in real.parents:
                 if d.stat().st_mode & 0o001 == 0:
                     return (f"{d} (on the way to {real}) is not open to other users "
@@ -187,7 +213,7 @@ def plan(manager: str, *, exe: Path, prefix: Path | None = None,
         files = [Planned(unit, render_unit(exe).encode(), 0o644),
                  Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True)]
         sudo = "sudo " if os.geteuid() != 0 else ""
-        then = [f"{sudo}edit {env} (AEP_TOKEN, the AEP_BRIDGE_* you want)",
+        then = [f"{'sudoedit' if sudo else 'edit'} {env} (AEP_TOKEN, the AEP_BRIDGE_* you want)",
                 f"{sudo}systemctl daemon-reload", f"{sudo}systemctl enable --now aep-bridges",
                 "systemctl status aep-bridges; journalctl -u aep-bridges -f"]
         return files, then

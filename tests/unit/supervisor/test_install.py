@@ -167,7 +167,29 @@ def test_the_steps_after_say_sudo_when_not_root(monkeypatch):
     import supervisor.install as install_mod
     monkeypatch.setattr(install_mod.os, "geteuid", lambda: 1000)
     _, then = plan("systemd", exe=EXE)
+    assert then[0].startswith("sudoedit /etc/aep-bridges/env")
     assert then[1:3] == ["sudo systemctl daemon-reload", "sudo systemctl enable --now aep-bridges"]
     monkeypatch.setattr(install_mod.os, "geteuid", lambda: 0)
     _, then = plan("systemd", exe=EXE)
-    assert then[1] == "systemctl daemon-reload"
+    assert then[0].startswith("edit /etc/aep-bridges/env") and then[1] == "systemctl daemon-reload"
+
+
+def test_the_interpreter_of_pips_sh_trampoline_is_found(tmp_path):
+    # what pip writes for a venv whose path has a space (or is too long for #!)
+    from supervisor.install import _interpreter
+    script = tmp_path / "aep-bridges"
+    q3 = b"'" * 3
+    script.write_bytes(b"#!/bin/sh\n" + q3 + b"exec' \"/root/my venv/bin/python\" \"$0\" \"$@\"\n"
+                       b"' " + q3 + b"\nimport sys\n")
+    assert _interpreter(script) == Path("/root/my venv/bin/python")
+    script.write_bytes(b"#!/usr/bin/env python3\n")
+    assert _interpreter(script) == Path("/usr/bin/env")
+    script.write_bytes(b"#!python\n")  # relative: nothing to look at
+    assert _interpreter(script) is None
+    script.write_bytes(b"\x7fELF\x02")
+    assert _interpreter(script) is None
+
+
+def test_execstart_quotes_a_path_with_a_space():
+    rendered = render_unit(Path("/opt/my tools/bin/aep-bridges"))
+    assert 'ExecStart="/opt/my tools/bin/aep-bridges" run' in rendered.splitlines()
