@@ -13,17 +13,33 @@ from typing import Any, Iterator
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_NEEDED = ("aep/schemas", "aep/conformance/fixtures/mappings")
+"""What a ``shared/`` must hold for the tests."""
+
+
+def _complete(c: Path) -> bool:
+    return all((c / part).is_dir() and any((c / part).iterdir()) for part in _NEEDED)
+
+
 @lru_cache(maxsize=1)
 def shared_dir() -> Path:
+    """The ``shared/`` the tests read: ``$AEP_SHARED`` when set (and then
+    only it), else ``../shared`` beside the checkout or ``./shared``.
+    Raises ``RuntimeError`` naming where it looked when none holds the
+    schemas and the mapping fixtures."""
     env = os.environ.get("AEP_SHARED")
-    candidates = [Path(env)] if env else []
-    candidates += [ROOT.parent / "shared", ROOT / "shared"]
+    if env:
+        if _complete(Path(env)):
+            return Path(env)
+        raise RuntimeError(f"AEP_SHARED={env} does not hold the AEP schemas and mapping "
+                           f"fixtures ({', '.join(_NEEDED)})")
+    candidates = [ROOT.parent / "shared", ROOT / "shared"]
     for c in candidates:
-        if (c / "aep" / "schemas").is_dir():
+        if _complete(c):
             return c
     raise RuntimeError(
-        "shared/ (the AEP spec and fixtures) not found beside the checkout; "
-        "set AEP_SHARED=/path/to/shared")
+        "the AEP spec and fixtures (shared/aep) are not beside this checkout "
+        f"({' or '.join(str(c) for c in candidates)}); set AEP_SHARED=/path/to/shared")
 
 
 def aep_dir() -> Path:
