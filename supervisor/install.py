@@ -216,6 +216,8 @@ def plan(manager: str, *, exe: Path, prefix: Path | None = None,
         then = [f"{'sudoedit' if sudo else 'edit'} {env} (AEP_TOKEN, the AEP_BRIDGE_* you want)",
                 f"{sudo}systemctl daemon-reload", f"{sudo}systemctl enable --now aep-bridges",
                 "systemctl status aep-bridges; journalctl -u aep-bridges -f"]
+        if prefix is not None:  # staged for another root: the steps are that system's
+            then = [then[0], f"then, on the system {prefix} is staged for:", *then[1:]]
         return files, then
     if manager == "launchd":
         home = home or Path.home()

@@ -330,9 +330,11 @@ class Admission:
             if self._closing:
                 health.count("otlp.log_unconfirmed_at_stop")
                 raise Unavailable("receiver stopped before the session log confirmed this "
-                                  "export; retry later", self.retry_after)
+                                  "export's events, which went out to the relay; retry later",
+                                  self.retry_after)
             health.count("otlp.log_unwritten")
-            raise Unavailable("session log cannot write (disk full?); retry later",
+            raise Unavailable("the session log did not confirm this export's events, which "
+                              "went out to the relay (disk full?); retry later",
                               self.retry_after)
         rejected = sum(reasons.values())
         if rejected:

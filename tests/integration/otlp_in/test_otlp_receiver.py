@@ -538,6 +538,7 @@ async def test_an_http_export_whose_verdict_outlasts_the_stop_is_answered_503():
     r, sent, ctx = await _http_export_across_a_stop(1000, wait_for=never)
     assert isinstance(r, httpx.Response), r
     assert r.status_code == 503 and len(sent) == N_PB
+    assert b"went out to the relay" in r.content  # told apart from a 503 that sent nothing
     assert ctx.health.counters["otlp.log_unconfirmed_at_stop"] == 1
     assert "otlp.log_unwritten" not in ctx.health.counters
 

@@ -193,3 +193,9 @@ def test_the_interpreter_of_pips_sh_trampoline_is_found(tmp_path):
 def test_execstart_quotes_a_path_with_a_space():
     rendered = render_unit(Path("/opt/my tools/bin/aep-bridges"))
     assert 'ExecStart="/opt/my tools/bin/aep-bridges" run' in rendered.splitlines()
+
+
+def test_a_prefix_install_says_the_steps_are_the_target_systems(tmp_path):
+    _, then = plan("systemd", exe=EXE, prefix=tmp_path)
+    assert then[1] == f"then, on the system {tmp_path} is staged for:"
+    assert then[2].endswith("systemctl daemon-reload")
