@@ -26,6 +26,7 @@ import os
 import queue
 import sys
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, Callable, Mapping, TextIO
 
 from rich.cells import cell_len, set_cell_size
@@ -127,7 +128,6 @@ def _invisible() -> dict[int, str]:
     return table
 
 
-_UNSAFE = _invisible()
 def _json_escape(c: int) -> str:
     """``c`` as a JSON string escape: ``\\uXXXX``, a surrogate pair above
     U+FFFF (RFC 8259 §7)."""
@@ -137,8 +137,15 @@ def _json_escape(c: int) -> str:
     return f"\\u{0xD800 + (c >> 10):04x}\\u{0xDC00 + (c & 0x3FF):04x}"
 
 
-#: the same for ``--json`` lines, as JSON escapes (what json.dumps leaves raw)
-_JSON_UNSAFE = {c: _json_escape(c) for c in _UNSAFE if c >= 0x7F}
+@cache
+def _tables() -> tuple[dict[int, str], dict[int, str]]:
+    """The translate tables, made at first use, not at import: every
+    ``aep-bridges`` command imports this module for its ``tail`` options,
+    and the Unicode scan costs ~30 ms. The timeline's
+    (:func:`_invisible`), and the same for ``--json`` lines as JSON escapes
+    (what json.dumps leaves raw)."""
+    unsafe = _invisible()
+    return unsafe, {c: _json_escape(c) for c in unsafe if c >= 0x7F}
 
 
 def _safe(text: str) -> str:
@@ -148,7 +155,7 @@ def _safe(text: str) -> str:
     event's content can neither start a terminal command, forge a line of
     the timeline, reorder or hide text, nor stop the output (:func:`_s`
     also makes whitespace runs one space)."""
-    return text.translate(_UNSAFE)
+    return text.translate(_tables()[0])
 
 
 def _s(v: Any, limit: int = 60) -> str:
@@ -433,7 +440,7 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
             last_error = ""
             if as_json:
                 line = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
-                out.write(line.translate(_JSON_UNSAFE) + "\n")  # the same JSON, escaped
+                out.write(line.translate(_tables()[1]) + "\n")  # the same JSON, escaped
                 out.flush()
             else:
                 console.print(timeline.line(item), no_wrap=True, overflow="ellipsis")
