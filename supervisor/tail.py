@@ -215,14 +215,20 @@ def _vendor_gist(data: Mapping[str, Any]) -> str:
             bits.append(f"{name}[{len(v)}]")
         else:
             bits.append(f"{name}={_s(v, 30)}")
-    counts: dict[str, str] = {}  # word -> its first count (one name per word)
+    tokens = _tokens(data)
+    if tokens and len(bits) < 4:
+        bits.append(tokens)
+    return " ".join(bits)
+
+
+def _tokens(data: Mapping[str, Any]) -> str:
+    """``tokens <in> in / <out> out`` from the counts a payload holds under
+    :data:`_TOKENS`' names (the first name present per word); ``""`` for none."""
+    counts: dict[str, str] = {}
     for k, w in _TOKENS.items():
         if w not in counts and data.get(k) is not None:
             counts[w] = _s(data[k], 12)
-    tokens = [f"{n} {w}" for w, n in counts.items()]
-    if tokens and len(bits) < 4:
-        bits.append(f"tokens {' / '.join(tokens)}")
-    return " ".join(bits)
+    return "tokens " + " / ".join(f"{n} {w}" for w, n in counts.items()) if counts else ""
 
 
 def _tool_gist(type_: str, data: Mapping[str, Any]) -> str | None:
@@ -244,9 +250,8 @@ def _run_gist(type_: str, data: Mapping[str, Any]) -> str | None:
     if type_ == "run.started":
         return "started" + (f" ({data['trigger']})" if data.get("trigger") else "")
     if type_ == "run.finished":
-        tokens = [f"{data[k]} {w}" for k, w in (("gen_ai.usage.input_tokens", "in"),
-                                                 ("gen_ai.usage.output_tokens", "out")) if k in data]
-        return "finished ok" + _ms(data) + (f"  tokens {' / '.join(tokens)}" if tokens else "")
+        tokens = _tokens(data)
+        return "finished ok" + _ms(data) + (f"  {tokens}" if tokens else "")
     if type_ == "run.failed":
         return f"failed: {data.get('reason') or '?'}{_ms(data)}"
     if type_ == "run.cancelled":
