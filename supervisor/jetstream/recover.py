@@ -1,37 +1,42 @@
-"""What a killed daemon's outbox held, published from its JSONL logs at the
-next start (issue 14's leftover: the outbox is memory; the session log,
-written first, has every event).
+"""What earlier runs logged but never got stored in the stream, published
+from the JSONL session logs at every start (issues 14 and 25: the outbox
+is memory; the session log, written before an OTLP export is answered, is
+the durable truth). No marker decides *whether* to look: a kill can leave
+any marker stale (issue 25 rows 7 and 8), so every start reads the logs.
 
-**Which events.** The publisher keeps one publish in flight per session, so
-what the stream holds of a session is a *prefix* of the session's log
-(less the ``debug``/``info`` events the outbox shed, which were counted as
-drops then): everything after the stream's last message on the session's
-subject (``S.ev.<agent>.<session>``, asked with one ``last_by_subj`` get)
-is missing, and nothing before it is. The last stored message is found in
-the log by its ``Nats-Msg-Id`` (``<id> <source>``), so seq-less events
-count too. A session the stream holds nothing of gets its whole live log
-file, less the events older than ``AEP_NATS_MAX_AGE`` (retention would
-drop them anyway). A session whose last stored message is not in the
-file (another emitter publishes on that subject, or the file was rotated
-since) is left alone and logged: guessing could store events twice.
-Re-sending is safe anyway: the server drops a ``Nats-Msg-Id`` it holds
-within ``AEP_NATS_DUPLICATE_WINDOW``.
+**The invariant.** The publisher keeps one publish in flight per session,
+so what the stream holds of a session is a *prefix* of the session's log
+(less ``debug``/``info`` events the outbox shed, counted as drops then).
+So every event of a live session log that comes after the stream's last
+stored event of that session (``S.ev.<agent>.<session>``, asked with one
+``last_by_subj`` get) is missing, and nothing before it is; each start
+publishes those before anything new (:meth:`~.publish.Publisher.run`'s
+``first``), so each session's stream stays in emission order. Events of
+the current run (its ``epoch``) are left out: they are in the outbox.
 
-**Which files.** ``AEP_STATE_DIR/nats-outbox`` says how the last run with
-``AEP_NATS_URL`` ended: ``{"state": "running", "since": T}`` while one
-runs (so after a crash, SIGKILL or a drain deadline passed) and
-``{"state": "clean"}`` once it stopped with its outbox empty. A start that
-finds ``running`` reads back the live session files modified since ``T``
-(most recent first, at most ``limit``; the last :data:`MAX_FILE_BYTES` of
-each), and keeps ``T`` in the file until its own recovery is all
-acknowledged (a crash during the recovery loses nothing), then writes its
-own start. A start that finds ``clean`` or no file (the first run with
-``AEP_NATS_URL``: events logged before it are not back-filled) reads
-nothing. Rotated segments are not read.
+**Finding the last stored event** in the log: by its ``Nats-Msg-Id``
+(``<id> <source>``), reading the file backwards from its end (most files
+end with it: one small read). When it is not in what was read (another
+emitter publishes on the subject, the file was rotated since, or more
+than :data:`MAX_FILE_BYTES` are unpublished), the events stamped no
+earlier than it are taken (an event id is a ULID whose time part is the
+stamping millisecond, and stamping order is log order); an id with no
+ULID time: nothing, logged. Re-sending is safe anyway: the server drops
+a ``Nats-Msg-Id`` it holds within ``AEP_NATS_DUPLICATE_WINDOW``.
 
-**Order.** The recovered events are published before anything the new run
-queued (:meth:`~.publish.Publisher.run`'s ``first``), so each session's
-stream stays in emission order.
+**A session the stream holds nothing of**: every event of the file
+stamped at or after the *horizon* (:func:`horizon_of`): the later of the
+first start with ``AEP_NATS_URL`` (``AEP_STATE_DIR/nats-outbox``, written
+once, before any event of that run: logs from before NATS was configured
+are not back-filled), ``AEP_NATS_MAX_AGE`` before now, and the time of the
+stream's oldest stored message once the stream has removed any (an event
+stamped before it may have been stored and aged out: not sent twice).
+The vendor's timestamps (the event's ``time``) play no part.
+
+**What bounds the work.** Live session files (``logs/<agent>/<session>.jsonl``;
+rotated segments are not read) modified at or after the horizon, most
+recently written first, at most ``AEP_MAX_SESSIONS``; one get per file;
+at most the last :data:`MAX_FILE_BYTES` of each.
 
 The pure part (:func:`missing_lines`) takes the file's lines; the I/O part
 (:func:`recover`) reads the files and asks the stream.
@@ -43,7 +48,6 @@ import logging
 import os
 import re
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -61,29 +65,29 @@ _SEGMENT = re.compile(r"\.\d{8}T\d{6}\.\d{6}Z\.jsonl$")  # a rotated segment (su
 MAX_FILE_BYTES = 64 << 20
 """Largest tail of one session file read back (a session with more than
 this unpublished is recovered from its last 64 MiB)."""
+CHUNK = 256 << 10
+"""Bytes read per step when reading a file backwards."""
+_CROCKFORD = {c: i for i, c in enumerate("0123456789ABCDEFGHJKMNPQRSTVWXYZ")}
+_MTIME_SLACK_S = 5.0  # file mtime granularity, clocks
 
 
-def _event_time(ev: dict[str, Any]) -> float | None:
-    t = ev.get("time")
-    if not isinstance(t, str):
+def ulid_ms(eid: object) -> int | None:
+    """The time part (ms since the Unix epoch) of a ULID event id (the
+    stamping millisecond, :class:`bridges.core.envelope.Ulids`); ``None``
+    for anything else. Pure."""
+    if not isinstance(eid, str) or len(eid) != 26:
         return None
-    try:
-        return datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
+    ms = 0
+    for c in eid[:10]:
+        v = _CROCKFORD.get(c)
+        if v is None:
+            return None
+        ms = ms * 32 + v
+    return ms
 
 
-def missing_lines(lines: Sequence[bytes], last_id: str | None, *, now: float,
-                  max_age: float) -> list[tuple[dict[str, Any], bytes]] | None:
-    """The events of one session log (``lines``: its JSONL lines, in file
-    order) that the stream lacks, as ``(event, raw)`` in file order
-    (``raw`` without the newline). ``last_id``: the ``Nats-Msg-Id`` of the
-    stream's last message on the session's subject (``None``: it holds
-    none). ``None`` when ``last_id`` is not in the lines (unknown: recover
-    nothing). Lines that are not JSON objects (a torn tail) are skipped;
-    with ``last_id`` ``None``, events whose ``time`` is older than
-    ``max_age`` seconds before ``now`` too. Pure; never raises."""
-    parsed: list[tuple[dict[str, Any], bytes]] = []
+def _parse(lines: Sequence[bytes], epoch: int | None) -> list[tuple[dict[str, Any], bytes]]:
+    out = []
     for line in lines:
         raw = line.rstrip(b"\n")
         if not raw:
@@ -91,56 +95,79 @@ def missing_lines(lines: Sequence[bytes], last_id: str | None, *, now: float,
         try:
             ev = json.loads(raw)
         except ValueError:
-            continue
-        if isinstance(ev, dict):
-            parsed.append((ev, raw))
+            continue  # a torn tail
+        if isinstance(ev, dict) and not (epoch is not None and ev.get("epoch") == epoch):
+            out.append((ev, raw))
+    return out
+
+
+def missing_lines(lines: Sequence[bytes], last_id: str | None, *, horizon_ms: int,
+                  epoch: int | None = None) -> list[tuple[dict[str, Any], bytes]] | None:
+    """The events of one session log (``lines``: JSONL lines in file order,
+    a tail of the file) that the stream lacks, as ``(event, raw)`` in file
+    order (``raw`` without the newline). ``last_id``: the ``Nats-Msg-Id``
+    of the stream's last message on the session's subject (``None``: it
+    holds none; then the events stamped at or after ``horizon_ms``, ms,
+    and those with no ULID id). When ``last_id`` is not in the lines: the
+    events stamped no earlier than it (but it), or ``None`` (recover
+    nothing) when its id has no ULID time. Lines of the run ``epoch`` (the
+    current one: in its outbox) and lines that are not JSON objects are
+    skipped. Pure; never raises."""
+    parsed = _parse(lines, epoch)
     if last_id is None:
         out = []
         for ev, raw in parsed:
-            t = _event_time(ev)
-            if t is None or t >= now - max_age:
+            ms = ulid_ms(ev.get("id"))
+            if ms is None or ms >= horizon_ms:
                 out.append((ev, raw))
         return out
     for i in range(len(parsed) - 1, -1, -1):
         if msg_id(parsed[i][0]) == last_id:
             return parsed[i + 1:]
-    return None
+    last_ms = ulid_ms(last_id.partition(" ")[0])
+    if last_ms is None:
+        return None
+    return [(ev, raw) for ev, raw in parsed
+            if msg_id(ev) != last_id and (ulid_ms(ev.get("id")) or 0) >= last_ms]
 
 
 def marker(state_dir: Path) -> Path:
-    """The file saying how the last run with ``AEP_NATS_URL`` ended."""
+    """The file holding the first start with ``AEP_NATS_URL`` (``{"since": T}``)."""
     return Path(state_dir) / MARK_FILE
 
 
-def read_mark(state_dir: Path) -> float | None:
-    """``since`` of a run that did not stop clean (recover the files
-    modified after it); ``None`` after a clean stop or with no file (a
-    first run). Never raises: an unreadable file counts as a crash since
-    the epoch would (too many files), so as no file."""
-    try:
-        v = json.loads(marker(state_dir).read_text())
-    except (OSError, ValueError):
-        return None
-    if isinstance(v, dict) and v.get("state") == "running" \
-            and isinstance(v.get("since"), (int, float)):
-        return float(v["since"])
-    return None
-
-
-def write_mark(state_dir: Path, since: float | None) -> None:
-    """``running`` since ``since`` (epoch s), or ``clean`` (``None``).
-    Atomic; never raises (logged at debug)."""
+def nats_since(state_dir: Path, now: float) -> float:
+    """The first start with ``AEP_NATS_URL`` of this state directory
+    (epoch s): read from :func:`marker`, or ``now`` written there when it
+    is absent or unreadable (a first run: nothing logged before is
+    back-filled). Call it before this run logs anything. A marker of the
+    earlier format (``{"state": "running", "since": T}`` or ``{"state":
+    "clean"}``) gives its ``since`` or its modification time, and is
+    rewritten. Never raises (a failed write is logged at debug)."""
     from bridges.core.paths import write_atomic
-    body = {"state": "clean"} if since is None else {"state": "running", "since": since}
+    path = marker(state_dir)
+    since: float | None = None
     try:
-        write_atomic(marker(state_dir), json.dumps(body) + "\n", fsync=True)
+        v = json.loads(path.read_text())
+        if isinstance(v, dict):
+            s = v.get("since")
+            since = float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) \
+                else path.stat().st_mtime if v.get("state") == "clean" else None
+            if since is not None and v.get("state") is None:
+                return since
+    except (OSError, ValueError):
+        since = None
+    since = now if since is None else min(since, now)
+    try:
+        write_atomic(path, json.dumps({"since": since}) + "\n", fsync=True)
     except OSError as e:
         log.debug("nats: %s not written: %s", MARK_FILE, type(e).__name__)
+    return since
 
 
-def candidate_files(logs: Path, *, now: float, max_age: float, limit: int) -> list[Path]:
-    """Live session files (``logs/<agent>/<session>.jsonl``) modified in the
-    last ``max_age`` seconds before ``now``, most recent first, at most
+def candidate_files(logs: Path, *, after: float, limit: int) -> list[Path]:
+    """Live session files (``logs/<agent>/<session>.jsonl``) modified at or
+    after ``after`` (epoch s), most recently written first, at most
     ``limit``."""
     found = []
     try:
@@ -154,7 +181,7 @@ def candidate_files(logs: Path, *, now: float, max_age: float, limit: int) -> li
             for f in os.scandir(a.path):
                 if f.name.endswith(".jsonl") and not _SEGMENT.search(f.name):
                     m = f.stat().st_mtime
-                    if m >= now - max_age:
+                    if m >= after:
                         found.append((m, Path(f.path)))
         except OSError:
             continue
@@ -162,45 +189,79 @@ def candidate_files(logs: Path, *, now: float, max_age: float, limit: int) -> li
     return [p for _, p in found[:limit]]
 
 
-def _tail(path: Path) -> list[bytes]:
+def read_back(path: Path, needle: bytes | None, max_bytes: int = MAX_FILE_BYTES) -> list[bytes]:
+    """The whole lines of ``path``'s tail, in file order: read backwards in
+    :data:`CHUNK` steps until the line holding ``needle`` is complete (so a
+    file that ends with the stream's last stored event costs one small
+    read), the file's start, or ``max_bytes``. Raises ``OSError``."""
     with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        start = max(0, size - MAX_FILE_BYTES)
-        f.seek(start)
-        data = f.read()
-    lines = data.split(b"\n")
-    if start:
+        size = f.seek(0, os.SEEK_END)
+        pos, buf, found = size, b"", -1
+        while pos > 0 and size - pos < max_bytes:
+            step = min(CHUNK, pos, max_bytes - (size - pos))
+            pos -= step
+            f.seek(pos)
+            buf = f.read(step) + buf
+            if needle is not None:
+                if found < 0:
+                    found = buf.find(needle, 0, step + len(needle))
+                else:
+                    found += step
+                if found >= 0 and (pos == 0 or buf.rfind(b"\n", 0, found) >= 0):
+                    break
+    lines = buf.split(b"\n")
+    if pos > 0:
         lines = lines[1:]  # a partial first line
     return [x for x in lines if x]
 
 
+async def horizon_of(link: Link, cfg: NatsConfig, *, since: float, now: float) -> float:
+    """The time (epoch s) before which an event missing from the stream
+    may have been stored and removed: the latest of ``since`` (the first
+    start with ``AEP_NATS_URL``), ``AEP_NATS_MAX_AGE`` before ``now``, and,
+    once the stream has removed messages, the time of its oldest stored
+    one. Raises the nats-py error when the stream cannot be asked."""
+    from .link import aio
+    h = max(since, now - cfg.max_age)
+    info = await aio(link.js.stream_info)(cfg.stream)
+    st = info.state
+    if (st.first_seq or 0) > 1 and (st.messages or 0) > 0:
+        first = await aio(link.js.get_msg)(cfg.stream, seq=st.first_seq)
+        if first.time is not None:
+            h = max(h, first.time.timestamp())
+    return h
+
+
 async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
-                  since: float, limit: int) -> list[Message]:
-    """The messages a run that did not stop clean left unpublished (module
-    docstring), read from the session files modified since ``since``
-    (epoch s, :func:`read_mark`), in file order per session. Raises the
+                  since: float, epoch: int | None, limit: int) -> list[Message]:
+    """The messages earlier runs logged and the stream lacks (module
+    docstring), in file order per session, read from the live session
+    files under ``state_dir/logs``; ``since``: :func:`nats_since`;
+    ``epoch``: the current run's (its events are left out). Raises the
     nats-py error when the stream cannot be asked (the caller retries)."""
     import nats.js.errors
 
     from .link import aio
     from .publish import message_for
     now = time.time()
+    horizon = await horizon_of(link, cfg, since=since, now=now)
     out: list[Message] = []
-    window = min(cfg.max_age, max(0.0, now - since) + 5.0)  # 5 s: mtime granularity, clocks
-    files = candidate_files(Path(state_dir) / "logs", now=now, max_age=window, limit=limit)
+    files = candidate_files(Path(state_dir) / "logs", after=horizon - _MTIME_SLACK_S,
+                            limit=limit)
+    sessions = 0
     for path in files:
         try:
-            lines = _tail(path)
+            probe_lines = read_back(path, None, CHUNK)
         except OSError as e:
             log.warning("nats: cannot read %s to recover it (%s)", path, type(e).__name__)
             continue
-        if not lines:
-            continue
-        try:
-            probe = json.loads(lines[-1])
-        except ValueError:
-            probe = None
+        probe = None
+        for line in reversed(probe_lines):
+            try:
+                probe = json.loads(line)
+                break
+            except ValueError:
+                continue
         if not isinstance(probe, dict):
             continue
         subject = event_subject_of(cfg.stream, probe)
@@ -209,18 +270,26 @@ async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
             last_id: str | None = (m.headers or {}).get(MSG_ID)
         except nats.js.errors.NotFoundError:
             last_id = None
-        got = missing_lines(lines, last_id, now=now, max_age=cfg.max_age)
+        try:
+            lines = read_back(path, last_id.partition(" ")[0].encode() if last_id else None)
+        except OSError as e:
+            log.warning("nats: cannot read %s to recover it (%s)", path, type(e).__name__)
+            continue
+        got = missing_lines(lines, last_id, horizon_ms=int(horizon * 1000), epoch=epoch)
         if got is None:
             log.warning("nats: %s: the stream's last event of this session is not in the file "
-                        "(another emitter, or rotated): not recovered", path)
+                        "and has no time to compare with (another emitter?): not recovered", path)
             continue
-        out += [message_for(cfg.stream, ev, raw, daemon) for ev, raw in got
-                if event_subject_of(cfg.stream, ev) == subject]
+        got = [(ev, raw) for ev, raw in got if event_subject_of(cfg.stream, ev) == subject]
+        if got:
+            sessions += 1
+            out += [message_for(cfg.stream, ev, raw, daemon) for ev, raw in got]
     log.log(logging.WARNING if out else logging.INFO,
-            "nats: the last run did not stop clean: %d events from %d session logs it wrote "
-            "are not in the stream; publishing them first", len(out), len(files))
+            "nats: %d logged events of %d sessions (of %d session logs read back) are not "
+            "in the stream; publishing them first", len(out), sessions, len(files))
     return out
 
 
-__all__: Sequence[str] = ("MARK_FILE", "MAX_FILE_BYTES", "candidate_files", "marker",
-                          "missing_lines", "read_mark", "recover", "write_mark")
+__all__: Sequence[str] = ("CHUNK", "MARK_FILE", "MAX_FILE_BYTES", "candidate_files",
+                          "horizon_of", "marker", "missing_lines", "nats_since", "read_back",
+                          "recover", "ulid_ms")

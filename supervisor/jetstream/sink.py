@@ -8,8 +8,9 @@ The daemon never waits for NATS: :meth:`JetStreamSink.run` connects in its
 own task (retrying while no server answers); until then, and through any
 outage, events wait in the publisher's outbox (the §8.4 policy), and the
 fleet's pump is held only when that outbox is full of ``notice``+ events.
-Once connected, what a run that did not stop clean logged but never got
-acknowledged is published first (:mod:`.recover`).
+Once connected, what earlier runs logged and the stream lacks is
+published first (:mod:`.recover`: every start reads the session logs
+back; no marker decides whether to).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from bridges.core.backoff import backoff_delay
 from .config import NatsConfig
 from .presence import Presence
 from .publish import Publisher, ensure_stream
-from .recover import read_mark, recover, write_mark
+from .recover import nats_since, recover
 
 log = logging.getLogger("aep.nats")
 
@@ -44,6 +45,10 @@ class JetStreamSink:
         self.cfg = cfg
         #: where the JSONL logs are (``None``: no recovery of a killed run's outbox)
         self.state_dir = state_dir
+        self.epoch = epoch
+        #: the first start with ``AEP_NATS_URL`` (read or written here, before
+        #: this run logs anything: earlier logs are not back-filled)
+        self.nats_since = nats_since(state_dir, time.time()) if state_dir is not None else 0.0
         self.daemon = daemon
         self.publisher = Publisher(cfg, daemon)
         self.presence = Presence(cfg, daemon, host=host, epoch=epoch, hellos=hellos,
@@ -89,54 +94,28 @@ class JetStreamSink:
                                     (getattr(e, "description", None) or "")[:160])
                     attempt += 1
                     await trio.sleep(delay)
-            started = time.time()
-            first = await self._recovered(link, started)
-            try:
-                async with trio.open_nursery() as n:
-                    n.start_soon(self.publisher.run, link, first)
-                    n.start_soon(self.presence.run, link)
-                    if first:
-                        n.start_soon(self._mark_when_recovered, first, started)
-            finally:
-                # stopped with nothing left (the fleet drained it): the next
-                # start need not read the logs back (recover.py)
-                if self.state_dir is not None and self.publisher.depth == 0 \
-                        and all(m.acked for m in first):
-                    write_mark(self.state_dir, None)
+            first = await self._recovered(link)
+            async with trio.open_nursery() as n:
+                n.start_soon(self.publisher.run, link, first)
+                n.start_soon(self.presence.run, link)
 
-    async def _recovered(self, link: Any, started: float) -> list[Any]:
-        """What a run that did not stop clean left unpublished
-        (:mod:`.recover`), asked until the stream answers; notes this run
-        as running (since the crashed run's start while its events are
-        still to publish)."""
+    async def _recovered(self, link: Any) -> list[Any]:
+        """What earlier runs logged and the stream lacks (:mod:`.recover`),
+        asked until the stream answers."""
         if self.state_dir is None:
-            return []
-        since = read_mark(self.state_dir)
-        write_mark(self.state_dir, started if since is None else since)
-        if since is None:
             return []
         attempt = 0
         while True:
             try:
-                got = await recover(link, self.cfg, self.state_dir, self.daemon, since=since,
-                                    limit=self.presence.claims.max_sessions)
-                if not got:
-                    write_mark(self.state_dir, started)
-                return got
+                return await recover(link, self.cfg, self.state_dir, self.daemon,
+                                     since=self.nats_since, epoch=self.epoch,
+                                     limit=self.presence.claims.max_sessions)
             except Exception as e:  # noqa: BLE001 -- the stream did not answer: retried
                 if attempt % 10 == 0:
-                    log.warning("nats: cannot check the stream for a killed run's events "
+                    log.warning("nats: cannot check the stream for logged events it lacks "
                                 "(%s); retrying", type(e).__name__)
                 attempt += 1
                 await trio.sleep(backoff_delay(attempt, 0.2, 10.0))
-
-    async def _mark_when_recovered(self, first: list[Any], started: float) -> None:
-        """Once every recovered event is acknowledged, this run's own start
-        is what a crash of it would have to recover from."""
-        while not all(m.acked for m in first):  # noqa: ASYNC110 -- a handful of checks
-            await trio.sleep(0.2)
-        if self.state_dir is not None:
-            write_mark(self.state_dir, started)
 
     def health(self, authorized: bool) -> dict[str, Any]:
         """``{connected}``, with every counter when ``authorized``."""

@@ -198,9 +198,9 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.presence": {"Claims", "ID_FILE", "Presence", "accepts_of", "daemon_id",
                                       "route"},
     "supervisor.jetstream.sink": {"JetStreamSink"},
-    "supervisor.jetstream.recover": {"MARK_FILE", "MAX_FILE_BYTES", "candidate_files",
-                                     "marker", "missing_lines", "read_mark", "recover",
-                                     "write_mark"},
+    "supervisor.jetstream.recover": {"CHUNK", "MARK_FILE", "MAX_FILE_BYTES", "candidate_files",
+                                     "horizon_of", "marker", "missing_lines", "nats_since",
+                                     "read_back", "recover", "ulid_ms"},
     "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 
