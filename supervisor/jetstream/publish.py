@@ -245,7 +245,10 @@ class Publisher:
     included), ``acked`` (PubAcks, duplicates included), ``duplicates``
     (PubAcks saying the server already held it), ``publish_errors``,
     ``rounds_failed``, ``too_large`` (never storable: over the server's
-    max payload; logged, in the JSONL log only), and the outbox's ``dropped_debug``, ``dropped_info``,
+    max payload; logged, in the JSONL log only), ``recovered`` and
+    ``recovering`` (earlier runs' logged events the stream lacked,
+    :mod:`.recover`: acknowledged, still to publish; both appear once the
+    start's recovery is read), and the outbox's ``dropped_debug``, ``dropped_info``,
     ``dropped``, ``rewound``; :attr:`depth` is the outbox's live size."""
 
     def __init__(self, cfg: NatsConfig, daemon: str) -> None:
@@ -337,6 +340,7 @@ class Publisher:
         the round's unacknowledged rest is resent after the backoff)."""
         attempt = 0
         self.counters["recovered"] = self.counters.get("recovered", 0)
+        self.counters["recovering"] = len(todo)  # 0: the recovery is all acknowledged
         while todo:
             if not link.connected:
                 await link.wait_connected()
@@ -344,6 +348,7 @@ class Publisher:
             results = await publish_lanes(inbox, batch, PUBLISH_TIMEOUT_S)
             failure = self._settle_first(batch, results)
             todo = [m for m in todo if not m.acked]
+            self.counters["recovering"] = len(todo)
             if failure is not None:
                 self.counters["rounds_failed"] += 1
                 await trio.sleep(backoff_delay(attempt, RETRY_INITIAL_S, RETRY_MAX_S))

@@ -106,8 +106,9 @@ def _start(state, c: NatsCluster) -> DaemonProcess:
 def _drained(d: DaemonProcess):
     """Connected, the recovery done and every event acknowledged: the
     publish counters then (else ``None``)."""
-    p = d.healthz()["nats"].get("publish") or {}
-    if d.healthz()["nats"]["connected"] and "recovered" in p and p["outbox"] == 0:
+    h = d.healthz()["nats"]
+    p = h.get("publish") or {}
+    if h["connected"] and p.get("recovering") == 0 and p["outbox"] == 0:
         return p
     return None
 
