@@ -17,16 +17,24 @@ Rules (:class:`RetentionPolicy`, from ``AEP_LOG_MAX_BYTES``,
   (checked every second, off the write path: :meth:`RetainingSessionLog.check`);
 - a file not open for writing whose last write is older than ``max_age`` is
   removed;
-- while the directory holds more than ``max_total_bytes``, files not open for
-  writing are removed oldest first (by last write); if that is not enough the
-  largest live files are rotated first, so they become removable. The live
-  files being written are never removed, so the directory can exceed the cap
-  by at most what is written to fresh live files before the next sweep.
+- while the directory holds more than ``max_total_bytes``, the cap is
+  shared between agents (issue 25: one unauthenticated OTLP sender filling
+  it evicted every other agent's files): the agent (``{agent}/``
+  directory) holding the most bytes, its live files counted, loses its
+  oldest closed file (by last write), again and again. So an agent holding
+  no more than its share (the cap over the number of agents with files)
+  is never evicted by another's flood: it could only be the largest with
+  the directory under the cap. When the largest holds only live files,
+  they are rotated (its largest first), so they become removable. The live
+  files being written are never removed, so the directory can exceed the
+  cap by at most what is written to fresh live files before the next
+  sweep.
 
 Counts (``retained``) go to ``/healthz`` and ``/metrics``."""
 from __future__ import annotations
 
 import gzip
+import heapq
 import logging
 import os
 import re
@@ -61,8 +69,9 @@ SETTINGS = (
             "a session log file is rotated once open this long, and files last written longer "
             "ago are removed (`s`/`m`/`h`/`d` suffixes; `0`: keep forever)"),
     Setting("AEP_LOG_MAX_TOTAL_BYTES", "`1G`",
-            "all session logs together; above it the oldest closed files are removed first, "
-            "never a file being written (`0`: no cap)"),
+            "all session logs together; above it the agent holding the most bytes loses its "
+            "oldest closed files first (one source cannot evict everyone else's), never a file "
+            "being written (`0`: no cap)"),
 )
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
@@ -330,50 +339,104 @@ class RetainingSessionLog(SessionLog):
         steps) and still as scanned (its size and mtime, looked at again
         now): one written since the scan is not the old file the rules saw."""
         self._apply(scan)
-        fds = self._fds
         todo = set(self._todo)
         now = self.clock()
         age, cap = self.policy.max_age, self.policy.max_total_bytes
         removed = 0
-        for mtime, size, p in scan.aged:  # oldest first
-            too_old = age is not None and now - mtime > age
-            over = cap is not None and self.total_bytes > cap
-            if not (too_old or over):
-                break  # the rest are newer, and nothing after here changes the total
-            if p in fds or p in todo:
+        rest: list[tuple[float, int, Path]] = []  # not too old: what the cap may take
+        for i, item in enumerate(scan.aged):  # oldest first
+            if age is None or now - item[0] <= age:
+                rest = scan.aged[i:]
+                break
+            if self._try_remove(*item, todo):
+                removed += 1
+                if removed % REMOVALS_PER_STEP == 0:
+                    yield
+        if cap is not None and self.total_bytes > cap:
+            yield from self._cap_steps(scan, rest, todo, cap, removed)
+
+    def _cap_steps(self, scan: _Scan, rest: list[tuple[float, int, Path]], todo: set[Path],
+                   cap: int, removed: int) -> Iterator[None]:
+        """The total cap's part of :meth:`_sweep_steps` (``rest``: the
+        files the age rule left, oldest first; ``removed``: removals so
+        far, for the steps)."""
+        # the cap, shared fairly: the agent holding the most bytes (its live
+        # files counted) loses its oldest closed file first, so one flooding
+        # source eats its own files before anyone else's
+        held: dict[str, int] = {}
+        for p, size in scan.sizes.items():
+            a = self._agent_of(p)
+            held[a] = held.get(a, 0) + size
+        closed: dict[str, deque[tuple[float, int, Path]]] = {}
+        for item in rest:
+            if item[2] in scan.sizes:
+                closed.setdefault(self._agent_of(item[2]), deque()).append(item)
+        heap = [(-n, a) for a, n in held.items()]
+        heapq.heapify(heap)
+        stuck: str | None = None
+        while heap and self.total_bytes > cap:
+            n, a = heapq.heappop(heap)
+            if -n != held[a]:  # changed since pushed
+                heapq.heappush(heap, (-held[a], a))
                 continue
-            try:
-                st = p.stat()
-            except FileNotFoundError:  # removed since the scan (by hand, logrotate)
-                self.total_bytes -= size
-                self._scanned.pop(p, None)
-                continue
-            except OSError:
-                continue
-            if st.st_mtime != mtime or st.st_size != size:
-                # written since the scan (not open here: another writer): kept,
-                # and counted at its size now; the next sweep sees it as it is
-                self.total_bytes += st.st_size - size
-                self._scanned[p] = st.st_size
-                continue
-            self._remove(p, size)
-            removed += 1
-            if removed % REMOVALS_PER_STEP == 0:
-                yield
-        writing = self.writing()
-        if cap and self.total_bytes > cap:
-            # only live files left: rotate the largest, so the next sweep
-            # (woken by the rotation) may remove them
+            q = closed.get(a)
+            if not q:
+                stuck = a  # the largest holds only files being written: rotate them below
+                break
+            mtime, size, p = q.popleft()
+            if self._try_remove(mtime, size, p, todo):
+                held[a] -= size
+                removed += 1
+                if removed % REMOVALS_PER_STEP == 0:
+                    yield
+            heapq.heappush(heap, (-held[a], a))
+        if self.total_bytes > cap:
+            # only live files left where it counts: rotate the largest (the
+            # stuck agent's first), so the next sweep (woken by the
+            # rotation) may remove them
             excess = self.total_bytes - cap
             def live_size(q: Path) -> int:  # as of the rescan above (or a later check)
                 return self._sizes.get(q) or self._scanned.get(q, 0)
 
-            for p in sorted(writing, key=lambda q: -live_size(q)):
+            for p in sorted(self.writing(),
+                            key=lambda q: (self._agent_of(q) != stuck, -live_size(q))):
                 if excess <= 0:
                     break
                 size = live_size(p)
                 if size and self.rotate(p) is not None:
                     excess -= size
+
+    def _agent_of(self, p: Path) -> str:
+        """The agent directory ``p`` is under (``""``: the root itself)."""
+        try:
+            parts = p.relative_to(self.root).parts
+        except ValueError:
+            return ""
+        return parts[0] if len(parts) > 1 else ""
+
+    def _try_remove(self, mtime: float, size: int, p: Path, todo: set[Path]) -> bool:
+        """Remove ``p`` as scanned (``mtime``, ``size``) unless it is open
+        for writing now or queued for compression (``todo``), or changed
+        since the scan (then counted at its size now). ``True`` once removed."""
+        if p in self._fds or p in todo:
+            return False
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # removed since the scan (by hand, logrotate)
+            self.total_bytes -= size
+            self._scanned.pop(p, None)
+            return False
+        except OSError:
+            return False
+        if st.st_mtime != mtime or st.st_size != size:
+            # written since the scan (not open here: another writer): kept,
+            # and counted at its size now; the next sweep sees it as it is
+            self.total_bytes += st.st_size - size
+            self._scanned[p] = st.st_size
+            return False
+        before = self.retained["removed_files"]
+        self._remove(p, size)
+        return self.retained["removed_files"] > before
 
     def _remove(self, p: Path, size: int) -> None:
         try:

@@ -433,3 +433,43 @@ def test_a_file_the_writer_opens_between_sweep_steps_is_not_removed(tmp_path):
     assert left == [f"{last}.jsonl"]
     assert (tmp_path / "codex" / f"{last}.jsonl").read_bytes().startswith(b"x")  # appended to
     log.close()
+
+
+def _agent_ev(agent: str, session: str, seq: int, pad: int = 200) -> dict:
+    return {**ev(session, seq, pad), "agent": agent}
+
+
+async def test_the_cap_is_shared_the_largest_agent_loses_its_oldest_first(tmp_path):
+    # issue 25: one source that fills the cap evicted every other agent's
+    # files (they were the oldest); now the agent holding the most bytes
+    # loses its oldest closed files first
+    clock = Clock()
+    cap = 24 * 1024
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_bytes=2 * 1024, max_age=None,
+                                                        max_total_bytes=cap),
+                              clock=clock, max_open=4)
+    for i in range(3):  # the quiet agent: three sessions, its files the oldest on disk
+        clock.t += 1
+        log.write(_agent_ev("quiet", f"q{i}", i))
+    quiet = {p: p.read_bytes() for p in (tmp_path / "quiet").iterdir()}
+    for i in range(600):  # the flood: many sessions, ~10x the cap
+        clock.t += 0.01
+        write(log, _agent_ev("flood", f"f{i % 50}", i, pad=300))
+        if i % 50 == 49:
+            await log.compress_pending()
+            log.sweep()
+    await log.compress_pending()
+    log.sweep()
+    assert log.retained["removed_files"] > 20
+    assert du(tmp_path) <= cap + 4 * 2 * 1024  # at most the open live files over
+    assert {p: p.read_bytes() for p in (tmp_path / "quiet").iterdir()} == quiet
+    # when the quiet agent is the largest (the flood gone quiet, a smaller
+    # cap), its oldest closed file is the one that goes
+    log.close()  # nothing open: every file closed
+    for p in (tmp_path / "flood").iterdir():
+        p.unlink()
+    log.policy = RetentionPolicy(max_bytes=4 * 1024, max_age=None,
+                                 max_total_bytes=du(tmp_path) - 1)
+    log.sweep()
+    oldest = min(quiet, key=lambda p: p.name)
+    assert not oldest.exists() and all(p.exists() for p in quiet if p != oldest)

@@ -1,0 +1,87 @@
+"""Issue 25, degraded: one unauthenticated OTLP sender that filled
+``AEP_LOG_MAX_TOTAL_BYTES`` evicted every other agent's session files
+within a minute (they were the oldest closed files). The total cap is now
+shared: over it, the agent holding the most bytes loses its oldest closed
+files first, so a quiet agent holding less than its share keeps every file
+while one agent floods.
+
+The real daemon with two OTLP profiles (two agents, each its own
+listener): the quiet one (VS Code) writes three sessions; the flood (Codex)
+writes many sessions (more than the daemon keeps open, so the quiet files
+are closed and the oldest on disk) until retention has removed files
+several times over. Bounded loop."""
+from __future__ import annotations
+
+import json
+import time
+
+from tests.support.daemon import DaemonProcess
+from tests.support.hardening import otlp_json, otlp_record, post_otlp
+from tests.support.net import free_ports
+
+TOKEN = "retention-token"
+CAP = 256 * 1024
+
+
+def _vscode_doc(session: str) -> dict:
+    return {"resourceLogs": [{
+        "resource": {"attributes": [
+            {"key": "service.name", "value": {"stringValue": "copilot-chat"}},
+            {"key": "session.id", "value": {"stringValue": session}}]},
+        "scopeLogs": [{"scope": {"name": "copilot-chat"}, "logRecords": [
+            {"attributes": [{"key": "event.name",
+                             "value": {"stringValue": "copilot_chat.session.start"}},
+                            {"key": "gen_ai.request.model", "value": {"stringValue": "gpt-4o"}}],
+             "body": {"stringValue": "copilot_chat.session.start"}}]}]}]}
+
+
+def _retained(d: DaemonProcess) -> dict:
+    h = d.healthz()
+    for v in (h, *(x for x in h.values() if isinstance(x, dict))):
+        if "jsonl_removed_files" in v:
+            return v
+    raise AssertionError(f"no jsonl_* counts in /healthz: {sorted(h)}")
+
+
+def test_one_flooding_agent_does_not_evict_a_quiet_agents_files(tmp_path) -> None:
+    (vs_http,) = free_ports(1)
+    d = DaemonProcess(tmp_path / "state", {
+        "AEP_OTLP_VENDOR": "codex,vscode", "AEP_OTLP_PRIMARY": "1",
+        "AEP_OTLP_VSCODE_HTTP_LISTEN": f"127.0.0.1:{vs_http}",
+        "AEP_OTLP_VSCODE_GRPC_LISTEN": "off",
+        "AEP_LOG_MAX_TOTAL_BYTES": str(CAP), "AEP_LOG_MAX_BYTES": "16K"}, token=TOKEN)
+    d.start()
+    try:
+        for s in ("quiet-1", "quiet-2", "quiet-3"):
+            assert post_otlp(vs_http, _vscode_doc(s)).status_code == 200
+        logs = tmp_path / "state" / "logs"
+        quiet = {p: p.read_bytes() for p in logs.rglob("*.jsonl") if "quiet-" in p.name}
+        assert len(quiet) == 3, sorted(logs.rglob("*"))
+        quiet_agent = {p.parent for p in quiet}
+        assert len(quiet_agent) == 1
+        codex_http = int(d.env["AEP_OTLP_HTTP_LISTEN"].rpartition(":")[2])
+        pad = "x" * 300
+        removed = 0
+        for k in range(60):  # bounded: stops once the flood was swept several times over
+            recs = [otlp_record(f"flood-{(k * 40 + j) % 400}", event_name="codex.user_prompt",
+                                extra={"prompt_length": pad})
+                    for j in range(40) for _ in range(3)]
+            r = post_otlp(codex_http, otlp_json(recs))
+            assert r.status_code in (200, 429, 503), r.text
+            removed = _retained(d)["jsonl_removed_files"]
+            if removed >= 40 and k >= 12:
+                break
+            time.sleep(0.5)  # under the new-session rate
+        assert removed >= 40, _retained(d)  # the cap held: the flood's files went
+        time.sleep(2.5)  # a further check and sweep
+        total = sum(p.stat().st_size for p in logs.rglob("*") if p.is_file())
+        flood = [p for p in logs.rglob("*") if p.is_file() and p.parent not in quiet_agent]
+        assert flood, "the flood wrote nothing"
+        for p, body in quiet.items():
+            assert p.exists(), f"{p.name} evicted by another agent's flood " \
+                               f"({_retained(d)['jsonl_removed_files']} files removed)"
+            assert p.read_bytes() == body
+            assert json.loads(body.splitlines()[0])["session"].startswith("quiet-")
+        assert total <= CAP + 4 * 16 * 1024 + 64 * 1024, total  # the cap holds (live files aside)
+    finally:
+        assert d.stop() == 0
