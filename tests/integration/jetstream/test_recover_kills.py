@@ -42,6 +42,7 @@ from supervisor.jetstream.link import open_link
 from tests.integration.jetstream.fleet_support import decoded
 from tests.integration.jetstream.test_daemon import TOKEN, _jsonl
 from tests.support.daemon import DaemonProcess
+from tests.support.hardening import otlp_json, otlp_record, post_otlp
 from tests.support.nats import NatsCluster, stream_messages
 
 DAY_NS = 86400 * 10**9
@@ -216,3 +217,50 @@ async def test_down_ack_kill_restart_still_down_ack_kill_then_up(tmp_path) -> No
         await _settle_and_count(state, c, acked)
     finally:
         c.close()
+
+
+def _export_big(d: DaemonProcess, session: str, n: int, pad: int) -> int:
+    port = int(d.env["AEP_OTLP_HTTP_LISTEN"].rpartition(":")[2])
+    done = 0
+    while done < n:
+        k = min(200, n - done)
+        recs = [otlp_record(session, event_name="codex.user_prompt",
+                            extra={"prompt_length": "x" * pad}) for _ in range(k)]
+        assert post_otlp(port, otlp_json(recs)).status_code == 200
+        done += k
+    return done
+
+
+async def test_a_session_the_stream_aged_out_is_not_sent_again(tmp_path) -> None:
+    """Reading the logs back at every start must not re-send what the
+    stream stored and then removed (here pushed out by AEP_NATS_MAX_BYTES):
+    a session the stream holds nothing of gets only its events stamped
+    after the stream's oldest stored message."""
+    state = tmp_path / "state"
+    with NatsCluster(1, tmp_path / "nats") as c:
+        env = {"AEP_NATS_URL": c.url, "AEP_OTLP_PRIMARY": "1", "AEP_NATS_MAX_BYTES": str(1 << 20)}
+        d = DaemonProcess(state, env, token=TOKEN)
+        await trio.to_thread.run_sync(d.start)
+        try:
+            await trio.to_thread.run_sync(_export_big, d, "aged", 50, 1000)
+            await _until(lambda: (p := _drained(d)) and p["acked"] >= 50 or None)
+            await trio.to_thread.run_sync(_export_big, d, "pushing", 1600, 1000)
+            await _until(lambda: (p := _drained(d)) and p["acked"] >= 1650 or None)
+        finally:
+            assert await trio.to_thread.run_sync(d.stop) == 0
+        cfg, _ = from_env({"AEP_NATS_URL": c.url})
+        async with open_link(cfg) as link:
+            before = decoded(await stream_messages(link, "AEP"))
+        assert not [e for e in before if e.get("session") == "aged"]  # all pushed out
+        assert sum(e.get("session") == "aged" for e in _jsonl(state)) >= 50
+
+        d = DaemonProcess(state, env, token=TOKEN)
+        await trio.to_thread.run_sync(d.start)
+        try:
+            got = await _until(lambda: _drained(d))
+            assert got["recovered"] == 0, got
+        finally:
+            assert await trio.to_thread.run_sync(d.stop) == 0
+        async with open_link(cfg) as link:
+            after = decoded(await stream_messages(link, "AEP"))
+        assert [e["id"] for e in after] == [e["id"] for e in before]
