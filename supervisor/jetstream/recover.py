@@ -34,8 +34,10 @@ stamped before it may have been stored and aged out: not sent twice).
 The vendor's timestamps (the event's ``time``) play no part.
 
 **What bounds the work.** Live session files (``logs/<agent>/<session>.jsonl``;
-rotated segments are not read) modified at or after the horizon, most
-recently written first, at most ``AEP_MAX_SESSIONS``; one get per file;
+rotated segments are not read) modified since the first start with
+``AEP_NATS_URL``, most recently written first, at most
+``AEP_MAX_SESSIONS``; one get per file (no read more when the stream holds
+nothing of the session and the file was last written before the horizon);
 at most the last :data:`MAX_FILE_BYTES` of each.
 
 The pure part (:func:`missing_lines`) takes the file's lines; the I/O part
@@ -246,11 +248,13 @@ async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
     now = time.time()
     horizon = await horizon_of(link, cfg, since=since, now=now)
     out: list[Message] = []
-    files = candidate_files(Path(state_dir) / "logs", after=horizon - _MTIME_SLACK_S,
-                            limit=limit)
+    # not ``horizon``: a session the stream holds a stored event of may have
+    # events after it stamped before the horizon (an outage, then a kill)
+    files = candidate_files(Path(state_dir) / "logs", after=since - _MTIME_SLACK_S, limit=limit)
     sessions = 0
     for path in files:
         try:
+            mtime = path.stat().st_mtime
             probe_lines = read_back(path, None, CHUNK)
         except OSError as e:
             log.warning("nats: cannot read %s to recover it (%s)", path, type(e).__name__)
@@ -270,6 +274,8 @@ async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
             last_id: str | None = (m.headers or {}).get(MSG_ID)
         except nats.js.errors.NotFoundError:
             last_id = None
+            if mtime < horizon - _MTIME_SLACK_S:
+                continue  # every line stamped before the horizon: nothing to send, nothing read
         try:
             lines = read_back(path, last_id.partition(" ")[0].encode() if last_id else None)
         except OSError as e:
