@@ -12,7 +12,10 @@ stored event of that session (``S.ev.<agent>.<session>``, asked with one
 ``last_by_subj`` get) is missing, and nothing before it is; each start
 publishes those before anything new (:meth:`~.publish.Publisher.run`'s
 ``first``), so each session's stream stays in emission order. Events of
-the current run (its ``epoch``) are left out: they are in the outbox.
+the current run (its ``epoch``) are left out: they are in the outbox; so
+are events that are not this daemon's own (``source`` not under
+``aep://<host>/``: what the embedded relay took from another emitter, if
+it logs such, was never this daemon's to publish).
 
 **Finding the last stored event** in the log: by its ``Nats-Msg-Id``
 (``<id> <source>``), reading the file backwards from its end (most files
@@ -88,7 +91,8 @@ def ulid_ms(eid: object) -> int | None:
     return ms
 
 
-def _parse(lines: Sequence[bytes], epoch: int | None) -> list[tuple[dict[str, Any], bytes]]:
+def _parse(lines: Sequence[bytes], epoch: int | None,
+           own: str | None) -> list[tuple[dict[str, Any], bytes]]:
     out = []
     for line in lines:
         raw = line.rstrip(b"\n")
@@ -98,13 +102,17 @@ def _parse(lines: Sequence[bytes], epoch: int | None) -> list[tuple[dict[str, An
             ev = json.loads(raw)
         except ValueError:
             continue  # a torn tail
-        if isinstance(ev, dict) and not (epoch is not None and ev.get("epoch") == epoch):
+        if not isinstance(ev, dict) or (epoch is not None and ev.get("epoch") == epoch):
+            continue
+        src = ev.get("source")
+        if own is None or (isinstance(src, str) and src.startswith(own)):
             out.append((ev, raw))
     return out
 
 
 def missing_lines(lines: Sequence[bytes], last_id: str | None, *, horizon_ms: int,
-                  epoch: int | None = None) -> list[tuple[dict[str, Any], bytes]] | None:
+                  epoch: int | None = None, own: str | None = None
+                  ) -> list[tuple[dict[str, Any], bytes]] | None:
     """The events of one session log (``lines``: JSONL lines in file order,
     a tail of the file) that the stream lacks, as ``(event, raw)`` in file
     order (``raw`` without the newline). ``last_id``: the ``Nats-Msg-Id``
@@ -113,9 +121,11 @@ def missing_lines(lines: Sequence[bytes], last_id: str | None, *, horizon_ms: in
     and those with no ULID id). When ``last_id`` is not in the lines: the
     events stamped no earlier than it (but it), or ``None`` (recover
     nothing) when its id has no ULID time. Lines of the run ``epoch`` (the
-    current one: in its outbox) and lines that are not JSON objects are
-    skipped. Pure; never raises."""
-    parsed = _parse(lines, epoch)
+    current one: in its outbox), lines whose ``source`` does not start with
+    ``own`` (``aep://<host>/``: not this daemon's events, e.g. what the
+    embedded relay took from another emitter) and lines that are not JSON
+    objects are skipped. Pure; never raises."""
+    parsed = _parse(lines, epoch, own)
     if last_id is None:
         out = []
         for ev, raw in parsed:
@@ -235,12 +245,15 @@ async def horizon_of(link: Link, cfg: NatsConfig, *, since: float, now: float) -
 
 
 async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
-                  since: float, epoch: int | None, limit: int) -> list[Message]:
+                  since: float, epoch: int | None, limit: int,
+                  host: str | None = None) -> list[Message]:
     """The messages earlier runs logged and the stream lacks (module
     docstring), in file order per session, read from the live session
     files under ``state_dir/logs``; ``since``: :func:`nats_since`;
-    ``epoch``: the current run's (its events are left out). Raises the
-    nats-py error when the stream cannot be asked (the caller retries)."""
+    ``epoch``: the current run's (its events are left out); ``host``: this
+    daemon's (only events whose ``source`` is under ``aep://<host>/`` are
+    its own to publish; ``None``: any). Raises the nats-py error when the
+    stream cannot be asked (the caller retries)."""
     import nats.js.errors
 
     from .link import aio
@@ -281,7 +294,8 @@ async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
         except OSError as e:
             log.warning("nats: cannot read %s to recover it (%s)", path, type(e).__name__)
             continue
-        got = missing_lines(lines, last_id, horizon_ms=int(horizon * 1000), epoch=epoch)
+        got = missing_lines(lines, last_id, horizon_ms=int(horizon * 1000), epoch=epoch,
+                            own=None if host is None else f"aep://{host}/")
         if got is None:
             log.warning("nats: %s: the stream's last event of this session is not in the file "
                         "and has no time to compare with (another emitter?): not recovered", path)

@@ -50,6 +50,7 @@ class JetStreamSink:
         #: this run logs anything: earlier logs are not back-filled)
         self.nats_since = nats_since(state_dir, time.time()) if state_dir is not None else 0.0
         self.daemon = daemon
+        self.host = host
         self.publisher = Publisher(cfg, daemon)
         self.presence = Presence(cfg, daemon, host=host, epoch=epoch, hellos=hellos,
                                  max_sessions=max_sessions, hand=hand)
@@ -109,7 +110,7 @@ class JetStreamSink:
             try:
                 return await recover(link, self.cfg, self.state_dir, self.daemon,
                                      since=self.nats_since, epoch=self.epoch,
-                                     limit=self.presence.claims.max_sessions)
+                                     limit=self.presence.claims.max_sessions, host=self.host)
             except Exception as e:  # noqa: BLE001 -- the stream did not answer: retried
                 if attempt % 10 == 0:
                     log.warning("nats: cannot check the stream for logged events it lacks "

@@ -133,3 +133,13 @@ def test_candidate_files_are_live_recent_files_newest_first(tmp_path) -> None:
     (logs / "codex" / "s.0.20270101T000000.000000Z.jsonl").write_bytes(_line(_ev(9)))  # a segment
     assert R.candidate_files(logs, after=now - 250, limit=10) == [paths[2], paths[1]]
     assert R.candidate_files(logs, after=0, limit=1) == [paths[2]]
+
+
+def test_only_this_daemons_own_events_are_sent() -> None:
+    mine = [_ev(0), _ev(1)]
+    other = {**_ev(2), "source": "aep://elsewhere/agent/codex/session/s1"}
+    lines = [_line(mine[0]), _line(other), _line(mine[1])]
+    got = R.missing_lines(lines, None, horizon_ms=0, own="aep://h/")
+    assert [ev["id"] for ev, _ in got] == [mine[0]["id"], mine[1]["id"]]
+    got = R.missing_lines(lines, _mid(mine[0]), horizon_ms=0, own="aep://h/")
+    assert [ev["id"] for ev, _ in got] == [mine[1]["id"]]
