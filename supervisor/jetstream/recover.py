@@ -268,7 +268,8 @@ async def recover(link: Link, cfg: NatsConfig, state_dir: Path, daemon: str, *,
     for path in files:
         try:
             mtime = path.stat().st_mtime
-            probe_lines = read_back(path, None, CHUNK)
+            # the last line names the subject (a line over CHUNK: read on)
+            probe_lines = read_back(path, None, CHUNK) or read_back(path, None)
         except OSError as e:
             log.warning("nats: cannot read %s to recover it (%s)", path, type(e).__name__)
             continue

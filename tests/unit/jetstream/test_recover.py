@@ -143,3 +143,11 @@ def test_only_this_daemons_own_events_are_sent() -> None:
     assert [ev["id"] for ev, _ in got] == [mine[0]["id"], mine[1]["id"]]
     got = R.missing_lines(lines, _mid(mine[0]), horizon_ms=0, own="aep://h/")
     assert [ev["id"] for ev, _ in got] == [mine[1]["id"]]
+
+
+def test_read_back_of_one_line_longer_than_a_step(tmp_path) -> None:
+    p = tmp_path / "s.jsonl"
+    big = b"x" * (3 * R.CHUNK)
+    p.write_bytes(b"a\n" + big + b"\n")
+    assert R.read_back(p, None, R.CHUNK) == []  # no whole line within one step
+    assert R.read_back(p, None) == [b"a", big]
