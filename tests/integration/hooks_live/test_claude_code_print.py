@@ -1,0 +1,143 @@
+"""The real Claude Code 2.1.197 in print mode (``claude -p``), offline against the
+mock Messages API, hooked: what the hooks engineer's bridge relies on, checked
+against what reached the model (the mock's recorded requests).
+
+- every hook event print mode fires reaches an HTTP hook (and the command hook
+  for ``SessionStart``), the turn completes, nothing left the machine;
+- a held ``PreToolUse`` is waited for: the tool does not run, and the model is
+  not asked again, until the hook answers;
+- ``permissionDecision: allow`` runs a tool print mode would refuse;
+- ``deny`` + ``permissionDecisionReason``: the tool does not run and the reason
+  reaches the model as the tool's error;
+- ``{}`` is no decision: the vendor's own rule applies (refused when the tool is
+  not allowed, run when it is);
+- ``additionalContext`` in a ``UserPromptSubmit`` / ``PostToolUse`` reply
+  reaches the model's next request.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.support import claude_code as cc
+from tests.support.hook_capture import HookCapture, read_command_captures
+from tests.support.mock_anthropic import MockAnthropicServer, Text, Tool
+
+pytestmark = pytest.mark.vendor
+
+MARKER = "aep-tool-ran.txt"
+#: a Bash call whose side effect proves it ran
+TOUCH = Tool("Bash", {"command": f"touch {MARKER} && echo ran", "description": "mark"})
+
+
+@pytest.fixture(scope="module")
+def claude_bin() -> Path:
+    return cc.claude_binary()
+
+
+async def _run(claude_bin: Path, tmp: Path, script: list, answers: dict, *,
+               allowed: tuple[str, ...] = ("Bash",), events=cc.HOOK_EVENTS,
+               prompt: str = "run the command", mock: MockAnthropicServer | None = None):
+    mock = mock or MockAnthropicServer()
+    mock.script = list(script)
+    cap = HookCapture(answers=answers)
+    home, proj, cmd_dir = tmp / "home", tmp / "proj", tmp / "cmd"
+    cmd_dir.mkdir(parents=True)
+    cc.prepare_home(home, proj)
+    args = ("--allowedTools", ",".join(allowed)) if allowed else ()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mock.serve)
+        await nursery.start(cap.serve)
+        assert cap.url is not None and mock.base_url is not None
+        cc.write_settings(proj, cc.all_hooks_settings(cap.url, cmd_dir, events=events))
+        run = await cc.run_print(claude_bin, home, proj, prompt, base_url=mock.base_url,
+                                 proxy_url=mock.base_url, args=args)
+        nursery.cancel_scope.cancel()
+    assert not mock.problems, mock.problems
+    assert not mock.egress(), [(r.method, r.path) for r in mock.egress()]
+    return run, mock, cap, proj, cmd_dir
+
+
+async def test_print_turn_fires_the_hooks_offline(claude_bin, tmp_path):
+    run, mock, cap, proj, cmd_dir = await _run(
+        claude_bin, tmp_path, [TOUCH, Text("It ran.")], {})
+    assert run.returncode == 0, run.describe()
+    assert (run.result or {}).get("result") == "It ran."
+    assert (proj / MARKER).exists()
+    for ev in ("UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop", "SessionEnd"):
+        assert cap.of(ev), (ev, cap.events())
+    # no PermissionRequest in print mode: the tool was allowed, nothing asked
+    assert "PermissionRequest" not in cap.events()
+    starts = [h for h in read_command_captures(cmd_dir) if h.event == "SessionStart"]
+    assert starts and starts[0].body["hook_event_name"] == "SessionStart"
+    pre = cap.of("PreToolUse")[0]
+    assert pre["tool_name"] == "Bash" and pre["tool_input"]["command"] == TOUCH.input["command"]
+    tool_id = mock.tool_uses[0][0]
+    assert pre["tool_use_id"] == tool_id
+    assert [r["text"] for r in mock.tool_results()] == ["ran"]
+
+
+async def test_held_pretooluse_is_waited_for_then_allow_runs_a_refused_tool(claude_bin, tmp_path):
+    seen_while_held: dict = {}
+
+    async def hold_then_allow(body):
+        await trio.sleep(1.5)  # long against the hook round trip; nothing may move meanwhile
+        seen_while_held["agent_requests"] = len(mock.agent_requests())
+        seen_while_held["ran"] = (tmp_path / "proj" / MARKER).exists()
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                       "permissionDecision": "allow",
+                                       "permissionDecisionReason": "allowed over AEP"}}
+
+    mock = MockAnthropicServer()
+    run, _, cap, proj, _ = await _run(
+        claude_bin, tmp_path, [TOUCH, Text("It ran.")], {"PreToolUse": hold_then_allow},
+        allowed=(), mock=mock)
+    assert run.returncode == 0, run.describe()
+    assert seen_while_held == {"agent_requests": 1, "ran": False}
+    assert (proj / MARKER).exists()
+    assert [r["text"] for r in mock.tool_results()] == ["ran"]
+    assert not mock.tool_results()[0].get("is_error")
+
+
+async def test_pretooluse_deny_reason_reaches_the_model_as_the_tool_error(claude_bin, tmp_path):
+    reason = "AEP-DENY-7f3: not on a Friday, use the staging box"
+    run, mock, cap, proj, _ = await _run(
+        claude_bin, tmp_path, [TOUCH, Text("Understood.")],
+        {"PreToolUse": {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                               "permissionDecision": "deny",
+                                               "permissionDecisionReason": reason}}})
+    assert run.returncode == 0, run.describe()
+    assert not (proj / MARKER).exists()
+    (result,) = mock.tool_results()
+    assert result.get("is_error") is True
+    assert reason in result["text"]
+    assert not cap.of("PostToolUse")
+
+
+@pytest.mark.parametrize("allowed, runs", [((), False), (("Bash",), True)],
+                         ids=["not-allowed-refused", "allowed-runs"])
+async def test_empty_pretooluse_answer_is_no_decision(claude_bin, tmp_path, allowed, runs):
+    run, mock, cap, proj, _ = await _run(
+        claude_bin, tmp_path, [TOUCH, Text("ok")], {"PreToolUse": {}}, allowed=allowed)
+    assert run.returncode == 0, run.describe()
+    assert cap.of("PreToolUse")
+    assert (proj / MARKER).exists() is runs
+    (result,) = mock.tool_results()
+    assert bool(result.get("is_error")) is not runs
+    # print mode never asks: a refused tool fires no PermissionRequest
+    assert "PermissionRequest" not in cap.events()
+
+
+@pytest.mark.parametrize("event", ["UserPromptSubmit", "PostToolUse"])
+async def test_additional_context_reaches_the_next_model_request(claude_bin, tmp_path, event):
+    note = f"AEP-STEER-{event}: prefer the staging database"
+    run, mock, cap, proj, _ = await _run(
+        claude_bin, tmp_path, [TOUCH, Text("ok")],
+        {event: {"hookSpecificOutput": {"hookEventName": event, "additionalContext": note}}})
+    assert run.returncode == 0, run.describe()
+    reqs = mock.agent_requests()
+    first_with = next(i for i, r in enumerate(reqs) if note in mock.texts_sent(r))
+    # UserPromptSubmit's context rides the first request; PostToolUse's the one after the tool
+    assert first_with == (0 if event == "UserPromptSubmit" else 1)
