@@ -38,7 +38,8 @@ from tests.support.net import http_body, serve_loopback
 class Hooked:
     """One hook delivery: ``event`` (the URL's last segment or the file's label),
     ``body`` (parsed JSON, or the raw text when it was not JSON), ``at``
-    (``time.monotonic()`` on arrival; only for ordering)."""
+    (wall-clock ``time.time()`` on arrival, comparable with the command
+    hooks' file stamps; only for ordering)."""
 
     event: str
     body: Any
@@ -88,7 +89,7 @@ class HookCapture:
             parsed = text
         event = scope["path"].rstrip("/").rsplit("/", 1)[-1]
         hdrs = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        self.hooked.append(Hooked(event, parsed, time.monotonic(), hdrs))
+        self.hooked.append(Hooked(event, parsed, time.time(), hdrs))
         self.changed.set()
         answer: Any = self.answers.get(event, {})
         if callable(answer):

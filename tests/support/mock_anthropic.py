@@ -17,6 +17,8 @@ request** (a request that offers ``tools``), consumed from the front of
   the request does not offer is a script failure (recorded in
   :attr:`MockAnthropicServer.problems`, answered as text so the turn ends).
 - :class:`Text` ``(text)``: a plain assistant message (``end_turn``).
+- :class:`Fail` ``(status, kind, message)``: an API error response (a 4xx is
+  not retried by Claude Code: the turn ends in ``StopFailure``).
 - :class:`Hold` ``(step)``: ``step``, answered only after :meth:`release`.
 
 Requests without ``tools`` (titles, topic checks) and agent requests once the
@@ -68,13 +70,23 @@ class Text:
 
 
 @dataclass(frozen=True)
+class Fail:
+    """Answer with an API error: HTTP ``status`` and an Anthropic error body
+    (``{"type": "error", "error": {"type": kind, "message": message}}``)."""
+
+    status: int = 400
+    kind: str = "invalid_request_error"
+    message: str = "mock: scripted failure"
+
+
+@dataclass(frozen=True)
 class Hold:
     """Answer ``step`` only after :meth:`MockAnthropicServer.release`."""
 
-    step: Union[Tool, Text]
+    step: Union[Tool, Text, Fail]
 
 
-Step = Union[Tool, Text, Hold]
+Step = Union[Tool, Text, Fail, Hold]
 
 
 @dataclass
@@ -203,6 +215,10 @@ class MockAnthropicServer:
         if isinstance(step, Hold):
             await self._released.wait()
             step = step.step
+        if isinstance(step, Fail):
+            await send_json(send, step.status, {"type": "error", "error": {
+                "type": step.kind, "message": step.message}})
+            return
         blocks, stop = self._blocks_for(step, payload)
         message = {"id": self._next_id("msg"), "type": "message", "role": "assistant",
                    "model": payload.get("model") or MODEL, "content": blocks,

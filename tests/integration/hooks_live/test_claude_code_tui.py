@@ -149,3 +149,32 @@ async def test_terminal_answer_first_wins_over_a_held_hook(claude_bin, tmux, tmp
     assert ran_before_release
     assert [r["text"] for r in s.mock.tool_results()] == ["ran"]
     assert not s.mock.tool_results()[0].get("is_error")
+
+
+async def test_ask_user_question_answered_by_the_permission_hook(claude_bin, tmux, tmp_path):
+    """The form loop (docs/adapters.md "AskUserQuestion"): the held PermissionRequest
+    for AskUserQuestion answered ``allow`` + ``updatedInput {questions, answers}`` (the
+    answer keyed by question text, the option's label as value) fills the question:
+    the model gets that answer as the tool result without a key pressed."""
+    from tests.support.claude_code_captures import ASK
+    question = ASK.input["questions"][0]["question"]
+
+    def answer(body):
+        if body.get("tool_name") != "AskUserQuestion":
+            return {}
+        return {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {
+            "behavior": "allow", "updatedInput": {**body["tool_input"],
+                                                  "answers": {question: "Production"}}}}}
+
+    s = Session(tmp_path, {"PermissionRequest": answer})
+    s.mock.script = [ASK, Text("Finished.")]
+    async with trio.open_nursery() as nursery:
+        with await s.start(nursery, tmux, claude_bin) as tui:
+            await s.wait_done(tui)
+            (post,) = await s.cap.wait_for("PostToolUse")
+        nursery.cancel_scope.cancel()
+    s.check_offline()
+    (result,) = s.mock.tool_results()
+    assert not result.get("is_error") and "Production" in result["text"], result
+    assert "Staging" not in result["text"].split(question)[-1]
+    assert post["tool_response"]["answers"] == {question: "Production"}
