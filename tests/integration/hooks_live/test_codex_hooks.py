@@ -1,0 +1,99 @@
+"""The real Codex 0.171.0 runs command hooks from ``config.toml``, offline against
+the Responses mock: what the installer and the codex hook bridge rely on.
+
+- hooks trusted through ``[hooks.state."<key>"] trusted_hash`` (the algorithm in
+  ``tests/support/codex_hooks.py``, written down in
+  ``tests/fixtures/codex_hooks_real/README.md``) fire, with no bypass flag;
+- untrusted hooks, and hooks whose trusted hash no longer matches, are skipped
+  without a word (the run succeeds, nothing on stderr about it);
+- ``codex exec --approve-for-me`` with an escalation request fires
+  ``PermissionRequest`` (no ``tool_use_id``); the hook's ``behavior: allow`` runs
+  the command, ``deny`` + ``message`` refuses it and the message reaches the model
+  as the tool's output;
+- ``PreToolUse`` ``permissionDecision: deny`` + reason: the command does not run
+  and the reason reaches the model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support import codex as cx
+from tests.support import codex_hooks as ch
+
+pytestmark = pytest.mark.vendor
+
+
+@pytest.fixture(scope="module")
+def codex_bin() -> Path:
+    return cx.codex_binary()
+
+
+def _check(hr: ch.HookRun) -> None:
+    assert hr.run.returncode == 0, hr.run.describe()
+    assert not hr.mock.problems and not hr.mock.egress()
+
+
+async def test_trusted_hooks_fire_in_exec(codex_bin, tmp_path):
+    hr = await ch.run_hooked_exec(codex_bin, tmp_path)
+    _check(hr)
+    events = [h.event for h in hr.hooked]
+    for ev in ("SessionStart", "UserPromptSubmit", "PreModelRequest", "PostModelRequest",
+               "PreToolUse", "PostToolUse", "Stop"):
+        assert ev in events, events
+    pre = next(h.body for h in hr.hooked if h.event == "PreToolUse")
+    assert pre["tool_use_id"] == hr.mock.tool_calls[0][0]
+    assert pre["tool_input"] == {"command": "echo hello"}
+    assert {"session_id", "turn_id", "transcript_path", "cwd", "permission_mode"} <= set(pre)
+    assert pre["session_id"] == hr.run.thread_id
+
+
+@pytest.mark.parametrize("how", ["untrusted", "hash-mismatch"])
+async def test_untrusted_hooks_are_skipped_silently(codex_bin, tmp_path, how, monkeypatch):
+    if how == "hash-mismatch":  # trusted for another command line: "modified"
+        real = ch.trusted_hash
+        monkeypatch.setattr(ch, "trusted_hash",
+                            lambda event, command, **kw: real(event, command + " ", **kw))
+    hr = await ch.run_hooked_exec(codex_bin, tmp_path, trust=how == "hash-mismatch")
+    _check(hr)
+    assert hr.hooked == []
+    assert hr.mock.tool_outputs(), "the run itself went on"
+    assert "hook" not in hr.run.stderr.lower()
+
+
+@pytest.mark.parametrize("behavior", ["allow", "deny"])
+async def test_exec_permission_request_answered_by_the_hook(codex_bin, tmp_path, behavior):
+    outside = tmp_path / "outside.txt"
+    message = "AEP-CX-41: ask the on-call first"
+    hr = await ch.run_hooked_exec(
+        codex_bin, tmp_path, command=f"touch {outside} && echo made", **ch.ESCALATED_FLAGS,
+        events=("PreToolUse", "PermissionRequest", "PostToolUse"),
+        stdout={"PermissionRequest": ch.permission_decision(behavior, message)})
+    _check(hr)
+    (req,) = [h.body for h in hr.hooked if h.event == "PermissionRequest"]
+    assert "tool_use_id" not in req
+    assert req["tool_input"]["command"] == f"touch {outside} && echo made"
+    (out,) = hr.mock.tool_outputs()
+    if behavior == "allow":
+        assert outside.exists() and "made" in out["output"]
+    else:
+        assert not outside.exists()
+        assert message in out["output"]
+        assert not [h for h in hr.hooked if h.event == "PostToolUse"]
+
+
+async def test_exec_pretooluse_deny_reason_reaches_the_model(codex_bin, tmp_path):
+    marker = tmp_path / "ran.txt"
+    reason = "AEP-CX-PRE-9: use the staging box"
+    deny = json.dumps({"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                              "permissionDecision": "deny",
+                                              "permissionDecisionReason": reason}})
+    hr = await ch.run_hooked_exec(codex_bin, tmp_path, command=f"touch {marker}",
+                                  events=("PreToolUse", "PostToolUse"),
+                                  stdout={"PreToolUse": deny})
+    _check(hr)
+    assert not marker.exists()
+    (out,) = hr.mock.tool_outputs()
+    assert reason in out["output"], out
