@@ -141,3 +141,49 @@ async def test_additional_context_reaches_the_next_model_request(claude_bin, tmp
     first_with = next(i for i, r in enumerate(reqs) if note in mock.texts_sent(r))
     # UserPromptSubmit's context rides the first request; PostToolUse's the one after the tool
     assert first_with == (0 if event == "UserPromptSubmit" else 1)
+
+
+async def test_http_hook_past_its_timeout_is_no_decision(claude_bin, tmp_path):
+    """An HTTP hook that has not answered within its ``timeout`` is dropped and the
+    vendor's own flow goes on (here: Bash allowed, so it runs), never a deny."""
+    async def too_slow(body):
+        await trio.sleep(30)
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                                       "permissionDecision": "deny",
+                                       "permissionDecisionReason": "too late"}}
+
+    mock = MockAnthropicServer(script=[TOUCH, Text("ok")])
+    cap = HookCapture(answers={"PreToolUse": too_slow})
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    cc.prepare_home(home, proj)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mock.serve)
+        await nursery.start(cap.serve)
+        assert cap.url and mock.base_url
+        cc.write_settings(proj, {"hooks": {"PreToolUse": [
+            {"matcher": "", "hooks": [cc.http_hook(f"{cap.url}/PreToolUse", timeout_s=2)]}]}})
+        run = await cc.run_print(claude_bin, home, proj, "go", base_url=mock.base_url,
+                                 proxy_url=mock.base_url, args=("--allowedTools", "Bash"))
+        nursery.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    assert cap.of("PreToolUse")
+    assert (proj / MARKER).exists()
+    assert [r["text"] for r in mock.tool_results()] == ["ran"]
+
+
+async def test_unreachable_http_hooks_do_not_stop_the_turn(claude_bin, tmp_path):
+    from tests.support.net import free_port
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    mock = MockAnthropicServer(script=[TOUCH, Text("It ran.")])
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    cc.prepare_home(home, proj)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mock.serve)
+        assert mock.base_url
+        cc.write_settings(proj, cc.all_hooks_settings(dead, None))
+        run = await cc.run_print(claude_bin, home, proj, "go", base_url=mock.base_url,
+                                 proxy_url=mock.base_url, args=("--allowedTools", "Bash"))
+        nursery.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    assert (run.result or {}).get("result") == "It ran."
+    assert (proj / MARKER).exists()
