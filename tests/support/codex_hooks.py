@@ -39,6 +39,8 @@ HOOK_EVENTS = {
     "Interrupt": "interrupt",
 }
 DEFAULT_TIMEOUT_S = 600
+#: events whose hooks default to another timeout (s) in 0.171.0 (from its hooks/list)
+DEFAULT_TIMEOUT_S_BY_EVENT = {"SessionEnd": 1, "Interrupt": 1}
 
 
 def hook_key(source: Path, event: str, group: int = 0, handler: int = 0) -> str:
@@ -50,9 +52,12 @@ def trusted_hash(event: str, command: str, *, matcher: str | None = None,
                  timeout: int | None = None, is_async: bool = False,
                  status_message: str | None = None) -> str:
     """The ``trusted_hash`` Codex 0.171.0 computes for one command handler:
-    sha256 of the canonical JSON (sorted keys, compact) of the normalised identity."""
+    sha256 of the canonical JSON (sorted keys, compact) of the normalised identity
+    (``timeout``: the written one, else the event's default: 600 s, 1 s for
+    ``SessionEnd``/``Interrupt``)."""
     handler: dict[str, Any] = {"type": "command", "command": command,
-                               "timeout": max(1, timeout or DEFAULT_TIMEOUT_S),
+                               "timeout": max(1, timeout or DEFAULT_TIMEOUT_S_BY_EVENT.get(
+                                   event, DEFAULT_TIMEOUT_S)),
                                "async": is_async}
     if status_message is not None:
         handler["statusMessage"] = status_message
