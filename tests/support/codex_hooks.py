@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,8 @@ HOOK_EVENTS = {
 DEFAULT_TIMEOUT_S = 600
 #: events whose hooks default to another timeout (s) in 0.171.0 (from its hooks/list)
 DEFAULT_TIMEOUT_S_BY_EVENT = {"SessionEnd": 1, "Interrupt": 1}
+#: events whose written timeout Codex clamps (with a warning), and the hash uses the clamp
+MAX_TIMEOUT_S_BY_EVENT = {"SessionEnd": 3, "Interrupt": 3}
 
 
 def hook_key(source: Path, event: str, group: int = 0, handler: int = 0) -> str:
@@ -48,16 +51,21 @@ def hook_key(source: Path, event: str, group: int = 0, handler: int = 0) -> str:
     return f"{source}:{HOOK_EVENTS[event]}:{group}:{handler}"
 
 
+def normalised_timeout(event: str, timeout: int | None) -> int:
+    """The timeout (s) Codex 0.171.0 runs and hashes: the written one or the event's
+    default, at least 1, at most 3 for SessionEnd/Interrupt."""
+    value = max(1, timeout or DEFAULT_TIMEOUT_S_BY_EVENT.get(event, DEFAULT_TIMEOUT_S))
+    return min(value, MAX_TIMEOUT_S_BY_EVENT.get(event, value))
+
+
 def trusted_hash(event: str, command: str, *, matcher: str | None = None,
                  timeout: int | None = None, is_async: bool = False,
                  status_message: str | None = None) -> str:
     """The ``trusted_hash`` Codex 0.171.0 computes for one command handler:
     sha256 of the canonical JSON (sorted keys, compact) of the normalised identity
-    (``timeout``: the written one, else the event's default: 600 s, 1 s for
-    ``SessionEnd``/``Interrupt``)."""
+    (``timeout``: :func:`normalised_timeout`)."""
     handler: dict[str, Any] = {"type": "command", "command": command,
-                               "timeout": max(1, timeout or DEFAULT_TIMEOUT_S_BY_EVENT.get(
-                                   event, DEFAULT_TIMEOUT_S)),
+                               "timeout": normalised_timeout(event, timeout),
                                "async": is_async}
     if status_message is not None:
         handler["statusMessage"] = status_message
@@ -85,6 +93,37 @@ def hooks_toml(source: Path, commands: dict[str, str], *, timeout: int | None = 
             state.append(f"[hooks.state.{_toml_str(hook_key(source, event))}]\n"
                          f"trusted_hash = {_toml_str(trusted_hash(event, command, timeout=timeout))}\n")
     return "\n".join(out + state)
+
+
+async def hooks_list(binary: Path, home: Path, cwd: Path, timeout: float = 30) -> dict:
+    """Codex's own view of the hooks (``codex app-server``, JSON-RPC ``hooks/list``):
+    the ``data[0]`` entry for ``cwd`` (``hooks`` with ``key``, ``currentHash``,
+    ``trustStatus``...; ``warnings``; ``errors``)."""
+    env = cx.codex_env(binary, home, None)
+    (home / "tmp").mkdir(parents=True, exist_ok=True)
+    reqs = [{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+             "params": {"clientInfo": {"name": "aep-test", "version": "1"}}},
+            {"jsonrpc": "2.0", "method": "initialized"},
+            {"jsonrpc": "2.0", "id": 2, "method": "hooks/list", "params": {"cwds": [str(cwd)]}}]
+    proc = await trio.lowlevel.open_process(
+        [str(binary), "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=env, cwd=str(cwd))
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        await proc.stdin.send_all(b"".join(json.dumps(r).encode() + b"\n" for r in reqs))
+        buf = b""
+        with trio.fail_after(timeout):
+            while True:
+                chunk = await proc.stdout.receive_some()
+                if not chunk:
+                    raise RuntimeError(f"app-server ended without answering: {buf[-2000:]!r}")
+                buf += chunk
+                for line in buf.split(b"\n"):
+                    if line.startswith(b"{") and b'"id":2' in line:
+                        return json.loads(line)["result"]["data"][0]
+    finally:
+        proc.kill()
+        await proc.wait()
 
 
 def base_config(model_base_url: str, *, approval_policy: str = "never",

@@ -97,3 +97,26 @@ async def test_exec_pretooluse_deny_reason_reaches_the_model(codex_bin, tmp_path
     assert not marker.exists()
     (out,) = hr.mock.tool_outputs()
     assert reason in out["output"], out
+
+
+async def test_trusted_hash_matches_codex_for_every_event(codex_bin, tmp_path):
+    """Codex's own hooks/list calls every hook :func:`hooks_toml` wrote trusted: all 14
+    events, with the default timeout (600 s, 1 s for SessionEnd/Interrupt) and with an
+    explicit one (clamped to 3 s for those two: the hash uses the clamp), and a command
+    with quotes and a non-ASCII character."""
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / ".codex").mkdir(parents=True)
+    work.mkdir()
+    source = home / ".codex" / "config.toml"
+    cmd = "printf '%s' \"é\" >/dev/null"
+    text = ch.hooks_toml(source, {ev: cmd for ev in ch.HOOK_EVENTS})
+    source.write_text(text)
+    listed = await ch.hooks_list(codex_bin, home, work)
+    assert not listed["warnings"] and not listed["errors"], listed
+    status = {h["key"]: h["trustStatus"] for h in listed["hooks"]}
+    assert status == {ch.hook_key(source, ev): "trusted" for ev in ch.HOOK_EVENTS}
+    source.write_text(ch.hooks_toml(source, {ev: cmd for ev in ch.HOOK_EVENTS}, timeout=130))
+    listed = await ch.hooks_list(codex_bin, home, work)
+    assert {h["trustStatus"] for h in listed["hooks"]} == {"trusted"}, listed
+    clamped = {h["eventName"]: h["timeoutSec"] for h in listed["hooks"]}
+    assert clamped["sessionEnd"] == clamped["interrupt"] == 3 and clamped["stop"] == 130
