@@ -215,17 +215,26 @@ class Tui:
     def start(cls, tmux: str, binary: Path, home: Path, project: Path, *, base_url: str,
               args: tuple[str, ...] = (), proxy_url: str | None = None,
               env_extra: dict[str, str] | None = None) -> "Tui":
+        """Claude Code's TUI in ``project`` (``home`` made by :func:`prepare_home`)."""
         env = claude_env(home, base_url, proxy_url=proxy_url, extra=env_extra)
-        env["TERM"] = "xterm-256color"
+        return cls.launch(tmux, home / "tmux.sock", project, env, (str(binary), *args))
+
+    @classmethod
+    def launch(cls, tmux: str, socket: Path, cwd: Path, env: dict[str, str],
+               argv: tuple[str, ...], session: str = "cc") -> "Tui":
+        """Any terminal program: ``argv`` with exactly ``env`` (plus ``TERM``) in
+        ``cwd``, in a 160x50 pane of a new tmux server on ``socket``."""
+        env = {**env, "TERM": "xterm-256color"}
         inner = "env -i " + " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        inner += " " + " ".join(shlex.quote(a) for a in (str(binary), *args))
+        inner += " " + " ".join(shlex.quote(a) for a in argv)
         # keep the pane after exit so a crash stays readable
         inner += "; echo AEP-TUI-EXITED $?; sleep 600"
-        tui = cls(tmux, home / "tmux.sock")
-        subprocess.run([tmux, "-S", str(tui.socket), "-f", "/dev/null", "new-session", "-d",
-                        "-s", tui.session, "-x", "160", "-y", "50", "-c", str(project),
+        tui = cls(tmux, socket, session)
+        subprocess.run([tmux, "-S", str(socket), "-f", "/dev/null", "new-session", "-d",
+                        "-s", session, "-x", "160", "-y", "50", "-c", str(cwd),
                         "sh", "-c", inner], check=True, timeout=30,
-                       env={"PATH": env["PATH"], "HOME": str(home), "TERM": "xterm-256color"})
+                       env={"PATH": env["PATH"], "HOME": env.get("HOME", str(cwd)),
+                            "TERM": "xterm-256color"})
         return tui
 
     def __enter__(self) -> "Tui":

@@ -195,6 +195,34 @@ async def run_hooked_exec(binary: Path, root: Path, *, command: str = "echo hell
     return HookRun(run, read_command_captures(cmd_dir), mock)
 
 
+def tui_config(model_base_url: str, work: Path) -> str:
+    """``config.toml`` for the Codex TUI offline: on-request + workspace-write (so an
+    escalation asks), the work dir trusted (no folder-trust screen), no background
+    app-server (``features.daemon_auto_start = false``: one process, which runs the
+    hooks and exits with the TUI), no tooltips (their announcement tip is fetched
+    from raw.githubusercontent.com)."""
+    cfg = base_config(model_base_url, approval_policy="on-request",
+                      sandbox_mode="workspace-write")
+    cfg = cfg.replace("[features]\n", "[features]\ndaemon_auto_start = false\n")
+    return cfg + (f"[tui]\nshow_tooltips = false\n\n"
+                  f"[projects.{_toml_str(str(work))}]\ntrust_level = \"trusted\"\n\n")
+
+
+def start_tui(tmux: str, binary: Path, root: Path, mock: Any, commands: dict[str, str]):
+    """Codex's TUI in ``root/home/work`` under tmux (a
+    :class:`tests.support.claude_code.Tui`), with ``commands`` as trusted hooks;
+    ``mock``: a started Responses mock (also the proxy tripwire)."""
+    from tests.support.claude_code import Tui
+    home = root / "home"
+    work = home / "work"
+    for d in (home / ".codex", home / "tmp", work):
+        d.mkdir(parents=True, exist_ok=True)
+    source = home / ".codex" / "config.toml"
+    source.write_text(tui_config(mock.base_url, work) + hooks_toml(source, commands))
+    env = cx.codex_env(binary, home, mock.base_url.rsplit("/v1", 1)[0])
+    return Tui.launch(tmux, home / "tmux.sock", work, env, (str(binary),), session="cx")
+
+
 def scrub(value: Any, root: Path) -> Any:
     text = json.dumps(value).replace(str(root), "/TMP")
     return json.loads(re.sub(r"/tmp/aep-cxh-[A-Za-z0-9_]+", "/TMP", text))
