@@ -223,6 +223,43 @@ def start_tui(tmux: str, binary: Path, root: Path, mock: Any, commands: dict[str
     return Tui.launch(tmux, home / "tmux.sock", work, env, (str(binary),), session="cx")
 
 
+async def capture_tui(binary: Path, root: Path, tmux: str = "tmux") -> HookRun:
+    """The TUI scenario of the fixtures: every event hooked (empty answers), an
+    escalation request whose dialog is answered "Yes" at the terminal, then Ctrl-C
+    twice (exit)."""
+    from tests.support.mock_responses import MockResponsesServer
+    cmd_dir = root / "cmd"
+    cmd_dir.mkdir(parents=True)
+    commands = {ev: command_capture(cmd_dir, ev) for ev in HOOK_EVENTS}
+    mock = MockResponsesServer(command=f"touch {root}/outside.txt && echo made",
+                               extra_args=ESCALATE)
+
+    def events() -> list[str]:
+        return [h.event for h in read_command_captures(cmd_dir)]
+
+    async def wait_event(event: str) -> None:
+        with trio.fail_after(60):
+            while event not in events():
+                await trio.sleep(0.1)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mock.serve)
+        with start_tui(tmux, binary, root, mock, commands) as tui:
+            await tui.wait_for("Ask Codex to do anything", timeout=90)
+            tui.type_line("run it")
+            await tui.wait_for("Would you like to run the following command?")
+            tui.send("Enter")
+            await wait_event("Stop")
+            tui.send("C-c")
+            await trio.sleep(0.5)
+            tui.send("C-c")
+            with trio.move_on_after(20):
+                await wait_event("SessionEnd")
+        nursery.cancel_scope.cancel()
+    run = cx.CodexRun(0, "", "", [], root / "home")
+    return HookRun(run, read_command_captures(cmd_dir), mock)
+
+
 def scrub(value: Any, root: Path) -> Any:
     text = json.dumps(value).replace(str(root), "/TMP")
     return json.loads(re.sub(r"/tmp/aep-cxh-[A-Za-z0-9_]+", "/TMP", text))
@@ -291,6 +328,25 @@ def write_fixtures(outdir: Path) -> None:
                 "hook_stdout": kwargs.get("stdout", {}), "events": order,
                 "tool_outputs_to_model": outputs}
             print(name, order, flush=True)
+        name = "tui-permission-terminal"
+        with tempfile.TemporaryDirectory(prefix="aep-cxh-") as tmp:
+            hr = await capture_tui(binary, Path(tmp))
+            d = outdir / name
+            d.mkdir(parents=True, exist_ok=True)
+            for old in d.glob("*.json"):
+                old.unlink()
+            order = []
+            for i, h in enumerate(hr.hooked):
+                (d / f"{i:02d}-{h.event}.json").write_text(
+                    json.dumps(scrub(h.body, Path(tmp)), indent=1) + "\n")
+                order.append(h.event)
+        manifest["scenarios"][name] = {
+            "how": "the TUI under tmux (on-request + workspace-write, daemon_auto_start off), "
+                   "an escalation request, every hook answering nothing, the dialog answered "
+                   "'Yes, proceed' at the terminal, then Ctrl-C twice",
+            "events": order,
+            "egress": [r.path for r in hr.mock.egress()]}
+        print(name, order, flush=True)
     trio.run(main)
     (outdir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
 

@@ -41,7 +41,7 @@ async def test_trusted_hooks_fire_in_exec(codex_bin, tmp_path):
     _check(hr)
     events = [h.event for h in hr.hooked]
     for ev in ("SessionStart", "UserPromptSubmit", "PreModelRequest", "PostModelRequest",
-               "PreToolUse", "PostToolUse", "Stop"):
+               "PreToolUse", "PostToolUse", "Stop", "SessionEnd"):
         assert ev in events, events
     pre = next(h.body for h in hr.hooked if h.event == "PreToolUse")
     assert pre["tool_use_id"] == hr.mock.tool_calls[0][0]

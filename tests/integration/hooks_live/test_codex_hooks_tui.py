@@ -7,7 +7,7 @@ with trusted command hooks: its ``PermissionRequest`` for an escalation request.
   and the person's answer decides;
 - the hook runs BEFORE the dialog: while it is held, no dialog is on screen and
   nothing runs (so in Codex's TUI the hook and the person never race);
-- the TUI's exit fires ``SessionEnd`` (``codex exec`` does not).
+- the TUI's exit fires ``SessionEnd``.
 
 One known outbound attempt is allowed: the TUI fetches
 ``raw.githubusercontent.com/openai/codex/main/announcement_tip.toml`` at start with
