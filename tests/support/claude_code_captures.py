@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,12 @@ from tests.support.hook_capture import HookCapture, Hooked, read_command_capture
 from tests.support.mock_anthropic import Fail, MockAnthropicServer, Step, Text, Tool
 
 BASH_HI = Tool("Bash", {"command": "echo hi", "description": "Print hi"})
+#: the MCP server that elicits (tests/support/mcp_elicit.py), as a project file for
+#: ``--mcp-config``; its tool is ``mcp__elicit__deploy``
+MCP_CONFIG = (".mcp-elicit.json", json.dumps({"mcpServers": {"elicit": {
+    "command": sys.executable,
+    "args": ["-S", str(Path(__file__).with_name("mcp_elicit.py"))]}}}))
+ELICIT_ARGS = ("--allowedTools", "mcp__elicit__deploy", "--mcp-config", MCP_CONFIG[0])
 
 TuiDriver = Callable[[cc.Tui, HookCapture, MockAnthropicServer], Awaitable[None]]
 
@@ -129,6 +136,10 @@ SCENARIOS: tuple[Scenario, ...] = (
              files=((".claude/commands/hello.md", "Say hello to $ARGUMENTS.\n"),)),
     Scenario("print-stop-failure", "claude -p, the model answers HTTP 400",
              (Fail(400, "invalid_request_error", "mock: scripted failure"),)),
+    Scenario("print-elicitation", "claude -p with a stdio MCP server (tests/support/"
+             "mcp_elicit.py) whose tool sends elicitation/create; no hook answers, so print "
+             "mode cancels it", (Tool("mcp__elicit__deploy", {}), Text("Deployed.")),
+             args=ELICIT_ARGS, files=(MCP_CONFIG,)),
     Scenario("print-setup-init", "claude --init -p: the Setup hook (trigger init), command "
              "hook only", (Text("Ready."),), args=("--init",)),
     Scenario("print-compact", "claude -p one Bash turn, then `claude -p --resume <id> /compact`",

@@ -39,14 +39,15 @@ def claude_bin() -> Path:
 
 async def _run(claude_bin: Path, tmp: Path, script: list, answers: dict, *,
                allowed: tuple[str, ...] = ("Bash",), events=cc.HOOK_EVENTS,
-               prompt: str = "run the command", mock: MockAnthropicServer | None = None):
+               prompt: str = "run the command", mock: MockAnthropicServer | None = None,
+               extra_args: tuple[str, ...] = ()):
     mock = mock or MockAnthropicServer()
     mock.script = list(script)
     cap = HookCapture(answers=answers)
     home, proj, cmd_dir = tmp / "home", tmp / "proj", tmp / "cmd"
     cmd_dir.mkdir(parents=True)
     cc.prepare_home(home, proj)
-    args = ("--allowedTools", ",".join(allowed)) if allowed else ()
+    args = (("--allowedTools", ",".join(allowed)) if allowed else ()) + extra_args
     async with trio.open_nursery() as nursery:
         await nursery.start(mock.serve)
         await nursery.start(cap.serve)
@@ -187,3 +188,38 @@ async def test_unreachable_http_hooks_do_not_stop_the_turn(claude_bin, tmp_path)
     assert run.returncode == 0, run.describe()
     assert (run.result or {}).get("result") == "It ran."
     assert (proj / MARKER).exists()
+
+
+@pytest.mark.parametrize("action", ["accept", "decline", None])
+async def test_elicitation_answered_by_the_hook_reaches_the_mcp_server(claude_bin, tmp_path,
+                                                                      action):
+    """An MCP server's ``elicitation/create`` fires ``Elicitation`` (its schema as
+    ``requested_schema``); the hook's ``action`` (+ ``content``) is what the server
+    receives (and returns to the model); no answer in print mode is a ``cancel``
+    followed by ``ElicitationResult``."""
+    import json
+
+    from tests.support.claude_code_captures import ELICIT_ARGS, MCP_CONFIG
+    from tests.support.mcp_elicit import MESSAGE, SCHEMA
+    values = {"environment": "production", "confirm": True}
+    answers = {}
+    if action:
+        answers["Elicitation"] = {"hookSpecificOutput": {
+            "hookEventName": "Elicitation", "action": action,
+            **({"content": values} if action == "accept" else {})}}
+    (tmp_path / "proj").mkdir(parents=True)
+    (tmp_path / "proj" / MCP_CONFIG[0]).write_text(MCP_CONFIG[1])
+    run, mock, cap, proj, _ = await _run(
+        claude_bin, tmp_path, [Tool("mcp__elicit__deploy", {}), Text("ok")], answers,
+        allowed=(), prompt="deploy", extra_args=ELICIT_ARGS)
+    assert run.returncode == 0, run.describe()
+    (asked,) = cap.of("Elicitation")
+    assert asked["message"] == MESSAGE and asked["requested_schema"]["required"] == \
+        SCHEMA["required"] and asked["mcp_server_name"] == "elicit"
+    (result,) = mock.tool_results()
+    got = json.loads(result["text"].split("elicitation: ", 1)[1])
+    expected = {"action": action or "cancel"}
+    if action == "accept":
+        expected["content"] = values
+    assert got == expected
+    assert bool(cap.of("ElicitationResult")) is (action is None)
