@@ -44,7 +44,8 @@ def claude_bin() -> Path:
     return cc.claude_binary()
 
 
-@pytest.mark.parametrize("name", ["print-bash", "print-bash-failure", "tui-permission"])
+@pytest.mark.parametrize("name", ["print-bash", "print-bash-failure", "print-elicitation",
+                                  "tui-permission"])
 async def test_live_payloads_match_the_fixtures(claude_bin, tmp_path, name):
     sc = BY_NAME[name]
     tmux = require("tmux") if sc.tui else "tmux"
