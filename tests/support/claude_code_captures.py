@@ -136,6 +136,11 @@ SCENARIOS: tuple[Scenario, ...] = (
              files=((".claude/commands/hello.md", "Say hello to $ARGUMENTS.\n"),)),
     Scenario("print-stop-failure", "claude -p, the model answers HTTP 400",
              (Fail(400, "invalid_request_error", "mock: scripted failure"),)),
+    Scenario("print-auto-denied", "claude -p --permission-mode auto, Bash `rm -rf` of a "
+             "missing path outside the project: the auto-mode classifier (its requests get the mock's plain "
+             "answer, which it cannot parse) denies it", (
+                 Tool("Bash", {"command": "rm -rf /tmp/aep-cc-nothing-here", "description": "rm"}),
+                 Text("It was denied.")), args=("--permission-mode", "auto")),
     Scenario("print-elicitation", "claude -p with a stdio MCP server (tests/support/"
              "mcp_elicit.py) whose tool sends elicitation/create; no hook answers, so print "
              "mode cancels it", (Tool("mcp__elicit__deploy", {}), Text("Deployed.")),
