@@ -51,6 +51,10 @@ class Scenario:
     args: tuple[str, ...] = ("--allowedTools", "Bash")
     files: tuple[tuple[str, str], ...] = ()
     tui: TuiDriver | None = None
+    #: file names for the FileChanged matcher (Claude Code watches what it names)
+    watch: tuple[str, ...] = ()
+    #: make the project a git repository with one commit first
+    git: bool = False
 
 
 async def _tui_permission(tui: cc.Tui, cap: HookCapture, mock: MockAnthropicServer) -> None:
@@ -84,6 +88,18 @@ async def _tui_compact(tui: cc.Tui, cap: HookCapture, mock: MockAnthropicServer)
     tui.type_line("/compact")
     with trio.move_on_after(60):
         await cap.wait_for("PostCompact")
+    await _tui_exit(tui, cap)
+
+
+async def _tui_config_file(tui: cc.Tui, cap: HookCapture, mock: MockAnthropicServer) -> None:
+    tui.type_line("hello")
+    await tui.wait_for("Finished.", timeout=60)
+    proj = Path(cap.of("UserPromptSubmit")[0]["cwd"])
+    (proj / ".claude" / "settings.local.json").write_text('{"env": {"AEP_X": "1"}}\n')
+    (proj / "notes.txt").write_text("two\n")
+    with trio.move_on_after(20):
+        await cap.wait_for("ConfigChange")
+        await cap.wait_for("FileChanged")
     await _tui_exit(tui, cap)
 
 
@@ -145,6 +161,12 @@ SCENARIOS: tuple[Scenario, ...] = (
              "mcp_elicit.py) whose tool sends elicitation/create; no hook answers, so print "
              "mode cancels it", (Tool("mcp__elicit__deploy", {}), Text("Deployed.")),
              args=ELICIT_ARGS, files=(MCP_CONFIG,)),
+    Scenario("print-worktree", "claude -p in a git repository, EnterWorktree then ExitWorktree "
+             "allowed: a WorktreeCreate hook REPLACES git's worktree creation, and the capture "
+             "server's {} (no worktreePath) makes EnterWorktree fail", (
+                 Tool("EnterWorktree", {"name": "w1"}),
+                 Tool("ExitWorktree", {"action": "remove", "discard_changes": True}),
+                 Text("ok")), args=("--allowedTools", "EnterWorktree,ExitWorktree"), git=True),
     Scenario("print-setup-init", "claude --init -p: the Setup hook (trigger init), command "
              "hook only", (Text("Ready."),), args=("--init",)),
     Scenario("print-compact", "claude -p one Bash turn, then `claude -p --resume <id> /compact`",
@@ -156,6 +178,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("tui-ask-user-question", "TUI under tmux, AskUserQuestion with two options; the "
              "first chosen at the terminal; /exit", (ASK, Text("Finished.")), args=(),
              tui=_tui_ask),
+    Scenario("tui-config-file-change", "TUI under tmux, one text turn, then the test writes "
+             ".claude/settings.local.json and notes.txt (named in the FileChanged matcher); "
+             "/exit", (Text("Finished."),), args=(), files=(("notes.txt", "one\n"),),
+             watch=("notes.txt",), tui=_tui_config_file),
     Scenario("tui-compact", "TUI under tmux, a Bash turn (allowed) then /compact; /exit",
              (BASH_HI, Text("Finished.")), args=("--allowedTools", "Bash"), tui=_tui_compact),
 )
@@ -170,6 +196,19 @@ class Capture:
     runs: list[Any] = field(default_factory=list)
     mock: MockAnthropicServer | None = None
     root: Path | None = None
+
+
+GIT_ENV = {"GIT_AUTHOR_NAME": "aep", "GIT_AUTHOR_EMAIL": "aep@example.invalid",
+           "GIT_COMMITTER_NAME": "aep", "GIT_COMMITTER_EMAIL": "aep@example.invalid"}
+
+
+def _git_init(proj: Path) -> None:
+    import os
+    import subprocess
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(proj), **GIT_ENV}
+    (proj / "README").write_text("aep\n")
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-C", str(proj), *args], check=True, env=env, timeout=30)
 
 
 def _materialise(step: Step, proj: Path) -> Step:
@@ -188,6 +227,8 @@ async def run_scenario(binary: Path, root: Path, sc: Scenario, *, tmux: str = "t
     for rel, text in sc.files:
         (proj / rel).parent.mkdir(parents=True, exist_ok=True)
         (proj / rel).write_text(text)
+    if sc.git:
+        _git_init(proj)
     mock = MockAnthropicServer(script=[_materialise(s, proj) for s in sc.script])
     cap = HookCapture()
     runs = []
@@ -195,7 +236,10 @@ async def run_scenario(binary: Path, root: Path, sc: Scenario, *, tmux: str = "t
         await nursery.start(mock.serve)
         await nursery.start(cap.serve)
         assert mock.base_url and cap.url
-        cc.write_settings(proj, cc.all_hooks_settings(cap.url, cmd_dir, events=events))
+        settings = cc.all_hooks_settings(cap.url, cmd_dir, events=events)
+        if sc.watch and "FileChanged" in settings["hooks"]:
+            settings["hooks"]["FileChanged"][0]["matcher"] = "|".join(sc.watch)
+        cc.write_settings(proj, settings)
         if sc.tui is not None:
             with cc.Tui.start(tmux, binary, home, proj, base_url=mock.base_url,
                               proxy_url=mock.base_url, args=sc.args) as tui:
@@ -207,7 +251,8 @@ async def run_scenario(binary: Path, root: Path, sc: Scenario, *, tmux: str = "t
             for prompt in sc.prompts:
                 extra = ("--resume", session) if session else ()
                 run = await cc.run_print(binary, home, proj, prompt, base_url=mock.base_url,
-                                         proxy_url=mock.base_url, args=(*sc.args, *extra))
+                                         proxy_url=mock.base_url, args=(*sc.args, *extra),
+                                         env_extra=GIT_ENV if sc.git else None)
                 runs.append(run)
                 session = session or (run.result or {}).get("session_id")
         await trio.sleep(0.5)  # a SessionEnd POST may still be in flight

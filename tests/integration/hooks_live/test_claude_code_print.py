@@ -223,3 +223,34 @@ async def test_elicitation_answered_by_the_hook_reaches_the_mcp_server(claude_bi
         expected["content"] = values
     assert got == expected
     assert bool(cap.of("ElicitationResult")) is (action is None)
+
+
+@pytest.mark.parametrize("hooked", [False, True], ids=["not-hooked", "hooked"])
+async def test_a_worktree_create_hook_replaces_git_worktree_creation(claude_bin, tmp_path,
+                                                                     hooked):
+    """Not an observation point: a ``WorktreeCreate`` hook IS the worktree creator (it
+    must answer ``hookSpecificOutput.worktreePath``), so a hook that only observes
+    (``{}``) breaks ``EnterWorktree``. An installer must leave ``WorktreeCreate``
+    (and its pair ``WorktreeRemove``) unhooked."""
+    from tests.support.claude_code_captures import GIT_ENV, _git_init
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    cc.prepare_home(home, proj)
+    _git_init(proj)
+    mock = MockAnthropicServer(script=[Tool("EnterWorktree", {"name": "w1"}), Text("ok")])
+    cap = HookCapture()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mock.serve)
+        await nursery.start(cap.serve)
+        assert cap.url and mock.base_url
+        events = ("PreToolUse", "WorktreeCreate") if hooked else ("PreToolUse",)
+        cc.write_settings(proj, cc.all_hooks_settings(cap.url, None, events=events))
+        run = await cc.run_print(claude_bin, home, proj, "go", base_url=mock.base_url,
+                                 proxy_url=mock.base_url, env_extra=GIT_ENV,
+                                 args=("--allowedTools", "EnterWorktree"))
+        nursery.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    (result,) = mock.tool_results()
+    assert bool(result.get("is_error")) is hooked, result
+    if hooked:
+        assert "WorktreeCreate hook failed" in result["text"]
+        assert cap.of("WorktreeCreate")[0]["name"] == "w1"
