@@ -120,3 +120,31 @@ async def test_trusted_hash_matches_codex_for_every_event(codex_bin, tmp_path):
     assert {h["trustStatus"] for h in listed["hooks"]} == {"trusted"}, listed
     clamped = {h["eventName"]: h["timeoutSec"] for h in listed["hooks"]}
     assert clamped["sessionEnd"] == clamped["interrupt"] == 3 and clamped["stop"] == 130
+
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "codex_hooks_real"
+
+
+@pytest.mark.parametrize("name", ["exec-shell", "exec-permission-deny"])
+async def test_live_payloads_match_the_fixtures(codex_bin, tmp_path, name):
+    """The committed captures still describe the pinned Codex: per event, how many
+    deliveries and which top-level keys. A Codex bump that changes them fails here:
+    regenerate (``python -m tests.support.codex_hooks``) and re-read the README."""
+    from collections import Counter
+    how, kwargs = ch.SCENARIOS[name]
+    kw = dict(kwargs)
+    if "command" in kw:
+        kw["command"] = kw["command"].replace("@ROOT@", str(tmp_path))
+    hr = await ch.run_hooked_exec(codex_bin, tmp_path, **kw)
+    _check(hr)
+
+    def shape(pairs):
+        counts, keys = Counter(), {}
+        for event, body in pairs:
+            counts[event] += 1
+            keys.setdefault(event, set()).update(body)
+        return counts, keys
+
+    committed = [(p.stem.split("-", 1)[1], json.loads(p.read_text()))
+                 for p in sorted((FIXTURES / name).glob("*.json"))]
+    assert shape((h.event, h.body) for h in hr.hooked) == shape(committed)
