@@ -148,3 +148,18 @@ async def test_live_payloads_match_the_fixtures(codex_bin, tmp_path, name):
     committed = [(p.stem.split("-", 1)[1], json.loads(p.read_text()))
                  for p in sorted((FIXTURES / name).glob("*.json"))]
     assert shape((h.event, h.body) for h in hr.hooked) == shape(committed)
+
+
+@pytest.mark.parametrize("event, first", [("SessionStart", 0), ("UserPromptSubmit", 0),
+                                          ("PreToolUse", 1), ("PostToolUse", 1)])
+async def test_additional_context_reaches_the_next_model_request(codex_bin, tmp_path, event,
+                                                                first):
+    """Steering's carrier on Codex: ``hookSpecificOutput.additionalContext`` printed by
+    these hooks is in the next Responses request (the first for the session/prompt
+    hooks, the one after the tool for the tool hooks)."""
+    note = f"AEP-CX-STEER-{event}: prefer the staging database"
+    out = json.dumps({"hookSpecificOutput": {"hookEventName": event, "additionalContext": note}})
+    hr = await ch.run_hooked_exec(codex_bin, tmp_path, events=(event,), stdout={event: out})
+    _check(hr)
+    reqs = hr.mock.responses_requests()
+    assert [note in r.body.decode() for r in reqs].index(True) == first
