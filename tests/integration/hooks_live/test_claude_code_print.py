@@ -131,17 +131,21 @@ async def test_empty_pretooluse_answer_is_no_decision(claude_bin, tmp_path, allo
     assert "PermissionRequest" not in cap.events()
 
 
-@pytest.mark.parametrize("event", ["UserPromptSubmit", "PostToolUse"])
-async def test_additional_context_reaches_the_next_model_request(claude_bin, tmp_path, event):
+@pytest.mark.parametrize("event, first", [("UserPromptSubmit", 0), ("PreToolUse", 1),
+                                          ("PostToolUse", 1)])
+async def test_additional_context_reaches_the_next_model_request(claude_bin, tmp_path, event,
+                                                                first):
+    """Steering's carrier: ``additionalContext`` in these hooks' replies is in the next
+    model request (the first for the prompt's hook, the one after the tool for the
+    tool hooks; PreToolUse's with no decision, the tool still runs)."""
     note = f"AEP-STEER-{event}: prefer the staging database"
     run, mock, cap, proj, _ = await _run(
         claude_bin, tmp_path, [TOUCH, Text("ok")],
         {event: {"hookSpecificOutput": {"hookEventName": event, "additionalContext": note}}})
     assert run.returncode == 0, run.describe()
     reqs = mock.agent_requests()
-    first_with = next(i for i, r in enumerate(reqs) if note in mock.texts_sent(r))
-    # UserPromptSubmit's context rides the first request; PostToolUse's the one after the tool
-    assert first_with == (0 if event == "UserPromptSubmit" else 1)
+    assert [note in mock.texts_sent(r) for r in reqs].index(True) == first
+    assert (proj / MARKER).exists()
 
 
 async def test_http_hook_past_its_timeout_is_no_decision(claude_bin, tmp_path):
