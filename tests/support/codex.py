@@ -195,11 +195,12 @@ def codex_env(binary: Path, home: Path, proxy_url: str | None) -> dict[str, str]
 
 
 async def run_codex_exec(binary: Path, home: Path, prompt: str, config: str, *,
-                         proxy_url: str | None = None, timeout: float = 90) -> CodexRun:
+                         proxy_url: str | None = None, timeout: float = 90,
+                         args: tuple[str, ...] = ()) -> CodexRun:
     """Write ``config`` to ``home/.codex/config.toml`` and run ``codex exec --json``.
 
     ``home`` is created (with ``.codex/``, ``tmp/`` and a ``work/`` directory used
-    as the working root). Raises ``trio.TooSlowError`` after ``timeout`` s (the
+    as the working root); ``args`` go before the prompt. Raises ``trio.TooSlowError`` after ``timeout`` s (the
     process is killed by trio's cancellation).
     """
     (home / ".codex").mkdir(parents=True, exist_ok=True)
@@ -208,7 +209,7 @@ async def run_codex_exec(binary: Path, home: Path, prompt: str, config: str, *,
     work.mkdir(exist_ok=True)
     (home / ".codex" / "config.toml").write_text(config)
     cmd = [str(binary), "exec", "--strict-config", "--json", "--skip-git-repo-check",
-           "--color", "never", "-C", str(work), prompt]
+           "--color", "never", "-C", str(work), *args, prompt]
     with trio.fail_after(timeout):
         proc = await trio.run_process(cmd, env=codex_env(binary, home, proxy_url),
                                       stdin=b"", capture_stdout=True, capture_stderr=True,

@@ -87,6 +87,9 @@ class MockResponsesServer:
 
     command: str = SHELL_COMMAND
     final_text: str = FINAL_TEXT
+    #: merged into the tool call's arguments (e.g. ``{"sandbox_permissions":
+    #: "require_escalated", "justification": "..."}`` for an escalation request)
+    extra_args: dict = field(default_factory=dict)
     requests: list[RecordedRequest] = field(default_factory=list)
     tool_calls: list[tuple[str, str, dict]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -188,7 +191,7 @@ class MockResponsesServer:
             return [_created(resp_id), {"type": "response.failed", "response": {
                 "id": resp_id, "status": "failed",
                 "error": {"code": "mock_script", "message": self.problems[-1]}}}]
-        args = _SHELL_TOOLS[name](self.command)
+        args = {**_SHELL_TOOLS[name](self.command), **self.extra_args}
         call_id = self._next_id("call")
         self.tool_calls.append((call_id, name, args))
         item = {"type": "function_call", "id": self._next_id("fc"), "status": "completed",
