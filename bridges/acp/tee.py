@@ -209,6 +209,8 @@ class DaemonLink:
         self.connections = 0
         self.line_ended = {d: True for d in wire.DIRECTIONS}
         self.finishing = False
+        self.tee_id = opts.tee_id
+        self.resume: str | None = None  # the daemon's key for tee_id (its welcome)
         self._note = note or to_stderr
         self._said: set[str] = set()
         self._idle = trio.Event()
@@ -231,15 +233,29 @@ class DaemonLink:
                                               disconnect_timeout=0.5,
                                               max_message_size=1 << 20) as ws:
                     await ws.send_message(json.dumps(wire.hello(
-                        self.opts.tee_id, self.opts.name, self.opts.command, os.getpid(),
+                        self.tee_id, self.opts.name, self.opts.command, os.getpid(),
                         self.stats(), max_line=self.opts.max_line,
-                        mid_line=[d for d in wire.DIRECTIONS if not self.line_ended[d]])))
+                        mid_line=[d for d in wire.DIRECTIONS if not self.line_ended[d]],
+                        resume=self.resume)))
                     self.connected = True
                     self.connections += 1
                     attempt = 0
                     if self.connections > 1 or "connect" in self._said:
                         self.say("connected", f"observing again through {self.opts.daemon}")
-                    await self._send_loop(ws)
+                    closed: BaseException | None = None
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._read_loop, ws)
+                        try:
+                            await self._send_loop(ws)
+                        except (ConnectionClosed, trio.BrokenResourceError, OSError) as e:
+                            closed = e
+                        nursery.cancel_scope.cancel()
+                    if closed is not None:
+                        if ws.closed is not None and ws.closed.code == wire.CLAIMED:
+                            # the daemon binds our id to another connection (or forgot
+                            # our key): a new id, a new story; the old one is the daemon's
+                            self.tee_id, self.resume = wire.new_tee_id(), None
+                        raise closed
             except ConnectionRejected as e:
                 status = e.status_code
                 why = ("AEP_TOKEN: pass --token-file or set AEP_TOKEN" if status == 401 else
@@ -254,6 +270,17 @@ class DaemonLink:
                 self._idle.set()
             await trio.sleep(backoff_delay(attempt, BACKOFF_INITIAL, BACKOFF_MAX))
             attempt += 1
+
+    async def _read_loop(self, ws: Any) -> None:
+        """Keep the welcome's resume key; the daemon sends nothing else."""
+        from trio_websocket import ConnectionClosed
+        try:
+            while True:
+                key = wire.parse_welcome(await ws.get_message())
+                if key is not None:
+                    self.resume = key
+        except ConnectionClosed:
+            return
 
     async def _send_loop(self, ws: Any) -> None:
         from trio_websocket import ConnectionClosed
@@ -289,7 +316,7 @@ class DaemonLink:
             # pace: at most observe_rate MB/s (transparency outranks delivery)
             await trio.sleep(max(0.0, len(message) / (self.opts.observe_rate * 1e6)
                                  - (trio.current_time() - started)))
-        raise ConnectionClosed(None)
+        raise ConnectionClosed(ws.closed)
 
     def finish(self, status: int) -> None:
         self.finishing = True
