@@ -70,6 +70,8 @@ MAX_DETACHED = 256
 reconnect (least recently seen evicted)."""
 QUEUE = 16
 """Batches in flight between the connection handlers and the mapping."""
+QUEUE_BYTES = 32 << 20
+"""Bytes of batches in flight (over all tees): a handler waits for room past it."""
 MAX_LINE = 16 << 20
 """The largest parse cap the daemon honors (a tee's hello ``max_line`` is
 clamped to it): per tee the daemon holds at most this per direction."""
@@ -164,6 +166,8 @@ class TeeHub:
         self._send, self._recv = trio.open_memory_channel[tuple[TeeState, bytes]](QUEUE)
         self._handlers: set[trio.CancelScope] = set()
         self.held = 0
+        self._queued = 0
+        self._room = trio.lowlevel.ParkingLot()
         self.peer_log = PeerLog(ctx.log)
         rate = bridge.config.new_sessions_per_s
         self.new_sessions = SessionBucket(rate, rate * BURST_S)
@@ -202,6 +206,8 @@ class TeeHub:
                 self._warn(tee.tee, "%s: tee %s: a batch could not be handled (%s); skipped it",
                            self.bridge.name, tee.tee, type(e).__name__)
             finally:
+                self._queued -= len(message)
+                self._room.unpark_all()
                 for direction in tee.splitters:
                     self._hold(tee, direction)
                 if not tee.attached:
@@ -423,7 +429,14 @@ class TeeHub:
                         return
                     data = msg.get("bytes")
                     if data:
-                        await self._send.send((tee, data))
+                        while self._queued > QUEUE_BYTES:
+                            await self._room.park()
+                        self._queued += len(data)
+                        try:
+                            await self._send.send((tee, data))
+                        except BaseException:  # not queued after all (cancelled, closed)
+                            self._queued -= len(data)
+                            raise
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             pass
         finally:

@@ -79,14 +79,18 @@ class Joiner:
     pending from the other direction and carries its ``method`` and
     ``params`` (as ``request``); a response nobody asked for is a moment
     with ``method: None`` and ``unmatched: True``. At most ``max_pending``
-    requests are remembered (oldest evicted, counted in ``evicted``)."""
+    requests are remembered, whose lines came to at most ``max_pending_bytes``
+    (the ``size`` given to :meth:`feed`; oldest evicted, counted in
+    ``evicted``): a tee's unanswered requests cost bounded memory."""
 
-    def __init__(self, max_pending: int = 4096) -> None:
+    def __init__(self, max_pending: int = 4096, max_pending_bytes: int = 8 << 20) -> None:
         self.max_pending = max_pending
-        self.pending: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = OrderedDict()
+        self.max_pending_bytes = max_pending_bytes
+        self.pending: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], int]] = OrderedDict()
+        self.pending_bytes = 0
         self.evicted = 0
 
-    def feed(self, direction: str, frame: dict[str, Any]) -> dict[str, Any] | None:
+    def feed(self, direction: str, frame: dict[str, Any], size: int = 0) -> dict[str, Any] | None:
         method = frame.get("method")
         has_id = "id" in frame and frame["id"] is not None
         if isinstance(method, str):
@@ -96,10 +100,14 @@ class Joiner:
                 return {"kind": "notification", "method": method, "params": params,
                         "direction": direction}
             key = (direction, id_key(frame["id"]))
-            self.pending[key] = (method, params)
-            self.pending.move_to_end(key)
-            while len(self.pending) > self.max_pending:
-                self.pending.popitem(last=False)
+            old = self.pending.pop(key, None)
+            if old is not None:
+                self.pending_bytes -= old[2]
+            self.pending[key] = (method, params, size)
+            self.pending_bytes += size
+            while len(self.pending) > self.max_pending or (
+                    self.pending_bytes > self.max_pending_bytes and len(self.pending) > 1):
+                self.pending_bytes -= self.pending.popitem(last=False)[1][2]
                 self.evicted += 1
             return {"kind": "request", "method": method, "params": params, "id": frame["id"],
                     "direction": direction}
@@ -111,6 +119,8 @@ class Joiner:
             else:
                 moment["result"] = frame.get("result")
             asked = self.pending.pop((other(direction), id_key(frame.get("id"))), None)
+            if asked is not None:
+                self.pending_bytes -= asked[2]
             if asked is None:
                 moment.update(method=None, unmatched=True)
             else:
@@ -186,7 +196,7 @@ class Story:
         for frame in frames:
             self.counters.frames += 1
             try:
-                moment = self.joiner.feed(direction, frame)
+                moment = self.joiner.feed(direction, frame, len(line))
                 if moment is None:
                     self.counters.malformed += 1
                     continue

@@ -323,3 +323,17 @@ def test_a_closed_session_never_ends_twice():
     assert [e["type"] for e in events if e.get("session") == "s1"] == [
         "session.started", "session.ended", "x.acp.session.close.result"]
     validate_stream(events)
+
+
+def test_unanswered_requests_cost_bounded_bytes():
+    """Issue 25 row 4: a tee's unanswered requests were held by count only
+    (4,096 of them, whatever their size): now also by the bytes of their lines."""
+    from bridges.acp.join import Joiner
+    j = Joiner(max_pending_bytes=10_000)
+    for i in range(100):
+        j.feed("client", {"jsonrpc": "2.0", "id": i, "method": "x", "params": {}}, 1_000)
+    assert len(j.pending) == 10 and j.pending_bytes == 10_000 and j.evicted == 90
+    answered = j.feed("agent", {"jsonrpc": "2.0", "id": 99, "result": {}})
+    assert answered is not None and answered["method"] == "x" and j.pending_bytes == 9_000
+    j.feed("client", {"jsonrpc": "2.0", "id": "big", "method": "y"}, 50_000)  # one line over it all
+    assert list(j.pending) == [("client", '"big"')] and j.pending_bytes == 50_000
