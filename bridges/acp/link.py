@@ -135,6 +135,7 @@ class DaemonLink:
         self._said: set[str] = set()
         self._idle = trio.Event()
         self._idle.set()
+        self._waiting = trio.CancelScope()  # the sender's wait for records
 
     def say(self, kind: str, line: str) -> None:
         if kind not in self._said or self.opts.verbose:
@@ -192,7 +193,9 @@ class DaemonLink:
             attempt += 1
 
     async def _read_loop(self, ws: Any) -> None:
-        """Keep the welcome's resume key; the daemon sends nothing else."""
+        """Keep the welcome's resume key (the daemon sends nothing else);
+        at a close, wake the sender if it waits for records (it reconnects
+        now, not at its next record: a refused tee id, 4409, gets a new one)."""
         from trio_websocket import ConnectionClosed
         try:
             while True:
@@ -200,7 +203,7 @@ class DaemonLink:
                 if key is not None:
                     self.resume = key
         except ConnectionClosed:
-            return
+            self._waiting.cancel()
 
     async def _send_loop(self, ws: Any) -> None:
         from trio_websocket import ConnectionClosed
@@ -208,11 +211,13 @@ class DaemonLink:
         while not ws.closed:
             if not len(self.queue):
                 self._idle.set()
-                await self.queue.wait()
-                # linger: gather more before a send, so the sender wakes seldom
-                # between the pumps' copies (latency of observations is cheap)
-                if self.queue.bytes < self.BATCH and not self.finishing:
-                    await trio.sleep(self.LINGER)
+                with trio.CancelScope() as self._waiting:  # the reader ends it at a close
+                    if ws.closed is None:
+                        await self.queue.wait()
+                        # linger: gather more before a send, so the sender wakes seldom
+                        # between the pumps' copies (latency of observations is cheap)
+                        if self.queue.bytes < self.BATCH and not self.finishing:
+                            await trio.sleep(self.LINGER)
                 if ws.closed:  # the daemon went away while we waited: keep the records
                     break
             self._idle = trio.Event()
