@@ -17,7 +17,7 @@ import threading
 import time
 
 import trio
-from trio_websocket import ConnectionClosed, open_websocket_url
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from bridges.acp import wire
 from tests.integration.acp.peers.py_client import drive
@@ -86,10 +86,13 @@ def test_a_deeply_nested_control_record_costs_the_attacker_only(tmp_path):
     deep = b"#" + (200_000).to_bytes(4, "big") + b"[" * 200_000
 
     async def attack(url: str, n: int) -> None:
-        async with open_websocket_url(url) as ws:
-            await ws.send_message(hello(f"ATTACKER{n}"))
-            await ws.send_message(deep)
-            await ws.send_message(deep)
+        try:
+            async with open_websocket_url(url) as ws:
+                await ws.send_message(hello(f"ATTACKER{n}"))
+                await ws.send_message(deep)
+                await ws.send_message(deep)
+        except (ConnectionClosed, HandshakeError):  # (the old code: the bridge crashed under it)
+            pass
 
     with run_daemon(tmp_path, DAEMON_ENV, healthy=True) as d:
         col = d.subscribe()
@@ -98,7 +101,9 @@ def test_a_deeply_nested_control_record_costs_the_attacker_only(tmp_path):
                 if turn == 1:
                     for n in range(3):
                         in_thread(attack, ws_url(d), n)
-                    counters_when(d, lambda c: c.get("control_refused") == 6)
+                    # (wait until handled: the old code crashed and restarted the bridge)
+                    counters_when(d, lambda c: c.get("control_refused") == 6
+                                  or c.get("restarts", 0) > 0)
 
             asyncio.run(drive(tee(d.url) + py_agent(), ANSWERS, between=between))
             assert_python_story(wait_story(col, "sess-1"))
@@ -179,7 +184,7 @@ def test_a_hello_cannot_speak_for_another_tee(tmp_path):
                     {"jsonrpc": "2.0", "id": 99, "method": "session/prompt",
                      "params": {"sessionId": "sess-1", "prompt": []}})))
                 await ws.send_message(wire.control({"exit": 1}))
-                with trio.fail_after(10):
+                with trio.move_on_after(10):  # (the old code: the forgery was taken, no close)
                     while True:
                         await ws.get_message()
             except ConnectionClosed as e:
@@ -195,14 +200,14 @@ def test_a_hello_cannot_speak_for_another_tee(tmp_path):
                     victim = run.rsplit(".", 1)[0]
                     for resume in (None, "NOTTHEKEY"):
                         forged.append(in_thread(forge, ws_url(d), victim, resume))
-                    counters_when(d, lambda c: c.get("tee_claims_refused") == 2)
 
             asyncio.run(drive(tee(d.url) + py_agent(), ANSWERS, between=between))
             events = wait_story(col, "sess-1")
-            assert forged == [CLAIMED, CLAIMED]
+            ends = [e for e in col.drain() if e.get("session") == "sess-1"
+                    and e["type"] in ("run.failed", "session.ended")]
+            assert ends == [events[-1]] and events[-1]["data"]["reason"] == "normal", ends
             assert_python_story(events)
-            assert [e for e in events if e["type"] in ("run.failed", "session.ended")] \
-                == [events[-1]] and events[-1]["data"]["reason"] == "normal"
+            assert forged == [CLAIMED, CLAIMED]
             c = counters_when(d, lambda c: c["tees_attached"] == 0)
             assert c["tees_seen"] == 1, c
         finally:
