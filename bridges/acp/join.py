@@ -28,6 +28,20 @@ from .mapping import Emission, Posture, fallback, map_moment, map_update, resolu
 from .wire import AGENT, CLIENT  # a line the agent sent / the client (editor) sent
 
 DIRECTIONS = (CLIENT, AGENT)
+MAX_ID = 512
+"""The longest JSON-RPC id and ACP ``sessionId`` (characters) a story keeps:
+a frame with a longer one is ``malformed`` (ids are kept per pending
+request, run and session: their length bounds what a tee costs)."""
+MAX_TITLE = 1024
+"""Characters of a tool title remembered for its later updates."""
+
+
+def _short_id(rpc_id: Any) -> bool:
+    if rpc_id is None or isinstance(rpc_id, bool):
+        return True
+    if isinstance(rpc_id, str):
+        return len(rpc_id) <= MAX_ID
+    return isinstance(rpc_id, (int, float)) and len(repr(rpc_id)) <= 64
 
 
 def other(direction: str) -> str:
@@ -195,6 +209,9 @@ class Story:
         out: list[Out] = []
         for frame in frames:
             self.counters.frames += 1
+            if not _short_id(frame.get("id")):
+                self.counters.malformed += 1
+                continue
             try:
                 moment = self.joiner.feed(direction, frame, len(line))
                 if moment is None:
@@ -213,6 +230,9 @@ class Story:
             data = {"error": True} if "error" in m else {}
             return [Out(where, fallback("rpc/unmatched", data), self.runs.get(where))]
         session = session_of(m)
+        if session is not None and len(session) > MAX_ID:
+            self.counters.malformed += 1
+            return []
         method = m.get("method")
         if m["kind"] == "notification" and method == "session/update":
             update = m["params"].get("update") if isinstance(m["params"].get("update"), dict) else {}
@@ -296,8 +316,8 @@ class Story:
     def _tool_update(self, update: dict[str, Any]) -> list[Emission]:
         call_id = update.get("toolCallId") if isinstance(update.get("toolCallId"), str) else None
         title = update.get("title") if isinstance(update.get("title"), str) else None
-        if call_id and title:
-            self.titles[call_id] = title
+        if call_id and title and len(call_id) <= MAX_ID:
+            self.titles[call_id] = title[:MAX_TITLE]
             self.titles.move_to_end(call_id)
             while len(self.titles) > self.max_tools:
                 self.titles.popitem(last=False)
