@@ -214,7 +214,7 @@ class Story:
                 continue
             try:
                 moment = self.joiner.feed(direction, frame, len(line))
-                if moment is None:
+                if moment is None or len(session_of(moment) or "") > MAX_ID:
                     self.counters.malformed += 1
                     continue
                 out.extend(self.moment(moment))
@@ -230,9 +230,6 @@ class Story:
             data = {"error": True} if "error" in m else {}
             return [Out(where, fallback("rpc/unmatched", data), self.runs.get(where))]
         session = session_of(m)
-        if session is not None and len(session) > MAX_ID:
-            self.counters.malformed += 1
-            return []
         method = m.get("method")
         if m["kind"] == "notification" and method == "session/update":
             update = m["params"].get("update") if isinstance(m["params"].get("update"), dict) else {}
