@@ -23,6 +23,7 @@ Families (all prefixed ``aep_bridges_``):
                                              (re)connections (OpenHands, Kimi)
 ``bridge_restarts_total{bridge}``            crashed bridges restarted by the fleet
 ``bridge_up{bridge}``                        1 when the bridge's source and relay link are up
+``acp_held_bytes{bridge}``                   unfinished-line bytes an ACP bridge holds for its tees
 ``otlp_requests_total{bridge,outcome}``      OTLP export requests by outcome
 ``command_acks_total{bridge,decision,reason}`` acks bridges emitted (``accepted`` / ``rejected`` + reason)
 ``relay_commands_total{outcome}``            commands the relay ``routed`` or ``refused`` itself
@@ -63,6 +64,8 @@ _BRIDGE_DROPS = {
     "frames_not_json": ("vendor-frame-not-json", "*"),
     "otlp.rejected": ("otlp-record-rejected", "*"),
     "emit_errors": ("emit-error", "*"),
+    "lines_cut": ("acp-line-cut", "*"),  # ACP: unfinished lines past AEP_ACP_MAX_HELD_BYTES
+    "sessions_refused": ("acp-session-refused", "*"),  # ACP: AEP_ACP_NEW_SESSIONS_PER_S
 }
 _RECONNECTS = ("reconnects", "socket_connects")
 _OTLP_REFUSALS = ("otlp.bad_gzip", "otlp.too_large", "otlp.unsupported_media_type",
@@ -179,6 +182,9 @@ class FleetCollector(Collector):
                                    "uplink outbox", labels=["bridge"])
         connects = CounterMetricFamily(f"{PREFIX}_uplink_connects", "Uplink connections made",
                                        labels=["bridge"])
+        held = GaugeMetricFamily(f"{PREFIX}_acp_held_bytes", "Bytes of unfinished lines an ACP "
+                                 "bridge holds for its tees (AEP_ACP_MAX_HELD_BYTES)",
+                                 labels=["bridge"])
         for name, m in sorted(f.members.items()):
             c = m.health.counters
             up.add_metric([name], 1.0 if m.health.ok else 0.0)
@@ -191,11 +197,13 @@ class FleetCollector(Collector):
                 for k in _OTLP_REFUSALS:
                     if c.get(k):
                         otlp.add_metric([name, k[5:]], int(c[k]))
+            if "held_bytes" in c:
+                held.add_metric([name], int(c["held_bytes"]))
             if m.uplink is not None:
                 uc = m.uplink.counters
                 outbox.add_metric([name], int(uc.get("outbox", 0)))
                 connects.add_metric([name], int(uc.get("connects", 0)))
-        yield from (up, restarts, reconnects, otlp, outbox, connects)
+        yield from (up, restarts, reconnects, otlp, outbox, connects, held)
 
     def _relay(self) -> Iterator[Metric]:
         relay = self.fleet.relay

@@ -18,7 +18,10 @@ marked ``PENDING``); its ``attention.resolved`` line names how it ended.
 
 The pure parts (:func:`gist`, :func:`parse_filter`, :class:`Timeline`) take
 events as dicts and return text; :func:`run` owns the subscription thread
-(the SDK consumer is thread-based) and the terminal (``rich``)."""
+(:mod:`supervisor.tailstream`, the SDK consumer's behaviour plus a defined
+answer to an endpoint that sends what is not AEP: each bad event skipped,
+counted and named once on stderr; an answer that is no event stream ends
+``tail`` with exit 1) and the terminal (``rich``)."""
 from __future__ import annotations
 
 import json
@@ -405,13 +408,16 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
         subscribe: Callable[..., Any] | None = None) -> int:
     """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
     events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
-    the reason on stderr, exit 1). Transport errors are shown dimmed and
-    retried by the SDK with backoff."""
-    import aep_sdk
+    the reason on stderr, exit 1) or is no AEP event stream (exit 1).
+    Transport errors are shown once each and retried with backoff; an event
+    that is not AEP is skipped, its kind named once on stderr, the count
+    on exit."""
+    from .tailstream import BadEvent, NotAnAepStream
+    from .tailstream import subscribe as _subscribe
 
     out = out or sys.stdout
     err = err or sys.stderr
-    subscribe = subscribe or aep_sdk.subscribe
+    subscribe = subscribe or _subscribe
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     console = _console(color, out)
     timeline = Timeline()
@@ -420,11 +426,22 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
                     backoff_initial_ms=250, backoff_max_ms=5000, timeout_ms=60_000)
     printed = 0
     last_error = ""
+    skipped: dict[str, int] = {}
     try:
         while limit is None or printed < limit:
             try:
                 kind, item = events.get(timeout=0.5)
             except queue.Empty:
+                continue
+            if kind == "error" and isinstance(item, NotAnAepStream):
+                print(_safe(f"aep-bridges tail: {url}: not an AEP event stream: {item} "
+                            "(is this an AEP endpoint?)"), file=err)
+                return 1
+            if kind == "error" and isinstance(item, BadEvent):
+                skipped[item.kind] = skipped.get(item.kind, 0) + 1
+                if skipped[item.kind] == 1:  # once per kind; the count comes on exit
+                    print(_safe(f"aep-bridges tail: {url}: {item} (not AEP; skipping such "
+                                "events, the stream goes on)"), file=err, flush=True)
                 continue
             if kind == "error":
                 status = getattr(item, "status", None)
@@ -455,4 +472,8 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
         pass
     finally:
         sub.close()
+        if skipped:
+            print(f"aep-bridges tail: skipped {sum(skipped.values())} event(s) that were not "
+                  f"AEP ({', '.join(f'{k}: {n}' for k, n in sorted(skipped.items()))})",
+                  file=err, flush=True)
     return 0

@@ -28,6 +28,20 @@ from .mapping import Emission, Posture, fallback, map_moment, map_update, resolu
 from .wire import AGENT, CLIENT  # a line the agent sent / the client (editor) sent
 
 DIRECTIONS = (CLIENT, AGENT)
+MAX_ID = 512
+"""The longest JSON-RPC id and ACP ``sessionId`` (characters) a story keeps:
+a frame with a longer one is ``malformed`` (ids are kept per pending
+request, run and session: their length bounds what a tee costs)."""
+MAX_TITLE = 1024
+"""Characters of a tool title remembered for its later updates."""
+
+
+def _short_id(rpc_id: Any) -> bool:
+    if rpc_id is None or isinstance(rpc_id, bool):
+        return True
+    if isinstance(rpc_id, str):
+        return len(rpc_id) <= MAX_ID
+    return isinstance(rpc_id, (int, float)) and len(repr(rpc_id)) <= 64
 
 
 def other(direction: str) -> str:
@@ -79,14 +93,18 @@ class Joiner:
     pending from the other direction and carries its ``method`` and
     ``params`` (as ``request``); a response nobody asked for is a moment
     with ``method: None`` and ``unmatched: True``. At most ``max_pending``
-    requests are remembered (oldest evicted, counted in ``evicted``)."""
+    requests are remembered, whose lines came to at most ``max_pending_bytes``
+    (the ``size`` given to :meth:`feed`; oldest evicted, counted in
+    ``evicted``): a tee's unanswered requests cost bounded memory."""
 
-    def __init__(self, max_pending: int = 4096) -> None:
+    def __init__(self, max_pending: int = 4096, max_pending_bytes: int = 8 << 20) -> None:
         self.max_pending = max_pending
-        self.pending: OrderedDict[tuple[str, str], tuple[str, dict[str, Any]]] = OrderedDict()
+        self.max_pending_bytes = max_pending_bytes
+        self.pending: OrderedDict[tuple[str, str], tuple[str, dict[str, Any], int]] = OrderedDict()
+        self.pending_bytes = 0
         self.evicted = 0
 
-    def feed(self, direction: str, frame: dict[str, Any]) -> dict[str, Any] | None:
+    def feed(self, direction: str, frame: dict[str, Any], size: int = 0) -> dict[str, Any] | None:
         method = frame.get("method")
         has_id = "id" in frame and frame["id"] is not None
         if isinstance(method, str):
@@ -96,10 +114,14 @@ class Joiner:
                 return {"kind": "notification", "method": method, "params": params,
                         "direction": direction}
             key = (direction, id_key(frame["id"]))
-            self.pending[key] = (method, params)
-            self.pending.move_to_end(key)
-            while len(self.pending) > self.max_pending:
-                self.pending.popitem(last=False)
+            old = self.pending.pop(key, None)
+            if old is not None:
+                self.pending_bytes -= old[2]
+            self.pending[key] = (method, params, size)
+            self.pending_bytes += size
+            while len(self.pending) > self.max_pending or (
+                    self.pending_bytes > self.max_pending_bytes and len(self.pending) > 1):
+                self.pending_bytes -= self.pending.popitem(last=False)[1][2]
                 self.evicted += 1
             return {"kind": "request", "method": method, "params": params, "id": frame["id"],
                     "direction": direction}
@@ -111,6 +133,8 @@ class Joiner:
             else:
                 moment["result"] = frame.get("result")
             asked = self.pending.pop((other(direction), id_key(frame.get("id"))), None)
+            if asked is not None:
+                self.pending_bytes -= asked[2]
             if asked is None:
                 moment.update(method=None, unmatched=True)
             else:
@@ -185,9 +209,12 @@ class Story:
         out: list[Out] = []
         for frame in frames:
             self.counters.frames += 1
+            if not _short_id(frame.get("id")):
+                self.counters.malformed += 1
+                continue
             try:
-                moment = self.joiner.feed(direction, frame)
-                if moment is None:
+                moment = self.joiner.feed(direction, frame, len(line))
+                if moment is None or len(session_of(moment) or "") > MAX_ID:
                     self.counters.malformed += 1
                     continue
                 out.extend(self.moment(moment))
@@ -286,8 +313,8 @@ class Story:
     def _tool_update(self, update: dict[str, Any]) -> list[Emission]:
         call_id = update.get("toolCallId") if isinstance(update.get("toolCallId"), str) else None
         title = update.get("title") if isinstance(update.get("title"), str) else None
-        if call_id and title:
-            self.titles[call_id] = title
+        if call_id and title and len(call_id) <= MAX_ID:
+            self.titles[call_id] = title[:MAX_TITLE]
             self.titles.move_to_end(call_id)
             while len(self.titles) > self.max_tools:
                 self.titles.popitem(last=False)

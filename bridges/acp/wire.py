@@ -8,7 +8,9 @@ daemon's ``AEP_ACP_AGENTS``; another name is refused 404). With
 ``Authorization: Bearer <token>`` (401 otherwise). The Host guard of the
 relay applies; an upgrade carrying a browser ``Origin`` is refused 403.
 
-Messages, tee -> daemon (the daemon sends nothing but close frames):
+Messages, tee -> daemon (the daemon sends one TEXT message, the welcome
+``{"aep_acp_daemon": 1, "resume": "<key>"}`` right after a hello it
+accepts, then nothing but close frames):
 
 1. one TEXT message first, the hello::
 
@@ -18,7 +20,10 @@ Messages, tee -> daemon (the daemon sends nothing but close frames):
 
    ``tee`` is minted once per tee process: it qualifies run ids and names
    the tee's connection session, so a reconnect continues the same story
-   and a restarted tee never re-mints a run id.
+   and a restarted tee never re-mints a run id. The id is bound to the
+   connection that first used it: a reconnect carries ``"resume"``, the
+   key of the welcome; a hello for an id that another connection holds,
+   or without its key, is closed with code 4409 and the tee mints a new id.
 2. then BINARY messages, each a batch of records, each record
    ``TAG + uint32 big-endian length + payload``: ``>`` bytes the client
    sent to the agent, ``<`` bytes the agent sent to the client (the raw
@@ -55,6 +60,8 @@ from typing import Any, Iterator
 
 from aep_sdk import ulid
 
+from bridges.core.aep import loads as _loads
+
 CLIENT = "client"
 AGENT = "agent"
 DIRECTIONS = (CLIENT, AGENT)
@@ -65,6 +72,11 @@ VERSION = 1
 _LEN = struct.Struct(">I")
 DEFAULT_MAX_LINE = 4 << 20
 """Parse cap in bytes: a longer line passes through but is not observed."""
+MAX_CONTROL = 64 << 10
+"""The largest hello or ``#`` control record parsed (bytes); a larger one is refused."""
+CLAIMED = 4409
+"""The close code for a hello whose tee id another connection holds (or
+that lacks the id's resume key): the tee mints a new id and reconnects."""
 PATH_PREFIX = "/bridges/acp/"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -102,10 +114,27 @@ def tee_url(daemon: str, name: str) -> str:
 
 
 def hello(tee: str, name: str, command: list[str], pid: int, stats: dict[str, int], *,
-          max_line: int = DEFAULT_MAX_LINE, mid_line: list[str] | None = None) -> dict[str, Any]:
-    return {"aep_acp_tee": VERSION, "tee": tee, "agent": name,
-            "command": os.path.basename(command[0]) if command else "", "pid": pid,
-            "stats": stats, "max_line": max_line, "mid_line": list(mid_line or [])}
+          max_line: int = DEFAULT_MAX_LINE, mid_line: list[str] | None = None,
+          resume: str | None = None) -> dict[str, Any]:
+    h = {"aep_acp_tee": VERSION, "tee": tee, "agent": name,
+         "command": os.path.basename(command[0]) if command else "", "pid": pid,
+         "stats": stats, "max_line": max_line, "mid_line": list(mid_line or [])}
+    if resume is not None:
+        h["resume"] = resume
+    return h
+
+
+def parse_welcome(text: Any) -> str | None:
+    """The resume key of the daemon's answer to a hello (``{"aep_acp_daemon":
+    1, "resume": KEY}``), or ``None`` for any other message. Never raises."""
+    if not isinstance(text, str) or len(text) > MAX_CONTROL:
+        return None
+    try:
+        w = _loads(text)
+    except ValueError:
+        return None
+    key = w.get("resume") if isinstance(w, dict) and w.get("aep_acp_daemon") == VERSION else None
+    return key if isinstance(key, str) and _NAME.match(key) else None
 
 
 def record(direction: str, data: bytes) -> bytes:
@@ -124,23 +153,43 @@ def control(obj: dict[str, Any]) -> bytes:
 
 
 def parse_hello(text: str) -> dict[str, Any] | None:
-    """The hello, or ``None`` when the message is not one this daemon speaks."""
+    """The hello, normalized (every field of the shape above, of its type:
+    ``command`` ``str``, ``pid`` ``int | None``, ``stats`` ``dict``,
+    ``max_line`` ``int | None``, ``mid_line`` a list of directions,
+    ``resume`` ``str | None``), or ``None`` when the message is not one this
+    daemon speaks: not JSON, over :data:`MAX_CONTROL`, nested past what
+    :func:`bridges.core.aep.loads` reads, or a field of the wrong type.
+    Never raises."""
+    if len(text) > MAX_CONTROL:
+        return None
     try:
-        h = json.loads(text)
-    except ValueError:
+        h = _loads(text)
+    except ValueError:  # aep.loads turns absurd nesting into ValueError too
         return None
     if not isinstance(h, dict) or h.get("aep_acp_tee") != VERSION:
         return None
-    tee = h.get("tee")
-    if not isinstance(tee, str) or not _NAME.match(tee):
+    tee, agent, resume = h.get("tee"), h.get("agent"), h.get("resume")
+    if not isinstance(tee, str) or not _NAME.match(tee) or not isinstance(agent, str):
         return None
-    return h
+    if resume is not None and (not isinstance(resume, str) or not _NAME.match(resume)):
+        return None
+    pid, max_line, stats, mid = h.get("pid"), h.get("max_line"), h.get("stats"), h.get("mid_line")
+    return {"aep_acp_tee": VERSION, "tee": tee, "agent": agent, "resume": resume,
+            "command": h["command"][:200] if isinstance(h.get("command"), str) else "",
+            "pid": pid if type(pid) is int else None,
+            "max_line": max_line if type(max_line) is int else None,
+            "stats": {k: v for k, v in stats.items() if type(v) is int}
+            if isinstance(stats, dict) else {},
+            "mid_line": [d for d in DIRECTIONS if isinstance(mid, list) and d in mid]}
 
 
-def records(message: bytes) -> Iterator[tuple[str, bytes] | tuple[None, dict[str, Any]]]:
+def records(message: bytes) -> Iterator[tuple[str, bytes] | tuple[None, dict[str, Any] | None]]:
     """The records of one batch: ``(direction, bytes)`` or ``(None, control)``.
-    Unknown tags and unparsable control records are skipped; a truncated
-    record ends the batch."""
+    A control record that is not a JSON object of at most
+    :data:`MAX_CONTROL` bytes (nesting included: it is read by
+    :func:`bridges.core.aep.loads`, which refuses absurd depth with
+    ``ValueError``) is ``(None, None)``: refused, for the caller to count.
+    Unknown tags are skipped; a truncated record ends the batch. Never raises."""
     view = memoryview(message)
     pos, end = 0, len(message)
     while pos + 5 <= end:
@@ -152,12 +201,13 @@ def records(message: bytes) -> Iterator[tuple[str, bytes] | tuple[None, dict[str
         if tag in _DIRS:
             yield _DIRS[tag], bytes(view[start:pos])
         elif tag == CONTROL:
-            try:
-                obj = json.loads(view[start:pos].tobytes())
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                yield None, obj
+            obj: Any = None
+            if n <= MAX_CONTROL:
+                try:
+                    obj = _loads(view[start:pos].tobytes())
+                except ValueError:
+                    obj = None
+            yield None, obj if isinstance(obj, dict) else None
 
 
 class LineSplitter:
@@ -178,6 +228,11 @@ class LineSplitter:
         self._over = 0  # >0: length so far of a line past the cap (bytes dropped)
         self._resync = False
         self.oversize = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes of the unfinished line held now (at most ``max_line``)."""
+        return self._held
 
     def resync(self) -> None:
         self._buf, self._held, self._over = [], 0, 0

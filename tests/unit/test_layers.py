@@ -191,6 +191,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE", "give_back"},
     "supervisor.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold"},
     "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
+    "supervisor.tailstream": {"BadEvent", "MAX_EVENT", "NotAnAepStream", "Stream", "subscribe"},
     "supervisor.jetstream.publish": {"AckInbox", "LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
                                      "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "TooLarge",
                                      "await_leader", "ensure_stream", "message_for",

@@ -323,3 +323,38 @@ def test_a_closed_session_never_ends_twice():
     assert [e["type"] for e in events if e.get("session") == "s1"] == [
         "session.started", "session.ended", "x.acp.session.close.result"]
     validate_stream(events)
+
+
+def test_unanswered_requests_cost_bounded_bytes():
+    """Issue 25 row 4: a tee's unanswered requests were held by count only
+    (4,096 of them, whatever their size): now also by the bytes of their lines."""
+    from bridges.acp.join import Joiner
+    j = Joiner(max_pending_bytes=10_000)
+    for i in range(100):
+        j.feed("client", {"jsonrpc": "2.0", "id": i, "method": "x", "params": {}}, 1_000)
+    assert len(j.pending) == 10 and j.pending_bytes == 10_000 and j.evicted == 90
+    answered = j.feed("agent", {"jsonrpc": "2.0", "id": 99, "result": {}})
+    assert answered is not None and answered["method"] == "x" and j.pending_bytes == 9_000
+    j.feed("client", {"jsonrpc": "2.0", "id": "big", "method": "y"}, 50_000)  # one line over it all
+    assert list(j.pending) == [("client", '"big"')] and j.pending_bytes == 50_000
+
+
+def test_long_ids_and_titles_cost_a_story_nothing():
+    """Issue 25 row 4: what a story keeps per session, request, run and tool
+    was bounded by count only; an id or title as long as a line (MiBs) was
+    kept whole. Now a frame with an over-long JSON-RPC id or sessionId is
+    malformed, and a remembered title is cut."""
+    from bridges.acp.join import MAX_ID, MAX_TITLE, Story
+    s = Story("T")
+    big = "s" * 100_000
+    for i in range(20):
+        s.feed("client", json.dumps({"jsonrpc": "2.0", "id": f"{i}{big}", "method": "x"}).encode())
+        s.feed("client", json.dumps({"jsonrpc": "2.0", "id": 10**100 + i, "method": "x"}).encode())
+        s.feed("agent", json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": {
+            "sessionId": f"{i}{big}", "update": {"sessionUpdate": "tool_call"}}}).encode())
+    assert not s.joiner.pending and not s.sessions and s.counters.malformed == 60
+    s.feed("agent", json.dumps({"jsonrpc": "2.0", "method": "session/update", "params": {
+        "sessionId": "ok", "update": {"sessionUpdate": "tool_call", "toolCallId": "c1",
+                                      "title": big}}}).encode())
+    assert len(s.titles["c1"]) == MAX_TITLE and list(s.sessions) == ["ok"]
+    assert MAX_ID < 1000

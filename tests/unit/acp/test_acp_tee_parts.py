@@ -121,8 +121,29 @@ def test_records_round_trip():
     msg = (wire.record(wire.CLIENT, b'{"a":1}\n{"b"') + wire.record(wire.AGENT, b"")
            + wire.control({"gap": "agent"}) + wire.control({"exit": 3})
            + b"?\x00\x00\x00\x01z" + b"#\x00\x00\x00\x02{b" + b"<\x00\x00\x09\x00trunc")
+    # an unparsable control record is (None, None): refused, for the bridge to count
     assert list(wire.records(msg)) == [
-        ("client", b'{"a":1}\n{"b"'), ("agent", b""), (None, {"gap": "agent"}), (None, {"exit": 3})]
+        ("client", b'{"a":1}\n{"b"'), ("agent", b""), (None, {"gap": "agent"}), (None, {"exit": 3}),
+        (None, None)]
+
+
+def test_control_records_and_hellos_are_depth_and_size_bounded():
+    """Issue 25 row 3: 200,000 ``[`` in a control record (or a hello) raised
+    RecursionError out of the parser and crashed the bridge."""
+    deep = b"[" * 200_000
+    msg = b"#" + len(deep).to_bytes(4, "big") + deep + wire.control({"gap": "agent"})
+    assert list(wire.records(msg)) == [(None, None), (None, {"gap": "agent"})]
+    nested = b"{" + b'"a":[' * 5_000 + b"]" * 5_000 + b"}"  # under the size cap, absurdly deep
+    assert list(wire.records(b"#" + len(nested).to_bytes(4, "big") + nested)) == [(None, None)]
+    assert wire.parse_hello("[" * 200_000) is None
+    assert wire.parse_hello('{"aep_acp_tee":1,"tee":"T","agent":"acp","x":' + "[" * 3_000
+                            + "]" * 3_000 + "}") is None
+    # wrong field types are normalized away, never raised later (a hello's
+    # unhashable mid_line member once raised in the daemon's handler)
+    h = wire.parse_hello('{"aep_acp_tee":1,"tee":"T","agent":"acp","mid_line":[{}, "agent"],'
+                         '"max_line":true,"pid":"1","command":[1],"stats":[1]}')
+    assert h is not None and h["mid_line"] == ["agent"] and h["max_line"] is None
+    assert h["pid"] is None and h["command"] == "" and h["stats"] == {}
 
 
 async def test_queue_marks_the_gap_of_each_direction():
@@ -138,7 +159,8 @@ async def test_queue_marks_the_gap_of_each_direction():
 
 def test_hello_and_urls():
     h = wire.hello("01ABC", "acp", ["/usr/bin/claude-acp", "--x"], 7, {"drops": 0})
-    assert wire.parse_hello(__import__("json").dumps(h)) == h and h["command"] == "claude-acp"
+    assert wire.parse_hello(__import__("json").dumps(h)) == {**h, "resume": None}
+    assert h["command"] == "claude-acp"
     assert wire.parse_hello('{"aep_acp_tee": 2, "tee": "x"}') is None
     assert wire.parse_hello("not json") is None
     assert wire.tee_url("http://127.0.0.1:8787", "acp") == "ws://127.0.0.1:8787/bridges/acp/acp"

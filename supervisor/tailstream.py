@@ -1,0 +1,204 @@
+"""The SSE consumer behind ``aep-bridges tail``: ``GET {url}/stream``
+(AEP-0003 §4) on ``httpx`` + ``httpx_sse`` in a thread, with what the SDK
+consumer (``aep_sdk.subscribe``) does (``from=all`` on the first request
+and a live-only fall-back when it is refused, ``(session, epoch, seq)``
+resume positions, ``(source, id)`` dedupe, reconnect with backoff) and what
+it did not (issue 25: an endpoint that sent ``data`` that is not an object
+made the SDK raise inside its reader and reconnect, forever):
+
+- an event whose data is not JSON, not an object, or not an AEP envelope
+  (a string ``id`` and ``type``) is skipped and reported to ``on_error`` as
+  :class:`BadEvent` (its ``kind``); the stream goes on;
+- an answer that is not an event stream (``Content-Type`` other than
+  ``text/event-stream``: a web page, a JSON API) or one event over
+  :data:`MAX_EVENT` characters is reported as :class:`NotAnAepStream` and
+  the subscription ends (the caller exits with the message);
+- HTTP refusals and transport failures are ``aep_sdk.TransportError``
+  (``http`` with ``status``, ``network``), as the SDK reports them.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Iterator
+
+import httpx
+from aep_sdk import TransportError
+from httpx_sse import EventSource, SSEError
+
+from bridges.core.aep import loads
+
+__all__ = ["subscribe", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT"]
+
+MAX_EVENT = 16 << 20
+"""The largest SSE event (characters) read; a larger one ends the subscription."""
+_SEEN = 50_000
+
+
+class BadEvent(ValueError):
+    """An SSE event that is no AEP event, skipped. ``kind``: ``not-json``,
+    ``not-object`` or ``no-envelope``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class NotAnAepStream(ValueError):
+    """The endpoint's answer is not an AEP event stream: the subscription ended."""
+
+
+class _Overflow(Exception):
+    pass
+
+
+class _Bounded:
+    """A response view for :class:`httpx_sse.EventSource` that refuses to
+    buffer one SSE event beyond ``limit`` characters."""
+
+    def __init__(self, response: httpx.Response, limit: int) -> None:
+        self._r = response
+        self._limit = limit
+        self.headers = response.headers
+
+    def iter_text(self) -> Iterator[str]:
+        pending, tail = 0, ""
+        for text in self._r.iter_text():
+            joined = tail + text
+            cut = max(joined.rfind("\n\n"), joined.rfind("\r\r"), joined.rfind("\n\r\n"))
+            pending = len(joined) - cut if cut >= 0 else pending + len(text)
+            if pending > self._limit:
+                raise _Overflow()
+            tail = joined[-3:]
+            yield text
+
+
+class Stream:
+    """One subscription (see the module docstring); :meth:`close` ends it.
+    ``on_event(dict)`` gets each AEP event once; ``on_error(exc)`` gets
+    :class:`BadEvent`, :class:`NotAnAepStream` or ``TransportError``."""
+
+    def __init__(self, url: str, on_event: Callable[[dict[str, Any]], None], *,
+                 filter: dict[str, Any] | None = None, token: str | None = None,
+                 from_: str | list[dict[str, Any]] | None = None,
+                 on_error: Callable[[Exception], None] | None = None,
+                 backoff_initial_ms: int = 250, backoff_max_ms: int = 5000,
+                 timeout_ms: int = 60_000) -> None:
+        self.url = url.rstrip("/")
+        self.on_event = on_event
+        self.on_error = on_error or (lambda e: None)
+        self.filter = filter or {}
+        self.token = token
+        self.pending_all = from_ == "all"
+        self.positions: dict[str, dict[str, Any]] = {
+            p["session"]: p for p in (from_ if isinstance(from_, list) else [])}
+        self.backoff = (backoff_initial_ms / 1000, backoff_max_ms / 1000)
+        self.timeout = timeout_ms / 1000
+        self.seen: OrderedDict[tuple[Any, str], None] = OrderedDict()
+        self._closed = threading.Event()
+        self._opened = False
+        self._thread = threading.Thread(target=self._loop, name="aep-tail", daemon=True)
+
+    def start(self) -> "Stream":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    # -- the reader thread ---------------------------------------------------------
+    def _loop(self) -> None:
+        delay = self.backoff[0]
+        headers = {"accept": "text/event-stream"}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, 10.0))
+        with httpx.Client(timeout=timeout, headers=headers, follow_redirects=False) as client:
+            while not self._closed.is_set():
+                sent_all = self.pending_all and not self.positions
+                self._opened = False
+                try:
+                    if self._once(client, sent_all):
+                        return  # not an AEP stream: reported, nothing to retry
+                except TransportError as e:
+                    if self._closed.is_set():
+                        return
+                    self.on_error(e)
+                    if e.status is not None and 400 <= e.status < 500 and (sent_all or self.positions):
+                        # a refused from=all or resume: live-only (resume is an optimization)
+                        self.pending_all = False
+                        self.positions.clear()
+                        self._closed.wait(0.15)
+                        continue
+                except (httpx.HTTPError, SSEError, OSError) as e:
+                    if self._closed.is_set():
+                        return
+                    self.on_error(TransportError("network", str(e) or type(e).__name__))
+                if self._opened:  # the stream was up: a fresh schedule
+                    delay = self.backoff[0]
+                self._closed.wait(delay)
+                delay = min(delay * 2, self.backoff[1])
+
+    def _once(self, client: httpx.Client, sent_all: bool) -> bool:
+        """One request; ``True`` when the answer is not an AEP stream."""
+        params: list[tuple[str, str]] = [("filter", json.dumps(self.filter))]
+        if sent_all:
+            params.append(("from", "all"))
+        elif self.positions:
+            params.append(("from", json.dumps(list(self.positions.values()))))
+        with client.stream("GET", f"{self.url}/stream", params=tuple(params)) as res:
+            if res.status_code != 200:
+                raise TransportError("http", f"SSE HTTP {res.status_code}", status=res.status_code)
+            ctype = res.headers.get("content-type", "").partition(";")[0].strip()
+            if ctype != "text/event-stream":
+                self.on_error(NotAnAepStream(
+                    f"the answer is not an event stream (Content-Type: {ctype or 'none'!r})"))
+                return True
+            self.pending_all = False
+            self._opened = True
+            try:
+                for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
+                    if self._closed.is_set():
+                        return False
+                    if sse.data:
+                        self._deliver(sse.data)
+            except _Overflow:
+                self.on_error(NotAnAepStream(f"an event over {MAX_EVENT} characters"))
+                return True
+        return False
+
+    def _deliver(self, text: str) -> None:
+        try:
+            ev = loads(text)
+        except ValueError:
+            self.on_error(BadEvent("not-json", "skipped an event whose data is not JSON"))
+            return
+        if not isinstance(ev, dict):
+            self.on_error(BadEvent("not-object", "skipped an event whose data is a JSON "
+                                   f"{type(ev).__name__}, not an object"))
+            return
+        ev_id, type_ = ev.get("id"), ev.get("type")
+        if not isinstance(ev_id, str) or not isinstance(type_, str):
+            self.on_error(BadEvent("no-envelope", "skipped an event without an AEP envelope "
+                                   "(a string id and type)"))
+            return
+        key = (ev.get("source"), ev_id)  # AEP-0001 §7.4
+        if key in self.seen:
+            return
+        self.seen[key] = None
+        if len(self.seen) > _SEEN:
+            self.seen.popitem(last=False)
+        session, seq, epoch = ev.get("session"), ev.get("seq"), ev.get("epoch", 0)
+        if isinstance(session, str) and type(seq) is int:
+            self.positions[session] = {"session": session, "seq": seq,
+                                       "epoch": epoch if type(epoch) is int else 0}
+        self.on_event(ev)
+
+
+def subscribe(url: str, on_event: Callable[[dict[str, Any]], None], **kw: Any) -> Stream:
+    """Start a :class:`Stream` (keywords as its constructor's) and return it."""
+    return Stream(url, on_event, **kw).start()
