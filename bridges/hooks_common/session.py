@@ -1,0 +1,145 @@
+"""Per-session state of a hook bridge run: the open run, the open tool
+calls (pairing), the open asks, the steering queue. No I/O; the hub
+(:mod:`.hub`) reads and changes it under the session's lock.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from bridges.core.capture import digest
+
+from .answers import Decision
+
+__all__ = ["Ask", "Instruction", "SessionState", "Sessions", "tool_key"]
+
+QUEUE_MAX = 20
+"""Instructions queued per session (``control-steering-design.md``)."""
+SESSIONS_MAX = 1024
+"""Sessions kept at once; the least recently seen is forgotten first."""
+
+
+def tool_key(moment: dict[str, Any]) -> tuple[str, str]:
+    """``(tool_name, digest(tool_input))``: pairs a ``PermissionRequest``
+    (which has no ``tool_use_id``) with the tool's other moments."""
+    name = moment.get("tool_name")
+    return (name if isinstance(name, str) else "", digest(moment.get("tool_input")))
+
+
+@dataclass(eq=False)
+class Ask:
+    """One ``attention.requested``: ``id`` (its event id, the command's
+    subject), ``kind`` (``permission`` / ``form``), the vendor ``moment``
+    (for the reply), ``options`` or ``fields`` (the mapper's, before the
+    capture gate), the tool it is about (``key``, ``call_id``), ``held``
+    (a hook waits for the answer here), ``gate`` (the ``PreToolUse``
+    gate), ``state`` (``open`` / ``answered`` / ``closed``), ``settling``
+    (the command id whose answer is being applied), ``decision`` and
+    ``done`` (set once the held hook may answer)."""
+
+    id: str
+    session: str
+    run: str | None
+    kind: str
+    moment: dict[str, Any]
+    options: list[dict[str, Any]] | None = None
+    fields: list[dict[str, Any]] | None = None
+    key: tuple[str, str] | None = None
+    call_id: str | None = None
+    held: bool = False
+    gate: bool = False
+    t0: float = 0.0
+    state: str = "open"
+    settling: str | None = None
+    decision: Decision | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def open(self) -> bool:
+        return self.state == "open"
+
+    def matches(self, moment: dict[str, Any]) -> bool:
+        """Whether ``moment`` is about this ask's tool call."""
+        call = moment.get("tool_use_id")
+        if self.call_id and isinstance(call, str):
+            return call == self.call_id
+        return self.key is not None and tool_key(moment) == self.key
+
+
+@dataclass
+class Instruction:
+    """One queued steering instruction: the command id, its text, when queued
+    (``trio.current_time()``)."""
+
+    cmd_id: str
+    text: str
+    t0: float
+
+
+@dataclass(eq=False)
+class SessionState:
+    """One vendor session: ``run`` (the open AEP run id) and its
+    ``run_started`` event id and start time; ``tools`` (``call_id`` ->
+    ``(tool.requested id, t0)``); ``asks`` (event id -> :class:`Ask`);
+    ``queue`` (steering); ``lock`` (one moment mapped at a time)."""
+
+    id: str
+    run: str | None = None
+    run_started: str | None = None
+    run_t0: float = 0.0
+    tools: dict[str, tuple[str, float]] = field(default_factory=dict)
+    asks: dict[str, Ask] = field(default_factory=dict)
+    queue: deque[Instruction] = field(default_factory=deque)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    ended: bool = False
+
+    def open_asks(self) -> list[Ask]:
+        return [a for a in self.asks.values() if a.open]
+
+    def forget_closed(self) -> None:
+        for k in [k for k, a in self.asks.items() if not a.open]:
+            del self.asks[k]
+
+
+class Sessions:
+    """The run's sessions, least recently seen first, at most
+    :data:`SESSIONS_MAX` (a forgotten session's queue is counted dropped
+    by the caller)."""
+
+    def __init__(self, limit: int = SESSIONS_MAX) -> None:
+        self._by_id: OrderedDict[str, SessionState] = OrderedDict()
+        self.limit = limit
+
+    def get(self, sid: str) -> SessionState | None:
+        return self._by_id.get(sid)
+
+    def touch(self, sid: str) -> tuple[SessionState, SessionState | None]:
+        """The session ``sid`` (made on first sight), and the one forgotten
+        to make room (or ``None``)."""
+        st = self._by_id.get(sid)
+        if st is not None:
+            self._by_id.move_to_end(sid)
+            return st, None
+        st = self._by_id[sid] = SessionState(sid)
+        evicted = None
+        if len(self._by_id) > self.limit:
+            _, evicted = self._by_id.popitem(last=False)
+        return st, evicted
+
+    def drop(self, sid: str) -> None:
+        self._by_id.pop(sid, None)
+
+    def find_ask(self, ask_id: object) -> Ask | None:
+        if not isinstance(ask_id, str):
+            return None
+        for st in self._by_id.values():
+            a = st.asks.get(ask_id)
+            if a is not None:
+                return a
+        return None
+
+    def __len__(self) -> int:
+        return len(self._by_id)
