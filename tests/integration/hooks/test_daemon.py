@@ -1,0 +1,192 @@
+"""The Claude Code hook bridge through the real daemon (``aep-bridges run``,
+its own process, the embedded relay): real-shaped hook payloads POSTed to
+``/hooks/claude-code`` on ``AEP_LISTEN``, the stream read with the SDK
+consumer, asks answered with the SDK ``ControlClient``: allow, a free-text
+deny, a form, the hold's timeout, and the gate off (zero decisions). Every
+event read is schema-valid, alone and as a stream."""
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.daemon import DaemonProcess, send_command
+from tests.support.schema import validated
+
+TOKEN = "hooks-test-token"
+BASH = {"tool_name": "Bash", "tool_input": {"command": "ls -la", "description": "list"}}
+
+
+class HookDaemon(DaemonProcess):
+    token = TOKEN
+
+    def __init__(self, state, **env: str) -> None:
+        super().__init__(state, {"AEP_BRIDGE_CLAUDE_CODE": "1", "AEP_BRIDGE_OTLP_IN": "0", **env})
+
+    def headers(self, token: str | None = TOKEN) -> dict[str, str]:
+        h = {"X-AEP-Hook-Transport": "command", "X-AEP-Hook-Id": uuid.uuid4().hex,
+             "Content-Type": "application/json"}
+        if token:
+            h["Authorization"] = f"Bearer {token}"
+        return h
+
+    def post(self, moment: dict[str, Any], *, token: str | None = TOKEN,
+             timeout: float = 60.0) -> httpx.Response:
+        return httpx.post(f"{self.url}/hooks/claude-code", content=json.dumps(moment),
+                          headers=self.headers(token), timeout=timeout)
+
+
+def moment(session: str, event: str, **kw: Any) -> dict[str, Any]:
+    return {"hook_event_name": event, "session_id": session, "cwd": "/work/p",
+            "transcript_path": "/home/u/.claude/projects/p/t.jsonl",
+            "permission_mode": "default", **kw}
+
+
+class Background:
+    """A hook POST held in a thread (the vendor waiting for its decision)."""
+
+    def __init__(self, daemon: HookDaemon, m: dict[str, Any]) -> None:
+        self.response: httpx.Response | None = None
+        self.headers_seen = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(daemon, m), daemon=True)
+        self.thread.start()
+
+    def _run(self, daemon: HookDaemon, m: dict[str, Any]) -> None:
+        with httpx.stream("POST", f"{daemon.url}/hooks/claude-code", content=json.dumps(m),
+                          headers=daemon.headers(), timeout=60.0) as r:
+            self.headers_seen.set()  # the response start, before any decision
+            r.read()
+            self.response = r
+
+    def result(self, timeout: float = 60.0) -> httpx.Response:
+        self.thread.join(timeout)
+        assert self.response is not None, "the held hook never answered"
+        return self.response
+
+
+@pytest.fixture(scope="module")
+def gated(tmp_path_factory):
+    d = HookDaemon(tmp_path_factory.mktemp("hooks") / "state", AEP_CLAUDE_CODE_CONTROL="1",
+                   AEP_CLAUDE_CODE_GATE_TOOLS="Bash", AEP_CLAUDE_CODE_HOLD_S="60")
+    d.start()
+    stream = d.subscribe()
+    yield d, stream
+    stream.close()
+    d.stop()
+
+
+def ask_of(stream, session: str) -> dict[str, Any]:
+    return stream.first(lambda e: e.get("session") == session
+                        and e["type"] == "attention.requested", what="attention.requested")
+
+
+def test_a_held_pretooluse_is_allowed_from_aep(gated):
+    d, stream = gated
+    s = f"s-allow-{uuid.uuid4().hex[:6]}"
+    assert d.post(moment(s, "UserPromptSubmit", prompt="list files")).json() == {}
+    held = Background(d, moment(s, "PreToolUse", tool_use_id="toolu_1", **BASH))
+    ask = ask_of(stream, s)
+    assert ask["data"]["kind"] == "permission" and ask["subject"] == "Bash"
+    assert held.headers_seen.wait(30), "the held hook's response start never came"
+    assert held.response is None
+    status, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                             data={"answer": {"option": "allow"}})
+    assert status == "accepted"
+    r = held.result()
+    assert r.status_code == 200 and int(r.headers["aep-hold-ms"]) == 60_000
+    assert r.json()["hookSpecificOutput"]["permissionDecision"] == "allow"
+    d.post(moment(s, "PostToolUse", tool_use_id="toolu_1", tool_response={"stdout": "x"}, **BASH))
+    d.post(moment(s, "Stop"))
+    stream.first(lambda e: e.get("session") == s and e["type"] == "run.finished")
+    evs = validated(stream.of(s))
+    types = [e["type"] for e in evs]
+    assert types[:2] == ["run.started", "tool.requested"]
+    for t in ("control.accepted", "attention.answered", "attention.resolved", "tool.completed"):
+        assert t in types
+    assert all("transcript" not in json.dumps(e) for e in evs)
+    late, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                           data={"answer": {"option": "deny"}})
+    assert late == "refused"
+
+
+def test_free_text_denies_with_the_text_for_the_model(gated):
+    d, stream = gated
+    s = f"s-deny-{uuid.uuid4().hex[:6]}"
+    held = Background(d, moment(s, "PermissionRequest", **BASH))
+    ask = ask_of(stream, s)
+    status, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                             capture="redacted",
+                             data={"answer": {"text": "not in prod, use the staging box"}})
+    assert status == "accepted"
+    assert held.result().json() == {"hookSpecificOutput": {
+        "hookEventName": "PermissionRequest",
+        "decision": {"behavior": "deny", "message": "not in prod, use the staging box"}}}
+    ans = stream.first(lambda e: e.get("session") == s and e["type"] == "attention.answered")
+    assert ans["data"] == {"answer": {"option": "deny", "text": "not in prod, use the staging box"},
+                           "via": "control"}
+    validated(stream.of(s))
+
+
+def test_a_form_is_answered_with_values_and_bad_values_are_nacked(gated):
+    d, stream = gated
+    s = f"s-form-{uuid.uuid4().hex[:6]}"
+    schema = {"type": "object", "properties": {
+        "environment": {"type": "string", "enum": ["staging", "production"]},
+        "replicas": {"type": "integer"}}, "required": ["environment"]}
+    held = Background(d, moment(s, "Elicitation", mcp_server_name="deploy",
+                                message="Configure the target", requested_schema=schema))
+    ask = ask_of(stream, s)
+    assert ask["data"]["kind"] == "form"
+    bad, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                          data={"answer": {"values": {"environment": "moon"}}})
+    assert bad == "invalid"
+    ok, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                         data={"answer": {"values": {"environment": "staging", "replicas": 2}}})
+    assert ok == "accepted"
+    assert held.result().json() == {"hookSpecificOutput": {
+        "hookEventName": "Elicitation", "action": "accept",
+        "content": {"environment": "staging", "replicas": 2}}}
+    validated(stream.of(s))
+
+
+def test_the_hold_ends_in_attention_timeout_and_no_decision(tmp_path):
+    d = HookDaemon(tmp_path / "state", AEP_CLAUDE_CODE_CONTROL="1", AEP_CLAUDE_CODE_HOLD_S="1")
+    d.start()
+    stream = d.subscribe()
+    try:
+        s = "s-timeout"
+        r = d.post(moment(s, "PermissionRequest", **BASH))
+        assert r.json() == {} and r.headers["aep-hold-ms"] == "1000"
+        t = stream.first(lambda e: e.get("session") == s and e["type"] == "attention.timeout")
+        ask = ask_of(stream, s)
+        assert t["cause"] == ask["id"]
+        validated(stream.of(s))
+    finally:
+        stream.close()
+        d.stop()
+
+
+def test_gate_off_gives_zero_decisions(tmp_path):
+    d = HookDaemon(tmp_path / "state")
+    d.start()
+    stream = d.subscribe()
+    try:
+        s = "s-off"
+        for m in (moment(s, "PermissionRequest", **BASH),
+                  moment(s, "PreToolUse", tool_use_id="t1", **BASH)):
+            r = d.post(m)
+            assert r.json() == {} and "aep-hold-ms" not in r.headers
+        ask = ask_of(stream, s)
+        assert ask["data"]["respond_via"] == ["oob"]
+        status, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                                 data={"answer": {"option": "allow"}})
+        assert status == "unsupported"
+        assert d.post(moment(s, "Stop"), token=None).status_code == 401
+        validated(stream.of(s))
+    finally:
+        stream.close()
+        d.stop()
