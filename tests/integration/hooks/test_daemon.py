@@ -190,3 +190,37 @@ def test_gate_off_gives_zero_decisions(tmp_path):
     finally:
         stream.close()
         d.stop()
+
+
+def test_codex_hooks_beside_otlp_answer_a_permission_and_the_otlp_profile_says_companion(tmp_path):
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_CODEX_HOOKS": "1", "AEP_BRIDGE_OTLP_IN": "1",
+                                           "AEP_OTLP_PRIMARY": "1", "AEP_CODEX_HOOKS_CONTROL": "1"},
+                      token=TOKEN)
+    d.start()
+    stream = d.subscribe()
+    try:
+        s = "thread-1"
+
+        def post(m: dict[str, Any]) -> httpx.Response:
+            return httpx.post(f"{d.url}/hooks/codex", content=json.dumps(m), timeout=60,
+                              headers={"Authorization": f"Bearer {TOKEN}",
+                                       "X-AEP-Hook-Id": uuid.uuid4().hex})
+        assert post({"hook_event_name": "UserPromptSubmit", "session_id": s, "turn_id": "turn-1",
+                     "prompt": "clean"}).json() == {}
+        box: dict[str, httpx.Response] = {}
+        t = threading.Thread(target=lambda: box.setdefault("r", post(
+            {"hook_event_name": "PermissionRequest", "session_id": s, "turn_id": "turn-1",
+             "tool_name": "shell", "tool_input": {"command": "rm -rf build"}})), daemon=True)
+        t.start()
+        ask = ask_of(stream, s)
+        assert ask["run"] == "turn-1" and ask["agent"] == "codex"
+        status, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                                 data={"answer": {"option": "deny"}})
+        assert status == "accepted"
+        t.join(60)
+        assert box["r"].json()["hookSpecificOutput"]["decision"]["behavior"] == "deny"
+        validated(stream.of(s))
+        assert "companion mode" in d.log() and "AEP_BRIDGE_CODEX_HOOKS=1" in d.log()
+    finally:
+        stream.close()
+        d.stop()

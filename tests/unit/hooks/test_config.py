@@ -42,3 +42,18 @@ def test_both_bridges_are_in_the_fleet():
     assert specs["claude_code"].flag == "AEP_BRIDGE_CLAUDE_CODE"
     assert specs["codex_hooks"].flag == "AEP_BRIDGE_CODEX_HOOKS"
     assert not specs["claude_code"].default and not specs["codex_hooks"].default
+
+
+def test_with_the_codex_hook_bridge_the_otlp_codex_profile_is_companion():
+    """Two channels, one agent (AEP-0002 Annex A.2): the hook bridge is the
+    core-type authority, so the OTLP Codex profile drops to companion mode
+    even with AEP_OTLP_PRIMARY=1; the VS Code profile is untouched."""
+    from bridges.otlp_in import config as otlp
+    env = {"AEP_OTLP_PRIMARY": "1", "AEP_OTLP_VENDOR": "codex,vscode",
+           "AEP_OTLP_VSCODE_GRPC_LISTEN": "127.0.0.1:0", "AEP_OTLP_VSCODE_HTTP_LISTEN": "off"}
+    alone, problems = otlp.from_env(env)
+    assert problems == [] and [c.primary for c in alone] == [True, True]
+    both, problems = otlp.from_env({**env, "AEP_BRIDGE_CODEX_HOOKS": "1"})
+    assert problems == []
+    assert [(c.vendor, c.primary, c.hook_channel) for c in both] == [
+        ("codex", False, "AEP_BRIDGE_CODEX_HOOKS"), ("vscode", True, None)]
