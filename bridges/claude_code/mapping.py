@@ -46,7 +46,8 @@ END_REASONS = {"clear": "normal", "logout": "normal", "prompt_input_exit": "norm
                "other": "normal", "resume": "normal"}
 # structural fields kept on the fallback types (names of things, never content)
 FALLBACK_KEEP = ("source", "trigger", "reason", "change_type", "event", "load_reason",
-                 "memory_type", "agent_type", "notification_type")
+                 "memory_type", "agent_type", "notification_type", "command_name",
+                 "command_source", "expansion_type", "message_id", "index", "final")
 
 
 def _session_started(m: dict[str, Any], posture: Posture) -> list[Emission]:
@@ -76,7 +77,7 @@ def _tool_failed(m: dict[str, Any]) -> Emission:
     err: dict[str, Any] = {"type": "interrupted" if m.get("is_interrupt") is True else "tool_error"}
     if s(m.get("error")):
         err["message"] = m["error"]
-    return tool_emission("tool.failed", m, error=err)
+    return tool_emission("tool.failed", m, error=err, **_duration(m))
 
 
 def _task(m: dict[str, Any], done: bool) -> Emission:
@@ -101,11 +102,14 @@ def gate_ask(m: dict[str, Any], posture: Posture) -> Emission:
 
 
 def _run_failed(m: dict[str, Any], posture: Posture) -> list[Emission]:
-    err = obj(m.get("error")) if isinstance(m.get("error"), dict) else {"message": m.get("error")}
-    reason = s(err.get("type")) or s(m.get("error_type")) or "error"
+    # 2.1.197: ``error`` is the category ("unknown", "rate_limit"...), the
+    # API error text rides in ``last_assistant_message`` (content)
+    err = m.get("error")
+    reason = (s(obj(err).get("type")) if isinstance(err, dict) else s(err)) or "error"
     e: dict[str, Any] = {"type": reason}
-    if s(err.get("message")):
-        e["message"] = err["message"]
+    text = s(obj(err).get("message")) or s(m.get("last_assistant_message"))
+    if text:
+        e["message"] = text
     return [{"type": "run.failed", "data": {"reason": reason, "error": e}}]
 
 
@@ -129,9 +133,14 @@ def _stop(m: dict[str, Any], posture: Posture) -> list[Emission]:
     return [{"type": "run.finished", "data": fin}]
 
 
+def _duration(m: dict[str, Any]) -> dict[str, Any]:
+    d = m.get("duration_ms")
+    return {"duration_ms": d} if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else {}
+
+
 def _completed(m: dict[str, Any], posture: Posture) -> list[Emission]:
     resp = m.get("tool_response")
-    return [tool_emission("tool.completed", m,
+    return [tool_emission("tool.completed", m, **_duration(m),
                           result=resp if isinstance(resp, (dict, str)) else {"value": resp})]
 
 
@@ -154,10 +163,14 @@ def _elicitation(m: dict[str, Any], posture: Posture) -> list[Emission]:
 
 
 def _display(m: dict[str, Any], posture: Posture) -> list[Emission]:
-    # model text streamed to the screen: content (gated), debug (per chunk)
-    data = {"text": m["text"]} if s(m.get("text")) else {}
+    # model text streamed to the screen (2.1.197: ``delta``, ``index``, ``final``):
+    # content (gated), debug (per chunk)
+    data = _kept(m)
+    text = s(m.get("delta")) or s(m.get("text"))
+    if text:
+        data["delta"] = text
     return [fallback(posture, "MessageDisplay", data, severity="debug",
-                     gating={"levels": {"text": "redacted"}})]
+                     gating={"levels": {"delta": "redacted"}})]
 
 
 def _expansion(m: dict[str, Any], posture: Posture) -> list[Emission]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridges.hooks_common.answers import Decision
-from bridges.hooks_common.forms import question_answers, question_fields
+from bridges.hooks_common.forms import answered_values, question_answers, question_fields
 from bridges.hooks_common.profile import HookProfile, Moment, claude_reply
 
 from . import mapping
@@ -46,7 +46,7 @@ PROFILE = HookProfile(
     key="claude_code", agent=mapping.AGENT, env="CLAUDE_CODE", title="the Claude Code hook bridge",
     pins="mappings/claude-code.json", map_hook=mapping.map_hook, gate_ask=mapping.gate_ask,
     form_events=frozenset({"Elicitation"}), form_results=frozenset({"ElicitationResult"}),
-    reply=reply,
+    reply=reply, form_answer=answered_values, run_field="prompt_id",
     context_events=frozenset({"SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse",
                               "PostToolUseFailure", "SubagentStart"}),
     vendor_timeout_s={"UserPromptSubmit": 30.0, "SessionEnd": 1.5},

@@ -25,7 +25,7 @@ from bridges.core.posture import Posture
 
 from .mapping import obj, s
 
-__all__ = ["question_answers", "question_fields", "questions_form", "schema_form"]
+__all__ = ["answered_values", "question_answers", "question_fields", "questions_form", "schema_form"]
 
 ASK = "attention.requested"
 
@@ -118,3 +118,26 @@ def question_answers(tool_input: object, fields: list[dict[str, Any]],
         out[str(obj(qs[i]).get("question", ""))] = ", ".join(
             labels.get(x, str(x)) if isinstance(x, str) else str(x) for x in items)
     return out
+
+
+def answered_values(fields: list[dict[str, Any]], moment: dict[str, Any]) -> dict[str, Any] | None:
+    """The form values an ``AskUserQuestion`` tool moment reports as
+    answered in the agent's own dialog (``tool_input.answers``: question
+    text -> labels, ``", "``-joined for several): a label becomes its
+    choice id, other text stays (``other``). ``None`` when it reports none."""
+    inp = obj(moment.get("tool_input"))
+    answers = obj(inp.get("answers"))
+    raw = inp.get("questions")
+    qs: list[Any] = raw if isinstance(raw, list) else []
+    out: dict[str, Any] = {}
+    for i, f in enumerate(fields):
+        if i >= len(qs):
+            break
+        given = answers.get(str(obj(qs[i]).get("question", "")))
+        if not isinstance(given, str) or not given:
+            continue
+        ids = {c["label"]: c["id"] for c in f.get("choices") or ()}
+        parts = given.split(", ") if f.get("multi") else [given]
+        picked = [ids.get(x, x) for x in parts]
+        out[f["id"]] = picked if f.get("multi") else picked[0]
+    return out or None

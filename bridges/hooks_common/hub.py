@@ -13,7 +13,9 @@ vendor hanging up). The ASGI endpoint is :mod:`.endpoint`. Contract:
 
 Counters: ``hooks_received``, ``hooks_duplicate``, ``hooks_no_session``,
 ``hooks_held``, ``hooks_timeout``, ``hooks_hangup``, ``hooks_spooled_ingested``,
-``hooks_spool_malformed``, ``hooks_bad_body``, ``stamp_errors``,
+``hooks_spool_malformed``, ``hooks_bad_body``, ``hooks_session_reended`` (a
+resumed session's later end, emitted as ``x.<agent>.session.session_end``),
+``stamp_errors``,
 ``instructions_delivered``, ``instructions_dropped``.
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bridges.core.posture import Posture
 
 from .answers import Decision
 from .config import HookConfig
+from .mapping import fallback
 from .profile import HookProfile, Moment
 from .session import Ask, Instruction, Sessions, SessionState, tool_key
 
@@ -39,7 +42,8 @@ SEEN_MAX = 8192
 """Hook ids remembered for dedupe (contract §1)."""
 COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held",
             "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
-            "hooks_bad_body", "stamp_errors", "instructions_delivered", "instructions_dropped")
+            "hooks_bad_body", "hooks_session_reended", "stamp_errors", "instructions_delivered",
+            "instructions_dropped")
 
 
 @dataclass
@@ -63,6 +67,11 @@ class HookHub:
                                answerable=config.control_open)
         self.quiet = Posture(agent=profile.agent, mode="primary", policy=policy)
         self.sessions = Sessions()
+        #: sessions whose session.ended went out (a resumed session's next end is not another)
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        #: moments that only happen inside a turn (a run seen mid-way is adopted from them)
+        self._in_turn = profile.tool_pre | profile.tool_post | profile.permission_events \
+            | profile.run_closes
         self.seen: OrderedDict[str, None] = OrderedDict()
         self._ids = Ulids()
         for c in COUNTERS:
@@ -119,38 +128,11 @@ class HookHub:
         p, ev = self.profile, self.profile.event(m)
         posture = self.quiet if spooled else self.posture
         await self._settle(st, ev, m)
-        if ev in p.run_opens:
-            await self._open_run(st, m)
-        elif p.run_field and isinstance(m.get(p.run_field), str) and st.run is None:
-            st.run = m[p.run_field]  # a turn seen mid-way (the daemon came up late)
-        if ev in p.session_ends and st.run is not None:
-            await self._close_run(st, {"type": "run.cancelled",
-                                       "data": {"by": "user", "reason": "session ended"}})
+        await self._runs(st, ev, m)
         ask: Ask | None = None
         for em in p.map_hook(m, posture):
-            t = em["type"]
-            if t == "run.started":
-                ev_ = await self._emit(st.id, em, run=st.run)
-                st.run_started = ev_["id"] if ev_ else None
-                continue
-            if t in ("run.finished", "run.failed", "run.cancelled"):
-                await self._close_run(st, em)
-                continue
-            cause = self._cause(st, em, m)
-            out = await self._emit(st.id, em, run=st.run, cause=cause)
-            if out is None:
-                continue
-            if t == "tool.requested":
-                call = m.get("tool_use_id")
-                if isinstance(call, str):
-                    st.tools[call] = (out["id"], trio.current_time())
-                if ev == p.gate_event and p.gate_ask is not None and not spooled \
-                        and self.config.gated(m.get("tool_name")):
-                    ask = await self._gate(st, m, out["id"])
-            elif t == "attention.requested":
-                ask = self._register(st, em, out["id"], m,
-                                     held=self.config.control_open and not spooled
-                                     and (ev in p.permission_events or ev in p.form_events))
+            got = await self._one(st, ev, m, self._once(st, ev, em, posture), spooled)
+            ask = got or ask
         if ev in p.session_ends:
             await self._end(st)
         if ask is not None and ask.held:
@@ -159,6 +141,62 @@ class HookHub:
         if not spooled and ev in p.context_events and st.queue:
             return Outcome(await self._deliver(st, ev))
         return Outcome({})
+
+    async def _runs(self, st: SessionState, ev: str, m: Moment) -> None:
+        """Open, adopt or close the session's run before the moment's events."""
+        p = self.profile
+        if ev in p.run_opens:
+            await self._open_run(st, m)
+        elif p.run_field and isinstance(m.get(p.run_field), str) and st.run is None \
+                and m[p.run_field] != st.last_run and ev in self._in_turn:
+            st.run = m[p.run_field]  # a turn seen mid-way (the daemon came up late)
+            st.run_t0 = trio.current_time()
+        if ev in p.session_ends and st.run is not None:
+            await self._close_run(st, {"type": "run.cancelled",
+                                       "data": {"by": "user", "reason": "session ended"}})
+
+    def _once(self, st: SessionState, ev: str, em: Emission, posture: Posture) -> Emission:
+        """One ``session.ended`` per session (AEP-0002 §2): a resumed session
+        (``claude --resume``, ``/compact``) ending again is the vendor's own
+        ``x.<agent>.session.session_end``."""
+        if em["type"] != "session.ended":
+            return em
+        if st.id in self.ended:
+            self.ctx.health.count("hooks_session_reended")
+            return fallback(posture, ev, em.get("data"))
+        self.ended[st.id] = None
+        if len(self.ended) > SEEN_MAX:
+            self.ended.popitem(last=False)
+        return em
+
+    async def _one(self, st: SessionState, ev: str, m: Moment, em: Emission,
+                   spooled: bool) -> Ask | None:
+        """Emit one mapped emission with what state knows (run, cause); the
+        ask it opened, if any."""
+        p, t = self.profile, em["type"]
+        if t == "run.started":
+            out = await self._emit(st.id, em, run=st.run)
+            st.run_started = out["id"] if out else None
+            return None
+        if t in ("run.finished", "run.failed", "run.cancelled"):
+            await self._close_run(st, em)
+            return None
+        out = await self._emit(st.id, em, run=st.run, cause=self._cause(st, em, m))
+        if out is None:
+            return None
+        if t == "tool.requested":
+            call = m.get("tool_use_id")
+            if isinstance(call, str):
+                st.tools[call] = (out["id"], trio.current_time())
+            st.requested[tool_key(m)] = out["id"]
+            if ev == p.gate_event and p.gate_ask is not None and not spooled \
+                    and self.config.gated(m.get("tool_name")):
+                return await self._gate(st, m, out["id"])
+        elif t == "attention.requested":
+            return self._register(st, em, out["id"], m,
+                                  held=self.config.control_open and not spooled
+                                  and (ev in p.permission_events or ev in p.form_events))
+        return None
 
     def _cause(self, st: SessionState, em: Emission, m: Moment) -> str | None:
         t = em["type"]
@@ -169,17 +207,21 @@ class HookHub:
                 data = em.setdefault("data", {})
                 data.setdefault("duration_ms", max(0, int((trio.current_time() - hit[1]) * 1000)))
                 return hit[0]
-        if t == "attention.requested" and isinstance(call, str) and call in st.tools:
-            return st.tools[call][0]
+        if t == "attention.requested":
+            if isinstance(call, str) and call in st.tools:
+                return st.tools[call][0]
+            return st.requested.get(tool_key(m))
         return None
 
     # -- runs ----------------------------------------------------------------------
     async def _open_run(self, st: SessionState, m: Moment) -> None:
         p = self.profile
+        rid = m.get(p.run_field) if p.run_field else None
+        if st.run is not None and st.run == rid and st.run_started is None:
+            return  # the turn was adopted mid-way (a moment before its prompt): it starts now
         if st.run is not None:  # the interrupt-drain rule: a stale run closes at the next prompt
             await self._close_run(st, {"type": "run.cancelled",
                                        "data": {"by": "user", "reason": "superseded by a new prompt"}})
-        rid = m.get(p.run_field) if p.run_field else None
         st.run = rid if isinstance(rid, str) and rid else f"run_{self._ids()}"
         st.run_t0 = trio.current_time()
 
@@ -189,8 +231,9 @@ class HookHub:
         data = em.setdefault("data", {})
         data.setdefault("duration_ms", max(0, int((trio.current_time() - st.run_t0) * 1000)))
         await self._emit(st.id, em, run=st.run, cause=st.run_started)
-        st.run, st.run_started = None, None
+        st.last_run, st.run, st.run_started = st.run, None, None
         st.tools.clear()
+        st.requested.clear()
 
     # -- asks ------------------------------------------------------------------------
     def _register(self, st: SessionState, em: Emission, ask_id: str, m: Moment, *,
@@ -228,7 +271,11 @@ class HookHub:
                 continue  # an answer from AEP is being applied
             if ev in p.tool_done and ask.matches(m):
                 if ask.kind == "form":
-                    await self._resolve(ask, "dismissed")
+                    values = p.form_answer(ask.fields or [], m) if p.form_answer else None
+                    if values:
+                        await self._answered_oob(ask, {"values": values})
+                    else:
+                        await self._resolve(ask, "dismissed")
                 else:
                     await self._answered_oob(ask, {"option": "allow"})
             elif ev in p.tool_denied and ask.matches(m):

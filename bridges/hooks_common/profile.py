@@ -85,7 +85,10 @@ class HookProfile:
     ``GATE_TOOLS`` gate holds. An open ask settles out of band by what the
     vendor does next: ``tool_done`` (the tool ran: allowed), ``tool_denied``
     (denied), ``form_results`` (the form was answered elsewhere); any of
-    ``run_opens``/``run_closes``/``session_ends`` dismisses it.
+    ``run_opens``/``run_closes``/``session_ends`` dismisses it; a form's
+    tool moment settles it as answered with ``form_answer(fields, moment)``
+    (the values the person gave in the agent's own dialog; ``None``:
+    dismissed).
     ``tool_pre`` / ``tool_post`` pair tool calls (``tool_use_id``).
 
     Replies: ``reply(moment, decision)`` -> the vendor's decision JSON;
@@ -117,6 +120,7 @@ class HookProfile:
     context_events: frozenset[str] = frozenset()
     context_reply: Callable[[str, str], dict[str, Any]] = context_reply
     context_max: int = 10_000
+    form_answer: Callable[[list[dict[str, Any]], Moment], dict[str, Any] | None] | None = None
     vendor_timeout_s: dict[str, float] = field(default_factory=dict)
 
     @property

@@ -62,11 +62,20 @@ class Ask:
         return self.state == "open"
 
     def matches(self, moment: dict[str, Any]) -> bool:
-        """Whether ``moment`` is about this ask's tool call."""
+        """Whether ``moment`` is about this ask's tool call: the same
+        ``tool_use_id`` when both have one, else the same tool name and the
+        same values under the keys the ask's input had (a later moment may
+        carry more: Claude Code's ``AskUserQuestion`` ``PostToolUse`` adds
+        ``answers``)."""
         call = moment.get("tool_use_id")
         if self.call_id and isinstance(call, str):
             return call == self.call_id
-        return self.key is not None and tool_key(moment) == self.key
+        if self.key is None or moment.get("tool_name") != self.key[0]:
+            return False
+        mine, theirs = self.moment.get("tool_input"), moment.get("tool_input")
+        if isinstance(mine, dict) and isinstance(theirs, dict):
+            return digest({k: theirs.get(k) for k in mine}) == self.key[1]
+        return tool_key(moment) == self.key
 
 
 @dataclass
@@ -82,15 +91,20 @@ class Instruction:
 @dataclass(eq=False)
 class SessionState:
     """One vendor session: ``run`` (the open AEP run id) and its
-    ``run_started`` event id and start time; ``tools`` (``call_id`` ->
-    ``(tool.requested id, t0)``); ``asks`` (event id -> :class:`Ask`);
+    ``run_started`` event id and start time, ``last_run`` (the run closed
+    last: a late moment naming it does not reopen it); ``tools``
+    (``call_id`` -> ``(tool.requested id, t0)``) and ``requested``
+    (:func:`tool_key` -> ``tool.requested`` id: a ``PermissionRequest``
+    has no ``tool_use_id``); ``asks`` (event id -> :class:`Ask`);
     ``queue`` (steering); ``lock`` (one moment mapped at a time)."""
 
     id: str
     run: str | None = None
     run_started: str | None = None
     run_t0: float = 0.0
+    last_run: str | None = None
     tools: dict[str, tuple[str, float]] = field(default_factory=dict)
+    requested: dict[tuple[str, str], str] = field(default_factory=dict)
     asks: dict[str, Ask] = field(default_factory=dict)
     queue: deque[Instruction] = field(default_factory=deque)
     lock: trio.Lock = field(default_factory=trio.Lock)
