@@ -107,14 +107,14 @@ class HookHub:
         health = self.ctx.health
         if self._dedupe(hook_id):
             health.count("hooks_duplicate")
-            return Outcome({})
+            return Outcome(self.profile.neutral(self.profile.event(moment)))
         health.count("hooks_received")
         if spooled:
             health.count("hooks_spooled_ingested")
         sid = self.profile.session(moment)
         if sid is None:
             health.count("hooks_no_session")
-            return Outcome({})
+            return Outcome(self.profile.neutral(self.profile.event(moment)))
         st, evicted = self.sessions.touch(sid)
         if evicted is not None:
             await self._drop_queue(evicted, "session-forgotten")
@@ -140,7 +140,7 @@ class HookHub:
             return Outcome({}, ask)
         if not spooled and ev in p.context_events and st.queue:
             return Outcome(await self._deliver(st, ev))
-        return Outcome({})
+        return Outcome(p.neutral(ev))
 
     async def _runs(self, st: SessionState, ev: str, m: Moment) -> None:
         """Open, adopt or close the session's run before the moment's events."""
@@ -336,12 +336,12 @@ class HookHub:
         if ask.decision is not None:
             return self._reply(ask, ask.decision)
         if ask.state != "open":
-            return {}  # settled by the vendor's next moment
+            return self._neutral(ask)  # settled by the vendor's next moment
         st = self.sessions.get(ask.session)
         if hangup is not None and hangup.is_set():
             ask.held = False
             self.ctx.health.count("hooks_hangup")
-            return {}
+            return self._neutral(ask)
         if ask.settling is not None:  # an accepted answer is being applied: let it land
             with trio.move_on_after(1.0):
                 await ask.done.wait()
@@ -355,7 +355,10 @@ class HookHub:
                          run=ask.run, cause=ask.id)
         if st is not None:
             st.forget_closed()
-        return {}
+        return self._neutral(ask)
+
+    def _neutral(self, ask: Ask) -> dict[str, Any]:
+        return self.profile.neutral(self.profile.event(ask.moment))
 
     def _reply(self, ask: Ask, decision: Decision) -> dict[str, Any]:
         return self.profile.reply(ask.moment, decision)

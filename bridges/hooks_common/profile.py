@@ -24,7 +24,7 @@ from bridges.core.posture import Posture
 
 from .answers import Decision
 
-__all__ = ["HookProfile", "Moment", "claude_reply", "context_reply"]
+__all__ = ["HookProfile", "Moment", "claude_reply", "context_reply", "no_decision"]
 
 Moment = dict[str, Any]
 """One hook firing: the vendor's JSON object exactly as it arrived."""
@@ -53,6 +53,12 @@ def claude_reply(moment: Moment, decision: Decision) -> dict[str, Any]:
     return {"hookSpecificOutput": {"hookEventName": str(event), "decision": d}}
 
 
+def no_decision(event: str) -> dict[str, Any]:
+    """The reply that decides nothing (``{}``; Antigravity's would be
+    ``{"decision": ""}`` on its ``PreToolUse`` and ``Stop``)."""
+    return {}
+
+
 def context_reply(event: str, text: str) -> dict[str, Any]:
     """The steering reply: ``hookSpecificOutput.additionalContext``
     (``docs/control-steering-design.md``)."""
@@ -72,7 +78,8 @@ class HookProfile:
     Mapping: ``map_hook`` (:data:`Mapper`); ``gate_ask``: the held
     ``PreToolUse`` gate's ``attention.requested`` for a moment (``None``:
     the vendor has no gate); ``event_field`` / ``session_field`` name the
-    payload keys (``hook_event_name``, ``session_id``).
+    payload keys (``hook_event_name``, ``session_id``; dotted for a nested
+    key: pi's ``event.type``, ``session.id``).
 
     Identity of runs: ``run_field`` names the vendor's turn id (Codex
     ``turn_id`` is the AEP run) or ``None``: runs are synthesized, opened
@@ -92,6 +99,7 @@ class HookProfile:
     ``tool_pre`` / ``tool_post`` pair tool calls (``tool_use_id``).
 
     Replies: ``reply(moment, decision)`` -> the vendor's decision JSON;
+    ``neutral(event)`` -> the reply that decides nothing (``{}``);
     ``context_events`` accept ``additionalContext`` steering
     (``context_reply(event, text)``, at most ``context_max`` characters)."""
 
@@ -117,6 +125,7 @@ class HookProfile:
     tool_denied: frozenset[str] = frozenset({"PermissionDenied"})
     form_results: frozenset[str] = frozenset()
     reply: Callable[[Moment, Decision], dict[str, Any]] = claude_reply
+    neutral: Callable[[str], dict[str, Any]] = no_decision
     context_events: frozenset[str] = frozenset()
     context_reply: Callable[[str, str], dict[str, Any]] = context_reply
     context_max: int = 10_000
@@ -137,9 +146,22 @@ class HookProfile:
         return f"x.{self.agent}.control.instruct"
 
     def event(self, moment: Moment) -> str:
-        v = moment.get(self.event_field)
+        """The moment's event name (``""`` when it has none)."""
+        v = _path(moment, self.event_field)
         return v if isinstance(v, str) else ""
 
     def session(self, moment: Moment) -> str | None:
-        v = moment.get(self.session_field)
+        """The moment's session id, or ``None``."""
+        v = _path(moment, self.session_field)
         return v if isinstance(v, str) and v else None
+
+
+def _path(moment: Moment, dotted: str) -> object:
+    """``moment["a"]["b"]`` for ``"a.b"`` (pi nests: ``event.type``,
+    ``session.id``); ``None`` where a step is missing."""
+    v: object = moment
+    for part in dotted.split("."):
+        if not isinstance(v, dict):
+            return None
+        v = v.get(part)
+    return v

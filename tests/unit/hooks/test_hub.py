@@ -243,3 +243,34 @@ async def test_steering_is_delivered_on_the_next_eligible_reply_and_dropped_at_s
         assert len(drop) == 1 and drop[0]["cause"] == "c2"
         assert drop[0]["data"] == {"reason": "session-ended"}
         n.cancel_scope.cancel()
+
+
+async def test_a_new_vendor_is_a_small_profile():
+    """The family's extension point: an observe-only vendor whose payload
+    nests its event name (pi), names its session otherwise and whose
+    neutral reply is not ``{}`` (Antigravity) is a profile and a mapper,
+    nothing else."""
+    from bridges.core.posture import Posture
+    from bridges.hooks_common.mapping import fallback
+    from bridges.hooks_common.profile import HookProfile
+
+    def mapper(mo, posture: Posture):
+        ev = mo["event"]["type"]
+        if ev == "PreToolUse":
+            return [{"type": "tool.requested", "data": {"tool": {"name": mo.get("tool") or "x"}},
+                     "subject": mo.get("tool") or "x"}]
+        return [fallback(posture, ev)]
+
+    toy = HookProfile(key="toy_hooks", agent="toy", env="TOY_HOOKS", title="a toy", pins="",
+                      map_hook=mapper, event_field="event.type", session_field="conversationId",
+                      permission_events=frozenset(), gate_event=None,
+                      neutral=lambda ev: {"decision": ""} if ev in ("PreToolUse", "Stop") else {})
+    rig = Rig(toy, HookConfig())
+    async with trio.open_nursery() as n:
+        await rig.start(n)
+        pre = {"event": {"type": "PreToolUse"}, "conversationId": "c", "tool": "run"}
+        assert (await rig.post(pre))[2] == {"decision": ""}
+        assert (await rig.post({"event": {"type": "Other"}, "conversationId": "c"}))[2] == {}
+        n.cancel_scope.cancel()
+    assert rig.types() == ["tool.requested", "x.toy.session.other"]
+    assert rig.mounts.apps == {}  # unmounted when the run ended
