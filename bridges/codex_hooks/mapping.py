@@ -37,8 +37,24 @@ def gate_ask(m: dict[str, Any], posture: Posture) -> Emission:
     return permission_ask(posture, m)
 
 
+USAGE = {"input_tokens": "gen_ai.usage.input_tokens", "output_tokens": "gen_ai.usage.output_tokens"}
+
+
 def _model_plane(m: dict[str, Any], posture: Posture) -> list[Emission]:
-    data = {"gen_ai.request.model": m["model"]} if s(m.get("model")) else {}
+    # 0.171.0: {kind, request_id, attempt_number, model}; Post adds status, error,
+    # token_usage: the structural ones ride at metadata, never the error text
+    data: dict[str, Any] = {}
+    if s(m.get("model")):
+        data["gen_ai.request.model"] = m["model"]
+    for k in ("kind", "status", "attempt_number"):
+        if isinstance(m.get(k), (str, int)) and not isinstance(m.get(k), bool):
+            data[k] = m[k]
+    usage = m.get("token_usage")
+    if isinstance(usage, dict):
+        for k, name in USAGE.items():
+            v = usage.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                data[name] = v
     return [fallback(posture, str(m.get("hook_event_name")), data, severity="debug")]
 
 

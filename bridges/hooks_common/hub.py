@@ -38,6 +38,8 @@ from .session import Ask, Instruction, Sessions, SessionState, tool_key
 
 __all__ = ["HookHub", "Outcome"]
 
+REQUESTED_MAX = 64
+"""Tool calls of a run remembered for linking a ``PermissionRequest``."""
 SEEN_MAX = 8192
 """Hook ids remembered for dedupe (contract §1)."""
 COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held",
@@ -188,7 +190,8 @@ class HookHub:
             call = m.get("tool_use_id")
             if isinstance(call, str):
                 st.tools[call] = (out["id"], trio.current_time())
-            st.requested[tool_key(m)] = out["id"]
+            st.requested.append((str(m.get("tool_name")), m.get("tool_input"), out["id"]))
+            del st.requested[:-REQUESTED_MAX]
             if ev == p.gate_event and p.gate_ask is not None and not spooled \
                     and self.config.gated(m.get("tool_name")):
                 return await self._gate(st, m, out["id"])
@@ -210,7 +213,7 @@ class HookHub:
         if t == "attention.requested":
             if isinstance(call, str) and call in st.tools:
                 return st.tools[call][0]
-            return st.requested.get(tool_key(m))
+            return st.requested_id(m)
         return None
 
     # -- runs ----------------------------------------------------------------------

@@ -14,12 +14,23 @@ from bridges.core.capture import digest
 
 from .answers import Decision
 
-__all__ = ["Ask", "Instruction", "SessionState", "Sessions", "tool_key"]
+__all__ = ["Ask", "Instruction", "SessionState", "Sessions", "same_call", "tool_key"]
 
 QUEUE_MAX = 20
 """Instructions queued per session (``control-steering-design.md``)."""
 SESSIONS_MAX = 1024
 """Sessions kept at once; the least recently seen is forgotten first."""
+
+
+def same_call(a: object, b: object) -> bool:
+    """Whether two ``tool_input`` objects are of one call: every key they
+    share holds the same value, and they share one at least (a later moment
+    may carry more: Claude Code's ``AskUserQuestion`` ``PostToolUse`` adds
+    ``answers``; Codex's ``PermissionRequest`` adds ``description``)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a == b
+    shared = a.keys() & b.keys()
+    return bool(shared) and all(digest(a[k]) == digest(b[k]) for k in shared)
 
 
 def tool_key(moment: dict[str, Any]) -> tuple[str, str]:
@@ -63,19 +74,14 @@ class Ask:
 
     def matches(self, moment: dict[str, Any]) -> bool:
         """Whether ``moment`` is about this ask's tool call: the same
-        ``tool_use_id`` when both have one, else the same tool name and the
-        same values under the keys the ask's input had (a later moment may
-        carry more: Claude Code's ``AskUserQuestion`` ``PostToolUse`` adds
-        ``answers``)."""
+        ``tool_use_id`` when both have one, else the same tool name and
+        :func:`same_call` inputs."""
         call = moment.get("tool_use_id")
         if self.call_id and isinstance(call, str):
             return call == self.call_id
         if self.key is None or moment.get("tool_name") != self.key[0]:
             return False
-        mine, theirs = self.moment.get("tool_input"), moment.get("tool_input")
-        if isinstance(mine, dict) and isinstance(theirs, dict):
-            return digest({k: theirs.get(k) for k in mine}) == self.key[1]
-        return tool_key(moment) == self.key
+        return same_call(self.moment.get("tool_input"), moment.get("tool_input"))
 
 
 @dataclass
@@ -94,8 +100,8 @@ class SessionState:
     ``run_started`` event id and start time, ``last_run`` (the run closed
     last: a late moment naming it does not reopen it); ``tools``
     (``call_id`` -> ``(tool.requested id, t0)``) and ``requested``
-    (:func:`tool_key` -> ``tool.requested`` id: a ``PermissionRequest``
-    has no ``tool_use_id``); ``asks`` (event id -> :class:`Ask`);
+    (``(tool name, tool_input, tool.requested id)`` of the run: a
+    ``PermissionRequest`` has no ``tool_use_id``); ``asks`` (event id -> :class:`Ask`);
     ``queue`` (steering); ``lock`` (one moment mapped at a time)."""
 
     id: str
@@ -104,11 +110,19 @@ class SessionState:
     run_t0: float = 0.0
     last_run: str | None = None
     tools: dict[str, tuple[str, float]] = field(default_factory=dict)
-    requested: dict[tuple[str, str], str] = field(default_factory=dict)
+    requested: list[tuple[str, object, str]] = field(default_factory=list)
     asks: dict[str, Ask] = field(default_factory=dict)
     queue: deque[Instruction] = field(default_factory=deque)
     lock: trio.Lock = field(default_factory=trio.Lock)
     ended: bool = False
+
+    def requested_id(self, moment: dict[str, Any]) -> str | None:
+        """The ``tool.requested`` id of the latest call ``moment`` is about."""
+        name = moment.get("tool_name")
+        for n, inp, ev_id in reversed(self.requested):
+            if n == name and same_call(inp, moment.get("tool_input")):
+                return ev_id
+        return None
 
     def open_asks(self) -> list[Ask]:
         return [a for a in self.asks.values() if a.open]
