@@ -104,6 +104,7 @@ class HookBridge:
                     await trio.sleep_forever()
             finally:
                 ctx.health.source = False
+                run.hub.release()
 
 
 if TYPE_CHECKING:  # mypy holds the class to the fleet's contract

@@ -366,6 +366,20 @@ class HookHub:
     def _reply(self, ask: Ask, decision: Decision) -> dict[str, Any]:
         return self.profile.reply(ask.moment, decision)
 
+    def release(self) -> int:
+        """At the run's end: every hook still held answers no decision now
+        (the vendor's own flow), instead of waiting out its hold against a
+        run that can no longer answer it. Returns how many were released."""
+        n = 0
+        for st in list(self.sessions.all()):
+            for ask in st.open_asks():
+                if ask.held:
+                    ask.held = False
+                    ask.state = "closed"
+                    ask.done.set()
+                    n += 1
+        return n
+
     # -- steering ----------------------------------------------------------------------
     def queue(self, session: str, cmd_id: str, text: str) -> None:
         """Queue ``text`` for ``session`` (the controller checked room)."""

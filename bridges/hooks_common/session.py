@@ -157,6 +157,9 @@ class Sessions:
             _, evicted = self._by_id.popitem(last=False)
         return st, evicted
 
+    def all(self) -> list[SessionState]:
+        return list(self._by_id.values())
+
     def drop(self, sid: str) -> None:
         self._by_id.pop(sid, None)
 

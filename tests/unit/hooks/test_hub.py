@@ -274,3 +274,22 @@ async def test_a_new_vendor_is_a_small_profile():
         n.cancel_scope.cancel()
     assert rig.types() == ["tool.requested", "x.toy.session.other"]
     assert rig.mounts.apps == {}  # unmounted when the run ended
+
+
+async def test_a_run_that_ends_releases_its_held_hooks_with_no_decision():
+    rig = Rig(CLAUDE, OPEN)
+    box: dict = {}
+    async with trio.open_nursery() as outer:
+        async with trio.open_nursery() as n:
+            rig.nursery = outer
+            await rig.start(n)
+
+            async def go():
+                box["r"] = await rig.post(m("PermissionRequest", **BASH))
+            outer.start_soon(go)
+            await rig.wait_for("attention.requested")
+            n.cancel_scope.cancel()  # the bridge's run ends (a stop, a restart)
+        with trio.fail_after(5):
+            while "r" not in box:
+                await trio.sleep(0.001)
+    assert box["r"][2] == {}
