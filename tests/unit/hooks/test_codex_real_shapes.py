@@ -67,7 +67,9 @@ async def test_real_codex_capture(scenario):
         if e["type"] == "tool.completed":
             assert {x["id"]: x for x in evs}[e["cause"]]["type"] == "tool.requested"
     if scenario in STORIES:
-        assert [e["type"] for e in evs] == STORIES[scenario]
+        ends = ["session.ended"] if any(m["hook_event_name"] == "SessionEnd"
+                                        for m in moments(scenario)) else []
+        assert [e["type"] for e in evs] == STORIES[scenario] + ends
 
 
 async def test_the_permission_request_links_its_tool_and_is_answered_by_the_tool_running():
