@@ -231,3 +231,49 @@ async def test_tui_ask_user_question_answered_from_aep(claude_bin, tmux, tmp_pat
     (result,) = s.mock.tool_results()
     assert not result.get("is_error") and "Production" in result["text"], result
     validated(stream.of(ask["session"]))
+
+
+async def test_steering_from_aep_reaches_the_models_next_request(claude_bin, tmp_path):
+    """``x.claude-code.control.instruct`` sent while the gate holds the tool
+    call is delivered on the next eligible reply (``PostToolUse``, not the
+    held ``PreToolUse``: a decision never carries steering) and the model's
+    next request carries the text."""
+    d = hook_daemon(tmp_path, AEP_CLAUDE_CODE_GATE_TOOLS="Bash", AEP_INSTRUCT="1")
+    stream = d.subscribe()
+    note = "AEP-STEER-77: prefer the staging database"
+    try:
+        mock = mock_anthropic.MockAnthropicServer()
+        mock.script = [TOUCH, mock_anthropic.Text("ok")]
+        home, proj = tmp_path / "home", tmp_path / "proj"
+        cc.prepare_home(home, proj)
+        cc.write_settings(proj, settings(d.url))
+        box: dict[str, Any] = {}
+        async with trio.open_nursery() as n:
+            await n.start(mock.serve)
+
+            async def run() -> None:
+                box["run"] = await cc.run_print(claude_bin, home, proj, "run the command",
+                                                base_url=mock.base_url, proxy_url=mock.base_url,
+                                                env_extra={"AEP_TOKEN": TOKEN})
+            n.start_soon(run)
+            ask = await stream.wait_for(lambda s: next((e for e in s.events
+                                                        if e["type"] == "attention.requested"),
+                                                       None), timeout=90)
+            s = ask["session"]
+            status, _ = await command(d, "x.claude-code.control.instruct", s, capture="redacted",
+                                      data={"text": note})
+            assert status == "accepted"
+            status, _ = await command(d, "control.attention.respond", s, subject=ask["id"],
+                                      data={"answer": {"option": "allow"}})
+            assert status == "accepted"
+            await stream.wait_for(lambda c: "run" in box, timeout=120)
+            n.cancel_scope.cancel()
+        assert box["run"].returncode == 0, box["run"].describe()
+        reqs = mock.agent_requests()
+        assert [i for i, r in enumerate(reqs) if note in mock.texts_sent(r)] == [1]
+        delivered = await stream.wait_for(lambda c: c.of(s, "x.claude-code.instruction.delivered"))
+        assert delivered[0]["data"]["hook"] == "PostToolUse"
+        validated(stream.of(s))
+    finally:
+        stream.close()
+        d.stop()
