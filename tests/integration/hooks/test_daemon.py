@@ -224,3 +224,32 @@ def test_codex_hooks_beside_otlp_answer_a_permission_and_the_otlp_profile_says_c
     finally:
         stream.close()
         d.stop()
+
+
+def test_moments_spooled_while_the_daemon_was_down_arrive_when_it_starts(tmp_path):
+    """What a shim spooled (the contract's line format, ``<state>/hooks-spool``)
+    is on the stream once the daemon runs, in order, never held, counted."""
+    state = tmp_path / "state"
+    spool = state / "hooks-spool"
+    spool.mkdir(parents=True, mode=0o700)
+    s = "s-spooled"
+    lines = [{"id": uuid.uuid4().hex, "agent": "claude-code", "spooled_at_ms": 1, "payload": p}
+             for p in (moment(s, "UserPromptSubmit", prompt="hi"),
+                       moment(s, "PermissionRequest", **BASH), moment(s, "Stop"))]
+    (spool / "claude-code.jsonl").write_text(
+        "".join(json.dumps(x) + "\n" for x in lines) + "{not json\n")
+    d = HookDaemon(state, AEP_CLAUDE_CODE_CONTROL="1")
+    d.start()
+    stream = d.subscribe()
+    try:
+        stream.first(lambda e: e.get("session") == s and e["type"] == "run.finished")
+        evs = validated(stream.of(s))
+        assert [e["type"] for e in evs] == ["run.started", "attention.requested",
+                                            "attention.resolved", "run.finished"]
+        assert evs[1]["data"]["respond_via"] == ["oob"]
+        counters = d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]
+        assert counters["hooks_spooled_ingested"] == 3 and counters["hooks_spool_malformed"] == 1
+        assert not (spool / "claude-code.jsonl").exists()
+    finally:
+        stream.close()
+        d.stop()
