@@ -13,7 +13,7 @@ vendor hanging up). The ASGI endpoint is :mod:`.endpoint`. Contract:
 
 Counters: ``hooks_received``, ``hooks_duplicate``, ``hooks_no_session``,
 ``hooks_held``, ``hooks_timeout``, ``hooks_hangup``, ``hooks_spooled_ingested``,
-``hooks_spool_malformed``, ``hooks_bad_body``, ``hooks_session_reended`` (a
+``hooks_spool_malformed``, ``hooks_spool_foreign``, ``hooks_bad_body``, ``hooks_session_reended`` (a
 resumed session's later end, emitted as ``x.<agent>.session.session_end``),
 ``stamp_errors``,
 ``instructions_delivered``, ``instructions_dropped``.
@@ -44,8 +44,8 @@ SEEN_MAX = 8192
 """Hook ids remembered for dedupe (contract §1)."""
 COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held",
             "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
-            "hooks_bad_body", "hooks_session_reended", "stamp_errors", "instructions_delivered",
-            "instructions_dropped")
+            "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
+            "instructions_delivered", "instructions_dropped")
 
 
 @dataclass

@@ -8,7 +8,8 @@ inode sees its ``st_ino`` differ from the path's and reopens), read every
 line, feed each through the live path as spooled (never held), delete.
 Leftover ``.ingesting-*`` files (a crash mid-ingest) are ingested first;
 dedupe by hook id covers a repeat. A malformed line is counted
-(``hooks_spool_malformed``) and skipped.
+(``hooks_spool_malformed``) and skipped; a file another user owns, or a
+symlink, is never read (``hooks_spool_foreign``).
 """
 from __future__ import annotations
 
@@ -25,21 +26,33 @@ from bridges.core.envelope import Ulids
 
 from .hub import HookHub
 
-__all__ = ["INTERVAL_S", "claim", "ingest", "parse_line", "pending", "serve", "sweep"]
+__all__ = ["INTERVAL_S", "Foreign", "claim", "ingest", "parse_line", "pending", "serve", "sweep"]
 
 INTERVAL_S = 3.0
 
 
+class Foreign(Exception):
+    """A spool file this user does not own: never read (anyone who can write
+    it could feed the daemon moments)."""
+
+
 def claim(spool: Path, agent: str, ids: Ulids | None = None) -> Path | None:
     """Rename ``<agent>.jsonl`` aside under the writers' lock; the new path,
-    or ``None`` when there is nothing to take. Raises ``OSError`` for an
-    unreadable spool directory."""
+    or ``None`` when there is nothing to take. Raises :class:`Foreign` for a
+    file another user owns (left in place), ``OSError`` for an unreadable
+    spool directory."""
     path = spool / f"{agent}.jsonl"
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink: whoever made it chose what we would read
+            raise Foreign(str(path)) from None
+        raise
     try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise Foreign(str(path))
         fcntl.flock(fd, fcntl.LOCK_EX)
         if os.fstat(fd).st_size == 0:
             return None
@@ -56,9 +69,11 @@ def claim(spool: Path, agent: str, ids: Ulids | None = None) -> Path | None:
 
 
 def pending(spool: Path, agent: str) -> list[Path]:
-    """Leftover ``.ingesting-*`` files, oldest first (their names sort by time)."""
+    """Leftover ``.ingesting-*`` files this user owns, oldest first (their
+    names sort by time)."""
     try:
-        return sorted(spool.glob(f"{agent}.jsonl.ingesting-*"))
+        return sorted(p for p in spool.glob(f"{agent}.jsonl.ingesting-*")
+                      if not p.is_symlink() and p.stat().st_uid == os.geteuid())
     except OSError:
         return []
 
@@ -119,6 +134,10 @@ async def sweep(hub: HookHub, spool: Path) -> int:
         fed += await ingest(hub, p)
     try:
         taken = claim(spool, agent)
+    except Foreign as e:
+        hub.ctx.health.count("hooks_spool_foreign")
+        hub.ctx.log.warning("%s: not reading %s: owned by another user", hub.profile.key, e)
+        return fed
     except OSError as e:
         hub.ctx.log.warning("%s: cannot take the spool %s: %s", hub.profile.key, spool, e)
         return fed

@@ -103,3 +103,23 @@ def test_parse_line_takes_the_contract_shape_only():
     for bad in (b"", b"[]", b"{", line("x", mo("Stop"), agent="codex").encode(),
                 line("x", [1]).encode(), line("x", "not json").encode()):
         assert spool.parse_line(bad, "claude-code") is None
+
+
+def test_a_symlinked_spool_file_is_not_followed(tmp_path):
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_text(line("z" * 32, mo("Stop")))
+    (tmp_path / "claude-code.jsonl").symlink_to(elsewhere)
+    import pytest
+    with pytest.raises(spool.Foreign):
+        spool.claim(tmp_path, "claude-code")
+    assert elsewhere.exists() and (tmp_path / "claude-code.jsonl").is_symlink()
+
+
+def test_a_spool_file_of_another_user_is_left_alone(tmp_path, monkeypatch):
+    (tmp_path / "claude-code.jsonl").write_text(line("y" * 32, mo("Stop")))
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if another user wrote it
+    import pytest
+    with pytest.raises(spool.Foreign):
+        spool.claim(tmp_path, "claude-code")
+    assert spool.pending(tmp_path, "claude-code") == []
+    assert (tmp_path / "claude-code.jsonl").exists()
