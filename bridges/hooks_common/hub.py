@@ -111,8 +111,6 @@ class HookHub:
             health.count("hooks_duplicate")
             return Outcome(self.profile.neutral(self.profile.event(moment)))
         health.count("hooks_received")
-        if spooled:
-            health.count("hooks_spooled_ingested")
         sid = self.profile.session(moment)
         if sid is None:
             health.count("hooks_no_session")

@@ -118,6 +118,7 @@ async def ingest(hub: HookHub, path: Path) -> int:
             health.count("hooks_spool_malformed")
             continue
         await hub.handle(rec[1], hook_id=rec[0], spooled=True)
+        health.count("hooks_spooled_ingested")  # once its events are out and logged
         fed += 1
     try:
         path.unlink()  # noqa: ASYNC240 -- one local unlink

@@ -46,8 +46,8 @@ async def test_spooled_moments_are_ingested_never_held_and_malformed_lines_count
     rig = Rig(CLAUDE, cfg)
     async with trio.open_nursery() as n:
         await rig.start(n)
-        await wait_counter(rig, "hooks_spooled_ingested", 3)
         await wait_counter(rig, "hooks_spool_malformed", 3)
+        await wait_counter(rig, "hooks_spooled_ingested", 3)  # counted once mapped and logged
         n.cancel_scope.cancel()
     assert rig.types() == ["run.started", "attention.requested", "attention.resolved",
                            "run.finished"]
