@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -247,7 +248,11 @@ def test_moments_spooled_while_the_daemon_was_down_arrive_when_it_starts(tmp_pat
         assert [e["type"] for e in evs] == ["run.started", "attention.requested",
                                             "attention.resolved", "run.finished"]
         assert evs[1]["data"]["respond_via"] == ["oob"]
-        counters = d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]
+        for _ in range(200):  # counted just after the moment's log wait (the stream can be first)
+            counters = d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]
+            if counters["hooks_spooled_ingested"] == 3:
+                break
+            time.sleep(0.05)
         assert counters["hooks_spooled_ingested"] == 3 and counters["hooks_spool_malformed"] == 1
         assert not (spool / "claude-code.jsonl").exists()
     finally:
