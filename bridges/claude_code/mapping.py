@@ -37,7 +37,8 @@ from bridges.core.posture import Posture
 from bridges.hooks_common.forms import questions_form, schema_form
 from bridges.hooks_common.mapping import fallback, obj, permission_ask, s, tool_emission
 
-__all__ = ["AGENT", "TABLE", "gate_ask", "map_hook"]
+__all__ = ["AGENT", "END_REASONS", "FALLBACK_KEEP", "Handler", "QUESTION_TOOL",
+           "SUPPRESSED_NOTICES", "TABLE", "gate_ask", "map_hook"]
 
 AGENT = "claude-code"
 QUESTION_TOOL = "AskUserQuestion"

@@ -5,12 +5,12 @@ from __future__ import annotations
 from functools import partial
 
 from bridges.core.settings import Setting
-from bridges.hooks_common.config import HookConfig, settings
 from bridges.hooks_common.config import from_env as _from_env
+from bridges.hooks_common.config import settings
 
 from .profile import PROFILE
 
-__all__ = ["SETTINGS", "HookConfig", "from_env"]
+__all__ = ["SETTINGS", "from_env"]
 
 SETTINGS: tuple[Setting, ...] = settings(PROFILE)
 from_env = partial(_from_env, PROFILE)

@@ -27,7 +27,7 @@ from bridges.core.bridge import Emission
 from bridges.core.posture import Posture
 from bridges.hooks_common.mapping import fallback, permission_ask, s
 
-__all__ = ["AGENT", "TABLE", "gate_ask", "map_hook"]
+__all__ = ["AGENT", "TABLE", "USAGE", "gate_ask", "map_hook"]
 
 AGENT = "codex"
 

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from bridges.core.ledger import Refuse
 
-__all__ = ["Decision", "decide", "form_error", "TEXT_MAX"]
+__all__ = ["DENY_MESSAGE", "Decision", "TEXT_MAX", "decide", "form_error"]
 
 TEXT_MAX = 4000
 """Characters of a free-text deny kept for the vendor (a model message)."""

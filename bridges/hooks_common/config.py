@@ -16,7 +16,7 @@ from bridges.core.settings import EnvReader, Setting, check_fields
 
 from .profile import HookProfile
 
-__all__ = ["HOLD_S", "HookConfig", "from_env", "settings", "spool_dir"]
+__all__ = ["HOLD_MAX_S", "HOLD_S", "HookConfig", "from_env", "settings", "spool_dir"]
 
 HOLD_S = 120.0
 """The longest a hook is held by default (the installer writes the vendor's

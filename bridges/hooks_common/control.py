@@ -30,7 +30,7 @@ from .answers import Decision, decide
 from .hub import HookHub
 from .session import QUEUE_MAX, Ask
 
-__all__ = ["ACK_WINDOW_MS", "HookControl", "RESPOND", "accepts"]
+__all__ = ["ACK_WINDOW_MS", "GUARD_MS", "HookControl", "Plan", "RESPOND", "accepts"]
 
 RESPOND = "control.attention.respond"
 ACK_WINDOW_MS = 10_000

@@ -25,7 +25,8 @@ from bridges.core.posture import Posture
 
 from .mapping import obj, s
 
-__all__ = ["answered_values", "question_answers", "question_fields", "questions_form", "schema_form"]
+__all__ = ["ASK", "answered_values", "question_answers", "question_fields", "questions_form",
+           "schema_form"]
 
 ASK = "attention.requested"
 

@@ -36,7 +36,7 @@ from .mapping import fallback
 from .profile import HookProfile, Moment
 from .session import Ask, Instruction, Sessions, SessionState, tool_key
 
-__all__ = ["HookHub", "Outcome"]
+__all__ = ["COUNTERS", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX"]
 
 REQUESTED_MAX = 64
 """Tool calls of a run remembered for linking a ``PermissionRequest``."""

@@ -15,8 +15,8 @@ from bridges.core.bridge import Emission
 from bridges.core.naming import fallback_type
 from bridges.core.posture import Posture
 
-__all__ = ["ALLOW_DENY", "fallback", "obj", "permission_ask", "permission_prompt", "s",
-           "tool_emission", "tool_ref"]
+__all__ = ["ALLOW_DENY", "PROMPT_ARG_MAX", "fallback", "obj", "permission_ask",
+           "permission_prompt", "s", "tool_emission", "tool_ref"]
 
 ALLOW_DENY = ({"id": "allow", "label": "Allow"}, {"id": "deny", "label": "Deny"})
 """A permission ask's two options; their labels are structural."""

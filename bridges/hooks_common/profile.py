@@ -24,7 +24,7 @@ from bridges.core.posture import Posture
 
 from .answers import Decision
 
-__all__ = ["HookProfile", "Moment", "claude_reply", "context_reply", "no_decision"]
+__all__ = ["HookProfile", "Mapper", "Moment", "claude_reply", "context_reply", "no_decision"]
 
 Moment = dict[str, Any]
 """One hook firing: the vendor's JSON object exactly as it arrived."""

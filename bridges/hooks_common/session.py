@@ -14,7 +14,8 @@ from bridges.core.capture import digest
 
 from .answers import Decision
 
-__all__ = ["Ask", "Instruction", "SessionState", "Sessions", "same_call", "tool_key"]
+__all__ = ["Ask", "Instruction", "QUEUE_MAX", "SESSIONS_MAX", "SessionState", "Sessions",
+           "same_call", "tool_key"]
 
 QUEUE_MAX = 20
 """Instructions queued per session (``control-steering-design.md``)."""
