@@ -78,8 +78,8 @@ def settings(profile: HookProfile) -> tuple[Setting, ...]:
                 "refused at start"),
         Setting(profile.knob("GATE_TOOLS"), "unset (none)",
                 "comma list of tool names whose `PreToolUse` is held as a permission ask "
-                "(`*`: every tool); the only gate in print mode, where `PermissionRequest` "
-                "never fires; needs the control gate"),
+                "(`*`: every tool); the only gate where no `PermissionRequest` fires (`claude -p`; "
+                "`codex exec` without `--approve-for-me`); needs the control gate"),
         Setting(profile.knob("HOLD_S"), f"`{HOLD_S:g}`",
                 "the longest a hook is held for an answer, seconds; then `attention.timeout` "
                 "and no decision (the agent's own flow); the installer writes the vendor's "
