@@ -57,16 +57,20 @@ class HookBridge:
 
     @property
     def accepts(self) -> tuple[str, ...]:
+        """The command types the open gates accept (``()``: none)."""
         return _control.accepts(self.agent, respond=self.config.control_open,
                                 instruct=self.config.instruct_open)
 
     def capabilities(self) -> Capabilities:
+        """The ``hello`` block: the core families and ``x.<agent>``, and
+        ``control.accepts`` as :attr:`accepts`."""
         return {"emits": [*EMITS, f"x.{self.agent}"],
                 "capture": list(_capture.LEVELS[:_capture.rank(self.policy.ceiling) + 1]),
                 "control": {"accepts": list(self.accepts),
                             "ack_window_ms": _control.ACK_WINDOW_MS}}
 
     def preflight(self, *, check_ports: bool = True) -> list[str]:
+        """The configuration's problem lines (no port of its own to check)."""
         return list(self._problems)
 
     def listeners(self) -> dict[str, Address | None]:

@@ -126,9 +126,11 @@ class SessionState:
         return None
 
     def open_asks(self) -> list[Ask]:
+        """The asks still open, oldest first."""
         return [a for a in self.asks.values() if a.open]
 
     def forget_closed(self) -> None:
+        """Drop the asks that are settled (a late command then finds none)."""
         for k in [k for k, a in self.asks.items() if not a.open]:
             del self.asks[k]
 
@@ -143,6 +145,7 @@ class Sessions:
         self.limit = limit
 
     def get(self, sid: str) -> SessionState | None:
+        """The session ``sid`` if it is known (never made here)."""
         return self._by_id.get(sid)
 
     def touch(self, sid: str) -> tuple[SessionState, SessionState | None]:
@@ -159,12 +162,16 @@ class Sessions:
         return st, evicted
 
     def all(self) -> list[SessionState]:
+        """Every known session (a copy of the list)."""
         return list(self._by_id.values())
 
     def drop(self, sid: str) -> None:
+        """Forget ``sid`` (its session ended)."""
         self._by_id.pop(sid, None)
 
     def find_ask(self, ask_id: object) -> Ask | None:
+        """The ask whose ``attention.requested`` id is ``ask_id`` (a
+        command's subject: untrusted), or ``None``."""
         if not isinstance(ask_id, str):
             return None
         for st in self._by_id.values():
