@@ -62,7 +62,7 @@ class HookEndpoint:
         if outcome.ask is None:
             await respond(send, 200, outcome.reply)
             return
-        hold_ms = int(self.hub.config.hold_s * 1000)
+        hold_ms = round(self.hub.hold_limit(outcome.ask) * 1000)
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"application/json"), (b"aep-hold-ms", str(hold_ms).encode()),
             (b"cache-control", b"no-store")]})

@@ -36,8 +36,10 @@ from .mapping import fallback
 from .profile import HookProfile, Moment
 from .session import Ask, Instruction, Sessions, SessionState, tool_key
 
-__all__ = ["COUNTERS", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX"]
+__all__ = ["COUNTERS", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX", "TIMEOUT_MARGIN_S"]
 
+TIMEOUT_MARGIN_S = 5.0
+"""A hold ends at least this long before the vendor's own hook timeout."""
 REQUESTED_MAX = 64
 """Tool calls of a run remembered for linking a ``PermissionRequest``."""
 SEEN_MAX = 8192
@@ -325,7 +327,8 @@ class HookHub:
         reply. On the limit: ``attention.timeout`` and ``{}``. ``hangup``
         set (the vendor closed the connection): the ask is no longer
         answerable here and stays open for the out-of-band settling."""
-        with trio.move_on_after(self.config.hold_s):
+        limit = self.hold_limit(ask)
+        with trio.move_on_after(limit):
             async with trio.open_nursery() as n:
                 async def _wait_hangup() -> None:
                     if hangup is not None:
@@ -352,7 +355,7 @@ class HookHub:
         ask.held = False
         self.ctx.health.count("hooks_timeout")
         await self._emit(ask.session, {"type": "attention.timeout", "subject": ask.id,
-                                       "data": {"after_ms": int(self.config.hold_s * 1000)}},
+                                       "data": {"after_ms": round(limit * 1000)}},
                          run=ask.run, cause=ask.id)
         if st is not None:
             st.forget_closed()
@@ -360,6 +363,16 @@ class HookHub:
 
     def _neutral(self, ask: Ask) -> dict[str, Any]:
         return self.profile.neutral(self.profile.event(ask.moment))
+
+    def hold_limit(self, ask: Ask) -> float:
+        """How long ``ask``'s hook is held, seconds: ``AEP_<AGENT>_HOLD_S``,
+        and never past the vendor's own timeout for that event, less
+        :data:`TIMEOUT_MARGIN_S` (``profile.vendor_timeout_s``: the hold
+        always ends first, even where no installer wrote a longer one)."""
+        vendor = self.profile.vendor_timeout_s.get(self.profile.event(ask.moment))
+        if vendor is None:
+            return self.config.hold_s
+        return max(0.0, min(self.config.hold_s, vendor - TIMEOUT_MARGIN_S))
 
     def _reply(self, ask: Ask, decision: Decision) -> dict[str, Any]:
         return self.profile.reply(ask.moment, decision)

@@ -101,7 +101,10 @@ class HookProfile:
     Replies: ``reply(moment, decision)`` -> the vendor's decision JSON;
     ``neutral(event)`` -> the reply that decides nothing (``{}``);
     ``context_events`` accept ``additionalContext`` steering
-    (``context_reply(event, text)``, at most ``context_max`` characters)."""
+    (``context_reply(event, text)``, at most ``context_max`` characters).
+    ``vendor_timeout_s``: the vendor's own default hook timeout per event
+    where it is short (VS Code's 30 s ``PreToolUse``): a hold there ends
+    before it (:meth:`bridges.hooks_common.hub.HookHub.hold_limit`)."""
 
     key: str
     agent: str

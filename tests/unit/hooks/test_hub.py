@@ -293,3 +293,20 @@ async def test_a_run_that_ends_releases_its_held_hooks_with_no_decision():
             while "r" not in box:
                 await trio.sleep(0.001)
     assert box["r"][2] == {}
+
+
+async def test_a_hold_ends_before_a_short_vendor_timeout():
+    """A vendor whose hook times out sooner than the configured hold (VS
+    Code's 30 s PreToolUse) is answered before it: the hold is clamped."""
+    import dataclasses
+    short = dataclasses.replace(CLAUDE, vendor_timeout_s={"PermissionRequest": 5.05})
+    rig = Rig(short, HookConfig(control=True, aep_token=True, hold_s=120.0))
+    async with trio.open_nursery() as n:
+        rig.nursery = n
+        await rig.start(n)
+        box, ask = await held(rig, m("PermissionRequest", **BASH))
+        _, headers, reply = await finish(box)
+        assert headers["aep-hold-ms"] == "50" and reply == {}
+        t = (await rig.wait_for("attention.timeout"))[0]
+        assert t["data"]["after_ms"] == 50
+        n.cancel_scope.cancel()
