@@ -280,7 +280,8 @@ def test_the_hook_packages_list_every_module():
     for pkg in ("hooks_common", "claude_code", "codex_hooks"):
         found = {f"bridges.{pkg}.{p.stem}" for p in (ROOT / "bridges" / pkg).glob("*.py")
                  if p.stem not in ("__init__", "shim")}
-        assert found == {m for m in PUBLIC if m.startswith(f"bridges.{pkg}.")}, pkg
+        listed = {m for m in PUBLIC if m.startswith(f"bridges.{pkg}.")} - {"bridges.hooks_common.shim"}
+        assert found == listed, pkg
 
 
 def test_each_package_lists_every_module():
