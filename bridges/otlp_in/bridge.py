@@ -229,6 +229,10 @@ class OtlpRun:
         self.ctx.health.detail = None
         self.ctx.log.info("%s listening: %s", self.name, ", ".join(
             f"{k} {a[0]}:{a[1]}" for k, a in self.bound.items() if a))
+        if self.config.hook_channel:
+            self.ctx.log.info("%s: companion mode (x.%s.otel.* only): the %s hook bridge (%s=1) is "
+                              "the core-type authority for this agent", self.name,
+                              self.config.vendor, self.config.vendor, self.config.hook_channel)
 
     async def _serve_http(self, listen: Address, *,
                           task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED

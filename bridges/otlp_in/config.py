@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from bridges.core.settings import Address, EnvReader, Setting, parse_hostport
+from bridges.core.settings import TRUE, Address, EnvReader, Setting, parse_hostport
 
 from .profiles import PROFILES
 
@@ -69,9 +69,15 @@ def profile_setting(vendor: str, kind: str) -> str:
     return f"AEP_OTLP_{vendor.upper().replace('-', '_')}_{kind.upper()}_LISTEN"
 
 
-SHARED_SETTINGS = frozenset({"AEP_BODY_TIMEOUT", "AEP_MAX_CONNECTIONS"})
-"""Daemon-wide settings the OTLP/HTTP listener honors too (documented with
-the core settings, ``supervisor/config.py``)."""
+HOOK_CHANNELS = {"codex": "AEP_BRIDGE_CODEX_HOOKS"}
+"""A vendor whose hook bridge, enabled in the same daemon, is the core-type
+authority (AEP-0002 Annex A.2, two channels one agent): its OTLP profile
+then runs in companion mode whatever ``AEP_OTLP_PRIMARY`` says."""
+
+SHARED_SETTINGS = frozenset({"AEP_BODY_TIMEOUT", "AEP_MAX_CONNECTIONS", *HOOK_CHANNELS.values()})
+"""Daemon-wide settings the OTLP bridge honors too (documented with the
+core settings, ``supervisor/config.py``: the HTTP listener's limits, the
+hook bridges' enable flags)."""
 
 SETTING_NAMES: frozenset[str] = frozenset(
     {s.name for s in SETTINGS if "{" not in s.name}
@@ -95,7 +101,9 @@ class OtlpConfig:
     over all requests (issue 10 #10: each session is a file);
     ``body_timeout`` / ``max_connections``: the daemon-wide
     ``AEP_BODY_TIMEOUT`` / ``AEP_MAX_CONNECTIONS`` for the HTTP listener
-    (``None``: derived from the fd limit)."""
+    (``None``: derived from the fd limit); ``hook_channel``: the enable
+    flag of this vendor's hook bridge when it is on (:data:`HOOK_CHANNELS`:
+    ``primary`` is then off, said at start), else ``None``."""
 
     vendor: str = DEFAULT_VENDOR
     grpc_listen: Address | None = parse_hostport(DEFAULT_GRPC_LISTEN)
@@ -108,6 +116,7 @@ class OtlpConfig:
     new_sessions_per_s: int = DEFAULT_NEW_SESSIONS_PER_S
     body_timeout: float = 30.0
     max_connections: int | None = None
+    hook_channel: str | None = None
 
     def listeners(self) -> dict[str, Address | None]:
         """``{"grpc": addr | None, "http": addr | None}`` as configured."""
@@ -164,10 +173,13 @@ def from_env(env: Mapping[str, str]) -> tuple[tuple[OtlpConfig, ...], list[str]]
             if problem:
                 problems.append(problem)
                 unreadable.add(names[kind])
-        configs.append(OtlpConfig(vendor, listen["grpc"], listen["http"], primary, max_body,
-                                  names["grpc"], names["http"], max_new_sessions=max_new,
+        flag = HOOK_CHANNELS.get(vendor)
+        # the fleet parses (and reports) the flag itself; a bad value here is just "off"
+        hooks = flag if flag and (env.get(flag) or "").strip().lower() in TRUE else None
+        configs.append(OtlpConfig(vendor, listen["grpc"], listen["http"], primary and not hooks,
+                                  max_body, names["grpc"], names["http"], max_new_sessions=max_new,
                                   new_sessions_per_s=per_s, body_timeout=body_timeout,
-                                  max_connections=max_connections))
+                                  max_connections=max_connections, hook_channel=hooks))
     problems.extend(check(configs, unreadable=unreadable))
     return tuple(configs), problems
 

@@ -134,6 +134,38 @@ PUBLIC: dict[str, set[str]] = {
     },
     "bridges.core.posture": {"MODES", "Posture"},
     "bridges.core.readers": {"arr", "obj", "text", "whole"},
+    # the hook family (issue 27) and its two profiles; shim.py is the shim's own
+    "bridges.hooks_common.answers": {"DENY_MESSAGE", "Decision", "TEXT_MAX", "decide",
+                                     "form_error"},
+    "bridges.hooks_common.bridge": {"EMITS", "HookBridge", "HookRun"},
+    "bridges.hooks_common.config": {"HOLD_MAX_S", "HOLD_S", "HookConfig", "from_env", "settings",
+                                    "spool_dir"},
+    "bridges.hooks_common.control": {"ACK_WINDOW_MS", "GUARD_MS", "HookControl", "Plan", "RESPOND",
+                                     "accepts"},
+    "bridges.hooks_common.endpoint": {"BODY_MAX", "HookEndpoint"},
+    "bridges.hooks_common.forms": {"ASK", "answered_values", "question_answers", "question_fields",
+                                   "questions_form", "schema_form"},
+    "bridges.hooks_common.hub": {"COUNTERS", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX",
+                                 "TIMEOUT_MARGIN_S"},
+    "bridges.hooks_common.mapping": {"ALLOW_DENY", "PROMPT_ARG_MAX", "fallback", "obj",
+                                     "permission_ask", "permission_prompt", "s", "tool_emission",
+                                     "tool_ref"},
+    "bridges.hooks_common.profile": {"HookProfile", "Mapper", "Moment", "claude_reply",
+                                     "context_reply", "no_decision"},
+    "bridges.hooks_common.session": {"Ask", "Instruction", "QUEUE_MAX", "SESSIONS_MAX",
+                                     "SessionState", "Sessions", "same_call", "tool_key"},
+    "bridges.hooks_common.spool": {"Foreign", "INTERVAL_S", "claim", "ingest", "parse_line",
+                                   "pending", "serve", "sweep"},
+    "bridges.claude_code": {"PROFILE", "from_env"},
+    "bridges.claude_code.config": {"SETTINGS", "from_env"},
+    "bridges.claude_code.mapping": {"AGENT", "END_REASONS", "FALLBACK_KEEP", "Handler",
+                                    "QUESTION_TOOL", "SUPPRESSED_NOTICES", "TABLE", "gate_ask",
+                                    "map_hook"},
+    "bridges.claude_code.profile": {"PROFILE", "reply"},
+    "bridges.codex_hooks": {"PROFILE", "from_env"},
+    "bridges.codex_hooks.config": {"SETTINGS", "from_env"},
+    "bridges.codex_hooks.mapping": {"AGENT", "TABLE", "USAGE", "gate_ask", "map_hook"},
+    "bridges.codex_hooks.profile": {"PROFILE", "reply"},
     "bridges.core.aep": {
         "AEP_VERSION", "SUPPORTED_VERSIONS", "SEVERITIES", "SEVERITY_RANK", "DEFAULT_SEVERITY",
         "NOTICE_RANK", "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
@@ -241,6 +273,16 @@ def test_the_public_surface_is_curated(module):
             assert hasattr(mod, name), f"{module}.__all__ lists {name}, which does not exist"
     unlisted = _defined_public_names(module) - set(exported)
     assert not unlisted, f"{module} defines public {sorted(unlisted)} outside __all__"
+
+
+def test_the_hook_packages_list_every_module():
+    """Every module of the hook family and its profiles is curated (the
+    command shim, ``shim.py``, is the shim's own and stdlib only)."""
+    for pkg in ("hooks_common", "claude_code", "codex_hooks"):
+        found = {f"bridges.{pkg}.{p.stem}" for p in (ROOT / "bridges" / pkg).glob("*.py")
+                 if p.stem not in ("__init__", "shim")}
+        listed = {m for m in PUBLIC if m.startswith(f"bridges.{pkg}.")} - {"bridges.hooks_common.shim"}
+        assert found == listed, pkg
 
 
 def test_each_package_lists_every_module():

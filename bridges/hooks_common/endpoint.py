@@ -1,0 +1,83 @@
+"""``POST /hooks/<agent>``: the ASGI app a hook bridge mounts on the daemon's
+listener (``ctx.mounts``; the Host guard, the no-browser-``Origin`` rule and
+``AEP_TOKEN`` are in front). Contract: ``/work/hooks-contract.md`` §1.
+
+- The body is the vendor's hook JSON; not a JSON object -> ``400
+  {"error": ...}`` (counted ``hooks_bad_body``).
+- ``X-AEP-Hook-Id`` (the shim's, else one is made) dedupes;
+  ``X-AEP-Hook-Spooled`` marks a replayed moment (never held).
+- Not held: ``200`` with the whole reply once the moment is in the session
+  log. Held: the response start goes out at once with ``AEP-Hold-Ms``
+  (after ``attention.requested`` is in the log), the body when decided or
+  when the hold ends (``{}``). A vendor that hangs up stops the hold.
+"""
+from __future__ import annotations
+
+import json
+
+import trio
+
+from bridges.core.asgi import Receive, Scope, Send, header, read_body, respond
+
+from .hub import HookHub
+
+__all__ = ["BODY_MAX", "HookEndpoint"]
+
+BODY_MAX = 4 * 1024 * 1024
+"""Largest hook body taken (a tool response can be big); larger -> 413."""
+
+
+class HookEndpoint:
+    """The ASGI app around one run's :class:`HookHub`."""
+
+    def __init__(self, hub: HookHub) -> None:
+        self.hub = hub
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http":
+            return
+        if scope.get("method") != "POST":
+            await respond(send, 405, {"error": "POST the vendor's hook JSON"},
+                          headers=[(b"allow", b"POST")])
+            return
+        try:
+            body = await read_body(receive, BODY_MAX)
+        except OverflowError:
+            self.hub.ctx.health.count("hooks_bad_body")
+            await respond(send, 413, {"error": f"hook body over {BODY_MAX} bytes"})
+            return
+        if body is None:
+            return
+        try:
+            moment = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            moment = None
+        if not isinstance(moment, dict):
+            self.hub.ctx.health.count("hooks_bad_body")
+            await respond(send, 400, {"error": "the body is not a JSON object"})
+            return
+        hook_id = header(scope, b"x-aep-hook-id")
+        spooled = header(scope, b"x-aep-hook-spooled") is not None
+        outcome = await self.hub.handle(moment, hook_id=hook_id, spooled=spooled)
+        if outcome.ask is None:
+            await respond(send, 200, outcome.reply)
+            return
+        hold_ms = round(self.hub.hold_limit(outcome.ask) * 1000)
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"aep-hold-ms", str(hold_ms).encode()),
+            (b"cache-control", b"no-store")]})
+        hangup = trio.Event()
+        reply: dict = {}
+        async with trio.open_nursery() as n:
+            async def watch() -> None:
+                while True:
+                    msg = await receive()
+                    if msg.get("type") == "http.disconnect":
+                        hangup.set()
+                        return
+
+            n.start_soon(watch)
+            reply = await self.hub.hold(outcome.ask, hangup)
+            n.cancel_scope.cancel()
+        if not hangup.is_set():
+            await send({"type": "http.response.body", "body": json.dumps(reply).encode()})

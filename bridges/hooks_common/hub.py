@@ -1,0 +1,423 @@
+"""One run of a hook bridge: the moments in, the events out, the replies back.
+
+:meth:`HookHub.handle` takes one vendor moment (live, or spooled by a
+shim), dedupes it by hook id, maps it with the profile's pure mapper, adds
+what only state knows (the synthesized or vendor run, tool pairing and
+cause links, the out-of-band settling of open asks), emits, waits for the
+session log, and returns the reply: ``{}``, a steering reply, or a held ask
+(:meth:`HookHub.hold` then waits for the decision, the hold limit or the
+vendor hanging up). The ASGI endpoint is :mod:`.endpoint`. Contract:
+``/work/hooks-contract.md`` §1, §3; steering:
+``shared/aep/docs/control-steering-design.md``; asks:
+``shared/aep/docs/adapters.md``.
+
+Counters: ``hooks_received``, ``hooks_duplicate``, ``hooks_no_session``,
+``hooks_held``, ``hooks_timeout``, ``hooks_hangup``, ``hooks_spooled_ingested``,
+``hooks_spool_malformed``, ``hooks_spool_foreign``, ``hooks_bad_body``, ``hooks_session_reended`` (a
+resumed session's later end, emitted as ``x.<agent>.session.session_end``),
+``stamp_errors``,
+``instructions_delivered``, ``instructions_dropped``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from bridges.core.bridge import BridgeContext, Emission, Envelope
+from bridges.core.envelope import Ulids
+from bridges.core.posture import Posture
+
+from .answers import Decision
+from .config import HookConfig
+from .mapping import fallback
+from .profile import HookProfile, Moment
+from .session import Ask, Instruction, Sessions, SessionState, tool_key
+
+__all__ = ["COUNTERS", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX", "TIMEOUT_MARGIN_S"]
+
+TIMEOUT_MARGIN_S = 5.0
+"""A hold ends at least this long before the vendor's own hook timeout."""
+REQUESTED_MAX = 64
+"""Tool calls of a run remembered for linking a ``PermissionRequest``."""
+SEEN_MAX = 8192
+"""Hook ids remembered for dedupe (contract §1)."""
+COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held",
+            "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
+            "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
+            "instructions_delivered", "instructions_dropped")
+
+
+@dataclass
+class Outcome:
+    """What a moment's handling decided: ``reply`` (the vendor JSON, when
+    not held) or ``ask`` (held: :meth:`HookHub.hold` gives the reply)."""
+
+    reply: dict[str, Any]
+    ask: Ask | None = None
+
+
+class HookHub:
+    """See the module docstring. Built per bridge run."""
+
+    def __init__(self, profile: HookProfile, config: HookConfig, ctx: BridgeContext) -> None:
+        self.profile = profile
+        self.config = config
+        self.ctx = ctx
+        policy = ctx.stamper.policy
+        self.posture = Posture(agent=profile.agent, mode="primary", policy=policy,
+                               answerable=config.control_open)
+        self.quiet = Posture(agent=profile.agent, mode="primary", policy=policy)
+        self.sessions = Sessions()
+        #: sessions whose session.ended went out (a resumed session's next end is not another)
+        self.ended: OrderedDict[str, None] = OrderedDict()
+        #: moments that only happen inside a turn (a run seen mid-way is adopted from them)
+        self._in_turn = profile.tool_pre | profile.tool_post | profile.permission_events \
+            | profile.run_closes
+        self.seen: OrderedDict[str, None] = OrderedDict()
+        self._ids = Ulids()
+        for c in COUNTERS:
+            ctx.health.counters.setdefault(c, 0)
+
+    # -- emitting ------------------------------------------------------------------
+    async def _emit(self, session: str, em: Emission, *, run: str | None = None,
+                    cause: str | None = None) -> Envelope | None:
+        try:
+            return await self.ctx.emit(session, em, run=run, cause=cause)
+        except ValueError as e:  # an ill-formed envelope: a bridge bug, never fatal
+            self.ctx.health.count("stamp_errors")
+            self.ctx.log.warning("%s: cannot stamp %s: %s", self.profile.key, em.get("type"), e)
+            return None
+
+    def _dedupe(self, hook_id: str | None) -> bool:
+        """True when ``hook_id`` was seen already (the moment is a repeat)."""
+        if not hook_id:
+            return False
+        if hook_id in self.seen:
+            return True
+        self.seen[hook_id] = None
+        if len(self.seen) > SEEN_MAX:
+            self.seen.popitem(last=False)
+        return False
+
+    # -- one moment ----------------------------------------------------------------
+    async def handle(self, moment: Moment, *, hook_id: str | None = None,
+                     spooled: bool = False) -> Outcome:
+        """Map, emit and log one moment; the reply or the ask to hold. A
+        spooled moment is never held and gets no steering (its reply is
+        thrown away)."""
+        health = self.ctx.health
+        if self._dedupe(hook_id):
+            health.count("hooks_duplicate")
+            return Outcome(self.profile.neutral(self.profile.event(moment)))
+        health.count("hooks_received")
+        sid = self.profile.session(moment)
+        if sid is None:
+            health.count("hooks_no_session")
+            return Outcome(self.profile.neutral(self.profile.event(moment)))
+        st, evicted = self.sessions.touch(sid)
+        if evicted is not None:
+            await self._drop_queue(evicted, "session-forgotten")
+        mark = self.ctx.log_mark()
+        async with st.lock:
+            outcome = await self._map(st, moment, spooled)
+        await self.ctx.logged_since(mark)
+        return outcome
+
+    async def _map(self, st: SessionState, m: Moment, spooled: bool) -> Outcome:
+        p, ev = self.profile, self.profile.event(m)
+        posture = self.quiet if spooled else self.posture
+        await self._settle(st, ev, m)
+        await self._runs(st, ev, m)
+        ask: Ask | None = None
+        for em in p.map_hook(m, posture):
+            got = await self._one(st, ev, m, self._once(st, ev, em, posture), spooled)
+            ask = got or ask
+        if ev in p.session_ends:
+            await self._end(st)
+        if ask is not None and ask.held:
+            self.ctx.health.count("hooks_held")
+            return Outcome({}, ask)
+        if not spooled and ev in p.context_events and st.queue:
+            return Outcome(await self._deliver(st, ev))
+        return Outcome(p.neutral(ev))
+
+    async def _runs(self, st: SessionState, ev: str, m: Moment) -> None:
+        """Open, adopt or close the session's run before the moment's events."""
+        p = self.profile
+        if ev in p.run_opens:
+            await self._open_run(st, m)
+        elif p.run_field and isinstance(m.get(p.run_field), str) and st.run is None \
+                and m[p.run_field] != st.last_run and ev in self._in_turn:
+            st.run = m[p.run_field]  # a turn seen mid-way (the daemon came up late)
+            st.run_t0 = trio.current_time()
+        if ev in p.session_ends and st.run is not None:
+            await self._close_run(st, {"type": "run.cancelled",
+                                       "data": {"by": "user", "reason": "session ended"}})
+
+    def _once(self, st: SessionState, ev: str, em: Emission, posture: Posture) -> Emission:
+        """One ``session.ended`` per session (AEP-0002 §2): a resumed session
+        (``claude --resume``, ``/compact``) ending again is the vendor's own
+        ``x.<agent>.session.session_end``."""
+        if em["type"] != "session.ended":
+            return em
+        if st.id in self.ended:
+            self.ctx.health.count("hooks_session_reended")
+            return fallback(posture, ev, em.get("data"))
+        self.ended[st.id] = None
+        if len(self.ended) > SEEN_MAX:
+            self.ended.popitem(last=False)
+        return em
+
+    async def _one(self, st: SessionState, ev: str, m: Moment, em: Emission,
+                   spooled: bool) -> Ask | None:
+        """Emit one mapped emission with what state knows (run, cause); the
+        ask it opened, if any."""
+        p, t = self.profile, em["type"]
+        if t == "run.started":
+            out = await self._emit(st.id, em, run=st.run)
+            st.run_started = out["id"] if out else None
+            return None
+        if t in ("run.finished", "run.failed", "run.cancelled"):
+            await self._close_run(st, em)
+            return None
+        out = await self._emit(st.id, em, run=st.run, cause=self._cause(st, em, m))
+        if out is None:
+            return None
+        if t == "tool.requested":
+            call = m.get("tool_use_id")
+            if isinstance(call, str):
+                st.tools[call] = (out["id"], trio.current_time())
+            st.requested.append((str(m.get("tool_name")), m.get("tool_input"), out["id"]))
+            del st.requested[:-REQUESTED_MAX]
+            if ev == p.gate_event and p.gate_ask is not None and not spooled \
+                    and self.config.gated(m.get("tool_name")):
+                return await self._gate(st, m, out["id"])
+        elif t == "attention.requested":
+            return self._register(st, em, out["id"], m,
+                                  held=self.config.control_open and not spooled
+                                  and (ev in p.permission_events or ev in p.form_events))
+        return None
+
+    def _cause(self, st: SessionState, em: Emission, m: Moment) -> str | None:
+        t = em["type"]
+        call = m.get("tool_use_id")
+        if t in ("tool.completed", "tool.failed", "tool.denied") and isinstance(call, str):
+            hit = st.tools.pop(call, None)
+            if hit is not None:
+                data = em.setdefault("data", {})
+                data.setdefault("duration_ms", max(0, int((trio.current_time() - hit[1]) * 1000)))
+                return hit[0]
+        if t == "attention.requested":
+            if isinstance(call, str) and call in st.tools:
+                return st.tools[call][0]
+            return st.requested_id(m)
+        return None
+
+    # -- runs ----------------------------------------------------------------------
+    async def _open_run(self, st: SessionState, m: Moment) -> None:
+        p = self.profile
+        rid = m.get(p.run_field) if p.run_field else None
+        if st.run is not None and st.run == rid and st.run_started is None:
+            return  # the turn was adopted mid-way (a moment before its prompt): it starts now
+        if st.run is not None:  # the interrupt-drain rule: a stale run closes at the next prompt
+            await self._close_run(st, {"type": "run.cancelled",
+                                       "data": {"by": "user", "reason": "superseded by a new prompt"}})
+        st.run = rid if isinstance(rid, str) and rid else f"run_{self._ids()}"
+        st.run_t0 = trio.current_time()
+
+    async def _close_run(self, st: SessionState, em: Emission) -> None:
+        if st.run is None:
+            return
+        data = em.setdefault("data", {})
+        data.setdefault("duration_ms", max(0, int((trio.current_time() - st.run_t0) * 1000)))
+        await self._emit(st.id, em, run=st.run, cause=st.run_started)
+        st.last_run, st.run, st.run_started = st.run, None, None
+        st.tools.clear()
+        st.requested.clear()
+
+    # -- asks ------------------------------------------------------------------------
+    def _register(self, st: SessionState, em: Emission, ask_id: str, m: Moment, *,
+                  held: bool, gate: bool = False) -> Ask:
+        data = em.get("data") or {}
+        kind = str(data.get("kind", "permission"))
+        tool = m.get("tool_name")
+        call = m.get("tool_use_id")
+        ask = Ask(ask_id, st.id, st.run, kind, m,
+                  options=data.get("options") if kind != "form" else None,
+                  fields=data.get("fields") if kind == "form" else None,
+                  key=tool_key(m) if isinstance(tool, str) else None,
+                  call_id=call if isinstance(call, str) else None,
+                  held=held, gate=gate, t0=trio.current_time())
+        st.forget_closed()
+        st.asks[ask_id] = ask
+        return ask
+
+    async def _gate(self, st: SessionState, m: Moment, cause: str) -> Ask | None:
+        assert self.profile.gate_ask is not None
+        em = self.profile.gate_ask(m, self.posture)
+        out = await self._emit(st.id, em, run=st.run, cause=cause)
+        if out is None:
+            return None
+        return self._register(st, em, out["id"], m, held=True, gate=True)
+
+    async def _settle(self, st: SessionState, ev: str, m: Moment) -> None:
+        """Settle open asks by what the vendor does next (answered ``via:
+        oob``): the tool ran (allowed), was denied, the form was answered
+        elsewhere; a new prompt, the run's end or the session's end
+        dismisses what is still open."""
+        p = self.profile
+        for ask in st.open_asks():
+            if ask.settling is not None:
+                continue  # an answer from AEP is being applied
+            if ev in p.tool_done and ask.matches(m):
+                if ask.kind == "form":
+                    values = p.form_answer(ask.fields or [], m) if p.form_answer else None
+                    if values:
+                        await self._answered_oob(ask, {"values": values})
+                    else:
+                        await self._resolve(ask, "dismissed")
+                else:
+                    await self._answered_oob(ask, {"option": "allow"})
+            elif ev in p.tool_denied and ask.matches(m):
+                await self._answered_oob(ask, {"option": "deny"})
+            elif ev in p.form_results and ask.kind == "form" and ask.key is None:
+                action = m.get("action")
+                content = m.get("content")
+                answer = {"values": content} if action == "accept" and isinstance(content, dict) \
+                    else {"option": action if isinstance(action, str) and action else "cancel"}
+                await self._answered_oob(ask, answer)
+            elif ev in p.run_opens or ev in p.run_closes or ev in p.session_ends:
+                await self._resolve(ask, "dismissed")
+
+    async def _answered_oob(self, ask: Ask, answer: dict[str, Any]) -> None:
+        em: Emission = {"type": "attention.answered",
+                        "data": {"answer": answer, "via": "oob"}, "subject": ask.id}
+        if ask.fields is not None:
+            em["gating"] = {"form_fields": ask.fields}
+        out = await self._emit(ask.session, em, run=ask.run, cause=ask.id)
+        await self._resolve(ask, "answered", cause=out["id"] if out else ask.id)
+
+    async def _resolve(self, ask: Ask, resolution: str, *, cause: str | None = None) -> None:
+        ask.state = "closed"
+        ask.done.set()  # a hook still held answers {}: the vendor has moved on
+        latency = max(0, int((trio.current_time() - ask.t0) * 1000))
+        await self._emit(ask.session, {"type": "attention.resolved", "subject": ask.id,
+                                       "data": {"resolution": resolution, "latency_ms": latency}},
+                         run=ask.run, cause=cause or ask.id)
+
+    async def answered(self, ask: Ask, decision: Decision, cmd_id: str) -> None:
+        """The outcome of an accepted ``control.attention.respond`` (after its
+        ack): ``attention.answered`` (the applied answer, ``via: control``,
+        cause the command) and ``attention.resolved`` (cause the answer)."""
+        em: Emission = {"type": "attention.answered", "subject": ask.id,
+                        "data": {"answer": decision.applied, "via": "control"}}
+        if ask.fields is not None:
+            em["gating"] = {"form_fields": ask.fields}
+        out = await self._emit(ask.session, em, run=ask.run, cause=cmd_id)
+        latency = max(0, int((trio.current_time() - ask.t0) * 1000))
+        await self._emit(ask.session, {"type": "attention.resolved", "subject": ask.id,
+                                       "data": {"resolution": "answered", "latency_ms": latency}},
+                         run=ask.run, cause=out["id"] if out else cmd_id)
+
+    async def hold(self, ask: Ask, hangup: trio.Event | None = None) -> dict[str, Any]:
+        """Wait for ``ask``'s decision, at most the hold limit; the vendor
+        reply. On the limit: ``attention.timeout`` and ``{}``. ``hangup``
+        set (the vendor closed the connection): the ask is no longer
+        answerable here and stays open for the out-of-band settling."""
+        limit = self.hold_limit(ask)
+        with trio.move_on_after(limit):
+            async with trio.open_nursery() as n:
+                async def _wait_hangup() -> None:
+                    if hangup is not None:
+                        await hangup.wait()
+                        n.cancel_scope.cancel()
+                n.start_soon(_wait_hangup)
+                await ask.done.wait()
+                n.cancel_scope.cancel()
+        if ask.decision is not None:
+            return self._reply(ask, ask.decision)
+        if ask.state != "open":
+            return self._neutral(ask)  # settled by the vendor's next moment
+        st = self.sessions.get(ask.session)
+        if hangup is not None and hangup.is_set():
+            ask.held = False
+            self.ctx.health.count("hooks_hangup")
+            return self._neutral(ask)
+        if ask.settling is not None:  # an accepted answer is being applied: let it land
+            with trio.move_on_after(1.0):
+                await ask.done.wait()
+            if ask.decision is not None:
+                return self._reply(ask, ask.decision)
+        ask.state = "closed"
+        ask.held = False
+        self.ctx.health.count("hooks_timeout")
+        await self._emit(ask.session, {"type": "attention.timeout", "subject": ask.id,
+                                       "data": {"after_ms": round(limit * 1000)}},
+                         run=ask.run, cause=ask.id)
+        if st is not None:
+            st.forget_closed()
+        return self._neutral(ask)
+
+    def _neutral(self, ask: Ask) -> dict[str, Any]:
+        return self.profile.neutral(self.profile.event(ask.moment))
+
+    def hold_limit(self, ask: Ask) -> float:
+        """How long ``ask``'s hook is held, seconds: ``AEP_<AGENT>_HOLD_S``,
+        and never past the vendor's own timeout for that event, less
+        :data:`TIMEOUT_MARGIN_S` (``profile.vendor_timeout_s``: the hold
+        always ends first, even where no installer wrote a longer one)."""
+        vendor = self.profile.vendor_timeout_s.get(self.profile.event(ask.moment))
+        if vendor is None:
+            return self.config.hold_s
+        return max(0.0, min(self.config.hold_s, vendor - TIMEOUT_MARGIN_S))
+
+    def _reply(self, ask: Ask, decision: Decision) -> dict[str, Any]:
+        return self.profile.reply(ask.moment, decision)
+
+    def release(self) -> int:
+        """At the run's end: every hook still held answers no decision now
+        (the vendor's own flow), instead of waiting out its hold against a
+        run that can no longer answer it. Returns how many were released."""
+        n = 0
+        for st in list(self.sessions.all()):
+            for ask in st.open_asks():
+                if ask.held:
+                    ask.held = False
+                    ask.state = "closed"
+                    ask.done.set()
+                    n += 1
+        return n
+
+    # -- steering ----------------------------------------------------------------------
+    def queue(self, session: str, cmd_id: str, text: str) -> None:
+        """Queue ``text`` for ``session`` (the controller checked room)."""
+        st, _ = self.sessions.touch(session)
+        st.queue.append(Instruction(cmd_id, text, trio.current_time()))
+
+    async def _deliver(self, st: SessionState, ev: str) -> dict[str, Any]:
+        items = list(st.queue)
+        st.queue.clear()
+        text = "\n\n".join(i.text for i in items)[: self.profile.context_max]
+        now = trio.current_time()
+        for i in items:
+            self.ctx.health.count("instructions_delivered")
+            await self._emit(st.id, {"type": f"x.{self.profile.agent}.instruction.delivered",
+                                     "data": {"queued_ms": max(0, int((now - i.t0) * 1000)),
+                                              "hook": ev}},
+                             run=st.run, cause=i.cmd_id)
+        return self.profile.context_reply(ev, text)
+
+    async def _drop_queue(self, st: SessionState, reason: str) -> None:
+        while st.queue:
+            i = st.queue.popleft()
+            self.ctx.health.count("instructions_dropped")
+            await self._emit(st.id, {"type": f"x.{self.profile.agent}.instruction.dropped",
+                                     "data": {"reason": reason}}, cause=i.cmd_id)
+
+    async def _end(self, st: SessionState) -> None:
+        await self._drop_queue(st, "session-ended")
+        st.ended = True
+        self.sessions.drop(st.id)

@@ -1,0 +1,184 @@
+"""Per-session state of a hook bridge run: the open run, the open tool
+calls (pairing), the open asks, the steering queue. No I/O; the hub
+(:mod:`.hub`) reads and changes it under the session's lock.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from bridges.core.capture import digest
+
+from .answers import Decision
+
+__all__ = ["Ask", "Instruction", "QUEUE_MAX", "SESSIONS_MAX", "SessionState", "Sessions",
+           "same_call", "tool_key"]
+
+QUEUE_MAX = 20
+"""Instructions queued per session (``control-steering-design.md``)."""
+SESSIONS_MAX = 1024
+"""Sessions kept at once; the least recently seen is forgotten first."""
+
+
+def same_call(a: object, b: object) -> bool:
+    """Whether two ``tool_input`` objects are of one call: every key they
+    share holds the same value, and they share one at least (a later moment
+    may carry more: Claude Code's ``AskUserQuestion`` ``PostToolUse`` adds
+    ``answers``; Codex's ``PermissionRequest`` adds ``description``)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return a == b
+    shared = a.keys() & b.keys()
+    return bool(shared) and all(digest(a[k]) == digest(b[k]) for k in shared)
+
+
+def tool_key(moment: dict[str, Any]) -> tuple[str, str]:
+    """``(tool_name, digest(tool_input))``: pairs a ``PermissionRequest``
+    (which has no ``tool_use_id``) with the tool's other moments."""
+    name = moment.get("tool_name")
+    return (name if isinstance(name, str) else "", digest(moment.get("tool_input")))
+
+
+@dataclass(eq=False)
+class Ask:
+    """One ``attention.requested``: ``id`` (its event id, the command's
+    subject), ``kind`` (``permission`` / ``form``), the vendor ``moment``
+    (for the reply), ``options`` or ``fields`` (the mapper's, before the
+    capture gate), the tool it is about (``key``, ``call_id``), ``held``
+    (a hook waits for the answer here), ``gate`` (the ``PreToolUse``
+    gate), ``state`` (``open`` / ``answered`` / ``closed``), ``settling``
+    (the command id whose answer is being applied), ``decision`` and
+    ``done`` (set once the held hook may answer)."""
+
+    id: str
+    session: str
+    run: str | None
+    kind: str
+    moment: dict[str, Any]
+    options: list[dict[str, Any]] | None = None
+    fields: list[dict[str, Any]] | None = None
+    key: tuple[str, str] | None = None
+    call_id: str | None = None
+    held: bool = False
+    gate: bool = False
+    t0: float = 0.0
+    state: str = "open"
+    settling: str | None = None
+    decision: Decision | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def open(self) -> bool:
+        return self.state == "open"
+
+    def matches(self, moment: dict[str, Any]) -> bool:
+        """Whether ``moment`` is about this ask's tool call: the same
+        ``tool_use_id`` when both have one, else the same tool name and
+        :func:`same_call` inputs."""
+        call = moment.get("tool_use_id")
+        if self.call_id and isinstance(call, str):
+            return call == self.call_id
+        if self.key is None or moment.get("tool_name") != self.key[0]:
+            return False
+        return same_call(self.moment.get("tool_input"), moment.get("tool_input"))
+
+
+@dataclass
+class Instruction:
+    """One queued steering instruction: the command id, its text, when queued
+    (``trio.current_time()``)."""
+
+    cmd_id: str
+    text: str
+    t0: float
+
+
+@dataclass(eq=False)
+class SessionState:
+    """One vendor session: ``run`` (the open AEP run id) and its
+    ``run_started`` event id and start time, ``last_run`` (the run closed
+    last: a late moment naming it does not reopen it); ``tools``
+    (``call_id`` -> ``(tool.requested id, t0)``) and ``requested``
+    (``(tool name, tool_input, tool.requested id)`` of the run: a
+    ``PermissionRequest`` has no ``tool_use_id``); ``asks`` (event id -> :class:`Ask`);
+    ``queue`` (steering); ``lock`` (one moment mapped at a time)."""
+
+    id: str
+    run: str | None = None
+    run_started: str | None = None
+    run_t0: float = 0.0
+    last_run: str | None = None
+    tools: dict[str, tuple[str, float]] = field(default_factory=dict)
+    requested: list[tuple[str, object, str]] = field(default_factory=list)
+    asks: dict[str, Ask] = field(default_factory=dict)
+    queue: deque[Instruction] = field(default_factory=deque)
+    lock: trio.Lock = field(default_factory=trio.Lock)
+    ended: bool = False
+
+    def requested_id(self, moment: dict[str, Any]) -> str | None:
+        """The ``tool.requested`` id of the latest call ``moment`` is about."""
+        name = moment.get("tool_name")
+        for n, inp, ev_id in reversed(self.requested):
+            if n == name and same_call(inp, moment.get("tool_input")):
+                return ev_id
+        return None
+
+    def open_asks(self) -> list[Ask]:
+        """The asks still open, oldest first."""
+        return [a for a in self.asks.values() if a.open]
+
+    def forget_closed(self) -> None:
+        """Drop the asks that are settled (a late command then finds none)."""
+        for k in [k for k, a in self.asks.items() if not a.open]:
+            del self.asks[k]
+
+
+class Sessions:
+    """The run's sessions, least recently seen first, at most
+    :data:`SESSIONS_MAX` (a forgotten session's queue is counted dropped
+    by the caller)."""
+
+    def __init__(self, limit: int = SESSIONS_MAX) -> None:
+        self._by_id: OrderedDict[str, SessionState] = OrderedDict()
+        self.limit = limit
+
+    def get(self, sid: str) -> SessionState | None:
+        """The session ``sid`` if it is known (never made here)."""
+        return self._by_id.get(sid)
+
+    def touch(self, sid: str) -> tuple[SessionState, SessionState | None]:
+        """The session ``sid`` (made on first sight), and the one forgotten
+        to make room (or ``None``)."""
+        st = self._by_id.get(sid)
+        if st is not None:
+            self._by_id.move_to_end(sid)
+            return st, None
+        st = self._by_id[sid] = SessionState(sid)
+        evicted = None
+        if len(self._by_id) > self.limit:
+            _, evicted = self._by_id.popitem(last=False)
+        return st, evicted
+
+    def all(self) -> list[SessionState]:
+        """Every known session (a copy of the list)."""
+        return list(self._by_id.values())
+
+    def drop(self, sid: str) -> None:
+        """Forget ``sid`` (its session ended)."""
+        self._by_id.pop(sid, None)
+
+    def find_ask(self, ask_id: object) -> Ask | None:
+        """The ask whose ``attention.requested`` id is ``ask_id`` (a
+        command's subject: untrusted), or ``None``."""
+        if not isinstance(ask_id, str):
+            return None
+        for st in self._by_id.values():
+            a = st.asks.get(ask_id)
+            if a is not None:
+                return a
+        return None
+
+    def __len__(self) -> int:
+        return len(self._by_id)

@@ -1,0 +1,154 @@
+"""Spool ingestion (``/work/hooks-contract.md`` §3): moments a shim could
+not hand the daemon, appended to ``<spool dir>/<agent>.jsonl``, are taken
+at run start and every :data:`INTERVAL_S` while running.
+
+Taking: open, ``flock(LOCK_EX)``, rename to
+``<agent>.jsonl.ingesting-<ulid>``, unlock (a writer that locked the old
+inode sees its ``st_ino`` differ from the path's and reopens), read every
+line, feed each through the live path as spooled (never held), delete.
+Leftover ``.ingesting-*`` files (a crash mid-ingest) are ingested first;
+dedupe by hook id covers a repeat. A malformed line is counted
+(``hooks_spool_malformed``) and skipped; a file another user owns, or a
+symlink, is never read (``hooks_spool_foreign``).
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bridges.core.envelope import Ulids
+
+from .hub import HookHub
+
+__all__ = ["INTERVAL_S", "Foreign", "claim", "ingest", "parse_line", "pending", "serve", "sweep"]
+
+INTERVAL_S = 3.0
+
+
+class Foreign(Exception):
+    """A spool file this user does not own: never read (anyone who can write
+    it could feed the daemon moments)."""
+
+
+def claim(spool: Path, agent: str, ids: Ulids | None = None) -> Path | None:
+    """Rename ``<agent>.jsonl`` aside under the writers' lock; the new path,
+    or ``None`` when there is nothing to take. Raises :class:`Foreign` for a
+    file another user owns (left in place), ``OSError`` for an unreadable
+    spool directory."""
+    path = spool / f"{agent}.jsonl"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink: whoever made it chose what we would read
+            raise Foreign(str(path)) from None
+        raise
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise Foreign(str(path))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_size == 0:
+            return None
+        target = spool / f"{agent}.jsonl.ingesting-{(ids or Ulids())()}"
+        try:
+            os.rename(path, target)
+        except OSError as e:
+            if e.errno == errno.ENOENT:
+                return None
+            raise
+        return target
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def pending(spool: Path, agent: str) -> list[Path]:
+    """Leftover ``.ingesting-*`` files this user owns, oldest first (their
+    names sort by time)."""
+    try:
+        return sorted(p for p in spool.glob(f"{agent}.jsonl.ingesting-*")
+                      if not p.is_symlink() and p.stat().st_uid == os.geteuid())
+    except OSError:
+        return []
+
+
+def parse_line(line: bytes, agent: str) -> tuple[str | None, dict[str, Any]] | None:
+    """One spool line -> ``(hook id, moment)``, or ``None`` when malformed
+    (not JSON, not the contract's shape, another agent's, a payload that is
+    not a JSON object: raw text the vendor sent cannot be mapped)."""
+    try:
+        rec = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(rec, dict) or rec.get("agent") not in (None, agent):
+        return None
+    payload = rec.get("payload")
+    if isinstance(payload, str):
+        try:
+            payload = json.loads(payload)
+        except ValueError:
+            return None
+    if not isinstance(payload, dict):
+        return None
+    hid = rec.get("id")
+    return (hid if isinstance(hid, str) and hid else None), payload
+
+
+async def ingest(hub: HookHub, path: Path) -> int:
+    """Feed every line of the claimed file ``path`` through the hub as
+    spooled, then delete it. Returns the moments fed."""
+    health = hub.ctx.health
+    try:
+        data = path.read_bytes()  # noqa: ASYNC240 -- a small local file; a thread hop costs more
+    except OSError as e:
+        hub.ctx.log.warning("%s: cannot read spool %s: %s", hub.profile.key, path, e)
+        return 0
+    fed = 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        rec = parse_line(line, hub.profile.agent)
+        if rec is None:
+            health.count("hooks_spool_malformed")
+            continue
+        await hub.handle(rec[1], hook_id=rec[0], spooled=True)
+        health.count("hooks_spooled_ingested")  # once its events are out and logged
+        fed += 1
+    try:
+        path.unlink()  # noqa: ASYNC240 -- one local unlink
+    except OSError:
+        pass
+    return fed
+
+
+async def sweep(hub: HookHub, spool: Path) -> int:
+    """Ingest what is left over, then what is spooled now."""
+    agent = hub.profile.agent
+    fed = 0
+    for p in pending(spool, agent):
+        fed += await ingest(hub, p)
+    try:
+        taken = claim(spool, agent)
+    except Foreign as e:
+        hub.ctx.health.count("hooks_spool_foreign")
+        hub.ctx.log.warning("%s: not reading %s: owned by another user", hub.profile.key, e)
+        return fed
+    except OSError as e:
+        hub.ctx.log.warning("%s: cannot take the spool %s: %s", hub.profile.key, spool, e)
+        return fed
+    if taken is not None:
+        fed += await ingest(hub, taken)
+    return fed
+
+
+async def serve(hub: HookHub, spool: Path, interval_s: float = INTERVAL_S) -> None:
+    """Sweep at start and every ``interval_s`` seconds until cancelled."""
+    while True:
+        await sweep(hub, spool)
+        await trio.sleep(interval_s)

@@ -1,0 +1,279 @@
+"""The real Claude Code 2.1.197, offline against the mock Messages API, hooked
+to the daemon (``type: "http"`` hooks to ``/hooks/claude-code`` with the
+bearer from ``$AEP_TOKEN``), answered with the SDK ``ControlClient``:
+
+- print mode (``claude -p``): the held ``PreToolUse`` gate
+  (``AEP_CLAUDE_CODE_GATE_TOOLS=Bash``) allowed from AEP runs a tool print
+  mode would refuse; a free-text deny reaches the model as the tool's error;
+- the TUI under tmux: its ``PermissionRequest`` allowed from AEP runs the
+  tool; the person answering at the terminal first resolves the card
+  ``via: oob`` and the late command is nacked; an ``AskUserQuestion`` form
+  answered from AEP fills the question.
+
+The harness (``tests.support.claude_code``, ``tests.support.mock_anthropic``)
+is the live-harness branch's; until it is merged this module skips."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from tests.support.daemon import DaemonProcess, command
+from tests.support.schema import validated
+
+cc = pytest.importorskip("tests.support.claude_code")
+mock_anthropic = pytest.importorskip("tests.support.mock_anthropic")
+
+pytestmark = pytest.mark.vendor
+
+TOKEN = "live-hooks-token"
+MARKER = "aep-tool-ran.txt"
+TOUCH = mock_anthropic.Tool("Bash", {"command": f"touch {MARKER} && echo ran", "description": "mark"})
+EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop",
+          "SessionEnd", "PermissionRequest", "PermissionDenied", "Notification")
+TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionRequest",
+               "PermissionDenied", "Notification")
+
+
+def settings(daemon_url: str) -> dict[str, Any]:
+    """What ``aep-bridges hooks install claude-code --transport http`` writes
+    (hold 60 s -> the vendor's timeout 70 s)."""
+    url = f"{daemon_url}/hooks/claude-code"
+    hook = {"type": "http", "url": url, "timeout": 70,
+            "headers": {"Authorization": "Bearer $AEP_TOKEN"}, "allowedEnvVars": ["AEP_TOKEN"]}
+    hooks = {}
+    for ev in EVENTS:
+        group: dict[str, Any] = {"hooks": [dict(hook)]}
+        if ev in TOOL_EVENTS:
+            group["matcher"] = ""
+        hooks[ev] = [group]
+    return {"hooks": hooks, "allowedHttpHookUrls": [f"{daemon_url}/*"]}
+
+
+@pytest.fixture(scope="module")
+def claude_bin() -> Path:
+    return cc.claude_binary()
+
+
+def hook_daemon(tmp_path, **env: str) -> DaemonProcess:
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_CLAUDE_CODE": "1", "AEP_BRIDGE_OTLP_IN": "0",
+                                           "AEP_CLAUDE_CODE_CONTROL": "1",
+                                           "AEP_CLAUDE_CODE_HOLD_S": "60", **env}, token=TOKEN)
+    return d.start()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    d = hook_daemon(tmp_path, AEP_CLAUDE_CODE_GATE_TOOLS="Bash")
+    stream = d.subscribe()
+    yield d, stream
+    stream.close()
+    d.stop()
+
+
+async def turn(claude_bin, tmp_path, d, stream, answer: dict[str, Any], script: list):
+    mock = mock_anthropic.MockAnthropicServer()
+    mock.script = list(script)
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    cc.prepare_home(home, proj)
+    cc.write_settings(proj, settings(d.url))
+    box: dict[str, Any] = {}
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+
+        async def run() -> None:
+            box["run"] = await cc.run_print(claude_bin, home, proj, "run the command",
+                                            base_url=mock.base_url, proxy_url=mock.base_url,
+                                            env_extra={"AEP_TOKEN": TOKEN})
+        n.start_soon(run)
+        ask = await stream.wait_for(lambda s: next((e for e in s.events
+                                                    if e["type"] == "attention.requested"), None),
+                                    timeout=90, what="the gate's attention.requested")
+        status, _ = await command(d, "control.attention.respond", ask["session"],
+                                  subject=ask["id"], capture="redacted", data={"answer": answer})
+        assert status == "accepted"
+        await stream.wait_for(lambda s: "run" in box, timeout=120, what="claude -p to finish")
+        n.cancel_scope.cancel()
+    assert not mock.egress(), [(r.method, r.path) for r in mock.egress()]
+    return box["run"], mock, proj, ask
+
+
+async def test_held_pretooluse_allowed_from_aep_runs_the_tool(claude_bin, tmp_path, daemon):
+    d, stream = daemon
+    run, mock, proj, ask = await turn(claude_bin, tmp_path, d, stream, {"option": "allow"},
+                                      [TOUCH, mock_anthropic.Text("It ran.")])
+    assert run.returncode == 0, run.describe()
+    assert (proj / MARKER).exists()
+    assert [r["text"] for r in mock.tool_results()] == ["ran"]
+    s = ask["session"]
+    await stream.wait_for(lambda c: c.of(s, "run.finished"), what="run.finished")
+    evs = validated(stream.of(s))
+    types = [e["type"] for e in evs]
+    for t in ("run.started", "tool.requested", "attention.requested", "control.accepted",
+              "attention.answered", "attention.resolved", "tool.completed", "run.finished"):
+        assert t in types, types
+
+
+async def test_free_text_deny_from_aep_reaches_the_model(claude_bin, tmp_path, daemon):
+    d, stream = daemon
+    reason = "AEP-DENY-91: not on a Friday, use the staging box"
+    run, mock, proj, ask = await turn(claude_bin, tmp_path, d, stream, {"text": reason},
+                                      [TOUCH, mock_anthropic.Text("Understood.")])
+    assert run.returncode == 0, run.describe()
+    assert not (proj / MARKER).exists()
+    (result,) = mock.tool_results()
+    assert result.get("is_error") is True and reason in result["text"]
+    validated(stream.of(ask["session"]))
+
+
+# -- the TUI ------------------------------------------------------------------------
+DIALOG = "Do you want to proceed?"
+QUESTION = "Which environment should I deploy to?"
+ASK = mock_anthropic.Tool("AskUserQuestion", {"questions": [{
+    "question": QUESTION, "header": "Env", "multiSelect": False,
+    "options": [{"label": "Staging", "description": "the staging cluster"},
+                {"label": "Production", "description": "the live cluster"}]}]})
+
+
+@pytest.fixture(scope="module")
+def tmux() -> str:
+    from tests.support.system import require
+    return require("tmux")
+
+
+@pytest.fixture
+def tui_daemon(tmp_path):
+    d = hook_daemon(tmp_path)
+    stream = d.subscribe()
+    yield d, stream
+    stream.close()
+    d.stop()
+
+
+class Tui:
+    """One TUI session hooked to the daemon: the mock, the tmux pane."""
+
+    def __init__(self, tmp: Path, d: DaemonProcess, script: list) -> None:
+        self.mock = mock_anthropic.MockAnthropicServer()
+        self.mock.script = list(script)
+        self.home, self.proj = tmp / "home", tmp / "proj"
+        cc.prepare_home(self.home, self.proj)
+        cc.write_settings(self.proj, settings(d.url))
+
+    async def start(self, nursery, tmux: str, claude_bin: Path):
+        await nursery.start(self.mock.serve)
+        tui = cc.Tui.start(tmux, claude_bin, self.home, self.proj, base_url=self.mock.base_url,
+                           proxy_url=self.mock.base_url, env_extra={"AEP_TOKEN": TOKEN})
+        await tui.wait_for("? for shortcuts", timeout=90)
+        tui.type_line("run the command")
+        return tui
+
+
+def first(stream, type_: str, **match: Any):
+    return lambda s: next((e for e in s.events if e["type"] == type_
+                           and all(e.get(k) == v for k, v in match.items())), None)
+
+
+async def test_tui_permission_request_allowed_from_aep(claude_bin, tmux, tmp_path, tui_daemon):
+    d, stream = tui_daemon
+    s = Tui(tmp_path, d, [TOUCH, mock_anthropic.Text("Finished.")])
+    async with trio.open_nursery() as n:
+        with await s.start(n, tmux, claude_bin) as tui:
+            ask = await stream.wait_for(first(stream, "attention.requested"), timeout=90)
+            assert ask["data"]["kind"] == "permission"
+            status, _ = await command(d, "control.attention.respond", ask["session"],
+                                      subject=ask["id"], data={"answer": {"option": "allow"}})
+            assert status == "accepted"
+            await tui.wait_for("Finished.", timeout=60)
+        n.cancel_scope.cancel()
+    assert (s.proj / MARKER).exists()
+    ans = await stream.wait_for(first(stream, "attention.answered", session=ask["session"]))
+    assert ans["data"] == {"answer": {"option": "allow"}, "via": "control"}
+    validated(stream.of(ask["session"]))
+
+
+async def test_tui_answered_at_the_terminal_first_resolves_oob(claude_bin, tmux, tmp_path,
+                                                               tui_daemon):
+    d, stream = tui_daemon
+    s = Tui(tmp_path, d, [TOUCH, mock_anthropic.Text("Finished.")])
+    async with trio.open_nursery() as n:
+        with await s.start(n, tmux, claude_bin) as tui:
+            ask = await stream.wait_for(first(stream, "attention.requested"), timeout=90)
+            await tui.wait_for(DIALOG)
+            tui.send("Enter")  # "1. Yes", at the terminal, while the hook is held
+            await tui.wait_for("Finished.", timeout=60)
+        n.cancel_scope.cancel()
+    assert (s.proj / MARKER).exists()
+    ans = await stream.wait_for(first(stream, "attention.answered", session=ask["session"]))
+    assert ans["data"] == {"answer": {"option": "allow"}, "via": "oob"}
+    assert ans["cause"] == ask["id"]
+    late, _ = await command(d, "control.attention.respond", ask["session"], subject=ask["id"],
+                            data={"answer": {"option": "deny"}})
+    assert late == "refused"
+    validated(stream.of(ask["session"]))
+
+
+async def test_tui_ask_user_question_answered_from_aep(claude_bin, tmux, tmp_path, tui_daemon):
+    d, stream = tui_daemon
+    s = Tui(tmp_path, d, [ASK, mock_anthropic.Text("Finished.")])
+    async with trio.open_nursery() as n:
+        with await s.start(n, tmux, claude_bin) as tui:
+            ask = await stream.wait_for(first(stream, "attention.requested"), timeout=90)
+            assert ask["data"]["kind"] == "form"
+            assert [c["id"] for c in ask["data"]["fields"][0]["choices"]] == ["1", "2"]
+            status, _ = await command(d, "control.attention.respond", ask["session"],
+                                      subject=ask["id"], data={"answer": {"values": {"1": "2"}}})
+            assert status == "accepted"
+            await tui.wait_for("Finished.", timeout=60)
+        n.cancel_scope.cancel()
+    (result,) = s.mock.tool_results()
+    assert not result.get("is_error") and "Production" in result["text"], result
+    validated(stream.of(ask["session"]))
+
+
+async def test_steering_from_aep_reaches_the_models_next_request(claude_bin, tmp_path):
+    """``x.claude-code.control.instruct`` sent while the gate holds the tool
+    call is delivered on the next eligible reply (``PostToolUse``, not the
+    held ``PreToolUse``: a decision never carries steering) and the model's
+    next request carries the text."""
+    d = hook_daemon(tmp_path, AEP_CLAUDE_CODE_GATE_TOOLS="Bash", AEP_INSTRUCT="1")
+    stream = d.subscribe()
+    note = "AEP-STEER-77: prefer the staging database"
+    try:
+        mock = mock_anthropic.MockAnthropicServer()
+        mock.script = [TOUCH, mock_anthropic.Text("ok")]
+        home, proj = tmp_path / "home", tmp_path / "proj"
+        cc.prepare_home(home, proj)
+        cc.write_settings(proj, settings(d.url))
+        box: dict[str, Any] = {}
+        async with trio.open_nursery() as n:
+            await n.start(mock.serve)
+
+            async def run() -> None:
+                box["run"] = await cc.run_print(claude_bin, home, proj, "run the command",
+                                                base_url=mock.base_url, proxy_url=mock.base_url,
+                                                env_extra={"AEP_TOKEN": TOKEN})
+            n.start_soon(run)
+            ask = await stream.wait_for(lambda s: next((e for e in s.events
+                                                        if e["type"] == "attention.requested"),
+                                                       None), timeout=90)
+            s = ask["session"]
+            status, _ = await command(d, "x.claude-code.control.instruct", s, capture="redacted",
+                                      data={"text": note})
+            assert status == "accepted"
+            status, _ = await command(d, "control.attention.respond", s, subject=ask["id"],
+                                      data={"answer": {"option": "allow"}})
+            assert status == "accepted"
+            await stream.wait_for(lambda c: "run" in box, timeout=120)
+            n.cancel_scope.cancel()
+        assert box["run"].returncode == 0, box["run"].describe()
+        reqs = mock.agent_requests()
+        assert [i for i, r in enumerate(reqs) if note in mock.texts_sent(r)] == [1]
+        delivered = await stream.wait_for(lambda c: c.of(s, "x.claude-code.instruction.delivered"))
+        assert delivered[0]["data"]["hook"] == "PostToolUse"
+        validated(stream.of(s))
+    finally:
+        stream.close()
+        d.stop()
