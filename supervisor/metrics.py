@@ -63,6 +63,7 @@ _BRIDGE_DROPS = {
     "frames_not_json": ("vendor-frame-not-json", "*"),
     "otlp.rejected": ("otlp-record-rejected", "*"),
     "emit_errors": ("emit-error", "*"),
+    "agui.over_budget": ("agui-over-budget", "*"),  # AEP_AGUI_MAX_BUFFERED: mapped unparsed
 }
 _RECONNECTS = ("reconnects", "socket_connects")
 _OTLP_REFUSALS = ("otlp.bad_gzip", "otlp.too_large", "otlp.unsupported_media_type",
