@@ -315,7 +315,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 def test_event_bytes_held_across_streams_are_bounded_counted_and_passed_through(tmp_path):
-    streams, cap, budget = 16, 4 << 20, 8 << 20
+    streams, cap, budget = 20, 4 << 20, 4 << 20
     stub = Stub("big")
     stub.big = cap - (256 << 10)  # each event just under the per-event cap
     d = _daemon(tmp_path, stub, {"AEP_AGUI_MAX_EVENT": str(cap),
