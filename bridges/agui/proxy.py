@@ -348,7 +348,12 @@ class TeeProxy:
                                 tee.feed(c)
                 if ex.failed is None:
                     ex.finished = True
-                    await send({"type": "http.response.body", "body": b""})
+                    # shielded: this send ends the response, and for a UI that
+                    # asked for Connection: close it is where hypercorn closes
+                    # the socket; the UI watcher, told "disconnect" by that
+                    # very close, would cancel it half way (socket left open)
+                    with trio.CancelScope(shield=True):
+                        await send({"type": "http.response.body", "body": b""})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 ex.gone = True  # the UI's socket went away under a send
             nursery.cancel_scope.cancel()
