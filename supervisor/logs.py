@@ -3,7 +3,8 @@ log shippers parse it), or plain text when stderr is a TTY.
 
 Secrets are scrubbed at the handler, whatever the call site wrote: the values
 of every secret-bearing environment variable (``AEP_TOKEN``, vendor passwords
-and keys), ``access_token``/``token``/``key``/``password`` query values and
+and keys), ``access_token``/``token``/``key``/``password`` query values,
+the userinfo of any ``scheme://user:password@`` URL and
 ``Authorization`` header values (AEP-0003 §8.1: the query token MUST NOT be
 logged)."""
 from __future__ import annotations
@@ -20,6 +21,8 @@ _SECRET_NAME = re.compile(r"(TOKEN|PASSWORD|PASSWD|SECRET|API_KEY|_KEY)$")
 _QUERY_SECRET = re.compile(
     r"(?i)((?:access_token|token|api_key|apikey|key|password|secret)=)[^&\s\"']+")
 _AUTH_HEADER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{4,}")
+# scheme://user:password@host: the whole userinfo (issue 25 row 10)
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^\s/?#@\"']+@")
 REDACTED = "[REDACTED]"
 
 
@@ -36,6 +39,7 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
         if s in text:
             text = text.replace(s, REDACTED)
     text = _QUERY_SECRET.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
     return _AUTH_HEADER.sub(lambda m: m.group(1) + " " + REDACTED, text)
 
 

@@ -66,6 +66,7 @@ _BRIDGE_DROPS = {
     "emit_errors": ("emit-error", "*"),
     "lines_cut": ("acp-line-cut", "*"),  # ACP: unfinished lines past AEP_ACP_MAX_HELD_BYTES
     "sessions_refused": ("acp-session-refused", "*"),  # ACP: AEP_ACP_NEW_SESSIONS_PER_S
+    "agui.over_budget": ("agui-over-budget", "*"),  # AEP_AGUI_MAX_BUFFERED: mapped unparsed
 }
 _RECONNECTS = ("reconnects", "socket_connects")
 _OTLP_REFUSALS = ("otlp.bad_gzip", "otlp.too_large", "otlp.unsupported_media_type",

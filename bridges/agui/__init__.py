@@ -10,7 +10,8 @@ Design record: ``shared/aep/docs/bridge-agui-design.md``; pins:
 :mod:`.mapping` (pure), :mod:`.stream` (pure per-stream joins: pairing,
 scope, run closing), :mod:`.sse` (pure incremental SSE parser); the
 receiver is two modules, :mod:`.proxy` (the sockets: the ASGI proxy and
-the upstream client) and :mod:`.tee` (parse the copy, map, emit);
+the upstream client) and :mod:`.tee` (parse the copy, map, emit), with
+:mod:`.target` (pure: the fixed upstream, the path a request may add);
 :mod:`.bridge` (the ``Bridge`` and its per-run :class:`~.bridge.AguiRun`).
 """
 from __future__ import annotations

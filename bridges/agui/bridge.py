@@ -32,6 +32,7 @@ from bridges.core.settings import Address, bindable
 from .config import AguiConfig
 from .mapping import Posture
 from .proxy import TeeProxy, new_client
+from .sse import Budget
 from .tee import Tee, run_input_ids
 
 EMITS = ("run", "tool", "state", "x.agui")
@@ -93,7 +94,8 @@ class AguiBridge:
 @dataclass
 class AguiRun(BridgeRun):
     """Everything one run of the bridge owns (the fleet's handle on it):
-    the upstream ``client``, the proxy ``app``, the bound ``address``."""
+    the upstream ``client``, the proxy ``app``, the bound ``address``, the
+    ``budget`` of event bytes its tees hold together (``AEP_AGUI_MAX_BUFFERED``)."""
 
     config: AguiConfig = field(default_factory=AguiConfig)
     posture: Posture = field(default_factory=Posture)
@@ -101,23 +103,25 @@ class AguiRun(BridgeRun):
     client: httpx.AsyncClient | None = None
     app: TeeProxy | None = None
     address: Address | None = None
+    budget: Budget = field(default_factory=Budget)
 
     def open_tee(self, body_peek: bytes) -> Tee:
         """A tee for one event stream, scoped by the POSTed run input's ids."""
         assert self.ctx is not None
         session, run = run_input_ids(body_peek)
         return Tee(self.ctx, self.posture, session_hint=session, run_hint=run,
-                   max_event=self.config.max_event)
+                   max_event=self.config.max_event, budget=self.budget)
 
     async def serve(self, task_status: trio.TaskStatus[BridgeRun | None]) -> None:
         ctx, client = self.ctx, self.client
         assert ctx is not None and client is not None
+        self.budget = Budget(self.config.max_buffered)
         self.app = TeeProxy(self.config.upstream, client, self.open_tee, ctx.health)
         async with trio.open_nursery() as nursery:
             self.address = await nursery.start(self._listen)
             nursery.start_soon(self._probe)
             ctx.log.info("agui proxy listening on %s:%d -> %s", self.address[0],
-                         self.address[1], self.config.upstream)
+                         self.address[1], self.app.upstream.shown)  # never the userinfo
             task_status.started(self)
 
     async def _listen(self, *, task_status: trio.TaskStatus[Address]) -> None:
@@ -152,6 +156,8 @@ class AguiRun(BridgeRun):
         ctx, client = self.ctx, self.client
         assert ctx is not None and client is not None
         health = ctx.health
+        assert self.app is not None
+        upstream = self.app.upstream
         attempt = 0
         while True:
             if health.source is True:
@@ -160,7 +166,8 @@ class AguiRun(BridgeRun):
                 continue
             try:
                 # the status line is the answer: the body is never read
-                async with client.stream("GET", self.config.upstream + "/", timeout=5.0):
+                async with client.stream("GET", upstream.probe_url(), auth=upstream.auth,
+                                         timeout=5.0):
                     pass
                 health.source = True
                 health.detail = None

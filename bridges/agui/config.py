@@ -12,9 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+import httpx
+
 from bridges.core.settings import EnvReader, Setting, check_fields, parse_hostport, url_problem
 
-from .sse import DEFAULT_MAX_EVENT
+from .sse import DEFAULT_MAX_BUFFERED, DEFAULT_MAX_EVENT
+from .target import Upstream
 
 DEFAULT_LISTEN = "127.0.0.1:8790"
 DEFAULT_AGENT = "agui"
@@ -22,7 +25,9 @@ DEFAULT_AGENT = "agui"
 SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_AGUI_UPSTREAM", "unset (required when enabled)",
             "the real AG-UI agent server's base URL (`http://127.0.0.1:8000`); the proxy "
-            "appends each request's path and query to it"),
+            "appends each request's path and query to it, below its path; its scheme, host, "
+            "port and `user:password@` (sent as `Authorization: Basic` to it only, never "
+            "logged) are fixed"),
     Setting("AEP_AGUI_LISTEN", f"`{DEFAULT_LISTEN}`",
             "where the proxy listens: point the AG-UI frontend here instead of at the agent"),
     Setting("AEP_AGUI_DELTAS", "`0`",
@@ -31,6 +36,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_AGUI_MAX_EVENT", f"`{DEFAULT_MAX_EVENT}`",
             "bytes of one SSE event the tee parses; a bigger one still passes through to the UI "
             "untouched, counted `agui.oversize`"),
+    Setting("AEP_AGUI_MAX_BUFFERED", f"`{DEFAULT_MAX_BUFFERED}`",
+            "bytes of unfinished SSE events the tee holds across all streams; an event that "
+            "would go past it still passes through to the UI untouched, unparsed, counted "
+            "`agui.over_budget`"),
     Setting("AEP_AGENT_NAME", f"`{DEFAULT_AGENT}`",
             "the AEP agent id the AG-UI bridge emits as (a proxy cannot know the agent's name)"),
 )
@@ -42,13 +51,15 @@ is the fleet's: ``supervisor/config.py`` ``FLEET``)."""
 class AguiConfig:
     """``upstream``: base URL without trailing slash (``""`` when unset);
     ``listen``: ``(host, port)``; ``deltas``: the delta opt-in;
-    ``max_event``: the SSE parse cap in bytes; ``agent``: the AEP agent id.
+    ``max_event``: the SSE parse cap in bytes; ``max_buffered``: the bytes
+    of unfinished events held across streams; ``agent``: the AEP agent id.
     Raises ``TypeError`` for a field of the wrong type."""
 
     upstream: str = ""
     listen: tuple[str, int] = ("127.0.0.1", 8790)
     deltas: bool = False
     max_event: int = DEFAULT_MAX_EVENT
+    max_buffered: int = DEFAULT_MAX_BUFFERED
     agent: str = DEFAULT_AGENT
 
     def __post_init__(self) -> None:
@@ -67,10 +78,17 @@ def from_env(env: Mapping[str, str]) -> tuple[AguiConfig, list[str]]:
     elif (p := url_problem("AEP_AGUI_UPSTREAM", upstream,
                            hint=" (the AG-UI agent server's base URL)")) is not None:
         r.problems.append(p)
+    else:
+        try:
+            Upstream.parse(upstream)
+        except (httpx.InvalidURL, ValueError):  # what the proxy could never send to
+            r.problems.append("AEP_AGUI_UPSTREAM: not a URL the proxy can send requests to")
     listen = r.hostport("AEP_AGUI_LISTEN", DEFAULT_LISTEN) or parse_hostport(DEFAULT_LISTEN)
     deltas = r.flag("AEP_AGUI_DELTAS")
     max_event = r.integer("AEP_AGUI_MAX_EVENT", DEFAULT_MAX_EVENT, minimum=1024,
                           maximum=1 << 30, unit="bytes")
+    max_buffered = r.integer("AEP_AGUI_MAX_BUFFERED", DEFAULT_MAX_BUFFERED, minimum=1024,
+                             maximum=1 << 40, unit="bytes")
     agent = (r.text("AEP_AGENT_NAME") or DEFAULT_AGENT).strip() or DEFAULT_AGENT
     return AguiConfig(upstream=upstream, listen=listen, deltas=deltas, max_event=max_event,
-                      agent=agent), r.problems
+                      max_buffered=max_buffered, agent=agent), r.problems

@@ -387,7 +387,7 @@ def map_event(event: Any, posture: Posture = DEFAULT_POSTURE) -> list[Emission]:
 def malformed(reason: str, **facts: Any) -> Emission:
     """The fallback for an SSE event that is not an AG-UI event:
     ``x.agui.unknown.event`` at debug, ``data.malformed`` = ``reason``
-    (``not_json``, ``not_object``, ``no_type``, ``oversize``) plus metadata
+    (``not_json``, ``not_object``, ``no_type``, ``oversize``, ``over_budget``) plus metadata
     ``facts`` (``bytes``, ``vendor_type``); nothing of its content."""
     data: dict[str, Any] = {"malformed": reason}
     data.update({k: v for k, v in facts.items() if v is not None})

@@ -6,8 +6,11 @@ Design record ``bridge-agui-design.md`` ("Attach shape: a tee proxy, because
 observation must not drive runs"): the UI points at the proxy instead of the
 agent; neither side is modified. Per request:
 
-- **Forwarded verbatim**: method, path and query (appended to
-  ``AEP_AGUI_UPSTREAM``, whose own path is kept as a prefix), every header
+- **Forwarded verbatim**: method, path and query (below the path prefix of
+  ``AEP_AGUI_UPSTREAM``, whose scheme, host, port and userinfo no request
+  can change: :mod:`bridges.agui.target`; a target that would, or whose
+  ``..`` climbs above the prefix, is answered ``400``, counted
+  ``agui.bad_requests``), every header
   except the hop-by-hop ones (RFC 9110 §7.6.1: ``Connection`` and the
   headers it names, ``Keep-Alive``, ``Proxy-*``, ``TE``, ``Trailer``,
   ``Transfer-Encoding``, ``Upgrade``) and ``Host`` (set to the upstream's,
@@ -32,7 +35,8 @@ Faults (each a test in ``tests/unit/agui/test_agui_proxy.py``):
 - upstream unreachable or failing before its response headers: the UI gets
   ``502`` ``text/plain`` naming the upstream and the failure kind (never a
   header or body of the request), counted ``agui.upstream_unreachable``;
-- the UI disconnects (before or during the response): the upstream request
+- the UI disconnects (during the upload, while the upstream has not sent
+  its response headers yet, or during the response): the upstream request
   is cancelled at once (its connection closed, which is what tells the agent
   server), the run closed ``run.failed {reason: client_disconnected}``,
   counted ``agui.client_disconnects``;
@@ -55,6 +59,7 @@ import trio
 from bridges.core.asgi import ABORT_KEY, lifespan
 from bridges.core.bridge import BridgeHealth
 
+from .target import BadTarget, Upstream
 from .tee import Tee
 
 log = logging.getLogger("aep.bridge.agui.proxy")
@@ -161,15 +166,24 @@ def _ready(chunks: trio.MemoryReceiveChannel[bytes], first: bytes) -> list[bytes
     return batch
 
 
+async def _bad_request(send: Any) -> None:
+    refusal = b"aep-bridges AG-UI proxy: the request target cannot be forwarded\n"
+    await send({"type": "http.response.start", "status": 400, "headers": [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(refusal)).encode())]})
+    await send({"type": "http.response.body", "body": refusal})
+
+
 class TeeProxy:
-    """The ASGI app. ``upstream``: the agent server's base URL (no trailing
-    slash); ``client``: from :func:`new_client`; ``open_tee(body_peek)``:
+    """The ASGI app. ``upstream``: the agent server's base URL (the
+    configured one, :class:`~bridges.agui.target.Upstream`);
+    ``client``: from :func:`new_client`; ``open_tee(body_peek)``:
     a :class:`~bridges.agui.tee.Tee` for one event stream; ``health``: the
     bridge's (counters, ``source`` = the upstream answered last time)."""
 
     def __init__(self, upstream: str, client: httpx.AsyncClient, open_tee: OpenTee,
                  health: BridgeHealth) -> None:
-        self.upstream = upstream.rstrip("/")
+        self.upstream = Upstream.parse(upstream)
         self.client = client
         self.open_tee = open_tee
         self.health = health
@@ -189,9 +203,6 @@ class TeeProxy:
         health = self.health
         health.count("agui.requests")
         raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
-        url = self.upstream + raw_path.decode("latin-1")
-        if scope.get("query_string"):
-            url += "?" + scope["query_string"].decode("latin-1")
         headers = forward_headers(list(scope.get("headers", [])), drop_host=True)
         has_body = any(k.lower() in (b"content-length", b"transfer-encoding")
                        for k, _ in scope.get("headers", []))
@@ -218,19 +229,19 @@ class TeeProxy:
             async for _ in body():
                 pass
             content = b""
-        try:
+        try:  # BadTarget: a host, port or climb in the target; InvalidURL: a bad query
+            url = self.upstream.url(raw_path, scope.get("query_string") or b"")
             request = self.client.build_request(scope["method"], url, headers=headers,
                                                 content=content)
-        except (httpx.InvalidURL, ValueError):  # a target httpx cannot form: the UI's error
+        except (BadTarget, httpx.InvalidURL, ValueError) as e:  # the UI's error
             health.count("agui.bad_requests")
-            refusal = b"aep-bridges AG-UI proxy: the request target cannot be forwarded\n"
-            await send({"type": "http.response.start", "status": 400, "headers": [
-                (b"content-type", b"text/plain; charset=utf-8"),
-                (b"content-length", str(len(refusal)).encode())]})
-            await send({"type": "http.response.body", "body": refusal})
+            # the rule, never the target's bytes (a query can carry a token)
+            log.debug("AG-UI request refused 400 for %s: %s", self.upstream.shown,
+                      e if isinstance(e, BadTarget) else type(e).__name__)
+            await _bad_request(send)
             return
         try:
-            response = await self.client.send(request, stream=True)
+            response = await self._send(request, receive, body_done)
         except _ClientGone:
             health.count("agui.client_disconnects")
             return
@@ -244,13 +255,49 @@ class TeeProxy:
             with trio.CancelScope(shield=True):
                 await response.aclose()
 
+    async def _send(self, request: httpx.Request, receive: Any,
+                    body_done: trio.Event) -> httpx.Response:
+        """The upstream's response (headers in, body streaming), sent with
+        the upstream's own credentials. Raises ``httpx.HTTPError``, or
+        :class:`_ClientGone` when the UI leaves first, during the upload
+        (the body reader sees it) or once the body is in, while the
+        upstream has not answered yet (issue 25 row 2: a hung upstream
+        held the request, its connection and both fds forever)."""
+        gone = False
+        response: httpx.Response | None = None
+
+        async def watch(scope: trio.CancelScope) -> None:
+            nonlocal gone
+            await body_done.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            scope.cancel()
+
+        failure: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch, nursery.cancel_scope)
+            try:
+                response = await self.client.send(request, stream=True, auth=self.upstream.auth)
+            except (_ClientGone, httpx.HTTPError) as e:  # raised here, not as a group
+                failure = e
+            nursery.cancel_scope.cancel()
+        if failure is not None and not gone:
+            raise failure
+        if gone or response is None:
+            if response is not None:  # answered as the UI left: nobody to give it to
+                with trio.CancelScope(shield=True):
+                    await response.aclose()
+            raise _ClientGone
+        return response
+
     async def _unreachable(self, send: Any, e: httpx.HTTPError) -> None:
         self.health.count("agui.upstream_unreachable")
         self.health.source = False
         kind = type(e).__name__
         self.health.detail = f"upstream unreachable ({kind})"
-        log.warning("AG-UI upstream %s unreachable: %s", self.upstream, kind)
-        body = (f"aep-bridges AG-UI proxy: the agent server at {self.upstream} did not answer "
+        log.warning("AG-UI upstream %s unreachable: %s", self.upstream.shown, kind)
+        body = (f"aep-bridges AG-UI proxy: the agent server at {self.upstream.shown} did not answer "
                 f"({kind})\n").encode()
         await send({"type": "http.response.start", "status": 502, "headers": [
             (b"content-type", b"text/plain; charset=utf-8"),
@@ -301,7 +348,12 @@ class TeeProxy:
                                 tee.feed(c)
                 if ex.failed is None:
                     ex.finished = True
-                    await send({"type": "http.response.body", "body": b""})
+                    # shielded: this send ends the response, and for a UI that
+                    # asked for Connection: close it is where hypercorn closes
+                    # the socket; the UI watcher, told "disconnect" by that
+                    # very close, would cancel it half way (socket left open)
+                    with trio.CancelScope(shield=True):
+                        await send({"type": "http.response.body", "body": b""})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
                 ex.gone = True  # the UI's socket went away under a send
             nursery.cancel_scope.cancel()

@@ -11,6 +11,13 @@ piece; an event over the cap is reported as :class:`SseEvent` with
 ``oversize=True`` (its size and the first :data:`PEEK` bytes of its data,
 never more), and parsing resumes at the next event boundary.
 
+Across streams (issue 25: 20 streams each holding one event just under
+the cap cost +206 MiB, with no total bound) every parser of a proxy draws
+the bytes it holds from one :class:`Budget`; an event whose next bytes do
+not fit is reported like an oversized one, flagged ``over_budget``, and its
+bytes are given back at once. Only the observation degrades: the proxy
+forwards every byte before the parser sees it.
+
 Pure: no I/O, no clocks. :meth:`SseParser.feed` never raises.
 """
 from __future__ import annotations
@@ -19,6 +26,9 @@ from dataclasses import dataclass
 
 DEFAULT_MAX_EVENT = 8 * 1024 * 1024
 """Bytes of one event parsed (data lines and field names together)."""
+
+DEFAULT_MAX_BUFFERED = 64 * 1024 * 1024
+"""Bytes of unfinished events held across all of a proxy's streams."""
 
 PEEK = 512
 """Bytes of an oversized event's data kept to name its type."""
@@ -30,20 +40,50 @@ class SseEvent:
     (the ``event:`` field, ``None`` when absent), ``id`` (``None`` when
     absent); ``oversize``: over the cap, ``data`` then holds only the first
     :data:`PEEK` bytes; ``size``: bytes of the event's lines, each
-    line break counted as one byte."""
+    line break counted as one byte; ``over_budget``: ``oversize`` because
+    the shared :class:`Budget` had no room, not the event's own size."""
 
     data: str
     event: str | None = None
     id: str | None = None
     oversize: bool = False
     size: int = 0
+    over_budget: bool = False
+
+
+class Budget:
+    """The bytes all parsers sharing it may hold together (``limit``).
+    ``held``: held now; ``refused``: draws refused so far."""
+
+    def __init__(self, limit: int = DEFAULT_MAX_BUFFERED) -> None:
+        self.limit = max(1, limit)
+        self.held = 0
+        self.refused = 0
+
+    def take(self, n: int) -> bool:
+        """Draw ``n`` bytes; ``False`` (nothing drawn) when they do not fit."""
+        if self.held + n > self.limit:
+            self.refused += 1
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held = max(0, self.held - n)
 
 
 class SseParser:
-    """Feed bytes, get events. ``max_event``: see :data:`DEFAULT_MAX_EVENT`."""
+    """Feed bytes, get events. ``max_event``: see :data:`DEFAULT_MAX_EVENT`;
+    ``budget``: the :class:`Budget` shared with other parsers (``None``:
+    only ``max_event`` bounds it). Call :meth:`release` when the stream is
+    over: what it still holds goes back to the budget."""
 
-    def __init__(self, max_event: int = DEFAULT_MAX_EVENT) -> None:
+    def __init__(self, max_event: int = DEFAULT_MAX_EVENT, budget: Budget | None = None) -> None:
         self.max_event = max(1, max_event)
+        self.budget = budget
+        self._taken = 0              # bytes drawn from the budget
+        self._data_len = 0           # bytes in self._data
+        self._starved = False        # the current event went over the budget
         self._line = bytearray()     # the pending (unterminated) line
         self._skip_line = False      # the pending line is over the cap: drop to its end
         self._cr = False             # the last byte was CR (a following LF is the same break)
@@ -58,7 +98,19 @@ class SseParser:
     @property
     def buffered(self) -> int:
         """Bytes held right now (bounded by about ``2 * max_event``)."""
-        return len(self._line) + sum(len(d) for d in self._data)
+        return len(self._line) + self._data_len
+
+    def release(self) -> None:
+        """Give back everything held (the stream is over); idempotent."""
+        self._line, self._data, self._data_len = bytearray(), [], 0
+        self._sync()
+
+    def _sync(self) -> None:
+        """Give back what was drawn and is no longer held."""
+        excess = self._taken - self.buffered
+        if excess > 0 and self.budget is not None:
+            self.budget.give(excess)
+            self._taken -= excess
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
         """Parse ``chunk`` (any split of the stream); returns the events it
@@ -98,6 +150,7 @@ class SseParser:
                     i = n
             else:
                 i = j + 1
+        self._sync()
         return out
 
     def pending(self) -> bool:
@@ -113,6 +166,13 @@ class SseParser:
         if len(self._line) + len(piece) + self._size > self.max_event:
             self._overflow(piece)
             return
+        if self.budget is not None:
+            self._sync()
+            if not self.budget.take(len(piece)):
+                self._starved = True
+                self._overflow(piece)
+                return
+            self._taken += len(piece)
         self._line += piece
 
     def _overflow(self, piece: bytes) -> None:
@@ -126,13 +186,14 @@ class SseParser:
         self._line = bytearray()
         self._skip_line = True
         self._mark_oversize()
+        self._sync()
 
     def _mark_oversize(self) -> None:
         if not self._oversize:
             self._oversize = True
             for d in self._data:
                 self._keep_peek(d + b"\n")
-            self._data = []
+            self._data, self._data_len = [], 0
 
     def _keep_peek(self, b: bytes) -> None:
         room = PEEK - len(self._peek)
@@ -159,6 +220,7 @@ class SseParser:
                 self._keep_peek(value)
             else:
                 self._data.append(value)
+                self._data_len += len(value)
         elif name == b"event":
             self._event = value.decode("utf-8", "replace")
         elif name == b"id" and b"\x00" not in value:
@@ -172,13 +234,14 @@ class SseParser:
         size = self._size + 1
         if self._oversize:
             ev = SseEvent(bytes(self._peek).decode("utf-8", "replace"), self._event, self._id,
-                          oversize=True, size=size)
+                          oversize=True, size=size, over_budget=self._starved)
         elif self._data:
             ev = SseEvent(b"\n".join(self._data).decode("utf-8", "replace"), self._event,
                           self._id, size=size)
         else:
             ev = None  # no data: nothing dispatched (the spec)
         self._data, self._size, self._oversize = [], 0, False
+        self._data_len, self._starved = 0, False
         self._peek = bytearray()
         self._event = None
         # the last event id persists across events per the spec, but each

@@ -13,6 +13,8 @@ must not drive (or slow) the run.
 Counters (``/healthz`` behind the token): ``agui.events`` (SSE events
 parsed), ``agui.emitted``, ``agui.malformed`` (not JSON, not an object, no
 ``type``), ``agui.oversize`` (over the parse cap, passed through unparsed),
+``agui.over_budget`` (would have taken the bytes held across streams past
+``AEP_AGUI_MAX_BUFFERED``: passed through unparsed, like an oversized one),
 ``agui.truncated`` (the stream ended inside an event), ``agui.unscoped``
 (nothing to stamp it into: no ``threadId`` seen), ``agui.stamp_errors``.
 """
@@ -25,7 +27,7 @@ from typing import Any
 from bridges.core.bridge import BridgeContext, Saturated
 
 from .mapping import Posture, malformed
-from .sse import SseEvent, SseParser
+from .sse import Budget, SseEvent, SseParser
 from .stream import Moment, TeeStream
 
 _TYPE_PEEK = re.compile(r'"type"\s*:\s*"([A-Z][A-Z0-9_]{0,63})"')
@@ -47,7 +49,9 @@ def run_input_ids(body: bytes) -> tuple[str | None, str | None]:
 
 def decode(ev: SseEvent) -> tuple[Any, str | None]:
     """An SSE event -> ``(AG-UI event object, None)`` or ``(None, reason)``
-    (``oversize``, ``not_json``)."""
+    (``oversize``, ``over_budget``, ``not_json``)."""
+    if ev.over_budget:
+        return None, "over_budget"
     if ev.oversize:
         return None, "oversize"
     try:
@@ -59,12 +63,14 @@ def decode(ev: SseEvent) -> tuple[Any, str | None]:
 class Tee:
     """One stream's tee. ``ctx``: where emissions go; ``posture``: capture +
     deltas; ``session_hint``/``run_hint``: the POSTed input's ids;
-    ``max_event``: the SSE parse cap in bytes."""
+    ``max_event``: the SSE parse cap in bytes; ``budget``: the bytes held
+    across the proxy's streams (:class:`~bridges.agui.sse.Budget`)."""
 
     def __init__(self, ctx: BridgeContext, posture: Posture, *, session_hint: str | None = None,
-                 run_hint: str | None = None, max_event: int | None = None) -> None:
+                 run_hint: str | None = None, max_event: int | None = None,
+                 budget: Budget | None = None) -> None:
         self.ctx = ctx
-        self.parser = SseParser(max_event) if max_event else SseParser()
+        self.parser = SseParser(max_event or SseParser().max_event, budget)
         self.state = TeeStream(posture, session_hint=session_hint, run_hint=run_hint)
         self._saturated_warned = False
 
@@ -76,11 +82,13 @@ class Tee:
 
     def close(self, reason: str) -> None:
         """The stream is over: count an unterminated event, close an open run
-        (``run.failed {reason}``)."""
+        (``run.failed {reason}``), give the held bytes back to the budget."""
         if self.state.closed:
+            self.parser.release()
             return
         if self.parser.pending():
             self.ctx.health.count("agui.truncated")
+        self.parser.release()
         self._emit(self.state.close(reason))
 
     # ------------------------------------------------------------------ internals
@@ -89,7 +97,8 @@ class Tee:
         health.count("agui.events")
         obj, problem = decode(ev)
         if problem is not None:
-            health.count(f"agui.{problem}" if problem == "oversize" else "agui.malformed")
+            health.count(f"agui.{problem}" if problem in ("oversize", "over_budget")
+                         else "agui.malformed")
             peek = _TYPE_PEEK.search(ev.data) if ev.oversize else None
             moments = self.state.feed_malformed(malformed(
                 problem, bytes=ev.size, vendor_type=peek.group(1) if peek else None))

@@ -7,7 +7,7 @@ Why not plain ``hypercorn.trio.serve``: hypercorn shields its socket writes
 from cancellation, so a consumer that stops reading parks its handler in a
 send forever; neither the relay's §8.4 "disconnect" of a slow consumer nor
 a bounded shutdown can then be honored. :func:`serve_app` runs hypercorn's
-own connection handler (``TCPServer``) with three additions:
+own connection handler (``TCPServer``) with four additions:
 
 - each connection's ASGI ``scope["state"]`` carries
   :data:`~bridges.core.asgi.ABORT_KEY`, a callable that closes that
@@ -31,7 +31,14 @@ own connection handler (``TCPServer``) with three additions:
   deadline (break-it review: 745 MB from ten such consumers). Every
   binding here is HTTP/1.1 (SSE, WS, OTLP/HTTP; OTLP/gRPC has its own
   server). The policy is part of the connection handler :func:`serve_app`
-  builds; importing this module changes nothing in hypercorn.
+  builds; importing this module changes nothing in hypercorn;
+- two connection budgets per listener (:class:`_Budgets`, issue 25):
+  connections being served, and apart from them connections still sending
+  their request headers (the one waiting longest is closed for a
+  newcomer; a header timeout), so half-open requests never shed a
+  ``/stream`` consumer or keep a well-formed request out. The phase comes
+  from hypercorn's own idle signal (``Updated``), seen in the handler's
+  ``protocol_send``.
 
 Shutdown order (:func:`serve_app`): stop accepting, close idle keep-alive
 connections, await the caller's ``before_drain()`` (e.g. the relay's
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import resource
 import socket
 import time
@@ -50,6 +58,7 @@ from typing import Any, Awaitable, Callable, cast
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HyperConfig
+from hypercorn.events import Updated
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -161,12 +170,23 @@ class _AbortableTCPServer(TCPServer):
     logged (rate-limited) and closes that connection only."""
 
     def __init__(self, app: Any, config: HyperConfig, context: WorkerContext,
-                 state: ConnectionState, stream: Any, *,
+                 state: ConnectionState, stream: Any, phase: "_Phase | None" = None, *,
                  on_fault: Callable[[str], None] | None = None, where: str = "http") -> None:
         state = ConnectionState({**state, ABORT_KEY: self._abort})
         super().__init__(app, config, context, state, stream)
         self._on_fault = on_fault
         self._where = where
+        self._phase = phase
+
+    async def protocol_send(self, event: Any) -> None:
+        # hypercorn's own idle signal: not idle = a request's headers are in
+        # (the app is being called); idle = waiting for the next request's
+        if isinstance(event, Updated) and self._phase is not None:
+            if event.idle:
+                self._phase.idle()
+            else:
+                self._phase.request()
+        await super().protocol_send(event)
 
     @property
     def protocol(self) -> Any:
@@ -264,36 +284,140 @@ class _Spell:
             self.count = 0
 
 
-async def _accept_loop(listener: trio.SocketListener, handler: Callable[[Any], Awaitable[None]],
-                       nursery: trio.Nursery, *, cap: int, where: str,
-                       task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-    """Accept connections until cancelled, each served by ``handler`` in
-    ``nursery`` and closed when it ends (as ``trio.serve_listeners`` does).
-    At most ``cap`` connections are served normally; up to ``cap // 8``
-    more (at least 8) get :data:`_OVERFLOW_S` seconds each (a health probe
-    still gets its answer); past that a new connection is closed at once.
-    Running out of descriptors pauses accepting for 100 ms, logged once per
-    spell, never a traceback per attempt (``trio.serve_listeners`` logs one
-    each time)."""
-    overflow = max(8, cap // 8)
-    active = 0
-    fds = _Spell("out of file descriptors, accept paused", where)
-    full = _Spell(f"connection cap reached ({cap} + {overflow}), new connections closed", where)
+_HEADER_TIMEOUT_S = 10.0
+"""Seconds a new connection has to send its first request's headers (issue
+25: headers trickled one byte per 10 s held a slot for the keep-alive
+timeout, 75 s on the relay)."""
 
-    async def run(stream: Any, bounded: bool) -> None:
-        nonlocal active
-        active += 1
+
+class _Budgets:
+    """A listener's two connection budgets (issue 25: 300 connections
+    trickling their headers held the one shared cap and cut ``/stream``):
+
+    - **serving** (a request's headers are in: the app runs, a stream or a
+      WebSocket included): ``cap``, then an overflow of ``cap // 8`` (at
+      least 8) served :data:`_OVERFLOW_S` seconds each (a health probe
+      still gets its answer), then closed;
+    - **waiting for request headers** (new connections, and idle keep-alive
+      ones between requests): ``header_cap`` (default ``cap // 4``, at
+      least 8) apart from the first; when it is full, the connection that
+      has waited longest is closed for the newcomer, so half-open requests
+      evict each other, never a consumer or a well-formed request (whose
+      headers arrive at once). A new connection has ``header_timeout``
+      seconds for its headers; an idle one ``idle_timeout`` (hypercorn
+      closes an idle one at its keep-alive timeout; this is the backstop
+      for one trickling its next request).
+
+    Each limit reached is logged once per spell (:class:`_Spell`)."""
+
+    def __init__(self, cap: int, where: str, *, header_cap: int | None = None,
+                 header_timeout: float = _HEADER_TIMEOUT_S,
+                 idle_timeout: float = 75.0 + _HEADER_TIMEOUT_S) -> None:
+        self.cap = cap
+        self.overflow = max(8, cap // 8)
+        self.header_cap = header_cap or max(8, cap // 4)
+        self.header_timeout = header_timeout
+        self.idle_timeout = idle_timeout
+        self.serving = 0
+        self.waiting: dict[_Phase, None] = {}  # insertion order: the longest waiting first
+        self.full = _Spell(f"connection cap reached ({cap} + {self.overflow}), new requests "
+                           "closed", where)
+        self.crowded = _Spell(f"connections waiting for request headers at the cap "
+                              f"({self.header_cap}), the longest waiting closed", where)
+
+    def settle(self) -> None:
+        """Clear a spell once its pool has room again (at half: no flapping)."""
+        if self.serving < self.cap:
+            self.full.clear()
+        if len(self.waiting) <= self.header_cap // 2:
+            self.crowded.clear()
+
+
+class _Phase:
+    """One connection's place in its listener's :class:`_Budgets`; its
+    ``scope`` wraps the connection's handler (deadlines, eviction).
+    :meth:`request` / :meth:`idle` are called on hypercorn's idle signal."""
+
+    def __init__(self, budgets: _Budgets) -> None:
+        self.budgets = budgets
+        self.scope = trio.CancelScope()
+        self.serving = False
+        self.gone = False
+        self._wait(budgets.header_timeout)
+
+    def _wait(self, timeout: float) -> None:
+        b = self.budgets
+        if len(b.waiting) >= b.header_cap:
+            b.crowded.hit()
+            next(iter(b.waiting)).close()
+        b.waiting[self] = None
+        self.scope.deadline = trio.current_time() + timeout
+
+    def request(self) -> None:
+        """A request's headers are in: serving, unbounded within the cap."""
+        b = self.budgets
+        b.waiting.pop(self, None)
+        if self.gone:
+            return
+        if not self.serving:
+            self.serving = True
+            b.serving += 1
+        if b.serving > b.cap + b.overflow:
+            b.full.hit()
+            self.close()
+        elif b.serving > b.cap:
+            b.full.hit()
+            self.scope.deadline = trio.current_time() + _OVERFLOW_S
+        else:
+            self.scope.deadline = math.inf
+
+    def idle(self) -> None:
+        """The response is done; waiting for the next request's headers."""
+        self._stop_serving()
+        if not self.gone:
+            self._wait(self.budgets.idle_timeout)
+        self.budgets.settle()
+
+    def close(self) -> None:
+        self.gone = True
+        self.budgets.waiting.pop(self, None)
+        self.scope.cancel()
+
+    def leave(self) -> None:
+        """The connection ended (however)."""
+        self.gone = True
+        self.budgets.waiting.pop(self, None)
+        self._stop_serving()
+        self.budgets.settle()
+
+    def _stop_serving(self) -> None:
+        if self.serving:
+            self.serving = False
+            self.budgets.serving -= 1
+
+
+async def _accept_loop(listener: trio.SocketListener,
+                       handler: Callable[[Any, _Phase], Awaitable[None]],
+                       nursery: trio.Nursery, *, cap: int, where: str,
+                       idle_timeout: float = 75.0 + _HEADER_TIMEOUT_S,
+                       task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Accept connections until cancelled, each served by ``handler(stream,
+    phase)`` in ``nursery`` and closed when it ends (as
+    ``trio.serve_listeners`` does), within the listener's :class:`_Budgets`
+    (``cap`` serving; a separate pool for connections still sending their
+    request headers). Running out of descriptors pauses accepting for 100
+    ms, logged once per spell, never a traceback per attempt
+    (``trio.serve_listeners`` logs one each time)."""
+    budgets = _Budgets(cap, where, idle_timeout=idle_timeout)
+    fds = _Spell("out of file descriptors, accept paused", where)
+
+    async def run(stream: Any, phase: _Phase) -> None:
         try:
-            if bounded:
-                with trio.move_on_after(_OVERFLOW_S):
-                    await handler(stream)
-            else:
-                await handler(stream)
+            with phase.scope:
+                await handler(stream, phase)
         finally:
-            active -= 1
-            if active < cap:
-                full.clear()
-            # a cancelled handler (shutdown, the overflow deadline) may not
+            phase.leave()
+            # a cancelled handler (shutdown, a deadline, an eviction) may not
             # have closed its socket
             await trio.aclose_forcefully(stream)
 
@@ -309,11 +433,7 @@ async def _accept_loop(listener: trio.SocketListener, handler: Callable[[Any], A
                 await trio.sleep(0.1)
                 continue
             fds.clear()
-            if active >= cap + overflow:
-                full.hit()
-                await trio.aclose_forcefully(stream)
-                continue
-            nursery.start_soon(run, stream, active >= cap)
+            nursery.start_soon(run, stream, _Phase(budgets))
 
 
 def hyper_config(*, graceful_timeout: float = 3.0, keep_alive_timeout: float = 75.0,
@@ -355,8 +475,9 @@ async def serve_app(app: App, sock: socket.socket, shutdown: trio.Event, *,
     e.g. the relay's app) and logged once per kind under ``where`` (default
     ``"http host:port"``); it never reaches the caller. At most
     ``max_connections`` (default :func:`_default_max_connections`) are
-    served at once (:func:`_accept_loop`). Raises only for the listener
-    itself."""
+    served at once, and connections still sending their request headers
+    have a budget of their own (:class:`_Budgets`). Raises only for the
+    listener itself."""
     config = config or hyper_config()
     context = WorkerContext(None)
     host, port = sock.getsockname()[:2]
@@ -371,7 +492,9 @@ async def serve_app(app: App, sock: socket.socket, shutdown: trio.Event, *,
     async with trio.open_nursery() as handlers:
         async with trio.open_nursery() as acceptor:
             await acceptor.start(partial(_accept_loop, listener, handler, handlers, cap=cap,
-                                         where=where or f"http {host}:{port}"))
+                                         where=where or f"http {host}:{port}",
+                                         idle_timeout=config.keep_alive_timeout
+                                         + _HEADER_TIMEOUT_S))
             task_status.started((host, port))
             await shutdown.wait()
             acceptor.cancel_scope.cancel()  # closes the listener

@@ -68,16 +68,22 @@ def bindable(host: str, port: int) -> bool:
 def url_problem(name: str, url: str, *, hint: str = "") -> str | None:
     """``None`` for a usable ``http(s)://host[:port]`` base URL, else the
     problem line (query and fragment refused: credentials have their own
-    variables)."""
-    p = urllib.parse.urlsplit(url)
+    variables). The line never shows the URL's userinfo (``***@``)."""
+    try:
+        p = urllib.parse.urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return f"{name}: not a URL{hint}"
+    shown = url
+    if "@" in p.netloc:  # user:password: never printed (issue 25 row 10)
+        shown = urllib.parse.urlunsplit(p._replace(netloc="***@" + p.netloc.rpartition("@")[2]))
     if p.scheme not in ("http", "https") or not p.hostname:
-        return f"{name}={url!r}: expected http(s)://host:port{hint}"
+        return f"{name}={shown!r}: expected http(s)://host:port{hint}"
     try:
         _ = p.port  # raises ValueError for a port that is not a number
     except ValueError:
-        return f"{name}={url!r}: the port is not a number (bad port)"
+        return f"{name}={shown!r}: the port is not a number (bad port)"
     if p.query or p.fragment:
-        return f"{name}={url!r}: no query or fragment (credentials have their own settings)"
+        return f"{name}={shown!r}: no query or fragment (credentials have their own settings)"
     return None
 
 

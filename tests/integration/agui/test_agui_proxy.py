@@ -460,3 +460,25 @@ async def test_ui_leaving_during_the_upload_abandons_the_upstream_request():
         await stream.aclose()
         await h.settle(lambda h: h.health.counters.get("agui.client_disconnects") == 1)
     assert "agui.upstream_unreachable" not in h.health.counters and not h.events
+
+
+@pytest.mark.parametrize("request_line,extra", [("GET / HTTP/1.1", "Connection: close\r\n"),
+                                                ("GET / HTTP/1.0", "")])
+async def test_a_ui_that_asks_for_close_gets_its_connection_closed_after_the_response(
+        request_line, extra):
+    """The socket is closed as the response ends (the UI's watcher used to
+    cancel hypercorn's close half way: the connection and its fd stayed
+    open until the UI itself left), and that is no UI disconnect."""
+    async with upstream(replay(frames(CAPTURE))) as up, proxy(up) as h:
+        host, port = h.url.removeprefix("http://").split(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        await stream.send_all(f"{request_line}\r\nHost: 127.0.0.1\r\n{extra}\r\n".encode())
+        got = b""
+        with trio.move_on_after(10) as waited:
+            while chunk := await stream.receive_some():
+                got += chunk
+        await stream.aclose()
+        await h.settle(lambda h: h.of("run.finished"))
+    assert not waited.cancelled_caught, "the proxy kept the connection open"
+    assert got.startswith(b"HTTP/1.1 200 ") and b'"type":"RUN_FINISHED"' in got
+    assert "agui.client_disconnects" not in h.health.counters

@@ -88,3 +88,50 @@ def test_any_split_parses_like_the_whole_and_never_raises(data, cuts):
         prev = c
         assert p.buffered <= 2 * 256 + 64
     assert got == whole
+
+
+# ------------------------------------------------------------------ the shared budget (issue 25)
+
+def test_parsers_sharing_a_budget_hold_no_more_than_it_and_the_rest_is_over_budget():
+    from bridges.agui.sse import Budget
+    budget = Budget(3100)  # room for two ("data: " + 1500 bytes each)
+    parsers = [SseParser(2000, budget) for _ in range(4)]
+    for p in parsers:  # each holds an unfinished event of 1500 bytes
+        assert p.feed(b"data: " + b"y" * 1500) == []
+        assert budget.held <= budget.limit
+    assert sum(p.buffered for p in parsers) <= 3100 and budget.refused >= 2
+    ends = [p.feed(b"\n\n") for p in parsers]
+    assert [e[0].over_budget for e in ends] == [False, False, True, True]
+    assert [e[0].oversize for e in ends] == [False, False, True, True]
+    assert ends[0][0].data == "y" * 1500 and ends[2][0].data.startswith("y")
+    assert budget.held == 0  # dispatched events give their bytes back
+    assert [e.data for e in parsers[3].feed(b"data: ok\n\n")] == ["ok"]  # room again: parsed
+
+
+def test_release_gives_an_unfinished_event_back():
+    from bridges.agui.sse import Budget
+    budget = Budget(10_000)
+    p = SseParser(8000, budget)
+    p.feed(b"data: " + b"z" * 5000 + b"\ndata: more")
+    assert budget.held == p.buffered > 5000
+    p.release()
+    p.release()
+    assert budget.held == 0
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=3000), st.lists(st.integers(1, 200), max_size=30),
+       st.integers(64, 4000))
+def test_under_any_budget_held_bytes_never_pass_it_and_nothing_raises(data, cuts, limit):
+    from bridges.agui.sse import Budget
+    budget = Budget(limit)
+    a, b = SseParser(1024, budget), SseParser(1024, budget)
+    i = 0
+    for n in cuts + [len(data)]:
+        chunk, i = data[i:i + n], i + n
+        a.feed(chunk)
+        b.feed(chunk[::-1])
+        assert a.buffered + b.buffered <= limit + 8 and budget.held <= limit
+    a.release()
+    b.release()
+    assert budget.held == 0

@@ -38,3 +38,12 @@ def test_text_format_when_requested():
     logging.getLogger("t").warning("token tok-abcdef")
     out = buf.getvalue()
     assert "WARNING" in out and "tok-abcdef" not in out and not out.startswith("{")
+
+
+def test_the_userinfo_of_any_url_is_scrubbed():
+    """Issue 25 row 10: "agui proxy listening on ... -> http://user:password@..."."""
+    line = logs.scrub("up -> http://agent:hunter2pw@127.0.0.1:8000/p, nats://a:b@h:4222 "
+                      "(mailto:x@y.example, http://h/p@q and user@host stay)")
+    assert "hunter2pw" not in line and "a:b@" not in line
+    assert "http://[REDACTED]@127.0.0.1:8000/p" in line and "nats://[REDACTED]@h:4222" in line
+    assert "mailto:x@y.example" in line and "http://h/p@q" in line and "user@host" in line
