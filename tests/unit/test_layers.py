@@ -201,6 +201,8 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.recover": {"MARK_FILE", "MAX_FILE_BYTES", "candidate_files",
                                      "marker", "missing_lines", "read_mark", "recover",
                                      "write_mark"},
+    "bridges.hooks_common.shim": {"CONNECT_BUDGET_S", "DEFAULT_DAEMON", "HOLD_GRACE_S", "MAX_RESPONSE",
+                                  "default_spool_dir", "main", "spool_line", "spool_write"},
     "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 
