@@ -249,6 +249,11 @@ def _cmd_service(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run)
 
 
+def _cmd_hooks(args: argparse.Namespace) -> int:
+    from .hookinstall.cli import run
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script. ``hook`` goes straight to the shim (no argparse,
     no trio: its start-up is the agent's wait); the rest through argparse."""
@@ -288,11 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("hook", help="the command shim a vendor runs per hook: "
                                 "aep-bridges hook <agent> [--daemon URL] [--token-file F] "
                                 "[--spool DIR] (stdin: the hook JSON)")
+    from .hookinstall.cli import add_parser as hooks_parser
+    hooks_parser(sub)
     args = parser.parse_args(args_in)
     if args.cmd == "acp":
         return tee.main(args)
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
-               "service": _cmd_service}[args.cmd]
+               "service": _cmd_service, "hooks": _cmd_hooks}[args.cmd]
     return handler(args)
 
 

@@ -203,6 +203,18 @@ PUBLIC: dict[str, set[str]] = {
                                      "write_mark"},
     "bridges.hooks_common.shim": {"CONNECT_BUDGET_S", "DEFAULT_DAEMON", "HOLD_GRACE_S", "MAX_RESPONSE",
                                   "default_spool_dir", "main", "spool_line", "spool_write"},
+    "supervisor.hookinstall": {"claude", "cli", "codex", "common"},
+    "supervisor.hookinstall.common": {"AGENTS", "DEFAULT_HOLD_S", "EXTRA_TIMEOUT_S", "Plan",
+                                      "Refused", "hold_seconds", "is_our_command",
+                                      "shim_command", "shim_path", "write_in_place"},
+    "supervisor.hookinstall.claude": {"AGENT", "COMMAND_ONLY", "EVENTS", "HOLDABLE",
+                                      "QUICK_TIMEOUT_S", "entries", "install", "is_ours",
+                                      "settings_path", "status", "uninstall"},
+    "supervisor.hookinstall.codex": {"AGENT", "CAPPED_S", "EVENTS", "HOLDABLE",
+                                     "QUICK_TIMEOUT_S", "config_path", "event_label", "handler",
+                                     "hook_key", "install", "status", "trusted_hash",
+                                     "uninstall"},
+    "supervisor.hookinstall.cli": {"add_parser", "daemon_url", "plans", "run"},
     "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 
