@@ -16,15 +16,16 @@ Nothing is ever written to stdout but a decision; problems are one line on
 stderr, never a traceback.
 
 Its start-up is on the agent's critical path, so this module imports only
-what ``python -S -E`` has already loaded (``os``, ``sys``, ``time``) plus
-the ``_socket`` extension; ``json`` and ``fcntl`` are imported only off the
-fast path (a decision other than ``{}``; spooling). The installer runs it as
-``<python> -S -E <this file> <agent> ...``; ``aep-bridges hook`` reaches it
-before the console script imports anything else (``supervisor/cli.py``)."""
-from __future__ import annotations
-
-import _socket  # socket.py imports enum, selectors...: ~3x this shim's own cost
-import os
+what ``python -S -E`` has already loaded (``posix``, ``sys``, ``time``; not
+even ``os``, which only ``site`` loads) plus the ``_socket`` extension
+(``socket.py`` would pull in ``enum`` and ``selectors``); ``os``, ``json``
+and ``fcntl`` are imported only off the fast path (a decision other than
+``{}``; spooling). The installer runs it with ``-S -E`` from its cached
+bytecode (:func:`supervisor.hookinstall.common.shim_command`; measured in
+``benchmarks/hook_shim_bench.py``); ``aep-bridges hook`` reaches it before
+the console script imports anything else (``supervisor/cli.py``)."""
+import _socket
+import posix
 import sys
 import time
 
@@ -48,15 +49,16 @@ class _GiveUp(Exception):
 
 def _warn(msg: str) -> None:
     try:
-        os.write(2, f"aep-bridges hook: {msg}\n".encode("utf-8", "replace"))
+        posix.write(2, f"aep-bridges hook: {msg}\n".encode("utf-8", "replace"))
     except OSError:
         pass
 
 
-def default_spool_dir(env: os._Environ[str] | dict[str, str]) -> str:
+def default_spool_dir(env: dict[str, str]) -> str:
     """``${AEP_STATE_DIR:-${XDG_STATE_HOME:-~/.local/state}/aep-bridges}/hooks-spool``
     (the state directory rule of ``bridges.core.paths.state_dir``, restated
     here because the shim imports nothing of the package)."""
+    import os
     base = env.get("AEP_STATE_DIR") or ""
     if base:
         base = os.path.expanduser(base)
@@ -270,6 +272,7 @@ def spool_write(spool_dir: str, agent: str, line: bytes, attempts: int = 8) -> s
     ``open`` and our lock: the inode check sees it and we reopen, so the line
     lands in the file the ingester has not taken. Raises ``OSError``."""
     import fcntl
+    import os
     os.makedirs(spool_dir, mode=0o700, exist_ok=True)
     path = os.path.join(spool_dir, f"{agent}.jsonl")
     for _ in range(attempts):
@@ -295,7 +298,7 @@ def spool_write(spool_dir: str, agent: str, line: bytes, attempts: int = 8) -> s
 def _read_stdin() -> bytes:
     chunks = []
     try:
-        while chunk := os.read(0, 1 << 20):
+        while chunk := posix.read(0, 1 << 20):
             chunks.append(chunk)
     except OSError:
         pass
@@ -305,7 +308,7 @@ def _read_stdin() -> bytes:
 def _write_stdout(data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(1, view):]
+        view = view[posix.write(1, view):]
 
 
 def _run(argv: list[str]) -> int:
@@ -315,19 +318,20 @@ def _run(argv: list[str]) -> int:
         _warn(f"{e}\n{_USAGE}")
         return 0
     body = _read_stdin()
-    env = os.environ
-    token = env.get("AEP_TOKEN") or None
+    raw_token = posix.environ.get(b"AEP_TOKEN")  # os.environ would import os
+    token = raw_token.decode("utf-8", "replace") if raw_token else None
     if token_file:
         try:
             with open(token_file, encoding="utf-8") as f:
                 token = f.read().strip() or None
         except OSError as e:
             _warn(f"--token-file {token_file}: {e.strerror or e}")
-    hook_id = os.urandom(16).hex()
+    hook_id = posix.urandom(16).hex()
     try:
         status, answer = _exchange(daemon, agent, body, token, hook_id)
     except _GiveUp as e:
-        spool_dir = spool or default_spool_dir(env)
+        import os
+        spool_dir = spool or default_spool_dir(dict(os.environ))
         try:
             where = spool_write(spool_dir, agent,
                                 spool_line(hook_id, agent, body, int(time.time() * 1000)))

@@ -3,6 +3,7 @@ how an entry is recognized as ours, the hold -> vendor timeout rule, and
 writing a config file in place (mode and symlink kept, atomic)."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -58,12 +59,18 @@ def shim_path() -> Path:
 
 
 def shim_command(agent: str, *, daemon: str | None = None, python: str | None = None) -> str:
-    """The fastest command line for the shim (measured: ``benchmarks/hook_shim_bench.py``):
-    this install's interpreter with ``-S -E`` (no site-packages scan, no
-    ``.pth`` files, no ``PYTHON*`` variables) on the shim file itself, the
-    stdlib-only module. ``python`` defaults to ``sys.executable`` as is (a
-    venv's ``bin/python``, not its resolved target). Quoted for ``sh -c``."""
-    argv = [python or sys.executable, "-S", "-E", str(shim_path()), agent]
+    """The fastest command line for the shim (``benchmarks/hook_shim_bench.py``
+    measures the candidates): this install's interpreter with ``-S -E`` (no
+    site-packages scan, no ``.pth`` files, no ``PYTHON*`` variables) importing
+    ``shim`` from its directory, so its cached bytecode is used (a script
+    given by path is compiled on every start); the directory replaces
+    ``sys.path[0]``, the current directory, so no ``shim.py`` of the
+    project the agent works in can be picked up. ``python`` defaults to
+    ``sys.executable`` as is (a venv's ``bin/python``, not its resolved
+    target). Quoted for ``sh -c``."""
+    code = (f"import sys; sys.path[0] = {json.dumps(str(shim_path().parent))}; "
+            "from shim import main; sys.exit(main())")
+    argv = [python or sys.executable, "-S", "-E", "-c", code, agent]
     if daemon:
         argv += ["--daemon", daemon]
     return shlex.join(argv)
@@ -80,7 +87,9 @@ def is_our_command(command: object, agent: str) -> bool:
         return False
     for i, word in enumerate(argv):
         rest = argv[i + 1:]
-        if word.endswith("hooks_common/shim.py") and rest[:1] == [agent]:
+        launches = word.endswith("hooks_common/shim.py") or (
+            "hooks_common" in word and "from shim import main" in word)
+        if launches and rest[:1] == [agent]:
             return True
         if os.path.basename(word) == "aep-bridges" and rest[:2] == ["hook", agent]:
             return True

@@ -71,3 +71,15 @@ class HookStub:
         async with trio.open_nursery() as nursery:
             self.url = await nursery.start(serve_loopback, self.app)
             task_status.started(self.url)
+
+
+async def _serve_forever(mode: str) -> None:
+    stub = HookStub(mode=mode)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(stub.serve)
+        print(url, flush=True)
+
+
+if __name__ == "__main__":  # a stub in its own process (the shim benchmark)
+    import sys
+    trio.run(_serve_forever, sys.argv[1] if len(sys.argv) > 1 else "answer")

@@ -188,17 +188,26 @@ async def test_the_console_script_reaches_the_shim(stub, tmp_path):
     assert stub.requests[0].path == "/hooks/claude-code"
 
 
-async def test_the_fast_path_imports_nothing_heavy(stub, tmp_path):
-    """A ``{}`` answer (the common case) needs neither json (re, enum) nor
-    socket.py: they would cost more than the shim's own work."""
-    cmd = [sys.executable, "-S", "-E", "-X", "importtime", SHIM, "codex", "--daemon", stub.url,
-           "--spool", str(tmp_path)]
-    proc = await trio.run_process(cmd, stdin=b"{}", capture_stdout=True, capture_stderr=True,
-                                  check=False)
+async def test_the_installed_command_line_answers_importing_nothing_heavy(stub, tmp_path):
+    """The line the installer writes, run as the vendors run it (``sh -c``):
+    a ``{}`` answer (the common case) needs neither os (only site loads it),
+    json (re, enum) nor socket.py: they would cost more than the shim's work."""
+    from supervisor.hookinstall.common import shim_command
+    cmd = shim_command("codex", daemon=stub.url, python=sys.executable)
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPROFILEIMPORTTIME": "1",
+           "HOME": str(tmp_path)}
+    proc = await trio.run_process(["sh", "-c", cmd], stdin=b"{}", capture_stdout=True,
+                                  capture_stderr=True, check=False, env=env)
+    assert_clean(proc)
+    assert proc.stdout == b"{}"
+    assert b"import time:" not in proc.stderr  # -E: PYTHON* variables are ignored
+    cmd = cmd.replace(" -S -E ", " -S -E -X importtime ", 1)
+    proc = await trio.run_process(["sh", "-c", cmd], stdin=b"{}", capture_stdout=True,
+                                  capture_stderr=True, check=False, env=env)
     assert_clean(proc)
     assert proc.stdout == b"{}"
     imported = {line.split("|")[-1].strip() for line in proc.stderr.decode().splitlines()
                 if line.startswith("import time:")}
-    assert "_socket" in imported  # the measurement sees the shim's imports
-    heavy = imported & {"json", "re", "enum", "socket", "http.client", "typing", "fcntl"}
+    assert {"shim", "_socket"} <= imported  # the measurement sees the shim's imports
+    heavy = imported & {"os", "json", "re", "enum", "socket", "http.client", "typing", "fcntl"}
     assert not heavy, heavy

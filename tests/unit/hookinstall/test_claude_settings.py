@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,9 @@ def test_a_new_file_gets_every_event(tmp_path):
         assert hook["timeout"] == want_timeout
         if event in ("SessionStart", "Setup"):  # Claude Code runs no HTTP hook there
             assert hook["type"] == "command"
-            assert " -S -E " in hook["command"]
-            assert hook["command"].split()[-1] == "claude-code"
-            assert hook["command"].split()[-2].endswith("bridges/hooks_common/shim.py")
+            argv = shlex.split(hook["command"])
+            assert argv[1:4] == ["-S", "-E", "-c"] and argv[-1] == "claude-code"
+            assert "bridges/hooks_common" in argv[4] and "from shim import main" in argv[4]
         else:
             assert hook == {"type": "http", "url": URL,
                             "headers": {"Authorization": "Bearer $AEP_TOKEN"},
