@@ -20,11 +20,12 @@ MODES = ("answer", "hold", "silent", "5xx", "400", "404", "not-json", "hold-fore
 
 @dataclass
 class Seen:
-    """One request: its path, lower-cased headers and body."""
+    """One request: its path, lower-cased headers, body and arrival (``trio.current_time()``)."""
 
     path: str
     headers: dict[str, str]
     body: bytes
+    at: float = 0.0
 
 
 @dataclass
@@ -46,7 +47,7 @@ class HookStub:
         body = await http_body(scope, receive, send)
         if body is None:
             return
-        self.requests.append(Seen(scope["path"], headers(scope), body))
+        self.requests.append(Seen(scope["path"], headers(scope), body, trio.current_time()))
         ctype = [(b"content-type", b"application/json")]
         if self.mode == "silent":
             await trio.sleep(self.silent_s)
