@@ -159,3 +159,29 @@ async def test_with_the_daemon_down_the_turn_finishes_and_the_moments_are_spoole
     events = {line["payload"]["hook_event_name"] for line in lines}
     assert {"SessionStart", "PreToolUse", "PostToolUse", "Stop"} <= events, events
     assert len({line["id"] for line in lines}) == len(lines)
+
+
+async def test_a_project_install_is_trusted_by_codex_in_that_project(binary, tmp_path, nursery):
+    """``--project``: the hooks in ``<project>/.codex/config.toml``, their
+    trust in the user config under that file's path; Codex loads a project
+    layer only for a trusted project (the user's call, said by install)."""
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    project = home / "work"
+    project.mkdir()
+    mock, stub = MockResponsesServer(), HookStub()
+    await nursery.start(mock.serve)
+    await nursery.start(stub.serve)
+    (home / ".codex" / "config.toml").write_text(
+        base_config(mock.base_url) + f'\n[projects."{project.resolve()}"]\n'
+                                     'trust_level = "trusted"\n')
+    out = install(home, stub.url, "--project", str(project))
+    assert out.returncode == 0, out.stderr
+    assert "trust_level" not in out.stdout  # trusted already: no note
+    listed = [h for h in hooks_list(binary, home) if h["source"] == "project"]
+    assert len(listed) == len(installer.EVENTS)
+    assert {h["trustStatus"] for h in listed} == {"trusted"}
+    run = await exec_turn(binary, home, mock)
+    assert run.returncode == 0, run.describe()
+    fired = {json.loads(r.body).get("hook_event_name") for r in stub.requests}
+    assert {"SessionStart", "PreToolUse", "Stop"} <= fired, fired
