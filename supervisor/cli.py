@@ -43,6 +43,7 @@ def _load(*, relay_only: bool = False, check_ports: bool = True, create: bool = 
     """Config + bridges with every problem collected (core and bridge
     settings alike); warnings (misspelt names) printed, not fatal.
     ``create=False``: probe without creating the state directory."""
+    from . import config as config_mod
     from .daemon import build_bridges
     cfg, problems = config_mod.load(relay_only=relay_only, check_ports=check_ports, create=create)
     for w in cfg.warnings:
