@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 # trio, argparse, json and the config stack are imported where used: `aep-bridges
 # hook` (once per vendor hook, on the agent's critical path) must reach the shim
-# without them (tests/unit/supervisor/test_hook_dispatch.py pins it)
+# without them (tests/unit/hooks_common/test_shim_spool.py pins it)
 if TYPE_CHECKING:
     import argparse
 
