@@ -144,7 +144,11 @@ def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             for what in found.values():
                 kinds[what] = kinds.get(what, 0) + 1
             summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-            print(f"{agent} ({scope}) {path}: {len(found)} events: {summary}")
+            untrusted_project = (agent == "codex" and proj is not None and not _project_trusted(
+                codex.config_path(project=None, codex_home=home), proj))
+            print(f"{agent} ({scope}) {path}: {len(found)} events: {summary}"
+                  + (" (the project is not trusted: Codex does not read this file)"
+                     if untrusted_project else ""))
     return 0
 
 

@@ -137,6 +137,11 @@ def test_a_project_install_trusts_from_the_user_config(tmp_path, monkeypatch, ca
     src = project.resolve() / ".codex" / "config.toml"
     assert set(user["hooks"]["state"]) == {f"{src}:{codex.event_label(e)}:0:0"
                                            for e in codex.EVENTS}
+    capsys.readouterr()
+    assert main(["hooks", "status", "codex", "--project", str(project)]) == 0
+    out = capsys.readouterr().out
+    assert f"codex (project) {src}: 14 events: 14 trusted (the project is not trusted" in out
+    assert f"codex (user) {home}/.codex/config.toml: not installed" in out
     assert main(["hooks", "uninstall", "codex", "--project", str(project)]) == 0
     assert "hooks" not in tomllib.loads((home / ".codex" / "config.toml").read_text())
     assert tomllib.loads((project / ".codex" / "config.toml").read_text()) == {}
