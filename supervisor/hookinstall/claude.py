@@ -13,8 +13,9 @@ the decision the 200 body) for every event but ``SessionStart`` and
   ``SessionStart`` and ``Setup``, or for every event with ``--transport
   command``;
 - ``timeout`` (seconds): the hold + 10 s for the holdable events
-  (:data:`HOLDABLE`), :data:`QUICK_TIMEOUT_S` for the rest (the daemon
-  answers those at once; the shim gives up in 1 s);
+  (:data:`HOLDABLE`), 2 s for ``SessionEnd`` (Claude Code waits for it at
+  exit; its own default is 1.5 s), :data:`QUICK_TIMEOUT_S` for the rest (the
+  daemon answers those at once; the shim gives up in 1 s);
 - our URL into ``allowedHttpHookUrls`` and ``AEP_TOKEN`` into
   ``httpHookAllowedEnvVars`` only when the file already sets them: unset,
   Claude Code allows every URL and variable, and creating the list would
@@ -33,7 +34,8 @@ from typing import Any
 
 from .common import EXTRA_TIMEOUT_S, Plan, Refused, is_our_command, shim_command
 
-__all__ = ["AGENT", "COMMAND_ONLY", "EVENTS", "HOLDABLE", "QUICK_TIMEOUT_S", "entries",
+__all__ = ["AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE", "QUICK_TIMEOUT_S",
+           "entries",
            "install", "is_ours", "settings_path", "status", "uninstall"]
 
 AGENT = "claude-code"
@@ -50,6 +52,8 @@ COMMAND_ONLY = ("SessionStart", "Setup")
 HOLDABLE = ("PreToolUse", "PermissionRequest", "Elicitation")
 #: the vendor timeout (s) of an event the daemon never holds
 QUICK_TIMEOUT_S = 10
+#: events Claude Code waits for at exit: its own default is 1.5 s, ours stays near it
+EXIT_TIMEOUT_S = {"SessionEnd": 2}
 
 
 def settings_path(*, project: Path | None, home: Path) -> Path:
@@ -67,7 +71,8 @@ def entries(*, transport: str, daemon: str, hold_s: int, daemon_given: bool = Fa
     out: dict[str, dict[str, Any]] = {}
     command = shim_command(AGENT, daemon=daemon if daemon_given else None, python=python)
     for event in EVENTS:
-        timeout = hold_s + EXTRA_TIMEOUT_S if event in HOLDABLE else QUICK_TIMEOUT_S
+        timeout = (hold_s + EXTRA_TIMEOUT_S if event in HOLDABLE
+                   else EXIT_TIMEOUT_S.get(event, QUICK_TIMEOUT_S))
         if transport == "http" and event not in COMMAND_ONLY:
             out[event] = {"type": "http", "url": _url(daemon),
                           "headers": {"Authorization": "Bearer $AEP_TOKEN"},

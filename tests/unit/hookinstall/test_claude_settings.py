@@ -41,7 +41,8 @@ def test_a_new_file_gets_every_event(tmp_path):
     for event, groups in doc["hooks"].items():
         (group,) = groups
         (hook,) = group["hooks"]
-        want_timeout = 130 if event in ("PreToolUse", "PermissionRequest", "Elicitation") else 10
+        want_timeout = 130 if event in ("PreToolUse", "PermissionRequest", "Elicitation") else (
+            2 if event == "SessionEnd" else 10)
         assert hook["timeout"] == want_timeout
         if event in ("SessionStart", "Setup"):  # Claude Code runs no HTTP hook there
             assert hook["type"] == "command"
