@@ -10,22 +10,27 @@
   (:mod:`supervisor.tail`).
 - ``aep-bridges service install [--systemd|--launchd]``: write the service
   unit for this install (:mod:`supervisor.install`).
+- ``aep-bridges hook <agent> ...``: the command shim a vendor runs per hook
+  (:mod:`bridges.hooks_common.shim`); dispatched first, before this module
+  imports anything heavy (it is on the agent's critical path).
+- ``aep-bridges hooks install|uninstall|status``: write the hook entries
+  into Claude Code's or Codex's own config (:mod:`supervisor.hookinstall`).
 
 Bad configuration is refused before anything binds: one line per problem on
 stderr, exit status 2."""
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
+# trio, argparse, json and the config stack are imported where used: `aep-bridges
+# hook` (once per vendor hook, on the agent's critical path) must reach the shim
+# without them (tests/unit/hooks_common/test_shim_spool.py pins it)
+if TYPE_CHECKING:
+    import argparse
 
-from . import config as config_mod
-from . import logs
+    from . import config as config_mod
 
 
 def _refuse(problems: list[str]) -> int:
@@ -38,6 +43,7 @@ def _load(*, relay_only: bool = False, check_ports: bool = True, create: bool = 
     """Config + bridges with every problem collected (core and bridge
     settings alike); warnings (misspelt names) printed, not fatal.
     ``create=False``: probe without creating the state directory."""
+    from . import config as config_mod
     from .daemon import build_bridges
     cfg, problems = config_mod.load(relay_only=relay_only, check_ports=check_ports, create=create)
     for w in cfg.warnings:
@@ -83,6 +89,9 @@ def _apply_env_file(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import trio
+
+    from . import logs
     from .daemon import run_daemon
     if (refused := _apply_env_file(args)) is not None:
         return refused
@@ -120,6 +129,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
+    from functools import partial
+
+    import trio
+
+    from . import logs
     from .daemon import run_daemon
     cfg, _, problems = _load(relay_only=True)
     if problems:
@@ -148,6 +162,7 @@ def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:
 def _explain_in_use(cfg: config_mod.Config, problems: list[str], hint: str) -> list[str]:
     """When ports are "in use" and an aep-bridges daemon answers ``/healthz``
     on ``AEP_LISTEN``, say so (and ``hint``) instead of a bare "in use"."""
+    import json
     in_use = [p for p in problems if "address in use" in p]
     if not in_use or (health := running_daemon(cfg.listen, cfg.token)) is None:
         return problems
@@ -173,6 +188,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if not cfg.state_dir.exists():
         print(f"aep-bridges: state directory {cfg.state_dir} will be created by the first run")
     if cfg.nats is not None:  # AEP_NATS_URL: say whether the servers answer
+        import trio
+
         from .jetstream.link import probe
         _, lines = trio.run(probe, cfg.nats)
         for line in lines:
@@ -199,6 +216,8 @@ def _tail_parser(sub: Any) -> None:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
+    import json
+
     from .tail import default_url, parse_filter, run
     try:
         flt = parse_filter(args.filter)
@@ -231,7 +250,19 @@ def _cmd_service(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run)
 
 
+def _cmd_hooks(args: argparse.Namespace) -> int:
+    from .hookinstall.cli import run
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The console script. ``hook`` goes straight to the shim (no argparse,
+    no trio: its start-up is the agent's wait); the rest through argparse."""
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["hook"]:
+        from bridges.hooks_common.shim import main as hook_main
+        return hook_main(args_in[1:])
+    import argparse
     parser = argparse.ArgumentParser(
         prog="aep-bridges",
         description="Bridge coding-agent vendor surfaces to the Agent Event Protocol (AEP 0.1). "
@@ -260,11 +291,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="a launchd agent (the default on macOS)")
     inst.add_argument("--prefix", metavar="DIR", help="write under DIR instead of / (or ~ for launchd)")
     inst.add_argument("--dry-run", action="store_true", help="print what would be written, write nothing")
-    args = parser.parse_args(argv)
+    sub.add_parser("hook", help="the command shim a vendor runs per hook: "
+                                "aep-bridges hook <agent> [--daemon URL] [--token-file F] "
+                                "[--spool DIR] (stdin: the hook JSON)")
+    from .hookinstall.cli import add_parser as hooks_parser
+    hooks_parser(sub)
+    args = parser.parse_args(args_in)
     if args.cmd == "acp":
         return tee.main(args)
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
-               "service": _cmd_service}[args.cmd]
+               "service": _cmd_service, "hooks": _cmd_hooks}[args.cmd]
     return handler(args)
 
 

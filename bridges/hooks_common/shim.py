@@ -1,0 +1,369 @@
+"""The command shim: ``aep-bridges hook <agent> [--daemon URL] [--token-file F] [--spool DIR]``.
+
+A vendor (Claude Code, Codex) runs it for each hook moment: it reads the
+vendor's hook JSON on stdin, POSTs it to ``<daemon>/hooks/<agent>``, prints
+the daemon's decision JSON on stdout and exits 0 (the wire contract,
+``hooks-contract.md`` sections 2 and 3; issue 27).
+
+Fail-open, always exit 0 (exit 2 means "block" to both vendors): when the
+daemon is down (connection refused), silent for 1 s (connect + response
+headers) or answers anything but 200 or 400, the shim prints nothing and
+appends the moment to the spool, ``<spool dir>/<agent>.jsonl``, which the
+bridge ingests when it runs. After response headers with ``AEP-Hold-Ms: N``
+(a held permission moment) the body is waited for up to N ms + 2 s;
+without it, up to 1 s. A body that is not a JSON object is not printed.
+Nothing is ever written to stdout but a decision; problems are one line on
+stderr, never a traceback.
+
+Its start-up is on the agent's critical path, so this module imports only
+what ``python -S -E`` has already loaded (``posix``, ``sys``, ``time``; not
+even ``os``, which only ``site`` loads) plus the ``_socket`` extension
+(``socket.py`` would pull in ``enum`` and ``selectors``); ``os``, ``json``
+and ``fcntl`` are imported only off the fast path (a decision other than
+``{}``; spooling). The installer runs it with ``-S -E`` from its cached
+bytecode (:func:`supervisor.hookinstall.common.shim_command`; measured in
+``benchmarks/hook_shim_bench.py``); ``aep-bridges hook`` reaches it before
+the console script imports anything else (``supervisor/cli.py``)."""
+import _socket
+import posix
+import sys
+import time
+
+__all__ = ["CONNECT_BUDGET_S", "DEFAULT_DAEMON", "HOLD_GRACE_S", "MAX_RESPONSE",
+           "default_spool_dir", "main", "spool_line", "spool_write"]
+
+#: the daemon the shim posts to without ``--daemon`` (``AEP_LISTEN``'s default)
+DEFAULT_DAEMON = "http://127.0.0.1:8787"
+#: seconds for connect + request + response headers before the shim gives up
+CONNECT_BUDGET_S = 1.0
+#: seconds past ``AEP-Hold-Ms`` the shim waits for a held body
+HOLD_GRACE_S = 2.0
+#: the largest response the shim reads (a decision is a few hundred bytes)
+MAX_RESPONSE = 8 << 20
+_USAGE = "usage: aep-bridges hook <agent> [--daemon URL] [--token-file F] [--spool DIR]"
+
+
+class _GiveUp(Exception):
+    """The daemon did not answer in time (or at all): spool the moment."""
+
+
+def _warn(msg: str) -> None:
+    try:
+        posix.write(2, f"aep-bridges hook: {msg}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def default_spool_dir(env: dict[str, str]) -> str:
+    """``${AEP_STATE_DIR:-${XDG_STATE_HOME:-~/.local/state}/aep-bridges}/hooks-spool``
+    (the state directory rule of ``bridges.core.paths.state_dir``, restated
+    here because the shim imports nothing of the package)."""
+    import os
+    base = env.get("AEP_STATE_DIR") or ""
+    if base:
+        base = os.path.expanduser(base)
+    else:
+        xdg = env.get("XDG_STATE_HOME") or ""
+        if not os.path.isabs(xdg):
+            xdg = os.path.join(env.get("HOME", "~"), ".local", "state")
+        base = os.path.join(os.path.expanduser(xdg), "aep-bridges")
+    return os.path.join(base, "hooks-spool")
+
+
+def _parse_args(argv: list[str]) -> tuple[str, str, str | None, str | None]:
+    """``(agent, daemon url, token file, spool dir)``; ``ValueError`` on a bad line."""
+    agent, daemon, token_file, spool = None, DEFAULT_DAEMON, None, None
+    it = iter(argv)
+    for arg in it:
+        name, eq, val = arg.partition("=")
+        if name in ("--daemon", "--token-file", "--spool"):
+            if not eq:
+                val = next(it, None)  # type: ignore[assignment]
+                if val is None:
+                    raise ValueError(f"{name} needs a value")
+            if name == "--daemon":
+                daemon = val
+            elif name == "--token-file":
+                token_file = val
+            else:
+                spool = val
+        elif arg.startswith("-") or agent is not None:
+            raise ValueError(f"unexpected argument {arg!r}")
+        else:
+            agent = arg
+    if not agent or "/" in agent or agent.startswith("."):
+        raise ValueError("an agent id is required (claude-code, codex)")
+    return agent, daemon, token_file, spool
+
+
+def _split_url(url: str) -> tuple[bool, str, int, str, str]:
+    """``(tls, host, port, host header, path prefix)`` of an ``http(s)://`` URL."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https"):
+        raise ValueError(f"--daemon {url!r}: expected http://HOST:PORT")
+    hostport, _, path = rest.partition("/")
+    tls = scheme == "https"
+    if hostport.startswith("["):
+        host, _, tail = hostport[1:].partition("]")
+        port_s = tail[1:] if tail.startswith(":") else ""
+    elif ":" in hostport:
+        host, _, port_s = hostport.rpartition(":")
+    else:
+        host, port_s = hostport, ""
+    if not host:
+        raise ValueError(f"--daemon {url!r}: no host")
+    port = int(port_s) if port_s else (443 if tls else 80)
+    prefix = "/" + path.strip("/") if path.strip("/") else ""
+    return tls, host, port, hostport, prefix
+
+
+class _Conn:
+    """One HTTP/1.1 exchange on a raw socket with a deadline per phase."""
+
+    def __init__(self, sock, deadline: float) -> None:
+        self.sock, self.deadline, self.buf = sock, deadline, b""
+
+    def _fill(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline")
+        self.sock.settimeout(left)
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed")
+        self.buf += data
+        if len(self.buf) > MAX_RESPONSE:
+            raise ValueError("response too large")
+
+    def until(self, sep: bytes) -> bytes:
+        while (i := self.buf.find(sep)) < 0:
+            self._fill()
+        out, self.buf = self.buf[:i], self.buf[i + len(sep):]
+        return out
+
+    def exact(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def rest(self) -> bytes:
+        try:
+            while True:
+                self._fill()
+        except ConnectionError:
+            pass
+        out, self.buf = self.buf, b""
+        return out
+
+
+def _connect(tls: bool, host: str, port: int, deadline: float):
+    err: Exception = ConnectionError(f"{host}:{port}: no address")
+    # an ASCII host as bytes: a str would load the idna codec (and re, enum) first
+    name: str | bytes = host.encode("ascii") if host.isascii() else host
+    for family, kind, proto, _, addr in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            sock.connect(addr)
+            if tls:  # a remote daemon behind TLS: off the loopback fast path
+                import socket
+                import ssl
+                sock = ssl.create_default_context().wrap_socket(
+                    socket.socket(fileno=sock.detach()), server_hostname=host)
+            return sock
+        except OSError as e:
+            sock.close()
+            err = e
+    raise err
+
+
+def _exchange(url: str, agent: str, body: bytes, token: str | None,
+              hook_id: str) -> tuple[int, bytes | None]:
+    """POST ``body``; ``(status, decision body or None)``. Raises ``_GiveUp``
+    when the daemon is unreachable or silent past :data:`CONNECT_BUDGET_S`."""
+    tls, host, port, hostport, prefix = _split_url(url)
+    deadline = time.monotonic() + CONNECT_BUDGET_S
+    head = (f"POST {prefix}/hooks/{agent} HTTP/1.1\r\nHost: {hostport}\r\n"
+            "Content-Type: application/json\r\nX-AEP-Hook-Transport: command\r\n"
+            f"X-AEP-Hook-Id: {hook_id}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n")
+    if token:
+        head += f"Authorization: Bearer {token}\r\n"
+    try:
+        sock = _connect(tls, host, port, deadline)
+    except OSError as e:
+        raise _GiveUp(f"{hostport}: {e.strerror or type(e).__name__}") from None
+    try:
+        conn = _Conn(sock, deadline)
+        try:
+            sock.sendall(head.encode("latin-1") + b"\r\n" + body)
+            lines = conn.until(b"\r\n\r\n").decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ", 2)[1])
+        except (OSError, ValueError, IndexError) as e:
+            raise _GiveUp(f"{hostport}: no answer ({type(e).__name__})") from None
+        headers = {}
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        if status not in (200, 400):  # 5xx; 404 before the bridge mounts; 401/403
+            raise _GiveUp(f"{hostport}: HTTP {status}")
+        if status != 200:
+            return status, None
+        hold = headers.get("aep-hold-ms")
+        try:
+            wait = int(hold) / 1000 + HOLD_GRACE_S if hold else CONNECT_BUDGET_S
+        except ValueError:
+            wait = CONNECT_BUDGET_S
+        conn.deadline = time.monotonic() + wait
+        try:
+            return status, _read_body(conn, headers)
+        except (OSError, ValueError) as e:  # the daemon has the moment: nothing to spool
+            _warn(f"{hostport}: the answer did not arrive ({type(e).__name__}); no decision")
+            return status, None
+    finally:
+        sock.close()
+
+
+def _read_body(conn: _Conn, headers: dict[str, str]) -> bytes:
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        parts = []
+        while size := int(conn.until(b"\r\n").split(b";", 1)[0], 16):
+            parts.append(conn.exact(size))
+            conn.exact(2)
+        return b"".join(parts)
+    if "content-length" in headers:
+        return conn.exact(int(headers["content-length"]))
+    return conn.rest()
+
+
+def _decision(body: bytes) -> bytes | None:
+    """``body`` when it is a JSON object (what the vendor reads), else ``None``."""
+    text = body.strip()
+    if text in (b"", b"{}"):  # "no decision", the common answer: no json import
+        return text
+    import json
+    try:
+        ok = isinstance(json.loads(text), dict)
+    except ValueError:
+        ok = False
+    return text if ok else None
+
+
+def spool_line(hook_id: str, agent: str, raw: bytes, now_ms: int) -> bytes:
+    """One spool line (contract section 3): ``{"id", "agent", "spooled_at_ms",
+    "payload"}``; ``payload`` is the vendor's JSON object, or the raw stdin
+    text (undecodable bytes replaced) when it is not one. ASCII, ends in ``\\n``."""
+    import json
+    payload: object
+    try:
+        payload = json.loads(raw)
+        if not isinstance(payload, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        payload = raw.decode("utf-8", "replace")
+    return (json.dumps({"id": hook_id, "agent": agent, "spooled_at_ms": now_ms,
+                        "payload": payload}, separators=(",", ":")) + "\n").encode("ascii")
+
+
+def spool_write(spool_dir: str, agent: str, line: bytes, attempts: int = 8) -> str:
+    """Append ``line`` to ``<spool_dir>/<agent>.jsonl`` under ``flock`` and
+    return the path. The file may be renamed away for ingestion between our
+    ``open`` and our lock: the inode check sees it and we reopen, so the line
+    lands in the file the ingester has not taken. Raises ``OSError``."""
+    import fcntl
+    import os
+    os.makedirs(spool_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(spool_dir, f"{agent}.jsonl")
+    for _ in range(attempts):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            mine = os.fstat(fd)
+            if (mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev):
+                continue  # taken for ingestion after our open
+            view = memoryview(line)
+            while view:  # one write unless the disk is full; the lock keeps it whole
+                view = view[os.write(fd, view):]
+            return path
+        finally:
+            os.close(fd)  # releases the lock
+    raise OSError(f"{path}: replaced {attempts} times while appending")
+
+
+def _read_stdin() -> bytes:
+    chunks = []
+    try:
+        while chunk := posix.read(0, 1 << 20):
+            chunks.append(chunk)
+    except OSError:
+        pass
+    return b"".join(chunks)
+
+
+def _write_stdout(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[posix.write(1, view):]
+
+
+def _run(argv: list[str]) -> int:
+    try:
+        agent, daemon, token_file, spool = _parse_args(argv)
+    except ValueError as e:
+        _warn(f"{e}\n{_USAGE}")
+        return 0
+    body = _read_stdin()
+    raw_token = posix.environ.get(b"AEP_TOKEN")  # os.environ would import os
+    token = raw_token.decode("utf-8", "replace") if raw_token else None
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read().strip() or None
+        except OSError as e:
+            _warn(f"--token-file {token_file}: {e.strerror or e}")
+    hook_id = posix.urandom(16).hex()
+    try:
+        status, answer = _exchange(daemon, agent, body, token, hook_id)
+    except _GiveUp as e:
+        import os
+        spool_dir = spool or default_spool_dir(dict(os.environ))
+        try:
+            where = spool_write(spool_dir, agent,
+                                spool_line(hook_id, agent, body, int(time.time() * 1000)))
+            _warn(f"daemon unavailable ({e}); spooled to {where}")
+        except OSError as oe:
+            _warn(f"daemon unavailable ({e}); could not spool to {spool_dir}: "
+                  f"{oe.strerror or oe}")
+        return 0
+    except ValueError as e:  # a bad --daemon
+        _warn(str(e))
+        return 0
+    if status != 200:  # 400: the daemon logged the moment and has no decision for it
+        _warn(f"daemon answered HTTP {status}; no decision")
+        return 0
+    if answer is not None:
+        decision = _decision(answer)
+        if decision is None:
+            _warn("the daemon's answer is not a JSON object; no decision")
+        elif decision:
+            _write_stdout(decision)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The shim's whole life; returns 0 whatever happens (a daemon problem
+    must never block the agent) and prints no traceback."""
+    try:
+        return _run(sys.argv[1:] if argv is None else argv)
+    except BaseException as e:  # noqa: BLE001 - fail-open is the contract
+        _warn(f"internal error, no decision: {type(e).__name__}: {e}")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

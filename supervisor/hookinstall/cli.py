@@ -1,0 +1,177 @@
+"""``aep-bridges hooks install|uninstall|status``: the argparse wiring and the
+output (one line per change; ``--dry-run`` prints the diff and writes
+nothing; a malformed file is refused with its line and column, exit 2)."""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import claude, codex
+from .common import AGENTS, Plan, Refused, hold_seconds, write_in_place
+
+__all__ = ["add_parser", "daemon_url", "plans", "run"]
+
+_DEFAULT_DAEMON = "http://127.0.0.1:8787"
+
+
+def add_parser(sub: Any) -> None:
+    """``hooks`` and its three actions on the console script's subparsers."""
+    hooks = sub.add_parser("hooks", help="install, remove or show the hook entries that send "
+                                         "Claude Code's or Codex's hooks to this daemon")
+    act = hooks.add_subparsers(dest="action", required=True)
+    for name, text in (("install", "merge our hook entries into the vendor's config"),
+                       ("uninstall", "remove the entries install added (only those)")):
+        p = act.add_parser(name, help=text)
+        p.add_argument("agent", choices=sorted(AGENTS))
+        where = p.add_mutually_exclusive_group()
+        where.add_argument("--project", metavar="DIR",
+                           help="the project's config (.claude/settings.json, .codex/config.toml)")
+        where.add_argument("--user", action="store_true",
+                           help="the user's config (the default): ~/.claude/settings.json, "
+                                "$CODEX_HOME/config.toml (default ~/.codex)")
+        p.add_argument("--dry-run", action="store_true", help="print the change, write nothing")
+        if name == "install":
+            p.add_argument("--transport", choices=("http", "command"), default=None,
+                           help="claude-code: http hooks where Claude Code runs them (the "
+                                "default) or the command shim everywhere; codex: command only")
+            p.add_argument("--daemon", metavar="URL", default=None,
+                           help="the daemon's base URL (default http:// + $AEP_LISTEN, "
+                                "else http://127.0.0.1:8787)")
+            p.add_argument("--hold-s", type=int, default=None, metavar="N",
+                           help="the bridge's hold limit: holdable hooks get a vendor timeout "
+                                "of N + 10 s (default $AEP_<AGENT>_HOLD_S, else 120)")
+    st = act.add_parser("status", help="say which of our hook entries are installed where")
+    st.add_argument("agent", nargs="?", choices=sorted(AGENTS))
+    st.add_argument("--project", metavar="DIR", default=None,
+                    help="the project to look in (default: the current directory)")
+
+
+def daemon_url(given: str | None, env: Mapping[str, str]) -> str:
+    """``--daemon``, else ``http://`` + ``AEP_LISTEN`` (a wildcard host as
+    loopback), else ``http://127.0.0.1:8787``."""
+    if given:
+        return given.rstrip("/")
+    listen = env.get("AEP_LISTEN", "").strip()
+    if not listen:
+        return _DEFAULT_DAEMON
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]")
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _codex_home(env: Mapping[str, str]) -> Path:
+    return Path(env.get("CODEX_HOME") or Path.home() / ".codex").expanduser()
+
+
+def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
+    """The plans of one install/uninstall (raises :class:`Refused`)."""
+    project = Path(args.project).resolve() if args.project else None
+    if args.agent == "claude-code":
+        path = claude.settings_path(project=project, home=Path.home())
+        if args.action == "uninstall":
+            return [claude.uninstall(path)]
+        url = daemon_url(args.daemon, env)
+        return [claude.install(path, transport=args.transport or "http", daemon=url,
+                               hold_s=hold_seconds("claude-code", args.hold_s, env),
+                               daemon_given=url != _DEFAULT_DAEMON)]
+    home = _codex_home(env)
+    path = codex.config_path(project=project, codex_home=home)
+    state_path = codex.config_path(project=None, codex_home=home)
+    if args.action == "uninstall":
+        return codex.uninstall(path, state_path=state_path)
+    if args.transport == "http":
+        raise Refused("codex runs command hooks only: --transport command (the default)")
+    url = daemon_url(args.daemon, env)
+    out = codex.install(path, state_path=state_path,
+                        hold_s=hold_seconds("codex", args.hold_s, env),
+                        daemon=url if url != _DEFAULT_DAEMON else None)
+    if project is not None and not _project_trusted(state_path, project):
+        out[0].notes.append(
+            f"Codex reads {path} only for a trusted project: trust {project} when Codex "
+            f"asks, or add [projects.\"{project}\"] trust_level = \"trusted\" to {state_path}")
+    return out
+
+
+def _project_trusted(user_config: Path, project: Path) -> bool:
+    import tomllib
+    try:
+        doc = tomllib.loads(user_config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    entry = (doc.get("projects") or {}).get(str(project)) or {}
+    return isinstance(entry, dict) and entry.get("trust_level") == "trusted"
+
+
+def _show(plan: Plan, dry_run: bool, agent: str) -> None:
+    if not plan.changed:
+        print(f"aep-bridges hooks: {agent}: {plan.path}: nothing to change")
+    else:
+        for line in plan.changes or ["rewritten"]:
+            print(f"aep-bridges hooks: {agent}: {plan.path}: {line}")
+        if dry_run:
+            sys.stdout.writelines(difflib.unified_diff(
+                (plan.before or "").splitlines(keepends=True), plan.after.splitlines(keepends=True),
+                str(plan.path), f"{plan.path} (after)"))
+    for note in plan.notes:
+        print(f"aep-bridges hooks: {agent}: note: {note}")
+
+
+def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    project = Path(args.project or os.getcwd()).resolve()
+    home = _codex_home(env)
+    for agent in [args.agent] if args.agent else sorted(AGENTS):
+        for scope, proj in (("user", None), ("project", project)):
+            try:
+                if agent == "claude-code":
+                    path = claude.settings_path(project=proj, home=Path.home())
+                    found = claude.status(path)
+                else:
+                    path = codex.config_path(project=proj, codex_home=home)
+                    found = codex.status(path, state_path=codex.config_path(
+                        project=None, codex_home=home))
+            except Refused as e:
+                print(f"{agent} ({scope}) {e}")
+                continue
+            if not found:
+                print(f"{agent} ({scope}) {path}: not installed")
+                continue
+            kinds: dict[str, int] = {}
+            for what in found.values():
+                kinds[what] = kinds.get(what, 0) + 1
+            summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+            untrusted_project = (agent == "codex" and proj is not None and not _project_trusted(
+                codex.config_path(project=None, codex_home=home), proj))
+            print(f"{agent} ({scope}) {path}: {len(found)} events: {summary}"
+                  + (" (the project is not trusted: Codex does not read this file)"
+                     if untrusted_project else ""))
+    return 0
+
+
+def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    """Do ``args.action``; 0, or 2 when a file is refused (nothing written)."""
+    env = os.environ if env is None else env
+    if args.action == "status":
+        return _status(args, env)
+    try:
+        todo = plans(args, env)
+    except Refused as e:
+        print(f"aep-bridges hooks: {e}; nothing written", file=sys.stderr)
+        return 2
+    for plan in todo:
+        _show(plan, args.dry_run, args.agent)
+    if args.dry_run:
+        print("aep-bridges hooks: dry run: nothing written")
+        return 0
+    for plan in todo:
+        if plan.changed:
+            try:
+                write_in_place(plan.path, plan.after)
+            except OSError as e:
+                print(f"aep-bridges hooks: {plan.path}: {e.strerror or e}", file=sys.stderr)
+                return 2
+    return 0

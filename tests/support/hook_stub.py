@@ -1,0 +1,86 @@
+"""A stub of the daemon's hook endpoint (``POST /hooks/<agent>``, the wire
+contract's section 1) for fault injection around the command shim: it
+answers, holds (``AEP-Hold-Ms``), stays silent, fails with a 5xx or answers
+a body that is not JSON, as :attr:`HookStub.mode` says. Real hypercorn on
+loopback (:func:`tests.support.net.serve_loopback`). Every request it saw is
+kept in :attr:`HookStub.requests`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from bridges.core.asgi import headers
+from tests.support.net import http_body, serve_loopback
+
+#: what the stub does with a request
+MODES = ("answer", "hold", "silent", "5xx", "400", "404", "not-json", "hold-forever")
+
+
+@dataclass
+class Seen:
+    """One request: its path, lower-cased headers, body and arrival (``trio.current_time()``)."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float = 0.0
+
+
+@dataclass
+class HookStub:
+    """``mode``: one of :data:`MODES`; ``decision``: the 200 body;
+    ``hold_ms``: the ``AEP-Hold-Ms`` it announces; ``hold_s``: how long
+    it holds before the body; ``silent_s``: how long it says nothing."""
+
+    mode: str = "answer"
+    decision: bytes = b"{}"
+    hold_ms: int = 5000
+    hold_s: float = 1.3
+    silent_s: float = 30.0
+    requests: list[Seen] = field(default_factory=list)
+    finished: int = 0  # handlers that ran to their end (a silent one not before silent_s)
+    url: str = ""
+
+    async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body = await http_body(scope, receive, send)
+        if body is None:
+            return
+        self.requests.append(Seen(scope["path"], headers(scope), body, trio.current_time()))
+        ctype = [(b"content-type", b"application/json")]
+        if self.mode == "silent":
+            await trio.sleep(self.silent_s)
+        if self.mode in ("hold", "hold-forever"):
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": ctype + [(b"aep-hold-ms", str(self.hold_ms).encode())]})
+            await trio.sleep(self.hold_s if self.mode == "hold" else 3600)
+            await send({"type": "http.response.body", "body": self.decision})
+            self.finished += 1
+            return
+        status = {"5xx": 503, "400": 400, "404": 404}.get(self.mode, 200)
+        out = {"5xx": b'{"error":"busy"}', "400": b'{"error":"not a JSON object"}',
+               "404": b"not found", "not-json": b"<html>oops</html>"}.get(self.mode,
+                                                                       self.decision)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": ctype + [(b"content-length", str(len(out)).encode())]})
+        await send({"type": "http.response.body", "body": out})
+        self.finished += 1
+
+    async def serve(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled; ``task_status.started`` after :attr:`url` is set."""
+        async with trio.open_nursery() as nursery:
+            self.url = await nursery.start(serve_loopback, self.app)
+            task_status.started(self.url)
+
+
+async def _serve_forever(mode: str) -> None:
+    stub = HookStub(mode=mode)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(stub.serve)
+        print(url, flush=True)
+
+
+if __name__ == "__main__":  # a stub in its own process (the shim benchmark)
+    import sys
+    trio.run(_serve_forever, sys.argv[1] if len(sys.argv) > 1 else "answer")

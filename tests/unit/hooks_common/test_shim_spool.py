@@ -1,0 +1,121 @@
+"""The shim's pure parts and its spool writer (the wire contract, section 3):
+the line's shape, the default directory, and the locking that keeps every
+line whole while many shims append and an ingester takes the file away."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bridges.hooks_common import shim
+
+SHIM = str(Path(shim.__file__).resolve())
+
+
+def test_spool_line_shape():
+    line = shim.spool_line("a" * 32, "codex", b'{"x": "\xc3\xa9"}', 1234)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"id": "a" * 32, "agent": "codex", "spooled_at_ms": 1234,
+                                "payload": {"x": "\u00e9"}}
+
+
+@pytest.mark.parametrize("raw, payload", [(b"[1]", "[1]"), (b"\xff{", "\ufffd{"), (b"", "")])
+def test_spool_line_keeps_what_is_not_a_json_object_as_text(raw, payload):
+    assert json.loads(shim.spool_line("b" * 32, "codex", raw, 1))["payload"] == payload
+
+
+def test_default_spool_dir_follows_the_state_dir_rule():
+    assert shim.default_spool_dir({"AEP_STATE_DIR": "/s", "HOME": "/h"}) == "/s/hooks-spool"
+    assert (shim.default_spool_dir({"XDG_STATE_HOME": "/x", "HOME": "/h"})
+            == "/x/aep-bridges/hooks-spool")
+    assert (shim.default_spool_dir({"XDG_STATE_HOME": "rel", "HOME": "/h"})
+            == "/h/.local/state/aep-bridges/hooks-spool")
+
+
+def test_a_writer_that_opened_the_file_before_an_ingester_took_it_writes_to_the_new_one(
+        tmp_path):
+    """The ingester holds the lock, renames the file, unlocks: a writer that
+    opened the old file meanwhile must not append to it (the ingester is
+    reading it and will delete it): the inode check sends it to a new file."""
+    path = tmp_path / "codex.jsonl"
+    path.write_bytes(b"")
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the ingester's lock
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import shim; "
+            "shim.spool_write(sys.argv[2], 'codex', b'{\"id\":\"late\"}\\n')")
+    writer = subprocess.Popen([sys.executable, "-S", "-E", "-c", code, str(Path(SHIM).parent),
+                               str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not any(os.path.realpath(f"/proc/{writer.pid}/fd/{n}") == str(path)
+                      for n in _fds(writer.pid)):  # the writer has the old file open
+            assert time.monotonic() < deadline and writer.poll() is None
+            time.sleep(0.01)
+        taken = tmp_path / "codex.jsonl.ingesting-1"
+        os.rename(path, taken)
+        path.write_bytes(b"")  # another shim made the next file meanwhile
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    assert writer.wait(60) == 0
+    assert taken.read_bytes() == b""
+    assert path.read_bytes() == b'{"id":"late"}\n'
+
+
+def _fds(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return []
+
+
+def test_concurrent_shims_and_an_ingester_lose_and_tear_nothing(tmp_path):
+    """Eight writer processes append large lines (past the pipe-atomic size)
+    while this process ingests as the contract says (lock, rename, unlock,
+    read): every line arrives once and whole."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import shim\n"
+            "for i in range(40):\n"
+            "    shim.spool_write(sys.argv[2], 'codex', shim.spool_line("
+            "f'{sys.argv[3]}-{i}', 'codex', b'{\"pad\": \"' + b'x' * 200000 + b'\"}', 1))\n")
+    writers = [subprocess.Popen([sys.executable, "-S", "-E", "-c", code,
+                                 str(Path(SHIM).parent), str(tmp_path), f"w{w}"])
+               for w in range(8)]
+    lines: list[bytes] = []
+    path = tmp_path / "codex.jsonl"
+    n = 0
+    while True:
+        done = all(w.poll() is not None for w in writers)
+        if path.exists():
+            fd = os.open(path, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            taken = tmp_path / f"codex.jsonl.ingesting-{n}"
+            os.rename(path, taken)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            lines += taken.read_bytes().splitlines(keepends=True)
+            taken.unlink()
+            n += 1
+        if done and not path.exists():
+            break
+        time.sleep(0.005)
+    assert all(w.returncode == 0 for w in writers)
+    ids = [json.loads(line)["id"] for line in lines]  # a torn line fails to parse here
+    assert sorted(ids) == sorted(f"w{w}-{i}" for w in range(8) for i in range(40))
+    assert n > 1  # the ingester did take the file away while writers ran
+
+
+def test_hook_dispatch_skips_trio_and_argparse(tmp_path):
+    code = ("import sys; from supervisor.cli import main; "
+            "rc = main(['hook', 'codex', '--daemon', 'http://127.0.0.1:9', '--spool', "
+            "sys.argv[1]]); "
+            "bad = sorted({'trio', 'httpx', 'argparse', 'supervisor.config'} & set(sys.modules)); "
+            "print(rc, bad)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], input=b"{}",
+                         capture_output=True, timeout=60)
+    assert out.stdout.decode().split("\n")[0] == "0 []", out.stderr.decode()
