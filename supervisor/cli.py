@@ -87,7 +87,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if (refused := _apply_env_file(args)) is not None:
         return refused
     cfg, bridges, problems = _load()
-    from .statelock import StateDirBusy, hold
+    from .sessionlog.statelock import StateDirBusy, hold
 
     def busy(e: StateDirBusy) -> str:
         who = f"aep-bridges pid {e.pid}" if e.pid else "another aep-bridges"

@@ -36,9 +36,9 @@ from .jetstream.config import NatsConfig, file_problems
 from .jetstream.config import from_env as nats_from_env
 from .relay.buffer import ENTRY_OVERHEAD
 from .relay.core import normalize_origin
-from .retention import SETTINGS as RETENTION_SETTINGS
-from .retention import RetentionPolicy
-from .spares import SPARE_DIR, give_back
+from .sessionlog.retention import SETTINGS as RETENTION_SETTINGS
+from .sessionlog.retention import RetentionPolicy
+from .sessionlog.spares import SPARE_DIR, give_back
 
 log = logging.getLogger("aep.config")
 

@@ -37,8 +37,8 @@ from bridges.core.ledger import CommandLedger
 
 from .config import Config
 from .metrics import Metrics
-from .retention import RetainingSessionLog
-from .spares import SPARE_DIR, SpareFiles
+from .sessionlog.retention import RetainingSessionLog
+from .sessionlog.spares import SPARE_DIR, SpareFiles
 
 if TYPE_CHECKING:
     from .jetstream.sink import JetStreamSink
