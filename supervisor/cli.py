@@ -7,9 +7,9 @@
   tee an editor runs as its agent command (:mod:`bridges.acp.tee`); exits
   with the agent's status.
 - ``aep-bridges tail``: follow an AEP endpoint as a human timeline
-  (:mod:`supervisor.tail`).
+  (:mod:`supervisor.tools.tail`).
 - ``aep-bridges service install [--systemd|--launchd]``: write the service
-  unit for this install (:mod:`supervisor.install`).
+  unit for this install (:mod:`supervisor.tools.install`).
 
 Bad configuration is refused before anything binds: one line per problem on
 stderr, exit status 2."""
@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 from . import config as config_mod
-from . import logs
+from .tools import logs
 
 
 def _refuse(problems: list[str]) -> int:
@@ -72,7 +72,7 @@ def _apply_env_file(args: argparse.Namespace) -> int | None:
     path = getattr(args, "env_file", None)
     if not path:
         return None
-    from .install import read_env_file
+    from .tools.install import read_env_file
     try:
         values = read_env_file(path)
     except (OSError, ValueError) as e:
@@ -181,7 +181,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _tail_parser(sub: Any) -> None:
-    from .tail import default_url
+    from .tools.tail import default_url
     tail = sub.add_parser("tail", help="follow an AEP endpoint's /stream as a human timeline")
     tail.add_argument("--url", default=None,
                       help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN;"
@@ -199,7 +199,7 @@ def _tail_parser(sub: Any) -> None:
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
-    from .tail import default_url, parse_filter, run
+    from .tools.tail import default_url, parse_filter, run
     try:
         flt = parse_filter(args.filter)
         from_ = args.from_
@@ -218,7 +218,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 def _cmd_service(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .install import default_manager, install
+    from .tools.install import default_manager, install
     # a --prefix install stages files for another root: this host's init says nothing
     manager = args.manager or (default_manager(systemd_booted=True) if args.prefix
                                else default_manager())

@@ -357,7 +357,7 @@ def _cors_origins(r: EnvReader) -> tuple[str, ...]:
 
 
 def _check_logging(r: EnvReader) -> None:
-    """``AEP_LOG_LEVEL`` / ``AEP_LOG_FORMAT`` (applied by :mod:`supervisor.logs`)."""
+    """``AEP_LOG_LEVEL`` / ``AEP_LOG_FORMAT`` (applied by :mod:`supervisor.tools.logs`)."""
     level = (r.text("AEP_LOG_LEVEL") or "info").strip().lower()
     if level not in LOG_LEVELS:
         r.problems.append(f"AEP_LOG_LEVEL={level!r}: expected one of {', '.join(LOG_LEVELS)}")

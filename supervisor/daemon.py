@@ -27,7 +27,7 @@ from bridges.core.bridge import Bridge
 from .config import Config
 from .fleet import Fleet
 from .http import health_app, serve_asgi
-from .notify import Notifier
+from .tools.notify import Notifier
 
 log = logging.getLogger("aep.daemon")
 

@@ -194,7 +194,8 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.sessionlog.retention": {"RetainingSessionLog", "RetentionPolicy", "REMOVALS_PER_STEP", "SETTINGS", "parse_age", "parse_size", "segment_name"},
     "supervisor.sessionlog.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE", "give_back"},
     "supervisor.sessionlog.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold"},
-    "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
+    "supervisor.tools": {"install", "logs", "notify", "tail"},
+    "supervisor.tools.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
     "supervisor.jetstream.publish": {"AckInbox", "LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
                                      "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "TooLarge",
                                      "await_leader", "ensure_stream", "message_for",
@@ -205,7 +206,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.recover": {"MARK_FILE", "MAX_FILE_BYTES", "candidate_files",
                                      "marker", "missing_lines", "read_mark", "recover",
                                      "write_mark"},
-    "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
+    "supervisor.tools.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 
 
