@@ -36,9 +36,9 @@ from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
 
 from .config import Config
-from .metrics import Metrics
 from .sessionlog.retention import RetainingSessionLog
 from .sessionlog.spares import SPARE_DIR, SpareFiles
+from .web.metrics import Metrics
 
 if TYPE_CHECKING:
     from .delivery.uplink import Uplink

@@ -72,12 +72,12 @@ def test_the_walker_sees_function_level_and_relative_imports():
            "from ..core import aep\n"
            "def f():\n"
            "    from supervisor.relay.core import Relay\n"
-           "    import supervisor.http\n"
+           "    import supervisor.web.http\n"
            "if False:\n"
            "    from .deep import thing\n")
     found = imported_modules(src, "bridges.otlp_in.bridge")
     assert {"os", "bridges.otlp_in.sibling", "bridges.core.aep", "supervisor.relay.core",
-            "supervisor.relay.core.Relay", "supervisor.http",
+            "supervisor.relay.core.Relay", "supervisor.web.http",
             "bridges.otlp_in.deep.thing"} <= found
     assert "bridges.x.y" in imported_modules("from .y import z\n", "bridges.x", is_package=True)
 
@@ -118,7 +118,7 @@ def test_importing_the_http_machinery_changes_nothing_in_hypercorn():
     builds, never by patching hypercorn for the whole process at import."""
     import hypercorn.protocol
     import hypercorn.trio.tcp_server as tcp
-    for name in ("bridges.core.http", "supervisor.relay.serve", "supervisor.http",
+    for name in ("bridges.core.http", "supervisor.relay.serve", "supervisor.web.http",
                  "supervisor.daemon", "bridges.otlp_in.bridge"):
         importlib.import_module(name)
     assert tcp.ProtocolWrapper is hypercorn.protocol.ProtocolWrapper
@@ -183,11 +183,12 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.buffer": {"SessionBuffers", "Entry", "Held", "Position", "BufKey",
                                 "ENTRY_OVERHEAD", "MiB", "same_event", "same_json", "AppendFault"},
     "supervisor.relay.capcheck": {"exceeds", "content_level"},
-    "supervisor.http": {"serve_asgi", "health_app"},
+    "supervisor.web": {"http", "metrics", "mounts", "health_app", "serve_asgi", "Metrics", "Mounts"},
+    "supervisor.web.http": {"serve_asgi", "health_app"},
     "supervisor.delivery": {"outbox", "uplink", "Entry", "Outbox"},
     "supervisor.delivery.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
                           "is_command"},
-    "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
+    "supervisor.web.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
     "supervisor.sessionlog": {"jsonlog", "retention", "spares", "statelock", "SessionLog",
                               "RetainingSessionLog", "RetentionPolicy", "SPARE_DIR", "SpareFiles",
                               "StateDirBusy", "StateLock"},

@@ -48,7 +48,7 @@ from prometheus_client.registry import Collector
 __all__ = ["Metrics", "FleetCollector", "PREFIX", "ACK_BUCKETS"]
 
 if TYPE_CHECKING:
-    from .fleet import Fleet
+    from ..fleet import Fleet
 
 PREFIX = "aep_bridges"
 
