@@ -3,8 +3,9 @@
 :class:`~.profile.SseProfile`): :mod:`.profile` (everything vendor-specific),
 :mod:`.config` (the ``AEP_<VENDOR>_*`` settings generated from a profile),
 :mod:`.frames` (one SSE payload -> a bus event, pure), :mod:`.mapping` (bus
-event -> emissions, pure), :mod:`.tracker` (the per-session state: runs,
-pairing, pending attention, control notes; pure), :mod:`.receiver` (the
+event -> emissions, pure), :mod:`.tracker` (the per-session logic: runs,
+pairing, pending attention, control notes, reconcile; pure) over
+:mod:`.sessions` (the per-session state and what survives a restart), :mod:`.receiver` (the
 stream, reconnects, reconcile: the I/O), :mod:`.control` (the
 :class:`~.control.ControlGate` controller), :mod:`.state` (the state file,
 re-exported from :mod:`bridges.core.statefile`) and :mod:`.bridge` (the
@@ -12,5 +13,5 @@ re-exported from :mod:`bridges.core.statefile`) and :mod:`.bridge` (the
 the modules listed here; this ``__init__`` imports none of them.
 """
 
-__all__ = ["bridge", "config", "control", "frames", "mapping", "profile", "receiver", "state",
-           "tracker"]
+__all__ = ["bridge", "config", "control", "frames", "mapping", "profile", "receiver", "sessions",
+           "state", "tracker"]
