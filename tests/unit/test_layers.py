@@ -268,7 +268,6 @@ MAX_LINES = 600
 PHASE_2_GIANTS = {"supervisor/jetstream/relay.py", "supervisor/relay/core.py",
                   "supervisor/relay/buffer.py", "supervisor/fleet.py", "bridges/acp/tee.py",
                   "bridges/openhands/receiver.py",
-                  "bridges/kimi_web/receiver.py",
                   "bridges/otlp_in/flatten.py"}
 
 
