@@ -267,8 +267,7 @@ MAX_LINES = 600
 #: as it is split: the test fails on a stale one.
 PHASE_2_GIANTS = {"supervisor/jetstream/relay.py", "supervisor/relay/core.py",
                   "supervisor/relay/buffer.py", "supervisor/fleet.py", "bridges/acp/tee.py",
-                  "bridges/openhands/receiver.py",
-                  "bridges/otlp_in/flatten.py"}
+                  "bridges/openhands/receiver.py"}
 
 
 def test_the_circle_finder_finds_circles():
