@@ -457,3 +457,9 @@ def test_each_package_lists_every_module():
     relay = {f"supervisor.relay.{p.stem}" for p in (ROOT / "supervisor" / "relay").glob("*.py")
              if p.stem != "__init__"}
     assert relay == {m for m in PUBLIC if m.startswith("supervisor.relay.")}
+    # the packages whose curated __init__ lists its modules (issue 26)
+    for package in ("supervisor.sessionlog", "supervisor.delivery", "supervisor.web",
+                    "supervisor.tools", "bridges.sse_common"):
+        folder = ROOT.joinpath(*package.split("."))
+        modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+        assert modules <= (_curated(package) or set()), f"{package}.__all__ misses a module"
