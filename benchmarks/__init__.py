@@ -12,8 +12,8 @@ async def fleet_log(nursery: trio.Nursery, root: Path):
     ``SessionLog`` under ``root`` whose new files are spares renamed into
     place, the spares kept by a task in ``nursery``; returns once the pool
     is full (the daemon fills it at start, before any event)."""
-    from supervisor.jsonlog import SessionLog
-    from supervisor.spares import SPARE_DIR, SpareFiles
+    from supervisor.sessionlog.jsonlog import SessionLog
+    from supervisor.sessionlog.spares import SPARE_DIR, SpareFiles
     log = SessionLog(root)
     log.spares = spares = SpareFiles(root / SPARE_DIR)
     await nursery.start(spares.keep)

@@ -6,7 +6,7 @@
    classification, ``(session, epoch, seq)`` dedupe, the pure mapping and
    the tracker's run/tool/ask state, envelope stamping with the capture
    gate) -> the relay channel -> the fleet's JSONL session log
-   (``supervisor.jsonlog.SessionLog`` with spare files, as the fleet runs it, + ``encode_line``, real files), in
+   (``supervisor.sessionlog.jsonlog.SessionLog`` with spare files, as the fleet runs it, + ``encode_line``, real files), in
    primary mode. The frames are the real ``kimi web`` 2.1.0 captures
    (``tests/fixtures/kimi_web_real``) replayed over many sessions with fresh
    session ids. The floor, measured in the same run: ``json.loads`` of the
@@ -50,7 +50,7 @@ from bridges.kimi_web.mapping import AGENT  # noqa: E402
 from bridges.kimi_web.receiver import Receiver  # noqa: E402
 from bridges.kimi_web.tracker import Tracker  # noqa: E402
 from supervisor.fleet import run_bridge  # noqa: E402
-from supervisor.jsonlog import encode_line  # noqa: E402
+from supervisor.sessionlog.jsonlog import encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "kimi_web_real"
 CAPTURES = ("approve", "approve_session", "reject", "abort_pending", "question", "question_dismiss")

@@ -5,7 +5,7 @@
    process: socket text frame -> ``Receiver.handle_raw`` (``json.loads``,
    vendor-id dedupe, the pure mapping, run/attention synthesis, envelope
    stamping with the capture gate) -> the relay channel -> the fleet's JSONL
-   session log (``supervisor.jsonlog.SessionLog`` with spare files, as the
+   session log (``supervisor.sessionlog.jsonlog.SessionLog`` with spare files, as the
    fleet runs it, + ``encode_line``, real
    files). The frames are the real agent server's captured sequences
    (``tests/fixtures/openhands_real``) replayed over many conversations with
@@ -53,7 +53,7 @@ from bridges.core.posture import Posture  # noqa: E402
 from bridges.openhands import from_env  # noqa: E402
 from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
 from supervisor.fleet import take_batch  # noqa: E402
-from supervisor.jsonlog import encode_line  # noqa: E402
+from supervisor.sessionlog.jsonlog import encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "openhands_real"
 CAPTURES = ("approve", "reject", "pause_resume", "interrupt", "idle_pause_and_409", "model_500", "chat")
@@ -85,7 +85,7 @@ def rss_mib() -> float:
 # --------------------------------------------------------------------------- throughput
 
 #: the spare files' counters over the last :func:`path_rate`'s timed part
-#: (``supervisor.spares.SpareFiles.counters``, end minus start)
+#: (``supervisor.sessionlog.spares.SpareFiles.counters``, end minus start)
 SPARES_SEEN: dict[str, int] = {}
 
 

@@ -10,7 +10,7 @@ section 7).
    bridge's own receiver (httpx + httpx-sse, ``parse_frame``, vendor-id
    dedupe, the tracker and pure mapping, envelope stamping with the capture
    gate) -> the relay channel -> the fleet's JSONL session log
-   (``supervisor.jsonlog`` with spare files, as the fleet runs it; real files), in primary mode. The floor, measured
+   (``supervisor.sessionlog.jsonlog`` with spare files, as the fleet runs it; real files), in primary mode. The floor, measured
    in the same run on the same stream (floor and path alternate, three
    rounds each, each figure the best of its rounds): httpx-sse parsing + ``json.loads`` of
    every frame + ``json.dumps`` of it, nothing else. Reported: frames/s and
@@ -63,7 +63,7 @@ from bridges.sse_common.bridge import SseBridge  # noqa: E402
 from bridges.sse_common.config import SseConfig  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
 from supervisor.fleet import take_batch  # noqa: E402
-from supervisor.jsonlog import encode_line  # noqa: E402
+from supervisor.sessionlog.jsonlog import encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures"
 END = "ses_benchmark_end"

@@ -7,9 +7,9 @@
   tee an editor runs as its agent command (:mod:`bridges.acp.tee`); exits
   with the agent's status.
 - ``aep-bridges tail``: follow an AEP endpoint as a human timeline
-  (:mod:`supervisor.tail`).
+  (:mod:`supervisor.tools.tail`).
 - ``aep-bridges service install [--systemd|--launchd]``: write the service
-  unit for this install (:mod:`supervisor.install`).
+  unit for this install (:mod:`supervisor.tools.install`).
 - ``aep-bridges hook <agent> ...``: the command shim a vendor runs per hook
   (:mod:`bridges.hooks_common.shim`); dispatched first, before this module
   imports anything heavy (it is on the agent's critical path).
@@ -78,7 +78,7 @@ def _apply_env_file(args: argparse.Namespace) -> int | None:
     path = getattr(args, "env_file", None)
     if not path:
         return None
-    from .install import read_env_file
+    from .tools.install import read_env_file
     try:
         values = read_env_file(path)
     except (OSError, ValueError) as e:
@@ -91,12 +91,12 @@ def _apply_env_file(args: argparse.Namespace) -> int | None:
 def _cmd_run(args: argparse.Namespace) -> int:
     import trio
 
-    from . import logs
+    from .tools import logs
     from .daemon import run_daemon
     if (refused := _apply_env_file(args)) is not None:
         return refused
     cfg, bridges, problems = _load()
-    from .statelock import StateDirBusy, hold
+    from .sessionlog.statelock import StateDirBusy, hold
 
     def busy(e: StateDirBusy) -> str:
         who = f"aep-bridges pid {e.pid}" if e.pid else "another aep-bridges"
@@ -133,7 +133,7 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
     import trio
 
-    from . import logs
+    from .tools import logs
     from .daemon import run_daemon
     cfg, _, problems = _load(relay_only=True)
     if problems:
@@ -198,7 +198,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _tail_parser(sub: Any) -> None:
-    from .tail import default_url
+    from .tools.tail import default_url
     tail = sub.add_parser("tail", help="follow an AEP endpoint's /stream as a human timeline")
     tail.add_argument("--url", default=None,
                       help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN;"
@@ -218,7 +218,7 @@ def _tail_parser(sub: Any) -> None:
 def _cmd_tail(args: argparse.Namespace) -> int:
     import json
 
-    from .tail import default_url, parse_filter, run
+    from .tools.tail import default_url, parse_filter, run
     try:
         flt = parse_filter(args.filter)
         from_ = args.from_
@@ -237,7 +237,7 @@ def _cmd_tail(args: argparse.Namespace) -> int:
 def _cmd_service(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .install import default_manager, install
+    from .tools.install import default_manager, install
     # a --prefix install stages files for another root: this host's init says nothing
     manager = args.manager or (default_manager(systemd_booted=True) if args.prefix
                                else default_manager())

@@ -36,9 +36,9 @@ from .jetstream.config import NatsConfig, file_problems
 from .jetstream.config import from_env as nats_from_env
 from .relay.buffer import ENTRY_OVERHEAD
 from .relay.core import normalize_origin
-from .retention import SETTINGS as RETENTION_SETTINGS
-from .retention import RetentionPolicy
-from .spares import SPARE_DIR, give_back
+from .sessionlog.retention import SETTINGS as RETENTION_SETTINGS
+from .sessionlog.retention import RetentionPolicy
+from .sessionlog.spares import SPARE_DIR, give_back
 
 log = logging.getLogger("aep.config")
 
@@ -362,7 +362,7 @@ def _cors_origins(r: EnvReader) -> tuple[str, ...]:
 
 
 def _check_logging(r: EnvReader) -> None:
-    """``AEP_LOG_LEVEL`` / ``AEP_LOG_FORMAT`` (applied by :mod:`supervisor.logs`)."""
+    """``AEP_LOG_LEVEL`` / ``AEP_LOG_FORMAT`` (applied by :mod:`supervisor.tools.logs`)."""
     level = (r.text("AEP_LOG_LEVEL") or "info").strip().lower()
     if level not in LOG_LEVELS:
         r.problems.append(f"AEP_LOG_LEVEL={level!r}: expected one of {', '.join(LOG_LEVELS)}")

@@ -26,8 +26,8 @@ from bridges.core.bridge import Bridge
 
 from .config import Config
 from .fleet import Fleet
-from .http import health_app, serve_asgi
-from .notify import Notifier
+from .tools.notify import Notifier
+from .web.http import health_app, serve_asgi
 
 log = logging.getLogger("aep.daemon")
 
@@ -170,7 +170,7 @@ async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
                       notifier: Notifier | None,
                       task_status: trio.TaskStatus[list[str]]) -> int:
     notifier = notifier or Notifier(cfg.environ)
-    from .mounts import Mounts
+    from .web.mounts import Mounts
     mounts = Mounts(cfg.token)  # bridge-served paths on AEP_LISTEN (the ACP tees)
     fleet = Fleet(cfg, bridges, relay=relay, mounts=mounts)
     stop_http = trio.Event()

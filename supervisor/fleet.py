@@ -36,15 +36,15 @@ from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
 
 from .config import Config
-from .metrics import Metrics
-from .retention import RetainingSessionLog
-from .spares import SPARE_DIR, SpareFiles
+from .sessionlog.retention import RetainingSessionLog
+from .sessionlog.spares import SPARE_DIR, SpareFiles
+from .web.metrics import Metrics
 
 if TYPE_CHECKING:
+    from .delivery.uplink import Uplink
     from .jetstream.sink import JetStreamSink
     from .relay.connections import LocalEmitter
     from .relay.core import Relay
-    from .uplink import Uplink
 
 log = logging.getLogger("aep.fleet")
 
@@ -321,7 +321,7 @@ class Fleet:
             conn = self.relay.attach_emitter(hello, self._inbox_deliver(m))
             sink = _RelaySink(conn)
         else:
-            from .uplink import Uplink
+            from .delivery.uplink import Uplink
             assert self.cfg.relay_url is not None  # no embedded relay: uplinking
             inbox: Any = _NotingInbox(m.inbox, self._note_arrival)
             m.uplink = Uplink(self.cfg.relay_url, self.cfg.token, hello, inbox)

@@ -11,7 +11,7 @@ bridges' state), :mod:`.statefile` (the bridges' journaled state document)
 and :mod:`.http` (serving sockets it is handed)."""
 
 __all__ = [
-    "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope", "errors",
+    "aep", "asgi", "backoff", "bridge", "captable", "cappolicy", "capture", "capwalk", "control", "envelope", "errors",
     "http", "ledger", "naming", "paths", "posture", "readers", "redaction", "settings",
     "statefile",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import (
@@ -26,14 +26,14 @@ from typing import (
     NamedTuple,
     NotRequired,
     Protocol,
-    Required,
     TypedDict,
     cast,
 )
 
 import trio
 
-from .envelope import Stamper
+from .envelope import Emission, Stamper
+from .envelope import Gating as Gating  # the emission's hints, here beside the Bridge shapes as before
 from .settings import Address
 
 if TYPE_CHECKING:
@@ -41,43 +41,6 @@ if TYPE_CHECKING:
 
 Envelope = dict[str, Any]
 """A stamped AEP envelope (AEP-0001 §5), as it goes on the relay channel."""
-
-
-class Gating(TypedDict, total=False):
-    """Hints for the capture gate (:func:`bridges.core.capture.gate`), read
-    by the stamper and never put on the wire: ``levels`` grades payload keys
-    a type's table does not (``{"summary": "redacted"}``); ``structural``
-    names keys kept at every level (a form's ``prompt``); ``form_fields``:
-    an AEP-0006 form's fields, for gating ``answer.values``; ``plain``
-    (``True``, beside a ``levels`` mapping only; ``False`` or beside
-    ``levels`` ``None`` is no claim): the emitter asserts its ``data`` is
-    a fresh dict of JSON scalars under ``str`` keys naming no key
-    ``levels`` declares (nor a prefix of one), so the gate of an
-    unregistered type would keep it as it is at ``metadata``: the
-    stamper's run path takes it without the copy
-    (:meth:`bridges.core.envelope.Stamper.stamp_run`; an OTLP recipe makes
-    the claim, :meth:`bridges.otlp_in.profiles.Profile.recipes`)."""
-
-    levels: Mapping[str, str]
-    structural: Collection[str]
-    form_fields: object
-    plain: bool
-
-
-class Emission(TypedDict):
-    """One mapped moment, shaped like a mapping pin's ``expected`` object:
-    ``type`` (required: the key the capture gate and the stamper gate by,
-    :func:`bridges.core.capture.gate`), and optionally ``data`` (the payload,
-    JSON-shaped, gated to the type's ceiling), ``subject``, ``step``,
-    ``severity`` (overrides the type's default) and ``gating`` (the gate's
-    hints, :class:`Gating`; not emitted)."""
-
-    type: Required[str]
-    data: NotRequired[dict[str, Any]]
-    subject: NotRequired[str]
-    step: NotRequired[str]
-    severity: NotRequired[str]
-    gating: NotRequired[Gating]
 
 
 class ControlDeclaration(TypedDict):

@@ -38,9 +38,10 @@ needs (route, body, the answer as applied) into an immutable plan object;
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
-from .ledger import ACK_WINDOW_MS, Refuse, Unreachable, WriteResult
+from .aep import ACK_WINDOW_MS, NACK_REASONS
 
 __all__ = ["ACK_WINDOW_MS", "Command", "Controller", "Refuse", "Unreachable", "Undo",
            "WriteResult"]
@@ -95,3 +96,40 @@ class Controller(Protocol[PlanT]):
         :class:`Unreachable` when the vendor cannot be reached,
         :class:`Refuse` for a vendor-side refusal."""
         ...
+
+
+class Refuse(Exception):
+    """Raised by a controller's ``check`` (or ``note``, ``perform``) to refuse a command.
+
+    ``reason``: one of ``unsupported``, ``unauthorized``, ``busy``,
+    ``refused``, ``invalid`` (``schemas/registry/nack-reasons.json``;
+    anything else raises ``ValueError``); ``detail``: human text,
+    capture-gated (``redacted``) by the stamper."""
+
+    def __init__(self, reason: str, detail: str | None = None) -> None:
+        if reason not in NACK_REASONS:
+            raise ValueError(f"nack reason {reason!r} not in {NACK_REASONS}")
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class Unreachable(Exception):
+    """Raised by a controller's ``perform`` when the vendor could not be reached
+    (connect error, reset, timeout); the ledger acks ``busy``. The message
+    becomes the (capture-gated) ``detail``: never put a secret in it."""
+
+
+@dataclass
+class WriteResult:
+    """What a bridge's REST write returned: the HTTP ``status`` and a short
+    ``detail`` (the vendor's error text; capture-gated before it leaves).
+
+    ``after_ack``: an outcome to emit once the command's ``control.accepted``
+    ack is out (only for a 2xx; never for a rejected command): right after
+    an in-guard ack, or, for a write that outlived the guard, as soon as it
+    returns (the ack having gone out already)."""
+
+    status: int
+    detail: str | None = None
+    after_ack: Callable[[], Awaitable[None]] | None = None

@@ -11,19 +11,55 @@ import os
 import re
 import socket
 import time as _time
+from collections.abc import Collection
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence
+from typing import Any, Generator, Mapping, NotRequired, Required, Sequence, TypedDict
 from urllib.parse import quote
 
 from . import capture as _capture
 from .aep import AEP_VERSION, SEVERITY_RANK, scrub_surrogates
 from .paths import write_atomic
 
-if TYPE_CHECKING:
-    from .bridge import Emission
-
 log = logging.getLogger("aep.core.envelope")
+
+
+class Gating(TypedDict, total=False):
+    """Hints for the capture gate (:func:`bridges.core.capture.gate`), read
+    by the stamper and never put on the wire: ``levels`` grades payload keys
+    a type's table does not (``{"summary": "redacted"}``); ``structural``
+    names keys kept at every level (a form's ``prompt``); ``form_fields``:
+    an AEP-0006 form's fields, for gating ``answer.values``; ``plain``
+    (``True``, beside a ``levels`` mapping only; ``False`` or beside
+    ``levels`` ``None`` is no claim): the emitter asserts its ``data`` is
+    a fresh dict of JSON scalars under ``str`` keys naming no key
+    ``levels`` declares (nor a prefix of one), so the gate of an
+    unregistered type would keep it as it is at ``metadata``: the
+    stamper's run path takes it without the copy
+    (:meth:`bridges.core.envelope.Stamper.stamp_run`; an OTLP recipe makes
+    the claim, :meth:`bridges.otlp_in.profiles.Profile.recipes`)."""
+
+    levels: Mapping[str, str]
+    structural: Collection[str]
+    form_fields: object
+    plain: bool
+
+
+class Emission(TypedDict):
+    """One mapped moment, shaped like a mapping pin's ``expected`` object:
+    ``type`` (required: the key the capture gate and the stamper gate by,
+    :func:`bridges.core.capture.gate`), and optionally ``data`` (the payload,
+    JSON-shaped, gated to the type's ceiling), ``subject``, ``step``,
+    ``severity`` (overrides the type's default) and ``gating`` (the gate's
+    hints, :class:`Gating`; not emitted)."""
+
+    type: Required[str]
+    data: NotRequired[dict[str, Any]]
+    subject: NotRequired[str]
+    step: NotRequired[str]
+    severity: NotRequired[str]
+    gating: NotRequired[Gating]
+
 
 # Default severity per type where AEP-0002 recommends one; the emission's own
 # ``severity`` wins. Everything else is ``info`` (omitted on the wire).

@@ -46,15 +46,16 @@ import logging
 from collections import OrderedDict
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
-from .aep import ACK_WINDOW_MS, NACK_REASONS
+from .aep import ACK_WINDOW_MS
+from .control import Command, Controller, Refuse, Unreachable
+from .control import WriteResult as WriteResult  # where the controllers and tests have always found it
 
 if TYPE_CHECKING:
     from .bridge import BridgeContext, ControlDeclaration, Emission, Envelope
-    from .control import Command, Controller
 
 log = logging.getLogger("aep.core.ledger")
 
@@ -62,43 +63,6 @@ log = logging.getLogger("aep.core.ledger")
 DETAIL_MAX = 500
 """Characters kept of a nack ``detail`` (a vendor error page can be large);
 the stamper's capture gate decides whether it leaves at all (``redacted``)."""
-
-
-class Refuse(Exception):
-    """Raised by a controller's ``check`` (or ``note``, ``perform``) to refuse a command.
-
-    ``reason``: one of ``unsupported``, ``unauthorized``, ``busy``,
-    ``refused``, ``invalid`` (``schemas/registry/nack-reasons.json``;
-    anything else raises ``ValueError``); ``detail``: human text,
-    capture-gated (``redacted``) by the stamper."""
-
-    def __init__(self, reason: str, detail: str | None = None) -> None:
-        if reason not in NACK_REASONS:
-            raise ValueError(f"nack reason {reason!r} not in {NACK_REASONS}")
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
-
-
-class Unreachable(Exception):
-    """Raised by a controller's ``perform`` when the vendor could not be reached
-    (connect error, reset, timeout); the ledger acks ``busy``. The message
-    becomes the (capture-gated) ``detail``: never put a secret in it."""
-
-
-@dataclass
-class WriteResult:
-    """What a bridge's REST write returned: the HTTP ``status`` and a short
-    ``detail`` (the vendor's error text; capture-gated before it leaves).
-
-    ``after_ack``: an outcome to emit once the command's ``control.accepted``
-    ack is out (only for a 2xx; never for a rejected command): right after
-    an in-guard ack, or, for a write that outlived the guard, as soon as it
-    returns (the ack having gone out already)."""
-
-    status: int
-    detail: str | None = None
-    after_ack: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass

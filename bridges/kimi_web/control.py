@@ -38,7 +38,8 @@ from typing import Any, Callable
 from bridges.core.control import Refuse, WriteResult
 
 from . import mapping as M
-from .receiver import AuthRefused, Receiver, VendorError, seg
+from .receiver import AuthRefused, Receiver, VendorError
+from .rest import seg
 from .tracker import SessionState
 
 RESPOND = "control.attention.respond"

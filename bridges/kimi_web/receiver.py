@@ -30,12 +30,8 @@ web channel"); the 2.1.0 drifts: ``tests/fixtures/kimi_web_real/README.md``.
   ack) rebuilds from REST (:meth:`Tracker.resync`). Sessions subscribed
   without a cursor that are busy or waiting on an interaction are rebuilt
   too, so a run or an ask that predates the attach is seen.
-- **State** persists (atomic JSON) under
-  ``{AEP_STATE_DIR}/kimi_web/<home-or-url hash>.json``: a restarted daemon
-  resumes by cursor.
-- **REST**: ``{code, msg, data}`` envelopes; a non-zero ``code`` (2.1.0
-  answers HTTP 200 with e.g. 40401) is :class:`VendorError`; 401 is
-  :class:`AuthRefused`; transport failures are :class:`Unreachable`.
+- **State** and **REST**: :mod:`bridges.kimi_web.rest` (the receiver's base,
+  :class:`~bridges.kimi_web.rest.VendorRest`).
 
 Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 ``frames_malformed``, ``frames_volatile``, ``frames_global``,
@@ -54,14 +50,9 @@ the tracker's (:mod:`bridges.kimi_web.tracker`): ``frames_duplicate``,
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
-import urllib.parse
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -75,6 +66,7 @@ from bridges.core.ledger import Unreachable
 from . import discovery
 from . import mapping as M
 from .config import KimiWebConfig
+from .rest import AuthRefused, VendorError, VendorRest, state_path
 from .tracker import GLOBAL, Out, Tracker
 
 log = logging.getLogger("aep.bridge.kimi_web")
@@ -85,8 +77,6 @@ DEFAULT_HEARTBEAT_S = 10.0
 HELLO_TIMEOUT = 10.0
 REST_TIMEOUT = 10.0
 MAX_FRAME = 16 * 1024 * 1024
-MAX_PAGES = 50
-MAX_SESSIONS = 10_000
 MAX_HELD = 2000
 #: bytes of frames held for one session between its subscribe and the ack,
 #: and for all sessions together (frames are up to :data:`MAX_FRAME`)
@@ -96,7 +86,6 @@ MAX_HELD_BYTES, MAX_HELD_TOTAL = 32 * 1024 * 1024, 64 * 1024 * 1024
 #: unsubscribed and forgotten (``sessions_evicted``); when none can be, the
 #: new one is not subscribed (``sessions_wake_refused``)
 MAX_WOKEN = 500
-FLUSH_EVERY = 1.0
 BACKOFF_INITIAL, BACKOFF_CAP = 0.5, 30.0
 #: an attachment that stayed up this long resets the backoff (one that the
 #: server accepts and drops at once keeps backing off)
@@ -106,51 +95,11 @@ HEARTBEAT_MIN_S, HEARTBEAT_MAX_S = 1.0, 300.0
 CLIENT_ID = "aep-bridges"
 
 
-class VendorError(Exception):
-    """A ``{code, msg}`` envelope with a non-zero code (or a non-JSON
-    answer: code ``0`` and the HTTP status in ``msg``)."""
-
-    def __init__(self, code: int, msg: str, data: Any = None) -> None:
-        super().__init__(f"{code}: {msg}")
-        self.code, self.msg, self.data = code, msg, data
-
-
-class AuthRefused(Exception):
-    """The server refused the token (REST 401/403, WS upgrade 401/403)."""
-
-
 class Silent(Exception):
     """No frame for :data:`SILENT_HEARTBEATS` heartbeats."""
 
 
-def envelope(r: httpx.Response) -> Any:
-    """The ``data`` of a kap-server answer. Raises :class:`AuthRefused`,
-    :class:`VendorError`."""
-    if r.status_code in (401, 403):
-        raise AuthRefused(f"HTTP {r.status_code}")
-    try:
-        body = r.json()
-    except ValueError:
-        raise VendorError(0, f"HTTP {r.status_code}: not JSON") from None
-    if not isinstance(body, dict) or not isinstance(body.get("code"), int):
-        raise VendorError(0, f"HTTP {r.status_code}: not a {{code,msg,data}} envelope")
-    if body["code"] != 0:
-        msg = body.get("msg")
-        raise VendorError(body["code"], msg[:300] if isinstance(msg, str) else "", body.get("data"))
-    if r.status_code >= 300:
-        raise VendorError(0, f"HTTP {r.status_code}")
-    return body.get("data")
-
-
-def state_path(config: KimiWebConfig) -> Path | None:
-    if config.state_dir is None:
-        return None
-    key = config.url or str(Path(config.home).expanduser().resolve())
-    h = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return Path(config.state_dir) / "kimi_web" / f"{h}.json"
-
-
-class Receiver:
+class Receiver(VendorRest):
     """One bridge run's receiver (see the module docstring). ``tracker``
     holds the mapping state; ``ctx`` is the bridge context; ``client`` the
     REST client (its own when ``None``)."""
@@ -190,99 +139,6 @@ class Receiver:
         #: what the state file restored as open, re-announced at the first
         #: attach of this run (a restarted daemon's fresh relay learns the claims)
         self._reannounce = tracker.open_envelopes()
-
-    # -- state file -------------------------------------------------------------
-    def _restore(self) -> None:
-        p = self._state_path
-        if p is None or not p.is_file():
-            return
-        try:
-            self.tracker.load(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            self.ctx.health.count("state_read_errors")
-
-    def flush_state(self) -> None:
-        p = self._state_path
-        if p is None or not self.tracker.dirty:
-            return
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".kimi-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.tracker.dump(), f)
-            os.replace(tmp, p)
-            self.tracker.dirty = False
-        except OSError:
-            self.ctx.health.count("state_write_errors")
-
-    # -- REST ------------------------------------------------------------------------
-    async def request(self, method: str, path: str, body: Any = None) -> Any:
-        """One REST call against the current endpoint (``path`` under
-        ``/api/v1``); the ``data``. A 401 re-resolves the token once (a
-        rotation) and retries, on the same server only: a write refused by
-        one kimi web is never resent to another (its sessions are its
-        own). Raises :class:`VendorError`,
-        :class:`AuthRefused`, :class:`bridges.core.ledger.Unreachable`."""
-        assert self._client is not None
-        for attempt in (0, 1):
-            ep = self.endpoint
-            if ep is None:
-                raise Unreachable("kimi web is not attached")
-            try:
-                r = await self._client.request(method, ep.url + "/api/v1" + path, json=body,
-                                               headers={"authorization": f"Bearer {ep.token}"})
-            except (httpx.TransportError, OSError):
-                raise Unreachable("kimi web unreachable") from None
-            try:
-                return envelope(r)
-            except AuthRefused:
-                # compared with the token this request carried: a reattach may
-                # have adopted the rotated one while the request was in flight;
-                # and with its server: the run loop may have moved to another
-                if attempt == 0:
-                    self._refresh_endpoint()
-                    if self._token_moved(ep):
-                        continue
-                raise
-
-    def _token_moved(self, sent: discovery.Endpoint) -> bool:
-        """The current endpoint is the same server as ``sent`` with another token."""
-        now = self.endpoint
-        return now is not None and now.key == sent.key and now.token != sent.token
-
-    def _refresh_endpoint(self) -> None:
-        """Re-resolve: a rotated token of the current server is adopted
-        (another server is left to the run loop's reattach)."""
-        try:
-            ep = discovery.resolve(self.config)
-        except discovery.NotFound:
-            return
-        if self.endpoint is None or ep.key == self.endpoint.key:
-            self.endpoint = ep
-
-    async def list_sessions(self) -> tuple[list[dict[str, Any]], bool]:
-        """Every session (``GET /sessions``, paged by ``before_id``) and
-        whether the listing is complete (not cut at :data:`MAX_PAGES` /
-        :data:`MAX_SESSIONS`)."""
-        items: list[dict[str, Any]] = []
-        before = None
-        complete = False
-        for _ in range(MAX_PAGES):
-            q = "?page_size=100" + (f"&before_id={seg(before)}" if before else "")
-            data = await self.request("GET", "/sessions" + q)
-            raw = M.obj(data).get("items")
-            page = [i for i in raw if isinstance(i, dict) and isinstance(i.get("id"), str)] \
-                if isinstance(raw, list) else []
-            items += page
-            if not (isinstance(data, dict) and data.get("has_more") is True and page):
-                complete = True
-                break
-            if len(items) >= MAX_SESSIONS:
-                break
-            before = page[-1]["id"]
-        if not complete:
-            self.ctx.health.count("sessions_list_capped")
-        return items[:MAX_SESSIONS], complete and len(items) <= MAX_SESSIONS
 
     # -- the loop ----------------------------------------------------------------------
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -356,11 +212,6 @@ class Receiver:
             health.source, health.detail = False, f"kimi web: {type(e).__name__}"
         was = self.attached.is_set()
         return "ok" if was else "failed"
-
-    async def _flusher(self) -> None:
-        while True:
-            await trio.sleep(FLUSH_EVERY)
-            self.flush_state()
 
     def _adopt_secret(self, token: str) -> None:
         """A discovered token is a secret value like ``AEP_KIMI_WEB_TOKEN``:
@@ -693,59 +544,6 @@ class Receiver:
             self._drop_held(sid)
             nursery.start_soon(self._resync, sid, cursors.get(sid))
 
-    async def _check_exists(self, sid: str) -> None:
-        """A ``not_found`` at subscribe: gone (40401) closes the session's
-        state; existing makes it dormant until a frame names it."""
-        try:
-            await self.request("GET", f"/sessions/{seg(sid)}")
-        except VendorError as e:
-            if e.code == 40401:
-                await self._emit(self.tracker.gone(sid))
-            return
-        except (Unreachable, AuthRefused):
-            return
-        if sid in self.subscribed or not self._follows(sid):
-            return  # subscribed again, or evicted, meanwhile
-        if sid in self.tracker.sessions and self.tracker.sessions[sid].cursor is not None:
-            # a session we were following (the server restarted): a REST read
-            # of its prompts loads it on the server, then the subscription by
-            # cursor replays, and a rebuild closes what the restart cut off
-            try:
-                await self.request("GET", f"/sessions/{seg(sid)}/prompts")
-            except (VendorError, Unreachable, AuthRefused):
-                self.ctx.health.count("rest_errors")
-            else:
-                self._no_cursor.add(sid)
-                await self.subscribe([sid])
-                return
-        self.dormant.add(sid)
-        self.ctx.health.count("sessions_dormant")
-
-    async def _resync(self, sid: str, cursor: Any) -> None:
-        """Rebuild ``sid`` from REST (see :meth:`Tracker.resync`)."""
-        snap: dict[str, Any] = {}
-        try:
-            snap["session"] = await self.request("GET", f"/sessions/{seg(sid)}")
-            snap["prompts"] = await self.request("GET", f"/sessions/{seg(sid)}/prompts")
-            a = await self.request("GET", f"/sessions/{seg(sid)}/approvals?status=pending")
-            snap["approvals"] = M.obj(a).get("items")
-            q = await self.request("GET", f"/sessions/{seg(sid)}/questions?status=pending")
-            snap["questions"] = M.obj(q).get("items")
-        except VendorError as e:
-            if e.code == 40401:
-                await self._emit(self.tracker.gone(sid))
-                return
-            self.ctx.health.count("rest_errors")
-        except (Unreachable, AuthRefused):
-            self.ctx.health.count("rest_errors")
-            return
-        if not self._follows(sid):
-            return  # evicted while the rebuild read REST
-        if isinstance(cursor, dict) and isinstance(cursor.get("seq"), int) and isinstance(cursor.get("epoch"), str):
-            st = self.tracker.session(sid)
-            st.epoch, st.seq = cursor["epoch"], cursor["seq"]
-        await self._emit(self.tracker.resync(sid, snap))
-
     async def _emit(self, outs: list[Out]) -> None:
         prev: dict[str, Any] | None = None
         for o in outs:
@@ -772,13 +570,6 @@ _BAD = object()
 def _seq_of(frame: dict[str, Any]) -> int:
     seq = frame.get("seq")
     return seq if isinstance(seq, int) else 0
-
-
-def seg(vendor_id: str) -> str:
-    """A vendor id (session, approval, prompt) as one URL path segment or
-    query value: percent-quoted, ``/``, ``?``, ``#`` and ``..`` included, so
-    an id can never reach another route."""
-    return urllib.parse.quote(vendor_id, safe="")
 
 
 def heartbeat_s(hb: object) -> float:

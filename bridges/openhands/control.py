@@ -45,7 +45,8 @@ from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, Write
 
 from . import mapping as M
 from .config import OpenHandsConfig
-from .receiver import Conversation, Receiver, Settling
+from .conversation import Settling
+from .receiver import Conversation, Receiver
 
 log = logging.getLogger("aep.bridge.openhands.control")
 

@@ -1,5 +1,10 @@
 """The OpenHands receiver: discovery, one observer socket per conversation,
-run synthesis and the attention loop (receiver state).
+run synthesis and the attention loop (receiver state). Issue 26 split it
+along its seams: the discovery loop is :mod:`bridges.openhands.discovery`,
+the per-conversation state :mod:`bridges.openhands.conversation`, the state
+document :mod:`bridges.openhands.store` (the first and last are the
+:class:`Receiver`'s bases); the sockets, run synthesis and the attention
+loop stay here.
 
 Design record: ``shared/aep/docs/bridge-openhands-design.md`` ("Attach
 shape", "Identity", "Run synthesis", "The attention loop", "Timestamps",
@@ -56,14 +61,10 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import re
 import urllib.parse
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
+from datetime import datetime
 from typing import Any, Callable
 
 import httpx
@@ -79,17 +80,12 @@ from bridges.core.statefile import StateFile, state_path
 
 from . import mapping as M
 from .config import OpenHandsConfig
+from .conversation import Conversation, _parse_ts
+from .discovery import MAX_BACKOFF, AuthRefused, Discovery, _why
+from .store import ConversationStore, _server_key
 
 log = logging.getLogger("aep.bridge.openhands")
 
-SEEN_IDS = 128
-"""Recent vendor event ids remembered per conversation (the dedupe window:
-the ``since`` overlap and live/replay interleaving are a handful of events)."""
-MAX_PAGES = 100
-"""Search pages read per poll (100 conversations each); a server that pages
-beyond it is counted (``search_pages_capped``) and nothing is detached."""
-MAX_CONVERSATIONS = 10_000
-MAX_BACKOFF = 60.0
 SNAPSHOT_QUIET = 0.5
 """Seconds of socket silence after which a held connect snapshot applies
 when the replay's end is unknown (the REST read of the newest event failed)."""
@@ -110,22 +106,9 @@ the time on a loopback server). A handshake holds its slot for at most
 CLOSE_TIMEOUT = 2.0
 """Seconds the close handshake of a socket may take before it is dropped."""
 MAX_FRAME = 16 * 1024 * 1024
-FLUSH_EVERY = 1.0
-STATE_LINGER = 0.05
-"""Seconds a queued state write waits for more changes (a replay's burst
-of frames and status changes becomes one write per conversation); the
-window a crash can lose, beside the relay channel's own."""
 FRAME_DEADLINE = 10.0
 """Seconds one frame's emissions may wait for room on the relay channel."""
-STATE_VERSION = 1
-_STATE_NAME = re.compile(r"[0-9A-Za-z-]+")
-"""A conversation id as the old layout named its file (:meth:`Receiver._migrate`)."""
-_LEFTOVER = re.compile(r"\.[0-9A-Za-z-]+\.json\..+")
-"""A temporary file the old layout's atomic write left behind in a crash."""
 
-
-class AuthRefused(Exception):
-    """The server refused the session API key (REST 401/403, socket 4001)."""
 
 
 class Gone(Exception):
@@ -153,131 +136,6 @@ def _frame_json(raw: str | bytes) -> Any:
         return json.loads(raw)
 
 
-def _parse_ts(value: Any) -> datetime | None:
-    """A vendor timestamp as a comparable naive datetime (aware ones are
-    converted to naive UTC), or ``None``. A frame's timestamp is compared
-    again as the anchor, the held snapshot's and the last status's time:
-    parsed once, then memoized (:func:`_parse_text`)."""
-    if not isinstance(value, str) or not value:
-        return None
-    return _parse_text(value)
-
-
-@functools.lru_cache(maxsize=256)
-def _parse_text(value: str) -> datetime | None:
-    """:func:`_parse_ts` of a non-empty string, memoized (a pure function of
-    the text: equal by a property test; 256 recent timestamps, a fixed
-    ~60 KiB at most, not per conversation)."""
-    try:
-        dt = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    if dt.tzinfo is not None:
-        dt = dt.astimezone(timezone.utc).replace(tzinfo=None)
-    return dt
-
-
-@dataclass
-class Settling:
-    """A ``control.attention.respond`` in flight: when the status leaves
-    ``waiting_for_confirmation`` the answer and the resolution are emitted
-    cause-linked to ``cmd_id``."""
-
-    cmd_id: str
-    answer: dict[str, Any]
-
-
-@dataclass(slots=True)
-class Conversation:
-    """Per-conversation receiver state (bounded: a few scalars and a ring
-    of :data:`SEEN_IDS` ids). Slotted: a thousand attached conversations
-    carry no per-instance ``__dict__``."""
-
-    id: str
-    status: str | None = None
-    status_ts: str | None = None
-    run_n: int = 0
-    run_id: str | None = None
-    attention_id: str | None = None
-    anchor: str | None = None
-    started: bool = False
-    ended: bool = False
-    #: the recent vendor ids, oldest first (a plain dict as an ordered set:
-    #: a third smaller than an ``OrderedDict`` when the ring is full)
-    seen: dict[str, None] = field(default_factory=dict)
-    #: the stamped ``run.started`` / ``attention.requested`` still open
-    #: (re-announced after a daemon restart, :meth:`BridgeContext.reannounce`)
-    run_envelope: dict[str, Any] | None = None
-    attention_envelope: dict[str, Any] | None = None
-    # runtime only
-    reannounce_due: bool = False
-    pending_snap: tuple[str | None, str, str | None] | None = None  # (vendor ts, status, envelope id)
-    #: the newest persisted event id when the snapshot came (REST), "" when
-    #: there is none, None when unknown: the held snapshot applies once the
-    #: replay has delivered it (the replay is then past the snapshot)
-    replay_marker: str | None = None
-    marker_due: bool = False
-    notes: dict[str, str] = field(default_factory=dict)  # pause/resume/interrupt -> cmd id
-    settling: Settling | None = None
-    attention_t0: float | None = None
-    frames_in_conn: int = 0
-    in_frame: bool = False  # handle_raw has a frame in hand
-    frame_deadline: float | None = None  # set at the frame's first wait for channel room
-    dirty: bool = False
-    last_flush: float = 0.0
-    scope: trio.CancelScope | None = None  # the current connection attempt's (its nursery's)
-    #: the task ended or is being stopped (:meth:`Receiver._detach`)
-    detached: bool = False
-    #: set when the task ends; made only when :meth:`Receiver._detach` waits
-    #: for it (an Event per idle conversation costs ~0.2 KiB)
-    done: trio.Event | None = None
-
-    def remember(self, eid: str) -> bool:
-        """Record a vendor id; ``False`` when it was already seen."""
-        if eid in self.seen:
-            return False
-        seen = self.seen
-        seen[eid] = None
-        while len(seen) > SEEN_IDS:
-            del seen[next(iter(seen))]
-        return True
-
-    def persisted(self) -> dict[str, Any]:
-        return {"v": STATE_VERSION, "id": self.id, "status": self.status, "status_ts": self.status_ts,
-                "run_n": self.run_n, "run_id": self.run_id, "attention_id": self.attention_id,
-                "anchor": self.anchor, "started": self.started, "ended": self.ended,
-                "seen": list(self.seen)[-32:],
-                "run_envelope": self.run_envelope if self.run_id else None,
-                "attention_envelope": self.attention_envelope if self.attention_id else None}
-
-    @classmethod
-    def restore(cls, body: object, cid: str) -> "Conversation":
-        c = cls(cid)
-        if not isinstance(body, dict) or body.get("v") != STATE_VERSION or body.get("id") != cid:
-            return c
-
-        def s(k: str) -> str | None:
-            v = body.get(k)
-            return v if isinstance(v, str) and v else None
-        c.status, c.status_ts, c.run_id = s("status"), s("status_ts"), s("run_id")
-        c.attention_id, c.anchor = s("attention_id"), s("anchor")
-        c.run_n = body["run_n"] if isinstance(body.get("run_n"), int) and body["run_n"] >= 0 else 0
-        c.started, c.ended = body.get("started") is True, body.get("ended") is True
-        for eid in body.get("seen") or []:
-            if isinstance(eid, str):
-                c.remember(eid)
-        run_env, ask_env = body.get("run_envelope"), body.get("attention_envelope")
-        if c.run_id and isinstance(run_env, dict) and run_env.get("run") == c.run_id:
-            c.run_envelope = run_env
-        if c.attention_id and isinstance(ask_env, dict) and ask_env.get("id") == c.attention_id:
-            c.attention_envelope = ask_env
-        c.reannounce_due = c.run_envelope is not None or c.attention_envelope is not None
-        return c
-
-    def open_envelopes(self) -> list[dict[str, Any]]:
-        """What is still open, as stamped (see :attr:`run_envelope`)."""
-        return [e for e in (self.run_envelope, self.attention_envelope) if e is not None]
-
 
 Settings = OpenHandsConfig
 """The receiver's configuration is the bridge's (:mod:`bridges.openhands.config`)."""
@@ -301,12 +159,8 @@ def rest_client(settings: Settings, **kw: Any) -> httpx.AsyncClient:
                              timeout=kw.pop("timeout", REST_TIMEOUT), trust_env=False, **kw)
 
 
-def _server_key(url: str) -> str:
-    p = urllib.parse.urlsplit(url)
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{p.hostname or 'server'}_{p.port or ''}").strip("_")
 
-
-class Receiver:
+class Receiver(Discovery, ConversationStore):
     """Runs discovery and the per-conversation sockets for one server.
 
     ``ctx``: the bridge's :class:`bridges.core.bridge.BridgeContext`;
@@ -386,102 +240,6 @@ class Receiver:
                 await self._discover_loop()
             finally:
                 self._nursery = None
-
-    async def _discover_loop(self) -> None:
-        failures = 0
-        while True:
-            try:
-                listed, complete = await self.search()
-            except AuthRefused:
-                self._auth_failed("REST API")
-                failures += 1
-            except (httpx.HTTPError, OSError, ValueError) as e:
-                failures += 1
-                self.ctx.health.count("search_errors")
-                self._source(False if isinstance(e, (httpx.TransportError, OSError)) else "degraded",
-                             f"conversation search failed: {type(e).__name__}")
-                if failures == 1 or failures % 10 == 0:  # once per episode, then a reminder
-                    log.warning("OpenHands conversation search at %s failed (%s); retrying with backoff"
-                                " (%d failures)", self.settings.url, _why(e), failures)
-            else:
-                if failures:
-                    log.info("OpenHands agent server at %s reachable", self.settings.url)
-                failures = 0
-                self._rest_refused = False
-                self._auth_logged.discard("REST API")
-                if not self._socket_refused:
-                    self._source(True)
-                    self.ctx.health.detail = None
-                await self._reconcile(listed, complete)
-            if failures:
-                delay = backoff_delay(failures - 1, 1.0, MAX_BACKOFF)
-            else:
-                delay = self.settings.poll
-            await trio.sleep(delay)
-
-    async def search(self) -> tuple[list[str], bool]:
-        """All conversation ids the server lists, and whether the listing is
-        complete (``False`` when :data:`MAX_PAGES` was hit or a page id
-        repeated). Raises :class:`AuthRefused`, ``httpx.HTTPError``,
-        ``ValueError`` (an unparsable page)."""
-        ids: list[str] = []
-        page_id: str | None = None
-        seen_pages: set[str] = set()
-        for _ in range(MAX_PAGES):
-            params: dict[str, Any] = {"limit": 100}
-            if page_id:
-                params["page_id"] = page_id
-            r = await self.rest.get("/api/conversations/search", params)
-            if r.status_code in (401, 403):
-                raise AuthRefused()
-            r.raise_for_status()
-            body = r.json()
-            if not isinstance(body, dict) or not isinstance(body.get("items"), list):
-                raise ValueError("search page is not {items: [...]}")
-            for item in body["items"]:
-                cid = item.get("id") if isinstance(item, dict) else None
-                if isinstance(cid, str) and re.fullmatch(r"[0-9A-Fa-f-]{32,36}", cid):
-                    ids.append(cid)
-                else:
-                    self.ctx.health.count("search_bad_items")
-            nxt = body.get("next_page_id")
-            if not isinstance(nxt, str) or not nxt:
-                return ids, True
-            if nxt in seen_pages:
-                self.ctx.health.count("search_pages_capped")
-                return ids, False
-            seen_pages.add(nxt)
-            page_id = nxt
-        self.ctx.health.count("search_pages_capped")
-        return ids, False
-
-    async def _reconcile(self, listed: list[str], complete: bool) -> None:
-        assert self._nursery is not None
-        listed_set = set(listed)
-        for cid in listed:
-            if cid in self.conversations:
-                continue
-            if len(self.conversations) >= MAX_CONVERSATIONS:
-                self.ctx.health.count("conversations_capped")
-                continue
-            conv = self._load(cid)
-            if conv.ended:
-                continue
-            self.conversations[cid] = conv
-            self.ctx.health.count("conversations_attached")
-            self._nursery.start_soon(self._conversation_task, conv)
-        if not complete:
-            return
-        for cid in [c for c in self.conversations if c not in listed_set]:
-            if await self._confirmed_gone(cid):
-                await self._detach(self.conversations[cid], vanished=True)
-
-    async def _confirmed_gone(self, cid: str) -> bool:
-        try:
-            r = await self.rest.get(f"/api/conversations/{cid}")
-        except httpx.HTTPError:
-            return False
-        return r.status_code == 404
 
     async def _detach(self, conv: Conversation, *, vanished: bool) -> None:
         """Stop observing ``conv``. ``vanished``: the server no longer has it,
@@ -831,169 +589,4 @@ class Receiver:
         else:
             await self._emit(conv, emission, cause=cause, framed=False)
 
-    # ------------------------------------------------------------------ persistence
-    def _opened(self) -> StateFile | None:
-        """The server's state document (:mod:`bridges.core.statefile`),
-        loaded on first use, the old layout carried into it (:meth:`_migrate`);
-        ``None`` without a state directory. Loaded once: a conversation's
-        entry is then read from memory at attach (:meth:`_load`), never
-        from a file per conversation and poll."""
-        st = self._state
-        if st is not None and not self._state_open:
-            self._state_open = True
-            st.load()  # its entries stay in ``st`` as texts; the parsed document is dropped
-            self._migrate(st)
-        return st
 
-    def _load(self, cid: str) -> Conversation:
-        """The conversation as the state document last held it (fresh when
-        it holds nothing for ``cid``, or no state directory; an unreadable
-        document is one warning and a fresh start, see
-        :meth:`StateFile.load`)."""
-        st = self._opened()
-        return Conversation(cid) if st is None else Conversation.restore(st.entry(cid), cid)
-
-    def _flush(self, conv: Conversation, *, force: bool = False, now: bool = False) -> None:
-        """Persist the conversation's state when dirty, at most once per
-        :data:`FLUSH_EVERY` seconds unless ``force``. While :meth:`persist`
-        runs, the write is queued for it (within :data:`STATE_LINGER`, one
-        journal ``write`` for a whole burst of frames and status changes of
-        every conversation queued: an entry replaces the last one, so only
-        the last state counts); ``now`` (a task's end) or no writer: written
-        at once."""
-        if not conv.dirty:
-            return
-        t = trio.current_time()
-        if not force and t - conv.last_flush < FLUSH_EVERY:
-            return
-        conv.dirty = False
-        conv.last_flush = t
-        if self._state is None:
-            return
-        if self._persisting and not now:
-            self._state_due[conv.id] = conv
-            self._state_wake.set()
-            return
-        self._state_due.pop(conv.id, None)
-        self._write_state(conv)
-
-    def _write_state(self, conv: Conversation) -> None:
-        """Save the conversation's state now (one journal line)."""
-        self._save({conv.id: conv.persisted()})
-
-    def _save(self, changes: dict[str, dict[str, Any] | None]) -> bool:
-        """``changes`` (``{cid: Conversation.persisted() or None for
-        gone}``) into the state document's journal, one ``write``
-        (:meth:`StateFile.save_changes`: entries equal to what is saved are
-        skipped; compaction is its own). A failure is counted
-        (``state_write_errors``) and logged once by the state file, never
-        raised; returns ``False`` then."""
-        st = self._opened()
-        if st is None or not changes:
-            return True
-        errors = st.errors
-        st.save_changes(changes)
-        if st.errors == errors:
-            return True
-        self.ctx.health.count("state_write_errors", st.errors - errors)
-        return False
-
-    def _write_due(self) -> None:
-        due, self._state_due = self._state_due, {}
-        self._save({cid: conv.persisted() for cid, conv in due.items()})
-
-    async def persist(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The state writer (started by :meth:`run` when there is a state
-        directory): writes what :meth:`_flush` queued, :data:`STATE_LINGER`
-        after the first of a burst, all of it in one journal ``write``, and
-        everything still queued when it is cancelled; runs the state
-        document's compactor (:meth:`StateFile.compactor`) beside it. Each
-        conversation's own file, replaced whole (a new file and a rename:
-        30-800 us of kernel time each on this machine's disk), cost more
-        than the conversation's frames (issue 11)."""
-        assert self._state is not None
-        self._persisting = True
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._state.compactor)
-                task_status.started()
-                while True:
-                    await self._state_wake.wait()
-                    await trio.sleep(STATE_LINGER)
-                    self._state_wake = trio.Event()
-                    self._write_due()
-        finally:
-            self._persisting = False
-            self._write_due()
-
-    def _forget(self, cid: str) -> None:
-        """Drop the conversation's entry (it vanished from the server)."""
-        self._state_due.pop(cid, None)  # a queued write would bring it back
-        self._save({cid: None})
-
-    def _migrate(self, st: StateFile) -> None:
-        """Carry the old layout into the document: one file per
-        conversation, ``{AEP_STATE_DIR}/openhands/{server}/{cid}.json``.
-        Each file is read (an unreadable one is a warning and a fresh
-        start, as it was), all of them saved in one journal ``write``, then
-        removed with the directory (and any temporary file a crash left).
-        A file whose conversation the document already holds was carried
-        before (a crash before the removal) and is only removed: the
-        document's entry is as new or newer. A failed save removes nothing
-        (tried again at the next start)."""
-        legacy = self._state_dir
-        assert legacy is not None
-        try:
-            paths = sorted(legacy.iterdir())
-        except FileNotFoundError:
-            return
-        except OSError as e:
-            log.warning("old OpenHands state under %s unreadable (%s); not carried over", legacy,
-                        e.strerror or type(e).__name__)
-            return
-        carried: dict[str, dict[str, Any] | None] = {}
-        done: list[Path] = []
-        for path in paths:
-            cid = path.name.removesuffix(".json")
-            if _LEFTOVER.fullmatch(path.name):
-                done.append(path)
-            elif cid != path.name and _STATE_NAME.fullmatch(cid):
-                done.append(path)
-                if st.entry(cid) is not None:
-                    continue
-                try:
-                    body = json.loads(path.read_text())
-                except (OSError, ValueError) as e:
-                    log.warning("OpenHands state for %s unreadable (%s); starting fresh", cid,
-                                type(e).__name__)
-                    continue
-                carried[cid] = Conversation.restore(body, cid).persisted()
-        if not self._save(carried):
-            return
-        for path in done:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            except OSError as e:  # carried again at the next start (the document's entry wins)
-                log.warning("cannot remove old OpenHands state file %s (%s)", path,
-                            e.strerror or type(e).__name__)
-        try:
-            legacy.rmdir()
-        except OSError:  # something else is in it: left alone
-            pass
-        log.info("OpenHands state: %d conversation files under %s carried into %s", len(carried),
-                 legacy, st.path)
-
-
-def _why(e: BaseException) -> str:
-    """A short, secret-free description of a transport failure."""
-    if isinstance(e, BaseExceptionGroup):
-        return ", ".join(_why(x) for x in leaves(e))
-    if isinstance(e, httpx.HTTPStatusError):
-        return f"HTTP {e.response.status_code}"
-    if isinstance(e, trio_websocket.ConnectionClosed):
-        return f"closed {getattr(e.reason, 'code', '?')}"
-    if isinstance(e, trio_websocket.ConnectionRejected):
-        return f"rejected HTTP {e.status_code}"
-    return type(e).__name__

@@ -24,7 +24,7 @@ from typing import NamedTuple
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
-from . import flatten
+from . import flatten, rawattrs
 from .flatten import FlatRecord, NotOtlp
 from .status import BadRequest, Refusal
 
@@ -175,8 +175,8 @@ def decode_proto(body: bytes, notes: list[str], reads: Reads = ALL) -> list[Flat
 class ProtoDecoder:
     """:func:`decode_proto` for one receiver, the same records for less
     work (``decode(body, notes)``): the request is parsed with the
-    raw-attribute schema (:data:`~bridges.otlp_in.flatten.RawRequest`) and
-    each ``KeyValue`` read by one :class:`~bridges.otlp_in.flatten.AttributeReader`
+    raw-attribute schema (:data:`~bridges.otlp_in.rawattrs.RawRequest`) and
+    each ``KeyValue`` read by one :class:`~bridges.otlp_in.rawattrs.AttributeReader`
     (the canonical string/bool/int shapes without a message wrapper, the
     rest by the real schema, repeats from its memo). Equal to
     :func:`decode_proto` with the same ``reads``, records, notes and
@@ -186,14 +186,14 @@ class ProtoDecoder:
     def __init__(self, reads: Reads = ALL, memo: int = 4096) -> None:
         self.reads = reads
         self._extras = reads.extras
-        self._attribute = flatten.AttributeReader(reads.attributes, memo)
+        self._attribute = rawattrs.AttributeReader(reads.attributes, memo)
 
     def __call__(self, body: bytes, notes: list[str]) -> list[FlatRecord | None]:
         """Protobuf ``ExportLogsServiceRequest`` bytes -> records; 400
         (:class:`BadRequest`) on a corrupt or truncated message."""
         try:
-            req = flatten.RawRequest.FromString(body)
-            return list(flatten.records_from_raw(req, notes, self._attribute,
+            req = rawattrs.RawRequest.FromString(body)
+            return list(rawattrs.records_from_raw(req, notes, self._attribute,
                                                  resource_keys=self.reads.resource,
                                                  extras=self._extras))
         except (DecodeError, RecursionError, ValueError) as e:

@@ -6,7 +6,18 @@ the AEP bindings from the stream.
 - :mod:`.config`: the ``AEP_NATS_*`` settings (pure).
 - :mod:`.link`: the one connection, nats-py run under trio through
   trio-asyncio (the only place asyncio is touched).
+- :mod:`.publish`: the stream, its outbox and the acked publisher
+  (:class:`~.publish.Publisher`, acks matched on one inbox).
+- :mod:`.sink`: the fleet's sink into the stream; :mod:`.recover`: what a
+  killed run logged but never got acknowledged, published first at start;
+  :mod:`.presence`: the session claims in the KV bucket and the daemon's
+  command subject.
+- :mod:`.relay` and :mod:`.plan`: ``aep-bridges relay`` served from the
+  stream (a :class:`~supervisor.relay.Relay` subclass; subject filters and
+  ``from`` positions).
 
 Nothing here is imported unless ``AEP_NATS_URL`` is set: the embedded relay
 stays the single-host default.
 """
+
+__all__ = ["config", "link", "plan", "presence", "publish", "recover", "relay", "sink", "subjects"]

@@ -2,7 +2,7 @@
 published to ``S.ev.<agent>.<session>`` with JetStream acknowledgements,
 held in a bounded outbox until the server has acknowledged it.
 
-The outbox is :class:`supervisor.outbox.Outbox`, the uplink's, with its
+The outbox is :class:`supervisor.delivery.outbox.Outbox`, the uplink's, with its
 AEP-0003 §8.4 policy unchanged: ``AEP_NATS_OUTBOX`` events at most; when
 full, the oldest pending ``debug`` then ``info`` event is shed (counted per
 severity), ``notice`` and above are never dropped: :meth:`Publisher.put`
@@ -50,7 +50,7 @@ import trio
 from bridges.core.aep import NOTICE_RANK
 from bridges.core.backoff import backoff_delay
 
-from ..outbox import Entry, Outbox
+from ..delivery import Entry, Outbox
 from .config import NatsConfig
 from .subjects import SEVERITY, event_headers, event_subject_of, events_wildcard
 

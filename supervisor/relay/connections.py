@@ -11,22 +11,20 @@ Transport-free: the ASGI layer (:mod:`.app`) feeds
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import trio
 
 from bridges.core.aep import AEP_VERSION, is_command_type, loads
 
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
+from .buffer import Position
 from .envelope import InvalidEvent
-from .outlet import OPEN, Outlet, Subscriber, frame_text
+from .outlet import OPEN, Outlet, OutletHub, Subscriber, frame_text
 from .params import parse_capture, parse_from
 
-if TYPE_CHECKING:
-    from .core import Relay
-
 __all__ = ["RelayClosed", "TooLarge", "Unavailable", "CommandRefused", "Connection", "LocalEmitter", "SocketConnection",
-           "Claims", "ROLES"]
+           "Claims", "ROLES", "RelayHub"]
 
 ROLES = ("emitter", "consumer", "both")
 
@@ -139,6 +137,40 @@ class Claims:
         return None
 
 
+class RelayHub(OutletHub, Protocol):
+    """What a connection needs from its relay (public members of
+    :class:`~supervisor.relay.core.Relay`, which builds the connections and
+    so sits above this module: the shape lives here, as
+    :class:`~.outlet.OutletHub` does for the outlets)."""
+
+    closing: bool
+    max_from: int
+    max_subscriptions: int
+    max_filter_terms: int
+
+    @property
+    def has_token(self) -> bool: ...
+
+    def hello_frame(self) -> dict[str, Any]: ...
+
+    def roster(self) -> list[dict[str, Any]]: ...
+
+    def release(self, conn: Connection) -> None: ...
+
+    async def ingest(self, ev: Any, conn: Connection | None,
+                     raw: str | None = None) -> tuple[str, str] | None: ...
+
+    def admit_stamped(self, ev: dict[str, Any], raw: bytes, conn: Connection) -> None: ...
+
+    def admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
+                          conn: Connection) -> int: ...
+
+    def subscribe(self, sub: Subscriber, *, plan_all: bool,
+                  positions: list[tuple[str, Position | None]] | None, live: bool) -> None: ...
+
+    def unsubscribe(self, sub: Subscriber) -> None: ...
+
+
 class Connection:
     """A party attached to the relay that may claim sessions and receive
     commands: the base of :class:`LocalEmitter` (the fleet's in-process
@@ -155,7 +187,7 @@ class Connection:
     ``claims``: sessions this connection owns (it sent their sequenced
     events), bounded to ``max_sessions``, least recently used first."""
 
-    def __init__(self, relay: Relay, authenticated: bool) -> None:
+    def __init__(self, relay: RelayHub, authenticated: bool) -> None:
         self.relay = relay
         self.authenticated = authenticated
         self.role: str | None = None
@@ -230,7 +262,7 @@ class LocalEmitter(Connection):
     the sender's connection task: it should hand off promptly, e.g. into a
     bounded trio channel). ``close()`` drops its claims."""
 
-    def __init__(self, relay: Relay, hello: dict[str, Any],
+    def __init__(self, relay: RelayHub, hello: dict[str, Any],
                  deliver: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
         super().__init__(relay, authenticated=relay.has_token)
         if not isinstance(hello, dict):
@@ -298,7 +330,7 @@ class SocketConnection(Connection):
     §6.5; AEP-0004 §4). The ASGI layer feeds :meth:`handle_text` /
     :meth:`handle_binary` and writes what :attr:`outlet` yields."""
 
-    def __init__(self, relay: Relay, authenticated: bool) -> None:
+    def __init__(self, relay: RelayHub, authenticated: bool) -> None:
         super().__init__(relay, authenticated)
         self.outlet = Outlet(relay, "ws")
         self.hello_done = False

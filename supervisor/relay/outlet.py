@@ -22,20 +22,16 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, Union
+from typing import Any, Callable, Protocol, Sequence, Union
 
 import trio
 
 from bridges.core.aep import NOTICE_RANK, SEVERITIES, dumps, scrub_surrogates
 
 from .attrmatch import Filter
-from .buffer import Position
+from .buffer import Entry, Position
 
-if TYPE_CHECKING:
-    from .fanout import View
-    from .replay import ReplayJob
-
-__all__ = ["Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "RunItem", "FrameItem", "ReplayItem",
+__all__ = ["Outlet", "OutletHub", "Rendered", "Chunked", "Subscriber", "Item", "EventItem", "RunItem", "FrameItem", "ReplayItem",
            "EndItem", "OPEN", "FINISHING", "TERMINATED", "CLOSED", "frame_text", "exhausted_marker"]
 
 log = logging.getLogger("aep.relay")
@@ -97,7 +93,7 @@ class FrameItem:
 @dataclass(slots=True)
 class ReplayItem:
     """Buffered replay pulled chunk by chunk when it reaches the head."""
-    job: ReplayJob
+    job: Chunked
     size: int = 0
 
 
@@ -167,6 +163,26 @@ class RunItem:
 
 
 Item = Union[EventItem, RunItem, FrameItem, ReplayItem, EndItem]  # what an outlet queues
+
+
+class Rendered(Protocol):
+    """One event rendered at one capture ceiling, as a subscriber offers it
+    (:class:`~.fanout.View`, above this module)."""
+
+    entry: Entry
+    raw: bytes
+
+    def sse_item(self) -> EventItem: ...
+
+    def text(self) -> str: ...
+
+
+class Chunked(Protocol):
+    """A replay read chunk by chunk when it reaches the head of the queue
+    (:class:`~.replay.ReplayJob`, above this module): ``next_chunk()`` is
+    the next chunk's items, ``None`` when done."""
+
+    def next_chunk(self) -> list[Any] | None: ...
 
 
 class OutletHub(Protocol):
@@ -331,7 +347,7 @@ class Outlet:
             return
         self._push(FrameItem(payload, size))
 
-    def push_replay(self, job: ReplayJob) -> None:
+    def push_replay(self, job: Chunked) -> None:
         """Queue a subscription's buffered replay."""
         if self.state == OPEN:
             self._push(ReplayItem(job))
@@ -559,13 +575,13 @@ class Subscriber:
         #: ``None`` when there are none (the common case)
         self.pending: dict[str, Position] | None = None
         #: ``offer(view)``: queue one rendered event on the outlet (chosen once: the hot path)
-        self.offer: Callable[[View], None] = self._offer_sse if outlet.kind == "sse" \
+        self.offer: Callable[[Rendered], None] = self._offer_sse if outlet.kind == "sse" \
             else self._offer_ws
 
-    def _offer_sse(self, view: View) -> None:
+    def _offer_sse(self, view: Rendered) -> None:
         self.outlet.offer(view.sse_item())
 
-    def _offer_ws(self, view: View) -> None:
+    def _offer_ws(self, view: Rendered) -> None:
         e = view.entry
         mark = (self.sid, e.attrs["session"], e.pos) if e.pos is not None else None
         self.outlet.offer(EventItem(view.text(), len(view.raw), e.sev, mark))

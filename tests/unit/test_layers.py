@@ -3,6 +3,10 @@
 - the layers point one way (``bridges.core`` -> the bridges ->
   ``supervisor``), checked on the AST of every module, imports inside
   functions included;
+- no import circle between modules (``TYPE_CHECKING`` imports included), and
+  no import that climbs from a sub-package into a sibling of its parent
+  except through that sibling's curated ``__init__`` (issue 26);
+- no module over 600 lines in ``bridges/`` and ``supervisor/``;
 - each curated package and module exposes exactly the public surface listed
   here: a new public name (or module) fails this test until it is added on
   purpose, and everything listed exists.
@@ -72,12 +76,12 @@ def test_the_walker_sees_function_level_and_relative_imports():
            "from ..core import aep\n"
            "def f():\n"
            "    from supervisor.relay.core import Relay\n"
-           "    import supervisor.http\n"
+           "    import supervisor.web.http\n"
            "if False:\n"
            "    from .deep import thing\n")
     found = imported_modules(src, "bridges.otlp_in.bridge")
     assert {"os", "bridges.otlp_in.sibling", "bridges.core.aep", "supervisor.relay.core",
-            "supervisor.relay.core.Relay", "supervisor.http",
+            "supervisor.relay.core.Relay", "supervisor.web.http",
             "bridges.otlp_in.deep.thing"} <= found
     assert "bridges.x.y" in imported_modules("from .y import z\n", "bridges.x", is_package=True)
 
@@ -118,17 +122,214 @@ def test_importing_the_http_machinery_changes_nothing_in_hypercorn():
     builds, never by patching hypercorn for the whole process at import."""
     import hypercorn.protocol
     import hypercorn.trio.tcp_server as tcp
-    for name in ("bridges.core.http", "supervisor.relay.serve", "supervisor.http",
+    for name in ("bridges.core.http", "supervisor.relay.serve", "supervisor.web.http",
                  "supervisor.daemon", "bridges.otlp_in.bridge"):
         importlib.import_module(name)
     assert tcp.ProtocolWrapper is hypercorn.protocol.ProtocolWrapper
+
+
+# -- no circles, no climbs, no giants (issue 26) -----------------------------------------
+
+def _is_module(name: str) -> bool:
+    base = ROOT.joinpath(*name.split("."))
+    return (base / "__init__.py").is_file() or base.with_suffix(".py").is_file()
+
+
+def import_edges(source: str, module: str, *, is_package: bool = False,
+                 is_module=_is_module) -> set[str]:
+    """The modules of this tree ``source`` (the text of ``module``) imports,
+    anywhere in it: ``from pkg import sub`` is an edge to ``pkg.sub`` alone
+    when ``sub`` is a module (the package's ``__init__`` runs first for every
+    import of a submodule, so it is no edge of its own), else to ``pkg``."""
+    out: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            for alias in node.names:
+                sub = f"{name}.{alias.name}"
+                out.add(sub if is_module(sub) else name)
+    return {n for n in out if n != module and is_module(n)}
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(p): import_edges(p.read_text(), _module_name(p),
+                                          is_package=p.name == "__init__.py")
+            for package in ("bridges", "supervisor") for p in _modules(package)}
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that import one another round a circle (the
+    strongly connected components of more than one module, or a module
+    importing itself), sorted (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next((c for c in children if c in graph), None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def _curated(package: str) -> set[str] | None:
+    """The names a package's ``__init__`` lists in ``__all__`` (read from
+    its AST), or ``None`` when it lists none."""
+    init = ROOT.joinpath(*package.split(".")) / "__init__.py"
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def climbs(graph: dict[str, set[str]]) -> list[str]:
+    """Each import from inside a sub-package (``a.b.c`` or ``a.b`` itself)
+    into a sibling of that sub-package (under ``a``) that does not go through
+    the sibling's curated ``__init__``: the sibling must be a package, and
+    the import names the package or one of the names its ``__all__`` lists
+    (a module it lists, as ``bridges.core`` lists its modules). A sibling
+    that is a plain module (``supervisor.fleet``) is above every sub-package:
+    no import from below reaches it."""
+    out = []
+    for module, names in sorted(graph.items()):
+        path = ROOT.joinpath(*module.split("."))
+        package = module if (path / "__init__.py").is_file() else module.rpartition(".")[0]
+        parent = package.rpartition(".")[0]
+        if not parent:
+            continue  # a top module (supervisor.fleet): it sits above the sub-packages
+        for name in sorted(names):
+            if not name.startswith(parent + ".") or _under(name, package):
+                continue
+            rest = name[len(parent) + 1:].split(".")
+            sibling = f"{parent}.{rest[0]}"
+            if not (ROOT.joinpath(*sibling.split(".")) / "__init__.py").is_file():
+                out.append(f"{module} imports {name} (a module above the sub-packages)")
+            elif len(rest) > 1 and rest[1] not in (_curated(sibling) or set()):
+                out.append(f"{module} imports {name} (not through {sibling}'s __init__)")
+    return out
+
+
+#: Climbs left for phase 2 of issue 26: the JetStream relay subclasses the
+#: relay and reaches into its modules; it is being edited in parallel, so it
+#: is reworked (through ``supervisor.relay``'s ``__init__``) after that work
+#: lands. Remove each line as it is fixed: the test fails on a stale one.
+PHASE_2_CLIMBS = {
+    "supervisor.jetstream.relay imports supervisor.relay.buffer (not through supervisor.relay's __init__)",
+    "supervisor.jetstream.relay imports supervisor.relay.connections (not through supervisor.relay's __init__)",
+    "supervisor.jetstream.relay imports supervisor.relay.core (not through supervisor.relay's __init__)",
+    "supervisor.jetstream.relay imports supervisor.relay.envelope (not through supervisor.relay's __init__)",
+    "supervisor.jetstream.relay imports supervisor.relay.outlet (not through supervisor.relay's __init__)",
+    "supervisor.jetstream.relay imports supervisor.relay.replay (not through supervisor.relay's __init__)",
+}
+
+MAX_LINES = 600
+
+#: Modules over :data:`MAX_LINES` left for phase 2 of issue 26 (each edited in
+#: parallel when the rest was split; split after that work lands). Remove each
+#: as it is split: the test fails on a stale one.
+PHASE_2_GIANTS = {"supervisor/jetstream/relay.py", "supervisor/relay/core.py",
+                  "supervisor/relay/buffer.py", "supervisor/fleet.py", "bridges/acp/tee.py"}
+
+
+def test_the_circle_finder_finds_circles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}, "f": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"], ["e"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_edges_see_type_checking_and_submodule_imports():
+    src = ("from typing import TYPE_CHECKING\n"
+           "from . import envelope\n"
+           "from .control import Controller\n"
+           "if TYPE_CHECKING:\n"
+           "    from .bridge import BridgeContext\n")
+    assert import_edges(src, "bridges.core.ledger") == {
+        "bridges.core.envelope", "bridges.core.control", "bridges.core.bridge"}
+
+
+def test_no_import_circle():
+    """A circle makes its lower module unreadable and untestable without the
+    upper one: what both need moves to the lower side (a shared type, a
+    protocol, a callback), never into a function-level import."""
+    assert import_circles(_graph()) == []
+
+
+def test_the_climb_check_fails_on_a_climb():
+    graph = {"supervisor.web.metrics": {"supervisor.fleet", "supervisor.relay.core",
+                                        "supervisor.relay", "supervisor.sessionlog",
+                                        "supervisor.delivery.uplink", "supervisor.web.http",
+                                        "supervisor.relay.buffer", "bridges.core.aep"},
+             "bridges.openhands.receiver": {"bridges.core.aep", "bridges.sse_common.tracker",
+                                            "bridges.kimi_web.discovery"},
+             "supervisor.fleet": {"supervisor.relay.core"}}
+    assert climbs(graph) == [
+        "bridges.openhands.receiver imports bridges.kimi_web.discovery (not through "
+        "bridges.kimi_web's __init__)",
+        "supervisor.web.metrics imports supervisor.fleet (a module above the sub-packages)",
+        "supervisor.web.metrics imports supervisor.relay.buffer (not through "
+        "supervisor.relay's __init__)",
+        "supervisor.web.metrics imports supervisor.relay.core (not through "
+        "supervisor.relay's __init__)",
+    ]
+
+
+def test_no_climb_past_a_curated_init():
+    found = set(climbs(_graph()))
+    assert found - PHASE_2_CLIMBS == set()
+    assert PHASE_2_CLIMBS - found == set(), "fixed: remove it from PHASE_2_CLIMBS"
+
+
+def test_no_module_over_600_lines():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+             for package in ("bridges", "supervisor") for p in _modules(package)}
+    giants = {path for path, n in sizes.items() if n > MAX_LINES}
+    assert giants - PHASE_2_GIANTS == set(), {p: sizes[p] for p in giants - PHASE_2_GIANTS}
+    assert PHASE_2_GIANTS - giants == set(), "split: remove it from PHASE_2_GIANTS"
 
 
 # -- the public surface ---------------------------------------------------------------
 
 PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
-        "aep", "asgi", "backoff", "bridge", "captable", "capture", "control", "envelope",
+        "aep", "asgi", "backoff", "bridge", "captable", "cappolicy", "capture", "capwalk", "control", "envelope",
         "errors", "http", "ledger", "naming", "paths", "posture", "readers", "redaction", "settings",
         "statefile",
     },
@@ -191,8 +392,8 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.serve": {"serve_relay"},
     "supervisor.relay.streams": {"serve_sse", "pump_sse", "serve_socket", "refuse_upgrade"},
     "supervisor.relay.connections": {"RelayClosed", "TooLarge", "Unavailable", "CommandRefused", "Connection",
-                                     "LocalEmitter", "SocketConnection", "Claims", "ROLES"},
-    "supervisor.relay.outlet": {"Outlet", "OutletHub", "Subscriber", "Item", "EventItem", "RunItem",
+                                     "LocalEmitter", "SocketConnection", "Claims", "ROLES", "RelayHub"},
+    "supervisor.relay.outlet": {"Outlet", "OutletHub", "Rendered", "Chunked", "Subscriber", "Item", "EventItem", "RunItem",
                                 "FrameItem", "ReplayItem", "EndItem", "OPEN", "FINISHING",
                                 "TERMINATED", "CLOSED", "frame_text", "exhausted_marker"},
     "supervisor.relay.fanout": {"Fanout", "View", "downlevel_raw", "sse_safe", "sse_message"},
@@ -215,15 +416,24 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.buffer": {"SessionBuffers", "Entry", "Held", "Position", "BufKey",
                                 "ENTRY_OVERHEAD", "MiB", "same_event", "same_json", "AppendFault"},
     "supervisor.relay.capcheck": {"exceeds", "content_level"},
-    "supervisor.http": {"serve_asgi", "health_app"},
-    "supervisor.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
+    "supervisor.web": {"http", "metrics", "mounts", "health_app", "serve_asgi", "Metrics", "Mounts"},
+    "supervisor.web.http": {"serve_asgi", "health_app"},
+    "supervisor.delivery": {"outbox", "uplink", "Entry", "Outbox"},
+    "supervisor.delivery.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
                           "is_command"},
-    "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
-    "supervisor.retention": {"RetainingSessionLog", "RetentionPolicy", "REMOVALS_PER_STEP", "SETTINGS", "parse_age", "parse_size", "segment_name"},
-    "supervisor.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE", "give_back"},
-    "supervisor.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold"},
-    "supervisor.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
-    "supervisor.tailstream": {"BadEvent", "MAX_EVENT", "NotAnAepStream", "Stream", "subscribe"},
+    "supervisor.web.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX", "Watched",
+                               "WatchedMember"},
+    "supervisor.sessionlog": {"jsonlog", "retention", "spares", "statelock", "SessionLog",
+                              "RetainingSessionLog", "RetentionPolicy", "SPARE_DIR", "SpareFiles",
+                              "StateDirBusy", "StateLock"},
+    "supervisor.sessionlog.retention": {"RetainingSessionLog", "RetentionPolicy", "REMOVALS_PER_STEP", "SETTINGS", "parse_age", "parse_size", "segment_name"},
+    "supervisor.sessionlog.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE", "give_back"},
+    "supervisor.sessionlog.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold"},
+    "supervisor.tools": {"install", "logs", "notify", "tail", "tailstream"},
+    "supervisor.jetstream": {"config", "link", "plan", "presence", "publish", "recover", "relay",
+                             "sink", "subjects"},
+    "supervisor.tools.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
+    "supervisor.tools.tailstream": {"BadEvent", "MAX_EVENT", "NotAnAepStream", "Stream", "subscribe"},
     "supervisor.jetstream.publish": {"AckInbox", "LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
                                      "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "TooLarge",
                                      "await_leader", "ensure_stream", "message_for",
@@ -248,7 +458,7 @@ PUBLIC: dict[str, set[str]] = {
                                      "hook_key", "install", "status", "trusted_hash",
                                      "uninstall"},
     "supervisor.hookinstall.cli": {"add_parser", "daemon_url", "plans", "run"},
-    "supervisor.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
+    "supervisor.tools.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 
 
@@ -306,3 +516,9 @@ def test_each_package_lists_every_module():
     relay = {f"supervisor.relay.{p.stem}" for p in (ROOT / "supervisor" / "relay").glob("*.py")
              if p.stem != "__init__"}
     assert relay == {m for m in PUBLIC if m.startswith("supervisor.relay.")}
+    # the packages whose curated __init__ lists its modules (issue 26)
+    for package in ("supervisor.sessionlog", "supervisor.delivery", "supervisor.web",
+                    "supervisor.tools", "supervisor.jetstream", "bridges.sse_common"):
+        folder = ROOT.joinpath(*package.split("."))
+        modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+        assert modules <= (_curated(package) or set()), f"{package}.__all__ misses a module"

@@ -1,5 +1,5 @@
 """The ACP bridge in process, on a real hypercorn listener through the
-daemon's :class:`supervisor.mounts.Mounts`: a raw tee speaking the wire,
+daemon's :class:`supervisor.web.mounts.Mounts`: a raw tee speaking the wire,
 the mapping in the bridge's own run, the path unmounted between runs, and a
 restart that starts clean (the run state lives in the per-run ``TeeHub``)."""
 from __future__ import annotations
@@ -15,8 +15,8 @@ from bridges.acp import AcpBridge, wire
 from bridges.core.asgi import lifespan
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.envelope import Stamper
-from supervisor.http import serve_asgi
-from supervisor.mounts import Mounts
+from supervisor.web.http import serve_asgi
+from supervisor.web.mounts import Mounts
 
 
 async def not_found(scope, receive, send):

@@ -55,7 +55,7 @@ async def test_leader_killed_mid_stream_loses_no_notice_and_keeps_order(tmp_path
         assert set(sev) <= {"debug", "info"}, f"lost notice+: {sev}"
         # every missing event was counted as a drop; a counted drop may still
         # have been stored: its publish reached the server but the ack was lost
-        # in the failover, so the outbox could not know (supervisor/outbox.py:
+        # in the failover, so the outbox could not know (supervisor/delivery/outbox.py:
         # a rewound entry is shed as unconfirmed). At most one such publish is in
         # flight per session lane in each failed round.
         assert sev["debug"] <= st["dropped_debug"] and sev["info"] <= st["dropped_info"]

@@ -16,9 +16,9 @@ from bridges.core.bridge import BridgeRun
 from bridges.core.control import Refuse, WriteResult
 from supervisor.config import Config
 from supervisor.fleet import Fleet
-from supervisor.http import serve_asgi
 from supervisor.relay.app import make_app
 from supervisor.relay.core import Relay
+from supervisor.web.http import serve_asgi
 from tests.support.daemon import Collector
 from tests.support.schema import validate_event
 

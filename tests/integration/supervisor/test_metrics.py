@@ -177,13 +177,13 @@ def test_replay_trimmed_counts_the_byte_budget_too(tmp_path):
 
 def test_a_new_sessions_log_file_is_a_spare_linked_into_place(tmp_path):
     """The daemon keeps spare session log files made off the event loop
-    (``supervisor.spares``, ``AEP_LOG_SPARES`` of them); a new session's file is one of them linked,
+    (``supervisor.sessionlog.spares``, ``AEP_LOG_SPARES`` of them); a new session's file is one of them linked,
     counted on ``/metrics``, and the pool is refilled."""
     import os
     import stat
     import time
 
-    from supervisor.spares import CHUNK
+    from supervisor.sessionlog.spares import CHUNK
     from tests.support.daemon import ROOT
     target = 2 * CHUNK + 7  # AEP_LOG_SPARES: a pool made in three worker-thread calls
     d = DaemonProcess(tmp_path / "state", {"AEP_OTLP_PRIMARY": "1", "AEP_LOG_SPARES": str(target)},

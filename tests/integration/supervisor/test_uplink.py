@@ -1,4 +1,4 @@
-"""The uplink (supervisor/uplink.py) against a real WebSocket server on
+"""The uplink (supervisor/delivery/uplink.py) against a real WebSocket server on
 loopback: a small fault-injecting AEP relay stub written with trio-websocket
 (AEP-0003 §3.5/§4 hello, ping/pong, error frames; killable and restartable
 on the same port; can send commands). The embedded relay of
@@ -18,7 +18,7 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, serve_websocket
 
-from supervisor.uplink import Uplink, socket_url
+from supervisor.delivery.uplink import Uplink, socket_url
 from tests.support.net import free_port
 
 TOKEN = "s3cret-token-value"

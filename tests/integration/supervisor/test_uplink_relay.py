@@ -26,10 +26,10 @@ from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound
 from bridges.core.envelope import Stamper
 from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.ledger import CommandLedger, Refuse, WriteResult
+from supervisor.delivery.uplink import Uplink
 from supervisor.relay.app import make_app
 from supervisor.relay.core import Relay
 from supervisor.relay.serve import serve_relay
-from supervisor.uplink import Uplink
 from tests.support.net import free_port
 
 TOKEN = "relay-token-for-tests"

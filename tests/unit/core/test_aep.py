@@ -83,8 +83,8 @@ def test_the_command_rule_is_the_schemas_seqless_set(type_):
 
 
 def test_acks_and_unregistered_verbs_are_not_commands_anywhere():
+    from supervisor.delivery.uplink import is_command as uplink_rule
     from supervisor.relay.envelope import is_command_type as relay_rule
-    from supervisor.uplink import is_command as uplink_rule
     for t in ("control.accepted", "control.rejected", "control.foo"):
         assert not relay_rule(t) and not uplink_rule({"type": t})
     assert relay_rule("control.cancel") and uplink_rule({"type": "control.cancel"})

@@ -6,7 +6,8 @@ import httpx
 import pytest
 
 from bridges.kimi_web.config import KimiWebConfig
-from bridges.kimi_web.receiver import AuthRefused, VendorError, envelope, root_cause, state_path
+from bridges.kimi_web.receiver import root_cause
+from bridges.kimi_web.rest import AuthRefused, VendorError, envelope, state_path
 
 
 def resp(status: int, body) -> httpx.Response:
@@ -95,7 +96,7 @@ async def test_frames_held_before_the_ack_are_capped_by_bytes_per_session_and_in
 def test_vendor_ids_are_one_quoted_path_segment():
     """Review finding 6: an id with ``/``, ``?``, ``#`` or ``..`` cannot reach
     another route or add a query; a plain 2.1.0 id is unchanged."""
-    from bridges.kimi_web.receiver import seg
+    from bridges.kimi_web.rest import seg
     assert seg("session_01JX") == "session_01JX" and seg("msg_abc-1.2~") == "msg_abc-1.2~"
     assert seg("../../admin?x=1#f") == "..%2F..%2Fadmin%3Fx%3D1%23f"
     assert "/" not in seg("a/b") and "&" not in seg("a&before_id=z")

@@ -9,7 +9,7 @@ from bridges.core.capture import CapturePolicy
 from bridges.core.ledger import Refuse
 from bridges.openhands import control as C
 from bridges.openhands import from_env
-from bridges.openhands.receiver import Conversation, Settling
+from bridges.openhands.conversation import Conversation, Settling
 
 POLICY = CapturePolicy()
 

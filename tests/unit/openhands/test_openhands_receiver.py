@@ -20,7 +20,8 @@ from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
 from bridges.core.statefile import StateFile
 from bridges.openhands import mapping as M
-from bridges.openhands.receiver import SEEN_IDS, Conversation, Receiver, Settings, _parse_ts
+from bridges.openhands.conversation import SEEN_IDS, Conversation, _parse_ts
+from bridges.openhands.receiver import Receiver, Settings
 from tests.support.schema import validate_event, validate_stream
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "openhands_real"
@@ -283,14 +284,14 @@ async def test_state_writer_coalesces_a_burst_into_the_last_state(tmp_path, auto
     one journal write, made STATE_LINGER after the first change, and the
     state holds exactly what an immediate write at the end of the burst
     would hold."""
-    from bridges.openhands import receiver as R
+    from bridges.openhands import store
     h = Harness(tmp_path)
     async with trio.open_nursery() as n:
         await n.start(h.rx.persist)
         await h.feed(frames("approve"))
         appends = h.rx._state.counters["appends"]
         assert appends == 0 and saved(tmp_path) == {}, "queued, not written inside the burst"
-        await trio.sleep(R.STATE_LINGER * 2)
+        await trio.sleep(store.STATE_LINGER * 2)
         assert h.rx._state.counters["appends"] == 1
         on_disk = saved(tmp_path)[h.conv.id]
         assert on_disk == json.loads(json.dumps(h.conv.persisted()))

@@ -15,7 +15,7 @@ from bridges.core.capture import CapturePolicy
 from bridges.core.envelope import Stamper
 from bridges.openhands import OpenHandsRun, from_env
 from bridges.openhands.control import OpenHandsControl
-from bridges.openhands.receiver import Conversation, Settling
+from bridges.openhands.conversation import Conversation, Settling
 from supervisor.fleet import run_bridge
 
 

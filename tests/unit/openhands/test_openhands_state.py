@@ -27,6 +27,7 @@ from bridges.core.envelope import Stamper
 from bridges.core.posture import Posture
 from bridges.core.statefile import StateFile
 from bridges.openhands import receiver as R
+from bridges.openhands import store
 from bridges.openhands.receiver import Conversation, Receiver, Settings
 
 REAL = Path(__file__).resolve().parents[2] / "fixtures" / "openhands_real"
@@ -109,7 +110,7 @@ async def test_every_queued_conversation_is_one_journal_write(tmp_path, autojump
         for c in convs:
             await feed(rx, c, frames("reject"))
         assert rx._state.counters["appends"] == 0
-        await trio.sleep(R.STATE_LINGER * 2)
+        await trio.sleep(store.STATE_LINGER * 2)
         assert rx._state.counters["appends"] == 1
         assert set(saved(tmp_path)) == {c.id for c in convs}
         convs[0].anchor, convs[0].dirty = "2030-01-01T00:00:00", True
@@ -212,7 +213,7 @@ async def test_the_compactor_runs_beside_the_writer(tmp_path, autojump_clock, mo
             for c in convs:
                 c.anchor, c.dirty = f"2030-01-01T00:00:0{round_}", True
                 rx._flush(c, force=True)
-            await trio.sleep(R.STATE_LINGER * 2)
+            await trio.sleep(store.STATE_LINGER * 2)
         n.cancel_scope.cancel()
     assert rx._state.counters["compactions"] >= 1
     assert document(tmp_path).exists()

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from bridges.otlp_in import flatten
+from bridges.otlp_in import rawattrs
 from bridges.otlp_in.decode import ALL, ProtoDecoder, Reads, decode_http_body, decode_proto
 from bridges.otlp_in.profiles import PROFILES
 from bridges.otlp_in.status import BadRequest
@@ -195,11 +195,11 @@ def test_the_canonical_shapes_take_the_fast_path():
                         (AnyValue(bool_value=True), True), (AnyValue(bool_value=False), False),
                         (AnyValue(int_value=412), 412), (AnyValue(int_value=2 ** 62), 2 ** 62)):
         kv = KeyValue(key="k", value=value).SerializeToString()
-        assert flatten._kv_fast(kv) == ("k", want)
+        assert rawattrs._kv_fast(kv) == ("k", want)
     # the rest is left to the real schema
     for value in (AnyValue(int_value=-1), AnyValue(double_value=1.5), AnyValue(),
                   AnyValue(bytes_value=b"x")):
-        assert flatten._kv_fast(KeyValue(key="k", value=value).SerializeToString()) is None
+        assert rawattrs._kv_fast(KeyValue(key="k", value=value).SerializeToString()) is None
 
 
 def test_nesting_counts_as_deep_as_in_the_request():
@@ -216,7 +216,7 @@ def test_nesting_counts_as_deep_as_in_the_request():
 
 
 def test_memo_keeps_only_scalars_and_stays_bounded():
-    reader = flatten.AttributeReader(None, memo=3)
+    reader = rawattrs.AttributeReader(None, memo=3)
     nested = KeyValue(key="n", value=_array([AnyValue(string_value="a")])).SerializeToString()
     first = reader(nested)
     assert first[1] == ["a"] and reader.remembered(nested) is None  # mutable: not shared
@@ -226,8 +226,8 @@ def test_memo_keeps_only_scalars_and_stays_bounded():
         assert reader.remembered(kv) == (f"k{i}", "v", ())
     assert len(reader._seen) <= 3  # noqa: SLF001 -- the bound is the point
     assert len(reader._pairs) <= 3  # noqa: SLF001 -- the pairs memo is bounded alike
-    long = KeyValue(key="output", value=AnyValue(string_value="x" * flatten.MEMO_MAX_BYTES))
-    assert reader(long.SerializeToString())[1] == "x" * flatten.MEMO_MAX_BYTES
+    long = KeyValue(key="output", value=AnyValue(string_value="x" * rawattrs.MEMO_MAX_BYTES))
+    assert reader(long.SerializeToString())[1] == "x" * rawattrs.MEMO_MAX_BYTES
     assert reader.remembered(long.SerializeToString()) is None  # long values are not kept
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from supervisor.http import health_app
+from supervisor.web.http import health_app
 
 
 async def _get(app, headers, query=b""):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.install import (
+from supervisor.tools.install import (
     ENV_TEMPLATE,
     _template,
     default_manager,
@@ -99,7 +99,7 @@ def test_the_default_manager_is_the_hosts(platform, booted, manager):
 
 def test_service_install_without_a_manager_takes_the_hosts(monkeypatch, capsys):
     from supervisor import cli
-    from supervisor import install as install_mod
+    from supervisor.tools import install as install_mod
     asked: list[str] = []
     monkeypatch.setattr(install_mod, "install",
                         lambda manager, **kw: asked.append(manager) or 0)
@@ -132,7 +132,7 @@ def test_a_script_the_service_could_not_start_is_named(tmp_path):
 
 
 def test_the_shebangs_interpreter_is_looked_at_too(tmp_path, monkeypatch):
-    import supervisor.install as install_mod
+    import supervisor.tools.install as install_mod
     script = Path("/usr/local/bin/aep-bridges-test-not-there")
     real_open = open
 
@@ -148,7 +148,7 @@ def test_the_shebangs_interpreter_is_looked_at_too(tmp_path, monkeypatch):
 
 def test_a_prefix_install_defaults_to_systemd_on_linux(tmp_path, monkeypatch):
     from supervisor import cli
-    from supervisor import install as install_mod
+    from supervisor.tools import install as install_mod
     asked: list[str] = []
     monkeypatch.setattr(install_mod, "install", lambda manager, **kw: asked.append(manager) or 0)
     booted: list[bool | None] = []
@@ -164,7 +164,7 @@ def test_a_prefix_install_defaults_to_systemd_on_linux(tmp_path, monkeypatch):
 
 
 def test_the_steps_after_say_sudo_when_not_root(monkeypatch):
-    import supervisor.install as install_mod
+    import supervisor.tools.install as install_mod
     monkeypatch.setattr(install_mod.os, "geteuid", lambda: 1000)
     _, then = plan("systemd", exe=EXE)
     assert then[0].startswith("sudoedit /etc/aep-bridges/env")
@@ -176,7 +176,7 @@ def test_the_steps_after_say_sudo_when_not_root(monkeypatch):
 
 def test_the_interpreter_of_pips_sh_trampoline_is_found(tmp_path):
     # what pip writes for a venv whose path has a space (or is too long for #!)
-    from supervisor.install import _interpreter
+    from supervisor.tools.install import _interpreter
     script = tmp_path / "aep-bridges"
     q3 = b"'" * 3
     script.write_bytes(b"#!/bin/sh\n" + q3 + b"exec' \"/root/my venv/bin/python\" \"$0\" \"$@\"\n"

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from supervisor.jsonlog import SessionLog, safe_name
+from supervisor.sessionlog.jsonlog import SessionLog, safe_name
 
 
 @pytest.mark.parametrize("raw", ["../../etc/passwd", "a/b", ".", "..", ".hidden", "x" * 400,

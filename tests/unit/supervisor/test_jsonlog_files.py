@@ -15,8 +15,8 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor import jsonlog
-from supervisor.jsonlog import SessionLog, encode_line
+from supervisor.sessionlog import jsonlog
+from supervisor.sessionlog.jsonlog import SessionLog, encode_line
 
 _AGENTS = st.sampled_from(["codex", "openhands", "a/b", None])
 _SESSIONS = st.sampled_from(["s1", "s2", "ses 3", "../x", None, "s5", "s6"])

@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from supervisor import jsonlog
-from supervisor.jsonlog import SessionLog
+from supervisor.sessionlog import jsonlog
+from supervisor.sessionlog.jsonlog import SessionLog
 
 
 def _ev(session: str, n: int) -> dict:

@@ -3,7 +3,7 @@ import io
 import json
 import logging
 
-from supervisor import logs
+from supervisor.tools import logs
 
 
 def _capture(environ, emit):

@@ -5,7 +5,7 @@ import trio
 
 from bridges.core.backoff import backoff_delay
 from supervisor.fleet import BACKOFF_INITIAL, BACKOFF_MAX
-from supervisor.notify import Notifier
+from supervisor.tools.notify import Notifier
 
 
 async def test_notify_sends_datagrams_to_notify_socket(tmp_path):

@@ -1,4 +1,4 @@
-"""The uplink outbox (supervisor/outbox.py): the AEP-0003 §8.4 shedding
+"""The uplink outbox (supervisor/delivery/outbox.py): the AEP-0003 §8.4 shedding
 policy (bounded; drop debug/info first; count every drop; never drop
 notice+), order, and the written-then-confirmed life of an entry. Pure: no
 sockets, no clock."""
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.core.aep import SEVERITIES
-from supervisor.outbox import Outbox, severity_rank
+from supervisor.delivery.outbox import Outbox, severity_rank
 from tests.support.shared import aep_dir
 
 

@@ -1,4 +1,4 @@
-"""Session log retention (:mod:`supervisor.retention`): rotation by size
+"""Session log retention (:mod:`supervisor.sessionlog.retention`): rotation by size
 and age, compression of closed files, the oldest removed first under the
 total cap, never the file being written; the settings refused clearly."""
 from __future__ import annotations
@@ -13,8 +13,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from supervisor import retention
-from supervisor.retention import RetainingSessionLog, RetentionPolicy, parse_age, parse_size, segment_name
+from supervisor.sessionlog import retention
+from supervisor.sessionlog.retention import (
+    RetainingSessionLog,
+    RetentionPolicy,
+    parse_age,
+    parse_size,
+    segment_name,
+)
 
 
 class Clock:
@@ -220,7 +226,7 @@ def test_settings():
 
 def test_the_readme_documents_the_knobs_as_declared():
     from bridges.core.settings import render_table
-    from supervisor.retention import SETTINGS
+    from supervisor.sessionlog.retention import SETTINGS
     from tests.support.shared import ROOT
     readme = (ROOT / "README.md").read_text()
     for row in render_table(SETTINGS).splitlines()[2:]:
@@ -265,7 +271,7 @@ def test_a_file_written_after_the_scan_is_not_removed_by_its_sweep(tmp_path):
     # scan saw, and is left for the next sweep to see as it is
     import os
 
-    from supervisor import retention
+    from supervisor.sessionlog import retention
 
     d = tmp_path / "codex"
     d.mkdir()
@@ -288,8 +294,8 @@ def test_a_file_written_after_the_scan_is_not_removed_by_its_sweep(tmp_path):
 def test_the_scan_skips_the_spare_files_and_links_to_directories(tmp_path):
     import os
 
-    from supervisor import retention
-    from supervisor.spares import SPARE_DIR
+    from supervisor.sessionlog import retention
+    from supervisor.sessionlog.spares import SPARE_DIR
 
     (tmp_path / "codex").mkdir()
     (tmp_path / "codex" / "s.jsonl").write_bytes(b"x\n")

@@ -1,4 +1,4 @@
-"""Spare session log files (``supervisor.spares``, issue 11): a new
+"""Spare session log files (``supervisor.sessionlog.spares``, issue 11): a new
 session's file is an empty spare renamed into place. Held to the log
 without spares (same files, same lines, existing files never replaced),
 the pool's refill task, the spares of a previous run, and failures
@@ -16,8 +16,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from supervisor.jsonlog import SessionLog, encode_line
-from supervisor.spares import SPARE_DIR, SpareFiles, give_back
+from supervisor.sessionlog.jsonlog import SessionLog, encode_line
+from supervisor.sessionlog.spares import SPARE_DIR, SpareFiles, give_back
 
 _SESSIONS = st.sampled_from(["s1", "s2", "ses 3", "../x", None, "s5", "s6", "s7"])
 
@@ -227,7 +227,7 @@ def test_a_directory_spares_cannot_be_moved_into_keeps_the_spares(tmp_path, monk
     leftovers after 600 sessions), and other directories still take them."""
     import errno
 
-    from supervisor import spares as spares_mod
+    from supervisor.sessionlog import spares as spares_mod
     real = os.link
     renames = []
 
@@ -260,7 +260,7 @@ def test_a_file_another_writer_made_meanwhile_is_opened_never_replaced(tmp_path,
     kept (break-it review: with rename, 1 line of 600 was lost). The open
     comes first for a file this log has opened before (here: rotated away
     since, so it is missing again)."""
-    from supervisor import jsonlog as jsonlog_mod
+    from supervisor.sessionlog import jsonlog as jsonlog_mod
     log = SessionLog(tmp_path, max_open=1)
     log.spares = pool = _pool(tmp_path, 3)
     assert log.write(_ev("codex", "s1", -2)) and log.write(_ev("codex", "s2", 0))  # s1 closed
@@ -309,7 +309,7 @@ def test_the_loop_never_unlinks_in_the_spare_directory(tmp_path, monkeypatch):
     session's file keeps its one name and its lines throughout."""
     import threading
 
-    from supervisor import spares as spares_mod
+    from supervisor.sessionlog import spares as spares_mod
     real = os.unlink
     on_loop = []
 
@@ -353,7 +353,7 @@ def test_a_burst_is_served_from_the_pool_with_no_spare_made_beside_it(tmp_path):
     are ready, none is made (their creates would run beside the burst)."""
     from trio.testing import MockClock
 
-    from supervisor.spares import QUIET
+    from supervisor.sessionlog.spares import QUIET
 
     async def main():
         pool = SpareFiles(tmp_path / SPARE_DIR, target=16)
@@ -375,7 +375,7 @@ def test_a_burst_is_served_from_the_pool_with_no_spare_made_beside_it(tmp_path):
 def test_at_the_low_water_mark_spares_are_made_at_once(tmp_path, monkeypatch):
     """A burst that takes the pool down to ``low`` gets spares made beside
     it: with QUIET never reached, only that path can make them."""
-    from supervisor import spares
+    from supervisor.sessionlog import spares
 
     async def main():
         pool = SpareFiles(tmp_path / SPARE_DIR, target=16)
@@ -401,7 +401,7 @@ def test_spares_never_take_the_last_free_inodes(tmp_path, monkeypatch):
     again) and says so as an error, so the keeper backs off."""
     import errno as errno_mod
 
-    from supervisor import spares as spares_mod
+    from supervisor.sessionlog import spares as spares_mod
 
     class Vfs:
         f_files = 10_000
@@ -438,7 +438,7 @@ def test_a_link_failure_of_the_moment_does_not_give_up_on_the_directory(tmp_path
     the daemon's life); another file system (EXDEV) is given up for good."""
     import errno as errno_mod
 
-    from supervisor import spares as spares_mod
+    from supervisor.sessionlog import spares as spares_mod
     pool = _pool(tmp_path, 4)
     (tmp_path / "a").mkdir()
     real = os.link
@@ -465,7 +465,7 @@ def test_the_inode_reserve_is_a_limit_not_an_error(tmp_path, monkeypatch):
     again only every few seconds."""
     from trio.testing import MockClock
 
-    from supervisor import spares as spares_mod
+    from supervisor.sessionlog import spares as spares_mod
 
     class Vfs:
         f_files = 10_000

@@ -1,4 +1,4 @@
-"""The state directory's lock (``supervisor.statelock``): one holder at a
+"""The state directory's lock (``supervisor.sessionlog.statelock``): one holder at a
 time, the holder's pid readable by the refused one, the file private, and
 the lock free again once released."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from supervisor.statelock import LOCK_FILE, StateDirBusy, hold
+from supervisor.sessionlog.statelock import LOCK_FILE, StateDirBusy, hold
 
 
 def test_a_second_holder_is_refused_with_the_first_ones_pid(tmp_path):

@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.tail import AGENT_W, SESSION_W, TIME_W, TYPE_W, Timeline, default_url, gist, parse_filter
+from supervisor.tools.tail import (
+    AGENT_W,
+    SESSION_W,
+    TIME_W,
+    TYPE_W,
+    Timeline,
+    default_url,
+    gist,
+    parse_filter,
+)
 from tests.support.shared import aep_dir, fixture, pin_entries
 
 
@@ -230,7 +239,7 @@ def test_hostile_keys_and_token_counts_are_escaped_and_shortened():
 
 
 class FakeSubscription:
-    """Stands in for ``aep_sdk.subscribe`` to drive :func:`supervisor.tail.run`'s
+    """Stands in for ``aep_sdk.subscribe`` to drive :func:`supervisor.tools.tail.run`'s
     error handling (the real consumer is exercised against the daemon in
     tests/integration/supervisor/test_tail_daemon.py)."""
 
@@ -253,7 +262,7 @@ def test_run_survives_a_refused_from_all_but_not_a_refused_token():
 
     from aep_sdk import TransportError
 
-    from supervisor.tail import run
+    from supervisor.tools.tail import run
     ev = {"id": "1", "type": "tool.completed", "agent": "a", "data": {"tool": {"name": "t"}}}
     fake = FakeSubscription([("error", TransportError("http", "SSE HTTP 400", status=400)),
                              ("event", ev)])
@@ -278,7 +287,7 @@ def test_json_mode_escapes_what_json_dumps_leaves_raw():
     import io
     import json
 
-    from supervisor.tail import run
+    from supervisor.tools.tail import run
     ev = {"id": "1", "type": "x.v.t", "agent": "a", "data": {_NASTY: _NASTY}}
     out = io.StringIO()
     assert run("http://x", as_json=True, limit=1, out=out, err=io.StringIO(),
@@ -295,7 +304,7 @@ def test_an_endpoints_own_words_reach_stderr_escaped():
 
     from aep_sdk import TransportError
 
-    from supervisor.tail import run
+    from supervisor.tools.tail import run
     bad = TransportError("http", "bad status line: \x1b]0;pwned\x07\x1b[2J\nFORGED", status=None)
     err = io.StringIO()
     ev = {"id": "1", "type": "x.v.t", "agent": "a", "data": {}}

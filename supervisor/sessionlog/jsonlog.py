@@ -91,7 +91,7 @@ class SessionLog:
         self._agent_dirs: dict[str, tuple[Path, str]] = {}
         self._dirs: set[str] = set()  # agent directories made (or found) by this log
         #: spare files linked into place for new sessions (the fleet sets
-        #: and refills it; :mod:`supervisor.spares`), or ``None``: created here
+        #: and refills it; :mod:`supervisor.sessionlog.spares`), or ``None``: created here
         self.spares: SpareFiles | None = None
         self.errors = 0
         self.lines = 0

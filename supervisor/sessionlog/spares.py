@@ -16,7 +16,7 @@ when no spare has been taken for a while, and at once only when nearly
 empty (:meth:`SpareFiles.keep`); the loop only links them into place.
 
 Layout: ``{logs}/.spare/{n}.spare``, ``0600`` in a ``0700`` directory. No
-session or agent name can be ``.spare`` (:func:`supervisor.jsonlog.safe_name`
+session or agent name can be ``.spare`` (:func:`supervisor.sessionlog.jsonlog.safe_name`
 starts every name with a letter, digit or ``~``), and nothing that reads
 the logs looks at files without ``.jsonl`` in their name. Spares left by a
 previous run are used again when they are this user's, ``0600`` and empty.

@@ -39,17 +39,21 @@ Families (all prefixed ``aep_bridges_``):
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-__all__ = ["Metrics", "FleetCollector", "PREFIX", "ACK_BUCKETS"]
+__all__ = ["Metrics", "FleetCollector", "PREFIX", "ACK_BUCKETS", "Watched", "WatchedMember"]
 
 if TYPE_CHECKING:
-    from .fleet import Fleet
+    from bridges.core.bridge import BridgeHealth
+
+    from ..delivery.uplink import Uplink
+    from ..relay import Relay
+    from ..sessionlog import RetainingSessionLog
 
 PREFIX = "aep_bridges"
 
@@ -74,6 +78,46 @@ _OTLP_REFUSALS = ("otlp.bad_gzip", "otlp.too_large", "otlp.unsupported_media_typ
                   "otlp.refused_host")
 
 
+class WatchedMember(Protocol):
+    """What the collector reads of one bridge of the fleet
+    (:class:`supervisor.fleet.Member`)."""
+
+    @property
+    def health(self) -> BridgeHealth: ...
+
+    @property
+    def restarts(self) -> int: ...
+
+    @property
+    def uplink(self) -> Uplink | None: ...
+
+
+class Watched(Protocol):
+    """What the collector reads of the fleet at scrape time (public members
+    of :class:`supervisor.fleet.Fleet`; a ``jetstream`` attribute is read
+    when present). The fleet is above this module: it owns a
+    :class:`Metrics` and hands itself to :meth:`Metrics.watch`, so the shape
+    lives here and this module never imports the fleet."""
+
+    @property
+    def emitted(self) -> Mapping[tuple[str, str], int]: ...
+
+    @property
+    def acks(self) -> Mapping[tuple[str, str, str], int]: ...
+
+    @property
+    def counters(self) -> Mapping[str, int]: ...
+
+    @property
+    def members(self) -> Mapping[str, WatchedMember]: ...
+
+    @property
+    def relay(self) -> Relay | None: ...
+
+    @property
+    def session_log(self) -> RetainingSessionLog: ...
+
+
 class Metrics:
     """The daemon's registry: the process collector, the fleet collector
     and the live ack-latency histogram. :meth:`render` is the ``/metrics``
@@ -87,7 +131,7 @@ class Metrics:
                                      buckets=ACK_BUCKETS, registry=self.registry)
         self._fleet: FleetCollector | None = None
 
-    def watch(self, fleet: "Fleet") -> None:
+    def watch(self, fleet: Watched) -> None:
         """Collect ``fleet``'s figures (once)."""
         if self._fleet is None:
             self._fleet = FleetCollector(fleet)
@@ -104,7 +148,7 @@ class Metrics:
 class FleetCollector(Collector):
     """Reads a :class:`supervisor.fleet.Fleet` (and its relay) at scrape time."""
 
-    def __init__(self, fleet: "Fleet") -> None:
+    def __init__(self, fleet: Watched) -> None:
         self.fleet = fleet
 
     def describe(self) -> list[Metric]:

@@ -1,7 +1,7 @@
 """Session log retention: rotation by size and age, closed files compressed,
 the oldest removed first under a total cap, never the file being written.
 
-Layout under ``{state}/logs/{agent}/`` (see :mod:`supervisor.jsonlog`):
+Layout under ``{state}/logs/{agent}/`` (see :mod:`supervisor.sessionlog.jsonlog`):
 
 - ``{session}.jsonl``: the live file of a session (appended to);
 - ``{session}.{UTC}.jsonl``: a closed segment, just rotated (``UTC`` is

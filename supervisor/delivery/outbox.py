@@ -1,6 +1,6 @@
 """The uplink's outbox: a bounded, ordered, severity-aware queue with a
 confirmation window (AEP-0003 §8.4 emitter-side buffering; DESIGN.md
-"Delivery"). Pure: no I/O, no clock, no trio; :mod:`supervisor.uplink`
+"Delivery"). Pure: no I/O, no clock, no trio; :mod:`supervisor.delivery.uplink`
 drives it.
 
 Life of an entry::

@@ -20,7 +20,7 @@ The connection, per attempt:
    ``hello_timeout`` selecting exactly one version we offered. An ``error``
    frame (``version-unsupported``, ``unauthorized``, ...) or any other answer
    ends the attempt (logged once per code, counted).
-3. Events flow from the :class:`supervisor.outbox.Outbox` in order, never
+3. Events flow from the :class:`supervisor.delivery.outbox.Outbox` in order, never
    before ``hello`` completed. A written event leaves the outbox only when
    a ``pong`` answers a ``ping`` sent after it; on reconnect the
    unconfirmed ones are sent again first (at-least-once; the relay's and

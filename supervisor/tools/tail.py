@@ -18,7 +18,7 @@ marked ``PENDING``); its ``attention.resolved`` line names how it ended.
 
 The pure parts (:func:`gist`, :func:`parse_filter`, :class:`Timeline`) take
 events as dicts and return text; :func:`run` owns the subscription thread
-(:mod:`supervisor.tailstream`, the SDK consumer's behaviour plus a defined
+(:mod:`supervisor.tools.tailstream`, the SDK consumer's behaviour plus a defined
 answer to an endpoint that sends what is not AEP: each bad event skipped,
 counted and named once on stderr; an answer that is no event stream ends
 ``tail`` with exit 1) and the terminal (``rich``)."""

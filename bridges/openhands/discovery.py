@@ -1,0 +1,163 @@
+"""OpenHands discovery (split from :mod:`bridges.openhands.receiver` by
+issue 26): :class:`Discovery`, the receiver's base, polls
+``GET /api/conversations/search`` (paged, at most :data:`MAX_PAGES` pages a
+poll) every ``poll`` seconds with backoff on failure, attaches what is new
+(at most :data:`MAX_CONVERSATIONS`) and detaches what a complete listing no
+longer has once ``GET /api/conversations/{id}`` confirms it gone (404).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Awaitable, Callable
+
+import httpx
+import trio
+import trio_websocket
+
+from bridges.core.backoff import backoff_delay
+from bridges.core.bridge import BridgeContext
+from bridges.core.errors import leaves
+
+from .config import OpenHandsConfig
+from .conversation import Conversation
+
+log = logging.getLogger("aep.bridge.openhands")
+
+MAX_PAGES = 100
+"""Search pages read per poll (100 conversations each); a server that pages
+beyond it is counted (``search_pages_capped``) and nothing is detached."""
+MAX_CONVERSATIONS = 10_000
+MAX_BACKOFF = 60.0
+
+
+class AuthRefused(Exception):
+    """The server refused the session API key (REST 401/403, socket 4001)."""
+
+
+class Discovery:
+    """The receiver's discovery loop (:class:`~bridges.openhands.receiver.Receiver`
+    is the one subclass; it owns the attributes and callables below)."""
+
+    settings: OpenHandsConfig
+    ctx: BridgeContext
+    rest: Any
+    conversations: dict[str, Conversation]
+    _nursery: trio.Nursery | None
+    _rest_refused: bool
+    _auth_logged: set[str]
+    _socket_refused: set[str]
+    _source: Callable[..., None]
+    _auth_failed: Callable[..., None]
+    _load: Callable[[str], Conversation]
+    _conversation_task: Callable[[Conversation], Awaitable[None]]
+    _detach: Callable[..., Awaitable[None]]
+
+    async def _discover_loop(self) -> None:
+        failures = 0
+        while True:
+            try:
+                listed, complete = await self.search()
+            except AuthRefused:
+                self._auth_failed("REST API")
+                failures += 1
+            except (httpx.HTTPError, OSError, ValueError) as e:
+                failures += 1
+                self.ctx.health.count("search_errors")
+                self._source(False if isinstance(e, (httpx.TransportError, OSError)) else "degraded",
+                             f"conversation search failed: {type(e).__name__}")
+                if failures == 1 or failures % 10 == 0:  # once per episode, then a reminder
+                    log.warning("OpenHands conversation search at %s failed (%s); retrying with backoff"
+                                " (%d failures)", self.settings.url, _why(e), failures)
+            else:
+                if failures:
+                    log.info("OpenHands agent server at %s reachable", self.settings.url)
+                failures = 0
+                self._rest_refused = False
+                self._auth_logged.discard("REST API")
+                if not self._socket_refused:
+                    self._source(True)
+                    self.ctx.health.detail = None
+                await self._reconcile(listed, complete)
+            if failures:
+                delay = backoff_delay(failures - 1, 1.0, MAX_BACKOFF)
+            else:
+                delay = self.settings.poll
+            await trio.sleep(delay)
+
+    async def search(self) -> tuple[list[str], bool]:
+        """All conversation ids the server lists, and whether the listing is
+        complete (``False`` when :data:`MAX_PAGES` was hit or a page id
+        repeated). Raises :class:`AuthRefused`, ``httpx.HTTPError``,
+        ``ValueError`` (an unparsable page)."""
+        ids: list[str] = []
+        page_id: str | None = None
+        seen_pages: set[str] = set()
+        for _ in range(MAX_PAGES):
+            params: dict[str, Any] = {"limit": 100}
+            if page_id:
+                params["page_id"] = page_id
+            r = await self.rest.get("/api/conversations/search", params)
+            if r.status_code in (401, 403):
+                raise AuthRefused()
+            r.raise_for_status()
+            body = r.json()
+            if not isinstance(body, dict) or not isinstance(body.get("items"), list):
+                raise ValueError("search page is not {items: [...]}")
+            for item in body["items"]:
+                cid = item.get("id") if isinstance(item, dict) else None
+                if isinstance(cid, str) and re.fullmatch(r"[0-9A-Fa-f-]{32,36}", cid):
+                    ids.append(cid)
+                else:
+                    self.ctx.health.count("search_bad_items")
+            nxt = body.get("next_page_id")
+            if not isinstance(nxt, str) or not nxt:
+                return ids, True
+            if nxt in seen_pages:
+                self.ctx.health.count("search_pages_capped")
+                return ids, False
+            seen_pages.add(nxt)
+            page_id = nxt
+        self.ctx.health.count("search_pages_capped")
+        return ids, False
+
+    async def _reconcile(self, listed: list[str], complete: bool) -> None:
+        assert self._nursery is not None
+        listed_set = set(listed)
+        for cid in listed:
+            if cid in self.conversations:
+                continue
+            if len(self.conversations) >= MAX_CONVERSATIONS:
+                self.ctx.health.count("conversations_capped")
+                continue
+            conv = self._load(cid)
+            if conv.ended:
+                continue
+            self.conversations[cid] = conv
+            self.ctx.health.count("conversations_attached")
+            self._nursery.start_soon(self._conversation_task, conv)
+        if not complete:
+            return
+        for cid in [c for c in self.conversations if c not in listed_set]:
+            if await self._confirmed_gone(cid):
+                await self._detach(self.conversations[cid], vanished=True)
+
+    async def _confirmed_gone(self, cid: str) -> bool:
+        try:
+            r = await self.rest.get(f"/api/conversations/{cid}")
+        except httpx.HTTPError:
+            return False
+        return r.status_code == 404
+
+
+def _why(e: BaseException) -> str:
+    """A short, secret-free description of a transport failure."""
+    if isinstance(e, BaseExceptionGroup):
+        return ", ".join(_why(x) for x in leaves(e))
+    if isinstance(e, httpx.HTTPStatusError):
+        return f"HTTP {e.response.status_code}"
+    if isinstance(e, trio_websocket.ConnectionClosed):
+        return f"closed {getattr(e.reason, 'code', '?')}"
+    if isinstance(e, trio_websocket.ConnectionRejected):
+        return f"rejected HTTP {e.status_code}"
+    return type(e).__name__

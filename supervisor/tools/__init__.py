@@ -1,0 +1,12 @@
+"""The operator's tools behind the ``aep-bridges`` subcommands
+(:mod:`supervisor.cli` parses the command line and calls them): :mod:`.tail`
+(``aep-bridges tail``: the live timeline of a relay, one line per event, or
+``--json``; :mod:`.tailstream` is its tolerant SSE reader), :mod:`.install` (``aep-bridges service install``: the systemd
+unit or launchd agent rendered from the shipped templates in
+``supervisor/service/``), :mod:`.notify` (the service manager's readiness and
+watchdog notifications, which the daemon sends), :mod:`.logs` (the daemon's
+log format and level). Each tool is loaded only by the command that uses it,
+so this ``__init__`` imports none of them: it lists them.
+"""
+
+__all__ = ["install", "logs", "notify", "tail", "tailstream"]
