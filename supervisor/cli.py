@@ -91,8 +91,8 @@ def _apply_env_file(args: argparse.Namespace) -> int | None:
 def _cmd_run(args: argparse.Namespace) -> int:
     import trio
 
-    from .tools import logs
     from .daemon import run_daemon
+    from .tools import logs
     if (refused := _apply_env_file(args)) is not None:
         return refused
     cfg, bridges, problems = _load()
@@ -133,8 +133,8 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
     import trio
 
-    from .tools import logs
     from .daemon import run_daemon
+    from .tools import logs
     cfg, _, problems = _load(relay_only=True)
     if problems:
         return _refuse(problems)

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("aep.nats.recover")
 
 MARK_FILE = "nats-outbox"
-_SEGMENT = re.compile(r"\.\d{8}T\d{6}\.\d{6}Z\.jsonl$")  # a rotated segment (supervisor.retention)
+_SEGMENT = re.compile(r"\.\d{8}T\d{6}\.\d{6}Z\.jsonl$")  # a rotated segment (supervisor.sessionlog.retention)
 MAX_FILE_BYTES = 64 << 20
 """Largest tail of one session file read back (a session with more than
 this unpublished is recovered from its last 64 MiB)."""

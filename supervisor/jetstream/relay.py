@@ -360,7 +360,7 @@ class JetStreamRelay(Relay):
 
     def nats_stats(self) -> dict[str, int]:
         """``/metrics``' NATS figures of this relay (the daemon's names,
-        :mod:`supervisor.metrics`): ``connected`` (0/1), the link's
+        :mod:`supervisor.web.metrics`): ``connected`` (0/1), the link's
         ``disconnects``/``reconnects``/``errors``, the publishes
         (``published``, ``publish_errors``: events not acknowledged in time),
         the consumers (``consumers`` live, ``consumers_made``,

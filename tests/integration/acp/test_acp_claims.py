@@ -17,8 +17,8 @@ from bridges.acp.link import DaemonLink, ObservationQueue
 from bridges.acp.tee import TeeOptions
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.envelope import Stamper
-from supervisor.http import serve_asgi
-from supervisor.mounts import Mounts
+from supervisor.web.http import serve_asgi
+from supervisor.web.mounts import Mounts
 from tests.integration.acp.test_acp_hub import frame, not_found
 
 

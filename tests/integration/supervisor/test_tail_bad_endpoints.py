@@ -102,7 +102,7 @@ def test_an_answer_that_is_no_event_stream_ends_tail_with_a_message(stub_factory
 
 
 def test_the_timeline_goes_on_past_bad_events_in_process(stub_factory):
-    from supervisor.tail import run
+    from supervisor.tools.tail import run
     stub = stub_factory(sse(json.dumps("x"), json.dumps(GOOD)))
     out, err = io.StringIO(), io.StringIO()
     done: list[int] = []
