@@ -28,6 +28,7 @@ import trio
 from bridges.core.aep import AEP_VERSION, CAPTURE_LEVELS
 from bridges.core.asgi import bearer_ok, token_matches
 
+from .acks import ACK_TYPES, AckGate
 from .attrmatch import DEFAULT_MAX_TERMS, Filter
 from .buffer import AppendFault, BufKey, Entry, Held, MiB, Position, SessionBuffers, same_event
 from .connections import Claims, CommandRefused, Connection, LocalEmitter, RelayClosed, SocketConnection
@@ -148,9 +149,11 @@ class Relay:
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
-            "refused_owned_source": 0, "replay_exhausted_late": 0,
+            "refused_owned_source": 0, "refused_owned_session": 0, "replay_exhausted_late": 0,
         }
         self.fanout = Fanout(self.counters)
+        #: which connection each routed command went to (:mod:`.acks`)
+        self.acks = AckGate(self.counters)
 
     def __repr__(self) -> str:  # never the token
         return (f"<Relay buffer={self.buffer_depth} max_sessions={self.max_sessions} "
@@ -292,6 +295,26 @@ class Relay:
             raise InvalidEvent("this source belongs to a connected emitter; only that "
                                "connection may send under it")
 
+    def check_session_owner(self, e: Entry, conn: Connection | None) -> None:
+        """Raise :class:`InvalidEvent` (counted ``refused_owned_session``)
+        when a remote connection's sequenced event would claim a session
+        another live connection already claims (issue 25: one such event
+        made every command to the owner's session ``ambiguous``). The
+        first live claimant keeps the session until it goes; a second
+        remote emitter's events there are refused, so it never becomes a
+        claimant (AEP-0004 §4.5 still refuses ``ambiguous`` whenever two
+        connections do claim it, e.g. two of the fleet's own bridges).
+        ``POST /events`` claims nothing and is not refused; neither is a
+        fleet bridge (:class:`LocalEmitter`, the daemon's own code)."""
+        if e.pos is None or conn is None or not conn.can_claim or isinstance(conn, LocalEmitter):
+            return
+        if self.claims.claimed_by_other(e.attrs["session"], conn):
+            self.counters["refused_owned_session"] += 1
+            raise InvalidEvent("this session is claimed by another connected emitter; only "
+                               "that connection may send its sequenced events while it is "
+                               "connected (a second claimant would make its commands "
+                               "ambiguous, AEP-0004 §4.5)")
+
     def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
         """Everything :meth:`ingest_http` would refuse, checked before any of
         ``entries`` is ingested (a batch is accepted or rejected whole):
@@ -429,6 +452,7 @@ class Relay:
         command's duplicate keys); the entry, or :class:`InvalidEvent`."""
         e = self.entry(ev)
         self.check_owner(e, conn)
+        self.check_session_owner(e, conn)
         self.check_position(e)
         if conn is not None and conn.agent is not None and ev["agent"] != conn.agent \
                 and not is_foreign(e.attrs["type"]):
@@ -437,6 +461,8 @@ class Relay:
             self._identity_mismatch(conn, ev["agent"])
         if is_command_type(e.attrs["type"]) and raw is not None and has_duplicate_keys(raw):
             raise InvalidEvent("duplicate attribute names in command")
+        if e.attrs["type"] in ACK_TYPES:  # last: an admitted first ack decides its command
+            self.acks.check(e, conn, trusted=isinstance(conn, LocalEmitter))
         return e
 
     def _identity_mismatch(self, conn: Connection, agent: Any) -> None:
@@ -470,6 +496,8 @@ class Relay:
         self.check_position(e)
         if conn.agent is not None and ev["agent"] != conn.agent and not is_foreign(e.attrs["type"]):
             self._identity_mismatch(conn, ev["agent"])
+        if e.attrs["type"] in ACK_TYPES:
+            self.acks.check(e, conn, trusted=isinstance(conn, LocalEmitter))
         self._admit(e, conn)
 
     def admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
@@ -538,7 +566,7 @@ class Relay:
                 ev, raw = pairs[i]
                 type_ = ev.get("type")
                 if type_.__class__ is not str or type_ not in plain:
-                    if is_command_type(type_):
+                    if is_command_type(type_) or type_ in ACK_TYPES:  # routed / gated
                         return i
                     if type_.__class__ is str:
                         plain.add(type_)
@@ -642,6 +670,7 @@ class Relay:
         refusal = self._route_check(ev, sender)
         if refusal is None:
             target = self.claims.holders(ev["session"])[0]
+            self.acks.routed(target, ev["session"], ev["id"])  # before: an ack may come at once
             try:
                 await target.deliver_command(ev, raw)
             except Exception as exc:  # noqa: BLE001 -- a dead target is no route
