@@ -31,7 +31,15 @@ from bridges.core.asgi import bearer_ok, token_matches
 from .acks import ACK_TYPES, AckGate
 from .attrmatch import DEFAULT_MAX_TERMS, Filter
 from .buffer import AppendFault, BufKey, Entry, Held, MiB, Position, SessionBuffers, same_event
-from .connections import Claims, CommandRefused, Connection, LocalEmitter, RelayClosed, SocketConnection
+from .connections import (
+    Claims,
+    CommandRefused,
+    Connection,
+    LocalEmitter,
+    RelayClosed,
+    SocketConnection,
+    Unavailable,
+)
 from .envelope import (
     InvalidEvent,
     has_duplicate_keys,
@@ -154,6 +162,11 @@ class Relay:
         self.fanout = Fanout(self.counters)
         #: which connection each routed command went to (:mod:`.acks`)
         self.acks = AckGate(self.counters)
+        #: ``persist(entries) -> bool``: write remote emitters' sequenced
+        #: events (``POST /events``, ``/socket``) durably before they are
+        #: admitted and answered (the daemon's session log); ``False``: not
+        #: written, refused ``unavailable`` (send again). ``None``: memory only
+        self.persist: Callable[[list[Entry]], bool] | None = None
 
     def __repr__(self) -> str:  # never the token
         return (f"<Relay buffer={self.buffer_depth} max_sessions={self.max_sessions} "
@@ -411,6 +424,10 @@ class Relay:
         event). Returns how many entries were ingested."""
         n = 0
         counters = self.counters
+        if self.persist is not None:  # on disk before the 202 (like an OTLP export)
+            sequenced = [e for e in entries if e.pos is not None]
+            if sequenced:
+                self._persist(sequenced)
         for i in range(0, len(entries), chunk):
             if i:
                 mark = counters["events"]
@@ -443,8 +460,18 @@ class Relay:
         e = self.accept(ev, conn, raw)
         if is_command_type(e.attrs["type"]):
             return await self._route(ev, e, conn, raw)
+        if e.pos is not None and self.persist is not None and not isinstance(conn, LocalEmitter):
+            self._persist([e])  # (a fleet bridge's events are logged by the fleet)
         self._admit(e, conn)
         return None
+
+    def _persist(self, entries: list[Entry]) -> None:
+        """:attr:`persist` or raise :class:`Unavailable` (nothing admitted)."""
+        assert self.persist is not None
+        if not self.persist(entries):
+            self.counters["unpersisted"] = self.counters.get("unpersisted", 0) + len(entries)
+            raise Unavailable("the session log did not take these events (disk full or "
+                              "unwritable?); nothing was accepted: send them again")
 
     def accept(self, ev: Any, conn: Connection | None, raw: str | None = None) -> Entry:
         """Every check :meth:`ingest` makes before it routes or admits
@@ -644,6 +671,23 @@ class Relay:
             run.append(e)
         else:
             self.fanout.offer(e)
+
+    def restore(self, entries: Sequence[Entry]) -> int:
+        """Re-admit history read back from the session logs at start
+        (:mod:`.restore`): buffered only (no claim, no fan-out: nobody is
+        subscribed yet), each with its own position and id; one whose
+        position or ``(source, id)`` is held already is skipped. Returns how
+        many were buffered."""
+        buffers = self.buffers
+        n = 0
+        for e in entries:
+            if buffers.conflict(e) or buffers.conflicting_duplicate(e):
+                continue
+            self._admitted += 1
+            e.n = self._admitted
+            if buffers.admit(e):
+                n += 1
+        return n
 
     def _admit_run(self, entries: Sequence[Entry]) -> None:
         """``_admit(e, None)`` for each of ``entries`` in order (no
