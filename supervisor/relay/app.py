@@ -8,7 +8,11 @@
   and for acks (only a command's target decides it, :mod:`.acks`);
   413 ``payload-too-large`` (``AEP_MAX_BODY``) or ``too-many-events``
   (``AEP_MAX_BATCH``); 415 for another content type; 426
-  ``{"versions": ["0.1"]}`` for a missing or unsupported version.
+  ``{"versions": ["0.1"]}`` for a missing or unsupported version; 503
+  ``unavailable`` when the relay's store did not take the events (the
+  embedded relay's session log, :attr:`Relay.persist
+  <supervisor.relay.core.Relay.persist>`: a ``202`` means they are on
+  disk; a JetStream relay's stream).
 - ``GET /events`` and ``GET /.well-known/aep``: the discovery document.
 - ``GET /stream``: SSE with ``filter``, ``capture``, ``from`` (JSON array
   or ``all``), ``live=0`` and ``Last-Event-ID``; refusals (400) go out
