@@ -64,12 +64,19 @@ def _ack(cmd: dict[str, Any], agent: str, seq: int, type_: str, **data: Any) -> 
     return ev
 
 
-def _send_in_thread(url: str, session: str) -> tuple[threading.Thread, dict[str, Any]]:
+def _send_in_thread(url: str, session: str, token: str = TOKEN
+                    ) -> tuple[threading.Thread, dict[str, Any]]:
+    """The SDK ``ControlClient`` sending one ``control.cancel`` from a
+    thread: ``out`` gets ``ack`` or ``nack`` (``error``: it never sent)."""
     out: dict[str, Any] = {}
 
     def run() -> None:
-        client = ControlClient(url, agent="operator", host="laptop", token=TOKEN)
-        client.connect(connect_timeout_ms=10_000)
+        client = ControlClient(url, agent="operator", host="laptop", token=token)
+        try:
+            client.connect(connect_timeout_ms=10_000)
+        except Exception as e:  # noqa: BLE001 -- reported to the test
+            out["error"] = e
+            return
         try:
             out["ack"] = client.send("control.cancel", session, ack_window_ms=20_000, retries=0)
         except NackError as e:
