@@ -103,7 +103,6 @@ class AckGate:
             self._refuse(f"no command {str(cause)[:80]!r} of this session was routed to this "
                          "connection; an ack is accepted only from the command's target "
                          "(AEP-0004 §3)")
-            return
         if slot[0] is not conn:
             self._refuse(f"command {str(cause)[:80]!r} was routed to another connection; only its "
                          "target may acknowledge it (AEP-0004 §3)")
