@@ -126,7 +126,28 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
     if cfg.embedded_relay:
         from .relay.core import Relay
         relay = Relay(**relay_options(cfg))
-    return await _run_daemon(cfg, bridges, relay, notifier=notifier, task_status=task_status)
+    return await _run_daemon(cfg, bridges, relay, notifier=notifier, task_status=task_status,
+                             durable=relay is not None)
+
+
+async def _make_durable(relay: Any, session_log: Any) -> None:
+    """The embedded relay and the session log (issue 25 row 9): remote
+    emitters' sequenced events (``POST /events``, ``/socket``) are written
+    to the session log before they are admitted and answered, as the
+    fleet's own are, and the logs' recent tail is re-admitted into the
+    relay's buffers before anything is served
+    (:func:`supervisor.relay.restore.restore_from_logs`)."""
+    from .relay.restore import restore_from_logs
+
+    def persist(entries: list[Any]) -> bool:
+        return all(session_log.write_raw_batch([(e.attrs, e.raw) for e in entries]))
+
+    relay.persist = persist
+    got = await restore_from_logs(relay, session_log.root)
+    if got["restored"] or got["errors"]:
+        log.info("relay: re-admitted %d events of %d sessions from the session logs in %.2f s "
+                 "(%d lines skipped, %d files unreadable)", got["restored"], got["sessions"],
+                 got["seconds"], got["skipped"], got["errors"])
 
 
 async def _run_jetstream_relay(cfg: Config, bridges: list[Bridge], nats: Any, *,
@@ -168,11 +189,13 @@ async def _run_jetstream_relay(cfg: Config, bridges: list[Bridge], nats: Any, *,
 
 async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
                       notifier: Notifier | None,
-                      task_status: trio.TaskStatus[list[str]]) -> int:
+                      task_status: trio.TaskStatus[list[str]], durable: bool = False) -> int:
     notifier = notifier or Notifier(cfg.environ)
     from .web.mounts import Mounts
     mounts = Mounts(cfg.token)  # bridge-served paths on AEP_LISTEN (the ACP tees)
     fleet = Fleet(cfg, bridges, relay=relay, mounts=mounts)
+    if durable:  # the embedded relay (not a JetStream one: the stream is its store)
+        await _make_durable(relay, fleet.session_log)
     stop_http = trio.Event()
     status = EXIT_OK
     # SIGTERM/SIGINT: our own handler, not trio.open_signal_receiver, so the

@@ -743,6 +743,8 @@ class JetStreamRelay(Relay):
         if refusal is not None:
             return command_reply(me, code=refusal[0], detail=refusal[1])
         target = self.claims.holders(cmd["session"])[0]
+        if isinstance(cmd.get("id"), str):  # its ack is admitted from this target alone
+            self.acks.routed(target, cmd["session"], cmd["id"])
         try:
             await target.deliver_command(cmd, text)
         except Exception as e:  # noqa: BLE001 -- a dead target is no route

@@ -4,10 +4,15 @@
   (``application/x-ndjson``); ``AEP-Version: 0.1`` required. 202
   ``{"accepted": n}``; 400 ``{"error": "invalid-event", "detail", "line"?}``
   (the batch is rejected whole, nothing ingested); 401 without the token;
-  403 for commands (control flows only on the WebSocket, AEP-0004 §4.1);
+  403 for commands (control flows only on the WebSocket, AEP-0004 §4.1)
+  and for acks (only a command's target decides it, :mod:`.acks`);
   413 ``payload-too-large`` (``AEP_MAX_BODY``) or ``too-many-events``
   (``AEP_MAX_BATCH``); 415 for another content type; 426
-  ``{"versions": ["0.1"]}`` for a missing or unsupported version.
+  ``{"versions": ["0.1"]}`` for a missing or unsupported version; 503
+  ``unavailable`` when the relay's store did not take the events (the
+  embedded relay's session log, :attr:`Relay.persist
+  <supervisor.relay.core.Relay.persist>`: a ``202`` means they are on
+  disk; a JetStream relay's stream).
 - ``GET /events`` and ``GET /.well-known/aep``: the discovery document.
 - ``GET /stream``: SSE with ``filter``, ``capture``, ``from`` (JSON array
   or ``all``), ``live=0`` and ``Last-Event-ID``; refusals (400) go out
@@ -52,7 +57,7 @@ from typing import Any, Callable, Sequence
 
 import trio
 
-from bridges.core.aep import AEP_VERSION, is_command_type, loads
+from bridges.core.aep import ACK_TYPES, AEP_VERSION, is_command_type, loads
 from bridges.core.asgi import (
     Message,
     Receive,
@@ -336,6 +341,10 @@ class RelayApp:
             # a command carries no seq (validated): a sequenced event is none
             if entry.pos is None and is_command_type(entry.attrs["type"]):
                 return 403, "commands flow only on an authenticated WebSocket (AEP-0004 §4.1)", j
+            if entry.attrs["type"] in ACK_TYPES:  # only a command's target decides it (.acks)
+                relay.counters["refused_acks"] += 1
+                return 403, ("an ack (control.accepted/control.rejected) is accepted only from "
+                             "the connection its command was routed to (AEP-0004 §3)"), j
             entries.append(entry)
         return entries
 

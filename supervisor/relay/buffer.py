@@ -49,7 +49,7 @@ from collections import OrderedDict
 from operator import itemgetter
 from typing import Any, Iterator, Sequence
 
-from bridges.core.aep import CAPTURE_RANK, SEVERITY_RANK, is_command_type
+from bridges.core.aep import ACK_TYPES, CAPTURE_RANK, SEVERITY_RANK, is_command_type
 
 __all__ = ["SessionBuffers", "Entry", "Held", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB",
            "same_event", "same_json", "AppendFault"]
@@ -587,7 +587,7 @@ class SessionBuffers:
                     vals = values(ev)
                     t = vals[at_t]
                     if t not in plain:
-                        if t.__class__ is not str or is_command_type(t):
+                        if t.__class__ is not str or is_command_type(t) or t in ACK_TYPES:
                             break
                         plain.add(t)
                     # the buffer's own source and session: the same object (a

@@ -17,6 +17,7 @@ import trio
 
 from bridges.core.aep import AEP_VERSION, is_command_type, loads
 
+from .acks import AckRefused
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
 from .buffer import Position
 from .envelope import InvalidEvent
@@ -118,6 +119,12 @@ class Claims:
         """The live connection that owns ``source``, if any."""
         owner = self._sources.get(source)
         return owner if owner is not None and owner.open else None
+
+    def claimed_by_other(self, session: str, conn: Connection) -> bool:
+        """Whether a live connection other than ``conn`` claims ``session``
+        while ``conn`` does not."""
+        holders = self._holders.get(session)
+        return bool(holders) and conn not in holders  # type: ignore[operator]
 
     def holders(self, session: str) -> list[Connection]:
         """The live claimants of ``session`` (oldest claim first)."""
@@ -423,6 +430,9 @@ class SocketConnection(Connection):
         cause = ev.get("id") if isinstance(ev.get("id"), str) else None
         try:
             refusal = await self.relay.ingest(ev, self, raw=text)
+        except AckRefused as e:  # counted refused_acks (AEP-0004 §3: only the target decides)
+            self.error("unauthorized", str(e), **({"cause": cause} if cause else {}))
+            return
         except InvalidEvent as e:
             self.relay.counters["invalid_events"] += 1
             extra = {"cause": cause} if cause else {}

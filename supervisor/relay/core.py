@@ -28,9 +28,18 @@ import trio
 from bridges.core.aep import AEP_VERSION, CAPTURE_LEVELS
 from bridges.core.asgi import bearer_ok, token_matches
 
+from .acks import ACK_TYPES, AckGate
 from .attrmatch import DEFAULT_MAX_TERMS, Filter
 from .buffer import AppendFault, BufKey, Entry, Held, MiB, Position, SessionBuffers, same_event
-from .connections import Claims, CommandRefused, Connection, LocalEmitter, RelayClosed, SocketConnection
+from .connections import (
+    Claims,
+    CommandRefused,
+    Connection,
+    LocalEmitter,
+    RelayClosed,
+    SocketConnection,
+    Unavailable,
+)
 from .envelope import (
     InvalidEvent,
     has_duplicate_keys,
@@ -148,9 +157,16 @@ class Relay:
             "streams_terminated": 0, "connections_aborted": 0, "downlevel_errors": 0, "commands_routed": 0,
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
-            "refused_owned_source": 0, "replay_exhausted_late": 0,
+            "refused_owned_source": 0, "refused_owned_session": 0, "replay_exhausted_late": 0,
         }
         self.fanout = Fanout(self.counters)
+        #: which connection each routed command went to (:mod:`.acks`)
+        self.acks = AckGate(self.counters)
+        #: ``persist(entries) -> bool``: write remote emitters' sequenced
+        #: events (``POST /events``, ``/socket``) durably before they are
+        #: admitted and answered (the daemon's session log); ``False``: not
+        #: written, refused ``unavailable`` (send again). ``None``: memory only
+        self.persist: Callable[[list[Entry]], bool] | None = None
 
     def __repr__(self) -> str:  # never the token
         return (f"<Relay buffer={self.buffer_depth} max_sessions={self.max_sessions} "
@@ -292,6 +308,26 @@ class Relay:
             raise InvalidEvent("this source belongs to a connected emitter; only that "
                                "connection may send under it")
 
+    def check_session_owner(self, e: Entry, conn: Connection | None) -> None:
+        """Raise :class:`InvalidEvent` (counted ``refused_owned_session``)
+        when a remote connection's sequenced event would claim a session
+        another live connection already claims (issue 25: one such event
+        made every command to the owner's session ``ambiguous``). The
+        first live claimant keeps the session until it goes; a second
+        remote emitter's events there are refused, so it never becomes a
+        claimant (AEP-0004 §4.5 still refuses ``ambiguous`` whenever two
+        connections do claim it, e.g. two of the fleet's own bridges).
+        ``POST /events`` claims nothing and is not refused; neither is a
+        fleet bridge (:class:`LocalEmitter`, the daemon's own code)."""
+        if e.pos is None or conn is None or not conn.can_claim or isinstance(conn, LocalEmitter):
+            return
+        if self.claims.claimed_by_other(e.attrs["session"], conn):
+            self.counters["refused_owned_session"] += 1
+            raise InvalidEvent("this session is claimed by another connected emitter; only "
+                               "that connection may send its sequenced events while it is "
+                               "connected (a second claimant would make its commands "
+                               "ambiguous, AEP-0004 §4.5)")
+
     def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
         """Everything :meth:`ingest_http` would refuse, checked before any of
         ``entries`` is ingested (a batch is accepted or rejected whole):
@@ -388,6 +424,10 @@ class Relay:
         event). Returns how many entries were ingested."""
         n = 0
         counters = self.counters
+        if self.persist is not None:  # on disk before the 202 (like an OTLP export)
+            sequenced = [e for e in entries if e.pos is not None]
+            if sequenced:
+                self._persist(sequenced)
         for i in range(0, len(entries), chunk):
             if i:
                 mark = counters["events"]
@@ -420,8 +460,18 @@ class Relay:
         e = self.accept(ev, conn, raw)
         if is_command_type(e.attrs["type"]):
             return await self._route(ev, e, conn, raw)
+        if e.pos is not None and self.persist is not None and not isinstance(conn, LocalEmitter):
+            self._persist([e])  # (a fleet bridge's events are logged by the fleet)
         self._admit(e, conn)
         return None
+
+    def _persist(self, entries: list[Entry]) -> None:
+        """:attr:`persist` or raise :class:`Unavailable` (nothing admitted)."""
+        assert self.persist is not None
+        if not self.persist(entries):
+            self.counters["unpersisted"] = self.counters.get("unpersisted", 0) + len(entries)
+            raise Unavailable("the session log did not take these events (disk full or "
+                              "unwritable?); nothing was accepted: send them again")
 
     def accept(self, ev: Any, conn: Connection | None, raw: str | None = None) -> Entry:
         """Every check :meth:`ingest` makes before it routes or admits
@@ -429,6 +479,7 @@ class Relay:
         command's duplicate keys); the entry, or :class:`InvalidEvent`."""
         e = self.entry(ev)
         self.check_owner(e, conn)
+        self.check_session_owner(e, conn)
         self.check_position(e)
         if conn is not None and conn.agent is not None and ev["agent"] != conn.agent \
                 and not is_foreign(e.attrs["type"]):
@@ -437,6 +488,8 @@ class Relay:
             self._identity_mismatch(conn, ev["agent"])
         if is_command_type(e.attrs["type"]) and raw is not None and has_duplicate_keys(raw):
             raise InvalidEvent("duplicate attribute names in command")
+        if e.attrs["type"] in ACK_TYPES:  # last: an admitted first ack decides its command
+            self.acks.check(e, conn, trusted=isinstance(conn, LocalEmitter))
         return e
 
     def _identity_mismatch(self, conn: Connection, agent: Any) -> None:
@@ -470,6 +523,8 @@ class Relay:
         self.check_position(e)
         if conn.agent is not None and ev["agent"] != conn.agent and not is_foreign(e.attrs["type"]):
             self._identity_mismatch(conn, ev["agent"])
+        if e.attrs["type"] in ACK_TYPES:
+            self.acks.check(e, conn, trusted=isinstance(conn, LocalEmitter))
         self._admit(e, conn)
 
     def admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
@@ -538,7 +593,7 @@ class Relay:
                 ev, raw = pairs[i]
                 type_ = ev.get("type")
                 if type_.__class__ is not str or type_ not in plain:
-                    if is_command_type(type_):
+                    if is_command_type(type_) or type_ in ACK_TYPES:  # routed / gated
                         return i
                     if type_.__class__ is str:
                         plain.add(type_)
@@ -617,6 +672,23 @@ class Relay:
         else:
             self.fanout.offer(e)
 
+    def restore(self, entries: Sequence[Entry]) -> int:
+        """Re-admit history read back from the session logs at start
+        (:mod:`.restore`): buffered only (no claim, no fan-out: nobody is
+        subscribed yet), each with its own position and id; one whose
+        position or ``(source, id)`` is held already is skipped. Returns how
+        many were buffered."""
+        buffers = self.buffers
+        n = 0
+        for e in entries:
+            if buffers.conflict(e) or buffers.conflicting_duplicate(e):
+                continue
+            self._admitted += 1
+            e.n = self._admitted
+            if buffers.admit(e):
+                n += 1
+        return n
+
     def _admit_run(self, entries: Sequence[Entry]) -> None:
         """``_admit(e, None)`` for each of ``entries`` in order (no
         connection: ``POST /events``), in one call: every sequenced one
@@ -642,6 +714,7 @@ class Relay:
         refusal = self._route_check(ev, sender)
         if refusal is None:
             target = self.claims.holders(ev["session"])[0]
+            self.acks.routed(target, ev["session"], ev["id"])  # before: an ack may come at once
             try:
                 await target.deliver_command(ev, raw)
             except Exception as exc:  # noqa: BLE001 -- a dead target is no route

@@ -271,6 +271,14 @@ class FleetCollector(Collector):
         cmds.add_metric(["routed"], rc.get("commands_routed", 0))
         cmds.add_metric(["refused"], rc.get("commands_refused", 0))
         yield cmds
+        refused = CounterMetricFamily(f"{PREFIX}_relay_refused", "Events the relay refused "
+                                      "from a party that may not send them: an ack not from its "
+                                      "command's target, another emitter's session or source",
+                                      labels=["reason"])
+        for reason, key in (("ack", "refused_acks"), ("owned_session", "refused_owned_session"),
+                            ("owned_source", "refused_owned_source")):
+            refused.add_metric([reason], rc.get(key, 0))
+        yield refused
         yield CounterMetricFamily(f"{PREFIX}_relay_streams_terminated", "Consumers shed as too "
                                   "slow (AEP-0003 §8.4)", value=rc.get("streams_terminated", 0))
 

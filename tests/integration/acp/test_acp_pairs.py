@@ -216,7 +216,10 @@ def test_the_daemon_killed_mid_session_changes_nothing_for_the_client(tmp_path):
         teed = asyncio.run(drive(tee(f"http://127.0.0.1:{port}") + py_agent(), ANSWERS,
                                  between=between))
         assert teed == direct
-        second = wait_story(cols[1], "sess-1")
+        # the new daemon's events (its relay also replays the first one's
+        # logged history, issue 25 row 9: a later epoch tells them apart)
+        old_epoch = max(e["epoch"] for e in first)
+        second = [e for e in wait_story(cols[1], "sess-1") if e.get("epoch", 0) > old_epoch]
         runs1 = {e["run"] for e in first if e["type"] == "run.started"}
         runs2 = {e["run"] for e in second if e["type"] == "run.started"}
         assert len(runs1) == 1 and len(runs2) == 2 and runs1.isdisjoint(runs2)

@@ -271,12 +271,16 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path, layout):
             reader = d.subscribe()
             await reader.wait_for(lambda s: s.of(cid, "run.finished"), what="run.finished after the restart")
             await trio.sleep(1.5)
-        evs = reader.of(cid)  # the relay is new: only what the restarted daemon emitted
-        # ... and what it re-announced from its state file: the open run and
-        # the pending ask, the very envelopes (same id, epoch, seq)
+        # the restarted relay replays the session's logged history (issue 25
+        # row 9), and the daemon re-announces from its state file the open
+        # run and the pending ask: the very envelopes (same id, epoch, seq)
+        evs = reader.of(cid)
         before_ids = {e["id"] for e in before}
-        assert [e for e in evs if e["id"] in before_ids] == [
-            e for e in before if e["type"] in ("run.started", "attention.requested")]
+        by_id = {e["id"]: e for e in before}
+        again = [e for e in evs if e["id"] in before_ids]
+        assert all(e == by_id[e["id"]] for e in again)
+        assert {e["id"] for e in again} >= {
+            e["id"] for e in before if e["type"] in ("run.started", "attention.requested")}
         evs = [e for e in evs if e["id"] not in before_ids]
         validated(before + evs)
         assert not [e for e in evs if e["type"] == "session.started"]

@@ -528,9 +528,11 @@ async def test_roster_one_entry_per_claim_verbatim_and_emitter_refused():
     a = relay.attach_emitter(hello(agent="a", accepts=["control.cancel"]), _noop)
     b = await ws(relay, role="emitter", agent="b", accepts=None)
     await a.ingest(ev(0))
-    await a.ingest(ev(0, session="s2"))
+    # the remote emitter claims s2 first (a remote one that came second would
+    # be refused, issue 25); the fleet's own bridge may still collide with it
     await b.handle_text(json.dumps(ev(0, session="s2", id="b0", agent="b",
                                       source="aep://h/agent/b/session/s2")))
+    await a.ingest(ev(0, session="s2"))
     await b.handle_text(json.dumps({"type": "roster", "id": "r-0"}))
     (refusal,) = await take(b.outlet)
     assert refusal["code"] == "unauthorized" and refusal["id"] == "r-0"
