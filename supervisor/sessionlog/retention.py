@@ -56,7 +56,8 @@ event loop (an unlink is ~10-30 us here)."""
 SETTINGS = (
     Setting("AEP_LOG_MAX_BYTES", "`64M`",
             "a session log file is rotated (closed, compressed) once it grows past this "
-            "(checked every second; bytes, `K`/`M`/`G` suffixes; `0`: never by size)"),
+            "(checked every second; bytes, `K`/`M`/`G` suffixes; `0`: never by size); "
+            "unset, a quarter of `AEP_LOG_MAX_TOTAL_BYTES` when that is smaller"),
     Setting("AEP_LOG_MAX_AGE", "`30d`",
             "a session log file is rotated once open this long, and files last written longer "
             "ago are removed (`s`/`m`/`h`/`d` suffixes; `0`: keep forever)"),
@@ -122,6 +123,11 @@ class RetentionPolicy:
                 values[field] = default
                 continue
             values[field] = v or None
+        total = values["max_total_bytes"]
+        if r.raw("AEP_LOG_MAX_BYTES") is None and total and values["max_bytes"]:
+            # the per-file default follows a smaller total the operator set: a
+            # default they never chose must not refuse their one setting
+            values["max_bytes"] = min(values["max_bytes"], max(1, total // 4))
         policy = cls(**values)
         if policy.max_bytes and policy.max_total_bytes and policy.max_bytes > policy.max_total_bytes:
             r.problems.append(f"AEP_LOG_MAX_BYTES={policy.max_bytes} exceeds "
