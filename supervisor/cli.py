@@ -122,8 +122,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_relay(args: argparse.Namespace) -> int:
     from .daemon import run_daemon
     cfg, _, problems = _load(relay_only=True)
-    if problems:
-        return _refuse(problems)
+    if problems:  # a port held by our own daemon is named, as run and check do
+        return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this relay "
+                                                      "another AEP_LISTEN)"))
     logs.setup(cfg.environ)
     raise_fd_limit()
     # AEP_NATS_URL: serve the AEP bindings from JetStream ("Past one machine")

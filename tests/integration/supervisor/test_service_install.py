@@ -100,3 +100,12 @@ def test_check_beside_a_running_daemon_names_it(tmp_path):
         r = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True,
                            text=True, env=env, timeout=60)
         assert r.returncode == 0, r.stderr
+
+
+def test_relay_beside_a_running_daemon_names_it(tmp_path):
+    # issue 29: run and check named the holder of a taken port, relay did not
+    with run_daemon(tmp_path, {"AEP_BRIDGE_OTLP_IN": "0"}, healthy=True) as d:
+        r = subprocess.run(console_script() + ["relay"], capture_output=True, text=True,
+                           env=dict(d.env), timeout=60)
+        assert r.returncode == 2
+        assert "held by the running aep-bridges daemon" in r.stderr, r.stderr
