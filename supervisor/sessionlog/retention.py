@@ -152,10 +152,12 @@ class RetainingSessionLog(SessionLog):
     ``max_age`` (a rename; the next write opens a fresh file), compresses
     rotated files in a worker thread and sweeps (:meth:`sweep`). So a live
     file can pass ``max_bytes`` by what is written within one interval.
-    ``clock`` is the wall clock (file ages are wall-clock facts)."""
+    ``clock`` is the wall clock (file ages are wall-clock facts).
+    ``scan=False``: the directory is not looked at (its files belong to
+    another process: the bytes of an earlier daemon's logs are not ours)."""
 
     def __init__(self, root: Path, policy: RetentionPolicy, *, max_open: int = 128,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, scan: bool = True) -> None:
         super().__init__(root, max_open=max_open)
         self.policy = policy
         self.clock = clock
@@ -168,7 +170,8 @@ class RetainingSessionLog(SessionLog):
         self._todo: deque[Path] = deque()
         self._wake = trio.Event()
         self.total_bytes = 0
-        self._rescan()
+        if scan:  # ``scan=False``: a fleet that writes no log (``aep-bridges relay``)
+            self._rescan()
 
     # -- accounting ------------------------------------------------------------
     def _rescan(self) -> None:

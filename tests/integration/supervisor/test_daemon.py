@@ -268,3 +268,16 @@ def test_a_second_daemon_on_one_state_directory_is_refused(tmp_path):
         with run_daemon(tmp_path) as third:  # the dead holder's lock went with it
             r = httpx.get(third.url + "/healthz", timeout=10)
             assert r.status_code in (200, 401, 503)
+
+
+def test_standalone_relay_reports_no_earlier_session_log(tmp_path):
+    # issue 29: `aep-bridges relay` over the state directory of an earlier
+    # daemon reported that daemon's session-log bytes in /healthz
+    logs = tmp_path / "state" / "logs" / "codex"
+    logs.mkdir(parents=True)
+    earlier = logs / "conv-old.jsonl"
+    earlier.write_bytes(b'{"aep":"0.1"}\n' * 500)
+    with run_daemon(tmp_path, {"AEP_TOKEN": "t0k3n-relay"}, args=("relay",), healthy=True) as d:
+        counts = d.healthz("t0k3n-relay")["counts"]
+        assert counts["jsonl_bytes"] == 0 and counts["jsonl_lines"] == 0
+    assert earlier.stat().st_size == 7000  # not the relay's to repair or sweep
