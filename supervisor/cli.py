@@ -216,6 +216,81 @@ def _cmd_tail(args: argparse.Namespace) -> int:
                limit=args.limit, color=args.color)
 
 
+def _endpoint(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``--url`` (default: the local relay) and ``--token`` (default: ``$AEP_TOKEN``)."""
+    from .tools.tail import default_url
+    token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
+    return args.url or default_url(), token
+
+
+def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
+    """``respond``, ``cancel``, ``pause``, ``resume`` (:mod:`supervisor.tools.control`)."""
+    waits = argparse.ArgumentParser(add_help=False, parents=[endpoint])
+    waits.add_argument("--wait", type=float, default=30.0, metavar="S",
+                       help="seconds to wait for the outcome after the ack (0: only the ack)")
+    waits.add_argument("--ack-window", type=int, default=5000, metavar="MS",
+                       help="milliseconds to wait for the ack, per try (3 tries)")
+    codes = ("exit 0 accepted and the outcome seen, 3 rejected, 4 no ack, 5 no outcome "
+             "within --wait, 1 endpoint unreachable")
+    rsp = sub.add_parser("respond", parents=[waits], epilog=codes,
+                         help="answer an attention request: respond [SESSION] REQUEST_ID --option ID")
+    rsp.add_argument("ids", nargs="+", metavar="[SESSION] REQUEST_ID",
+                     help="the attention.requested Event's id (its session is looked up when "
+                          "not given)")
+    rsp.add_argument("--option", help="the chosen option's id (as tail shows in [..|..])")
+    rsp.add_argument("--text", help="a free-text answer")
+    rsp.add_argument("--values", metavar="JSON",
+                     help="a form's answers (AEP-0006): a JSON object of field id -> answer")
+    can = sub.add_parser("cancel", parents=[waits], epilog=codes,
+                         help="cancel a session's run: cancel SESSION [--run RUN]")
+    can.add_argument("session")
+    can.add_argument("--run", help="the run to cancel (default: the target's open run)")
+    can.add_argument("--scope", choices=("run", "session"), default="run")
+    can.add_argument("--reason", help="why (sent as the command's reason)")
+    for verb in ("pause", "resume"):
+        p = sub.add_parser(verb, parents=[waits], epilog=codes, help=f"{verb} a session: {verb} SESSION")
+        p.add_argument("session")
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    from .tools import control
+    url, token = _endpoint(args)
+    name = f"aep-bridges {args.cmd}"
+    try:
+        if args.cmd == "respond":
+            if len(args.ids) > 2:
+                raise ValueError("expected [SESSION] REQUEST_ID")
+            request = args.ids[-1]
+            session = args.ids[0] if len(args.ids) == 2 else _find_session(url, token, request)
+            if session is None:
+                print(f"{name}: {url} holds no attention.requested with id {request}; "
+                      "give its session: respond SESSION REQUEST_ID", file=sys.stderr)
+                return control.EXIT_UNREACHABLE
+            command = control.respond(session, request, option=args.option, text=args.text,
+                                      values=args.values)
+        elif args.cmd == "cancel":
+            command = control.cancel(args.session, run=args.run, scope=args.scope,
+                                     reason=args.reason)
+        else:
+            command = getattr(control, args.cmd)(args.session)
+    except ValueError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    return control.send(url, token, command, ack_window_ms=args.ack_window, wait_s=args.wait)
+
+
+def _find_session(url: str, token: str | None, request: str) -> str | None:
+    import httpx
+
+    from .tools.control import find_session
+    try:
+        return find_session(url, token, request)
+    except httpx.HTTPError as e:
+        print(f"aep-bridges respond: cannot read {url}/stream to find the request's session: {e}",
+              file=sys.stderr)
+        return None
+
+
 def _cmd_service(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -251,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         "acp", help="the ACP tee: run as an editor's agent command, "
                     "aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD..."))
     _tail_parser(sub)
+    endpoint = argparse.ArgumentParser(add_help=False)
+    endpoint.add_argument("--url", default=None,
+                          help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN)")
+    endpoint.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
+    _control_parsers(sub, endpoint)
     svc = sub.add_parser("service", help="install the systemd unit or launchd agent for this install")
     svc_sub = svc.add_subparsers(dest="action", required=True)
     inst = svc_sub.add_parser("install", help="write the unit/plist and the environment file")
@@ -265,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "acp":
         return tee.main(args)
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
-               "service": _cmd_service}[args.cmd]
+               "service": _cmd_service, "respond": _cmd_control, "cancel": _cmd_control,
+               "pause": _cmd_control, "resume": _cmd_control}[args.cmd]
     return handler(args)
 
 

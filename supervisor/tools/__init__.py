@@ -5,8 +5,9 @@
 unit or launchd agent rendered from the shipped templates in
 ``supervisor/service/``), :mod:`.notify` (the service manager's readiness and
 watchdog notifications, which the daemon sends), :mod:`.logs` (the daemon's
-log format and level). Each tool is loaded only by the command that uses it,
+log format and level), :mod:`.control` (``aep-bridges respond``, ``cancel``,
+``pause``, ``resume``: one AEP-0004 command, its ack, its outcome). Each tool is loaded only by the command that uses it,
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["install", "logs", "notify", "tail"]
+__all__ = ["control", "install", "logs", "notify", "tail"]
