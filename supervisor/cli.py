@@ -197,6 +197,9 @@ def _tail_parser(sub: Any) -> None:
     tail.add_argument("--json", action="store_true", help="print raw events, one JSON line each")
     tail.add_argument("--limit", type=int, default=None, metavar="N", help="exit after N events")
     tail.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    tail.add_argument("--no-resume", action="store_true",
+                      help="neither start from nor save the position kept per endpoint under the "
+                           "state directory (tail/); without it a restarted tail shows what it missed")
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
@@ -211,9 +214,12 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"aep-bridges tail: {e}", file=sys.stderr)
         return 2
+    from .tools.resume import position_file
     token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
-    return run(args.url or default_url(), token=token, flt=flt, from_=from_, as_json=args.json,
-               limit=args.limit, color=args.color)
+    url = args.url or default_url()
+    return run(url, token=token, flt=flt, from_=from_, as_json=args.json,
+               limit=args.limit, color=args.color,
+               resume_file=None if args.no_resume else position_file(url, os.environ))
 
 
 def _endpoint(args: argparse.Namespace) -> tuple[str, str | None]:

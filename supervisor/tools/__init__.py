@@ -6,8 +6,9 @@ unit or launchd agent rendered from the shipped templates in
 ``supervisor/service/``), :mod:`.notify` (the service manager's readiness and
 watchdog notifications, which the daemon sends), :mod:`.logs` (the daemon's
 log format and level), :mod:`.control` (``aep-bridges respond``, ``cancel``,
-``pause``, ``resume``: one AEP-0004 command, its ack, its outcome). Each tool is loaded only by the command that uses it,
+``pause``, ``resume``: one AEP-0004 command, its ack, its outcome),
+:mod:`.resume` (``tail``'s saved position per endpoint). Each tool is loaded only by the command that uses it,
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["control", "install", "logs", "notify", "tail"]
+__all__ = ["control", "install", "logs", "notify", "resume", "tail"]

@@ -26,6 +26,7 @@ import os
 import queue
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from functools import cache
 from typing import Any, Callable, Mapping, TextIO
 
@@ -346,14 +347,46 @@ def _cell(value: str, width: int) -> str:
     return set_cell_size(value, width)
 
 
+def _day(ts: Any) -> str | None:
+    """The UTC date (``YYYY-MM-DD``) of an event's ``time``; ``None`` when unreadable."""
+    if not isinstance(ts, str):
+        return None
+    try:
+        when = datetime.fromisoformat(ts)
+    except ValueError:
+        return None
+    if when.tzinfo is not None:
+        when = when.astimezone(timezone.utc)
+    return when.date().isoformat()
+
+
 @dataclass
 class Timeline:
-    """The timeline's state: which attention requests are still open.
+    """The timeline's state: which attention requests are still open, and
+    the day of the last event shown.
 
     :meth:`line` renders one event as a ``rich.text.Text`` (plain text via
-    ``.plain``); ``pending`` maps an open request's id to its event."""
+    ``.plain``); ``pending`` maps an open request's id to its event.
+    :meth:`date_line` is the ``── 2026-12-01 ──`` line to show before an
+    event from another day than the one before it (or, first, from another
+    day than today, UTC), so a recorded event does not read as a clock bug
+    and the columns stay aligned. ``full_types``: the type column is not cut
+    (a pipe or a file, where the whole name is what a reader greps for)."""
 
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    full_types: bool = False
+    day: str | None = None
+
+    def date_line(self, ev: Mapping[str, Any], *, today: str | None = None) -> Text | None:
+        day = _day(ev.get("time"))
+        if day is None:
+            return None
+        before = self.day if self.day is not None else (
+            today or datetime.now(timezone.utc).date().isoformat())
+        self.day = day
+        if day == before:
+            return None
+        return Text(f"── {day} ──", style="bold", no_wrap=True)
 
     def line(self, ev: Mapping[str, Any]) -> Text:
         type_ = str(ev.get("type") or "?")
@@ -367,7 +400,11 @@ class Timeline:
         t.append(" ")
         t.append(_cell(_safe(_short_session(ev.get("session"))), SESSION_W), "dim")
         t.append(" ")
-        t.append(_cell(_safe(type_), TYPE_W), style)
+        shown = _safe(type_)
+        if self.full_types and cell_len(shown) > TYPE_W:
+            t.append(shown, style)
+        else:
+            t.append(_cell(shown, TYPE_W), style)
         t.append(" ")
         summary = gist(ev)
         if type_ == "attention.requested" and isinstance(ev.get("id"), str):
@@ -398,15 +435,67 @@ def _console(color: str, out: TextIO) -> Console:
     return console
 
 
+def _sessions(url: str, token: str | None) -> int | None:
+    """How many sessions the endpoint holds, when it tells (an aep-bridges
+    relay's authorized ``/healthz``); ``None`` otherwise. Never raises."""
+    import httpx
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        body = httpx.get(url.rstrip("/") + "/healthz", headers=headers, timeout=2,
+                         trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    counts = body.get("relay_counts", body) if isinstance(body, dict) else {}
+    n = counts.get("sessions") if isinstance(counts, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+@dataclass
+class _Resume:
+    """Where the positions are saved (:mod:`.resume`), and when last. The
+    positions are those of the events *shown* (the SDK's own run ahead of
+    the screen: it has read what ``--limit`` never prints), newest last."""
+
+    path: Any
+    url: str
+    err: TextIO
+    positions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    saved_at: float = 0.0
+    failed: bool = False
+
+    def shown(self, ev: Mapping[str, Any]) -> None:
+        session, seq = ev.get("session"), ev.get("seq")
+        if isinstance(session, str) and isinstance(seq, int):
+            self.positions.pop(session, None)
+            self.positions[session] = {"session": session, "epoch": ev.get("epoch", 0), "seq": seq}
+
+    def save(self, *, now: float, force: bool = False) -> None:
+        if self.failed or (not force and now - self.saved_at < 1.0):
+            return
+        from .resume import save
+        self.saved_at = now
+        try:
+            save(self.path, self.url, list(self.positions.values()))
+        except OSError as e:
+            self.failed = True  # said once; the tail goes on
+            print(_safe(f"aep-bridges tail: cannot save the resume position in {self.path}: "
+                        f"{e.strerror or e} (--no-resume to not try)"), file=self.err)
+
+
 def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None,
         from_: str | list[dict[str, Any]] | None = None, as_json: bool = False,
         limit: int | None = None, color: str = "auto", out: TextIO | None = None,
-        err: TextIO | None = None,
+        err: TextIO | None = None, resume_file: Any = None,
         subscribe: Callable[..., Any] | None = None) -> int:
     """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
     events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
-    the reason on stderr, exit 1). Transport errors are shown dimmed and
-    retried by the SDK with backoff."""
+    the reason on stderr, exit 1). On stderr: ``connected to URL (N
+    sessions)`` at each connect, and each retry with its reason (the SDK
+    retries with backoff). ``resume_file`` (:func:`.resume.position_file`):
+    start from the positions saved there when ``from_`` is not given, and
+    keep them there (at most once a second, and at the end)."""
+    import time
+
     import aep_sdk
 
     out = out or sys.stdout
@@ -414,17 +503,35 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
     subscribe = subscribe or aep_sdk.subscribe
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     console = _console(color, out)
-    timeline = Timeline()
+    timeline = Timeline(full_types=not console.is_terminal)
+    keeper = _Resume(resume_file, url, err) if resume_file is not None else None
+    if keeper is not None and from_ is None:
+        from .resume import load
+        if saved := load(resume_file):
+            from_ = saved
+            for p in saved:
+                keeper.shown(p)
+            print(_safe(f"aep-bridges tail: resuming {len(saved)} session(s) from the position "
+                        f"saved in {resume_file} (--no-resume: start live)"), file=err)
     sub = subscribe(url, lambda ev: events.put(("event", ev)), filter=flt or {}, token=token,
                     from_=from_, on_error=lambda e: events.put(("error", e)),
+                    on_comment=lambda c: events.put(("comment", c)),
                     backoff_initial_ms=250, backoff_max_ms=5000, timeout_ms=60_000)
     printed = 0
-    last_error = ""
+    attempts = 0
+    connected = False
     try:
         while limit is None or printed < limit:
             try:
                 kind, item = events.get(timeout=0.5)
             except queue.Empty:
+                continue
+            if kind == "comment":
+                if str(item).startswith("connected") and not connected:
+                    connected, attempts = True, 0
+                    n = _sessions(url, token)
+                    held = f" ({n} session{'s' if n != 1 else ''})" if n is not None else ""
+                    print(_safe(f"aep-bridges tail: connected to {url}{held}"), file=err, flush=True)
                 continue
             if kind == "error":
                 status = getattr(item, "status", None)
@@ -436,23 +543,30 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
                     print(_safe(f"aep-bridges tail: {url} refused the stream: HTTP {status}"
                                 f"{hint}"), file=err)
                     return 1
-                # the endpoint's own words (a status line, a reason) are its content
-                text = _safe(f"aep-bridges tail: {url}: {item} (retrying)")
-                if text != last_error:  # one line per distinct problem, not per retry
-                    print(text, file=err, flush=True)
-                    last_error = text
+                # each retry is visible, with its reason (the endpoint's own
+                # words, a status line, are its content: made safe)
+                connected = False
+                attempts += 1
+                print(_safe(f"aep-bridges tail: {url}: {item} (retrying, attempt {attempts})"),
+                      file=err, flush=True)
                 continue
-            last_error = ""
             if as_json:
                 line = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
                 out.write(line.translate(_tables()[1]) + "\n")  # the same JSON, escaped
                 out.flush()
             else:
+                if (day := timeline.date_line(item)) is not None:
+                    console.print(day, no_wrap=True)
                 console.print(timeline.line(item), no_wrap=True, overflow="ellipsis")
                 out.flush()
             printed += 1
+            if keeper is not None:
+                keeper.shown(item)
+                keeper.save(now=time.monotonic())
     except KeyboardInterrupt:
         pass
     finally:
         sub.close()
+        if keeper is not None:
+            keeper.save(now=time.monotonic(), force=True)
     return 0

@@ -268,7 +268,7 @@ def test_run_survives_a_refused_from_all_but_not_a_refused_token():
                              ("event", ev)])
     out, err = io.StringIO(), io.StringIO()
     assert run("http://x", from_="all", limit=1, out=out, err=err, subscribe=fake) == 0
-    assert "t ✓ completed" in out.getvalue() and "(retrying)" in err.getvalue()
+    assert "t ✓ completed" in out.getvalue() and "(retrying, attempt 1)" in err.getvalue()
     assert fake.closed and fake.kw["from_"] == "all"
     fake = FakeSubscription([("error", TransportError("http", "SSE HTTP 401", status=401))])
     err = io.StringIO()
