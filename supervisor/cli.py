@@ -297,6 +297,16 @@ def _find_session(url: str, token: str | None, request: str) -> str | None:
         return None
 
 
+def _cmd_timeline(args: argparse.Namespace) -> int:
+    from .tools.timeline import run
+    return run(args.files, color=args.color)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from .tools.validate import run
+    return run(args.files)
+
+
 def _cmd_service(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -337,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
                           help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN)")
     endpoint.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
     _control_parsers(sub, endpoint)
+    tl = sub.add_parser("timeline", help="render session log files (JSONL, .gz, or - for stdin) "
+                                         "as tail renders a stream")
+    tl.add_argument("files", nargs="+", metavar="FILE")
+    tl.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    val = sub.add_parser("validate", help="check events (JSONL, .gz, or - for stdin) against the "
+                                          "AEP 0.1 schemas; problems with line numbers",
+                         epilog="exit 0 all valid, 1 problems, 2 a file unreadable")
+    val.add_argument("files", nargs="+", metavar="FILE")
     svc = sub.add_parser("service", help="install the systemd unit or launchd agent for this install")
     svc_sub = svc.add_subparsers(dest="action", required=True)
     inst = svc_sub.add_parser("install", help="write the unit/plist and the environment file")
@@ -352,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         return tee.main(args)
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
                "service": _cmd_service, "respond": _cmd_control, "cancel": _cmd_control,
-               "pause": _cmd_control, "resume": _cmd_control}[args.cmd]
+               "pause": _cmd_control, "resume": _cmd_control, "timeline": _cmd_timeline,
+               "validate": _cmd_validate}[args.cmd]
     return handler(args)
 
 

@@ -7,8 +7,11 @@ unit or launchd agent rendered from the shipped templates in
 watchdog notifications, which the daemon sends), :mod:`.logs` (the daemon's
 log format and level), :mod:`.control` (``aep-bridges respond``, ``cancel``,
 ``pause``, ``resume``: one AEP-0004 command, its ack, its outcome),
-:mod:`.resume` (``tail``'s saved position per endpoint). Each tool is loaded only by the command that uses it,
+:mod:`.resume` (``tail``'s saved position per endpoint), :mod:`.timeline`
+(``aep-bridges timeline``: session log files rendered as ``tail`` renders),
+:mod:`.validate` (``aep-bridges validate``: events against the AEP schemas
+shipped in ``schemas/``, with line numbers). Each tool is loaded only by the command that uses it,
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["control", "install", "logs", "notify", "resume", "tail"]
+__all__ = ["control", "install", "logs", "notify", "resume", "tail", "timeline", "validate"]

@@ -281,3 +281,31 @@ def test_standalone_relay_reports_no_earlier_session_log(tmp_path):
         counts = d.healthz("t0k3n-relay")["counts"]
         assert counts["jsonl_bytes"] == 0 and counts["jsonl_lines"] == 0
     assert earlier.stat().st_size == 7000  # not the relay's to repair or sweep
+
+
+def test_timeline_and_validate_read_the_daemons_own_session_log(tmp_path):
+    # issue 29: `aep-bridges timeline FILE` and `validate FILE` on a real log
+    with run_daemon(tmp_path) as d:
+        http = d.env["AEP_OTLP_HTTP_LISTEN"]
+        r = httpx.post(f"http://{http}/v1/logs", json=otlp_json("conv-tl"), timeout=10)
+        assert r.status_code == 200
+        assert d.stop() == 0
+    log = tmp_path / "state" / "logs" / "codex" / "conv-tl.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    shown = subprocess.run(console_script() + ["timeline", str(log)], capture_output=True,
+                           text=True, env=env, timeout=60)
+    assert shown.returncode == 0 and not shown.stderr, shown.stderr
+    rows = [ln for ln in shown.stdout.splitlines() if not ln.startswith("── ")]
+    assert len(rows) == len(events)
+    assert all(e["type"] in row for e, row in zip(events, rows, strict=True))
+    checked = subprocess.run(console_script() + ["validate", str(log)], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert checked.returncode == 0, checked.stdout
+    assert checked.stdout.strip() == f"{log}: {len(events)} event(s), all valid"
+    # a line broken by hand is named with its number
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(log.read_text() + '{"aep": "0.1", "type": "Bad"}\n')
+    checked = subprocess.run(console_script() + ["validate", str(broken)], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert checked.returncode == 1 and f"{broken}:{len(events) + 1}: " in checked.stdout
