@@ -65,26 +65,43 @@ def raise_fd_limit() -> tuple[int, int]:
         return (-1, -1)
 
 
-def _apply_env_file(args: argparse.Namespace) -> int | None:
-    """``--env-file``: the systemd-style KEY=VALUE file (launchd's way to the
-    same settings); the process environment wins over it, as with systemd's
-    ``Environment=`` after ``EnvironmentFile=``. Exit 2 when unreadable."""
+def _apply_settings(args: argparse.Namespace) -> tuple[int | None, Any]:
+    """``--env-file`` (the systemd-style KEY=VALUE file: launchd's way to the
+    same settings) and ``--config`` / ``AEP_CONFIG`` (the TOML file,
+    :mod:`supervisor.configfile`) into ``os.environ``, the process
+    environment winning over both and the environment file over the config
+    file (systemd's ``Environment=`` after ``EnvironmentFile=``). Returns
+    ``(exit status 2 or None, the Sources)``: an unreadable or malformed file
+    refuses, a misspelt name in it warns."""
+    from pathlib import Path
+
+    from .configfile import Sources, read
+    sources = Sources.of(os.environ)
     path = getattr(args, "env_file", None)
-    if not path:
-        return None
-    from .tools.install import read_env_file
-    try:
-        values = read_env_file(path)
-    except (OSError, ValueError) as e:
-        return _refuse([f"--env-file {path}: {getattr(e, 'strerror', None) or e}"])
-    for k, v in values.items():
-        os.environ.setdefault(k, v)
-    return None
+    if path:
+        from .tools.install import read_env_file
+        try:
+            values = read_env_file(path)
+        except (OSError, ValueError) as e:
+            return _refuse([f"--env-file {path}: {getattr(e, 'strerror', None) or e}"]), sources
+        sources.fill(os.environ, values, f"--env-file {path}")
+    cfg_path = getattr(args, "config", None) or os.environ.get("AEP_CONFIG")
+    if cfg_path:
+        secrets = frozenset(st.name for group in config_mod.all_settings().values()
+                            for st in group if st.secret)
+        values, problems, warnings = read(Path(cfg_path), known=config_mod.known_settings(),
+                                          secrets=secrets)
+        for w in warnings:
+            print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
+        if problems:
+            return _refuse(problems), sources
+        sources.fill(os.environ, values, f"config file {cfg_path}")
+    return None, sources
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .daemon import run_daemon
-    if (refused := _apply_env_file(args)) is not None:
+    if (refused := _apply_settings(args)[0]) is not None:
         return refused
     cfg, bridges, problems = _load()
     from .sessionlog.statelock import StateDirBusy, hold
@@ -121,6 +138,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_relay(args: argparse.Namespace) -> int:
     from .daemon import run_daemon
+    if (refused := _apply_settings(args)[0]) is not None:
+        return refused
     cfg, _, problems = _load(relay_only=True)
     if problems:  # a port held by our own daemon is named, as run and check do
         return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this relay "
@@ -161,7 +180,8 @@ def _explain_in_use(cfg: config_mod.Config, problems: list[str], hint: str) -> l
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    if (refused := _apply_env_file(args)) is not None:
+    refused, sources = _apply_settings(args)
+    if refused is not None:
         return refused
     # check creates nothing: a missing state directory is reported, not made
     cfg, _, problems = _load(check_ports=not args.no_ports, create=False)
@@ -171,6 +191,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "
           + (", ".join(s.key for s in cfg.enabled) or "none"))
+    _print_sources(sources)
     if not cfg.state_dir.exists():
         print(f"aep-bridges: state directory {cfg.state_dir} will be created by the first run")
     if cfg.nats is not None:  # AEP_NATS_URL: say whether the servers answer
@@ -179,6 +200,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for line in lines:
             print(f"aep-bridges: {line}")
     return 0
+
+
+def _print_sources(sources: Any) -> None:
+    """Each setting set, with where it came from (secrets shown as set, never their value)."""
+    known = config_mod.known_settings()
+    secrets = {st.name for group in config_mod.all_settings().values() for st in group if st.secret}
+    names = sorted(n for n in os.environ if n in known)
+    print("aep-bridges: settings" + (" (every other one at its default):" if names else
+                                     ": every one at its default"))
+    for n in names:
+        shown = "(set)" if n in secrets else os.environ[n]
+        print(f"  {n}={shown}  ({sources.of_name(n)})")
 
 
 def _tail_parser(sub: Any) -> None:
@@ -332,10 +365,15 @@ def main(argv: list[str] | None = None) -> int:
     env_file = argparse.ArgumentParser(add_help=False)
     env_file.add_argument("--env-file", metavar="PATH",
                           help="read KEY=VALUE settings from PATH (the environment wins)")
+    env_file.add_argument("--config", metavar="FILE",
+                          help="read settings from a TOML FILE with the environment's names "
+                               "(default: $AEP_CONFIG; the environment and --env-file win)")
     sub.add_parser("run", parents=[env_file],
                    help="run the bridge fleet (and the embedded relay unless AEP_RELAY_URL is set)")
-    sub.add_parser("relay", help="run the embedded AEP relay alone on AEP_LISTEN")
-    chk = sub.add_parser("check", parents=[env_file], help="validate the configuration and exit")
+    sub.add_parser("relay", parents=[env_file],
+                   help="run the embedded AEP relay alone on AEP_LISTEN")
+    chk = sub.add_parser("check", parents=[env_file],
+                         help="validate the configuration, say where each setting came from, exit")
     chk.add_argument("--no-ports", action="store_true", help="skip the port-in-use checks")
     from bridges.acp import tee
     tee.add_arguments(sub.add_parser(

@@ -414,7 +414,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.recover": {"MARK_FILE", "MAX_FILE_BYTES", "candidate_files",
                                      "marker", "missing_lines", "read_mark", "recover",
                                      "write_mark"},
-    "supervisor.tools.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
+    "supervisor.tools.install": {"CONFIG_TEMPLATE", "SYSTEMD_CONFIG_FILE", "ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 
 

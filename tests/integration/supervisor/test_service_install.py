@@ -60,7 +60,7 @@ def test_service_install_writes_a_unit_systemd_accepts(installed, tmp_path):
     assert r.returncode == 0, r.stderr
     unit = tmp_path / "etc/systemd/system/aep-bridges.service"
     lines = unit.read_text().splitlines()
-    assert f"ExecStart={installed} run" in lines
+    assert f"ExecStart={installed} run --config /etc/aep-bridges/config.toml" in lines
     for kept in ("Type=notify", "WatchdogSec=30", "EnvironmentFile=-/etc/aep-bridges/env",
                  "DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes"):
         assert kept in lines
@@ -109,3 +109,29 @@ def test_relay_beside_a_running_daemon_names_it(tmp_path):
                            env=dict(d.env), timeout=60)
         assert r.returncode == 2
         assert "held by the running aep-bridges daemon" in r.stderr, r.stderr
+
+
+def test_run_and_check_from_a_config_file(tmp_path):
+    # issue 29: settings from a TOML file with the environment's names; the
+    # environment wins; check says where each one came from
+    conf = tmp_path / "config.toml"
+    conf.write_text('AEP_BRIDGE_OTLP_IN = false\nAEP_BUFFER = 77\nAEP_LOG_LEVEL = "info"\n')
+    with run_daemon(tmp_path, {"AEP_LOG_LEVEL": "warning"}, args=("run", "--config", str(conf)),
+                    healthy=True) as d:
+        assert d.healthz()["bridges"] == {}  # the file switched the default bridge off
+        env = {k: v for k, v in d.env.items() if k != "AEP_LISTEN"}
+        r = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True,
+                           text=True, env={**env, "AEP_CONFIG": str(conf)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"AEP_BUFFER=77  (config file {conf})" in r.stdout
+    assert "AEP_LOG_LEVEL=warning  (environment)" in r.stdout
+    assert "bridges none" in r.stdout
+    conf.write_text('AEP_BUFER = 77\nAEP_BUFFER = "many"\n')
+    r = subprocess.run(console_script() + ["check", "--no-ports", "--config", str(conf)],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2
+    assert "AEP_BUFER (in" in r.stderr and "did you mean AEP_BUFFER?" in r.stderr
+    assert "AEP_BUFFER='many'" in r.stderr  # the environment's own validation
+    r = subprocess.run(console_script() + ["check", "--config", str(tmp_path / "none.toml")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "none.toml" in r.stderr
