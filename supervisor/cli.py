@@ -356,11 +356,22 @@ def _cmd_service(args: argparse.Namespace) -> int:
                    dry_run=args.dry_run)
 
 
+def _version() -> str:
+    """The installed distribution's version, with the AEP version it speaks."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        mine = version("aep-bridges")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        mine = "unknown (not installed)"
+    return f"{mine} (AEP 0.1)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aep-bridges",
         description="Bridge coding-agent vendor surfaces to the Agent Event Protocol (AEP 0.1). "
                     "Configured from the environment; see the README.")
+    parser.add_argument("--version", action="version", version=f"aep-bridges {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     env_file = argparse.ArgumentParser(add_help=False)
     env_file.add_argument("--env-file", metavar="PATH",
