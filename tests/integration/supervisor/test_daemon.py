@@ -100,7 +100,8 @@ def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
             ev = col.first(lambda e: e.get("session") == "conv-d1")
         finally:
             col.close()
-        assert ev["type"] == "x.codex.otel.conversation_starts"
+        # primary mode by default (issue 29): the conversation start is session.started
+        assert ev["type"] == "session.started"
         assert ev["agent"] == "codex" and ev["source"].endswith("/agent/codex/session/conv-d1")
         validate_event(ev)
         log_file = tmp_path / "state" / "logs" / "codex" / "conv-d1.jsonl"
@@ -120,6 +121,7 @@ def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
     assert status == 0, d.log()
     assert elapsed < 15  # generous: the daemon's own hard deadline is 5 s
     assert '"received SIGTERM: draining"' in d.log() or "received SIGTERM" in d.log()
+    assert "otlp_in.codex: primary mode" in d.log()  # said at start
     assert token not in d.log()
 
 
@@ -309,3 +311,16 @@ def test_timeline_and_validate_read_the_daemons_own_session_log(tmp_path):
     checked = subprocess.run(console_script() + ["validate", str(broken)], capture_output=True,
                              text=True, env=env, timeout=60)
     assert checked.returncode == 1 and f"{broken}:{len(events) + 1}: " in checked.stdout
+
+
+def test_an_opencode_bridge_with_no_server_says_what_to_start(tmp_path):
+    # issue 29: a bare "ConnectError" left a new user guessing
+    url = f"http://127.0.0.1:{free_port()}"
+    with run_daemon(tmp_path, {"AEP_BRIDGE_OTLP_IN": "0", "AEP_BRIDGE_OPENCODE_SSE": "1",
+                               "AEP_OPENCODE_URL": url}) as d:
+        deadline = time.monotonic() + 30
+        while "ConnectError" not in d.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert d.stop() == 0
+    assert f"failed: ConnectError (nothing answers there: is `opencode serve` running at {url}?" \
+        in d.log(), d.log()[-2000:]
