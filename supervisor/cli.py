@@ -330,6 +330,31 @@ def _find_session(url: str, token: str | None, request: str) -> str | None:
         return None
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """The configuration ``check`` validates, then the machine against it
+    (:mod:`supervisor.tools.doctor`)."""
+    from .daemon import build_bridges
+    from .tools import doctor
+    refused, _ = _apply_settings(args)
+    if refused is not None:
+        return refused
+    cfg, problems = config_mod.load(check_ports=False, create=False)
+    for w in cfg.warnings:
+        print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
+    if (problem := config_mod.state_dir_problem(cfg.state_dir, create=False)) \
+            and problem not in problems:
+        problems.append(problem)
+    bridges, more = build_bridges(cfg, check_ports=False)
+    health: list[dict | None] = []
+
+    def ours(bridge: str | None) -> bool:
+        # a port is fine when our daemon runs and, for a bridge's, runs that bridge
+        if not health:
+            health.append(running_daemon(cfg.listen, cfg.token))
+        return health[0] is not None and (bridge is None or bridge in health[0]["bridges"])
+    return doctor.run(cfg, bridges, problems + more, ours=ours)
+
+
 def _cmd_timeline(args: argparse.Namespace) -> int:
     from .tools.timeline import run
     return run(args.files, color=args.color)
@@ -396,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
                           help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN)")
     endpoint.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
     _control_parsers(sub, endpoint)
+    sub.add_parser("doctor", parents=[env_file],
+                   help="is this machine ready for the configured daemon? each bridge's vendor "
+                        "reachable, tokens readable, ports free or ours, state dir writable; "
+                        "with the fix for each failure", epilog="exit 0 all good, 1 something to fix")
     tl = sub.add_parser("timeline", help="render session log files (JSONL, .gz, or - for stdin) "
                                          "as tail renders a stream")
     tl.add_argument("files", nargs="+", metavar="FILE")
@@ -420,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
                "service": _cmd_service, "respond": _cmd_control, "cancel": _cmd_control,
                "pause": _cmd_control, "resume": _cmd_control, "timeline": _cmd_timeline,
-               "validate": _cmd_validate}[args.cmd]
+               "validate": _cmd_validate, "doctor": _cmd_doctor}[args.cmd]
     return handler(args)
 
 

@@ -10,8 +10,9 @@ log format and level), :mod:`.control` (``aep-bridges respond``, ``cancel``,
 :mod:`.resume` (``tail``'s saved position per endpoint), :mod:`.timeline`
 (``aep-bridges timeline``: session log files rendered as ``tail`` renders),
 :mod:`.validate` (``aep-bridges validate``: events against the AEP schemas
-shipped in ``schemas/``, with line numbers). Each tool is loaded only by the command that uses it,
+shipped in ``schemas/``, with line numbers), :mod:`.doctor` (``aep-bridges
+doctor``: the machine against the configuration, with a fix per failure). Each tool is loaded only by the command that uses it,
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["control", "install", "logs", "notify", "resume", "tail", "timeline", "validate"]
+__all__ = ["control", "doctor", "install", "logs", "notify", "resume", "tail", "timeline", "validate"]
