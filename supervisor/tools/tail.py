@@ -287,11 +287,16 @@ def _session_gist(type_: str, data: Mapping[str, Any]) -> str | None:
 
 def gist(ev: Mapping[str, Any]) -> str:
     """The one-line summary of an event (pure; never raises on odd payloads):
-    what :func:`_gist` finds in the payload, else the event's ``subject``."""
+    what :func:`_gist` finds in the payload, else the event's ``subject``,
+    else ``(no data)`` for an event without a payload."""
     text = _gist(ev)
     subject = ev.get("subject")
     if not text and isinstance(subject, str):
         return _s(subject)
+    if not text and not ev.get("data"):
+        # a vendor moment mapped with no payload (the fallback's empty data,
+        # e.g. x.opencode.session.updated): say so, not a blank that reads as a bug
+        return "(no data)"
     return _safe(text)
 
 
