@@ -90,3 +90,23 @@ async def test_an_answer_is_required_and_values_must_be_an_object(world) -> None
     r = await cli(daemon, "respond", "s1", "r1", "--values", "[1]")
     assert r.returncode == 2 and "JSON object" in r.stderr
 
+
+
+async def test_doctor_knows_a_refused_password_from_an_accepted_one(world) -> None:
+    server, daemon, _, _ = world
+    base = {"PATH": "/usr/bin:/bin", "AEP_BRIDGE_OTLP_IN": "0", "AEP_BRIDGE_OPENCODE_SSE": "1",
+            "AEP_OPENCODE_URL": server.url, "AEP_STATE_DIR": str(daemon.state),
+            "AEP_LISTEN": daemon.env["AEP_LISTEN"], "AEP_TOKEN": daemon.token}
+
+    def doctor(password: str) -> subprocess.CompletedProcess:
+        return subprocess.run(console_script() + ["doctor"], capture_output=True, text=True,
+                              env={**base, "AEP_OPENCODE_PASSWORD": password}, timeout=60)
+    bad = await trio.to_thread.run_sync(doctor, "not-the-password")
+    assert bad.returncode == 1, bad.stdout
+    assert f"FAIL  opencode_sse: {server.url} answers, but refuses our credential (HTTP 401)" \
+        in bad.stdout, bad.stdout
+    assert "fix: set AEP_OPENCODE_PASSWORD to the server's own" in bad.stdout
+    good = await trio.to_thread.run_sync(doctor, server.password)
+    assert good.returncode == 0, good.stdout
+    assert f"ok    opencode_sse: {server.url} answers (HTTP 200)" in good.stdout
+    assert "held by the running aep-bridges daemon" in good.stdout  # AEP_LISTEN: ours
