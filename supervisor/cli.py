@@ -71,21 +71,39 @@ def raise_fd_limit() -> tuple[int, int]:
         return (-1, -1)
 
 
-def _apply_env_file(args: argparse.Namespace) -> int | None:
-    """``--env-file``: the systemd-style KEY=VALUE file (launchd's way to the
-    same settings); the process environment wins over it, as with systemd's
-    ``Environment=`` after ``EnvironmentFile=``. Exit 2 when unreadable."""
+def _apply_settings(args: argparse.Namespace) -> tuple[int | None, Any]:
+    """``--env-file`` (the systemd-style KEY=VALUE file: launchd's way to the
+    same settings) and ``--config`` / ``AEP_CONFIG`` (the TOML file,
+    :mod:`supervisor.configfile`) into ``os.environ``, the process
+    environment winning over both and the environment file over the config
+    file (systemd's ``Environment=`` after ``EnvironmentFile=``). Returns
+    ``(exit status 2 or None, the Sources)``: an unreadable or malformed file
+    refuses, a misspelt name in it warns."""
+    from pathlib import Path
+
+    from . import config as config_mod
+    from .configfile import Sources, read
+    sources = Sources.of(os.environ)
     path = getattr(args, "env_file", None)
-    if not path:
-        return None
-    from .tools.install import read_env_file
-    try:
-        values = read_env_file(path)
-    except (OSError, ValueError) as e:
-        return _refuse([f"--env-file {path}: {getattr(e, 'strerror', None) or e}"])
-    for k, v in values.items():
-        os.environ.setdefault(k, v)
-    return None
+    if path:
+        from .tools.install import read_env_file
+        try:
+            values = read_env_file(path)
+        except (OSError, ValueError) as e:
+            return _refuse([f"--env-file {path}: {getattr(e, 'strerror', None) or e}"]), sources
+        sources.fill(os.environ, values, f"--env-file {path}")
+    cfg_path = getattr(args, "config", None) or os.environ.get("AEP_CONFIG")
+    if cfg_path:
+        secrets = frozenset(st.name for group in config_mod.all_settings().values()
+                            for st in group if st.secret)
+        values, problems, warnings = read(Path(cfg_path), known=config_mod.known_settings(),
+                                          secrets=secrets)
+        for w in warnings:
+            print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
+        if problems:
+            return _refuse(problems), sources
+        sources.fill(os.environ, values, f"config file {cfg_path}")
+    return None, sources
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -93,7 +111,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from .daemon import run_daemon
     from .tools import logs
-    if (refused := _apply_env_file(args)) is not None:
+    if (refused := _apply_settings(args)[0]) is not None:
         return refused
     cfg, bridges, problems = _load()
     from .sessionlog.statelock import StateDirBusy, hold
@@ -135,9 +153,12 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
     from .daemon import run_daemon
     from .tools import logs
+    if (refused := _apply_settings(args)[0]) is not None:
+        return refused
     cfg, _, problems = _load(relay_only=True)
-    if problems:
-        return _refuse(problems)
+    if problems:  # a port held by our own daemon is named, as run and check do
+        return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this relay "
+                                                      "another AEP_LISTEN)"))
     logs.setup(cfg.environ)
     raise_fd_limit()
     # AEP_NATS_URL: serve the AEP bindings from JetStream ("Past one machine")
@@ -175,7 +196,8 @@ def _explain_in_use(cfg: config_mod.Config, problems: list[str], hint: str) -> l
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    if (refused := _apply_env_file(args)) is not None:
+    refused, sources = _apply_settings(args)
+    if refused is not None:
         return refused
     # check creates nothing: a missing state directory is reported, not made
     cfg, _, problems = _load(check_ports=not args.no_ports, create=False)
@@ -185,6 +207,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "
           + (", ".join(s.key for s in cfg.enabled) or "none"))
+    _print_sources(sources)
     if not cfg.state_dir.exists():
         print(f"aep-bridges: state directory {cfg.state_dir} will be created by the first run")
     if cfg.nats is not None:  # AEP_NATS_URL: say whether the servers answer
@@ -195,6 +218,19 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for line in lines:
             print(f"aep-bridges: {line}")
     return 0
+
+
+def _print_sources(sources: Any) -> None:
+    """Each setting set, with where it came from (secrets shown as set, never their value)."""
+    from . import config as config_mod
+    known = config_mod.known_settings()
+    secrets = {st.name for group in config_mod.all_settings().values() for st in group if st.secret}
+    names = sorted(n for n in os.environ if n in known)
+    print("aep-bridges: settings" + (" (every other one at its default):" if names else
+                                     ": every one at its default"))
+    for n in names:
+        shown = "(set)" if n in secrets else os.environ[n]
+        print(f"  {n}={shown}  ({sources.of_name(n)})")
 
 
 def _tail_parser(sub: Any) -> None:
@@ -213,6 +249,9 @@ def _tail_parser(sub: Any) -> None:
     tail.add_argument("--json", action="store_true", help="print raw events, one JSON line each")
     tail.add_argument("--limit", type=int, default=None, metavar="N", help="exit after N events")
     tail.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    tail.add_argument("--no-resume", action="store_true",
+                      help="neither start from nor save the position kept per endpoint under the "
+                           "state directory (tail/); without it a restarted tail shows what it missed")
 
 
 def _cmd_tail(args: argparse.Namespace) -> int:
@@ -229,9 +268,124 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"aep-bridges tail: {e}", file=sys.stderr)
         return 2
+    from .tools.resume import position_file
     token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
-    return run(args.url or default_url(), token=token, flt=flt, from_=from_, as_json=args.json,
-               limit=args.limit, color=args.color)
+    url = args.url or default_url()
+    return run(url, token=token, flt=flt, from_=from_, as_json=args.json,
+               limit=args.limit, color=args.color,
+               resume_file=None if args.no_resume else position_file(url, os.environ))
+
+
+def _endpoint(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``--url`` (default: the local relay) and ``--token`` (default: ``$AEP_TOKEN``)."""
+    from .tools.tail import default_url
+    token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
+    return args.url or default_url(), token
+
+
+def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
+    """``respond``, ``cancel``, ``pause``, ``resume`` (:mod:`supervisor.tools.control`)."""
+    import argparse
+    waits = argparse.ArgumentParser(add_help=False, parents=[endpoint])
+    waits.add_argument("--wait", type=float, default=30.0, metavar="S",
+                       help="seconds to wait for the outcome after the ack (0: only the ack)")
+    waits.add_argument("--ack-window", type=int, default=5000, metavar="MS",
+                       help="milliseconds to wait for the ack, per try (3 tries)")
+    codes = ("exit 0 accepted and the outcome seen, 3 rejected, 4 no ack, 5 no outcome "
+             "within --wait, 1 endpoint unreachable")
+    rsp = sub.add_parser("respond", parents=[waits], epilog=codes,
+                         help="answer an attention request: respond [SESSION] REQUEST_ID --option ID")
+    rsp.add_argument("ids", nargs="+", metavar="[SESSION] REQUEST_ID",
+                     help="the attention.requested Event's id (its session is looked up when "
+                          "not given)")
+    rsp.add_argument("--option", help="the chosen option's id (as tail shows in [..|..])")
+    rsp.add_argument("--text", help="a free-text answer")
+    rsp.add_argument("--values", metavar="JSON",
+                     help="a form's answers (AEP-0006): a JSON object of field id -> answer")
+    can = sub.add_parser("cancel", parents=[waits], epilog=codes,
+                         help="cancel a session's run: cancel SESSION [--run RUN]")
+    can.add_argument("session")
+    can.add_argument("--run", help="the run to cancel (default: the target's open run)")
+    can.add_argument("--scope", choices=("run", "session"), default="run")
+    can.add_argument("--reason", help="why (sent as the command's reason)")
+    for verb in ("pause", "resume"):
+        p = sub.add_parser(verb, parents=[waits], epilog=codes, help=f"{verb} a session: {verb} SESSION")
+        p.add_argument("session")
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    from .tools import control
+    url, token = _endpoint(args)
+    name = f"aep-bridges {args.cmd}"
+    try:
+        if args.cmd == "respond":
+            if len(args.ids) > 2:
+                raise ValueError("expected [SESSION] REQUEST_ID")
+            request = args.ids[-1]
+            session = args.ids[0] if len(args.ids) == 2 else _find_session(url, token, request)
+            if session is None:
+                print(f"{name}: {url} holds no attention.requested with id {request}; "
+                      "give its session: respond SESSION REQUEST_ID", file=sys.stderr)
+                return control.EXIT_UNREACHABLE
+            command = control.respond(session, request, option=args.option, text=args.text,
+                                      values=args.values)
+        elif args.cmd == "cancel":
+            command = control.cancel(args.session, run=args.run, scope=args.scope,
+                                     reason=args.reason)
+        else:
+            command = getattr(control, args.cmd)(args.session)
+    except ValueError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    return control.send(url, token, command, ack_window_ms=args.ack_window, wait_s=args.wait)
+
+
+def _find_session(url: str, token: str | None, request: str) -> str | None:
+    import httpx
+
+    from .tools.control import find_session
+    try:
+        return find_session(url, token, request)
+    except httpx.HTTPError as e:
+        print(f"aep-bridges respond: cannot read {url}/stream to find the request's session: {e}",
+              file=sys.stderr)
+        return None
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    """The configuration ``check`` validates, then the machine against it
+    (:mod:`supervisor.tools.doctor`)."""
+    from . import config as config_mod
+    from .daemon import build_bridges
+    from .tools import doctor
+    refused, _ = _apply_settings(args)
+    if refused is not None:
+        return refused
+    cfg, problems = config_mod.load(check_ports=False, create=False)
+    for w in cfg.warnings:
+        print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
+    if (problem := config_mod.state_dir_problem(cfg.state_dir, create=False)) \
+            and problem not in problems:
+        problems.append(problem)
+    bridges, more = build_bridges(cfg, check_ports=False)
+    health: list[dict | None] = []
+
+    def ours(bridge: str | None) -> bool:
+        # a port is fine when our daemon runs and, for a bridge's, runs that bridge
+        if not health:
+            health.append(running_daemon(cfg.listen, cfg.token))
+        return health[0] is not None and (bridge is None or bridge in health[0]["bridges"])
+    return doctor.run(cfg, bridges, problems + more, ours=ours)
+
+
+def _cmd_timeline(args: argparse.Namespace) -> int:
+    from .tools.timeline import run
+    return run(args.files, color=args.color)
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from .tools.validate import run
+    return run(args.files)
 
 
 def _cmd_service(args: argparse.Namespace) -> int:
@@ -255,6 +409,16 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _version() -> str:
+    """The installed distribution's version, with the AEP version it speaks."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        mine = version("aep-bridges")
+    except PackageNotFoundError:  # a source tree on sys.path, never installed
+        mine = "unknown (not installed)"
+    return f"{mine} (AEP 0.1)"
+
+
 def main(argv: list[str] | None = None) -> int:
     """The console script. ``hook`` goes straight to the shim (no argparse,
     no trio: its start-up is the agent's wait); the rest through argparse."""
@@ -267,20 +431,43 @@ def main(argv: list[str] | None = None) -> int:
         prog="aep-bridges",
         description="Bridge coding-agent vendor surfaces to the Agent Event Protocol (AEP 0.1). "
                     "Configured from the environment; see the README.")
+    parser.add_argument("--version", action="version", version=f"aep-bridges {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     env_file = argparse.ArgumentParser(add_help=False)
     env_file.add_argument("--env-file", metavar="PATH",
                           help="read KEY=VALUE settings from PATH (the environment wins)")
+    env_file.add_argument("--config", metavar="FILE",
+                          help="read settings from a TOML FILE with the environment's names "
+                               "(default: $AEP_CONFIG; the environment and --env-file win)")
     sub.add_parser("run", parents=[env_file],
                    help="run the bridge fleet (and the embedded relay unless AEP_RELAY_URL is set)")
-    sub.add_parser("relay", help="run the embedded AEP relay alone on AEP_LISTEN")
-    chk = sub.add_parser("check", parents=[env_file], help="validate the configuration and exit")
+    sub.add_parser("relay", parents=[env_file],
+                   help="run the embedded AEP relay alone on AEP_LISTEN")
+    chk = sub.add_parser("check", parents=[env_file],
+                         help="validate the configuration, say where each setting came from, exit")
     chk.add_argument("--no-ports", action="store_true", help="skip the port-in-use checks")
     from bridges.acp import tee
     tee.add_arguments(sub.add_parser(
         "acp", help="the ACP tee: run as an editor's agent command, "
                     "aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD..."))
     _tail_parser(sub)
+    endpoint = argparse.ArgumentParser(add_help=False)
+    endpoint.add_argument("--url", default=None,
+                          help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN)")
+    endpoint.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
+    _control_parsers(sub, endpoint)
+    sub.add_parser("doctor", parents=[env_file],
+                   help="is this machine ready for the configured daemon? each bridge's vendor "
+                        "reachable, tokens readable, ports free or ours, state dir writable; "
+                        "with the fix for each failure", epilog="exit 0 all good, 1 something to fix")
+    tl = sub.add_parser("timeline", help="render session log files (JSONL, .gz, or - for stdin) "
+                                         "as tail renders a stream")
+    tl.add_argument("files", nargs="+", metavar="FILE")
+    tl.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    val = sub.add_parser("validate", help="check events (JSONL, .gz, or - for stdin) against the "
+                                          "AEP 0.1 schemas; problems with line numbers",
+                         epilog="exit 0 all valid, 1 problems, 2 a file unreadable")
+    val.add_argument("files", nargs="+", metavar="FILE")
     svc = sub.add_parser("service", help="install the systemd unit or launchd agent for this install")
     svc_sub = svc.add_subparsers(dest="action", required=True)
     inst = svc_sub.add_parser("install", help="write the unit/plist and the environment file")
@@ -300,7 +487,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "acp":
         return tee.main(args)
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
-               "service": _cmd_service, "hooks": _cmd_hooks}[args.cmd]
+               "service": _cmd_service, "hooks": _cmd_hooks, "respond": _cmd_control,
+               "cancel": _cmd_control, "pause": _cmd_control, "resume": _cmd_control,
+               "timeline": _cmd_timeline, "validate": _cmd_validate, "doctor": _cmd_doctor}[args.cmd]
     return handler(args)
 
 

@@ -92,6 +92,8 @@ _FLAGS = {s.flag for s in FLEET}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 SETTINGS: tuple[Setting, ...] = (
+    Setting("AEP_CONFIG", "unset", "a TOML file of these settings, by these names "
+            "(`--config FILE` on `run`, `check`, `relay`); the environment wins over it"),
     Setting("AEP_LISTEN", f"`{DEFAULT_LISTEN}`", "embedded relay and `/healthz` listener"),
     Setting("AEP_TOKEN", "unset", "bearer token (`Authorization: Bearer` or `?access_token=`); "
             "unset: watch-only, every command refused `unauthorized`", secret=True),

@@ -250,9 +250,13 @@ class Fleet:
         self.mounts = mounts
         self.host = host or socket.gethostname() or "localhost"
         self.epoch = EpochStore(cfg.state_dir).next_epoch()
+        # a bridgeless fleet (`aep-bridges relay`, which holds no state lock)
+        # writes no session log: it neither scans, repairs nor sweeps the
+        # directory a daemon owns, nor reports its bytes in /healthz (issue 29)
         self.session_log = RetainingSessionLog(cfg.state_dir / "logs", cfg.retention,
-                                               max_open=cfg.log_max_open)
-        self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
+                                               max_open=cfg.log_max_open, scan=bool(bridges))
+        if bridges:
+            self.session_log.repair()  # a tail torn by a crash or a full disk, before any append
         # new sessions' files are linked from spares made off the loop (issue 11)
         self.spares = self.session_log.spares = SpareFiles(cfg.state_dir / "logs" / SPARE_DIR,
                                                            target=cfg.log_spares)
@@ -302,8 +306,8 @@ class Fleet:
             if self.jetstream is not None:
                 await nursery.start(self.jetstream.run)
             nursery.start_soon(self._pump)
-            nursery.start_soon(self.session_log.maintain)
             if self.members:  # a bridgeless fleet (`aep-bridges relay`) writes no session log
+                nursery.start_soon(self.session_log.maintain)
                 nursery.start_soon(self.spares.keep)
             with self._bridges_scope:
                 async with trio.open_nursery() as bridges:

@@ -224,6 +224,12 @@ class OtlpRun:
         self._http_scope.cancel()
 
     def _up(self) -> None:
+        vendor = self.config.vendor
+        self.ctx.log.info(
+            "%s: primary mode (core types, and x.%s.otel.* for the rest); AEP_OTLP_PRIMARY=0 "
+            "when another %s channel is the core-type authority" if self.config.primary else
+            "%s: companion mode (x.%s.otel.* only): AEP_OTLP_PRIMARY=0, or another %s channel "
+            "is the core-type authority", self.name, vendor, vendor)
         self.serving = True
         self.ctx.health.source = True
         self.ctx.health.detail = None

@@ -46,7 +46,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(HTTP_LISTEN, "`127.0.0.1:4318`", "OTLP/HTTP listener (`POST /v1/logs`)"),
     Setting(VENDOR, "`codex`", "vendor profile: `codex` or `vscode`; `codex,vscode` runs both "
             "profiles, each its own emitter; the second needs its own listeners"),
-    Setting(PRIMARY, "`0`", "records with a core meaning as core types, in place of `x.{vendor}.otel.*`"),
+    Setting(PRIMARY, "`1`", "records with a core meaning as core types, in place of "
+            "`x.{vendor}.otel.*` (primary mode, said at start); `0`: companion mode, "
+            "`x.{vendor}.otel.*` only, for when another channel of the same agent (its hooks, "
+            "its own adapter) is the core-type authority on the same AEP endpoint"),
     Setting("AEP_OTLP_{VENDOR}_GRPC_LISTEN", "first vendor: the shared listener",
             "per-profile OTLP/gRPC listener (`off` disables it)"),
     Setting("AEP_OTLP_{VENDOR}_HTTP_LISTEN", "first vendor: the shared listener",
@@ -93,8 +96,9 @@ class OtlpConfig:
     ``vendor``: the profile key (``codex``/``vscode``; another value is a
     :func:`check` problem); ``grpc_listen`` / ``http_listen``: ``(host,
     port)`` to bind (port 0: the OS picks) or ``None`` (listener off);
-    ``primary``: core-type mapping (``AEP_OTLP_PRIMARY=1``), companion
-    otherwise; ``max_body``: request size limit in bytes, compressed and
+    ``primary``: core-type mapping, companion otherwise (from the
+    environment: ``AEP_OTLP_PRIMARY``, default on, issue 29: the mode the
+    demo runs; the dataclass default stays the pins' companion posture); ``max_body``: request size limit in bytes, compressed and
     inflated; ``grpc_setting`` / ``http_setting``: the variable each address
     came from, named in problem lines; ``max_new_sessions`` /
     ``new_sessions_per_s``: sessions one request may open and their rate
@@ -150,7 +154,9 @@ def from_env(env: Mapping[str, str]) -> tuple[tuple[OtlpConfig, ...], list[str]]
     is set; every later profile must set its own (design record "Vendor
     profiles": two identities never share a listener)."""
     reader = EnvReader(env)
-    primary = reader.flag(PRIMARY)
+    # primary unless the operator says otherwise: with no other channel of
+    # the agent in the daemon, OTLP is the only source of its core types
+    primary = reader.flag(PRIMARY, True)
     max_new = reader.integer(MAX_NEW_SESSIONS, DEFAULT_MAX_NEW_SESSIONS, minimum=1)
     per_s = reader.integer(NEW_SESSIONS_PER_S, DEFAULT_NEW_SESSIONS_PER_S, minimum=1)
     # daemon-wide settings (supervisor/config.py documents and checks them)

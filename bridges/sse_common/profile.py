@@ -55,6 +55,13 @@ class SseProfile:
     pins: str
     routes: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_ROUTES))
 
+    @property
+    def serve_command(self) -> str:
+        """The vendor's server command as an operator types it, for hints:
+        its binary has the name of its basic-auth user (``opencode serve``,
+        ``kilo serve``)."""
+        return f"{self.default_user} serve"
+
     def route(self, key: str, **params: str) -> str:
         """A route path with ``{session}``/``{request}`` filled in (the ids
         are URL-quoted: they come from the vendor and the command)."""

@@ -224,8 +224,12 @@ class SseReceiver:
                                   f"{safe_url(self.url)} is not SSE (SSEError: {e})",
                                   logging.WARNING)
                 except (httpx.HTTPError, OSError) as e:
+                    # nothing listening is the usual first-run cause: say what to start
+                    hint = (f" (nothing answers there: is `{self.profile.serve_command}` running "
+                            f"at {safe_url(self.url)}? {self.profile.env}_URL names it)"
+                            if isinstance(e, (httpx.ConnectError, ConnectionRefusedError)) else "")
                     self._trouble(f"net:{type(e).__name__}", f"{self.profile.agent} event stream "
-                                  f"at {safe_url(self.url)} failed: {type(e).__name__}",
+                                  f"at {safe_url(self.url)} failed: {type(e).__name__}{hint}",
                                   logging.WARNING)
                 self._set_disconnected()
                 if trio.current_time() - t0 >= self.settings.stable_after:

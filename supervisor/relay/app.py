@@ -8,7 +8,8 @@
   and for acks (only a command's target decides it, :mod:`.acks`);
   413 ``payload-too-large`` (``AEP_MAX_BODY``) or ``too-many-events``
   (``AEP_MAX_BATCH``); 415 for another content type; 426
-  ``{"versions": ["0.1"]}`` for a missing or unsupported version; 503
+  ``{"versions": ["0.1"], "error", "detail"}`` for a missing or unsupported
+  version (the detail names the header); 503
   ``unavailable`` when the relay's store did not take the events (the
   embedded relay's session log, :attr:`Relay.persist
   <supervisor.relay.core.Relay.persist>`: a ``202`` means they are on
@@ -258,8 +259,13 @@ class RelayApp:
 
     async def _post(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = self.relay
-        if (_header(scope, b"aep-version") or "").strip() != AEP_VERSION:
-            return await respond(send, 426, {"versions": [AEP_VERSION]},
+        if (sent := (_header(scope, b"aep-version") or "").strip()) != AEP_VERSION:
+            # the spec's body ({"versions"}), plus words naming the header: a
+            # first POST without it otherwise reads as a version quarrel
+            why = f"is {sent!r}" if sent else "is missing"
+            return await respond(send, 426, {
+                "versions": [AEP_VERSION], "error": "upgrade-required",
+                "detail": f"POST /events needs the header AEP-Version: {AEP_VERSION} (it {why})"},
                                   headers=[(b"upgrade", b"AEP/" + AEP_VERSION.encode())])
         ctype = (_header(scope, b"content-type") or "").split(";")[0].strip().lower()
         if ctype not in ("application/json", "application/x-ndjson"):

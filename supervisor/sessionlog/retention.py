@@ -64,7 +64,8 @@ event loop (an unlink is ~10-30 us here)."""
 SETTINGS = (
     Setting("AEP_LOG_MAX_BYTES", "`64M`",
             "a session log file is rotated (closed, compressed) once it grows past this "
-            "(checked every second; bytes, `K`/`M`/`G` suffixes; `0`: never by size)"),
+            "(checked every second; bytes, `K`/`M`/`G` suffixes; `0`: never by size); "
+            "unset, a quarter of `AEP_LOG_MAX_TOTAL_BYTES` when that is smaller"),
     Setting("AEP_LOG_MAX_AGE", "`30d`",
             "a session log file is rotated once open this long, and files last written longer "
             "ago are removed (`s`/`m`/`h`/`d` suffixes; `0`: keep forever)"),
@@ -131,6 +132,11 @@ class RetentionPolicy:
                 values[field] = default
                 continue
             values[field] = v or None
+        total = values["max_total_bytes"]
+        if r.raw("AEP_LOG_MAX_BYTES") is None and total and values["max_bytes"]:
+            # the per-file default follows a smaller total the operator set: a
+            # default they never chose must not refuse their one setting
+            values["max_bytes"] = min(values["max_bytes"], max(1, total // 4))
         policy = cls(**values)
         if policy.max_bytes and policy.max_total_bytes and policy.max_bytes > policy.max_total_bytes:
             r.problems.append(f"AEP_LOG_MAX_BYTES={policy.max_bytes} exceeds "
@@ -155,10 +161,12 @@ class RetainingSessionLog(SessionLog):
     ``max_age`` (a rename; the next write opens a fresh file), compresses
     rotated files in a worker thread and sweeps (:meth:`sweep`). So a live
     file can pass ``max_bytes`` by what is written within one interval.
-    ``clock`` is the wall clock (file ages are wall-clock facts)."""
+    ``clock`` is the wall clock (file ages are wall-clock facts).
+    ``scan=False``: the directory is not looked at (its files belong to
+    another process: the bytes of an earlier daemon's logs are not ours)."""
 
     def __init__(self, root: Path, policy: RetentionPolicy, *, max_open: int = 128,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, scan: bool = True) -> None:
         super().__init__(root, max_open=max_open)
         self.policy = policy
         self.clock = clock
@@ -171,7 +179,8 @@ class RetainingSessionLog(SessionLog):
         self._todo: deque[Path] = deque()
         self._wake = trio.Event()
         self.total_bytes = 0
-        self._rescan()
+        if scan:  # ``scan=False``: a fleet that writes no log (``aep-bridges relay``)
+            self._rescan()
 
     # -- accounting ------------------------------------------------------------
     def _rescan(self) -> None:

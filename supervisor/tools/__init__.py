@@ -1,12 +1,19 @@
 """The operator's tools behind the ``aep-bridges`` subcommands
 (:mod:`supervisor.cli` parses the command line and calls them): :mod:`.tail`
 (``aep-bridges tail``: the live timeline of a relay, one line per event, or
-``--json``; :mod:`.tailstream` is its tolerant SSE reader), :mod:`.install` (``aep-bridges service install``: the systemd
+``--json``; :mod:`.tailstream` is its tolerant SSE reader, :mod:`.gist` the one-line summary of an event), :mod:`.install` (``aep-bridges service install``: the systemd
 unit or launchd agent rendered from the shipped templates in
 ``supervisor/service/``), :mod:`.notify` (the service manager's readiness and
 watchdog notifications, which the daemon sends), :mod:`.logs` (the daemon's
-log format and level). Each tool is loaded only by the command that uses it,
+log format and level), :mod:`.control` (``aep-bridges respond``, ``cancel``,
+``pause``, ``resume``: one AEP-0004 command, its ack, its outcome),
+:mod:`.resume` (``tail``'s saved position per endpoint), :mod:`.timeline`
+(``aep-bridges timeline``: session log files rendered as ``tail`` renders),
+:mod:`.validate` (``aep-bridges validate``: events against the AEP schemas
+shipped in ``schemas/``, with line numbers), :mod:`.doctor` (``aep-bridges
+doctor``: the machine against the configuration, with a fix per failure). Each tool is loaded only by the command that uses it,
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["install", "logs", "notify", "tail", "tailstream"]
+__all__ = ["control", "doctor", "gist", "install", "logs", "notify", "resume", "tail", "tailstream",
+           "timeline", "validate"]

@@ -1,11 +1,15 @@
 """``aep-bridges service install``: the systemd unit or launchd agent for
-THIS install of the console script, plus its environment file.
+THIS install of the console script, plus its two settings files: the
+config file (``config.toml``, TOML, mode 0644, :mod:`supervisor.configfile`)
+for the settings, and the environment file (``env``, mode 0600) for the
+secrets only (``AEP_TOKEN``, vendor passwords), which wins over the config
+file. The service runs ``aep-bridges run --config <config.toml>``.
 
 The shipped files (``supervisor/service/aep-bridges.service``,
 ``supervisor/service/dev.aep.bridges.plist``) are the templates: the unit is
 rewritten only in its ``ExecStart=`` line (``Type=notify``, the watchdog and
 the hardening options stay as shipped); the plist's ``ProgramArguments``
-become ``[<script>, run, --env-file, <env file>]`` (launchd has no
+become ``[<script>, run, --env-file, <env file>, --config, <config file>]`` (launchd has no
 ``EnvironmentFile``; the daemon reads the same ``KEY=VALUE`` file itself,
 :func:`read_env_file`).
 
@@ -26,7 +30,7 @@ from typing import Mapping
 
 __all__ = ["install", "plan", "Planned", "read_env_file", "console_script", "render_unit",
            "render_plist", "default_manager", "unreachable", "UNIT_NAME", "PLIST_LABEL", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR",
-           "ENV_TEMPLATE"]
+           "ENV_TEMPLATE", "CONFIG_TEMPLATE", "SYSTEMD_CONFIG_FILE"]
 
 UNIT_NAME = "aep-bridges.service"
 PLIST_LABEL = "dev.aep.bridges"
@@ -35,14 +39,28 @@ PLIST_LABEL = "dev.aep.bridges"
 SYSTEMD_ENV_FILE = Path("/etc/aep-bridges/env")
 SYSTEMD_UNIT_DIR = Path("/etc/systemd/system")
 
+#: the config file both service managers run with (``--config``)
+SYSTEMD_CONFIG_FILE = Path("/etc/aep-bridges/config.toml")
+
 ENV_TEMPLATE = """\
-# aep-bridges settings, one KEY=VALUE a line (see the README's configuration tables).
-# This file may hold AEP_TOKEN and vendor passwords: keep it mode 0600.
+# aep-bridges secrets, one KEY=VALUE a line: AEP_TOKEN and vendor passwords.
+# Keep this file mode 0600. Every other setting goes in config.toml beside it
+# (the values here win over the ones there).
 #AEP_TOKEN=
-#AEP_LISTEN=127.0.0.1:8787
-#AEP_BRIDGE_OTLP_IN=1
-#AEP_BRIDGE_OPENCODE_SSE=0
-#AEP_LOG_MAX_TOTAL_BYTES=1073741824
+#AEP_OPENCODE_PASSWORD=
+"""
+
+CONFIG_TEMPLATE = """\
+# aep-bridges settings (TOML), by the names of the README's configuration
+# tables: AEP_NAME = "value", true/false, or a number. Secrets (AEP_TOKEN,
+# vendor passwords) go in the environment file beside it (mode 0600), which
+# wins over this file, as the process environment does. Check with
+#   aep-bridges check --config <this file>
+#AEP_LISTEN = "127.0.0.1:8787"
+#AEP_BRIDGE_OTLP_IN = true
+#AEP_BRIDGE_OPENCODE_SSE = false
+#AEP_OPENCODE_URL = "http://127.0.0.1:4096"
+#AEP_LOG_MAX_TOTAL_BYTES = "1G"
 """
 
 _LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
@@ -117,7 +135,8 @@ def render_unit(exe: Path) -> str:
     ``RuntimeError`` when the template lacks its single ``ExecStart=``."""
     # systemd splits ExecStart= at whitespace unless the word is quoted
     command = f'"{exe}"' if any(c.isspace() for c in str(exe)) else str(exe)
-    text, n = re.subn(r"(?m)^ExecStart=.*$", lambda _: f"ExecStart={command} run",
+    text, n = re.subn(r"(?m)^ExecStart=.*$",
+                      lambda _: f"ExecStart={command} run --config {SYSTEMD_CONFIG_FILE}",
                       _template(UNIT_NAME))
     if n != 1:
         raise RuntimeError("the shipped unit has no single ExecStart= line")
@@ -180,10 +199,12 @@ def unreachable(exe: Path) -> str | None:
     return None
 
 
-def render_plist(exe: Path, env_file: Path, log_file: Path) -> bytes:
-    """The shipped launchd agent running ``exe run --env-file env_file``."""
+def render_plist(exe: Path, env_file: Path, log_file: Path, config_file: Path | None = None) -> bytes:
+    """The shipped launchd agent running ``exe run --env-file env_file``
+    (and ``--config config_file``)."""
     plist = plistlib.loads(_template(f"{PLIST_LABEL}.plist").encode())
-    plist["ProgramArguments"] = [str(exe), "run", "--env-file", str(env_file)]
+    plist["ProgramArguments"] = [str(exe), "run", "--env-file", str(env_file)] + (
+        ["--config", str(config_file)] if config_file is not None else [])
     plist["StandardErrorPath"] = str(log_file)
     return plistlib.dumps(plist)
 
@@ -209,11 +230,14 @@ def plan(manager: str, *, exe: Path, prefix: Path | None = None,
 
     if manager == "systemd":
         env = under(SYSTEMD_ENV_FILE)
+        conf = under(SYSTEMD_CONFIG_FILE)
         unit = under(SYSTEMD_UNIT_DIR / UNIT_NAME)
         files = [Planned(unit, render_unit(exe).encode(), 0o644),
-                 Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True)]
+                 Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True),
+                 Planned(conf, CONFIG_TEMPLATE.encode(), 0o644, keep_existing=True)]
         sudo = "sudo " if os.geteuid() != 0 else ""
-        then = [f"{'sudoedit' if sudo else 'edit'} {env} (AEP_TOKEN, the AEP_BRIDGE_* you want)",
+        edit = "sudoedit" if sudo else "edit"
+        then = [f"{edit} {conf} (the AEP_BRIDGE_* you want) and {env} (AEP_TOKEN)",
                 f"{sudo}systemctl daemon-reload", f"{sudo}systemctl enable --now aep-bridges",
                 "systemctl status aep-bridges; journalctl -u aep-bridges -f"]
         if prefix is not None:  # staged for another root: the steps are that system's
@@ -222,11 +246,13 @@ def plan(manager: str, *, exe: Path, prefix: Path | None = None,
     if manager == "launchd":
         home = home or Path.home()
         env = under(home / ".config" / "aep-bridges" / "env")
+        conf = under(home / ".config" / "aep-bridges" / "config.toml")
         agent = under(home / "Library" / "LaunchAgents" / f"{PLIST_LABEL}.plist")
         log = home / "Library" / "Logs" / "aep-bridges.log"
-        files = [Planned(agent, render_plist(exe, env, log), 0o644),
-                 Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True)]
-        then = [f"edit {env}", f"launchctl bootstrap gui/$(id -u) {agent}",
+        files = [Planned(agent, render_plist(exe, env, log, conf), 0o644),
+                 Planned(env, ENV_TEMPLATE.encode(), 0o600, keep_existing=True),
+                 Planned(conf, CONFIG_TEMPLATE.encode(), 0o644, keep_existing=True)]
+        then = [f"edit {conf} and {env}", f"launchctl bootstrap gui/$(id -u) {agent}",
                 f"launchctl print gui/$(id -u)/{PLIST_LABEL}; tail -f {log}"]
         return files, then
     raise ValueError(f"unknown service manager {manager!r}")

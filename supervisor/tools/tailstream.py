@@ -83,11 +83,13 @@ class Stream:
                  filter: dict[str, Any] | None = None, token: str | None = None,
                  from_: str | list[dict[str, Any]] | None = None,
                  on_error: Callable[[Exception], None] | None = None,
+                 on_comment: Callable[[str], None] | None = None,
                  backoff_initial_ms: int = 250, backoff_max_ms: int = 5000,
                  timeout_ms: int = 60_000) -> None:
         self.url = url.rstrip("/")
         self.on_event = on_event
         self.on_error = on_error or (lambda e: None)
+        self.on_comment = on_comment or (lambda c: None)
         self.filter = filter or {}
         self.token = token
         self.pending_all = from_ == "all"
@@ -160,6 +162,7 @@ class Stream:
                 return True
             self.pending_all = False
             self._opened = True
+            self.on_comment("connected")  # the stream is up (the SDK reader's connect comment)
             try:
                 for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
                     if self._closed.is_set():

@@ -431,7 +431,14 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.sessionlog.retention": {"RetainingSessionLog", "RetentionPolicy", "REMOVALS_PER_STEP", "SETTINGS", "parse_age", "parse_size", "segment_name"},
     "supervisor.sessionlog.spares": {"SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER", "INODE_RESERVE", "give_back"},
     "supervisor.sessionlog.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold"},
-    "supervisor.tools": {"install", "logs", "notify", "tail", "tailstream"},
+    "supervisor.tools": {"control", "doctor", "gist", "install", "logs", "notify", "resume", "tail",
+                         "tailstream", "timeline", "validate"},
+    "supervisor.tools.gist": {"gist"},
+    "supervisor.tools.doctor": {"Finding", "bridge_findings", "port", "reachable", "report", "run"},
+    "supervisor.tools.timeline": {"render", "run"},
+    "supervisor.tools.validate": {"SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"},
+    "supervisor.tools.resume": {"MAX_POSITIONS", "load", "position_file", "save"},
+    "supervisor.tools.control": {"AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNREACHABLE", "cancel", "find_session", "pause", "respond", "resume", "send"},
     "supervisor.jetstream": {"config", "link", "plan", "presence", "publish", "recover", "relay",
                              "sink", "subjects"},
     "supervisor.tools.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
@@ -460,7 +467,7 @@ PUBLIC: dict[str, set[str]] = {
                                      "hook_key", "install", "status", "trusted_hash",
                                      "uninstall"},
     "supervisor.hookinstall.cli": {"add_parser", "daemon_url", "plans", "run"},
-    "supervisor.tools.install": {"ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
+    "supervisor.tools.install": {"CONFIG_TEMPLATE", "SYSTEMD_CONFIG_FILE", "ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 
 

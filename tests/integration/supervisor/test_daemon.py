@@ -100,7 +100,8 @@ def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
             ev = col.first(lambda e: e.get("session") == "conv-d1")
         finally:
             col.close()
-        assert ev["type"] == "x.codex.otel.conversation_starts"
+        # primary mode by default (issue 29): the conversation start is session.started
+        assert ev["type"] == "session.started"
         assert ev["agent"] == "codex" and ev["source"].endswith("/agent/codex/session/conv-d1")
         validate_event(ev)
         log_file = tmp_path / "state" / "logs" / "codex" / "conv-d1.jsonl"
@@ -120,6 +121,7 @@ def test_otlp_to_jsonl_and_sdk_stream_then_sigterm(tmp_path):
     assert status == 0, d.log()
     assert elapsed < 15  # generous: the daemon's own hard deadline is 5 s
     assert '"received SIGTERM: draining"' in d.log() or "received SIGTERM" in d.log()
+    assert "otlp_in.codex: primary mode" in d.log()  # said at start
     assert token not in d.log()
 
 
@@ -268,3 +270,57 @@ def test_a_second_daemon_on_one_state_directory_is_refused(tmp_path):
         with run_daemon(tmp_path) as third:  # the dead holder's lock went with it
             r = httpx.get(third.url + "/healthz", timeout=10)
             assert r.status_code in (200, 401, 503)
+
+
+def test_standalone_relay_reports_no_earlier_session_log(tmp_path):
+    # issue 29: `aep-bridges relay` over the state directory of an earlier
+    # daemon reported that daemon's session-log bytes in /healthz
+    logs = tmp_path / "state" / "logs" / "codex"
+    logs.mkdir(parents=True)
+    earlier = logs / "conv-old.jsonl"
+    earlier.write_bytes(b'{"aep":"0.1"}\n' * 500)
+    with run_daemon(tmp_path, {"AEP_TOKEN": "t0k3n-relay"}, args=("relay",), healthy=True) as d:
+        counts = d.healthz("t0k3n-relay")["counts"]
+        assert counts["jsonl_bytes"] == 0 and counts["jsonl_lines"] == 0
+    assert earlier.stat().st_size == 7000  # not the relay's to repair or sweep
+
+
+def test_timeline_and_validate_read_the_daemons_own_session_log(tmp_path):
+    # issue 29: `aep-bridges timeline FILE` and `validate FILE` on a real log
+    with run_daemon(tmp_path) as d:
+        http = d.env["AEP_OTLP_HTTP_LISTEN"]
+        r = httpx.post(f"http://{http}/v1/logs", json=otlp_json("conv-tl"), timeout=10)
+        assert r.status_code == 200
+        assert d.stop() == 0
+    log = tmp_path / "state" / "logs" / "codex" / "conv-tl.jsonl"
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+    shown = subprocess.run(console_script() + ["timeline", str(log)], capture_output=True,
+                           text=True, env=env, timeout=60)
+    assert shown.returncode == 0 and not shown.stderr, shown.stderr
+    rows = [ln for ln in shown.stdout.splitlines() if not ln.startswith("── ")]
+    assert len(rows) == len(events)
+    assert all(e["type"] in row for e, row in zip(events, rows, strict=True))
+    checked = subprocess.run(console_script() + ["validate", str(log)], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert checked.returncode == 0, checked.stdout
+    assert checked.stdout.strip() == f"{log}: {len(events)} event(s), all valid"
+    # a line broken by hand is named with its number
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(log.read_text() + '{"aep": "0.1", "type": "Bad"}\n')
+    checked = subprocess.run(console_script() + ["validate", str(broken)], capture_output=True,
+                             text=True, env=env, timeout=60)
+    assert checked.returncode == 1 and f"{broken}:{len(events) + 1}: " in checked.stdout
+
+
+def test_an_opencode_bridge_with_no_server_says_what_to_start(tmp_path):
+    # issue 29: a bare "ConnectError" left a new user guessing
+    url = f"http://127.0.0.1:{free_port()}"
+    with run_daemon(tmp_path, {"AEP_BRIDGE_OTLP_IN": "0", "AEP_BRIDGE_OPENCODE_SSE": "1",
+                               "AEP_OPENCODE_URL": url}) as d:
+        deadline = time.monotonic() + 30
+        while "ConnectError" not in d.log() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert d.stop() == 0
+    assert f"failed: ConnectError (nothing answers there: is `opencode serve` running at {url}?" \
+        in d.log(), d.log()[-2000:]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import ROOT, console_script, run_daemon
+from tests.support.net import free_port
 from tests.support.system import require
 
 
@@ -60,7 +61,7 @@ def test_service_install_writes_a_unit_systemd_accepts(installed, tmp_path):
     assert r.returncode == 0, r.stderr
     unit = tmp_path / "etc/systemd/system/aep-bridges.service"
     lines = unit.read_text().splitlines()
-    assert f"ExecStart={installed} run" in lines
+    assert f"ExecStart={installed} run --config /etc/aep-bridges/config.toml" in lines
     for kept in ("Type=notify", "WatchdogSec=30", "EnvironmentFile=-/etc/aep-bridges/env",
                  "DynamicUser=yes", "ProtectSystem=strict", "NoNewPrivileges=yes"):
         assert kept in lines
@@ -100,3 +101,79 @@ def test_check_beside_a_running_daemon_names_it(tmp_path):
         r = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True,
                            text=True, env=env, timeout=60)
         assert r.returncode == 0, r.stderr
+
+
+def test_relay_beside_a_running_daemon_names_it(tmp_path):
+    # issue 29: run and check named the holder of a taken port, relay did not
+    with run_daemon(tmp_path, {"AEP_BRIDGE_OTLP_IN": "0"}, healthy=True) as d:
+        r = subprocess.run(console_script() + ["relay"], capture_output=True, text=True,
+                           env=dict(d.env), timeout=60)
+        assert r.returncode == 2
+        assert "held by the running aep-bridges daemon" in r.stderr, r.stderr
+
+
+def test_run_and_check_from_a_config_file(tmp_path):
+    # issue 29: settings from a TOML file with the environment's names; the
+    # environment wins; check says where each one came from
+    conf = tmp_path / "config.toml"
+    conf.write_text('AEP_BRIDGE_OTLP_IN = false\nAEP_BUFFER = 77\nAEP_LOG_LEVEL = "info"\n')
+    with run_daemon(tmp_path, {"AEP_LOG_LEVEL": "warning"}, args=("run", "--config", str(conf)),
+                    healthy=True) as d:
+        assert d.healthz()["bridges"] == {}  # the file switched the default bridge off
+        env = {k: v for k, v in d.env.items() if k != "AEP_LISTEN"}
+        r = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True,
+                           text=True, env={**env, "AEP_CONFIG": str(conf)}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"AEP_BUFFER=77  (config file {conf})" in r.stdout
+    assert "AEP_LOG_LEVEL=warning  (environment)" in r.stdout
+    assert "bridges none" in r.stdout
+    conf.write_text('AEP_BUFER = 77\nAEP_BUFFER = "many"\n')
+    r = subprocess.run(console_script() + ["check", "--no-ports", "--config", str(conf)],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2
+    assert "AEP_BUFER (in" in r.stderr and "did you mean AEP_BUFFER?" in r.stderr
+    assert "AEP_BUFFER='many'" in r.stderr  # the environment's own validation
+    r = subprocess.run(console_script() + ["check", "--config", str(tmp_path / "none.toml")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "none.toml" in r.stderr
+
+
+def test_doctor_names_each_failure_with_its_fix(tmp_path):
+    # issue 29: a vendor that does not answer, a port someone else holds, a
+    # port our running daemon holds, a vendor that answers
+    import socket
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    try:
+        with run_daemon(tmp_path, {"AEP_BRIDGE_OTLP_IN": "0"}, healthy=True) as d:
+            base = {k: v for k, v in d.env.items()}
+            env = {**base, "AEP_BRIDGE_OPENCODE_SSE": "1", "AEP_OPENCODE_URL": dead,
+                   "AEP_BRIDGE_OTLP_IN": "1", "AEP_OTLP_GRPC_LISTEN": f"127.0.0.1:{taken}",
+                   "AEP_OTLP_HTTP_LISTEN": "off",
+                   "AEP_BRIDGE_AGUI": "1", "AEP_AGUI_UPSTREAM": d.url,
+                   "AEP_AGUI_LISTEN": f"127.0.0.1:{free_port()}"}
+            r = subprocess.run(console_script() + ["doctor"], capture_output=True, text=True,
+                               env=env, timeout=60)
+            ok = subprocess.run(console_script() + ["doctor"], capture_output=True, text=True,
+                                env=base, timeout=60)
+    finally:
+        squatter.close()
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+
+    def after(text: str) -> str:
+        i = next(i for i, line in enumerate(lines) if text in line)
+        return lines[i + 1]
+    assert f"FAIL  opencode_sse: {dead} unreachable (ConnectError)" in lines
+    assert "start `opencode serve` there, or point AEP_OPENCODE_URL" in after("opencode_sse:")
+    assert f"FAIL  otlp_in.codex grpc 127.0.0.1:{taken}: in use by another program" in lines
+    assert f"sport = :{taken}" in after(f"127.0.0.1:{taken}")
+    assert any(line.startswith("ok    AEP_LISTEN") and "held by the running aep-bridges daemon"
+               in line for line in lines), lines
+    assert any(line.startswith(f"ok    agui upstream: {d.url} answers") for line in lines), lines
+    assert r.stdout.rstrip().endswith("2 to fix")
+    assert ok.returncode == 0 and ok.stdout.rstrip().endswith("all good"), ok.stdout

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.support.daemon import DaemonProcess, console_script
+from tests.support.net import free_port
 from tests.support.system import require
 
 TOKEN = "tail-test-token-0123456789"
@@ -56,8 +57,11 @@ def daemon(tmp_path_factory):
     assert d.stop() == 0
 
 
-def tail(daemon: DaemonProcess, *args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+def tail(daemon: DaemonProcess, *args: str, token: str | None = TOKEN,
+         state: str | None = None) -> subprocess.CompletedProcess:
+    # the resume positions go under a state directory of the test's own
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8",
+           "AEP_STATE_DIR": state or str(daemon.state.parent / "tail-state")}
     if token:
         env["AEP_TOKEN"] = token
     return subprocess.run(console_script() + ["tail", "--url", daemon.url, *args], env=env,
@@ -65,9 +69,11 @@ def tail(daemon: DaemonProcess, *args: str, token: str | None = TOKEN) -> subpro
 
 
 def test_tail_prints_the_timeline(daemon):
-    out = tail(daemon, "--from", "all", "--limit", str(len(STORY)))
+    out = tail(daemon, "--from", "all", "--limit", str(len(STORY)), "--no-resume")
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
+    day, *lines = out.stdout.splitlines()
+    # the events are not from today: the date is said once, the columns stay
+    assert day == "── 2026-12-01 ──", out.stdout
     assert len(lines) == len(STORY), out.stdout
     assert "\x1b[" not in out.stdout  # a pipe gets no colors
     for line, e in zip(lines, STORY, strict=True):
@@ -84,7 +90,8 @@ def test_tail_prints_the_timeline(daemon):
 
 
 def test_tail_filter_and_json(daemon):
-    out = tail(daemon, "--from", "all", "--json", "--filter", "type=attention.*", "--limit", "2")
+    out = tail(daemon, "--from", "all", "--json", "--filter", "type=attention.*", "--limit", "2",
+               "--no-resume")
     assert out.returncode == 0, out.stderr
     got = [json.loads(line) for line in out.stdout.splitlines()]
     assert [e["id"] for e in got] == [STORY[2]["id"], STORY[3]["id"]]
@@ -97,10 +104,61 @@ def test_tail_without_the_token_is_refused_with_a_hint(daemon):
     assert "HTTP 401" in out.stderr and "--token" in out.stderr
 
 
+def test_tail_says_connected_and_keeps_its_position_per_endpoint(daemon, tmp_path):
+    state = str(tmp_path / "state")
+    first = tail(daemon, "--from", "all", "--limit", "2", state=state)
+    assert first.returncode == 0, first.stderr
+    assert f"connected to {daemon.url} (1 session)" in first.stderr, first.stderr
+    saved = list((tmp_path / "state" / "tail").glob("*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["url"] == daemon.url
+    # a restarted tail starts after what it showed: the third event, not the first
+    again = tail(daemon, "--limit", "1", "--json", state=state)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["id"] == STORY[2]["id"]
+    assert "resuming 1 session(s)" in again.stderr
+    # --no-resume neither reads nor writes it
+    fresh = tmp_path / "fresh"
+    out = tail(daemon, "--from", "all", "--limit", "1", "--json", "--no-resume", state=str(fresh))
+    assert out.returncode == 0 and json.loads(out.stdout)["id"] == STORY[0]["id"]
+    assert not fresh.exists()
+
+
+def test_tail_into_a_pipe_shows_whole_type_names(tmp_path):
+    long_type = "x.opencode.session.compaction.summary_written"
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_OTLP_IN": "0"}, token=TOKEN).start()
+    try:  # a daemon of its own: the module's one keeps its story
+        post(d, [ev(1, long_type, session="ses_tail_long_types", data={"k": "v"})])
+        out = tail(d, "--from", "all", "--limit", "1", "--no-resume")
+    finally:
+        assert d.stop() == 0
+    assert out.returncode == 0, out.stderr
+    assert f" {long_type} k=v" in out.stdout, out.stdout
+
+
+def test_tail_without_a_daemon_shows_each_retry(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "AEP_STATE_DIR": str(tmp_path)}
+    proc = subprocess.Popen(console_script() + ["tail", "--url", url], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # bounded: the SDK retries within 0.25 s .. 5 s
+            lines.append(line)
+            if "attempt 3" in line:
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [("attempt 1" in x, "attempt 2" in x, "attempt 3" in x) for x in lines] == \
+        [(True, False, False), (False, True, False), (False, False, True)], lines
+    assert all(url in x and "retrying" in x for x in lines)
+
+
 def test_tail_under_a_real_terminal(daemon, tmp_path):
     tmux = require("tmux")
     sock = str(tmp_path / "tmux.sock")
-    cmd = " ".join(console_script() + ["tail", "--url", daemon.url, "--from", "all"])
+    cmd = " ".join(console_script() + ["tail", "--url", daemon.url, "--from", "all", "--no-resume"])
     subprocess.run([tmux, "-S", sock, "-f", "/dev/null", "new-session", "-d", "-x", "150",
                     "-y", "30", f"env -u COLUMNS -u LINES TERM=xterm-256color AEP_TOKEN={TOKEN} {cmd}"], check=True)
     try:
@@ -119,7 +177,9 @@ def test_tail_under_a_real_terminal(daemon, tmp_path):
         post(daemon, live)  # and two arriving live
         while "exit 1" not in pane() and time.monotonic() < deadline:
             time.sleep(0.2)
-        plain = [ln for ln in pane().splitlines() if ln.strip()]
+        # the timeline's lines: not the stderr notes, not the date line
+        plain = [ln for ln in pane().splitlines()
+                 if ln.strip() and not ln.startswith(("aep-bridges tail:", "── "))]
         colored = pane("-e")
     finally:
         subprocess.run([tmux, "-S", sock, "kill-server"], check=False)

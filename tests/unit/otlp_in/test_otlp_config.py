@@ -84,7 +84,7 @@ def test_settings_metadata():
     assert by_name[config.HTTP_LISTEN] == f"`{config.DEFAULT_HTTP_LISTEN}`"
     assert by_name[config.VENDOR] == f"`{config.DEFAULT_VENDOR}`"
     assert by_name[config.MAX_BODY] == f"`{config.DEFAULT_MAX_BODY}`"
-    assert by_name[config.PRIMARY] == "`0`"
+    assert by_name[config.PRIMARY] == "`1`"  # primary unless said otherwise (issue 29)
     assert SETTING_NAMES == {
         "AEP_OTLP_GRPC_LISTEN", "AEP_OTLP_HTTP_LISTEN", "AEP_OTLP_VENDOR", "AEP_OTLP_PRIMARY",
         "AEP_OTLP_MAX_BODY", "AEP_OTLP_CODEX_GRPC_LISTEN", "AEP_OTLP_CODEX_HTTP_LISTEN",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.tools.install import (
+    CONFIG_TEMPLATE,
     ENV_TEMPLATE,
     _template,
     default_manager,
@@ -28,14 +29,15 @@ EXE = Path("/opt/pipx/venvs/aep-bridges/bin/aep-bridges")
 def test_the_unit_keeps_everything_but_execstart():
     shipped = _template("aep-bridges.service")
     rendered = render_unit(EXE)
-    assert f"ExecStart={EXE} run" in rendered.splitlines()
+    assert f"ExecStart={EXE} run --config /etc/aep-bridges/config.toml" in rendered.splitlines()
     diff = [(a, b) for a, b in zip(shipped.splitlines(), rendered.splitlines(), strict=True) if a != b]
     assert diff == [  # the header's note on ExecStart follows it
         ("# As shipped, ExecStart is where a system-wide install puts the script:",
          "# ExecStart names the console script of the install that wrote this file"),
         ("#   sudo PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install .",
          "# (as shipped: /usr/local/bin/aep-bridges, a system-wide pipx install)."),
-        ("ExecStart=/usr/local/bin/aep-bridges run", f"ExecStart={EXE} run")]
+        ("ExecStart=/usr/local/bin/aep-bridges run --config /etc/aep-bridges/config.toml",
+         f"ExecStart={EXE} run --config /etc/aep-bridges/config.toml")]
     for kept in ("Type=notify", "WatchdogSec=30", "NoNewPrivileges=yes", "ProtectSystem=strict",
                  "EnvironmentFile=-/etc/aep-bridges/env", "RestartPreventExitStatus=2",
                  "StateDirectoryMode=0700"):
@@ -43,8 +45,9 @@ def test_the_unit_keeps_everything_but_execstart():
 
 
 def test_the_plist_runs_this_install_with_the_env_file(tmp_path):
-    agent = plistlib.loads(render_plist(EXE, tmp_path / "env", tmp_path / "log"))
-    assert agent["ProgramArguments"] == [str(EXE), "run", "--env-file", str(tmp_path / "env")]
+    agent = plistlib.loads(render_plist(EXE, tmp_path / "env", tmp_path / "log", tmp_path / "c.toml"))
+    assert agent["ProgramArguments"] == [str(EXE), "run", "--env-file", str(tmp_path / "env"),
+                                         "--config", str(tmp_path / "c.toml")]
     assert agent["Label"] == "dev.aep.bridges" and agent["KeepAlive"] == {"SuccessfulExit": False}
     assert agent["StandardErrorPath"] == str(tmp_path / "log")
 
@@ -54,8 +57,19 @@ def test_install_under_a_prefix_writes_unit_and_env_and_keeps_an_existing_env(tm
     assert install("systemd", prefix=tmp_path, exe=EXE, out=out) == 0
     unit = tmp_path / "etc/systemd/system/aep-bridges.service"
     env = tmp_path / "etc/aep-bridges/env"
-    assert f"ExecStart={EXE} run" in unit.read_text()
+    assert f"ExecStart={EXE} run --config /etc/aep-bridges/config.toml" in unit.read_text()
     assert env.read_text() == ENV_TEMPLATE and (env.stat().st_mode & 0o777) == 0o600
+    conf = tmp_path / "etc/aep-bridges/config.toml"
+    assert conf.read_text() == CONFIG_TEMPLATE and (conf.stat().st_mode & 0o777) == 0o644
+    # the shipped config file is what --config reads: TOML, nothing set, no problem
+    from supervisor.config import known_settings
+    from supervisor.configfile import read
+    assert read(conf, known=known_settings()) == ({}, [], [])
+    # each commented line, uncommented, is a setting the config file takes
+    lines = [ln[1:] for ln in CONFIG_TEMPLATE.splitlines() if ln.startswith("#AEP_")]
+    conf.write_text("\n".join(lines) + "\n")
+    values, problems, warnings = read(conf, known=known_settings())
+    assert len(values) == len(lines) and not problems and not warnings
     assert "systemctl enable --now aep-bridges" in out.getvalue()
     env.write_text("AEP_TOKEN=mine\n")
     assert install("systemd", prefix=tmp_path, exe=EXE, out=io.StringIO()) == 0
@@ -73,7 +87,8 @@ def test_launchd_paths_are_in_the_home(tmp_path):
     files, then = plan("launchd", exe=EXE, prefix=tmp_path, home=Path("/Users/me"))
     assert [f.path for f in files] == [
         tmp_path / "Users/me/Library/LaunchAgents/dev.aep.bridges.plist",
-        tmp_path / "Users/me/.config/aep-bridges/env"]
+        tmp_path / "Users/me/.config/aep-bridges/env",
+        tmp_path / "Users/me/.config/aep-bridges/config.toml"]
     assert any("launchctl bootstrap" in t for t in then)
     with pytest.raises(ValueError):
         plan("upstart", exe=EXE)
@@ -167,11 +182,12 @@ def test_the_steps_after_say_sudo_when_not_root(monkeypatch):
     import supervisor.tools.install as install_mod
     monkeypatch.setattr(install_mod.os, "geteuid", lambda: 1000)
     _, then = plan("systemd", exe=EXE)
-    assert then[0].startswith("sudoedit /etc/aep-bridges/env")
+    assert then[0].startswith("sudoedit /etc/aep-bridges/config.toml")
+    assert "and /etc/aep-bridges/env (AEP_TOKEN)" in then[0]
     assert then[1:3] == ["sudo systemctl daemon-reload", "sudo systemctl enable --now aep-bridges"]
     monkeypatch.setattr(install_mod.os, "geteuid", lambda: 0)
     _, then = plan("systemd", exe=EXE)
-    assert then[0].startswith("edit /etc/aep-bridges/env") and then[1] == "systemctl daemon-reload"
+    assert then[0].startswith("edit /etc/aep-bridges/config.toml") and then[1] == "systemctl daemon-reload"
 
 
 def test_the_interpreter_of_pips_sh_trampoline_is_found(tmp_path):
@@ -192,7 +208,8 @@ def test_the_interpreter_of_pips_sh_trampoline_is_found(tmp_path):
 
 def test_execstart_quotes_a_path_with_a_space():
     rendered = render_unit(Path("/opt/my tools/bin/aep-bridges"))
-    assert 'ExecStart="/opt/my tools/bin/aep-bridges" run' in rendered.splitlines()
+    assert 'ExecStart="/opt/my tools/bin/aep-bridges" run --config /etc/aep-bridges/config.toml' \
+        in rendered.splitlines()
 
 
 def test_a_prefix_install_says_the_steps_are_the_target_systems(tmp_path):

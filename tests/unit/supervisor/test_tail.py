@@ -268,7 +268,7 @@ def test_run_survives_a_refused_from_all_but_not_a_refused_token():
                              ("event", ev)])
     out, err = io.StringIO(), io.StringIO()
     assert run("http://x", from_="all", limit=1, out=out, err=err, subscribe=fake) == 0
-    assert "t ✓ completed" in out.getvalue() and "(retrying)" in err.getvalue()
+    assert "t ✓ completed" in out.getvalue() and "(retrying, attempt 1)" in err.getvalue()
     assert fake.closed and fake.kw["from_"] == "all"
     fake = FakeSubscription([("error", TransportError("http", "SSE HTTP 401", status=401))])
     err = io.StringIO()
@@ -342,3 +342,12 @@ def test_columns_hold_in_cells_with_wide_and_combining_characters():
     for plain in lines:
         cut = plain.index("bash ✓")
         assert cell_len(plain[:cut]) == gist_at, plain
+
+
+def test_an_event_without_a_payload_says_so():
+    # issue 29: the demo's x.opencode.session.updated lines had an empty gist
+    for ev in ({"type": "x.opencode.session.updated", "data": {}},
+               {"type": "x.opencode.session.diff"}):
+        assert gist(ev) == "(no data)"
+        assert Timeline().line(ev).plain.endswith(" (no data)")
+    assert gist({"type": "x.v.t", "data": {}, "subject": "S1"}) == "S1"

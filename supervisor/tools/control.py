@@ -1,0 +1,237 @@
+"""``aep-bridges respond | cancel | pause | resume``: send one AEP-0004
+command to any AEP endpoint, print its ack, wait for its outcome.
+
+The ecosystem's ``aep`` CLI does the same (``aep respond <session>
+<request-id> --option allow``; ``aep cancel <session> --run <run-id>``);
+these mirror its arguments and its exit statuses, and add the wait for the
+outcome (AEP-0004 §3: the ack says "I will try", the outcome Event says
+"done"):
+
+- ``0``: accepted, and the outcome Event arrived (printed as a timeline line);
+- ``3``: rejected (``control.rejected``, or the relay's ``cause``-matched
+  ``error`` frame): the reason on stderr;
+- ``4``: no ack within the ack window and its retries (the SDK's
+  synthesized ``timeout``);
+- ``5``: accepted, but no outcome within ``--wait`` seconds;
+- ``1``: the endpoint could not be reached or refused the connection;
+- ``2``: bad arguments (``--values`` not a JSON object, no answer given).
+
+The command goes out through the protocol's own sender, the SDK's
+``ControlClient`` (a WebSocket duplex on ``/socket``: commands flow only on an
+authenticated duplex binding, AEP-0004 §4.1; retries resend the same id).
+The outcome is read with the SDK's SSE consumer (``aep_sdk.subscribe``) from
+the ack's own position on (``from``, AEP-0003 §7), so an outcome that came
+before the consumer connected is replayed, not missed; an Event is the
+command's when its ``cause`` is the command, the ack, or an Event already
+linked (``attention.resolved`` is caused by ``attention.answered``).
+
+``respond`` takes the request's session, or finds it: with only the request
+id, the endpoint's held ``attention.requested`` Events are read once
+(``GET /stream?from=all&live=0``) and the one with that id names it.
+
+The SDK's consumer and sender are thread-based (the library demands it);
+this module runs no event loop."""
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+__all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNREACHABLE",
+           "cancel", "find_session", "pause", "respond", "resume", "send"]
+
+EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME = 1, 3, 4, 5
+
+#: the sender's name in the command's ``source`` (``aep://<host>/agent/<AGENT>``)
+AGENT = "aep-bridges-cli"
+
+#: the outcome Events that end the wait, per command type (AEP-0004 §5's table)
+_TERMINAL = {
+    "control.attention.respond": frozenset({"attention.resolved", "attention.timeout"}),
+    "control.cancel": frozenset({"run.cancelled", "run.finished", "run.failed", "session.ended"}),
+}
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command to send: the ``ControlClient.send`` arguments.
+    ``capture`` is what the payload holds (AEP-0001 §9): ``redacted`` when it
+    carries an operator's free text (an answer's text, a form's values, a
+    cancel's reason), else ``metadata``."""
+
+    type: str
+    session: str
+    data: dict[str, Any] = field(default_factory=dict)
+    subject: str | None = None
+    run: str | None = None
+    cause: str | None = None
+    capture: str = "metadata"
+
+
+def respond(session: str, request: str, *, option: str | None = None, text: str | None = None,
+            values: str | None = None) -> Command:
+    """``control.attention.respond`` answering the ``attention.requested``
+    Event ``request`` (its ``subject`` and ``cause``, AEP-0004 §5).
+    ``values`` is a JSON object (a form's answers, AEP-0006: field id ->
+    answer). Raises ``ValueError`` when no answer is given or ``values`` is
+    not a JSON object."""
+    answer: dict[str, Any] = {}
+    if option is not None:
+        answer["option"] = option
+    if text is not None:
+        answer["text"] = text
+    if values is not None:
+        try:
+            parsed = json.loads(values)
+        except ValueError as e:
+            raise ValueError(f"--values: not JSON ({e})") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("--values: expected a JSON object of field id -> answer")
+        answer["values"] = parsed
+    if not answer:
+        raise ValueError("give the answer: --option ID, --text TEXT or --values JSON")
+    free = text is not None or values is not None
+    return Command("control.attention.respond", session, {"answer": answer}, subject=request,
+                   cause=request, capture="redacted" if free else "metadata")
+
+
+def cancel(session: str, *, run: str | None = None, scope: str | None = None,
+           reason: str | None = None) -> Command:
+    """``control.cancel``: the run (``scope`` ``run``, the default; ``run``
+    names it, else the target cancels the open one) or the session."""
+    data: dict[str, Any] = {"scope": scope or "run"}
+    if reason:
+        data["reason"] = reason
+    return Command("control.cancel", session, data, run=run,
+                   capture="redacted" if reason else "metadata")
+
+
+def pause(session: str) -> Command:
+    """``control.pause`` (empty payload)."""
+    return Command("control.pause", session)
+
+
+def resume(session: str) -> Command:
+    """``control.resume`` (empty payload)."""
+    return Command("control.resume", session)
+
+
+def find_session(url: str, token: str | None, request: str, *, timeout: float = 10.0) -> str | None:
+    """The session of the ``attention.requested`` Event whose id is
+    ``request``, from what ``url`` holds (one ``from=all&live=0`` read of
+    ``/stream``, filtered to that type); ``None`` when it holds no such
+    Event. Raises ``httpx.HTTPError`` when the endpoint cannot be read."""
+    import httpx
+    from httpx_sse import connect_sse
+    params = {"filter": json.dumps({"type": "attention.requested"}), "from": "all", "live": "0"}
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    with httpx.Client(timeout=timeout, trust_env=False) as client, \
+            connect_sse(client, "GET", url.rstrip("/") + "/stream", params=params,
+                        headers=headers) as source:
+        source.response.raise_for_status()
+        for sse in source.iter_sse():
+            try:
+                ev = json.loads(sse.data)
+            except ValueError:
+                continue
+            if isinstance(ev, dict) and ev.get("id") == request and isinstance(ev.get("session"), str):
+                return ev["session"]
+    return None
+
+
+def _linked(cmd_type: str, cmd_id: str, ack: dict[str, Any], events: "queue.Queue[dict[str, Any]]",
+            deadline: float, show: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+    """Read ``events`` until the command's terminal outcome (returned) or
+    ``deadline`` (``None``); every Event linked to the command is shown."""
+    linked = {cmd_id, str(ack.get("id"))}
+    terminal = _TERMINAL.get(cmd_type)
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            ev = events.get(timeout=min(left, 0.5))
+        except queue.Empty:
+            continue
+        if ev.get("cause") not in linked or ev.get("id") == ack.get("id"):
+            continue
+        linked.add(str(ev.get("id")))
+        show(ev)
+        if terminal is None or ev.get("type") in terminal:
+            return ev
+    return None
+
+
+def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 5000,
+         retries: int = 2, wait_s: float = 30.0, out: TextIO | None = None,
+         err: TextIO | None = None, client_factory: Callable[..., Any] | None = None,
+         subscribe: Callable[..., Any] | None = None) -> int:
+    """Send ``command`` to ``url``, print the ack, wait up to ``wait_s``
+    seconds for the outcome; returns the exit status (module docstring).
+    ``wait_s=0``: return once acked (0 on accepted)."""
+    import aep_sdk
+    from aep_sdk.errors import TransportError
+
+    from .tail import Timeline, _console
+
+    out, err = out or sys.stdout, err or sys.stderr
+    name = f"aep-bridges {command.type.rsplit('.', 1)[-1]}"
+    client = (client_factory or aep_sdk.ControlClient)(
+        url, agent=AGENT, host=socket.gethostname() or "localhost", token=token)
+    try:
+        client.connect(connect_timeout_ms=10_000)
+    except (TransportError, OSError) as e:
+        hint = " (pass --token or set AEP_TOKEN)" if getattr(e, "status", None) in (401, 403) else ""
+        print(f"{name}: cannot reach {url}: {e}{hint}", file=err)
+        return EXIT_UNREACHABLE
+    try:
+        try:
+            ack = client.send(command.type, command.session, data=command.data,
+                              subject=command.subject, run=command.run, cause=command.cause,
+                              capture=command.capture, ack_window_ms=ack_window_ms,
+                              retries=retries)
+        except aep_sdk.NackError as e:
+            if e.synthesized:
+                print(f"{name}: no ack from session {command.session} ({e.detail}); "
+                      "is a bridge serving it?", file=err)
+                return EXIT_NO_ACK
+            print(f"{name}: rejected: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
+                  file=err)
+            return EXIT_REJECTED
+    finally:
+        client.close()
+    cmd_id = str(ack.get("cause"))
+    print(f"{name}: accepted by session {command.session} (command {cmd_id}, ack {ack.get('id')})",
+          file=out, flush=True)
+    if wait_s <= 0:
+        return 0
+    return _await_outcome(url, token, command, cmd_id, ack, wait_s=wait_s, out=out, err=err,
+                          subscribe=subscribe or aep_sdk.subscribe,
+                          render=(Timeline(), _console("auto", out)), name=name)
+
+
+def _await_outcome(url: str, token: str | None, command: Command, cmd_id: str,
+                   ack: dict[str, Any], *, wait_s: float, out: TextIO, err: TextIO,
+                   subscribe: Callable[..., Any], render: tuple[Any, Any], name: str) -> int:
+    timeline, console = render
+    events: queue.Queue[dict[str, Any]] = queue.Queue()
+    # from the ack's own position: the outcome follows it in the session's order
+    position = {"session": command.session, "epoch": ack.get("epoch", 0), "seq": ack.get("seq", 0)}
+    sub = subscribe(url, events.put, filter={"session": command.session}, token=token,
+                    from_=[position] if isinstance(ack.get("seq"), int) else None,
+                    backoff_initial_ms=250, backoff_max_ms=2000)
+
+    def show(ev: dict[str, Any]) -> None:
+        console.print(timeline.line(ev), no_wrap=True, overflow="ellipsis")
+        out.flush()
+
+    try:
+        outcome = _linked(command.type, cmd_id, ack, events, time.monotonic() + wait_s, show)
+    finally:
+        sub.close()
+    if outcome is None:
+        print(f"{name}: accepted, but no outcome within {wait_s:g} s "
+              "(the target may still act: watch aep-bridges tail)", file=err)
+        return EXIT_NO_OUTCOME
+    return 0

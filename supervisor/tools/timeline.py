@@ -1,0 +1,67 @@
+"""``aep-bridges timeline FILE...``: a session log rendered as ``tail``
+renders a live stream (the ecosystem's ``aep timeline --file``).
+
+Reads JSONL (a daemon's session log, ``logs/<agent>/<session>.jsonl``, a
+rotated ``.gz`` segment, or ``-`` for stdin) and prints each event through
+:class:`supervisor.tools.tail.Timeline`: the same columns, gists, pending
+asks and date lines; whole type names when not writing to a terminal.
+A line that is not a JSON object is reported on stderr with its line number
+and skipped (``aep-bridges validate`` says more). Exit 0, or 2 when a file
+cannot be read."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Iterable, TextIO
+
+from .tail import Timeline, _console, _safe
+
+__all__ = ["render", "run"]
+
+
+def render(lines: Iterable[str], timeline: Timeline, print_line, *, name: str,
+           err: TextIO) -> int:
+    """Render each JSONL line through ``timeline`` with ``print_line``
+    (a ``rich.text.Text`` each); returns the events shown. Bad lines are
+    named on ``err`` (``FILE:LINE: ...``)."""
+    shown = 0
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except ValueError as e:
+            print(_safe(f"{name}:{n}: not JSON ({e}); skipped"), file=err)
+            continue
+        if not isinstance(ev, dict):
+            print(f"{name}:{n}: not a JSON object; skipped", file=err)
+            continue
+        if (day := timeline.date_line(ev)) is not None:
+            print_line(day)
+        print_line(timeline.line(ev))
+        shown += 1
+    return shown
+
+
+def run(names: list[str], *, color: str = "auto", out: TextIO | None = None,
+        err: TextIO | None = None) -> int:
+    """Render each file of ``names`` in turn (one :class:`Timeline`, so an
+    ask in one file and its answer in the next pair up)."""
+    from .validate import read_lines
+    out, err = out or sys.stdout, err or sys.stderr
+    console = _console(color, out)
+    timeline = Timeline(full_types=not console.is_terminal)
+
+    def print_line(text) -> None:
+        console.print(text, no_wrap=True, overflow="ellipsis")
+
+    status = 0
+    for name in names:
+        shown = "<stdin>" if name == "-" else name
+        try:
+            render(read_lines(name), timeline, print_line, name=shown, err=err)
+        except OSError as e:
+            print(f"aep-bridges timeline: {shown}: {e.strerror or e}", file=err)
+            status = 2
+        out.flush()
+    return status

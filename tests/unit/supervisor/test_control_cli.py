@@ -1,0 +1,63 @@
+"""The pure parts of ``aep-bridges respond|cancel|pause|resume``
+(:mod:`supervisor.tools.control`): the command each builds, and the exit
+statuses for what the real daemon cannot be made to do on demand (no ack:
+a stub sender, fault injection) or an endpoint that is not there."""
+from __future__ import annotations
+
+import io
+import json
+
+import aep_sdk
+import pytest
+
+from supervisor.tools import control
+from tests.support.net import free_port
+
+
+def test_respond_builds_the_aep_0004_command():
+    c = control.respond("s1", "REQ1", option="once")
+    assert (c.type, c.session, c.subject, c.cause) == ("control.attention.respond", "s1", "REQ1", "REQ1")
+    assert c.data == {"answer": {"option": "once"}} and c.capture == "metadata"
+    c = control.respond("s1", "REQ1", values=json.dumps({"db": "sqlite"}), text="why")
+    assert c.data == {"answer": {"text": "why", "values": {"db": "sqlite"}}}
+    assert c.capture == "redacted"  # free text rides at redacted, never metadata
+    for bad in ("[1]", "not json"):
+        with pytest.raises(ValueError):
+            control.respond("s1", "REQ1", values=bad)
+    with pytest.raises(ValueError, match="--option"):
+        control.respond("s1", "REQ1")
+
+
+def test_cancel_pause_resume():
+    c = control.cancel("s1", run="r1", reason="stop")
+    assert (c.type, c.run, c.data, c.capture) == ("control.cancel", "r1",
+                                                  {"scope": "run", "reason": "stop"}, "redacted")
+    assert control.cancel("s1", scope="session").data == {"scope": "session"}
+    assert control.pause("s1").type == "control.pause" and control.resume("s1").data == {}
+
+
+class SilentTarget:
+    """A sender whose command is never acknowledged (the SDK's own timeout)."""
+
+    def __init__(self, *a, **kw):
+        pass
+
+    def connect(self, **kw):
+        pass
+
+    def send(self, *a, **kw):
+        raise aep_sdk.NackError("timeout", "no ack within 10 ms x 1", synthesized=True)
+
+    def close(self):
+        pass
+
+
+def test_no_ack_exits_4_and_unreachable_exits_1():
+    err = io.StringIO()
+    status = control.send("http://127.0.0.1:9", None, control.pause("s1"), out=io.StringIO(),
+                          err=err, client_factory=SilentTarget)
+    assert status == control.EXIT_NO_ACK == 4 and "no ack" in err.getvalue()
+    err = io.StringIO()
+    status = control.send(f"http://127.0.0.1:{free_port()}", None, control.pause("s1"),
+                          out=io.StringIO(), err=err)
+    assert status == control.EXIT_UNREACHABLE == 1 and "cannot reach" in err.getvalue()

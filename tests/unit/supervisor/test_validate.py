@@ -1,0 +1,86 @@
+"""``aep-bridges validate`` and ``aep-bridges timeline`` over files
+(:mod:`supervisor.tools.validate`, :mod:`supervisor.tools.timeline`): the
+shipped schemas are the protocol's, the conformance corpora are judged as
+the spec pins them (golden valid, every invalid case flagged at its line),
+and bad input has a defined answer."""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+
+import pytest
+
+from supervisor.tools import timeline, validate
+from tests.support.shared import aep_dir, fixture
+
+GOLDEN = aep_dir() / "conformance/fixtures/golden/golden.jsonl"
+INVALID = fixture("invalid/cases.json")["cases"]
+
+
+def test_the_shipped_schemas_are_the_protocols():
+    shared, shipped = aep_dir() / "schemas", validate.SHIPPED
+    names = ["aep-event.schema.json", "registry/types.json",
+             *(f"types/{p.name}" for p in (shared / "types").glob("*.schema.json"))]
+    assert len(names) > 40
+    for name in names:
+        assert (shipped / name).read_bytes() == (shared / name).read_bytes(), name
+    assert sorted(p.name for p in (shipped / "types").iterdir()) == \
+        sorted(p.name for p in (shared / "types").iterdir())
+
+
+def run(*names: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    return validate.run(list(names), out=out, err=err), out.getvalue(), err.getvalue()
+
+
+def test_golden_corpus_is_valid_plain_and_gzipped(tmp_path):
+    status, out, _ = run(str(GOLDEN))
+    n = sum(1 for line in GOLDEN.read_text().splitlines() if line.strip())
+    assert status == 0 and out.strip() == f"{GOLDEN}: {n} event(s), all valid"
+    gz = tmp_path / "seg.jsonl.gz"
+    gz.write_bytes(gzip.compress(GOLDEN.read_bytes()))
+    assert run(str(gz))[0] == 0
+
+
+def test_every_invalid_case_is_flagged_at_its_line(tmp_path):
+    golden = [line for line in GOLDEN.read_text().splitlines() if line.strip()]
+    for i, case in enumerate(INVALID):
+        evs = case.get("events") or [case["event"]]
+        f = tmp_path / f"case{i}.jsonl"
+        # a valid first line, so the problem's line number is not 1 by luck
+        f.write_text("\n".join([golden[0], *map(json.dumps, evs)]) + "\n")
+        status, out, _ = run(str(f))
+        assert status == 1, (case["name"], out)
+        flagged = {int(line.split(":")[1]) for line in out.splitlines()[:-1]}
+        assert flagged and flagged <= set(range(2, 2 + len(evs))), (case["name"], out)
+
+
+def test_bad_lines_and_unreadable_files(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"aep": "0.1"\n\n[1, 2]\n')
+    status, out, _ = run(str(f))
+    assert status == 1
+    assert f"{f}:1: not JSON" in out and f"{f}:3: not a JSON object: list" in out
+    status, _, err = run(str(tmp_path / "missing.jsonl"), str(GOLDEN))
+    assert status == 2 and "missing.jsonl" in err
+
+
+def test_timeline_renders_a_file_as_tail_does(tmp_path):
+    f = tmp_path / "log.jsonl"
+    f.write_text(GOLDEN.read_text() + "not json\n")
+    out, err = io.StringIO(), io.StringIO()
+    assert timeline.run([str(f)], color="never", out=out, err=err) == 0
+    lines = out.getvalue().splitlines()
+    n = sum(1 for line in GOLDEN.read_text().splitlines() if line.strip())
+    assert lines[0].startswith("── 20") and len([x for x in lines if not x.startswith("──")]) == n
+    assert any("PENDING" in x for x in lines)
+    assert f"{f}:{n + 1}: not JSON" in err.getvalue()
+    assert timeline.run([str(tmp_path / "nope")], out=io.StringIO(), err=io.StringIO()) == 2
+
+
+@pytest.mark.parametrize("case", [c for c in INVALID if "event" in c][:3], ids=lambda c: c["name"])
+def test_stdin(case, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(case["event"]) + "\n"))
+    status, out, _ = run("-")
+    assert status == 1 and out.startswith("<stdin>:1: ")
