@@ -32,7 +32,6 @@ class RunFault(Exception):
         self.taken = taken
 
 
-
 class StampedRuns(Ingest):
     """The relay's trusted runs (a mixin of :class:`~.core.Relay`)."""
 
