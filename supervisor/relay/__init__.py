@@ -39,12 +39,15 @@ Modules, one concern each (the layering: this package uses
 
 - pure: :mod:`.attrmatch` (filter dialect), :mod:`.envelope` (relay-grade
   envelope validation), :mod:`.capcheck` (data against its declared
-  capture), :mod:`.buffer` (session buffers), :mod:`.replay` (replay plans
+  capture), :mod:`.buffer` (session buffers, over :mod:`.entry` (what is
+  held of an event), :mod:`.ring` (one buffer) and :mod:`.stamped` (the
+  stamped-append fast path)), :mod:`.replay` (replay plans
   and the chunked reader), :mod:`.params` (request parameters);
 - state: :mod:`.outlet` (a consumer's bounded queue, one dataclass per
   queued item), :mod:`.fanout` (live subscriptions), :mod:`.connections`
   (in-process and WebSocket parties, the claim table), :mod:`.core` (the
-  :class:`Relay`);
+  :class:`Relay`, over its mixins :mod:`.ingest` (checks, admission),
+  :mod:`.runs` (trusted stamped runs) and :mod:`.routing` (commands));
 - transport: :mod:`.app` (HTTP routing, browsers, POST), :mod:`.streams`
   (the SSE and WebSocket pumps), :mod:`.serve`.
 """

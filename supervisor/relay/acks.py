@@ -39,7 +39,6 @@ from .envelope import InvalidEvent
 
 if TYPE_CHECKING:
     from .buffer import Entry
-    from .connections import Connection
 
 __all__ = ["ACK_TYPES", "AckGate", "AckRefused", "MAX_ROUTED"]
 
@@ -58,7 +57,10 @@ class AckRefused(InvalidEvent):
 class AckGate:
     """The routed-command table: ``(session, command id)`` -> ``[target
     connection, the (source, id) of the ack that decided it or None]``.
-    ``counters``: the relay's counter dict (``refused_acks`` is added)."""
+    ``counters``: the relay's counter dict (``refused_acks`` is added).
+    A connection (:class:`~.connections.Connection`, which imports this
+    module) is only compared by identity here, so it is typed ``object``
+    (no import circle)."""
 
     def __init__(self, counters: dict[str, int], max_routed: int = MAX_ROUTED) -> None:
         self._routed: OrderedDict[tuple[str, str], list[Any]] = OrderedDict()
@@ -69,7 +71,7 @@ class AckGate:
     def __len__(self) -> int:
         return len(self._routed)
 
-    def routed(self, target: Connection, session: str, command_id: str) -> None:
+    def routed(self, target: object, session: str, command_id: str) -> None:
         """The relay is handing command ``command_id`` of ``session`` to
         ``target``: its ack may come from ``target`` alone. A retry to the
         same target keeps the recorded decision."""
@@ -84,7 +86,7 @@ class AckGate:
         if len(self._routed) > self.max_routed:
             self._routed.popitem(last=False)
 
-    def check(self, e: Entry, conn: Connection | None, *, trusted: bool = False) -> None:
+    def check(self, e: Entry, conn: object | None, *, trusted: bool = False) -> None:
         """Raise :class:`AckRefused` (counted) unless ``e``, an ack, may be
         admitted from ``conn`` (``None``: ``POST /events``; ``trusted``: an
         in-process fleet bridge). An admitted first ack marks its command

@@ -37,6 +37,13 @@ collection that reached it: on the fleet's OTLP path the young and full
 collections walking the buffers cost ~1-4 us per record, issue 11).
 Readers get :class:`Entry` objects rebuilt from them (:meth:`Entry.from_held`).
 
+The parts: :mod:`.entry` (the :class:`Entry`, :data:`Held`, the accounted
+size, content equality), :mod:`.ring` (one buffer's state) and
+:mod:`.stamped` (the stamped-append fast path, a mixin); this module is
+the :class:`SessionBuffers` over them: the lookups, admission, the
+byte accounting and eviction, and the replay reads. Every name above is
+importable from here.
+
 Pure data structure: no I/O, no clocks. Memory is bounded by
 ``total_bytes`` (accounted per entry as its compact JSON plus
 :data:`ENTRY_OVERHEAD` for the envelope attributes and bookkeeping; an
@@ -46,200 +53,17 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
-from operator import itemgetter
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
-from bridges.core.aep import ACK_TYPES, CAPTURE_RANK, SEVERITY_RANK, is_command_type
+from .entry import ENTRY_OVERHEAD, BufKey, Entry, Held, MiB, Position, same_event, same_json
+from .ring import SessionRing
+from .stamped import AppendFault, StampedAppends
 
 __all__ = ["SessionBuffers", "Entry", "Held", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB",
            "same_event", "same_json", "AppendFault"]
 
-MiB = 1 << 20
 
-#: Accounted bytes per held entry beyond its JSON: the envelope attribute
-#: dict and its strings, the entry object, list slots and the dedupe key
-#: (tracemalloc on typical 300-byte events: ~850 bytes).
-ENTRY_OVERHEAD = 1024
-
-Position = tuple[int, int]
-"""``(epoch, seq)``; tuples order lexicographically (AEP-0001 §7 rule 3)."""
-
-BufKey = tuple[str, str]
-"""``(source, session)``: one emitter's session (AEP-0001 §5.2)."""
-
-
-Held = tuple  # (names, raw, sev, cap, n, size, epoch, seq, source, id, *values): Entry.held
-"""One buffered event: ``(names, raw, sev, cap, n, size, epoch, seq,
-source, id, *values)``, the :class:`Entry` fields with ``attrs`` as
-``dict(zip(names, values))``: atomic values only, flat (module docstring)."""
-
-#: attribute-name tuples shared by every held event of the same layout (an
-#: emitter's events repeat a handful); bounded, past it each keeps its own
-_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
-_MAX_NAMES = 4096
-
-#: an envelope's key tuple (``tuple(ev)``) -> its :class:`_Layout`
-#: (:meth:`SessionBuffers.append_stamped`); bounded
-_LAYOUTS: dict[tuple[str, ...], _Layout] = {}
-
-#: what an append reads from every envelope (a layout without one of them: the one-event path)
-_NEEDED = ("type", "source", "session", "seq", "id")
-
-_Layout = tuple  # (names, values, at type, source, session, agent, seq, epoch, id, severity, capture)
-"""One envelope key layout: its attribute names (the keys but ``data``,
-shared through :data:`_NAMES`), the getter of their values in that order
-(``operator.itemgetter``) and the index of each attribute an append reads
-in those values (``-1``: absent)."""
-
-
-def _layout(keys: tuple[str, ...]) -> _Layout | None:
-    """``keys``' :data:`_Layout` (remembered in :data:`_LAYOUTS`); ``None``
-    when an attribute of :data:`_NEEDED` is missing."""
-    names = tuple(k for k in keys if k != "data")
-    if any(k not in names for k in _NEEDED):
-        return None
-    if len(_NAMES) < _MAX_NAMES:
-        names = _NAMES.setdefault(names, names)
-    at = [names.index(k) if k in names else -1
-          for k in ("type", "source", "session", "agent", "seq", "epoch", "id", "severity", "capture")]
-    got = (names, itemgetter(*names), *at)
-    if len(_LAYOUTS) >= _MAX_NAMES:
-        _LAYOUTS.clear()
-    _LAYOUTS[keys] = got
-    return got
-
-
-class AppendFault(Exception):
-    """:meth:`SessionBuffers.append_stamped` failed part way through the
-    append of a pair (the cause is chained): ``taken`` is the index after
-    that pair (it and every pair before it from ``start`` were admitted:
-    buffered, the failing one perhaps not whole), ``n`` the admission
-    counter after them, ``held`` the held tuples of those before it (the
-    failing one is not among them: the one-event path fans nothing out of
-    an admission that raised)."""
-
-    def __init__(self, taken: int, n: int, held: list[Held]) -> None:
-        super().__init__(f"append failed at pair {taken - 1}")
-        self.taken, self.n, self.held = taken, n, held
-
-
-class Entry:
-    """One ingested event as the relay holds it.
-
-    ``attrs``: the envelope attributes without ``data`` (what filters see);
-    ``size``: the bytes it is accounted for (``len(raw)`` + :data:`ENTRY_OVERHEAD`);
-    ``raw``: the event's compact JSON, UTF-8 (serialized once at ingest);
-    ``pos``: ``(epoch, seq)`` for sequenced session events, else ``None``;
-    ``sev``/``cap``: severity and capture ranks (defaults applied);
-    ``key``: the ``(source, id)`` dedupe key; ``n``: the relay-wide admission
-    counter (replay snapshots cut on it)."""
-
-    __slots__ = ("attrs", "raw", "pos", "sev", "cap", "key", "n", "size", "bkey")
-
-    def __init__(self, attrs: dict[str, Any], raw: bytes, pos: Position | None,
-                 sev: int, cap: int, n: int = 0) -> None:
-        self.attrs = attrs
-        self.raw = raw
-        self.pos = pos
-        self.sev = sev
-        self.cap = cap
-        self.key = (attrs["source"], attrs["id"])
-        self.n = n
-        self.size = len(raw) + ENTRY_OVERHEAD  # accounted bytes (the byte budgets)
-        #: the buffer this entry belongs to, ``(source, session)`` (sequenced entries)
-        self.bkey: BufKey = (attrs["source"], attrs["session"]) if pos is not None else None  # type: ignore[assignment]
-
-    def held(self, like: Held | None = None) -> Held:
-        """What a buffer keeps of this sequenced entry (:data:`Held`).
-        ``like``: a held tuple made just before (a run's previous entry),
-        whose shared names this entry's layout reuses when it is the same
-        (no table lookup)."""
-        attrs = self.attrs
-        names = tuple(attrs)
-        if like is not None and like[0] == names:
-            names = like[0]
-        elif len(_NAMES) < _MAX_NAMES:
-            names = _NAMES.setdefault(names, names)
-        pos, key = self.pos, self.key
-        return (names, self.raw, self.sev, self.cap, self.n, self.size,
-                pos[0], pos[1], key[0], key[1], *attrs.values())  # type: ignore[index]
-
-    @classmethod
-    def from_held(cls, h: Held) -> Entry:
-        """The entry a :data:`Held` tuple was made from (equal fields, new
-        ``attrs``, ``pos`` and ``key`` objects)."""
-        e = cls.__new__(cls)
-        e.raw, e.sev, e.cap, e.n, e.size = h[1:6]
-        e.pos = (h[6], h[7])
-        e.key = (h[8], h[9])
-        e.attrs = attrs = dict(zip(h[0], h[10:], strict=True))
-        e.bkey = (h[8], attrs["session"])
-        return e
-
-    @property
-    def type(self) -> str:
-        return self.attrs["type"]
-
-    @property
-    def session(self) -> str | None:
-        return self.attrs.get("session")
-
-
-def same_event(a: bytes, b: bytes) -> bool:
-    """Whether two serialized events carry the same content (JSON equality:
-    attribute order does not matter, ``true`` is not ``1``; see
-    :func:`same_json`)."""
-    if a == b:
-        return True
-    import json
-    try:
-        return same_json(json.loads(a), json.loads(b))
-    except (ValueError, RecursionError):
-        return False
-
-
-def _kind(v: Any) -> type:
-    # JSON has one number type (1 and 1.0 are one value), and booleans apart
-    return float if type(v) is int else type(v)
-
-
-def same_json(a: Any, b: Any) -> bool:
-    """JSON value equality of two decoded values: objects by their members
-    (any order), arrays element-wise, numbers by value, and no value equal to
-    one of another JSON type. Python's ``==`` is not that: ``True == 1 ==
-    1.0``, so a changed ``true`` -> ``1`` passed as a redelivery (fresh-user
-    review; the README's integrity row: other content under a held
-    ``(source, id)`` is refused)."""
-    if _kind(a) is not _kind(b):
-        return False
-    if type(a) is dict:
-        return a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
-    if type(a) is list:
-        return len(a) == len(b) and all(map(same_json, a, b))
-    return bool(a == b)
-
-
-class _Session:
-    __slots__ = ("entries", "keys", "start", "ids", "bytes", "dropped")
-
-    def __init__(self, dropped: Position | None = None) -> None:
-        self.entries: list[Held] = []
-        self.keys: list[Position] = []
-        self.start = 0  # entries[:start] are trimmed (compacted lazily)
-        #: id -> the held entry (every entry of a buffer has its source: the
-        #: ids are the (source, id) keys without a tuple to build and hash each)
-        self.ids: dict[str, Held] = {}
-        self.bytes = 0  # accounted bytes of the held entries
-        self.dropped = dropped  # highest position ever trimmed from this buffer
-
-    def __len__(self) -> int:
-        return len(self.entries) - self.start
-
-    def earliest(self) -> Position | None:
-        return self.keys[self.start] if self.start < len(self.keys) else None
-
-
-class SessionBuffers:
+class SessionBuffers(StampedAppends):
     """All replay buffers of one relay, keyed ``(source, session)``.
 
     ``bytes``: accounted bytes held in all buffers. ``counters``:
@@ -260,7 +84,7 @@ class SessionBuffers:
         self.buffer_bytes = buffer_bytes
         self.total_bytes = total_bytes
         self.bytes = 0
-        self._sessions: OrderedDict[BufKey, _Session] = OrderedDict()
+        self._sessions: OrderedDict[BufKey, SessionRing] = OrderedDict()
         self._names: dict[str, dict[BufKey, None]] = {}  # session name -> its buffers
         # source -> its buffers: a source need not name one session (AEP-0001
         # §5.1 #6 only recommends .../session/{session}), and (source, id) is
@@ -352,7 +176,7 @@ class SessionBuffers:
         return not same_event(h[1], entry.raw)
 
     # -- dropping ------------------------------------------------------------
-    def _trim(self, s: _Session) -> None:
+    def _trim(self, s: SessionRing) -> None:
         """Drop the oldest entry of ``s``."""
         start = s.start
         entries = s.entries
@@ -424,7 +248,7 @@ class SessionBuffers:
             dropped = self._gone.pop(key, None)
             if dropped is not None:
                 self._forget(key)
-            s = self._sessions[key] = _Session(dropped)
+            s = self._sessions[key] = SessionRing(dropped)
             self._names.setdefault(key[1], {})[key] = None
             self._sources.setdefault(key[0], {})[key] = None
         elif entry.key[1] in s.ids:
@@ -523,136 +347,7 @@ class SessionBuffers:
                 self.counters["trimmed"] += over
             i = j
 
-    def append_stamped(self, key: BufKey, pairs: Sequence[tuple[dict[str, Any], bytes]],
-                       start: int, n: int, agent: str | None, plain: set[str]
-                       ) -> tuple[int, int, list[Held]]:
-        """Admit into the held buffer ``key`` the stamped envelopes of
-        ``pairs[start:]`` (``(event dict, its wire bytes)``: what
-        :func:`.envelope.trusted_entry` takes) that the relay's trusted run
-        (:meth:`Relay.admit_stamped_run <supervisor.relay.core.Relay.admit_stamped_run>`)
-        would simply append to it, in one loop, with no :class:`Entry`:
-        each pair's held tuple made from the dict itself, its admission
-        number ``n + 1``, ``n + 2``... It stops at the first pair that is
-        not such an append: another ``source`` or ``session`` than
-        ``key``'s, a ``type`` that is not a ``str`` in ``plain`` nor a
-        non-command ``str`` (added to ``plain`` then), an ``agent`` other
-        than ``agent`` (``None``: any), a ``seq`` or ``epoch`` that is not
-        an ``int``, a position not past the buffer's last, an ``id`` it
-        holds, an unknown ``severity`` or ``capture``, an entry that does
-        not fit both byte budgets as they stood before the first (so no
-        byte budget trims), anything that raises while it is looked at;
-        or at once when ``key``'s source has other buffers too. Those are
-        exactly the pairs for which the run's checks
-        (:meth:`fresh`, the owner check made already for ``key``'s source,
-        the agent check) pass and :meth:`admit` appends; the depth is
-        trimmed as :meth:`admit` trims it, after each append. Equal to
-        :func:`.envelope.trusted_entry` + :meth:`admit` per pair (property
-        test ``tests/unit/relay/test_append_stamped.py``).
-
-        Returns ``(stop, n, held)``: the index of the first pair not taken,
-        the admission counter after the taken ones and their held tuples in
-        order (what the caller fans out). The caller counts them, and
-        claims nothing: it admitted an event of ``key`` just before (the
-        claims of ``key``'s session and source are already the most recent).
-        Raises :class:`AppendFault` when an append raises part way."""
-        s = self._sessions.get(key)
-        source, session = key
-        if s is None or len(self._sources[source]) > 1:
-            return start, n, []
-        ids, entries, marks = s.ids, s.entries, s.keys
-        last = marks[-1] if marks else None
-        room = min(self.buffer_bytes - s.bytes, self.total_bytes - self.bytes)
-        limit = self.depth + s.start  # len(entries) past it: over the depth
-        sev_rank, cap_rank, layouts = SEVERITY_RANK, CAPTURE_RANK, _LAYOUTS
-        sev_info, cap_metadata = sev_rank["info"], cap_rank["metadata"]
-        held: list[Held] = []
-        keep, hold, mark = held.append, entries.append, marks.append
-        added = 0
-        lkeys: tuple[str, ...] | None = None
-        k, n0 = start, n
-        try:
-            for k in range(start, len(pairs)):  # noqa: B007 -- k: where it stopped
-                try:
-                    ev, raw = pairs[k]
-                    keys = tuple(ev)
-                    if keys != lkeys:
-                        got = layouts.get(keys) or _layout(keys)
-                        if got is None:
-                            break
-                        names, values, at_t, at_src, at_ses, at_ag, at_seq, at_ep, at_id, \
-                            at_sev, at_cap = got
-                        if agent is not None and at_ag < 0:
-                            break
-                        lkeys = keys
-                    vals = values(ev)
-                    t = vals[at_t]
-                    if t not in plain:
-                        if t.__class__ is not str or is_command_type(t) or t in ACK_TYPES:
-                            break
-                        plain.add(t)
-                    # the buffer's own source and session: the same object (a
-                    # stamper's run), else an equal exact str (as the key lookup)
-                    src, ses = vals[at_src], vals[at_ses]
-                    if (src is not source and (src.__class__ is not str or src != source)) or \
-                            (ses is not session and (ses.__class__ is not str or ses != session)) \
-                            or (agent is not None and vals[at_ag] != agent):
-                        break
-                    seq = vals[at_seq]
-                    epoch = vals[at_ep] if at_ep >= 0 else 0
-                    if seq.__class__ is not int or epoch.__class__ is not int:
-                        break
-                    pos = (epoch, seq)
-                    ident = vals[at_id]
-                    if (last is not None and pos <= last) or ident in ids:
-                        break
-                    sev = sev_rank[vals[at_sev]] if at_sev >= 0 else sev_info
-                    cap = cap_rank[vals[at_cap]] if at_cap >= 0 else cap_metadata
-                    size = len(raw) + ENTRY_OVERHEAD
-                    if added + size > room:
-                        break
-                    h = (names, raw, sev, cap, n + 1, size, epoch, seq, src, ident) + vals
-                except Exception:  # noqa: BLE001 -- not an append: the one-event path answers it
-                    break
-                n += 1
-                ids[ident] = h
-                hold(h)
-                mark(pos)
-                last = pos
-                added += size
-                if len(entries) > limit:  # as admit(): the oldest out, now
-                    s.bytes += added  # (accounted first, as admit() does)
-                    self.bytes += added
-                    added = 0
-                    limit = self._trim_appended(s)
-                keep(h)
-            else:
-                k = len(pairs)
-        except Exception as exc:
-            raise AppendFault(k + 1, n, held) from exc
-        finally:
-            self._appended(key, s, added, n != n0)
-        return k, n, held
-
-    def _trim_appended(self, s: _Session) -> int:
-        """:meth:`append_stamped` past the depth: the oldest entries trimmed
-        and counted until it is not (as :meth:`admit` does: one, unless a
-        trim that raised left it over); returns the length of ``s.entries``
-        past which it is over again (a trim may compact the list)."""
-        depth, counters = self.depth, self.counters
-        while len(s.entries) - s.start > depth:
-            self._trim(s)
-            counters["trimmed"] += 1
-        return depth + s.start
-
-    def _appended(self, key: BufKey, s: _Session, added: int, any_: bool) -> None:
-        """:meth:`append_stamped`'s accounting: ``added`` bytes and (``any_``
-        appended) ``key`` the most recently written."""
-        s.bytes += added
-        self.bytes += added
-        if any_:
-            self._sessions.move_to_end(key)  # recency = last buffered write
-
-    def _trim_many(self, s: _Session, count: int) -> None:
+    def _trim_many(self, s: SessionRing, count: int) -> None:
         """:meth:`_trim` ``count`` times (the oldest ``count`` entries of ``s``)."""
         start = s.start
         stop = start + count

@@ -1,0 +1,327 @@
+"""Ingest and admission of the embedded relay (AEP-0003 §5, AEP-0001 §7):
+every check an event passes before it is admitted (validation, source and
+session ownership, one position one event, one ``(source, id)`` one
+content, the hello identity, a command's duplicate keys), the ``POST
+/events`` batch path, and the admission itself (claimed, buffered in
+:mod:`.buffer`, fanned out by :mod:`.fanout`); a command is handed to
+:class:`.routing.Routing`.
+
+:class:`Ingest` is a mixin of :class:`~.core.Relay` (which sets the
+attributes declared here); the in-process emitters' trusted runs are
+:mod:`.runs`."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+import trio
+
+from .acks import ACK_TYPES
+from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
+from .connections import Connection, LocalEmitter, Unavailable
+from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
+from .routing import Routing
+
+__all__ = ["Ingest"]
+
+log = logging.getLogger("aep.relay")
+
+
+class Ingest(Routing):
+    """The relay's ingest and admission (a mixin of :class:`~.core.Relay`)."""
+
+    buffers: SessionBuffers
+    strict_identity: bool
+    _admitted: int
+    _run: list[Entry | list[Held]] | None
+    persist: Callable[[list[Entry]], bool] | None
+
+    #: ``entry(ev, text=None, *, owned=False) -> Entry``: validate and
+    #: serialize one event (:func:`.envelope.to_entry` itself, no wrapper
+    #: frame per event: ``text`` the JSON it was parsed from, ``owned``
+    #: ``ev`` handed over; raises :class:`InvalidEvent`)
+    entry = staticmethod(to_entry)
+
+    def check_position(self, e: Entry) -> None:
+        """Raise :class:`InvalidEvent` when a different event of the same
+        emitter session already holds ``e``'s ``(epoch, seq)`` (AEP-0001 §7
+        rule 2: one position, one event; an emitter fault). A redelivery of
+        the same ``(source, id)`` is not refused."""
+        if e.pos is not None and self.buffers.conflict(e):
+            raise InvalidEvent(_POSITION_TAKEN)
+        if e.pos is not None and self.buffers.conflicting_duplicate(e):
+            raise InvalidEvent(_ID_TAKEN)
+
+    def check_owner(self, e: Entry, conn: Connection | None) -> None:
+        """Raise :class:`InvalidEvent` when ``e``'s ``source`` belongs to
+        another live emitter connection (a fleet bridge or an uplinked
+        emitter): anyone who reads ``/stream`` learns a bridge's source and
+        epoch, and a forged position would push its real events out
+        (issue 10 #8). ``conn`` ``None`` is ``POST /events``."""
+        owner = self.claims.source_owner(e.attrs["source"])
+        if owner is not None and owner is not conn:
+            self.counters["refused_owned_source"] += 1
+            raise InvalidEvent("this source belongs to a connected emitter; only that "
+                               "connection may send under it")
+
+    def check_session_owner(self, e: Entry, conn: Connection | None) -> None:
+        """Raise :class:`InvalidEvent` (counted ``refused_owned_session``)
+        when a remote connection's sequenced event would claim a session
+        another live connection already claims (issue 25: one such event
+        made every command to the owner's session ``ambiguous``). The
+        first live claimant keeps the session until it goes; a second
+        remote emitter's events there are refused, so it never becomes a
+        claimant (AEP-0004 §4.5 still refuses ``ambiguous`` whenever two
+        connections do claim it, e.g. two of the fleet's own bridges).
+        ``POST /events`` claims nothing and is not refused; neither is a
+        fleet bridge (:class:`LocalEmitter`, the daemon's own code)."""
+        if e.pos is None or conn is None or not conn.can_claim or isinstance(conn, LocalEmitter):
+            return
+        if self.claims.claimed_by_other(e.attrs["session"], conn):
+            self.counters["refused_owned_session"] += 1
+            raise InvalidEvent("this session is claimed by another connected emitter; only "
+                               "that connection may send its sequenced events while it is "
+                               "connected (a second claimant would make its commands "
+                               "ambiguous, AEP-0004 §4.5)")
+
+    def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
+        """Everything :meth:`ingest_http` would refuse, checked before any of
+        ``entries`` is ingested (a batch is accepted or rejected whole):
+        ``(index, detail)`` of the first problem, or ``None``. Positions are
+        checked against the buffers and against earlier entries of the batch."""
+        if self._fresh_run(entries):  # no position can be refused: the sources alone
+            checked: set[str] = set()
+            for i, e in enumerate(entries):
+                src = e.attrs["source"]
+                if src not in checked:
+                    try:
+                        self.check_owner(e, None)
+                    except InvalidEvent as exc:
+                        return i, str(exc)
+                    checked.add(src)
+            return None
+        seen: dict[tuple[BufKey, Position], tuple[str, str]] = {}
+        ids: dict[tuple[str, str], Entry] = {}
+        buffers = self.buffers
+        sources: set[str] = set()  # checked once per batch: a batch has few
+        for i, e in enumerate(entries):
+            src = e.attrs["source"]
+            if src not in sources:
+                try:
+                    self.check_owner(e, None)
+                except InvalidEvent as exc:
+                    return i, str(exc)
+                sources.add(src)
+            if e.pos is None:
+                continue
+            fresh = buffers.fresh(e)  # neither check can refuse it (the common case)
+            slot = (e.bkey, e.pos)
+            held = seen.get(slot)
+            if (held is not None and held != e.key) or \
+                    (held is None and not fresh and buffers.conflict(e)):
+                return i, _POSITION_TAKEN
+            first = ids.get(e.key)
+            if (first is not None and not same_event(first.raw, e.raw)) or \
+                    (first is None and not fresh and buffers.conflicting_duplicate(e)):
+                return i, _ID_TAKEN
+            seen[slot] = e.key
+            if first is None:
+                ids[e.key] = e
+        return None
+
+    def _fresh_run(self, entries: list[Entry]) -> bool:
+        """Whether every sequenced entry of ``entries`` is of one buffer, in
+        strictly increasing positions, of distinct ids, and
+        :meth:`~.buffer.SessionBuffers.fresh` (past what the buffer holds,
+        its ``(source, id)`` not held): then no two of them share a
+        position or an id and none meets a held one, so :meth:`check_batch`
+        can refuse none of them for its position (an emitter appending, the
+        common case: one lookup an entry instead of the batch's tables).
+        :meth:`check_batch` with it equals :meth:`check_batch` without it
+        (property test ``tests/unit/relay/test_relay_runs.py``)."""
+        buffers = self.buffers
+        bkey: BufKey | None = None
+        prev: Position | None = None
+        held: dict[str, Any] | None = None  # the first entry's buffer's ids
+        ids: set[str] = set()
+        count = 0
+        for e in entries:
+            pos = e.pos
+            if pos is None:
+                continue
+            if bkey is None:
+                if not buffers.fresh(e):
+                    return False
+                bkey = e.bkey
+                held = buffers.held_ids(bkey)
+            elif e.bkey != bkey or not pos > prev or (held is not None and e.key[1] in held):  # type: ignore[operator]
+                # (same buffer, past the first, which is past the buffer's
+                # last: fresh() is the id lookup alone)
+                return False
+            prev = pos
+            ids.add(e.attrs["id"])
+            count += 1
+        return len(ids) == count
+
+    def ingest_http(self, entries: list[Entry]) -> None:
+        """Ingest validated, non-command entries from ``POST /events``
+        (no connection: HTTP emitters claim nothing) that passed
+        :meth:`check_batch`."""
+        for e in entries:
+            self._admit(e, None)
+
+    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256) -> int:
+        """:meth:`ingest_http` in chunks of ``chunk`` entries with a yield
+        between them, so every consumer's writer drains between chunks and
+        a burst reaches a consumer that reads at full speed whole instead
+        of overrunning its soft budget (AEP-0003 §8.4 sheds *slow*
+        consumers). A position another ingest took while this one yielded
+        is refused then (counted ``invalid_events``: one position, one
+        event). Returns how many entries were ingested."""
+        n = 0
+        counters = self.counters
+        if self.persist is not None:  # on disk before the 202 (like an OTLP export)
+            sequenced = [e for e in entries if e.pos is not None]
+            if sequenced:
+                self._persist(sequenced)
+        for i in range(0, len(entries), chunk):
+            if i:
+                mark = counters["events"]
+                await trio.lowlevel.checkpoint()
+                # positions are re-checked only when another ingest ran meanwhile
+                recheck = counters["events"] != mark
+            else:
+                recheck = False
+            part = entries[i:i + chunk]
+            if not recheck:
+                self._admit_run(part)
+                n += len(part)
+                continue
+            for e in part:
+                if e.pos is not None and (self.buffers.conflict(e) or
+                                          self.buffers.conflicting_duplicate(e)):
+                    counters["invalid_events"] += 1
+                    continue
+                self._admit(e, None)
+                n += 1
+        return n
+
+    async def ingest(self, ev: Any, conn: Connection | None,
+                     raw: str | None = None) -> tuple[str, str] | None:
+        """One event from a connection (``raw``: its text as received, for
+        a command's byte-identical forwarding): validated, then a command is
+        routed (AEP-0004 §4) and anything else admitted (claimed, buffered,
+        fanned out). Returns a command refusal ``(code, detail)`` or
+        ``None``; raises :class:`InvalidEvent`."""
+        e = self.accept(ev, conn, raw)
+        if is_command_type(e.attrs["type"]):
+            return await self._route(ev, e, conn, raw)
+        if e.pos is not None and self.persist is not None and not isinstance(conn, LocalEmitter):
+            self._persist([e])  # (a fleet bridge's events are logged by the fleet)
+        self._admit(e, conn)
+        return None
+
+    def _persist(self, entries: list[Entry]) -> None:
+        """:attr:`persist` or raise :class:`Unavailable` (nothing admitted)."""
+        assert self.persist is not None
+        if not self.persist(entries):
+            self.counters["unpersisted"] = self.counters.get("unpersisted", 0) + len(entries)
+            raise Unavailable("the session log did not take these events (disk full or "
+                              "unwritable?); nothing was accepted: send them again")
+
+    def accept(self, ev: Any, conn: Connection | None, raw: str | None = None) -> Entry:
+        """Every check :meth:`ingest` makes before it routes or admits
+        ``ev`` (validation, source ownership, position, identity; a
+        command's duplicate keys); the entry, or :class:`InvalidEvent`."""
+        e = self.entry(ev)
+        self.check_owner(e, conn)
+        self.check_session_owner(e, conn)
+        self.check_position(e)
+        if conn is not None and conn.agent is not None and ev["agent"] != conn.agent \
+                and not is_foreign(e.attrs["type"]):
+            # the connection's own events (sequenced and agent.*); commands and
+            # attention.routed speak for their sender, not a declared emitter
+            self._identity_mismatch(conn, ev["agent"])
+        if is_command_type(e.attrs["type"]) and raw is not None and has_duplicate_keys(raw):
+            raise InvalidEvent("duplicate attribute names in command")
+        if e.attrs["type"] in ACK_TYPES:  # last: an admitted first ack decides its command
+            self.acks.check(e, conn, trusted=isinstance(conn, LocalEmitter))
+        return e
+
+    def _identity_mismatch(self, conn: Connection, agent: Any) -> None:
+        """An event whose ``agent`` is not the connection's hello identity
+        (AEP-0003 §4 rule 3 says they match; the protocol's own conformance
+        tooling sends hello as ``aep-live-check-roster`` and events as
+        ``aep-live-check``). A policy (issue 10 #2): ``strict_identity``
+        (``AEP_STRICT_IDENTITY=1``) refuses it ``invalid-event``; by default it
+        is accepted and claims, counted ``identity_mismatch`` and logged once
+        per connection. The roster shows the hello identity either way."""
+        if self.strict_identity:
+            raise InvalidEvent("event agent does not match this connection's hello "
+                               "identity.agent (AEP-0003 §4 rule 3)")
+        self.counters["identity_mismatch"] += 1
+        if not conn.mismatch_logged:
+            conn.mismatch_logged = True
+            log.warning("relay: an emitter declared identity.agent %r but sends events as %r; "
+                        "accepted (AEP_STRICT_IDENTITY=1 refuses them; counted in "
+                        "identity_mismatch)", conn.agent, str(agent)[:64])
+
+    def _admit(self, e: Entry, conn: Connection | None) -> None:
+        self.counters["events"] += 1
+        if e.pos is not None:
+            if conn is not None and conn.can_claim:
+                self.claims.claim(conn, e.attrs["session"])
+                self.claims.own_source(conn, e.attrs["source"])
+            self._admitted += 1
+            e.n = self._admitted
+            self.buffers.admit(e)
+        # agent.* and seq-less foreign events are live-only; every event is
+        # fanned out as received, duplicates included (AEP-0003 §5)
+        run = self._run
+        if run is not None:  # inside admit_stamped_run: fanned out with its run
+            run.append(e)
+        else:
+            self.fanout.offer(e)
+
+    def restore(self, entries: Sequence[Entry]) -> int:
+        """Re-admit history read back from the session logs at start
+        (:mod:`.restore`): buffered only (no claim, no fan-out: nobody is
+        subscribed yet), each with its own position and id; one whose
+        position or ``(source, id)`` is held already is skipped. Returns how
+        many were buffered."""
+        buffers = self.buffers
+        n = 0
+        for e in entries:
+            if buffers.conflict(e) or buffers.conflicting_duplicate(e):
+                continue
+            self._admitted += 1
+            e.n = self._admitted
+            if buffers.admit(e):
+                n += 1
+        return n
+
+    def _admit_run(self, entries: Sequence[Entry]) -> None:
+        """``_admit(e, None)`` for each of ``entries`` in order (no
+        connection: ``POST /events``), in one call: every sequenced one
+        buffered (:meth:`.buffer.SessionBuffers.admit_run`), then the run fanned out (:meth:`.fanout.Fanout.offer_run`;
+        nothing reads the buffers in between, there is no checkpoint).
+        Equal to one :meth:`_admit` each (property test
+        ``tests/unit/relay/test_relay_runs.py``)."""
+        self.counters["events"] += len(entries)
+        n = self._admitted
+        held = []
+        for e in entries:
+            if e.pos is not None:
+                n += 1
+                e.n = n
+                held.append(e)
+        self._admitted = n
+        self.buffers.admit_run(held)
+        self.fanout.offer_run(entries)
+
+
+_ID_TAKEN = ("another event with this (source, id) is already held with different content; "
+             "the first is kept (AEP-0001 §7 rule 4)")
+
+_POSITION_TAKEN = ("another event of this emitter session already holds this (epoch, seq) "
+                   "position (AEP-0001 §7 rule 2)")
