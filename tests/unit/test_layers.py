@@ -184,6 +184,8 @@ PUBLIC: dict[str, set[str]] = {
                                 "ENTRY_OVERHEAD", "MiB", "same_event", "same_json", "AppendFault"},
     "supervisor.relay.capcheck": {"exceeds", "content_level"},
     "supervisor.http": {"serve_asgi", "health_app"},
+    "supervisor.console": {"BEARER_PREFIX", "CSP", "SUBPROTOCOL", "console_app", "static_files"},
+    "supervisor.console.app": {"BEARER_PREFIX", "CSP", "SUBPROTOCOL", "console_app", "static_files"},
     "supervisor.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
                           "is_command"},
     "supervisor.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX"},
