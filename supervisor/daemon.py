@@ -199,8 +199,8 @@ async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
         async with trio.open_nursery() as root:
             app: App
             if relay is not None:
-                from .relay.app import make_app
                 from .console import console_app  # the browser console at / (issue 28)
+                from .relay.app import make_app
                 inner: Any = console_app(make_app(relay, healthz=fleet.healthz,
                                                   metrics=fleet.metrics.render))
             else:

@@ -1,0 +1,179 @@
+"""The console in a real browser (issue 28), against ``aep-bridges relay``
+(its own process) and a stub target on ``/socket`` (forms, hostile text,
+run controls; the real OpenCode asks are in ``test_console_opencode.py``):
+headless Debian Chromium driven by selenium (:mod:`tests.support.browser`).
+
+Covered here: the page's headers (strict CSP, no inline anything) and the
+WebSocket ``Origin`` rule (same origin yes, a foreign one 403); the token
+flow (a wrong token refused, the right one works, never in the URL or a
+cookie, kept in sessionStorage only); the watch-only page of a daemon
+without a token; an AEP-0006 form whose bad value is refused in the page
+before anything is sent; a payload of HTML and ``</script>`` shown as text;
+run controls offered from the target's ``hello`` only."""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from supervisor.console import CSP
+from tests.support.browser import Page, open_browser
+from tests.support.console_target import StubTarget
+from tests.support.daemon import DaemonProcess
+
+TOKEN = "console-test-token-0123456789"
+HOSTILE = '<img src=x onerror="window.__pwned=1"></script><script>window.__pwned=2</script>'
+
+FORM = [
+    {"id": "count", "type": "number", "label": "How many", "required": True, "min": 1, "max": 10},
+    {"id": "db", "type": "select", "label": "Database", "required": True, "other": True,
+     "choices": [{"id": "pg", "label": "Postgres"}, {"id": "lite", "label": "SQLite"}]},
+    {"id": "tags", "type": "select", "label": "Tags", "multi": True,
+     "choices": [{"id": "a", "label": "alpha"}, {"id": "b", "label": "beta"}]},
+    {"id": "dry", "type": "boolean", "label": "Dry run"},
+    {"id": "note", "type": "string", "label": "Note"},
+]
+
+
+@pytest.fixture
+def relay(tmp_path: Path):
+    d = DaemonProcess(tmp_path / "state", args=("relay",), token=TOKEN).start()
+    try:
+        yield d
+    finally:
+        assert d.stop() == 0, d.log()
+
+
+def login(page: Page, url: str, token: str = TOKEN) -> None:
+    page.open(url + "/")
+    page.one("#token-form:not([hidden])", "the token form")
+    page.one("#token-input").send_keys(token)
+    page.one("#token-submit").click()
+    page.wait(lambda: page.one("#conn").text == "live", "a live socket")
+
+
+def upgrade_status(url: str, origin: str) -> int:
+    """The status of a raw ``/socket`` upgrade carrying ``origin``."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall((f"GET /socket HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                   "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                   f"Sec-WebSocket-Version: 13\r\nOrigin: {origin}\r\n"
+                   f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())
+        return int(s.recv(200).split(b" ", 2)[1])
+
+
+def test_headers_origin_and_token_flow(relay: DaemonProcess) -> None:
+    r = httpx.get(relay.url + "/", trust_env=False)
+    assert r.status_code == 200 and r.headers["content-security-policy"] == CSP
+    assert "'unsafe-inline'" not in CSP and r.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in r.text and " style=" not in r.text  # nothing inline
+    js = httpx.get(relay.url + "/console/app.js", trust_env=False)
+    assert js.status_code == 200 and js.headers["content-type"].startswith("text/javascript")
+    assert "innerHTML" not in js.text and "insertAdjacentHTML" not in js.text
+    # a foreign page may not open the socket; the page's own origin may
+    assert upgrade_status(relay.url, "http://evil.example") == 403
+    assert upgrade_status(relay.url, relay.url) == 101
+    # a rebinding Host is refused before the page is served
+    assert httpx.get(relay.url + "/", headers={"host": "evil.example"},
+                     trust_env=False).status_code == 403
+    with open_browser() as page:
+        page.open(relay.url + "/")
+        page.one("#token-form:not([hidden])", "the token form")
+        page.one("#token-input").send_keys("not-the-token")
+        page.one("#token-submit").click()
+        page.wait(lambda: "refused" in page.one("#token-error").text, "the refusal")
+        assert page.one("#conn").text != "live"
+        assert page.js("return sessionStorage.getItem('aep-token')") is None
+        page.one("#token-input").send_keys(TOKEN)
+        page.one("#token-submit").click()
+        page.wait(lambda: page.one("#conn").text == "live", "a live socket")
+        assert TOKEN not in page.driver.current_url
+        assert page.js("return document.cookie") == ""
+        assert page.js("return sessionStorage.getItem('aep-token')") == TOKEN
+        assert page.driver.get_cookies() == []
+        page.driver.refresh()  # the tab keeps it: no second ask
+        page.wait(lambda: page.one("#conn").text == "live", "live again after a reload")
+        assert page.one("#token-form").get_attribute("hidden") is not None
+        assert page.console_errors() == []
+    with open_browser() as page:  # another tab (profile) asks again
+        page.open(relay.url + "/")
+        page.one("#token-form:not([hidden])", "the token form in a new browser")
+
+
+def test_form_validation_hostile_text_and_controls(relay: DaemonProcess) -> None:
+    with StubTarget(relay.url, TOKEN) as target, open_browser() as page:
+        target.emit("session.started", {})
+        target.run = target.emit("run.started", {}, run="run-1")["run"]
+        hostile = target.emit("attention.requested", {
+            "kind": "permission", "prompt": HOSTILE, "respond_via": ["control"],
+            "options": [{"id": "once", "label": HOSTILE}, {"id": "reject", "label": "Reject"}]},
+            subject="bash", run="run-1", capture="redacted")
+        form = target.emit("attention.requested", {
+            "kind": "form", "prompt": "Set up the project", "fields": FORM,
+            "respond_via": ["control"]}, run="run-1", capture="redacted")
+        login(page, relay.url)
+        card = page.card(hostile["id"])
+        assert HOSTILE in card.find_element("css selector", ".prompt").text
+        assert card.find_element("css selector", '[data-option="once"]').text == HOSTILE
+        assert page.js("return document.querySelectorAll('img, #inbox script').length") == 0
+        assert page.js("return window.__pwned === undefined")
+
+        fcard = page.card(form["id"])
+        num = fcard.find_element("css selector", '[data-field="count"] input')
+        num.send_keys("500")  # above max: the page refuses it before sending
+        fcard.find_element("css selector", '[data-field="db"] input[value="lite"]').click()
+        fcard.find_element("css selector", ".send-form").click()
+        err = fcard.find_element("css selector", ".form-error")
+        page.wait(lambda: "at most 10" in err.text, "the form's refusal")
+        assert num.get_attribute("aria-invalid") == "true"
+        num.clear()
+        num.send_keys("7")
+        fcard.find_element("css selector", '[data-field="tags"] input[value="b"]').click()
+        fcard.find_element("css selector", '[data-field="dry"] input').click()
+        fcard.find_element("css selector", ".send-form").click()
+        cmds = target.wait_commands(1)
+        # the first command to arrive is the valid one: the bad value never left the page
+        assert cmds[0]["type"] == "control.attention.respond" and cmds[0]["subject"] == form["id"]
+        assert cmds[0]["data"]["answer"] == {"values": {"count": 7, "db": "lite", "tags": ["b"],
+                                                        "dry": True}}
+        assert cmds[0]["cause"] == form["id"] and "seq" not in cmds[0]
+        page.wait(lambda: "accepted" in page.status(form["id"])
+                  and "resolved: answered" in page.status(form["id"]), "ack and outcome on the card")
+        page.one(f'#settled-list [data-ask="{form["id"]}"]', "the card settled")
+
+        # run controls: offered from the target's hello (cancel, its x.* verb), not pause
+        page.one(f'[data-session="{target.session}"]').click()
+        cancel = page.one('#controls [data-verb="control.cancel"]', "the cancel button")
+        page.one('#controls [data-verb="x.stub.control.poke"]', "the vendor verb")
+        assert not page.css('#controls [data-verb="control.pause"]')
+        assert cancel.text == "Cancel run"
+        cancel.click()
+        cmds = target.wait_commands(2)
+        assert cmds[1]["type"] == "control.cancel" and cmds[1]["run"] == "run-1"
+        assert cmds[1]["data"] == {"scope": "run"}
+        page.wait(lambda: "accepted" in page.one("#controls").text, "the cancel's ack")
+        page.wait(lambda: "idle" in page.one(f'[data-session="{target.session}"]').text
+                  or "waiting" in page.one(f'[data-session="{target.session}"]').text,
+                  "the run cancelled")
+        assert page.js("return window.__pwned === undefined")
+        assert page.console_errors() == []
+
+
+def test_watch_only_without_a_token(tmp_path: Path) -> None:
+    d = DaemonProcess(tmp_path / "state", args=("relay",)).start()
+    try:
+        with StubTarget(d.url, None) as target, open_browser() as page:
+            ask = target.emit("attention.requested", {
+                "kind": "permission", "prompt": "run ls?", "respond_via": ["control"],
+                "options": [{"id": "once", "label": "Allow once"}]}, subject="bash",
+                capture="redacted")
+            page.open(d.url + "/")
+            page.wait(lambda: "watch-only" in page.one("#mode").text, "the watch-only banner")
+            card = page.card(ask["id"])
+            assert card.find_element("css selector", '[data-option="once"]').get_attribute("disabled")
+            assert page.one("#token-form").get_attribute("hidden") is not None
+    finally:
+        assert d.stop() == 0, d.log()
