@@ -548,10 +548,14 @@
   function renderControls() {
     const box = $('controls');
     const s = S.sessions.get(S.selected);
-    if (!s) { box.replaceChildren(); return; }
+    if (!s) { box.replaceChildren(); box.dataset.sig = ''; return; }
     const accepts = S.roster.get(s.id) || [];
     const verbs = ['control.cancel', 'control.pause', 'control.resume',
                    ...accepts.filter((a) => /^x\.[^.]+\.control\./.test(a))];
+    // rebuilt only when what it shows changes (a focused button stays put)
+    const sig = JSON.stringify([s.id, accepts, !!s.run, canCommand(), s.state === 'ended', s.ctl.slice(-3)]);
+    if (box.dataset.sig === sig) return;
+    box.dataset.sig = sig;
     const kids = [];
     for (const v of verbs) {
       if (!accepts.includes(v)) continue;   // offered only where the target's hello declares it
@@ -575,7 +579,8 @@
       const counters = b && typeof b.counters === 'object' && b.counters ? Object.entries(b.counters).filter(([, v]) => v).slice(0, 6).map(([k, v]) => k + ' ' + String(v)).join(' · ') : '';
       return el('div', { class: 'bridge', 'data-bridge': name },
         el('span', { class: b && b.ok ? 'state-running' : 'state-waiting', text: (b && b.ok ? '● ' : '○ ') + name }),
-        ' source: ' + String(b && b.source) + (b && b.control ? ' · control on' : ''),
+        ' · ' + (b && b.source === true ? 'source up' : b && b.source === false ? 'source down'
+                 : 'source ' + String(b && b.source)) + (b && b.control ? ' · control on' : ''),
         counters ? el('div', { class: 'counters', text: counters }) : null);
     });
     if (!kids.length) kids.push(el('span', { class: 'hint', text: body && body.ok ? 'relay only: no bridges here' : 'no fleet data' }));

@@ -146,11 +146,11 @@ def test_form_validation_hostile_text_and_controls(relay: DaemonProcess) -> None
 
         # run controls: offered from the target's hello (cancel, its x.* verb), not pause
         page.one(f'[data-session="{target.session}"]').click()
-        cancel = page.one('#controls [data-verb="control.cancel"]', "the cancel button")
+        sel = '#controls [data-verb="control.cancel"]'
+        page.wait(lambda: page.one(sel, "the cancel button").text == "Cancel run", "Cancel run")
         page.one('#controls [data-verb="x.stub.control.poke"]', "the vendor verb")
         assert not page.css('#controls [data-verb="control.pause"]')
-        assert cancel.text == "Cancel run"
-        cancel.click()
+        page.wait(lambda: page.one(sel).click() or True, "the click")  # (re-rendered: retried)
         cmds = target.wait_commands(2)
         assert cmds[1]["type"] == "control.cancel" and cmds[1]["run"] == "run-1"
         assert cmds[1]["data"] == {"scope": "run"}
