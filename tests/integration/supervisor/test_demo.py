@@ -18,7 +18,7 @@ pytestmark = pytest.mark.vendor
 
 
 def test_demo_runs_to_completion_and_cleans_up():
-    r = subprocess.run([str(ROOT / "scripts" / "dev"), "demo", "--timeout", "300"], cwd=ROOT,
+    r = subprocess.run([str(ROOT / "scripts" / "dev"), "demo", "--timeout", "300", "--hold", "1"], cwd=ROOT,
                        capture_output=True, text=True, timeout=420)
     out = r.stdout
     if "REAL VENDOR UNAVAILABLE" in out:
@@ -48,6 +48,8 @@ def test_demo_runs_to_completion_and_cleans_up():
              or (" opencode " in ln and " run.finished " in ln)]
     assert len(order) == 3 and order == sorted(order)
     assert "demo ▸ demo complete:" in out
+    assert re.search(r"console: open http://127\.0\.0\.1:\d+/ in a browser", out)
+    assert "the ask is pending in the console: http://127.0.0.1:" in out
     # cleaned up: the directory is gone, nothing listens where the daemon did
     tmp = Path(re.search(r"working in (\S+)", out).group(1))
     assert not tmp.exists()
