@@ -23,7 +23,7 @@
     roster: new Map(),            // session -> control.accepts
     order: [],                    // sessions sorted by last activity (rebuilt when dirty)
     selected: null, detail: null,
-    events: 0, dups: 0,
+    events: 0, dups: 0, resumed: false, catchups: 0,
     dirty: new Set(), timer: null,
   };
   window.aepConsole = S;          // for tests and benchmarks: read-only inspection
@@ -159,7 +159,11 @@
     const t = msg.type;
     if (typeof t === 'string' && t.includes('.')) { onEvent(msg, text); return; }
     if (t === 'hello') {
-      send({ type: 'subscribe', id: 'console', filter: {}, from: subscribeFrom() });
+      const from = subscribeFrom();
+      send({ type: 'subscribe', id: 'console', filter: {}, from });
+      // resumed from positions: a session begun while we were away has none;
+      // the roster answer below tells (then the subscription replays all, deduped)
+      S.resumed = Array.isArray(from);
       S.live = true; S.everConnected = true; S.backoff = 500;
       setConn('live', 'ok');
       send({ type: 'roster', id: 'r-' + Date.now() });
@@ -171,6 +175,13 @@
       for (const e of msg.entries) {
         const acc = e && e.control && Array.isArray(e.control.accepts) ? e.control.accepts : [];
         if (e && typeof e.session === 'string') S.roster.set(e.session, acc.filter((a) => typeof a === 'string'));
+      }
+      if (S.resumed) {
+        S.resumed = false;
+        if ([...S.roster.keys()].some((sid) => !S.sessions.has(sid))) {
+          S.catchups++;
+          send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
+        }
       }
       mark('controls');
     } else if (t === 'error' && typeof msg.cause === 'string' && S.cmds.has(msg.cause)) {

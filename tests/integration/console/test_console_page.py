@@ -177,3 +177,53 @@ def test_watch_only_without_a_token(tmp_path: Path) -> None:
             assert page.one("#token-form").get_attribute("hidden") is not None
     finally:
         assert d.stop() == 0, d.log()
+
+
+class StickyRelay(DaemonProcess):
+    """``aep-bridges relay`` that keeps its port across a restart."""
+
+    def _pick_ports(self) -> None:
+        if getattr(self, "port", None) is None:
+            super()._pick_ports()
+
+
+def test_reconnect_after_a_restart_without_duplicate_or_missing_card(tmp_path: Path) -> None:
+    """The relay restarts while the page is open, and a new session asks
+    before the page is back (its socket blocked meanwhile): the page
+    resumes from its positions, learns the new session from the roster and
+    replays it; every card once, the old one still there."""
+    d = StickyRelay(tmp_path / "state", args=("relay",), token=TOKEN).start()
+    try:
+        with open_browser() as page:
+            with StubTarget(d.url, TOKEN, session="before") as first:
+                ask1 = first.emit("attention.requested", {
+                    "kind": "permission", "prompt": "before the restart", "respond_via": ["control"],
+                    "options": [{"id": "once", "label": "Allow once"}]}, subject="bash")
+                login(page, d.url)
+                page.card(ask1["id"])
+            page.driver.execute_cdp_cmd("Network.enable", {})
+            page.driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/socket*"]})
+            assert d.restart() == 0
+            page.wait(lambda: page.one("#conn").text != "live", "the page to notice the restart")
+            with StubTarget(d.url, TOKEN, session="during") as second:
+                ask2 = second.emit("attention.requested", {
+                    "kind": "permission", "prompt": "while the page was away",
+                    "respond_via": ["control"],
+                    "options": [{"id": "once", "label": "Allow once"}]}, subject="bash")
+                second.emit("progress.status", {}, subject="busy")
+                page.driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+                page.wait(lambda: page.one("#conn").text == "live", "the page back")
+                page.card(ask2["id"])
+                assert page.js("return window.aepConsole.catchups") == 1
+                page.wait(lambda: page.js(
+                    "return window.aepConsole.sessions.get('during').count") == 2, "both events")
+                assert len(page.css(f'[data-ask="{ask1["id"]}"]')) == 1
+                assert len(page.css(f'[data-ask="{ask2["id"]}"]')) == 1
+                # the new card answers through the new relay
+                page.wait(lambda: page.one(f'[data-ask="{ask2["id"]}"] [data-option="once"]')
+                          .is_enabled(), "the option enabled")
+                page.one(f'[data-ask="{ask2["id"]}"] [data-option="once"]').click()
+                assert second.wait_commands(1)[0]["subject"] == ask2["id"]
+                page.wait(lambda: "resolved: answered" in page.status(ask2["id"]), "the outcome")
+    finally:
+        assert d.stop() == 0, d.log()
