@@ -68,9 +68,11 @@ def _bearer(protocols: list[str]) -> str | None:
         if p.startswith(BEARER_PREFIX):
             raw = p[len(BEARER_PREFIX):]
             try:
-                return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode("utf-8")
+                token = base64.b64decode(raw + "=" * (-len(raw) % 4), altchars=b"-_",
+                                         validate=True).decode("utf-8")
             except (binascii.Error, ValueError):
                 return None
+            return token or None
     return None
 
 

@@ -227,3 +227,46 @@ def test_reconnect_after_a_restart_without_duplicate_or_missing_card(tmp_path: P
                 page.wait(lambda: "resolved: answered" in page.status(ask2["id"]), "the outcome")
     finally:
         assert d.stop() == 0, d.log()
+
+
+def test_keyboard_only_and_a_phone_sized_screen(relay: DaemonProcess) -> None:
+    """Answering without a mouse (``j`` to the first ask, ``1`` for its
+    first option; ``t`` then words for the next), and the same page on a
+    390 px wide screen: one column, nothing wider than the screen."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    opts = [{"id": "once", "label": "Allow once"}, {"id": "reject", "label": "Reject"}]
+    with StubTarget(relay.url, TOKEN) as target, open_browser(width=390, height=844) as page:
+        a1 = target.emit("attention.requested", {"kind": "permission", "prompt": "first",
+                                                 "respond_via": ["control"], "options": opts},
+                         subject="bash")
+        a2 = target.emit("attention.requested", {"kind": "permission", "prompt": "second",
+                                                 "respond_via": ["control"], "options": opts},
+                         subject="bash")
+        login(page, relay.url)
+        page.card(a2["id"])
+        assert len(page.js("return getComputedStyle(document.querySelector('main'))"
+                           ".gridTemplateColumns").split()) == 1
+        assert page.js("return document.documentElement.scrollWidth <= window.innerWidth")
+        page.wait(lambda: page.one(f'[data-ask="{a1["id"]}"] [data-option="once"]').is_enabled(),
+                  "the options enabled")
+        keys = ActionChains(page.driver)
+        keys.send_keys("j").perform()
+        page.wait(lambda: page.js("return document.activeElement.dataset.ask") == a1["id"],
+                  "the first card focused")
+        keys.send_keys("1").perform()
+        cmd = target.wait_commands(1)[0]
+        assert cmd["subject"] == a1["id"] and cmd["data"]["answer"] == {"option": "once"}
+        page.wait(lambda: "resolved" in page.status(a1["id"]), "the first answered")
+        page.js("document.activeElement.blur()")
+        keys.send_keys("j").perform()
+        page.wait(lambda: page.js("return document.activeElement.dataset.ask") == a2["id"],
+                  "the second card focused")
+        keys.send_keys("t").perform()
+        page.wait(lambda: page.js("return document.activeElement.tagName") == "TEXTAREA", "t")
+        keys.send_keys("no thanks").send_keys(Keys.TAB).send_keys(Keys.ENTER).perform()
+        cmd = target.wait_commands(2)[1]
+        assert cmd["subject"] == a2["id"] and cmd["data"]["answer"] == {"text": "no thanks"}
+        assert cmd["capture"] == "redacted"
+        page.wait(lambda: "resolved" in page.status(a2["id"]), "the second answered")
