@@ -104,6 +104,25 @@ def test_headers_origin_and_token_flow(relay: DaemonProcess) -> None:
 
 
 def test_form_validation_hostile_text_and_controls(relay: DaemonProcess) -> None:
+    form_hostile_text_and_controls(relay)
+
+
+def test_the_same_against_the_jetstream_relay(tmp_path: Path) -> None:
+    """The page speaks only the relay's bindings: the same scenario against
+    ``aep-bridges relay`` with ``AEP_NATS_URL`` (a real 1-node nats-server)."""
+    from tests.support.js_relay_harness import relay_process
+    from tests.support.nats import NatsCluster
+
+    (tmp_path / "nats").mkdir()
+    with NatsCluster(1, tmp_path / "nats") as cluster:
+        d = relay_process(tmp_path / "relay", cluster.url, token=TOKEN).start()
+        try:
+            form_hostile_text_and_controls(d)
+        finally:
+            assert d.stop() == 0, d.log()
+
+
+def form_hostile_text_and_controls(relay: DaemonProcess) -> None:
     with StubTarget(relay.url, TOKEN) as target, open_browser() as page:
         target.emit("session.started", {})
         target.run = target.emit("run.started", {}, run="run-1")["run"]
