@@ -7,6 +7,7 @@
   const MAX_PER_SESSION = 5000;   // timeline rows kept per session (count keeps counting)
   const MAX_CARDS = 100;          // pending cards in the DOM at once
   const MAX_SETTLED = 20;         // settled cards kept on screen
+  const MAX_SEEN = 400000;        // (source, id) keys remembered for dedupe
   const SROW = 44, TROW = 24;     // virtual list row heights (px; match app.css)
   const AGENT = 'aep-console';
   const INSTANCE = 'console-' + Math.random().toString(36).slice(2, 10);
@@ -212,6 +213,10 @@
     const key = String(ev.source) + '|' + String(ev.id);
     if (S.seen.has(key)) { S.dups++; return; }
     S.seen.add(key);
+    if (S.seen.size > MAX_SEEN) {   // bounded: the oldest keys go first (a Set keeps insertion order)
+      let drop = S.seen.size - MAX_SEEN + MAX_SEEN / 4;
+      for (const k of S.seen) { if (drop-- <= 0) break; S.seen.delete(k); }
+    }
     S.events++;
     mark('counts');
     const sid = typeof ev.session === 'string' ? ev.session : null;

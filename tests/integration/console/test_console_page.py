@@ -289,3 +289,24 @@ def test_keyboard_only_and_a_phone_sized_screen(relay: DaemonProcess) -> None:
         assert cmd["subject"] == a2["id"] and cmd["data"]["answer"] == {"text": "no thanks"}
         assert cmd["capture"] == "redacted"
         page.wait(lambda: "resolved" in page.status(a2["id"]), "the second answered")
+
+
+def test_a_notification_for_an_ask_while_the_tab_is_hidden(relay: DaemonProcess) -> None:
+    """The Notification API is the browser's (stubbed here to record, as a
+    headless tab can neither be hidden nor show one): a new ask raises one
+    only while the tab is hidden, titled with the agent, its prompt as text."""
+    with StubTarget(relay.url, TOKEN) as target, open_browser() as page:
+        login(page, relay.url)
+        page.js("""
+            window.__shown = [];
+            window.Notification = class { constructor(t, o) { window.__shown.push([t, o.body]); } };
+            window.Notification.permission = 'granted';
+            window.__hidden = false;
+            Object.defineProperty(document, 'hidden', { get: () => window.__hidden });""")
+        seen = target.emit("attention.requested", {"kind": "input", "prompt": "while you look"},
+                           subject="q")
+        page.card(seen["id"])
+        page.js("window.__hidden = true")
+        away = target.emit("attention.requested", {"kind": "input", "prompt": HOSTILE}, subject="q")
+        page.card(away["id"])
+        assert page.js("return window.__shown") == [["An agent asks: stub", HOSTILE]]
