@@ -185,6 +185,10 @@
         }
       }
       mark('controls');
+    } else if (t === 'error' && msg.id === 'console' && msg.code === 'limit-exceeded') {
+      // more resume positions than the relay takes (AEP_MAX_FROM): replay all, deduplicated
+      S.catchups++;
+      send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
     } else if (t === 'error' && typeof msg.cause === 'string' && S.cmds.has(msg.cause)) {
       // the relay refused a command on its target's behalf (AEP-0004 §4.2)
       settleCommand(msg.cause, 'refused by the relay: ' + String(msg.code) + (msg.detail ? ' (' + String(msg.detail) + ')' : ''), false);

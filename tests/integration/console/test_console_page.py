@@ -310,3 +310,30 @@ def test_a_notification_for_an_ask_while_the_tab_is_hidden(relay: DaemonProcess)
         away = target.emit("attention.requested", {"kind": "input", "prompt": HOSTILE}, subject="q")
         page.card(away["id"])
         assert page.js("return window.__shown") == [["An agent asks: stub", HOSTILE]]
+
+
+def test_more_positions_than_the_relay_takes_falls_back_to_all(tmp_path: Path) -> None:
+    """A reconnect with more resume positions than ``AEP_MAX_FROM`` is
+    refused ``limit-exceeded`` by the relay: the page subscribes again from
+    ``all`` (deduplicated) instead of staying deaf."""
+    d = StickyRelay(tmp_path / "state", args=("relay",), token=TOKEN,
+                    env={"AEP_MAX_FROM": "1"}).start()
+    ask = {"kind": "permission", "prompt": "p", "respond_via": ["control"],
+           "options": [{"id": "once", "label": "Allow once"}]}
+    try:
+        with open_browser() as page:
+            with StubTarget(d.url, TOKEN, session="a") as a, StubTarget(d.url, TOKEN, session="b") as b:
+                first = [a.emit("attention.requested", ask, subject="x"),
+                         b.emit("attention.requested", ask, subject="x")]
+                login(page, d.url)
+                for f in first:
+                    page.card(f["id"])
+            assert d.restart() == 0
+            page.wait(lambda: page.js("return window.aepConsole.catchups") == 1, "the fallback")
+            with StubTarget(d.url, TOKEN, session="a") as again:
+                later = again.emit("attention.requested", ask, subject="x")
+                page.card(later["id"])
+            for f in [*first, later]:
+                assert len(page.css(f'[data-ask="{f["id"]}"]')) == 1
+    finally:
+        assert d.stop() == 0, d.log()
