@@ -337,3 +337,43 @@ def test_more_positions_than_the_relay_takes_falls_back_to_all(tmp_path: Path) -
                 assert len(page.css(f'[data-ask="{f["id"]}"]')) == 1
     finally:
         assert d.stop() == 0, d.log()
+
+
+GIST_CASES = [
+    ("tool.requested", {"tool": {"name": "bash"}}, None),
+    ("tool.completed", {"tool": {"name": "bash"}, "duration_ms": 12}, None),
+    ("tool.failed", {"tool": {"name": "bash"}, "error": {"message": "exit   1\nboom"}}, None),
+    ("tool.denied", {"tool": "edit", "by": "policy"}, None),
+    ("run.started", {"trigger": "user"}, None),
+    ("run.finished", {"duration_ms": 5}, None),
+    ("run.failed", {"reason": "crash"}, None),
+    ("run.cancelled", {"by": "control"}, None),
+    ("attention.requested", {"kind": "permission", "prompt": "x" * 80,
+                             "options": [{"id": "once", "label": "Once"}, {"id": "no", "label": "No"}]},
+     "bash"),
+    ("attention.requested", {"kind": "form", "prompt": "f", "fields": FORM}, None),
+    ("attention.answered", {"answer": {"values": {"count": 3}}, "via": "control"}, "01ASK"),
+    ("attention.answered", {"answer": {"option": "once"}}, None),
+    ("attention.resolved", {"resolution": "answered"}, None),
+    ("attention.timeout", {}, None),
+    ("session.started", {"client": {"name": "codex"}, "gen_ai.request.model": "m"}, None),
+    ("session.ended", {}, None),
+    ("control.rejected", {"reason": "invalid"}, None),
+    ("control.accepted", {}, "01CMD"),
+    ("control.cancel", {"scope": "run"}, None),
+    ("error.raised", {"error": {"type": "E"}}, None),
+    ("progress.status", {}, "busy"),
+    ("progress.task.updated", {"task": {"title": "write the fix"}}, None),
+]
+
+
+def test_timeline_gists_are_tails(relay: DaemonProcess) -> None:
+    """The timeline's one-line gists are ``aep-bridges tail``'s (its
+    family gists; vendor types get a shorter ``k=v`` summary)."""
+    from supervisor.tail import gist
+
+    with open_browser() as page:
+        login(page, relay.url)
+        for type_, data, subject in GIST_CASES:
+            ev = {"type": type_, "data": data, **({"subject": subject} if subject else {})}
+            assert page.js("return window.aepConsole.gist(arguments[0])", ev) == gist(ev), type_
