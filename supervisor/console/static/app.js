@@ -248,6 +248,9 @@
       case 'control.accepted': case 'control.rejected': onAck(ev, d); break;
       default: break;
     }
+    // a run control's outcome: the domain event cause-linked to it (AEP-0004 §1)
+    const c = typeof ev.cause === 'string' ? S.cmds.get(ev.cause) : null;
+    if (c && !c.ask && !ev.type.startsWith('control.')) { s.ctl.push(c.verb + ' → ' + ev.type); mark('controls'); }
     if (s.state !== 'ended') {
       if (s.pending.size) s.state = 'waiting';
       else if (s.state === 'waiting') s.state = s.run ? 'running' : 'idle';
@@ -519,9 +522,13 @@
     for (let i = first; i < last; i++) { const r = make(i); r.style.top = (i * rowH) + 'px'; rows.push(r); }
     spacer.replaceChildren(...rows);
   }
+  let shownSessions = [];
   function renderSessions() {
-    virtual($('sessions-scroll'), $('sessions-spacer'), S.order.length, SROW, (i) => {
-      const s = S.order[i];
+    const q = $('session-filter').value.trim().toLowerCase();
+    shownSessions = q ? S.order.filter((s) => s.agent.toLowerCase().includes(q) || s.id.toLowerCase().includes(q)
+                                         || s.state === q) : S.order;
+    virtual($('sessions-scroll'), $('sessions-spacer'), shownSessions.length, SROW, (i) => {
+      const s = shownSessions[i];
       const row = el('div', { class: 'row srow' + (s.id === S.selected ? ' sel' : ''), 'data-session': s.id, role: 'button' },
         el('div', {}, el('span', { class: 'state-' + s.state, text: s.state }), ' ' + s.agent + ' · ' + s.id),
         el('div', { class: 'sub', text: s.count + ' events · ' + (s.last || '').replace('T', ' ').slice(0, 19) }));
@@ -649,6 +656,7 @@
     box.replaceChildren(...kids);
   }
   $('sessions-scroll').addEventListener('scroll', () => mark('sessions'));
+  $('session-filter').addEventListener('input', () => { $('sessions-scroll').scrollTop = 0; mark('sessions'); });
   $('timeline-scroll').addEventListener('scroll', () => mark('timeline'));
 
   // ---- fleet (/healthz) ---------------------------------------------------------------

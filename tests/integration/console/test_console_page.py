@@ -54,11 +54,12 @@ def login(page: Page, url: str, token: str = TOKEN) -> None:
     page.wait(lambda: page.one("#conn").text == "live", "a live socket")
 
 
-def upgrade_status(url: str, origin: str) -> int:
+def upgrade_status(url: str, origin: str, host_header: str | None = None) -> int:
     """The status of a raw ``/socket`` upgrade carrying ``origin``."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall((f"GET /socket HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        s.sendall((f"GET /socket HTTP/1.1\r\nHost: {host_header or host + ':' + port}\r\n"
+                   "Upgrade: websocket\r\n"
                    "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                    f"Sec-WebSocket-Version: 13\r\nOrigin: {origin}\r\n"
                    f"Authorization: Bearer {TOKEN}\r\n\r\n").encode())
@@ -76,6 +77,9 @@ def test_headers_origin_and_token_flow(relay: DaemonProcess) -> None:
     # a foreign page may not open the socket; the page's own origin may
     assert upgrade_status(relay.url, "http://evil.example") == 403
     assert upgrade_status(relay.url, relay.url) == 101
+    # a rebound name is its own "same origin", and still refused by the Host guard
+    port = relay.url.rsplit(":", 1)[1]
+    assert upgrade_status(relay.url, f"http://evil.example:{port}", f"evil.example:{port}") == 403
     # a rebinding Host is refused before the page is served
     assert httpx.get(relay.url + "/", headers={"host": "evil.example"},
                      trust_env=False).status_code == 403
@@ -174,6 +178,13 @@ def form_hostile_text_and_controls(relay: DaemonProcess) -> None:
         assert cmds[1]["type"] == "control.cancel" and cmds[1]["run"] == "run-1"
         assert cmds[1]["data"] == {"scope": "run"}
         page.wait(lambda: "accepted" in page.one("#controls").text, "the cancel's ack")
+        page.wait(lambda: "control.cancel → run.cancelled" in page.one("#controls").text,
+                  "the cancel's outcome")
+        page.one("#session-filter").send_keys("no-such-agent")
+        page.wait(lambda: not page.css("[data-session]"), "the list filtered")
+        page.one("#session-filter").clear()
+        page.one("#session-filter").send_keys(target.agent)
+        page.one(f'[data-session="{target.session}"]', "the session found by its agent")
         page.wait(lambda: "idle" in page.one(f'[data-session="{target.session}"]').text
                   or "waiting" in page.one(f'[data-session="{target.session}"]').text,
                   "the run cancelled")
