@@ -4,7 +4,8 @@ scripted mock model, the daemon with its OpenCode bridge (primary, control
 on, a token), and the page in headless Debian Chromium (selenium).
 
 A person's clicks, end to end: a permission ask answered by clicking its
-option (the tool ran: its output reached the model); a refusal in words
+option (the tool ran: its output reached the model); OpenCode's question
+tool (an AEP-0006 form) answered in the page; a refusal in words
 (AEP-0008: the reject option with the reason, which reaches the model); a
 cancel on a running run; the daemon restarted under the open page (one
 card, answered after the restart). ``AEP_CONSOLE_SCREENSHOT=<path>`` saves
@@ -107,6 +108,26 @@ def test_permission_answered_by_a_click(env: Env) -> None:
     env.page.wait(lambda: "accepted" in env.page.status(ask["id"])
                   and "resolved: answered" in env.page.status(ask["id"]), "ack and outcome")
     assert len(env.page.css(f'[data-ask="{ask["id"]}"]')) == 1
+
+
+def test_question_form_answered_in_the_page(env: Env) -> None:
+    """OpenCode's own question tool is an AEP-0006 form: its choice picked
+    by label in the page reaches the model."""
+    sid = env.prompt("AEP_QUESTION")
+    ask = env.ask_of(sid)
+    assert ask["data"]["kind"] == "form"
+    card = env.page.card(ask["id"])
+    sqlite = env.page.wait(lambda: [lab for lab in card.find_elements("css selector", ".field label")
+                                    if lab.text.strip() == "SQLite"], "the SQLite choice")[0]
+    sqlite.click()
+    card.find_element("css selector", ".send-form").click()
+    answered = env.of(sid, "attention.answered")
+    field = ask["data"]["fields"][0]
+    choice = next(c["id"] for c in field["choices"] if c["label"] == "SQLite")
+    assert answered["data"]["answer"] == {"values": {field["id"]: choice}}
+    env.of(sid, "run.finished")
+    assert any('"SQLite"' in t for t in env.provider.tool_results())
+    env.page.wait(lambda: "resolved: answered" in env.page.status(ask["id"]), "the outcome")
 
 
 def test_free_text_reject_reaches_the_vendor(env: Env) -> None:
