@@ -14,6 +14,8 @@ arrives and is answered by a click on its option. Reported:
   says ``sent`` (the page's own reaction) and click -> ``accepted by the
   agent`` (the command through the relay to the target and its ack back),
   p50 / max;
+- the same clicks again while new events stream in (a thread posting
+  batches of 200 to the relay as fast as it takes them, ~20 a second);
 - a session picked from the list: click -> its timeline drawn.
 
 Figures for one machine (2 shared cores here), not assertions.
@@ -125,7 +127,10 @@ def run() -> dict:
                 elements = page.js("return document.getElementsByTagName('*').length")
                 page.driver.set_script_timeout(60)
                 sent, acked = [], []
-                for i in range(ASKS):
+                flood = Flood(d.url)
+                for i in range(2 * ASKS):
+                    if i == ASKS:  # the second half under a live flood of new events
+                        flood.start()
                     ask = target.emit("attention.requested", {
                         "kind": "permission", "prompt": f"bench ask {i}", "respond_via": ["control"],
                         "options": [{"id": "once", "label": "Allow once"}]}, subject="bash",
@@ -138,16 +143,61 @@ def run() -> dict:
                     a, b = page.driver.execute_async_script(BOTH_JS, sel)
                     sent.append(a)
                     acked.append(b)
-                target.wait_commands(ASKS)
+                flood.stop()
+                target.wait_commands(2 * ASKS)
                 pick = page.driver.execute_async_script(TIMELINE_JS, '[data-session]')
                 after = page.js("return document.getElementsByTagName('*').length")
         finally:
             d.stop()
     return {"events": total, "sessions": SESSIONS + 1, "replay_s": replay_s,
             "elements": elements, "elements_after": after,
-            "sent_p50": statistics.median(sent), "sent_max": max(sent),
-            "acked_p50": statistics.median(acked), "acked_max": max(acked),
-            "timeline_ms": pick, "asks": ASKS}
+            "sent_p50": statistics.median(sent[:ASKS]), "sent_max": max(sent[:ASKS]),
+            "acked_p50": statistics.median(acked[:ASKS]), "acked_max": max(acked[:ASKS]),
+            "fsent_p50": statistics.median(sent[ASKS:]), "fsent_max": max(sent[ASKS:]),
+            "facked_p50": statistics.median(acked[ASKS:]), "facked_max": max(acked[ASKS:]),
+            "flood_rate": flood.rate(), "timeline_ms": pick, "asks": ASKS}
+
+
+class Flood:
+    """A thread posting new events (batches of 200 over the bench's
+    sessions) as fast as the relay takes them, until :meth:`stop`."""
+
+    def __init__(self, url: str) -> None:
+        import threading
+        self.url, self.sent, self.t0, self.t1 = url, 0, 0.0, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        self.t1 = time.perf_counter()
+
+    def rate(self) -> float:
+        return self.sent / max(self.t1 - self.t0, 1e-9)
+
+    def _run(self) -> None:
+        seq = PER_SESSION
+        with httpx.Client(trust_env=False, timeout=30) as c:
+            while not self._stop.is_set():
+                lines = []
+                for s in range(200):
+                    sid = f"bench-{(seq * 200 + s) % SESSIONS:04d}"
+                    lines.append(json.dumps({
+                        "aep": "0.1", "id": f"{sid}-f{seq}-{s}", "type": "progress.status",
+                        "source": f"aep://bench/agent/codex/session/{sid}", "agent": "codex",
+                        "session": sid, "seq": seq * 200 + s, "epoch": 0,
+                        "time": "2026-12-01T11:00:00.000Z", "subject": "busy", "data": {}}))
+                seq += 1
+                c.post(self.url + "/events", content="\n".join(lines) + "\n",
+                       headers={"authorization": f"Bearer {TOKEN}", "aep-version": "0.1",
+                                "content-type": "application/x-ndjson"}).raise_for_status()
+                self.sent += len(lines)
+                time.sleep(0.05)
 
 
 def main(argv: list[str]) -> None:
@@ -159,6 +209,9 @@ def main(argv: list[str]) -> None:
           f"{r['sent_max']:6.1f} ms  ({r['asks']} clicks)")
     print(f"  click -> 'accepted by the agent' (relay round trip): p50 {r['acked_p50']:6.1f} ms  "
           f"max {r['acked_max']:6.1f} ms")
+    print(f"  the same {r['asks']} clicks while {r['flood_rate']:,.0f} new events/s stream in: "
+          f"'sent' p50 {r['fsent_p50']:.1f} ms max {r['fsent_max']:.1f} ms; 'accepted' p50 "
+          f"{r['facked_p50']:.1f} ms max {r['facked_max']:.1f} ms")
     print(f"  click a session -> its timeline drawn:  {r['timeline_ms']:.1f} ms")
 
 

@@ -68,6 +68,18 @@ class Page:
         cards = self.css(f'[data-ask="{ask_id}"] .status')
         return cards[0].text if cards else ""
 
+    def requested_urls(self) -> list[str]:
+        """Every URL the page asked for since the last call (HTTP requests
+        and WebSocket handshakes, from Chrome's DevTools performance log)."""
+        import json
+        urls = []
+        for entry in self.driver.get_log("performance"):
+            msg = json.loads(entry["message"])["message"]
+            if msg.get("method") in ("Network.requestWillBeSent", "Network.webSocketCreated"):
+                p = msg["params"]
+                urls.append(p["request"]["url"] if "request" in p else p["url"])
+        return urls
+
     def console_errors(self) -> list[str]:
         """Severe browser-log lines (CSP violations, script errors)."""
         return [e["message"] for e in self.driver.get_log("browser") if e.get("level") == "SEVERE"]
@@ -89,7 +101,7 @@ def open_browser(width: int = 1400, height: int = 1000) -> Iterator[Page]:
                     "--no-proxy-server", "--disable-background-networking",
                     "--disable-component-update", "--no-first-run"):
             opts.add_argument(arg)
-        opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+        opts.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
         driver = webdriver.Chrome(service=Service(driver_path), options=opts)
         try:
             driver.set_page_load_timeout(30)

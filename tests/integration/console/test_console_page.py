@@ -95,6 +95,10 @@ def test_headers_origin_and_token_flow(relay: DaemonProcess) -> None:
         page.one("#token-submit").click()
         page.wait(lambda: page.one("#conn").text == "live", "a live socket")
         assert TOKEN not in page.driver.current_url
+        urls = page.requested_urls()
+        host = relay.url.removeprefix("http://")
+        assert f"ws://{host}/socket" in urls and f"{relay.url}/healthz" in urls
+        assert not [u for u in urls if TOKEN in u or "access_token" in u], urls
         assert page.js("return document.cookie") == ""
         assert page.js("return sessionStorage.getItem('aep-token')") == TOKEN
         assert page.driver.get_cookies() == []
