@@ -229,7 +229,8 @@
     s.count++;
     if (typeof ev.time === 'string' && ev.time > s.last) { s.last = ev.time; mark('order'); }
     s.events.push({ ev, raw });
-    if (s.events.length > MAX_PER_SESSION) s.events.splice(0, s.events.length - MAX_PER_SESSION);
+    // trimmed in chunks: one splice per 500 events past the cap, not one per event
+    if (s.events.length > MAX_PER_SESSION + 500) s.events.splice(0, s.events.length - MAX_PER_SESSION);
     if (Number.isInteger(ev.seq) && Number.isInteger(ev.epoch)) {
       if (!s.pos || ev.epoch > s.pos[0] || (ev.epoch === s.pos[0] && ev.seq > s.pos[1])) s.pos = [ev.epoch, ev.seq];
     }
