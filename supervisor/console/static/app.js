@@ -23,7 +23,7 @@
     cmds: new Map(),              // command id -> {ask?, session, verb}
     roster: new Map(),            // session -> control.accepts
     order: [],                    // sessions sorted by last activity (rebuilt when dirty)
-    selected: null, detail: null,
+    selected: null, detail: null, toEnd: false,
     events: 0, dups: 0, resumed: false, catchups: 0,
     dirty: new Set(), timer: null,
   };
@@ -541,8 +541,7 @@
     S.selected = id; S.detail = null;
     $('envelope').textContent = '';
     $('timeline-title').textContent = id;
-    const s = S.sessions.get(id);
-    if (s) $('timeline-scroll').scrollTop = Math.max(0, s.events.length * TROW);
+    S.toEnd = true;   // a timeline opens at its newest line
     mark('sessions', 'timeline', 'controls');
   }
   // the one-line gists of `aep-bridges tail` (supervisor/tail.py `gist`), family by family
@@ -620,7 +619,12 @@
   function renderTimeline() {
     const s = S.sessions.get(S.selected);
     const evs = s ? s.events : [];
-    virtual($('timeline-scroll'), $('timeline-spacer'), evs.length, TROW, (i) => {
+    const sc = $('timeline-scroll'), sp = $('timeline-spacer');
+    // at the newest line (or just opened): stay there as lines arrive, like `tail -f`
+    const follow = S.toEnd || sc.scrollTop + sc.clientHeight >= sp.offsetHeight - TROW;
+    S.toEnd = false;
+    if (follow) { sp.style.height = (evs.length * TROW) + 'px'; sc.scrollTop = sp.offsetHeight; }
+    virtual(sc, sp, evs.length, TROW, (i) => {
       const { ev, raw } = evs[i];
       const row = el('div', { class: 'row trow' + (S.detail === raw ? ' sel' : ''), 'data-event': String(ev.id), text: timelineLine(ev) });
       row.addEventListener('click', () => {

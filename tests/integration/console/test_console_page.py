@@ -392,3 +392,38 @@ def test_timeline_gists_are_tails(relay: DaemonProcess) -> None:
         for type_, data, subject in GIST_CASES:
             ev = {"type": type_, "data": data, **({"subject": subject} if subject else {})}
             assert page.js("return window.aepConsole.gist(arguments[0])", ev) == gist(ev), type_
+
+
+def test_lists_are_virtualized(relay: DaemonProcess) -> None:
+    """3,000 events in one session and 300 sessions: the page holds them
+    all (counts, scrolling) but draws only the rows in view."""
+    import json as _json
+
+    lines = []
+    for s in range(300):
+        n = 3000 if s == 0 else 2
+        for i in range(n):
+            lines.append(_json.dumps({
+                "aep": "0.1", "id": f"v{s}-{i}", "type": "progress.status", "subject": f"step {i}",
+                "source": f"aep://box/agent/codex/session/v{s}", "agent": "codex",
+                "session": f"v{s:03d}", "seq": i, "epoch": 0,
+                "time": f"2026-12-01T10:00:{s % 60:02d}.{i % 1000:03d}Z", "data": {}}))
+    r = httpx.post(relay.url + "/events", content="\n".join(lines) + "\n", trust_env=False,
+                   timeout=60, headers={"authorization": f"Bearer {TOKEN}", "aep-version": "0.1",
+                                        "content-type": "application/x-ndjson"})
+    assert r.status_code == 202, r.text
+    with open_browser() as page:
+        login(page, relay.url)
+        page.wait(lambda: page.js("return window.aepConsole.events") == len(lines), "every event")
+        assert page.one("#session-count").text == "300"
+        assert 0 < len(page.css("#sessions-spacer .row")) < 40
+        assert not page.css('[data-session="v000"]')  # out of view: not drawn
+        page.one("#session-filter").send_keys("v000")
+        page.one('[data-session="v000"]', "the big session, filtered").click()
+        page.wait(lambda: page.css("#timeline-spacer .row"), "the timeline")
+        rows = page.css("#timeline-spacer .row")
+        assert 0 < len(rows) < 60
+        assert "step 2999" in rows[-1].text  # opened at its newest line
+        page.js("document.getElementById('timeline-scroll').scrollTop = 0")
+        page.wait(lambda: "step 0" in page.css("#timeline-spacer .row")[0].text, "the top")
+        assert page.js("return document.getElementsByTagName('*').length") < 400
