@@ -2,7 +2,10 @@
 // /socket (AEP-0003 §3.5: hello, subscribe with `from`, roster, commands),
 // /healthz (the fleet). Every payload string goes to the page as text
 // (textContent / text nodes), never as markup.
-'use strict';
+import { $, el } from './dom.js';
+import { formFields } from './forms.js';
+import { gist, timelineLine } from './gist.js';
+
 (() => {
   const MAX_PER_SESSION = 5000;   // timeline rows kept per session (count keeps counting)
   const MAX_CARDS = 100;          // pending cards in the DOM at once
@@ -11,7 +14,6 @@
   const SROW = 44, TROW = 24;     // virtual list row heights (px; match app.css)
   const AGENT = 'aep-console';
   const INSTANCE = 'console-' + Math.random().toString(36).slice(2, 10);
-  const $ = (id) => document.getElementById(id);
 
   const S = {
     mode: 'unknown',              // 'open' (no AEP_TOKEN: watch-only) | 'token'
@@ -28,19 +30,7 @@
     dirty: new Set(), timer: null,
   };
   window.aepConsole = S;          // for tests and benchmarks: read-only inspection
-
-  function el(tag, props, ...kids) {
-    const e = document.createElement(tag);
-    for (const [k, v] of Object.entries(props || {})) {
-      if (v === undefined || v === null || v === false) continue;
-      if (k === 'text') e.textContent = String(v);
-      else if (k === 'class') e.className = v;
-      else if (k === 'on') for (const [ev, fn] of Object.entries(v)) e.addEventListener(ev, fn);
-      else e.setAttribute(k, v === true ? '' : String(v));
-    }
-    for (const c of kids) if (c !== null && c !== undefined) e.append(c);  // strings become text nodes
-    return e;
-  }
+  S.gist = gist;
 
   // ---- ids (ULID: the command's idempotency key, AEP-0004 §2.3) -------------
   const B32 = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
@@ -352,85 +342,6 @@
     mark('controls');
   }
 
-  // ---- forms (AEP-0006 field_spec) ------------------------------------------------
-  function formFields(ask, fields) {
-    const box = el('div', { class: 'form' });
-    const inputs = [];
-    fields.forEach((f, i) => {
-      if (!f || typeof f !== 'object') return;
-      const fid = String(f.id);
-      const name = 'field-' + i;
-      const wrap = el('div', { class: 'field', 'data-field': fid });
-      const label = String(f.label ?? fid) + (f.required ? ' *' : '');
-      if (f.type === 'boolean') {
-        const cb = el('input', { type: 'checkbox', id: name + '-' + ask.ev.id, name });
-        wrap.append(el('label', { for: cb.id }, cb, ' ' + label));
-        inputs.push({ f, read: () => ({ ok: true, value: cb.checked }), nodes: [cb] });
-      } else if (f.type === 'select') {
-        const choices = Array.isArray(f.choices) ? f.choices : [];
-        const multi = !!f.multi;
-        wrap.append(el('div', { text: label }));
-        const boxes = choices.map((c, j) => {
-          const inp = el('input', { type: multi ? 'checkbox' : 'radio', name: name + '-' + ask.ev.id,
-                                    value: String(c.id), id: name + '-' + j + '-' + ask.ev.id });
-          wrap.append(el('label', { for: inp.id }, inp, ' ' + String(c.label ?? c.id)));
-          return inp;
-        });
-        let other = null;
-        if (f.other) {
-          other = el('input', { type: 'text', placeholder: 'other (free text)', 'aria-label': label + ' (other)',
-                                class: 'other' });
-          wrap.append(other);
-        }
-        inputs.push({ f, nodes: [...boxes, ...(other ? [other] : [])], read: () => {
-          const picked = boxes.filter((b) => b.checked).map((b) => b.value);
-          const o = other && other.value.trim() ? other.value.trim() : null;
-          if (multi) {
-            const v = o ? [...picked, o] : picked;
-            if (f.required && !v.length) return { ok: false, why: 'pick at least one' };
-            return { ok: true, value: v, skip: !v.length, text: !!o };
-          }
-          if (o && picked.length) return { ok: false, why: 'pick a choice or write another answer, not both' };
-          const v = o || picked[0];
-          if (v === undefined) return f.required ? { ok: false, why: 'pick one' } : { ok: true, skip: true };
-          return { ok: true, value: v, text: !!o };
-        } });
-      } else {
-        const inp = el('input', { type: 'text', name, 'aria-label': label,
-                                  inputmode: f.type === 'number' ? 'decimal' : null });
-        wrap.append(el('label', {}, label, inp));
-        inputs.push({ f, nodes: [inp], read: () => {
-          const raw = inp.value.trim();
-          if (!raw) return f.required ? { ok: false, why: 'required' } : { ok: true, skip: true };
-          if (f.type !== 'number') return { ok: true, value: inp.value, text: true };
-          const n = Number(raw);
-          if (!Number.isFinite(n)) return { ok: false, why: 'not a number' };
-          if (typeof f.min === 'number' && n < f.min) return { ok: false, why: 'at least ' + f.min };
-          if (typeof f.max === 'number' && n > f.max) return { ok: false, why: 'at most ' + f.max };
-          return { ok: true, value: n };
-        } });
-      }
-      box.append(wrap);
-    });
-    const err = el('div', { class: 'form-error', role: 'alert' });
-    const go = el('button', { type: 'button', class: 'send-form', text: 'Send answer',
-                              disabled: !canCommand() || ask.busy || ask.settled });
-    go.addEventListener('click', () => {
-      const values = {}; const problems = []; let text = false;
-      for (const it of inputs) {
-        const r = it.read();
-        for (const n of it.nodes) n.removeAttribute('aria-invalid');
-        if (!r.ok) { problems.push(String(it.f.label ?? it.f.id) + ': ' + r.why); for (const n of it.nodes) n.setAttribute('aria-invalid', 'true'); continue; }
-        if (!r.skip) { values[String(it.f.id)] = r.value; if (r.text) text = true; }
-      }
-      err.textContent = problems.join('; ');
-      if (problems.length) return;
-      answer(ask, { values }, text ? 'redacted' : 'metadata', 'the form');
-    });
-    box.append(err, go);
-    return box;
-  }
-
   // ---- rendering -------------------------------------------------------------------
   function mark(...what) {
     for (const w of what) S.dirty.add(w);
@@ -459,7 +370,9 @@
     const controllable = !via || via.includes('control');
     const dis = !canCommand() || ask.busy || ask.settled;
     if (!controllable) card.append(el('div', { class: 'meta', text: 'answered in the agent\'s own UI (' + via.join(', ') + ')' }));
-    else if (d.kind === 'form' && Array.isArray(d.fields)) card.append(formFields(ask, d.fields));
+    else if (d.kind === 'form' && Array.isArray(d.fields)) {
+      card.append(formFields(ask, d.fields, dis, (values, text) => answer(ask, { values }, text ? 'redacted' : 'metadata', 'the form')));
+    }
     else {
       const opts = Array.isArray(d.options) ? d.options : [];
       if (opts.length) {
@@ -543,78 +456,6 @@
     $('timeline-title').textContent = id;
     S.toEnd = true;   // a timeline opens at its newest line
     mark('sessions', 'timeline', 'controls');
-  }
-  // the one-line gists of `aep-bridges tail` (supervisor/tail.py `gist`), family by family
-  function short(v, limit = 60) {
-    const text = (typeof v === 'string' ? v : JSON.stringify(v)).split(/\s+/).filter(Boolean).join(' ');
-    return text.length <= limit ? text : text.slice(0, limit - 1) + '…';
-  }
-  const obj = (v) => (v && typeof v === 'object' && !Array.isArray(v) ? v : {});
-  const ms = (d) => (typeof d.duration_ms === 'number' ? ' (' + d.duration_ms + ' ms)' : '');
-  function toolName(d) { const t = d.tool; return t && typeof t === 'object' ? String(t.name || '?') : String(t || '?'); }
-  function optionsGist(d) {
-    if (!Array.isArray(d.options) || !d.options.length) {
-      if (Array.isArray(d.fields) && d.fields.length) return '  {' + d.fields.filter((f) => f && typeof f === 'object').map((f) => String(f.label || f.id)).join(', ') + '}';
-      return '';
-    }
-    return '  [' + d.options.filter((o) => o && typeof o === 'object').map((o) => String(o.id || o.label)).join('|') + ']';
-  }
-  function familyGist(type, d) {
-    switch (type) {
-      case 'tool.requested': return toolName(d) + ' requested';
-      case 'tool.completed': return toolName(d) + ' ✓ ' + (d.status || 'completed') + ms(d);
-      case 'tool.failed': {
-        const e = d.error; const m = e && typeof e === 'object' ? (e.message || e.type) : e;
-        return toolName(d) + ' ✗ failed' + (m ? ': ' + short(m) : '') + ms(d);
-      }
-      case 'tool.denied': return toolName(d) + ' ⊘ denied' + (d.by ? ' by ' + d.by : '');
-      case 'run.started': return 'started' + (d.trigger ? ' (' + d.trigger + ')' : '');
-      case 'run.finished': return 'finished ok' + ms(d);
-      case 'run.failed': return 'failed: ' + (d.reason || '?') + ms(d);
-      case 'run.cancelled': return 'cancelled' + (d.by ? ' by ' + d.by : '');
-      case 'attention.requested': return (d.kind || 'ask') + ': ' + short(d.prompt || '') + optionsGist(d);
-      case 'attention.answered': {
-        const a = d.answer; const v = a && typeof a === 'object' ? (a.option || a.text || a.values) : a;
-        return 'answered ' + short(v === undefined ? null : v, 40) + (d.via ? ' via ' + d.via : '');
-      }
-      case 'attention.resolved': return 'resolved: ' + (d.resolution || '?');
-      case 'attention.timeout': return 'timed out';
-      case 'session.started': {
-        const c = obj(d.client);
-        return 'started ' + [String(c.name || ''), String(d['gen_ai.request.model'] || ''), String(d.label || '')].filter(Boolean).join(' ');
-      }
-      case 'session.ended': return ('ended ' + (d.reason || '')).trimEnd();
-      default: return null;
-    }
-  }
-  function gist(ev) {
-    const type = String(ev.type || '?');
-    const d = obj(ev.data);
-    let out;
-    try {
-      out = familyGist(type, d);
-      if (out === null) {
-        if (type === 'control.rejected') out = 'rejected: ' + (d.reason || '?');
-        else if (type.startsWith('control.')) out = (type.slice(8) + ' → ' + (ev.subject || '')).replace(/[ →]+$/, '');
-        else if (type === 'error.raised') { const e = obj(d.error); out = short(e.message || e.type || d.code || 'error'); }
-        else if (type === 'progress.status') out = short(d.message || d.phase || '');
-        else if (type.startsWith('progress.task.')) { const t = obj(d.task); out = type.slice(14) + ': ' + short(t.title || t.id || ''); }
-        else {
-          out = Object.entries(d).filter(([, v]) => v !== null && v !== undefined).slice(0, 4).map(([k, v]) =>
-            (k === 'tool' && v && typeof v.name === 'string' ? 'tool=' + short(v.name, 30)
-              : Array.isArray(v) ? short(k, 30) + '[' + v.length + ']'
-              : typeof v === 'object' ? short(k, 30) + '{' + Object.keys(v).length + '}'
-              : short(k, 30) + '=' + short(String(v), 30))).join(' ');
-        }
-      }
-    } catch (e) { out = short(d); }
-    if (!out && typeof ev.subject === 'string') out = short(ev.subject);
-    return out;
-  }
-  S.gist = gist;
-  function timelineLine(ev) {
-    const t = typeof ev.time === 'string' && ev.time.includes('T') ? ev.time.split('T')[1].slice(0, 12) : '?';
-    return (t + '  ' + String(ev.type) + '  ' + gist(ev)).slice(0, 400);
   }
   function renderTimeline() {
     const s = S.sessions.get(S.selected);

@@ -58,10 +58,15 @@ def b64(token: str) -> str:
 
 def test_static_files_ship_in_the_package() -> None:
     files = static_files()
-    assert {"/", "/console/app.js", "/console/app.css", "/console/index.html"} <= set(files)
+    assert {"/", "/console/app.js", "/console/dom.js", "/console/forms.js", "/console/gist.js",
+            "/console/app.css", "/console/index.html"} <= set(files)
     assert files["/"] == files["/console/index.html"]
     page = files["/"][0].decode()
-    assert "<script src=\"/console/app.js\"" in page and "<script>" not in page  # nothing inline
+    assert '<script type="module" src="/console/app.js">' in page and "<script>" not in page
+    for path, (body, ctype) in files.items():  # payloads become text nodes, never markup
+        if path.endswith(".js"):
+            assert ctype.startswith(b"text/javascript") and b"innerHTML" not in body
+            assert b"insertAdjacentHTML" not in body and b"document.write" not in body
 
 
 async def test_the_page_answers_with_a_strict_policy() -> None:
