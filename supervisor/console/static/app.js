@@ -26,7 +26,7 @@ import { gist, timelineLine } from './gist.js';
     roster: new Map(),            // session -> control.accepts
     order: [],                    // sessions sorted by last activity (rebuilt when dirty)
     selected: null, detail: null, toEnd: false,
-    events: 0, dups: 0, resumed: false, catchups: 0,
+    events: 0, dups: 0, resumed: false, catchups: 0, hellos: 0,
     dirty: new Set(), timer: null,
   };
   window.aepConsole = S;          // for tests and benchmarks: read-only inspection
@@ -155,7 +155,7 @@ import { gist, timelineLine } from './gist.js';
       // resumed from positions: a session begun while we were away has none;
       // the roster answer below tells (then the subscription replays all, deduped)
       S.resumed = Array.isArray(from);
-      S.live = true; S.everConnected = true; S.backoff = 500;
+      S.live = true; S.everConnected = true; S.backoff = 500; S.hellos++;
       setConn('live', 'ok');
       send({ type: 'roster', id: 'r-' + Date.now() });
       mark('inbox', 'controls');
