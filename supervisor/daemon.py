@@ -222,8 +222,10 @@ async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
         async with trio.open_nursery() as root:
             app: App
             if relay is not None:
+                from .console import console_app  # the browser console at / (issue 28)
                 from .relay.app import make_app
-                inner: Any = make_app(relay, healthz=fleet.healthz, metrics=fleet.metrics.render)
+                inner: Any = console_app(make_app(relay, healthz=fleet.healthz,
+                                                  metrics=fleet.metrics.render))
             else:
                 from bridges.core.asgi import host_guard  # DNS-rebinding guard, as on the relay
                 inner = host_guard(health_app(cfg.token, fleet.healthz, fleet.metrics.render))

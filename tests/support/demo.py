@@ -101,7 +101,24 @@ async def _codex_part(tmp: Path, daemon: DemoDaemon, stream, tail: Tail) -> None
     await tail.caught_up(len(stream.events))
 
 
-async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream, tail: Tail) -> None:
+async def _held_for_console(stream, sid: str, ask: dict, hold: float | None) -> bool:
+    """Leave ``ask`` pending for a person in the console: until it is
+    resolved (``hold`` ``None``: ``--console``, no limit but the demo's
+    deadline) or ``hold`` seconds pass. ``True`` when it was answered there."""
+    def resolved(s):
+        return [e for e in s.of(sid, "attention.resolved") if e.get("subject") == ask["id"]]
+    if hold is None:
+        say("waiting for you to answer the ask in the console (--console)")
+        await stream.wait_for(resolved, timeout=float("inf"), what="the ask answered in the console")
+        return True
+    with trio.move_on_after(hold):
+        await stream.wait_for(resolved, timeout=hold + 1, what="the ask answered in the console")
+        return True
+    return False
+
+
+async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream, tail: Tail,
+                         hold: float | None = 0) -> None:
     async with server.client() as c:
         sid = await server.new_session(c)
         say(f"OpenCode {OPENCODE.version}: POST /session/{sid}/prompt_async "
@@ -111,6 +128,15 @@ async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream, tail:
                        "OpenCode attention.requested"))[0]
     await tail.caught_up(len(stream.events))
     await trio.sleep(1.0)  # the PENDING line stays on screen a moment
+    if hold is None or hold > 0:
+        say(f"the ask is pending in the console: {daemon.url}/ (token {TOKEN})"
+            + ("" if hold is None else f"; answered for you in {hold:.0f} s otherwise"))
+        if await _held_for_console(stream, sid, ask, hold):
+            say("answered in the console; the tool runs:")
+            await _wait(stream, lambda s: s.of(sid, "run.finished"), "OpenCode run.finished")
+            await trio.sleep(0.3)
+            await tail.caught_up(len(stream.events))
+            return
     say(f"answering the ask through the daemon: control.attention.respond "
         f"subject={ask['id']} answer={{option: once}} (aep_sdk.ControlClient on /socket)")
     status, ack = await trio.to_thread.run_sync(lambda: send_command(
@@ -185,8 +211,10 @@ class Tail:
                 await self.proc.wait()
 
 
-async def demo(tmp: Path) -> int:
-    """Run the demo in ``tmp``; returns the exit status."""
+async def demo(tmp: Path, hold: float | None = 0) -> int:
+    """Run the demo in ``tmp``; returns the exit status. ``hold``: seconds
+    the OpenCode ask waits for an answer in the console before the demo
+    answers it (``None``: until answered there, ``--console``)."""
     provider = MockChatProvider()
     server = daemon = stream = None
     tail = Tail()
@@ -204,10 +232,11 @@ async def demo(tmp: Path) -> int:
             say(f"daemon up: relay {daemon.url} (token {TOKEN[:8]}…), OTLP/gRPC "
                 f"127.0.0.1:{daemon.grpc_port}; bridges: otlp_in (primary), opencode_sse "
                 "(primary, control on). `aep-bridges tail` follows its /stream:")
+            say(f"console: open {daemon.url}/ in a browser (token {TOKEN}) to watch and answer")
             await n.start(tail.run, daemon)
             stream = daemon.subscribe()  # the demo's own eyes, to know when to go on
             await _codex_part(tmp, daemon, stream, tail)
-            await _opencode_part(server, daemon, stream, tail)
+            await _opencode_part(server, daemon, stream, tail, hold)
             n.cancel_scope.cancel()
         count = len(stream.events)
         status = 0
@@ -237,14 +266,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/dev demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=300, help="seconds for the whole demo")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument("--hold", type=float, default=20, metavar="SECONDS",
+                        help="how long the OpenCode ask stays pending for the console before "
+                             "the demo answers it itself (default 20)")
+    parser.add_argument("--console", action="store_true",
+                        help="hold the OpenCode ask until it is answered in the console "
+                             "(the deadline becomes an hour unless --timeout is given)")
     args = parser.parse_args(argv)
+    hold = None if args.console else max(args.hold, 0)
+    if args.console and "--timeout" not in (argv if argv is not None else sys.argv[1:]):
+        args.timeout = 3600
     tmp = Path(tempfile.mkdtemp(prefix="aep-demo-"))
     say(f"working in {tmp} ({'kept' if args.keep else 'removed'} at the end)")
     t0 = time.monotonic()
 
     async def bounded() -> int:
         with trio.move_on_after(args.timeout) as scope:
-            return await demo(tmp)
+            return await demo(tmp, hold)
         if scope.cancelled_caught:
             say(f"demo FAILED: not done within {args.timeout:.0f} s")
         return 1

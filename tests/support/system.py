@@ -12,7 +12,9 @@ import subprocess
 from tests.support.vendors import skip_loudly
 
 #: command -> the Debian package that provides it
-DEBIAN_PACKAGES = {"tmux": "tmux", "systemd-analyze": "systemd"}
+DEBIAN_PACKAGES = {"tmux": "tmux", "systemd-analyze": "systemd",
+                   # the console's browser tests: headless Chromium driven by selenium
+                   "chromium": "chromium", "chromedriver": "chromium-driver"}
 
 
 def require(command: str) -> str:
@@ -25,8 +27,11 @@ def require(command: str) -> str:
     apt = shutil.which("apt-get")
     if apt and os.geteuid() == 0:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run([apt, "install", "-y", "--no-install-recommends", package], env=env,
-                       capture_output=True, timeout=600, check=False)
+        install = [apt, "install", "-y", "--no-install-recommends", package]
+        done = subprocess.run(install, env=env, capture_output=True, timeout=900, check=False)
+        if done.returncode != 0:  # a fresh image has no package lists yet: update once, retry
+            subprocess.run([apt, "update"], env=env, capture_output=True, timeout=600, check=False)
+            subprocess.run(install, env=env, capture_output=True, timeout=900, check=False)
         found = shutil.which(command)
         if found:
             return found

@@ -428,6 +428,8 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.web.http": {"serve_asgi", "health_app"},
     "supervisor.delivery": {"outbox", "uplink", "Entry", "Outbox"},
     "supervisor.delivery.uplink": {"Uplink", "UplinkError", "socket_url", "redact_url", "encode",
+    "supervisor.console": {"BEARER_PREFIX", "CSP", "SUBPROTOCOL", "console_app", "static_files"},
+    "supervisor.console.app": {"BEARER_PREFIX", "CSP", "SUBPROTOCOL", "console_app", "static_files"},
                           "is_command"},
     "supervisor.web.metrics": {"ACK_BUCKETS", "FleetCollector", "Metrics", "PREFIX", "Watched",
                                "WatchedMember"},

@@ -5,6 +5,7 @@ daemon), and leaves nothing behind: its directory removed, its daemon gone."""
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.vendor
 
 
 def test_demo_runs_to_completion_and_cleans_up():
-    r = subprocess.run([str(ROOT / "scripts" / "dev"), "demo", "--timeout", "300"], cwd=ROOT,
+    r = subprocess.run([str(ROOT / "scripts" / "dev"), "demo", "--timeout", "300", "--hold", "1"], cwd=ROOT,
                        capture_output=True, text=True, timeout=420)
     out = r.stdout
     if "REAL VENDOR UNAVAILABLE" in out:
@@ -48,9 +49,58 @@ def test_demo_runs_to_completion_and_cleans_up():
              or (" opencode " in ln and " run.finished " in ln)]
     assert len(order) == 3 and order == sorted(order)
     assert "demo ▸ demo complete:" in out
+    assert re.search(r"console: open http://127\.0\.0\.1:\d+/ in a browser", out)
+    assert "the ask is pending in the console: http://127.0.0.1:" in out
     # cleaned up: the directory is gone, nothing listens where the daemon did
     tmp = Path(re.search(r"working in (\S+)", out).group(1))
     assert not tmp.exists()
     port = int(re.search(r"daemon up: relay http://127\.0\.0\.1:(\d+)", out).group(1))
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_demo_console_waits_for_the_click_in_the_printed_url():
+    """Issue 28's "done when": `scripts/dev demo --console`, the printed
+    URL opened in a real browser, the printed token entered, the OpenCode
+    ask answered with one click, seen answered; the demo then completes."""
+    from tests.support.browser import open_browser
+
+    proc = subprocess.Popen([str(ROOT / "scripts" / "dev"), "demo", "--console", "--timeout", "300"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out: list[str] = []
+    try:
+        assert proc.stdout is not None
+        url = token = None
+        for line in proc.stdout:
+            out.append(line)
+            if "REAL VENDOR UNAVAILABLE" in line:
+                skip_loudly(line.strip())
+            m = re.search(r"the ask is pending in the console: (http://\S+/) \(token (\S+)\)", line)
+            if m:
+                url, token = m.groups()
+                break
+        assert url and token, "".join(out)[-5000:]
+        with open_browser() as page:
+            page.open(url)
+            page.one("#token-input").send_keys(token)
+            page.one("#token-submit").click()
+            button = page.one("#inbox-list .card .options button", "the ask's first option")
+            assert button.text == "Allow once"
+            page.wait(lambda: button.is_enabled(), "the option enabled")
+            button.click()
+            page.wait(lambda: "resolved: answered" in page.one("#settled-list .card").text,
+                      "the ask answered in the page")
+        rest, _ = proc.communicate(timeout=180)
+        out.append(rest)
+        text = "".join(out)
+        assert proc.returncode == 0, text[-6000:]
+        assert "answered in the console" in text and "answering the ask through the daemon" not in text
+        assert "demo ▸ demo complete:" in text
+    finally:
+        if proc.poll() is None:  # SIGINT first: the demo stops its daemon and OpenCode itself
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,559 @@
+// aep-bridges console (issue 28): one page over the relay's own bindings.
+// /socket (AEP-0003 §3.5: hello, subscribe with `from`, roster, commands),
+// /healthz (the fleet). Every payload string goes to the page as text
+// (textContent / text nodes), never as markup.
+import { $, el } from './dom.js';
+import { formFields } from './forms.js';
+import { gist, timelineLine } from './gist.js';
+
+(() => {
+  const MAX_PER_SESSION = 5000;   // timeline rows kept per session (count keeps counting)
+  const MAX_CARDS = 100;          // pending cards in the DOM at once
+  const MAX_SETTLED = 20;         // settled cards kept on screen
+  const MAX_SEEN = 400000;        // (source, id) keys remembered for dedupe
+  const SROW = 44, TROW = 24;     // virtual list row heights (px; match app.css)
+  const AGENT = 'aep-console';
+  const INSTANCE = 'console-' + Math.random().toString(36).slice(2, 10);
+
+  const S = {
+    mode: 'unknown',              // 'open' (no AEP_TOKEN: watch-only) | 'token'
+    token: null,
+    ws: null, live: false, backoff: 500, everConnected: false,
+    seen: new Set(),              // `${source}|${id}`: dedupe (AEP-0001 §7.4)
+    sessions: new Map(),          // session -> record
+    asks: new Map(),              // attention.requested id -> ask record
+    cmds: new Map(),              // command id -> {ask?, session, verb}
+    roster: new Map(),            // session -> control.accepts
+    order: [],                    // sessions sorted by last activity (rebuilt when dirty)
+    selected: null, detail: null, toEnd: false,
+    events: 0, dups: 0, resumed: false, catchups: 0, hellos: 0,
+    dirty: new Set(), timer: null,
+  };
+  window.aepConsole = S;          // for tests and benchmarks: read-only inspection
+  S.gist = gist;
+
+  // ---- ids (ULID: the command's idempotency key, AEP-0004 §2.3) -------------
+  const B32 = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
+  function ulid() {
+    let t = Date.now(), time = '';
+    for (let i = 0; i < 10; i++) { time = B32[t % 32] + time; t = Math.floor(t / 32); }
+    const r = crypto.getRandomValues(new Uint8Array(16));
+    let rand = '';
+    for (let i = 0; i < 16; i++) rand += B32[r[i] % 32];
+    return time + rand;
+  }
+
+  // ---- auth -----------------------------------------------------------------
+  async function health(token) {
+    const headers = token ? { Authorization: 'Bearer ' + token } : {};
+    const r = await fetch('/healthz', { headers, cache: 'no-store', credentials: 'omit' });
+    return r.json();
+  }
+  const authorized = (b) => !!b && typeof b === 'object' && ('counts' in b || 'relay_counts' in b);
+  function b64url(text) {
+    let bin = '';
+    for (const byte of new TextEncoder().encode(text)) bin += String.fromCharCode(byte);
+    return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+  }
+
+  async function start() {
+    let body = null;
+    try { body = await health(null); } catch (e) { setConn('relay unreachable: retrying', 'bad'); }
+    if (body === null) { setTimeout(start, 1000); return; }
+    if (authorized(body)) {
+      S.mode = 'open';
+      setMode('watch-only: the daemon has no AEP_TOKEN, so it refuses commands', 'warn');
+      fleet(body);
+      connect();
+      return;
+    }
+    S.mode = 'token';
+    const saved = sessionStorage.getItem('aep-token');
+    if (saved && await tokenWorks(saved)) { useToken(saved); return; }
+    askToken('');
+  }
+  async function tokenWorks(t) {
+    try { return authorized(await health(t)); } catch (e) { return false; }
+  }
+  function askToken(message) {
+    $('token-form').hidden = false;
+    $('token-error').textContent = message;
+    setConn('token needed', 'warn');
+    $('token-input').focus();
+  }
+  function useToken(t) {
+    S.token = t;
+    sessionStorage.setItem('aep-token', t);
+    $('token-form').hidden = true;
+    $('token-error').textContent = '';
+    setMode('control on: answers go to the agents', 'ok');
+    connect();
+  }
+  $('token-form').addEventListener('submit', async (e) => {
+    e.preventDefault();
+    const t = $('token-input').value;
+    $('token-input').value = '';
+    if (t && await tokenWorks(t)) useToken(t);
+    else askToken('That token was refused.');
+  });
+
+  function setConn(text, cls) { const c = $('conn'); c.textContent = text; c.className = 'pill ' + (cls || ''); }
+  function setMode(text, cls) { const m = $('mode'); m.textContent = text; m.className = 'pill ' + (cls || ''); }
+  const canCommand = () => S.mode === 'token' && S.live;
+
+  // ---- the socket -----------------------------------------------------------
+  function connect() {
+    const url = (location.protocol === 'https:' ? 'wss://' : 'ws://') + location.host + '/socket';
+    const protocols = ['aep.v0.1'];
+    if (S.token) protocols.push('aep.bearer.' + b64url(S.token));
+    let ws;
+    try { ws = new WebSocket(url, protocols); } catch (e) { return retry(); }
+    S.ws = ws;
+    setConn(S.everConnected ? 'reconnecting' : 'connecting', 'warn');
+    ws.onopen = () => send({ type: 'hello', versions: ['0.1'], role: 'consumer',
+                             identity: { agent: AGENT, instance: INSTANCE }, capabilities: {} });
+    ws.onmessage = (m) => frame(m.data);
+    ws.onclose = () => {
+      if (S.ws !== ws) return;
+      S.ws = null; S.live = false;
+      mark('inbox', 'controls');
+      retry();
+    };
+  }
+  async function retry() {
+    setConn('disconnected: reconnecting', 'bad');
+    if (S.mode === 'token' && S.token) {
+      // the token may have changed under a restart: ask again only when it is refused
+      let refused = false;
+      try { refused = !authorized(await health(S.token)); } catch (e) { refused = false; }
+      if (refused) { sessionStorage.removeItem('aep-token'); S.token = null; askToken('The token was refused.'); return; }
+    }
+    setTimeout(connect, S.backoff);
+    S.backoff = Math.min(S.backoff * 2, 4000);
+  }
+  function send(obj) {
+    if (S.ws && S.ws.readyState === WebSocket.OPEN) { S.ws.send(JSON.stringify(obj)); return true; }
+    return false;
+  }
+  function subscribeFrom() {
+    // resume: where each known session was left (AEP-0003 §3.3); cold: all
+    if (!S.everConnected) return 'all';
+    const from = [];
+    for (const s of S.sessions.values()) if (s.pos) from.push({ session: s.id, epoch: s.pos[0], seq: s.pos[1] });
+    return from.length ? from : 'all';
+  }
+
+  function frame(text) {
+    let msg;
+    try { msg = JSON.parse(text); } catch (e) { return; }
+    if (!msg || typeof msg !== 'object') return;
+    const t = msg.type;
+    if (typeof t === 'string' && t.includes('.')) { onEvent(msg, text); return; }
+    if (t === 'hello') {
+      const from = subscribeFrom();
+      send({ type: 'subscribe', id: 'console', filter: {}, from });
+      // resumed from positions: a session begun while we were away has none;
+      // the roster answer below tells (then the subscription replays all, deduped)
+      S.resumed = Array.isArray(from);
+      S.live = true; S.everConnected = true; S.backoff = 500; S.hellos++;
+      setConn('live', 'ok');
+      send({ type: 'roster', id: 'r-' + Date.now() });
+      mark('inbox', 'controls');
+    } else if (t === 'ping') {
+      send({ type: 'pong', t: msg.t });
+    } else if (t === 'roster' && Array.isArray(msg.entries)) {
+      S.roster.clear();
+      for (const e of msg.entries) {
+        const acc = e && e.control && Array.isArray(e.control.accepts) ? e.control.accepts : [];
+        if (e && typeof e.session === 'string') S.roster.set(e.session, acc.filter((a) => typeof a === 'string'));
+      }
+      if (S.resumed) {
+        S.resumed = false;
+        if ([...S.roster.keys()].some((sid) => !S.sessions.has(sid))) {
+          S.catchups++;
+          send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
+        }
+      }
+      mark('controls');
+    } else if (t === 'error' && msg.id === 'console' && msg.code === 'limit-exceeded') {
+      // more resume positions than the relay takes (AEP_MAX_FROM): replay all, deduplicated
+      S.catchups++;
+      send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
+    } else if (t === 'error' && typeof msg.cause === 'string' && S.cmds.has(msg.cause)) {
+      // the relay refused a command on its target's behalf (AEP-0004 §4.2)
+      settleCommand(msg.cause, 'refused by the relay: ' + String(msg.code) + (msg.detail ? ' (' + String(msg.detail) + ')' : ''), false);
+    }
+  }
+
+  // ---- events -> state -------------------------------------------------------
+  function session(id, agent) {
+    let s = S.sessions.get(id);
+    if (!s) {
+      s = { id, agent: agent || '?', state: 'idle', last: '', count: 0, events: [], run: null,
+            pos: null, pending: new Set(), ctl: [] };
+      S.sessions.set(id, s);
+      mark('order');
+      if (S.live && !S.roster.has(id)) rosterSoon();
+    }
+    return s;
+  }
+  let rosterTimer = null;
+  function rosterSoon() {
+    if (rosterTimer) return;
+    rosterTimer = setTimeout(() => { rosterTimer = null; send({ type: 'roster', id: 'r-' + Date.now() }); }, 300);
+  }
+
+  function onEvent(ev, raw) {
+    const key = String(ev.source) + '|' + String(ev.id);
+    if (S.seen.has(key)) { S.dups++; return; }
+    S.seen.add(key);
+    if (S.seen.size > MAX_SEEN) {   // bounded: the oldest keys go first (a Set keeps insertion order)
+      let drop = S.seen.size - MAX_SEEN + MAX_SEEN / 4;
+      for (const k of S.seen) { if (drop-- <= 0) break; S.seen.delete(k); }
+    }
+    S.events++;
+    mark('counts');
+    const sid = typeof ev.session === 'string' ? ev.session : null;
+    if (!sid) return;
+    const s = session(sid, ev.agent);
+    s.count++;
+    if (typeof ev.time === 'string' && ev.time > s.last) { s.last = ev.time; mark('order'); }
+    s.events.push({ ev, raw });
+    // trimmed in chunks: one splice per 500 events past the cap, not one per event
+    if (s.events.length > MAX_PER_SESSION + 500) s.events.splice(0, s.events.length - MAX_PER_SESSION);
+    if (Number.isInteger(ev.seq) && Number.isInteger(ev.epoch)) {
+      if (!s.pos || ev.epoch > s.pos[0] || (ev.epoch === s.pos[0] && ev.seq > s.pos[1])) s.pos = [ev.epoch, ev.seq];
+    }
+    const d = ev.data && typeof ev.data === 'object' ? ev.data : {};
+    switch (ev.type) {
+      case 'session.started': if (s.state === 'ended') s.state = 'idle'; break;
+      case 'session.ended': s.state = 'ended'; break;
+      case 'run.started': s.run = ev.run || s.run; s.state = 'running'; break;
+      case 'run.finished': case 'run.failed': case 'run.cancelled':
+        if (!ev.run || ev.run === s.run) s.run = null;
+        if (s.state !== 'ended') s.state = 'idle';
+        break;
+      case 'attention.requested': onAsk(ev, s); break;
+      case 'attention.answered': case 'attention.resolved': case 'attention.timeout':
+        onOutcome(ev, d, s); break;
+      case 'control.accepted': case 'control.rejected': onAck(ev, d); break;
+      default: break;
+    }
+    // a run control's outcome: the domain event cause-linked to it (AEP-0004 §1)
+    const c = typeof ev.cause === 'string' ? S.cmds.get(ev.cause) : null;
+    if (c && !c.ask && !ev.type.startsWith('control.')) { s.ctl.push(c.verb + ' → ' + ev.type); mark('controls'); }
+    if (s.state !== 'ended') {
+      if (s.pending.size) s.state = 'waiting';
+      else if (s.state === 'waiting') s.state = s.run ? 'running' : 'idle';
+    }
+    mark('sessions');
+    if (sid === S.selected) mark('timeline');
+  }
+
+  function onAsk(ev, s) {
+    if (S.asks.has(ev.id)) return;
+    const ask = { ev, session: s.id, agent: ev.agent, lines: [], settled: false, busy: false, node: null,
+                  seenAt: Date.now() };
+    S.asks.set(ev.id, ask);
+    s.pending.add(ev.id);
+    mark('inbox');
+    if (S.live && document.hidden && 'Notification' in window && Notification.permission === 'granted') {
+      const d = ev.data || {};
+      try { new Notification('An agent asks: ' + String(ev.agent), { body: String(d.prompt || ev.subject || ''), tag: String(ev.id) }); } catch (e) { /* not allowed here */ }
+    }
+  }
+
+  function onOutcome(ev, d, s) {
+    const ask = S.asks.get(ev.subject);
+    if (!ask) return;
+    if (ev.type === 'attention.answered') {
+      const a = d.answer || {};
+      const parts = [];
+      if (a.option !== undefined) parts.push('option ' + String(a.option));
+      if (a.text !== undefined) parts.push('text "' + String(a.text) + '"');
+      if (a.values !== undefined) parts.push('values ' + JSON.stringify(a.values));
+      ask.lines.push(['good', 'answered: ' + (parts.join(', ') || '(no detail)') + (d.via ? ' via ' + String(d.via) : '')]);
+    } else if (ev.type === 'attention.resolved') {
+      ask.lines.push(['good', 'resolved: ' + String(d.resolution || '')]);
+      settleAsk(ask, s);
+    } else {
+      ask.lines.push(['bad', 'timed out']);
+      settleAsk(ask, s);
+    }
+    mark('inbox');
+  }
+  function settleAsk(ask, s) {
+    ask.settled = true; ask.busy = false;
+    s.pending.delete(ask.ev.id);
+  }
+
+  function onAck(ev, d) {
+    const c = S.cmds.get(ev.cause);
+    if (!c) return;
+    if (ev.type === 'control.accepted') settleCommand(ev.cause, 'accepted by the agent', true);
+    else settleCommand(ev.cause, 'rejected: ' + String(d.reason || '') + (d.detail ? ' (' + String(d.detail) + ')' : ''), false);
+  }
+  function settleCommand(id, text, ok) {
+    const c = S.cmds.get(id);
+    if (!c || c.done) return;
+    c.done = true;
+    if (c.ask) {
+      const ask = S.asks.get(c.ask);
+      if (ask) { ask.lines.push([ok ? 'good' : 'bad', text]); if (!ok) ask.busy = false; mark('inbox'); }
+    } else {
+      const s = S.sessions.get(c.session);
+      if (s) { s.ctl.push((ok ? '' : '✗ ') + c.verb + ': ' + text); mark('controls'); }
+    }
+  }
+
+  // ---- commands ----------------------------------------------------------------
+  function command(type, sess, extra, capture) {
+    const cmd = { aep: '0.1', id: ulid(), type, time: new Date().toISOString(),
+                  source: 'aep://' + (location.hostname || 'localhost') + '/agent/' + AGENT,
+                  agent: AGENT, session: sess, capture: capture || 'metadata', ...extra };
+    return cmd;
+  }
+  function answer(ask, ans, capture, label) {
+    if (!canCommand() || ask.busy || ask.settled) return;
+    const cmd = command('control.attention.respond', ask.session,
+                        { subject: ask.ev.id, cause: ask.ev.id, data: { answer: ans } }, capture);
+    S.cmds.set(cmd.id, { ask: ask.ev.id, session: ask.session, verb: cmd.type });
+    if (!send(cmd)) { ask.lines.push(['bad', 'not sent: the socket is down']); mark('inbox'); return; }
+    ask.busy = true;
+    ask.lines.push(['', 'sent: ' + label]);
+    mark('inbox');
+    setTimeout(() => {   // AEP-0004 §3: silence past the ack window reads as a timeout nack
+      const c = S.cmds.get(cmd.id);
+      if (c && !c.done) settleCommand(cmd.id, 'no acknowledgement within 10 s', false);
+    }, 10000);
+  }
+  function control(sess, verb) {
+    if (!canCommand()) return;
+    const s = S.sessions.get(sess);
+    const extra = {};
+    if (verb === 'control.cancel') {
+      extra.data = s && s.run ? { scope: 'run' } : { scope: 'session' };
+      if (s && s.run) extra.run = s.run;
+    } else extra.data = {};
+    const cmd = command(verb, sess, extra, 'metadata');
+    S.cmds.set(cmd.id, { session: sess, verb });
+    if (s) s.ctl.push('sent ' + verb);
+    send(cmd);
+    mark('controls');
+  }
+
+  // ---- rendering -------------------------------------------------------------------
+  function mark(...what) {
+    for (const w of what) S.dirty.add(w);
+    if (!S.timer) S.timer = setTimeout(render, 30);
+  }
+  function render() {
+    S.timer = null;
+    const d = S.dirty; S.dirty = new Set();
+    if (d.has('order')) S.order = [...S.sessions.values()].sort((a, b) => (a.last < b.last ? 1 : a.last > b.last ? -1 : 0));
+    if (d.has('counts') || d.has('order')) {
+      $('session-count').textContent = String(S.sessions.size);
+      $('event-count').textContent = S.events + ' events';
+    }
+    if (d.has('inbox')) renderInbox();
+    if (d.has('sessions') || d.has('order')) renderSessions();
+    if (d.has('timeline')) renderTimeline();
+    if (d.has('controls') || d.has('timeline')) renderControls();
+  }
+
+  function askCard(ask) {
+    const ev = ask.ev, d = ev.data && typeof ev.data === 'object' ? ev.data : {};
+    const card = el('article', { class: 'card', tabindex: '0', 'data-ask': ev.id });
+    card.append(el('div', { class: 'meta', text: [ev.agent, ev.session, d.kind, ev.subject, (ev.time || '').slice(11, 19)].filter(Boolean).join(' · ') }));
+    card.append(el('div', { class: 'prompt', text: d.prompt ?? '(no prompt at this capture level)' }));
+    const via = Array.isArray(d.respond_via) ? d.respond_via : null;
+    const controllable = !via || via.includes('control');
+    const dis = !canCommand() || ask.busy || ask.settled;
+    if (!controllable) card.append(el('div', { class: 'meta', text: 'answered in the agent\'s own UI (' + via.join(', ') + ')' }));
+    else if (d.kind === 'form' && Array.isArray(d.fields)) {
+      card.append(formFields(ask, d.fields, dis, (values, text) => answer(ask, { values }, text ? 'redacted' : 'metadata', 'the form')));
+    }
+    else {
+      const opts = Array.isArray(d.options) ? d.options : [];
+      if (opts.length) {
+        const row = el('div', { class: 'options' });
+        for (const o of opts) {
+          if (!o || typeof o !== 'object') continue;
+          const b = el('button', { type: 'button', 'data-option': String(o.id), text: String(o.label ?? o.id), disabled: dis });
+          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', String(o.label ?? o.id)));
+          row.append(b);
+        }
+        card.append(row);
+      }
+      // AEP-0008: a text answer (a permission's refusing option with its reason)
+      const ta = el('textarea', { class: 'answer-text', 'aria-label': 'Answer in words', placeholder: opts.length ? 'or answer in words (a refusal with your reason)' : 'your answer', disabled: dis });
+      const go = el('button', { type: 'button', class: 'send-text', text: 'Send text', disabled: dis });
+      go.addEventListener('click', () => { const t = ta.value.trim(); if (t) answer(ask, { text: t }, 'redacted', 'text'); });
+      card.append(ta, go);
+    }
+    const st = el('div', { class: 'status' });
+    card.append(st);
+    ask.node = card; ask.statusNode = st; ask.shown = 0; ask.dis = dis;
+    return card;
+  }
+  function refreshCard(ask) {
+    const dis = !canCommand() || ask.busy || ask.settled;
+    if (dis !== ask.dis) {
+      ask.dis = dis;
+      for (const c of ask.node.querySelectorAll('button, textarea, input')) c.disabled = dis;
+    }
+    while (ask.shown < ask.lines.length) {
+      const [cls, text] = ask.lines[ask.shown++];
+      ask.statusNode.append(el('div', { class: cls, text }));
+    }
+    ask.node.classList.toggle('settled', ask.settled);
+  }
+  function place(list, nodes) {
+    const want = new Set(nodes);
+    for (const c of [...list.children]) if (!want.has(c)) c.remove();
+    nodes.forEach((n, i) => { if (list.children[i] !== n) list.insertBefore(n, list.children[i] || null); });
+  }
+  function renderInbox() {
+    const pending = [], settled = [];
+    for (const a of S.asks.values()) (a.settled ? settled : pending).push(a);
+    pending.sort((a, b) => (a.ev.time < b.ev.time ? -1 : 1));
+    const shown = pending.slice(0, MAX_CARDS);
+    const recent = settled.slice(-MAX_SETTLED).reverse();
+    for (const a of [...shown, ...recent]) { if (!a.node) askCard(a); refreshCard(a); }
+    for (const a of settled.slice(0, -MAX_SETTLED)) a.node = null;   // bounded: dropped from the DOM
+    place($('inbox-list'), shown.map((a) => a.node));
+    place($('settled-list'), recent.map((a) => a.node));
+    $('inbox-count').textContent = String(pending.length);
+    $('inbox-more').textContent = pending.length > MAX_CARDS ? (pending.length - MAX_CARDS) + ' more waiting' : (pending.length ? '' : 'Nothing waiting on you.');
+  }
+
+  function virtual(scroller, spacer, count, rowH, make) {
+    spacer.style.height = (count * rowH) + 'px';
+    const top = scroller.scrollTop, h = scroller.clientHeight || 400;
+    const first = Math.max(0, Math.floor(top / rowH) - 5);
+    const last = Math.min(count, Math.ceil((top + h) / rowH) + 5);
+    const rows = [];
+    for (let i = first; i < last; i++) { const r = make(i); r.style.top = (i * rowH) + 'px'; rows.push(r); }
+    spacer.replaceChildren(...rows);
+  }
+  let shownSessions = [];
+  function renderSessions() {
+    const q = $('session-filter').value.trim().toLowerCase();
+    shownSessions = q ? S.order.filter((s) => s.agent.toLowerCase().includes(q) || s.id.toLowerCase().includes(q)
+                                         || s.state === q) : S.order;
+    virtual($('sessions-scroll'), $('sessions-spacer'), shownSessions.length, SROW, (i) => {
+      const s = shownSessions[i];
+      const row = el('div', { class: 'row srow' + (s.id === S.selected ? ' sel' : ''), 'data-session': s.id, role: 'button' },
+        el('div', {}, el('span', { class: 'state-' + s.state, text: s.state }), ' ' + s.agent + ' · ' + s.id),
+        el('div', { class: 'sub', text: s.count + ' events · ' + (s.last || '').replace('T', ' ').slice(0, 19) }));
+      row.addEventListener('click', () => select(s.id));
+      return row;
+    });
+  }
+  function select(id) {
+    S.selected = id; S.detail = null;
+    $('envelope').textContent = '';
+    $('timeline-title').textContent = id;
+    S.toEnd = true;   // a timeline opens at its newest line
+    mark('sessions', 'timeline', 'controls');
+  }
+  function renderTimeline() {
+    const s = S.sessions.get(S.selected);
+    const evs = s ? s.events : [];
+    const sc = $('timeline-scroll'), sp = $('timeline-spacer');
+    // at the newest line (or just opened): stay there as lines arrive, like `tail -f`
+    const follow = S.toEnd || sc.scrollTop + sc.clientHeight >= sp.offsetHeight - TROW;
+    S.toEnd = false;
+    if (follow) { sp.style.height = (evs.length * TROW) + 'px'; sc.scrollTop = sp.offsetHeight; }
+    virtual(sc, sp, evs.length, TROW, (i) => {
+      const { ev, raw } = evs[i];
+      const row = el('div', { class: 'row trow' + (S.detail === raw ? ' sel' : ''), 'data-event': String(ev.id), text: timelineLine(ev) });
+      row.addEventListener('click', () => {
+        S.detail = raw;
+        let pretty = raw;
+        try { pretty = JSON.stringify(JSON.parse(raw), null, 2); } catch (e) { /* shown as sent */ }
+        $('envelope').textContent = pretty;
+        mark('timeline');
+      });
+      return row;
+    });
+  }
+  function renderControls() {
+    const box = $('controls');
+    const s = S.sessions.get(S.selected);
+    if (!s) { box.replaceChildren(); box.dataset.sig = ''; return; }
+    const accepts = S.roster.get(s.id) || [];
+    const verbs = ['control.cancel', 'control.pause', 'control.resume',
+                   ...accepts.filter((a) => /^x\.[^.]+\.control\./.test(a))];
+    // rebuilt only when what it shows changes (a focused button stays put)
+    const sig = JSON.stringify([s.id, accepts, !!s.run, canCommand(), s.state === 'ended', s.ctl.slice(-3)]);
+    if (box.dataset.sig === sig) return;
+    box.dataset.sig = sig;
+    const kids = [];
+    for (const v of verbs) {
+      if (!accepts.includes(v)) continue;   // offered only where the target's hello declares it
+      const label = v === 'control.cancel' ? (s.run ? 'Cancel run' : 'Cancel session') : v.replace(/^(x\.[^.]+\.)?control\./, '');
+      const b = el('button', { type: 'button', 'data-verb': v, text: label, disabled: !canCommand() || s.state === 'ended' });
+      b.addEventListener('click', () => control(s.id, v));
+      kids.push(b);
+    }
+    if (!kids.length) kids.push(el('span', { class: 'ctl-status', text: 'no run controls declared for this session' }));
+    kids.push(el('span', { class: 'ctl-status', text: s.ctl.slice(-3).join(' · ') }));
+    box.replaceChildren(...kids);
+  }
+  $('sessions-scroll').addEventListener('scroll', () => mark('sessions'));
+  $('session-filter').addEventListener('input', () => { $('sessions-scroll').scrollTop = 0; mark('sessions'); });
+  $('timeline-scroll').addEventListener('scroll', () => mark('timeline'));
+
+  // ---- fleet (/healthz) ---------------------------------------------------------------
+  function fleet(body) {
+    const list = $('fleet-list');
+    const bridges = body && typeof body.bridges === 'object' && body.bridges ? body.bridges : {};
+    const kids = Object.entries(bridges).map(([name, b]) => {
+      const counters = b && typeof b.counters === 'object' && b.counters ? Object.entries(b.counters).filter(([, v]) => v).slice(0, 6).map(([k, v]) => k + ' ' + String(v)).join(' · ') : '';
+      return el('div', { class: 'bridge', 'data-bridge': name },
+        el('span', { class: b && b.ok ? 'state-running' : 'state-waiting', text: (b && b.ok ? '● ' : '○ ') + name }),
+        ' · ' + (b && b.source === true ? 'source up' : b && b.source === false ? 'source down'
+                 : 'source ' + String(b && b.source)) + (b && b.control ? ' · control on' : ''),
+        counters ? el('div', { class: 'counters', text: counters }) : null);
+    });
+    if (!kids.length) kids.push(el('span', { class: 'hint', text: body && body.ok ? 'relay only: no bridges here' : 'no fleet data' }));
+    list.replaceChildren(...kids);
+  }
+  async function pollFleet() {
+    if (S.mode === 'open' || S.token) {
+      try { fleet(await health(S.token)); } catch (e) { /* the socket's state says it */ }
+    }
+    setTimeout(pollFleet, 2000);
+  }
+
+  // ---- keyboard ------------------------------------------------------------------------
+  document.addEventListener('keydown', (e) => {
+    const tag = e.target && e.target.tagName;
+    if (e.key === 'Escape') { const c = e.target.closest && e.target.closest('.card'); if (c) c.focus(); return; }
+    if (tag === 'INPUT' || tag === 'TEXTAREA' || e.ctrlKey || e.metaKey || e.altKey) return;
+    const cards = [...$('inbox-list').children];
+    const cur = e.target.closest ? e.target.closest('.card') : null;
+    const i = cur ? cards.indexOf(cur) : -1;
+    if (e.key === 'j' || e.key === 'k') {
+      const n = cards[Math.max(0, Math.min(cards.length - 1, i + (e.key === 'j' ? 1 : -1)))] || cards[0];
+      if (n) { n.focus(); e.preventDefault(); }
+    } else if (/^[1-9]$/.test(e.key) && cur) {
+      const b = cur.querySelectorAll('.options button')[Number(e.key) - 1];
+      if (b && !b.disabled) { b.click(); e.preventDefault(); }
+    } else if (e.key === 't' && cur) {
+      const f = cur.querySelector('textarea, input');
+      if (f) { f.focus(); e.preventDefault(); }
+    }
+  });
+
+  // ---- notifications (asked once, on a click) ------------------------------------------------
+  if ('Notification' in window && Notification.permission === 'default') {
+    const b = $('notify');
+    b.hidden = false;
+    b.addEventListener('click', () => { Notification.requestPermission().finally(() => { b.hidden = true; }); });
+  }
+
+  start();
+  pollFleet();
+})();

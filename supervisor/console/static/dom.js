@@ -1,0 +1,16 @@
+// aep-bridges console: DOM helpers. Every string becomes a text node or an
+// attribute value, never markup (nothing in the console parses data as HTML).
+export const $ = (id) => document.getElementById(id);
+
+export function el(tag, props, ...kids) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'text') e.textContent = String(v);
+    else if (k === 'class') e.className = v;
+    else if (k === 'on') for (const [ev, fn] of Object.entries(v)) e.addEventListener(ev, fn);
+    else e.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of kids) if (c !== null && c !== undefined) e.append(c);  // strings become text nodes
+  return e;
+}
