@@ -385,7 +385,7 @@ GIST_CASES = [
 def test_timeline_gists_are_tails(relay: DaemonProcess) -> None:
     """The timeline's one-line gists are ``aep-bridges tail``'s (its
     family gists; vendor types get a shorter ``k=v`` summary)."""
-    from supervisor.tail import gist
+    from supervisor.tools.gist import gist
 
     with open_browser() as page:
         login(page, relay.url)
