@@ -29,7 +29,7 @@ import binascii
 from importlib import resources
 
 from bridges.core.asgi import App, Message, Receive, Scope, Send, header, host_allowed, listen_host, respond
-from supervisor.relay.params import normalize_origin
+from supervisor.relay import normalize_origin
 
 __all__ = ["CSP", "SUBPROTOCOL", "BEARER_PREFIX", "console_app", "static_files"]
 

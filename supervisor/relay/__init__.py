@@ -54,5 +54,7 @@ Modules, one concern each (the layering: this package uses
 from .connections import CommandRefused, LocalEmitter, RelayClosed
 from .core import Relay
 from .envelope import InvalidEvent
+from .params import normalize_origin
 
-__all__ = ["Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent"]
+__all__ = ["Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent",
+           "normalize_origin"]
