@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("--prefix", metavar="DIR", help="write under DIR instead of / (or ~ for launchd)")
     inst.add_argument("--dry-run", action="store_true", help="print what would be written, write nothing")
     args = parser.parse_args(argv)
-    if args.cmd == "acp":
-        return tee.main(args)
+    if args.cmd == "acp":  # the agent's status, without the interpreter's teardown
+        tee.leave(tee.main(args))
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
                "service": _cmd_service}[args.cmd]
     return handler(args)
