@@ -484,8 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     from .hookinstall.cli import add_parser as hooks_parser
     hooks_parser(sub)
     args = parser.parse_args(args_in)
-    if args.cmd == "acp":
-        return tee.main(args)
+    if args.cmd == "acp":  # the agent's status, without the interpreter's teardown
+        tee.leave(tee.main(args))
     handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
                "service": _cmd_service, "hooks": _cmd_hooks, "respond": _cmd_control,
                "cancel": _cmd_control, "pause": _cmd_control, "resume": _cmd_control,

@@ -220,7 +220,8 @@ class DaemonLink:
                             await trio.sleep(self.LINGER)
                 if ws.closed:  # the daemon went away while we waited: keep the records
                     break
-            self._idle = trio.Event()
+            if self._idle.is_set():  # unset already (finish()): flushed() waits on that one
+                self._idle = trio.Event()
             batch = self.queue.take(self.BATCH)
             stats = self.stats()
             if stats != last_stats:

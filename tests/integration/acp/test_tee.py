@@ -370,3 +370,40 @@ def test_a_closed_standard_descriptor(closed):
     assert p.returncode == 0, p.stderr
     assert b"Traceback" not in p.stderr
     assert p.stdout == (b"" if closed == 1 else b"hi")
+
+
+@pytest.mark.parametrize("daemon", ["unreachable", "blackholed"])
+def test_the_tee_leaves_without_the_interpreters_teardown(tmp_path, daemon):
+    """Once the agent exited, ``aep-bridges acp`` ends its process with the
+    agent's status at once (``bridges.acp.tee.leave``): the interpreter's
+    teardown (freeing ~450 modules, 0.4-0.55 s under load, while the editor
+    waited: an ACP client SIGTERMs its agent 2 s after closing its stdin)
+    never runs, so an atexit handler of the process never fires; also with
+    the daemon link blackholed (a listener that accepts and never answers).
+    The console script's own ``main`` is driven, as the entry point does."""
+    script = tmp_path / "tee_atexit.py"
+    script.write_text(textwrap.dedent(f"""
+        import atexit, os, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
+        atexit.register(os.write, 2, b"INTERPRETER TEARDOWN\\n")
+        from supervisor.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """))
+    url, hole = UNREACHABLE, None
+    if daemon == "blackholed":
+        hole = socket.socket()
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        url = f"http://127.0.0.1:{hole.getsockname()[1]}"
+    try:
+        p = spawn([sys.executable, str(script), "acp", "--daemon", url, "--"] + py("""
+            import sys
+            sys.stdin.buffer.read()
+            sys.exit(7)
+        """))
+        _, err = p.communicate(b'{"jsonrpc":"2.0","method":"x"}\n', timeout=BOUND * 3)
+    finally:
+        if hole is not None:
+            hole.close()
+    assert p.returncode == 7, err
+    assert b"INTERPRETER TEARDOWN" not in err

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.acp import config, from_env, wire
-from bridges.acp.tee import ObservationQueue, add_arguments, exit_status, options_from
+from bridges.acp.link import DaemonLink
+from bridges.acp.tee import ObservationQueue, TeeOptions, add_arguments, exit_status, options_from
 from bridges.acp.wire import LineSplitter, Shipper
 from tests.support.configcases import cases, check
 from tests.support.recording import RecordingEnv
@@ -113,6 +114,44 @@ async def test_queue_drops_oldest_and_counts():
     assert scope.cancelled_caught  # empty: nothing to wait for
     q.push(wire.piece("agent", b"x"))
     await q.wait()
+
+
+class SinkSocket:
+    """The daemon end of a healthy link: takes every message at once."""
+
+    closed = None
+
+    def __init__(self) -> None:
+        self.sent: list[bytes] = []
+
+    async def send_message(self, message: bytes) -> None:
+        self.sent.append(message)
+
+
+async def test_the_last_flush_ends_when_the_exit_record_went_out(autojump_clock):
+    """The agent exited: finish() queues the exit record and flushed() waits
+    until the sender, which was waiting for records, has sent it. The sender
+    used to make a new idle Event at every wake-up, so flushed() waited on
+    the one finish() had made, which nothing would set: it returned only at
+    the tee's FLUSH_TIMEOUT (0.5 s after every agent exit on a connected
+    tee, toward the 2 s an ACP client waits before SIGTERM). Virtual clock:
+    on the old code the hour below runs out."""
+    q = ObservationQueue()
+    link = DaemonLink(TeeOptions(command=["agent"]), q, lambda: {"drops": 0})
+    ws = SinkSocket()
+    async with trio.open_nursery() as n:
+        link.connected = True
+        n.start_soon(link._send_loop, ws)
+        q.push(wire.piece("client", b'{"jsonrpc":"2.0","method":"x"}\n'))
+        while len(q) or not ws.sent:
+            await trio.sleep(0.01)
+        await trio.sleep(1)  # the sender is back waiting for records
+        link.finish(0)
+        with trio.move_on_after(3600) as waited:
+            await link.flushed()
+        assert not waited.cancelled_caught, "flushed() never saw the exit record go out"
+        assert b'"exit"' in ws.sent[-1]
+        n.cancel_scope.cancel()
 
 
 # --------------------------------------------------------------------------- wire
