@@ -396,7 +396,12 @@ def status_moments(prev: str | None, next_: str | None, *,
     - leaving ``waiting_for_confirmation``: ``attention.resolved``
       (``answered``; ``dismissed`` when the exit is ``paused``/``deleting``);
     - entering it: ``attention.requested`` (``kind: permission``, no options,
-      no respond path: the read-only channel);
+      no respond path: the read-only channel), preceded by ``run.started``
+      when no run is open: the vendor enters ``waiting_for_confirmation``
+      only from inside a run (its step), so an ask is never without its
+      run, even when the flip to ``running`` was missed (a bridge attached
+      mid-step gets the step's live flip before the replay of the past,
+      whose ``running`` is then stale: :mod:`bridges.openhands.receiver`);
     - -> ``running`` with no run open: ``run.started``;
     - -> ``finished``: ``run.finished``; -> ``error``/``stuck``:
       ``run.failed`` (``reason`` = the status); ``running`` -> ``idle``:
@@ -420,6 +425,8 @@ def status_moments(prev: str | None, next_: str | None, *,
         resolution = "dismissed" if next_ in (PAUSED, DELETING) else "answered"
         out.append({"type": "attention.resolved", "data": {"resolution": resolution}})
     if next_ == WAITING:
+        if not is_open:  # the vendor asks only inside a run: one whose opening we missed
+            out.append({"type": "run.started", "data": {}})
         out.append({"type": "attention.requested",
                     "data": {"kind": "permission", "prompt": ATTENTION_PROMPT},
                     "gating": {"structural": ["prompt"]}})

@@ -11,6 +11,7 @@ server's own access log is read to prove which POSTs it received.
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import trio
@@ -443,3 +444,76 @@ async def test_restart_reattaches_without_duplicates(server, tmp_path):
     merged = a + b
     assert sum(e["type"] == "attention.requested" for e in merged) == \
         sum(e["type"] == "attention.resolved" for e in merged) == 1
+
+
+# --------------------------------------------------------------------------- attaching mid-step
+
+_LATE_SNAPSHOT = """\
+import asyncio, runpy
+from openhands.agent_server import event_service as es
+made = es.EventService._create_state_update_event
+async def late(self):
+    await asyncio.sleep(DELAY)
+    return await made(self)
+es.EventService._create_state_update_event = late
+runpy.run_module("openhands.agent_server", run_name="__main__", alter_sys=True)
+"""
+
+
+class LateSnapshotServer(AgentServer):
+    """The real agent server whose connect snapshot comes ``delay`` s after
+    the socket is subscribed (fault injection: what the server's own lock
+    does while a step holds it, widened so the test can hit it)."""
+
+    def __init__(self, python, delay: float) -> None:
+        super().__init__(python)
+        self.delay = delay
+
+    def argv(self) -> list[str]:
+        shim = self.scratch / "late_snapshot.py"
+        shim.write_text(_LATE_SNAPSHOT.replace("DELAY", repr(self.delay)))
+        return [str(self.python), str(shim), "--host", "127.0.0.1", "--port", str(self.port)]
+
+
+async def test_live_frames_before_the_connect_snapshot_the_ask_has_its_run(tmp_path):
+    """The real server subscribes a new socket at once but makes its connect
+    snapshot under the conversation's lock, which an agent step holds
+    between the model's answer and the flip to waiting_for_confirmation: a
+    bridge attaching then gets the step's LIVE frames (the action, the flip
+    to waiting_for_confirmation) BEFORE the snapshot and before the replay
+    of the past (the flip to running, then stale). The window is widened
+    here (the snapshot 4 s late). The ask still has its run: run.started
+    before attention.requested, the ask on that run, one run (the race
+    behind a flaky test_8_daemon_restarted_mid_conversation: the old
+    bridge raised the ask with no run)."""
+    srv = await trio.to_thread.run_sync(LateSnapshotServer(require_agent_server(), 4.0).start)
+    try:
+        async with trio.open_nursery() as n:
+            mock = MockModel()
+            await n.start(mock.serve)
+            vendor = AgentClient(srv, mock.url)
+            cid = await vendor.create()
+            await vendor.say(cid, "list the files [hold]")
+            await mock.wait_held()
+            rig = Rig(bridge_env(srv, tmp_path))
+            await n.start(rig.run)
+            connected = f"Event Websocket Connected: {cid}"
+            with trio.fail_after(30):  # the server took the bridge's socket; the snapshot is late
+                while connected not in re.sub(r"\s*\n\s*", " ", srv.log_path.read_text(errors="replace")):
+                    await trio.sleep(0.05)
+            mock.release()
+            await rig.wait(lambda e: rig.of(cid, "attention.requested"), what="attention.requested")
+            await rig.wait(lambda e: rig.of(cid, "state.snapshot"), what="the late snapshot")
+            with trio.fail_after(30):  # the replay is past the snapshot
+                while rig.receiver.conversations[cid].pending_snap is not None:
+                    await trio.sleep(0.05)
+            evs = validated(rig.of(cid))
+            await vendor.http.aclose()
+            n.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(srv.cleanup)
+    t = types(evs)
+    assert t.index("state.snapshot") > t.index("attention.requested"), "the window was not hit"
+    assert t.count("run.started") == 1 and t.index("run.started") < t.index("attention.requested"), t
+    run_id = rig.of(cid, "run.started")[0]["run"]
+    assert rig.of(cid, "attention.requested")[0]["run"] == run_id

@@ -141,6 +141,19 @@ def test_receiver_run_bookkeeping_closes_what_the_table_leaves_open():
     assert status_moments("running", "finished", run_open=False) == []
 
 
+def test_an_ask_is_never_without_its_run():
+    """The vendor enters waiting_for_confirmation only inside a run: an ask
+    with no run open (its opening missed) opens the run first; with one
+    open it is the pinned ask alone."""
+    for prev in (None, "idle", "finished", "paused"):
+        assert [m["type"] for m in status_moments(prev, "waiting_for_confirmation", run_open=False)] == \
+            ["run.started", "attention.requested"], prev
+    assert [m["type"] for m in status_moments("running", "waiting_for_confirmation", run_open=True)] == \
+        ["attention.requested"]
+    assert [m["type"] for m in status_moments("paused", "waiting_for_confirmation", run_open=True)] == \
+        ["attention.requested"]
+
+
 def test_unknown_and_none_statuses_are_inert():
     assert status_moments(None, None) == []
     assert status_moments("running", "some_future_status") == []

@@ -138,6 +138,27 @@ async def test_history_after_the_connect_snapshot():
                          "tool.completed", "tool.requested", "tool.completed", "run.finished"]
 
 
+async def test_attached_mid_step_the_live_ask_comes_with_its_run():
+    """The real server's order when a socket attaches while a step holds
+    the conversation's lock: it subscribes the socket at once but makes the
+    connect snapshot under the lock, so the step's LIVE frames (the action,
+    the flip to waiting_for_confirmation) come first, then the snapshot,
+    then the replay of the past (its flip to running now stale: not
+    applied). The ask still has its run, and the run closes once
+    (tests/integration/openhands: the window widened on the real server)."""
+    f = frames("approve")
+    live, snap, past, rest = f[5:8], dict(f[8]), f[1:8], f[9:]
+    h = Harness()
+    evs = await h.feed(live + [snap] + past + rest)
+    validate_stream(evs)
+    t = types(evs)
+    assert t.count("run.started") == 1 and t.index("run.started") < t.index("attention.requested")
+    ask = next(e for e in evs if e["type"] == "attention.requested")
+    run = next(e for e in evs if e["type"] == "run.started")["run"]
+    assert ask["run"] == run and [e["run"] for e in evs if e["type"] == "run.finished"] == [run]
+    assert h.conv.status == "finished" and h.conv.run_id is None and h.conv.attention_id is None
+
+
 async def test_a_stale_status_fact_is_mapped_but_not_applied():
     h = Harness()
     await h.feed([M_state("execution_status", "running", "2026-01-01T10:00:05")])
