@@ -482,11 +482,11 @@ async def test_live_frames_before_the_connect_snapshot_the_ask_has_its_run(tmp_p
     bridge attaching then gets the step's LIVE frames (the action, the flip
     to waiting_for_confirmation) BEFORE the snapshot and before the replay
     of the past (the flip to running, then stale). The window is widened
-    here (the snapshot 4 s late). The ask still has its run: run.started
+    here (the snapshot 6 s late, the step needs ~0.1 s). The ask still has its run: run.started
     before attention.requested, the ask on that run, one run (the race
     behind a flaky test_8_daemon_restarted_mid_conversation: the old
     bridge raised the ask with no run)."""
-    srv = await trio.to_thread.run_sync(LateSnapshotServer(require_agent_server(), 4.0).start)
+    srv = await trio.to_thread.run_sync(LateSnapshotServer(require_agent_server(), 6.0).start)
     try:
         async with trio.open_nursery() as n:
             mock = MockModel()
