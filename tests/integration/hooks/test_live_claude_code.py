@@ -1,6 +1,8 @@
 """The real Claude Code 2.1.197, offline against the mock Messages API, hooked
-to the daemon (``type: "http"`` hooks to ``/hooks/claude-code`` with the
-bearer from ``$AEP_TOKEN``), answered with the SDK ``ControlClient``:
+to the daemon by what ``aep-bridges hooks install claude-code --project``
+writes (``type: "http"`` hooks to ``/hooks/claude-code`` with the bearer
+from ``$AEP_TOKEN``, the command shim for ``SessionStart``/``Setup``),
+answered with the SDK ``ControlClient`` (issue 27 "Done when"):
 
 - print mode (``claude -p``): the held ``PreToolUse`` gate
   (``AEP_CLAUDE_CODE_GATE_TOOLS=Bash``) allowed from AEP runs a tool print
@@ -9,9 +11,7 @@ bearer from ``$AEP_TOKEN``), answered with the SDK ``ControlClient``:
   tool; the person answering at the terminal first resolves the card
   ``via: oob`` and the late command is nacked; an ``AskUserQuestion`` form
   answered from AEP fills the question.
-
-The harness (``tests.support.claude_code``, ``tests.support.mock_anthropic``)
-is the live-harness branch's; until it is merged this module skips."""
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,36 +20,23 @@ from typing import Any
 import pytest
 import trio
 
+from tests.support import claude_code as cc
+from tests.support import mock_anthropic
 from tests.support.daemon import DaemonProcess, command
+from tests.support.hookinstall import install
 from tests.support.schema import validated
-
-cc = pytest.importorskip("tests.support.claude_code")
-mock_anthropic = pytest.importorskip("tests.support.mock_anthropic")
 
 pytestmark = pytest.mark.vendor
 
 TOKEN = "live-hooks-token"
 MARKER = "aep-tool-ran.txt"
 TOUCH = mock_anthropic.Tool("Bash", {"command": f"touch {MARKER} && echo ran", "description": "mark"})
-EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop",
-          "SessionEnd", "PermissionRequest", "PermissionDenied", "Notification")
-TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionRequest",
-               "PermissionDenied", "Notification")
 
 
-def settings(daemon_url: str) -> dict[str, Any]:
-    """What ``aep-bridges hooks install claude-code --transport http`` writes
-    (hold 60 s -> the vendor's timeout 70 s)."""
-    url = f"{daemon_url}/hooks/claude-code"
-    hook = {"type": "http", "url": url, "timeout": 70,
-            "headers": {"Authorization": "Bearer $AEP_TOKEN"}, "allowedEnvVars": ["AEP_TOKEN"]}
-    hooks = {}
-    for ev in EVENTS:
-        group: dict[str, Any] = {"hooks": [dict(hook)]}
-        if ev in TOOL_EVENTS:
-            group["matcher"] = ""
-        hooks[ev] = [group]
-    return {"hooks": hooks, "allowedHttpHookUrls": [f"{daemon_url}/*"]}
+def install_hooks(home: Path, proj: Path, d: DaemonProcess) -> None:
+    """The installer's output in ``proj`` (the daemon's URL and hold)."""
+    cc.prepare_home(home, proj)
+    install("claude-code", home, d, "--project", str(proj))
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +64,7 @@ async def turn(claude_bin, tmp_path, d, stream, answer: dict[str, Any], script: 
     mock = mock_anthropic.MockAnthropicServer()
     mock.script = list(script)
     home, proj = tmp_path / "home", tmp_path / "proj"
-    cc.prepare_home(home, proj)
-    cc.write_settings(proj, settings(d.url))
+    install_hooks(home, proj, d)
     box: dict[str, Any] = {}
     async with trio.open_nursery() as n:
         await n.start(mock.serve)
@@ -159,8 +145,7 @@ class Tui:
         self.mock = mock_anthropic.MockAnthropicServer()
         self.mock.script = list(script)
         self.home, self.proj = tmp / "home", tmp / "proj"
-        cc.prepare_home(self.home, self.proj)
-        cc.write_settings(self.proj, settings(d.url))
+        install_hooks(self.home, self.proj, d)
 
     async def start(self, nursery, tmux: str, claude_bin: Path):
         await nursery.start(self.mock.serve)
@@ -245,8 +230,7 @@ async def test_steering_from_aep_reaches_the_models_next_request(claude_bin, tmp
         mock = mock_anthropic.MockAnthropicServer()
         mock.script = [TOUCH, mock_anthropic.Text("ok")]
         home, proj = tmp_path / "home", tmp_path / "proj"
-        cc.prepare_home(home, proj)
-        cc.write_settings(proj, settings(d.url))
+        install_hooks(home, proj, d)
         box: dict[str, Any] = {}
         async with trio.open_nursery() as n:
             await n.start(mock.serve)
