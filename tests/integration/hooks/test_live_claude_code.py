@@ -261,3 +261,32 @@ async def test_steering_from_aep_reaches_the_models_next_request(claude_bin, tmp
     finally:
         stream.close()
         d.stop()
+
+
+async def test_enter_worktree_works_with_the_installed_hooks(claude_bin, tmp_path, daemon):
+    """The installer leaves ``WorktreeCreate``/``WorktreeRemove`` unhooked: a
+    ``WorktreeCreate`` hook replaces Claude Code's own worktree creation, and
+    the daemon's ``{}`` would fail every ``EnterWorktree``
+    (``tests/integration/hooks_live/test_claude_code_print.py`` shows it)."""
+    from tests.support.claude_code_captures import GIT_ENV, _git_init
+    d, stream = daemon
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    install_hooks(home, proj, d)
+    _git_init(proj)
+    mock = mock_anthropic.MockAnthropicServer()
+    mock.script = [mock_anthropic.Tool("EnterWorktree", {"name": "w1"}),
+                   mock_anthropic.Text("ok")]
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        run = await cc.run_print(claude_bin, home, proj, "go", base_url=mock.base_url,
+                                 proxy_url=mock.base_url,
+                                 env_extra={**GIT_ENV, "AEP_TOKEN": TOKEN},
+                                 args=("--allowedTools", "EnterWorktree"))
+        n.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    (result,) = mock.tool_results()
+    assert not result.get("is_error"), result
+    s = await stream.wait_for(lambda c: next((e["session"] for e in c.events
+                                              if e["type"] == "tool.completed"), None),
+                              timeout=60, what="EnterWorktree's tool.completed")
+    assert s
