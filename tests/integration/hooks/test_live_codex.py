@@ -1,8 +1,9 @@
 """The real Codex 0.171.0 (``codex exec``, offline against the Responses mock)
 hooked by what ``aep-bridges hooks install codex`` writes (the command shim,
 ``bridges/hooks_common/shim.py``, trusted) to the daemon's ``/hooks/codex``,
-its ``PermissionRequest`` (``--approve-for-me`` + an escalation) answered
-from AEP with the SDK ``ControlClient`` (issue 27 "Done when"): allowed,
+its ``PermissionRequest`` (``codex exec --approve-for-me`` + an escalation;
+the TUI under tmux, on-request + workspace-write) answered from AEP with
+the SDK ``ControlClient`` (issue 27 "Done when"): allowed,
 the command runs; a free-text deny, the model reads the text as the tool's
 output. The daemon down during a run: the turn finishes, the shim spools
 each moment into the daemon's spool directory (the installer wrote it),
@@ -160,3 +161,55 @@ async def test_daemon_down_the_turn_finishes_and_the_spool_arrives_after_restart
     finally:
         stream.close()
         d.stop()
+
+
+@pytest.mark.parametrize("answer", [{"option": "allow"}, {"text": "AEP-CXT-9: not today"}],
+                         ids=["allow", "deny-text"])
+async def test_codex_tui_permission_request_answered_from_aep(codex_bin, tmp_path, daemon,
+                                                              answer):
+    """The Codex TUI (on-request + workspace-write, under tmux) with the
+    installed hooks: its ``PermissionRequest`` (fired before its own dialog)
+    answered from AEP through the daemon; allowed, the command runs with no
+    dialog; a free-text deny reaches the model as the tool's output."""
+    from tests.support import codex as cx
+    from tests.support.claude_code import Tui
+    from tests.support.mock_responses import MockResponsesServer
+    from tests.support.system import require
+    d, stream = daemon
+    home = tmp_path / "home"
+    work = home / "work"
+    for p in (home / ".codex", home / "tmp", work):
+        p.mkdir(parents=True, exist_ok=True)
+    outside = tmp_path / "outside.txt"
+    mock = MockResponsesServer(command=f"touch {outside} && echo made", extra_args=ch.ESCALATE)
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        installed(home, d, ch.tui_config(mock.base_url, work))
+        env = {**cx.codex_env(codex_bin, home, mock.base_url.rsplit("/v1", 1)[0]),
+               "AEP_TOKEN": TOKEN}
+        with Tui.launch(require("tmux"), home / "tmux.sock", work, env, (str(codex_bin),),
+                        session="cx") as tui:
+            await tui.wait_for("Ask Codex to do anything", timeout=90)
+            tui.type_line("run it")
+            ask = await stream.wait_for(lambda s: next((e for e in s.events
+                                                        if e["type"] == "attention.requested"),
+                                                       None),
+                                        timeout=90, what="the TUI's PermissionRequest")
+            assert ask["data"]["kind"] == "permission"
+            status, _ = await command(d, "control.attention.respond", ask["session"],
+                                      subject=ask["id"], capture="redacted",
+                                      data={"answer": answer})
+            assert status == "accepted"
+            with trio.fail_after(60):
+                while not mock.tool_outputs():
+                    await trio.sleep(0.2)
+            tui.send("C-c")
+            await trio.sleep(0.5)
+            tui.send("C-c")
+        n.cancel_scope.cancel()
+    (out,) = mock.tool_outputs()
+    if "option" in answer:
+        assert outside.exists() and "made" in out["output"], out
+    else:
+        assert not outside.exists() and answer["text"] in out["output"], out
+    validated(stream.of(ask["session"]))
