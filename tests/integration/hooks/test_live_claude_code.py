@@ -10,7 +10,10 @@ answered with the SDK ``ControlClient`` (issue 27 "Done when"):
 - the TUI under tmux: its ``PermissionRequest`` allowed from AEP runs the
   tool; the person answering at the terminal first resolves the card
   ``via: oob`` and the late command is nacked; an ``AskUserQuestion`` form
-  answered from AEP fills the question.
+  answered from AEP fills the question;
+- a held ``PreToolUse`` nobody answers ends in ``attention.timeout`` and the
+  vendor's own flow; with the gate off no decision is ever given; ``EnterWorktree``
+  works (the installer leaves ``WorktreeCreate`` unhooked).
 """
 from __future__ import annotations
 
@@ -290,3 +293,62 @@ async def test_enter_worktree_works_with_the_installed_hooks(claude_bin, tmp_pat
                                               if e["type"] == "tool.completed"), None),
                               timeout=60, what="EnterWorktree's tool.completed")
     assert s
+
+
+async def plain_turn(claude_bin, tmp_path, d: DaemonProcess):
+    """One ``claude -p`` turn running ``TOUCH`` with the installed hooks,
+    nobody answering: the run, the project."""
+    mock = mock_anthropic.MockAnthropicServer()
+    mock.script = [TOUCH, mock_anthropic.Text("Done.")]
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    install_hooks(home, proj, d)
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        run = await cc.run_print(claude_bin, home, proj, "run the command",
+                                 base_url=mock.base_url, proxy_url=mock.base_url,
+                                 env_extra={"AEP_TOKEN": TOKEN})
+        n.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    return run, proj
+
+
+async def test_a_held_pretooluse_nobody_answers_times_out_to_the_vendors_flow(claude_bin,
+                                                                            tmp_path):
+    """The hold (3 s here; the installer wrote the vendor's timeout as 13 s)
+    ends in ``attention.timeout`` and no decision: print mode's own flow
+    refuses the unapproved tool."""
+    d = hook_daemon(tmp_path, AEP_CLAUDE_CODE_GATE_TOOLS="Bash", AEP_CLAUDE_CODE_HOLD_S="3")
+    stream = d.subscribe()
+    try:
+        run, proj = await plain_turn(claude_bin, tmp_path, d)
+        assert not (proj / MARKER).exists()
+        ask = await stream.wait_for(first(stream, "attention.requested"), timeout=30)
+        await stream.wait_for(first(stream, "attention.timeout", session=ask["session"]),
+                              timeout=30)
+        assert not [e for e in stream.of(ask["session"]) if e["type"] == "attention.answered"]
+        validated(stream.of(ask["session"]))
+    finally:
+        stream.close()
+        d.stop()
+
+
+async def test_the_gate_off_gives_zero_decisions(claude_bin, tmp_path):
+    """Control off (the default): nothing is held, no decision is given
+    (every reply ``{}``): print mode refuses the tool by its own rule."""
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_CLAUDE_CODE": "1",
+                                           "AEP_BRIDGE_OTLP_IN": "0"}, token=TOKEN)
+    d.start()
+    stream = d.subscribe()
+    try:
+        run, proj = await plain_turn(claude_bin, tmp_path, d)
+        assert not (proj / MARKER).exists()
+        s = await stream.wait_for(lambda c: next((e["session"] for e in c.events
+                                                  if e["type"] == "run.finished"), None),
+                                  timeout=60, what="run.finished")
+        types = [e["type"] for e in validated(stream.of(s))]
+        assert "tool.requested" in types
+        assert not {"attention.requested", "attention.answered", "control.accepted"} & set(types)
+        assert d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]["hooks_held"] == 0
+    finally:
+        stream.close()
+        d.stop()
