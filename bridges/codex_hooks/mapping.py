@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridges.claude_code import mapping as cc
 from bridges.core.bridge import Emission
 from bridges.core.posture import Posture
+from bridges.hooks_common.handlers import CORE, Handler, dispatch
 from bridges.hooks_common.mapping import fallback, permission_ask, s
 
 __all__ = ["AGENT", "TABLE", "USAGE", "gate_ask", "map_hook"]
@@ -58,22 +58,16 @@ def _model_plane(m: dict[str, Any], posture: Posture) -> list[Emission]:
     return [fallback(posture, str(m.get("hook_event_name")), data, severity="debug")]
 
 
-TABLE: dict[str, cc.Handler] = {
-    **{k: cc.TABLE[k] for k in ("SessionStart", "UserPromptSubmit", "Stop", "PreToolUse",
-                                "PostToolUse", "PermissionRequest", "SubagentStart",
-                                "SubagentStop", "PreCompact", "PostCompact")},
-    "SessionEnd": lambda m, p: [{"type": "session.ended", "data": {"reason": "normal"}}],
+TABLE: dict[str, Handler] = {
+    **CORE,  # the family's moments (hooks_common.handlers): SessionEnd's reason is normal
     "Interrupt": lambda m, p: [{"type": "run.cancelled", "data": {"by": "user"}}],
     "PreModelRequest": _model_plane,
     "PostModelRequest": _model_plane,
 }
-"""Codex's events: the Claude Code shapes where the annex agrees (the
-``PermissionRequest`` of Codex never carries ``AskUserQuestion``)."""
+"""Codex's events: the family's (:data:`bridges.hooks_common.handlers.CORE`)
+where the annex agrees, plus its own."""
 
 
 def map_hook(m: dict[str, Any], posture: Posture) -> list[Emission]:
     """One Codex hook moment -> its emissions. Never raises for a JSON object."""
-    handler = TABLE.get(s(m.get("hook_event_name")) or "")
-    if handler is None:
-        return [fallback(posture, s(m.get("hook_event_name")) or "")]
-    return handler(m, posture)
+    return dispatch(TABLE, m, posture)

@@ -34,18 +34,25 @@ from typing import Any
 
 from .common import EXTRA_TIMEOUT_S, Plan, Refused, is_our_command, shim_command
 
-__all__ = ["AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE", "QUICK_TIMEOUT_S",
+__all__ = ["AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE", "NOT_HOOKED",
+           "QUICK_TIMEOUT_S",
            "entries",
            "install", "is_ours", "settings_path", "status", "uninstall"]
 
 AGENT = "claude-code"
-#: every hook event of Claude Code 2.1.197 (its settings schema's event list)
+#: the hook events of Claude Code 2.1.197 we hook (its settings schema's list
+#: but :data:`NOT_HOOKED`)
 EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PostToolBatch", "Notification",
           "UserPromptSubmit", "UserPromptExpansion", "SessionStart", "SessionEnd", "Stop",
           "StopFailure", "SubagentStart", "SubagentStop", "PreCompact", "PostCompact",
           "PermissionRequest", "PermissionDenied", "Setup", "TeammateIdle", "TaskCreated",
-          "TaskCompleted", "Elicitation", "ElicitationResult", "ConfigChange", "WorktreeCreate",
-          "WorktreeRemove", "InstructionsLoaded", "CwdChanged", "FileChanged", "MessageDisplay")
+          "TaskCompleted", "Elicitation", "ElicitationResult", "ConfigChange",
+          "InstructionsLoaded", "CwdChanged", "FileChanged", "MessageDisplay")
+#: events never hooked: a ``WorktreeCreate`` hook *replaces* Claude Code's own
+#: worktree creation and must answer a ``worktreePath`` (``{}`` makes every
+#: ``EnterWorktree`` fail); ``WorktreeRemove`` is its pair. A re-install
+#: removes ours from them.
+NOT_HOOKED = ("WorktreeCreate", "WorktreeRemove")
 #: events Claude Code runs no HTTP hook for (command hooks only)
 COMMAND_ONLY = ("SessionStart", "Setup")
 #: events the daemon may hold (a permission moment, a form, the gated PreToolUse)
@@ -66,10 +73,12 @@ def _url(daemon: str) -> str:
 
 
 def entries(*, transport: str, daemon: str, hold_s: int, daemon_given: bool = False,
-            python: str | None = None) -> dict[str, dict[str, Any]]:
-    """The hook object per event: ``{"PreToolUse": {"type": "http", ...}, ...}``."""
+            python: str | None = None, spool: str | None = None) -> dict[str, dict[str, Any]]:
+    """The hook object per event: ``{"PreToolUse": {"type": "http", ...}, ...}``
+    (the command shim with ``--spool spool`` when given)."""
     out: dict[str, dict[str, Any]] = {}
-    command = shim_command(AGENT, daemon=daemon if daemon_given else None, python=python)
+    command = shim_command(AGENT, daemon=daemon if daemon_given else None, python=python,
+                           spool=spool)
     for event in EVENTS:
         timeout = (hold_s + EXTRA_TIMEOUT_S if event in HOLDABLE
                    else EXIT_TIMEOUT_S.get(event, QUICK_TIMEOUT_S))
@@ -154,7 +163,8 @@ def _wildcard(url: str, pattern: str) -> bool:
 
 
 def install(path: Path, *, transport: str, daemon: str, hold_s: int,
-            daemon_given: bool = False, python: str | None = None) -> Plan:
+            daemon_given: bool = False, python: str | None = None,
+            spool: str | None = None) -> Plan:
     """The plan that puts our entries in ``path`` (nothing written here)."""
     before, doc = _load(path)
     original = json.loads(json.dumps(doc))
@@ -163,7 +173,7 @@ def install(path: Path, *, transport: str, daemon: str, hold_s: int,
     if not isinstance(hooks, dict):
         raise Refused(f"{path}: \"hooks\" is not an object; fix it by hand first")
     wanted = entries(transport=transport, daemon=daemon, hold_s=hold_s,
-                     daemon_given=daemon_given, python=python)
+                     daemon_given=daemon_given, python=python, spool=spool)
     for event in list(hooks):
         if event not in wanted:
             if _strip(hooks, event, path, None)[1]:

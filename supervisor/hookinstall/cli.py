@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from . import claude, codex
 from .common import AGENTS, Plan, Refused, hold_seconds, write_in_place
 
-__all__ = ["add_parser", "daemon_url", "plans", "run"]
+__all__ = ["add_parser", "daemon_url", "plans", "run", "spool_dir"]
 
 _DEFAULT_DAEMON = "http://127.0.0.1:8787"
 
@@ -41,6 +41,11 @@ def add_parser(sub: Any) -> None:
             p.add_argument("--daemon", metavar="URL", default=None,
                            help="the daemon's base URL (default http:// + $AEP_LISTEN, "
                                 "else http://127.0.0.1:8787)")
+            p.add_argument("--spool", metavar="DIR", default=None,
+                           help="the spool directory written into the command hooks (default "
+                                "the daemon's: $AEP_STATE_DIR/hooks-spool, else "
+                                "$XDG_STATE_HOME/aep-bridges/hooks-spool, else "
+                                "~/.local/state/aep-bridges/hooks-spool, as of the install)")
             p.add_argument("--hold-s", type=int, default=None, metavar="N",
                            help="the bridge's hold limit: holdable hooks get a vendor timeout "
                                 "of N + 10 s (default $AEP_<AGENT>_HOLD_S, else 120)")
@@ -64,6 +69,16 @@ def daemon_url(given: str | None, env: Mapping[str, str]) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def spool_dir(given: str | None, env: Mapping[str, str]) -> str:
+    """``--spool``, else the spool directory of a daemon started with ``env``
+    (``bridges.hooks_common.config.spool_dir``: ``$AEP_STATE_DIR/hooks-spool``
+    or the default state directory's), absolute. Written into every command
+    hook, so the shim spools where the daemon ingests even when the agent
+    runs with another environment (a daemon run as a service)."""
+    from bridges.hooks_common.config import spool_dir as daemon_spool
+    return str(Path(given).expanduser().resolve() if given else daemon_spool(env))
+
+
 def _codex_home(env: Mapping[str, str]) -> Path:
     return Path(env.get("CODEX_HOME") or Path.home() / ".codex").expanduser()
 
@@ -78,7 +93,8 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
         url = daemon_url(args.daemon, env)
         return [claude.install(path, transport=args.transport or "http", daemon=url,
                                hold_s=hold_seconds("claude-code", args.hold_s, env),
-                               daemon_given=url != _DEFAULT_DAEMON)]
+                               daemon_given=url != _DEFAULT_DAEMON,
+                               spool=spool_dir(args.spool, env))]
     home = _codex_home(env)
     path = codex.config_path(project=project, codex_home=home)
     state_path = codex.config_path(project=None, codex_home=home)
@@ -89,7 +105,8 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
     url = daemon_url(args.daemon, env)
     out = codex.install(path, state_path=state_path,
                         hold_s=hold_seconds("codex", args.hold_s, env),
-                        daemon=url if url != _DEFAULT_DAEMON else None)
+                        daemon=url if url != _DEFAULT_DAEMON else None,
+                        spool=spool_dir(args.spool, env))
     if project is not None and not _project_trusted(state_path, project):
         out[0].notes.append(
             f"Codex reads {path} only for a trusted project: trust {project} when Codex "

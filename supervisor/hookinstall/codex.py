@@ -89,11 +89,12 @@ def trusted_hash(event: str, hook: dict[str, Any], matcher: str | None = None) -
 
 
 def handler(event: str, *, hold_s: int, daemon: str | None = None,
-            python: str | None = None) -> dict[str, Any]:
-    """Our handler for ``event``: the shim, with its timeout."""
+            python: str | None = None, spool: str | None = None) -> dict[str, Any]:
+    """Our handler for ``event``: the shim (``--spool`` when given), with its timeout."""
     timeout = CAPPED_S.get(event) or (hold_s + EXTRA_TIMEOUT_S if event in HOLDABLE
                                       else QUICK_TIMEOUT_S)
-    return {"type": "command", "command": shim_command(AGENT, daemon=daemon, python=python),
+    return {"type": "command", "command": shim_command(AGENT, daemon=daemon, python=python,
+                                                          spool=spool),
             "timeout": timeout}
 
 
@@ -214,7 +215,7 @@ def _plans(path: Path, state_path: Path) -> tuple[Plan, Any, Plan, Any]:
 
 
 def install(path: Path, *, state_path: Path, hold_s: int, daemon: str | None = None,
-            python: str | None = None) -> list[Plan]:
+            python: str | None = None, spool: str | None = None) -> list[Plan]:
     """The plans (the hooks file, and the user config when it is another
     file) that put our handler on every event of ``path``, trusted."""
     plan, doc, s_plan, s_doc = _plans(path, state_path)
@@ -222,7 +223,7 @@ def install(path: Path, *, state_path: Path, hold_s: int, daemon: str | None = N
     hooks = _table(doc, "hooks", path, "")
     placed = []
     for event in EVENTS:  # the hooks first, so a new file reads hooks, then their trust
-        want = handler(event, hold_s=hold_s, daemon=daemon, python=python)
+        want = handler(event, hold_s=hold_s, daemon=daemon, python=python, spool=spool)
         old_ours = _find(hooks, event)
         ours, moved, changed = _edit_event(hooks, event, want, path)
         assert ours is not None

@@ -58,7 +58,8 @@ def shim_path() -> Path:
     return Path(shim.__file__).resolve()
 
 
-def shim_command(agent: str, *, daemon: str | None = None, python: str | None = None) -> str:
+def shim_command(agent: str, *, daemon: str | None = None, python: str | None = None,
+                 spool: str | None = None) -> str:
     """The fastest command line for the shim (``benchmarks/hook_shim_bench.py``
     measures the candidates): this install's interpreter with ``-S -E`` (no
     site-packages scan, no ``.pth`` files, no ``PYTHON*`` variables) importing
@@ -67,12 +68,16 @@ def shim_command(agent: str, *, daemon: str | None = None, python: str | None = 
     ``sys.path[0]``, the current directory, so no ``shim.py`` of the
     project the agent works in can be picked up. ``python`` defaults to
     ``sys.executable`` as is (a venv's ``bin/python``, not its resolved
-    target). Quoted for ``sh -c``."""
+    target). ``spool``: ``--spool DIR`` (the daemon's spool directory, so
+    a daemon with its own ``AEP_STATE_DIR`` finds what the shim spooled
+    whatever the agent's environment). Quoted for ``sh -c``."""
     code = (f"import sys; sys.path[0] = {json.dumps(str(shim_path().parent))}; "
             "from shim import main; sys.exit(main())")
     argv = [python or sys.executable, "-S", "-E", "-c", code, agent]
     if daemon:
         argv += ["--daemon", daemon]
+    if spool:
+        argv += ["--spool", spool]
     return shlex.join(argv)
 
 

@@ -196,11 +196,14 @@ def codex_env(binary: Path, home: Path, proxy_url: str | None) -> dict[str, str]
 
 async def run_codex_exec(binary: Path, home: Path, prompt: str, config: str, *,
                          proxy_url: str | None = None, timeout: float = 90,
-                         args: tuple[str, ...] = ()) -> CodexRun:
+                         args: tuple[str, ...] = (),
+                         env_extra: dict[str, str] | None = None) -> CodexRun:
     """Write ``config`` to ``home/.codex/config.toml`` and run ``codex exec --json``.
 
     ``home`` is created (with ``.codex/``, ``tmp/`` and a ``work/`` directory used
-    as the working root); ``args`` go before the prompt. Raises ``trio.TooSlowError`` after ``timeout`` s (the
+    as the working root); ``args`` go before the prompt; ``env_extra`` is
+    added to the environment (what the person's shell would export, e.g.
+    ``AEP_TOKEN`` for the hook shim). Raises ``trio.TooSlowError`` after ``timeout`` s (the
     process is killed by trio's cancellation).
     """
     (home / ".codex").mkdir(parents=True, exist_ok=True)
@@ -211,7 +214,8 @@ async def run_codex_exec(binary: Path, home: Path, prompt: str, config: str, *,
     cmd = [str(binary), "exec", "--strict-config", "--json", "--skip-git-repo-check",
            "--color", "never", "-C", str(work), *args, prompt]
     with trio.fail_after(timeout):
-        proc = await trio.run_process(cmd, env=codex_env(binary, home, proxy_url),
+        proc = await trio.run_process(cmd, env={**codex_env(binary, home, proxy_url),
+                                                **(env_extra or {})},
                                       stdin=b"", capture_stdout=True, capture_stderr=True,
                                       check=False, cwd=str(work))
     out = proc.stdout.decode(errors="replace")

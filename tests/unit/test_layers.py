@@ -100,6 +100,21 @@ def test_bridges_core_imports_no_bridge():
     assert _offenders("bridges/core", bad) == []
 
 
+#: the shared families a vendor bridge may build on (below every vendor)
+FAMILIES = ("bridges.core", "bridges.sse_common", "bridges.hooks_common")
+
+
+def test_a_vendor_bridge_imports_only_the_shared_families():
+    """A vendor package (claude_code, codex_hooks, ...) builds on the
+    families, never on another vendor: what two vendors share moves into
+    the family (issue 27: codex_hooks reused claude_code's handlers)."""
+    def bad(mod: str, name: str) -> bool:
+        own = ".".join(mod.split(".")[:2])
+        return (_under(name, "bridges") and name != "bridges" and not _under(name, own)
+                and not any(_under(name, f) for f in FAMILIES))
+    assert _offenders("bridges", bad) == []
+
+
 def test_the_relay_imports_nothing_else_of_the_supervisor():
     """The embedded relay is transport + state over bridges.core: it does not
     know the fleet, the config or the daemon."""
@@ -265,7 +280,7 @@ MAX_LINES = 600
 #: Modules over :data:`MAX_LINES` left for phase 2 of issue 26 (each edited in
 #: parallel when the rest was split; split after that work lands). Remove each
 #: as it is split: the test fails on a stale one.
-PHASE_2_GIANTS = {"supervisor/jetstream/relay.py", "supervisor/fleet.py", "bridges/acp/tee.py"}
+PHASE_2_GIANTS = {"supervisor/jetstream/relay.py", "supervisor/fleet.py"}
 
 
 def test_the_circle_finder_finds_circles():
@@ -345,6 +360,10 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.hooks_common.endpoint": {"BODY_MAX", "HookEndpoint"},
     "bridges.hooks_common.forms": {"ASK", "answered_values", "question_answers", "question_fields",
                                    "questions_form", "schema_form"},
+    "bridges.hooks_common.handlers": {"CORE", "Handler", "compacted", "dispatch", "duration",
+                                      "kept", "nothing", "permission", "run_finished",
+                                      "run_started", "session_ended", "session_started",
+                                      "subagent", "tool_completed", "tool_requested"},
     "bridges.hooks_common.hub": {"COUNTERS", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX",
                                  "TIMEOUT_MARGIN_S"},
     "bridges.hooks_common.mapping": {"ALLOW_DENY", "PROMPT_ARG_MAX", "fallback", "obj",
@@ -469,13 +488,14 @@ PUBLIC: dict[str, set[str]] = {
                                       "Refused", "hold_seconds", "is_our_command",
                                       "shim_command", "shim_path", "write_in_place"},
     "supervisor.hookinstall.claude": {"AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE",
+                                      "NOT_HOOKED",
                                       "QUICK_TIMEOUT_S", "entries", "install", "is_ours",
                                       "settings_path", "status", "uninstall"},
     "supervisor.hookinstall.codex": {"AGENT", "CAPPED_S", "EVENTS", "HOLDABLE",
                                      "QUICK_TIMEOUT_S", "config_path", "event_label", "handler",
                                      "hook_key", "install", "status", "trusted_hash",
                                      "uninstall"},
-    "supervisor.hookinstall.cli": {"add_parser", "daemon_url", "plans", "run"},
+    "supervisor.hookinstall.cli": {"add_parser", "daemon_url", "plans", "run", "spool_dir"},
     "supervisor.tools.install": {"CONFIG_TEMPLATE", "SYSTEMD_CONFIG_FILE", "ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 

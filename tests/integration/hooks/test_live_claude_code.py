@@ -1,6 +1,8 @@
 """The real Claude Code 2.1.197, offline against the mock Messages API, hooked
-to the daemon (``type: "http"`` hooks to ``/hooks/claude-code`` with the
-bearer from ``$AEP_TOKEN``), answered with the SDK ``ControlClient``:
+to the daemon by what ``aep-bridges hooks install claude-code --project``
+writes (``type: "http"`` hooks to ``/hooks/claude-code`` with the bearer
+from ``$AEP_TOKEN``, the command shim for ``SessionStart``/``Setup``),
+answered with the SDK ``ControlClient`` (issue 27 "Done when"):
 
 - print mode (``claude -p``): the held ``PreToolUse`` gate
   (``AEP_CLAUDE_CODE_GATE_TOOLS=Bash``) allowed from AEP runs a tool print
@@ -8,10 +10,11 @@ bearer from ``$AEP_TOKEN``), answered with the SDK ``ControlClient``:
 - the TUI under tmux: its ``PermissionRequest`` allowed from AEP runs the
   tool; the person answering at the terminal first resolves the card
   ``via: oob`` and the late command is nacked; an ``AskUserQuestion`` form
-  answered from AEP fills the question.
-
-The harness (``tests.support.claude_code``, ``tests.support.mock_anthropic``)
-is the live-harness branch's; until it is merged this module skips."""
+  answered from AEP fills the question;
+- a held ``PreToolUse`` nobody answers ends in ``attention.timeout`` and the
+  vendor's own flow; with the gate off no decision is ever given; ``EnterWorktree``
+  works (the installer leaves ``WorktreeCreate`` unhooked).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,36 +23,23 @@ from typing import Any
 import pytest
 import trio
 
+from tests.support import claude_code as cc
+from tests.support import mock_anthropic
 from tests.support.daemon import DaemonProcess, command
+from tests.support.hookinstall import install
 from tests.support.schema import validated
-
-cc = pytest.importorskip("tests.support.claude_code")
-mock_anthropic = pytest.importorskip("tests.support.mock_anthropic")
 
 pytestmark = pytest.mark.vendor
 
 TOKEN = "live-hooks-token"
 MARKER = "aep-tool-ran.txt"
 TOUCH = mock_anthropic.Tool("Bash", {"command": f"touch {MARKER} && echo ran", "description": "mark"})
-EVENTS = ("UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "Stop",
-          "SessionEnd", "PermissionRequest", "PermissionDenied", "Notification")
-TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PostToolUseFailure", "PermissionRequest",
-               "PermissionDenied", "Notification")
 
 
-def settings(daemon_url: str) -> dict[str, Any]:
-    """What ``aep-bridges hooks install claude-code --transport http`` writes
-    (hold 60 s -> the vendor's timeout 70 s)."""
-    url = f"{daemon_url}/hooks/claude-code"
-    hook = {"type": "http", "url": url, "timeout": 70,
-            "headers": {"Authorization": "Bearer $AEP_TOKEN"}, "allowedEnvVars": ["AEP_TOKEN"]}
-    hooks = {}
-    for ev in EVENTS:
-        group: dict[str, Any] = {"hooks": [dict(hook)]}
-        if ev in TOOL_EVENTS:
-            group["matcher"] = ""
-        hooks[ev] = [group]
-    return {"hooks": hooks, "allowedHttpHookUrls": [f"{daemon_url}/*"]}
+def install_hooks(home: Path, proj: Path, d: DaemonProcess) -> None:
+    """The installer's output in ``proj`` (the daemon's URL and hold)."""
+    cc.prepare_home(home, proj)
+    install("claude-code", home, d, "--project", str(proj))
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +67,7 @@ async def turn(claude_bin, tmp_path, d, stream, answer: dict[str, Any], script: 
     mock = mock_anthropic.MockAnthropicServer()
     mock.script = list(script)
     home, proj = tmp_path / "home", tmp_path / "proj"
-    cc.prepare_home(home, proj)
-    cc.write_settings(proj, settings(d.url))
+    install_hooks(home, proj, d)
     box: dict[str, Any] = {}
     async with trio.open_nursery() as n:
         await n.start(mock.serve)
@@ -159,8 +148,7 @@ class Tui:
         self.mock = mock_anthropic.MockAnthropicServer()
         self.mock.script = list(script)
         self.home, self.proj = tmp / "home", tmp / "proj"
-        cc.prepare_home(self.home, self.proj)
-        cc.write_settings(self.proj, settings(d.url))
+        install_hooks(self.home, self.proj, d)
 
     async def start(self, nursery, tmux: str, claude_bin: Path):
         await nursery.start(self.mock.serve)
@@ -245,8 +233,7 @@ async def test_steering_from_aep_reaches_the_models_next_request(claude_bin, tmp
         mock = mock_anthropic.MockAnthropicServer()
         mock.script = [TOUCH, mock_anthropic.Text("ok")]
         home, proj = tmp_path / "home", tmp_path / "proj"
-        cc.prepare_home(home, proj)
-        cc.write_settings(proj, settings(d.url))
+        install_hooks(home, proj, d)
         box: dict[str, Any] = {}
         async with trio.open_nursery() as n:
             await n.start(mock.serve)
@@ -274,6 +261,94 @@ async def test_steering_from_aep_reaches_the_models_next_request(claude_bin, tmp
         delivered = await stream.wait_for(lambda c: c.of(s, "x.claude-code.instruction.delivered"))
         assert delivered[0]["data"]["hook"] == "PostToolUse"
         validated(stream.of(s))
+    finally:
+        stream.close()
+        d.stop()
+
+
+async def test_enter_worktree_works_with_the_installed_hooks(claude_bin, tmp_path, daemon):
+    """The installer leaves ``WorktreeCreate``/``WorktreeRemove`` unhooked: a
+    ``WorktreeCreate`` hook replaces Claude Code's own worktree creation, and
+    the daemon's ``{}`` would fail every ``EnterWorktree``
+    (``tests/integration/hooks_live/test_claude_code_print.py`` shows it)."""
+    from tests.support.claude_code_captures import GIT_ENV, _git_init
+    d, stream = daemon
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    install_hooks(home, proj, d)
+    _git_init(proj)
+    mock = mock_anthropic.MockAnthropicServer()
+    mock.script = [mock_anthropic.Tool("EnterWorktree", {"name": "w1"}),
+                   mock_anthropic.Text("ok")]
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        run = await cc.run_print(claude_bin, home, proj, "go", base_url=mock.base_url,
+                                 proxy_url=mock.base_url,
+                                 env_extra={**GIT_ENV, "AEP_TOKEN": TOKEN},
+                                 args=("--allowedTools", "EnterWorktree"))
+        n.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    (result,) = mock.tool_results()
+    assert not result.get("is_error"), result
+    s = await stream.wait_for(lambda c: next((e["session"] for e in c.events
+                                              if e["type"] == "tool.completed"), None),
+                              timeout=60, what="EnterWorktree's tool.completed")
+    assert s
+
+
+async def plain_turn(claude_bin, tmp_path, d: DaemonProcess):
+    """One ``claude -p`` turn running ``TOUCH`` with the installed hooks,
+    nobody answering: the run, the project."""
+    mock = mock_anthropic.MockAnthropicServer()
+    mock.script = [TOUCH, mock_anthropic.Text("Done.")]
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    install_hooks(home, proj, d)
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        run = await cc.run_print(claude_bin, home, proj, "run the command",
+                                 base_url=mock.base_url, proxy_url=mock.base_url,
+                                 env_extra={"AEP_TOKEN": TOKEN})
+        n.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    return run, proj
+
+
+async def test_a_held_pretooluse_nobody_answers_times_out_to_the_vendors_flow(claude_bin,
+                                                                            tmp_path):
+    """The hold (3 s here; the installer wrote the vendor's timeout as 13 s)
+    ends in ``attention.timeout`` and no decision: print mode's own flow
+    refuses the unapproved tool."""
+    d = hook_daemon(tmp_path, AEP_CLAUDE_CODE_GATE_TOOLS="Bash", AEP_CLAUDE_CODE_HOLD_S="3")
+    stream = d.subscribe()
+    try:
+        run, proj = await plain_turn(claude_bin, tmp_path, d)
+        assert not (proj / MARKER).exists()
+        ask = await stream.wait_for(first(stream, "attention.requested"), timeout=30)
+        await stream.wait_for(first(stream, "attention.timeout", session=ask["session"]),
+                              timeout=30)
+        assert not [e for e in stream.of(ask["session"]) if e["type"] == "attention.answered"]
+        validated(stream.of(ask["session"]))
+    finally:
+        stream.close()
+        d.stop()
+
+
+async def test_the_gate_off_gives_zero_decisions(claude_bin, tmp_path):
+    """Control off (the default): nothing is held, no decision is given
+    (every reply ``{}``): print mode refuses the tool by its own rule."""
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_CLAUDE_CODE": "1",
+                                           "AEP_BRIDGE_OTLP_IN": "0"}, token=TOKEN)
+    d.start()
+    stream = d.subscribe()
+    try:
+        run, proj = await plain_turn(claude_bin, tmp_path, d)
+        assert not (proj / MARKER).exists()
+        s = await stream.wait_for(lambda c: next((e["session"] for e in c.events
+                                                  if e["type"] == "run.finished"), None),
+                                  timeout=60, what="run.finished")
+        types = [e["type"] for e in validated(stream.of(s))]
+        assert "tool.requested" in types
+        assert not {"attention.requested", "attention.answered", "control.accepted"} & set(types)
+        assert d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]["hooks_held"] == 0
     finally:
         stream.close()
         d.stop()

@@ -37,7 +37,7 @@ def apply(p) -> None:
 def test_a_new_file_gets_every_event(tmp_path):
     p = plan(tmp_path / "settings.json")
     doc = json.loads(p.after)
-    assert set(doc["hooks"]) == set(claude.EVENTS) and len(claude.EVENTS) == 30
+    assert set(doc["hooks"]) == set(claude.EVENTS) and len(claude.EVENTS) == 28
     for event, groups in doc["hooks"].items():
         (group,) = groups
         (hook,) = group["hooks"]
@@ -154,7 +154,7 @@ def test_the_cli_user_and_project_scopes_dry_run_and_status(tmp_path, monkeypatc
     assert main(["hooks", "status", "claude-code"]) == 0
     out = capsys.readouterr().out
     assert f"(user) {home}/.claude/settings.json: not installed" in out
-    assert f"(project) {project}/.claude/settings.json: 30 events: 2 command, 28 http" in out
+    assert f"(project) {project}/.claude/settings.json: 28 events: 2 command, 26 http" in out
 
 
 def test_a_symlinked_settings_file_stays_a_link_and_keeps_its_mode(tmp_path, monkeypatch):
@@ -180,3 +180,41 @@ def test_is_ours_recognizes_only_ours():
     assert not claude.is_ours({"type": "command", "command": "aep-bridges hook codex"})
     assert not claude.is_ours({"type": "http", "url": "http://h:1/hooks/claude-code-x"})
     assert not claude.is_ours(THEIRS)
+
+
+def test_worktree_hooks_are_never_installed_and_a_reinstall_removes_ours(tmp_path):
+    # a WorktreeCreate hook replaces Claude Code's own worktree creation and
+    # must answer a worktreePath: our {} would make every EnterWorktree fail
+    doc = json.loads(plan(tmp_path / "a.json").after)
+    assert not {"WorktreeCreate", "WorktreeRemove"} & set(doc["hooks"])
+    old = tmp_path / "old.json"
+    mine = {"type": "command", "command": "./make-worktree.sh"}
+    old.write_text(json.dumps({"hooks": {
+        "WorktreeCreate": [{"hooks": [{"type": "http", "url": URL, "timeout": 10}, mine]}],
+        "WorktreeRemove": [{"hooks": [{"type": "http", "url": URL, "timeout": 10}]}]}}))
+    doc = json.loads(plan(old).after)
+    assert doc["hooks"]["WorktreeCreate"] == [{"hooks": [mine]}]
+    assert doc["hooks"]["WorktreeRemove"] == []
+
+
+def test_the_command_hooks_carry_the_daemons_spool_dir(tmp_path, monkeypatch):
+    # a daemon run as a service with its own AEP_STATE_DIR ingests
+    # <state>/hooks-spool; the agent's environment does not have it, so the
+    # installer writes the directory into the command line
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("AEP_STATE_DIR", str(tmp_path / "svc"))
+    assert main(["hooks", "install", "claude-code"]) == 0
+    doc = json.loads((home / ".claude" / "settings.json").read_text())
+    argv = shlex.split(doc["hooks"]["SessionStart"][0]["hooks"][0]["command"])
+    assert argv[-3:] == ["claude-code", "--spool", str(tmp_path / "svc" / "hooks-spool")]
+    monkeypatch.delenv("AEP_STATE_DIR")
+    assert main(["hooks", "install", "claude-code", "--transport", "command"]) == 0
+    doc = json.loads((home / ".claude" / "settings.json").read_text())
+    argv = shlex.split(doc["hooks"]["PreToolUse"][0]["hooks"][0]["command"])
+    assert argv[-2:] == ["--spool", str(home / ".local/state/aep-bridges/hooks-spool")]
+    assert main(["hooks", "install", "claude-code", "--spool", str(tmp_path / "x")]) == 0
+    doc = json.loads((home / ".claude" / "settings.json").read_text())
+    assert shlex.split(doc["hooks"]["Setup"][0]["hooks"][0]["command"])[-1] == str(tmp_path / "x")

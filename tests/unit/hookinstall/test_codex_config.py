@@ -152,3 +152,30 @@ def test_codex_refuses_the_http_transport(tmp_path, monkeypatch):
     monkeypatch.setenv("CODEX_HOME", str(tmp_path / ".codex"))
     assert main(["hooks", "install", "codex", "--transport", "http"]) == 2
     assert not (tmp_path / ".codex").exists()
+
+
+def test_the_installed_shim_spools_where_the_service_daemon_ingests(tmp_path, monkeypatch):
+    """The daemon runs with its own AEP_STATE_DIR (a service); Codex runs the
+    installed command in an environment without it. With the daemon down,
+    the moment lands in the daemon's spool directory, not the agent's."""
+    import json
+    import subprocess
+
+    from tests.support.net import free_port
+
+    home, svc = tmp_path / "home", tmp_path / "svc"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("CODEX_HOME", str(home / ".codex"))
+    monkeypatch.setenv("AEP_STATE_DIR", str(svc))
+    monkeypatch.setenv("AEP_LISTEN", f"127.0.0.1:{free_port()}")  # nobody listens
+    assert main(["hooks", "install", "codex"]) == 0
+    cmd = tomllib.loads((home / ".codex" / "config.toml").read_text())[
+        "hooks"]["Stop"][0]["hooks"][0]["command"]
+    agent_env = {"PATH": "/usr/bin:/bin", "HOME": str(home)}  # no AEP_STATE_DIR
+    done = subprocess.run(["sh", "-c", cmd], input='{"hook_event_name": "Stop"}', env=agent_env,
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout == ""
+    (line,) = (svc / "hooks-spool" / "codex.jsonl").read_text().splitlines()
+    assert json.loads(line)["payload"] == {"hook_event_name": "Stop"}
+    assert not (home / ".local").exists()

@@ -251,15 +251,15 @@ async def test_a_new_vendor_is_a_small_profile():
     neutral reply is not ``{}`` (Antigravity) is a profile and a mapper,
     nothing else."""
     from bridges.core.posture import Posture
-    from bridges.hooks_common.mapping import fallback
+    from bridges.hooks_common.handlers import CORE, dispatch
     from bridges.hooks_common.profile import HookProfile
 
+    # the family's handlers under the vendor's own event names, one of its own
+    table = {"PreToolUse": CORE["PreToolUse"], "BeforeAgent": CORE["UserPromptSubmit"],
+             "Bye": lambda mo, p: [{"type": "agent.idle", "data": {"reason": "bye"}}]}
+
     def mapper(mo, posture: Posture):
-        ev = mo["event"]["type"]
-        if ev == "PreToolUse":
-            return [{"type": "tool.requested", "data": {"tool": {"name": mo.get("tool") or "x"}},
-                     "subject": mo.get("tool") or "x"}]
-        return [fallback(posture, ev)]
+        return dispatch(table, mo, posture, event=mo["event"]["type"])
 
     toy = HookProfile(key="toy_hooks", agent="toy", env="TOY_HOOKS", title="a toy", pins="",
                       map_hook=mapper, event_field="event.type", session_field="conversationId",
@@ -268,11 +268,12 @@ async def test_a_new_vendor_is_a_small_profile():
     rig = Rig(toy, HookConfig())
     async with trio.open_nursery() as n:
         await rig.start(n)
-        pre = {"event": {"type": "PreToolUse"}, "conversationId": "c", "tool": "run"}
+        pre = {"event": {"type": "PreToolUse"}, "conversationId": "c", "tool_name": "run"}
         assert (await rig.post(pre))[2] == {"decision": ""}
         assert (await rig.post({"event": {"type": "Other"}, "conversationId": "c"}))[2] == {}
+        await rig.post({"event": {"type": "Bye"}, "conversationId": "c"})
         n.cancel_scope.cancel()
-    assert rig.types() == ["tool.requested", "x.toy.session.other"]
+    assert rig.types() == ["tool.requested", "x.toy.session.other", "agent.idle"]
     assert rig.mounts.apps == {}  # unmounted when the run ended
 
 

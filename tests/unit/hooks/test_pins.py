@@ -93,3 +93,21 @@ def test_claude_code_maps_the_codex_shared_hooks_like_the_codex_pins():
         if exp["type"] == "session.started":
             exp["data"]["client"] = {"name": "claude-code"}
         assert got == [exp], name
+
+
+@pytest.mark.parametrize("spelling", ["requestedSchema", "requested_schema"])
+def test_the_elicitation_pin_in_both_spellings_with_the_real_extras(spelling):
+    """The pin names the schema ``requestedSchema`` (the MCP wire name);
+    Claude Code 2.1.197 sends ``requested_schema`` and adds
+    ``mcp_server_name`` and ``mode: "form"``
+    (``tests/fixtures/claude_code_real/print-elicitation``): both map to the
+    pin's form, the server as the subject."""
+    pin = fixture("mappings/claude-code.json")["elicitation"]
+    moment = {"hook_event_name": "Elicitation", "session_id": "s", "mode": "form",
+              "mcp_server_name": "deploy", "message": pin["input"]["message"],
+              spelling: pin["input"]["requestedSchema"]}
+    policy = capture.CapturePolicy()
+    (out,) = claude_map(moment, Posture(agent="claude-code", mode="primary", policy=policy,
+                                        answerable=True))
+    assert out.get("subject") == "deploy"
+    assert gated(out, policy, "claude-code")["data"] == pin["expected_data"]
