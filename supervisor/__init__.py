@@ -1,8 +1,9 @@
 """The daemon around the bridges. At the top, the modules that compose
 everything: :mod:`.cli` (the ``aep-bridges`` entry point and its
 subcommands), :mod:`.daemon` (start-up, the listeners, shutdown),
-:mod:`.fleet` (each bridge's life, the relay channel's one consumer, the
-command hand-off), :mod:`.config` (every setting), :mod:`.knobs` (the
+:mod:`.fleet` (each bridge's life) with its two bases :mod:`.pump` (the
+relay channel's one consumer) and :mod:`.handoff` (the command hand-off),
+:mod:`.config` (every setting), :mod:`.knobs` (the
 README's tables from the settings metadata) and :mod:`.posture` (exposure
 warnings). Below them, one sub-package per job, each with a curated
 ``__init__``: :mod:`.sessionlog` (the JSONL session log), :mod:`.delivery`
