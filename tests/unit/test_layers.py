@@ -266,7 +266,7 @@ MAX_LINES = 600
 #: parallel when the rest was split; split after that work lands). Remove each
 #: as it is split: the test fails on a stale one.
 PHASE_2_GIANTS = {"supervisor/jetstream/relay.py", "supervisor/relay/core.py",
-                  "supervisor/relay/buffer.py", "bridges/acp/tee.py"}
+                  "supervisor/relay/buffer.py"}
 
 
 def test_the_circle_finder_finds_circles():
