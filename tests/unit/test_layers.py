@@ -341,7 +341,9 @@ PUBLIC: dict[str, set[str]] = {
                                      "SessionState", "Sessions", "same_call", "tool_key"},
     "bridges.hooks_common.spool": {"Foreign", "INTERVAL_S", "claim", "ingest", "parse_line",
                                    "pending", "serve", "sweep"},
-    "bridges.claude_code": {"PROFILE", "from_env"},
+    "bridges.claude_code": {"PROFILE", "from_env", "mapping"},
+    "bridges.hooks_common": {"answers", "bridge", "config", "control", "endpoint", "forms", "hub",
+                             "mapping", "profile", "session", "shim", "spool"},
     "bridges.claude_code.config": {"SETTINGS", "from_env"},
     "bridges.claude_code.mapping": {"AGENT", "END_REASONS", "FALLBACK_KEEP", "Handler",
                                     "QUESTION_TOOL", "SUPPRESSED_NOTICES", "TABLE", "gate_ask",
@@ -507,7 +509,8 @@ def test_each_package_lists_every_module():
     assert relay == {m for m in PUBLIC if m.startswith("supervisor.relay.")}
     # the packages whose curated __init__ lists its modules (issue 26)
     for package in ("supervisor.sessionlog", "supervisor.delivery", "supervisor.web",
-                    "supervisor.tools", "supervisor.jetstream", "bridges.sse_common"):
+                    "supervisor.tools", "supervisor.jetstream", "bridges.sse_common",
+                    "bridges.hooks_common"):
         folder = ROOT.joinpath(*package.split("."))
         modules = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
         assert modules <= (_curated(package) or set()), f"{package}.__all__ misses a module"
