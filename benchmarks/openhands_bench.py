@@ -52,7 +52,7 @@ from bridges.core.envelope import Stamper  # noqa: E402
 from bridges.core.posture import Posture  # noqa: E402
 from bridges.openhands import from_env  # noqa: E402
 from bridges.openhands.receiver import Conversation, Receiver, Settings  # noqa: E402
-from supervisor.fleet import take_batch  # noqa: E402
+from supervisor.pump import take_batch  # noqa: E402
 from supervisor.sessionlog.jsonlog import encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures" / "openhands_real"
@@ -103,7 +103,7 @@ async def path_rate(convs: list[tuple[str, list[str]]], logdir: Path,
     written = 0
 
     async def sink() -> None:
-        # the fleet's pump (supervisor.fleet.Fleet._pump): whatever is queued,
+        # the fleet's pump (supervisor.pump.Pump._pump): whatever is queued,
         # up to PUMP_BATCH, encoded once and appended with one write per file
         nonlocal written
         async for item in recv:

@@ -62,7 +62,7 @@ from bridges.opencode_sse import PROFILE  # noqa: E402
 from bridges.sse_common.bridge import SseBridge  # noqa: E402
 from bridges.sse_common.config import SseConfig  # noqa: E402
 from bridges.sse_common.receiver import ReceiverSettings  # noqa: E402
-from supervisor.fleet import take_batch  # noqa: E402
+from supervisor.pump import take_batch  # noqa: E402
 from supervisor.sessionlog.jsonlog import encode_line  # noqa: E402
 
 REAL = ROOT / "tests" / "fixtures"
@@ -160,7 +160,7 @@ async def path_run(url: str, logdir: Path) -> tuple[float, int, dict]:
     done = trio.Event()
 
     async def pump():
-        # the fleet's pump (supervisor/fleet.py `_pump`): what is queued as one
+        # the fleet's pump (supervisor/pump.py `_pump`): what is queued as one
         # batch, encoded once, one `write` per session file, then a yield
         async for item in recv:
             if box["events"] == 0:

@@ -15,6 +15,13 @@ bridge hands back its :class:`~bridges.core.bridge.BridgeRun` handle; the
 fleet builds that run's :class:`~bridges.core.ledger.CommandLedger` around
 the handle's controller (none: every command nacked ``unsupported``) and
 serves the bridge's command inbox with it.
+
+Here: each bridge's run and its supervision, the fleet's set-up, shutdown
+and health. The fleet's two bases hold the rest (issue 26):
+:class:`~supervisor.pump.Pump` (the relay channel's one consumer: the
+batches, the session log, the sinks, JetStream) and
+:class:`~supervisor.handoff.HandOff` (a routed command onto its bridge's
+inbox, the ack latency).
 """
 from __future__ import annotations
 
@@ -23,27 +30,26 @@ import os
 import socket
 import time
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from bridges.core.aep import SUPPORTED_VERSIONS, dumps, scrub_surrogates
+from bridges.core.aep import SUPPORTED_VERSIONS
 from bridges.core.backoff import backoff_delay
-from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Envelope, Outbound
+from bridges.core.bridge import Bridge, BridgeContext, BridgeHealth, BridgeRun, Outbound
 from bridges.core.envelope import EpochStore, Stamper
 from bridges.core.errors import root_cause
 from bridges.core.ledger import CommandLedger
 
 from .config import Config
+from .handoff import HandOff, _NotingInbox
+from .pump import REFUSED_RED_S, Member, Pump, Sink, _RelaySink, _UplinkSink
 from .sessionlog.retention import RetainingSessionLog
 from .sessionlog.spares import SPARE_DIR, SpareFiles
 from .web.metrics import Metrics
 
 if TYPE_CHECKING:
-    from .delivery.uplink import Uplink
     from .jetstream.sink import JetStreamSink
-    from .relay.connections import LocalEmitter
     from .relay.core import Relay
 
 log = logging.getLogger("aep.fleet")
@@ -51,21 +57,6 @@ log = logging.getLogger("aep.fleet")
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a run this long resets the backoff
-REFUSED_RED_S = 300.0  # health stays red this long after the relay refused a bridge's event
-ACK_TRACKED = 10_000  # command arrivals remembered for the ack latency
-
-
-class Sink(Protocol):
-    """Where one bridge's envelopes go after the JSONL log."""
-
-    @property
-    def connected(self) -> bool: ...
-
-    #: ``offer(event, raw) -> bool``: hand a first delivery over without
-    #: waiting (``False``: not taken, use :meth:`send`); ``None``: always :meth:`send`
-    offer: Callable[[dict[str, Any], bytes], bool] | None
-
-    async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None: ...
 
 
 def hello_for(bridge: Bridge, host: str) -> dict[str, Any]:
@@ -130,113 +121,7 @@ async def _serve_commands(ctx: BridgeContext, handle: BridgeRun) -> None:
         await ledger.serve(ctx.commands)
 
 
-class _RelaySink:
-    """The embedded relay's in-process emitter connection for one bridge:
-    the trusted path (:meth:`LocalEmitter.ingest_stamped
-    <supervisor.relay.connections.LocalEmitter.ingest_stamped>`): the
-    stamper built the envelope and the fleet encoded it, so the relay takes
-    those bytes as they are instead of validating and encoding again."""
-
-    def __init__(self, conn: LocalEmitter) -> None:
-        self.conn = conn
-        self.connected = True
-        self._stamped = getattr(conn, "ingest_stamped", None)  # a connection may offer none
-        #: the pump's synchronous hand-off (no coroutine per event): the
-        #: trusted path, ``False`` for what it does not take (a command)
-        self.offer: Callable[[dict[str, Any], bytes], bool] | None = self._stamped
-        #: the same for a run of one drain at once: ``offer_run(pairs, start)``
-        #: -> the index of the first pair not taken (``send`` answers it)
-        self.offer_run: Callable[[Sequence[tuple[dict[str, Any], bytes]], int], int] | None = \
-            getattr(conn, "ingest_stamped_run", None)
-
-    async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None:
-        if self._stamped is None or not self._stamped(event, raw):
-            await self.conn.ingest(event)  # a command (routed), or no trusted path
-
-
-class _UplinkSink:
-    offer: Callable[[dict[str, Any], bytes], bool] | None = None  # the uplink's put may wait
-    offer_run: Callable[[Sequence[tuple[dict[str, Any], bytes]], int], int] | None = None
-
-    def __init__(self, uplink: Uplink) -> None:
-        self.uplink = uplink
-
-    @property
-    def connected(self) -> bool:
-        return bool(self.uplink.connected)
-
-    async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None:
-        await self.uplink.put(event, redelivery=redelivery, wire=raw.decode("utf-8"))
-
-
-PUMP_BATCH = 256
-"""Most items the pump takes off the relay channel per drain: one JSONL
-``write`` per session file and one yield to the relay's writers per drain,
-instead of one of each per event; small enough that the relay's
-writers, which run between drains, keep a burst under each consumer's
-soft budget (AEP-0003 §8.4 sheds slow consumers, not healthy ones)."""
-
-
-def take_batch(recv: trio.MemoryReceiveChannel[Any], first: Any, limit: int = PUMP_BATCH) -> list[Any]:
-    """``first`` and whatever else ``recv`` holds right now, at most
-    ``limit`` items in all, without waiting (the pump's one drain)."""
-    batch = [first]
-    while len(batch) < limit:
-        try:
-            batch.append(recv.receive_nowait())
-        except (trio.WouldBlock, trio.EndOfChannel):
-            break
-    return batch
-
-
-class _NotingInbox:
-    """A bridge's control inbox as its uplink sees it: each command's
-    arrival is noted (the ack latency) before it is handed on."""
-
-    def __init__(self, inbox: trio.MemorySendChannel, note: Callable[[dict[str, Any]], None]) -> None:
-        self.inbox = inbox
-        self.note = note
-
-    def send_nowait(self, cmd: dict[str, Any]) -> None:
-        self.note(cmd)
-        self.inbox.send_nowait(cmd)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inbox, name)
-
-
-@dataclass
-class Member:
-    """One bridge in the fleet with everything the supervisor keeps for it."""
-
-    bridge: Bridge
-    ctx: BridgeContext
-    health: BridgeHealth
-    inbox: trio.MemorySendChannel[Envelope]
-    sink: Sink | None = None
-    uplink: Uplink | None = None
-    restarts: int = 0
-    refused_at: float | None = None  # trio time of the relay's last refusal of its event
-    inbox_full_warned: bool = False
-    started: trio.Event = field(default_factory=trio.Event)
-
-
-def _drop_gil() -> None:
-    """Let another thread take the GIL now, if one waits for it. The sender
-    that :meth:`Fleet._deliver_batch` let answer first may answer from a
-    library's thread (grpcio's handler, waiting on
-    :func:`trio.from_thread.run`): it needs the GIL to send, and the event
-    loop, going on to the relay's fan-out, would keep it for a whole switch
-    interval (:data:`supervisor.daemon.GIL_SWITCH_S`). Measured on the
-    OTLP gRPC bench (issue 11): the export's end to the handler's return
-    went from 0.77 ms to 0.20 ms (median), so the relay's work overlaps
-    the exporter's next request instead of delaying this answer.
-    ``time.sleep(0)`` releases the GIL and takes it back: a few
-    microseconds when no thread waits."""
-    time.sleep(0)  # noqa: ASYNC251 -- a zero sleep: the GIL's hand-over, not a wait
-
-
-class Fleet:
+class Fleet(Pump, HandOff):
     """Owns the bridges, the relay channel and the sinks.
 
     ``relay`` is the embedded :class:`supervisor.relay.core.Relay` (``None``
@@ -334,37 +219,6 @@ class Fleet:
         m.sink = sink
         m.health.relay = sink.connected
 
-    def _inbox_deliver(self, m: Member) -> Callable[[Envelope], Awaitable[None]]:
-        """Hand a routed command to the bridge without ever blocking the
-        relay: a full inbox drops it and counts (the sender's retry with the
-        same id recovers it, AEP-0004 §2.3). Its arrival time is noted for
-        the ack latency (:meth:`_observe_ack`)."""
-        async def deliver(cmd: dict[str, Any]) -> None:
-            self._hand(m, cmd)
-        return deliver
-
-    def _hand(self, m: Member, cmd: dict[str, Any]) -> bool:
-        """The one command hand-off (the embedded relay's routing and the
-        JetStream command listener): note the arrival, put it on the
-        bridge's inbox; ``False`` when full (dropped, counted, warned once
-        per full spell)."""
-        self._note_arrival(cmd)
-        try:
-            m.inbox.send_nowait(cmd)
-            m.inbox_full_warned = False
-            return True
-        except trio.WouldBlock:
-            m.health.count("commands_dropped")
-            if not m.inbox_full_warned:  # once per full spell, not once per command
-                m.inbox_full_warned = True
-                log.warning("bridge %s control inbox full; commands dropped until it drains "
-                            "(counted in commands_dropped)", m.bridge.name)
-            return False
-
-    def _hand_by_name(self, bridge: str, cmd: dict[str, Any]) -> bool:
-        m = self.members.get(bridge)
-        return m is not None and self._hand(m, cmd)
-
     async def _supervise(self, m: Member) -> None:
         attempt = 0
         while True:
@@ -394,268 +248,6 @@ class Fleet:
                           task_status: trio.TaskStatus[BridgeRun] = trio.TASK_STATUS_IGNORED
                           ) -> None:
         await run_bridge(m.bridge, m.ctx, task_status=task_status)
-
-    async def _pump(self) -> None:
-        """The relay channel's one consumer: JSONL first, then the sink.
-        Moves batches: whatever is queued (up to :data:`PUMP_BATCH`) is
-        encoded, appended to the session logs (one ``write`` per file) and
-        handed to the sinks in order, then the pump yields once: the
-        channel's ``receive`` always does (it parks when nothing is queued,
-        else it is a checkpoint), so the relay's writers get their turn
-        between drains without a checkpoint of its own, which cost an idle
-        pump one more wake-up per event, in the writers' turn (issue 11).
-        Its only other yields: two turns between the log and the sinks when
-        an export waits on the drain's verdicts (:meth:`_deliver_batch`), and
-        a sink's own waits. At shutdown it stays the channel's one consumer
-        until the channel ends (:meth:`drain`)."""
-        recv = self._recv
-        self._pumping = True
-        try:
-            async for item in recv:
-                batch = take_batch(recv, item)
-                self._room.unpark_all()  # the channel has room again
-                await self._deliver_batch(batch)
-        finally:
-            self._pumping = False
-            self._pump_done.set()
-
-    def _encode(self, item: Outbound, *, report: bool = True
-                ) -> tuple[dict[str, Any], bytes] | None:
-        """``(event, wire bytes)`` (:func:`~bridges.core.aep.dumps`, no
-        newline), the event repaired when its text had no UTF-8 form;
-        ``None`` for an event that is not JSON (counted, logged; its
-        bridge told it was not written unless ``report`` is false: the
-        caller tells it, in order)."""
-        ev = item.event
-        try:
-            return ev, dumps(ev)
-        except UnicodeEncodeError:
-            # vendor text with a lone surrogate: no UTF-8 form, so not an AEP
-            # event as it stands; U+FFFD it, once, for the log and the relay
-            ev = scrub_surrogates(ev)
-            self.counters["unencodable_text"] = self.counters.get("unencodable_text", 0) + 1
-            return ev, dumps(ev)
-        except (TypeError, ValueError) as e:  # not JSON at all: a bridge bug, never fatal
-            self.counters["unserializable"] = self.counters.get("unserializable", 0) + 1
-            log.error("bridge %s emitted an unserializable event (%s): dropped",
-                      item.bridge, type(e).__name__)
-            if report and not item.redelivery:
-                self._log_result(item.bridge, False)
-            return None
-
-    async def _deliver(self, item: Outbound) -> None:
-        await self._deliver_batch([item])
-
-    async def _deliver_batch(self, items: list[Outbound]) -> None:
-        """Encode each event once; append the new ones to the session log
-        (one ``write`` per session file) and report each to its bridge
-        (:meth:`~bridges.core.bridge.BridgeContext.log_result`, in order);
-        then hand each, with its encoded bytes, to its bridge's sink, in
-        channel order. The bytes are the wire form without a newline (what
-        the relay, the uplink and JetStream take); the session log's join
-        puts the newlines in (no per-event copy to add or cut one)."""
-        # two parallel lists, no per-event tuple beyond the (event, bytes)
-        # pair: ``pairs`` is what the session log and the relay take as it is
-        outs: list[Outbound] = []
-        pairs: list[tuple[dict[str, Any], bytes]] = []
-        redelivered = False
-        for k, item in enumerate(items):
-            try:  # the common case inline; _encode has the repairs and refusals
-                pairs.append((item.event, dumps(item.event)))
-            except (TypeError, ValueError):
-                got = self._encode(item, report=False)
-                if got is None:
-                    # not JSON: its verdict (unwritten) reaches its bridge in channel
-                    # order, after those before it and before those after it (a
-                    # bridge's logged_since reads the order: an export whose event
-                    # was dropped must not be the one acknowledged)
-                    if k:
-                        await self._deliver_batch(items[:k])
-                    if not item.redelivery:
-                        self._log_result(item.bridge, False)
-                    if k + 1 < len(items):
-                        await self._deliver_batch(items[k + 1:])
-                    return
-                pairs.append(got)
-            outs.append(item)
-            if item.redelivery:
-                redelivered = True
-        if redelivered:  # a re-send is forwarded, never logged twice
-            keep = [k for k, item in enumerate(outs) if not item.redelivery]
-            fresh_outs, fresh = [outs[k] for k in keep], [pairs[k] for k in keep]
-        else:
-            fresh_outs, fresh = outs, pairs
-        if fresh:
-            if self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh)):
-                # a sender waits on these verdicts (an OTLP export's answer):
-                # let it answer before the relay's fan-out, so the exporter's
-                # next request arrives while the relay works (issue 11). Two
-                # turns: trio runs a turn's tasks in random order, so the woken
-                # sender has surely run once the pump is back from the second.
-                # The drain still reaches the sinks next, in order (shielded:
-                # a cancel here must not lose what the log already has).
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                _drop_gil()
-        await self._hand_over(outs, pairs)
-        js = self.jetstream
-        if js is not None:  # the JetStream sink: the same bytes, in channel order
-            i = 0
-            if not self._draining:
-                # its waits for outbox room (NATS down, notice+ piling up) hold
-                # the pump; drain() ends them: from the one it cancels on, the
-                # events are offered without waiting (they are in the log)
-                self._js_wait = scope = trio.CancelScope()
-                with scope:
-                    for i, (item, (ev, raw)) in enumerate(zip(outs, pairs, strict=True)):  # noqa: B007 -- i is read after: where a cancel stopped the loop
-                        await js.put(ev, raw, item.bridge)
-                    i = len(outs)
-                self._js_wait = None
-            for item, (ev, raw) in zip(outs[i:], pairs[i:], strict=True):
-                await js.put(ev, raw, item.bridge, wait=False)
-
-    async def _hand_over(self, outs: list[Outbound],
-                         pairs: list[tuple[dict[str, Any], bytes]]) -> None:
-        """Hand each encoded event (``pairs[i]``, of ``outs[i]``) to its
-        bridge's sink, in channel order: a run of one bridge's first
-        deliveries through the sink's ``offer_run`` (the list itself when
-        the run goes to the end), the rest one by one (:meth:`_to_sink`)."""
-        members = self.members
-        i, n = 0, len(outs)
-        while i < n:
-            item = outs[i]
-            m = members.get(item.bridge)
-            if m is None or m.sink is None:
-                i += 1
-                continue
-            run = None if item.redelivery else getattr(m.sink, "offer_run", None)
-            if run is not None:
-                # the trusted path takes this bridge's next first deliveries in
-                # one call; the pair it stops at (a command, a refusal) and a
-                # run that raises take the one-event path below, in order
-                j = i + 1
-                while j < n and outs[j].bridge == item.bridge and not outs[j].redelivery:
-                    j += 1
-                whole = j == n  # to the end: the list itself, indices as they are
-                try:
-                    i = run(pairs, i) if whole else i + run(pairs[i:j], 0)
-                except Exception as exc:  # noqa: BLE001 -- answered event by event below
-                    taken = getattr(exc, "taken", None)  # RunFault: pairs before it were taken
-                    if taken is not None:  # counted like _to_sink's fault, never handed over again
-                        self.counters["sink_errors"] += 1
-                        cause = exc.__cause__ or exc
-                        log.error("sink for %s failed: %s: %s", item.bridge, type(cause).__name__, cause)
-                        i = taken if whole else i + taken
-                        continue
-                    # raised before taking anything (e.g. the relay closed)
-                if i == j:
-                    continue
-                item = outs[i]
-            ev, raw = pairs[i]
-            await self._to_sink(m, item, ev, raw)
-            i += 1
-
-    async def _to_sink(self, m: Member, item: Outbound, ev: dict[str, Any], raw: bytes) -> None:
-        """Hand one encoded event (``raw``: its wire bytes) to ``m``'s sink;
-        a sink fault is counted and logged, never raised (a refusal of the
-        relay turns health red)."""
-        assert m.sink is not None
-        try:
-            offer = m.sink.offer if not item.redelivery else None
-            if offer is None or not offer(ev, raw):
-                await m.sink.send(ev, item.redelivery, raw)
-        except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
-            self.counters["sink_errors"] += 1
-            if type(e).__name__ == "InvalidEvent":
-                # the relay refused the bridge's own event (a forged position took
-                # its place, issue 10 #8): consumers miss it, so health goes red
-                m.health.count("relay_refused")
-                m.health.detail = f"relay refused an event: {str(e)[:120]}"
-                first = m.refused_at is None or \
-                    trio.current_time() - m.refused_at > REFUSED_RED_S
-                m.refused_at = trio.current_time()
-                if first:
-                    log.error("relay refused an event of %s (%s); health is red (counted "
-                              "in relay_refused)", item.bridge, e)
-                return
-            log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
-
-    def _logged(self, outs: list[Outbound], fresh: list[tuple[dict[str, Any], bytes]],
-                written: list[bool]) -> bool:
-        """Count the first deliveries ``outs`` (their ``(event, bytes)``
-        pairs ``fresh``) the session log was given and report each verdict
-        in ``written`` to its bridge, in order. Returns whether a bridge
-        had a task waiting on its verdicts (``logged_since``), now woken."""
-        self.counters["events"] += len(fresh)
-        families = self._families
-        # per bridge [verdicts, 1-based position of the last failure]: one
-        # log_results call per bridge per drain instead of one per event
-        verdicts: dict[str, list[int]] = {}
-        # per bridge, events per exact type (one dict step an event, no key
-        # tuple), folded into the (bridge, family) counts once per drain
-        types: dict[str, dict[str, int]] = {}
-        bridge: str | None = None
-        tally: list[int] = []
-        seen: dict[str, int] = {}
-        for item, (ev, _), ok in zip(outs, fresh, written, strict=True):
-            if item.bridge != bridge:
-                bridge = item.bridge
-                tally = verdicts.get(bridge) or verdicts.setdefault(bridge, [0, 0])
-                seen = types.get(bridge) or types.setdefault(bridge, {})
-            tally[0] += 1
-            if not ok:
-                self.counters["jsonl_unwritten"] = self.counters.get("jsonl_unwritten", 0) + 1
-                tally[1] = tally[0]
-            type_ = ev.get("type", "")
-            if type_.__class__ is not str:
-                type_ = str(type_)
-            seen[type_] = seen.get(type_, 0) + 1
-            if type_ in ("control.accepted", "control.rejected"):
-                self._observe_ack(bridge, ev)
-        emitted = self.emitted
-        for name, counts in types.items():
-            for type_, n in counts.items():
-                family = families.get(type_)
-                if family is None:
-                    family = type_.split(".", 1)[0]
-                    if len(families) < 4096:  # a bound: types are vendor-chosen
-                        families[type_] = family
-                emitted[(name, family)] += n
-        members = self.members
-        woke = False
-        for name, (n, last_failed) in verdicts.items():
-            m = members.get(name)
-            if m is not None:
-                woke = m.ctx.log_results(n, last_failed) or woke
-        return woke
-
-    def _log_writable(self) -> bool:
-        return self.session_log.writable()
-
-    def _log_result(self, bridge: str, written: bool) -> None:
-        m = self.members.get(bridge)
-        if m is not None:
-            m.ctx.log_result(written)
-
-    def _note_arrival(self, cmd: dict[str, Any]) -> None:
-        """Remember when a command reached the fleet (bounded; a retry with
-        the same id keeps the first arrival)."""
-        if isinstance(cmd.get("id"), str) and cmd["id"] not in self._arrivals:
-            self._arrivals[cmd["id"]] = time.monotonic()
-            while len(self._arrivals) > ACK_TRACKED:
-                self._arrivals.popitem(last=False)
-
-    def _observe_ack(self, bridge: str, ack: dict[str, Any]) -> None:
-        """Count a first-time ack by decision and observe its latency from
-        the command's arrival (:meth:`_note_arrival`)."""
-        if ack["type"] == "control.accepted":
-            key = (bridge, "accepted", "")
-        else:
-            key = (bridge, "rejected", str((ack.get("data") or {}).get("reason") or "unknown"))
-        self.acks[key] += 1
-        arrived = self._arrivals.pop(str(ack.get("cause")), None)
-        if arrived is not None:
-            self.metrics.ack_latency.observe(time.monotonic() - arrived)
 
     # -- shutdown --------------------------------------------------------------
     async def drain(self) -> None:

@@ -18,7 +18,7 @@ from bridges.hooks_common.bridge import HookBridge
 from .config import from_env as config_from_env
 from .profile import PROFILE
 
-__all__ = ["PROFILE", "from_env"]
+__all__ = ["PROFILE", "from_env", "mapping"]  # mapping: Codex's hook mapping reuses it
 
 
 def from_env(environ: Mapping[str, str], *, policy: CapturePolicy) -> HookBridge:

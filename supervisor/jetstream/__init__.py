@@ -14,10 +14,14 @@ the AEP bindings from the stream.
   command subject.
 - :mod:`.relay` and :mod:`.plan`: ``aep-bridges relay`` served from the
   stream (a :class:`~supervisor.relay.Relay` subclass; subject filters and
-  ``from`` positions).
+  ``from`` positions), with its three bases: :mod:`.subscribe` (each
+  subscription's pull consumer, replay then live), :mod:`.ingest` (events
+  published and acknowledged) and :mod:`.routing` (the ``/socket``
+  emitters' claims, the roster, commands routed by the claims bucket).
 
 Nothing here is imported unless ``AEP_NATS_URL`` is set: the embedded relay
 stays the single-host default.
 """
 
-__all__ = ["config", "link", "plan", "presence", "publish", "recover", "relay", "sink", "subjects"]
+__all__ = ["config", "ingest", "link", "plan", "presence", "publish", "recover", "relay", "routing",
+           "sink", "subjects", "subscribe"]

@@ -17,6 +17,8 @@ from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence, TypeVar
 
 import nats
+import nats.errors
+import nats.js.errors
 import trio
 import trio_asyncio
 from nats.aio.client import Client as NatsClient
@@ -35,6 +37,10 @@ PROBE_TIMEOUT_S = 3.0
 RECONNECT_WAIT_S = 0.5
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 15.0
+
+#: what a NATS call may raise (the JetStream relay's parts catch these)
+_NATS_ERRORS: tuple[type[BaseException], ...] = (nats.errors.Error, nats.js.errors.Error,
+                                                 TimeoutError, OSError)
 
 
 def aio(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:

@@ -126,7 +126,7 @@ def _ack_of(msg: Any) -> dict[str, Any]:
 class AckInbox:
     """JetStream publishes whose PubAcks come back on one wildcard inbox
     subscription (``<inbox>.<n>``, matched by the reply subject), the
-    relay's technique (:class:`~supervisor.jetstream.relay._Acks`) on the
+    relay's technique (:class:`~supervisor.jetstream.ingest._Acks`) on the
     asyncio side: a publish is one ``nc.publish`` and one future, with no
     request future, per-publish timer or PubAck object of nats-py's
     ``js.publish`` (measured: ~90 us of CPU per event under trio-asyncio

@@ -33,6 +33,13 @@ Public API (what the daemon uses):
   per-connection abort handle, so a consumer that stopped reading can
   always be shed, §8.4, and shutdown stays bounded; a fault barrier; HTTP/1.1
   only), then the relay's orderly close.
+- For a subclass that swaps the store (the JetStream relay,
+  :mod:`supervisor.jetstream.relay`): the connection family
+  (:class:`Connection`, :class:`SocketConnection`, the :class:`TooLarge` and
+  :class:`Unavailable` refusals), the buffered :class:`Entry` and its
+  :data:`Position`, :func:`trusted_entry`, the outlet's :class:`Outlet`,
+  :class:`Subscriber`, :data:`OPEN` and :func:`frame_text`, and
+  :func:`exhausted_marker`.
 
 Modules, one concern each (the layering: this package uses
 :mod:`bridges.core` and nothing else of ``supervisor``):
@@ -51,10 +58,23 @@ Modules, one concern each (the layering: this package uses
 - transport: :mod:`.app` (HTTP routing, browsers, POST), :mod:`.streams`
   (the SSE and WebSocket pumps), :mod:`.serve`.
 """
-from .connections import CommandRefused, LocalEmitter, RelayClosed
+from .buffer import Entry, Position
+from .connections import (
+    CommandRefused,
+    Connection,
+    LocalEmitter,
+    RelayClosed,
+    SocketConnection,
+    TooLarge,
+    Unavailable,
+)
 from .core import Relay
-from .envelope import InvalidEvent
+from .envelope import InvalidEvent, trusted_entry
+from .outlet import OPEN, Outlet, Subscriber, frame_text
 from .params import normalize_origin
+from .replay import exhausted_marker
 
-__all__ = ["Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent",
-           "normalize_origin"]
+__all__ = ["Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent", "normalize_origin",
+           # for a subclass of the relay (supervisor.jetstream.relay)
+           "Connection", "SocketConnection", "TooLarge", "Unavailable", "Entry", "Position",
+           "trusted_entry", "OPEN", "Outlet", "Subscriber", "frame_text", "exhausted_marker"]

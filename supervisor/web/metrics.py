@@ -80,7 +80,7 @@ _OTLP_REFUSALS = ("otlp.bad_gzip", "otlp.too_large", "otlp.unsupported_media_typ
 
 class WatchedMember(Protocol):
     """What the collector reads of one bridge of the fleet
-    (:class:`supervisor.fleet.Member`)."""
+    (:class:`supervisor.pump.Member`)."""
 
     @property
     def health(self) -> BridgeHealth: ...

@@ -1,4 +1,4 @@
-"""The pure parts of the JetStream relay (supervisor.jetstream.relay): the
+"""The pure parts of the JetStream relay (supervisor.jetstream.routing): the
 roster from the claims bucket (the shapes of supervisor.jetstream.subjects),
 a claim's declared verbs, a daemon's reply to a routed command."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from supervisor.jetstream import relay as R
+from supervisor.jetstream import routing as R
 from supervisor.jetstream import subjects as S
 
 HELLO = {"identity": {"agent": "opencode", "instance": "box1/opencode"},

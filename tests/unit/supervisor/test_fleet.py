@@ -283,7 +283,7 @@ async def test_other_tasks_run_between_two_drains_of_the_pump(tmp_path):
     of a full channel: it sees the deliveries arrive a batch or two at a
     time (trio runs the two tasks in either order in a turn), never all at
     once after the last."""
-    from supervisor.fleet import PUMP_BATCH
+    from supervisor.pump import PUMP_BATCH
 
     relay = RecordingRelay()
     fleet = Fleet(Config(state_dir=tmp_path, channel_size=6 * PUMP_BATCH), [Steady()],
@@ -343,7 +343,7 @@ async def test_the_pump_drops_the_gil_for_a_waiting_sender_before_the_relay_fans
     run, drops the GIL once (``_drop_gil``) before the relay's hand-over: a
     sender answering from grpcio's thread takes it then, not a switch
     interval later (issue 11). A drain nobody waits on does not."""
-    import supervisor.fleet as fleet_mod
+    import supervisor.pump as fleet_mod
 
     relay = RecordingRelay()
     fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=relay, host="h")

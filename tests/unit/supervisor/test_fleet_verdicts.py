@@ -85,7 +85,7 @@ async def _noop_deliver(cmd):
 async def _deliver_with_a_bad_pair(tmp_path, bad: int, n: int):
     import re
 
-    from supervisor.fleet import _RelaySink
+    from supervisor.pump import _RelaySink
     from supervisor.relay.attrmatch import Filter
     from supervisor.relay.core import Relay
     fleet = Fleet(Config(state_dir=tmp_path), [Quiet("codex")], host="h")
