@@ -361,7 +361,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.hooks_common.spool": {"Foreign", "INTERVAL_S", "claim", "ingest", "parse_line",
                                    "pending", "serve", "sweep"},
     "bridges.claude_code": {"PROFILE", "from_env", "mapping"},
-    "bridges.hooks_common": {"answers", "bridge", "config", "control", "endpoint", "forms", "hub",
+    "bridges.hooks_common": {"answers", "bridge", "config", "control", "endpoint", "forms", "handlers", "hub",
                              "mapping", "profile", "session", "shim", "spool"},
     "bridges.claude_code.config": {"SETTINGS", "from_env"},
     "bridges.claude_code.mapping": {"AGENT", "END_REASONS", "FALLBACK_KEEP", "Handler",
