@@ -260,7 +260,7 @@ def spool_line(hook_id: str, agent: str, raw: bytes, now_ms: int) -> bytes:
         payload = json.loads(raw)
         if not isinstance(payload, dict):
             raise ValueError("not an object")
-    except ValueError:
+    except (ValueError, RecursionError):  # too deep to decode: kept as text, not lost
         payload = raw.decode("utf-8", "replace")
     return (json.dumps({"id": hook_id, "agent": agent, "spooled_at_ms": now_ms,
                         "payload": payload}, separators=(",", ":")) + "\n").encode("ascii")

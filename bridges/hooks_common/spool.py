@@ -81,10 +81,11 @@ def pending(spool: Path, agent: str) -> list[Path]:
 def parse_line(line: bytes, agent: str) -> tuple[str | None, dict[str, Any]] | None:
     """One spool line -> ``(hook id, moment)``, or ``None`` when malformed
     (not JSON, not the contract's shape, another agent's, a payload that is
-    not a JSON object: raw text the vendor sent cannot be mapped)."""
+    not a JSON object: raw text the vendor sent cannot be mapped; nesting
+    too deep to decode)."""
     try:
         rec = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # nesting: one bad line, never a bridge crash
         return None
     if not isinstance(rec, dict) or rec.get("agent") not in (None, agent):
         return None
@@ -92,7 +93,7 @@ def parse_line(line: bytes, agent: str) -> tuple[str | None, dict[str, Any]] | N
     if isinstance(payload, str):
         try:
             payload = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(payload, dict):
         return None
