@@ -14,7 +14,6 @@ import os
 import time
 
 import httpx
-import pytest
 
 from tests.support.daemon import DaemonProcess
 
@@ -28,7 +27,6 @@ def _release(fifo: str) -> None:
         os.close(fd)
 
 
-@pytest.mark.xfail(strict=True, reason="a FIFO in the hook spool blocks the event loop in open(2)")
 def test_a_fifo_in_the_spool_does_not_freeze_the_daemon(tmp_path):
     state = tmp_path / "state"
     spool = state / "hooks-spool"
