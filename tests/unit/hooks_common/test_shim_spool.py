@@ -121,7 +121,6 @@ def test_hook_dispatch_skips_trio_and_argparse(tmp_path):
     assert out.stdout.decode().split("\n")[0] == "0 []", out.stderr.decode()
 
 
-@pytest.mark.xfail(strict=True, reason="the shim follows a planted symlink / blocks on a FIFO")
 def test_spool_write_neither_follows_a_symlink_nor_blocks_on_a_fifo(tmp_path):
     """A spool directory shared with another user (README: the agent's
     ``AEP_STATE_DIR`` or ``--spool``): a planted ``<agent>.jsonl`` symlink
