@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 
-import pytest
 import trio
 
 from bridges.claude_code.profile import PROFILE as CLAUDE
@@ -126,7 +125,6 @@ def test_a_spool_file_of_another_user_is_left_alone(tmp_path, monkeypatch):
     assert (tmp_path / "claude-code.jsonl").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="hook ids of any length are remembered (8192 x ~16 KB)")
 async def test_an_overlong_hook_id_is_not_remembered(tmp_path):
     """Issue 25 re-attack: the dedupe set keeps 8,192 hook ids, each as long
     as a request header may be (~16 KB): +106 MB RSS measured from one token
