@@ -98,11 +98,16 @@ def media_type(value: str | None) -> str:
 
 def forward_headers(raw: list[tuple[bytes, bytes]], *, drop_host: bool) -> list[tuple[bytes, bytes]]:
     """``raw`` minus hop-by-hop headers (and those ``Connection`` names) and,
-    with ``drop_host``, ``Host``. Order, case and duplicates are kept."""
+    with ``drop_host``, ``Host``; ``Content-Length`` too when a
+    ``Transfer-Encoding`` frames the body (RFC 9112 §6.3: the body we stream
+    is the decoded one, so a length beside it would lie). Order, case and
+    duplicates are kept."""
     named = set(HOP_BY_HOP)
     for k, v in raw:
         if k.lower() == b"connection":
             named.update(t.strip().lower() for t in v.decode("latin-1").split(",") if t.strip())
+        elif k.lower() == b"transfer-encoding":
+            named.add("content-length")
     if drop_host:
         named.add("host")
     return [(k, v) for k, v in raw if k.decode("latin-1").lower() not in named]

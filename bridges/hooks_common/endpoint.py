@@ -50,7 +50,7 @@ class HookEndpoint:
             return
         try:
             moment = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # absurd nesting is a bad body, not a 500
             moment = None
         if not isinstance(moment, dict):
             self.hub.ctx.health.count("hooks_bad_body")

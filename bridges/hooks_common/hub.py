@@ -36,7 +36,8 @@ from .mapping import fallback
 from .profile import HookProfile, Moment
 from .session import Ask, Instruction, Sessions, SessionState, tool_key
 
-__all__ = ["COUNTERS", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX", "TIMEOUT_MARGIN_S"]
+__all__ = ["COUNTERS", "HOOK_ID_MAX", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX",
+           "TIMEOUT_MARGIN_S"]
 
 TIMEOUT_MARGIN_S = 5.0
 """A hold ends at least this long before the vendor's own hook timeout."""
@@ -44,6 +45,9 @@ REQUESTED_MAX = 64
 """Tool calls of a run remembered for linking a ``PermissionRequest``."""
 SEEN_MAX = 8192
 """Hook ids remembered for dedupe (contract §1)."""
+HOOK_ID_MAX = 128
+"""Longest hook id deduped on (the shim's are 32 hex): a longer one is not
+remembered (``SEEN_MAX`` of them, each up to a header's size, cost ~128 MB)."""
 COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held",
             "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
             "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
@@ -93,7 +97,7 @@ class HookHub:
 
     def _dedupe(self, hook_id: str | None) -> bool:
         """True when ``hook_id`` was seen already (the moment is a repeat)."""
-        if not hook_id:
+        if not hook_id or len(hook_id) > HOOK_ID_MAX:
             return False
         if hook_id in self.seen:
             return True

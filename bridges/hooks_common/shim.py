@@ -260,7 +260,7 @@ def spool_line(hook_id: str, agent: str, raw: bytes, now_ms: int) -> bytes:
         payload = json.loads(raw)
         if not isinstance(payload, dict):
             raise ValueError("not an object")
-    except ValueError:
+    except (ValueError, RecursionError):  # too deep to decode: kept as text, not lost
         payload = raw.decode("utf-8", "replace")
     return (json.dumps({"id": hook_id, "agent": agent, "spooled_at_ms": now_ms,
                         "payload": payload}, separators=(",", ":")) + "\n").encode("ascii")
@@ -270,14 +270,22 @@ def spool_write(spool_dir: str, agent: str, line: bytes, attempts: int = 8) -> s
     """Append ``line`` to ``<spool_dir>/<agent>.jsonl`` under ``flock`` and
     return the path. The file may be renamed away for ingestion between our
     ``open`` and our lock: the inode check sees it and we reopen, so the line
-    lands in the file the ingester has not taken. Raises ``OSError``."""
+    lands in the file the ingester has not taken. A symlink or anything but
+    a regular file there is refused, never followed or waited on. Raises
+    ``OSError``."""
     import fcntl
     import os
+    import stat
     os.makedirs(spool_dir, mode=0o700, exist_ok=True)
     path = os.path.join(spool_dir, f"{agent}.jsonl")
     for _ in range(attempts):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # no symlink (a shared spool dir: it would append anywhere we may write),
+        # no FIFO wait (O_NONBLOCK; ENXIO without a reader), a regular file only
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                     | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"{path}: not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 st = os.stat(path)

@@ -8,8 +8,11 @@ inode sees its ``st_ino`` differ from the path's and reopens), read every
 line, feed each through the live path as spooled (never held), delete.
 Leftover ``.ingesting-*`` files (a crash mid-ingest) are ingested first;
 dedupe by hook id covers a repeat. A malformed line is counted
-(``hooks_spool_malformed``) and skipped; a file another user owns, or a
-symlink, is never read (``hooks_spool_foreign``).
+(``hooks_spool_malformed``) and skipped, a line over :data:`LINE_MAX` too
+(read line by line: a huge file costs one line of memory); a file another
+user owns, a symlink, or anything but a regular file (a FIFO would block
+``open(2)`` on the event loop: every file is opened ``O_NONBLOCK``) is
+never read (``hooks_spool_foreign``).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +30,35 @@ from bridges.core.envelope import Ulids
 
 from .hub import HookHub
 
-__all__ = ["INTERVAL_S", "Foreign", "claim", "ingest", "parse_line", "pending", "serve", "sweep"]
+__all__ = ["INTERVAL_S", "LINE_MAX", "Foreign", "claim", "ingest", "parse_line", "pending",
+           "serve", "sweep"]
 
 INTERVAL_S = 3.0
+LINE_MAX = 32 << 20
+"""Longest spool line read (bytes): a 4 MiB hook body, escaped to ASCII, fits."""
 
 
 class Foreign(Exception):
-    """A spool file this user does not own: never read (anyone who can write
-    it could feed the daemon moments)."""
+    """A spool file this user does not own, or not a regular file: never
+    read (anyone who can write it could feed the daemon moments; a FIFO
+    would block the reader)."""
+
+
+def _open_own(path: Path) -> int:
+    """``path`` opened for reading without following a symlink or blocking
+    on a FIFO; raises :class:`Foreign` unless it is a regular file this
+    user owns, ``FileNotFoundError`` / ``OSError`` as ``os.open``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink: whoever made it chose what we would read
+            raise Foreign(str(path)) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise Foreign(str(path))
+    return fd
 
 
 def claim(spool: Path, agent: str, ids: Ulids | None = None) -> Path | None:
@@ -43,16 +68,10 @@ def claim(spool: Path, agent: str, ids: Ulids | None = None) -> Path | None:
     spool directory."""
     path = spool / f"{agent}.jsonl"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = _open_own(path)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:  # a symlink: whoever made it chose what we would read
-            raise Foreign(str(path)) from None
-        raise
     try:
-        if os.fstat(fd).st_uid != os.geteuid():
-            raise Foreign(str(path))
         fcntl.flock(fd, fcntl.LOCK_EX)
         if os.fstat(fd).st_size == 0:
             return None
@@ -69,11 +88,10 @@ def claim(spool: Path, agent: str, ids: Ulids | None = None) -> Path | None:
 
 
 def pending(spool: Path, agent: str) -> list[Path]:
-    """Leftover ``.ingesting-*`` files this user owns, oldest first (their
-    names sort by time)."""
+    """Leftover ``.ingesting-*`` names, oldest first (their names sort by
+    time); :func:`ingest` reads only the regular files this user owns."""
     try:
-        return sorted(p for p in spool.glob(f"{agent}.jsonl.ingesting-*")
-                      if not p.is_symlink() and p.stat().st_uid == os.geteuid())
+        return sorted(spool.glob(f"{agent}.jsonl.ingesting-*"))
     except OSError:
         return []
 
@@ -81,10 +99,11 @@ def pending(spool: Path, agent: str) -> list[Path]:
 def parse_line(line: bytes, agent: str) -> tuple[str | None, dict[str, Any]] | None:
     """One spool line -> ``(hook id, moment)``, or ``None`` when malformed
     (not JSON, not the contract's shape, another agent's, a payload that is
-    not a JSON object: raw text the vendor sent cannot be mapped)."""
+    not a JSON object: raw text the vendor sent cannot be mapped; nesting
+    too deep to decode)."""
     try:
         rec = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # nesting: one bad line, never a bridge crash
         return None
     if not isinstance(rec, dict) or rec.get("agent") not in (None, agent):
         return None
@@ -92,7 +111,7 @@ def parse_line(line: bytes, agent: str) -> tuple[str | None, dict[str, Any]] | N
     if isinstance(payload, str):
         try:
             payload = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
     if not isinstance(payload, dict):
         return None
@@ -105,21 +124,32 @@ async def ingest(hub: HookHub, path: Path) -> int:
     spooled, then delete it. Returns the moments fed."""
     health = hub.ctx.health
     try:
-        data = path.read_bytes()  # noqa: ASYNC240 -- a small local file; a thread hop costs more
+        fd = _open_own(path)  # re-checked: a name can be replaced after pending() or claim()
+    except Foreign:
+        health.count("hooks_spool_foreign")
+        hub.ctx.log.warning("%s: not reading %s: not a regular file of this user",
+                            hub.profile.key, path)
+        return 0
     except OSError as e:
         hub.ctx.log.warning("%s: cannot read spool %s: %s", hub.profile.key, path, e)
         return 0
     fed = 0
-    for line in data.splitlines():
-        if not line.strip():
-            continue
-        rec = parse_line(line, hub.profile.agent)
-        if rec is None:
-            health.count("hooks_spool_malformed")
-            continue
-        await hub.handle(rec[1], hook_id=rec[0], spooled=True)
-        health.count("hooks_spooled_ingested")  # once its events are out and logged
-        fed += 1
+    with os.fdopen(fd, "rb") as f:
+        while line := f.readline(LINE_MAX + 1):  # a small local file; a thread hop costs more
+            if len(line) > LINE_MAX and not line.endswith(b"\n"):
+                health.count("hooks_spool_malformed")
+                while (rest := f.readline(LINE_MAX)) and not rest.endswith(b"\n"):
+                    pass  # skip the rest of the overlong line
+                continue
+            if not line.strip():
+                continue
+            rec = parse_line(line, hub.profile.agent)
+            if rec is None:
+                health.count("hooks_spool_malformed")
+                continue
+            await hub.handle(rec[1], hook_id=rec[0], spooled=True)
+            health.count("hooks_spooled_ingested")  # once its events are out and logged
+            fed += 1
     try:
         path.unlink()  # noqa: ASYNC240 -- one local unlink
     except OSError:

@@ -18,16 +18,27 @@ Guards in front of every mounted app, before it sees the request:
 A refused WebSocket upgrade gets a real HTTP status (hypercorn's ASGI
 websocket denial extension). A path nobody mounts falls through to the
 wrapped app (the relay answers 404), so a bridge restarting looks like a
-missing path for the moment its backoff lasts."""
+missing path for the moment its backoff lasts.
+
+A fault barrier like the relay app's: an exception out of a refusal or a
+mounted app (h11 refusing our answer on a connection a hostile client broke
+on purpose, e.g. an upgrade with bytes pipelined behind it, hypercorn#225)
+is counted in ``refused["fault"]`` and logged once per kind per interval
+(:class:`bridges.core.http.FaultLog`, type names only), never a traceback
+per request."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Callable, Iterator
 
 from bridges.core.asgi import bearer_ok, header, host_allowed, listen_host, refuse_upgrade, respond
 from bridges.core.bridge import ASGIApp
+from bridges.core.http import FaultLog, fault_kind
 
 __all__ = ["Mounts", "refuse"]
+
+_FAULTS = FaultLog(logging.getLogger("aep.web.mounts"))
 
 
 async def refuse(scope: dict[str, Any], receive: Callable, send: Callable, status: int,
@@ -76,6 +87,14 @@ class Mounts:
                 "http", "websocket") else None
             if target is None:
                 return await app(scope, receive, send)
+            try:
+                await guarded(target, scope, receive, send)
+            except Exception as e:  # noqa: BLE001 -- one request's fault stays with it
+                self._count("fault")
+                _FAULTS.record(fault_kind(e), f"mounted {scope.get('path', '')}", e)
+
+        async def guarded(target: ASGIApp, scope: dict[str, Any], receive: Callable,
+                          send: Callable) -> None:
             if not host_allowed(header(scope, b"host") or "", listen_host(scope)):
                 self._count("host")
                 return await refuse(scope, receive, send, 403, "host-not-allowed")

@@ -123,3 +123,19 @@ def test_a_spool_file_of_another_user_is_left_alone(tmp_path, monkeypatch):
         spool.claim(tmp_path, "claude-code")
     assert spool.pending(tmp_path, "claude-code") == []
     assert (tmp_path / "claude-code.jsonl").exists()
+
+
+async def test_an_overlong_hook_id_is_not_remembered(tmp_path):
+    """Issue 25 re-attack: the dedupe set keeps 8,192 hook ids, each as long
+    as a request header may be (~16 KB): +106 MB RSS measured from one token
+    holder, per hook bridge. An id longer than the shim's (32 hex) by far is
+    not one the daemon dedupes on."""
+    rig = Rig(CLAUDE, HookConfig(spool_dir=tmp_path))
+    async with trio.open_nursery() as n:
+        await rig.start(n)
+        for i in range(3):
+            await rig.post(mo("Notification", notification_type="other", message="m"),
+                           headers={"X-AEP-Hook-Id": f"{i:04d}" + "a" * 15_000})
+        n.cancel_scope.cancel()
+    assert rig.run is not None
+    assert all(len(k) <= 128 for k in rig.run.hub.seen)  # the shim's ids are 32

@@ -119,3 +119,24 @@ def test_hook_dispatch_skips_trio_and_argparse(tmp_path):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], input=b"{}",
                          capture_output=True, timeout=60)
     assert out.stdout.decode().split("\n")[0] == "0 []", out.stderr.decode()
+
+
+def test_spool_write_neither_follows_a_symlink_nor_blocks_on_a_fifo(tmp_path):
+    """A spool directory shared with another user (README: the agent's
+    ``AEP_STATE_DIR`` or ``--spool``): a planted ``<agent>.jsonl`` symlink
+    made the shim append to whatever it points at (any file the agent's user
+    may write), and a FIFO made it block in ``open(2)`` until the vendor's
+    hook timeout."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    (tmp_path / "codex.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):
+        shim.spool_write(str(tmp_path), "codex", b'{"id":"x"}\n')
+    assert victim.read_bytes() == b"precious\n"
+    os.mkfifo(tmp_path / "claude-code.jsonl")
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path[0] = sys.argv[1]; import shim\n"
+         "try:\n    shim.spool_write(sys.argv[2], 'claude-code', b'{}\\n')\n"
+         "except OSError:\n    print('refused')", str(Path(SHIM).parent), str(tmp_path)],
+        capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == "refused", done.stderr
