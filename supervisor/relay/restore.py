@@ -102,10 +102,14 @@ def _is_segment(base: str) -> bool:
         and parts[2].endswith("Z") and parts[1][:8].isdigit()
 
 
-def _tail_plain(path: str, want: int, budget: int) -> list[bytes]:
+def _tail_plain(path: str, want: int, budget: int, counts: dict[str, int] | None = None
+                ) -> list[bytes]:
     """The last ``want`` complete lines of ``path`` within ``budget`` bytes
     (read backwards in :data:`BLOCK` steps; a last line without its newline,
-    a torn tail, is left out)."""
+    a torn tail, is left out). A line bigger than the whole ``budget`` can
+    never be restored: it is passed over (counted ``oversize`` in
+    ``counts``) and the lines before it are read on, so one big event (a
+    poster's, in any session) does not hide a session's history."""
     lines: list[bytes] = []
     used = 0
     with open(path, "rb") as f:
@@ -113,11 +117,18 @@ def _tail_plain(path: str, want: int, budget: int) -> list[bytes]:
         rest = b""  # the start of the earliest line seen so far (it may begin further back)
         ended = False  # whether ``rest`` is followed by a newline (a whole line once it starts)
         first = True
-        while pos > 0 and len(lines) < want and len(rest) <= budget:
+        skip = False  # inside a line too big to keep: read back to its start, keeping nothing
+        while pos > 0 and len(lines) < want:
             step = min(BLOCK, pos)
             pos -= step
             f.seek(pos)
-            parts = (f.read(step) + rest).split(b"\n")
+            data = f.read(step)
+            if skip:
+                nl = data.rfind(b"\n")
+                if nl < 0:
+                    continue
+                data, skip = data[:nl + 1], False  # what follows it: the skipped line's start
+            parts = (data + rest).split(b"\n")
             rest = parts[0]
             body = parts[1:]
             if body:
@@ -129,19 +140,33 @@ def _tail_plain(path: str, want: int, budget: int) -> list[bytes]:
             for ln in reversed(body):
                 if not ln:
                     continue
-                if len(lines) >= want or used + len(ln) + ENTRY_OVERHEAD > budget:
+                size = len(ln) + ENTRY_OVERHEAD
+                if size > budget:
+                    _count(counts, "oversize")
+                    continue
+                if len(lines) >= want or used + size > budget:
                     return lines[::-1]
                 lines.append(ln)
-                used += len(ln) + ENTRY_OVERHEAD
+                used += size
+            if len(rest) + ENTRY_OVERHEAD > budget:
+                _count(counts, "oversize")
+                rest, skip = b"", True
         if pos == 0 and ended and rest and len(lines) < want \
                 and used + len(rest) + ENTRY_OVERHEAD <= budget:
             lines.append(rest)  # the file's first line
     return lines[::-1]
 
 
-def _tail_gz(path: str, want: int, budget: int) -> list[bytes]:
+def _count(counts: dict[str, int] | None, key: str) -> None:
+    if counts is not None:
+        counts[key] = counts.get(key, 0) + 1
+
+
+def _tail_gz(path: str, want: int, budget: int, counts: dict[str, int] | None = None
+             ) -> list[bytes]:
     """The last ``want`` complete lines of a compressed segment within
-    ``budget`` bytes (streamed through: gzip cannot be read backwards)."""
+    ``budget`` bytes (streamed through: gzip cannot be read backwards); a
+    line bigger than ``budget`` is passed over, as :func:`_tail_plain` does."""
     keep: deque[bytes] = deque(maxlen=want)
     with gzip.open(path, "rb") as f:
         for ln in f:
@@ -150,6 +175,9 @@ def _tail_gz(path: str, want: int, budget: int) -> list[bytes]:
     out: list[bytes] = []
     used = 0
     for ln in reversed(keep):
+        if len(ln) + ENTRY_OVERHEAD > budget:
+            _count(counts, "oversize")
+            continue
         if used + len(ln) + ENTRY_OVERHEAD > budget:
             break
         out.append(ln)
@@ -161,10 +189,11 @@ def read_tails(root: Path, *, depth: int, buffer_bytes: int, total_bytes: int,
                max_sessions: int) -> tuple[list[list[bytes]], dict[str, int]]:
     """Pure file reading (a worker thread): the lines to re-admit, one list
     per session file group in the order to admit them (oldest session
-    first), and counts ``{files, sessions, lines, bytes, errors}``."""
+    first), and counts ``{files, sessions, lines, bytes, errors, oversize}``
+    (``oversize``: lines bigger than their session's share, passed over)."""
     groups = _session_files(root)
     newest = sorted(groups.items(), key=lambda kv: max(t for t, _ in kv[1]), reverse=True)
-    counts = {"files": 0, "sessions": 0, "lines": 0, "bytes": 0, "errors": 0}
+    counts = {"files": 0, "sessions": 0, "lines": 0, "bytes": 0, "errors": 0, "oversize": 0}
     chosen: list[list[bytes]] = []
     newest = newest[:max_sessions]
     # every session gets its share of the total (the most recent first, and
@@ -178,8 +207,8 @@ def read_tails(root: Path, *, depth: int, buffer_bytes: int, total_bytes: int,
         got: list[bytes] = []
         for _mtime, path in reversed(files):
             try:
-                part = _tail_gz(path, want, budget) if path.endswith(".gz") \
-                    else _tail_plain(path, want, budget)
+                part = _tail_gz(path, want, budget, counts) if path.endswith(".gz") \
+                    else _tail_plain(path, want, budget, counts)
             except (OSError, EOFError, gzip.BadGzipFile):
                 counts["errors"] += 1
                 continue
@@ -257,6 +286,7 @@ async def restore_from_logs(relay: Relay, root: Path) -> dict[str, Any]:
                 gc.enable()
         await trio.lowlevel.checkpoint()
     relay.counters["restored_events"] = relay.counters.get("restored_events", 0) + restored
+    skipped += counts["oversize"]
     relay.counters["restore_skipped"] = relay.counters.get("restore_skipped", 0) + skipped
     return {**counts, "restored": restored, "skipped": skipped,
             "seconds": round(time.monotonic() - t0, 3)}

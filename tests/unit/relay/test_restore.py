@@ -111,3 +111,23 @@ async def test_the_byte_caps_bound_what_is_read(tmp_path):
     got = await restore_from_logs(relay, tmp_path)
     assert 0 < got["restored"] < 120 and got["bytes"] <= 8192
     assert relay.buffers.bytes <= 8192
+
+
+def test_a_line_bigger_than_the_share_is_passed_over_not_the_end(tmp_path):
+    """A line bigger than the session's whole byte share (a poster's big
+    event, the newest or in between, in the live file or a ``.gz``
+    segment) is counted ``oversize`` and passed over; the lines before it
+    are still restored (issue 25 re-attack: it hid the whole history)."""
+    d = tmp_path / "a"
+    d.mkdir()
+    evs = [_ev("s", i) for i in range(1, 9)]
+    big = [_ev("s", 100 + i, data={"pad": "x" * 300_000}) for i in range(3)]
+    with gzip.open(d / "s.20261201T100000.000001Z.jsonl.gz", "wb") as f:
+        f.write(_lines(evs[:2] + big[:1]))
+    # in the live file: one in between, one that is the newest, one as a torn tail
+    (d / "s.jsonl").write_bytes(_lines(evs[2:5] + big[1:2] + evs[5:] + big[2:])
+                                + dumps(big[0])[:200_000])
+    chosen, counts = read_tails(tmp_path, depth=100, buffer_bytes=100_000, total_bytes=10**9,
+                                max_sessions=10)
+    assert [json.loads(ln)["seq"] for ln in chosen[0]] == [e["seq"] for e in evs]
+    assert counts["oversize"] == 4
