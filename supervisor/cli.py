@@ -228,8 +228,10 @@ def _print_sources(sources: Any) -> None:
     names = sorted(n for n in os.environ if n in known)
     print("aep-bridges: settings" + (" (every other one at its default):" if names else
                                      ": every one at its default"))
+    from .tools.logs import scrub
     for n in names:
-        shown = "(set)" if n in secrets else os.environ[n]
+        # a URL's user:password@ is a secret too (issue 25 row 10): the log's own scrubber
+        shown = "(set)" if n in secrets else scrub(os.environ[n])
         print(f"  {n}={shown}  ({sources.of_name(n)})")
 
 
