@@ -9,7 +9,6 @@ daemon side that maps what the tees observe. Design record:
 - :mod:`bridges.acp.wire`: the tee -> daemon WebSocket protocol.
 - :mod:`bridges.acp.tee`: the tee (``aep-bridges acp -- AGENT``).
 - :mod:`bridges.acp.link`: the tee's observation queue and its link to the daemon.
-- :mod:`bridges.acp.limits`: per-peer log limiting, the new-session bucket.
 - :mod:`bridges.acp.bridge`: the daemon side (``AEP_BRIDGE_ACP=1``).
 - :mod:`bridges.acp.config`: the settings (:data:`~bridges.acp.config.SETTINGS`).
 """

@@ -40,7 +40,7 @@ hello with a resume key (a TEXT message ``{"aep_acp_daemon": 1,
 and only while no other connection does (``tee_claims_refused``, close
 code :data:`~bridges.acp.wire.CLAIMED`). New sessions go through a token bucket
 (``AEP_ACP_NEW_SESSIONS_PER_S``, ``sessions_refused``). Lines about bad
-input are rate-limited per peer (:class:`~bridges.acp.limits.PeerLog`),
+input are rate-limited per peer (:class:`~bridges.core.limits.PeerLog`),
 never a traceback."""
 from __future__ import annotations
 
@@ -57,11 +57,11 @@ from bridges.core.aep import ACK_WINDOW_MS
 from bridges.core.asgi import refuse_upgrade, respond
 from bridges.core.bridge import BridgeContext, BridgeRun, Emission
 from bridges.core.capture import CapturePolicy
+from bridges.core.limits import BURST_S, PeerLog, SessionBucket
 
 from . import wire
 from .config import AcpConfig
 from .join import Story
-from .limits import PeerLog, SessionBucket
 from .mapping import Posture
 
 EMITS = ["session", "run", "tool", "attention", "x.acp"]
@@ -75,8 +75,6 @@ QUEUE_BYTES = 32 << 20
 MAX_LINE = 16 << 20
 """The largest parse cap the daemon honors (a tee's hello ``max_line`` is
 clamped to it): per tee the daemon holds at most this per direction."""
-BURST_S = 5
-"""The new-session bucket holds this many seconds of ``AEP_ACP_NEW_SESSIONS_PER_S``."""
 
 
 @dataclass

@@ -16,12 +16,16 @@ from bridges.core.settings import EnvReader, Setting, check_fields
 
 from .profile import HookProfile
 
-__all__ = ["HOLD_MAX_S", "HOLD_S", "HookConfig", "from_env", "settings", "spool_dir"]
+__all__ = ["HOLD_MAX_S", "HOLD_S", "HookConfig", "NEW_SESSIONS_PER_S", "from_env", "settings",
+           "spool_dir"]
 
 HOLD_S = 120.0
 """The longest a hook is held by default (the installer writes the vendor's
 ``timeout`` as hold + 10 s, so the hold always ends first)."""
 HOLD_MAX_S = 3600.0
+NEW_SESSIONS_PER_S = 20
+"""New sessions (session log files) a hook bridge opens per second by
+default, bursts of :data:`bridges.core.limits.BURST_S` seconds of it (issue 25)."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,8 @@ class HookConfig:
     ``gate_tools``: tool names whose ``PreToolUse`` is held (``("*",)``:
     all; ``()``: none); ``hold_s``: the longest hold, seconds;
     ``instruct``: ``AEP_INSTRUCT=1`` (steering); ``spool_dir``: where shims
-    spool moments the daemon did not take. Raises ``TypeError`` for a field
+    spool moments the daemon did not take; ``new_sessions_per_s``: the
+    new-session rate (session log files a second, bursts of 5 s). Raises ``TypeError`` for a field
     of the wrong type."""
 
     control: bool = False
@@ -42,6 +47,7 @@ class HookConfig:
     hold_s: float = HOLD_S
     instruct: bool = False
     spool_dir: Path | None = field(default=None)
+    new_sessions_per_s: int = NEW_SESSIONS_PER_S
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -87,6 +93,10 @@ def settings(profile: HookProfile) -> tuple[Setting, ...]:
         Setting("AEP_INSTRUCT", "`0`",
                 f"`1` with `AEP_TOKEN`: steering, `{profile.instruct}` queued and delivered "
                 "as `additionalContext` on the next eligible hook reply"),
+        Setting(profile.knob("NEW_SESSIONS_PER_S"), f"`{NEW_SESSIONS_PER_S}`",
+                "new sessions (session log files) per second over all hook POSTs and the spool, "
+                "bursts up to 5 s of it; a moment of a further new session is not logged and "
+                "answered `{}` (no decision), counted `sessions_refused`; known sessions always pass"),
     )
 
 
@@ -99,6 +109,8 @@ def from_env(profile: HookProfile, env: Mapping[str, str]) -> tuple[HookConfig, 
     tools = tuple(t.strip() for t in raw.split(",") if t.strip())
     hold = r.seconds(profile.knob("HOLD_S"), HOLD_S, maximum=HOLD_MAX_S)
     instruct = r.flag("AEP_INSTRUCT")
+    rate = r.integer(profile.knob("NEW_SESSIONS_PER_S"), NEW_SESSIONS_PER_S, minimum=1,
+                     maximum=100_000)
     aep_token = bool(env.get("AEP_TOKEN"))
     if control and not aep_token:
         problems.append(f"{profile.knob('CONTROL')}=1 needs AEP_TOKEN: control is refused on "
@@ -110,5 +122,5 @@ def from_env(profile: HookProfile, env: Mapping[str, str]) -> tuple[HookConfig, 
         problems.append("AEP_INSTRUCT=1 needs AEP_TOKEN: steering is refused on unauthenticated "
                         "bindings (set AEP_TOKEN or unset AEP_INSTRUCT)")
     cfg = HookConfig(control=control, aep_token=aep_token, gate_tools=tools, hold_s=hold,
-                     instruct=instruct, spool_dir=spool_dir(env))
+                     instruct=instruct, spool_dir=spool_dir(env), new_sessions_per_s=rate)
     return cfg, problems

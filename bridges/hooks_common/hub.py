@@ -16,7 +16,15 @@ Counters: ``hooks_received``, ``hooks_duplicate``, ``hooks_no_session``,
 ``hooks_spool_malformed``, ``hooks_spool_foreign``, ``hooks_bad_body``, ``hooks_session_reended`` (a
 resumed session's later end, emitted as ``x.<agent>.session.session_end``),
 ``stamp_errors``,
-``instructions_delivered``, ``instructions_dropped``.
+``instructions_delivered``, ``instructions_dropped``, ``sessions_refused``.
+
+New sessions (each a session log file) go through a token bucket
+(``AEP_<AGENT>_NEW_SESSIONS_PER_S``, bursts of
+:data:`~bridges.core.limits.BURST_S` seconds of it; issue 25): a moment,
+live or spooled, of a session this run has not seen while the bucket is
+empty is not mapped and not logged, is answered with no decision (the
+vendor goes on) and counted ``sessions_refused``, with at most one log line
+a minute. A session already known always passes.
 """
 from __future__ import annotations
 
@@ -28,6 +36,7 @@ import trio
 
 from bridges.core.bridge import BridgeContext, Emission, Envelope
 from bridges.core.envelope import Ulids
+from bridges.core.limits import BURST_S, PeerLog, SessionBucket
 from bridges.core.posture import Posture
 
 from .answers import Decision
@@ -51,7 +60,7 @@ remembered (``SEEN_MAX`` of them, each up to a header's size, cost ~128 MB)."""
 COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held",
             "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
             "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
-            "instructions_delivered", "instructions_dropped")
+            "instructions_delivered", "instructions_dropped", "sessions_refused")
 
 
 @dataclass
@@ -82,6 +91,9 @@ class HookHub:
             | profile.run_closes
         self.seen: OrderedDict[str, None] = OrderedDict()
         self._ids = Ulids()
+        rate = config.new_sessions_per_s
+        self.new_sessions = SessionBucket(rate, rate * BURST_S)
+        self._refusals = PeerLog(ctx.log)
         for c in COUNTERS:
             ctx.health.counters.setdefault(c, 0)
 
@@ -121,6 +133,10 @@ class HookHub:
         if sid is None:
             health.count("hooks_no_session")
             return Outcome(self.profile.neutral(self.profile.event(moment)))
+        if self._refused(sid):
+            if hook_id is not None:
+                self.seen.pop(hook_id, None)  # not taken: a later send of it is not a repeat
+            return Outcome(self.profile.neutral(self.profile.event(moment)))
         st, evicted = self.sessions.touch(sid)
         if evicted is not None:
             await self._drop_queue(evicted, "session-forgotten")
@@ -129,6 +145,22 @@ class HookHub:
             outcome = await self._map(st, moment, spooled)
         await self.ctx.logged_since(mark)
         return outcome
+
+    def _refused(self, sid: str) -> bool:
+        """Whether ``sid`` is a new session past the new-session bucket
+        (counted ``sessions_refused``; a rate-limited log line). Known
+        sessions (in memory, or stamped by this run) never take a token."""
+        if self.sessions.get(sid) is not None or self.ctx.stamper.knows(sid):
+            return False
+        now = trio.current_time()
+        if self.new_sessions.take(now):
+            return False
+        self.ctx.health.count("sessions_refused")
+        self._refusals.note("new-sessions", now, "%s: new sessions arrive faster than %s; their "
+                            "moments are not logged (answered with no decision, counted "
+                            "sessions_refused)", self.profile.key,
+                            self.profile.knob("NEW_SESSIONS_PER_S"))
+        return True
 
     async def _map(self, st: SessionState, m: Moment, spooled: bool) -> Outcome:
         p, ev = self.profile, self.profile.event(m)

@@ -69,7 +69,8 @@ _BRIDGE_DROPS = {
     "otlp.rejected": ("otlp-record-rejected", "*"),
     "emit_errors": ("emit-error", "*"),
     "lines_cut": ("acp-line-cut", "*"),  # ACP: unfinished lines past AEP_ACP_MAX_HELD_BYTES
-    "sessions_refused": ("acp-session-refused", "*"),  # ACP: AEP_ACP_NEW_SESSIONS_PER_S
+    # ACP and the hook bridges: AEP_ACP_NEW_SESSIONS_PER_S, AEP_<AGENT>_NEW_SESSIONS_PER_S
+    "sessions_refused": ("session-refused", "*"),
     "agui.over_budget": ("agui-over-budget", "*"),  # AEP_AGUI_MAX_BUFFERED: mapped unparsed
 }
 _RECONNECTS = ("reconnects", "socket_connects")

@@ -329,7 +329,7 @@ def test_no_module_over_600_lines():
 PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
         "aep", "asgi", "backoff", "bridge", "captable", "cappolicy", "capture", "capwalk", "control", "envelope",
-        "errors", "http", "ledger", "naming", "paths", "posture", "readers", "redaction", "settings",
+        "errors", "http", "ledger", "limits", "naming", "paths", "posture", "readers", "redaction", "settings",
         "statefile",
     },
     "bridges.core.posture": {"MODES", "Posture"},
@@ -338,8 +338,8 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.hooks_common.answers": {"DENY_MESSAGE", "Decision", "TEXT_MAX", "decide",
                                      "form_error"},
     "bridges.hooks_common.bridge": {"EMITS", "HookBridge", "HookRun"},
-    "bridges.hooks_common.config": {"HOLD_MAX_S", "HOLD_S", "HookConfig", "from_env", "settings",
-                                    "spool_dir"},
+    "bridges.hooks_common.config": {"HOLD_MAX_S", "HOLD_S", "HookConfig", "NEW_SESSIONS_PER_S",
+                                    "from_env", "settings", "spool_dir"},
     "bridges.hooks_common.control": {"ACK_WINDOW_MS", "GUARD_MS", "HookControl", "Plan", "RESPOND",
                                      "accepts"},
     "bridges.hooks_common.endpoint": {"BODY_MAX", "HookEndpoint"},
@@ -388,6 +388,7 @@ PUBLIC: dict[str, set[str]] = {
         "fault_kind", "FAULT_LOG_INTERVAL_S",
     },
     "bridges.core.errors": {"leaves", "root_cause"},
+    "bridges.core.limits": {"BURST_S", "LOG_INTERVAL_S", "PeerLog", "SessionBucket"},
     "bridges.core.paths": {"state_dir", "write_atomic"},
     "bridges.core.statefile": {"COMPACT_CHUNK", "COMPACT_MIN", "StateFile", "state_path"},
     "supervisor.relay": {"Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent",

@@ -31,7 +31,8 @@ def test_the_metadata_names_every_setting_the_code_reads(mod):
 
 def test_codex_names_its_own_knobs():
     assert [s.name for s in codex.SETTINGS] == ["AEP_CODEX_HOOKS_CONTROL", "AEP_CODEX_HOOKS_GATE_TOOLS",
-                                                "AEP_CODEX_HOOKS_HOLD_S", "AEP_INSTRUCT"]
+                                                "AEP_CODEX_HOOKS_HOLD_S", "AEP_INSTRUCT",
+                                                "AEP_CODEX_HOOKS_NEW_SESSIONS_PER_S"]
     cfg, problems = codex.from_env({"AEP_TOKEN": "t", "AEP_CODEX_HOOKS_CONTROL": "1",
                                     "AEP_CODEX_HOOKS_GATE_TOOLS": "*"})
     assert problems == [] and cfg.gated("shell") and cfg.gated("anything")

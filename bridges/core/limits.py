@@ -1,17 +1,22 @@
-"""Bounds on what tees may cost the daemon (issue 25, rows 3-5 and the
-degraded list): a per-peer log limiter for bad input, and the new-session
-token bucket. Pure (the clock is passed in: ``trio.current_time()`` or
-``time.monotonic()`` seconds); used by :mod:`bridges.acp.bridge`."""
+"""Bounds on what an unauthenticated peer may cost the daemon (issue 25):
+a per-peer log limiter for bad input, and the new-session token bucket
+(each new session is a session log file). Pure (the clock is passed in:
+``trio.current_time()`` or ``time.monotonic()`` seconds); used by the ACP
+bridge (:mod:`bridges.acp.bridge`) and the hook family
+(:mod:`bridges.hooks_common.hub`)."""
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
 
-__all__ = ["PeerLog", "SessionBucket", "LOG_INTERVAL_S"]
+__all__ = ["BURST_S", "LOG_INTERVAL_S", "PeerLog", "SessionBucket"]
 
 LOG_INTERVAL_S = 60.0
 """After a peer's first line about bad input, at most one more per this many seconds."""
 _MAX_PEERS = 1024
+BURST_S = 5
+"""A new-session bucket holds this many seconds of its rate (a burst of
+``per_s * BURST_S`` new sessions)."""
 
 
 class PeerLog:
@@ -47,10 +52,11 @@ class PeerLog:
 
 
 class SessionBucket:
-    """New sessions (each a session log file) over all of one agent id's
-    tees: bursts up to ``burst``, refilled at ``per_s`` a second (like the
-    OTLP bridge's ``AEP_OTLP_NEW_SESSIONS_PER_S``). :meth:`take` answers
-    whether one more new session may open at ``now``."""
+    """New sessions (each a session log file) of one bridge (over all of
+    an ACP agent id's tees; over all of a hook bridge's POSTs and spool):
+    bursts up to ``burst``, refilled at ``per_s`` a second (like the OTLP
+    bridge's ``AEP_OTLP_NEW_SESSIONS_PER_S``). :meth:`take` answers whether
+    one more new session may open at ``now`` (seconds, monotonic)."""
 
     def __init__(self, per_s: float, burst: int) -> None:
         self.per_s = per_s
