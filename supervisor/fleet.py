@@ -57,6 +57,7 @@ log = logging.getLogger("aep.fleet")
 BACKOFF_INITIAL = 0.5
 BACKOFF_MAX = 30.0
 STABLE_AFTER = 60.0  # a run this long resets the backoff
+BRIDGES_END_S = 2.0  # drain waits at most this long for the cancelled bridges to end
 
 
 def hello_for(bridge: Bridge, host: str) -> dict[str, Any]:
@@ -176,6 +177,7 @@ class Fleet(Pump, HandOff):
                 max_sessions=cfg.max_sessions, hand=self._hand_by_name, state_dir=cfg.state_dir)
         self.metrics.watch(self)
         self._bridges_scope = trio.CancelScope()
+        self._bridges_done: trio.Event | None = None  # set once every bridge task has ended
         self._pump_done = trio.Event()
         self._pumping = False  # the pump task is in its loop (drain() then leaves the channel to it)
         self._js_wait: trio.CancelScope | None = None  # the pump waiting for JetStream outbox room
@@ -194,14 +196,18 @@ class Fleet(Pump, HandOff):
             if self.members:  # a bridgeless fleet (`aep-bridges relay`) writes no session log
                 nursery.start_soon(self.session_log.maintain)
                 nursery.start_soon(self.spares.keep)
-            with self._bridges_scope:
-                async with trio.open_nursery() as bridges:
-                    for m in self.members.values():
-                        bridges.start_soon(self._supervise, m)
-                    for m in self.members.values():
-                        await m.started.wait()
-                    task_status.started()
-                    await trio.sleep_forever()
+            self._bridges_done = done = trio.Event()
+            try:
+                with self._bridges_scope:
+                    async with trio.open_nursery() as bridges:
+                        for m in self.members.values():
+                            bridges.start_soon(self._supervise, m)
+                        for m in self.members.values():
+                            await m.started.wait()
+                        task_status.started()
+                        await trio.sleep_forever()
+            finally:
+                done.set()
 
     async def _attach(self, nursery: trio.Nursery, m: Member) -> None:
         hello = hello_for(m.bridge, self.host)
@@ -255,6 +261,12 @@ class Fleet(Pump, HandOff):
         holds, flush the session logs, and close every uplink with a
         ``closing`` frame. Bounded by the caller's deadline."""
         self._bridges_scope.cancel()
+        if self._bridges_done is not None:
+            # a bridge's last words (the hook bridges dismiss their open asks,
+            # AEP-0002 section 7 rule 2) are sent from its finally: let them reach the
+            # channel before it closes; bounded, the caller's deadline still holds
+            with trio.move_on_after(BRIDGES_END_S):
+                await self._bridges_done.wait()
         self._draining = True  # the JetStream outbox no longer holds the pump
         if self._js_wait is not None:
             self._js_wait.cancel()

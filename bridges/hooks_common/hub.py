@@ -15,7 +15,8 @@ Counters: ``hooks_received``, ``hooks_duplicate``, ``hooks_no_session``,
 ``hooks_held``, ``hooks_timeout``, ``hooks_hangup``, ``hooks_spooled_ingested``,
 ``hooks_spool_malformed``, ``hooks_spool_foreign``, ``hooks_bad_body``, ``hooks_session_reended`` (a
 resumed session's later end, emitted as ``x.<agent>.session.session_end``),
-``stamp_errors``,
+``stamp_errors``, ``hooks_release_dropped`` (an open ask's dismissal the
+channel refused at the run's end),
 ``instructions_delivered``, ``instructions_dropped``, ``sessions_refused``.
 
 New sessions (each a session log file) go through a token bucket
@@ -34,7 +35,7 @@ from typing import Any
 
 import trio
 
-from bridges.core.bridge import BridgeContext, Emission, Envelope
+from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated
 from bridges.core.envelope import Ulids
 from bridges.core.limits import BURST_S, PeerLog, SessionBucket
 from bridges.core.posture import Posture
@@ -60,7 +61,8 @@ remembered (``SEEN_MAX`` of them, each up to a header's size, cost ~128 MB)."""
 COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held",
             "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
             "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
-            "instructions_delivered", "instructions_dropped", "sessions_refused")
+            "instructions_delivered", "instructions_dropped", "sessions_refused",
+            "hooks_release_dropped")
 
 
 @dataclass
@@ -416,15 +418,28 @@ class HookHub:
     def release(self) -> int:
         """At the run's end: every hook still held answers no decision now
         (the vendor's own flow), instead of waiting out its hold against a
-        run that can no longer answer it. Returns how many were released."""
+        run that can no longer answer it, and every ask still open gets its
+        terminal ``attention.resolved{resolution: "dismissed"}`` (AEP-0002
+        section 7 rule 2: a restarted daemon knows nothing of it, so it
+        would stay pending for every consumer). Synchronous (it runs in a
+        ``finally`` during cancellation): an event the channel refuses is
+        counted ``hooks_release_dropped``. Returns how many were released."""
         n = 0
         for st in list(self.sessions.all()):
             for ask in st.open_asks():
                 if ask.held:
                     ask.held = False
-                    ask.state = "closed"
-                    ask.done.set()
                     n += 1
+                ask.state = "closed"
+                ask.done.set()
+                latency = max(0, int((trio.current_time() - ask.t0) * 1000))
+                em: Emission = {"type": "attention.resolved", "subject": ask.id,
+                                "data": {"resolution": "dismissed", "latency_ms": latency}}
+                try:
+                    self.ctx.emit_nowait(ask.session, em, run=ask.run, cause=ask.id)
+                except (Saturated, trio.ClosedResourceError, trio.BrokenResourceError,
+                        ValueError):
+                    self.ctx.health.count("hooks_release_dropped")
         return n
 
     # -- steering ----------------------------------------------------------------------

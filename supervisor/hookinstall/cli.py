@@ -139,8 +139,11 @@ def _show(plan: Plan, dry_run: bool, agent: str) -> None:
 
 
 def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Print one line per agent and scope; 0, or 2 when a file could not be read
+    (a script's ``hooks status && ...`` must not pass over a malformed file)."""
     project = Path(args.project or os.getcwd()).resolve()
     home = _codex_home(env)
+    rc = 0
     for agent in [args.agent] if args.agent else sorted(AGENTS):
         for scope, proj in (("user", None), ("project", project)):
             try:
@@ -153,6 +156,7 @@ def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                         project=None, codex_home=home))
             except Refused as e:
                 print(f"{agent} ({scope}) {e}")
+                rc = 2
                 continue
             if not found:
                 print(f"{agent} ({scope}) {path}: not installed")
@@ -166,7 +170,7 @@ def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             print(f"{agent} ({scope}) {path}: {len(found)} events: {summary}"
                   + (" (the project is not trusted: Codex does not read this file)"
                      if untrusted_project else ""))
-    return 0
+    return rc
 
 
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:

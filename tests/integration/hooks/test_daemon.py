@@ -258,3 +258,29 @@ def test_moments_spooled_while_the_daemon_was_down_arrive_when_it_starts(tmp_pat
     finally:
         stream.close()
         d.stop()
+
+
+def test_a_daemon_stop_dismisses_the_held_ask_in_the_session_log(tmp_path):
+    """SIGTERM while a ``PreToolUse`` is held: the hook answers no decision and
+    the session log ends the ask with ``attention.resolved{dismissed}`` (AEP-0002
+    section 7 rule 2); without it the restarted daemon re-admits the ask from
+    the log as pending forever, and an answer to it is nacked ``no-route``."""
+    d = HookDaemon(tmp_path / "state", AEP_CLAUDE_CODE_CONTROL="1",
+                   AEP_CLAUDE_CODE_GATE_TOOLS="Bash", AEP_CLAUDE_CODE_HOLD_S="60")
+    d.start()
+    stream = d.subscribe()
+    s = "s-stop-held"
+    try:
+        held = Background(d, moment(s, "PreToolUse", tool_use_id="toolu_9", **BASH))
+        ask = ask_of(stream, s)
+        assert held.headers_seen.wait(30)
+    finally:
+        stream.close()
+        assert d.stop() == 0
+    logged = [json.loads(line) for p in (tmp_path / "state" / "logs").rglob("*.jsonl")
+              for line in p.read_text().splitlines() if line.strip()]
+    mine = [e for e in logged if e.get("session") == s]
+    assert ask["id"] in [e["id"] for e in mine]
+    done = [e for e in mine if e["type"] == "attention.resolved" and e["subject"] == ask["id"]]
+    assert [e["data"]["resolution"] for e in done] == ["dismissed"]
+    validated(mine)

@@ -218,3 +218,17 @@ def test_the_command_hooks_carry_the_daemons_spool_dir(tmp_path, monkeypatch):
     assert main(["hooks", "install", "claude-code", "--spool", str(tmp_path / "x")]) == 0
     doc = json.loads((home / ".claude" / "settings.json").read_text())
     assert shlex.split(doc["hooks"]["Setup"][0]["hooks"][0]["command"])[-1] == str(tmp_path / "x")
+
+
+def test_status_exits_2_on_a_malformed_settings_file(tmp_path, monkeypatch, capsys):
+    """``hooks status`` names the bad file with its line and column and exits 2
+    (as install does), so ``hooks status && ...`` does not pass over it."""
+    home, project = tmp_path / "home", tmp_path / "proj"
+    (project / ".claude").mkdir(parents=True)
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (project / ".claude" / "settings.json").write_text("{bad\n")
+    assert main(["hooks", "status", "claude-code", "--project", str(project)]) == 2
+    assert f"(project) {project}/.claude/settings.json:1:2: not valid JSON" in capsys.readouterr().out
+    (project / ".claude" / "settings.json").write_text("{}\n")
+    assert main(["hooks", "status", "claude-code", "--project", str(project)]) == 0

@@ -294,6 +294,11 @@ async def test_a_run_that_ends_releases_its_held_hooks_with_no_decision():
             while "r" not in box:
                 await trio.sleep(0.001)
     assert box["r"][2] == {}
+    # AEP-0002 section 7 rule 2: the released ask gets its terminal event (a restarted
+    # daemon never learns of it, so without one it stays pending for every consumer)
+    ask, = rig.of("attention.requested")
+    done = [e for e in rig.of("attention.resolved") if e["subject"] == ask["id"]]
+    assert [e["data"]["resolution"] for e in done] == ["dismissed"]
 
 
 async def test_a_hold_ends_before_a_short_vendor_timeout():
