@@ -9,6 +9,7 @@ the real answers go to real OpenCode."""
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime, timezone
 from typing import Any
 
@@ -58,6 +59,10 @@ class StubTarget:
         self.url, self.token, self.agent, self.session = url, token, agent, session
         self.source = f"aep://stub-box/agent/{agent}/session/{session}"
         self.seq = 0
+        # a new epoch per target: a second target of the same session (an emitter
+        # restarted) must not reuse the positions a relay that remembers its
+        # logs across its own restart still holds (AEP-0001 epochs)
+        self.epoch = time.time_ns() // 1_000_000
         self.commands: list[dict[str, Any]] = []
         self.asks: dict[str, dict[str, Any]] = {}
         self.run: str | None = None
@@ -91,7 +96,7 @@ class StubTarget:
         """Emit one sequenced event of this session; returns it."""
         with self._lock:
             ev = {"aep": "0.1", "id": ulid(), "type": type_, "time": _now(), "source": self.source,
-                  "agent": self.agent, "session": self.session, "seq": self.seq, "epoch": 0,
+                  "agent": self.agent, "session": self.session, "seq": self.seq, "epoch": self.epoch,
                   "data": data if data is not None else {}, **kw}
             self.seq += 1
             self._duplex.send_json(ev)
