@@ -244,13 +244,40 @@ class Collector:
         self._cond = threading.Condition()
         self._events: list[dict[str, Any]] = []
         self.errors: list[Exception] = []
+        #: how many streams the relay opened for this reader so far (its
+        #: ``: connected`` comments: each one is subscribed by then)
+        self.connections = 0
         self.sub = aep_sdk.subscribe(url, self._add, on_error=self.errors.append,
+                                     on_comment=self._comment,
                                      backoff_initial_ms=100, backoff_max_ms=1000, **kw)
 
     def _add(self, ev: dict[str, Any]) -> None:
         with self._cond:
             self._events.append(ev)
             self._cond.notify_all()
+
+    def _comment(self, text: str) -> None:
+        if text.startswith("connected"):
+            with self._cond:
+                self.connections += 1
+                self._cond.notify_all()
+
+    def wait_connected(self, count: int, timeout: float = 30.0) -> None:
+        """Blocking: until the relay has opened ``count`` streams for this
+        reader in all (``: connected`` is sent once the subscription is
+        registered, so an event admitted after this reaches it live).
+        A reader that reconnects resumes with the positions of the sessions
+        it has seen (AEP-0003 §3.3 ``from``): a session that began while it
+        was away is not in that list, so an event of it admitted before the
+        reconnect is never replayed to it; wait for the reconnect first."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.connections < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"the reader opened {self.connections} streams, not "
+                                         f"{count}, within {timeout}s; errors {self.errors}")
+                self._cond.wait(min(left, 0.5))
 
     @property
     def events(self) -> list[dict[str, Any]]:

@@ -105,6 +105,7 @@ def test_sigkill_under_load_then_restart_serves_everything_written(tmp_path):
         assert not missing, f"{len(missing)} acknowledged events are in no log"
         assert sum(1 for i in logged if not i.startswith("remote-")) >= load.otlp_acked
 
+        streams = reader.connections  # the reader's streams on the first daemon (gone now)
         # the same listener again, so the SDK reader's own reconnect resumes
         d2 = DaemonProcess(state, {"AEP_OTLP_PRIMARY": "1", "AEP_LISTEN": f"127.0.0.1:{port}"},
                            token=TOKEN)
@@ -115,7 +116,12 @@ def test_sigkill_under_load_then_restart_serves_everything_written(tmp_path):
             # from=all: everything written, positions exactly as before
             assert {i: served.get(i) for i in logged} == logged
             assert {i: served.get(i) for i in before} == before
-            # the reader resumes: a new event arrives, nothing repeats, nothing lost
+            # the reader resumes: a new event arrives, nothing repeats, nothing lost.
+            # Its resume names only the sessions it has seen (AEP-0003 §3.3
+            # `from`), so the new session's event is posted once it is
+            # subscribed again: posted before, it would be neither replayed
+            # (not named) nor live (admitted before the subscription)
+            reader.wait_connected(streams + 1, timeout=60)
             after = event(1, "after-restart", agent="remote")
             assert post_events(d2.url, [after], token=TOKEN).status_code == 202
             reader.first(lambda e: e.get("id") == after["id"], timeout=60, what="the new event")
