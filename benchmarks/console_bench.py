@@ -106,7 +106,8 @@ def _events() -> list[bytes]:
 def run() -> dict:
     with tempfile.TemporaryDirectory(prefix="aep-console-bench-") as tmp:
         d = DaemonProcess(Path(tmp) / "state", args=("relay",), token=TOKEN,
-                          env={"AEP_MAX_SESSIONS": "5000"}).start()
+                          env={"AEP_MAX_SESSIONS": "5000",
+                               "AEP_RELAY_MAX_NEW_SESSIONS": "1000"}).start()
         try:
             for body in _events():
                 r = httpx.post(d.url + "/events", content=body, timeout=60, trust_env=False,

@@ -110,6 +110,15 @@ SETTINGS: tuple[Setting, ...] = (
             "events per NDJSON batch (413 `too-many-events` above it)"),
     Setting("AEP_MAX_FROM", "`AEP_MAX_SESSIONS`",
             "resume positions per `from` (SSE 400 / WS `limit-exceeded` above it)"),
+    Setting("AEP_RELAY_MAX_NEW_SESSIONS", "`100`", "new sessions (session log files) one "
+            "remote request to the embedded relay may open (a `POST /events` batch; a "
+            "`/socket` event is one); past it the batch is refused whole, 429 "
+            "`too-many-sessions` with `Retry-After` (`/socket`: a `limit-exceeded` error "
+            "frame), counted `refused_new_sessions`; known sessions and the fleet's own "
+            "bridges are never refused"),
+    Setting("AEP_RELAY_NEW_SESSIONS_PER_S", "`50`", "new sessions per second over all the "
+            "embedded relay's remote emitters (bursts up to `AEP_RELAY_MAX_NEW_SESSIONS`), "
+            "same answer past it"),
     Setting("AEP_BUFFER_BYTES", "`8388608`", "relay replay buffer bytes per session (oldest "
             "trimmed first; a resume from before them gets `replay-exhausted`)"),
     Setting("AEP_BUFFER_TOTAL_BYTES", "`268435456`", "relay replay bytes for all sessions "
@@ -231,6 +240,8 @@ class Config:
     max_filter_terms: int = 1024
     subscriber_bytes: int = 8 << 20
     body_timeout: float = 30.0
+    relay_max_new_sessions: int = 100
+    relay_new_sessions_per_s: int = 50
     max_connections: int | None = None  # per listener; None: from the fd limit
     channel_size: int = 4096
     drain_deadline: float = 5.0
@@ -335,6 +346,10 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
         "max_from": r.integer("AEP_MAX_FROM", max_sessions, minimum=1),
         # each held event is accounted len(raw) + ENTRY_OVERHEAD: below four
         # overheads a session buffer could hold nothing (or one event)
+        "relay_max_new_sessions": r.integer("AEP_RELAY_MAX_NEW_SESSIONS", 100, minimum=1,
+                                            maximum=1_000_000),
+        "relay_new_sessions_per_s": r.integer("AEP_RELAY_NEW_SESSIONS_PER_S", 50, minimum=1,
+                                              maximum=1_000_000),
         "buffer_bytes": r.integer("AEP_BUFFER_BYTES", 8 << 20, minimum=4 * ENTRY_OVERHEAD,
                                   unit="bytes"),
         "total_bytes": r.integer("AEP_BUFFER_TOTAL_BYTES", 256 << 20,

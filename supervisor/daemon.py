@@ -109,7 +109,9 @@ def relay_options(cfg: Config) -> dict[str, Any]:
                 buffer_bytes=cfg.buffer_bytes, total_bytes=cfg.total_bytes,
                 cors_origins=cfg.cors_origins, strict_identity=cfg.strict_identity,
                 max_filter_terms=cfg.max_filter_terms, body_timeout_s=cfg.body_timeout,
-                subscriber_bytes=cfg.subscriber_bytes)
+                subscriber_bytes=cfg.subscriber_bytes,
+                max_new_sessions=cfg.relay_max_new_sessions,
+                new_sessions_per_s=cfg.relay_new_sessions_per_s)
 
 
 async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,

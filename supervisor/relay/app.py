@@ -9,7 +9,10 @@
   413 ``payload-too-large`` (``AEP_MAX_BODY``) or ``too-many-events``
   (``AEP_MAX_BATCH``); 415 for another content type; 426
   ``{"versions": ["0.1"], "error", "detail"}`` for a missing or unsupported
-  version (the detail names the header); 503
+  version (the detail names the header); 429 ``too-many-sessions`` with
+  ``Retry-After`` when the batch would open more new session log files
+  than ``AEP_RELAY_MAX_NEW_SESSIONS`` / ``AEP_RELAY_NEW_SESSIONS_PER_S``
+  admit (nothing of it admitted, :mod:`.newsessions`); 503
   ``unavailable`` when the relay's store did not take the events (the
   embedded relay's session log, :attr:`Relay.persist
   <supervisor.relay.core.Relay.persist>`: a ``202`` means they are on
@@ -76,6 +79,7 @@ from bridges.core.http import FaultLog, fault_kind
 from .connections import TooLarge, Unavailable
 from .core import Relay
 from .envelope import InvalidEvent, formed_entry
+from .newsessions import TooManySessions
 from .params import normalize_origin
 from .streams import refuse_upgrade, serve_socket, serve_sse
 
@@ -357,9 +361,16 @@ class RelayApp:
     async def _ingest(self, entries: list[Any], send: Send) -> None:
         """Ingest a checked batch: 202 ``{"accepted": n}``, 413
         ``payload-too-large`` for an event the store can never take, or 503
-        ``unavailable`` when the store did not take it (send it again)."""
+        ``unavailable`` when the store did not take it (send it again), 429
+        ``too-many-sessions`` + ``Retry-After`` past the new-session budget
+        (:mod:`.newsessions`; nothing admitted)."""
         try:
+            # (no checkpoint from the budget to the log write: the budget holds)
+            self.relay.check_new_sessions(entries, None)
             accepted = await self.relay.ingest_http_batch(entries)
+        except TooManySessions as e:
+            return await respond(send, 429, {"error": "too-many-sessions", "detail": str(e)},
+                                 headers=[(b"retry-after", str(int(e.retry_after)).encode())])
         except TooLarge as e:  # never storable: resending cannot help
             return await respond(send, 413, {"error": "payload-too-large", "detail": str(e),
                                              "line": e.index})

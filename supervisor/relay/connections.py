@@ -21,6 +21,7 @@ from .acks import AckRefused
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
 from .buffer import Position
 from .envelope import InvalidEvent
+from .newsessions import TooManySessions
 from .outlet import OPEN, Outlet, OutletHub, Subscriber, frame_text
 from .params import parse_capture, parse_from
 
@@ -440,6 +441,9 @@ class SocketConnection(Connection):
             return
         except Unavailable as e:
             self.error("unavailable", str(e), **({"cause": cause} if cause else {}))
+            return
+        except TooManySessions as e:  # counted refused_new_sessions (.newsessions)
+            self.error("limit-exceeded", str(e), **({"cause": cause} if cause else {}))
             return
         if refusal is not None:
             code, detail = refusal

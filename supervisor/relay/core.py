@@ -42,6 +42,7 @@ from .connections import (
     SocketConnection,
 )
 from .fanout import Fanout
+from .newsessions import NewSessionBudget
 from .outlet import Outlet, Subscriber
 from .params import normalize_origin
 from .replay import ReplayJob, plan_replay, unheld_positions
@@ -86,7 +87,11 @@ class Relay(StampedRuns):
     (``AEP_SUBSCRIBER_BYTES``: the per-subscriber byte budget, i.e. the
     hard bound; default ``queue_hard_bytes``), ``stuck_s`` (a consumer
     whose writer is blocked in one send this long while output waits is
-    shed). Raises ``ValueError`` for sizes below 1."""
+    shed). Issue 25: ``max_new_sessions`` (``AEP_RELAY_MAX_NEW_SESSIONS``,
+    new sessions one remote request may open while remote events are
+    logged) and ``new_sessions_per_s`` (``AEP_RELAY_NEW_SESSIONS_PER_S``,
+    over all remote emitters; :mod:`.newsessions`). Raises ``ValueError``
+    for sizes below 1."""
 
     def __init__(self, token: str | None = None, buffer: int = 10_000, max_sessions: int = 500,
                  max_body: int = 16 * MiB, max_batch: int = 10_000, max_from: int | None = None,
@@ -97,7 +102,8 @@ class Relay(StampedRuns):
                  buffer_bytes: int = 8 * MiB, total_bytes: int = 256 * MiB,
                  ws_close_wait_s: float = 1.0, strict_identity: bool = False,
                  max_filter_terms: int = DEFAULT_MAX_TERMS, body_timeout_s: float = 30.0,
-                 subscriber_bytes: int | None = None, stuck_s: float = 10.0) -> None:
+                 subscriber_bytes: int | None = None, stuck_s: float = 10.0,
+                 max_new_sessions: int = 100, new_sessions_per_s: float = 50.0) -> None:
         self._token = token.encode("utf-8") if token else None
         self.cors_origins: frozenset[str] = frozenset(
             normalize_origin(o, strict=True) for o in (cors_origins or ()) if o.strip())
@@ -140,7 +146,10 @@ class Relay(StampedRuns):
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
             "refused_owned_source": 0, "refused_owned_session": 0, "replay_exhausted_late": 0,
+            "refused_new_sessions": 0,
         }
+        self.session_budget = NewSessionBudget(max_new_sessions, new_sessions_per_s,
+                                               remember=max(65_536, 4 * max_sessions))
         self.fanout = Fanout(self.counters)
         #: which connection each routed command went to (:mod:`.acks`)
         self.acks = AckGate(self.counters)

@@ -20,6 +20,7 @@ from .acks import ACK_TYPES
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
 from .connections import Connection, LocalEmitter, Unavailable
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
+from .newsessions import NewSessionBudget, SessionKey, TooManySessions
 from .routing import Routing
 
 __all__ = ["Ingest"]
@@ -35,6 +36,9 @@ class Ingest(Routing):
     _admitted: int
     _run: list[Entry | list[Held]] | None
     persist: Callable[[list[Entry]], bool] | None
+    #: the new-session budget of remote ingest while it is logged
+    #: (:mod:`.newsessions`); ``None``: unbudgeted (the JetStream relay)
+    session_budget: NewSessionBudget | None = None
 
     #: ``entry(ev, text=None, *, owned=False) -> Entry``: validate and
     #: serialize one event (:func:`.envelope.to_entry` itself, no wrapper
@@ -163,6 +167,32 @@ class Ingest(Routing):
             count += 1
         return len(ids) == count
 
+    def check_new_sessions(self, entries: Sequence[Entry], conn: Connection | None) -> None:
+        """Raise :class:`~.newsessions.TooManySessions` (counted
+        ``refused_new_sessions``, one per event refused) when the sequenced
+        ``entries`` of one remote request (a ``POST /events`` batch, one
+        ``/socket`` event) open more new session log files than
+        :attr:`session_budget` admits (issue 25: one token holder made
+        100,000 files, and every later start grew with them). Only while
+        remote events are logged (:attr:`persist`); the fleet's own bridges
+        (:class:`LocalEmitter`) are never budgeted here. A session known to
+        the relay (admitted or restored, or claimed by a live connection of
+        that agent) costs nothing."""
+        budget = self.session_budget
+        if budget is None or self.persist is None or isinstance(conn, LocalEmitter):
+            return
+        keys = [(e.attrs["agent"], e.attrs["session"]) for e in entries if e.pos is not None]
+        if not keys:
+            return
+        refused = budget.check(keys, trio.current_time(), self._claimed_by_agent)
+        if refused is not None:
+            self.counters["refused_new_sessions"] = \
+                self.counters.get("refused_new_sessions", 0) + len(keys)
+            raise TooManySessions(*refused)
+
+    def _claimed_by_agent(self, key: SessionKey) -> bool:
+        return any(c.agent == key[0] for c in self.claims.holders(key[1]))
+
     def ingest_http(self, entries: list[Entry]) -> None:
         """Ingest validated, non-command entries from ``POST /events``
         (no connection: HTTP emitters claim nothing) that passed
@@ -217,6 +247,7 @@ class Ingest(Routing):
         if is_command_type(e.attrs["type"]):
             return await self._route(ev, e, conn, raw)
         if e.pos is not None and self.persist is not None and not isinstance(conn, LocalEmitter):
+            self.check_new_sessions([e], conn)
             self._persist([e])  # (a fleet bridge's events are logged by the fleet)
         self._admit(e, conn)
         return None
@@ -290,6 +321,8 @@ class Ingest(Routing):
         position or ``(source, id)`` is held already is skipped. Returns how
         many were buffered."""
         buffers = self.buffers
+        if self.session_budget is not None:  # their files exist: known sessions
+            self.session_budget.note({(e.attrs["agent"], e.attrs["session"]) for e in entries})
         n = 0
         for e in entries:
             if buffers.conflict(e) or buffers.conflicting_duplicate(e):

@@ -401,6 +401,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.serve": {"serve_relay"},
     "supervisor.relay.streams": {"serve_sse", "pump_sse", "serve_socket", "refuse_upgrade"},
     "supervisor.relay.restore": {"read_tails", "restore_from_logs", "BLOCK"},
+    "supervisor.relay.newsessions": {"NewSessionBudget", "SessionKey", "TooManySessions"},
     "supervisor.relay.acks": {"ACK_TYPES", "AckGate", "AckRefused", "MAX_ROUTED"},
     "supervisor.relay.connections": {"RelayClosed", "TooLarge", "Unavailable", "CommandRefused", "Connection",
                                      "LocalEmitter", "SocketConnection", "Claims", "ROLES", "RelayHub"},
