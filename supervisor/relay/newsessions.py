@@ -20,7 +20,7 @@ import math
 from collections import OrderedDict
 from typing import Callable, Iterable
 
-from bridges.acp.limits import SessionBucket
+from bridges.core.limits import SessionBucket
 
 __all__ = ["NewSessionBudget", "SessionKey", "TooManySessions"]
 
