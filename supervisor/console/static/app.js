@@ -427,14 +427,30 @@ import { gist, timelineLine } from './gist.js';
     $('inbox-more').textContent = pending.length > MAX_CARDS ? (pending.length - MAX_CARDS) + ' more waiting' : (pending.length ? '' : 'Nothing waiting on you.');
   }
 
-  function virtual(scroller, spacer, count, rowH, make) {
+  // a list row is a button for the keyboard too: focusable, Enter or Space acts
+  function rowButton(row, act) {
+    row.tabIndex = 0;
+    row.addEventListener('click', act);
+    row.addEventListener('keydown', (e) => {
+      if ((e.key === 'Enter' || e.key === ' ') && e.target === row) { e.preventDefault(); act(); }
+    });
+    return row;
+  }
+  function virtual(scroller, spacer, count, rowH, make, key) {
     spacer.style.height = (count * rowH) + 'px';
     const top = scroller.scrollTop, h = scroller.clientHeight || 400;
     const first = Math.max(0, Math.floor(top / rowH) - 5);
     const last = Math.min(count, Math.ceil((top + h) / rowH) + 5);
     const rows = [];
     for (let i = first; i < last; i++) { const r = make(i); r.style.top = (i * rowH) + 'px'; rows.push(r); }
+    // the rows are rebuilt on every change: a focused row's successor takes its focus
+    const had = document.activeElement;
+    const focused = had && had.parentNode === spacer ? had.getAttribute(key) : null;
     spacer.replaceChildren(...rows);
+    if (focused !== null) {
+      const again = rows.find((r) => r.getAttribute(key) === focused);
+      if (again) again.focus({ preventScroll: true });
+    }
   }
   let shownSessions = [];
   function renderSessions() {
@@ -446,9 +462,9 @@ import { gist, timelineLine } from './gist.js';
       const row = el('div', { class: 'row srow' + (s.id === S.selected ? ' sel' : ''), 'data-session': s.id, role: 'button' },
         el('div', {}, el('span', { class: 'state-' + s.state, text: s.state }), ' ' + s.agent + ' · ' + s.id),
         el('div', { class: 'sub', text: s.count + ' events · ' + (s.last || '').replace('T', ' ').slice(0, 19) }));
-      row.addEventListener('click', () => select(s.id));
-      return row;
-    });
+      row.title = s.agent + ' · ' + s.id;
+      return rowButton(row, () => select(s.id));
+    }, 'data-session');
   }
   function select(id) {
     S.selected = id; S.detail = null;
@@ -467,16 +483,15 @@ import { gist, timelineLine } from './gist.js';
     if (follow) { sp.style.height = (evs.length * TROW) + 'px'; sc.scrollTop = sp.offsetHeight; }
     virtual(sc, sp, evs.length, TROW, (i) => {
       const { ev, raw } = evs[i];
-      const row = el('div', { class: 'row trow' + (S.detail === raw ? ' sel' : ''), 'data-event': String(ev.id), text: timelineLine(ev) });
-      row.addEventListener('click', () => {
+      const row = el('div', { class: 'row trow' + (S.detail === raw ? ' sel' : ''), 'data-event': String(ev.id), role: 'button', text: timelineLine(ev) });
+      return rowButton(row, () => {
         S.detail = raw;
         let pretty = raw;
         try { pretty = JSON.stringify(JSON.parse(raw), null, 2); } catch (e) { /* shown as sent */ }
         $('envelope').textContent = pretty;
         mark('timeline');
       });
-      return row;
-    });
+    }, 'data-event');
   }
   function renderControls() {
     const box = $('controls');

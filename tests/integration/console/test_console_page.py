@@ -306,6 +306,39 @@ def test_keyboard_only_and_a_phone_sized_screen(relay: DaemonProcess) -> None:
         page.wait(lambda: "resolved" in page.status(a2["id"]), "the second answered")
 
 
+def test_sessions_and_timeline_by_keyboard(relay: DaemonProcess) -> None:
+    """The session list and the timeline without a mouse: Tab reaches a
+    session row, it keeps its focus while events re-render the list (the
+    rows are rebuilt on every change), Enter opens its timeline, and Enter
+    on a timeline line shows its envelope."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    with StubTarget(relay.url, TOKEN) as target, open_browser() as page:
+        target.emit("session.started", {})
+        login(page, relay.url)
+        row = f'[data-session="{target.session}"]'
+        page.one(row, "the session row")
+        page.one("#session-filter").click()
+        keys = ActionChains(page.driver)
+        keys.send_keys(Keys.TAB).send_keys(Keys.TAB).perform()  # the list, then its first row
+        page.wait(lambda: page.js("return document.activeElement.dataset.session") == target.session,
+                  "the session row focused by Tab")
+        for _ in range(3):  # each event re-renders the list under the focused row
+            target.emit("progress.status", {"status": "busy"})
+        page.wait(lambda: page.js("return window.aepConsole.events") >= 4, "the new events")
+        page.wait(lambda: "4 events" in page.one(row).text, "the row re-rendered")
+        assert page.js("return document.activeElement.dataset.session") == target.session
+        ActionChains(page.driver).send_keys(Keys.ENTER).perform()
+        page.wait(lambda: page.one("#timeline-title").text == target.session, "the timeline opened")
+        line = page.one("#timeline-spacer [data-event]", "a timeline line")
+        assert line.get_attribute("tabindex") == "0"
+        page.js("arguments[0].focus()", line)
+        ActionChains(page.driver).send_keys(Keys.ENTER).perform()
+        page.wait(lambda: '"type": "session.started"' in page.one("#envelope").text
+                  or '"type": "progress.status"' in page.one("#envelope").text, "the envelope")
+
+
 def test_a_notification_for_an_ask_while_the_tab_is_hidden(relay: DaemonProcess) -> None:
     """The Notification API is the browser's (stubbed here to record, as a
     headless tab can neither be hidden nor show one): a new ask raises one
