@@ -2,7 +2,7 @@
 // /socket (AEP-0003 §3.5: hello, subscribe with `from`, roster, commands),
 // /healthz (the fleet). Every payload string goes to the page as text
 // (textContent / text nodes), never as markup.
-import { $, el } from './dom.js';
+import { $, el, str } from './dom.js';
 import { formFields } from './forms.js';
 import { gist, timelineLine } from './gist.js';
 
@@ -259,7 +259,7 @@ import { gist, timelineLine } from './gist.js';
     mark('inbox');
     if (S.live && document.hidden && 'Notification' in window && Notification.permission === 'granted') {
       const d = ev.data || {};
-      try { new Notification('An agent asks: ' + String(ev.agent), { body: String(d.prompt || ev.subject || ''), tag: String(ev.id) }); } catch (e) { /* not allowed here */ }
+      try { new Notification('An agent asks: ' + String(ev.agent), { body: str(d.prompt || ev.subject), tag: String(ev.id) }); } catch (e) { /* not allowed here */ }
     }
   }
 
@@ -365,7 +365,7 @@ import { gist, timelineLine } from './gist.js';
     const ev = ask.ev, d = ev.data && typeof ev.data === 'object' ? ev.data : {};
     const card = el('article', { class: 'card', tabindex: '0', 'data-ask': ev.id });
     card.append(el('div', { class: 'meta', text: [ev.agent, ev.session, d.kind, ev.subject, (ev.time || '').slice(11, 19)].filter(Boolean).join(' · ') }));
-    card.append(el('div', { class: 'prompt', text: d.prompt ?? '(no prompt at this capture level)' }));
+    card.append(el('div', { class: 'prompt', text: str(d.prompt, '(no prompt at this capture level)') }));
     const via = Array.isArray(d.respond_via) ? d.respond_via : null;
     const controllable = !via || via.includes('control');
     const dis = !canCommand() || ask.busy || ask.settled;
@@ -379,8 +379,8 @@ import { gist, timelineLine } from './gist.js';
         const row = el('div', { class: 'options' });
         for (const o of opts) {
           if (!o || typeof o !== 'object') continue;
-          const b = el('button', { type: 'button', 'data-option': String(o.id), text: String(o.label ?? o.id), disabled: dis });
-          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', String(o.label ?? o.id)));
+          const b = el('button', { type: 'button', 'data-option': String(o.id), text: str(o.label ?? o.id), disabled: dis });
+          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', str(o.label ?? o.id)));
           row.append(b);
         }
         card.append(row);

@@ -12,6 +12,7 @@ before anything is sent; a payload of HTML and ``</script>`` shown as text;
 run controls offered from the target's ``hello`` only."""
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -337,6 +338,27 @@ def test_sessions_and_timeline_by_keyboard(relay: DaemonProcess) -> None:
         ActionChains(page.driver).send_keys(Keys.ENTER).perform()
         page.wait(lambda: '"type": "session.started"' in page.one("#envelope").text
                   or '"type": "progress.status"' in page.one("#envelope").text, "the envelope")
+
+
+def test_a_malformed_ask_reads_as_its_json(relay: DaemonProcess) -> None:
+    """A bridge bug (an object where the spec says string) shows the value
+    as JSON on the card, its option and its form label, not
+    "[object Object]"; the HTML inside stays text."""
+    with StubTarget(relay.url, TOKEN) as target, open_browser() as page:
+        prompt = {"nested": HOSTILE}
+        ask = target.emit("attention.requested", {
+            "kind": "permission", "prompt": prompt, "respond_via": ["control"],
+            "options": [{"id": "once", "label": ["a", 1]}]}, subject="bash", capture="redacted")
+        form = target.emit("attention.requested", {
+            "kind": "form", "prompt": "p", "respond_via": ["control"],
+            "fields": [{"id": "n", "type": "string", "label": {"x": 1}}]}, capture="redacted")
+        login(page, relay.url)
+        card = page.card(ask["id"])
+        assert card.find_element("css selector", ".prompt").text == json.dumps(prompt, separators=(",", ":"))
+        assert card.find_element("css selector", '[data-option="once"]').text == '["a",1]'
+        assert '{"x":1}' in page.card(form["id"]).find_element("css selector", '[data-field="n"]').text
+        assert "[object Object]" not in page.text()
+        assert page.js("return window.__pwned === undefined")
 
 
 def test_a_notification_for_an_ask_while_the_tab_is_hidden(relay: DaemonProcess) -> None:
