@@ -49,6 +49,7 @@ import { gist, timelineLine } from './gist.js';
     const r = await fetch('/healthz', { headers, cache: 'no-store', credentials: 'omit' });
     return r.json();
   }
+  const WATCH_ONLY = 'watch-only: the daemon has no AEP_TOKEN, so it refuses commands';
   const authorized = (b) => !!b && typeof b === 'object' && ('counts' in b || 'relay_counts' in b);
   function b64url(text) {
     let bin = '';
@@ -62,7 +63,7 @@ import { gist, timelineLine } from './gist.js';
     if (body === null) { setTimeout(start, 1000); return; }
     if (authorized(body)) {
       S.mode = 'open';
-      setMode('watch-only: the daemon has no AEP_TOKEN, so it refuses commands', 'warn');
+      setMode(WATCH_ONLY, 'warn');
       fleet(body);
       connect();
       return;
@@ -120,16 +121,32 @@ import { gist, timelineLine } from './gist.js';
       retry();
     };
   }
-  async function retry() {
+  function retry() {
     setConn('disconnected: reconnecting', 'bad');
-    if (S.mode === 'token' && S.token) {
-      // the token may have changed under a restart: ask again only when it is refused
-      let refused = false;
-      try { refused = !authorized(await health(S.token)); } catch (e) { refused = false; }
-      if (refused) { sessionStorage.removeItem('aep-token'); S.token = null; askToken('The token was refused.'); return; }
-    }
-    setTimeout(connect, S.backoff);
+    setTimeout(reconnect, S.backoff);
     S.backoff = Math.min(S.backoff * 2, 4000);
+  }
+  async function reconnect() {
+    // a restart may have set, changed or dropped AEP_TOKEN: look just before reconnecting
+    let open = null;
+    try { open = authorized(await health(null)); } catch (e) { open = null; }
+    if (open === null) { retry(); return; }   // still down
+    if (open && S.mode === 'token') {
+      S.mode = 'open'; S.token = null; sessionStorage.removeItem('aep-token');
+      $('token-form').hidden = true;
+      setMode(WATCH_ONLY, 'warn');
+    } else if (!open && S.mode === 'open') {
+      S.mode = 'token';
+      setMode('', '');
+      askToken('The daemon now has AEP_TOKEN set.');
+      return;
+    } else if (!open && S.token) {
+      let ok = null;
+      try { ok = authorized(await health(S.token)); } catch (e) { ok = null; }
+      if (ok === null) { retry(); return; }
+      if (!ok) { sessionStorage.removeItem('aep-token'); S.token = null; askToken('The token was refused.'); return; }
+    }
+    connect();
   }
   function send(obj) {
     if (S.ws && S.ws.readyState === WebSocket.OPEN) { S.ws.send(JSON.stringify(obj)); return true; }

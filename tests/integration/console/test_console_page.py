@@ -222,6 +222,35 @@ class StickyRelay(DaemonProcess):
             super()._pick_ports()
 
 
+def test_a_restart_that_sets_or_drops_the_token(tmp_path: Path) -> None:
+    """The daemon restarts under an open page with ``AEP_TOKEN`` newly set:
+    the page asks for it (it does not retry a refused socket for ever);
+    restarted again without one, the page goes back to watch-only."""
+    d = StickyRelay(tmp_path / "state", args=("relay",)).start()
+    try:
+        with open_browser() as page:
+            page.open(d.url + "/")
+            page.wait(lambda: "watch-only" in page.one("#mode").text, "the watch-only banner")
+            page.wait(lambda: page.one("#conn").text == "live", "a live socket")
+            d.stop()
+            d.token = TOKEN
+            d.start()
+            page.one("#token-form:not([hidden])", "the token form after the restart")
+            assert "AEP_TOKEN" in page.one("#token-error").text
+            page.one("#token-input").send_keys(TOKEN)
+            page.one("#token-submit").click()
+            page.wait(lambda: page.one("#conn").text == "live", "live with the token")
+            assert "control on" in page.one("#mode").text
+            d.stop()
+            d.token = None
+            d.start()
+            page.wait(lambda: "watch-only" in page.one("#mode").text, "watch-only again")
+            page.wait(lambda: page.one("#conn").text == "live", "live without a token")
+            assert page.js("return sessionStorage.getItem('aep-token')") is None
+    finally:
+        d.stop()
+
+
 def test_reconnect_after_a_restart_without_duplicate_or_missing_card(tmp_path: Path) -> None:
     """The relay restarts while the page is open, and a new session asks
     before the page is back (its socket blocked meanwhile): the page
