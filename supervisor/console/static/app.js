@@ -2,7 +2,7 @@
 // /socket (AEP-0003 §3.5: hello, subscribe with `from`, roster, commands),
 // /healthz (the fleet). Every payload string goes to the page as text
 // (textContent / text nodes), never as markup.
-import { $, el } from './dom.js';
+import { $, el, str } from './dom.js';
 import { formFields } from './forms.js';
 import { gist, timelineLine } from './gist.js';
 
@@ -49,6 +49,7 @@ import { gist, timelineLine } from './gist.js';
     const r = await fetch('/healthz', { headers, cache: 'no-store', credentials: 'omit' });
     return r.json();
   }
+  const WATCH_ONLY = 'watch-only: the daemon has no AEP_TOKEN, so it refuses commands';
   const authorized = (b) => !!b && typeof b === 'object' && ('counts' in b || 'relay_counts' in b);
   function b64url(text) {
     let bin = '';
@@ -62,7 +63,7 @@ import { gist, timelineLine } from './gist.js';
     if (body === null) { setTimeout(start, 1000); return; }
     if (authorized(body)) {
       S.mode = 'open';
-      setMode('watch-only: the daemon has no AEP_TOKEN, so it refuses commands', 'warn');
+      setMode(WATCH_ONLY, 'warn');
       fleet(body);
       connect();
       return;
@@ -120,16 +121,32 @@ import { gist, timelineLine } from './gist.js';
       retry();
     };
   }
-  async function retry() {
+  function retry() {
     setConn('disconnected: reconnecting', 'bad');
-    if (S.mode === 'token' && S.token) {
-      // the token may have changed under a restart: ask again only when it is refused
-      let refused = false;
-      try { refused = !authorized(await health(S.token)); } catch (e) { refused = false; }
-      if (refused) { sessionStorage.removeItem('aep-token'); S.token = null; askToken('The token was refused.'); return; }
-    }
-    setTimeout(connect, S.backoff);
+    setTimeout(reconnect, S.backoff);
     S.backoff = Math.min(S.backoff * 2, 4000);
+  }
+  async function reconnect() {
+    // a restart may have set, changed or dropped AEP_TOKEN: look just before reconnecting
+    let open = null;
+    try { open = authorized(await health(null)); } catch (e) { open = null; }
+    if (open === null) { retry(); return; }   // still down
+    if (open && S.mode === 'token') {
+      S.mode = 'open'; S.token = null; sessionStorage.removeItem('aep-token');
+      $('token-form').hidden = true;
+      setMode(WATCH_ONLY, 'warn');
+    } else if (!open && S.mode === 'open') {
+      S.mode = 'token';
+      setMode('', '');
+      askToken('The daemon now has AEP_TOKEN set.');
+      return;
+    } else if (!open && S.token) {
+      let ok = null;
+      try { ok = authorized(await health(S.token)); } catch (e) { ok = null; }
+      if (ok === null) { retry(); return; }
+      if (!ok) { sessionStorage.removeItem('aep-token'); S.token = null; askToken('The token was refused.'); return; }
+    }
+    connect();
   }
   function send(obj) {
     if (S.ws && S.ws.readyState === WebSocket.OPEN) { S.ws.send(JSON.stringify(obj)); return true; }
@@ -259,7 +276,7 @@ import { gist, timelineLine } from './gist.js';
     mark('inbox');
     if (S.live && document.hidden && 'Notification' in window && Notification.permission === 'granted') {
       const d = ev.data || {};
-      try { new Notification('An agent asks: ' + String(ev.agent), { body: String(d.prompt || ev.subject || ''), tag: String(ev.id) }); } catch (e) { /* not allowed here */ }
+      try { new Notification('An agent asks: ' + String(ev.agent), { body: str(d.prompt || ev.subject), tag: String(ev.id) }); } catch (e) { /* not allowed here */ }
     }
   }
 
@@ -365,7 +382,7 @@ import { gist, timelineLine } from './gist.js';
     const ev = ask.ev, d = ev.data && typeof ev.data === 'object' ? ev.data : {};
     const card = el('article', { class: 'card', tabindex: '0', 'data-ask': ev.id });
     card.append(el('div', { class: 'meta', text: [ev.agent, ev.session, d.kind, ev.subject, (ev.time || '').slice(11, 19)].filter(Boolean).join(' · ') }));
-    card.append(el('div', { class: 'prompt', text: d.prompt ?? '(no prompt at this capture level)' }));
+    card.append(el('div', { class: 'prompt', text: str(d.prompt, '(no prompt at this capture level)') }));
     const via = Array.isArray(d.respond_via) ? d.respond_via : null;
     const controllable = !via || via.includes('control');
     const dis = !canCommand() || ask.busy || ask.settled;
@@ -379,8 +396,8 @@ import { gist, timelineLine } from './gist.js';
         const row = el('div', { class: 'options' });
         for (const o of opts) {
           if (!o || typeof o !== 'object') continue;
-          const b = el('button', { type: 'button', 'data-option': String(o.id), text: String(o.label ?? o.id), disabled: dis });
-          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', String(o.label ?? o.id)));
+          const b = el('button', { type: 'button', 'data-option': String(o.id), text: str(o.label ?? o.id), disabled: dis });
+          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', str(o.label ?? o.id)));
           row.append(b);
         }
         card.append(row);
@@ -427,14 +444,30 @@ import { gist, timelineLine } from './gist.js';
     $('inbox-more').textContent = pending.length > MAX_CARDS ? (pending.length - MAX_CARDS) + ' more waiting' : (pending.length ? '' : 'Nothing waiting on you.');
   }
 
-  function virtual(scroller, spacer, count, rowH, make) {
+  // a list row is a button for the keyboard too: focusable, Enter or Space acts
+  function rowButton(row, act) {
+    row.tabIndex = 0;
+    row.addEventListener('click', act);
+    row.addEventListener('keydown', (e) => {
+      if ((e.key === 'Enter' || e.key === ' ') && e.target === row) { e.preventDefault(); act(); }
+    });
+    return row;
+  }
+  function virtual(scroller, spacer, count, rowH, make, key) {
     spacer.style.height = (count * rowH) + 'px';
     const top = scroller.scrollTop, h = scroller.clientHeight || 400;
     const first = Math.max(0, Math.floor(top / rowH) - 5);
     const last = Math.min(count, Math.ceil((top + h) / rowH) + 5);
     const rows = [];
     for (let i = first; i < last; i++) { const r = make(i); r.style.top = (i * rowH) + 'px'; rows.push(r); }
+    // the rows are rebuilt on every change: a focused row's successor takes its focus
+    const had = document.activeElement;
+    const focused = had && had.parentNode === spacer ? had.getAttribute(key) : null;
     spacer.replaceChildren(...rows);
+    if (focused !== null) {
+      const again = rows.find((r) => r.getAttribute(key) === focused);
+      if (again) again.focus({ preventScroll: true });
+    }
   }
   let shownSessions = [];
   function renderSessions() {
@@ -446,9 +479,9 @@ import { gist, timelineLine } from './gist.js';
       const row = el('div', { class: 'row srow' + (s.id === S.selected ? ' sel' : ''), 'data-session': s.id, role: 'button' },
         el('div', {}, el('span', { class: 'state-' + s.state, text: s.state }), ' ' + s.agent + ' · ' + s.id),
         el('div', { class: 'sub', text: s.count + ' events · ' + (s.last || '').replace('T', ' ').slice(0, 19) }));
-      row.addEventListener('click', () => select(s.id));
-      return row;
-    });
+      row.title = s.agent + ' · ' + s.id;
+      return rowButton(row, () => select(s.id));
+    }, 'data-session');
   }
   function select(id) {
     S.selected = id; S.detail = null;
@@ -467,16 +500,15 @@ import { gist, timelineLine } from './gist.js';
     if (follow) { sp.style.height = (evs.length * TROW) + 'px'; sc.scrollTop = sp.offsetHeight; }
     virtual(sc, sp, evs.length, TROW, (i) => {
       const { ev, raw } = evs[i];
-      const row = el('div', { class: 'row trow' + (S.detail === raw ? ' sel' : ''), 'data-event': String(ev.id), text: timelineLine(ev) });
-      row.addEventListener('click', () => {
+      const row = el('div', { class: 'row trow' + (S.detail === raw ? ' sel' : ''), 'data-event': String(ev.id), role: 'button', text: timelineLine(ev) });
+      return rowButton(row, () => {
         S.detail = raw;
         let pretty = raw;
         try { pretty = JSON.stringify(JSON.parse(raw), null, 2); } catch (e) { /* shown as sent */ }
         $('envelope').textContent = pretty;
         mark('timeline');
       });
-      return row;
-    });
+    }, 'data-event');
   }
   function renderControls() {
     const box = $('controls');

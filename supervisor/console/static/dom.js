@@ -14,3 +14,13 @@ export function el(tag, props, ...kids) {
   for (const c of kids) if (c !== null && c !== undefined) e.append(c);  // strings become text nodes
   return e;
 }
+
+// A payload value as the text a person reads: a string as it is, a missing
+// one as `fallback`, anything else (a malformed event's object or array) as
+// its JSON, never "[object Object]".
+export function str(v, fallback = '') {
+  if (v === undefined || v === null) return fallback;
+  if (typeof v === 'string') return v;
+  if (typeof v === 'object') { try { return JSON.stringify(v); } catch (e) { return '?'; } }
+  return String(v);
+}

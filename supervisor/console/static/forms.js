@@ -1,7 +1,7 @@
 // aep-bridges console: AEP-0006 forms rendered from `field_spec` (string,
 // number with min/max, boolean, select single or multi with `other` free
 // text), checked as the spec says before anything is sent.
-import { el } from './dom.js';
+import { el, str } from './dom.js';
 
 export function formFields(ask, fields, disabled, submit) {
   const box = el('div', { class: 'form' });
@@ -11,7 +11,7 @@ export function formFields(ask, fields, disabled, submit) {
     const fid = String(f.id);
     const name = 'field-' + i;
     const wrap = el('div', { class: 'field', 'data-field': fid });
-    const label = String(f.label ?? fid) + (f.required ? ' *' : '');
+    const label = str(f.label ?? fid) + (f.required ? ' *' : '');
     if (f.type === 'boolean') {
       const cb = el('input', { type: 'checkbox', id: name + '-' + ask.ev.id, name });
       wrap.append(el('label', { for: cb.id }, cb, ' ' + label));
@@ -23,7 +23,7 @@ export function formFields(ask, fields, disabled, submit) {
       const boxes = choices.map((c, j) => {
         const inp = el('input', { type: multi ? 'checkbox' : 'radio', name: name + '-' + ask.ev.id,
                                   value: String(c.id), id: name + '-' + j + '-' + ask.ev.id });
-        wrap.append(el('label', { for: inp.id }, inp, ' ' + String(c.label ?? c.id)));
+        wrap.append(el('label', { for: inp.id }, inp, ' ' + str(c.label ?? c.id)));
         return inp;
       });
       let other = null;
@@ -70,7 +70,7 @@ export function formFields(ask, fields, disabled, submit) {
     for (const it of inputs) {
       const r = it.read();
       for (const n of it.nodes) n.removeAttribute('aria-invalid');
-      if (!r.ok) { problems.push(String(it.f.label ?? it.f.id) + ': ' + r.why); for (const n of it.nodes) n.setAttribute('aria-invalid', 'true'); continue; }
+      if (!r.ok) { problems.push(str(it.f.label ?? it.f.id) + ': ' + r.why); for (const n of it.nodes) n.setAttribute('aria-invalid', 'true'); continue; }
       if (!r.skip) { values[String(it.f.id)] = r.value; if (r.text) text = true; }
     }
     err.textContent = problems.join('; ');

@@ -12,6 +12,7 @@ before anything is sent; a payload of HTML and ``</script>`` shown as text;
 run controls offered from the target's ``hello`` only."""
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -221,6 +222,35 @@ class StickyRelay(DaemonProcess):
             super()._pick_ports()
 
 
+def test_a_restart_that_sets_or_drops_the_token(tmp_path: Path) -> None:
+    """The daemon restarts under an open page with ``AEP_TOKEN`` newly set:
+    the page asks for it (it does not retry a refused socket for ever);
+    restarted again without one, the page goes back to watch-only."""
+    d = StickyRelay(tmp_path / "state", args=("relay",)).start()
+    try:
+        with open_browser() as page:
+            page.open(d.url + "/")
+            page.wait(lambda: "watch-only" in page.one("#mode").text, "the watch-only banner")
+            page.wait(lambda: page.one("#conn").text == "live", "a live socket")
+            d.stop()
+            d.token = TOKEN
+            d.start()
+            page.one("#token-form:not([hidden])", "the token form after the restart")
+            assert "AEP_TOKEN" in page.one("#token-error").text
+            page.one("#token-input").send_keys(TOKEN)
+            page.one("#token-submit").click()
+            page.wait(lambda: page.one("#conn").text == "live", "live with the token")
+            assert "control on" in page.one("#mode").text
+            d.stop()
+            d.token = None
+            d.start()
+            page.wait(lambda: "watch-only" in page.one("#mode").text, "watch-only again")
+            page.wait(lambda: page.one("#conn").text == "live", "live without a token")
+            assert page.js("return sessionStorage.getItem('aep-token')") is None
+    finally:
+        d.stop()
+
+
 def test_reconnect_after_a_restart_without_duplicate_or_missing_card(tmp_path: Path) -> None:
     """The relay restarts while the page is open, and a new session asks
     before the page is back (its socket blocked meanwhile): the page
@@ -304,6 +334,60 @@ def test_keyboard_only_and_a_phone_sized_screen(relay: DaemonProcess) -> None:
         assert cmd["subject"] == a2["id"] and cmd["data"]["answer"] == {"text": "no thanks"}
         assert cmd["capture"] == "redacted"
         page.wait(lambda: "resolved" in page.status(a2["id"]), "the second answered")
+
+
+def test_sessions_and_timeline_by_keyboard(relay: DaemonProcess) -> None:
+    """The session list and the timeline without a mouse: Tab reaches a
+    session row, it keeps its focus while events re-render the list (the
+    rows are rebuilt on every change), Enter opens its timeline, and Enter
+    on a timeline line shows its envelope."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.keys import Keys
+
+    with StubTarget(relay.url, TOKEN) as target, open_browser() as page:
+        target.emit("session.started", {})
+        login(page, relay.url)
+        row = f'[data-session="{target.session}"]'
+        page.one(row, "the session row")
+        page.one("#session-filter").click()
+        keys = ActionChains(page.driver)
+        keys.send_keys(Keys.TAB).send_keys(Keys.TAB).perform()  # the list, then its first row
+        page.wait(lambda: page.js("return document.activeElement.dataset.session") == target.session,
+                  "the session row focused by Tab")
+        for _ in range(3):  # each event re-renders the list under the focused row
+            target.emit("progress.status", {"status": "busy"})
+        page.wait(lambda: page.js("return window.aepConsole.events") >= 4, "the new events")
+        page.wait(lambda: "4 events" in page.one(row).text, "the row re-rendered")
+        assert page.js("return document.activeElement.dataset.session") == target.session
+        ActionChains(page.driver).send_keys(Keys.ENTER).perform()
+        page.wait(lambda: page.one("#timeline-title").text == target.session, "the timeline opened")
+        line = page.one("#timeline-spacer [data-event]", "a timeline line")
+        assert line.get_attribute("tabindex") == "0"
+        page.js("arguments[0].focus()", line)
+        ActionChains(page.driver).send_keys(Keys.ENTER).perform()
+        page.wait(lambda: '"type": "session.started"' in page.one("#envelope").text
+                  or '"type": "progress.status"' in page.one("#envelope").text, "the envelope")
+
+
+def test_a_malformed_ask_reads_as_its_json(relay: DaemonProcess) -> None:
+    """A bridge bug (an object where the spec says string) shows the value
+    as JSON on the card, its option and its form label, not
+    "[object Object]"; the HTML inside stays text."""
+    with StubTarget(relay.url, TOKEN) as target, open_browser() as page:
+        prompt = {"nested": HOSTILE}
+        ask = target.emit("attention.requested", {
+            "kind": "permission", "prompt": prompt, "respond_via": ["control"],
+            "options": [{"id": "once", "label": ["a", 1]}]}, subject="bash", capture="redacted")
+        form = target.emit("attention.requested", {
+            "kind": "form", "prompt": "p", "respond_via": ["control"],
+            "fields": [{"id": "n", "type": "string", "label": {"x": 1}}]}, capture="redacted")
+        login(page, relay.url)
+        card = page.card(ask["id"])
+        assert card.find_element("css selector", ".prompt").text == json.dumps(prompt, separators=(",", ":"))
+        assert card.find_element("css selector", '[data-option="once"]').text == '["a",1]'
+        assert '{"x":1}' in page.card(form["id"]).find_element("css selector", '[data-field="n"]').text
+        assert "[object Object]" not in page.text()
+        assert page.js("return window.__pwned === undefined")
 
 
 def test_a_notification_for_an_ask_while_the_tab_is_hidden(relay: DaemonProcess) -> None:
