@@ -33,7 +33,7 @@ __all__ = [
     "Scope", "Message", "Receive", "Send", "App", "ABORT_KEY", "LISTEN_KEY",
     "lifespan", "read_body", "headers", "header", "send_bytes", "send_json", "respond",
     "send_metrics", "presented_tokens", "token_matches", "bearer_ok",
-    "host_allowed", "listen_host", "host_guard", "refuse_upgrade",
+    "host_allowed", "is_loopback_listener", "listen_host", "host_guard", "refuse_upgrade",
 ]
 
 Scope = dict[str, Any]
@@ -235,6 +235,12 @@ def host_allowed(host: str, listen_host: str | None) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def is_loopback_listener(listen_host: str | None) -> bool:
+    """Whether a listener bound to ``listen_host`` is a loopback bind, where
+    :func:`host_allowed` vets ``Host`` against DNS rebinding."""
+    return _loopback_listener(listen_host) is not None
 
 
 def listen_host(scope: Scope) -> str | None:

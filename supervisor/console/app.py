@@ -11,6 +11,9 @@ browser facts fit the relay's existing rules, both only on ``/socket``:
   relay's DNS-rebinding guard has vetted on a loopback bind) is allowed by
   removing that header before the relay sees the upgrade; a foreign origin
   still reaches the relay and is refused there (403 ``origin-not-allowed``).
+  On a non-loopback bind (no Host guard) the same-origin rule applies only
+  to a socket that presents a token: a tokenless one keeps its ``Origin``
+  (list the console's origin in ``AEP_CORS_ORIGINS`` to watch without one).
 - **The token, never in a URL.** A browser cannot set ``Authorization`` on
   a WebSocket. The page offers the subprotocols ``aep.v0.1`` and
   ``aep.bearer.<base64url(token)>`` (the pattern Kubernetes uses for the
@@ -28,7 +31,18 @@ import base64
 import binascii
 from importlib import resources
 
-from bridges.core.asgi import App, Message, Receive, Scope, Send, header, host_allowed, listen_host, respond
+from bridges.core.asgi import (
+    App,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    header,
+    host_allowed,
+    is_loopback_listener,
+    listen_host,
+    respond,
+)
 from supervisor.relay import normalize_origin
 
 __all__ = ["CSP", "SUBPROTOCOL", "BEARER_PREFIX", "console_app", "static_files"]
@@ -94,10 +108,16 @@ def _socket_scope(scope: Scope) -> tuple[Scope, bool]:
     """The ``/socket`` scope the relay sees (see the module docstring) and
     whether the page's subprotocol is to be selected on accept."""
     headers = list(scope.get("headers", []))
-    if _same_origin(scope):
-        headers = [(k, v) for k, v in headers if k.lower() != b"origin"]
     protocols = [str(p) for p in scope.get("subprotocols") or []]
     token = _bearer(protocols)
+    # "the page's own origin" is only as good as the Host it is built from: on a
+    # loopback bind the Host guard vetted it; elsewhere (no Host guard) only a
+    # socket that carries a token may pass, or a DNS-rebinding page would read
+    # the stream of an open (tokenless) relay
+    vetted = is_loopback_listener(listen_host(scope)) or token is not None or any(
+        k.lower() == b"authorization" for k, _ in headers)
+    if vetted and _same_origin(scope):
+        headers = [(k, v) for k, v in headers if k.lower() != b"origin"]
     if token is not None and not any(k.lower() == b"authorization" for k, _ in headers):
         headers.append((b"authorization", b"Bearer " + token.encode("utf-8", "surrogateescape")))
     return {**scope, "headers": headers}, SUBPROTOCOL in protocols

@@ -381,7 +381,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.core.asgi": {
         "Scope", "Message", "Receive", "Send", "App", "ABORT_KEY", "LISTEN_KEY", "lifespan",
         "read_body", "headers", "header", "send_bytes", "send_json", "respond", "send_metrics", "presented_tokens", "token_matches", "bearer_ok",
-        "host_allowed", "listen_host", "host_guard", "refuse_upgrade",
+        "host_allowed", "is_loopback_listener", "listen_host", "host_guard", "refuse_upgrade",
     },
     "bridges.core.http": {
         "HyperConfig", "hyper_config", "bind_socket", "serve_app", "Http2Refused", "FaultLog",

@@ -116,3 +116,24 @@ async def test_bearer_subprotocol_becomes_the_authorization_header() -> None:
     await call(app, ws([], [BEARER_PREFIX + "%%%"]))
     assert not [v for k, v in inner.scopes[-1]["headers"] if k == b"authorization"]
     assert await call(app, ws([], [])) == [{"type": "websocket.accept"}]
+
+
+async def test_same_origin_on_an_open_bind_needs_a_token() -> None:
+    """A non-loopback listener has no Host guard: a DNS-rebinding page's
+    ``Host: evil.example`` and ``Origin: http://evil.example`` match, so the
+    same-origin rule holds there only for a socket that presents a token
+    (the relay then checks it); a tokenless one keeps its Origin (refused)."""
+    inner = Inner()
+    app = console_app(inner)
+    rebound = [(b"host", b"evil.example:8787"), (b"origin", b"http://evil.example:8787")]
+
+    def open_bind(subprotocols: list[str] | None = None) -> dict[str, Any]:
+        return {**ws([], subprotocols), "headers": rebound, "server": ("0.0.0.0", 8787)}
+
+    await call(app, open_bind())
+    assert (b"origin", b"http://evil.example:8787") in inner.scopes[-1]["headers"]
+    await call(app, open_bind([SUBPROTOCOL, BEARER_PREFIX + b64("t0ken")]))
+    assert (b"origin", b"http://evil.example:8787") not in inner.scopes[-1]["headers"]
+    # on a loopback bind the Host guard has vetted Host: no token needed
+    await call(app, ws([(b"origin", b"http://127.0.0.1:8787")]))
+    assert (b"origin", b"http://127.0.0.1:8787") not in inner.scopes[-1]["headers"]
