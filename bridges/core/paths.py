@@ -22,13 +22,15 @@ def state_dir(env: Mapping[str, str]) -> Path:
     return Path(xdg).expanduser() / "aep-bridges"
 
 
-def write_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
+def write_atomic(path: Path, text: str, *, fsync: bool = False, mode: int | None = None) -> None:
     """Replace the file at ``path`` with ``text`` (UTF-8) atomically: a
     temporary file in the same directory, then ``os.replace``, so a reader
     (or a crash) sees the old document or the new one, never half of one.
     Creates missing parent directories. ``fsync``: flush the data to disk
     before the rename (state that must survive a power cut, e.g. the epoch).
-    Raises ``OSError``; the temporary file is removed on failure."""
+    ``mode``: the new file's permission bits (default ``0o600``, the
+    temporary file's). Raises ``OSError``; the temporary file is removed on
+    failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -37,6 +39,8 @@ def write_atomic(path: Path, text: str, *, fsync: bool = False) -> None:
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -7,10 +7,11 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
+
+from bridges.core.paths import write_atomic
 
 __all__ = ["AGENTS", "DEFAULT_HOLD_S", "EXTRA_TIMEOUT_S", "Plan", "Refused", "hold_seconds",
            "is_our_command", "shim_command", "shim_path", "write_in_place"]
@@ -107,20 +108,8 @@ def write_in_place(path: Path, text: str, *, new_mode: int = 0o600) -> None:
     dotfiles manager's link stays a link); the file's mode is kept (a new
     file gets ``new_mode``). Raises ``OSError``."""
     target = Path(os.path.realpath(path))
-    target.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = target.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = new_mode
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(target, text, mode=mode)
