@@ -115,26 +115,30 @@ async def test_guards_on_the_tee_path(tmp_path):
 
 def test_several_tees_at_once_under_two_agent_ids(tmp_path):
     """Two real Python pairs at once, one ``--name gemini``: each its own
-    emitter and story; ``/healthz`` sees both attached."""
+    emitter and story; ``/healthz`` sees each attached while its session
+    runs (each pair checks itself mid-session: the two run at their own
+    pace, and one may be done before the other's second turn)."""
     env = {**DAEMON_ENV, "AEP_ACP_AGENTS": "acp,gemini"}
     with run_daemon(tmp_path, env, healthy=True) as d:
         col = d.subscribe()
         seen = {}
 
-        def between(turn: int) -> None:
-            if turn == 2 and not seen:
-                seen["acp"] = wait_attached(d, 1, "acp")
-                seen["gemini"] = wait_attached(d, 1, "acp.gemini")
+        def between(name: str):
+            def check(turn: int) -> None:
+                if turn == 2 and name not in seen:
+                    seen[name] = wait_attached(d, 1, name)
+            return check
 
         async def both():
             return await asyncio.gather(
-                drive(tee(d.url) + py_agent(), ANSWERS, between=between),
-                drive(tee(d.url, "--name", "gemini") + py_agent(), ANSWERS))
+                drive(tee(d.url) + py_agent(), ANSWERS, between=between("acp")),
+                drive(tee(d.url, "--name", "gemini") + py_agent(), ANSWERS,
+                      between=between("acp.gemini")))
 
         try:
             a, b = asyncio.run(both())
             assert a == b
-            assert seen["acp"]["tees_attached"] == 1 and seen["gemini"]["tees_attached"] == 1
+            assert seen["acp"]["tees_attached"] == 1 and seen["acp.gemini"]["tees_attached"] == 1
             col.first(lambda e: e["type"] == "session.ended" and e["agent"] == "gemini", 60)
             events = wait_story(col, "sess-1")
             for agent in ("acp", "gemini"):
