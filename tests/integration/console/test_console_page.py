@@ -40,7 +40,10 @@ FORM = [
 
 @pytest.fixture
 def relay(tmp_path: Path):
-    d = DaemonProcess(tmp_path / "state", args=("relay",), token=TOKEN).start()
+    # the virtualized-lists test posts 300 new sessions in one batch: past the
+    # relay's default new-session budget (100 a request), which is not under test here
+    d = DaemonProcess(tmp_path / "state", args=("relay",), token=TOKEN,
+                      env={"AEP_RELAY_MAX_NEW_SESSIONS": "1000"}).start()
     try:
         yield d
     finally:
