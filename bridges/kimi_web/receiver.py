@@ -131,6 +131,7 @@ class Receiver(VendorRest):
         self._listed: set[str] = set()
         self._woken: dict[str, None] = {}  # insertion order = LRU
         self._no_cursor: set[str] = set()
+        self._restarted: set[str] = set()
         self._state_path = state_path(config)
         # one set of counters: the tracker's (duplicates, unpaired results,
         # settled asks...) show in /healthz beside the receiver's
@@ -461,6 +462,7 @@ class Receiver(VendorRest):
         self.subscribed.discard(sid)
         self.dormant.discard(sid)
         self._no_cursor.discard(sid)
+        self._restarted.discard(sid)
         self._held_cut.discard(sid)
         self._drop_held(sid)
         fid = self._pending_of.pop(sid, None)

@@ -99,6 +99,9 @@ class VendorRest:
     subscribed: set[str]
     dormant: set[str]
     _no_cursor: set[str]
+    #: sessions resubscribed after the server restarted: their next rebuild
+    #: closes a run still open as cut off (:meth:`Tracker.resync` ``restarted``)
+    _restarted: set[str]
     _state_path: Path | None
     #: the receiver's own (:class:`~bridges.kimi_web.receiver.Receiver`)
     _emit: Callable[[list[Out]], Awaitable[None]]
@@ -226,6 +229,7 @@ class VendorRest:
                 self.ctx.health.count("rest_errors")
             else:
                 self._no_cursor.add(sid)
+                self._restarted.add(sid)
                 await self.subscribe([sid])
                 return
         self.dormant.add(sid)
@@ -254,4 +258,6 @@ class VendorRest:
         if isinstance(cursor, dict) and isinstance(cursor.get("seq"), int) and isinstance(cursor.get("epoch"), str):
             st = self.tracker.session(sid)
             st.epoch, st.seq = cursor["epoch"], cursor["seq"]
-        await self._emit(self.tracker.resync(sid, snap))
+        restarted = sid in self._restarted
+        self._restarted.discard(sid)
+        await self._emit(self.tracker.resync(sid, snap, restarted=restarted))

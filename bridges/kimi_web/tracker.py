@@ -30,7 +30,8 @@ this module adds what needs memory:
 - **Rebuild** (:meth:`Tracker.resync`): from ``GET /sessions/{sid}``, the
   pending approvals and questions and ``GET .../prompts``, what the stream
   missed is closed or opened: a run we hold that is no longer active ends
-  by the session's ``last_turn_reason``; an active prompt we never saw
+  by the session's ``last_turn_reason`` (``run.failed`` ``lost`` when the
+  server restarted since: that reason may be an earlier turn's); an active prompt we never saw
   opens its run; asks no longer pending resolve ``dismissed``; pending asks
   we never saw are requested.
 
@@ -408,11 +409,19 @@ class Tracker:
         return next((a for a in st.asks.values() if a.event_id == subject), None)
 
     # -- rebuild -------------------------------------------------------------------
-    def resync(self, sid: str, snap: dict[str, Any], ts: str | None = None) -> list[Out]:
+    def resync(self, sid: str, snap: dict[str, Any], ts: str | None = None, *,
+               restarted: bool = False) -> list[Out]:
         """Rebuild from REST after ``resync_required`` (or a restart).
         ``snap``: ``{"session": GET /sessions/{sid} data, "approvals":
         [pending items], "questions": [pending items], "prompts": GET
-        .../prompts data}``; a missing part is not reconciled."""
+        .../prompts data}``; a missing part is not reconciled.
+        ``restarted``: the server restarted since the run was seen (and the
+        replay by cursor did not end it): the run was cut off, it ends
+        ``run.failed`` ``lost`` whatever ``last_turn_reason`` says. That
+        field is the session's last turn that ENDED, with no prompt id; 2.1.0
+        clears it at a turn's start with an asynchronous metadata write (and
+        the turn's own records), which a SIGKILL can lose, so after the
+        restart it can still say ``completed`` for the turn BEFORE the cut one."""
         self.count("resyncs")
         if not self.posture.primary:
             return []
@@ -424,7 +433,7 @@ class Tracker:
             active = M.obj(prompts.get("active"))
             active_id = active["prompt_id"] if isinstance(active.get("prompt_id"), str) else None
             if st.run is not None and st.run != active_id:
-                reason = session.get("last_turn_reason")
+                reason = None if restarted else session.get("last_turn_reason")
                 terminal = M.run_ended({"reason": reason}) if isinstance(reason, str) and reason \
                     else {"type": "run.failed", "data": {"reason": "lost"}}
                 out += self._close_run(st, terminal, ts)

@@ -80,7 +80,32 @@ def _asking(mock: ThreadedMock, text: str) -> list[dict]:
     return out
 
 
-async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path):
+def lose_the_turn_start_writes(server: KimiWeb, sid: str) -> None:
+    """Fault injection: the SIGKILL beat 2.1.0's asynchronous writes at the
+    cut turn's start, though the model request was already out (seen under
+    load: the session's ``state.json`` still said ``lastTurnReason:
+    "completed"`` for the turn before, its ``state.json.tmp.*`` left
+    half-renamed; the wire's first step record of the turn, which clears
+    the replayed ``lastEnded``, can trail the request too). The restarted
+    server then reports ``last_turn_reason: "completed"`` for a session
+    whose last turn was cut off."""
+    session = next(p for p in (server.home / "sessions").rglob(sid) if p.is_dir())
+    meta = json.loads((session / "state.json").read_text())
+    meta["lastTurnReason"] = "completed"
+    (session / "state.json").write_text(json.dumps(meta))
+    wire = session / "agents" / "main" / "wire.jsonl"
+    lines = wire.read_text().splitlines(keepends=True)
+    last = max(i for i, line in enumerate(lines) if json.loads(line).get("type") == "agent.turn.started")
+    wire.write_text("".join(lines[:last + 1]))
+
+
+@pytest.mark.parametrize("turn_start_persisted", [True, False], ids=["persisted", "write-lost"])
+async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path, turn_start_persisted):
+    """``kimi web`` SIGKILLed with a turn in flight, restarted on the same
+    home: the cut run ends ``run.failed`` ``lost``. ``write-lost``: the kill
+    also beat the vendor's write that clears ``lastTurnReason`` (a race
+    seen under load; the bridge used to close the cut run ``run.finished``
+    from that stale ``completed``)."""
     daemon = KimiDaemon(server, tmp_path / "state").start()
     stream = daemon.subscribe()
     try:
@@ -98,6 +123,8 @@ async def test_kimi_web_killed_and_restarted_mid_session(mock, server, tmp_path)
         server.kill()  # SIGKILL: the instance file stays behind, its pid dead
         mock.release()
         assert server.instance_files() == stale  # left behind, its pid dead: skipped
+        if not turn_start_persisted:
+            lose_the_turn_start_writes(server, sid)
         await wait_health(daemon, lambda b: b["source"] is not True)
         mock.play(Text("back"))
         asked_again = len(_asking(mock, "say hi again"))

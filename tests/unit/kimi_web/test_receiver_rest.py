@@ -191,3 +191,65 @@ def _discovering_receiver(tmp_path, server: str, port: int, token: str):
                         BridgeHealth(), logging.getLogger("t"))
     return R.Receiver(KimiWebConfig(home=tmp_path, state_dir=None),
                       Tracker(Posture(mode="primary")), ctx), tok
+
+
+async def test_a_run_cut_off_by_a_server_restart_is_lost_even_when_the_session_says_completed(tmp_path):
+    """Flake of ``test_kimi_web_killed_and_restarted_mid_session`` (the cut
+    run ended ``run.finished``): ``last_turn_reason`` is the session's last
+    turn that ENDED, with no prompt id. 2.1.0 clears it when a turn starts
+    with an asynchronous metadata write (``SessionOutcomeMirror``) that a
+    SIGKILL can beat, so after the restart the session still says
+    ``completed``: the turn BEFORE the cut one. The rebuild that follows a
+    restart (``not_found`` at subscribe, the session still exists) closes
+    the open run ``run.failed`` ``lost``; a plain ``resync_required`` (the
+    server stayed up) still takes the vendor's reason."""
+    import trio
+
+    from bridges.kimi_web import discovery
+
+    r, _tok = _discovering_receiver(tmp_path, "01A", 3333, "tok")
+    r.endpoint = discovery.Endpoint("http://127.0.0.1:3333", "tok", "01A")
+    out_r = _out_of(r)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        path = request.url.path.removeprefix("/api/v1")
+        data: object = {"items": []}
+        if path in ("/sessions/s", "/sessions/t"):
+            data = {"id": path.rsplit("/", 1)[1], "busy": False, "pending_interaction": "none",
+                    "last_turn_reason": "completed"}
+        elif path.endswith("/prompts"):
+            data = {"active": None, "queued": []}
+        return httpx.Response(200, json={"code": 0, "msg": "success", "data": data})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        r._client = client  # noqa: SLF001 - the receiver's own client, given directly
+        for sid in ("s", "t"):
+            for seq, (t, p) in enumerate((("turn.started", {"promptId": "p1", "turnId": 1}),
+                                          ("turn.ended", {"reason": "completed"}),
+                                          ("turn.started", {"promptId": "p2", "turnId": 2}))):
+                await r._process({"type": t, "session_id": sid, "seq": seq, "epoch": "e",  # noqa: SLF001
+                                  "payload": p})
+        # s: the server restarted (subscribe said not_found, REST says it exists)
+        await r._check_exists("s")  # noqa: SLF001 - the restart path, driven directly
+        await r._resync("s", None)  # noqa: SLF001 - what the ack of the resubscription starts
+        # t: resync_required while the server stayed up
+        await r._resync("t", {"seq": 9, "epoch": "e"})  # noqa: SLF001
+    evs = []
+    while True:
+        try:
+            evs.append(out_r.receive_nowait().event)
+        except trio.WouldBlock:
+            break
+    ends = [(e["session"], e["run"], e["type"], e.get("data", {})) for e in evs
+            if e["type"] in ("run.finished", "run.failed", "run.cancelled")]
+    assert ends == [("s", "p1", "run.finished", {}), ("t", "p1", "run.finished", {}),
+                    ("s", "p2", "run.failed", {"reason": "lost"}), ("t", "p2", "run.finished", {})]
+
+
+def _out_of(r):
+    """The receiving end of ``r``'s context's output channel (re-made: the
+    helper drops it)."""
+    import trio
+    s, rcv = trio.open_memory_channel(100)
+    r.ctx._channel = s  # noqa: SLF001 - the context's own channel, swapped for the test
+    return rcv
