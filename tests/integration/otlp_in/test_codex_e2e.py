@@ -100,9 +100,8 @@ def expected_types(scenario: str, primary: bool) -> Counter:
 
 def codex_daemon(tmp: Path, *, primary: bool) -> DaemonProcess:
     """``aep-bridges run`` with the OTLP inbound bridge (companion or primary)."""
-    env = {"AEP_BRIDGE_OTLP_IN": "1"}
-    if primary:
-        env["AEP_OTLP_PRIMARY"] = "1"
+    # said explicitly both ways: primary is the default now (issue 29)
+    env = {"AEP_BRIDGE_OTLP_IN": "1", "AEP_OTLP_PRIMARY": "1" if primary else "0"}
     return DaemonProcess(tmp / "state", env)
 
 

@@ -628,7 +628,7 @@ async def test_bind_failure_raises_a_plain_oserror(kind):
 async def test_codex_and_vscode_at_once_each_its_own_emitter():
     env = {"AEP_OTLP_VENDOR": "codex,vscode", "AEP_OTLP_GRPC_LISTEN": "127.0.0.1:0",
            "AEP_OTLP_HTTP_LISTEN": "127.0.0.1:0", "AEP_OTLP_VSCODE_GRPC_LISTEN": "off",
-           "AEP_OTLP_VSCODE_HTTP_LISTEN": "127.0.0.1:0"}
+           "AEP_OTLP_VSCODE_HTTP_LISTEN": "127.0.0.1:0", "AEP_OTLP_PRIMARY": "0"}
     codex_b, vscode_b = from_env(env, policy=CapturePolicy())
     assert (codex_b.name, codex_b.agent) == ("otlp_in.codex", "codex")
     assert (vscode_b.name, vscode_b.agent) == ("otlp_in.vscode", "vscode")
@@ -659,12 +659,16 @@ async def test_codex_and_vscode_at_once_each_its_own_emitter():
 # --------------------------------------------------------------------------- configuration
 
 def test_from_env_defaults():
+    # primary mode by default (issue 29: what the demo runs), companion on request
     (b,) = from_env({})
-    assert b.config == OtlpConfig("codex", ("127.0.0.1", 4317), ("127.0.0.1", 4318), False,
+    assert b.config == OtlpConfig("codex", ("127.0.0.1", 4317), ("127.0.0.1", 4318), True,
                                   4 * 1024 * 1024)
-    assert (b.vendor, b.primary) == ("codex", False)
+    assert (b.vendor, b.primary) == ("codex", True)
     assert b.listeners() == {"grpc": ("127.0.0.1", 4317), "http": ("127.0.0.1", 4318)}
-    assert b.capabilities() == {"emits": ["x.codex.otel"], "capture": ["none", "metadata"]}
+    assert b.capabilities()["emits"] == ["session", "tool", "x.codex.otel"]
+    (c,) = from_env({"AEP_OTLP_PRIMARY": "0"})
+    assert (c.vendor, c.primary) == ("codex", False)
+    assert c.capabilities() == {"emits": ["x.codex.otel"], "capture": ["none", "metadata"]}
     (p,) = from_env({"AEP_OTLP_PRIMARY": "1", "AEP_OTLP_VENDOR": "vscode"})
     assert p.primary and p.name == "otlp_in.vscode"
     assert p.capabilities()["emits"] == ["session", "tool", "x.vscode.otel"]

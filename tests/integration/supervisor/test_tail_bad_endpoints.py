@@ -38,7 +38,8 @@ class Stub:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 -- http.server's name
-                stub.requests += 1
+                if self.path.startswith("/stream"):  # tail's /healthz look-up is no reconnect
+                    stub.requests += 1
                 self.send_response(200)
                 self.send_header("content-type", ctype)
                 self.end_headers()
@@ -85,7 +86,10 @@ def test_events_that_are_not_aep_are_skipped_named_once_and_counted(stub_factory
     assert p.returncode == 0, p.stderr
     assert [json.loads(ln) for ln in p.stdout.splitlines()] == [GOOD]
     lines = p.stderr.splitlines()
-    # one line per kind (not JSON, not an object, no envelope), then the count on exit
+    # the connect line (issue 29), then one line per kind (not JSON, not an
+    # object, no envelope), then the count on exit
+    assert [ln for ln in lines if "connected to" in ln] == [f"aep-bridges tail: connected to {stub.url}"]
+    lines = [ln for ln in lines if "connected to" not in ln]
     assert len(lines) == 4, lines
     assert "not JSON" in lines[0] and "a JSON str, not an object" in lines[1]
     assert "without an AEP envelope" in lines[2]
