@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from pathlib import Path
 from typing import Any, Iterator
 
 import trio
@@ -125,3 +126,21 @@ class Rig:
                 return hits
             await trio.sleep(0.001)
         raise AssertionError(f"no {type_} in {self.types()}")
+
+
+def captured_moments(real: Path, scenario: str) -> list[dict[str, Any]]:
+    """One capture scenario's real hook payloads (``real/<scenario>/*.json``), in order."""
+    return [json.loads(p.read_text()) for p in sorted((real / scenario).glob("*.json"))]
+
+
+async def replay_capture(profile: HookProfile, real: Path, scenario: str) -> Rig:
+    """A :class:`Rig` of ``profile`` fed every moment of a capture scenario,
+    each answered 200 ``{}`` (no decision: nothing is held)."""
+    rig = Rig(profile, HookConfig())
+    async with trio.open_nursery() as n:
+        await rig.start(n)
+        for mo in captured_moments(real, scenario):
+            status, _, reply = await rig.post(mo)
+            assert (status, reply) == (200, {})
+        n.cancel_scope.cancel()
+    return rig

@@ -13,11 +13,9 @@ import os
 from pathlib import Path
 
 import pytest
-import trio
 
 from bridges.codex_hooks.profile import PROFILE as CODEX
-from bridges.hooks_common.config import HookConfig
-from tests.support.hooks import Rig
+from tests.support.hooks import Rig, captured_moments, replay_capture
 from tests.support.schema import validated
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,18 +40,11 @@ STORIES = {
 
 
 def moments(scenario: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((REAL / scenario).glob("*.json"))]
+    return captured_moments(REAL, scenario)
 
 
 async def replay(scenario: str) -> Rig:
-    rig = Rig(CODEX, HookConfig())
-    async with trio.open_nursery() as n:
-        await rig.start(n)
-        for mo in moments(scenario):
-            status, _, reply = await rig.post(mo)
-            assert (status, reply) == (200, {})
-        n.cancel_scope.cancel()
-    return rig
+    return await replay_capture(CODEX, REAL, scenario)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -13,11 +13,9 @@ import os
 from pathlib import Path
 
 import pytest
-import trio
 
 from bridges.claude_code.profile import PROFILE as CLAUDE
-from bridges.hooks_common.config import HookConfig
-from tests.support.hooks import Rig
+from tests.support.hooks import Rig, captured_moments, replay_capture
 from tests.support.schema import validated
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,18 +46,11 @@ STORIES = {
 
 
 def moments(scenario: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((REAL / scenario).glob("*.json"))]
+    return captured_moments(REAL, scenario)
 
 
 async def replay(scenario: str) -> Rig:
-    rig = Rig(CLAUDE, HookConfig())
-    async with trio.open_nursery() as n:
-        await rig.start(n)
-        for mo in moments(scenario):
-            status, _, reply = await rig.post(mo)
-            assert (status, reply) == (200, {})
-        n.cancel_scope.cancel()
-    return rig
+    return await replay_capture(CLAUDE, REAL, scenario)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
