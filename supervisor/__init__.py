@@ -3,7 +3,7 @@ everything: :mod:`.cli` (the ``aep-bridges`` entry point and its
 subcommands), :mod:`.daemon` (start-up, the listeners, shutdown),
 :mod:`.fleet` (each bridge's life) with its two bases :mod:`.pump` (the
 relay channel's one consumer) and :mod:`.handoff` (the command hand-off),
-:mod:`.config` (every setting), :mod:`.knobs` (the README's tables from
+:mod:`.config` (every setting), :mod:`.knobs` (docs/configuration.md's tables from
 the settings metadata) and :mod:`.posture` (exposure warnings). Below
 them, one sub-package per job, each with a curated ``__init__``:
 :mod:`.sessionlog` (the JSONL session log), :mod:`.delivery` (each

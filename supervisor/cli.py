@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="aep-bridges",
         description="Bridge coding-agent vendor surfaces to the Agent Event Protocol (AEP 0.1). "
-                    "Configured from the environment; see the README.")
+                    "Configured from the environment or a TOML file (--config); see docs/configuration.md.")
     parser.add_argument("--version", action="version", version=f"aep-bridges {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     env_file = argparse.ArgumentParser(add_help=False)

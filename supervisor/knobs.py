@@ -1,8 +1,8 @@
-"""The README's knob tables, generated from the settings metadata (issue 7,
-"one config shape"): ``python -m supervisor.knobs`` checks README.md,
-``--write`` rewrites its tables in place.
+"""The knob tables of ``docs/configuration.md``, generated from the settings
+metadata (issue 7, "one config shape"): ``python -m supervisor.knobs`` checks
+the page, ``--write`` rewrites its tables in place.
 
-Each table in README.md sits between markers naming whose settings it shows::
+Each table on the page sits between markers naming whose settings it shows::
 
     <!-- knobs:core -->            the daemon's core settings and the bridge flags
     <!-- knobs:openhands -->       one bridge (a FLEET key)
@@ -14,7 +14,7 @@ The owners are :func:`supervisor.config.all_settings` (``core``, ``dev``,
 and every built bridge's key). Several owners in one marker merge row by
 row (their settings lists must be parallel: same length, same meanings), so
 a vendor family shares one table (`` `AEP_OPENCODE_URL` / `AEP_KILOCODE_URL` ``).
-``tests/unit/supervisor/test_knobs.py`` fails when the README drifts.
+``tests/unit/supervisor/test_knobs.py`` fails when the page drifts.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ from bridges.core.settings import Row, render_table
 
 from . import config
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+"""The page that holds every knob table (the README links to it)."""
 
 MARKED = re.compile(r"(?P<open><!-- knobs:(?P<owners>[a-z0-9_,]+) -->\n)(?P<body>.*?)"
                     r"(?P<close><!-- /knobs -->)", re.S)
@@ -51,7 +52,7 @@ def rows(owners: Sequence[str]) -> list[Row]:
 
 
 def render(text: str) -> str:
-    """``text`` (the README) with every marked table regenerated. Raises
+    """``text`` (the page) with every marked table regenerated. Raises
     ``ValueError`` when ``text`` has no marked table at all."""
     if not MARKED.search(text):
         raise ValueError("no <!-- knobs:... --> table markers found")
@@ -63,21 +64,21 @@ def render(text: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``--write``: rewrite the README's tables; else exit 1 when they
-    differ from the metadata."""
+    """``--write``: rewrite the page's tables; else exit 1 when they
+    differ from the metadata. ``--page`` names another file (tests)."""
     ap = argparse.ArgumentParser(prog="python -m supervisor.knobs", description=__doc__.split("\n")[0])
     ap.add_argument("--write", action="store_true", help="rewrite the tables in place")
-    ap.add_argument("--readme", type=Path, default=README)
+    ap.add_argument("--page", type=Path, default=PAGE)
     args = ap.parse_args(argv)
-    text = args.readme.read_text()
+    text = args.page.read_text()
     new = render(text)
     if new == text:
         return 0
     if args.write:
-        args.readme.write_text(new)
-        print(f"{args.readme}: knob tables regenerated")
+        args.page.write_text(new)
+        print(f"{args.page}: knob tables regenerated")
         return 0
-    print(f"{args.readme}: knob tables differ from the settings metadata; run "
+    print(f"{args.page}: knob tables differ from the settings metadata; run "
           "`python -m supervisor.knobs --write`", file=sys.stderr)
     return 1
 

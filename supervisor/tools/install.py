@@ -51,8 +51,8 @@ ENV_TEMPLATE = """\
 """
 
 CONFIG_TEMPLATE = """\
-# aep-bridges settings (TOML), by the names of the README's configuration
-# tables: AEP_NAME = "value", true/false, or a number. Secrets (AEP_TOKEN,
+# aep-bridges settings (TOML), by the names of the tables in the project's
+# docs/configuration.md: AEP_NAME = "value", true/false, or a number. Secrets (AEP_TOKEN,
 # vendor passwords) go in the environment file beside it (mode 0600), which
 # wins over this file, as the process environment does. Check with
 #   aep-bridges check --config <this file>
@@ -274,7 +274,7 @@ def install(manager: str, *, prefix: Path | None = None, dry_run: bool = False,
     if why is not None:
         print(f"aep-bridges service: warning: the service could not start {exe}: {why} (the "
               "unit runs as a DynamicUser with PrivateTmp=yes); install system-wide first: "
-              "sudo PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install . (README, "
+              "sudo PIPX_HOME=/opt/pipx PIPX_BIN_DIR=/usr/local/bin pipx install . (docs/operations.md, "
               "Installing it for real)", file=sys.stderr)
     for f in files:
         if f.keep_existing and f.path.exists():

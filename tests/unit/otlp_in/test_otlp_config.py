@@ -116,8 +116,8 @@ def test_from_env_never_raises_and_fields_keep_their_types(env):
         assert check(configs) == []
 
 
-def test_readme_rows_are_the_settings_rendered():
+def test_configuration_page_rows_are_the_settings_rendered():
     from bridges.core.settings import render_table
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    documented = [line for line in readme.splitlines() if line.startswith("| `AEP_OTLP_")]
+    page = (Path(__file__).resolve().parents[3] / "docs" / "configuration.md").read_text()
+    documented = [line for line in page.splitlines() if line.startswith("| `AEP_OTLP_")]
     assert documented == render_table(SETTINGS).splitlines()[2:]

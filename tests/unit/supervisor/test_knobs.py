@@ -1,6 +1,6 @@
-"""The README's knob tables and the known-settings list are generated from
-the settings metadata (issue 7): a README that drifts from the metadata
-fails here (fix: ``python -m supervisor.knobs --write``)."""
+"""The knob tables of docs/configuration.md and the known-settings list are
+generated from the settings metadata (issue 7): a page that drifts from the
+metadata fails here (fix: ``python -m supervisor.knobs --write``)."""
 from __future__ import annotations
 
 import pytest
@@ -10,25 +10,32 @@ from bridges.core.settings import Setting, render_table
 from supervisor import config, knobs
 
 
-def test_the_readme_tables_are_the_metadata():
-    text = knobs.README.read_text()
-    assert knobs.render(text) == text, "README knob tables drifted: python -m supervisor.knobs --write"
+def test_the_configuration_page_tables_are_the_metadata():
+    assert knobs.PAGE.name == "configuration.md" and knobs.PAGE.parent.name == "docs"
+    text = knobs.PAGE.read_text()
+    assert knobs.render(text) == text, "knob tables drifted: python -m supervisor.knobs --write"
     assert knobs.main([]) == 0
 
 
-def test_a_drifted_readme_is_caught_and_rewritten(tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    text = knobs.README.read_text()
+def test_the_readme_links_the_tables_instead_of_holding_them():
+    readme = (knobs.PAGE.parents[1] / "README.md").read_text()
+    assert "<!-- knobs:" not in readme
+    assert "docs/configuration.md" in readme
+
+
+def test_a_drifted_page_is_caught_and_rewritten(tmp_path, capsys):
+    page = tmp_path / "configuration.md"
+    text = knobs.PAGE.read_text()
     assert "| `AEP_BUFFER` | `10000` |" in text
-    readme.write_text(text.replace("| `AEP_BUFFER` | `10000` |", "| `AEP_BUFFER` | `999` |"))
-    assert knobs.main(["--readme", str(readme)]) == 1
+    page.write_text(text.replace("| `AEP_BUFFER` | `10000` |", "| `AEP_BUFFER` | `999` |"))
+    assert knobs.main(["--page", str(page)]) == 1
     assert "python -m supervisor.knobs --write" in capsys.readouterr().err
-    assert knobs.main(["--readme", str(readme), "--write"]) == 0
-    assert readme.read_text() == text
+    assert knobs.main(["--page", str(page), "--write"]) == 0
+    assert page.read_text() == text
 
 
 def test_every_owner_has_a_table_and_every_table_an_owner():
-    marked = [m["owners"].split(",") for m in knobs.MARKED.finditer(knobs.README.read_text())]
+    marked = [m["owners"].split(",") for m in knobs.MARKED.finditer(knobs.PAGE.read_text())]
     shown = {o for owners in marked for o in owners}
     assert shown == set(config.all_settings()) - {"dev"}
     with pytest.raises(ValueError, match="unknown"):
