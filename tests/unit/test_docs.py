@@ -9,6 +9,7 @@ where it first shows ``POST /events``. The knob tables have their own test
 (``tests/unit/supervisor/test_knobs.py``)."""
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -66,16 +67,33 @@ def links(page: Path) -> list[str]:
     return [m.group(1) for line in _prose(page.read_text()) for m in LINK.finditer(line)]
 
 
-def _resolve(page: Path, target: str) -> Path:
-    """The file a relative link names. A link that leaves the checkout may
-    only go to ``../shared`` (the AEP spec beside it), read from wherever
-    the tests find it."""
-    path = (page.parent / target).resolve() if target else page
-    if path.is_relative_to(ROOT):
+def _resolve(page: Path, target: str, root: Path = ROOT) -> Path:
+    """The file a relative link names (lexically: a symlinked checkout
+    stays where it is). A link that leaves ``root`` may only go to
+    ``../shared`` (the AEP spec beside the checkout), read from wherever the
+    tests find it."""
+    path = Path(os.path.normpath(page.parent / target)) if target else page
+    if path.is_relative_to(root):
         return path
-    rel = path.relative_to(ROOT.parent)
+    rel = path.relative_to(root.parent)
     assert rel.parts[0] == "shared", f"{page.name}: {target} leaves the checkout"
     return shared_dir().joinpath(*rel.parts[1:])
+
+
+def broken_links(page: Path, root: Path = ROOT) -> list[str]:
+    """Each relative link of ``page`` whose file, or whose ``#anchor`` in a
+    Markdown file, does not exist, with the reason."""
+    broken = []
+    for target in links(page):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):   # http:, https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        path = _resolve(page, file, root)
+        if not path.exists():
+            broken.append(f"{target}: no file {path}")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"{target}: no heading #{anchor} in {path.name}")
+    return broken
 
 
 def test_the_slugs_are_githubs():
@@ -95,25 +113,22 @@ def test_the_reference_pages_exist():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_relative_link_resolves(page):
-    broken = []
-    for target in links(page):
-        if re.match(r"^[a-z][a-z0-9+.-]*:", target):   # http:, https:, mailto:
-            continue
-        file, _, anchor = target.partition("#")
-        path = _resolve(page, file)
-        if not path.exists():
-            broken.append(f"{target}: no file {path}")
-        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
-            broken.append(f"{target}: no heading #{anchor} in {path.name}")
+    broken = broken_links(page)
     assert not broken, f"{page.name}: " + "; ".join(broken)
 
 
-def test_a_broken_link_and_anchor_are_caught(tmp_path, monkeypatch):
-    page = tmp_path / "p.md"
-    page.write_text("# Title\n\n## A `b` c\n\n[x](#a-b-c) [y](#nope) [z](missing.md)\n"
+def test_a_broken_link_and_anchor_are_caught(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "other.md").write_text("# Other\n\n## Its part\n")
+    page = tmp_path / "README.md"
+    page.write_text("# Title\n\n## A `b/c` d\n\n[x](#a-bc-d) [y](#nope) [z](missing.md)\n"
+                    "[o](docs/other.md#its-part) [p](docs/other.md#gone) ![i](docs/other.md)\n"
                     "```\n[not a link](inside-code.md)\n```\n")
-    assert anchors(page) == {"title", "a-b-c"}
-    assert links(page) == ["#a-b-c", "#nope", "missing.md"]
+    assert anchors(page) == {"title", "a-bc-d"}
+    assert links(page) == ["#a-bc-d", "#nope", "missing.md", "docs/other.md#its-part",
+                           "docs/other.md#gone", "docs/other.md"]
+    assert [b.split(":")[0] for b in broken_links(page, tmp_path)] == \
+        ["#nope", "missing.md", "docs/other.md#gone"]
 
 
 def test_every_dependency_is_explained():
