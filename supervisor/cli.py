@@ -328,7 +328,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
             if session is None:
                 print(f"{name}: {url} holds no attention.requested with id {request}; "
                       "give its session: respond SESSION REQUEST_ID", file=sys.stderr)
-                return control.EXIT_UNREACHABLE
+                return 2  # a request id that names nothing is a bad argument, not an unreachable endpoint
             command = control.respond(session, request, option=args.option, text=args.text,
                                       values=args.values)
         elif args.cmd == "cancel":

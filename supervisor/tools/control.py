@@ -14,7 +14,8 @@ outcome (AEP-0004 §3: the ack says "I will try", the outcome Event says
   synthesized ``timeout``);
 - ``5``: accepted, but no outcome within ``--wait`` seconds;
 - ``1``: the endpoint could not be reached or refused the connection;
-- ``2``: bad arguments (``--values`` not a JSON object, no answer given).
+- ``2``: bad arguments (``--values`` not a JSON object, no answer given, a
+  request id alone that the endpoint holds no ask for).
 
 The command goes out through the protocol's own sender, the SDK's
 ``ControlClient`` (a WebSocket duplex on ``/socket``: commands flow only on an

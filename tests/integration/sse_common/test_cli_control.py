@@ -89,6 +89,9 @@ async def test_an_answer_is_required_and_values_must_be_an_object(world) -> None
     assert r.returncode == 2 and "--option" in r.stderr
     r = await cli(daemon, "respond", "s1", "r1", "--values", "[1]")
     assert r.returncode == 2 and "JSON object" in r.stderr
+    # a request id alone that the relay holds no ask for: a bad argument (2), not unreachable (1)
+    r = await cli(daemon, "respond", "no-such-request", "--option", "once")
+    assert r.returncode == 2 and "holds no attention.requested" in r.stderr, (r.stdout, r.stderr)
 
 
 
