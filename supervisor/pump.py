@@ -121,6 +121,11 @@ class Member:
     started: trio.Event = field(default_factory=trio.Event)
 
 
+WOKE_NONE, WOKE_LOOP, WOKE_THREAD = 0, 1, 2
+"""What a drain's verdicts woke (:meth:`Pump._logged`): no waiter, waiters
+that answer on the event loop, a waiter whose answer a library's thread sends."""
+
+
 def _drop_gil() -> None:
     """Let another thread take the GIL now, if one waits for it. The sender
     that :meth:`Fleet._deliver_batch` let answer first may answer from a
@@ -246,17 +251,9 @@ class Pump:
         else:
             fresh_outs, fresh = outs, pairs
         if fresh:
-            if self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh)):
-                # a sender waits on these verdicts (an OTLP export's answer):
-                # let it answer before the relay's fan-out, so the exporter's
-                # next request arrives while the relay works (issue 11). Two
-                # turns: trio runs a turn's tasks in random order, so the woken
-                # sender has surely run once the pump is back from the second.
-                # The drain still reaches the sinks next, in order (shielded:
-                # a cancel here must not lose what the log already has).
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                _drop_gil()
+            woke = self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh))
+            if woke:
+                await self._let_answer(woke)
         await self._hand_over(outs, pairs)
         js = self.jetstream
         if js is not None:  # the JetStream sink: the same bytes, in channel order
@@ -273,6 +270,23 @@ class Pump:
                 self._js_wait = None
             for item, (ev, raw) in zip(outs[i:], pairs[i:], strict=True):
                 await js.put(ev, raw, item.bridge, wait=False)
+
+    @staticmethod
+    async def _let_answer(woke: int) -> None:
+        """A sender waits on the verdicts just reported (an OTLP export's, a
+        hook's answer): let it answer before the relay's fan-out, so the
+        next request arrives while the relay works (issue 11). Two turns:
+        trio runs a turn's tasks in random order, so the woken sender has
+        surely run once the pump is back from the second (shielded: a cancel
+        here must not lose what the log already has). The GIL hand-over
+        only for an answer a library's thread sends (:data:`WOKE_THREAD`):
+        its zero sleep is a syscall that can lose the CPU on a loaded
+        machine, for a scheduler slice a loop-side answer (a hook's) would
+        wait out (issue 27: 22% of the daemon's samples on the hooks bench)."""
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        if woke == WOKE_THREAD:
+            _drop_gil()
 
     async def _hand_over(self, outs: list[Outbound],
                          pairs: list[tuple[dict[str, Any], bytes]]) -> None:
@@ -341,11 +355,13 @@ class Pump:
             log.error("sink for %s failed: %s: %s", item.bridge, type(e).__name__, e)
 
     def _logged(self, outs: list[Outbound], fresh: list[tuple[dict[str, Any], bytes]],
-                written: list[bool]) -> bool:
+                written: list[bool]) -> int:
         """Count the first deliveries ``outs`` (their ``(event, bytes)``
         pairs ``fresh``) the session log was given and report each verdict
-        in ``written`` to its bridge, in order. Returns whether a bridge
-        had a task waiting on its verdicts (``logged_since``), now woken."""
+        in ``written`` to its bridge, in order. Returns :data:`WOKE_NONE`
+        when no bridge had a task waiting on its verdicts (``logged_since``),
+        :data:`WOKE_THREAD` when one was woken whose bridge answers from a
+        library's thread (``ctx.answers_in_thread``), else :data:`WOKE_LOOP`."""
         self.counters["events"] += len(fresh)
         families = self._families
         # per bridge [verdicts, 1-based position of the last failure]: one
@@ -382,11 +398,11 @@ class Pump:
                         families[type_] = family
                 emitted[(name, family)] += n
         members = self.members
-        woke = False
+        woke = WOKE_NONE
         for name, (n, last_failed) in verdicts.items():
             m = members.get(name)
-            if m is not None:
-                woke = m.ctx.log_results(n, last_failed) or woke
+            if m is not None and m.ctx.log_results(n, last_failed):
+                woke = WOKE_THREAD if m.ctx.answers_in_thread else max(woke, WOKE_LOOP)
         return woke
 
     def _log_writable(self) -> bool:

@@ -162,6 +162,11 @@ class BridgeContext:
         self._failed_at = 0  # the latest ticket the session log could not write
         self._progress = trio.Event()
         self._waiting = 0  # tasks in logged_since (no one waiting: no Event per verdict)
+        #: set by a bridge whose :meth:`logged_since` waiters hand their answer to a
+        #: library's thread (the OTLP gRPC handler): the fleet's pump then lets that
+        #: thread take the GIL after waking them; a waiter that answers on the event
+        #: loop (a hook's HTTP reply) is not delayed by that hand-over
+        self.answers_in_thread = False
         self._attached = False
         self._writable: Callable[[], bool] = lambda: True
 

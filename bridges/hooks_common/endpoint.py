@@ -5,7 +5,8 @@ listener (``ctx.mounts``; the Host guard, the no-browser-``Origin`` rule and
 - The body is the vendor's hook JSON; not a JSON object -> ``400
   {"error": ...}`` (counted ``hooks_bad_body``).
 - ``X-AEP-Hook-Id`` (the shim's, else one is made) dedupes;
-  ``X-AEP-Hook-Spooled`` marks a replayed moment (never held).
+  ``X-AEP-Hook-Spooled: <Unix ms>`` marks a replayed moment (never held;
+  its events carry that time, a live moment's its arrival).
 - Not held: ``200`` with the whole reply once the moment is in the session
   log. Held: the response start goes out at once with ``AEP-Hold-Ms``
   (after ``attention.requested`` is in the log), the body when decided or
@@ -19,7 +20,8 @@ import trio
 
 from bridges.core.asgi import Receive, Scope, Send, header, read_body, respond
 
-from .hub import HookHub
+from .hub import HookHub, now_ms
+from .mapping import moment_ms, spooled_ms
 
 __all__ = ["BODY_MAX", "HookEndpoint"]
 
@@ -57,8 +59,9 @@ class HookEndpoint:
             await respond(send, 400, {"error": "the body is not a JSON object"})
             return
         hook_id = header(scope, b"x-aep-hook-id")
-        spooled = header(scope, b"x-aep-hook-spooled") is not None
-        outcome = await self.hub.handle(moment, hook_id=hook_id, spooled=spooled)
+        mark = header(scope, b"x-aep-hook-spooled")
+        outcome = await self.hub.handle(moment, hook_id=hook_id, spooled=mark is not None,
+                                        at_ms=moment_ms(now_ms(), spooled_ms(mark)))
         if outcome.ask is None:
             await respond(send, 200, outcome.reply)
             return

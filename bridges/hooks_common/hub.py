@@ -26,9 +26,18 @@ live or spooled, of a session this run has not seen while the bucket is
 empty is not mapped and not logged, is answered with no decision (the
 vendor goes on) and counted ``sessions_refused``, with at most one log line
 a minute. A session already known always passes.
+
+Time: every event of a moment carries the moment's own time (``time``,
+Unix ms): a live moment's arrival, a spooled one's ``spooled_at_ms``
+(:func:`~.mapping.moment_ms`), and the run, tool and ask durations are
+differences of those, so a turn that ran while the daemon was down keeps
+its real times and durations when its moments are ingested later. Events
+that no moment causes (a control answer, a hold's end, the run's end) take
+the time they happen.
 """
 from __future__ import annotations
 
+import time as _time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -36,18 +45,18 @@ from typing import Any
 import trio
 
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated
-from bridges.core.envelope import Ulids
+from bridges.core.envelope import Ulids, ms_text
 from bridges.core.limits import BURST_S, PeerLog, SessionBucket
 from bridges.core.posture import Posture
 
 from .answers import Decision
 from .config import HookConfig
-from .mapping import fallback
+from .mapping import elapsed_ms, fallback
 from .profile import HookProfile, Moment
 from .session import Ask, Instruction, Sessions, SessionState, tool_key
 
 __all__ = ["COUNTERS", "HOOK_ID_MAX", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX",
-           "TIMEOUT_MARGIN_S"]
+           "TIMEOUT_MARGIN_S", "now_ms"]
 
 TIMEOUT_MARGIN_S = 5.0
 """A hold ends at least this long before the vendor's own hook timeout."""
@@ -63,6 +72,11 @@ COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held
             "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
             "instructions_delivered", "instructions_dropped", "sessions_refused",
             "hooks_release_dropped")
+
+
+def now_ms() -> int:
+    """The wall clock, Unix ms (the time of a live moment, of an answer)."""
+    return _time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -101,9 +115,11 @@ class HookHub:
 
     # -- emitting ------------------------------------------------------------------
     async def _emit(self, session: str, em: Emission, *, run: str | None = None,
-                    cause: str | None = None) -> Envelope | None:
+                    cause: str | None = None, at: int | None = None) -> Envelope | None:
+        """Stamp and send ``em``; ``at``: its ``time`` (Unix ms; default now)."""
         try:
-            return await self.ctx.emit(session, em, run=run, cause=cause)
+            return await self.ctx.emit(session, em, run=run, cause=cause,
+                                       time=None if at is None else ms_text(at))
         except ValueError as e:  # an ill-formed envelope: a bridge bug, never fatal
             self.ctx.health.count("stamp_errors")
             self.ctx.log.warning("%s: cannot stamp %s: %s", self.profile.key, em.get("type"), e)
@@ -122,10 +138,13 @@ class HookHub:
 
     # -- one moment ----------------------------------------------------------------
     async def handle(self, moment: Moment, *, hook_id: str | None = None,
-                     spooled: bool = False) -> Outcome:
+                     spooled: bool = False, at_ms: int | None = None) -> Outcome:
         """Map, emit and log one moment; the reply or the ask to hold. A
         spooled moment is never held and gets no steering (its reply is
-        thrown away)."""
+        thrown away). ``at_ms``: when the moment happened, Unix ms
+        (:func:`~.mapping.moment_ms`; default now, a live moment's arrival):
+        the ``time`` of each of its events and the clock of its durations."""
+        at = now_ms() if at_ms is None else at_ms
         health = self.ctx.health
         if self._dedupe(hook_id):
             health.count("hooks_duplicate")
@@ -144,7 +163,7 @@ class HookHub:
             await self._drop_queue(evicted, "session-forgotten")
         mark = self.ctx.log_mark()
         async with st.lock:
-            outcome = await self._map(st, moment, spooled)
+            outcome = await self._map(st, moment, spooled, at)
         await self.ctx.logged_since(mark)
         return outcome
 
@@ -164,36 +183,36 @@ class HookHub:
                             self.profile.knob("NEW_SESSIONS_PER_S"))
         return True
 
-    async def _map(self, st: SessionState, m: Moment, spooled: bool) -> Outcome:
+    async def _map(self, st: SessionState, m: Moment, spooled: bool, at: int) -> Outcome:
         p, ev = self.profile, self.profile.event(m)
         posture = self.quiet if spooled else self.posture
-        await self._settle(st, ev, m)
-        await self._runs(st, ev, m)
+        await self._settle(st, ev, m, at)
+        await self._runs(st, ev, m, at)
         ask: Ask | None = None
         for em in p.map_hook(m, posture):
-            got = await self._one(st, ev, m, self._once(st, ev, em, posture), spooled)
+            got = await self._one(st, ev, m, self._once(st, ev, em, posture), spooled, at)
             ask = got or ask
         if ev in p.session_ends:
-            await self._end(st)
+            await self._end(st, at)
         if ask is not None and ask.held:
             self.ctx.health.count("hooks_held")
             return Outcome({}, ask)
         if not spooled and ev in p.context_events and st.queue:
-            return Outcome(await self._deliver(st, ev))
+            return Outcome(await self._deliver(st, ev, at))
         return Outcome(p.neutral(ev))
 
-    async def _runs(self, st: SessionState, ev: str, m: Moment) -> None:
+    async def _runs(self, st: SessionState, ev: str, m: Moment, at: int) -> None:
         """Open, adopt or close the session's run before the moment's events."""
         p = self.profile
         if ev in p.run_opens:
-            await self._open_run(st, m)
+            await self._open_run(st, m, at)
         elif p.run_field and isinstance(m.get(p.run_field), str) and st.run is None \
                 and m[p.run_field] != st.last_run and ev in self._in_turn:
             st.run = m[p.run_field]  # a turn seen mid-way (the daemon came up late)
-            st.run_t0 = trio.current_time()
+            st.run_t0 = at
         if ev in p.session_ends and st.run is not None:
             await self._close_run(st, {"type": "run.cancelled",
-                                       "data": {"by": "user", "reason": "session ended"}})
+                                       "data": {"by": "user", "reason": "session ended"}}, at)
 
     def _once(self, st: SessionState, ev: str, em: Emission, posture: Posture) -> Emission:
         """One ``session.ended`` per session (AEP-0002 §2): a resumed session
@@ -210,43 +229,43 @@ class HookHub:
         return em
 
     async def _one(self, st: SessionState, ev: str, m: Moment, em: Emission,
-                   spooled: bool) -> Ask | None:
+                   spooled: bool, at: int) -> Ask | None:
         """Emit one mapped emission with what state knows (run, cause); the
         ask it opened, if any."""
         p, t = self.profile, em["type"]
         if t == "run.started":
-            out = await self._emit(st.id, em, run=st.run)
+            out = await self._emit(st.id, em, run=st.run, at=at)
             st.run_started = out["id"] if out else None
             return None
         if t in ("run.finished", "run.failed", "run.cancelled"):
-            await self._close_run(st, em)
+            await self._close_run(st, em, at)
             return None
-        out = await self._emit(st.id, em, run=st.run, cause=self._cause(st, em, m))
+        out = await self._emit(st.id, em, run=st.run, cause=self._cause(st, em, m, at), at=at)
         if out is None:
             return None
         if t == "tool.requested":
             call = m.get("tool_use_id")
             if isinstance(call, str):
-                st.tools[call] = (out["id"], trio.current_time())
+                st.tools[call] = (out["id"], at)
             st.requested.append((str(m.get("tool_name")), m.get("tool_input"), out["id"]))
             del st.requested[:-REQUESTED_MAX]
             if ev == p.gate_event and p.gate_ask is not None and not spooled \
                     and self.config.gated(m.get("tool_name")):
-                return await self._gate(st, m, out["id"])
+                return await self._gate(st, m, out["id"], at)
         elif t == "attention.requested":
-            return self._register(st, em, out["id"], m,
+            return self._register(st, em, out["id"], m, at,
                                   held=self.config.control_open and not spooled
                                   and (ev in p.permission_events or ev in p.form_events))
         return None
 
-    def _cause(self, st: SessionState, em: Emission, m: Moment) -> str | None:
+    def _cause(self, st: SessionState, em: Emission, m: Moment, at: int) -> str | None:
         t = em["type"]
         call = m.get("tool_use_id")
         if t in ("tool.completed", "tool.failed", "tool.denied") and isinstance(call, str):
             hit = st.tools.pop(call, None)
             if hit is not None:
                 data = em.setdefault("data", {})
-                data.setdefault("duration_ms", max(0, int((trio.current_time() - hit[1]) * 1000)))
+                data.setdefault("duration_ms", elapsed_ms(hit[1], at))
                 return hit[0]
         if t == "attention.requested":
             if isinstance(call, str) and call in st.tools:
@@ -255,29 +274,30 @@ class HookHub:
         return None
 
     # -- runs ----------------------------------------------------------------------
-    async def _open_run(self, st: SessionState, m: Moment) -> None:
+    async def _open_run(self, st: SessionState, m: Moment, at: int) -> None:
         p = self.profile
         rid = m.get(p.run_field) if p.run_field else None
         if st.run is not None and st.run == rid and st.run_started is None:
             return  # the turn was adopted mid-way (a moment before its prompt): it starts now
         if st.run is not None:  # the interrupt-drain rule: a stale run closes at the next prompt
             await self._close_run(st, {"type": "run.cancelled",
-                                       "data": {"by": "user", "reason": "superseded by a new prompt"}})
+                                       "data": {"by": "user", "reason": "superseded by a new prompt"}},
+                                  at)
         st.run = rid if isinstance(rid, str) and rid else f"run_{self._ids()}"
-        st.run_t0 = trio.current_time()
+        st.run_t0 = at
 
-    async def _close_run(self, st: SessionState, em: Emission) -> None:
+    async def _close_run(self, st: SessionState, em: Emission, at: int) -> None:
         if st.run is None:
             return
         data = em.setdefault("data", {})
-        data.setdefault("duration_ms", max(0, int((trio.current_time() - st.run_t0) * 1000)))
-        await self._emit(st.id, em, run=st.run, cause=st.run_started)
+        data.setdefault("duration_ms", elapsed_ms(st.run_t0, at))
+        await self._emit(st.id, em, run=st.run, cause=st.run_started, at=at)
         st.last_run, st.run, st.run_started = st.run, None, None
         st.tools.clear()
         st.requested.clear()
 
     # -- asks ------------------------------------------------------------------------
-    def _register(self, st: SessionState, em: Emission, ask_id: str, m: Moment, *,
+    def _register(self, st: SessionState, em: Emission, ask_id: str, m: Moment, at: int, *,
                   held: bool, gate: bool = False) -> Ask:
         data = em.get("data") or {}
         kind = str(data.get("kind", "permission"))
@@ -288,20 +308,20 @@ class HookHub:
                   fields=data.get("fields") if kind == "form" else None,
                   key=tool_key(m) if isinstance(tool, str) else None,
                   call_id=call if isinstance(call, str) else None,
-                  held=held, gate=gate, t0=trio.current_time())
+                  held=held, gate=gate, t0=at)
         st.forget_closed()
         st.asks[ask_id] = ask
         return ask
 
-    async def _gate(self, st: SessionState, m: Moment, cause: str) -> Ask | None:
+    async def _gate(self, st: SessionState, m: Moment, cause: str, at: int) -> Ask | None:
         assert self.profile.gate_ask is not None
         em = self.profile.gate_ask(m, self.posture)
-        out = await self._emit(st.id, em, run=st.run, cause=cause)
+        out = await self._emit(st.id, em, run=st.run, cause=cause, at=at)
         if out is None:
             return None
-        return self._register(st, em, out["id"], m, held=True, gate=True)
+        return self._register(st, em, out["id"], m, at, held=True, gate=True)
 
-    async def _settle(self, st: SessionState, ev: str, m: Moment) -> None:
+    async def _settle(self, st: SessionState, ev: str, m: Moment, at: int) -> None:
         """Settle open asks by what the vendor does next (answered ``via:
         oob``): the tool ran (allowed), was denied, the form was answered
         elsewhere; a new prompt, the run's end or the session's end
@@ -314,37 +334,38 @@ class HookHub:
                 if ask.kind == "form":
                     values = p.form_answer(ask.fields or [], m) if p.form_answer else None
                     if values:
-                        await self._answered_oob(ask, {"values": values})
+                        await self._answered_oob(ask, {"values": values}, at)
                     else:
-                        await self._resolve(ask, "dismissed")
+                        await self._resolve(ask, "dismissed", at)
                 else:
-                    await self._answered_oob(ask, {"option": "allow"})
+                    await self._answered_oob(ask, {"option": "allow"}, at)
             elif ev in p.tool_denied and ask.matches(m):
-                await self._answered_oob(ask, {"option": "deny"})
+                await self._answered_oob(ask, {"option": "deny"}, at)
             elif ev in p.form_results and ask.kind == "form" and ask.key is None:
                 action = m.get("action")
                 content = m.get("content")
                 answer = {"values": content} if action == "accept" and isinstance(content, dict) \
                     else {"option": action if isinstance(action, str) and action else "cancel"}
-                await self._answered_oob(ask, answer)
+                await self._answered_oob(ask, answer, at)
             elif ev in p.run_opens or ev in p.run_closes or ev in p.session_ends:
-                await self._resolve(ask, "dismissed")
+                await self._resolve(ask, "dismissed", at)
 
-    async def _answered_oob(self, ask: Ask, answer: dict[str, Any]) -> None:
+    async def _answered_oob(self, ask: Ask, answer: dict[str, Any], at: int) -> None:
         em: Emission = {"type": "attention.answered",
                         "data": {"answer": answer, "via": "oob"}, "subject": ask.id}
         if ask.fields is not None:
             em["gating"] = {"form_fields": ask.fields}
-        out = await self._emit(ask.session, em, run=ask.run, cause=ask.id)
-        await self._resolve(ask, "answered", cause=out["id"] if out else ask.id)
+        out = await self._emit(ask.session, em, run=ask.run, cause=ask.id, at=at)
+        await self._resolve(ask, "answered", at, cause=out["id"] if out else ask.id)
 
-    async def _resolve(self, ask: Ask, resolution: str, *, cause: str | None = None) -> None:
+    async def _resolve(self, ask: Ask, resolution: str, at: int, *,
+                       cause: str | None = None) -> None:
         ask.state = "closed"
         ask.done.set()  # a hook still held answers {}: the vendor has moved on
-        latency = max(0, int((trio.current_time() - ask.t0) * 1000))
+        latency = elapsed_ms(ask.t0, at)
         await self._emit(ask.session, {"type": "attention.resolved", "subject": ask.id,
                                        "data": {"resolution": resolution, "latency_ms": latency}},
-                         run=ask.run, cause=cause or ask.id)
+                         run=ask.run, cause=cause or ask.id, at=at)
 
     async def answered(self, ask: Ask, decision: Decision, cmd_id: str) -> None:
         """The outcome of an accepted ``control.attention.respond`` (after its
@@ -355,7 +376,7 @@ class HookHub:
         if ask.fields is not None:
             em["gating"] = {"form_fields": ask.fields}
         out = await self._emit(ask.session, em, run=ask.run, cause=cmd_id)
-        latency = max(0, int((trio.current_time() - ask.t0) * 1000))
+        latency = elapsed_ms(ask.t0, now_ms())
         await self._emit(ask.session, {"type": "attention.resolved", "subject": ask.id,
                                        "data": {"resolution": "answered", "latency_ms": latency}},
                          run=ask.run, cause=out["id"] if out else cmd_id)
@@ -432,7 +453,7 @@ class HookHub:
                     n += 1
                 ask.state = "closed"
                 ask.done.set()
-                latency = max(0, int((trio.current_time() - ask.t0) * 1000))
+                latency = elapsed_ms(ask.t0, now_ms())
                 em: Emission = {"type": "attention.resolved", "subject": ask.id,
                                 "data": {"resolution": "dismissed", "latency_ms": latency}}
                 try:
@@ -446,29 +467,27 @@ class HookHub:
     def queue(self, session: str, cmd_id: str, text: str) -> None:
         """Queue ``text`` for ``session`` (the controller checked room)."""
         st, _ = self.sessions.touch(session)
-        st.queue.append(Instruction(cmd_id, text, trio.current_time()))
+        st.queue.append(Instruction(cmd_id, text, now_ms()))
 
-    async def _deliver(self, st: SessionState, ev: str) -> dict[str, Any]:
+    async def _deliver(self, st: SessionState, ev: str, at: int) -> dict[str, Any]:
         items = list(st.queue)
         st.queue.clear()
         text = "\n\n".join(i.text for i in items)[: self.profile.context_max]
-        now = trio.current_time()
         for i in items:
             self.ctx.health.count("instructions_delivered")
             await self._emit(st.id, {"type": f"x.{self.profile.agent}.instruction.delivered",
-                                     "data": {"queued_ms": max(0, int((now - i.t0) * 1000)),
-                                              "hook": ev}},
-                             run=st.run, cause=i.cmd_id)
+                                     "data": {"queued_ms": elapsed_ms(i.t0, at), "hook": ev}},
+                             run=st.run, cause=i.cmd_id, at=at)
         return self.profile.context_reply(ev, text)
 
-    async def _drop_queue(self, st: SessionState, reason: str) -> None:
+    async def _drop_queue(self, st: SessionState, reason: str, at: int | None = None) -> None:
         while st.queue:
             i = st.queue.popleft()
             self.ctx.health.count("instructions_dropped")
             await self._emit(st.id, {"type": f"x.{self.profile.agent}.instruction.dropped",
-                                     "data": {"reason": reason}}, cause=i.cmd_id)
+                                     "data": {"reason": reason}}, cause=i.cmd_id, at=at)
 
-    async def _end(self, st: SessionState) -> None:
-        await self._drop_queue(st, "session-ended")
+    async def _end(self, st: SessionState, at: int) -> None:
+        await self._drop_queue(st, "session-ended", at)
         st.ended = True
         self.sessions.drop(st.id)

@@ -15,8 +15,8 @@ from bridges.core.bridge import Emission
 from bridges.core.naming import fallback_type
 from bridges.core.posture import Posture
 
-__all__ = ["ALLOW_DENY", "PROMPT_ARG_MAX", "fallback", "obj", "permission_ask",
-           "permission_prompt", "s", "tool_emission", "tool_ref"]
+__all__ = ["ALLOW_DENY", "PROMPT_ARG_MAX", "elapsed_ms", "fallback", "moment_ms", "obj",
+           "permission_ask", "permission_prompt", "s", "spooled_ms", "tool_emission", "tool_ref"]
 
 ALLOW_DENY = ({"id": "allow", "label": "Allow"}, {"id": "deny", "label": "Deny"})
 """A permission ask's two options; their labels are structural."""
@@ -32,6 +32,36 @@ def obj(v: object) -> dict[str, Any]:
 def s(v: object) -> str | None:
     """``v`` when it is a non-empty string, else ``None``."""
     return v if isinstance(v, str) and v else None
+
+
+def moment_ms(received_ms: int, spooled_at_ms: object = None) -> int:
+    """When a moment happened, Unix ms: a spooled moment's ``spooled_at_ms``
+    (contract §3: the shim's clock when the daemon could not take it) when
+    it is a positive integer, never later than ``received_ms`` (a shim
+    clock ahead of ours must not put an event in the future); a live
+    moment (or a nonsense spool time): ``received_ms``, when it arrived.
+    Every event of the moment carries it as ``time``, and the run, tool and
+    ask durations are differences of these (issue 27)."""
+    if isinstance(spooled_at_ms, int) and not isinstance(spooled_at_ms, bool) \
+            and spooled_at_ms > 0:
+        return min(spooled_at_ms, received_ms)
+    return received_ms
+
+
+def spooled_ms(header: str | None) -> int | None:
+    """The ``X-AEP-Hook-Spooled`` header's Unix ms (contract §1), ``None``
+    when absent or not a decimal integer (the moment is still spooled:
+    :func:`moment_ms` then takes its arrival time)."""
+    if header is None:
+        return None
+    h = header.strip()
+    return int(h) if h.isascii() and h.isdigit() and len(h) <= 18 else None
+
+
+def elapsed_ms(t0_ms: int, t1_ms: int) -> int:
+    """``t1_ms - t0_ms``, never negative (a spooled moment ingested after a
+    later live one, a wall clock stepped back)."""
+    return max(0, t1_ms - t0_ms)
 
 
 def fallback(posture: Posture, event: str, data: dict[str, Any] | None = None,

@@ -50,7 +50,8 @@ class Ask:
     (a hook waits for the answer here), ``gate`` (the ``PreToolUse``
     gate), ``state`` (``open`` / ``answered`` / ``closed``), ``settling``
     (the command id whose answer is being applied), ``decision`` and
-    ``done`` (set once the held hook may answer)."""
+    ``done`` (set once the held hook may answer); ``t0``: its moment's time,
+    Unix ms."""
 
     id: str
     session: str
@@ -63,7 +64,7 @@ class Ask:
     call_id: str | None = None
     held: bool = False
     gate: bool = False
-    t0: float = 0.0
+    t0: int = 0
     state: str = "open"
     settling: str | None = None
     decision: Decision | None = None
@@ -88,19 +89,19 @@ class Ask:
 @dataclass
 class Instruction:
     """One queued steering instruction: the command id, its text, when queued
-    (``trio.current_time()``)."""
+    (Unix ms)."""
 
     cmd_id: str
     text: str
-    t0: float
+    t0: int
 
 
 @dataclass(eq=False)
 class SessionState:
     """One vendor session: ``run`` (the open AEP run id) and its
-    ``run_started`` event id and start time, ``last_run`` (the run closed
+    ``run_started`` event id and start time (``run_t0``, Unix ms), ``last_run`` (the run closed
     last: a late moment naming it does not reopen it); ``tools``
-    (``call_id`` -> ``(tool.requested id, t0)``) and ``requested``
+    (``call_id`` -> ``(tool.requested id, t0 in Unix ms)``) and ``requested``
     (``(tool name, tool_input, tool.requested id)`` of the run: a
     ``PermissionRequest`` has no ``tool_use_id``); ``asks`` (event id -> :class:`Ask`);
     ``queue`` (steering); ``lock`` (one moment mapped at a time)."""
@@ -108,9 +109,9 @@ class SessionState:
     id: str
     run: str | None = None
     run_started: str | None = None
-    run_t0: float = 0.0
+    run_t0: int = 0
     last_run: str | None = None
-    tools: dict[str, tuple[str, float]] = field(default_factory=dict)
+    tools: dict[str, tuple[str, int]] = field(default_factory=dict)
     requested: list[tuple[str, object, str]] = field(default_factory=list)
     asks: dict[str, Ask] = field(default_factory=dict)
     queue: deque[Instruction] = field(default_factory=deque)

@@ -5,7 +5,8 @@ at run start and every :data:`INTERVAL_S` while running.
 Taking: open, ``flock(LOCK_EX)``, rename to
 ``<agent>.jsonl.ingesting-<ulid>``, unlock (a writer that locked the old
 inode sees its ``st_ino`` differ from the path's and reopens), read every
-line, feed each through the live path as spooled (never held), delete.
+line, feed each through the live path as spooled (never held, its events
+stamped with the line's ``spooled_at_ms``: when it happened), delete.
 Leftover ``.ingesting-*`` files (a crash mid-ingest) are ingested first;
 dedupe by hook id covers a repeat. A malformed line is counted
 (``hooks_spool_malformed``) and skipped, a line over :data:`LINE_MAX` too
@@ -22,16 +23,17 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
 from bridges.core.envelope import Ulids
 
-from .hub import HookHub
+from .hub import HookHub, now_ms
+from .mapping import moment_ms
 
-__all__ = ["INTERVAL_S", "LINE_MAX", "Foreign", "claim", "ingest", "parse_line", "pending",
-           "serve", "sweep"]
+__all__ = ["INTERVAL_S", "LINE_MAX", "Foreign", "Spooled", "claim", "ingest", "parse_line",
+           "pending", "serve", "sweep"]
 
 INTERVAL_S = 3.0
 LINE_MAX = 32 << 20
@@ -96,8 +98,19 @@ def pending(spool: Path, agent: str) -> list[Path]:
         return []
 
 
-def parse_line(line: bytes, agent: str) -> tuple[str | None, dict[str, Any]] | None:
-    """One spool line -> ``(hook id, moment)``, or ``None`` when malformed
+class Spooled(NamedTuple):
+    """One spool line: the shim's hook ``id`` (``None`` when it had none),
+    the vendor ``moment``, and ``at_ms``, the line's ``spooled_at_ms`` as
+    written (``None`` when absent or not an integer: :func:`~.mapping.moment_ms`
+    decides what time the moment takes)."""
+
+    id: str | None
+    moment: dict[str, Any]
+    at_ms: int | None
+
+
+def parse_line(line: bytes, agent: str) -> Spooled | None:
+    """One spool line -> :class:`Spooled`, or ``None`` when malformed
     (not JSON, not the contract's shape, another agent's, a payload that is
     not a JSON object: raw text the vendor sent cannot be mapped; nesting
     too deep to decode)."""
@@ -116,7 +129,9 @@ def parse_line(line: bytes, agent: str) -> tuple[str | None, dict[str, Any]] | N
     if not isinstance(payload, dict):
         return None
     hid = rec.get("id")
-    return (hid if isinstance(hid, str) and hid else None), payload
+    at = rec.get("spooled_at_ms")
+    return Spooled(hid if isinstance(hid, str) and hid else None, payload,
+                   at if isinstance(at, int) and not isinstance(at, bool) else None)
 
 
 async def ingest(hub: HookHub, path: Path) -> int:
@@ -147,7 +162,8 @@ async def ingest(hub: HookHub, path: Path) -> int:
             if rec is None:
                 health.count("hooks_spool_malformed")
                 continue
-            await hub.handle(rec[1], hook_id=rec[0], spooled=True)
+            await hub.handle(rec.moment, hook_id=rec.id, spooled=True,
+                             at_ms=moment_ms(now_ms(), rec.at_ms))
             health.count("hooks_spooled_ingested")  # once its events are out and logged
             fed += 1
     try:

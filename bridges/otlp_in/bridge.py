@@ -181,6 +181,7 @@ class OtlpRun:
                                        max_body=self.config.max_body, on_problem=self.problem,
                                        workers=self.grpc_workers, reads=self.reads)
                 self.bound["grpc"] = grpc_rx.start(self.config.grpc_listen)
+                self.ctx.answers_in_thread = True  # grpcio's handler threads wait on verdicts
             try:
                 async with trio.open_nursery() as nursery:
                     try:

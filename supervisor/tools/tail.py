@@ -13,6 +13,10 @@ one-line *gist* (:func:`gist`): the tool name and status, the attention
 prompt and options, the run outcome, a vendor event's telling attributes.
 An ``attention.requested`` nothing has resolved yet is highlighted (and
 marked ``PENDING``); its ``attention.resolved`` line names how it ended.
+A replay (``--from all``, a resumed position) is looked at first for the
+asks it already settles (:func:`.tailstream.settled`, one replay-only
+request): a replayed ask that was answered, dismissed or timed out is
+shown with its outcome (``→ answered``), never as ``PENDING``.
 
 ``--json`` prints each event as one compact JSON line instead (for ``jq``).
 
@@ -155,6 +159,11 @@ class Timeline:
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
     full_types: bool = False
     day: str | None = None
+    #: asks known to be settled already (id -> how: ``answered``, ``timed out``...):
+    #: a replayed ``attention.requested`` among them is not pending
+    settled: dict[str, str] = field(default_factory=dict)
+    #: the settled asks shown, by id (for their outcome line's ``← prompt``)
+    asked: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def date_line(self, ev: Mapping[str, Any], *, today: str | None = None) -> Text | None:
         day = _day(ev.get("time"))
@@ -186,12 +195,19 @@ class Timeline:
             t.append(_cell(shown, TYPE_W), style)
         t.append(" ")
         summary = gist(ev)
-        if type_ == "attention.requested" and isinstance(ev.get("id"), str):
+        subject = str(ev.get("subject"))
+        if type_ == "attention.requested" and isinstance(ev.get("id"), str) \
+                and ev["id"] in self.settled:
+            self.asked[ev["id"]] = dict(ev)
+            t.append(summary, style)
+            t.append(f"  → {_safe(self.settled[ev['id']])}", "green")
+        elif type_ == "attention.requested" and isinstance(ev.get("id"), str):
             self.pending[ev["id"]] = dict(ev)
             t.append(summary, "bold black on yellow")
             t.append("  PENDING", "bold yellow")
-        elif type_ in ("attention.resolved", "attention.timeout") and str(ev.get("subject")) in self.pending:
-            asked = self.pending.pop(str(ev.get("subject")))
+        elif type_ in ("attention.resolved", "attention.timeout") and (
+                subject in self.pending or subject in self.asked):
+            asked = self.pending.pop(subject, None) or self.asked.pop(subject)
             t.append(f"{summary} ← {_s(_obj(asked.get('data')).get('prompt') or '', 40)}",
                      "bold green")
             left = len(self.pending)
@@ -321,7 +337,8 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
         from_: str | list[dict[str, Any]] | None = None, as_json: bool = False,
         limit: int | None = None, color: str = "auto", out: TextIO | None = None,
         err: TextIO | None = None, resume_file: Any = None,
-        subscribe: Callable[..., Any] | None = None) -> int:
+        subscribe: Callable[..., Any] | None = None,
+        settled: Callable[..., dict[str, str]] | None = None) -> int:
     """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
     events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
     the reason on stderr, exit 1) or is no AEP event stream (exit 1).
@@ -330,14 +347,18 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
     On stderr: ``connected to URL (N sessions)`` at each connect, and each
     retry with its reason. ``resume_file`` (:func:`.resume.position_file`):
     start from the positions saved there when ``from_`` is not given, and
-    keep them there (at most once a second, and at the end)."""
+    keep them there (at most once a second, and at the end). ``settled``
+    (default :func:`.tailstream.settled` with the default ``subscribe``):
+    the asks a replay already settles, looked up before subscribing."""
     import time
 
+    from .tailstream import settled as _settled
     from .tailstream import subscribe as _subscribe
 
     out = out or sys.stdout
     err = err or sys.stderr
-    subscribe = subscribe or _subscribe
+    if subscribe is None:
+        subscribe, settled = _subscribe, settled or _settled
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     console = _console(color, out)
     timeline = Timeline(full_types=not console.is_terminal)
@@ -350,6 +371,8 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
                 keeper.shown(p)
             print(_safe(f"aep-bridges tail: resuming {len(saved)} session(s) from the position "
                         f"saved in {resume_file} (--no-resume: start live)"), file=err)
+    if from_ is not None and not as_json and settled is not None:  # a replay comes first
+        timeline.settled = settled(url, token=token, from_=from_)
     sub = subscribe(url, lambda ev: events.put(("event", ev)), filter=flt or {}, token=token,
                     from_=from_, on_error=lambda e: events.put(("error", e)),
                     on_comment=lambda c: events.put(("comment", c)),

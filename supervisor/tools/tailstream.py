@@ -29,11 +29,16 @@ from httpx_sse import EventSource, SSEError
 
 from bridges.core.aep import loads
 
-__all__ = ["subscribe", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT"]
+__all__ = ["subscribe", "settled", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
+           "OUTCOMES", "SETTLED_MAX"]
 
 MAX_EVENT = 16 << 20
 """The largest SSE event (characters) read; a larger one ends the subscription."""
 _SEEN = 50_000
+OUTCOMES = ("attention.answered", "attention.resolved", "attention.timeout")
+"""The types that settle an ``attention.requested`` (its ``subject``)."""
+SETTLED_MAX = 100_000
+"""The most settled asks :func:`settled` remembers."""
 
 
 class BadEvent(ValueError):
@@ -200,6 +205,56 @@ class Stream:
             self.positions[session] = {"session": session, "seq": seq,
                                        "epoch": epoch if type(epoch) is int else 0}
         self.on_event(ev)
+
+
+def settled(url: str, *, token: str | None = None,
+            from_: str | list[dict[str, Any]] | None = "all",
+            timeout_s: float = 10.0) -> dict[str, str]:
+    """The asks already settled in what a replay from ``from_`` will show:
+    ``attention.requested`` id -> how it ended (``answered``, the
+    ``attention.resolved`` resolution, ``timed out``), read from one
+    replay-only request (``GET /stream?from=...&live=0``, AEP-0003 §3.3,
+    filtered server-side to :data:`OUTCOMES`) before the live
+    subscription, so ``tail`` does not mark a replayed ask ``PENDING``
+    whose outcome the same replay carries. Best effort: an endpoint that
+    refuses or is slow (``timeout_s`` in all) gives what was read, never
+    raises. At most :data:`SETTLED_MAX` asks."""
+    import time
+
+    headers = {"accept": "text/event-stream"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    params = [("filter", json.dumps({"type": list(OUTCOMES)})), ("live", "0"),
+              ("from", from_ if isinstance(from_, str) else json.dumps(from_ or []))]
+    out: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        with httpx.Client(timeout=httpx.Timeout(timeout_s), headers=headers,
+                          follow_redirects=False, trust_env=False) as client, \
+                client.stream("GET", f"{url.rstrip('/')}/stream", params=tuple(params)) as res:
+            ctype = res.headers.get("content-type", "").partition(";")[0].strip()
+            if res.status_code != 200 or ctype != "text/event-stream":
+                return out
+            for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
+                if time.monotonic() > deadline or len(out) >= SETTLED_MAX:
+                    break
+                try:
+                    ev = loads(sse.data) if sse.data else None
+                except ValueError:
+                    continue
+                if not isinstance(ev, dict) or not isinstance(ev.get("subject"), str):
+                    continue
+                type_, data = ev.get("type"), ev.get("data")
+                if type_ == "attention.timeout":
+                    out[ev["subject"]] = "timed out"
+                elif type_ == "attention.resolved":
+                    res_ = data.get("resolution") if isinstance(data, dict) else None
+                    out[ev["subject"]] = res_ if isinstance(res_, str) and res_ else "resolved"
+                elif type_ == "attention.answered":
+                    out.setdefault(ev["subject"], "answered")
+    except (httpx.HTTPError, SSEError, OSError, _Overflow):
+        pass
+    return out
 
 
 def subscribe(url: str, on_event: Callable[[dict[str, Any]], None], **kw: Any) -> Stream:

@@ -13,16 +13,22 @@ answered with the SDK ``ControlClient`` (issue 27 "Done when"):
   answered from AEP fills the question;
 - a held ``PreToolUse`` nobody answers ends in ``attention.timeout`` and the
   vendor's own flow; with the gate off no decision is ever given; ``EnterWorktree``
-  works (the installer leaves ``WorktreeCreate`` unhooked).
+  works (the installer leaves ``WorktreeCreate`` unhooked);
+- the daemon down for a whole turn (every hook through the command shim):
+  the turn finishes, the spooled moments arrive after the daemon starts
+  with the times they happened, never held.
 """
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from bridges.core.envelope import ms_text
 from tests.support import claude_code as cc
 from tests.support import mock_anthropic
 from tests.support.daemon import DaemonProcess, command
@@ -349,6 +355,71 @@ async def test_the_gate_off_gives_zero_decisions(claude_bin, tmp_path):
         assert "tool.requested" in types
         assert not {"attention.requested", "attention.answered", "control.accepted"} & set(types)
         assert d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]["hooks_held"] == 0
+    finally:
+        stream.close()
+        d.stop()
+
+
+async def test_daemon_down_the_turn_finishes_and_the_spool_arrives_with_its_times(claude_bin,
+                                                                                 tmp_path):
+    """The daemon is down for a whole ``claude -p`` turn run on what
+    ``hooks install --transport command`` writes (every event through the
+    shim: Claude Code's own HTTP hooks have no spool): the turn finishes, no
+    hook waits for the missing daemon, every moment is spooled, and the
+    daemon started afterwards publishes them with the times they happened
+    (each line's ``spooled_at_ms``; the run's and the tool's durations from
+    those, not from the ingestion), never held (the gate is open on Read)."""
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_CLAUDE_CODE": "1", "AEP_BRIDGE_OTLP_IN": "0",
+                                           "AEP_CLAUDE_CODE_CONTROL": "1",
+                                           "AEP_CLAUDE_CODE_GATE_TOOLS": "*"}, token=TOKEN)
+    home, proj = tmp_path / "home", tmp_path / "proj"
+    cc.prepare_home(home, proj)
+    install("claude-code", home, d, "--project", str(proj), "--transport", "command")
+    (proj / "notes.txt").write_text("spooled-notes\n")
+    mock = mock_anthropic.MockAnthropicServer()
+    mock.script = [mock_anthropic.Tool("Read", {"file_path": str(proj / "notes.txt")}),
+                   mock_anthropic.Text("Read it.")]
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        run = await cc.run_print(claude_bin, home, proj, "read the notes",
+                                 base_url=mock.base_url, proxy_url=mock.base_url,
+                                 env_extra={"AEP_TOKEN": TOKEN})
+        n.cancel_scope.cancel()
+    assert run.returncode == 0, run.describe()
+    assert [r["text"] for r in mock.tool_results() if "spooled-notes" in r["text"]], \
+        mock.tool_results()
+    spool = d.state / "hooks-spool" / "claude-code.jsonl"
+    lines = [json.loads(x) for x in spool.read_text().splitlines()]
+    at = {}
+    for line in lines:  # the first of each event: the turn has one prompt, one tool
+        at.setdefault(line["payload"]["hook_event_name"], line["spooled_at_ms"])
+    assert {"SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"} <= set(at)
+    # a coarse bound, not a measurement: a hook that waited for the vendor's
+    # timeout (70 s held) instead of the shim's 1 s budget would blow it
+    assert run.wall_s < 30 + len(lines) * 1.0, (run.wall_s, len(lines))
+    before_start = time.time_ns() // 1_000_000
+    d.start()
+    stream = d.subscribe()
+    try:
+        s = lines[0]["payload"]["session_id"]
+        await stream.wait_for(lambda c: c.of(s, "run.finished"), timeout=60,
+                              what="the spooled run.finished")
+        evs = validated(stream.of(s))
+        one = {e["type"]: e for e in reversed(evs)}  # the first of each type
+        for t in ("session.started", "run.started", "tool.requested", "tool.completed",
+                  "run.finished"):
+            assert t in one, [e["type"] for e in evs]
+        assert "attention.requested" not in one  # a spooled PreToolUse is never held
+        for t, ev in (("session.started", "SessionStart"), ("run.started", "UserPromptSubmit"),
+                      ("tool.requested", "PreToolUse"), ("tool.completed", "PostToolUse"),
+                      ("run.finished", "Stop")):
+            assert one[t]["time"] == ms_text(at[ev]), (t, one[t]["time"], at[ev])
+        assert all(e["time"] < ms_text(before_start) for e in evs)  # every one from the spool
+        assert one["run.finished"]["data"]["duration_ms"] == at["Stop"] - at["UserPromptSubmit"]
+        assert one["tool.completed"]["data"].get("duration_ms", 0) >= 0
+        counters = d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]
+        assert counters["hooks_held"] == 0 and counters["hooks_spooled_ingested"] == len(lines)
+        assert not spool.exists()
     finally:
         stream.close()
         d.stop()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 
+from bridges.core.envelope import ms_text
 from tests.support import codex_hooks as ch
 from tests.support.daemon import DaemonProcess, command
 from tests.support.hookinstall import install
@@ -152,12 +153,21 @@ async def test_daemon_down_the_turn_finishes_and_the_spool_arrives_after_restart
         s = lines[0]["payload"]["session_id"]
         await stream.wait_for(lambda c: c.of(s, "run.finished"), timeout=60,
                               what="the spooled run.finished")
-        types = [e["type"] for e in validated(stream.of(s))]
+        evs = validated(stream.of(s))
+        types = [e["type"] for e in evs]
         for t in ("session.started", "run.started", "tool.requested", "tool.completed",
                   "run.finished"):
             assert t in types, types
         assert "attention.requested" not in types  # a spooled PreToolUse is never held
         assert not spool.exists()
+        # each event carries its moment's time (the line's spooled_at_ms), not the ingestion's
+        at = {}
+        for line in lines:
+            at.setdefault(line["payload"]["hook_event_name"], line["spooled_at_ms"])
+        one = {e["type"]: e for e in reversed(evs)}
+        assert one["run.started"]["time"] == ms_text(at["UserPromptSubmit"])
+        assert one["run.finished"]["time"] == ms_text(at["Stop"])
+        assert one["run.finished"]["data"]["duration_ms"] == at["Stop"] - at["UserPromptSubmit"]
     finally:
         stream.close()
         d.stop()

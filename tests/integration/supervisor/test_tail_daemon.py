@@ -79,14 +79,54 @@ def test_tail_prints_the_timeline(daemon):
     for line, e in zip(lines, STORY, strict=True):
         assert re.match(rf"09:31:{e['seq']:02d}\.250 opencode +…000demo +{re.escape(e['type'])} ", line), line
     gist = {e["type"]: line.split(e["type"], 1)[1].strip() for line, e in zip(lines, STORY, strict=True)}
+    # answered in the same replay: its outcome, never PENDING
     assert gist["attention.requested"] == \
-        "permission: Permission requested: bash — echo hi  [once|reject]  PENDING"
+        "permission: Permission requested: bash — echo hi  [once|reject]  → answered"
     assert gist["attention.resolved"].startswith("resolved: answered ← Permission requested")
     assert gist["tool.completed"] == "bash ✓ completed (31 ms)"
     assert gist["run.finished"] == "finished ok (1200 ms)"
     # the type column is aligned: every gist starts in the same column
     starts = {len(line) - len(line.split(e["type"], 1)[1].lstrip()) for line, e in zip(lines, STORY, strict=True)}
     assert len(starts) == 1, lines
+
+
+def test_a_replayed_ask_is_pending_only_when_the_replay_does_not_settle_it(tmp_path):
+    """``--from all``: an ask answered, one timed out and one dismissed in
+    the replay show their outcome; the one still open is ``PENDING``, and
+    the count of those still pending after an outcome line is right."""
+    s = "ses_tail_replayed_asks"
+
+    def ask(seq: int, prompt: str) -> dict:
+        return ev(seq, "attention.requested", session=s, subject="bash", severity="notice",
+                  data={"kind": "permission", "prompt": prompt,
+                        "options": [{"id": "once"}, {"id": "reject"}]})
+
+    def out_(seq: int, type_: str, of: int, **data) -> dict:
+        return ev(seq, type_, session=s, subject=f"01JTAIL{of:019d}", data=data)
+
+    story = [ask(1, "first ask"), ask(2, "second ask"), ask(3, "third ask"), ask(4, "fourth ask"),
+             out_(5, "attention.answered", 1, answer={"option": "once"}, via="control"),
+             out_(6, "attention.resolved", 1, resolution="answered"),
+             out_(7, "attention.timeout", 2, after_ms=1000),
+             out_(8, "attention.resolved", 4, resolution="dismissed")]
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_OTLP_IN": "0"}, token=TOKEN).start()
+    try:
+        post(d, story)
+        out = tail(d, "--from", "all", "--limit", str(len(story)), "--no-resume")
+    finally:
+        assert d.stop() == 0
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if not ln.startswith("── ")]
+    assert len(lines) == len(story), out.stdout
+    asks = {ln.split("permission: ", 1)[1].split("  [", 1)[0]: ln for ln in lines[:4]}
+    assert asks["first ask"].endswith("[once|reject]  → answered"), asks
+    assert asks["second ask"].endswith("[once|reject]  → timed out"), asks
+    assert asks["third ask"].endswith("[once|reject]  PENDING"), asks
+    assert asks["fourth ask"].endswith("[once|reject]  → dismissed"), asks
+    assert sum("PENDING" in ln for ln in lines) == 1
+    # each outcome line names its ask; only the third is left pending
+    assert "← first ask" in lines[5] and lines[5].endswith("(1 still pending)"), lines[5]
+    assert "← second ask" in lines[6] and "← fourth ask" in lines[7], lines
 
 
 def test_tail_filter_and_json(daemon):

@@ -12,13 +12,15 @@ import os
 import trio
 
 from bridges.claude_code.profile import PROFILE as CLAUDE
+from bridges.core.envelope import ms_text
 from bridges.hooks_common import spool
 from bridges.hooks_common.config import HookConfig
+from bridges.hooks_common.hub import now_ms
 from tests.support.hooks import Rig
 
 
-def line(hid, payload, agent="claude-code"):
-    return json.dumps({"id": hid, "agent": agent, "spooled_at_ms": 1, "payload": payload}) + "\n"
+def line(hid, payload, agent="claude-code", at=1):
+    return json.dumps({"id": hid, "agent": agent, "spooled_at_ms": at, "payload": payload}) + "\n"
 
 
 def mo(event, **kw):
@@ -70,6 +72,49 @@ async def test_a_leftover_ingesting_file_is_taken_and_a_repeat_id_is_emitted_onc
     assert rig.types() == ["run.started", "run.finished"]
 
 
+async def test_spooled_events_carry_the_moments_own_time_and_durations(tmp_path):
+    """A turn that ran while the daemon was down: each event is stamped
+    with its moment's ``spooled_at_ms``, and the run, tool and ask
+    durations are the differences of those, not of the ingestion times."""
+    t = now_ms() - 600_000  # ten minutes ago
+    bash = {"tool_name": "Bash", "tool_input": {"command": "ls"}}
+    (tmp_path / "claude-code.jsonl").write_text(
+        line("a" * 32, mo("UserPromptSubmit", prompt="hi"), at=t)
+        + line("b" * 32, mo("PreToolUse", tool_use_id="tu1", **bash), at=t + 1_000)
+        + line("c" * 32, mo("PermissionRequest", **bash), at=t + 1_500)
+        + line("d" * 32, mo("PostToolUse", tool_use_id="tu1", tool_response="ok", **bash),
+               at=t + 4_000)
+        + line("e" * 32, mo("Stop"), at=t + 9_000))
+    rig = Rig(CLAUDE, HookConfig(spool_dir=tmp_path))
+    async with trio.open_nursery() as n:
+        await rig.start(n)
+        await wait_counter(rig, "hooks_spooled_ingested", 5)
+        n.cancel_scope.cancel()
+    at = {e["type"]: e["time"] for e in rig.events()}
+    assert at == {"run.started": ms_text(t), "tool.requested": ms_text(t + 1_000),
+                  "attention.requested": ms_text(t + 1_500),
+                  "tool.completed": ms_text(t + 4_000),
+                  "attention.answered": ms_text(t + 4_000),
+                  "attention.resolved": ms_text(t + 4_000), "run.finished": ms_text(t + 9_000)}
+    assert rig.of("run.finished")[0]["data"]["duration_ms"] == 9_000
+    assert rig.of("tool.completed")[0]["data"]["duration_ms"] == 3_000
+    assert rig.of("attention.resolved")[0]["data"]["latency_ms"] == 2_500
+    assert [e["seq"] for e in rig.events()] == list(range(7))  # the log order is the moments'
+
+
+async def test_a_moment_replayed_with_the_spooled_header_carries_that_time():
+    rig = Rig(CLAUDE, HookConfig())
+    t = now_ms() - 60_000
+    async with trio.open_nursery() as n:
+        await rig.start(n)
+        await rig.post(mo("UserPromptSubmit"), headers={"X-AEP-Hook-Spooled": str(t)})
+        await rig.post(mo("Stop"))  # live: its arrival, a minute later
+        n.cancel_scope.cancel()
+    start, fin = rig.events()
+    assert start["time"] == ms_text(t)
+    assert fin["time"] > start["time"] and fin["data"]["duration_ms"] >= 60_000
+
+
 def test_claim_renames_under_the_writers_lock_so_a_writer_reopens(tmp_path):
     path = tmp_path / "claude-code.jsonl"
     path.write_text(line("h" * 32, mo("Stop")))
@@ -96,10 +141,13 @@ def test_claim_renames_under_the_writers_lock_so_a_writer_reopens(tmp_path):
 
 
 def test_parse_line_takes_the_contract_shape_only():
-    assert spool.parse_line(line("x" * 32, mo("Stop")).encode(), "claude-code") == \
-        ("x" * 32, mo("Stop"))
+    assert spool.parse_line(line("x" * 32, mo("Stop"), at=5).encode(), "claude-code") == \
+        ("x" * 32, mo("Stop"), 5)
     assert spool.parse_line(line("x" * 32, json.dumps(mo("Stop"))).encode(), "claude-code") == \
-        ("x" * 32, mo("Stop"))
+        ("x" * 32, mo("Stop"), 1)
+    for at in (None, "5", True, 1.5):  # no usable spool time: the moment takes its arrival's
+        assert spool.parse_line(line("x" * 32, mo("Stop"), at=at).encode(),
+                                "claude-code").at_ms is None
     for bad in (b"", b"[]", b"{", line("x", mo("Stop"), agent="codex").encode(),
                 line("x", [1]).encode(), line("x", "not json").encode()):
         assert spool.parse_line(bad, "claude-code") is None

@@ -342,12 +342,15 @@ async def test_the_pump_drops_the_gil_for_a_waiting_sender_before_the_relay_fans
     """When a sender waits on a drain's verdicts, the pump, after letting it
     run, drops the GIL once (``_drop_gil``) before the relay's hand-over: a
     sender answering from grpcio's thread takes it then, not a switch
-    interval later (issue 11). A drain nobody waits on does not."""
+    interval later (issue 11). A drain nobody waits on does not (nor one
+    whose sender answers on the event loop: issue 27,
+    ``test_fleet_verdicts.py``)."""
     import supervisor.pump as fleet_mod
 
     relay = RecordingRelay()
     fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=relay, host="h")
     ctx = fleet.members["steady"].ctx
+    ctx.answers_in_thread = True  # as the OTLP bridge's gRPC receiver sets it
     log = tmp_path / "logs" / "steady" / "s.jsonl"
     drops: list[tuple[int, int, int]] = []
     answered: list[bool] = []  # the sender has run past its verdicts

@@ -235,3 +235,69 @@ def test_a_drain_hands_over_and_logs_as_one_event_at_a_time_would(tmp_path_facto
         assert batched[3] == want
 
     trio.run(both)
+
+
+class Waiter:
+    """Emits ``n`` events, each waited for in ``logged_since`` (as a hook's
+    or an OTLP export's answer waits); ``in_thread``: its answers go out
+    from a library's thread (``ctx.answers_in_thread``, the gRPC receiver)."""
+
+    def __init__(self, in_thread: bool, n: int = 5) -> None:
+        self.name = self.agent = "waiter"
+        self.in_thread, self.n = in_thread, n
+        self.verdicts: list[bool] = []
+
+    def capabilities(self):
+        return {"emits": ["x"]}
+
+    def preflight(self):
+        return []
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED):
+        ctx.answers_in_thread = self.in_thread
+        task_status.started()
+        for i in range(self.n):
+            mark = ctx.log_mark()
+            # no yield between the send and the wait: the pump drains with the
+            # waiter already in logged_since (``emit`` yields after its send)
+            ctx.emit_nowait("s1", {"type": "x.waiter.tick.seen", "data": {"i": i}})
+            self.verdicts.append(await ctx.logged_since(mark))
+        await trio.sleep_forever()
+
+
+class _Relay:
+    """The embedded relay's emitter interface, taking everything."""
+
+    def attach_emitter(self, hello, deliver):
+        class Conn:
+            async def ingest(self, ev):
+                pass
+        return Conn()
+
+
+async def _drops(tmp_path, monkeypatch, in_thread: bool) -> tuple[int, Waiter]:
+    import supervisor.pump as pump
+    calls: list[None] = []
+    monkeypatch.setattr(pump, "_drop_gil", lambda: calls.append(None))
+    w = Waiter(in_thread)
+    fleet = Fleet(Config(state_dir=tmp_path), [w], relay=_Relay(), host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        while len(w.verdicts) < w.n:
+            await trio.sleep(0.01)
+        n.cancel_scope.cancel()
+    return len(calls), w
+
+
+async def test_a_waiter_answering_on_the_loop_is_not_handed_the_gil(tmp_path, monkeypatch):
+    """Issue 27: the pump's GIL hand-over (a zero sleep: a syscall that can
+    lose the CPU on a loaded machine) is for an answer a library's thread
+    sends (OTLP gRPC); a hook's answer goes out on the event loop and must
+    not wait behind it."""
+    drops, w = await _drops(tmp_path, monkeypatch, in_thread=False)
+    assert w.verdicts == [True] * w.n and drops == 0
+
+
+async def test_a_waiter_answering_from_a_thread_is_handed_the_gil(tmp_path, monkeypatch):
+    drops, w = await _drops(tmp_path, monkeypatch, in_thread=True)
+    assert w.verdicts == [True] * w.n and drops == w.n

@@ -141,6 +141,20 @@ def test_columns_are_aligned_and_pending_attention_highlighted():
     assert lines[2].plain.endswith("resolved: answered ← bash: ls")
 
 
+def test_an_ask_known_settled_shows_its_outcome_not_pending():
+    tl = Timeline(settled={"A1": "answered"})
+    base = {"agent": "opencode", "session": "ses_0123456789abcdef", "time": "2026-12-01T09:31:02.118Z"}
+    ask = {**base, "id": "A1", "type": "attention.requested",
+           "data": {"kind": "permission", "prompt": "bash: ls", "options": [{"id": "once"}]}}
+    line = tl.line(ask)
+    assert line.plain.endswith("[once]  → answered") and "PENDING" not in line.plain
+    assert not any("on yellow" in str(span.style) for span in line.spans)
+    assert tl.pending == {}
+    done = tl.line({**base, "id": "R1", "type": "attention.resolved", "subject": "A1",
+                    "data": {"resolution": "answered"}})
+    assert done.plain.endswith("resolved: answered ← bash: ls") and tl.asked == {}
+
+
 def test_a_second_pending_ask_is_counted_when_one_resolves():
     tl = Timeline()
     for i in (1, 2):
