@@ -30,7 +30,7 @@ from httpx_sse import EventSource, SSEError
 from bridges.core.aep import loads
 
 __all__ = ["subscribe", "settled", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
-           "OUTCOMES", "SETTLED_MAX"]
+           "OUTCOMES", "SETTLED_MAX", "settle"]
 
 MAX_EVENT = 16 << 20
 """The largest SSE event (characters) read; a larger one ends the subscription."""
@@ -242,19 +242,28 @@ def settled(url: str, *, token: str | None = None,
                     ev = loads(sse.data) if sse.data else None
                 except ValueError:
                     continue
-                if not isinstance(ev, dict) or not isinstance(ev.get("subject"), str):
-                    continue
-                type_, data = ev.get("type"), ev.get("data")
-                if type_ == "attention.timeout":
-                    out[ev["subject"]] = "timed out"
-                elif type_ == "attention.resolved":
-                    res_ = data.get("resolution") if isinstance(data, dict) else None
-                    out[ev["subject"]] = res_ if isinstance(res_, str) and res_ else "resolved"
-                elif type_ == "attention.answered":
-                    out.setdefault(ev["subject"], "answered")
+                settle(ev, out)
     except (httpx.HTTPError, SSEError, OSError, _Overflow):
         pass
     return out
+
+
+def settle(ev: Any, out: dict[str, str]) -> None:
+    """Note in ``out`` (ask id -> how it ended) what the event ``ev`` settles:
+    an ``attention.timeout`` -> ``timed out``; ``attention.resolved`` -> its
+    ``resolution`` (``resolved`` when none); ``attention.answered`` ->
+    ``answered`` unless a later word is known. Anything else: nothing (AEP
+    0.1 attention lifecycle; shared by :func:`settled` and ``timeline``)."""
+    if not isinstance(ev, dict) or not isinstance(ev.get("subject"), str):
+        return
+    type_, data = ev.get("type"), ev.get("data")
+    if type_ == "attention.timeout":
+        out[ev["subject"]] = "timed out"
+    elif type_ == "attention.resolved":
+        res_ = data.get("resolution") if isinstance(data, dict) else None
+        out[ev["subject"]] = res_ if isinstance(res_, str) and res_ else "resolved"
+    elif type_ == "attention.answered":
+        out.setdefault(ev["subject"], "answered")
 
 
 def subscribe(url: str, on_event: Callable[[dict[str, Any]], None], **kw: Any) -> Stream:

@@ -4,7 +4,10 @@ renders a live stream (the ecosystem's ``aep timeline --file``).
 Reads JSONL (a daemon's session log, ``logs/<agent>/<session>.jsonl``, a
 rotated ``.gz`` segment, or ``-`` for stdin) and prints each event through
 :class:`supervisor.tools.tail.Timeline`: the same columns, gists, pending
-asks and date lines; whole type names when not writing to a terminal.
+asks and date lines; whole type names when not writing to a terminal. An
+ask whose outcome the same input carries (any of the files) is shown with
+it (``→ answered``...), never ``PENDING``: the input is scanned for
+outcomes first (stdin is held in memory for that).
 A line that is not a JSON object is reported on stderr with its line number
 and skipped (``aep-bridges validate`` says more). Exit 0, or 2 when a file
 cannot be read."""
@@ -15,8 +18,9 @@ import sys
 from typing import Iterable, TextIO
 
 from .tail import Timeline, _console, _safe
+from .tailstream import OUTCOMES, settle
 
-__all__ = ["render", "run"]
+__all__ = ["outcomes", "render", "run"]
 
 
 def render(lines: Iterable[str], timeline: Timeline, print_line, *, name: str,
@@ -43,6 +47,18 @@ def render(lines: Iterable[str], timeline: Timeline, print_line, *, name: str,
     return shown
 
 
+def outcomes(lines: Iterable[str], into: dict[str, str]) -> None:
+    """Note in ``into`` every ask the JSONL ``lines`` settle (ask id -> how,
+    :func:`.tailstream.settle`); only lines naming an outcome type are
+    parsed, bad ones skipped (``render`` reports them)."""
+    for line in lines:
+        if any(t in line for t in OUTCOMES):
+            try:
+                settle(json.loads(line), into)
+            except ValueError:
+                continue
+
+
 def run(names: list[str], *, color: str = "auto", out: TextIO | None = None,
         err: TextIO | None = None) -> int:
     """Render each file of ``names`` in turn (one :class:`Timeline`, so an
@@ -56,10 +72,19 @@ def run(names: list[str], *, color: str = "auto", out: TextIO | None = None,
         console.print(text, no_wrap=True, overflow="ellipsis")
 
     status = 0
+    held: dict[str, list[str]] = {}
+    for name in names:  # outcomes first, so a settled ask is not drawn PENDING
+        try:
+            lines: Iterable[str] = read_lines(name)
+            if name == "-":
+                lines = held.setdefault(name, list(lines))
+            outcomes(lines, timeline.settled)
+        except OSError:
+            pass  # said once, below
     for name in names:
         shown = "<stdin>" if name == "-" else name
         try:
-            render(read_lines(name), timeline, print_line, name=shown, err=err)
+            render(held.get(name) or read_lines(name), timeline, print_line, name=shown, err=err)
         except OSError as e:
             print(f"aep-bridges timeline: {shown}: {e.strerror or e}", file=err)
             status = 2

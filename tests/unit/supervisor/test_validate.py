@@ -74,9 +74,32 @@ def test_timeline_renders_a_file_as_tail_does(tmp_path):
     lines = out.getvalue().splitlines()
     n = sum(1 for line in GOLDEN.read_text().splitlines() if line.strip())
     assert lines[0].startswith("── 20") and len([x for x in lines if not x.startswith("──")]) == n
-    assert any("PENDING" in x for x in lines)
+    # every ask of the golden corpus is settled in the same file: none is PENDING
+    assert not any("PENDING" in x for x in lines)
+    assert sum("→ answered" in x for x in lines) == 2 and sum("→ timed out" in x for x in lines) == 1
     assert f"{f}:{n + 1}: not JSON" in err.getvalue()
     assert timeline.run([str(tmp_path / "nope")], out=io.StringIO(), err=io.StringIO()) == 2
+
+
+def test_timeline_marks_pending_only_the_asks_the_input_does_not_settle(tmp_path, monkeypatch):
+    golden = [json.loads(x) for x in GOLDEN.read_text().splitlines() if x.strip()]
+    asks = [e for e in golden if e["type"] == "attention.requested"]
+    outcomes = [e for e in golden if e["type"] in ("attention.answered", "attention.timeout")]
+    settled_one = [o for o in outcomes if o["subject"] == asks[0]["id"]]
+    first, second = tmp_path / "asks.jsonl", tmp_path / "answers.jsonl"
+    first.write_text("".join(json.dumps(e) + "\n" for e in asks))
+    second.write_text("".join(json.dumps(e) + "\n" for e in settled_one))
+
+    def pending(*names: str) -> list[str]:
+        out = io.StringIO()
+        assert timeline.run(list(names), color="never", out=out, err=io.StringIO()) == 0
+        return [x for x in out.getvalue().splitlines() if "PENDING" in x]
+
+    assert len(pending(str(first))) == len(asks) == 3  # nothing settles them
+    # the answer in the next file settles the first ask, shown on the ask's own line
+    assert len(pending(str(first), str(second))) == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO(first.read_text() + second.read_text()))
+    assert len(pending("-")) == 2
 
 
 @pytest.mark.parametrize("case", [c for c in INVALID if "event" in c][:3], ids=lambda c: c["name"])
