@@ -268,8 +268,8 @@ class JetStreamRelay(Ingest, Subscriptions):
         return caps
 
     # -- connections -------------------------------------------------------------
-    def open_socket(self, authenticated: bool) -> SocketConnection:
-        conn = JsSocketConnection(self, authenticated)
+    def open_socket(self, authenticated: bool, principal: str = "anonymous") -> SocketConnection:
+        conn = JsSocketConnection(self, authenticated, principal)
         self._conns.add(conn)
         self._outlets.add(conn.outlet)
         return conn

@@ -319,7 +319,8 @@ class RelayApp:
             if status == 403:
                 return await respond(send, 403, {"error": "unauthorized", **where, "detail": detail})
             return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
-        problem = relay.check_batch(entries)
+        problem = relay.check_batch(entries) or relay.check_posted_sessions(
+            entries, relay.principal(scope["headers"], scope.get("query_string", b"")))
         if problem is not None:
             index, detail = problem
             relay.counters["invalid_events"] += 1
