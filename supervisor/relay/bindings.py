@@ -44,7 +44,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "named"]
+__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "binding_refusal", "is_verified",
+           "named"]
 
 log = logging.getLogger("aep.relay")
 
@@ -57,6 +58,32 @@ _NAMED = "emitter:"
 def named(name: str) -> str:
     """The principal of the per-emitter credential ``name``."""
     return _NAMED + name
+
+
+def is_verified(principal: str) -> bool:
+    """Whether ``principal`` is verified per party (the fleet or a
+    per-emitter credential): its bindings never expire."""
+    return principal == FLEET or principal.startswith(_NAMED)
+
+
+def binding_refusal(bound: str, bound_source: str, principal: str, source: str,
+                    free: bool) -> str | None:
+    """The rule of the module docstring for one bound session (pure):
+    why ``principal`` under ``source`` may not claim a session bound to
+    ``bound`` under ``bound_source``, or ``None``. ``free``: no claimant
+    is connected and the grace since the last one left has passed (only
+    read for a shared-principal binding)."""
+    if bound == FLEET:
+        return "this session belongs to a bridge of this daemon"
+    verified = is_verified(bound)
+    if bound == principal and (verified or bound_source == source):
+        return None
+    if verified:
+        return "this session is bound to another emitter credential"
+    if free:
+        return None  # the shared principal's claim expired
+    return ("this session is held for the emitter that claimed it (under another source) "
+            "while it is connected and for AEP_CLAIM_GRACE seconds after it left")
 
 
 class Binding:
@@ -74,7 +101,7 @@ class Binding:
     def named(self) -> bool:
         """Whether the principal is verified per party (the fleet or a
         per-emitter credential), so the binding never expires."""
-        return self.principal == FLEET or self.principal.startswith(_NAMED)
+        return is_verified(self.principal)
 
 
 class Bindings:
@@ -104,16 +131,8 @@ class Bindings:
         b = self._map.get(session)
         if b is None:
             return None
-        if b.principal == FLEET:
-            return "this session belongs to a bridge of this daemon"
-        if b.principal == principal and (b.named or b.source == source):
-            return None
-        if b.named:
-            return "this session is bound to another emitter credential"
-        if not live and now - b.seen >= self.grace_s:
-            return None  # the shared principal's claim expired: free
-        return ("this session is held for the emitter that claimed it (under another source) "
-                "while it is connected and for AEP_CLAIM_GRACE seconds after it left")
+        return binding_refusal(b.principal, b.source, principal, source,
+                               free=not live and now - b.seen >= self.grace_s)
 
     def bind(self, session: str, principal: str, source: str, now: float) -> None:
         """``principal`` claims ``session`` (allowed by :meth:`refusal`):
