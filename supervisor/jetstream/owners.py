@@ -5,8 +5,8 @@ daemon on one NATS, so an emitter on relay B cannot claim a session owned
 through relay A (before: both claims landed in ``S_claims`` and every
 command to the session was refused ``ambiguous``).
 
-KV ``S_bindings`` (:func:`bindings_bucket`), key ``token(session)``, value
-(:func:`binding_value`)::
+KV ``S_bindings`` (:func:`~.subjects.bindings_bucket`), key
+``token(session)``, value (:func:`~.subjects.binding_value`)::
 
     {"v": 1, "principal": "token" | "emitter:<name>" | "fleet" | "anonymous",
      "source": "<the first claimant's source>", "owner": "<relay or daemon id>",
@@ -31,7 +31,6 @@ published; the emitter sends it again): ownership is never guessed.
 (it claims nothing; the embedded relay's rule for posts is local)."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any, Sequence
@@ -43,23 +42,11 @@ from supervisor.relay import Connection, Entry, InvalidEvent, Unavailable, bindi
 
 from .link import _NATS_ERRORS, aio
 from .routing import Routing
-from .subjects import SHAPE_VERSION, parse_value, token
+from .subjects import binding_value, parse_value, token
 
-__all__: Sequence[str] = ("Owners", "binding_value", "bindings_bucket")
+__all__: Sequence[str] = ("Owners",)
 
 log = logging.getLogger("aep.relay.jetstream")
-
-
-def bindings_bucket(stream: str) -> str:
-    """The KV bucket of session bindings: ``S_bindings``."""
-    return f"{stream}_bindings"
-
-
-def binding_value(*, principal: str, source: str, owner: str, at_ms: int) -> bytes:
-    """The JSON value of one session binding (module docstring)."""
-    return json.dumps({"v": SHAPE_VERSION, "principal": principal, "source": source,
-                       "owner": owner, "at": at_ms},
-                      separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def _now_ms() -> int:

@@ -60,9 +60,8 @@ from supervisor.relay import Connection, Outlet, SocketConnection, Subscriber
 from .config import NatsConfig
 from .ingest import Ingest, _Acks
 from .link import _NATS_ERRORS, Link, Outage, aio
-from .owners import bindings_bucket
 from .publish import wanted_stream
-from .subjects import claims_bucket, command_subject, daemons_bucket
+from .subjects import bindings_bucket, claims_bucket, command_subject, daemons_bucket
 from .subscribe import Subscriptions
 
 log = logging.getLogger("aep.relay.jetstream")

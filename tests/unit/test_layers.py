@@ -464,7 +464,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.tools.control": {"AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNREACHABLE", "cancel", "find_session", "pause", "respond", "resume", "send"},
     "supervisor.jetstream": {"config", "ingest", "link", "owners", "plan", "presence", "publish",
                              "recover", "relay", "routing", "sink", "subjects", "subscribe"},
-    "supervisor.jetstream.owners": {"Owners", "binding_value", "bindings_bucket"},
+    "supervisor.jetstream.owners": {"Owners"},
     "supervisor.tools.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
     "supervisor.tools.tailstream": {"BadEvent", "MAX_EVENT", "NotAnAepStream", "Stream", "subscribe"},
     "supervisor.jetstream.publish": {"AckInbox", "LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
