@@ -81,21 +81,20 @@ class Ingest(Routing):
         sessions whether their owner is connected or not, a shared-token
         session held for its source while its claimant is connected and
         ``AEP_CLAIM_GRACE`` seconds after. ``POST /events`` is
-        :meth:`check_batch`'s; a fleet bridge (:class:`LocalEmitter`, the
+        :meth:`check_posted_sessions`'; a fleet bridge (:class:`LocalEmitter`, the
         daemon's own code) is never refused."""
         if e.pos is None or conn is None or not conn.can_claim or isinstance(conn, LocalEmitter):
             return
         session = e.attrs["session"]
         if session in conn.claims:
             return
-        if self.claims.claimed_by_other(session, conn):
-            why: str | None = ("this session is claimed by another connected emitter; only "
-                               "that connection may send its sequenced events while it is "
-                               "connected (a second claimant would make its commands "
-                               "ambiguous, AEP-0004 §4.5)")
-        else:
-            why = self.bindings.refusal(session, conn.principal, e.attrs["source"],
-                                        time.monotonic(), live=False)
+        live = self.claims.claimed_by_other(session, conn)
+        why = self.bindings.refusal(session, conn.principal, e.attrs["source"],
+                                    time.monotonic(), live=live)
+        if why is None and live:
+            why = ("this session is claimed by another connected emitter; only that connection "
+                   "may send its sequenced events while it is connected (a second claimant "
+                   "would make its commands ambiguous, AEP-0004 §4.5)")
         if why is not None:
             self.counters["refused_owned_session"] += 1
             raise InvalidEvent(why)
