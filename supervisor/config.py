@@ -102,7 +102,7 @@ SETTINGS: tuple[Setting, ...] = (
             "`name=token` a line (`#` comments); each is accepted wherever `AEP_TOKEN` is and "
             "names its holder: a session is bound to the credential that first claimed it, "
             "and no one else may emit into it or receive its commands, connected or not, "
-            "across restarts (see \"Security\"). The file must not be readable by group or "
+            "across restarts (see \"Limits and hardening\"). The file must not be readable by group or "
             "others (mode 0600); needs `AEP_TOKEN`"),
     Setting("AEP_CLAIM_GRACE", "`120`", "seconds a session claimed with the shared "
             "`AEP_TOKEN` stays held for its emitter's `source` after its last connection left "
