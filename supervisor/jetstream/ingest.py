@@ -109,19 +109,24 @@ class Ingest(Owners):
                 await self._put_claim(conn, agent, session)
         return None
 
-    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256) -> int:
+    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256,
+                                principal: str | None = None) -> int:
         """Publish a checked ``POST /events`` batch; every event is
         acknowledged by the stream before the 202 (raises
         :class:`~supervisor.relay.connections.Unavailable` otherwise: the
         emitter sends the batch again, the server drops what it holds);
         raises :class:`~supervisor.relay.connections.TooLarge` (a 413,
-        nothing published) for an event over the server's max payload."""
+        nothing published) for an event over the server's max payload, and
+        :class:`InvalidEvent` for a session another principal owns
+        (``principal``: the poster's, :meth:`~.owners.Owners.check_posted`)."""
         limit = self.link.nc.max_payload
         for i, e in enumerate(entries):
             if limit and len(e.raw) > limit:
                 self.counters["too_large"] = self.counters.get("too_large", 0) + 1
                 raise TooLarge(i, f"event of {len(e.raw)} bytes is over the NATS server's max "
                                   f"payload of {limit} bytes (the stream can never hold it)")
+        if principal is not None:
+            await self.check_posted(entries, principal)
         await self._publish(entries)
         return len(entries)
 

@@ -25,10 +25,17 @@ KV ``S_bindings`` (:func:`~.subjects.bindings_bucket`), key
   live as long as the stream keeps events (the bucket's TTL is
   ``AEP_NATS_MAX_AGE``): a restarted relay forgets none.
 
+- a ``POST /events`` batch's sessions are read before it is published: a
+  sequenced event in a session of the fleet or of another per-emitter
+  credential is refused (a post claims nothing, so a shared-token session
+  is not held against it, as on the embedded relay);
+- a ``/socket`` emitter whose session a daemon's fleet bound meanwhile
+  loses its claim at the next refresh (within ``AEP_NATS_CLAIM_TTL``/3),
+  as the embedded relay drops it at once.
+
 A bucket that cannot answer refuses the event ``unavailable`` (nothing
-published; the emitter sends it again): ownership is never guessed.
-``POST /events`` on a JetStream relay is not checked against the bucket
-(it claims nothing; the embedded relay's rule for posts is local)."""
+published, counted ``bindings_unavailable``; the emitter sends it again):
+ownership is never guessed."""
 from __future__ import annotations
 
 import logging
@@ -38,7 +45,15 @@ from typing import Any, Sequence
 import nats.js.errors
 import trio
 
-from supervisor.relay import Connection, Entry, InvalidEvent, Unavailable, binding_refusal
+from supervisor.relay import (
+    Connection,
+    Entry,
+    InvalidEvent,
+    LocalEmitter,
+    Unavailable,
+    binding_refusal,
+    is_verified,
+)
 
 from .link import _NATS_ERRORS, aio
 from .routing import Routing
@@ -80,13 +95,14 @@ class Owners(Routing):
                     pass
                 try:
                     entry = await aio(kv.get)(key)
-                except nats.js.errors.KeyNotFoundError:
+                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
                     continue
                 if await self._may_take(conn, session, source, entry, mine):
                     break
             else:
                 raise Unavailable("the session bindings changed under this claim; send again")
         except _NATS_ERRORS as exc:
+            self.counters["bindings_unavailable"] = self.counters.get("bindings_unavailable", 0) + 1
             raise Unavailable(f"the session bindings bucket did not answer "
                               f"({type(exc).__name__}); send again") from None
         bound = self._bound.setdefault(conn, {})
@@ -125,9 +141,11 @@ class Owners(Routing):
         if bound:  # the grace of its shared-token sessions counts from now
             self.spawn(self._touch, conn.principal, bound)
 
-    async def _touch(self, principal: str, bound: dict[str, str]) -> None:
+    async def _touch(self, principal: str, bound: dict[str, str],
+                     conn: Connection | None = None) -> None:
         """Re-put ``bound``'s bindings with ``at`` now, each only while it
-        is still ``principal``'s under that source."""
+        is still ``principal``'s under that source; one the fleet took
+        meanwhile ends ``conn``'s claim of it (:meth:`_lose`)."""
         kv = self._kv_bindings
         for session, source in bound.items():
             try:
@@ -137,8 +155,58 @@ class Owners(Routing):
                     await aio(kv.update)(token(session), binding_value(
                         principal=principal, source=source, owner=self.relay_id,
                         at_ms=_now_ms()), last=entry.revision)
+                elif v.get("principal") == "fleet" and conn is not None:
+                    self._lose(conn, session)
             except _NATS_ERRORS as e:  # the next claimant reads an older "at": still held
                 log.debug("jetstream relay: binding refresh: %s", type(e).__name__)
+
+    def _lose(self, conn: Connection, session: str) -> None:
+        """A daemon's fleet bound ``session``: this relay's ``/socket``
+        claimants of it lose their claims (commands go to the fleet's one
+        claimant, never ``ambiguous``), counted ``fleet_reclaimed``."""
+        holders = [c for c in self.claims.holders(session) if not isinstance(c, LocalEmitter)]
+        self.counters["fleet_reclaimed"] += self.claims.evict(session, LocalEmitter)
+        for c in holders:
+            self._bound.get(c, {}).pop(session, None)
+            agent = self._claim_agents.get(c, {}).pop(session, None)
+            if agent is not None:
+                self.spawn(self._kv_delete, self._claim_key(c, agent, session))
+
+    async def check_posted(self, entries: Sequence[Entry], principal: str) -> None:
+        """A ``POST /events`` batch by ``principal``: :class:`InvalidEvent`
+        (counted ``refused_owned_session``) when a sequenced event is in a
+        session bound to the fleet or to another per-emitter credential;
+        :class:`Unavailable` when the bucket does not answer. The sessions
+        are read at most 32 at a time."""
+        sessions = {e.attrs["session"] for e in entries if e.pos is not None}
+        refused: list[str] = []
+        failed: list[BaseException] = []
+        limit = trio.Semaphore(32)
+
+        async def one(session: str) -> None:
+            async with limit:
+                try:
+                    entry = await aio(self._kv_bindings.get)(token(session))
+                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                    return
+                except _NATS_ERRORS as exc:
+                    failed.append(exc)
+                    return
+                bound = (parse_value(entry.value) or {}).get("principal")
+                if isinstance(bound, str) and is_verified(bound) and bound != principal:
+                    refused.append(bound)
+
+        async with trio.open_nursery() as n:
+            for s in sessions:
+                n.start_soon(one, s)
+        if refused:
+            self.counters["refused_owned_session"] += 1
+            raise InvalidEvent("this session belongs to a bridge of a daemon" if refused[0] == "fleet"
+                               else "this session is bound to another emitter credential")
+        if failed:
+            self.counters["bindings_unavailable"] = self.counters.get("bindings_unavailable", 0) + 1
+            raise Unavailable(f"the session bindings bucket did not answer "
+                              f"({type(failed[0]).__name__}); send again")
 
     async def _refresh_bindings(self) -> None:
         """Every claim refresh, the bindings of the live claims again (``at``
@@ -149,4 +217,5 @@ class Owners(Routing):
             for conn, bound in list(self._bound.items()):
                 if conn.open:
                     await self._touch(conn.principal,
-                                      {s: src for s, src in bound.items() if s in conn.claims})
+                                      {s: src for s, src in bound.items() if s in conn.claims},
+                                      conn)

@@ -240,14 +240,17 @@ class Ingest(Routing):
         for e in entries:
             self._admit(e, None)
 
-    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256) -> int:
+    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256,
+                                principal: str | None = None) -> int:
         """:meth:`ingest_http` in chunks of ``chunk`` entries with a yield
         between them, so every consumer's writer drains between chunks and
         a burst reaches a consumer that reads at full speed whole instead
         of overrunning its soft budget (AEP-0003 §8.4 sheds *slow*
         consumers). A position another ingest took while this one yielded
         is refused then (counted ``invalid_events``: one position, one
-        event). Returns how many entries were ingested."""
+        event). Returns how many entries were ingested. (``principal``, the
+        poster's, was checked by :meth:`check_posted_sessions`; a relay
+        whose bindings are elsewhere reads it here.)"""
         n = 0
         counters = self.counters
         if self.persist is not None:  # on disk before the 202 (like an OTLP export)
