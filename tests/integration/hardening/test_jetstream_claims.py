@@ -22,10 +22,11 @@ The real ``nats-server`` (``tests/support/nats.py``), two real
 """
 from __future__ import annotations
 
+import os
 import time
 
 from tests.support.daemon import DaemonProcess
-from tests.support.hardening import event
+from tests.support.hardening import event, post_events
 from tests.support.nats import NatsCluster
 
 from .test_control_forgery import TOKEN, _ack, _answers, _emitter, _healthz, _send_in_thread
@@ -64,5 +65,55 @@ def test_an_event_on_another_relay_does_not_make_the_owners_commands_ambiguous(t
             for x in (owner, intruder):
                 if x is not None:
                     x.close()
+            for r in relays:
+                r.stop(timeout=20)
+
+
+def test_a_named_emitters_session_is_its_own_on_every_relay_and_after_a_restart(tmp_path):
+    """Per-emitter credentials across relays: a holder of the shared token
+    (not of the victim's credential) on the other relay is refused under
+    the victim's own source and agent, on ``/socket`` and ``POST /events``,
+    while the victim is away and after that relay restarts (the binding is
+    in KV ``AEP_bindings``); the victim, back on the other relay, gets its
+    commands."""
+    creds = tmp_path / "emitters"
+    creds.write_text("victim=victim-credential-js\n")
+    os.chmod(creds, 0o600)
+    with NatsCluster(1, tmp_path / "nats") as c:
+        env = {"AEP_NATS_URL": c.url, "AEP_EMITTER_TOKENS": str(creds)}
+        relays = [DaemonProcess(tmp_path / f"state{i}", env, args=("relay",), token=TOKEN)
+                  for i in (1, 2)]
+        for r in relays:
+            r.start()
+        try:
+            session = "js-named-1"
+            victim = _emitter(relays[0].url, "victim", token="victim-credential-js")
+            assert _answers(victim, event(1, session, agent="victim")) == []
+            victim.close()
+            relays[1].stop(timeout=20)
+            relays[1].start()
+            b = relays[1].url
+            attacker = _emitter(b, "victim")
+            try:
+                taken = _answers(attacker, event(2, session, agent="victim"))
+                assert [a.get("code") for a in taken] == ["invalid-event"], taken
+                assert "another emitter credential" in taken[0]["detail"], taken
+            finally:
+                attacker.close()
+            r = post_events(b, [event(2, session, agent="victim")], token=TOKEN)
+            assert r.status_code == 400 and r.json()["error"] == "invalid-event", r.text
+            victim = _emitter(b, "victim", token="victim-credential-js")
+            try:
+                assert _answers(victim, event(2, session, agent="victim")) == []
+                time.sleep(1.0)  # not a timing assertion: the claim's put lands
+                sender, out = _send_in_thread(relays[0].url, session)
+                cmd = victim.recv_json()  # bounded: the duplex's socket timeout
+                assert cmd is not None and cmd["type"] == "control.cancel", (cmd, out)
+                victim.send_json(_ack(cmd, "victim", 3, "control.accepted"))
+                sender.join(30)
+                assert out.get("ack", {}).get("agent") == "victim", out
+            finally:
+                victim.close()
+        finally:
             for r in relays:
                 r.stop(timeout=20)
