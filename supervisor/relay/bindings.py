@@ -30,7 +30,9 @@ The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
   owner as far as anyone can tell (the stated limit: per-emitter
   credentials lift it).
 
-Bounded: at most ``cap`` bindings, least recently used forgotten first.
+Bounded: at most ``cap`` bindings, least recently used forgotten first,
+the shared principal's before any verified one (a token holder churning
+new sessions can push out only what it could take anyway).
 Kept across restarts in a journal (:meth:`Bindings.open`: one JSON line a
 binding, appended when it is made, compacted at start): a restarted relay
 remembers who owned what, and the shared principal's grace restarts from
@@ -113,6 +115,8 @@ class Bindings:
         self.cap = cap
         self.grace_s = grace_s
         self._map: OrderedDict[str, Binding] = OrderedDict()
+        #: the shared principal's sessions, least recently used first (evicted first)
+        self._shared: OrderedDict[str, None] = OrderedDict()
         self._journal: IO[str] | None = None
         self._path: Path | None = None
         self._appended = 0
@@ -141,6 +145,8 @@ class Bindings:
         if b is not None and b.principal == principal and (b.named or b.source == source):
             b.seen = now
             self._map.move_to_end(session)
+            if session in self._shared:
+                self._shared.move_to_end(session)
             return
         self._set(session, Binding(principal, source, now))
 
@@ -166,12 +172,28 @@ class Bindings:
                 b.seen = now
 
     def _set(self, session: str, b: Binding) -> None:
-        m = self._map
-        m[session] = b
-        m.move_to_end(session)
-        while len(m) > self.cap:
-            m.popitem(last=False)
+        self._put(session, b)
+        self._trim()
         self._append(session, b)
+
+    def _put(self, session: str, b: Binding) -> None:
+        self._map[session] = b
+        self._map.move_to_end(session)
+        if b.named:
+            self._shared.pop(session, None)
+        else:
+            self._shared[session] = None
+            self._shared.move_to_end(session)
+
+    def _trim(self) -> None:
+        """Within ``cap``: the shared principal's least recently used first."""
+        m, shared = self._map, self._shared
+        while len(m) > self.cap:
+            if shared:
+                old, _ = shared.popitem(last=False)
+                del m[old]
+            else:
+                m.popitem(last=False)
 
     # -- the journal -----------------------------------------------------------------
     def open(self, path: Path, now: float) -> int:
@@ -192,15 +214,16 @@ class Bindings:
             pass
         except OSError as e:
             log.warning("relay: session bindings not read (%s)", type(e).__name__)
-        while len(loaded) > self.cap:
-            loaded.popitem(last=False)
         for s, b in self._map.items():  # made before the journal was opened
             loaded.pop(s, None)
             loaded[s] = b
-        self._map = loaded
+        self._map, self._shared = OrderedDict(), OrderedDict()
+        for s, b in loaded.items():
+            self._put(s, b)
+        self._trim()
         self._path = Path(path)
         self._compact()
-        return len(loaded)
+        return len(self._map)
 
     def _compact(self) -> None:
         """Rewrite the journal as the table (atomically), then append to it."""

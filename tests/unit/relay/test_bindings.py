@@ -57,6 +57,16 @@ def test_bindings_are_bounded_least_recently_used_first():
     assert len(b) == 2 and b.get("s1") is None and b.get("s3") is not None
 
 
+def test_a_token_holder_churning_sessions_pushes_out_only_shared_bindings():
+    b = Bindings(cap=3, grace_s=1)
+    b.bind("mine", named("x"), A, now=0.0)
+    b.bind_fleet("fleet", A, now=0.0)
+    for i in range(100):
+        b.bind(f"junk{i}", SHARED, A, now=float(i))
+    assert len(b) == 3 and b.get("mine") is not None and b.get("fleet") is not None
+    assert b.get("junk99") is not None and b.get("junk98") is None
+
+
 def test_the_journal_remembers_across_a_restart_and_is_compacted(tmp_path):
     path = tmp_path / "relay-bindings.jsonl"
     b = Bindings(cap=3, grace_s=120)
@@ -71,15 +81,27 @@ def test_the_journal_remembers_across_a_restart_and_is_compacted(tmp_path):
     with path.open("a") as f:
         f.write("not json\n{\"s\": 1}\n")  # a torn or foreign line is skipped
     again = Bindings(cap=2, grace_s=120)
-    assert again.open(path, now=10_000.0) == 2  # the cap: the oldest (s1) forgotten
-    assert again.get("s1") is None
+    assert again.open(path, now=10_000.0) == 2  # the cap: the shared one (s3) forgotten first
+    assert again.get("s3") is None and again.get("s1").principal == named("x")
     assert again.get("s2").principal == FLEET
-    s3 = again.get("s3")
-    assert (s3.principal, s3.source) == (SHARED, B)
-    # the shared principal's grace counts from the restart
-    assert again.refusal("s3", SHARED, A, now=10_001.0, live=False) is not None
-    assert [json.loads(ln)["s"] for ln in path.read_text().splitlines()] == ["s2", "s3"]
+    assert [json.loads(ln)["s"] for ln in path.read_text().splitlines()] == ["s1", "s2"]
     assert oct(path.stat().st_mode & 0o777) == "0o600"
+    again.close()
+
+
+def test_a_shared_binding_read_back_is_held_for_the_grace_from_the_restart(tmp_path):
+    path = tmp_path / "relay-bindings.jsonl"
+    b = Bindings(cap=3, grace_s=120)
+    b.open(path, now=0.0)
+    b.bind("s", SHARED, A, now=0.0)
+    b.bind("s", SHARED, B, now=500.0)  # rebound once free: the later line wins
+    b.close()
+    again = Bindings(cap=3, grace_s=120)
+    again.open(path, now=10_000.0)
+    s = again.get("s")
+    assert (s.principal, s.source) == (SHARED, B)
+    assert again.refusal("s", SHARED, A, now=10_001.0, live=False) is not None
+    assert again.refusal("s", SHARED, A, now=10_120.0, live=False) is None
     again.close()
 
 
