@@ -22,6 +22,7 @@ import functools
 import importlib
 import logging
 import os
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_LISTEN", f"`{DEFAULT_LISTEN}`", "embedded relay and `/healthz` listener"),
     Setting("AEP_TOKEN", "unset", "bearer token (`Authorization: Bearer` or `?access_token=`); "
             "unset: watch-only, every command refused `unauthorized`", secret=True),
+    Setting("AEP_EMITTER_TOKENS", "unset", "a file of per-emitter credentials, one "
+            "`name=token` a line (`#` comments); each is accepted wherever `AEP_TOKEN` is and "
+            "names its holder: a session is bound to the credential that first claimed it, "
+            "and no one else may emit into it or receive its commands, connected or not, "
+            "across restarts (see \"Limits and hardening\"). The file must not be readable by group or "
+            "others (mode 0600); needs `AEP_TOKEN`"),
+    Setting("AEP_CLAIM_GRACE", "`120`", "seconds a session claimed with the shared "
+            "`AEP_TOKEN` stays held for its emitter's `source` after its last connection left "
+            "(a reconnect, a relay restart); another claimant meanwhile is refused, counted "
+            "`refused_owned_session`"),
     Setting("AEP_RELAY_URL", "unset", "a remote AEP relay (`http(s)://host:port`); each bridge "
             "uplinks as its own emitter to `{url}/socket` with `AEP_TOKEN`"),
     Setting("AEP_STATE_DIR", "`$XDG_STATE_HOME/aep-bridges` (`~/.local/state/aep-bridges`)",
@@ -243,6 +254,8 @@ class Config:
     relay_max_new_sessions: int = 100
     relay_new_sessions_per_s: int = 50
     max_connections: int | None = None  # per listener; None: from the fd limit
+    emitter_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    claim_grace: float = 120.0
     channel_size: int = 4096
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy, repr=False)  # holds secret values
@@ -321,6 +334,7 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
     if (problem := token_problem("AEP_TOKEN", token)):
         r.problems.append(problem)
         token = None
+    limits["emitter_tokens"] = _emitter_tokens(r.text("AEP_EMITTER_TOKENS"), token, r.problems)
     cfg = Config(token=token, relay_url=relay_url, listen=listen,
                  state_dir=state_dir(env), cors_origins=cors, policy=policy,
                  retention=retention, enabled=enabled,
@@ -361,10 +375,55 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
         "subscriber_bytes": r.integer("AEP_SUBSCRIBER_BYTES", 8 << 20, minimum=64 << 10,
                                       unit="bytes"),
         "body_timeout": r.seconds("AEP_BODY_TIMEOUT", 30.0, maximum=3600.0),
+        "claim_grace": r.seconds("AEP_CLAIM_GRACE", 120.0, maximum=86400.0),
         "max_connections": (r.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8,
                                     shown_default="derived from the open-files limit")
                             if r.raw("AEP_MAX_CONNECTIONS") is not None else None),
     }
+
+
+_EMITTER_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+def _emitter_tokens(path: str | None, token: str | None,
+                    problems: list[str]) -> tuple[tuple[str, str], ...]:
+    """``AEP_EMITTER_TOKENS``: the ``(name, token)`` pairs of the file at
+    ``path`` (lines ``name=token``, blank and ``#`` lines skipped); each
+    problem (unreadable, readable by group or others, a bad line, a
+    duplicate name or token, a token equal to ``AEP_TOKEN``, no
+    ``AEP_TOKEN``) is one line, never quoting a token."""
+    if not path:
+        return ()
+    where = f"AEP_EMITTER_TOKENS={path!r}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        problems.append(f"{where}: {getattr(e, 'strerror', None) or type(e).__name__}")
+        return ()
+    if mode & 0o077:
+        problems.append(f"{where}: readable or writable by group or others (mode "
+                        f"{mode & 0o777:o}); chmod 600 it")
+        return ()
+    if not token:
+        problems.append(f"{where}: needs AEP_TOKEN (per-emitter credentials add to it)")
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, eq, value = (x.strip() for x in line.partition("="))
+        if not eq or not _EMITTER_NAME.fullmatch(name) or not value \
+                or token_problem("", value) is not None:
+            problems.append(f"{where} line {n}: expected name=token (name: A-Z a-z 0-9 . _ -, "
+                            "at most 64; token: RFC 6750 token characters; value not shown)")
+        elif name in out or value in out.values() or value == token:
+            problems.append(f"{where} line {n}: {name!r} repeats a name or a token "
+                            "(AEP_TOKEN's included; value not shown)")
+        else:
+            out[name] = value
+    return tuple(out.items())
 
 
 def _cors_origins(r: EnvReader) -> tuple[str, ...]:

@@ -14,8 +14,10 @@ import logging
 import os
 import signal
 import sys
+import time
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -97,6 +99,11 @@ loop: with 5 ms, a handler with an export's answer in hand waited up to
 loop as long behind a decoding thread (issue 11)."""
 
 
+BINDINGS_FILE = "relay-bindings.jsonl"
+"""The embedded relay's session bindings journal in ``AEP_STATE_DIR``
+(:mod:`supervisor.relay.bindings`)."""
+
+
 def _settle_gil() -> None:
     """Set the switch interval to :data:`GIL_SWITCH_S` (process-wide)."""
     sys.setswitchinterval(GIL_SWITCH_S)
@@ -111,7 +118,8 @@ def relay_options(cfg: Config) -> dict[str, Any]:
                 max_filter_terms=cfg.max_filter_terms, body_timeout_s=cfg.body_timeout,
                 subscriber_bytes=cfg.subscriber_bytes,
                 max_new_sessions=cfg.relay_max_new_sessions,
-                new_sessions_per_s=cfg.relay_new_sessions_per_s)
+                new_sessions_per_s=cfg.relay_new_sessions_per_s,
+                emitter_tokens=dict(cfg.emitter_tokens), claim_grace_s=cfg.claim_grace)
 
 
 async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,
@@ -132,7 +140,7 @@ async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier |
                              durable=relay is not None)
 
 
-async def _make_durable(relay: Any, session_log: Any) -> None:
+async def _make_durable(relay: Any, session_log: Any, state_dir: Path) -> None:
     """The embedded relay and the session log (issue 25 row 9): remote
     emitters' sequenced events (``POST /events``, ``/socket``) are written
     to the session log before they are admitted and answered, as the
@@ -145,6 +153,9 @@ async def _make_durable(relay: Any, session_log: Any) -> None:
         return all(session_log.write_raw_batch([(e.attrs, e.raw) for e in entries]))
 
     relay.persist = persist
+    # who owned which session survives the restart (issue 25: a squatter
+    # after a restart is refused, the fleet's own sessions stay the fleet's)
+    relay.bindings.open(state_dir / BINDINGS_FILE, time.monotonic())
     got = await restore_from_logs(relay, session_log.root)
     if got["restored"] or got["errors"]:
         log.info("relay: re-admitted %d events of %d sessions from the session logs in %.2f s "
@@ -197,7 +208,7 @@ async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
     mounts = Mounts(cfg.token)  # bridge-served paths on AEP_LISTEN (the ACP tees)
     fleet = Fleet(cfg, bridges, relay=relay, mounts=mounts)
     if durable:  # the embedded relay (not a JetStream one: the stream is its store)
-        await _make_durable(relay, fleet.session_log)
+        await _make_durable(relay, fleet.session_log, cfg.state_dir)
     stop_http = trio.Event()
     status = EXIT_OK
     # SIGTERM/SIGINT: our own handler, not trio.open_signal_receiver, so the

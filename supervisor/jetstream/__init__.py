@@ -17,11 +17,12 @@ the AEP bindings from the stream.
   ``from`` positions), with its three bases: :mod:`.subscribe` (each
   subscription's pull consumer, replay then live), :mod:`.ingest` (events
   published and acknowledged) and :mod:`.routing` (the ``/socket``
-  emitters' claims, the roster, commands routed by the claims bucket).
+  emitters' claims, the roster, commands routed by the claims bucket;
+  ``owners``: the session bindings bucket every relay and daemon checks).
 
 Nothing here is imported unless ``AEP_NATS_URL`` is set: the embedded relay
 stays the single-host default.
 """
 
-__all__ = ["config", "ingest", "link", "plan", "presence", "publish", "recover", "relay", "routing",
-           "sink", "subjects", "subscribe"]
+__all__ = ["config", "ingest", "link", "owners", "plan", "presence", "publish", "recover", "relay",
+           "routing", "sink", "subjects", "subscribe"]

@@ -18,8 +18,8 @@ from bridges.core.backoff import backoff_delay
 from supervisor.relay import Connection, Entry, TooLarge, Unavailable
 
 from .link import _NATS_ERRORS, Link, aio
+from .owners import Owners
 from .publish import _ack_of
-from .routing import Routing
 from .subjects import event_headers, event_subject_of
 
 log = logging.getLogger("aep.relay.jetstream")
@@ -73,7 +73,7 @@ class _Acks:
         return _ack_of(w[1])  # the publisher's PubAck reading, one for both
 
 
-class Ingest(Routing):
+class Ingest(Owners):
     """The ingest of :class:`~supervisor.jetstream.relay.JetStreamRelay` (its
     one subclass, which owns the attributes below)."""
 
@@ -85,11 +85,15 @@ class Ingest(Routing):
         """One event from a connection: checked as the embedded relay checks
         it (:meth:`~supervisor.relay.core.Relay.accept`), a command routed by
         the claims bucket, anything else published and acknowledged, then its
-        session claimed for ``conn``. Raises :class:`InvalidEvent`,
+        session claimed for ``conn`` (its first event there bound first in the
+        bindings bucket, :mod:`.owners`). Raises :class:`InvalidEvent`,
         :class:`~supervisor.relay.connections.Unavailable`."""
         e = self.accept(ev, conn, raw)
         if is_command_type(e.attrs["type"]):
             return await self._route(ev, e, conn, raw)
+        if e.pos is not None and conn is not None and conn.can_claim \
+                and e.attrs["session"] not in conn.claims:
+            await self.claim_binding(conn, e)  # visible to every relay (.owners)
         await self._publish([e])
         if e.pos is not None and conn is not None and conn.can_claim:
             session, agent = e.attrs["session"], e.attrs["agent"]
@@ -105,19 +109,24 @@ class Ingest(Routing):
                 await self._put_claim(conn, agent, session)
         return None
 
-    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256) -> int:
+    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256,
+                                principal: str | None = None) -> int:
         """Publish a checked ``POST /events`` batch; every event is
         acknowledged by the stream before the 202 (raises
         :class:`~supervisor.relay.connections.Unavailable` otherwise: the
         emitter sends the batch again, the server drops what it holds);
         raises :class:`~supervisor.relay.connections.TooLarge` (a 413,
-        nothing published) for an event over the server's max payload."""
+        nothing published) for an event over the server's max payload, and
+        :class:`InvalidEvent` for a session another principal owns
+        (``principal``: the poster's, :meth:`~.owners.Owners.check_posted`)."""
         limit = self.link.nc.max_payload
         for i, e in enumerate(entries):
             if limit and len(e.raw) > limit:
                 self.counters["too_large"] = self.counters.get("too_large", 0) + 1
                 raise TooLarge(i, f"event of {len(e.raw)} bytes is over the NATS server's max "
                                   f"payload of {limit} bytes (the stream can never hold it)")
+        if principal is not None:
+            await self.check_posted(entries, principal)
         await self._publish(entries)
         return len(entries)
 

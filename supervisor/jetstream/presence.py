@@ -8,6 +8,8 @@ the command listener on ``S.cmd.<daemon>`` (the shapes:
   command subject and its claims' keys.
 - **Claims** (:class:`Claims`, pure): a bridge claims a session when it
   emits a sequenced event of it, as in the embedded relay (AEP-0004 §4.5),
+  and binds it to the fleet in KV ``S_bindings`` (no remote emitter on any
+  relay may claim it then, :mod:`supervisor.jetstream.owners`),
   bounded per bridge to ``AEP_MAX_SESSIONS`` (least recently used
   released); :class:`Presence` puts each new claim at once (one that
   fails, a bucket electing its leader, again after a short backoff) and
@@ -46,6 +48,8 @@ from bridges.core.paths import write_atomic
 
 from .config import NatsConfig
 from .subjects import (
+    binding_value,
+    bindings_bucket,
     claim_key,
     claim_value,
     claims_bucket,
@@ -192,6 +196,7 @@ class Presence:
         self._changed = trio.Event()
         self._kv: Any = None
         self._daemons_kv: Any = None
+        self._bindings_kv: Any = None
 
     # -- the fleet's side (sync, on the pump) -----------------------------------------
     def note(self, bridge: str, event: Mapping[str, Any]) -> None:
@@ -229,6 +234,9 @@ class Presence:
                                               claims_bucket(self.cfg.stream))
                 self._daemons_kv = await self._bucket(link, aio, KeyValueConfig,
                                                       daemons_bucket(self.cfg.stream))
+                self._bindings_kv = await self._bucket(
+                    link, aio, KeyValueConfig, bindings_bucket(self.cfg.stream),
+                    ttl=max(self.cfg.max_age, self.cfg.claim_ttl))
                 return
             except Exception as e:  # noqa: BLE001 -- retried: NATS may be electing
                 self.counters["kv_errors"] += 1
@@ -237,13 +245,15 @@ class Presence:
                 await trio.sleep(backoff_delay(attempt, 0.2, 5.0))
                 attempt += 1
 
-    async def _bucket(self, link: Link, aio: Any, kv_config: Any, name: str) -> Any:
+    async def _bucket(self, link: Link, aio: Any, kv_config: Any, name: str,
+                      ttl: float | None = None) -> Any:
         import nats.js.errors as jerr
         try:
             return await aio(link.js.key_value)(name)
         except jerr.BucketNotFoundError:
             return await aio(link.js.create_key_value)(kv_config(
-                bucket=name, history=1, ttl=self.cfg.claim_ttl, replicas=self.cfg.replicas))
+                bucket=name, history=1, ttl=ttl or self.cfg.claim_ttl,
+                replicas=self.cfg.replicas))
 
     async def _keep(self, link: Link) -> None:
         """Put new claims as they come, delete released ones; every TTL/3
@@ -309,11 +319,27 @@ class Presence:
         try:
             await aio(self._kv.put)(claim_key(agent, session, self.daemon, bridge), value)
             self.counters["claims_put"] += 1
-            return True
         except Exception as e:  # noqa: BLE001 -- tried again (_keep)
             self.counters["kv_errors"] += 1
             log.debug("nats: claim put failed: %s", type(e).__name__)
             return False
+        await self._bind(session)
+        return True
+
+    async def _bind(self, session: str) -> None:
+        """Bind ``session`` to the fleet in KV ``S_bindings``, so no remote
+        emitter on any relay may claim it (:mod:`.owners`): put, not create,
+        so a remote party's earlier binding gives way. One that fails is
+        put again with the claim's next refresh (counted ``kv_errors``)."""
+        from .link import aio
+        if self._bindings_kv is None:
+            return
+        try:
+            await aio(self._bindings_kv.put)(token(session), binding_value(
+                principal="fleet", source="", owner=self.daemon, at_ms=_now_ms()))
+        except Exception as e:  # noqa: BLE001 -- again at the next refresh
+            self.counters["kv_errors"] += 1
+            log.debug("nats: session binding put failed: %s", type(e).__name__)
 
     async def _put_daemon(self) -> bool:
         """Put the daemon entry; ``False`` when the bucket did not take it."""

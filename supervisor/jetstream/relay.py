@@ -61,7 +61,7 @@ from .config import NatsConfig
 from .ingest import Ingest, _Acks
 from .link import _NATS_ERRORS, Link, Outage, aio
 from .publish import wanted_stream
-from .subjects import claims_bucket, command_subject, daemons_bucket
+from .subjects import bindings_bucket, claims_bucket, command_subject, daemons_bucket
 from .subscribe import Subscriptions
 
 log = logging.getLogger("aep.relay.jetstream")
@@ -121,6 +121,8 @@ class JetStreamRelay(Ingest, Subscriptions):
         self._acks = _Acks(link)
         self._kv_claims: Any = None
         self._kv_daemons: Any = None
+        self._kv_bindings: Any = None
+        self._bound: dict[Connection, dict[str, str]] = {}
         self._retention: dict[str, Any] = {}
         self._n = 0
         #: per /socket emitter: session -> the agent its claim key names
@@ -192,6 +194,7 @@ class JetStreamRelay(Ingest, Subscriptions):
                 self._nursery = nursery
                 nursery.start_soon(self._serve_commands, sub)
                 nursery.start_soon(self._refresh_claims)
+                nursery.start_soon(self._refresh_bindings)
                 nursery.start_soon(self._refresh_retention)
                 task_status.started()
         finally:
@@ -221,6 +224,9 @@ class JetStreamRelay(Ingest, Subscriptions):
         self._note_retention(info)
         self._kv_claims = await self._bucket(claims_bucket(self.stream), cfg.claim_ttl)
         self._kv_daemons = await self._bucket(daemons_bucket(self.stream), cfg.claim_ttl)
+        # bindings live as long as the stream keeps events (.owners)
+        self._kv_bindings = await self._bucket(bindings_bucket(self.stream),
+                                               max(cfg.max_age, cfg.claim_ttl))
         if self._acks.prefix == "":
             await self._acks.open()
 
@@ -268,8 +274,8 @@ class JetStreamRelay(Ingest, Subscriptions):
         return caps
 
     # -- connections -------------------------------------------------------------
-    def open_socket(self, authenticated: bool) -> SocketConnection:
-        conn = JsSocketConnection(self, authenticated)
+    def open_socket(self, authenticated: bool, principal: str = "anonymous") -> SocketConnection:
+        conn = JsSocketConnection(self, authenticated, principal)
         self._conns.add(conn)
         self._outlets.add(conn.outlet)
         return conn

@@ -11,6 +11,8 @@ NATS cluster never see each other's subjects::
                                bridge's claim of one session (its declared
                                control block)
     KV  S_daemons              <daemon> -> the daemon's hello identity
+    KV  S_bindings             <session> -> the principal that owns it
+                               (supervisor/jetstream/owners.py)
 
 so an AEP ``attr-match`` filter on ``agent`` and ``session`` becomes a
 subject filter (``S.ev.codex.>``, ``S.ev.*.<session>``) and the server,
@@ -194,6 +196,19 @@ def claims_bucket(stream: str) -> str:
 def daemons_bucket(stream: str) -> str:
     """The KV bucket of live daemons: ``S_daemons``."""
     return f"{stream}_daemons"
+
+
+def bindings_bucket(stream: str) -> str:
+    """The KV bucket of session bindings: ``S_bindings``
+    (:mod:`supervisor.jetstream.owners`)."""
+    return f"{stream}_bindings"
+
+
+def binding_value(*, principal: str, source: str, owner: str, at_ms: int) -> bytes:
+    """The JSON value of one session binding (:mod:`supervisor.jetstream.owners`)."""
+    return json.dumps({"v": SHAPE_VERSION, "principal": principal, "source": source,
+                       "owner": owner, "at": at_ms},
+                      separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 def claim_key(agent: str | None, session: str | None, daemon: str, bridge: str | None) -> str:
@@ -409,7 +424,7 @@ def parse_command_reply(raw: bytes | None) -> tuple[str, str | None, str]:
 
 __all__: Sequence[str] = (
     "DAEMON", "HEADERS", "MSG_ID", "POS", "REFUSAL_CODES", "SEVERITY", "SHAPE_VERSION", "SOURCE",
-    "TYPE", "claim_value", "command_reply", "daemon_value", "event_headers", "parse_command_reply",
+    "TYPE", "binding_value", "bindings_bucket", "claim_value", "command_reply", "daemon_value", "event_headers", "parse_command_reply",
     "parse_pos", "parse_value",
     "STREAM_NAME", "claim_key", "claim_prefix", "claims_bucket", "command_subject", "daemons_bucket",
     "event_subject", "event_subject_of", "events_wildcard", "filter_subjects", "msg_id",

@@ -319,7 +319,8 @@ class RelayApp:
             if status == 403:
                 return await respond(send, 403, {"error": "unauthorized", **where, "detail": detail})
             return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
-        problem = relay.check_batch(entries)
+        principal = relay.principal(scope["headers"], scope.get("query_string", b""))
+        problem = relay.check_batch(entries) or relay.check_posted_sessions(entries, principal)
         if problem is not None:
             index, detail = problem
             relay.counters["invalid_events"] += 1
@@ -327,7 +328,7 @@ class RelayApp:
             return await respond(send, 400, {"error": "invalid-event", "detail": detail, **where})
         if relay.closing:
             return await respond(send, 503, {"error": "shutting-down"}, close=True)
-        await self._ingest(entries, send)
+        await self._ingest(entries, send, principal)
 
     def _entries(self, lines: list[bytes]) -> list[Any] | tuple[int, str, int]:
         """The entries of a body's non-blank ``lines`` (UTF-8), or the
@@ -358,7 +359,7 @@ class RelayApp:
             entries.append(entry)
         return entries
 
-    async def _ingest(self, entries: list[Any], send: Send) -> None:
+    async def _ingest(self, entries: list[Any], send: Send, principal: str) -> None:
         """Ingest a checked batch: 202 ``{"accepted": n}``, 413
         ``payload-too-large`` for an event the store can never take, or 503
         ``unavailable`` when the store did not take it (send it again), 429
@@ -367,7 +368,10 @@ class RelayApp:
         try:
             # (no checkpoint from the budget to the log write: the budget holds)
             self.relay.check_new_sessions(entries, None)
-            accepted = await self.relay.ingest_http_batch(entries)
+            accepted = await self.relay.ingest_http_batch(entries, principal=principal)
+        except InvalidEvent as e:  # a session another principal owns (a JetStream relay's check)
+            self.relay.counters["invalid_events"] += 1
+            return await respond(send, 400, {"error": "invalid-event", "detail": str(e)})
         except TooManySessions as e:
             return await respond(send, 429, {"error": "too-many-sessions", "detail": str(e)},
                                  headers=[(b"retry-after", str(int(e.retry_after)).encode())])

@@ -19,6 +19,7 @@ from bridges.core.aep import AEP_VERSION, is_command_type, loads
 
 from .acks import AckRefused
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
+from .bindings import ANONYMOUS, FLEET
 from .buffer import Position
 from .envelope import InvalidEvent
 from .newsessions import TooManySessions
@@ -73,16 +74,28 @@ class Claims:
         self._holders: dict[str, dict[Connection, None]] = {}
         self._sources: dict[str, Connection] = {}  # source -> its live owning emitter
 
-    def claim(self, conn: Connection, session: str) -> None:
-        """``conn`` sent a sequenced event of ``session``."""
+    def claim(self, conn: Connection, session: str) -> bool:
+        """``conn`` sent a sequenced event of ``session``; whether it is a
+        new claim of ``conn``'s."""
         if session in conn.claims:
             conn.claims.move_to_end(session)
-            return
+            return False
         conn.claims[session] = None
         self._holders.setdefault(session, {})[conn] = None
         if len(conn.claims) > self.max_sessions:
             old, _ = conn.claims.popitem(last=False)
             self._unclaim(conn, old)
+        return True
+
+    def evict(self, session: str, keep: type) -> int:
+        """Drop every claim of ``session`` by a connection that is not a
+        ``keep`` (the fleet took the session back, :mod:`.bindings`);
+        returns how many were dropped."""
+        gone = [c for c in self._holders.get(session, ()) if not isinstance(c, keep)]
+        for c in gone:
+            c.claims.pop(session, None)
+            self._unclaim(c, session)
+        return len(gone)
 
     def _unclaim(self, conn: Connection, session: str) -> None:
         holders = self._holders.get(session)
@@ -192,12 +205,14 @@ class Connection:
     are exempt: they speak for their sender);
     ``authenticated``: whether this binding is authenticated (commands
     from an unauthenticated binding are refused, AEP-0004 §4.1);
+    ``principal``: who its credential proves it is (:mod:`.bindings`);
     ``claims``: sessions this connection owns (it sent their sequenced
     events), bounded to ``max_sessions``, least recently used first."""
 
-    def __init__(self, relay: RelayHub, authenticated: bool) -> None:
+    def __init__(self, relay: RelayHub, authenticated: bool, principal: str = ANONYMOUS) -> None:
         self.relay = relay
         self.authenticated = authenticated
+        self.principal = principal
         self.role: str | None = None
         self.identity: dict[str, Any] = {}
         self.capabilities: dict[str, Any] = {}
@@ -272,7 +287,7 @@ class LocalEmitter(Connection):
 
     def __init__(self, relay: RelayHub, hello: dict[str, Any],
                  deliver: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
-        super().__init__(relay, authenticated=relay.has_token)
+        super().__init__(relay, authenticated=relay.has_token, principal=FLEET)
         if not isinstance(hello, dict):
             raise ValueError("hello must be an object")
         role = hello.get("role", "emitter")
@@ -338,8 +353,8 @@ class SocketConnection(Connection):
     §6.5; AEP-0004 §4). The ASGI layer feeds :meth:`handle_text` /
     :meth:`handle_binary` and writes what :attr:`outlet` yields."""
 
-    def __init__(self, relay: RelayHub, authenticated: bool) -> None:
-        super().__init__(relay, authenticated)
+    def __init__(self, relay: RelayHub, authenticated: bool, principal: str = ANONYMOUS) -> None:
+        super().__init__(relay, authenticated, principal)
         self.outlet = Outlet(relay, "ws")
         self.hello_done = False
         self.subs: dict[Any, Subscriber] = {}

@@ -23,15 +23,16 @@ fan-out; the bytes are shared by every subscriber that receives them."""
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import trio
 
 from bridges.core.aep import AEP_VERSION, CAPTURE_LEVELS
-from bridges.core.asgi import bearer_ok, token_matches
+from bridges.core.asgi import presented_tokens, token_matches
 
 from .acks import AckGate
 from .attrmatch import DEFAULT_MAX_TERMS, Filter
+from .bindings import ANONYMOUS, SHARED, Bindings, named
 from .buffer import Entry, Held, MiB, Position, SessionBuffers
 from .connections import (
     Claims,
@@ -90,8 +91,11 @@ class Relay(StampedRuns):
     shed). Issue 25: ``max_new_sessions`` (``AEP_RELAY_MAX_NEW_SESSIONS``,
     new sessions one remote request may open while remote events are
     logged) and ``new_sessions_per_s`` (``AEP_RELAY_NEW_SESSIONS_PER_S``,
-    over all remote emitters; :mod:`.newsessions`). Raises ``ValueError``
-    for sizes below 1."""
+    over all remote emitters; :mod:`.newsessions`); ``emitter_tokens``
+    (``AEP_EMITTER_TOKENS``: name -> per-emitter credential, each as good
+    as ``token`` and naming its holder) and ``claim_grace_s``
+    (``AEP_CLAIM_GRACE``): the session bindings of :mod:`.bindings`.
+    Raises ``ValueError`` for sizes below 1."""
 
     def __init__(self, token: str | None = None, buffer: int = 10_000, max_sessions: int = 500,
                  max_body: int = 16 * MiB, max_batch: int = 10_000, max_from: int | None = None,
@@ -103,8 +107,12 @@ class Relay(StampedRuns):
                  ws_close_wait_s: float = 1.0, strict_identity: bool = False,
                  max_filter_terms: int = DEFAULT_MAX_TERMS, body_timeout_s: float = 30.0,
                  subscriber_bytes: int | None = None, stuck_s: float = 10.0,
-                 max_new_sessions: int = 100, new_sessions_per_s: float = 50.0) -> None:
+                 max_new_sessions: int = 100, new_sessions_per_s: float = 50.0,
+                 emitter_tokens: Mapping[str, str] | None = None,
+                 claim_grace_s: float = 120.0) -> None:
         self._token = token.encode("utf-8") if token else None
+        self._emitter_tokens = tuple((named(n), t.encode("utf-8"))
+                                     for n, t in (emitter_tokens or {}).items() if t)
         self.cors_origins: frozenset[str] = frozenset(
             normalize_origin(o, strict=True) for o in (cors_origins or ()) if o.strip())
         self.buffer_depth = buffer
@@ -133,6 +141,8 @@ class Relay(StampedRuns):
         self._sse_streams = 0
         self._conns: set[Connection] = set()
         self.claims = Claims(max_sessions)
+        #: session -> the principal that owns it (:mod:`.bindings`)
+        self.bindings = Bindings(max(65_536, 4 * max_sessions), claim_grace_s)
         self._admitted = 0
         #: while :meth:`admit_stamped_run` runs (synchronously), the entries
         #: :meth:`_admit` took (a stretch of appends: one list of held tuples,
@@ -146,7 +156,7 @@ class Relay(StampedRuns):
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
             "refused_owned_source": 0, "refused_owned_session": 0, "replay_exhausted_late": 0,
-            "refused_new_sessions": 0,
+            "refused_new_sessions": 0, "fleet_reclaimed": 0,
         }
         self.session_budget = NewSessionBudget(max_new_sessions, new_sessions_per_s,
                                                remember=max(65_536, 4 * max_sessions))
@@ -175,16 +185,32 @@ class Relay(StampedRuns):
 
     def authorized(self, headers: Iterable[tuple[bytes, bytes]], query_string: bytes = b"") -> bool:
         """AEP-0003 §8.1: ``Authorization: Bearer <token>`` or
-        ``?access_token=<token>``. Always true without a configured token
-        (observation is open; control is refused regardless)."""
+        ``?access_token=<token>`` (the shared token or a per-emitter
+        credential). Always true without a configured token (observation
+        is open; control is refused regardless)."""
         if self._token is None:
             return True
         return self.authenticated(headers, query_string)
 
     def authenticated(self, headers: Iterable[tuple[bytes, bytes]], query_string: bytes = b"") -> bool:
-        """True only when a token is configured and presented
-        (:func:`bridges.core.asgi.bearer_ok`)."""
-        return bearer_ok(self._token, headers, query_string)
+        """True only when a token is configured and a credential presented."""
+        return self._token is not None and self.principal(headers, query_string) != ANONYMOUS
+
+    def principal(self, headers: Iterable[tuple[bytes, bytes]], query_string: bytes = b"") -> str:
+        """Who a request is, as far as its credential proves (:mod:`.bindings`):
+        ``emitter:<name>`` for a per-emitter credential, ``token`` for the
+        shared one, ``anonymous`` for none (or a wrong one). Every
+        configured credential is compared in constant time."""
+        if self._token is None:
+            return ANONYMOUS
+        found = ANONYMOUS
+        for presented in presented_tokens(headers, query_string):
+            for who, tok in self._emitter_tokens:
+                if token_matches(tok, presented):
+                    found = who
+            if found == ANONYMOUS and token_matches(self._token, presented):
+                found = SHARED
+        return found
 
     # -- declarations ----------------------------------------------------------
     def capabilities(self) -> dict[str, Any]:
@@ -251,15 +277,18 @@ class Relay(StampedRuns):
         self._conns.add(conn)
         return conn
 
-    def open_socket(self, authenticated: bool) -> SocketConnection:
-        """A new WebSocket connection's protocol state (ASGI layer)."""
-        conn = SocketConnection(self, authenticated)
+    def open_socket(self, authenticated: bool, principal: str = ANONYMOUS) -> SocketConnection:
+        """A new WebSocket connection's protocol state (ASGI layer);
+        ``principal``: :meth:`principal` of its upgrade request."""
+        conn = SocketConnection(self, authenticated, principal)
         self._conns.add(conn)
         self._outlets.add(conn.outlet)
         return conn
 
     def release(self, conn: Connection) -> None:
-        """A connection is gone: drop its claims and forget it."""
+        """A connection is gone: drop its claims and forget it (its
+        sessions' bindings stay, their grace counting from now)."""
+        self.bindings.touch(conn.claims, time.monotonic())
         self.claims.drop(conn)
         self._conns.discard(conn)
 

@@ -12,11 +12,13 @@ attributes declared here); the in-process emitters' trusted runs are
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable, Sequence
 
 import trio
 
 from .acks import ACK_TYPES
+from .bindings import Bindings
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
 from .connections import Connection, LocalEmitter, Unavailable
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
@@ -32,6 +34,7 @@ class Ingest(Routing):
     """The relay's ingest and admission (a mixin of :class:`~.core.Relay`)."""
 
     buffers: SessionBuffers
+    bindings: Bindings
     strict_identity: bool
     _admitted: int
     _run: list[Entry | list[Held]] | None
@@ -71,22 +74,59 @@ class Ingest(Routing):
     def check_session_owner(self, e: Entry, conn: Connection | None) -> None:
         """Raise :class:`InvalidEvent` (counted ``refused_owned_session``)
         when a remote connection's sequenced event would claim a session
-        another live connection already claims (issue 25: one such event
-        made every command to the owner's session ``ambiguous``). The
-        first live claimant keeps the session until it goes; a second
-        remote emitter's events there are refused, so it never becomes a
-        claimant (AEP-0004 §4.5 still refuses ``ambiguous`` whenever two
-        connections do claim it, e.g. two of the fleet's own bridges).
-        ``POST /events`` claims nothing and is not refused; neither is a
-        fleet bridge (:class:`LocalEmitter`, the daemon's own code)."""
+        that is not its to claim (issue 25): another live connection claims
+        it (a second claimant would make its commands ``ambiguous``,
+        AEP-0004 §4.5), or its binding (:mod:`.bindings`) names another
+        principal: the fleet's own sessions, a per-emitter credential's
+        sessions whether their owner is connected or not, a shared-token
+        session held for its source while its claimant is connected and
+        ``AEP_CLAIM_GRACE`` seconds after. ``POST /events`` is
+        :meth:`check_posted_sessions`'; a fleet bridge (:class:`LocalEmitter`, the
+        daemon's own code) is never refused."""
         if e.pos is None or conn is None or not conn.can_claim or isinstance(conn, LocalEmitter):
             return
-        if self.claims.claimed_by_other(e.attrs["session"], conn):
+        session = e.attrs["session"]
+        if session in conn.claims:
+            return
+        live = self.claims.claimed_by_other(session, conn)
+        why = self.bindings.refusal(session, conn.principal, e.attrs["source"],
+                                    time.monotonic(), live=live)
+        if why is None and live:
+            why = ("this session is claimed by another connected emitter; only that connection "
+                   "may send its sequenced events while it is connected (a second claimant "
+                   "would make its commands ambiguous, AEP-0004 §4.5)")
+        if why is not None:
             self.counters["refused_owned_session"] += 1
-            raise InvalidEvent("this session is claimed by another connected emitter; only "
-                               "that connection may send its sequenced events while it is "
-                               "connected (a second claimant would make its commands "
-                               "ambiguous, AEP-0004 §4.5)")
+            raise InvalidEvent(why)
+
+    def check_posted_sessions(self, entries: Sequence[Entry], principal: str
+                              ) -> tuple[int, str] | None:
+        """The session bindings for a ``POST /events`` batch by
+        ``principal`` (:mod:`.bindings`; counted ``refused_owned_session``):
+        ``(index, detail)`` of the first sequenced event in a session of the
+        fleet or of another per-emitter credential, else ``None`` (a
+        shared-token session is not held against a post: a post claims
+        nothing). A per-emitter credential's post binds an unbound session
+        to it."""
+        bindings, seen = self.bindings, set()
+        now = time.monotonic()
+        fresh: list[tuple[str, str]] = []
+        for i, e in enumerate(entries):
+            if e.pos is None or (s := e.attrs["session"]) in seen:
+                continue
+            seen.add(s)
+            b = bindings.get(s)
+            if b is None:
+                if principal.startswith("emitter:"):
+                    fresh.append((s, e.attrs["source"]))
+            elif b.named and b.principal != principal:
+                self.counters["refused_owned_session"] += 1
+                return i, ("this session belongs to a bridge of this daemon" if b.principal == "fleet"
+                           else "this session is bound to another emitter credential")
+        bindings.touch(seen, now)
+        for s, src in fresh:
+            bindings.bind(s, principal, src, now)
+        return None
 
     def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
         """Everything :meth:`ingest_http` would refuse, checked before any of
@@ -200,14 +240,17 @@ class Ingest(Routing):
         for e in entries:
             self._admit(e, None)
 
-    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256) -> int:
+    async def ingest_http_batch(self, entries: list[Entry], chunk: int = 256,
+                                principal: str | None = None) -> int:
         """:meth:`ingest_http` in chunks of ``chunk`` entries with a yield
         between them, so every consumer's writer drains between chunks and
         a burst reaches a consumer that reads at full speed whole instead
         of overrunning its soft budget (AEP-0003 §8.4 sheds *slow*
         consumers). A position another ingest took while this one yielded
         is refused then (counted ``invalid_events``: one position, one
-        event). Returns how many entries were ingested."""
+        event). Returns how many entries were ingested. (``principal``, the
+        poster's, was checked by :meth:`check_posted_sessions`; a relay
+        whose bindings are elsewhere reads it here.)"""
         n = 0
         counters = self.counters
         if self.persist is not None:  # on disk before the 202 (like an OTLP export)
@@ -301,7 +344,8 @@ class Ingest(Routing):
         self.counters["events"] += 1
         if e.pos is not None:
             if conn is not None and conn.can_claim:
-                self.claims.claim(conn, e.attrs["session"])
+                if self.claims.claim(conn, e.attrs["session"]):
+                    self._bind(e, conn)
                 self.claims.own_source(conn, e.attrs["source"])
             self._admitted += 1
             e.n = self._admitted
@@ -313,6 +357,17 @@ class Ingest(Routing):
             run.append(e)
         else:
             self.fanout.offer(e)
+
+    def _bind(self, e: Entry, conn: Connection) -> None:
+        """``conn``'s new claim of ``e``'s session, bound (:mod:`.bindings`):
+        a fleet bridge's binds to the fleet and drops a remote party's
+        claim of it (counted ``fleet_reclaimed``)."""
+        session, now = e.attrs["session"], time.monotonic()
+        if isinstance(conn, LocalEmitter):
+            if self.bindings.bind_fleet(session, e.attrs["source"], now):
+                self.counters["fleet_reclaimed"] += self.claims.evict(session, LocalEmitter)
+        else:
+            self.bindings.bind(session, conn.principal, e.attrs["source"], now)
 
     def restore(self, entries: Sequence[Entry]) -> int:
         """Re-admit history read back from the session logs at start

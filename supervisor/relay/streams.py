@@ -132,7 +132,8 @@ async def serve_socket(relay: Relay, scope: Scope, receive: Receive, send: Send)
     except Exception:  # noqa: BLE001 -- the server's connection broke under the handshake
         # (h11 refuses the 101 when bytes were pipelined behind the upgrade)
         return
-    conn = relay.open_socket(relay.authenticated(scope["headers"], scope.get("query_string", b"")))
+    headers, qs = scope["headers"], scope.get("query_string", b"")
+    conn = relay.open_socket(relay.authenticated(headers, qs), relay.principal(headers, qs))
     conn.outlet.abort = scope.get("state", {}).get(ABORT_KEY)
     last_rx = [trio.current_time()]
     peer_gone = trio.Event()

@@ -9,6 +9,7 @@ what every party of one deployment shares).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -31,8 +32,8 @@ def relay(tmp_path_factory):
 
 
 def _emitter(url: str, agent: str, control: dict[str, Any] | None = CONTROL, *,
-             role: str = "emitter") -> Any:
-    duplex = open_duplex(url, token=TOKEN, connect_timeout_ms=10_000)
+             role: str = "emitter", token: str = TOKEN) -> Any:
+    duplex = open_duplex(url, token=token, connect_timeout_ms=10_000)
     caps: dict[str, Any] = {"emits": ["tool", "control"]}
     if control is not None:
         caps["control"] = control
@@ -93,6 +94,21 @@ def _healthz(url: str) -> dict[str, Any]:
     r = httpx.get(url + "/healthz", headers={"authorization": f"Bearer {TOKEN}"},
                   timeout=10, trust_env=False)
     return r.json()
+
+
+def _connections(url: str) -> int:
+    """The relay's connected parties (``/socket`` and in-process)."""
+    return int(_healthz(url)["relay_counts"]["connections"])
+
+
+def _wait_connections(url: str, n: int) -> None:
+    """Until the relay counts ``n`` connections (a closed duplex is gone
+    from it), bounded."""
+    for _ in range(200):
+        if _connections(url) == n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the relay still counts {_connections(url)} connections, not {n}")
 
 
 def _relay_counters(url: str) -> dict[str, int]:
@@ -160,13 +176,14 @@ def test_an_event_in_another_emitters_session_does_not_make_its_commands_ambiguo
         assert "ack" in out, out
         assert _relay_counters(relay.url)["refused_owned_session"] >= 1
         assert _metric(relay.url, 'aep_bridges_relay_refused_total{reason="owned_session"}') >= 1
-        # once the owner is gone, the session is free to claim
+        # once the owner is gone its session stays held for it (AEP_CLAIM_GRACE;
+        # the squat it stops: test_session_squat.py): the intruder is still refused
+        gone = _connections(relay.url) - 1
         owner.close()
-        for _ in range(50):
-            again = _answers(intruder, event(2, session, agent="intruder"))
-            if again == []:
-                break
-        assert again == [], again
+        _wait_connections(relay.url, gone)
+        again = _answers(intruder, event(2, session, agent="intruder"))
+        assert [a.get("code") for a in again] == ["invalid-event"], again
+        assert "AEP_CLAIM_GRACE" in again[0]["detail"], again
     finally:
         owner.close()
         intruder.close()

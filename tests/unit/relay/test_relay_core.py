@@ -526,13 +526,19 @@ async def test_invalid_events_on_the_socket_answer_with_cause():
 async def test_roster_one_entry_per_claim_verbatim_and_emitter_refused():
     relay = Relay(token="t")
     a = relay.attach_emitter(hello(agent="a", accepts=["control.cancel"]), _noop)
+    c = relay.attach_emitter(hello(agent="c"), _noop)
     b = await ws(relay, role="emitter", agent="b", accepts=None)
     await a.ingest(ev(0))
-    # the remote emitter claims s2 first (a remote one that came second would
-    # be refused, issue 25); the fleet's own bridge may still collide with it
+    # the remote emitter claims s2 first; the fleet's own bridge that emits
+    # into it takes it back (issue 25: the fleet's sessions are the fleet's);
+    # two of the fleet's own bridges may still collide: both are listed
     await b.handle_text(json.dumps(ev(0, session="s2", id="b0", agent="b",
                                       source="aep://h/agent/b/session/s2")))
+    await b.handle_text(json.dumps(ev(0, session="s3", id="b1", agent="b",
+                                      source="aep://h/agent/b/session/s3")))
     await a.ingest(ev(0, session="s2"))
+    await c.ingest(ev(0, session="s2", id="c0", agent="c", source="aep://h/agent/c/session/s2"))
+    assert relay.counters["fleet_reclaimed"] == 1
     await b.handle_text(json.dumps({"type": "roster", "id": "r-0"}))
     (refusal,) = await take(b.outlet)
     assert refusal["code"] == "unauthorized" and refusal["id"] == "r-0"
@@ -544,12 +550,13 @@ async def test_roster_one_entry_per_claim_verbatim_and_emitter_refused():
     assert sorted(reply["entries"], key=lambda e: (e["session"], e["agent"])) == [
         {"session": "s1", "agent": "a", "instance": "a/1", "control": ctl, "emits": ["tool"]},
         {"session": "s2", "agent": "a", "instance": "a/1", "control": ctl, "emits": ["tool"]},
-        {"session": "s2", "agent": "b", "instance": "b/1", "emits": ["tool"]},
+        {"session": "s2", "agent": "c", "instance": "c/1", "control": ctl, "emits": ["tool"]},
+        {"session": "s3", "agent": "b", "instance": "b/1", "emits": ["tool"]},
     ]
     a.close()
     await consumer.handle_text(json.dumps({"type": "roster", "id": "r-2"}))
     (reply,) = await take(consumer.outlet)
-    assert [e["agent"] for e in reply["entries"]] == ["b"]
+    assert sorted(e["agent"] for e in reply["entries"]) == ["b", "c"]
 
 
 # -- in-process emitters -----------------------------------------------------------

@@ -243,3 +243,31 @@ def test_the_start_probe_gives_back_spares_when_the_inodes_are_gone(tmp_path, mo
     always[0] = True
     problem = config.state_dir_problem(tmp_path)  # nothing left to give back
     assert problem is not None and "No space left on device" in problem
+
+
+def test_emitter_credentials_file(tmp_path):
+    """``AEP_EMITTER_TOKENS`` (issue 25): ``name=token`` lines in a file no
+    one else may read; every problem one line, never quoting a token."""
+    creds = tmp_path / "emitters"
+    creds.write_text("# the emitters\nalice = alice-tok\n\nbob=bob-tok\n")
+    creds.chmod(0o600)
+    env = {"AEP_TOKEN": "shared", "AEP_EMITTER_TOKENS": str(creds), "AEP_CLAIM_GRACE": "30"}
+    cfg, problems = load(env, check_ports=False)
+    assert problems == []
+    assert cfg.emitter_tokens == (("alice", "alice-tok"), ("bob", "bob-tok"))
+    assert cfg.claim_grace == 30.0 and "alice-tok" not in repr(cfg)
+    creds.chmod(0o640)
+    _, problems = load(env, check_ports=False)
+    assert len(problems) == 1 and "group or others (mode 640)" in problems[0], problems
+    creds.write_text("alice=alice-tok\nalice=other\nbob=shared\nno-equals\nbad name=x\n"
+                     "carol=has space\n")
+    creds.chmod(0o600)
+    _, problems = load(env, check_ports=False)
+    assert [p.split(": ", 1)[0].rsplit(" ", 2)[-2:] for p in problems] == [
+        ["line", "2"], ["line", "3"], ["line", "4"], ["line", "5"], ["line", "6"]], problems
+    assert not any(t in p for p in problems for t in ("alice-tok", "other", "has space"))
+    _, problems = load({"AEP_EMITTER_TOKENS": str(creds)}, check_ports=False)
+    assert any("needs AEP_TOKEN" in p for p in problems), problems
+    _, problems = load({"AEP_TOKEN": "t", "AEP_EMITTER_TOKENS": str(tmp_path / "none")},
+                       check_ports=False)
+    assert problems == [f"AEP_EMITTER_TOKENS={str(tmp_path / 'none')!r}: No such file or directory"]

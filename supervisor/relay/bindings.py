@@ -1,0 +1,283 @@
+"""Session bindings (issue 25, hardening round two): which emitter identity
+a session belongs to, beyond the life of any one connection (AEP-0004 §4.5,
+§8 "the router never resolves a tie": a claimed name may deny control,
+never divert it).
+
+An identity here is a *principal*, what the relay can verify about a
+party, never what it asserts:
+
+- :data:`FLEET`: the daemon's own bridges (in-process, :class:`LocalEmitter`);
+- ``emitter:<name>``: a remote party that presented the per-emitter
+  credential ``<name>`` of ``AEP_EMITTER_TOKENS`` (:func:`named`);
+- :data:`SHARED`: the shared ``AEP_TOKEN``, which every party of one
+  deployment holds; :data:`ANONYMOUS`: no token configured at all.
+
+The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
+``POST /events`` event of a named emitter) meets, :meth:`Bindings.refusal`:
+
+- an unbound session is bound to the first claimant's principal and source;
+- a :data:`FLEET` session is the fleet's for ever: no remote party may emit
+  its sequenced events (a fleet bridge that emits into a session a remote
+  party holds takes it back, :meth:`Bindings.bind_fleet`);
+- a named principal's session is that principal's: no one else may claim
+  it, its owner connected or not, before or after a restart;
+- the shared and anonymous principals cannot be told apart: a session
+  bound to one of them is held for its first claimant's ``source`` (an
+  asserted name) while a claimant is connected and for ``grace_s`` seconds
+  after the last one left (``AEP_CLAIM_GRACE``), then it is free. A
+  squatter under another source is refused (counted) instead of winning
+  silently; one that copies the owner's source from ``/stream`` is the
+  owner as far as anyone can tell (the stated limit: per-emitter
+  credentials lift it).
+
+Bounded: at most ``cap`` bindings, least recently used forgotten first,
+the shared principal's before any verified one (a token holder churning
+new sessions can push out only what it could take anyway).
+Kept across restarts in a journal (:meth:`Bindings.open`: one JSON line a
+binding, appended when it is made, compacted at start): a restarted relay
+remembers who owned what, and the shared principal's grace restarts from
+the restart (every connection dropped at once)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import OrderedDict
+from pathlib import Path
+from typing import IO, Iterable
+
+__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "binding_refusal", "is_verified",
+           "named"]
+
+log = logging.getLogger("aep.relay")
+
+FLEET = "fleet"
+SHARED = "token"
+ANONYMOUS = "anonymous"
+_NAMED = "emitter:"
+
+
+def named(name: str) -> str:
+    """The principal of the per-emitter credential ``name``."""
+    return _NAMED + name
+
+
+def is_verified(principal: str) -> bool:
+    """Whether ``principal`` is verified per party (the fleet or a
+    per-emitter credential): its bindings never expire."""
+    return principal == FLEET or principal.startswith(_NAMED)
+
+
+def binding_refusal(bound: str, bound_source: str, principal: str, source: str,
+                    free: bool) -> str | None:
+    """The rule of the module docstring for one bound session (pure):
+    why ``principal`` under ``source`` may not claim a session bound to
+    ``bound`` under ``bound_source``, or ``None``. ``free``: no claimant
+    is connected and the grace since the last one left has passed (only
+    read for a shared-principal binding)."""
+    if bound == FLEET:
+        return "this session belongs to a bridge of this daemon"
+    verified = is_verified(bound)
+    if bound == principal and (verified or bound_source == source):
+        return None
+    if verified:
+        return "this session is bound to another emitter credential"
+    if free:
+        return None  # the shared principal's claim expired
+    return ("this session is held for the emitter that claimed it (under another source) "
+            "while it is connected and for AEP_CLAIM_GRACE seconds after it left")
+
+
+class Binding:
+    """One session's owner: ``principal``, the first claimant's ``source``,
+    and ``seen`` (trio clock seconds) when a claimant was last known live."""
+
+    __slots__ = ("principal", "source", "seen")
+
+    def __init__(self, principal: str, source: str, seen: float) -> None:
+        self.principal = principal
+        self.source = source
+        self.seen = seen
+
+    @property
+    def named(self) -> bool:
+        """Whether the principal is verified per party (the fleet or a
+        per-emitter credential), so the binding never expires."""
+        return is_verified(self.principal)
+
+
+class Bindings:
+    """The session -> :class:`Binding` table (see the module docstring).
+    ``cap``: bindings kept; ``grace_s``: how long a shared-principal
+    session stays held once its last claimant left."""
+
+    def __init__(self, cap: int, grace_s: float) -> None:
+        self.cap = cap
+        self.grace_s = grace_s
+        self._map: OrderedDict[str, Binding] = OrderedDict()
+        #: the shared principal's sessions, least recently used first (evicted first)
+        self._shared: OrderedDict[str, None] = OrderedDict()
+        self._journal: IO[str] | None = None
+        self._path: Path | None = None
+        self._appended = 0
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, session: str) -> Binding | None:
+        return self._map.get(session)
+
+    def refusal(self, session: str, principal: str, source: str, now: float,
+                live: bool) -> str | None:
+        """Why ``principal`` (under ``source``) may not claim ``session``,
+        or ``None`` when it may (then :meth:`bind`). ``live``: whether a
+        connected party claims the session now."""
+        b = self._map.get(session)
+        if b is None:
+            return None
+        return binding_refusal(b.principal, b.source, principal, source,
+                               free=not live and now - b.seen >= self.grace_s)
+
+    def bind(self, session: str, principal: str, source: str, now: float) -> None:
+        """``principal`` claims ``session`` (allowed by :meth:`refusal`):
+        bound to it (journaled when new or changed), marked live ``now``."""
+        b = self._map.get(session)
+        if b is not None and b.principal == principal and (b.named or b.source == source):
+            b.seen = now
+            self._map.move_to_end(session)
+            if session in self._shared:
+                self._shared.move_to_end(session)
+            return
+        self._set(session, Binding(principal, source, now))
+
+    def bind_fleet(self, session: str, source: str, now: float) -> bool:
+        """A fleet bridge claims ``session``: bound to :data:`FLEET`
+        whoever held it. Returns whether it was bound to someone else (the
+        caller drops that party's claim)."""
+        b = self._map.get(session)
+        if b is not None and b.principal == FLEET:
+            b.seen = now
+            self._map.move_to_end(session)
+            return False
+        self._set(session, Binding(FLEET, source, now))
+        return b is not None
+
+    def touch(self, sessions: Iterable[str], now: float) -> None:
+        """Mark ``sessions`` live ``now``: their claimant left or they were
+        posted into, so the grace counts from here."""
+        m = self._map
+        for s in sessions:
+            b = m.get(s)
+            if b is not None:
+                b.seen = now
+
+    def _set(self, session: str, b: Binding) -> None:
+        self._put(session, b)
+        self._trim()
+        self._append(session, b)
+
+    def _put(self, session: str, b: Binding) -> None:
+        self._map[session] = b
+        self._map.move_to_end(session)
+        if b.named:
+            self._shared.pop(session, None)
+        else:
+            self._shared[session] = None
+            self._shared.move_to_end(session)
+
+    def _trim(self) -> None:
+        """Within ``cap``: the shared principal's least recently used first."""
+        m, shared = self._map, self._shared
+        while len(m) > self.cap:
+            if shared:
+                old, _ = shared.popitem(last=False)
+                del m[old]
+            else:
+                m.popitem(last=False)
+
+    # -- the journal -----------------------------------------------------------------
+    def open(self, path: Path, now: float) -> int:
+        """Load the journal at ``path`` (the last line of each session
+        wins; unreadable lines skipped), compact it and append to it from
+        now on. Every binding read is marked live ``now``. Returns how many
+        were loaded. An unwritable journal is logged and the table stays
+        in memory."""
+        loaded: OrderedDict[str, Binding] = OrderedDict()
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    got = _parse(line)
+                    if got is not None:
+                        loaded.pop(got[0], None)
+                        loaded[got[0]] = Binding(got[1], got[2], now)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("relay: session bindings not read (%s)", type(e).__name__)
+        for s, b in self._map.items():  # made before the journal was opened
+            loaded.pop(s, None)
+            loaded[s] = b
+        self._map, self._shared = OrderedDict(), OrderedDict()
+        for s, b in loaded.items():
+            self._put(s, b)
+        self._trim()
+        self._path = Path(path)
+        self._compact()
+        return len(self._map)
+
+    def _compact(self) -> None:
+        """Rewrite the journal as the table (atomically), then append to it."""
+        assert self._path is not None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        tmp = self._path.with_name(self._path.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.writelines(_line(s, b) for s, b in self._map.items())
+            os.replace(tmp, self._path)
+            self._journal = open(self._path, "a", encoding="utf-8")  # noqa: SIM115 -- kept open
+        except OSError as e:
+            log.warning("relay: session bindings journal unwritable (%s); bindings are kept "
+                        "in memory only", type(e).__name__)
+            self._path = None
+        self._appended = 0
+
+    def _append(self, session: str, b: Binding) -> None:
+        f = self._journal
+        if f is None:
+            return
+        try:
+            f.write(_line(session, b))
+            f.flush()  # before the event it binds is admitted: a kill keeps it
+        except OSError as e:
+            log.warning("relay: session binding not journaled (%s)", type(e).__name__)
+            return
+        self._appended += 1
+        if self._appended > 2 * self.cap + 1024:
+            self._compact()
+
+    def close(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+
+
+def _line(session: str, b: Binding) -> str:
+    return json.dumps({"s": session, "p": b.principal, "src": b.source},
+                      ensure_ascii=True, separators=(",", ":")) + "\n"
+
+
+def _parse(line: str) -> tuple[str, str, str] | None:
+    try:
+        v = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(v, dict):
+        return None
+    s, p, src = v.get("s"), v.get("p"), v.get("src")
+    if isinstance(s, str) and isinstance(p, str) and isinstance(src, str) and s and p:
+        return s, p, src
+    return None
+

@@ -1,0 +1,54 @@
+"""Issue 25 across hosts: a daemon's fleet binds its sessions in KV
+``AEP_bindings`` (``supervisor/jetstream/presence.py``), so a remote emitter
+on any JetStream relay of the same NATS can neither claim one over
+``/socket`` (before: both claims landed in ``AEP_claims`` and every command
+to the fleet's session was refused ``ambiguous``) nor post into it.
+
+The real Fleet (a burst bridge, the JetStream sink and presence) and a
+real :class:`JetStreamRelay` on one real ``nats-server``; the relay's
+emitter is the SDK duplex."""
+from __future__ import annotations
+
+import httpx
+import trio
+
+from tests.support.hardening import event
+from tests.support.js_relay_harness import TOKEN, SocketEmitter, running_js_relay
+from tests.support.nats import NatsCluster
+
+from .fleet_support import BurstBridge, running_fleet, wait_published
+
+POST = {"authorization": f"Bearer {TOKEN}", "aep-version": "0.1",
+        "content-type": "application/json"}
+
+
+async def _wait(pred, timeout: float = 30.0) -> None:
+    with trio.fail_after(timeout):
+        while not pred():
+            await trio.sleep(0.05)
+
+
+async def test_a_fleet_session_cannot_be_claimed_or_posted_into_on_a_relay(tmp_path) -> None:
+    with NatsCluster(1, tmp_path / "nats") as c:
+        bridge = BurstBridge(2, sessions=1, prefix="fleet")
+        async with running_fleet(tmp_path, [bridge], c.url, token=TOKEN) as fleet, \
+                running_js_relay(c.url, token=TOKEN) as (relay, base):
+            await wait_published(fleet, 2)
+            await _wait(lambda: fleet.jetstream.presence.counters["claims_put"] >= 1)
+            session = bridge.emitted[0]["session"]
+            em = await trio.to_thread.run_sync(lambda: SocketEmitter(
+                base, token=TOKEN, agent="toy", host="elsewhere", accepts=["control.cancel"]))
+            try:
+                em.session(session).emit("run.started", severity="notice")
+                await _wait(lambda: relay.counters["refused_owned_session"] >= 1)
+                errors = [f for f in em.frames if f.get("type") == "error"]
+                assert [f["code"] for f in errors] == ["invalid-event"], em.frames
+                assert "bridge of this daemon" in errors[0]["detail"], errors
+            finally:
+                em.close()
+            ev = event(99, session, agent="toy", source=bridge.emitted[0]["source"], id="forged")
+            async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+                r = await client.post(base + "/events", headers=POST, json=ev)
+            assert r.status_code == 400 and r.json()["error"] == "invalid-event", r.text
+            assert relay.counters["refused_owned_session"] == 2, (r.text, relay.counters)
+            assert relay.counters["published"] == 0

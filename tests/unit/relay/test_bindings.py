@@ -1,0 +1,173 @@
+"""Session bindings (issue 25, ``supervisor/relay/bindings.py``): who owns a
+session beyond the life of a connection. The rule as a table, the journal
+across a restart, and the relay's principals and checks in process."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from supervisor.relay import InvalidEvent, Relay
+from supervisor.relay.bindings import ANONYMOUS, FLEET, SHARED, Bindings, binding_refusal, named
+
+A, B = "aep://h/agent/a/session/s", "aep://h/agent/b/session/s"
+
+
+@pytest.mark.parametrize(("bound", "bound_src", "who", "src", "free", "refused"), [
+    (FLEET, A, SHARED, A, True, True),            # the fleet's: never, even free, even its source
+    (FLEET, A, named("x"), A, True, True),
+    (named("x"), A, named("x"), B, False, False),  # a credential's: any source of it
+    (named("x"), A, named("y"), A, True, True),    # another credential: never
+    (named("x"), A, SHARED, A, True, True),        # the shared token: never
+    (SHARED, A, SHARED, A, False, False),          # the shared token, same source: its owner
+    (SHARED, A, SHARED, B, False, True),           # another source while held
+    (SHARED, A, SHARED, B, True, False),           # ... and once free
+    (SHARED, A, named("x"), B, False, True),       # a credential cannot take a held one
+    (SHARED, A, named("x"), B, True, False),
+    (ANONYMOUS, A, SHARED, A, False, True),        # another principal, same source: held
+])
+def test_the_rule(bound, bound_src, who, src, free, refused):
+    assert (binding_refusal(bound, bound_src, who, src, free) is not None) is refused
+
+
+def test_a_shared_binding_is_held_for_the_grace_after_its_last_claimant_left():
+    b = Bindings(cap=10, grace_s=120)
+    b.bind("s", SHARED, A, now=1000.0)
+    assert b.refusal("s", SHARED, B, now=1000.0, live=True) is not None
+    b.touch(["s"], now=2000.0)  # the claimant left
+    assert b.refusal("s", SHARED, B, now=2119.0, live=False) is not None
+    assert b.refusal("s", SHARED, B, now=2120.0, live=False) is None
+    assert b.refusal("s", SHARED, B, now=2120.0, live=True) is not None  # someone holds it
+    b.bind("s", SHARED, B, now=2120.0)
+    assert b.refusal("s", SHARED, A, now=2121.0, live=False) is not None  # B's now
+
+
+def test_the_fleet_takes_its_session_back():
+    b = Bindings(cap=10, grace_s=1)
+    b.bind("s", named("x"), A, now=0.0)
+    assert b.bind_fleet("s", B, now=1.0) is True
+    assert b.bind_fleet("s", B, now=2.0) is False
+    assert b.refusal("s", named("x"), A, now=10_000.0, live=False) is not None
+
+
+def test_bindings_are_bounded_least_recently_used_first():
+    b = Bindings(cap=2, grace_s=1)
+    for s in ("s1", "s2", "s3"):
+        b.bind(s, named("x"), A, now=0.0)
+    assert len(b) == 2 and b.get("s1") is None and b.get("s3") is not None
+
+
+def test_a_token_holder_churning_sessions_pushes_out_only_shared_bindings():
+    b = Bindings(cap=3, grace_s=1)
+    b.bind("mine", named("x"), A, now=0.0)
+    b.bind_fleet("fleet", A, now=0.0)
+    for i in range(100):
+        b.bind(f"junk{i}", SHARED, A, now=float(i))
+    assert len(b) == 3 and b.get("mine") is not None and b.get("fleet") is not None
+    assert b.get("junk99") is not None and b.get("junk98") is None
+
+
+def test_the_journal_remembers_across_a_restart_and_is_compacted(tmp_path):
+    path = tmp_path / "relay-bindings.jsonl"
+    b = Bindings(cap=3, grace_s=120)
+    b.open(path, now=0.0)
+    b.bind("s1", named("x"), A, now=0.0)
+    b.bind("s1", named("x"), A, now=1.0)  # no change: no line
+    b.bind_fleet("s2", B, now=0.0)
+    b.bind("s3", SHARED, A, now=0.0)
+    b.bind("s3", SHARED, B, now=500.0)  # rebound: the later line wins
+    b.close()
+    assert len(path.read_text().splitlines()) == 4
+    with path.open("a") as f:
+        f.write("not json\n{\"s\": 1}\n")  # a torn or foreign line is skipped
+    again = Bindings(cap=2, grace_s=120)
+    assert again.open(path, now=10_000.0) == 2  # the cap: the shared one (s3) forgotten first
+    assert again.get("s3") is None and again.get("s1").principal == named("x")
+    assert again.get("s2").principal == FLEET
+    assert [json.loads(ln)["s"] for ln in path.read_text().splitlines()] == ["s1", "s2"]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    again.close()
+
+
+def test_a_shared_binding_read_back_is_held_for_the_grace_from_the_restart(tmp_path):
+    path = tmp_path / "relay-bindings.jsonl"
+    b = Bindings(cap=3, grace_s=120)
+    b.open(path, now=0.0)
+    b.bind("s", SHARED, A, now=0.0)
+    b.bind("s", SHARED, B, now=500.0)  # rebound once free: the later line wins
+    b.close()
+    again = Bindings(cap=3, grace_s=120)
+    again.open(path, now=10_000.0)
+    s = again.get("s")
+    assert (s.principal, s.source) == (SHARED, B)
+    assert again.refusal("s", SHARED, A, now=10_001.0, live=False) is not None
+    assert again.refusal("s", SHARED, A, now=10_120.0, live=False) is None
+    again.close()
+
+
+def test_a_journal_that_cannot_be_written_keeps_the_table_in_memory(tmp_path):
+    path = tmp_path / "missing-dir" / "relay-bindings.jsonl"
+    b = Bindings(cap=3, grace_s=1)
+    assert b.open(path, now=0.0) == 0
+    b.bind("s", named("x"), A, now=0.0)
+    assert b.get("s") is not None and not path.exists()
+
+
+def _headers(token):
+    return [(b"authorization", f"Bearer {token}".encode())]
+
+
+def test_principals():
+    r = Relay(token="shared", emitter_tokens={"alice": "alice-tok"})
+    assert r.principal(_headers("shared")) == SHARED
+    assert r.principal(_headers("alice-tok")) == named("alice")
+    assert r.principal([], b"access_token=alice-tok") == named("alice")
+    assert r.principal(_headers("nope")) == ANONYMOUS
+    assert r.authenticated(_headers("alice-tok")) and r.authorized(_headers("alice-tok"))
+    assert not r.authorized(_headers("nope"))
+    assert Relay().principal(_headers("anything")) == ANONYMOUS
+
+
+async def _noop(cmd):
+    return None
+
+
+def _ev(seq, session="s", agent="a", source=None):
+    return {"aep": "0.1", "id": f"{agent}-{session}-{seq}", "type": "tool.completed",
+            "time": "2026-12-01T10:00:00.000Z",
+            "source": source or f"aep://h/agent/{agent}/session/{session}", "agent": agent,
+            "session": session, "epoch": 1, "seq": seq}
+
+
+async def test_a_post_into_a_fleet_or_a_credentials_session_is_refused():
+    r = Relay(token="shared", emitter_tokens={"alice": "alice-tok"})
+    fleet = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
+                              "identity": {"agent": "f"}}, _noop)
+    await fleet.ingest(_ev(1, "fs", agent="f"))
+    posted = [r.entry(_ev(5, "fs", agent="x"))]
+    assert r.check_posted_sessions(posted, SHARED) is not None
+    assert r.check_posted_sessions(posted, named("alice")) is not None
+    # a credential's post binds a new session to it; the shared token cannot post into it
+    assert r.check_posted_sessions([r.entry(_ev(1, "as", agent="al"))], named("alice")) is None
+    assert r.check_posted_sessions([r.entry(_ev(2, "as", agent="x"))], SHARED) is not None
+    assert r.check_posted_sessions([r.entry(_ev(2, "as", agent="al"))], named("alice")) is None
+    # a shared-token session is not held against a post (a post claims nothing)
+    assert r.check_posted_sessions([r.entry(_ev(1, "free"))], SHARED) is None
+    assert r.counters["refused_owned_session"] == 3
+
+
+async def test_a_socket_emitter_cannot_claim_a_fleet_session_and_the_fleet_takes_one_back():
+    r = Relay(token="shared")
+    fleet = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
+                              "identity": {"agent": "f"}}, _noop)
+    remote = r.open_socket(True, SHARED)
+    remote.role = "emitter"
+    await fleet.ingest(_ev(1, "fs", agent="f"))
+    with pytest.raises(InvalidEvent, match="bridge of this daemon"):
+        r.accept(_ev(1, "fs", agent="r"), remote)
+    await r.ingest(_ev(1, "rs", agent="r"), remote)  # the remote party's own session
+    assert r.claims.holders("rs") == [remote]
+    await fleet.ingest(_ev(1, "rs", agent="f"))  # a bridge emits into it: the fleet's now
+    assert r.claims.holders("rs") == [fleet] and r.counters["fleet_reclaimed"] == 1
+    with pytest.raises(InvalidEvent):
+        r.accept(_ev(2, "rs", agent="r"), remote)
