@@ -319,4 +319,4 @@ class JetStreamRelay(Ingest, Subscriptions):
                     await self._kv_delete(self._claim_key(conn, agent, session))
 
 
-__all__: Sequence[str] = ("JetStreamRelay", "JsSocketConnection")
+__all__: Sequence[str] = ("JetStreamRelay", "JsSocketConnection", "MAX_SESSION_ENTRIES")

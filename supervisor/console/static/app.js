@@ -3,6 +3,7 @@
 // /healthz (the fleet). Every payload string goes to the page as text
 // (textContent / text nodes), never as markup.
 import { $, el, str } from './dom.js';
+import { fleetNodes } from './fleet.js';
 import { formFields } from './forms.js';
 import { gist, timelineLine } from './gist.js';
 
@@ -11,6 +12,8 @@ import { gist, timelineLine } from './gist.js';
   const MAX_CARDS = 100;          // pending cards in the DOM at once
   const MAX_SETTLED = 20;         // settled cards kept on screen
   const MAX_SEEN = 400000;        // (source, id) keys remembered for dedupe
+  const MAX_EARLY = 2000;         // outcomes kept for asks not seen yet
+  const MAX_CATCHUP = 500;        // sessions named in a catch-up filter (past it: replay all)
   const SROW = 44, TROW = 24;     // virtual list row heights (px; match app.css)
   const AGENT = 'aep-console';
   const INSTANCE = 'console-' + Math.random().toString(36).slice(2, 10);
@@ -24,9 +27,13 @@ import { gist, timelineLine } from './gist.js';
     asks: new Map(),              // attention.requested id -> ask record
     cmds: new Map(),              // command id -> {ask?, session, verb}
     roster: new Map(),            // session -> control.accepts
+    windows: new Map(),           // session -> its target's ack window (ms, from the roster)
+    early: new Map(),             // ask id -> outcomes that arrived before their ask
+    caps: {},                     // the relay's hello capabilities
+    resumeSet: null,              // sessions resumed from positions, until the catch-up is sent
     order: [],                    // sessions sorted by last activity (rebuilt when dirty)
-    selected: null, detail: null, toEnd: false,
-    events: 0, dups: 0, resumed: false, catchups: 0, hellos: 0,
+    selected: null, detail: null, toEnd: false, catchupFilter: {},
+    events: 0, dups: 0, catchups: 0, hellos: 0,
     dirty: new Set(), timer: null,
   };
   window.aepConsole = S;          // for tests and benchmarks: read-only inspection
@@ -160,6 +167,15 @@ import { gist, timelineLine } from './gist.js';
     return from.length ? from : 'all';
   }
 
+  // the sessions the relay holds that the resumed subscription does not name:
+  // replayed whole on a second subscription (deduplicated; their live events
+  // then come twice until the next reconnect, and dedupe drops the copy)
+  function catchUp(filter) {
+    S.catchups++;
+    S.catchupFilter = filter;
+    send({ type: 'subscribe', id: 'catchup', filter, from: 'all' });
+  }
+
   function frame(text) {
     let msg;
     try { msg = JSON.parse(text); } catch (e) { return; }
@@ -167,35 +183,48 @@ import { gist, timelineLine } from './gist.js';
     const t = msg.type;
     if (typeof t === 'string' && t.includes('.')) { onEvent(msg, text); return; }
     if (t === 'hello') {
+      S.caps = msg.capabilities && typeof msg.capabilities === 'object' ? msg.capabilities : {};
       const from = subscribeFrom();
       send({ type: 'subscribe', id: 'console', filter: {}, from });
-      // resumed from positions: a session begun while we were away has none;
-      // the roster answer below tells (then the subscription replays all, deduped)
-      S.resumed = Array.isArray(from);
+      // resumed from positions: a session the relay began (or began and ended)
+      // while we were away has none; once subscribed we ask which it holds
+      S.resumeSet = Array.isArray(from) ? new Set(from.map((p) => p.session)) : null;
       S.live = true; S.everConnected = true; S.backoff = 500; S.hellos++;
       setConn('live', 'ok');
       send({ type: 'roster', id: 'r-' + Date.now() });
       mark('inbox', 'controls');
     } else if (t === 'ping') {
       send({ type: 'pong', t: msg.t });
+    } else if (t === 'subscribed' && msg.id === 'console' && S.resumeSet) {
+      // (after "subscribed": the subscription is in place, so every session the
+      // relay holds from here on either is in the answer or reaches us live)
+      if (S.caps.experimental && typeof S.caps.experimental === 'object' && S.caps.experimental.sessions) {
+        send({ type: 'sessions', id: 'h-' + Date.now() });
+      } else { S.resumeSet = null; catchUp({}); }   // a relay without it: replay all, deduplicated
+    } else if (t === 'sessions' && Array.isArray(msg.entries) && S.resumeSet) {
+      const known = S.resumeSet;
+      S.resumeSet = null;
+      const missing = [];
+      for (const e of msg.entries) if (e && typeof e.session === 'string' && !known.has(e.session)) missing.push(e.session);
+      if (msg.complete === false || missing.length > MAX_CATCHUP) catchUp({});
+      else if (missing.length) catchUp({ session: missing });
     } else if (t === 'roster' && Array.isArray(msg.entries)) {
       S.roster.clear();
       for (const e of msg.entries) {
-        const acc = e && e.control && Array.isArray(e.control.accepts) ? e.control.accepts : [];
-        if (e && typeof e.session === 'string') S.roster.set(e.session, acc.filter((a) => typeof a === 'string'));
-      }
-      if (S.resumed) {
-        S.resumed = false;
-        if ([...S.roster.keys()].some((sid) => !S.sessions.has(sid))) {
-          S.catchups++;
-          send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
-        }
+        if (!e || typeof e.session !== 'string') continue;
+        const ctl = e.control && typeof e.control === 'object' ? e.control : {};
+        const acc = Array.isArray(ctl.accepts) ? ctl.accepts : [];
+        S.roster.set(e.session, acc.filter((a) => typeof a === 'string'));
+        if (Number.isInteger(ctl.ack_window_ms) && ctl.ack_window_ms > 0) S.windows.set(e.session, ctl.ack_window_ms);
       }
       mark('controls');
     } else if (t === 'error' && msg.id === 'console' && msg.code === 'limit-exceeded') {
       // more resume positions than the relay takes (AEP_MAX_FROM): replay all, deduplicated
+      S.resumeSet = null;
       S.catchups++;
       send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
+    } else if (t === 'error' && msg.id === 'catchup' && S.catchupFilter.session) {
+      catchUp({});   // the session list was too long a filter for the relay: replay all
     } else if (t === 'error' && typeof msg.cause === 'string' && S.cmds.has(msg.cause)) {
       // the relay refused a command on its target's behalf (AEP-0004 §4.2)
       settleCommand(msg.cause, 'refused by the relay: ' + String(msg.code) + (msg.detail ? ' (' + String(msg.detail) + ')' : ''), false);
@@ -214,6 +243,7 @@ import { gist, timelineLine } from './gist.js';
     }
     return s;
   }
+  const before = (a, b) => a[0] < b[0] || (a[0] === b[0] && a[1] < b[1]);
   let rosterTimer = null;
   function rosterSoon() {
     if (rosterTimer) return;
@@ -235,14 +265,21 @@ import { gist, timelineLine } from './gist.js';
     const s = session(sid, ev.agent);
     s.count++;
     if (typeof ev.time === 'string' && ev.time > s.last) { s.last = ev.time; mark('order'); }
-    s.events.push({ ev, raw });
+    // (epoch, seq): AEP-0001 §7, epoch 0 when absent. Two subscriptions (a
+    // catch-up beside the resumed one) may interleave a session's events: the
+    // timeline goes by position and the state follows its newest event only
+    const pos = Number.isInteger(ev.seq) ? [Number.isInteger(ev.epoch) ? ev.epoch : 0, ev.seq] : null;
+    let at = s.events.length;
+    if (pos) while (at > 0 && s.events[at - 1].pos && before(pos, s.events[at - 1].pos)) at--;
+    if (at === s.events.length) s.events.push({ ev, raw, pos }); else s.events.splice(at, 0, { ev, raw, pos });
     // trimmed in chunks: one splice per 500 events past the cap, not one per event
     if (s.events.length > MAX_PER_SESSION + 500) s.events.splice(0, s.events.length - MAX_PER_SESSION);
-    if (Number.isInteger(ev.seq) && Number.isInteger(ev.epoch)) {
-      if (!s.pos || ev.epoch > s.pos[0] || (ev.epoch === s.pos[0] && ev.seq > s.pos[1])) s.pos = [ev.epoch, ev.seq];
-    }
+    if (pos && (!s.pos || before(s.pos, pos))) s.pos = pos;
     const d = ev.data && typeof ev.data === 'object' ? ev.data : {};
-    switch (ev.type) {
+    const newest = !pos || !s.spos || before(s.spos, pos);
+    const lifecycle = ev.type.startsWith('session.') || ev.type.startsWith('run.');
+    if (lifecycle && pos && newest) s.spos = pos;
+    switch (lifecycle && !newest ? '' : ev.type) {
       case 'session.started': if (s.state === 'ended') s.state = 'idle'; break;
       case 'session.ended': s.state = 'ended'; break;
       case 'run.started': s.run = ev.run || s.run; s.state = 'running'; break;
@@ -270,10 +307,13 @@ import { gist, timelineLine } from './gist.js';
   function onAsk(ev, s) {
     if (S.asks.has(ev.id)) return;
     const ask = { ev, session: s.id, agent: ev.agent, lines: [], settled: false, busy: false, node: null,
-                  seenAt: Date.now() };
+                  seenAt: Date.now(), unacked: null };
     S.asks.set(ev.id, ask);
     s.pending.add(ev.id);
     mark('inbox');
+    const early = S.early.get(ev.id);
+    if (early) { S.early.delete(ev.id); for (const o of early) onOutcome(o, o.data && typeof o.data === 'object' ? o.data : {}, s); }
+    if (ask.settled) return;
     if (S.live && document.hidden && 'Notification' in window && Notification.permission === 'granted') {
       const d = ev.data || {};
       try { new Notification('An agent asks: ' + String(ev.agent), { body: str(d.prompt || ev.subject), tag: String(ev.id) }); } catch (e) { /* not allowed here */ }
@@ -282,7 +322,13 @@ import { gist, timelineLine } from './gist.js';
 
   function onOutcome(ev, d, s) {
     const ask = S.asks.get(ev.subject);
-    if (!ask) return;
+    if (!ask) {   // its ask is still to come (replayed on another subscription): kept for it
+      if (typeof ev.subject !== 'string') return;
+      if (!S.early.has(ev.subject)) S.early.set(ev.subject, []);
+      S.early.get(ev.subject).push(ev);
+      if (S.early.size > MAX_EARLY) S.early.delete(S.early.keys().next().value);
+      return;
+    }
     if (ev.type === 'attention.answered') {
       const a = d.answer || {};
       const parts = [];
@@ -316,7 +362,11 @@ import { gist, timelineLine } from './gist.js';
     c.done = true;
     if (c.ask) {
       const ask = S.asks.get(c.ask);
-      if (ask) { ask.lines.push([ok ? 'good' : 'bad', text]); if (!ok) ask.busy = false; mark('inbox'); }
+      if (ask) {
+        ask.lines.push([ok ? 'good' : 'bad', text]);
+        ask.unacked = null; ask.busy = ok && !ask.settled;   // refused: a new answer is a new command
+        mark('inbox');
+      }
     } else {
       const s = S.sessions.get(c.session);
       if (s) { s.ctl.push((ok ? '' : '✗ ') + c.verb + ': ' + text); mark('controls'); }
@@ -330,19 +380,33 @@ import { gist, timelineLine } from './gist.js';
                   agent: AGENT, session: sess, capture: capture || 'metadata', ...extra };
     return cmd;
   }
-  function answer(ask, ans, capture, label) {
+  // `control` is the control that sent it (a retry is a click on the same one)
+  function answer(ask, ans, capture, label, control) {
     if (!canCommand() || ask.busy || ask.settled) return;
-    const cmd = command('control.attention.respond', ask.session,
-                        { subject: ask.ev.id, cause: ask.ev.id, data: { answer: ans } }, capture);
-    S.cmds.set(cmd.id, { ask: ask.ev.id, session: ask.session, verb: cmd.type });
+    // an answer not acknowledged within the window is retried as the SAME
+    // command (AEP-0004 §2.3: the id is the idempotency key; the target
+    // dedupes on (source, id) and re-sends its recorded ack), never a new one
+    const again = ask.unacked;
+    const cmd = again ? again.cmd : command('control.attention.respond', ask.session,
+      { subject: ask.ev.id, cause: ask.ev.id, data: { answer: ans } }, capture);
+    if (!again) {
+      S.cmds.set(cmd.id, { ask: ask.ev.id, session: ask.session, verb: cmd.type, sends: 0 });
+      ask.sentWith = { label, control };
+    }
     if (!send(cmd)) { ask.lines.push(['bad', 'not sent: the socket is down']); mark('inbox'); return; }
-    ask.busy = true;
-    ask.lines.push(['', 'sent: ' + label]);
+    const c = S.cmds.get(cmd.id);
+    const n = ++c.sends;
+    ask.busy = true; ask.unacked = null;
+    ask.lines.push(['', (again ? 'sent again (the same command): ' : 'sent: ') + ask.sentWith.label]);
     mark('inbox');
+    const ms = Math.min(Math.max(S.windows.get(ask.session) || 10000, 1000), 120000);
     setTimeout(() => {   // AEP-0004 §3: silence past the ack window reads as a timeout nack
-      const c = S.cmds.get(cmd.id);
-      if (c && !c.done) settleCommand(cmd.id, 'no acknowledgement within 10 s', false);
-    }, 10000);
+      if (c.done || c.sends !== n || ask.settled) return;
+      ask.busy = false; ask.unacked = { cmd };
+      ask.lines.push(['bad', 'no acknowledgement within ' + (ms / 1000) + ' s: click "' + ask.sentWith.label
+                      + '" again to send the same command again']);
+      mark('inbox');
+    }, ms);
   }
   function control(sess, verb) {
     if (!canCommand()) return;
@@ -385,10 +449,11 @@ import { gist, timelineLine } from './gist.js';
     card.append(el('div', { class: 'prompt', text: str(d.prompt, '(no prompt at this capture level)') }));
     const via = Array.isArray(d.respond_via) ? d.respond_via : null;
     const controllable = !via || via.includes('control');
-    const dis = !canCommand() || ask.busy || ask.settled;
+    const dis = !canCommand() || ask.busy || ask.settled || !!ask.unacked;
     if (!controllable) card.append(el('div', { class: 'meta', text: 'answered in the agent\'s own UI (' + via.join(', ') + ')' }));
     else if (d.kind === 'form' && Array.isArray(d.fields)) {
-      card.append(formFields(ask, d.fields, dis, (values, text) => answer(ask, { values }, text ? 'redacted' : 'metadata', 'the form')));
+      const f = formFields(ask, d.fields, dis, (values, text) => answer(ask, { values }, text ? 'redacted' : 'metadata', 'the form', f.querySelector('.send-form')));
+      card.append(f);
     }
     else {
       const opts = Array.isArray(d.options) ? d.options : [];
@@ -397,7 +462,7 @@ import { gist, timelineLine } from './gist.js';
         for (const o of opts) {
           if (!o || typeof o !== 'object') continue;
           const b = el('button', { type: 'button', 'data-option': String(o.id), text: str(o.label ?? o.id), disabled: dis });
-          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', str(o.label ?? o.id)));
+          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', str(o.label ?? o.id), b));
           row.append(b);
         }
         card.append(row);
@@ -405,19 +470,22 @@ import { gist, timelineLine } from './gist.js';
       // AEP-0008: a text answer (a permission's refusing option with its reason)
       const ta = el('textarea', { class: 'answer-text', 'aria-label': 'Answer in words', placeholder: opts.length ? 'or answer in words (a refusal with your reason)' : 'your answer', disabled: dis });
       const go = el('button', { type: 'button', class: 'send-text', text: 'Send text', disabled: dis });
-      go.addEventListener('click', () => { const t = ta.value.trim(); if (t) answer(ask, { text: t }, 'redacted', 'text'); });
+      go.addEventListener('click', () => { const t = ta.value.trim(); if (t) answer(ask, { text: t }, 'redacted', 'text', go); });
       card.append(ta, go);
     }
     const st = el('div', { class: 'status' });
     card.append(st);
-    ask.node = card; ask.statusNode = st; ask.shown = 0; ask.dis = dis;
+    ask.node = card; ask.statusNode = st; ask.shown = 0; ask.dis = null;
     return card;
   }
   function refreshCard(ask) {
-    const dis = !canCommand() || ask.busy || ask.settled;
-    if (dis !== ask.dis) {
-      ask.dis = dis;
-      for (const c of ask.node.querySelectorAll('button, textarea, input')) c.disabled = dis;
+    // unacknowledged: only the control that sent it stays live (its click retries)
+    const retry = ask.unacked && ask.sentWith ? ask.sentWith.control : null;
+    const dis = !canCommand() || ask.busy || ask.settled || !!ask.unacked;
+    const sig = dis + '|' + (retry && canCommand() ? 'r' : '');
+    if (sig !== ask.dis) {
+      ask.dis = sig;
+      for (const c of ask.node.querySelectorAll('button, textarea, input')) c.disabled = dis && !(c === retry && canCommand());
     }
     while (ask.shown < ask.lines.length) {
       const [cls, text] = ask.lines[ask.shown++];
@@ -538,20 +606,7 @@ import { gist, timelineLine } from './gist.js';
   $('timeline-scroll').addEventListener('scroll', () => mark('timeline'));
 
   // ---- fleet (/healthz) ---------------------------------------------------------------
-  function fleet(body) {
-    const list = $('fleet-list');
-    const bridges = body && typeof body.bridges === 'object' && body.bridges ? body.bridges : {};
-    const kids = Object.entries(bridges).map(([name, b]) => {
-      const counters = b && typeof b.counters === 'object' && b.counters ? Object.entries(b.counters).filter(([, v]) => v).slice(0, 6).map(([k, v]) => k + ' ' + String(v)).join(' · ') : '';
-      return el('div', { class: 'bridge', 'data-bridge': name },
-        el('span', { class: b && b.ok ? 'state-running' : 'state-waiting', text: (b && b.ok ? '● ' : '○ ') + name }),
-        ' · ' + (b && b.source === true ? 'source up' : b && b.source === false ? 'source down'
-                 : 'source ' + String(b && b.source)) + (b && b.control ? ' · control on' : ''),
-        counters ? el('div', { class: 'counters', text: counters }) : null);
-    });
-    if (!kids.length) kids.push(el('span', { class: 'hint', text: body && body.ok ? 'relay only: no bridges here' : 'no fleet data' }));
-    list.replaceChildren(...kids);
-  }
+  function fleet(body) { $('fleet-list').replaceChildren(...fleetNodes(body)); }
   async function pollFleet() {
     if (S.mode === 'open' || S.token) {
       try { fleet(await health(S.token)); } catch (e) { /* the socket's state says it */ }
