@@ -10,21 +10,13 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.console.test_console_page import TOKEN, StickyRelay, login
+from tests.integration.console.test_console_page import TOKEN, StickyRelay, held, login
 from tests.support.browser import Page, open_browser
 from tests.support.console_target import StubTarget
 from tests.support.daemon import DaemonProcess
 
 ASK = {"kind": "permission", "prompt": "run ls?", "respond_via": ["control"],
        "options": [{"id": "once", "label": "Allow once"}, {"id": "reject", "label": "Reject"}]}
-
-
-def held(url: str, session: str) -> int:
-    """Events the relay holds of ``session`` (a replay-only SSE read)."""
-    r = httpx.get(url + "/stream", params={"from": "all", "live": "0",
-                                            "filter": '{"session": "%s"}' % session},
-                  headers={"authorization": f"Bearer {TOKEN}"}, trust_env=False, timeout=30)
-    return r.text.count("\ndata: ") + r.text.startswith("data: ")
 
 
 def block_socket(page: Page) -> None:
@@ -115,15 +107,17 @@ def test_a_retry_after_the_ack_window_is_the_same_command(tmp_path: Path) -> Non
             login(page, d.url)
             opt = f'[data-ask="{ask["id"]}"] [data-option="once"]'
             page.wait(lambda: page.one(opt).is_enabled(), "the option enabled")
-            page.wait(lambda: page.js("return window.aepConsole.windows.size") == 1, "the roster")
+            # (the target's declared window comes with the roster)
+            page.wait(lambda: page.js("return window.aepConsole.roster.size") == 1, "the roster")
             page.one(opt).click()
             first = target.wait_commands(1)[0]
             page.wait(lambda: "no acknowledgement" in page.status(ask["id"]), "the window to pass")
-            assert not page.one(f'[data-ask="{ask["id"]}"] [data-option="reject"]').is_enabled()
             page.wait(lambda: page.one(opt).is_enabled(), "the option again, to retry")
+            other = page.one(f'[data-ask="{ask["id"]}"] [data-option="reject"]').is_enabled()
             page.one(opt).click()
             again = target.wait_commands(2)[1]
             assert again == first  # the same envelope: the same id, source and answer
+            assert not other  # a different answer while the first is undecided: not offered
             page.wait(lambda: "resolved: answered" in page.status(ask["id"]), "the outcome")
             status = page.status(ask["id"])
             assert status.count("accepted by the agent") == 1, status
