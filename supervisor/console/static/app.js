@@ -6,6 +6,9 @@ import { $, el, str } from './dom.js';
 import { fleetNodes } from './fleet.js';
 import { formFields } from './forms.js';
 import { gist, timelineLine } from './gist.js';
+import { b64url, ulid } from './ids.js';
+import { installKeys } from './keys.js';
+import { rowButton, virtual } from './lists.js';
 
 (() => {
   const MAX_PER_SESSION = 5000;   // timeline rows kept per session (count keeps counting)
@@ -39,17 +42,6 @@ import { gist, timelineLine } from './gist.js';
   window.aepConsole = S;          // for tests and benchmarks: read-only inspection
   S.gist = gist;
 
-  // ---- ids (ULID: the command's idempotency key, AEP-0004 §2.3) -------------
-  const B32 = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
-  function ulid() {
-    let t = Date.now(), time = '';
-    for (let i = 0; i < 10; i++) { time = B32[t % 32] + time; t = Math.floor(t / 32); }
-    const r = crypto.getRandomValues(new Uint8Array(16));
-    let rand = '';
-    for (let i = 0; i < 16; i++) rand += B32[r[i] % 32];
-    return time + rand;
-  }
-
   // ---- auth -----------------------------------------------------------------
   async function health(token) {
     const headers = token ? { Authorization: 'Bearer ' + token } : {};
@@ -58,11 +50,6 @@ import { gist, timelineLine } from './gist.js';
   }
   const WATCH_ONLY = 'watch-only: the daemon has no AEP_TOKEN, so it refuses commands';
   const authorized = (b) => !!b && typeof b === 'object' && ('counts' in b || 'relay_counts' in b);
-  function b64url(text) {
-    let bin = '';
-    for (const byte of new TextEncoder().encode(text)) bin += String.fromCharCode(byte);
-    return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
-  }
 
   async function start() {
     let body = null;
@@ -512,31 +499,6 @@ import { gist, timelineLine } from './gist.js';
     $('inbox-more').textContent = pending.length > MAX_CARDS ? (pending.length - MAX_CARDS) + ' more waiting' : (pending.length ? '' : 'Nothing waiting on you.');
   }
 
-  // a list row is a button for the keyboard too: focusable, Enter or Space acts
-  function rowButton(row, act) {
-    row.tabIndex = 0;
-    row.addEventListener('click', act);
-    row.addEventListener('keydown', (e) => {
-      if ((e.key === 'Enter' || e.key === ' ') && e.target === row) { e.preventDefault(); act(); }
-    });
-    return row;
-  }
-  function virtual(scroller, spacer, count, rowH, make, key) {
-    spacer.style.height = (count * rowH) + 'px';
-    const top = scroller.scrollTop, h = scroller.clientHeight || 400;
-    const first = Math.max(0, Math.floor(top / rowH) - 5);
-    const last = Math.min(count, Math.ceil((top + h) / rowH) + 5);
-    const rows = [];
-    for (let i = first; i < last; i++) { const r = make(i); r.style.top = (i * rowH) + 'px'; rows.push(r); }
-    // the rows are rebuilt on every change: a focused row's successor takes its focus
-    const had = document.activeElement;
-    const focused = had && had.parentNode === spacer ? had.getAttribute(key) : null;
-    spacer.replaceChildren(...rows);
-    if (focused !== null) {
-      const again = rows.find((r) => r.getAttribute(key) === focused);
-      if (again) again.focus({ preventScroll: true });
-    }
-  }
   let shownSessions = [];
   function renderSessions() {
     const q = $('session-filter').value.trim().toLowerCase();
@@ -614,25 +576,7 @@ import { gist, timelineLine } from './gist.js';
     setTimeout(pollFleet, 2000);
   }
 
-  // ---- keyboard ------------------------------------------------------------------------
-  document.addEventListener('keydown', (e) => {
-    const tag = e.target && e.target.tagName;
-    if (e.key === 'Escape') { const c = e.target.closest && e.target.closest('.card'); if (c) c.focus(); return; }
-    if (tag === 'INPUT' || tag === 'TEXTAREA' || e.ctrlKey || e.metaKey || e.altKey) return;
-    const cards = [...$('inbox-list').children];
-    const cur = e.target.closest ? e.target.closest('.card') : null;
-    const i = cur ? cards.indexOf(cur) : -1;
-    if (e.key === 'j' || e.key === 'k') {
-      const n = cards[Math.max(0, Math.min(cards.length - 1, i + (e.key === 'j' ? 1 : -1)))] || cards[0];
-      if (n) { n.focus(); e.preventDefault(); }
-    } else if (/^[1-9]$/.test(e.key) && cur) {
-      const b = cur.querySelectorAll('.options button')[Number(e.key) - 1];
-      if (b && !b.disabled) { b.click(); e.preventDefault(); }
-    } else if (e.key === 't' && cur) {
-      const f = cur.querySelector('textarea, input');
-      if (f) { f.focus(); e.preventDefault(); }
-    }
-  });
+  installKeys();
 
   // ---- notifications (asked once, on a click) ------------------------------------------------
   if ('Notification' in window && Notification.permission === 'default') {

@@ -10,22 +10,20 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.console.test_console_page import TOKEN, StickyRelay, held, login
-from tests.support.browser import Page, open_browser
+from tests.integration.console.test_console_page import (
+    TOKEN,
+    StickyRelay,
+    block_socket,
+    held,
+    login,
+    unblock_socket,
+)
+from tests.support.browser import open_browser
 from tests.support.console_target import StubTarget
 from tests.support.daemon import DaemonProcess
 
 ASK = {"kind": "permission", "prompt": "run ls?", "respond_via": ["control"],
        "options": [{"id": "once", "label": "Allow once"}, {"id": "reject", "label": "Reject"}]}
-
-
-def block_socket(page: Page) -> None:
-    page.driver.execute_cdp_cmd("Network.enable", {})
-    page.driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/socket*"]})
-
-
-def unblock_socket(page: Page) -> None:
-    page.driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
 
 
 def a_session_that_came_and_went(url: str) -> tuple[StubTarget, dict, dict]:
