@@ -44,26 +44,46 @@ def test_a_session_begun_and_ended_during_a_network_drop_is_replayed(tmp_path: P
     the session it knew before is neither lost nor doubled."""
     d = DaemonProcess(tmp_path / "state", args=("relay",), token=TOKEN).start()
     try:
-        with StubTarget(d.url, TOKEN, session="before") as first, open_browser() as page:
-            ask1 = first.emit("attention.requested", ASK, subject="bash")
-            login(page, d.url)
-            page.card(ask1["id"])
-            block_socket(page)
-            page.js("window.aepConsole.ws.close()")  # the drop
-            page.wait(lambda: page.one("#conn").text != "live", "the page to notice the drop")
-            gone, ask2, _ = a_session_that_came_and_went(d.url)
-            page.wait(lambda: held(d.url, gone.session) == 4, "the relay to hold the session")
-            unblock_socket(page)
-            page.wait(lambda: page.one("#conn").text == "live", "the page back")
-            row = page.one(f'[data-session="{gone.session}"]', "the session that came and went")
-            page.wait(lambda: "ended" in row.text and "4 events" in row.text, "it ended, 4 events")
-            page.one(f'#settled-list [data-ask="{ask2["id"]}"]', "its ask, settled")
-            assert "resolved: timeout" in page.status(ask2["id"])
-            assert len(page.css(f'[data-ask="{ask1["id"]}"]')) == 1
-            assert page.js("return window.aepConsole.sessions.get('before').count") == 1
-            assert page.js("return window.aepConsole.hellos") == 2
+        a_network_drop(d)
     finally:
         assert d.stop() == 0, d.log()
+
+
+def test_the_same_drop_against_the_jetstream_relay(tmp_path: Path) -> None:
+    """The same against ``aep-bridges relay`` with ``AEP_NATS_URL`` (a real
+    1-node nats-server): its ``sessions`` answer comes from the stream."""
+    from tests.support.js_relay_harness import relay_process
+    from tests.support.nats import NatsCluster
+
+    (tmp_path / "nats").mkdir()
+    with NatsCluster(1, tmp_path / "nats") as cluster:
+        d = relay_process(tmp_path / "relay", cluster.url, token=TOKEN).start()
+        try:
+            a_network_drop(d)
+        finally:
+            assert d.stop() == 0, d.log()
+
+
+def a_network_drop(d: DaemonProcess) -> None:
+    """The drop, the session that came and went, the page back (the tests above)."""
+    with StubTarget(d.url, TOKEN, session="before") as first, open_browser() as page:
+        ask1 = first.emit("attention.requested", ASK, subject="bash")
+        login(page, d.url)
+        page.card(ask1["id"])
+        block_socket(page)
+        page.js("window.aepConsole.ws.close()")  # the drop
+        page.wait(lambda: page.one("#conn").text != "live", "the page to notice the drop")
+        gone, ask2, _ = a_session_that_came_and_went(d.url)
+        page.wait(lambda: held(d.url, gone.session) == 4, "the relay to hold the session")
+        unblock_socket(page)
+        page.wait(lambda: page.one("#conn").text == "live", "the page back")
+        row = page.one(f'[data-session="{gone.session}"]', "the session that came and went")
+        page.wait(lambda: "ended" in row.text and "4 events" in row.text, "it ended, 4 events")
+        page.one(f'#settled-list [data-ask="{ask2["id"]}"]', "its ask, settled")
+        assert "resolved: timeout" in page.status(ask2["id"])
+        assert len(page.css(f'[data-ask="{ask1["id"]}"]')) == 1
+        assert page.js("return window.aepConsole.sessions.get('before').count") == 1
+        assert page.js("return window.aepConsole.hellos") == 2
 
 
 def test_a_session_begun_and_ended_during_a_restart_is_replayed(tmp_path: Path) -> None:
