@@ -160,5 +160,13 @@ def test_fleet_counters_read_in_words(tmp_path: Path) -> None:
             shown = page.css("#fleet-list .counter")
             assert all("_" not in s.text and "." not in s.text for s in shown), [s.text for s in shown]
             assert not [s.text for s in shown if s.text.endswith(" 0")]
+            # the reading order: traffic, control, faults, then what is filtered by design
+            order = page.driver.execute_async_script("""
+                const done = arguments[arguments.length - 1];
+                import('/console/fleet.js').then((m) => done(m.counterOrder({
+                    duplicates: 3, socket_errors: 1, frames: 9, control_commands: 2,
+                    'otlp.saturated': 0, some_new_failures: 4}).map(([k]) => k)));""")
+            assert order == ["frames", "control_commands", "socket_errors", "some_new_failures",
+                             "duplicates"]
     finally:
         assert d.stop() == 0, d.log()
