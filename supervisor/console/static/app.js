@@ -2,13 +2,13 @@
 // /socket (AEP-0003 §3.5: hello, subscribe with `from`, roster, commands),
 // /healthz (the fleet). Every payload string goes to the page as text
 // (textContent / text nodes), never as markup.
-import { $, el, str } from './dom.js';
+import { $, answeredText, el, offerNotifications, str } from './dom.js';
 import { fleetNodes } from './fleet.js';
 import { formFields } from './forms.js';
 import { gist, timelineLine } from './gist.js';
 import { b64url, ulid } from './ids.js';
 import { installKeys } from './keys.js';
-import { rowButton, virtual } from './lists.js';
+import { place, rowButton, virtual } from './lists.js';
 
 (() => {
   const MAX_PER_SESSION = 5000;   // timeline rows kept per session (count keeps counting)
@@ -223,7 +223,7 @@ import { rowButton, virtual } from './lists.js';
     let s = S.sessions.get(id);
     if (!s) {
       s = { id, agent: agent || '?', state: 'idle', last: '', count: 0, events: [], run: null,
-            pos: null, pending: new Set(), ctl: [] };
+            pos: null, pending: new Set(), ctl: [], unacked: null };
       S.sessions.set(id, s);
       mark('order');
       if (S.live && !S.roster.has(id)) rosterSoon();
@@ -317,12 +317,7 @@ import { rowButton, virtual } from './lists.js';
       return;
     }
     if (ev.type === 'attention.answered') {
-      const a = d.answer || {};
-      const parts = [];
-      if (a.option !== undefined) parts.push('option ' + String(a.option));
-      if (a.text !== undefined) parts.push('text "' + String(a.text) + '"');
-      if (a.values !== undefined) parts.push('values ' + JSON.stringify(a.values));
-      ask.lines.push(['good', 'answered: ' + (parts.join(', ') || '(no detail)') + (d.via ? ' via ' + String(d.via) : '')]);
+      ask.lines.push(['good', answeredText(d)]);
     } else if (ev.type === 'attention.resolved') {
       ask.lines.push(['good', 'resolved: ' + String(d.resolution || '')]);
       settleAsk(ask, s);
@@ -356,7 +351,10 @@ import { rowButton, virtual } from './lists.js';
       }
     } else {
       const s = S.sessions.get(c.session);
-      if (s) { s.ctl.push((ok ? '' : '✗ ') + c.verb + ': ' + text); mark('controls'); }
+      if (s) {
+        if (s.unacked && s.unacked.cmd.id === id) s.unacked = null;
+        s.ctl.push((ok ? '' : '✗ ') + c.verb + ': ' + text); mark('controls');
+      }
     }
   }
 
@@ -367,6 +365,9 @@ import { rowButton, virtual } from './lists.js';
                   agent: AGENT, session: sess, capture: capture || 'metadata', ...extra };
     return cmd;
   }
+  // the target's declared ack window (AEP-0004 §3; 10 s by default), bounded
+  const ackWindow = (sess) => Math.min(Math.max(S.windows.get(sess) || 10000, 1000), 120000);
+
   // `control` is the control that sent it (a retry is a click on the same one)
   function answer(ask, ans, capture, label, control) {
     if (!canCommand() || ask.busy || ask.settled) return;
@@ -386,7 +387,7 @@ import { rowButton, virtual } from './lists.js';
     ask.busy = true; ask.unacked = null;
     ask.lines.push(['', (again ? 'sent again (the same command): ' : 'sent: ') + ask.sentWith.label]);
     mark('inbox');
-    const ms = Math.min(Math.max(S.windows.get(ask.session) || 10000, 1000), 120000);
+    const ms = ackWindow(ask.session);
     setTimeout(() => {   // AEP-0004 §3: silence past the ack window reads as a timeout nack
       if (c.done || c.sends !== n || ask.settled) return;
       ask.busy = false; ask.unacked = { cmd };
@@ -398,16 +399,32 @@ import { rowButton, virtual } from './lists.js';
   function control(sess, verb) {
     if (!canCommand()) return;
     const s = S.sessions.get(sess);
-    const extra = {};
-    if (verb === 'control.cancel') {
-      extra.data = s && s.run ? { scope: 'run' } : { scope: 'session' };
-      if (s && s.run) extra.run = s.run;
-    } else extra.data = {};
-    const cmd = command(verb, sess, extra, 'metadata');
-    S.cmds.set(cmd.id, { session: sess, verb });
-    if (s) s.ctl.push('sent ' + verb);
-    send(cmd);
+    if (!s) return;
+    // the same verb again after the window passed in silence: the same command (AEP-0004 §2.3)
+    const again = s.unacked && s.unacked.verb === verb ? s.unacked.cmd : null;
+    let cmd = again;
+    if (!cmd) {
+      const extra = {};
+      if (verb === 'control.cancel') {
+        extra.data = s.run ? { scope: 'run' } : { scope: 'session' };
+        if (s.run) extra.run = s.run;
+      } else extra.data = {};
+      cmd = command(verb, sess, extra, 'metadata');
+      S.cmds.set(cmd.id, { session: sess, verb, sends: 0 });
+    }
+    if (!send(cmd)) { s.ctl.push('✗ ' + verb + ': not sent: the socket is down'); mark('controls'); return; }
+    const c = S.cmds.get(cmd.id);
+    const n = ++c.sends;
+    s.unacked = null;
+    s.ctl.push((again ? 'sent again (the same command) ' : 'sent ') + verb);
     mark('controls');
+    const ms = ackWindow(sess);
+    setTimeout(() => {
+      if (c.done || c.sends !== n) return;
+      s.unacked = { cmd, verb };
+      s.ctl.push('✗ ' + verb + ': no acknowledgement within ' + (ms / 1000) + ' s (click it again: the same command)');
+      mark('controls');
+    }, ms);
   }
 
   // ---- rendering -------------------------------------------------------------------
@@ -479,11 +496,6 @@ import { rowButton, virtual } from './lists.js';
       ask.statusNode.append(el('div', { class: cls, text }));
     }
     ask.node.classList.toggle('settled', ask.settled);
-  }
-  function place(list, nodes) {
-    const want = new Set(nodes);
-    for (const c of [...list.children]) if (!want.has(c)) c.remove();
-    nodes.forEach((n, i) => { if (list.children[i] !== n) list.insertBefore(n, list.children[i] || null); });
   }
   function renderInbox() {
     const pending = [], settled = [];
@@ -578,12 +590,7 @@ import { rowButton, virtual } from './lists.js';
 
   installKeys();
 
-  // ---- notifications (asked once, on a click) ------------------------------------------------
-  if ('Notification' in window && Notification.permission === 'default') {
-    const b = $('notify');
-    b.hidden = false;
-    b.addEventListener('click', () => { Notification.requestPermission().finally(() => { b.hidden = true; }); });
-  }
+  offerNotifications();
 
   start();
   pollFleet();

@@ -24,3 +24,10 @@ export function virtual(scroller, spacer, count, rowH, make, key) {
     if (again) again.focus({ preventScroll: true });
   }
 }
+
+// `list`'s children made exactly `nodes`, in order, moving only what moved
+export function place(list, nodes) {
+  const want = new Set(nodes);
+  for (const c of [...list.children]) if (!want.has(c)) c.remove();
+  nodes.forEach((n, i) => { if (list.children[i] !== n) list.insertBefore(n, list.children[i] || null); });
+}

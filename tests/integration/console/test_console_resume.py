@@ -170,3 +170,34 @@ def test_fleet_counters_read_in_words(tmp_path: Path) -> None:
                              "duplicates"]
     finally:
         assert d.stop() == 0, d.log()
+
+
+def test_a_run_control_retried_is_the_same_command(tmp_path: Path) -> None:
+    """The same for a run control: Cancel run lost at first, the window
+    passes (the page says so), Cancel run again re-sends the same command;
+    one acknowledgement, then the outcome (``run.cancelled``)."""
+    d = DaemonProcess(tmp_path / "state", args=("relay",), token=TOKEN).start()
+    try:
+        with StubTarget(d.url, TOKEN, ack_window_ms=1500, lose_first=True) as target, \
+                open_browser() as page:
+            target.emit("session.started", {})
+            target.run = target.emit("run.started", {}, run="run-1")["run"]
+            login(page, d.url)
+            page.wait(lambda: page.js("return window.aepConsole.roster.size") == 1, "the roster")
+            page.one(f'[data-session="{target.session}"]').click()
+            sel = '#controls [data-verb="control.cancel"]'
+            page.wait(lambda: page.one(sel).text == "Cancel run" and page.one(sel).is_enabled(),
+                      "Cancel run")
+            page.wait(lambda: page.one(sel).click() or True, "the click")  # (re-rendered: retried)
+            first = target.wait_commands(1)[0]
+            page.wait(lambda: "no acknowledgement" in page.one("#controls").text, "the window to pass")
+            page.wait(lambda: page.one(sel).click() or True, "the click again")
+            again = target.wait_commands(2)[1]
+            assert again == first
+            page.wait(lambda: "control.cancel → run.cancelled" in page.one("#controls").text,
+                      "the outcome")
+            text = page.one("#controls").text
+            assert text.count("accepted by the agent") == 1, text
+            assert {c["id"] for c in target.commands} == {first["id"]}
+    finally:
+        assert d.stop() == 0, d.log()
