@@ -138,7 +138,11 @@ SETTINGS: tuple[Setting, ...] = (
             "(`https://dash.example:8443`) allowed to read and post cross-origin and to open "
             "`/socket`; unset: no cross-origin access without a token (with `AEP_TOKEN`, any "
             "origin may read, the token still required). On a loopback listener a `Host` that "
-            "is not loopback is refused (DNS rebinding)"),
+            "is not loopback is refused (DNS rebinding). Not needed for the console at `/`: it "
+            "is same-origin (its own origin may open `/socket`); set it only for a page served "
+            "from another origin (your own dashboard), or to watch a tokenless relay bound to a "
+            "non-loopback `AEP_LISTEN` in the console (there its origin passes only with a "
+            "token)"),
     Setting("AEP_CAPTURE", "`metadata`", "capture ceiling: `none`, `metadata`, `redacted`, "
             "`full` (`attention.*` at `redacted` by default)"),
     Setting("AEP_CAPTURE_ATTENTION", "`redacted` (or `AEP_CAPTURE` when higher)",

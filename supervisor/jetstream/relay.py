@@ -61,10 +61,13 @@ from .config import NatsConfig
 from .ingest import Ingest, _Acks
 from .link import _NATS_ERRORS, Link, Outage, aio
 from .publish import wanted_stream
-from .subjects import bindings_bucket, claims_bucket, command_subject, daemons_bucket
+from .subjects import bindings_bucket, claims_bucket, command_subject, daemons_bucket, parse_event_subject
 from .subscribe import Subscriptions
 
 log = logging.getLogger("aep.relay.jetstream")
+
+MAX_SESSION_ENTRIES = 10_000
+"""Sessions one ``sessions`` answer names at most (then ``complete`` is false)."""
 
 
 class JsSocketConnection(SocketConnection):
@@ -81,6 +84,17 @@ class JsSocketConnection(SocketConnection):
             self.relay.hold_subscribed(self.outlet, frame)
             return
         super().send(frame)
+
+    def send_sessions(self, rid: str) -> None:
+        self.relay.spawn(self._sessions_async, rid)
+
+    async def _sessions_async(self, rid: str) -> None:
+        try:
+            entries, complete = await self.relay.sessions_async()
+        except _NATS_ERRORS as e:
+            self.error("unavailable", f"the stream did not answer ({type(e).__name__})", id=rid)
+            return
+        self.send({"type": "sessions", "id": rid, "entries": entries, "complete": complete})
 
     def send_roster(self, rid: str) -> None:
         self.relay.spawn(self._roster_async, rid)
@@ -268,10 +282,33 @@ class JetStreamRelay(Ingest, Subscriptions):
         depth = r.get("max_msgs", -1)
         caps["replay"] = {"buffer": depth if depth and depth > 0 else r.get("messages", 0),
                           "all": True}
-        caps["experimental"] = {"jetstream": {k: r[k] for k in
+        caps["experimental"] = {**caps["experimental"], "jetstream": {k: r[k] for k in
                                               ("stream", "max_age_s", "max_bytes", "max_msgs",
                                                "replicas") if k in r}}
         return caps
+
+    async def sessions_async(self) -> tuple[list[dict[str, Any]], bool]:
+        """The ``sessions`` frame's answer from the stream (the embedded
+        relay's :meth:`~supervisor.relay.core.Relay.held_sessions`): every
+        session with messages on ``S.ev.>``, ended ones included, ``events``
+        = its messages (over all agents), from one ``STREAM.INFO`` with a
+        subject filter. At most :data:`MAX_SESSION_ENTRIES` entries;
+        ``complete`` is false past that. Raises the NATS errors."""
+        info = await aio(self.link.js.stream_info)(self.stream, subjects_filter=f"{self.stream}.ev.>")
+        counts: dict[str, int] = {}
+        complete = True
+        for subject, n in (info.state.subjects or {}).items():
+            try:
+                _, session = parse_event_subject(self.stream, subject)
+            except ValueError:
+                continue
+            if session is None:  # agent-scoped events: no session
+                continue
+            if session not in counts and len(counts) >= MAX_SESSION_ENTRIES:
+                complete = False
+                continue
+            counts[session] = counts.get(session, 0) + int(n)
+        return [{"session": s, "events": n} for s, n in counts.items()], complete
 
     # -- connections -------------------------------------------------------------
     def open_socket(self, authenticated: bool, principal: str = "anonymous") -> SocketConnection:
@@ -288,4 +325,4 @@ class JetStreamRelay(Ingest, Subscriptions):
                     await self._kv_delete(self._claim_key(conn, agent, session))
 
 
-__all__: Sequence[str] = ("JetStreamRelay", "JsSocketConnection")
+__all__: Sequence[str] = ("JetStreamRelay", "JsSocketConnection", "MAX_SESSION_ENTRIES")

@@ -176,6 +176,8 @@ class RelayHub(OutletHub, Protocol):
 
     def roster(self) -> list[dict[str, Any]]: ...
 
+    def held_sessions(self) -> tuple[list[dict[str, Any]], bool]: ...
+
     def release(self, conn: Connection) -> None: ...
 
     async def ingest(self, ev: Any, conn: Connection | None,
@@ -520,6 +522,22 @@ class SocketConnection(Connection):
         """Answer a ``roster`` request ``rid`` (AEP-0003 §4.1)."""
         self.send({"type": "roster", "id": rid, "entries": self.relay.roster()})
 
+    def _sessions(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id")
+        if not isinstance(rid, str):
+            self.error("invalid-request", "sessions needs an id (string)")
+            return
+        if self.role == "emitter":
+            self.error("unauthorized", "sessions is answered on consumer/both connections", id=rid)
+            return
+        self.send_sessions(rid)
+
+    def send_sessions(self, rid: str) -> None:
+        """Answer a ``sessions`` request ``rid``: the sessions the relay
+        holds history of (:meth:`~.core.Relay.held_sessions`)."""
+        entries, complete = self.relay.held_sessions()
+        self.send({"type": "sessions", "id": rid, "entries": entries, "complete": complete})
+
     def _ping(self, msg: dict[str, Any]) -> None:
         self.send({"type": "pong", "t": msg.get("t")})
 
@@ -530,6 +548,7 @@ class SocketConnection(Connection):
         "subscribe": _subscribe,
         "unsubscribe": _unsubscribe,
         "roster": _roster,
+        "sessions": _sessions,
         "ping": _ping,
         "pong": _ignore,
     }

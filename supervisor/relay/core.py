@@ -221,7 +221,8 @@ class Relay(StampedRuns):
             "capture": list(CAPTURE_LEVELS),
             "control": {"accepts": []},
             "roster": {},
-            "experimental": {},
+            # the held-sessions frame (:meth:`held_sessions`), beyond AEP 0.1's frame set
+            "experimental": {"sessions": {}},
         }
 
     def discovery(self) -> dict[str, Any]:
@@ -298,6 +299,21 @@ class Relay(StampedRuns):
         for c in list(self._conns):
             out.extend(c.roster_entries())
         return out
+
+    def held_sessions(self) -> tuple[list[dict[str, Any]], bool]:
+        """The ``sessions`` frame's answer (an extension frame, declared as
+        ``capabilities.experimental.sessions``): every session this relay
+        holds replay history of, ended ones included, as ``([{"session",
+        "events"}], complete)``: one entry per bare session name (its
+        buffers summed, ``events`` = events held), least recently written
+        first; ``complete`` is always true here (the buffers are bounded by
+        ``max_sessions``). What ``from: "all"`` would replay, named; unlike
+        the roster (live claims only), a session whose emitter is gone is
+        listed. Metadata only, like the roster (AEP-0003 §4.1 rule 7)."""
+        counts: dict[str, int] = {}
+        for key in self.buffers.sessions():
+            counts[key[1]] = counts.get(key[1], 0) + self.buffers.held(key)
+        return [{"session": s, "events": n} for s, n in counts.items()], True
 
     # -- subscriptions (the fan-out is :mod:`.fanout`) -------------------------------
     def unsubscribe(self, sub: Subscriber) -> None:

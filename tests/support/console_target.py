@@ -55,7 +55,8 @@ class StubTarget:
     ``commands``: every command delivered to it, in order."""
 
     def __init__(self, url: str, token: str | None, *, agent: str = "stub",
-                 session: str = "stub-session-1") -> None:
+                 session: str = "stub-session-1", ack_window_ms: int = 10000,
+                 lose_first: bool = False) -> None:
         self.url, self.token, self.agent, self.session = url, token, agent, session
         self.source = f"aep://stub-box/agent/{agent}/session/{session}"
         self.seq = 0
@@ -64,6 +65,11 @@ class StubTarget:
         # logs across its own restart still holds (AEP-0001 epochs)
         self.epoch = time.time_ns() // 1_000_000
         self.commands: list[dict[str, Any]] = []
+        self.ack_window_ms = ack_window_ms
+        #: fault injection: the first delivery of each command is lost (no
+        #: decision, no ack); a redelivery (the same id) is then decided once
+        self.lose_first = lose_first
+        self._acks: dict[tuple[Any, Any], dict[str, Any] | None] = {}
         self.asks: dict[str, dict[str, Any]] = {}
         self.run: str | None = None
         self._lock = threading.Lock()
@@ -76,7 +82,8 @@ class StubTarget:
         self._send({"type": "hello", "versions": ["0.1"], "role": "emitter",
                     "identity": {"agent": self.agent, "instance": "stub-box/1"},
                     "capabilities": {"emits": ["session", "run", "attention", "control"],
-                                     "control": {"accepts": ACCEPTS, "ack_window_ms": 10000}}})
+                                     "control": {"accepts": ACCEPTS,
+                                                 "ack_window_ms": self.ack_window_ms}}})
         threading.Thread(target=self._read, name="stub-target", daemon=True).start()
         if not self._hello.wait(10):
             raise AssertionError("stub target: no hello from the relay")
@@ -128,9 +135,15 @@ class StubTarget:
                 with self._got:
                     self.commands.append(msg)
                     self._got.notify_all()
-                self._answer(msg)
+                key = (msg.get("source"), msg.get("id"))
+                if key not in self._acks and self.lose_first:
+                    self._acks[key] = None  # lost: neither decided nor acknowledged
+                elif self._acks.get(key) is not None:  # AEP-0004 §3: the recorded ack again
+                    self._send(self._acks[key])  # type: ignore[arg-type]
+                else:
+                    self._acks[key] = self._answer(msg)
 
-    def _answer(self, cmd: dict[str, Any]) -> None:
+    def _answer(self, cmd: dict[str, Any]) -> dict[str, Any]:
         t = cmd["type"]
         if t == "control.attention.respond":
             ask = self.asks.get(cmd.get("subject", ""))
@@ -139,18 +152,18 @@ class StubTarget:
             if ask is not None and ask["data"].get("kind") == "form":
                 problem = form_problem(ask["data"]["fields"], answer.get("values"))
             if problem:
-                self.emit("control.rejected", {"reason": "invalid", "detail": problem},
-                          cause=cmd["id"], severity="notice", capture="redacted")
-                return
-            self.emit("control.accepted", {}, cause=cmd["id"], severity="notice")
+                return self.emit("control.rejected", {"reason": "invalid", "detail": problem},
+                                 cause=cmd["id"], severity="notice", capture="redacted")
+            ack = self.emit("control.accepted", {}, cause=cmd["id"], severity="notice")
             answered = self.emit("attention.answered", {"answer": answer, "via": "control"},
                                  cause=cmd["id"], subject=ask["id"], capture="redacted")
             self.emit("attention.resolved", {"resolution": "answered"}, cause=answered["id"],
                       subject=ask["id"])
-        elif t == "control.cancel":
-            self.emit("control.accepted", {}, cause=cmd["id"], severity="notice")
+            return ack
+        if t == "control.cancel":
+            ack = self.emit("control.accepted", {}, cause=cmd["id"], severity="notice")
             if self.run:
                 self.emit("run.cancelled", {"by": "control"}, cause=cmd["id"], run=self.run)
                 self.run = None
-        else:
-            self.emit("control.accepted", {}, cause=cmd["id"], severity="notice")
+            return ack
+        return self.emit("control.accepted", {}, cause=cmd["id"], severity="notice")

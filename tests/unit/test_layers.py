@@ -416,7 +416,7 @@ PUBLIC: dict[str, set[str]] = {
                                 "unheld_positions"},
     "supervisor.jetstream.plan": {"Found", "Lookup", "MAX_SUBJECTS", "Position", "Resolved",
                                   "resolve_after", "session_subject", "subject_plan"},
-    "supervisor.jetstream.relay": {"JetStreamRelay", "JsSocketConnection"},
+    "supervisor.jetstream.relay": {"JetStreamRelay", "JsSocketConnection", "MAX_SESSION_ENTRIES"},
     "supervisor.jetstream.subscribe": {"CONSUMER_INACTIVE_S", "CONSUMER_PREFIX", "FETCH_BATCH",
                                        "FETCH_TIMEOUT_S", "IDLE_CHECKS", "Subscriptions"},
     "supervisor.jetstream.ingest": {"Ingest", "PUBLISH_DEADLINE_S", "PUBLISH_WINDOW"},

@@ -2,15 +2,21 @@
 // /socket (AEP-0003 §3.5: hello, subscribe with `from`, roster, commands),
 // /healthz (the fleet). Every payload string goes to the page as text
 // (textContent / text nodes), never as markup.
-import { $, el, str } from './dom.js';
+import { $, answeredText, el, offerNotifications, str } from './dom.js';
+import { fleetNodes } from './fleet.js';
 import { formFields } from './forms.js';
 import { gist, timelineLine } from './gist.js';
+import { b64url, ulid } from './ids.js';
+import { installKeys } from './keys.js';
+import { place, rowButton, virtual } from './lists.js';
 
 (() => {
   const MAX_PER_SESSION = 5000;   // timeline rows kept per session (count keeps counting)
   const MAX_CARDS = 100;          // pending cards in the DOM at once
   const MAX_SETTLED = 20;         // settled cards kept on screen
   const MAX_SEEN = 400000;        // (source, id) keys remembered for dedupe
+  const MAX_EARLY = 2000;         // outcomes kept for asks not seen yet
+  const MAX_CATCHUP = 500;        // sessions named in a catch-up filter (past it: replay all)
   const SROW = 44, TROW = 24;     // virtual list row heights (px; match app.css)
   const AGENT = 'aep-console';
   const INSTANCE = 'console-' + Math.random().toString(36).slice(2, 10);
@@ -24,24 +30,17 @@ import { gist, timelineLine } from './gist.js';
     asks: new Map(),              // attention.requested id -> ask record
     cmds: new Map(),              // command id -> {ask?, session, verb}
     roster: new Map(),            // session -> control.accepts
+    windows: new Map(),           // session -> its target's ack window (ms, from the roster)
+    early: new Map(),             // ask id -> outcomes that arrived before their ask
+    caps: {},                     // the relay's hello capabilities
+    resumeSet: null,              // sessions resumed from positions, until the catch-up is sent
     order: [],                    // sessions sorted by last activity (rebuilt when dirty)
-    selected: null, detail: null, toEnd: false,
-    events: 0, dups: 0, resumed: false, catchups: 0, hellos: 0,
+    selected: null, detail: null, toEnd: false, catchupFilter: {},
+    events: 0, dups: 0, catchups: 0, hellos: 0,
     dirty: new Set(), timer: null,
   };
   window.aepConsole = S;          // for tests and benchmarks: read-only inspection
   S.gist = gist;
-
-  // ---- ids (ULID: the command's idempotency key, AEP-0004 §2.3) -------------
-  const B32 = '0123456789ABCDEFGHJKMNPQRSTVWXYZ';
-  function ulid() {
-    let t = Date.now(), time = '';
-    for (let i = 0; i < 10; i++) { time = B32[t % 32] + time; t = Math.floor(t / 32); }
-    const r = crypto.getRandomValues(new Uint8Array(16));
-    let rand = '';
-    for (let i = 0; i < 16; i++) rand += B32[r[i] % 32];
-    return time + rand;
-  }
 
   // ---- auth -----------------------------------------------------------------
   async function health(token) {
@@ -51,11 +50,6 @@ import { gist, timelineLine } from './gist.js';
   }
   const WATCH_ONLY = 'watch-only: the daemon has no AEP_TOKEN, so it refuses commands';
   const authorized = (b) => !!b && typeof b === 'object' && ('counts' in b || 'relay_counts' in b);
-  function b64url(text) {
-    let bin = '';
-    for (const byte of new TextEncoder().encode(text)) bin += String.fromCharCode(byte);
-    return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
-  }
 
   async function start() {
     let body = null;
@@ -160,6 +154,15 @@ import { gist, timelineLine } from './gist.js';
     return from.length ? from : 'all';
   }
 
+  // the sessions the relay holds that the resumed subscription does not name:
+  // replayed whole on a second subscription (deduplicated; their live events
+  // then come twice until the next reconnect, and dedupe drops the copy)
+  function catchUp(filter) {
+    S.catchups++;
+    S.catchupFilter = filter;
+    send({ type: 'subscribe', id: 'catchup', filter, from: 'all' });
+  }
+
   function frame(text) {
     let msg;
     try { msg = JSON.parse(text); } catch (e) { return; }
@@ -167,35 +170,48 @@ import { gist, timelineLine } from './gist.js';
     const t = msg.type;
     if (typeof t === 'string' && t.includes('.')) { onEvent(msg, text); return; }
     if (t === 'hello') {
+      S.caps = msg.capabilities && typeof msg.capabilities === 'object' ? msg.capabilities : {};
       const from = subscribeFrom();
       send({ type: 'subscribe', id: 'console', filter: {}, from });
-      // resumed from positions: a session begun while we were away has none;
-      // the roster answer below tells (then the subscription replays all, deduped)
-      S.resumed = Array.isArray(from);
+      // resumed from positions: a session the relay began (or began and ended)
+      // while we were away has none; once subscribed we ask which it holds
+      S.resumeSet = Array.isArray(from) ? new Set(from.map((p) => p.session)) : null;
       S.live = true; S.everConnected = true; S.backoff = 500; S.hellos++;
       setConn('live', 'ok');
       send({ type: 'roster', id: 'r-' + Date.now() });
       mark('inbox', 'controls');
     } else if (t === 'ping') {
       send({ type: 'pong', t: msg.t });
+    } else if (t === 'subscribed' && msg.id === 'console' && S.resumeSet) {
+      // (after "subscribed": the subscription is in place, so every session the
+      // relay holds from here on either is in the answer or reaches us live)
+      if (S.caps.experimental && typeof S.caps.experimental === 'object' && S.caps.experimental.sessions) {
+        send({ type: 'sessions', id: 'h-' + Date.now() });
+      } else { S.resumeSet = null; catchUp({}); }   // a relay without it: replay all, deduplicated
+    } else if (t === 'sessions' && Array.isArray(msg.entries) && S.resumeSet) {
+      const known = S.resumeSet;
+      S.resumeSet = null;
+      const missing = [];
+      for (const e of msg.entries) if (e && typeof e.session === 'string' && !known.has(e.session)) missing.push(e.session);
+      if (msg.complete === false || missing.length > MAX_CATCHUP) catchUp({});
+      else if (missing.length) catchUp({ session: missing });
     } else if (t === 'roster' && Array.isArray(msg.entries)) {
       S.roster.clear();
       for (const e of msg.entries) {
-        const acc = e && e.control && Array.isArray(e.control.accepts) ? e.control.accepts : [];
-        if (e && typeof e.session === 'string') S.roster.set(e.session, acc.filter((a) => typeof a === 'string'));
-      }
-      if (S.resumed) {
-        S.resumed = false;
-        if ([...S.roster.keys()].some((sid) => !S.sessions.has(sid))) {
-          S.catchups++;
-          send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
-        }
+        if (!e || typeof e.session !== 'string') continue;
+        const ctl = e.control && typeof e.control === 'object' ? e.control : {};
+        const acc = Array.isArray(ctl.accepts) ? ctl.accepts : [];
+        S.roster.set(e.session, acc.filter((a) => typeof a === 'string'));
+        if (Number.isInteger(ctl.ack_window_ms) && ctl.ack_window_ms > 0) S.windows.set(e.session, ctl.ack_window_ms);
       }
       mark('controls');
     } else if (t === 'error' && msg.id === 'console' && msg.code === 'limit-exceeded') {
       // more resume positions than the relay takes (AEP_MAX_FROM): replay all, deduplicated
+      S.resumeSet = null;
       S.catchups++;
       send({ type: 'subscribe', id: 'console', filter: {}, from: 'all' });
+    } else if (t === 'error' && msg.id === 'catchup' && S.catchupFilter.session) {
+      catchUp({});   // the session list was too long a filter for the relay: replay all
     } else if (t === 'error' && typeof msg.cause === 'string' && S.cmds.has(msg.cause)) {
       // the relay refused a command on its target's behalf (AEP-0004 §4.2)
       settleCommand(msg.cause, 'refused by the relay: ' + String(msg.code) + (msg.detail ? ' (' + String(msg.detail) + ')' : ''), false);
@@ -207,13 +223,14 @@ import { gist, timelineLine } from './gist.js';
     let s = S.sessions.get(id);
     if (!s) {
       s = { id, agent: agent || '?', state: 'idle', last: '', count: 0, events: [], run: null,
-            pos: null, pending: new Set(), ctl: [] };
+            pos: null, pending: new Set(), ctl: [], unacked: null };
       S.sessions.set(id, s);
       mark('order');
       if (S.live && !S.roster.has(id)) rosterSoon();
     }
     return s;
   }
+  const before = (a, b) => a[0] < b[0] || (a[0] === b[0] && a[1] < b[1]);
   let rosterTimer = null;
   function rosterSoon() {
     if (rosterTimer) return;
@@ -235,14 +252,21 @@ import { gist, timelineLine } from './gist.js';
     const s = session(sid, ev.agent);
     s.count++;
     if (typeof ev.time === 'string' && ev.time > s.last) { s.last = ev.time; mark('order'); }
-    s.events.push({ ev, raw });
+    // (epoch, seq): AEP-0001 §7, epoch 0 when absent. Two subscriptions (a
+    // catch-up beside the resumed one) may interleave a session's events: the
+    // timeline goes by position and the state follows its newest event only
+    const pos = Number.isInteger(ev.seq) ? [Number.isInteger(ev.epoch) ? ev.epoch : 0, ev.seq] : null;
+    let at = s.events.length;
+    if (pos) while (at > 0 && s.events[at - 1].pos && before(pos, s.events[at - 1].pos)) at--;
+    if (at === s.events.length) s.events.push({ ev, raw, pos }); else s.events.splice(at, 0, { ev, raw, pos });
     // trimmed in chunks: one splice per 500 events past the cap, not one per event
     if (s.events.length > MAX_PER_SESSION + 500) s.events.splice(0, s.events.length - MAX_PER_SESSION);
-    if (Number.isInteger(ev.seq) && Number.isInteger(ev.epoch)) {
-      if (!s.pos || ev.epoch > s.pos[0] || (ev.epoch === s.pos[0] && ev.seq > s.pos[1])) s.pos = [ev.epoch, ev.seq];
-    }
+    if (pos && (!s.pos || before(s.pos, pos))) s.pos = pos;
     const d = ev.data && typeof ev.data === 'object' ? ev.data : {};
-    switch (ev.type) {
+    const newest = !pos || !s.spos || before(s.spos, pos);
+    const lifecycle = ev.type.startsWith('session.') || ev.type.startsWith('run.');
+    if (lifecycle && pos && newest) s.spos = pos;
+    switch (lifecycle && !newest ? '' : ev.type) {
       case 'session.started': if (s.state === 'ended') s.state = 'idle'; break;
       case 'session.ended': s.state = 'ended'; break;
       case 'run.started': s.run = ev.run || s.run; s.state = 'running'; break;
@@ -270,10 +294,13 @@ import { gist, timelineLine } from './gist.js';
   function onAsk(ev, s) {
     if (S.asks.has(ev.id)) return;
     const ask = { ev, session: s.id, agent: ev.agent, lines: [], settled: false, busy: false, node: null,
-                  seenAt: Date.now() };
+                  seenAt: Date.now(), unacked: null };
     S.asks.set(ev.id, ask);
     s.pending.add(ev.id);
     mark('inbox');
+    const early = S.early.get(ev.id);
+    if (early) { S.early.delete(ev.id); for (const o of early) onOutcome(o, o.data && typeof o.data === 'object' ? o.data : {}, s); }
+    if (ask.settled) return;
     if (S.live && document.hidden && 'Notification' in window && Notification.permission === 'granted') {
       const d = ev.data || {};
       try { new Notification('An agent asks: ' + String(ev.agent), { body: str(d.prompt || ev.subject), tag: String(ev.id) }); } catch (e) { /* not allowed here */ }
@@ -282,14 +309,15 @@ import { gist, timelineLine } from './gist.js';
 
   function onOutcome(ev, d, s) {
     const ask = S.asks.get(ev.subject);
-    if (!ask) return;
+    if (!ask) {   // its ask is still to come (replayed on another subscription): kept for it
+      if (typeof ev.subject !== 'string') return;
+      if (!S.early.has(ev.subject)) S.early.set(ev.subject, []);
+      S.early.get(ev.subject).push(ev);
+      if (S.early.size > MAX_EARLY) S.early.delete(S.early.keys().next().value);
+      return;
+    }
     if (ev.type === 'attention.answered') {
-      const a = d.answer || {};
-      const parts = [];
-      if (a.option !== undefined) parts.push('option ' + String(a.option));
-      if (a.text !== undefined) parts.push('text "' + String(a.text) + '"');
-      if (a.values !== undefined) parts.push('values ' + JSON.stringify(a.values));
-      ask.lines.push(['good', 'answered: ' + (parts.join(', ') || '(no detail)') + (d.via ? ' via ' + String(d.via) : '')]);
+      ask.lines.push(['good', answeredText(d)]);
     } else if (ev.type === 'attention.resolved') {
       ask.lines.push(['good', 'resolved: ' + String(d.resolution || '')]);
       settleAsk(ask, s);
@@ -316,10 +344,17 @@ import { gist, timelineLine } from './gist.js';
     c.done = true;
     if (c.ask) {
       const ask = S.asks.get(c.ask);
-      if (ask) { ask.lines.push([ok ? 'good' : 'bad', text]); if (!ok) ask.busy = false; mark('inbox'); }
+      if (ask) {
+        ask.lines.push([ok ? 'good' : 'bad', text]);
+        ask.unacked = null; ask.busy = ok && !ask.settled;   // refused: a new answer is a new command
+        mark('inbox');
+      }
     } else {
       const s = S.sessions.get(c.session);
-      if (s) { s.ctl.push((ok ? '' : '✗ ') + c.verb + ': ' + text); mark('controls'); }
+      if (s) {
+        if (s.unacked && s.unacked.cmd.id === id) s.unacked = null;
+        s.ctl.push((ok ? '' : '✗ ') + c.verb + ': ' + text); mark('controls');
+      }
     }
   }
 
@@ -330,33 +365,66 @@ import { gist, timelineLine } from './gist.js';
                   agent: AGENT, session: sess, capture: capture || 'metadata', ...extra };
     return cmd;
   }
-  function answer(ask, ans, capture, label) {
+  // the target's declared ack window (AEP-0004 §3; 10 s by default), bounded
+  const ackWindow = (sess) => Math.min(Math.max(S.windows.get(sess) || 10000, 1000), 120000);
+
+  // `control` is the control that sent it (a retry is a click on the same one)
+  function answer(ask, ans, capture, label, control) {
     if (!canCommand() || ask.busy || ask.settled) return;
-    const cmd = command('control.attention.respond', ask.session,
-                        { subject: ask.ev.id, cause: ask.ev.id, data: { answer: ans } }, capture);
-    S.cmds.set(cmd.id, { ask: ask.ev.id, session: ask.session, verb: cmd.type });
+    // an answer not acknowledged within the window is retried as the SAME
+    // command (AEP-0004 §2.3: the id is the idempotency key; the target
+    // dedupes on (source, id) and re-sends its recorded ack), never a new one
+    const again = ask.unacked;
+    const cmd = again ? again.cmd : command('control.attention.respond', ask.session,
+      { subject: ask.ev.id, cause: ask.ev.id, data: { answer: ans } }, capture);
+    if (!again) {
+      S.cmds.set(cmd.id, { ask: ask.ev.id, session: ask.session, verb: cmd.type, sends: 0 });
+      ask.sentWith = { label, control };
+    }
     if (!send(cmd)) { ask.lines.push(['bad', 'not sent: the socket is down']); mark('inbox'); return; }
-    ask.busy = true;
-    ask.lines.push(['', 'sent: ' + label]);
+    const c = S.cmds.get(cmd.id);
+    const n = ++c.sends;
+    ask.busy = true; ask.unacked = null;
+    ask.lines.push(['', (again ? 'sent again (the same command): ' : 'sent: ') + ask.sentWith.label]);
     mark('inbox');
+    const ms = ackWindow(ask.session);
     setTimeout(() => {   // AEP-0004 §3: silence past the ack window reads as a timeout nack
-      const c = S.cmds.get(cmd.id);
-      if (c && !c.done) settleCommand(cmd.id, 'no acknowledgement within 10 s', false);
-    }, 10000);
+      if (c.done || c.sends !== n || ask.settled) return;
+      ask.busy = false; ask.unacked = { cmd };
+      ask.lines.push(['bad', 'no acknowledgement within ' + (ms / 1000) + ' s: click "' + ask.sentWith.label
+                      + '" again to send the same command again']);
+      mark('inbox');
+    }, ms);
   }
   function control(sess, verb) {
     if (!canCommand()) return;
     const s = S.sessions.get(sess);
-    const extra = {};
-    if (verb === 'control.cancel') {
-      extra.data = s && s.run ? { scope: 'run' } : { scope: 'session' };
-      if (s && s.run) extra.run = s.run;
-    } else extra.data = {};
-    const cmd = command(verb, sess, extra, 'metadata');
-    S.cmds.set(cmd.id, { session: sess, verb });
-    if (s) s.ctl.push('sent ' + verb);
-    send(cmd);
+    if (!s) return;
+    // the same verb again after the window passed in silence: the same command (AEP-0004 §2.3)
+    const again = s.unacked && s.unacked.verb === verb ? s.unacked.cmd : null;
+    let cmd = again;
+    if (!cmd) {
+      const extra = {};
+      if (verb === 'control.cancel') {
+        extra.data = s.run ? { scope: 'run' } : { scope: 'session' };
+        if (s.run) extra.run = s.run;
+      } else extra.data = {};
+      cmd = command(verb, sess, extra, 'metadata');
+      S.cmds.set(cmd.id, { session: sess, verb, sends: 0 });
+    }
+    if (!send(cmd)) { s.ctl.push('✗ ' + verb + ': not sent: the socket is down'); mark('controls'); return; }
+    const c = S.cmds.get(cmd.id);
+    const n = ++c.sends;
+    s.unacked = null;
+    s.ctl.push((again ? 'sent again (the same command) ' : 'sent ') + verb);
     mark('controls');
+    const ms = ackWindow(sess);
+    setTimeout(() => {
+      if (c.done || c.sends !== n) return;
+      s.unacked = { cmd, verb };
+      s.ctl.push('✗ ' + verb + ': no acknowledgement within ' + (ms / 1000) + ' s (click it again: the same command)');
+      mark('controls');
+    }, ms);
   }
 
   // ---- rendering -------------------------------------------------------------------
@@ -385,10 +453,11 @@ import { gist, timelineLine } from './gist.js';
     card.append(el('div', { class: 'prompt', text: str(d.prompt, '(no prompt at this capture level)') }));
     const via = Array.isArray(d.respond_via) ? d.respond_via : null;
     const controllable = !via || via.includes('control');
-    const dis = !canCommand() || ask.busy || ask.settled;
+    const dis = !canCommand() || ask.busy || ask.settled || !!ask.unacked;
     if (!controllable) card.append(el('div', { class: 'meta', text: 'answered in the agent\'s own UI (' + via.join(', ') + ')' }));
     else if (d.kind === 'form' && Array.isArray(d.fields)) {
-      card.append(formFields(ask, d.fields, dis, (values, text) => answer(ask, { values }, text ? 'redacted' : 'metadata', 'the form')));
+      const f = formFields(ask, d.fields, dis, (values, text) => answer(ask, { values }, text ? 'redacted' : 'metadata', 'the form', f.querySelector('.send-form')));
+      card.append(f);
     }
     else {
       const opts = Array.isArray(d.options) ? d.options : [];
@@ -397,7 +466,7 @@ import { gist, timelineLine } from './gist.js';
         for (const o of opts) {
           if (!o || typeof o !== 'object') continue;
           const b = el('button', { type: 'button', 'data-option': String(o.id), text: str(o.label ?? o.id), disabled: dis });
-          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', str(o.label ?? o.id)));
+          b.addEventListener('click', () => answer(ask, { option: String(o.id) }, 'metadata', str(o.label ?? o.id), b));
           row.append(b);
         }
         card.append(row);
@@ -405,30 +474,28 @@ import { gist, timelineLine } from './gist.js';
       // AEP-0008: a text answer (a permission's refusing option with its reason)
       const ta = el('textarea', { class: 'answer-text', 'aria-label': 'Answer in words', placeholder: opts.length ? 'or answer in words (a refusal with your reason)' : 'your answer', disabled: dis });
       const go = el('button', { type: 'button', class: 'send-text', text: 'Send text', disabled: dis });
-      go.addEventListener('click', () => { const t = ta.value.trim(); if (t) answer(ask, { text: t }, 'redacted', 'text'); });
+      go.addEventListener('click', () => { const t = ta.value.trim(); if (t) answer(ask, { text: t }, 'redacted', 'text', go); });
       card.append(ta, go);
     }
     const st = el('div', { class: 'status' });
     card.append(st);
-    ask.node = card; ask.statusNode = st; ask.shown = 0; ask.dis = dis;
+    ask.node = card; ask.statusNode = st; ask.shown = 0; ask.dis = null;
     return card;
   }
   function refreshCard(ask) {
-    const dis = !canCommand() || ask.busy || ask.settled;
-    if (dis !== ask.dis) {
-      ask.dis = dis;
-      for (const c of ask.node.querySelectorAll('button, textarea, input')) c.disabled = dis;
+    // unacknowledged: only the control that sent it stays live (its click retries)
+    const retry = ask.unacked && ask.sentWith ? ask.sentWith.control : null;
+    const dis = !canCommand() || ask.busy || ask.settled || !!ask.unacked;
+    const sig = dis + '|' + (retry && canCommand() ? 'r' : '');
+    if (sig !== ask.dis) {
+      ask.dis = sig;
+      for (const c of ask.node.querySelectorAll('button, textarea, input')) c.disabled = dis && !(c === retry && canCommand());
     }
     while (ask.shown < ask.lines.length) {
       const [cls, text] = ask.lines[ask.shown++];
       ask.statusNode.append(el('div', { class: cls, text }));
     }
     ask.node.classList.toggle('settled', ask.settled);
-  }
-  function place(list, nodes) {
-    const want = new Set(nodes);
-    for (const c of [...list.children]) if (!want.has(c)) c.remove();
-    nodes.forEach((n, i) => { if (list.children[i] !== n) list.insertBefore(n, list.children[i] || null); });
   }
   function renderInbox() {
     const pending = [], settled = [];
@@ -444,31 +511,6 @@ import { gist, timelineLine } from './gist.js';
     $('inbox-more').textContent = pending.length > MAX_CARDS ? (pending.length - MAX_CARDS) + ' more waiting' : (pending.length ? '' : 'Nothing waiting on you.');
   }
 
-  // a list row is a button for the keyboard too: focusable, Enter or Space acts
-  function rowButton(row, act) {
-    row.tabIndex = 0;
-    row.addEventListener('click', act);
-    row.addEventListener('keydown', (e) => {
-      if ((e.key === 'Enter' || e.key === ' ') && e.target === row) { e.preventDefault(); act(); }
-    });
-    return row;
-  }
-  function virtual(scroller, spacer, count, rowH, make, key) {
-    spacer.style.height = (count * rowH) + 'px';
-    const top = scroller.scrollTop, h = scroller.clientHeight || 400;
-    const first = Math.max(0, Math.floor(top / rowH) - 5);
-    const last = Math.min(count, Math.ceil((top + h) / rowH) + 5);
-    const rows = [];
-    for (let i = first; i < last; i++) { const r = make(i); r.style.top = (i * rowH) + 'px'; rows.push(r); }
-    // the rows are rebuilt on every change: a focused row's successor takes its focus
-    const had = document.activeElement;
-    const focused = had && had.parentNode === spacer ? had.getAttribute(key) : null;
-    spacer.replaceChildren(...rows);
-    if (focused !== null) {
-      const again = rows.find((r) => r.getAttribute(key) === focused);
-      if (again) again.focus({ preventScroll: true });
-    }
-  }
   let shownSessions = [];
   function renderSessions() {
     const q = $('session-filter').value.trim().toLowerCase();
@@ -538,20 +580,7 @@ import { gist, timelineLine } from './gist.js';
   $('timeline-scroll').addEventListener('scroll', () => mark('timeline'));
 
   // ---- fleet (/healthz) ---------------------------------------------------------------
-  function fleet(body) {
-    const list = $('fleet-list');
-    const bridges = body && typeof body.bridges === 'object' && body.bridges ? body.bridges : {};
-    const kids = Object.entries(bridges).map(([name, b]) => {
-      const counters = b && typeof b.counters === 'object' && b.counters ? Object.entries(b.counters).filter(([, v]) => v).slice(0, 6).map(([k, v]) => k + ' ' + String(v)).join(' · ') : '';
-      return el('div', { class: 'bridge', 'data-bridge': name },
-        el('span', { class: b && b.ok ? 'state-running' : 'state-waiting', text: (b && b.ok ? '● ' : '○ ') + name }),
-        ' · ' + (b && b.source === true ? 'source up' : b && b.source === false ? 'source down'
-                 : 'source ' + String(b && b.source)) + (b && b.control ? ' · control on' : ''),
-        counters ? el('div', { class: 'counters', text: counters }) : null);
-    });
-    if (!kids.length) kids.push(el('span', { class: 'hint', text: body && body.ok ? 'relay only: no bridges here' : 'no fleet data' }));
-    list.replaceChildren(...kids);
-  }
+  function fleet(body) { $('fleet-list').replaceChildren(...fleetNodes(body)); }
   async function pollFleet() {
     if (S.mode === 'open' || S.token) {
       try { fleet(await health(S.token)); } catch (e) { /* the socket's state says it */ }
@@ -559,32 +588,9 @@ import { gist, timelineLine } from './gist.js';
     setTimeout(pollFleet, 2000);
   }
 
-  // ---- keyboard ------------------------------------------------------------------------
-  document.addEventListener('keydown', (e) => {
-    const tag = e.target && e.target.tagName;
-    if (e.key === 'Escape') { const c = e.target.closest && e.target.closest('.card'); if (c) c.focus(); return; }
-    if (tag === 'INPUT' || tag === 'TEXTAREA' || e.ctrlKey || e.metaKey || e.altKey) return;
-    const cards = [...$('inbox-list').children];
-    const cur = e.target.closest ? e.target.closest('.card') : null;
-    const i = cur ? cards.indexOf(cur) : -1;
-    if (e.key === 'j' || e.key === 'k') {
-      const n = cards[Math.max(0, Math.min(cards.length - 1, i + (e.key === 'j' ? 1 : -1)))] || cards[0];
-      if (n) { n.focus(); e.preventDefault(); }
-    } else if (/^[1-9]$/.test(e.key) && cur) {
-      const b = cur.querySelectorAll('.options button')[Number(e.key) - 1];
-      if (b && !b.disabled) { b.click(); e.preventDefault(); }
-    } else if (e.key === 't' && cur) {
-      const f = cur.querySelector('textarea, input');
-      if (f) { f.focus(); e.preventDefault(); }
-    }
-  });
+  installKeys();
 
-  // ---- notifications (asked once, on a click) ------------------------------------------------
-  if ('Notification' in window && Notification.permission === 'default') {
-    const b = $('notify');
-    b.hidden = false;
-    b.addEventListener('click', () => { Notification.requestPermission().finally(() => { b.hidden = true; }); });
-  }
+  offerNotifications();
 
   start();
   pollFleet();

@@ -24,3 +24,22 @@ export function str(v, fallback = '') {
   if (typeof v === 'object') { try { return JSON.stringify(v); } catch (e) { return '?'; } }
   return String(v);
 }
+
+// an `attention.answered`'s data as a card line
+export function answeredText(d) {
+  const a = d.answer || {};
+  const parts = [];
+  if (a.option !== undefined) parts.push('option ' + String(a.option));
+  if (a.text !== undefined) parts.push('text "' + String(a.text) + '"');
+  if (a.values !== undefined) parts.push('values ' + JSON.stringify(a.values));
+  return 'answered: ' + (parts.join(', ') || '(no detail)') + (d.via ? ' via ' + String(d.via) : '');
+}
+
+// the "Notify me of new asks" button: the permission is asked once, on a click
+export function offerNotifications() {
+  if ('Notification' in window && Notification.permission === 'default') {
+    const b = $('notify');
+    b.hidden = false;
+    b.addEventListener('click', () => { Notification.requestPermission().finally(() => { b.hidden = true; }); });
+  }
+}

@@ -58,6 +58,32 @@ def login(page: Page, url: str, token: str = TOKEN) -> None:
     page.wait(lambda: page.one("#conn").text == "live", "a live socket")
 
 
+def block_socket(page: Page) -> None:
+    """The page can open no WebSocket until :func:`unblock_socket` (each
+    attempt fails as a refused connection would: the page retries). Fault
+    injection in the page itself, not DevTools' ``Network.setBlockedURLs``:
+    that let a reconnect through in about one run of forty (the page was
+    live again right after the restart, "the page to notice the restart"
+    timed out)."""
+    page.js("""
+        if (!window.__realWebSocket) window.__realWebSocket = window.WebSocket;
+        const blocked = function () { throw new DOMException('blocked by the test', 'SecurityError'); };
+        for (const k of ['CONNECTING', 'OPEN', 'CLOSING', 'CLOSED']) blocked[k] = window.__realWebSocket[k];
+        window.WebSocket = blocked;""")
+
+
+def unblock_socket(page: Page) -> None:
+    page.js("window.WebSocket = window.__realWebSocket")
+
+
+def held(url: str, session: str) -> int:
+    """Events the relay at ``url`` holds of ``session`` (a replay-only SSE read)."""
+    r = httpx.get(url + "/stream", params={"from": "all", "live": "0",
+                                            "filter": json.dumps({"session": session})},
+                  headers={"authorization": f"Bearer {TOKEN}"}, trust_env=False, timeout=30)
+    return sum(1 for line in r.text.splitlines() if line.startswith("data: "))
+
+
 def upgrade_status(url: str, origin: str, host_header: str | None = None) -> int:
     """The status of a raw ``/socket`` upgrade carrying ``origin``."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -257,8 +283,9 @@ def test_a_restart_that_sets_or_drops_the_token(tmp_path: Path) -> None:
 def test_reconnect_after_a_restart_without_duplicate_or_missing_card(tmp_path: Path) -> None:
     """The relay restarts while the page is open, and a new session asks
     before the page is back (its socket blocked meanwhile): the page
-    resumes from its positions, learns the new session from the roster and
-    replays it; every card once, the old one still there."""
+    resumes from its positions, learns the new session from the relay's
+    ``sessions`` frame and replays it; every card once, the old one still
+    there."""
     d = StickyRelay(tmp_path / "state", args=("relay",), token=TOKEN).start()
     try:
         with open_browser() as page:
@@ -268,8 +295,7 @@ def test_reconnect_after_a_restart_without_duplicate_or_missing_card(tmp_path: P
                     "options": [{"id": "once", "label": "Allow once"}]}, subject="bash")
                 login(page, d.url)
                 page.card(ask1["id"])
-            page.driver.execute_cdp_cmd("Network.enable", {})
-            page.driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/socket*"]})
+            block_socket(page)
             assert d.restart() == 0
             page.wait(lambda: page.one("#conn").text != "live", "the page to notice the restart")
             with StubTarget(d.url, TOKEN, session="during") as second:
@@ -278,7 +304,11 @@ def test_reconnect_after_a_restart_without_duplicate_or_missing_card(tmp_path: P
                     "respond_via": ["control"],
                     "options": [{"id": "once", "label": "Allow once"}]}, subject="bash")
                 second.emit("progress.status", {}, subject="busy")
-                page.driver.execute_cdp_cmd("Network.setBlockedURLs", {"urls": []})
+                # the stub's frames are in flight: the page must come back only once
+                # the relay holds both (else its catch-up finds no new session and
+                # they arrive live instead, catchups 0: the race a reviewer once saw)
+                page.wait(lambda: held(d.url, "during") == 2, "the relay to hold both events")
+                unblock_socket(page)
                 page.wait(lambda: page.one("#conn").text == "live", "the page back")
                 page.card(ask2["id"])
                 assert page.js("return window.aepConsole.catchups") == 1

@@ -312,3 +312,32 @@ async def test_an_sse_stream_misses_nothing_posted_once_its_response_began(tmp_p
             await wait_until(lambda: len(live.messages) >= 1, timeout=10)
             assert positions(live.messages) == [("s1", 0)]
             nursery.cancel_scope.cancel()
+
+
+async def test_the_sessions_frame_names_what_the_stream_holds(tmp_path) -> None:
+    """The ``sessions`` extension frame on the JetStream relay: every
+    session with messages in the stream (an ended one, a session name that
+    needs an encoded subject token), summed over agents; the same shape as
+    the embedded relay's."""
+    evs = [event(i, "s1") for i in range(3)] + [event(0, "s1", agent="opencode")] + \
+        [event(i, "a b.c", source="aep://box/agent/codex/session/ab") for i in range(2)]
+    with NatsCluster(1, tmp_path) as c:
+        async with running_js_relay(c.url, token=TOKEN) as (relay, base), \
+                httpx.AsyncClient(timeout=10) as client:
+            r = await client.post(base + "/events", content=ndjson(evs), headers=POST)
+            assert r.status_code == 202
+            url = base.replace("http://", "ws://") + f"/socket?access_token={TOKEN}"
+            async with trio_websocket.open_websocket_url(url) as ws:
+                await ws.send_message(json.dumps({
+                    "type": "hello", "versions": ["0.1"], "role": "consumer",
+                    "identity": {"agent": "t", "instance": "t/1"}, "capabilities": {}}))
+                h = json.loads(await ws.get_message())
+                assert h["capabilities"]["experimental"]["sessions"] == {}
+                assert "jetstream" in h["capabilities"]["experimental"]
+                await ws.send_message(json.dumps({"type": "sessions", "id": "s-1"}))
+                with trio.fail_after(10):
+                    while (got := json.loads(await ws.get_message()))["type"] != "sessions":
+                        pass
+            assert got["id"] == "s-1" and got["complete"] is True
+            assert sorted(got["entries"], key=lambda e: e["session"]) == [
+                {"session": "a b.c", "events": 2}, {"session": "s1", "events": 4}]

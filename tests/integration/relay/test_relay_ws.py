@@ -228,3 +228,37 @@ async def test_oversize_message_closes_with_1009():
             await ws.send_message(json.dumps({"type": "ping", "t": "x" * 4096}))
             assert await closed_code(ws) == 1009
         await wait_until(lambda: relay.stats()["connections"] == 0)
+
+
+async def test_sessions_frame_lists_ended_sessions_too():
+    """The ``sessions`` extension frame (``experimental.sessions``) names
+    every session the relay holds history of: a session whose emitter is
+    gone (absent from the roster) is listed, with its held event count;
+    an emitter may not ask; a request without an id is refused in-band."""
+    async with running_relay(token=TOKEN) as (relay, base), httpx.AsyncClient() as client:
+        r = await client.post(base + "/events", headers={
+            "authorization": f"Bearer {TOKEN}", "aep-version": "0.1",
+            "content-type": "application/x-ndjson"},
+            content="\n".join(json.dumps(event(i, session=s, type=t)) for s, n in
+                              (("gone", 3), ("other", 1)) for i in range(n)
+                              for t in ["session.ended" if i == n - 1 else "tool.completed"]))
+        assert r.status_code == 202, r.text
+        async with open_websocket_url(ws_url(base, TOKEN)) as ws:
+            await ws.send_message(json.dumps(hello()))
+            h = await recv(ws)
+            assert h["capabilities"]["experimental"]["sessions"] == {}
+            await ws.send_message(json.dumps({"type": "sessions", "id": "s-1"}))
+            got = await recv_type(ws, "sessions")
+            assert got["id"] == "s-1" and got["complete"] is True
+            assert sorted(got["entries"], key=lambda e: e["session"]) == [
+                {"session": "gone", "events": 3}, {"session": "other", "events": 1}]
+            assert relay.roster() == []  # nobody claims them: the roster would say nothing
+            await ws.send_message(json.dumps({"type": "sessions"}))
+            err = await recv_type(ws, "error")
+            assert err["code"] == "invalid-request"
+        async with open_websocket_url(ws_url(base, TOKEN)) as em:
+            await em.send_message(json.dumps(hello(role="emitter", agent="codex")))
+            await recv(em)
+            await em.send_message(json.dumps({"type": "sessions", "id": "s-2"}))
+            err = await recv_type(em, "error")
+            assert err["code"] == "unauthorized" and err["id"] == "s-2"

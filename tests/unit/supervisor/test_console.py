@@ -58,7 +58,7 @@ def b64(token: str) -> str:
 
 def test_static_files_ship_in_the_package() -> None:
     files = static_files()
-    assert {"/", "/console/app.js", "/console/dom.js", "/console/forms.js", "/console/gist.js",
+    assert {"/", "/console/app.js", "/console/dom.js", "/console/forms.js", "/console/gist.js", "/console/fleet.js", "/console/ids.js", "/console/keys.js", "/console/lists.js",
             "/console/app.css", "/console/index.html"} <= set(files)
     assert files["/"] == files["/console/index.html"]
     page = files["/"][0].decode()
