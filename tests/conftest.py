@@ -47,3 +47,31 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
         return None  # xdist's implementation reads it
     from tests.support.parallel import workers
     return workers(config.args)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick-properties", action="store_true", default=False,
+        help="each Hypothesis property test runs a tenth of its examples (at least "
+             f"{QUICK_MIN_EXAMPLES}): the quick loop of `scripts/dev test --unit`; the full "
+             "run (CI) runs them all")
+
+
+QUICK_MIN_EXAMPLES = 20
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--quick-properties``: cap each property's ``max_examples`` (its own
+    ``@settings`` included, which a profile cannot lower). The assertions are
+    the same; only the number of generated inputs shrinks."""
+    if not config.getoption("quick_properties"):
+        return
+    for item in items:
+        fn = getattr(item, "obj", None)
+        fn = getattr(fn, "__func__", fn)  # a method: the function under it
+        current = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if current is None or not hasattr(fn, "hypothesis"):
+            continue
+        quick = max(QUICK_MIN_EXAMPLES, current.max_examples // 10)
+        if quick < current.max_examples:
+            fn._hypothesis_internal_use_settings = settings(current, max_examples=quick)  # type: ignore[union-attr]

@@ -17,6 +17,7 @@ from typing import Sequence
 PER_CORE = 2
 MINIMUM = 2
 MAXIMUM = 8
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cores() -> int:
@@ -41,9 +42,20 @@ def one_file(args: Sequence[str]) -> bool:
     return len(files) == 1
 
 
+def unit_only(args: Sequence[str]) -> bool:
+    """True when every path in ``args`` is inside ``tests/unit`` (at least one)."""
+    unit = (ROOT / "tests" / "unit").resolve()
+    paths = [Path(a.split("::", 1)[0]).resolve() for a in args if not a.startswith("-")]
+    return bool(paths) and all(p == unit or unit in p.parents for p in paths)
+
+
 def workers(args: Sequence[str]) -> int:
-    """The worker count for ``-n auto``: 0 (no xdist) for one file, else
-    ``PER_CORE`` per core within ``[MINIMUM, MAXIMUM]``."""
+    """The worker count for ``-n auto``: 0 (no xdist) for one file; one per
+    core for unit tests only (they compute, they do not wait: more workers
+    would only add their collection); else ``PER_CORE`` per core within
+    ``[MINIMUM, MAXIMUM]``."""
     if one_file(args):
         return 0
+    if unit_only(args):
+        return max(1, cores())
     return max(MINIMUM, min(MAXIMUM, PER_CORE * cores()))

@@ -58,10 +58,12 @@ def test_auto_runs_no_workers_for_one_file_and_some_for_more():
     assert parallel.workers([__file__]) == 0
     assert parallel.workers([__file__ + "::test_outside_xdist_the_kernel_chooses", "-x"]) == 0
     assert parallel.workers([this, __file__]) == 0  # the same file twice
-    n = parallel.workers([str(ROOT / "tests" / "unit")])
+    assert parallel.workers([str(ROOT / "tests" / "unit")]) == parallel.cores()  # CPU-bound
+    assert parallel.workers([str(ROOT / "tests" / "unit" / "core"), __file__]) == parallel.cores()
+    n = parallel.workers([str(ROOT / "tests")])
     assert parallel.MINIMUM <= n <= parallel.MAXIMUM
     assert parallel.workers([]) == n
-    assert parallel.workers([__file__, str(ROOT / "tests" / "unit" / "test_layers.py")]) == n
+    assert parallel.workers([__file__, str(ROOT / "tests" / "integration" / "relay")]) == n
 
 
 @pytest.mark.parametrize(("paths", "want", "not_want"), [
