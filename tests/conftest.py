@@ -8,7 +8,70 @@ that test failed its first run on ``FailedHealthCheck``. Every property
 still runs its examples and still fails on a counterexample."""
 from __future__ import annotations
 
+import os
+import sys
+
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("aep", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("aep")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The vendors the selected tests need, installed before any test runs
+    (:mod:`tests.support.prepare`): in the controller only, so with ``-n``
+    it runs once, before the workers start."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly:
+        return
+    from tests.support.prepare import prepare
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+    prepare(config.args, say=say)
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (what ``scripts/dev test`` passes): no workers for a run
+    of one test file (starting workers costs more than it saves), else
+    :func:`tests.support.parallel.workers`. ``PYTEST_XDIST_AUTO_NUM_WORKERS``
+    still wins (xdist's own override)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's implementation reads it
+    from tests.support.parallel import workers
+    return workers(config.args)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick-properties", action="store_true", default=False,
+        help="each Hypothesis property test runs a tenth of its examples (at least "
+             f"{QUICK_MIN_EXAMPLES}): the quick loop of `scripts/dev test --unit`; the full "
+             "run (CI) runs them all")
+
+
+QUICK_MIN_EXAMPLES = 20
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--quick-properties``: cap each property's ``max_examples`` (its own
+    ``@settings`` included, which a profile cannot lower). The assertions are
+    the same; only the number of generated inputs shrinks."""
+    if not config.getoption("quick_properties"):
+        return
+    for item in items:
+        fn = getattr(item, "obj", None)
+        fn = getattr(fn, "__func__", fn)  # a method: the function under it
+        current = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if current is None or not hasattr(fn, "hypothesis"):
+            continue
+        quick = max(QUICK_MIN_EXAMPLES, current.max_examples // 10)
+        if quick < current.max_examples:
+            fn._hypothesis_internal_use_settings = settings(current, max_examples=quick)  # type: ignore[union-attr]

@@ -46,12 +46,19 @@ GOLDEN: dict[str, tuple[str, str, str]] = {
 UPDATE_PREFIX = "session_update_"
 
 
+def golden_path() -> Path:
+    """Where :func:`golden_dir` puts the goldens (may not exist yet)."""
+    dest = cache_root() / f"{ACP_PY}@{ACP_PY_VERSION}-sdist"
+    return dest / f"agent_client_protocol-{ACP_PY_VERSION}" / "tests" / "golden"
+
+
 def golden_dir() -> Path:
-    """``<vendor cache>/agent-client-protocol@0.12.1-sdist/.../tests/golden``."""
+    """``<vendor cache>/agent-client-protocol@0.12.1-sdist/.../tests/golden``,
+    downloaded (pip) and unpacked on first use."""
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     dest = root / f"{ACP_PY}@{ACP_PY_VERSION}-sdist"
-    golden = dest / f"agent_client_protocol-{ACP_PY_VERSION}" / "tests" / "golden"
+    golden = golden_path()
     if golden.is_dir():
         return golden
     with open(root / f"{ACP_PY}@{ACP_PY_VERSION}-sdist.lock", "a+") as lock:

@@ -5,6 +5,7 @@ such an app (:func:`http_body`). The app-side ASGI chores themselves
 (lifespan, body, headers, JSON responses) are ``bridges.core.asgi``'s."""
 from __future__ import annotations
 
+import os
 import socket
 from functools import partial
 from typing import Any
@@ -15,24 +16,80 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from bridges.core.asgi import lifespan, read_body
 
+# Under pytest-xdist each worker takes its ports from its own slice of
+# [_RANGE_START, _RANGE_END): below Linux's ephemeral range (32768-60999,
+# where bind(0) and every outgoing connection's source port come from), so
+# no worker is handed a port another worker just picked and released, and
+# no connection's source port lands on a port a test is about to bind.
+_RANGE_START, _RANGE_END = 20000, 32000
+_cursor: int | None = None
+
+
+def _worker_slice() -> tuple[int, int] | None:
+    """``(start, end)`` of this xdist worker's ports, ``None`` outside xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0), int(worker[2:]) + 1)
+    span = (_RANGE_END - _RANGE_START) // count
+    start = _RANGE_START + int(worker[2:]) * span
+    return start, start + span
+
+
+def _bindable(port: int) -> socket.socket | None:
+    """A socket bound to 127.0.0.1:``port`` (no SO_REUSEADDR: a port still in
+    TIME_WAIT counts as taken), or ``None`` when it cannot be bound."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def _from_slice(n: int, lo: int, hi: int) -> list[socket.socket]:
+    """``n`` sockets bound to the next bindable ports of ``[lo, hi)``, walking
+    on from where the last call stopped (a random start per process, so two
+    checkouts' runs on one machine seldom walk the same ports together)."""
+    global _cursor
+    if _cursor is None or not lo <= _cursor < hi:
+        _cursor = lo + (os.getpid() * 7919) % (hi - lo)
+    socks: list[socket.socket] = []
+    for _ in range(hi - lo):
+        port = _cursor
+        _cursor = lo if _cursor + 1 >= hi else _cursor + 1
+        s = _bindable(port)
+        if s is not None:
+            socks.append(s)
+            if len(socks) == n:
+                return socks
+    for s in socks:
+        s.close()
+    raise OSError(f"no {n} free ports in {lo}-{hi - 1}")
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago. Another process may
-    take it before ours binds: :class:`tests.support.daemon.DaemonProcess`
-    retries that race."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (:func:`free_ports`)."""
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
     """``n`` DISTINCT free TCP ports on 127.0.0.1: all bound at once before any
-    is released, since successive :func:`free_port` calls may be handed the
-    same port back (a daemon given one port for two listeners refuses to start)."""
-    socks = [socket.socket() for _ in range(n)]
+    is released, since successive kernel-chosen ports may repeat (a daemon
+    given one port for two listeners refuses to start). Under pytest-xdist
+    they come from the worker's own range (module comment), so parallel
+    workers never share one; another process may still take a port before
+    ours binds: :class:`tests.support.daemon.DaemonProcess` retries that race."""
+    bounds = _worker_slice()
+    if bounds is not None:
+        socks = _from_slice(n, *bounds)
+    else:
+        socks = [socket.socket() for _ in range(n)]
     try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
+        if bounds is None:
+            for s in socks:
+                s.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:

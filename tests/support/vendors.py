@@ -77,7 +77,8 @@ def cache_root() -> Path:
     return Path(base) / "aep-bridges" / "vendors"
 
 
-def _entry_name(name: str, version: str) -> str:
+def entry_name(name: str, version: str) -> str:
+    """The cache entry of ``name@version``: ``@openai/codex`` 0.171.0 -> ``openai-codex@0.171.0``."""
     return f"{name.lstrip('@').replace('/', '-')}@{version}"
 
 
@@ -104,13 +105,13 @@ def npm_install(name: str, version: str) -> Path:
         raise VendorInstallError(f"{name}: pin an exact version (got {version!r})")
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    prefix = root / _entry_name(name, version)
+    prefix = root / entry_name(name, version)
     if (prefix / MARKER).is_file():
         return prefix
     npm = shutil.which("npm")
     if npm is None:
         skip_loudly(f"npm is not on PATH, cannot install {name}@{version}")
-    lock_path = root / (_entry_name(name, version) + ".lock")
+    lock_path = root / (entry_name(name, version) + ".lock")
     with open(lock_path, "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # blocks while another worker installs
         try:

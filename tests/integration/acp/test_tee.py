@@ -364,9 +364,14 @@ def test_a_closed_standard_descriptor(closed):
     the tee never copies its own pipes (the closed one becomes /dev/null
     before anything else opens a descriptor) and exits with the agent."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEP_")}
-    p = subprocess.run(tee_cmd(py("import sys; sys.stdout.write('hi'); sys.stderr.write('e')")),
-                       stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=60,
-                       preexec_fn=lambda: os.close(closed))
+    # the shell closes the descriptor, then execs the tee. Not preexec_fn:
+    # that runs Python in a fork of this multi-threaded process, where
+    # grpc's at-fork handler (a test before this one in the same process
+    # used gRPC) started a poller whose epoll descriptor close_fds then
+    # closed: the child aborted (SIGABRT) before the tee ever ran
+    cmd = tee_cmd(py("import sys; sys.stdout.write('hi'); sys.stderr.write('e')"))
+    p = subprocess.run(["/bin/sh", "-c", f'exec "$@" {closed}>&-', "sh", *cmd],
+                       stdin=subprocess.DEVNULL, capture_output=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr
     assert b"Traceback" not in p.stderr
     assert p.stdout == (b"" if closed == 1 else b"hi")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import resource
 import socket
+import sys
 import threading
 import time
 
@@ -210,10 +210,13 @@ def test_a_filter_within_bounds_is_still_served(relay_daemon):
 
 # ------------------------------------------------------------------ #6 slow bodies, fds
 
-def _low_nofile(soft: int, hard: int):
-    def pre() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    return pre
+def _low_nofile(soft: int, hard: int, cmd: list[str]) -> list[str]:
+    """``cmd`` under ``ulimit -n``: a Python that sets the limit and execs it.
+    Not preexec_fn: Python code in a fork of this multi-threaded process (gRPC's
+    at-fork handler, other tests' threads) is not safe (see the subprocess docs)."""
+    return [sys.executable, "-c", "import os, resource, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({soft}, {hard})); "
+            "os.execv(sys.argv[1], sys.argv[1:])", *cmd]
 
 
 class _LimitedDaemon(DaemonProcess):
@@ -225,9 +228,8 @@ class _LimitedDaemon(DaemonProcess):
         import subprocess as sp
         real = sp.Popen
 
-        def popen(*a, **kw):
-            kw["preexec_fn"] = _low_nofile(*self.nofile)
-            return real(*a, **kw)
+        def popen(cmd, *a, **kw):
+            return real(_low_nofile(*self.nofile, list(cmd)), *a, **kw)
 
         sp.Popen = popen  # only for this start (the harness calls subprocess.Popen)
         try:

@@ -66,7 +66,10 @@ def test_bad_lines_and_unreadable_files(tmp_path):
     assert status == 2 and "missing.jsonl" in err
 
 
-def test_timeline_renders_a_file_as_tail_does(tmp_path):
+def test_timeline_renders_a_file_as_tail_does(tmp_path, monkeypatch):
+    # a file keeps whole lines unless COLUMNS asks otherwise (pytest-xdist's
+    # workers run with COLUMNS=80, which cut the PENDING mark)
+    monkeypatch.delenv("COLUMNS", raising=False)
     f = tmp_path / "log.jsonl"
     f.write_text(GOLDEN.read_text() + "not json\n")
     out, err = io.StringIO(), io.StringIO()

@@ -67,8 +67,12 @@ async def drive(command: Sequence[str], answers: Sequence[str | None], *,
     and restart the daemon there."""
     view: list[Any] = []
     client = ScriptedClient(answers, view)
+    # the SDK waits 2 s after closing the agent's stdin, then SIGTERMs it: on
+    # a loaded machine (parallel tests) the tee and the agent could take
+    # longer to leave, and the story ended "killed" instead of "normal"
     async with spawn_agent_process(client, command[0], *command[1:], env=env,
-                                   transport_kwargs={"stderr": None}) as (conn, proc):
+                                   transport_kwargs={"stderr": None, "shutdown_timeout": 30.0}
+                                   ) as (conn, proc):
         init = await conn.initialize(protocol_version=PROTOCOL_VERSION,
                                      client_capabilities=ClientCapabilities(),
                                      client_info=Implementation(name="aep-test-client", version="1"))
