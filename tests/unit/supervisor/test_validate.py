@@ -85,6 +85,7 @@ def test_timeline_renders_a_file_as_tail_does(tmp_path, monkeypatch):
 
 
 def test_timeline_marks_pending_only_the_asks_the_input_does_not_settle(tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS", raising=False)  # whole lines (xdist workers: COLUMNS=80)
     golden = [json.loads(x) for x in GOLDEN.read_text().splitlines() if x.strip()]
     asks = [e for e in golden if e["type"] == "attention.requested"]
     outcomes = [e for e in golden if e["type"] in ("attention.answered", "attention.timeout")]
