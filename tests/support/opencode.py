@@ -746,6 +746,19 @@ class SseDaemon(DaemonProcess):
     def bridge_health(self) -> dict:
         return self.healthz()["bridges"][self.bridge]
 
+    def wait_source(self, timeout: float = 30.0) -> "SseDaemon":
+        """Until the bridge reads the server's event stream (``source`` true
+        in ``/healthz``): a session created before that is seen only from
+        its later events (under a parallel run's load the first test's
+        session came before the subscription: ``run.started`` first, no
+        ``session.started``). Raises ``AssertionError`` with the log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.bridge_health().get("source") is True:
+                return self
+            time.sleep(0.05)
+        raise AssertionError(f"{self.bridge} not connected within {timeout}s:\n{self.log()[-4000:]}")
+
 
 # --------------------------------------------------------------------------
 # a stub server speaking the OpenCode protocol (faults and benchmarks only;

@@ -23,7 +23,7 @@ def world(tmp_path_factory):
     daemon = stream = None
     try:
         server.start_sync()
-        daemon = SseDaemon(server, tmp / "primary").start()
+        daemon = SseDaemon(server, tmp / "primary").start().wait_source()
         stream = daemon.subscribe()
         yield server, daemon, stream, provider
     finally:

@@ -58,7 +58,7 @@ def env(request, tmp_path_factory):
     daemon = stream = None
     try:
         server.start_sync()
-        daemon = SseDaemon(server, tmp / "primary").start()
+        daemon = SseDaemon(server, tmp / "primary").start().wait_source()
         stream = daemon.subscribe()
         yield Env(vendor, server, provider, daemon, stream, tmp)
     finally:

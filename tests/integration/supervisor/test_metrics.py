@@ -114,7 +114,7 @@ async def test_command_acks_and_latency_with_the_real_opencode_server(tmp_path):
     daemon = stream = None
     try:
         server.start_sync()
-        daemon = SseDaemon(server, tmp_path / "state").start()
+        daemon = SseDaemon(server, tmp_path / "state").start().wait_source()
         stream = daemon.subscribe()
         async with server.client() as c:
             sid = await server.new_session(c)
