@@ -30,9 +30,13 @@ The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
   owner as far as anyone can tell (the stated limit: per-emitter
   credentials lift it).
 
-Bounded: at most ``cap`` bindings, least recently used forgotten first,
-the shared principal's before any verified one (a token holder churning
-new sessions can push out only what it could take anyway).
+Bounded: at most ``cap`` bindings. A principal whose new binding fills
+the table forgets its own least recently used one first (a party churning
+new sessions pushes out only its own: a per-emitter credential that did
+pushed out the fleet's and the other credentials' bindings, outside review
+of issue 25); a principal with no other binding pushes out the shared
+principal's least recently used, then the least recently used verified
+one that is not the fleet's, the fleet's last.
 Kept across restarts in a journal (:meth:`Bindings.open`: one JSON line a
 binding, appended when it is made, compacted at start): a restarted relay
 remembers who owned what, and the shared principal's grace restarts from
@@ -117,6 +121,9 @@ class Bindings:
         self._map: OrderedDict[str, Binding] = OrderedDict()
         #: the shared principal's sessions, least recently used first (evicted first)
         self._shared: OrderedDict[str, None] = OrderedDict()
+        #: each principal's sessions, least recently used first (the shared
+        #: and anonymous principals' together: :attr:`_shared`)
+        self._own: dict[str, OrderedDict[str, None]] = {}
         self._journal: IO[str] | None = None
         self._path: Path | None = None
         self._appended = 0
@@ -144,9 +151,7 @@ class Bindings:
         b = self._map.get(session)
         if b is not None and b.principal == principal and (b.named or b.source == source):
             b.seen = now
-            self._map.move_to_end(session)
-            if session in self._shared:
-                self._shared.move_to_end(session)
+            self._refresh(session, b)
             return
         self._set(session, Binding(principal, source, now))
 
@@ -157,7 +162,7 @@ class Bindings:
         b = self._map.get(session)
         if b is not None and b.principal == FLEET:
             b.seen = now
-            self._map.move_to_end(session)
+            self._refresh(session, b)
             return False
         self._set(session, Binding(FLEET, source, now))
         return b is not None
@@ -173,27 +178,49 @@ class Bindings:
 
     def _set(self, session: str, b: Binding) -> None:
         self._put(session, b)
-        self._trim()
+        self._trim(b.principal if b.named else None)
         self._append(session, b)
 
+    def _order(self, b: Binding) -> OrderedDict[str, None]:
+        return self._own.setdefault(b.principal, OrderedDict()) if b.named else self._shared
+
+    def _refresh(self, session: str, b: Binding) -> None:
+        self._map.move_to_end(session)
+        self._order(b).move_to_end(session)
+
     def _put(self, session: str, b: Binding) -> None:
+        old = self._map.get(session)
+        if old is not None:
+            self._forget_order(session, old)
         self._map[session] = b
         self._map.move_to_end(session)
-        if b.named:
-            self._shared.pop(session, None)
-        else:
-            self._shared[session] = None
-            self._shared.move_to_end(session)
+        self._order(b)[session] = None
 
-    def _trim(self) -> None:
-        """Within ``cap``: the shared principal's least recently used first."""
+    def _forget_order(self, session: str, b: Binding) -> None:
+        order = self._order(b)
+        order.pop(session, None)
+        if not order and b.named:
+            del self._own[b.principal]
+
+    def _evict(self, session: str) -> None:
+        self._forget_order(session, self._map.pop(session))
+
+    def _trim(self, principal: str | None = None) -> None:
+        """Within ``cap`` (the module docstring): ``principal``'s (a verified
+        one that just bound; ``None`` for the shared principal's, at
+        :meth:`open`) least recently used binding first while it holds
+        another, then the shared principal's, then the least recently used
+        verified one, the fleet's last."""
         m, shared = self._map, self._shared
         while len(m) > self.cap:
-            if shared:
-                old, _ = shared.popitem(last=False)
-                del m[old]
+            own = self._own.get(principal) if principal is not None else None
+            if own is not None and len(own) > 1:
+                self._evict(next(iter(own)))
+            elif shared:
+                self._evict(next(iter(shared)))
             else:
-                m.popitem(last=False)
+                victim = next((s for s, b in m.items() if b.principal != FLEET), None)
+                self._evict(victim if victim is not None else next(iter(m)))
 
     # -- the journal -----------------------------------------------------------------
     def open(self, path: Path, now: float) -> int:
@@ -217,7 +244,7 @@ class Bindings:
         for s, b in self._map.items():  # made before the journal was opened
             loaded.pop(s, None)
             loaded[s] = b
-        self._map, self._shared = OrderedDict(), OrderedDict()
+        self._map, self._shared, self._own = OrderedDict(), OrderedDict(), {}
         for s, b in loaded.items():
             self._put(s, b)
         self._trim()

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import trio
 
 from .acks import ACK_TYPES
-from .bindings import Bindings
+from .bindings import Bindings, is_verified
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
 from .connections import Connection, LocalEmitter, Unavailable
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
@@ -106,27 +106,40 @@ class Ingest(Routing):
         ``(index, detail)`` of the first sequenced event in a session of the
         fleet or of another per-emitter credential, else ``None`` (a
         shared-token session is not held against a post: a post claims
-        nothing). A per-emitter credential's post binds an unbound session
-        to it."""
+        nothing). Binds nothing: :meth:`bind_posted` does once the batch is
+        admitted."""
         bindings, seen = self.bindings, set()
-        now = time.monotonic()
-        fresh: list[tuple[str, str]] = []
         for i, e in enumerate(entries):
             if e.pos is None or (s := e.attrs["session"]) in seen:
                 continue
             seen.add(s)
             b = bindings.get(s)
-            if b is None:
-                if principal.startswith("emitter:"):
-                    fresh.append((s, e.attrs["source"]))
-            elif b.named and b.principal != principal:
+            if b is not None and b.named and b.principal != principal:
                 self.counters["refused_owned_session"] += 1
                 return i, ("this session belongs to a bridge of this daemon" if b.principal == "fleet"
                            else "this session is bound to another emitter credential")
-        bindings.touch(seen, now)
-        for s, src in fresh:
-            bindings.bind(s, principal, src, now)
         return None
+
+    def bind_posted(self, entries: Sequence[Entry], principal: str | None) -> None:
+        """A ``POST /events`` batch by ``principal`` is being admitted: a
+        per-emitter credential's post binds each still unbound session of
+        its sequenced events to it, and every session posted into is marked
+        live. Called once nothing can refuse the batch any more (after the
+        new-session budget and the session log took it, before any
+        checkpoint since :meth:`check_posted_sessions`): a refused batch
+        (429, 503) binds nothing, else a credential bound any number of
+        sessions without one event admitted and pushed real owners out of
+        the table (outside review of issue 25)."""
+        bindings, now = self.bindings, time.monotonic()
+        binder = principal if principal is not None and is_verified(principal) else None
+        seen: set[str] = set()
+        for e in entries:
+            if e.pos is None or (s := e.attrs["session"]) in seen:
+                continue
+            seen.add(s)
+            if binder is not None and bindings.get(s) is None:
+                bindings.bind(s, binder, e.attrs["source"], now)
+        bindings.touch(seen, now)
 
     def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
         """Everything :meth:`ingest_http` would refuse, checked before any of
@@ -257,6 +270,7 @@ class Ingest(Routing):
             sequenced = [e for e in entries if e.pos is not None]
             if sequenced:
                 self._persist(sequenced)
+        self.bind_posted(entries, principal)
         for i in range(0, len(entries), chunk):
             if i:
                 mark = counters["events"]

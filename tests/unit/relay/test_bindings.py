@@ -67,6 +67,43 @@ def test_a_token_holder_churning_sessions_pushes_out_only_shared_bindings():
     assert b.get("junk99") is not None and b.get("junk98") is None
 
 
+def test_a_credential_churning_sessions_pushes_out_only_its_own_bindings():
+    """Outside review of issue 25: a per-emitter credential binding new
+    sessions past the cap pushed out the fleet's and another credential's
+    bindings (then anyone could post into the fleet's session)."""
+    b = Bindings(cap=4, grace_s=1)
+    b.bind_fleet("fleet", A, now=0.0)
+    b.bind("victim", named("v"), A, now=0.0)
+    b.bind("shared", SHARED, A, now=0.0)
+    for i in range(100):
+        b.bind(f"junk{i}", named("m"), B, now=float(i))
+    assert len(b) == 4
+    assert b.get("fleet") is not None and b.get("victim") is not None
+    assert b.get("junk99") is not None and b.get("junk98") is None
+    assert b.get("shared") is not None
+
+
+def test_a_full_table_of_others_loses_a_credential_before_the_fleet():
+    b = Bindings(cap=2, grace_s=1)
+    b.bind_fleet("fleet", A, now=0.0)
+    b.bind("victim", named("v"), A, now=1.0)
+    b.bind("new", named("m"), B, now=2.0)
+    assert b.get("fleet") is not None and b.get("victim") is None and b.get("new") is not None
+
+
+def test_a_rebound_session_moves_between_principals(tmp_path):
+    b = Bindings(cap=3, grace_s=1)
+    b.open(tmp_path / "j.jsonl", now=0.0)
+    b.bind("s", SHARED, A, now=0.0)
+    assert b.bind_fleet("s", A, now=1.0)
+    for i in range(10):
+        b.bind(f"m{i}", named("m"), B, now=2.0 + i)
+    assert b.get("s") is not None and b.get("s").principal == FLEET  # type: ignore[union-attr]
+    again = Bindings(cap=3, grace_s=1)
+    assert again.open(tmp_path / "j.jsonl", now=0.0) == 3
+    assert again.get("s") is not None and again.get("m9") is not None
+
+
 def test_the_journal_remembers_across_a_restart_and_is_compacted(tmp_path):
     path = tmp_path / "relay-bindings.jsonl"
     b = Bindings(cap=3, grace_s=120)
@@ -147,8 +184,12 @@ async def test_a_post_into_a_fleet_or_a_credentials_session_is_refused():
     posted = [r.entry(_ev(5, "fs", agent="x"))]
     assert r.check_posted_sessions(posted, SHARED) is not None
     assert r.check_posted_sessions(posted, named("alice")) is not None
-    # a credential's post binds a new session to it; the shared token cannot post into it
-    assert r.check_posted_sessions([r.entry(_ev(1, "as", agent="al"))], named("alice")) is None
+    # a credential's post binds a new session to it once admitted (a refused
+    # one binds nothing); the shared token cannot post into it
+    first = [r.entry(_ev(1, "as", agent="al"))]
+    assert r.check_posted_sessions(first, named("alice")) is None
+    assert r.bindings.get("as") is None
+    r.bind_posted(first, named("alice"))
     assert r.check_posted_sessions([r.entry(_ev(2, "as", agent="x"))], SHARED) is not None
     assert r.check_posted_sessions([r.entry(_ev(2, "as", agent="al"))], named("alice")) is None
     # a shared-token session is not held against a post (a post claims nothing)

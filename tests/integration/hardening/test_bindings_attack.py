@@ -1,0 +1,183 @@
+"""Issue 25, session bindings attacked from outside (the outside review of
+``supervisor/relay/bindings.py``; README "Security", row "Integrity").
+
+The rule under attack: a session is bound to the principal that first
+claimed it (the fleet, a per-emitter credential of ``AEP_EMITTER_TOKENS``,
+or the shared ``AEP_TOKEN`` for its source through ``AEP_CLAIM_GRACE``),
+journaled across restarts. These tests hold what broke and what must keep
+working:
+
+- a per-emitter credential holder that posts batches of fresh sessions
+  (each batch refused ``429 too-many-sessions``, so nothing is logged)
+  bound every one of them anyway, filled the bindings table and pushed the
+  fleet's and another credential's bindings out: then a shared-token post
+  entered the fleet's session and a shared-token emitter took the other
+  credential's session (first two tests, fixed: a refused batch binds
+  nothing, a principal that fills the table forgets its own bindings
+  first);
+- a shared-token emitter reconnecting after a relay restart gets its
+  session back at once under its own source (the default deployment must
+  not wait out the grace);
+- anyone who can reach the OTLP receiver (unauthenticated) names a
+  credential's session as its ``conversation.id``: the fleet's bridge
+  emits into it and takes it (strict xfail below).
+
+The real daemon (``aep-bridges run`` with its OTLP bridge and embedded
+relay), the real SDK duplex, raw HTTP posts; bounded loops only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support.daemon import DaemonProcess
+from tests.support.hardening import event, otlp_json, otlp_record, post_events, post_otlp
+
+from .test_control_forgery import TOKEN, _answers, _connections, _emitter, _wait_connections
+
+VICTIM_CRED = "victim-cred-5b1e"
+MALLORY_CRED = "mallory-cred-9c2d"
+CONV = "bindings-attack-conv-1"
+
+
+def _creds(tmp_path: Path) -> Path:
+    creds = tmp_path / "emitters"
+    creds.write_text(f"victim={VICTIM_CRED}\r\nmallory={MALLORY_CRED}\r\n")
+    os.chmod(creds, 0o600)
+    return creds
+
+
+@pytest.fixture()
+def daemon(tmp_path: Path):
+    d = DaemonProcess(tmp_path / "state", {"AEP_EMITTER_TOKENS": str(_creds(tmp_path))},
+                      token=TOKEN)
+    d.start()
+    yield d
+    d.stop(timeout=20)
+
+
+def _fleet_session(url: str, conv: str) -> str:
+    """The session of the OTLP bridge's first sequenced event of ``conv``
+    on ``/stream`` (``from=all``, ``live=0``), waited for (bounded)."""
+    for _ in range(100):
+        with httpx.stream("GET", url + "/stream", params={"from": "all", "live": "0"},
+                          headers={"authorization": f"Bearer {TOKEN}"}, timeout=30,
+                          trust_env=False) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    ev = json.loads(line[6:])
+                    if conv in str(ev.get("session")) and "seq" in ev:
+                        return str(ev["session"])
+        time.sleep(0.1)
+    raise AssertionError(f"no event of {conv} on the stream")
+
+
+def _named_claim(url: str, session: str) -> None:
+    """The victim credential claims ``session`` on ``/socket`` and leaves."""
+    victim = _emitter(url, "victim", token=VICTIM_CRED)
+    try:
+        assert _answers(victim, event(1, session, agent="victim")) == []
+        gone = _connections(url) - 1
+    finally:
+        victim.close()
+    _wait_connections(url, gone)
+
+
+def _churn(url: str, batches: int, size: int, tag: str) -> list[int]:
+    """Mallory posts ``batches`` batches of ``size`` events, each in a
+    fresh session: the statuses."""
+    out = []
+    for b in range(batches):
+        evs: list[dict[str, Any]] = [event(1, f"churn-{tag}-{b}-{i}", agent="mallory")
+                                     for i in range(size)]
+        out.append(post_events(url, evs, token=MALLORY_CRED, timeout=120).status_code)
+    return out
+
+
+def test_a_credential_holder_cannot_churn_out_the_fleets_or_anothers_bindings(daemon):
+    url = daemon.url
+    assert post_otlp(daemon.http_port, otlp_json([otlp_record(CONV)])).status_code == 200
+    fleet = _fleet_session(url, CONV)
+    _named_claim(url, "bindings-victim-1")
+    # past the table's cap (65,536 by default): each batch is refused 429
+    # (over the new-session budget), so nothing is logged or admitted
+    statuses = _churn(url, 7, 10_000, "a")
+    assert set(statuses) <= {429, 202}, statuses
+    # the shared token posts into the fleet's session
+    r = post_events(url, [event(50, fleet, agent="mallory")], token=TOKEN)
+    assert r.status_code == 400 and r.json()["error"] == "invalid-event", r.text
+    # a shared-token emitter takes the victim credential's session
+    squatter = _emitter(url, "victim")
+    try:
+        taken = _answers(squatter, event(2, "bindings-victim-1", agent="victim"))
+        assert [a.get("code") for a in taken] == ["invalid-event"], taken
+    finally:
+        squatter.close()
+    log = daemon.log()
+    for secret in (TOKEN, VICTIM_CRED, MALLORY_CRED):
+        assert secret not in log
+
+
+def test_a_refused_post_binds_nothing(daemon):
+    """A batch answered 429 (nothing admitted, nothing logged) must not bind
+    its sessions: else a credential pre-binds any session id for free."""
+    url = daemon.url
+    assert _churn(url, 1, 500, "b") == [429]
+    victim = _emitter(url, "victim", token=VICTIM_CRED)
+    try:
+        got = _answers(victim, event(1, "churn-b-0-7", agent="victim"))
+        assert got == [], got
+    finally:
+        victim.close()
+
+
+def test_a_shared_token_emitter_gets_its_session_back_after_a_restart(daemon):
+    """The default deployment: one emitter on the shared token, the relay
+    restarts; the emitter reconnects at once (inside the grace) under its
+    own source and continues its session, and its commands reach it."""
+    session = "bindings-shared-1"
+    plain = _emitter(daemon.url, "plain")
+    try:
+        assert _answers(plain, event(1, session, agent="plain")) == []
+    finally:
+        plain.close()
+    daemon.stop(timeout=20)
+    daemon.start()
+    plain = _emitter(daemon.url, "plain")
+    try:
+        assert _answers(plain, event(2, session, agent="plain")) == []
+    finally:
+        plain.close()
+
+
+@pytest.mark.xfail(strict=True, reason="an OTLP sender names a credential's session: the fleet "
+                   "takes it (design: bind_fleet reclaims any session; not contained)")
+def test_an_otlp_sender_cannot_take_a_credentials_session(daemon):
+    """Breaks: the OTLP receiver is unauthenticated and a ``conversation.id``
+    within the id grammar becomes the AEP ``session`` verbatim. Anyone who
+    reads a named emitter's session id on ``/stream`` exports one OTLP
+    record with that id: the fleet's OTLP bridge emits into the session,
+    :meth:`Bindings.bind_fleet` binds it to the fleet for ever (journaled)
+    and evicts the credential's claim (``fleet_reclaimed``); the credential
+    holder is refused in its own session from then on. Not fixed here: the
+    reclaim rule (a fleet bridge takes back a session a remote party
+    pre-claimed after a restart) is the fix for another attack, and scoping
+    sessions by agent or refusing the fleet's event changes the routing
+    design (bindings and claims are keyed by session alone); the lead
+    decides."""
+    url = daemon.url
+    session = "bindings-otlp-victim"
+    _named_claim(url, session)
+    assert post_otlp(daemon.http_port, otlp_json([otlp_record(session)])).status_code == 200
+    _fleet_session(url, session)
+    victim = _emitter(url, "victim", token=VICTIM_CRED)
+    try:
+        assert _answers(victim, event(2, session, agent="victim")) == []
+    finally:
+        victim.close()
