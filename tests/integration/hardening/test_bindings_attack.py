@@ -38,6 +38,7 @@ import pytest
 
 from tests.support.daemon import DaemonProcess
 from tests.support.hardening import event, otlp_json, otlp_record, post_events, post_otlp
+from tests.support.nats import NatsCluster
 
 from .test_control_forgery import TOKEN, _answers, _connections, _emitter, _wait_connections
 
@@ -181,3 +182,49 @@ def test_an_otlp_sender_cannot_take_a_credentials_session(daemon):
         assert _answers(victim, event(2, session, agent="victim")) == []
     finally:
         victim.close()
+
+
+def test_a_batch_with_one_owned_session_is_refused_whole(daemon):
+    """``POST /events`` mixing a free session and the fleet's: refused
+    whole (400 with the owned event's line), nothing of it admitted or
+    bound."""
+    url = daemon.url
+    assert post_otlp(daemon.http_port, otlp_json([otlp_record(CONV)])).status_code == 200
+    fleet = _fleet_session(url, CONV)
+    r = post_events(url, [event(1, "bindings-mixed-free", agent="mallory"),
+                          event(60, fleet, agent="mallory")], token=MALLORY_CRED)
+    assert r.status_code == 400 and r.json().get("line") == 1, r.text  # 0-based
+    victim = _emitter(url, "victim", token=VICTIM_CRED)
+    try:  # the free session was not bound to mallory
+        assert _answers(victim, event(1, "bindings-mixed-free", agent="victim")) == []
+    finally:
+        victim.close()
+
+
+def test_a_credentials_posted_session_is_its_own_on_another_jetstream_relay(tmp_path):
+    """A per-emitter credential that only posts (``POST /events``) binds its
+    session on the embedded relay; on JetStream the post only read KV
+    ``AEP_bindings``, so another credential on another relay claimed the
+    session over ``/socket`` and took its commands."""
+    with NatsCluster(1, tmp_path / "nats") as c:
+        env = {"AEP_NATS_URL": c.url, "AEP_EMITTER_TOKENS": str(_creds(tmp_path))}
+        relays = [DaemonProcess(tmp_path / f"state{i}", env, args=("relay",), token=TOKEN)
+                  for i in (1, 2)]
+        for r in relays:
+            r.start()
+        try:
+            session = "js-posted-named-1"
+            r = post_events(relays[0].url, [event(1, session, agent="victim")], token=VICTIM_CRED)
+            assert r.status_code == 202, r.text
+            mallory = _emitter(relays[1].url, "mallory", token=MALLORY_CRED)
+            try:
+                taken = _answers(mallory, event(1, session, agent="mallory"))
+                assert [a.get("code") for a in taken] == ["invalid-event"], taken
+            finally:
+                mallory.close()
+            r = post_events(relays[1].url, [event(2, session, agent="mallory")],
+                            token=MALLORY_CRED)
+            assert r.status_code == 400, r.text
+        finally:
+            for d in relays:
+                d.stop(timeout=20)
