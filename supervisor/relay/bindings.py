@@ -260,7 +260,13 @@ class Bindings:
             self._journal = None
         tmp = self._path.with_name(self._path.name + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # a fresh file of our own: never a planted symlink's target, never
+            # a leftover's mode (O_EXCL fails on either; unlinked first)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.writelines(_line(s, b) for s, b in self._map.items())
             os.replace(tmp, self._path)

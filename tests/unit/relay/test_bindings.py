@@ -212,3 +212,26 @@ async def test_a_socket_emitter_cannot_claim_a_fleet_session_and_the_fleet_takes
     assert r.claims.holders("rs") == [fleet] and r.counters["fleet_reclaimed"] == 1
     with pytest.raises(InvalidEvent):
         r.accept(_ev(2, "rs", agent="r"), remote)
+
+
+def test_compaction_never_follows_a_planted_tmp_file(tmp_path):
+    """Outside review of issue 25: the compaction opened
+    ``relay-bindings.jsonl.tmp`` with ``O_CREAT|O_TRUNC``: a symlink planted
+    there truncated its target, and a tmp file left with a wider mode made
+    the journal that mode (not 0600)."""
+    journal = tmp_path / "j.jsonl"
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    (tmp_path / "j.jsonl.tmp").symlink_to(target)
+    b = Bindings(cap=4, grace_s=1)
+    b.bind("s", named("x"), A, now=0.0)
+    b.open(journal, now=0.0)
+    assert target.read_text() == "keep me\n"
+    assert not journal.is_symlink() and journal.stat().st_mode & 0o777 == 0o600
+    b.close()
+    (tmp_path / "j.jsonl.tmp").write_text("")
+    (tmp_path / "j.jsonl.tmp").chmod(0o666)
+    again = Bindings(cap=4, grace_s=1)
+    assert again.open(journal, now=0.0) == 1
+    assert journal.stat().st_mode & 0o777 == 0o600
+    again.close()
