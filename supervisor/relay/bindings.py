@@ -17,8 +17,16 @@ The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
 
 - an unbound session is bound to the first claimant's principal and source;
 - a :data:`FLEET` session is the fleet's for ever: no remote party may emit
-  its sequenced events (a fleet bridge that emits into a session a remote
-  party holds takes it back, :meth:`Bindings.bind_fleet`);
+  its sequenced events;
+- a fleet bridge that emits into a session bound to the shared or the
+  anonymous principal takes it back (:meth:`Bindings.bind_fleet`: a remote
+  party that pre-claimed a fleet session after a restart loses it), but
+  never one bound to a per-emitter credential (:func:`fleet_refusal`): the
+  OTLP receiver is unauthenticated and a ``conversation.id`` becomes the
+  session verbatim, so anyone who read a credential's session id on
+  ``/stream`` could otherwise make the fleet take it (outside review of
+  issue 25). The fleet's events into it are refused instead (counted
+  ``refused_fleet_into_owned``), never logged, never admitted;
 - a named principal's session is that principal's: no one else may claim
   it, its owner connected or not, before or after a restart;
 - the shared and anonymous principals cannot be told apart: a session
@@ -50,8 +58,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "binding_refusal", "is_verified",
-           "named"]
+__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "binding_refusal",
+           "fleet_refusal", "is_verified", "named"]
 
 log = logging.getLogger("aep.relay")
 
@@ -90,6 +98,17 @@ def binding_refusal(bound: str, bound_source: str, principal: str, source: str,
         return None  # the shared principal's claim expired
     return ("this session is held for the emitter that claimed it (under another source) "
             "while it is connected and for AEP_CLAIM_GRACE seconds after it left")
+
+
+def fleet_refusal(bound: str) -> str | None:
+    """The fleet's rule of the module docstring (pure): why a fleet bridge
+    may not emit into a session bound to ``bound``, or ``None`` (its own,
+    or the shared or anonymous principal's: taken back). A per-emitter
+    credential's session is never the fleet's to take."""
+    if bound != FLEET and is_verified(bound):
+        return ("this session is bound to a per-emitter credential; a bridge of this daemon "
+                "never takes it")
+    return None
 
 
 class Binding:
@@ -155,14 +174,25 @@ class Bindings:
             return
         self._set(session, Binding(principal, source, now))
 
+    def fleet_refusal(self, session: str) -> str | None:
+        """Why a fleet bridge may not emit into ``session``
+        (:func:`fleet_refusal`: a per-emitter credential holds it), or ``None``."""
+        b = self._map.get(session)
+        return None if b is None else fleet_refusal(b.principal)
+
     def bind_fleet(self, session: str, source: str, now: float) -> bool:
-        """A fleet bridge claims ``session``: bound to :data:`FLEET`
-        whoever held it. Returns whether it was bound to someone else (the
-        caller drops that party's claim)."""
+        """A fleet bridge claims ``session`` (allowed by
+        :meth:`fleet_refusal`): bound to :data:`FLEET`, taken back from the
+        shared or anonymous principal. Returns whether it was bound to
+        someone else (the caller drops that party's claim). A session a
+        per-emitter credential holds is left to it (``False``, nothing
+        bound: the caller refused the event already)."""
         b = self._map.get(session)
         if b is not None and b.principal == FLEET:
             b.seen = now
             self._refresh(session, b)
+            return False
+        if b is not None and fleet_refusal(b.principal) is not None:
             return False
         self._set(session, Binding(FLEET, source, now))
         return b is not None

@@ -18,9 +18,11 @@ working:
 - a shared-token emitter reconnecting after a relay restart gets its
   session back at once under its own source (the default deployment must
   not wait out the grace);
-- anyone who can reach the OTLP receiver (unauthenticated) names a
+- anyone who can reach the OTLP receiver (unauthenticated) named a
   credential's session as its ``conversation.id``: the fleet's bridge
-  emits into it and takes it (strict xfail below).
+  emitted into it and took it (fixed: a fleet bridge never takes a
+  per-emitter credential's session; its events there are refused before
+  the session log, counted ``refused_fleet_into_owned``).
 
 The real daemon (``aep-bridges run`` with its OTLP bridge and embedded
 relay), the real SDK duplex, raw HTTP posts; bounded loops only.
@@ -157,29 +159,70 @@ def test_a_shared_token_emitter_gets_its_session_back_after_a_restart(daemon):
         plain.close()
 
 
-@pytest.mark.xfail(strict=True, reason="an OTLP sender names a credential's session: the fleet "
-                   "takes it (design: bind_fleet reclaims any session; not contained)")
+def _session_events(url: str, session: str) -> list[dict[str, Any]]:
+    """Every event of ``session`` on ``/stream`` (``from=all``, ``live=0``)."""
+    out = []
+    with httpx.stream("GET", url + "/stream", params={"from": "all", "live": "0"},
+                      headers={"authorization": f"Bearer {TOKEN}"}, timeout=30,
+                      trust_env=False) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                ev = json.loads(line[6:])
+                if ev.get("session") == session:
+                    out.append(ev)
+    return out
+
+
+def _refused_fleet_into_owned(url: str) -> float:
+    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"},
+                     timeout=30, trust_env=False).text
+    want = 'aep_bridges_relay_refused_total{reason="fleet_into_owned"} '
+    for line in text.splitlines():
+        if line.startswith(want):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no refused_total{reason=fleet_into_owned} in /metrics")
+
+
 def test_an_otlp_sender_cannot_take_a_credentials_session(daemon):
-    """Breaks: the OTLP receiver is unauthenticated and a ``conversation.id``
+    """Broke: the OTLP receiver is unauthenticated and a ``conversation.id``
     within the id grammar becomes the AEP ``session`` verbatim. Anyone who
-    reads a named emitter's session id on ``/stream`` exports one OTLP
-    record with that id: the fleet's OTLP bridge emits into the session,
-    :meth:`Bindings.bind_fleet` binds it to the fleet for ever (journaled)
-    and evicts the credential's claim (``fleet_reclaimed``); the credential
-    holder is refused in its own session from then on. Not fixed here: the
-    reclaim rule (a fleet bridge takes back a session a remote party
-    pre-claimed after a restart) is the fix for another attack, and scoping
-    sessions by agent or refusing the fleet's event changes the routing
-    design (bindings and claims are keyed by session alone); the lead
-    decides."""
+    read a named emitter's session id on ``/stream`` exported one OTLP
+    record with that id: the fleet's OTLP bridge emitted into the session,
+    :meth:`Bindings.bind_fleet` bound it to the fleet for ever (journaled)
+    and evicted the credential's claim (``fleet_reclaimed``); the credential
+    holder was refused in its own session from then on. Now a fleet bridge
+    never takes a credential's session (it still takes back a shared-token
+    one, ``test_fleet_squat.py``): its events there are refused before the
+    session log (counted ``refused_fleet_into_owned``), so neither the
+    stream nor a restarted daemon's replay holds them, and the bridge goes
+    on with its other sessions."""
     url = daemon.url
     session = "bindings-otlp-victim"
     _named_claim(url, session)
+    assert _refused_fleet_into_owned(url) == 0
     assert post_otlp(daemon.http_port, otlp_json([otlp_record(session)])).status_code == 200
-    _fleet_session(url, session)
+    # the export is answered once the pump handled it: its events were refused
+    assert _refused_fleet_into_owned(url) >= 1
     victim = _emitter(url, "victim", token=VICTIM_CRED)
     try:
         assert _answers(victim, event(2, session, agent="victim")) == []
+    finally:
+        victim.close()
+    # the bridge goes on serving its other sessions
+    assert post_otlp(daemon.http_port, otlp_json([otlp_record(CONV)])).status_code == 200
+    _fleet_session(url, CONV)
+    assert [e["agent"] for e in _session_events(url, session)] == ["victim", "victim"]
+    log = daemon.log()
+    assert log.count("refused_fleet_into_owned") == 1, log  # once per session
+    for secret in (TOKEN, VICTIM_CRED, MALLORY_CRED):
+        assert secret not in log
+    daemon.stop(timeout=20)
+    daemon.start()
+    # the restarted relay replays the session's logged history: the victim's alone
+    assert [e["agent"] for e in _session_events(daemon.url, session)] == ["victim", "victim"]
+    victim = _emitter(daemon.url, "victim", token=VICTIM_CRED)
+    try:
+        assert _answers(victim, event(3, session, agent="victim")) == []
     finally:
         victim.close()
 

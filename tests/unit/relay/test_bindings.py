@@ -4,11 +4,22 @@ across a restart, and the relay's principals and checks in process."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
+from bridges.core.aep import dumps
 from supervisor.relay import InvalidEvent, Relay
-from supervisor.relay.bindings import ANONYMOUS, FLEET, SHARED, Bindings, binding_refusal, named
+from supervisor.relay.bindings import (
+    ANONYMOUS,
+    FLEET,
+    SHARED,
+    Bindings,
+    binding_refusal,
+    fleet_refusal,
+    named,
+)
+from supervisor.relay.ingest import FleetRefused
 
 A, B = "aep://h/agent/a/session/s", "aep://h/agent/b/session/s"
 
@@ -42,12 +53,37 @@ def test_a_shared_binding_is_held_for_the_grace_after_its_last_claimant_left():
     assert b.refusal("s", SHARED, A, now=2121.0, live=False) is not None  # B's now
 
 
-def test_the_fleet_takes_its_session_back():
+@pytest.mark.parametrize(("bound", "refused"), [
+    (FLEET, False),        # its own
+    (SHARED, False),       # the shared token's: taken back (a squat after a restart)
+    (ANONYMOUS, False),    # no token at all: taken back
+    (named("x"), True),    # a per-emitter credential's: never (an OTLP sender names it)
+])
+def test_the_fleets_rule(bound, refused):
+    assert (fleet_refusal(bound) is not None) is refused
+
+
+@pytest.mark.parametrize("held_by", [SHARED, ANONYMOUS])
+def test_the_fleet_takes_a_shared_session_back(held_by):
     b = Bindings(cap=10, grace_s=1)
-    b.bind("s", named("x"), A, now=0.0)
+    b.bind("s", held_by, A, now=0.0)
+    assert b.fleet_refusal("s") is None
     assert b.bind_fleet("s", B, now=1.0) is True
     assert b.bind_fleet("s", B, now=2.0) is False
-    assert b.refusal("s", named("x"), A, now=10_000.0, live=False) is not None
+    assert b.get("s").principal == FLEET  # type: ignore[union-attr]
+    assert b.refusal("s", held_by, A, now=10_000.0, live=False) is not None
+
+
+def test_the_fleet_never_takes_a_credentials_session():
+    """Outside review of issue 25: an OTLP export naming a credential's
+    session made the fleet's bridge emit into it, and the fleet took it."""
+    b = Bindings(cap=10, grace_s=1)
+    b.bind("s", named("x"), A, now=0.0)
+    assert b.fleet_refusal("s") is not None
+    assert b.bind_fleet("s", B, now=1.0) is False  # (the caller refused it already)
+    assert b.get("s").principal == named("x")  # type: ignore[union-attr]
+    assert b.refusal("s", named("x"), B, now=10_000.0, live=False) is None
+    assert b.fleet_refusal("unbound") is None
 
 
 def test_bindings_are_bounded_least_recently_used_first():
@@ -235,3 +271,38 @@ def test_compaction_never_follows_a_planted_tmp_file(tmp_path):
     assert again.open(journal, now=0.0) == 1
     assert journal.stat().st_mode & 0o777 == 0o600
     again.close()
+
+
+async def test_a_fleet_event_into_a_credentials_session_is_refused_and_counted(caplog):
+    """Every fleet path into a credential's session refuses it (the
+    untrusted ingest, the stamped one, the stamped run, the pump's question
+    before it logs), counts each event ``refused_fleet_into_owned``, logs
+    once per session; the credential keeps its claim and its session, and
+    the fleet's other sessions go on."""
+    r = Relay(token="shared", emitter_tokens={"alice": "alice-tok"})
+    fleet = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
+                              "identity": {"agent": "f"}}, _noop)
+    alice = r.open_socket(True, named("alice"))
+    alice.role = "emitter"
+    await r.ingest(_ev(1, "cs", agent="al"), alice)
+    src = "aep://h/agent/f/session/cs"
+    caplog.set_level(logging.WARNING, logger="aep.relay")
+    with pytest.raises(FleetRefused, match="per-emitter credential"):
+        await fleet.ingest(_ev(1, "cs", agent="f", source=src))
+    ev2 = _ev(2, "cs", agent="f", source=src)
+    with pytest.raises(FleetRefused):
+        fleet.ingest_stamped(ev2, dumps(ev2))
+    ok = _ev(1, "fs", agent="f")
+    pairs = [(ok, dumps(ok)), (ev2, dumps(ev2))]
+    assert fleet.ingest_stamped_run(pairs) == 1  # stops at the refused one, nothing of it done
+    assert fleet.refuses(ev2) and not fleet.refuses(ok)
+    assert r.counters["refused_fleet_into_owned"] == 3
+    assert r.counters["fleet_reclaimed"] == 0
+    assert r.claims.holders("cs") == [alice] and r.claims.holders("fs") == [fleet]
+    assert r.bindings.get("cs").principal == named("alice")  # type: ignore[union-attr]
+    assert r.buffers.held("cs") == 1  # alice's one event
+    await r.ingest(_ev(2, "cs", agent="al"), alice)  # alice goes on in her session
+    assert r.buffers.held("cs") == 2
+    refusals = [rec for rec in caplog.records if "refused_fleet_into_owned" in rec.getMessage()]
+    assert len(refusals) == 1, refusals
+    assert "alice-tok" not in caplog.text
