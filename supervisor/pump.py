@@ -286,9 +286,13 @@ class Pump:
         """The indices of the events their bridge's sink refuses whatever
         happens (``sink.refuses``: the embedded relay's, for an event into
         a session a per-emitter credential holds, counted and logged once
-        per session there), or ``None``. One question per change of bridge
-        or session (a drain has few)."""
+        per session there; JetStream's, a session such a credential holds
+        in KV ``S_bindings``: :meth:`~supervisor.jetstream.presence.Presence.refuses`),
+        or ``None``. One question per change of bridge or session (a drain
+        has few)."""
         members = self.members
+        js = self.jetstream
+        js_refuses = js.presence.refuses if js is not None and js.presence.lost else None
         last: tuple[str, Any] | None = None  # (bridge, session) last found not refused
         refused: set[int] | None = None
         for k, item in enumerate(outs):
@@ -298,7 +302,7 @@ class Pump:
                 continue
             m = members.get(item.bridge)
             refuses = getattr(m.sink, "refuses", None) if m is not None else None
-            if refuses is not None and refuses(ev):
+            if (refuses is not None and refuses(ev)) or (js_refuses is not None and js_refuses(ev)):
                 if refused is None:
                     refused = set()
                 refused.add(k)

@@ -18,9 +18,11 @@ KV ``S_bindings`` (:func:`~.subjects.bindings_bucket`), key
   (a shared-token binding is free when no claim of the session is in
   ``S_claims`` and ``at`` is older than ``AEP_CLAIM_GRACE`` plus one claim
   refresh: then it is taken over with a compare-and-set ``update``);
-- a daemon's fleet bridges *put* theirs as ``fleet``
-  (:mod:`supervisor.jetstream.presence`): no remote emitter on any relay
-  may claim them;
+- a daemon's fleet bridges bind theirs as ``fleet``
+  (:mod:`supervisor.jetstream.presence`: created, or taken back from the
+  shared or anonymous principal, never from a per-emitter credential,
+  whose session the fleet's events then never enter): no remote emitter
+  on any relay may claim them;
 - bindings are re-put with the claims (``at`` kept fresh while held) and
   live as long as the stream keeps events (the bucket's TTL is
   ``AEP_NATS_MAX_AGE``): a restarted relay forgets none.

@@ -311,6 +311,10 @@ class FleetCollector(Collector):
         cmds.add_metric(["delivered"], pc["commands_delivered"])
         cmds.add_metric(["refused"], pc["commands_refused"])
         yield cmds
+        yield CounterMetricFamily(f"{PREFIX}_nats_fleet_refused", "Events of this daemon's "
+                                  "bridges dropped (not logged, not published) because a "
+                                  "per-emitter credential holds their session in AEP_bindings",
+                                  value=pc.get("refused_fleet_into_owned", 0))
 
     def _session_log(self) -> Iterator[Metric]:
         sl = self.fleet.session_log
