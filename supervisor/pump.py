@@ -65,6 +65,9 @@ class _RelaySink:
         #: -> the index of the first pair not taken (``send`` answers it)
         self.offer_run: Callable[[Sequence[tuple[dict[str, Any], bytes]], int], int] | None = \
             getattr(conn, "ingest_stamped_run", None)
+        #: ``refuses(event) -> bool``: the relay refuses it whatever the log
+        #: says (a per-emitter credential's session): the pump drops it first
+        self.refuses: Callable[[dict[str, Any]], bool] | None = getattr(conn, "refuses", None)
 
     async def send(self, event: dict[str, Any], redelivery: bool, raw: bytes) -> None:
         if self._stamped is None or not self._stamped(event, raw):
@@ -73,6 +76,7 @@ class _RelaySink:
 
 class _UplinkSink:
     offer: Callable[[dict[str, Any], bytes], bool] | None = None  # the uplink's put may wait
+    refuses: Callable[[dict[str, Any]], bool] | None = None  # the remote relay answers
     offer_run: Callable[[Sequence[tuple[dict[str, Any], bytes]], int], int] | None = None
 
     def __init__(self, uplink: Uplink) -> None:
@@ -245,15 +249,21 @@ class Pump:
             outs.append(item)
             if item.redelivery:
                 redelivered = True
-        if redelivered:  # a re-send is forwarded, never logged twice
-            keep = [k for k, item in enumerate(outs) if not item.redelivery]
-            fresh_outs, fresh = [outs[k] for k in keep], [pairs[k] for k in keep]
+        refused = self._refused(outs, pairs)
+        if refused:  # out before the log: a restart never replays them
+            woke = self._log_refusing(outs, pairs, refused)
+            outs = [item for k, item in enumerate(outs) if k not in refused]
+            pairs = [p for k, p in enumerate(pairs) if k not in refused]
         else:
-            fresh_outs, fresh = outs, pairs
-        if fresh:
-            woke = self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh))
-            if woke:
-                await self._let_answer(woke)
+            if redelivered:  # a re-send is forwarded, never logged twice
+                keep = [k for k, item in enumerate(outs) if not item.redelivery]
+                fresh_outs, fresh = [outs[k] for k in keep], [pairs[k] for k in keep]
+            else:
+                fresh_outs, fresh = outs, pairs
+            woke = self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh)) \
+                if fresh else WOKE_NONE
+        if woke:
+            await self._let_answer(woke)
         await self._hand_over(outs, pairs)
         js = self.jetstream
         if js is not None:  # the JetStream sink: the same bytes, in channel order
@@ -270,6 +280,50 @@ class Pump:
                 self._js_wait = None
             for item, (ev, raw) in zip(outs[i:], pairs[i:], strict=True):
                 await js.put(ev, raw, item.bridge, wait=False)
+
+    def _refused(self, outs: list[Outbound], pairs: list[tuple[dict[str, Any], bytes]]
+                 ) -> set[int] | None:
+        """The indices of the events their bridge's sink refuses whatever
+        happens (``sink.refuses``: the embedded relay's, for an event into
+        a session a per-emitter credential holds, counted and logged once
+        per session there; JetStream's, a session such a credential holds
+        in KV ``S_bindings``: :meth:`~supervisor.jetstream.presence.Presence.refuses`),
+        or ``None``. One question per change of bridge or session (a drain
+        has few)."""
+        members = self.members
+        js = self.jetstream
+        js_refuses = js.presence.refuses if js is not None and js.presence.lost else None
+        last: tuple[str, Any] | None = None  # (bridge, session) last found not refused
+        refused: set[int] | None = None
+        for k, item in enumerate(outs):
+            ev = pairs[k][0]
+            key = (item.bridge, ev.get("session"))
+            if key == last:
+                continue
+            m = members.get(item.bridge)
+            refuses = getattr(m.sink, "refuses", None) if m is not None else None
+            if (refuses is not None and refuses(ev)) or (js_refuses is not None and js_refuses(ev)):
+                if refused is None:
+                    refused = set()
+                refused.add(k)
+            else:
+                last = key
+        return refused
+
+    def _log_refusing(self, outs: list[Outbound], pairs: list[tuple[dict[str, Any], bytes]],
+                      refused: set[int]) -> int:
+        """:meth:`_deliver_batch`'s log step for a drain with ``refused``
+        events (:meth:`_refused`): those are not written, and their verdict
+        to their bridge is "done" (sending them again changes nothing: an
+        OTLP export is answered, not retried for ever); the rest as ever.
+        Returns what :meth:`_logged` woke."""
+        keep = [k for k, item in enumerate(outs) if not item.redelivery]
+        if not keep:
+            return WOKE_NONE
+        got = iter(self.session_log.write_raw_batch([pairs[k] for k in keep
+                                                     if k not in refused]))
+        written = [True if k in refused else next(got) for k in keep]
+        return self._logged([outs[k] for k in keep], [pairs[k] for k in keep], written)
 
     @staticmethod
     async def _let_answer(woke: int) -> None:
@@ -339,6 +393,11 @@ class Pump:
             if offer is None or not offer(ev, raw):
                 await m.sink.send(ev, item.redelivery, raw)
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
+            if type(e).__name__ == "FleetRefused":
+                # a session a per-emitter credential holds, bound since the
+                # pump asked (:meth:`_refused`): a drop the relay counted and
+                # logged, not a fault (one OTLP record can send one)
+                return
             self.counters["sink_errors"] += 1
             if type(e).__name__ == "InvalidEvent":
                 # the relay refused the bridge's own event (a forged position took

@@ -128,6 +128,7 @@ class Ingest(Owners):
         if principal is not None:
             await self.check_posted(entries, principal)
         await self._publish(entries)
+        self.bind_posted(entries, principal)  # published: nothing refuses it any more
         return len(entries)
 
     async def _publish(self, entries: list[Entry]) -> None:

@@ -18,9 +18,11 @@ KV ``S_bindings`` (:func:`~.subjects.bindings_bucket`), key
   (a shared-token binding is free when no claim of the session is in
   ``S_claims`` and ``at`` is older than ``AEP_CLAIM_GRACE`` plus one claim
   refresh: then it is taken over with a compare-and-set ``update``);
-- a daemon's fleet bridges *put* theirs as ``fleet``
-  (:mod:`supervisor.jetstream.presence`): no remote emitter on any relay
-  may claim them;
+- a daemon's fleet bridges bind theirs as ``fleet``
+  (:mod:`supervisor.jetstream.presence`: created, or taken back from the
+  shared or anonymous principal, never from a per-emitter credential,
+  whose session the fleet's events then never enter): no remote emitter
+  on any relay may claim them;
 - bindings are re-put with the claims (``at`` kept fresh while held) and
   live as long as the stream keeps events (the bucket's TTL is
   ``AEP_NATS_MAX_AGE``): a restarted relay forgets none.
@@ -28,7 +30,8 @@ KV ``S_bindings`` (:func:`~.subjects.bindings_bucket`), key
 - a ``POST /events`` batch's sessions are read before it is published: a
   sequenced event in a session of the fleet or of another per-emitter
   credential is refused (a post claims nothing, so a shared-token session
-  is not held against it, as on the embedded relay);
+  is not held against it, as on the embedded relay); a per-emitter
+  credential's post creates its unbound sessions' keys;
 - a ``/socket`` emitter whose session a daemon's fleet bound meanwhile
   loses its claim at the next refresh (within ``AEP_NATS_CLAIM_TTL``/3),
   as the embedded relay drops it at once.
@@ -177,17 +180,34 @@ class Owners(Routing):
         (counted ``refused_owned_session``) when a sequenced event is in a
         session bound to the fleet or to another per-emitter credential;
         :class:`Unavailable` when the bucket does not answer. The sessions
-        are read at most 32 at a time."""
-        sessions = {e.attrs["session"] for e in entries if e.pos is not None}
+        are read at most 32 at a time. A per-emitter credential's post
+        creates the binding of each unbound session (create-only, as a
+        ``/socket`` claim; before the publish: a batch refused after it
+        leaves its bindings, the emitter sends it again), so its session is
+        its own on every relay as on the embedded one (outside review of
+        issue 25: the post only read the bucket, and another credential on
+        another relay claimed the session)."""
+        sources = {e.attrs["session"]: e.attrs["source"] for e in reversed(entries)
+                   if e.pos is not None}  # (each session's first source)
         refused: list[str] = []
         failed: list[BaseException] = []
         limit = trio.Semaphore(32)
+        kv = self._kv_bindings
 
-        async def one(session: str) -> None:
+        async def one(session: str, create: bool) -> None:
             async with limit:
                 try:
-                    entry = await aio(self._kv_bindings.get)(token(session))
+                    if create:  # a credential's post binds its session on every relay
+                        try:
+                            await aio(kv.create)(token(session), binding_value(
+                                principal=principal, source=sources[session],
+                                owner=self.relay_id, at_ms=_now_ms()))
+                            return
+                        except nats.js.errors.KeyWrongLastSequenceError:
+                            pass  # another relay bound it meanwhile: read whose
+                    entry = await aio(kv.get)(token(session))
                 except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                    unbound.append(session)
                     return
                 except _NATS_ERRORS as exc:
                     failed.append(exc)
@@ -196,9 +216,16 @@ class Owners(Routing):
                 if isinstance(bound, str) and is_verified(bound) and bound != principal:
                     refused.append(bound)
 
+        unbound: list[str] = []
         async with trio.open_nursery() as n:
-            for s in sessions:
-                n.start_soon(one, s)
+            for s in sources:
+                n.start_soon(one, s, False)
+        if unbound and is_verified(principal) and not refused and not failed:
+            # only once the whole batch passed: a refused one binds nothing
+            todo, unbound = unbound, []
+            async with trio.open_nursery() as n:
+                for s in todo:
+                    n.start_soon(one, s, True)
         if refused:
             self.counters["refused_owned_session"] += 1
             raise InvalidEvent("this session belongs to a bridge of a daemon" if refused[0] == "fleet"

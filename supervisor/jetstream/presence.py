@@ -9,7 +9,9 @@ the command listener on ``S.cmd.<daemon>`` (the shapes:
 - **Claims** (:class:`Claims`, pure): a bridge claims a session when it
   emits a sequenced event of it, as in the embedded relay (AEP-0004 §4.5),
   and binds it to the fleet in KV ``S_bindings`` (no remote emitter on any
-  relay may claim it then, :mod:`supervisor.jetstream.owners`),
+  relay may claim it then, :mod:`supervisor.jetstream.owners`; a session a
+  per-emitter credential holds there is never taken: not claimed, the
+  fleet's events in it dropped, :meth:`Presence.refuses`),
   bounded per bridge to ``AEP_MAX_SESSIONS`` (least recently used
   released); :class:`Presence` puts each new claim at once (one that
   fails, a bucket electing its leader, again after a short backoff) and
@@ -45,6 +47,7 @@ from aep_sdk import ulid
 from bridges.core.aep import is_command_type
 from bridges.core.backoff import backoff_delay
 from bridges.core.paths import write_atomic
+from supervisor.relay import fleet_refusal
 
 from .config import NatsConfig
 from .subjects import (
@@ -57,6 +60,7 @@ from .subjects import (
     command_subject,
     daemon_value,
     daemons_bucket,
+    parse_value,
     token,
 )
 
@@ -64,6 +68,9 @@ if TYPE_CHECKING:
     from .link import Link
 
 log = logging.getLogger("aep.nats.presence")
+
+#: sessions :attr:`Presence.lost` remembers
+_LOST_CAP = 4096
 
 _HOST_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
 ID_FILE = "daemon-id"
@@ -118,6 +125,16 @@ class Claims:
         if len(mine) > self.max_sessions:
             released, _ = mine.popitem(last=False)
         return key, released
+
+    def forget(self, session: str) -> list[tuple[str, str, str]]:
+        """Drop every claim of ``session``; the dropped ones as
+        ``(bridge, agent, session)``."""
+        gone = []
+        for b, claims in self._by_bridge.items():
+            for key in [k for k in claims if k[1] == session]:
+                del claims[key]
+                gone.append((b, *key))
+        return gone
 
     def holders(self, session: str) -> list[str]:
         """The bridges claiming ``session`` (any agent)."""
@@ -190,7 +207,11 @@ class Presence:
             .replace("+00:00", "Z")
         self.counters: dict[str, int] = {"claims_put": 0, "claims_deleted": 0, "kv_errors": 0,
                                          "commands_received": 0, "commands_delivered": 0,
-                                         "commands_refused": 0}
+                                         "commands_refused": 0, "refused_fleet_into_owned": 0}
+        #: sessions found bound to a per-emitter credential in KV
+        #: ``S_bindings`` (:meth:`_bind`): the fleet's events there are
+        #: dropped (:meth:`refuses`); the most recent :data:`_LOST_CAP`
+        self.lost: OrderedDict[str, None] = OrderedDict()
         self._new: list[tuple[str, str, str]] = []
         self._gone: list[tuple[str, str, str]] = []
         self._changed = trio.Event()
@@ -199,8 +220,21 @@ class Presence:
         self._bindings_kv: Any = None
 
     # -- the fleet's side (sync, on the pump) -----------------------------------------
+    def refuses(self, event: Mapping[str, Any]) -> bool:
+        """Whether ``event`` of a bridge is in a session a per-emitter
+        credential holds in KV ``S_bindings`` (:attr:`lost`): counted
+        ``refused_fleet_into_owned``; the fleet drops it (not logged, not
+        published). Commands are not refused."""
+        session = event.get("session")
+        if session not in self.lost or is_command_type(event.get("type")):
+            return False
+        self.counters["refused_fleet_into_owned"] += 1
+        return True
+
     def note(self, bridge: str, event: Mapping[str, Any]) -> None:
         """An event ``bridge`` emitted (see :meth:`Claims.note`)."""
+        if self.lost and event.get("session") in self.lost:
+            return  # (dropped by the pump; never claimed again)
         added, released = self.claims.note(bridge, event)
         if added is not None:
             self._new.append((bridge, *added))
@@ -311,9 +345,16 @@ class Presence:
                 await self._changed.wait()
 
     async def _put_claim(self, bridge: str, agent: str, session: str) -> bool:
-        """Put one claim; ``False`` when the bucket did not take it (counted
-        ``kv_errors``; :meth:`_keep` tries again)."""
+        """Put one claim, its session bound to the fleet first (:meth:`_bind`;
+        a session a per-emitter credential holds is not claimed: :meth:`_lose`);
+        ``False`` when the bucket did not take it (counted ``kv_errors``;
+        :meth:`_keep` tries again)."""
         from .link import aio
+        if session in self.lost:
+            return True  # (a claim noted before the session was found lost)
+        if not await self._bind(session):
+            self._lose(session)
+            return True
         value = claim_value(daemon=self.daemon, bridge=bridge, hello=self.hellos.get(bridge, {}),
                             agent=agent, session=session, at_ms=_now_ms())
         try:
@@ -323,23 +364,68 @@ class Presence:
             self.counters["kv_errors"] += 1
             log.debug("nats: claim put failed: %s", type(e).__name__)
             return False
-        await self._bind(session)
         return True
 
-    async def _bind(self, session: str) -> None:
+    async def _bind(self, session: str) -> bool:
         """Bind ``session`` to the fleet in KV ``S_bindings``, so no remote
-        emitter on any relay may claim it (:mod:`.owners`): put, not create,
-        so a remote party's earlier binding gives way. One that fails is
-        put again with the claim's next refresh (counted ``kv_errors``)."""
+        emitter on any relay may claim it (:mod:`.owners`): created, or
+        taken back (compare-and-set) from the shared or anonymous principal,
+        never from a per-emitter credential (:func:`~supervisor.relay.fleet_refusal`:
+        returns ``False`` then, nothing written). One that fails is tried
+        again with the claim's next refresh (counted ``kv_errors``)."""
+        import nats.js.errors as jerr
+
         from .link import aio
-        if self._bindings_kv is None:
-            return
+        kv = self._bindings_kv
+        if kv is None:
+            return True
+        key = token(session)
         try:
-            await aio(self._bindings_kv.put)(token(session), binding_value(
-                principal="fleet", source="", owner=self.daemon, at_ms=_now_ms()))
+            for _ in range(3):  # changed between two reads: read again
+                mine = binding_value(principal="fleet", source="", owner=self.daemon,
+                                     at_ms=_now_ms())
+                try:
+                    await aio(kv.create)(key, mine)
+                    return True
+                except jerr.KeyWrongLastSequenceError:
+                    pass
+                try:
+                    entry = await aio(kv.get)(key)
+                except (jerr.KeyNotFoundError, jerr.KeyDeletedError):
+                    continue
+                bound = (parse_value(entry.value) or {}).get("principal")
+                if isinstance(bound, str) and fleet_refusal(bound) is not None:
+                    return False
+                try:
+                    await aio(kv.update)(key, mine, last=entry.revision)
+                    return True
+                except jerr.KeyWrongLastSequenceError:
+                    continue
+            raise RuntimeError("session binding changed under each try")
         except Exception as e:  # noqa: BLE001 -- again at the next refresh
             self.counters["kv_errors"] += 1
-            log.debug("nats: session binding put failed: %s", type(e).__name__)
+            log.debug("nats: session binding failed: %s", type(e).__name__)
+            return True
+
+    def _lose(self, session: str) -> None:
+        """A per-emitter credential holds ``session`` in KV ``S_bindings``:
+        the fleet's claims of it are withdrawn (its commands reach the
+        credential alone) and its later events there are dropped
+        (:meth:`refuses`); logged once per session."""
+        lost = self.lost
+        if session not in lost:
+            log.warning("nats: a bridge of this daemon emitted into session %r, which a "
+                        "per-emitter credential holds in the bindings bucket; its events there "
+                        "are dropped (an OTLP sender naming that session? counted in "
+                        "refused_fleet_into_owned)", session[:128])
+        lost[session] = None
+        lost.move_to_end(session)
+        if len(lost) > _LOST_CAP:
+            lost.popitem(last=False)
+        gone = self.claims.forget(session)
+        if gone:
+            self._gone.extend(gone)
+            self._changed.set()
 
     async def _put_daemon(self) -> bool:
         """Put the daemon entry; ``False`` when the bucket did not take it."""

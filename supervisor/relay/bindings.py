@@ -17,8 +17,16 @@ The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
 
 - an unbound session is bound to the first claimant's principal and source;
 - a :data:`FLEET` session is the fleet's for ever: no remote party may emit
-  its sequenced events (a fleet bridge that emits into a session a remote
-  party holds takes it back, :meth:`Bindings.bind_fleet`);
+  its sequenced events;
+- a fleet bridge that emits into a session bound to the shared or the
+  anonymous principal takes it back (:meth:`Bindings.bind_fleet`: a remote
+  party that pre-claimed a fleet session after a restart loses it), but
+  never one bound to a per-emitter credential (:func:`fleet_refusal`): the
+  OTLP receiver is unauthenticated and a ``conversation.id`` becomes the
+  session verbatim, so anyone who read a credential's session id on
+  ``/stream`` could otherwise make the fleet take it (outside review of
+  issue 25). The fleet's events into it are refused instead (counted
+  ``refused_fleet_into_owned``), never logged, never admitted;
 - a named principal's session is that principal's: no one else may claim
   it, its owner connected or not, before or after a restart;
 - the shared and anonymous principals cannot be told apart: a session
@@ -30,9 +38,13 @@ The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
   owner as far as anyone can tell (the stated limit: per-emitter
   credentials lift it).
 
-Bounded: at most ``cap`` bindings, least recently used forgotten first,
-the shared principal's before any verified one (a token holder churning
-new sessions can push out only what it could take anyway).
+Bounded: at most ``cap`` bindings. A principal whose new binding fills
+the table forgets its own least recently used one first (a party churning
+new sessions pushes out only its own: a per-emitter credential that did
+pushed out the fleet's and the other credentials' bindings, outside review
+of issue 25); a principal with no other binding pushes out the shared
+principal's least recently used, then the least recently used verified
+one that is not the fleet's, the fleet's last.
 Kept across restarts in a journal (:meth:`Bindings.open`: one JSON line a
 binding, appended when it is made, compacted at start): a restarted relay
 remembers who owned what, and the shared principal's grace restarts from
@@ -46,8 +58,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "binding_refusal", "is_verified",
-           "named"]
+__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "binding_refusal",
+           "fleet_refusal", "is_verified", "named"]
 
 log = logging.getLogger("aep.relay")
 
@@ -88,6 +100,17 @@ def binding_refusal(bound: str, bound_source: str, principal: str, source: str,
             "while it is connected and for AEP_CLAIM_GRACE seconds after it left")
 
 
+def fleet_refusal(bound: str) -> str | None:
+    """The fleet's rule of the module docstring (pure): why a fleet bridge
+    may not emit into a session bound to ``bound``, or ``None`` (its own,
+    or the shared or anonymous principal's: taken back). A per-emitter
+    credential's session is never the fleet's to take."""
+    if bound != FLEET and is_verified(bound):
+        return ("this session is bound to a per-emitter credential; a bridge of this daemon "
+                "never takes it")
+    return None
+
+
 class Binding:
     """One session's owner: ``principal``, the first claimant's ``source``,
     and ``seen`` (trio clock seconds) when a claimant was last known live."""
@@ -117,6 +140,9 @@ class Bindings:
         self._map: OrderedDict[str, Binding] = OrderedDict()
         #: the shared principal's sessions, least recently used first (evicted first)
         self._shared: OrderedDict[str, None] = OrderedDict()
+        #: each principal's sessions, least recently used first (the shared
+        #: and anonymous principals' together: :attr:`_shared`)
+        self._own: dict[str, OrderedDict[str, None]] = {}
         self._journal: IO[str] | None = None
         self._path: Path | None = None
         self._appended = 0
@@ -144,20 +170,29 @@ class Bindings:
         b = self._map.get(session)
         if b is not None and b.principal == principal and (b.named or b.source == source):
             b.seen = now
-            self._map.move_to_end(session)
-            if session in self._shared:
-                self._shared.move_to_end(session)
+            self._refresh(session, b)
             return
         self._set(session, Binding(principal, source, now))
 
+    def fleet_refusal(self, session: str) -> str | None:
+        """Why a fleet bridge may not emit into ``session``
+        (:func:`fleet_refusal`: a per-emitter credential holds it), or ``None``."""
+        b = self._map.get(session)
+        return None if b is None else fleet_refusal(b.principal)
+
     def bind_fleet(self, session: str, source: str, now: float) -> bool:
-        """A fleet bridge claims ``session``: bound to :data:`FLEET`
-        whoever held it. Returns whether it was bound to someone else (the
-        caller drops that party's claim)."""
+        """A fleet bridge claims ``session`` (allowed by
+        :meth:`fleet_refusal`): bound to :data:`FLEET`, taken back from the
+        shared or anonymous principal. Returns whether it was bound to
+        someone else (the caller drops that party's claim). A session a
+        per-emitter credential holds is left to it (``False``, nothing
+        bound: the caller refused the event already)."""
         b = self._map.get(session)
         if b is not None and b.principal == FLEET:
             b.seen = now
-            self._map.move_to_end(session)
+            self._refresh(session, b)
+            return False
+        if b is not None and fleet_refusal(b.principal) is not None:
             return False
         self._set(session, Binding(FLEET, source, now))
         return b is not None
@@ -173,27 +208,49 @@ class Bindings:
 
     def _set(self, session: str, b: Binding) -> None:
         self._put(session, b)
-        self._trim()
+        self._trim(b.principal if b.named else None)
         self._append(session, b)
 
+    def _order(self, b: Binding) -> OrderedDict[str, None]:
+        return self._own.setdefault(b.principal, OrderedDict()) if b.named else self._shared
+
+    def _refresh(self, session: str, b: Binding) -> None:
+        self._map.move_to_end(session)
+        self._order(b).move_to_end(session)
+
     def _put(self, session: str, b: Binding) -> None:
+        old = self._map.get(session)
+        if old is not None:
+            self._forget_order(session, old)
         self._map[session] = b
         self._map.move_to_end(session)
-        if b.named:
-            self._shared.pop(session, None)
-        else:
-            self._shared[session] = None
-            self._shared.move_to_end(session)
+        self._order(b)[session] = None
 
-    def _trim(self) -> None:
-        """Within ``cap``: the shared principal's least recently used first."""
+    def _forget_order(self, session: str, b: Binding) -> None:
+        order = self._order(b)
+        order.pop(session, None)
+        if not order and b.named:
+            del self._own[b.principal]
+
+    def _evict(self, session: str) -> None:
+        self._forget_order(session, self._map.pop(session))
+
+    def _trim(self, principal: str | None = None) -> None:
+        """Within ``cap`` (the module docstring): ``principal``'s (a verified
+        one that just bound; ``None`` for the shared principal's, at
+        :meth:`open`) least recently used binding first while it holds
+        another, then the shared principal's, then the least recently used
+        verified one, the fleet's last."""
         m, shared = self._map, self._shared
         while len(m) > self.cap:
-            if shared:
-                old, _ = shared.popitem(last=False)
-                del m[old]
+            own = self._own.get(principal) if principal is not None else None
+            if own is not None and len(own) > 1:
+                self._evict(next(iter(own)))
+            elif shared:
+                self._evict(next(iter(shared)))
             else:
-                m.popitem(last=False)
+                victim = next((s for s, b in m.items() if b.principal != FLEET), None)
+                self._evict(victim if victim is not None else next(iter(m)))
 
     # -- the journal -----------------------------------------------------------------
     def open(self, path: Path, now: float) -> int:
@@ -217,7 +274,7 @@ class Bindings:
         for s, b in self._map.items():  # made before the journal was opened
             loaded.pop(s, None)
             loaded[s] = b
-        self._map, self._shared = OrderedDict(), OrderedDict()
+        self._map, self._shared, self._own = OrderedDict(), OrderedDict(), {}
         for s, b in loaded.items():
             self._put(s, b)
         self._trim()
@@ -233,7 +290,13 @@ class Bindings:
             self._journal = None
         tmp = self._path.with_name(self._path.name + ".tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # a fresh file of our own: never a planted symlink's target, never
+            # a leftover's mode (O_EXCL fails on either; unlinked first)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.writelines(_line(s, b) for s, b in self._map.items())
             os.replace(tmp, self._path)

@@ -23,6 +23,7 @@ fan-out; the bytes are shared by every subscriber that receives them."""
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import trio
@@ -156,8 +157,9 @@ class Relay(StampedRuns):
             "commands_refused": 0, "connection_errors": 0, "handler_errors": 0, "fanout_errors": 0,
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
             "refused_owned_source": 0, "refused_owned_session": 0, "replay_exhausted_late": 0,
-            "refused_new_sessions": 0, "fleet_reclaimed": 0,
+            "refused_new_sessions": 0, "fleet_reclaimed": 0, "refused_fleet_into_owned": 0,
         }
+        self._fleet_refusals_logged = OrderedDict()
         self.session_budget = NewSessionBudget(max_new_sessions, new_sessions_per_s,
                                                remember=max(65_536, 4 * max_sessions))
         self.fanout = Fanout(self.counters)

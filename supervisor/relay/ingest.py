@@ -13,21 +13,33 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 import trio
 
 from .acks import ACK_TYPES
-from .bindings import Bindings
+from .bindings import Bindings, is_verified
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
 from .connections import Connection, LocalEmitter, Unavailable
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
 from .newsessions import NewSessionBudget, SessionKey, TooManySessions
 from .routing import Routing
 
-__all__ = ["Ingest"]
+__all__ = ["FleetRefused", "Ingest"]
 
 log = logging.getLogger("aep.relay")
+
+#: sessions whose refused fleet events were logged (:meth:`Ingest.fleet_refused`), at most
+_LOGGED_REFUSALS = 1024
+
+
+class FleetRefused(InvalidEvent):
+    """A fleet bridge's event into a session a per-emitter credential holds
+    (:func:`.bindings.fleet_refusal`): refused, counted
+    ``refused_fleet_into_owned`` and logged once per session by the relay;
+    the fleet drops it (never logged, never a red health: anyone who can
+    reach the unauthenticated OTLP receiver can send one)."""
 
 
 class Ingest(Routing):
@@ -39,6 +51,8 @@ class Ingest(Routing):
     _admitted: int
     _run: list[Entry | list[Held]] | None
     persist: Callable[[list[Entry]], bool] | None
+    #: sessions whose refused fleet events were logged (bounded, least recent first)
+    _fleet_refusals_logged: OrderedDict[str, None]
     #: the new-session budget of remote ingest while it is logged
     #: (:mod:`.newsessions`); ``None``: unbudgeted (the JetStream relay)
     session_budget: NewSessionBudget | None = None
@@ -82,8 +96,12 @@ class Ingest(Routing):
         session held for its source while its claimant is connected and
         ``AEP_CLAIM_GRACE`` seconds after. ``POST /events`` is
         :meth:`check_posted_sessions`'; a fleet bridge (:class:`LocalEmitter`, the
-        daemon's own code) is never refused."""
-        if e.pos is None or conn is None or not conn.can_claim or isinstance(conn, LocalEmitter):
+        daemon's own code) is refused only in a per-emitter credential's
+        session (:meth:`check_fleet_session`)."""
+        if isinstance(conn, LocalEmitter):
+            self.check_fleet_session(e)
+            return
+        if e.pos is None or conn is None or not conn.can_claim:
             return
         session = e.attrs["session"]
         if session in conn.claims:
@@ -99,6 +117,42 @@ class Ingest(Routing):
             self.counters["refused_owned_session"] += 1
             raise InvalidEvent(why)
 
+    def check_fleet_session(self, e: Entry) -> None:
+        """Raise :class:`FleetRefused` when ``e``, an event of a fleet
+        bridge that is not a command, is in a session a per-emitter
+        credential holds (:meth:`fleet_refused`)."""
+        session = e.attrs.get("session")
+        if session.__class__ is str and not is_command_type(e.attrs["type"]):
+            why = self.fleet_refused(session)
+            if why is not None:
+                raise FleetRefused(why)
+
+    def fleet_refused(self, session: str) -> str | None:
+        """Why an event of a fleet bridge may not enter ``session`` (a
+        per-emitter credential holds it, :meth:`.bindings.Bindings.fleet_refusal`),
+        or ``None``. A refusal is counted ``refused_fleet_into_owned`` (one
+        per call: one per event) and logged once per session (the last
+        :data:`_LOGGED_REFUSALS` sessions remembered). The fleet's pump asks
+        before it logs an event, so a refused one reaches neither the
+        session log nor the relay."""
+        why = self.bindings.fleet_refusal(session)
+        if why is None:
+            return None
+        self.counters["refused_fleet_into_owned"] += 1
+        logged = self._fleet_refusals_logged
+        if session in logged:
+            logged.move_to_end(session)
+        else:
+            logged[session] = None
+            if len(logged) > _LOGGED_REFUSALS:
+                logged.popitem(last=False)
+            b = self.bindings.get(session)
+            log.warning("relay: a bridge of this daemon emitted into session %r, which the "
+                        "per-emitter credential %r holds; refused, not logged (an OTLP sender "
+                        "naming that session? counted in refused_fleet_into_owned)",
+                        session[:128], b.principal[8:72] if b is not None else "?")
+        return why
+
     def check_posted_sessions(self, entries: Sequence[Entry], principal: str
                               ) -> tuple[int, str] | None:
         """The session bindings for a ``POST /events`` batch by
@@ -106,27 +160,40 @@ class Ingest(Routing):
         ``(index, detail)`` of the first sequenced event in a session of the
         fleet or of another per-emitter credential, else ``None`` (a
         shared-token session is not held against a post: a post claims
-        nothing). A per-emitter credential's post binds an unbound session
-        to it."""
+        nothing). Binds nothing: :meth:`bind_posted` does once the batch is
+        admitted."""
         bindings, seen = self.bindings, set()
-        now = time.monotonic()
-        fresh: list[tuple[str, str]] = []
         for i, e in enumerate(entries):
             if e.pos is None or (s := e.attrs["session"]) in seen:
                 continue
             seen.add(s)
             b = bindings.get(s)
-            if b is None:
-                if principal.startswith("emitter:"):
-                    fresh.append((s, e.attrs["source"]))
-            elif b.named and b.principal != principal:
+            if b is not None and b.named and b.principal != principal:
                 self.counters["refused_owned_session"] += 1
                 return i, ("this session belongs to a bridge of this daemon" if b.principal == "fleet"
                            else "this session is bound to another emitter credential")
-        bindings.touch(seen, now)
-        for s, src in fresh:
-            bindings.bind(s, principal, src, now)
         return None
+
+    def bind_posted(self, entries: Sequence[Entry], principal: str | None) -> None:
+        """A ``POST /events`` batch by ``principal`` is being admitted: a
+        per-emitter credential's post binds each still unbound session of
+        its sequenced events to it, and every session posted into is marked
+        live. Called once nothing can refuse the batch any more (after the
+        new-session budget and the session log took it, before any
+        checkpoint since :meth:`check_posted_sessions`): a refused batch
+        (429, 503) binds nothing, else a credential bound any number of
+        sessions without one event admitted and pushed real owners out of
+        the table (outside review of issue 25)."""
+        bindings, now = self.bindings, time.monotonic()
+        binder = principal if principal is not None and is_verified(principal) else None
+        seen: set[str] = set()
+        for e in entries:
+            if e.pos is None or (s := e.attrs["session"]) in seen:
+                continue
+            seen.add(s)
+            if binder is not None and bindings.get(s) is None:
+                bindings.bind(s, binder, e.attrs["source"], now)
+        bindings.touch(seen, now)
 
     def check_batch(self, entries: list[Entry]) -> tuple[int, str] | None:
         """Everything :meth:`ingest_http` would refuse, checked before any of
@@ -257,6 +324,7 @@ class Ingest(Routing):
             sequenced = [e for e in entries if e.pos is not None]
             if sequenced:
                 self._persist(sequenced)
+        self.bind_posted(entries, principal)
         for i in range(0, len(entries), chunk):
             if i:
                 mark = counters["events"]
@@ -360,8 +428,9 @@ class Ingest(Routing):
 
     def _bind(self, e: Entry, conn: Connection) -> None:
         """``conn``'s new claim of ``e``'s session, bound (:mod:`.bindings`):
-        a fleet bridge's binds to the fleet and drops a remote party's
-        claim of it (counted ``fleet_reclaimed``)."""
+        a fleet bridge's binds to the fleet and drops a shared-token
+        party's claim of it (counted ``fleet_reclaimed``; a per-emitter
+        credential's session never got here: :meth:`check_fleet_session`)."""
         session, now = e.attrs["session"], time.monotonic()
         if isinstance(conn, LocalEmitter):
             if self.bindings.bind_fleet(session, e.attrs["source"], now):

@@ -275,11 +275,13 @@ class FleetCollector(Collector):
         refused = CounterMetricFamily(f"{PREFIX}_relay_refused", "Events the relay refused "
                                       "from a party that may not send them: an ack not from its "
                                       "command's target, another emitter's session or source; "
-                                      "or past the new-session budget",
+                                      "or past the new-session budget; a bridge of this daemon's "
+                                      "event into a per-emitter credential's session",
                                       labels=["reason"])
         for reason, key in (("ack", "refused_acks"), ("owned_session", "refused_owned_session"),
                             ("owned_source", "refused_owned_source"),
-                            ("new_sessions", "refused_new_sessions")):
+                            ("new_sessions", "refused_new_sessions"),
+                            ("fleet_into_owned", "refused_fleet_into_owned")):
             refused.add_metric([reason], rc.get(key, 0))
         yield refused
         yield CounterMetricFamily(f"{PREFIX}_relay_streams_terminated", "Consumers shed as too "
@@ -309,6 +311,10 @@ class FleetCollector(Collector):
         cmds.add_metric(["delivered"], pc["commands_delivered"])
         cmds.add_metric(["refused"], pc["commands_refused"])
         yield cmds
+        yield CounterMetricFamily(f"{PREFIX}_nats_fleet_refused", "Events of this daemon's "
+                                  "bridges dropped (not logged, not published) because a "
+                                  "per-emitter credential holds their session in AEP_bindings",
+                                  value=pc.get("refused_fleet_into_owned", 0))
 
     def _session_log(self) -> Iterator[Metric]:
         sl = self.fleet.session_log

@@ -9,9 +9,13 @@ real :class:`JetStreamRelay` on one real ``nats-server``; the relay's
 emitter is the SDK duplex."""
 from __future__ import annotations
 
+import json
+
 import httpx
 import trio
 
+from supervisor.jetstream.link import aio
+from supervisor.jetstream.subjects import parse_value, token
 from tests.support.hardening import event
 from tests.support.js_relay_harness import TOKEN, SocketEmitter, running_js_relay
 from tests.support.nats import NatsCluster
@@ -52,3 +56,52 @@ async def test_a_fleet_session_cannot_be_claimed_or_posted_into_on_a_relay(tmp_p
             assert r.status_code == 400 and r.json()["error"] == "invalid-event", r.text
             assert relay.counters["refused_owned_session"] == 2, (r.text, relay.counters)
             assert relay.counters["published"] == 0
+
+
+async def test_a_fleet_bridge_never_takes_a_credentials_session_in_the_bucket(tmp_path) -> None:
+    """Outside review of issue 25, across hosts: the daemon's presence *put*
+    the fleet's binding over whatever the bucket held, so a bridge made to
+    emit into a per-emitter credential's session (an OTLP export naming it)
+    took the session on every relay; the credential lost its claim at the
+    next refresh. Now the fleet creates its binding or takes back a
+    shared-token one, never a credential's: its claim is not put, and its
+    events in the session are dropped from then on (not logged, not
+    published, counted ``refused_fleet_into_owned``). The stated limit: what
+    the fleet emitted before the bucket answered its first claim (here the
+    first bridge's one event) is logged and published."""
+    with NatsCluster(1, tmp_path / "nats") as c:
+        later = trio.Event()
+        first = BurstBridge(1, sessions=1, prefix="cred", name="first")
+        second = BurstBridge(5, sessions=1, prefix="cred", name="second", start=later)
+        session = "cred-0"
+        async with running_js_relay(c.url, token=TOKEN,
+                                    emitter_tokens={"alice": "alice-tok-7f"}) as (relay, base):
+            em = await trio.to_thread.run_sync(lambda: SocketEmitter(
+                base, token="alice-tok-7f", agent="alice", host="elsewhere",
+                accepts=["control.cancel"]))
+            try:
+                em.session(session).emit("run.started", severity="notice")
+                await _wait(lambda: relay.counters["published"] >= 1)
+                async with running_fleet(tmp_path, [first, second], c.url, token=TOKEN) as fleet:
+                    presence = fleet.jetstream.presence
+                    await _wait(lambda: session in presence.lost)
+                    later.set()
+                    await _wait(lambda: presence.counters["refused_fleet_into_owned"] >= 5)
+                    await wait_published(fleet, 1)
+                    assert all(s != session for (_, _, s) in presence.claims.items())
+                    entry = await aio(relay._kv_bindings.get)(token(session))
+                    assert parse_value(entry.value)["principal"] == "emitter:alice"
+                    logged = [json.loads(line) for f in (tmp_path / "state").rglob("*.jsonl")
+                              for line in f.read_text().splitlines() if line.strip()]
+                    dropped = {e["id"] for e in second.emitted}
+                    assert len(dropped) == 5 and first.emitted[0]["id"] in \
+                        {e.get("id") for e in logged}
+                    assert not [e for e in logged if e.get("id") in dropped], logged
+                    assert fleet.jetstream.publisher.stats()["acked"] == 1
+                # the credential goes on in its session, never refused
+                em.session(session).emit("run.completed", severity="notice")
+                await _wait(lambda: relay.counters["published"] >= 2)
+                assert not [f for f in em.frames if f.get("type") == "error"], em.frames
+                assert relay.counters["fleet_reclaimed"] == 0
+            finally:
+                em.close()

@@ -4,11 +4,22 @@ across a restart, and the relay's principals and checks in process."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
+from bridges.core.aep import dumps
 from supervisor.relay import InvalidEvent, Relay
-from supervisor.relay.bindings import ANONYMOUS, FLEET, SHARED, Bindings, binding_refusal, named
+from supervisor.relay.bindings import (
+    ANONYMOUS,
+    FLEET,
+    SHARED,
+    Bindings,
+    binding_refusal,
+    fleet_refusal,
+    named,
+)
+from supervisor.relay.ingest import FleetRefused
 
 A, B = "aep://h/agent/a/session/s", "aep://h/agent/b/session/s"
 
@@ -42,12 +53,37 @@ def test_a_shared_binding_is_held_for_the_grace_after_its_last_claimant_left():
     assert b.refusal("s", SHARED, A, now=2121.0, live=False) is not None  # B's now
 
 
-def test_the_fleet_takes_its_session_back():
+@pytest.mark.parametrize(("bound", "refused"), [
+    (FLEET, False),        # its own
+    (SHARED, False),       # the shared token's: taken back (a squat after a restart)
+    (ANONYMOUS, False),    # no token at all: taken back
+    (named("x"), True),    # a per-emitter credential's: never (an OTLP sender names it)
+])
+def test_the_fleets_rule(bound, refused):
+    assert (fleet_refusal(bound) is not None) is refused
+
+
+@pytest.mark.parametrize("held_by", [SHARED, ANONYMOUS])
+def test_the_fleet_takes_a_shared_session_back(held_by):
     b = Bindings(cap=10, grace_s=1)
-    b.bind("s", named("x"), A, now=0.0)
+    b.bind("s", held_by, A, now=0.0)
+    assert b.fleet_refusal("s") is None
     assert b.bind_fleet("s", B, now=1.0) is True
     assert b.bind_fleet("s", B, now=2.0) is False
-    assert b.refusal("s", named("x"), A, now=10_000.0, live=False) is not None
+    assert b.get("s").principal == FLEET  # type: ignore[union-attr]
+    assert b.refusal("s", held_by, A, now=10_000.0, live=False) is not None
+
+
+def test_the_fleet_never_takes_a_credentials_session():
+    """Outside review of issue 25: an OTLP export naming a credential's
+    session made the fleet's bridge emit into it, and the fleet took it."""
+    b = Bindings(cap=10, grace_s=1)
+    b.bind("s", named("x"), A, now=0.0)
+    assert b.fleet_refusal("s") is not None
+    assert b.bind_fleet("s", B, now=1.0) is False  # (the caller refused it already)
+    assert b.get("s").principal == named("x")  # type: ignore[union-attr]
+    assert b.refusal("s", named("x"), B, now=10_000.0, live=False) is None
+    assert b.fleet_refusal("unbound") is None
 
 
 def test_bindings_are_bounded_least_recently_used_first():
@@ -65,6 +101,43 @@ def test_a_token_holder_churning_sessions_pushes_out_only_shared_bindings():
         b.bind(f"junk{i}", SHARED, A, now=float(i))
     assert len(b) == 3 and b.get("mine") is not None and b.get("fleet") is not None
     assert b.get("junk99") is not None and b.get("junk98") is None
+
+
+def test_a_credential_churning_sessions_pushes_out_only_its_own_bindings():
+    """Outside review of issue 25: a per-emitter credential binding new
+    sessions past the cap pushed out the fleet's and another credential's
+    bindings (then anyone could post into the fleet's session)."""
+    b = Bindings(cap=4, grace_s=1)
+    b.bind_fleet("fleet", A, now=0.0)
+    b.bind("victim", named("v"), A, now=0.0)
+    b.bind("shared", SHARED, A, now=0.0)
+    for i in range(100):
+        b.bind(f"junk{i}", named("m"), B, now=float(i))
+    assert len(b) == 4
+    assert b.get("fleet") is not None and b.get("victim") is not None
+    assert b.get("junk99") is not None and b.get("junk98") is None
+    assert b.get("shared") is not None
+
+
+def test_a_full_table_of_others_loses_a_credential_before_the_fleet():
+    b = Bindings(cap=2, grace_s=1)
+    b.bind_fleet("fleet", A, now=0.0)
+    b.bind("victim", named("v"), A, now=1.0)
+    b.bind("new", named("m"), B, now=2.0)
+    assert b.get("fleet") is not None and b.get("victim") is None and b.get("new") is not None
+
+
+def test_a_rebound_session_moves_between_principals(tmp_path):
+    b = Bindings(cap=3, grace_s=1)
+    b.open(tmp_path / "j.jsonl", now=0.0)
+    b.bind("s", SHARED, A, now=0.0)
+    assert b.bind_fleet("s", A, now=1.0)
+    for i in range(10):
+        b.bind(f"m{i}", named("m"), B, now=2.0 + i)
+    assert b.get("s") is not None and b.get("s").principal == FLEET  # type: ignore[union-attr]
+    again = Bindings(cap=3, grace_s=1)
+    assert again.open(tmp_path / "j.jsonl", now=0.0) == 3
+    assert again.get("s") is not None and again.get("m9") is not None
 
 
 def test_the_journal_remembers_across_a_restart_and_is_compacted(tmp_path):
@@ -147,8 +220,12 @@ async def test_a_post_into_a_fleet_or_a_credentials_session_is_refused():
     posted = [r.entry(_ev(5, "fs", agent="x"))]
     assert r.check_posted_sessions(posted, SHARED) is not None
     assert r.check_posted_sessions(posted, named("alice")) is not None
-    # a credential's post binds a new session to it; the shared token cannot post into it
-    assert r.check_posted_sessions([r.entry(_ev(1, "as", agent="al"))], named("alice")) is None
+    # a credential's post binds a new session to it once admitted (a refused
+    # one binds nothing); the shared token cannot post into it
+    first = [r.entry(_ev(1, "as", agent="al"))]
+    assert r.check_posted_sessions(first, named("alice")) is None
+    assert r.bindings.get("as") is None
+    r.bind_posted(first, named("alice"))
     assert r.check_posted_sessions([r.entry(_ev(2, "as", agent="x"))], SHARED) is not None
     assert r.check_posted_sessions([r.entry(_ev(2, "as", agent="al"))], named("alice")) is None
     # a shared-token session is not held against a post (a post claims nothing)
@@ -171,3 +248,61 @@ async def test_a_socket_emitter_cannot_claim_a_fleet_session_and_the_fleet_takes
     assert r.claims.holders("rs") == [fleet] and r.counters["fleet_reclaimed"] == 1
     with pytest.raises(InvalidEvent):
         r.accept(_ev(2, "rs", agent="r"), remote)
+
+
+def test_compaction_never_follows_a_planted_tmp_file(tmp_path):
+    """Outside review of issue 25: the compaction opened
+    ``relay-bindings.jsonl.tmp`` with ``O_CREAT|O_TRUNC``: a symlink planted
+    there truncated its target, and a tmp file left with a wider mode made
+    the journal that mode (not 0600)."""
+    journal = tmp_path / "j.jsonl"
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    (tmp_path / "j.jsonl.tmp").symlink_to(target)
+    b = Bindings(cap=4, grace_s=1)
+    b.bind("s", named("x"), A, now=0.0)
+    b.open(journal, now=0.0)
+    assert target.read_text() == "keep me\n"
+    assert not journal.is_symlink() and journal.stat().st_mode & 0o777 == 0o600
+    b.close()
+    (tmp_path / "j.jsonl.tmp").write_text("")
+    (tmp_path / "j.jsonl.tmp").chmod(0o666)
+    again = Bindings(cap=4, grace_s=1)
+    assert again.open(journal, now=0.0) == 1
+    assert journal.stat().st_mode & 0o777 == 0o600
+    again.close()
+
+
+async def test_a_fleet_event_into_a_credentials_session_is_refused_and_counted(caplog):
+    """Every fleet path into a credential's session refuses it (the
+    untrusted ingest, the stamped one, the stamped run, the pump's question
+    before it logs), counts each event ``refused_fleet_into_owned``, logs
+    once per session; the credential keeps its claim and its session, and
+    the fleet's other sessions go on."""
+    r = Relay(token="shared", emitter_tokens={"alice": "alice-tok"})
+    fleet = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
+                              "identity": {"agent": "f"}}, _noop)
+    alice = r.open_socket(True, named("alice"))
+    alice.role = "emitter"
+    await r.ingest(_ev(1, "cs", agent="al"), alice)
+    src = "aep://h/agent/f/session/cs"
+    caplog.set_level(logging.WARNING, logger="aep.relay")
+    with pytest.raises(FleetRefused, match="per-emitter credential"):
+        await fleet.ingest(_ev(1, "cs", agent="f", source=src))
+    ev2 = _ev(2, "cs", agent="f", source=src)
+    with pytest.raises(FleetRefused):
+        fleet.ingest_stamped(ev2, dumps(ev2))
+    ok = _ev(1, "fs", agent="f")
+    pairs = [(ok, dumps(ok)), (ev2, dumps(ev2))]
+    assert fleet.ingest_stamped_run(pairs) == 1  # stops at the refused one, nothing of it done
+    assert fleet.refuses(ev2) and not fleet.refuses(ok)
+    assert r.counters["refused_fleet_into_owned"] == 3
+    assert r.counters["fleet_reclaimed"] == 0
+    assert r.claims.holders("cs") == [alice] and r.claims.holders("fs") == [fleet]
+    assert r.bindings.get("cs").principal == named("alice")  # type: ignore[union-attr]
+    assert r.buffers.held("cs") == 1  # alice's one event
+    await r.ingest(_ev(2, "cs", agent="al"), alice)  # alice goes on in her session
+    assert r.buffers.held("cs") == 2
+    refusals = [rec for rec in caplog.records if "refused_fleet_into_owned" in rec.getMessage()]
+    assert len(refusals) == 1, refusals
+    assert "alice-tok" not in caplog.text
