@@ -32,6 +32,7 @@ from typing import (
 
 import trio
 
+from .aep import ACK_TYPES as _ACK_TYPES
 from .envelope import Emission, Stamper
 from .envelope import Gating as Gating  # the emission's hints, here beside the Bridge shapes as before
 from .settings import Address
@@ -169,6 +170,34 @@ class BridgeContext:
         self.answers_in_thread = False
         self._attached = False
         self._writable: Callable[[], bool] = lambda: True
+        #: command id -> set once its ack is out: an outcome ``cause``-linked to a
+        #: command still being decided waits for the ack (:meth:`hold_outcomes`)
+        self._unacked: dict[str, trio.Event] = {}
+
+    # -- the ack before its outcome (AEP-0004 §1) ------------------------------------
+    def hold_outcomes(self, command_id: str) -> None:
+        """The ledger took ``command_id`` and has not acked it yet: until
+        :meth:`release_outcomes`, an emission ``cause``-linked to it (other
+        than the ack itself) waits in :meth:`emit` (:meth:`emit_nowait`
+        raises :class:`Saturated` so its caller takes that path). The vendor
+        can report what a write did (an abort's error frame) before the
+        write's own answer, so its outcome was stamped before the ack, and a
+        sender reading from the ack's position on (``aep-bridges cancel``)
+        never saw it. Bounded by the ledger's guard: the ack goes out by
+        then."""
+        self._unacked.setdefault(command_id, trio.Event())
+
+    def release_outcomes(self, command_id: str) -> None:
+        """The ack of ``command_id`` is out (or the command was dropped):
+        the outcomes held for it go on."""
+        ev = self._unacked.pop(command_id, None)
+        if ev is not None:
+            ev.set()
+
+    def _held(self, emission: Emission, cause: str | None) -> trio.Event | None:
+        if cause is None or not self._unacked or emission.get("type") in _ACK_TYPES:
+            return None
+        return self._unacked.get(cause)
 
     # -- the durable log's verdicts (set by the fleet) --------------------------------
     def attach_log(self, writable: Callable[[], bool]) -> None:
@@ -247,6 +276,9 @@ class BridgeContext:
         ``trio.ClosedResourceError`` / ``trio.BrokenResourceError`` for a
         closed channel; an emit that raises or is cancelled sent nothing,
         and its stamp is taken back unless another came after it."""
+        held = self._held(emission, cause)
+        if held is not None:
+            await held.wait()
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
         try:
@@ -274,7 +306,11 @@ class BridgeContext:
         channel for its statistics before every event). ``room_seen``: the
         caller counted this send against :meth:`room` in the same
         synchronous stretch (kept for the batch senders that do; the
-        refusal is handled the same way)."""
+        refusal is handled the same way). An outcome of a command whose ack
+        is not out yet (:meth:`hold_outcomes`) raises :class:`Saturated` too:
+        the caller's waiting path (:meth:`emit`) sends it after the ack."""
+        if self._unacked and self._held(emission, cause) is not None:
+            raise Saturated(self.name)
         ev = self.stamper.stamp(session, emission, run=run, cause=cause, time=time,
                                 severity=severity, extensions=extensions)
         try:

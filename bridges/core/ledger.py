@@ -254,6 +254,8 @@ class CommandLedger:
         self._pending += 1
         decided = False
         write: _Write | None = None
+        # an outcome the vendor reports before the write returns waits for the ack
+        self.ctx.hold_outcomes(key[1])
         try:
             deadline = trio.current_time() + self.guard_ms / 1000
             if self._pending > self.max_pending:
@@ -269,6 +271,7 @@ class CommandLedger:
             self._evict()
         finally:
             self._pending -= 1
+            self.ctx.release_outcomes(key[1])
             if not decided:
                 self._records.pop(key, None)
             if write is not None:  # a late write's after_ack waits for this

@@ -16,7 +16,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound
+from bridges.core.bridge import BridgeContext, BridgeHealth, Outbound, Saturated
 from bridges.core.capture import CapturePolicy
 from bridges.core.control import Controller
 from bridges.core.envelope import Stamper
@@ -666,3 +666,49 @@ def test_declaration_is_the_hello_control_block():
     assert CommandLedger(rig.ctx).declaration == {"accepts": [], "ack_window_ms": 10000}
     with pytest.raises(ValueError):
         CommandLedger(rig.ctx, Toy(ack_window_ms=0))
+
+
+
+# -- the ack before its outcome (AEP-0004 §1) ------------------------------
+
+@pytest.mark.parametrize("path", ["emit", "emit_nowait"])
+async def test_an_outcome_the_vendor_reports_before_the_write_returns_follows_the_ack(path):
+    """Seen in a parallel run with the real OpenCode: the abort's error frame
+    was read (``run.cancelled``, cause = the command) before the abort POST
+    returned, so the outcome was stamped before ``control.accepted`` and
+    ``aep-bridges cancel``, reading from the ack's position on, never saw
+    it. The outcome now waits for the ack (``emit_nowait`` refuses it as
+    :class:`Saturated`, the receivers' cue to wait in ``emit``); an event
+    with no cause, or another cause, does not wait."""
+    rig = Rig()
+    cmd = command()
+    order: list[str] = []
+    outcome = {"type": "run.cancelled", "data": {"by": "control"}}
+
+    async def reader() -> None:  # the receiver's task: frames arrive mid-write
+        await rig.ctx.emit(cmd["session"], {"type": "progress.status", "data": {}}, run="run-1")
+        rig.ctx.emit_nowait(cmd["session"], {"type": "progress.status", "data": {}},
+                            run="run-1", cause="01SOMETHINGELSE000000000001")
+        order.append("others sent")
+        if path == "emit_nowait":
+            with pytest.raises(Saturated):
+                rig.ctx.emit_nowait(cmd["session"], outcome, run="run-1", cause=cmd["id"])
+        await rig.ctx.emit(cmd["session"], outcome, run="run-1", cause=cmd["id"])
+        order.append("outcome sent")
+
+    async def perform(plan):
+        nursery.start_soon(reader)
+        await trio.sleep(0.05)  # the reader runs (and must wait) before the write returns
+        order.append("write returned")
+        return WriteResult(200)
+
+    async with trio.open_nursery() as nursery:
+        async with CommandLedger(rig.ctx, Toy(perform=perform)) as ledger:
+            ack = await ledger.handle(cmd)
+    assert order == ["others sent", "write returned", "outcome sent"]
+    events = [o.event for o in rig.drain()]
+    types = [e["type"] for e in events]
+    assert types.index("control.accepted") < types.index("run.cancelled"), types
+    assert events[types.index("run.cancelled")]["seq"] > ack["seq"]
+    # released: an outcome after the ack (or of a decided command) goes at once
+    rig.ctx.emit_nowait(cmd["session"], outcome, run="run-1", cause=cmd["id"])
