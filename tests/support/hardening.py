@@ -299,3 +299,29 @@ def ws_read_frames(s: socket.socket, *, until: Any = None, timeout: float = 10.0
             return out
         buf += chunk
     return out
+
+
+def stream_events(url: str, token: str) -> list[dict[str, Any]]:
+    """Every event the relay at ``url`` holds now (``/stream``,
+    ``from=all``, ``live=0``), in stream order."""
+    out = []
+    with httpx.stream("GET", url + "/stream", params={"from": "all", "live": "0"},
+                      headers={"authorization": f"Bearer {token}"}, timeout=30,
+                      trust_env=False) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def first_sequenced(url: str, token: str, conv: str) -> dict[str, Any]:
+    """The first sequenced event on ``/stream`` whose session names
+    ``conv`` (an OTLP conversation's), waited for (10 s at most); raises
+    ``AssertionError`` when none comes."""
+    for _ in range(100):
+        for ev in stream_events(url, token):
+            if conv in str(ev.get("session")) and "seq" in ev:
+                return ev
+        time.sleep(0.1)
+    raise AssertionError(f"no event of {conv} on the stream")
+

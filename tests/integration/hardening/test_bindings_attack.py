@@ -29,9 +29,7 @@ relay), the real SDK duplex, raw HTTP posts; bounded loops only.
 """
 from __future__ import annotations
 
-import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +37,15 @@ import httpx
 import pytest
 
 from tests.support.daemon import DaemonProcess
-from tests.support.hardening import event, otlp_json, otlp_record, post_events, post_otlp
+from tests.support.hardening import (
+    event,
+    first_sequenced,
+    otlp_json,
+    otlp_record,
+    post_events,
+    post_otlp,
+    stream_events,
+)
 from tests.support.nats import NatsCluster
 
 from .test_control_forgery import TOKEN, _answers, _connections, _emitter, _wait_connections
@@ -66,19 +72,8 @@ def daemon(tmp_path: Path):
 
 
 def _fleet_session(url: str, conv: str) -> str:
-    """The session of the OTLP bridge's first sequenced event of ``conv``
-    on ``/stream`` (``from=all``, ``live=0``), waited for (bounded)."""
-    for _ in range(100):
-        with httpx.stream("GET", url + "/stream", params={"from": "all", "live": "0"},
-                          headers={"authorization": f"Bearer {TOKEN}"}, timeout=30,
-                          trust_env=False) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    ev = json.loads(line[6:])
-                    if conv in str(ev.get("session")) and "seq" in ev:
-                        return str(ev["session"])
-        time.sleep(0.1)
-    raise AssertionError(f"no event of {conv} on the stream")
+    """The session of the OTLP bridge's first sequenced event of ``conv``."""
+    return str(first_sequenced(url, TOKEN, conv)["session"])
 
 
 def _named_claim(url: str, session: str) -> None:
@@ -161,16 +156,7 @@ def test_a_shared_token_emitter_gets_its_session_back_after_a_restart(daemon):
 
 def _session_events(url: str, session: str) -> list[dict[str, Any]]:
     """Every event of ``session`` on ``/stream`` (``from=all``, ``live=0``)."""
-    out = []
-    with httpx.stream("GET", url + "/stream", params={"from": "all", "live": "0"},
-                      headers={"authorization": f"Bearer {TOKEN}"}, timeout=30,
-                      trust_env=False) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                ev = json.loads(line[6:])
-                if ev.get("session") == session:
-                    out.append(ev)
-    return out
+    return [ev for ev in stream_events(url, TOKEN) if ev.get("session") == session]
 
 
 def _refused_fleet_into_owned(url: str) -> float:

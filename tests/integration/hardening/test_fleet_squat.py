@@ -24,14 +24,10 @@ SDK duplex and ``ControlClient``.
 """
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
-import httpx
-
 from tests.support.daemon import DaemonProcess
-from tests.support.hardening import event, otlp_json, otlp_record, post_events, post_otlp
+from tests.support.hardening import event, first_sequenced, otlp_json, otlp_record, post_events, post_otlp
 
 from .test_control_forgery import TOKEN, _answers, _emitter, _send_in_thread
 
@@ -39,19 +35,8 @@ CONV = "fleet-squat-conv-1"
 
 
 def _fleet_event(url: str) -> dict[str, Any]:
-    """The OTLP bridge's first sequenced event of :data:`CONV` on
-    ``/stream`` (``from=all``, ``live=0``), waited for (bounded)."""
-    for _ in range(100):
-        with httpx.stream("GET", url + "/stream", params={"from": "all", "live": "0"},
-                          headers={"authorization": f"Bearer {TOKEN}"}, timeout=30,
-                          trust_env=False) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    ev = json.loads(line[6:])
-                    if CONV in str(ev.get("session")) and "seq" in ev:
-                        return ev
-        time.sleep(0.1)
-    raise AssertionError(f"no event of {CONV} on the stream")
+    """The OTLP bridge's first sequenced event of :data:`CONV` on ``/stream``."""
+    return first_sequenced(url, TOKEN, CONV)
 
 
 def _command(url: str, session: str) -> tuple[str, str]:
