@@ -58,7 +58,12 @@ family is renamed to this."""
 MAX_SEGMENTS = 12
 """Most segments after the vendor token; deeper names keep their first ones."""
 
-_ACRONYM = re.compile(r"([A-Z]+)([A-Z][a-z])")
+# an uppercase letter before the last capital of a run that starts a word
+# ("ACPTool" -> "ACP_Tool"): a lookahead, linear in the name; the former
+# "([A-Z]+)([A-Z][a-z])" backtracked quadratically on a long run of capitals
+# (outside review of issue 25: a 1 MB hook_event_name stalled the event loop
+# for minutes)
+_ACRONYM = re.compile(r"([A-Z])(?=[A-Z][a-z])")
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 _NOT_TOKEN = re.compile(r"[^a-z0-9]+")
 _NOT_VENDOR = re.compile(r"[^a-z0-9_-]+")
@@ -76,7 +81,7 @@ def snake(name: str) -> str:
     ``_``, leading/trailing ``_`` are stripped. May return ``""`` (nothing
     legible); :func:`token` never does."""
     s = _ascii(str(name))
-    s = _ACRONYM.sub(r"\1_\2", s)
+    s = _ACRONYM.sub(r"\1_", s)
     s = _CAMEL.sub(r"\1_\2", s)
     s = _NOT_TOKEN.sub("_", s.lower())
     return s.strip("_")
