@@ -31,6 +31,13 @@ status flips (the receiver cause-links them through the notes
 :meth:`OpenHandsControl.note` sets); ``send_input``'s outcome is
 ``x.openhands.input.sent {}`` at REST 2xx, after the ack (the write's
 ``after_ack``), never echoing the text.
+
+An approval is written only once the vendor's run that raised the ask is
+over (:meth:`Conversation.run_wound_down`, at most :data:`WIND_DOWN_WAIT`):
+the real server drops one posted while that task winds down. A snapshot
+after it with the ask still pending has it written again
+(:meth:`OpenHandsControl._until_taken`, counted
+``control_respond_rewritten``).
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import trio
 
 from bridges.core.bridge import Emission
 from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, WriteResult
@@ -59,6 +67,12 @@ ACCEPTS = (RESPOND, PAUSE, RESUME, SEND_INPUT, INTERRUPT)
 INPUT_MAX = 4000
 OPTIONS = ({"id": "approve", "label": "Approve"}, {"id": "deny", "label": "Deny"})
 WRITE_TIMEOUT = 30.0
+RETRIES = 3
+"""Times a dropped approval is written again (:meth:`OpenHandsControl._until_taken`)."""
+WIND_DOWN_WAIT = 30.0
+"""Seconds an approval waits for the vendor's run task to be over
+(:meth:`Conversation.run_wound_down`) before it is written anyway: the
+server's own bound on that wind-down (its wait for pending callbacks)."""
 
 
 def decorate(emission: Emission) -> None:
@@ -237,19 +251,80 @@ class OpenHandsControl:
         text are reported). A 2xx ``send_input`` carries its outcome as
         ``after_ack``."""
         assert self._client is not None
+        approve = plan.type == RESPOND and plan.body is not None and plan.body.get("accept") is True
+        if approve:
+            await _approvable(plan)
+        snaps = plan.conv.snaps
         try:
             r = await self._client.post(plan.path, json=plan.body)
         except (httpx.TransportError, OSError):
             raise Unreachable("OpenHands agent server unreachable") from None
         result = WriteResult(r.status_code, _detail(r))
+        if approve and 200 <= r.status_code < 300:
+            result.after_ack = lambda: self._until_taken(plan, snaps)
         if plan.type == SEND_INPUT and 200 <= r.status_code < 300:
             result.after_ack = lambda: self._input_sent(plan)
         return result
+
+    async def _until_taken(self, plan: Plan, snaps: int) -> None:
+        """After an accepted approval: a snapshot the socket delivers once the
+        write was sent (``conv.snaps`` past ``snaps``) while the ask is still
+        pending (no flip out of ``waiting_for_confirmation``, the settling
+        note still this command's) says the vendor dropped it: its run task
+        was still winding down, which the connect snapshot of a socket
+        attached in that window cannot show. The approval is written again
+        (at most :data:`RETRIES` times, within :data:`WIND_DOWN_WAIT`); for
+        the vendor a repeat while a run is live is a no-op."""
+        assert self._client is not None
+        conv = plan.conv
+        with trio.move_on_after(WIND_DOWN_WAIT):
+            for _ in range(RETRIES):
+                while conv.snaps == snaps and _pending(plan) and not conv.detached:
+                    if conv.wound is None:
+                        conv.wound = trio.Event()
+                    await conv.wound.wait()
+                if not _pending(plan) or conv.detached:
+                    return
+                snaps = conv.snaps
+                log.info("OpenHands conversation %s: the vendor dropped the approval %s (its run was "
+                         "still winding down); writing it again", conv.id, plan.command)
+                self.receiver.ctx.health.count("control_respond_rewritten")
+                try:
+                    await self._client.post(plan.path, json=plan.body)
+                except (httpx.TransportError, OSError):
+                    return
 
     async def _input_sent(self, plan: Plan) -> None:
         await self.receiver.emit_outcome(plan.conv.id, {"type": "x.openhands.input.sent",
                                                         "data": {}, "severity": "notice"},
                                          plan.command)
+
+
+async def _approvable(plan: Plan) -> None:
+    """Wait (at most :data:`WIND_DOWN_WAIT`) until the vendor's run that
+    raised the confirmation is over: the real server drops an approval
+    posted while that task winds down (``respond_to_confirmation`` treats
+    the task as "already running", answers 200 and never runs the action;
+    the flake behind ``test_approve_over_control``). Raises :class:`Refuse`
+    when the confirmation was settled meanwhile (nothing is written: an
+    approval of a conversation no longer waiting would start a run)."""
+    conv = plan.conv
+    with trio.move_on_after(WIND_DOWN_WAIT):
+        while not conv.run_wound_down() and not conv.detached:
+            if conv.wound is None:
+                conv.wound = trio.Event()
+            await conv.wound.wait()
+    if not conv.run_wound_down():
+        log.warning("OpenHands conversation %s: the vendor's run did not wind down within %ss; "
+                    "approving anyway", conv.id, WIND_DOWN_WAIT)
+    if not _pending(plan):
+        raise Refuse("refused", "the confirmation was settled before the approval was written")
+
+
+def _pending(plan: Plan) -> bool:
+    """The ask ``plan`` answers is still pending and settling by it."""
+    conv = plan.conv
+    return conv.status == M.WAITING and conv.settling is not None and conv.settling.cmd_id == plan.command
 
 
 def _refuse_unless(conv: Conversation, status: str, why: str) -> None:

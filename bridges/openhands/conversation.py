@@ -98,6 +98,14 @@ class Conversation:
     #: set when the task ends; made only when :meth:`Receiver._detach` waits
     #: for it (an Event per idle conversation costs ~0.2 KiB)
     done: trio.Event | None = None
+    #: the vendor time of the newest ``full_state`` snapshot the socket
+    #: delivered (the connect snapshot, and the one the server publishes once
+    #: a run's task is over): :meth:`run_wound_down`
+    snap_ts: str | None = None
+    #: made only while an approval waits for :meth:`run_wound_down`; set and
+    #: dropped by the next snapshot or the end of the task (:meth:`wake`)
+    wound: trio.Event | None = None
+    snaps: int = 0  # snapshots the socket delivered (an approval's re-check counts them)
 
     def remember(self, eid: str) -> bool:
         """Record a vendor id; ``False`` when it was already seen."""
@@ -108,6 +116,47 @@ class Conversation:
         while len(seen) > SEEN_IDS:
             del seen[next(iter(seen))]
         return True
+
+    def advance_anchor(self, ts: str | None, tdt: datetime | None) -> None:
+        """A persisted event stamped ``ts`` (parsed: ``tdt``) was handled: the
+        ``since`` anchor moves to it unless it is older."""
+        if tdt is not None:
+            adt = _parse_ts(self.anchor)
+            if adt is None or tdt >= adt:
+                self.anchor = ts
+
+    def snapshot_seen(self, ts: str | None) -> None:
+        """A ``full_state`` snapshot stamped ``ts`` (vendor time) came over the
+        socket: the newest one is kept and a waiting approval re-checks."""
+        self.snaps += 1
+        sdt = _parse_ts(ts)
+        if sdt is not None:
+            cur = _parse_ts(self.snap_ts)
+            if cur is None or sdt > cur:
+                self.snap_ts = ts
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake whatever waits on :attr:`wound` (a snapshot, a status change,
+        the task's end)."""
+        if self.wound is not None:
+            self.wound.set()
+            self.wound = None
+
+    def run_wound_down(self) -> bool:
+        """Whether the vendor's last run task is over as far as the socket
+        shows: a snapshot at or after the last applied status fact. The real
+        server flips the status (``waiting_for_confirmation``) inside its run
+        task, then waits for its callbacks, clears the task and publishes a
+        ``full_state`` snapshot; an approval posted before that is dropped
+        by the vendor (``respond_to_confirmation`` takes the still-live task
+        for "already running" and answers 200). A status fact replayed from
+        before the connect snapshot is older than it (wound down)."""
+        snap = _parse_ts(self.snap_ts)
+        if snap is None:
+            return False
+        last = _parse_ts(self.status_ts)
+        return last is None or snap >= last
 
     def persisted(self) -> dict[str, Any]:
         return {"v": STATE_VERSION, "id": self.id, "status": self.status, "status_ts": self.status_ts,

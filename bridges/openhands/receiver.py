@@ -303,6 +303,7 @@ class Receiver(Discovery, ConversationStore):
         finally:
             self._flush(conv, force=True, now=True)
             conv.detached = True  # the task is over
+            conv.wake()
             if conv.done is not None:
                 conv.done.set()
 
@@ -445,6 +446,8 @@ class Receiver(Discovery, ConversationStore):
             ts = None
         tdt = _parse_ts(ts)
         snap, status, ephemeral = M.frame_facts(ev)
+        if snap:
+            conv.snapshot_seen(ts)
         if conv.pending_snap is not None and not snap:
             pdt = _parse_ts(conv.pending_snap[0])
             if tdt is not None and (pdt is None or tdt >= pdt):
@@ -470,10 +473,8 @@ class Receiver(Discovery, ConversationStore):
                 await self._transition(conv, fresh, ts, cause=env["id"] if env else None)
         if reached and conv.pending_snap is not None and not snap:
             await self._apply_pending(conv)  # the replay is past the snapshot
-        if not ephemeral and tdt is not None:
-            adt = _parse_ts(conv.anchor)
-            if adt is None or tdt >= adt:
-                conv.anchor = ts
+        if not ephemeral:
+            conv.advance_anchor(ts, tdt)
 
     def _fresh(self, conv: Conversation, tdt: datetime | None) -> bool:
         """A status fact is applied unless it is older than the last one."""
@@ -514,6 +515,7 @@ class Receiver(Discovery, ConversationStore):
         settle = conv.settling if prev == M.WAITING else None
         moments = M.status_moments(prev, new, run_open=conv.run_id is not None)
         conv.status = new
+        conv.wake()  # an approval waiting on the vendor re-checks
         conv.notes.clear()
         if prev == M.WAITING:
             conv.settling = None

@@ -54,6 +54,7 @@ import uuid
 import warnings
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -634,6 +635,23 @@ class Rig:
         return await self.wait(lambda evs: next((e for e in evs if e["type"] in ("control.accepted", "control.rejected")
                                                  and e.get("cause") == cmd["id"]), None),
                                timeout, f"the ack of {cmd['type']}")
+
+
+def run_wound_down(events: list[dict]) -> bool:
+    """Whether the server's run task behind the last status flip of one
+    conversation's ``events`` (as the bridge published them) is over: a
+    ``state.snapshot`` stamped (vendor time) at or after the last
+    ``execution_status`` ``state.delta`` (the server publishes that snapshot
+    once the task has drained its callbacks and cleared itself). An approval
+    on the vendor side before that is dropped by the server
+    (``respond_to_confirmation`` answers 200 for a task it takes for
+    "already running"), so a test approving there waits for this first."""
+    def ts(e: dict) -> datetime:
+        return datetime.fromisoformat((e.get("data") or {}).get("vendor_ts") or "1970-01-01")
+    flips = [ts(e) for e in events if e["type"] == "state.delta"
+             and (e.get("data") or {}).get("key") == "execution_status"]
+    snaps = [ts(e) for e in events if e["type"] == "state.snapshot"]
+    return bool(snaps) and (not flips or max(snaps) >= max(flips))
 
 
 def server_posts(server: AgentServer, cid: str) -> list[str]:

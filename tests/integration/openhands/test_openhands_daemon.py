@@ -27,6 +27,7 @@ from tests.support.openhands import (
     dead_url,
     model_and_client,
     require_agent_server,
+    run_wound_down,
     server_posts,
 )
 from tests.support.schema import validated
@@ -81,6 +82,7 @@ async def test_1_and_4_new_conversation_observed_and_vendor_side_approval(server
         await stream.wait_for(lambda s: s.of(cid, "session.started"), what="session.started")
         await vendor.say(cid, "list the files [mark]")
         req = (await stream.wait_for(lambda s: s.of(cid, "attention.requested")))[0]
+        await stream.wait_for(lambda s: run_wound_down(s.of(cid)), what="the vendor's run wound down")
         await vendor.confirm(cid)
         await stream.wait_for(lambda s: s.of(cid, "run.finished"), what="run.finished")
     evs = validated(stream.of(cid))
@@ -256,6 +258,7 @@ async def test_8_daemon_restarted_mid_conversation(server, tmp_path, layout):
             cid = await vendor.create()
             await vendor.say(cid, "list the files [mark]")
             req = (await reader.wait_for(lambda s: s.of(cid, "attention.requested")))[0]
+            await reader.wait_for(lambda s: run_wound_down(s.of(cid)), what="the vendor's run wound down")
             await trio.sleep(1)
             before = reader.of(cid)
             reader.close()

@@ -24,6 +24,7 @@ from tests.support.openhands import (
     dead_url,
     model_and_client,
     require_agent_server,
+    run_wound_down,
     server_posts,
 )
 from tests.support.schema import validate_event, validated
@@ -76,6 +77,7 @@ async def test_discovers_a_new_conversation_and_synthesizes_the_run(server, tmp_
         await rig.wait(lambda e: rig.of(cid, "session.started"), what="session.started")
         await vendor.say(cid, "list the files [mark]")
         req = await rig.wait(lambda e: rig.of(cid, "attention.requested"), what="attention.requested")
+        await rig.wait(lambda e: run_wound_down(rig.of(cid)), what="the vendor's run wound down")
         await vendor.confirm(cid)
         await rig.wait(lambda e: rig.of(cid, "run.finished"), what="run.finished")
         evs = validated(rig.of(cid))
@@ -412,6 +414,7 @@ async def test_restart_reattaches_without_duplicates(server, tmp_path):
         cid = await vendor.create()
         await vendor.say(cid, "list the files [mark]")
         req = (await first.wait(lambda e: first.of(cid, "attention.requested")))[0]
+        await first.wait(lambda e: run_wound_down(first.of(cid)), what="the vendor's run wound down")
         await trio.sleep(0.7)
         first.stop()
         await trio.sleep(0.2)
@@ -517,3 +520,83 @@ async def test_live_frames_before_the_connect_snapshot_the_ask_has_its_run(tmp_p
     assert t.count("run.started") == 1 and t.index("run.started") < t.index("attention.requested"), t
     run_id = rig.of(cid, "run.started")[0]["run"]
     assert rig.of(cid, "attention.requested")[0]["run"] == run_id
+
+
+# --------------------------------------------------------------------------- approving while the run winds down
+
+_SLOW_WIND_DOWN = """\
+import runpy, time
+from openhands.sdk.utils import async_utils as au
+waited = au.AsyncCallbackWrapper.wait_for_pending
+def slow(self, timeout=None):
+    time.sleep(DELAY)
+    return waited(self, timeout)
+au.AsyncCallbackWrapper.wait_for_pending = slow
+runpy.run_module("openhands.agent_server", run_name="__main__", alter_sys=True)
+"""
+
+
+class SlowWindDownServer(AgentServer):
+    """The real agent server whose run task winds down ``delay`` s late
+    (fault injection: its wait for pending callbacks, which runs after the
+    flip to waiting_for_confirmation and before the task is cleared and the
+    end-of-run snapshot published, slowed the way a loaded machine does)."""
+
+    def __init__(self, python, delay: float) -> None:
+        super().__init__(python)
+        self.delay = delay
+
+    def argv(self) -> list[str]:
+        shim = self.scratch / "slow_wind_down.py"
+        shim.write_text(_SLOW_WIND_DOWN.replace("DELAY", repr(self.delay)))
+        return [str(self.python), str(shim), "--host", "127.0.0.1", "--port", str(self.port)]
+
+
+@pytest.mark.parametrize("attach", ["before the run", "while the run winds down"])
+async def test_approve_while_the_vendors_run_winds_down(tmp_path, attach):
+    """The race behind a flaky test_approve_over_control: the ask is raised
+    on the flip to waiting_for_confirmation, but the server's run task lives
+    on until its callbacks drain; an approval posted then is answered 200
+    and dropped (respond_to_confirmation takes the live task for "already
+    running"), and the run never finished. The window is widened here (3 s).
+    Attached before the run, the bridge saw the flip live: the approval
+    waits for the end-of-run snapshot and is written once. Attached inside
+    the window, its connect snapshot cannot tell: the end-of-run snapshot
+    with the ask still pending makes it write the approval again."""
+    srv = await trio.to_thread.run_sync(SlowWindDownServer(require_agent_server(), 3.0).start)
+    try:
+        rig = Rig(bridge_env(srv, tmp_path, control=True))
+        async with trio.open_nursery() as n:
+            mock = MockModel()
+            await n.start(mock.serve)
+            vendor = AgentClient(srv, mock.url)
+            cid = await vendor.create()
+            if attach == "before the run":
+                await n.start(rig.run)
+                await rig.wait(lambda e: rig.of(cid, "session.started"), what="session.started")
+            await vendor.say(cid, "list the files [mark]")
+            if attach != "before the run":
+                with trio.fail_after(30):
+                    while await vendor.status(cid) != "waiting_for_confirmation":
+                        await trio.sleep(0.05)
+                await n.start(rig.run)
+            req = (await rig.wait(lambda e: rig.of(cid, "attention.requested")))[0]
+            cmd = await rig.command("control.attention.respond", cid, subject=req["id"],
+                                    data={"answer": {"option": "approve"}})
+            assert (await rig.ack_for(cmd))["type"] == "control.accepted"
+            await rig.wait(lambda e: rig.of(cid, "run.finished"), what="run.finished")
+            evs = validated(rig.of(cid))
+            responds = [p for p in server_posts(srv, cid) if "confirmation" in p]
+            await vendor.http.aclose()
+            n.cancel_scope.cancel()
+    finally:
+        await trio.to_thread.run_sync(srv.cleanup)
+    t = types(evs)
+    assert t.index("control.accepted") < t.index("attention.answered") < t.index("tool.completed")
+    assert rig.of(cid, "attention.answered")[0]["cause"] == cmd["id"]
+    if attach == "before the run":
+        assert responds == [f"/api/conversations/{cid}/events/respond_to_confirmation"]
+    else:  # the window was hit: the connect snapshot was made after the flip
+        flip = next(e for e in evs if e["id"] == req["cause"])  # the flip that raised the ask
+        assert t[1] == "state.snapshot" and evs[1]["data"]["vendor_ts"] > flip["data"]["vendor_ts"]
+        assert 1 <= len(responds) <= 3

@@ -248,3 +248,122 @@ async def test_write_bodies_and_transport_failures():
     assert _json.loads(seen[0][2]) == {"accept": False, "reason": "no way"}
     assert _json.loads(seen[3][2]) == {"role": "user", "content": [{"type": "text", "text": "hi"}], "run": False}
     assert all(k == "k-secret-1" for *_, k in seen) and all("k-secret-1" not in p for _, p, _, _ in seen)
+
+
+# --------------------------------------------------------------------------- an approval and the vendor's run
+
+def _recorder():
+    """A POST client over a mock transport, and the paths it was sent."""
+    import httpx
+    posts: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        posts.append(request.url.path)
+        return httpx.Response(200, json={"success": True})
+    return httpx.AsyncClient(base_url="http://127.0.0.1:1", transport=httpx.MockTransport(handler)), posts
+
+
+async def _approve(frames_before, frames_after, *, autojump=False):
+    """Feed ``frames_before`` (real captured frames) to a receiver, start an
+    approval over control, let every task block, then feed
+    ``frames_after``. Returns (POSTs made before, POSTs after, the outcome)."""
+    import trio.testing
+
+    from tests.unit.openhands.test_openhands_receiver import Harness
+    h = Harness()
+    await h.feed(frames_before)
+    conv = h.conv
+    assert conv.status == "waiting_for_confirmation" and conv.attention_id
+    client, posts = _recorder()
+    ctl = C.OpenHandsControl(bridge(AEP_OPENHANDS_CONTROL="1", AEP_TOKEN="t").settings, h.rx, client=client)
+    plan = ctl.check(cmd(C.RESPOND, session=conv.id, subject=conv.attention_id,
+                         data={"answer": {"option": "approve"}}))
+    ctl.note(plan)
+    outcome: list[object] = []
+
+    async def perform() -> None:
+        try:
+            res = await ctl.perform(plan)
+        except Refuse as r:
+            outcome.append(r)
+            return
+        outcome.append(res)
+        if res.after_ack is not None:  # what the ledger runs once the ack is out
+            await res.after_ack()
+    async with trio.open_nursery() as n:
+        n.start_soon(perform)
+        await trio.testing.wait_all_tasks_blocked()
+        before = list(posts)
+        await h.feed(frames_after)
+        await trio.testing.wait_all_tasks_blocked()
+        if not autojump:
+            n.cancel_scope.cancel()  # what is left is the watch on a taken approval
+    await client.aclose()
+    return before, posts, outcome[0]
+
+
+async def test_an_approval_waits_until_the_vendors_run_wound_down():
+    """The real server flips to waiting_for_confirmation INSIDE its run task,
+    then waits for its callbacks, clears the task and publishes a full_state
+    snapshot. An approval posted before that snapshot is dropped by the
+    vendor (respond_to_confirmation takes the still-live task for "already
+    running" and answers 200): the flaky test_approve_over_control, the run
+    never finished. The approval waits for the snapshot, then posts."""
+    from tests.unit.openhands.test_openhands_receiver import frames
+    f = frames("approve")
+    assert f[6]["key"] == "execution_status" and f[8]["key"] == "full_state"  # flip, then the task's end
+    before, after, res = await _approve(f[:8], [f[8]])
+    assert before == [], "posted while the vendor's run task was still winding down"
+    assert after == ["/api/conversations/c0ffee00-0000-4000-8000-000000000001/events/respond_to_confirmation"]
+    assert getattr(res, "status", None) == 200
+
+
+async def test_an_approval_of_a_replayed_ask_posts_at_once():
+    """First attach to a conversation that has waited a while: the connect
+    snapshot (newer than the replayed flip) says the run is over."""
+    from tests.unit.openhands.test_openhands_receiver import frames
+    f = frames("approve")
+    before, _, _ = await _approve([f[8]] + f[1:8], [])
+    assert len(before) == 1
+
+
+async def test_an_approval_settled_meanwhile_writes_nothing():
+    """The conversation left waiting_for_confirmation while the approval
+    waited (a decision elsewhere): refused, no write (an approval of a
+    conversation no longer waiting would start a run)."""
+    from tests.unit.openhands.test_openhands_receiver import M_state, frames
+    f = frames("approve")
+    before, after, res = await _approve(f[:8], [M_state("execution_status", "idle", "2026-11-30T13:27:47.720000"),
+                                                 f[8]])
+    assert before == after == []
+    assert isinstance(res, Refuse) and res.reason == "refused"
+
+
+async def test_an_approval_with_no_snapshot_coming_posts_after_the_bound(autojump_clock):
+    """A server that never publishes the snapshot: the approval is written
+    after WIND_DOWN_WAIT (the old behaviour), not held forever."""
+    from tests.unit.openhands.test_openhands_receiver import frames
+    f = frames("approve")
+    before, after, res = await _approve(f[:8], [], autojump=True)
+    assert before == [] and len(after) == 1
+
+
+async def test_an_approval_the_vendor_dropped_is_written_again():
+    """Attached while the vendor's run wound down, the connect snapshot
+    (newer than the flip) cannot show the task still live: the approval
+    goes out at once and may be dropped. A snapshot after it with the ask
+    still pending (no flip out of waiting) is that evidence: written again."""
+    from tests.unit.openhands.test_openhands_receiver import frames
+    f = frames("approve")
+    end = dict(f[8], id="end-of-run", timestamp="2026-11-30T13:27:47.900000")
+    before, after, res = await _approve([f[8]] + f[1:8], [end])
+    assert len(before) == 1 and after == before * 2
+
+
+async def test_an_approval_the_vendor_took_is_written_once():
+    """The flip out of waiting follows the approval: nothing more is written
+    (and the watch ends with the flip)."""
+    from tests.unit.openhands.test_openhands_receiver import frames
+    f = frames("approve")
+    before, after, _ = await _approve(f[:9], f[9:])
+    assert len(before) == len(after) == 1
