@@ -99,7 +99,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_TOKEN", "unset", "bearer token (`Authorization: Bearer` or `?access_token=`); "
             "unset: watch-only, every command refused `unauthorized`", secret=True),
     Setting("AEP_EMITTER_TOKENS", "unset", "a file of per-emitter credentials, one "
-            "`name=token` a line (`#` comments); each is accepted wherever `AEP_TOKEN` is and "
+            "`name=token` a line (`#` comments); each is accepted where `AEP_TOKEN` is on "
+            "the relay (`/socket`, `POST /events`, `/stream`; the hook and ACP mounts take "
+            "only `AEP_TOKEN`) and "
             "names its holder: a session is bound to the credential that first claimed it, "
             "and no one else may emit into it or receive its commands, connected or not, "
             "across restarts (see \"Limits and hardening\"). The file must not be readable by group or "

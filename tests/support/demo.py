@@ -132,7 +132,7 @@ async def _opencode_part(server: VendorServer, daemon: DemoDaemon, stream, tail:
         say(f"the ask is pending in the console: {daemon.url}/ (token {TOKEN})"
             + ("" if hold is None else f"; answered for you in {hold:.0f} s otherwise"))
         if await _held_for_console(stream, sid, ask, hold):
-            say("answered in the console; the tool runs:")
+            say("answered (in the console or with aep-bridges respond); the tool runs:")
             await _wait(stream, lambda s: s.of(sid, "run.finished"), "OpenCode run.finished")
             await trio.sleep(0.3)
             await tail.caught_up(len(stream.events))
