@@ -94,7 +94,7 @@ def test_demo_console_waits_for_the_click_in_the_printed_url():
         out.append(rest)
         text = "".join(out)
         assert proc.returncode == 0, text[-6000:]
-        assert "answered in the console" in text and "answering the ask through the daemon" not in text
+        assert "answered (in the console or with aep-bridges respond)" in text and "answering the ask through the daemon" not in text
         assert "demo ▸ demo complete:" in text
     finally:
         if proc.poll() is None:  # SIGINT first: the demo stops its daemon and OpenCode itself
