@@ -7,7 +7,12 @@
   tee an editor runs as its agent command (:mod:`bridges.acp.tee`); exits
   with the agent's status.
 - ``aep-bridges tail``: follow an AEP endpoint as a human timeline
-  (:mod:`supervisor.tools.tail`).
+  (:mod:`supervisor.tools.tail`); ``respond``, ``cancel``, ``pause``,
+  ``resume``: one command to it (:mod:`supervisor.tools.control`). These
+  client commands take ``--config``/``--env-file``/``AEP_CONFIG`` as ``run``
+  does, for their default ``--url`` (``AEP_LISTEN``) and ``--token``.
+- ``aep-bridges doctor``: the machine against the configuration
+  (:mod:`supervisor.tools.doctor`).
 - ``aep-bridges service install [--systemd|--launchd]``: write the service
   unit for this install (:mod:`supervisor.tools.install`).
 - ``aep-bridges hook <agent> ...``: the command shim a vendor runs per hook
@@ -115,26 +120,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return refused
     cfg, bridges, problems = _load()
     from .sessionlog.statelock import StateDirBusy, hold
-
-    def busy(e: StateDirBusy) -> str:
-        who = f"aep-bridges pid {e.pid}" if e.pid else "another aep-bridges"
-        return (f"AEP_STATE_DIR={str(cfg.state_dir)!r}: in use by {who}; stop it "
-                "first, or give this daemon a state directory of its own")
     if problems:
         problems = _explain_in_use(cfg, problems, "stop it first (or give this one other "
                                                   "ports: AEP_LISTEN, AEP_OTLP_*_LISTEN)")
-        if cfg.state_dir.is_dir():  # the same daemon on its ports and its state directory
-            try:
-                hold(cfg.state_dir).release()
-            except StateDirBusy as e:
-                problems = [busy(e), *problems]
-            except OSError:
-                pass
+        if (held := _lock_holder(cfg.state_dir)) is not None:  # the same daemon on its ports
+            problems = ["; ".join(held.refusal()), *problems]  # and its state directory
         return _refuse(problems)
     try:  # one daemon per state directory: the session logs and state files have one writer
         lock = hold(cfg.state_dir)
     except StateDirBusy as e:
-        return _refuse([busy(e)])
+        return _refuse(["; ".join(e.refusal())])
     except OSError as e:
         return _refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: cannot lock "
                         f"{e.filename or 'daemon.lock'}: {e.strerror or e}"])
@@ -144,6 +139,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return trio.run(run_daemon, cfg, bridges)
     finally:
         lock.release()
+
+
+def _lock_holder(state_dir: Any) -> Any:
+    """The :class:`~supervisor.sessionlog.statelock.StateDirBusy` of a live
+    holder of ``state_dir``'s lock, or ``None`` (free, absent, unreadable:
+    ``run`` reports the last when it tries). Never takes the lock."""
+    from .sessionlog.statelock import StateDirBusy, probe
+    try:
+        probe(state_dir)
+    except StateDirBusy as e:
+        return e
+    except OSError:
+        pass
+    return None
 
 
 def _cmd_relay(args: argparse.Namespace) -> int:
@@ -169,9 +178,9 @@ def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:
     """The ``/healthz`` body of an aep-bridges daemon answering on
     ``listen``, or ``None`` (nothing there, or something that is not us)."""
     import httpx
-    host, port = listen
-    host = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
-    url = f"http://[{host}]:{port}/healthz" if ":" in host else f"http://{host}:{port}/healthz"
+
+    from .tools.tail import default_url
+    url = default_url({"AEP_LISTEN": f"{listen[0]}:{listen[1]}"}) + "/healthz"
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
         body = httpx.get(url, headers=headers, timeout=2, trust_env=False).json()
@@ -200,13 +209,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if refused is not None:
         return refused
     # check creates nothing: a missing state directory is reported, not made
-    cfg, _, problems = _load(check_ports=not args.no_ports, create=False)
-    problems = _explain_in_use(cfg, problems, "to validate this configuration beside it: "
-                                              "aep-bridges check --no-ports")
+    cfg, bridges, problems = _load(check_ports=not args.no_ports, create=False)
+    problems, notes = _held_by_ours(cfg, bridges, problems, _lock_holder(cfg.state_dir),
+                                    ports=not args.no_ports)
     if problems:
         return _refuse(problems)
     print("aep-bridges: configuration ok: bridges "
           + (", ".join(s.key for s in cfg.enabled) or "none"))
+    for note in notes:
+        print(f"aep-bridges: note: {note}")
     _print_sources(sources)
     if not cfg.state_dir.exists():
         print(f"aep-bridges: state directory {cfg.state_dir} will be created by the first run")
@@ -218,6 +229,38 @@ def _cmd_check(args: argparse.Namespace) -> int:
         for line in lines:
             print(f"aep-bridges: {line}")
     return 0
+
+
+def _held_by_ours(cfg: config_mod.Config, bridges: list[Any], problems: list[str], lock: Any,
+                  *, ports: bool) -> tuple[list[str], list[str]]:
+    """``check``'s ``(problems, notes)`` for ports in use and the state
+    directory's lock (``lock``: its live holder or ``None``), as ``doctor``
+    sees them: held by the running daemon of this same configuration (it
+    answers ``/healthz`` on ``AEP_LISTEN`` running exactly the configured
+    bridges) is a note, not a problem; held by anything else is a problem
+    (``run``'s own words for the lock). ``ports=False`` (``--no-ports``):
+    nothing held is a problem, a held lock is a note."""
+    in_use = [p for p in problems if "address in use" in p]
+    if lock is not None and not ports:
+        return problems, [f"{lock.refusal()[0]} (not checked: --no-ports)"]
+    if not in_use and lock is None:
+        return problems, []
+    health = running_daemon(cfg.listen, cfg.token)
+    names = sorted(str(b.name) for b in bridges)
+    if health is not None and sorted(health.get("bridges") or {}) == names:
+        notes = [p.replace("address in use or not bindable", "held by the running aep-bridges "
+                           "daemon") for p in in_use]
+        if lock is not None:
+            pid = f" pid {lock.pid}" if lock.pid else ""
+            notes.insert(0, f"AEP_STATE_DIR={str(cfg.state_dir)!r}: held by the running "
+                            f"aep-bridges daemon{pid}")
+        notes.append(f"that daemon runs this configuration on {cfg.listen[0]}:{cfg.listen[1]}; "
+                     "run would refuse while it runs")
+        return [p for p in problems if p not in in_use], notes
+    why = "" if health is None else " (a daemon with other bridges: not this configuration's)"
+    problems = _explain_in_use(cfg, problems, f"to validate this configuration beside it{why}: "
+                                              "aep-bridges check --no-ports")
+    return (problems if lock is None else ["; ".join(lock.refusal()), *problems]), []
 
 
 def _print_sources(sources: Any) -> None:
@@ -235,13 +278,16 @@ def _print_sources(sources: Any) -> None:
         print(f"  {n}={shown}  ({sources.of_name(n)})")
 
 
-def _tail_parser(sub: Any) -> None:
+def _tail_parser(sub: Any, settings: argparse.ArgumentParser) -> None:
     from .tools.tail import default_url
-    tail = sub.add_parser("tail", help="follow an AEP endpoint's /stream as a human timeline")
+    tail = sub.add_parser("tail", parents=[settings],
+                          help="follow an AEP endpoint's /stream as a human timeline")
     tail.add_argument("--url", default=None,
-                      help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN;"
-                           f" here now {default_url().replace('%', '%%')})")  # argparse %-formats help
-    tail.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
+                      help="the AEP endpoint (default: the local relay, http:// + AEP_LISTEN of "
+                           "the environment or --config; here now without --config "
+                           f"{default_url().replace('%', '%%')})")  # argparse %-formats help
+    tail.add_argument("--token", default=None,
+                      help="bearer token (default: AEP_TOKEN of the environment or --config)")
     tail.add_argument("--filter", action="append", default=[], metavar="F",
                       help="attr-match filter: JSON object or key=value[,value] (agent=codex, "
                            "type=attention.*, severity>=warning); repeatable")
@@ -259,7 +305,7 @@ def _tail_parser(sub: Any) -> None:
 def _cmd_tail(args: argparse.Namespace) -> int:
     import json
 
-    from .tools.tail import default_url, parse_filter, run
+    from .tools.tail import parse_filter, run
     try:
         flt = parse_filter(args.filter)
         from_ = args.from_
@@ -270,16 +316,21 @@ def _cmd_tail(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"aep-bridges tail: {e}", file=sys.stderr)
         return 2
+    if (refused := _apply_settings(args)[0]) is not None:
+        return refused
     from .tools.resume import position_file
-    token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
-    url = args.url or default_url()
+    url, token = _endpoint(args)
     return run(url, token=token, flt=flt, from_=from_, as_json=args.json,
                limit=args.limit, color=args.color,
                resume_file=None if args.no_resume else position_file(url, os.environ))
 
 
 def _endpoint(args: argparse.Namespace) -> tuple[str, str | None]:
-    """``--url`` (default: the local relay) and ``--token`` (default: ``$AEP_TOKEN``)."""
+    """A client command's ``--url`` (default: the local relay,
+    ``http://`` + ``AEP_LISTEN``) and ``--token`` (default: ``AEP_TOKEN``).
+    The defaults come from ``os.environ`` after :func:`_apply_settings`:
+    the environment wins over ``--env-file``, that over ``--config`` (as
+    for ``run``); a flag wins over all."""
     from .tools.tail import default_url
     token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
     return args.url or default_url(), token
@@ -317,6 +368,8 @@ def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
 
 def _cmd_control(args: argparse.Namespace) -> int:
     from .tools import control
+    if (refused := _apply_settings(args)[0]) is not None:
+        return refused
     url, token = _endpoint(args)
     name = f"aep-bridges {args.cmd}"
     try:
@@ -325,6 +378,8 @@ def _cmd_control(args: argparse.Namespace) -> int:
                 raise ValueError("expected [SESSION] REQUEST_ID")
             request = args.ids[-1]
             session = args.ids[0] if len(args.ids) == 2 else _find_session(url, token, request)
+            if isinstance(session, int):
+                return session  # the endpoint could not be read: said
             if session is None:
                 print(f"{name}: {url} holds no attention.requested with id {request}; "
                       "give its session: respond SESSION REQUEST_ID", file=sys.stderr)
@@ -342,16 +397,24 @@ def _cmd_control(args: argparse.Namespace) -> int:
     return control.send(url, token, command, ack_window_ms=args.ack_window, wait_s=args.wait)
 
 
-def _find_session(url: str, token: str | None, request: str) -> str | None:
+def _find_session(url: str, token: str | None, request: str) -> str | int | None:
+    """The request's session, ``None`` when the endpoint holds no such ask,
+    or exit status 1 (said on stderr) when the endpoint cannot be read:
+    unreachable is not a bad argument (the documented exit statuses)."""
     import httpx
 
-    from .tools.control import find_session
+    from .tools.control import EXIT_UNREACHABLE, find_session
+    from .tools.tailstream import refused
     try:
         return find_session(url, token, request)
     except httpx.HTTPError as e:
-        print(f"aep-bridges respond: cannot read {url}/stream to find the request's session: {e}",
-              file=sys.stderr)
-        return None
+        if isinstance(e, httpx.TransportError) and (refused(e) or isinstance(e, httpx.ConnectError)):
+            why = "is the daemon running? --url URL, or --config FILE"
+        else:
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            why = f"{e}" + ("; pass --token or set AEP_TOKEN" if status in (401, 403) else "")
+        print(f"aep-bridges respond: cannot reach {url} ({why})", file=sys.stderr)
+        return EXIT_UNREACHABLE
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -377,7 +440,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         if not health:
             health.append(running_daemon(cfg.listen, cfg.token))
         return health[0] is not None and (bridge is None or bridge in health[0]["bridges"])
-    return doctor.run(cfg, bridges, problems + more, ours=ours)
+    return doctor.run(cfg, bridges, problems + more, ours=ours,
+                      lock=_lock_holder(cfg.state_dir))
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:
@@ -447,16 +511,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="run the embedded AEP relay alone on AEP_LISTEN")
     chk = sub.add_parser("check", parents=[env_file],
                          help="validate the configuration, say where each setting came from, exit")
-    chk.add_argument("--no-ports", action="store_true", help="skip the port-in-use checks")
+    chk.add_argument("--no-ports", action="store_true",
+                     help="skip the port-in-use checks (and a held state directory is only a note)")
     from bridges.acp import tee
     tee.add_arguments(sub.add_parser(
         "acp", help="the ACP tee: run as an editor's agent command, "
                     "aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD..."))
-    _tail_parser(sub)
-    endpoint = argparse.ArgumentParser(add_help=False)
+    _tail_parser(sub, env_file)
+    endpoint = argparse.ArgumentParser(add_help=False, parents=[env_file])
     endpoint.add_argument("--url", default=None,
-                          help="the AEP endpoint (default: the local relay, http:// + $AEP_LISTEN)")
-    endpoint.add_argument("--token", default=None, help="bearer token (default: $AEP_TOKEN)")
+                          help="the AEP endpoint (default: the local relay, http:// + AEP_LISTEN "
+                               "of the environment or --config)")
+    endpoint.add_argument("--token", default=None,
+                          help="bearer token (default: AEP_TOKEN of the environment or --config)")
     _control_parsers(sub, endpoint)
     sub.add_parser("doctor", parents=[env_file],
                    help="is this machine ready for the configured daemon? each bridge's vendor "

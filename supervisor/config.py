@@ -94,7 +94,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_CONFIG", "unset", "a TOML file of these settings, by these names "
-            "(`--config FILE` on `run`, `check`, `relay`); the environment wins over it"),
+            "(`--config FILE` on `run`, `relay`, `check`, `doctor` and the client commands `tail`, "
+            "`respond`, `cancel`, `pause`, `resume`); the environment wins over it"),
     Setting("AEP_LISTEN", f"`{DEFAULT_LISTEN}`", "embedded relay and `/healthz` listener"),
     Setting("AEP_TOKEN", "unset", "bearer token (`Authorization: Bearer` or `?access_token=`); "
             "unset: watch-only, every command refused `unauthorized`", secret=True),

@@ -1,5 +1,8 @@
-"""The configuration file: ``aep-bridges run|check|relay --config FILE``
-(or ``AEP_CONFIG=FILE``), TOML with the environment's own names.
+"""The configuration file: ``aep-bridges run|relay|check|doctor --config FILE``
+(or ``AEP_CONFIG=FILE``), TOML with the environment's own names; the
+client commands (``tail``, ``respond``, ``cancel``, ``pause``, ``resume``)
+read the same file for their default URL (``AEP_LISTEN``) and token
+(``AEP_TOKEN``).
 
 ::
 

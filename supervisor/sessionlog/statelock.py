@@ -36,6 +36,13 @@ class StateDirBusy(Exception):
         who = f"pid {pid}" if pid else "another process"
         super().__init__(f"{path} is held by {who}")
 
+    def refusal(self) -> tuple[str, str]:
+        """``(what, fix)``: the words of ``run``'s refusal (``what; fix``),
+        which ``doctor`` and ``check`` print too."""
+        who = f"aep-bridges pid {self.pid}" if self.pid else "another aep-bridges"
+        return (f"AEP_STATE_DIR={str(self.path.parent)!r}: in use by {who}",
+                "stop it first, or give this daemon a state directory of its own")
+
 
 class StateLock:
     """The held lock: an open descriptor on ``daemon.lock``. Keep the object
@@ -93,6 +100,30 @@ def hold(state_dir: Path) -> StateLock:
     return StateLock(path, fd)
 
 
+def probe(state_dir: Path) -> None:
+    """Is ``state_dir``'s lock free? Returns when it is (or when there is no
+    lock file: nothing ever held it); raises :class:`StateDirBusy` when a
+    live process holds it. Never takes the lock from anyone and writes
+    nothing (``doctor``, ``check``, a ``run`` refused for its ports): a
+    shared, non-blocking ``flock`` on a read-only descriptor, dropped at
+    once. A daemon starting in that instant is refused as if busy (it says
+    so; a start again succeeds). ``OSError`` when the file cannot be opened
+    (``run`` says the same when it tries)."""
+    path = Path(state_dir) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateDirBusy(path, _read_pid(fd)) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 def _read_pid(fd: int) -> int | None:
     try:
         text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
@@ -101,4 +132,4 @@ def _read_pid(fd: int) -> int | None:
         return None
 
 
-__all__ = ("LOCK_FILE", "StateDirBusy", "StateLock", "hold")
+__all__ = ("LOCK_FILE", "StateDirBusy", "StateLock", "hold", "probe")

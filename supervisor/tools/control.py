@@ -183,7 +183,9 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
     try:
         client.connect(connect_timeout_ms=10_000)
     except (TransportError, OSError) as e:
-        hint = " (pass --token or set AEP_TOKEN)" if getattr(e, "status", None) in (401, 403) else ""
+        from .tailstream import ELSEWHERE_HINT, refused
+        hint = " (pass --token or set AEP_TOKEN)" if getattr(e, "status", None) in (401, 403) \
+            else f" ({ELSEWHERE_HINT})" if refused(e) else ""
         print(f"{name}: cannot reach {url}: {e}{hint}", file=err)
         return EXIT_UNREACHABLE
     try:

@@ -4,7 +4,9 @@ Each finding with the fix for a failure (the ecosystem's ``aep doctor``).
 What it looks at, for the configuration ``check`` would validate (the same
 environment, ``--env-file`` and ``--config``):
 
-- the state directory: writable, or creatable (``check``'s own probe);
+- the state directory: writable, or creatable (``check``'s own probe), and
+  its lock (``daemon.lock``) free, or held by our own running daemon (fine);
+  held by another daemon is ``run``'s refusal, with the same words;
 - every port the daemon would bind (``AEP_LISTEN``, each bridge's
   listeners): free, held by our own running daemon (fine), or taken by
   something else;
@@ -136,10 +138,14 @@ def bridge_findings(bridge: Any) -> list[Finding]:
 
 
 def run(cfg: Any, bridges: Sequence[Any], problems: Iterable[str], *,
-        ours: Callable[[str | None], bool], out: TextIO | None = None) -> int:
+        ours: Callable[[str | None], bool], out: TextIO | None = None,
+        lock: Any = None) -> int:
     """Look at everything (module docstring), print the report, return 0
     (nothing failed) or 1. ``ours(bridge)``: our daemon answers on
-    ``AEP_LISTEN`` (and, given a bridge's name, runs that bridge)."""
+    ``AEP_LISTEN`` (and, given a bridge's name, runs that bridge).
+    ``lock``: the state directory's live holder
+    (:class:`~supervisor.sessionlog.StateDirBusy`: its ``pid`` and
+    ``refusal()``), ``None`` when free."""
     out = out or sys.stdout
     problems = list(problems)
     findings = [Finding(False, f"configuration: {p}",
@@ -147,7 +153,13 @@ def run(cfg: Any, bridges: Sequence[Any], problems: Iterable[str], *,
                         "to one" if p.startswith("AEP_STATE_DIR") else
                         "fix the setting (aep-bridges check says the same)") for p in problems]
     state = Path(cfg.state_dir)
-    if not any(p.startswith("AEP_STATE_DIR") for p in problems):
+    if lock is not None:  # run would refuse, unless it is the daemon this configuration runs
+        what, fix = lock.refusal()
+        pid = f" pid {lock.pid}" if lock.pid else ""
+        findings.append(Finding(True, f"state directory {state}: held by the running "
+                                      f"aep-bridges daemon{pid}") if ours(None) else
+                        Finding(False, what, fix))
+    elif not any(p.startswith("AEP_STATE_DIR") for p in problems):
         findings.append(Finding(True, f"state directory {state}: " + (
             "writable" if state.is_dir() else "created by the first run")))
     if cfg.relay_url is None:

@@ -63,14 +63,16 @@ OUTCOME_STYLE = {"tool.failed": "bold red", "run.failed": "bold red", "tool.deni
 _SEVERITY_STYLE = {"error": "bold red", "critical": "bold white on red", "warning": "yellow"}
 
 def default_url(environ: Mapping[str, str] | None = None) -> str:
-    """The local relay: ``http://`` + ``AEP_LISTEN`` (default ``127.0.0.1:8787``);
-    a wildcard listener is reached on loopback."""
+    """The local relay: ``http://`` + ``AEP_LISTEN`` (default ``127.0.0.1:8787``;
+    the client commands' ``--config`` has put the file's value there). A
+    wildcard listener is reached on loopback (``0.0.0.0`` -> ``127.0.0.1``,
+    ``::`` -> ``[::1]``), an IPv6 host in brackets."""
     env = os.environ if environ is None else environ
     listen = (env.get("AEP_LISTEN") or DEFAULT_LISTEN).strip()
     host, _, port = listen.rpartition(":")
-    if host in ("", "0.0.0.0", "::", "[::]"):
-        host = "127.0.0.1"
-    return f"http://{host}:{port}"
+    host = host.strip("[]")
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def parse_filter(specs: list[str]) -> dict[str, Any]:
@@ -287,6 +289,7 @@ class _Signals:
         self.skipped: dict[str, int] = {}
         self.attempts = 0
         self.connected = False
+        self.hinted = False
 
     def take(self, kind: str, item: Any) -> int | None:
         """Handle one ``comment`` or ``error`` item; an exit status ends ``tail``."""
@@ -320,9 +323,13 @@ class _Signals:
             return 1
         # each retry is visible, with its reason (the endpoint's own words, a
         # status line, are its content: made safe)
+        from .tailstream import ELSEWHERE_HINT, refused
         self.connected = False
         self.attempts += 1
-        print(_safe(f"aep-bridges tail: {url}: {item} (retrying, attempt {self.attempts})"),
+        hint = ""
+        if not self.hinted and refused(item):  # nothing listens there: said once
+            self.hinted, hint = True, f"; {ELSEWHERE_HINT}"
+        print(_safe(f"aep-bridges tail: {url}: {item} (retrying, attempt {self.attempts}{hint})"),
               file=err, flush=True)
         return None
 

@@ -30,7 +30,7 @@ from httpx_sse import EventSource, SSEError
 from bridges.core.aep import loads
 
 __all__ = ["subscribe", "settled", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
-           "OUTCOMES", "SETTLED_MAX", "settle"]
+           "OUTCOMES", "SETTLED_MAX", "settle", "ELSEWHERE_HINT", "refused"]
 
 MAX_EVENT = 16 << 20
 """The largest SSE event (characters) read; a larger one ends the subscription."""
@@ -39,6 +39,26 @@ OUTCOMES = ("attention.answered", "attention.resolved", "attention.timeout")
 """The types that settle an ``attention.requested`` (its ``subject``)."""
 SETTLED_MAX = 100_000
 """The most settled asks :func:`settled` remembers."""
+
+
+ELSEWHERE_HINT = "is the daemon elsewhere? --url URL, or --config FILE"
+"""Said once when nothing listens where a client command looked (``tail``,
+``respond``, ...): the endpoint is most often a daemon started from a config
+file on other ports."""
+
+
+def refused(error: BaseException) -> bool:
+    """``error`` (or what it was raised from) is a refused TCP connection:
+    nothing listens there. The SDK and this module's reader carry the
+    failure as text in a ``TransportError``, so its words count too."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a bounded walk of the cause chain
+        if seen is None:
+            break
+        if isinstance(seen, ConnectionRefusedError) or "Connection refused" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class BadEvent(ValueError):

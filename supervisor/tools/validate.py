@@ -197,9 +197,15 @@ def _where(path: Iterable[Any]) -> str:
 
 
 def _label(ev: Any) -> str:
-    if isinstance(ev, dict):
-        return f"{ev.get('type')!s} id={ev.get('id')!s}"
-    return type(ev).__name__
+    """The event's ``type id=ID``, what of it there is; a line with neither
+    (or no JSON object) is said to be no AEP event, never ``None id=None``."""
+    if not isinstance(ev, dict):
+        return f"not an AEP event: a JSON {type(ev).__name__}"
+    etype, eid = ev.get("type"), ev.get("id")
+    if not isinstance(etype, str) and not isinstance(eid, str):
+        return "not an AEP event"
+    return (f"{etype if isinstance(etype, str) else 'no type'}"
+            + (f" id={eid}" if isinstance(eid, str) else ", no id"))
 
 
 _TERMINAL_RUN = {"run.finished", "run.failed", "run.cancelled"}
@@ -221,6 +227,8 @@ class _StreamRules:
 
     def feed(self, ev: dict[str, Any]) -> list[str]:
         src, eid = ev.get("source"), ev.get("id")
+        if not isinstance(eid, str):  # no id, nothing to dedupe by (the schema said so)
+            return self._order(ev) + self._terminals(ev) + self._attention(ev) + self._acks(ev)
         canon = json.dumps(ev, sort_keys=True, default=str)
         prev = self.seen.get((src, eid))
         if prev is not None:  # a redelivery: dedupe, no further rules

@@ -93,11 +93,19 @@ def test_the_env_file_feeds_run_and_check(installed, tmp_path):
 def test_check_beside_a_running_daemon_names_it(tmp_path):
     with run_daemon(tmp_path, {"AEP_BRIDGE_OTLP_IN": "0"}, healthy=True) as d:
         env = {k: v for k, v in d.env.items()}
+        # the running daemon of this same configuration: ok with notes, as doctor says
         r = subprocess.run(console_script() + ["check"], capture_output=True, text=True,
                            env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "note: AEP_LISTEN=" in r.stdout and "held by the running aep-bridges daemon" \
+            in r.stdout, r.stdout
+        # another configuration (other bridges) on its port and state directory: problems
+        r = subprocess.run(console_script() + ["check"], capture_output=True, text=True,
+                           env={**env, "AEP_BRIDGE_OTLP_IN": "1"}, timeout=60)
         assert r.returncode == 2
         assert "held by the running aep-bridges daemon" in r.stderr, r.stderr
-        assert "aep-bridges check --no-ports" in r.stderr
+        assert "not this configuration's" in r.stderr and "aep-bridges check --no-ports" in r.stderr
+        assert f"in use by aep-bridges pid {d.proc.pid}" in r.stderr, r.stderr
         r = subprocess.run(console_script() + ["check", "--no-ports"], capture_output=True,
                            text=True, env=env, timeout=60)
         assert r.returncode == 0, r.stderr

@@ -111,3 +111,15 @@ def test_stdin(case, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(case["event"]) + "\n"))
     status, out, _ = run("-")
     assert status == 1 and out.startswith("<stdin>:1: ")
+
+
+def test_validate_says_a_line_is_no_aep_event_not_none_id_none(tmp_path):
+    f = tmp_path / "x.jsonl"
+    f.write_text('{"a": 1}\n{"b": 2}\n{"type": "x"}\n')
+    out = io.StringIO()
+    assert validate.run([str(f)], out=out, err=io.StringIO()) == 1
+    text = out.getvalue()
+    assert "None" not in text, text
+    assert f"{f}:1: (not an AEP event): " in text and "(x, no id)" in text
+    # two events without an id are not one id reused
+    assert "reused" not in text, text
