@@ -447,3 +447,49 @@ async def test_a_fleet_event_into_a_credentials_session_is_refused_and_counted(c
     refusals = [rec for rec in caplog.records if "refused_fleet_into_owned" in rec.getMessage()]
     assert len(refusals) == 1, refusals
     assert "alice-tok" not in caplog.text
+
+
+def test_the_journal_is_compacted_while_running_against_its_table(tmp_path):
+    """Outside review of issue 25: the journal grew by a line per new or
+    changed binding until the next start (compacted only past twice the
+    table's *cap*, 132,096 lines by default, however small the table). Now
+    past twice the table's size plus 1,024 lines, while running."""
+    path = tmp_path / "relay-bindings.jsonl"
+    b = Bindings(cap=65_536, grace_s=0)
+    b.open(path, now=0.0)
+    for i in range(5_000):  # one session rebound under a new source each time
+        b.bind("s", SHARED, f"aep://h/src/{i}", now=float(i))
+        b.bind(f"c{i % 3}", named("x"), A, now=float(i))
+    lines = path.read_text().splitlines()
+    assert len(lines) <= 2 * len(b) + 1024 + len(b), len(lines)
+    b.close()
+    again = Bindings(cap=65_536, grace_s=0)
+    assert again.open(path, now=0.0) == 4
+    assert again.get("s").source == "aep://h/src/4999"  # type: ignore[union-attr]
+
+
+def test_a_long_session_id_is_journaled_by_its_digest(tmp_path):
+    """Outside review of issue 25: a 100,000 character hook session id made
+    one journal line of that size (and the table held it whole). Past
+    ``KEY_MAX`` characters an id is keyed by a prefix and its SHA-256:
+    still the same session's binding across a restart, never another's."""
+    path = tmp_path / "relay-bindings.jsonl"
+    long_id, twin = "x" * 100_000, "x" * 99_999 + "y"
+    long_src = "aep://h/" + "\u00e9" * 50_000
+    b = Bindings(cap=8, grace_s=3600)
+    b.open(path, now=0.0)
+    b.bind(long_id, SHARED, long_src, now=0.0)
+    b.bind_fleet("f" * 5_000, A, now=0.0)
+    assert b.refusal(long_id, SHARED, long_src, now=1.0, live=True) is None
+    assert b.refusal(long_id, SHARED, A, now=1.0, live=True) is not None
+    assert b.get(twin) is None
+    b.close()
+    text = path.read_text()
+    assert max(len(line) for line in text.splitlines()) < 2_048, len(text)
+    again = Bindings(cap=8, grace_s=3600)
+    assert again.open(path, now=0.0) == 2
+    assert again.get(long_id).principal == SHARED  # type: ignore[union-attr]
+    assert again.refusal(long_id, SHARED, long_src, now=1.0, live=False) is None
+    assert again.get("f" * 5_000).principal == FLEET  # type: ignore[union-attr]
+    assert again.get(twin) is None and again.get("f" * 4_999) is None
+    again.close()
