@@ -396,8 +396,8 @@ class Pump:
                 await m.sink.send(ev, item.redelivery, raw)
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
             if type(e).__name__ == "FleetRefused":
-                # a session a per-emitter credential holds, bound since the
-                # pump asked (:meth:`_refused`): a drop the relay counted and
+                # a session not the fleet's to take (a credential's, a held
+                # shared one, another agent's bridge's), since the pump asked (:meth:`_refused`): a drop the relay counted and
                 # logged, not a fault (one OTLP record can send one)
                 return
             self.counters["sink_errors"] += 1

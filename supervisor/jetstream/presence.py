@@ -10,7 +10,8 @@ the command listener on ``S.cmd.<daemon>`` (the shapes:
   emits a sequenced event of it, as in the embedded relay (AEP-0004 §4.5),
   and binds it to the fleet in KV ``S_bindings`` (no remote emitter on any
   relay may claim it then, :mod:`supervisor.jetstream.owners`; a session a
-  per-emitter credential holds there is never taken: not claimed, the
+  per-emitter credential holds there, or a shared-token one whose ``at``
+  is within ``AEP_CLAIM_GRACE`` plus a refresh, is never taken: not claimed, the
   fleet's events in it dropped, :meth:`Presence.refuses`),
   bounded per bridge to ``AEP_MAX_SESSIONS`` (least recently used
   released); :class:`Presence` puts each new claim at once (one that
@@ -226,7 +227,8 @@ class Presence:
     # -- the fleet's side (sync, on the pump) -----------------------------------------
     def refuses(self, event: Mapping[str, Any]) -> bool:
         """Whether ``event`` of a bridge is in a session a per-emitter
-        credential holds in KV ``S_bindings`` (:attr:`lost`): counted
+        credential (or a shared-token emitter within its hold) holds in KV
+        ``S_bindings`` (:attr:`lost`): counted
         ``refused_fleet_into_owned``; the fleet drops it (not logged, not
         published). Commands are not refused."""
         session = event.get("session")

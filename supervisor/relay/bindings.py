@@ -13,20 +13,28 @@ party, never what it asserts:
   deployment holds; :data:`ANONYMOUS`: no token configured at all.
 
 The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
-``POST /events`` event of a named emitter) meets, :meth:`Bindings.refusal`:
+``POST /events`` event of a named emitter, which also meets the hold of
+another live claimant's session, as on ``/socket``: outside review of
+issue 25) meets, :meth:`Bindings.refusal`:
 
 - an unbound session is bound to the first claimant's principal and source;
 - a :data:`FLEET` session is the fleet's for ever: no remote party may emit
   its sequenced events;
 - a fleet bridge that emits into a session bound to the shared or the
   anonymous principal takes it back (:meth:`Bindings.bind_fleet`: a remote
-  party that pre-claimed a fleet session after a restart loses it), but
-  never one bound to a per-emitter credential (:func:`fleet_refusal`): the
-  OTLP receiver is unauthenticated and a ``conversation.id`` becomes the
-  session verbatim, so anyone who read a credential's session id on
-  ``/stream`` could otherwise make the fleet take it (outside review of
-  issue 25). The fleet's events into it are refused instead (counted
-  ``refused_fleet_into_owned``), never logged, never admitted;
+  party that pre-claimed a fleet session after a restart loses it) only
+  once that binding is free by the rule any other claimant meets (no
+  remote claimant connected and ``grace_s`` passed since the last one
+  left), and never one bound to a per-emitter credential
+  (:func:`fleet_refusal`): the OTLP receiver is unauthenticated and a
+  ``conversation.id`` becomes the session verbatim, so anyone who read a
+  session id on ``/stream`` could otherwise make the fleet take it
+  (outside review of issue 25). Nor does a fleet bridge enter a session a
+  fleet bridge of another agent claims now (two claimants: every command
+  ``ambiguous``; two bridges of one agent share sessions by design):
+  :meth:`.ingest.Ingest.fleet_refusal`. The fleet's events into such a
+  session are refused instead (counted ``refused_fleet_into_owned``,
+  logged once per session), never logged, never admitted;
 - a named principal's session is that principal's: no one else may claim
   it, its owner connected or not, before or after a restart;
 - the shared and anonymous principals cannot be told apart: a session
@@ -46,9 +54,13 @@ of issue 25); a principal with no other binding pushes out the shared
 principal's least recently used, then the least recently used verified
 one that is not the fleet's, the fleet's last.
 Kept across restarts in a journal (:meth:`Bindings.open`: one JSON line a
-binding, appended when it is made, compacted at start): a restarted relay
+binding, appended when it is made or changed, compacted at start and
+whenever the lines appended since exceed twice the table plus 1,024, so
+it stays within about three times the table): a restarted relay
 remembers who owned what, and the shared principal's grace restarts from
-the restart (every connection dropped at once)."""
+the restart (every connection dropped at once). A session id or source
+longer than :data:`KEY_MAX` characters is kept as a prefix and its
+SHA-256 (:func:`key`), in the table and the journal alike."""
 from __future__ import annotations
 
 import hashlib
