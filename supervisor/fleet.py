@@ -174,7 +174,8 @@ class Fleet(Pump, HandOff):
             self.jetstream = JetStreamSink(
                 cfg.nats, daemon_id(cfg.state_dir, self.host), host=self.host, epoch=self.epoch,
                 hellos={n: hello_for(m.bridge, self.host) for n, m in self.members.items()},
-                max_sessions=cfg.max_sessions, hand=self._hand_by_name, state_dir=cfg.state_dir)
+                max_sessions=cfg.max_sessions, hand=self._hand_by_name, state_dir=cfg.state_dir,
+                claim_grace_s=cfg.claim_grace)
         self.metrics.watch(self)
         self._bridges_scope = trio.CancelScope()
         self._bridges_done: trio.Event | None = None  # set once every bridge task has ended

@@ -285,8 +285,10 @@ class Pump:
                  ) -> set[int] | None:
         """The indices of the events their bridge's sink refuses whatever
         happens (``sink.refuses``: the embedded relay's, for an event into
-        a session a per-emitter credential holds, counted and logged once
-        per session there; JetStream's, a session such a credential holds
+        a session that is not the fleet's to take, a per-emitter
+        credential's, a shared-token emitter's while held, or another
+        agent's bridge's (:meth:`~supervisor.relay.ingest.Ingest.fleet_refusal`),
+        counted and logged once per session there; JetStream's, a session such a credential holds
         in KV ``S_bindings``: :meth:`~supervisor.jetstream.presence.Presence.refuses`),
         or ``None``. One question per change of bridge or session (a drain
         has few)."""
@@ -394,8 +396,8 @@ class Pump:
                 await m.sink.send(ev, item.redelivery, raw)
         except Exception as e:  # noqa: BLE001 -- a sink fault must not stop the pump
             if type(e).__name__ == "FleetRefused":
-                # a session a per-emitter credential holds, bound since the
-                # pump asked (:meth:`_refused`): a drop the relay counted and
+                # a session not the fleet's to take (a credential's, a held
+                # shared one, another agent's bridge's), since the pump asked (:meth:`_refused`): a drop the relay counted and
                 # logged, not a fault (one OTLP record can send one)
                 return
             self.counters["sink_errors"] += 1

@@ -10,7 +10,8 @@ the command listener on ``S.cmd.<daemon>`` (the shapes:
   emits a sequenced event of it, as in the embedded relay (AEP-0004 §4.5),
   and binds it to the fleet in KV ``S_bindings`` (no remote emitter on any
   relay may claim it then, :mod:`supervisor.jetstream.owners`; a session a
-  per-emitter credential holds there is never taken: not claimed, the
+  per-emitter credential holds there, or a shared-token one whose ``at``
+  is within ``AEP_CLAIM_GRACE`` plus a refresh, is never taken: not claimed, the
   fleet's events in it dropped, :meth:`Presence.refuses`),
   bounded per bridge to ``AEP_MAX_SESSIONS`` (least recently used
   released); :class:`Presence` puts each new claim at once (one that
@@ -195,8 +196,12 @@ class Presence:
 
     def __init__(self, cfg: NatsConfig, daemon: str, *, host: str, epoch: int,
                  hellos: Mapping[str, Mapping[str, Any]], max_sessions: int,
-                 hand: Callable[[str, dict[str, Any]], bool]) -> None:
+                 hand: Callable[[str, dict[str, Any]], bool],
+                 claim_grace_s: float = 120.0) -> None:
         self.cfg = cfg
+        #: ``AEP_CLAIM_GRACE``: a shared-token binding younger than it (plus
+        #: one claim refresh) is held (:meth:`_bind`)
+        self.claim_grace_s = claim_grace_s
         self.daemon = daemon
         self.host = host
         self.epoch = epoch
@@ -222,7 +227,8 @@ class Presence:
     # -- the fleet's side (sync, on the pump) -----------------------------------------
     def refuses(self, event: Mapping[str, Any]) -> bool:
         """Whether ``event`` of a bridge is in a session a per-emitter
-        credential holds in KV ``S_bindings`` (:attr:`lost`): counted
+        credential (or a shared-token emitter within its hold) holds in KV
+        ``S_bindings`` (:attr:`lost`): counted
         ``refused_fleet_into_owned``; the fleet drops it (not logged, not
         published). Commands are not refused."""
         session = event.get("session")
@@ -369,7 +375,9 @@ class Presence:
     async def _bind(self, session: str) -> bool:
         """Bind ``session`` to the fleet in KV ``S_bindings``, so no remote
         emitter on any relay may claim it (:mod:`.owners`): created, or
-        taken back (compare-and-set) from the shared or anonymous principal,
+        taken back (compare-and-set) from the shared or anonymous principal
+        once its ``at`` is older than ``AEP_CLAIM_GRACE`` plus one claim
+        refresh (its relays re-put ``at`` while a claimant is connected),
         never from a per-emitter credential (:func:`~supervisor.relay.fleet_refusal`:
         returns ``False`` then, nothing written). One that fails is tried
         again with the claim's next refresh (counted ``kv_errors``)."""
@@ -393,8 +401,16 @@ class Presence:
                     entry = await aio(kv.get)(key)
                 except (jerr.KeyNotFoundError, jerr.KeyDeletedError):
                     continue
-                bound = (parse_value(entry.value) or {}).get("principal")
-                if isinstance(bound, str) and fleet_refusal(bound) is not None:
+                v = parse_value(entry.value) or {}
+                bound = v.get("principal")
+                if not isinstance(bound, str):
+                    bound = "anonymous"  # unreadable: a shared one, free when idle
+                at = v["at"] if isinstance(v.get("at"), int) else 0
+                # a claimant's liveness on another relay is not known here:
+                # its relay re-puts "at" each claim refresh while it is
+                # connected, so one older than the grace plus a refresh is idle
+                idle_ms = (self.claim_grace_s + max(self.cfg.claim_ttl / 3, 0.5)) * 1000
+                if fleet_refusal(bound, free=_now_ms() - at >= idle_ms) is not None:
                     return False
                 try:
                     await aio(kv.update)(key, mine, last=entry.revision)
@@ -408,14 +424,16 @@ class Presence:
             return True
 
     def _lose(self, session: str) -> None:
-        """A per-emitter credential holds ``session`` in KV ``S_bindings``:
+        """A per-emitter credential, or a shared-token emitter within its
+        hold, holds ``session`` in KV ``S_bindings``:
         the fleet's claims of it are withdrawn (its commands reach the
         credential alone) and its later events there are dropped
         (:meth:`refuses`); logged once per session."""
         lost = self.lost
         if session not in lost:
             log.warning("nats: a bridge of this daemon emitted into session %r, which a "
-                        "per-emitter credential holds in the bindings bucket; its events there "
+                        "per-emitter credential (or a shared-token emitter still connected or "
+                        "within AEP_CLAIM_GRACE) holds in the bindings bucket; its events there "
                         "are dropped (an OTLP sender naming that session? counted in "
                         "refused_fleet_into_owned)", session[:128])
         lost[session] = None

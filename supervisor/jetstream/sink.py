@@ -41,7 +41,7 @@ class JetStreamSink:
     def __init__(self, cfg: NatsConfig, daemon: str, *, host: str, epoch: int,
                  hellos: Mapping[str, Mapping[str, Any]], max_sessions: int,
                  hand: Callable[[str, dict[str, Any]], bool],
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, claim_grace_s: float = 120.0) -> None:
         self.cfg = cfg
         #: where the JSONL logs are (``None``: no recovery of a killed run's outbox)
         self.state_dir = state_dir
@@ -53,7 +53,8 @@ class JetStreamSink:
         self.host = host
         self.publisher = Publisher(cfg, daemon)
         self.presence = Presence(cfg, daemon, host=host, epoch=epoch, hellos=hellos,
-                                 max_sessions=max_sessions, hand=hand)
+                                 max_sessions=max_sessions, hand=hand,
+                                 claim_grace_s=claim_grace_s)
         self.stream_state: str | None = None
         self.link: Any = None
 

@@ -13,20 +13,28 @@ party, never what it asserts:
   deployment holds; :data:`ANONYMOUS`: no token configured at all.
 
 The rules a remote claimant (a ``/socket`` emitter's sequenced event; a
-``POST /events`` event of a named emitter) meets, :meth:`Bindings.refusal`:
+``POST /events`` event of a named emitter, which also meets the hold of
+another live claimant's session, as on ``/socket``: outside review of
+issue 25) meets, :meth:`Bindings.refusal`:
 
 - an unbound session is bound to the first claimant's principal and source;
 - a :data:`FLEET` session is the fleet's for ever: no remote party may emit
   its sequenced events;
 - a fleet bridge that emits into a session bound to the shared or the
   anonymous principal takes it back (:meth:`Bindings.bind_fleet`: a remote
-  party that pre-claimed a fleet session after a restart loses it), but
-  never one bound to a per-emitter credential (:func:`fleet_refusal`): the
-  OTLP receiver is unauthenticated and a ``conversation.id`` becomes the
-  session verbatim, so anyone who read a credential's session id on
-  ``/stream`` could otherwise make the fleet take it (outside review of
-  issue 25). The fleet's events into it are refused instead (counted
-  ``refused_fleet_into_owned``), never logged, never admitted;
+  party that pre-claimed a fleet session after a restart loses it) only
+  once that binding is free by the rule any other claimant meets (no
+  remote claimant connected and ``grace_s`` passed since the last one
+  left), and never one bound to a per-emitter credential
+  (:func:`fleet_refusal`): the OTLP receiver is unauthenticated and a
+  ``conversation.id`` becomes the session verbatim, so anyone who read a
+  session id on ``/stream`` could otherwise make the fleet take it
+  (outside review of issue 25). Nor does a fleet bridge enter a session a
+  fleet bridge of another agent claims now (two claimants: every command
+  ``ambiguous``; two bridges of one agent share sessions by design):
+  :meth:`.ingest.Ingest.fleet_refusal`. The fleet's events into such a
+  session are refused instead (counted ``refused_fleet_into_owned``,
+  logged once per session), never logged, never admitted;
 - a named principal's session is that principal's: no one else may claim
   it, its owner connected or not, before or after a restart;
 - the shared and anonymous principals cannot be told apart: a session
@@ -46,11 +54,16 @@ of issue 25); a principal with no other binding pushes out the shared
 principal's least recently used, then the least recently used verified
 one that is not the fleet's, the fleet's last.
 Kept across restarts in a journal (:meth:`Bindings.open`: one JSON line a
-binding, appended when it is made, compacted at start): a restarted relay
+binding, appended when it is made or changed, compacted at start and
+whenever the lines appended since exceed twice the table plus 1,024, so
+it stays within about three times the table): a restarted relay
 remembers who owned what, and the shared principal's grace restarts from
-the restart (every connection dropped at once)."""
+the restart (every connection dropped at once). A session id or source
+longer than :data:`KEY_MAX` characters is kept as a prefix and its
+SHA-256 (:func:`key`), in the table and the journal alike."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -58,8 +71,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "SHARED", "binding_refusal",
-           "fleet_refusal", "is_verified", "named"]
+__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "KEY_MAX", "SHARED", "binding_refusal",
+           "fleet_refusal", "is_verified", "key", "named"]
 
 log = logging.getLogger("aep.relay")
 
@@ -67,6 +80,9 @@ FLEET = "fleet"
 SHARED = "token"
 ANONYMOUS = "anonymous"
 _NAMED = "emitter:"
+#: the longest session id or source the table and the journal keep
+#: verbatim (:func:`key`)
+KEY_MAX = 256
 
 
 def named(name: str) -> str:
@@ -100,15 +116,24 @@ def binding_refusal(bound: str, bound_source: str, principal: str, source: str,
             "while it is connected and for AEP_CLAIM_GRACE seconds after it left")
 
 
-def fleet_refusal(bound: str) -> str | None:
+def fleet_refusal(bound: str, free: bool) -> str | None:
     """The fleet's rule of the module docstring (pure): why a fleet bridge
-    may not emit into a session bound to ``bound``, or ``None`` (its own,
-    or the shared or anonymous principal's: taken back). A per-emitter
-    credential's session is never the fleet's to take."""
-    if bound != FLEET and is_verified(bound):
+    may not emit into a session bound to ``bound``, or ``None`` (its own;
+    the shared or anonymous principal's once ``free``: taken back). A
+    per-emitter credential's session is never the fleet's to take; a
+    shared or anonymous one only when it is free by the rule any other
+    claimant meets (``free``: no remote claimant connected and
+    ``AEP_CLAIM_GRACE`` passed since the last one left)."""
+    if bound == FLEET:
+        return None
+    if is_verified(bound):
         return ("this session is bound to a per-emitter credential; a bridge of this daemon "
                 "never takes it")
-    return None
+    if free:
+        return None
+    return ("this session is held for the emitter that claimed it with the shared token "
+            "while it is connected and for AEP_CLAIM_GRACE seconds after it left; a bridge "
+            "of this daemon takes it only then")
 
 
 class Binding:
@@ -151,22 +176,23 @@ class Bindings:
         return len(self._map)
 
     def get(self, session: str) -> Binding | None:
-        return self._map.get(session)
+        return self._map.get(key(session))
 
     def refusal(self, session: str, principal: str, source: str, now: float,
                 live: bool) -> str | None:
         """Why ``principal`` (under ``source``) may not claim ``session``,
         or ``None`` when it may (then :meth:`bind`). ``live``: whether a
         connected party claims the session now."""
-        b = self._map.get(session)
+        b = self._map.get(key(session))
         if b is None:
             return None
-        return binding_refusal(b.principal, b.source, principal, source,
+        return binding_refusal(b.principal, b.source, principal, key(source),
                                free=not live and now - b.seen >= self.grace_s)
 
     def bind(self, session: str, principal: str, source: str, now: float) -> None:
         """``principal`` claims ``session`` (allowed by :meth:`refusal`):
         bound to it (journaled when new or changed), marked live ``now``."""
+        session, source = key(session), key(source)
         b = self._map.get(session)
         if b is not None and b.principal == principal and (b.named or b.source == source):
             b.seen = now
@@ -174,11 +200,15 @@ class Bindings:
             return
         self._set(session, Binding(principal, source, now))
 
-    def fleet_refusal(self, session: str) -> str | None:
+    def fleet_refusal(self, session: str, now: float, live: bool) -> str | None:
         """Why a fleet bridge may not emit into ``session``
-        (:func:`fleet_refusal`: a per-emitter credential holds it), or ``None``."""
-        b = self._map.get(session)
-        return None if b is None else fleet_refusal(b.principal)
+        (:func:`fleet_refusal`: a per-emitter credential holds it, or the
+        shared principal while ``live``, a remote claimant connected, or
+        within the grace), or ``None``."""
+        b = self._map.get(key(session))
+        if b is None:
+            return None
+        return fleet_refusal(b.principal, free=not live and now - b.seen >= self.grace_s)
 
     def bind_fleet(self, session: str, source: str, now: float) -> bool:
         """A fleet bridge claims ``session`` (allowed by
@@ -187,14 +217,15 @@ class Bindings:
         someone else (the caller drops that party's claim). A session a
         per-emitter credential holds is left to it (``False``, nothing
         bound: the caller refused the event already)."""
+        session = key(session)
         b = self._map.get(session)
         if b is not None and b.principal == FLEET:
             b.seen = now
             self._refresh(session, b)
             return False
-        if b is not None and fleet_refusal(b.principal) is not None:
+        if b is not None and fleet_refusal(b.principal, free=True) is not None:
             return False
-        self._set(session, Binding(FLEET, source, now))
+        self._set(session, Binding(FLEET, key(source), now))
         return b is not None
 
     def touch(self, sessions: Iterable[str], now: float) -> None:
@@ -202,7 +233,7 @@ class Bindings:
         posted into, so the grace counts from here."""
         m = self._map
         for s in sessions:
-            b = m.get(s)
+            b = m.get(key(s))
             if b is not None:
                 b.seen = now
 
@@ -318,13 +349,28 @@ class Bindings:
             log.warning("relay: session binding not journaled (%s)", type(e).__name__)
             return
         self._appended += 1
-        if self._appended > 2 * self.cap + 1024:
+        if self._appended > 2 * len(self._map) + 1024:
             self._compact()
 
     def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+
+
+def key(value: str) -> str:
+    """The table's and the journal's key for a session id or a source:
+    ``value`` itself when at most :data:`KEY_MAX` characters, else its
+    first ``KEY_MAX - 64`` characters, ``#`` and the SHA-256 of its UTF-8
+    (one character longer than :data:`KEY_MAX`, so never a verbatim
+    value's key). The session log names a long id's file by a digest too
+    (:func:`supervisor.sessionlog.jsonlog.safe_name`); here a 100,000
+    character hook session id made one journal line of 311 KB (outside
+    review of issue 25)."""
+    if len(value) <= KEY_MAX:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return value[:KEY_MAX - 64] + "#" + digest
 
 
 def _line(session: str, b: Binding) -> str:
@@ -341,6 +387,9 @@ def _parse(line: str) -> tuple[str, str, str] | None:
         return None
     s, p, src = v.get("s"), v.get("p"), v.get("src")
     if isinstance(s, str) and isinstance(p, str) and isinstance(src, str) and s and p:
-        return s, p, src
+        # a key as written (:func:`key`: at most KEY_MAX + 1 characters), or
+        # an id of a journal written before keys were bounded
+        return (s if len(s) <= KEY_MAX + 1 else key(s), p,
+                src if len(src) <= KEY_MAX + 1 else key(src))
     return None
 

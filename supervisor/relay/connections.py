@@ -185,7 +185,7 @@ class RelayHub(OutletHub, Protocol):
 
     def admit_stamped(self, ev: dict[str, Any], raw: bytes, conn: Connection) -> None: ...
 
-    def fleet_refused(self, session: str) -> str | None: ...
+    def fleet_refused(self, session: str, conn: Connection) -> str | None: ...
 
     def admit_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]], start: int,
                           conn: Connection) -> int: ...
@@ -333,7 +333,8 @@ class LocalEmitter(Connection):
 
     def refuses(self, event: dict[str, Any]) -> bool:
         """Whether the relay refuses ``event`` of this fleet bridge because
-        a per-emitter credential holds its session (not a command;
+        its session is not the fleet's to take (a per-emitter credential's,
+        a shared-token emitter's while held, another agent's bridge's; not a command;
         :meth:`Relay.fleet_refused <supervisor.relay.ingest.Ingest.fleet_refused>`:
         counted ``refused_fleet_into_owned``, logged once per session). The
         fleet's pump asks before it logs the event and drops a refused one:
@@ -341,7 +342,7 @@ class LocalEmitter(Connection):
         session = event.get("session")
         if session.__class__ is not str or is_command_type(event.get("type")):
             return False
-        return self.relay.fleet_refused(session) is not None
+        return self.relay.fleet_refused(session, self) is not None
 
     def ingest_stamped_run(self, pairs: Sequence[tuple[dict[str, Any], bytes]],
                            start: int = 0) -> int:

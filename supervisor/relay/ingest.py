@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import trio
 
 from .acks import ACK_TYPES
-from .bindings import Bindings, is_verified
+from .bindings import FLEET, Bindings, is_verified, key
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
 from .connections import Connection, LocalEmitter, Unavailable
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
@@ -35,8 +35,10 @@ _LOGGED_REFUSALS = 1024
 
 
 class FleetRefused(InvalidEvent):
-    """A fleet bridge's event into a session a per-emitter credential holds
-    (:func:`.bindings.fleet_refusal`): refused, counted
+    """A fleet bridge's event into a session that is not the fleet's to
+    take (:meth:`Ingest.fleet_refusal`: a per-emitter credential's, a
+    shared-token emitter's while held, one a fleet bridge of another agent
+    claims): refused, counted
     ``refused_fleet_into_owned`` and logged once per session by the relay;
     the fleet drops it (never logged, never a red health: anyone who can
     reach the unauthenticated OTLP receiver can send one)."""
@@ -96,10 +98,9 @@ class Ingest(Routing):
         session held for its source while its claimant is connected and
         ``AEP_CLAIM_GRACE`` seconds after. ``POST /events`` is
         :meth:`check_posted_sessions`'; a fleet bridge (:class:`LocalEmitter`, the
-        daemon's own code) is refused only in a per-emitter credential's
-        session (:meth:`check_fleet_session`)."""
+        daemon's own code) meets :meth:`check_fleet_session`."""
         if isinstance(conn, LocalEmitter):
-            self.check_fleet_session(e)
+            self.check_fleet_session(e, conn)
             return
         if e.pos is None or conn is None or not conn.can_claim:
             return
@@ -117,61 +118,115 @@ class Ingest(Routing):
             self.counters["refused_owned_session"] += 1
             raise InvalidEvent(why)
 
-    def check_fleet_session(self, e: Entry) -> None:
-        """Raise :class:`FleetRefused` when ``e``, an event of a fleet
-        bridge that is not a command, is in a session a per-emitter
-        credential holds (:meth:`fleet_refused`)."""
-        session = e.attrs.get("session")
-        if session.__class__ is str and not is_command_type(e.attrs["type"]):
-            why = self.fleet_refused(session)
+    def check_fleet_session(self, e: Entry, conn: LocalEmitter) -> None:
+        """Raise :class:`FleetRefused` when ``e``, an event of the fleet
+        bridge ``conn`` that is not a command, is in a session that is not
+        the fleet's to take (:meth:`fleet_refused`). An ack meets its own,
+        stricter rule (:mod:`.acks`: only from the connection its command
+        was routed to)."""
+        session, type_ = e.attrs.get("session"), e.attrs["type"]
+        if session.__class__ is str and not is_command_type(type_) and type_ not in ACK_TYPES:
+            why = self.fleet_refused(session, conn)
             if why is not None:
                 raise FleetRefused(why)
 
-    def fleet_refused(self, session: str) -> str | None:
-        """Why an event of a fleet bridge may not enter ``session`` (a
-        per-emitter credential holds it, :meth:`.bindings.Bindings.fleet_refusal`),
-        or ``None``. A refusal is counted ``refused_fleet_into_owned`` (one
-        per call: one per event) and logged once per session (the last
-        :data:`_LOGGED_REFUSALS` sessions remembered). The fleet's pump asks
-        before it logs an event, so a refused one reaches neither the
-        session log nor the relay."""
-        why = self.bindings.fleet_refusal(session)
+    def fleet_refusal(self, session: str, conn: Connection) -> str | None:
+        """Why the fleet bridge ``conn`` may not emit into ``session``, or
+        ``None`` (pure: nothing counted). The OTLP receiver is
+        unauthenticated and a ``conversation.id`` becomes the session
+        verbatim, so a fleet bridge's event names a session anyone chose
+        (outside review of issue 25): it may not enter a session
+
+        - bound to a per-emitter credential (:func:`.bindings.fleet_refusal`);
+        - bound to the shared or anonymous principal while a remote
+          claimant of it is connected or within ``AEP_CLAIM_GRACE`` after
+          the last one left (the rule any other claimant meets), nor one
+          a remote connection claims now whatever its binding;
+        - claimed now by a fleet bridge of another agent (hello
+          ``identity.agent``): two claimants make every command
+          ``ambiguous`` (AEP-0004 §4.5). Two bridges of one agent (Codex's
+          hook bridge and its OTLP bridge in companion mode) share
+          sessions by design.
+
+        A session ``conn`` claims already is its own (nothing above can
+        have entered it since)."""
+        if session in conn.claims:
+            return None
+        live = False
+        for c in self.claims.holders(session):
+            if not isinstance(c, LocalEmitter):
+                live = True
+            elif c.agent != conn.agent:
+                return ("this session is claimed by a bridge of this daemon for another agent; "
+                        "a second claimant would make its commands ambiguous (AEP-0004 §4.5)")
+        why = self.bindings.fleet_refusal(session, time.monotonic(), live)
+        if why is None and live:  # (its binding forgotten: the claim holds it)
+            why = ("this session is claimed by a connected emitter; a bridge of this daemon "
+                   "takes it only once it is free")
+        return why
+
+    def fleet_refused(self, session: str, conn: Connection) -> str | None:
+        """:meth:`fleet_refusal`, counted: a refusal is counted
+        ``refused_fleet_into_owned`` (one per call: one per event) and
+        logged once per session (the last :data:`_LOGGED_REFUSALS`
+        sessions remembered). The fleet's pump asks before it logs an
+        event, so a refused one reaches neither the session log nor the
+        relay."""
+        why = self.fleet_refusal(session, conn)
         if why is None:
             return None
         self.counters["refused_fleet_into_owned"] += 1
-        logged = self._fleet_refusals_logged
-        if session in logged:
-            logged.move_to_end(session)
+        logged, k = self._fleet_refusals_logged, key(session)
+        if k in logged:
+            logged.move_to_end(k)
         else:
-            logged[session] = None
+            logged[k] = None
             if len(logged) > _LOGGED_REFUSALS:
                 logged.popitem(last=False)
             b = self.bindings.get(session)
-            log.warning("relay: a bridge of this daemon emitted into session %r, which the "
-                        "per-emitter credential %r holds; refused, not logged (an OTLP sender "
-                        "naming that session? counted in refused_fleet_into_owned)",
-                        session[:128], b.principal[8:72] if b is not None else "?")
+            log.warning("relay: a bridge of this daemon (agent %r) emitted into session %r "
+                        "(bound to %r): %s; refused, not logged (an OTLP sender naming that "
+                        "session? counted in refused_fleet_into_owned)",
+                        str(conn.agent)[:64], session[:128],
+                        b.principal[:72] if b is not None else None, why)
         return why
 
     def check_posted_sessions(self, entries: Sequence[Entry], principal: str
                               ) -> tuple[int, str] | None:
         """The session bindings for a ``POST /events`` batch by
         ``principal`` (:mod:`.bindings`; counted ``refused_owned_session``):
-        ``(index, detail)`` of the first sequenced event in a session of the
-        fleet or of another per-emitter credential, else ``None`` (a
-        shared-token session is not held against a post: a post claims
-        nothing). Binds nothing: :meth:`bind_posted` does once the batch is
-        admitted."""
-        bindings, seen = self.bindings, set()
+        ``(index, detail)`` of the first sequenced event in a session that
+        is not the poster's to enter, else ``None``: the fleet's or another
+        per-emitter credential's for any poster; for a per-emitter
+        credential's post also what ``/socket`` holds (outside review of
+        issue 25: a credential posted into a shared-token emitter's live
+        session under another source and got 202): a session another live
+        connection claims, or one bound to the shared principal under
+        another source within its hold (:meth:`.bindings.Bindings.refusal`).
+        A shared-token (or tokenless) post claims nothing and is not held
+        off a shared-token session. Binds nothing: :meth:`bind_posted` does
+        once the batch is admitted."""
+        bindings, claims, seen = self.bindings, self.claims, set()
+        held = is_verified(principal)
+        now = time.monotonic()
         for i, e in enumerate(entries):
             if e.pos is None or (s := e.attrs["session"]) in seen:
                 continue
             seen.add(s)
             b = bindings.get(s)
+            why = None
             if b is not None and b.named and b.principal != principal:
+                why = ("this session belongs to a bridge of this daemon" if b.principal == FLEET
+                       else "this session is bound to another emitter credential")
+            elif held:
+                holders = claims.holders(s)
+                why = bindings.refusal(s, principal, e.attrs["source"], now, live=bool(holders))
+                if why is None and any(c.principal != principal for c in holders):
+                    why = ("this session is claimed by another connected emitter; only that "
+                           "connection may send its sequenced events while it is connected")
+            if why is not None:
                 self.counters["refused_owned_session"] += 1
-                return i, ("this session belongs to a bridge of this daemon" if b.principal == "fleet"
-                           else "this session is bound to another emitter credential")
+                return i, why
         return None
 
     def bind_posted(self, entries: Sequence[Entry], principal: str | None) -> None:
@@ -428,13 +483,15 @@ class Ingest(Routing):
 
     def _bind(self, e: Entry, conn: Connection) -> None:
         """``conn``'s new claim of ``e``'s session, bound (:mod:`.bindings`):
-        a fleet bridge's binds to the fleet and drops a shared-token
-        party's claim of it (counted ``fleet_reclaimed``; a per-emitter
-        credential's session never got here: :meth:`check_fleet_session`)."""
+        a fleet bridge's binds to the fleet, taking a free shared-token
+        binding back (counted ``fleet_reclaimed``; a session that is not
+        free, or a per-emitter credential's, never got here:
+        :meth:`check_fleet_session`)."""
         session, now = e.attrs["session"], time.monotonic()
         if isinstance(conn, LocalEmitter):
             if self.bindings.bind_fleet(session, e.attrs["source"], now):
-                self.counters["fleet_reclaimed"] += self.claims.evict(session, LocalEmitter)
+                self.counters["fleet_reclaimed"] += 1
+                self.claims.evict(session, LocalEmitter)  # (none: it was free)
         else:
             self.bindings.bind(session, conn.principal, e.attrs["source"], now)
 

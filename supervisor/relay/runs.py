@@ -42,12 +42,12 @@ class StampedRuns(Ingest):
         already holds ``data`` to its ``capture``). Still refused
         (:class:`InvalidEvent`): another emitter's ``source``, a taken
         ``(epoch, seq)`` or ``id`` (the checks that protect other emitters),
-        a session a per-emitter credential holds (:class:`.ingest.FleetRefused`);
+        a session not the fleet's to take (:class:`.ingest.FleetRefused`);
         another agent than the connection's is :meth:`_identity_mismatch`."""
         e = trusted_entry(ev, raw)
         self.check_owner(e, conn)
         if isinstance(conn, LocalEmitter):
-            self.check_fleet_session(e)
+            self.check_fleet_session(e, conn)
         self.check_position(e)
         if conn.agent is not None and ev["agent"] != conn.agent and not is_foreign(e.attrs["type"]):
             self._identity_mismatch(conn, ev["agent"])
@@ -113,7 +113,7 @@ class StampedRuns(Ingest):
         one :meth:`.buffer.SessionBuffers.append_stamped` call, their held
         tuples collected for the fan-out in place of the entry (:meth:`_stretch`)."""
         buffers, claims, agent = self.buffers, self.claims, conn.agent
-        bindings = self.bindings if isinstance(conn, LocalEmitter) else None
+        fleet = isinstance(conn, LocalEmitter)
         checked: str | None = None  # the source last found not owned by another
         free: str | None = None  # the session last found no credential's
         plain: set[str] = set()  # the types found not commands (a run has few)
@@ -135,8 +135,8 @@ class StampedRuns(Ingest):
                         return i
                     checked = src
                 ses = e.attrs.get("session")
-                if bindings is not None and ses != free and ses.__class__ is str:
-                    if bindings.fleet_refusal(ses) is not None:  # a credential's
+                if fleet and ses != free and ses.__class__ is str:
+                    if self.fleet_refusal(ses, conn) is not None:  # not the fleet's to take
                         return i
                     free = ses
                 # fresh(): one lookup says neither check can refuse it (an

@@ -257,3 +257,41 @@ def test_a_credentials_posted_session_is_its_own_on_another_jetstream_relay(tmp_
         finally:
             for d in relays:
                 d.stop(timeout=20)
+
+
+def test_an_otlp_sender_cannot_take_a_live_shared_token_session(daemon):
+    """Broke (outside review of issue 25): a shared-token emitter connected
+    on ``/socket`` and sent events in its session S; anyone, with no token,
+    exported one OTLP record with ``conversation.id`` = S: the fleet's OTLP
+    bridge emitted into S and :meth:`Bindings.bind_fleet` took it from the
+    shared principal, so the owner's own next event was refused ("belongs
+    to a bridge of this daemon"), its commands went to the OTLP bridge, and
+    the journal kept it so across restarts. Now the fleet takes a
+    shared-token session only once it is free (no claimant connected and
+    ``AEP_CLAIM_GRACE`` passed): its events there are refused before the
+    session log, counted ``refused_fleet_into_owned``, logged once."""
+    url = daemon.url
+    session = "bindings-otlp-shared"
+    owner = _emitter(url, "plain")
+    try:
+        assert _answers(owner, event(1, session, agent="plain")) == []
+        assert _refused_fleet_into_owned(url) == 0
+        assert post_otlp(daemon.http_port, otlp_json([otlp_record(session)])).status_code == 200
+        assert _refused_fleet_into_owned(url) >= 1
+        # the owner goes on in its own session
+        assert _answers(owner, event(2, session, agent="plain")) == []
+    finally:
+        owner.close()
+    # gone, but within the grace: still held for it
+    assert post_otlp(daemon.http_port, otlp_json([otlp_record(session)])).status_code == 200
+    assert _refused_fleet_into_owned(url) >= 2
+    assert [e["agent"] for e in _session_events(url, session)] == ["plain", "plain"]
+    log = daemon.log()
+    assert log.count("refused_fleet_into_owned") == 1, log  # once per session
+    daemon.stop(timeout=20)
+    daemon.start()
+    owner = _emitter(daemon.url, "plain")
+    try:  # the journal kept it the owner's
+        assert _answers(owner, event(3, session, agent="plain")) == []
+    finally:
+        owner.close()
