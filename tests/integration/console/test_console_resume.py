@@ -26,6 +26,12 @@ ASK = {"kind": "permission", "prompt": "run ls?", "respond_via": ["control"],
        "options": [{"id": "once", "label": "Allow once"}, {"id": "reject", "label": "Reject"}]}
 
 
+
+def _row_text(page, session: str) -> str:
+    """The session row's text, looked up now (the list re-renders rows)."""
+    rows = page.css(f'[data-session="{session}"]')
+    return rows[0].text if rows else ""
+
 def a_session_that_came_and_went(url: str) -> tuple[StubTarget, dict, dict]:
     """A target that starts a session, asks, is answered by another
     party's outcome, ends the session and leaves: nothing of it is live."""
@@ -77,8 +83,11 @@ def a_network_drop(d: DaemonProcess) -> None:
         page.wait(lambda: held(d.url, gone.session) == 4, "the relay to hold the session")
         unblock_socket(page)
         page.wait(lambda: page.one("#conn").text == "live", "the page back")
-        row = page.one(f'[data-session="{gone.session}"]', "the session that came and went")
-        page.wait(lambda: "ended" in row.text and "4 events" in row.text, "it ended, 4 events")
+        page.one(f'[data-session="{gone.session}"]', "the session that came and went")
+        # the row is looked up on every poll: the list re-renders it (a row
+        # held from before went stale: "no it ended", the page showing it ended)
+        page.wait(lambda: ("ended" in (t := _row_text(page, gone.session)) and "4 events" in t),
+                  "it ended, 4 events")
         page.one(f'#settled-list [data-ask="{ask2["id"]}"]', "its ask, settled")
         assert "resolved: timeout" in page.status(ask2["id"])
         assert len(page.css(f'[data-ask="{ask1["id"]}"]')) == 1
@@ -104,8 +113,8 @@ def test_a_session_begun_and_ended_during_a_restart_is_replayed(tmp_path: Path) 
             page.wait(lambda: held(d.url, gone.session) == 4, "the relay to hold the session")
             unblock_socket(page)
             page.wait(lambda: page.one("#conn").text == "live", "the page back")
-            row = page.one(f'[data-session="{gone.session}"]', "the session that came and went")
-            page.wait(lambda: "ended" in row.text, "it ended")
+            page.one(f'[data-session="{gone.session}"]', "the session that came and went")
+            page.wait(lambda: "ended" in _row_text(page, gone.session), "it ended")
             page.one(f'#settled-list [data-ask="{ask2["id"]}"]', "its ask, settled")
             assert len(page.css(f'[data-ask="{ask1["id"]}"]')) == 1
     finally:
