@@ -10,9 +10,11 @@ import logging
 import os
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import trio
+import trio.lowlevel
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,11 +45,18 @@ def _pool(root: Path, n: int, target: int = 64) -> SpareFiles:
 
 
 async def _filled(pool: SpareFiles, nursery: trio.Nursery) -> None:
-    """Start ``pool``'s keeper in ``nursery`` and wait until it is full."""
+    """Start ``pool``'s keeper in ``nursery`` and wait until it is full
+    (60 s of real time at most: the keeper creates the files in a worker
+    thread, and under trio's MockClock a virtual-time wait let the clock
+    jump past its deadline while that thread was still creating them on a
+    loaded machine: TooSlowError, seen in a parallel run). The loop never
+    sleeps in virtual time, so the clock does not move while it waits."""
     await nursery.start(pool.keep)
-    with trio.fail_after(10):
-        while pool.ready() < pool.target:
-            await trio.sleep(0.01)
+    deadline = time.monotonic() + 60
+    while pool.ready() < pool.target:
+        assert time.monotonic() < deadline, f"pool not full: {pool.ready()} of {pool.target}"
+        time.sleep(0.001)  # noqa: ASYNC251 -- hands the GIL to the keeper's thread, no virtual time
+        await trio.lowlevel.checkpoint()
 
 
 @settings(max_examples=120, deadline=None)
