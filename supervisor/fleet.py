@@ -214,7 +214,9 @@ class Fleet(Pump, HandOff):
         hello = hello_for(m.bridge, self.host)
         sink: Sink
         if self.relay is not None:
-            conn = self.relay.attach_emitter(hello, self._inbox_deliver(m))
+            conn = self.relay.attach_emitter(
+                hello, self._inbox_deliver(m),
+                open_sessions=bool(getattr(m.bridge, "open_sessions", False)))
             sink = _RelaySink(conn)
         else:
             from .delivery.uplink import Uplink

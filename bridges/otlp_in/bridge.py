@@ -54,6 +54,11 @@ class OtlpInBridge:
     again mid-request (then ``partial_success``); ``retry_after``: seconds
     suggested on 503/UNAVAILABLE; ``grpc_workers``: grpcio handler threads."""
 
+    #: the receiver is unauthenticated and a ``conversation.id`` becomes the
+    #: session verbatim: the relay keeps this bridge out of a session another
+    #: agent's bridge claims (outside review of issue 25)
+    open_sessions = True
+
     def __init__(self, config: OtlpConfig | None = None, *, policy: CapturePolicy | None = None,
                  problems: Sequence[str] | None = None, emit_grace: float = 3.0,
                  retry_after: int = 1, grpc_workers: int = 4) -> None:

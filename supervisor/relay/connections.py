@@ -290,8 +290,13 @@ class LocalEmitter(Connection):
     bounded trio channel). ``close()`` drops its claims."""
 
     def __init__(self, relay: RelayHub, hello: dict[str, Any],
-                 deliver: Callable[[dict[str, Any]], Awaitable[Any]]) -> None:
+                 deliver: Callable[[dict[str, Any]], Awaitable[Any]], *,
+                 open_sessions: bool = False) -> None:
         super().__init__(relay, authenticated=relay.has_token, principal=FLEET)
+        #: the bridge's session ids come from unauthenticated senders (the OTLP
+        #: receiver's ``conversation.id``): it may not enter a session another
+        #: agent's bridge claims (:meth:`Ingest.fleet_refusal`)
+        self.open_sessions = open_sessions
         if not isinstance(hello, dict):
             raise ValueError("hello must be an object")
         role = hello.get("role", "emitter")

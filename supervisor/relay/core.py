@@ -266,17 +266,20 @@ class Relay(StampedRuns):
 
     # -- connections -------------------------------------------------------------
     def attach_emitter(self, hello: dict[str, Any],
-                       deliver: Callable[[dict[str, Any]], Awaitable[Any]]) -> LocalEmitter:
+                       deliver: Callable[[dict[str, Any]], Awaitable[Any]], *,
+                       open_sessions: bool = False) -> LocalEmitter:
         """Attach an in-process emitter (a fleet bridge): ``hello`` is the
         AEP-0003 §4 hello object (role ``emitter``/``both``,
         ``identity.agent``, ``identity.instance``, ``capabilities.emits``,
         ``capabilities.control {accepts, ack_window_ms}``); ``deliver`` is
         awaited with each command envelope routed to this connection's
-        sessions. Raises ``ValueError`` for a bad hello, :class:`RelayClosed`
-        after :meth:`close`."""
+        sessions. ``open_sessions``: the bridge's session ids are chosen by
+        unauthenticated senders (OTLP), so it may not enter a session a
+        bridge of another agent claims. Raises ``ValueError`` for a bad
+        hello, :class:`RelayClosed` after :meth:`close`."""
         if self.closing:
             raise RelayClosed("relay is shutting down")
-        conn = LocalEmitter(self, hello, deliver)
+        conn = LocalEmitter(self, hello, deliver, open_sessions=open_sessions)
         self._conns.add(conn)
         return conn
 

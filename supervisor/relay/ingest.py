@@ -142,21 +142,26 @@ class Ingest(Routing):
           claimant of it is connected or within ``AEP_CLAIM_GRACE`` after
           the last one left (the rule any other claimant meets), nor one
           a remote connection claims now whatever its binding;
-        - claimed now by a fleet bridge of another agent (hello
-          ``identity.agent``): two claimants make every command
-          ``ambiguous`` (AEP-0004 §4.5). Two bridges of one agent (Codex's
-          hook bridge and its OTLP bridge in companion mode) share
-          sessions by design.
+        - for a bridge whose session ids unauthenticated senders choose
+          (``conn.open_sessions``: the OTLP receiver), claimed now by a
+          fleet bridge of another agent (hello ``identity.agent``): two
+          claimants make every command ``ambiguous`` (AEP-0004 §4.5). Two
+          bridges of one agent (Codex's hook bridge and its OTLP bridge in
+          companion mode) share sessions by design, and two agents whose
+          own ids collide (two ACP agents both saying ``sess-1``) are two
+          claimants as the protocol says: session identity is
+          emitter-scoped (AEP-0001 §5.2).
 
         A session ``conn`` claims already is its own (nothing above can
         have entered it since)."""
         if session in conn.claims:
             return None
         live = False
+        open_sessions = isinstance(conn, LocalEmitter) and conn.open_sessions
         for c in self.claims.holders(session):
             if not isinstance(c, LocalEmitter):
                 live = True
-            elif c.agent != conn.agent:
+            elif open_sessions and c.agent != conn.agent:
                 return ("this session is claimed by a bridge of this daemon for another agent; "
                         "a second claimant would make its commands ambiguous (AEP-0004 §4.5)")
         why = self.bindings.fleet_refusal(session, time.monotonic(), live)

@@ -335,7 +335,7 @@ async def test_a_fleet_bridge_of_another_agent_cannot_enter_a_claimed_session(ca
     claude = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
                                "identity": {"agent": "claude-code"}}, _noop)
     codex_otlp = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
-                                   "identity": {"agent": "codex"}}, _noop)
+                                   "identity": {"agent": "codex"}}, _noop, open_sessions=True)
     codex_hooks = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
                                     "identity": {"agent": "codex"}}, _noop)
     caplog.set_level(logging.WARNING, logger="aep.relay")
@@ -493,3 +493,23 @@ def test_a_long_session_id_is_journaled_by_its_digest(tmp_path):
     assert again.get("f" * 5_000).principal == FLEET  # type: ignore[union-attr]
     assert again.get(twin) is None and again.get("f" * 4_999) is None
     again.close()
+
+
+async def test_two_agents_whose_own_ids_collide_are_two_claimants():
+    """Session identity is emitter-scoped (AEP-0001 §5.2): two ACP agents
+    both saying ``sess-1`` are two claimants (their commands
+    ``ambiguous``, AEP-0004 §4.5), never one refused: only a bridge whose
+    ids unauthenticated senders choose (OTLP) is kept out (seen in a
+    parallel run: the rule first refused every bridge of another agent,
+    and the second ACP tee's whole session was dropped)."""
+    r = Relay(token="shared")
+    acp = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
+                            "identity": {"agent": "acp"}}, _noop)
+    gemini = r.attach_emitter({"versions": ["0.1"], "role": "emitter",
+                               "identity": {"agent": "gemini"}}, _noop)
+    await acp.ingest(_ev(1, "sess-1", agent="acp", source="aep://h/acp/sess-1"))
+    ev = _ev(1, "sess-1", agent="gemini", source="aep://h/gemini/sess-1")
+    assert not gemini.refuses(ev)
+    await gemini.ingest(ev)
+    assert set(r.claims.holders("sess-1")) == {acp, gemini}
+    assert r.counters.get("refused_fleet_into_owned", 0) == 0
