@@ -71,10 +71,12 @@ def nats_config(url: str, **env: str):
 
 @contextlib.asynccontextmanager
 async def running_fleet(tmp_path, bridges, url: str, *, token: str | None = "t" * 32,
-                        **env: str) -> AsyncIterator[Fleet]:
+                        claim_grace: float = 120.0, **env: str) -> AsyncIterator[Fleet]:
     """A Fleet (embedded relay, JetStream sink on ``url``) running in a
-    nursery; cancelled (after a bounded drain) on exit."""
-    cfg = Config(state_dir=tmp_path / "state", token=token, nats=nats_config(url, **env))
+    nursery; cancelled (after a bounded drain) on exit. ``env``: the
+    ``AEP_NATS_*`` settings; ``claim_grace``: ``AEP_CLAIM_GRACE``."""
+    cfg = Config(state_dir=tmp_path / "state", token=token, nats=nats_config(url, **env),
+                 claim_grace=claim_grace)
     fleet = Fleet(cfg, list(bridges), relay=Relay(token=token), host="h")
     async with trio.open_nursery() as n:
         await n.start(fleet.run)

@@ -10,6 +10,8 @@ emitter is the SDK duplex."""
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
 import httpx
 import trio
@@ -105,3 +107,94 @@ async def test_a_fleet_bridge_never_takes_a_credentials_session_in_the_bucket(tm
                 assert relay.counters["fleet_reclaimed"] == 0
             finally:
                 em.close()
+
+
+#: the test's ``AEP_CLAIM_GRACE`` and ``AEP_NATS_CLAIM_TTL`` (a refresh each
+#: ``TTL / 3`` s): a shared-token binding is idle for the fleet once its
+#: ``at`` is older than ``GRACE + TTL / 3`` (``presence.py`` ``_bind``)
+GRACE, CLAIM_TTL = 2.0, 6.0
+IDLE_MS = (GRACE + CLAIM_TTL / 3) * 1000
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _binding(relay, session: str) -> dict[str, Any]:
+    entry = await aio(relay._kv_bindings.get)(token(session))
+    return parse_value(entry.value) or {}
+
+
+async def test_a_fleet_bridge_takes_a_shared_token_session_only_once_its_binding_is_stale(
+        tmp_path) -> None:
+    """Outside review of issue 25, across hosts: the daemon's presence took
+    any shared-token binding back (compare-and-set), so an unauthenticated
+    OTLP export naming a live shared-token emitter's session made the fleet
+    take it on every relay (the emitter lost its claim at the next
+    refresh). Now the fleet takes a shared or anonymous binding only once
+    its ``at`` (re-put by its relay each claim refresh while a claimant is
+    connected, and when it leaves) is older than ``AEP_CLAIM_GRACE`` plus
+    one refresh. ``sh-0``: its emitter is connected, so the fleet's events
+    there are dropped (not logged, not published, counted
+    ``refused_fleet_into_owned``; the stated limit: the one event emitted
+    before the bucket answered the first claim is published) and the
+    binding stays the emitter's. ``sh-1``: its emitter left and the binding
+    went stale first, so the fleet takes it and publishes there."""
+    with NatsCluster(1, tmp_path / "nats") as c:
+        env = {"AEP_NATS_CLAIM_TTL": str(CLAIM_TTL)}
+        later = trio.Event()
+        first = BurstBridge(2, sessions=2, prefix="sh", name="first")
+        second = BurstBridge(6, sessions=2, prefix="sh", name="second", start=later)
+        async with running_js_relay(c.url, token=TOKEN, env=env,
+                                    claim_grace_s=GRACE) as (relay, base):
+            gone = await trio.to_thread.run_sync(lambda: SocketEmitter(
+                base, token=TOKEN, agent="plain", host="elsewhere"))
+            try:
+                gone.session("sh-1").emit("run.started", severity="notice")
+                await _wait(lambda: relay.counters["published"] >= 1)
+            finally:
+                gone.close()
+            await _wait(lambda: not relay.claims.holders("sh-1"))
+            # the binding's "at" is re-put as the emitter leaves; wait until
+            # the last one is older than the fleet's idle rule (bounded)
+            with trio.fail_after(60):
+                while _now_ms() - (await _binding(relay, "sh-1"))["at"] < IDLE_MS + 1000:
+                    await trio.sleep(0.2)
+            assert (await _binding(relay, "sh-1"))["principal"] == "token"
+            live = await trio.to_thread.run_sync(lambda: SocketEmitter(
+                base, token=TOKEN, agent="plain", host="elsewhere", accepts=["control.cancel"]))
+            try:
+                live.session("sh-0").emit("run.started", severity="notice")
+                await _wait(lambda: relay.counters["published"] >= 2)
+                async with running_fleet(tmp_path, [first, second], c.url, token=TOKEN,
+                                         claim_grace=GRACE, **env) as fleet:
+                    presence = fleet.jetstream.presence
+                    await _wait(lambda: "sh-0" in presence.lost)
+                    with trio.fail_after(30):
+                        while (await _binding(relay, "sh-1"))["principal"] != "fleet":
+                            await trio.sleep(0.1)
+                    later.set()
+                    await _wait(lambda: presence.counters["refused_fleet_into_owned"] >= 3)
+                    await _wait(second.done.is_set)
+                    # first: one event in each session; second: three in sh-1
+                    await wait_published(fleet, 5)
+                    assert "sh-1" not in presence.lost
+                    claimed = {s for (_, _, s) in presence.claims.items()}
+                    assert "sh-1" in claimed and "sh-0" not in claimed, claimed
+                    held = await _binding(relay, "sh-0")
+                    assert held["principal"] == "token", held
+                    logged = {json.loads(line).get("id")
+                              for f in (tmp_path / "state").rglob("*.jsonl")
+                              for line in f.read_text().splitlines() if line.strip()}
+                    dropped = {e["id"] for e in second.emitted if e["session"] == "sh-0"}
+                    taken = {e["id"] for e in second.emitted if e["session"] == "sh-1"}
+                    assert len(dropped) == 3 and not dropped & logged, dropped & logged
+                    assert len(taken) == 3 and taken <= logged, taken - logged
+                    assert fleet.jetstream.publisher.stats()["acked"] == 5
+                # the live emitter goes on in its session, never refused
+                live.session("sh-0").emit("run.completed", severity="notice")
+                await _wait(lambda: relay.counters["published"] >= 3)
+                assert not [f for f in live.frames if f.get("type") == "error"], live.frames
+                assert relay.counters["fleet_reclaimed"] == 0
+            finally:
+                live.close()
