@@ -58,6 +58,13 @@ family is renamed to this."""
 MAX_SEGMENTS = 12
 """Most segments after the vendor token; deeper names keep their first ones."""
 
+MAX_NAME = 1024
+"""Longest vendor name read: a name is cut to this many characters before
+it is sanitized (a type holds at most :data:`MAX_SEGMENTS` segments of
+:data:`MAX_SEGMENT`, 780 characters; a vendor's real names are far shorter,
+so only a hostile one loses its tail; outside review of issue 25: a 4 MB ``hook_event_name`` of dots took 17 s to turn into
+``x.claude-code.session.event``, the event loop held all along)."""
+
 # an uppercase letter before the last capital of a run that starts a word
 # ("ACPTool" -> "ACP_Tool"): a lookahead, linear in the name; the former
 # "([A-Z]+)([A-Z][a-z])" backtracked quadratically on a long run of capitals
@@ -90,7 +97,7 @@ def snake(name: str) -> str:
 def token(name: str, default: str = "unknown") -> str:
     """One type segment ``[a-z0-9_]+``: :func:`snake` of ``name``, cut to
     :data:`MAX_SEGMENT`, ``default`` when nothing legible remains."""
-    s = snake(name)[:MAX_SEGMENT].strip("_")
+    s = snake(str(name)[:MAX_NAME])[:MAX_SEGMENT].strip("_")
     return s or default
 
 
@@ -98,12 +105,12 @@ def vendor_token(vendor: str) -> str:
     """The vendor segment ``[a-z0-9_-]+``: lowercased, any other run of
     characters becomes ``-`` (``Kimi Code`` -> ``kimi-code``, ``kilo.ai`` ->
     ``kilo-ai``); ``vendor`` when nothing legible remains."""
-    s = _NOT_VENDOR.sub("-", _ascii(str(vendor)).lower()).strip("-_")
+    s = _NOT_VENDOR.sub("-", _ascii(str(vendor)[:MAX_NAME]).lower()).strip("-_")
     return s[:MAX_SEGMENT].strip("-_") or "vendor"
 
 
 def _segments(part: str) -> list[str]:
-    return [t for t in (token(p, "") for p in str(part).split(".")) if t]
+    return [t for t in (token(p, "") for p in str(part)[:MAX_NAME].split(".")) if t]
 
 
 def fallback_type(vendor: str, family: str, leaf: str) -> str:

@@ -11,6 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bridges.core.naming import (
+    MAX_NAME,
+    MAX_SEGMENT,
+    MAX_SEGMENTS,
     TYPE_GRAMMAR,
     dotted_type,
     fallback_type,
@@ -240,3 +243,16 @@ def test_a_long_run_of_capitals_is_linear():
     rule on this input would take hours, so this call would not return)."""
     assert token("A" * 1_000_000) == "a" * 64
     assert token("A" * 500_000 + "Bc") == "a" * 64
+
+
+@pytest.mark.parametrize("name", ["." * 4_190_000, "aA" * 1_000_000, "a." * 1_000_000, "!." * 1_000_000])
+def test_a_huge_vendor_name_is_read_only_as_far_as_a_type_can_reach(name):
+    """Outside review of issue 25: a hook whose ``hook_event_name`` was 4 MB
+    of dots held the event loop 17 s while it became
+    ``x.claude-code.session.event`` (every segment split and sanitized); a
+    name is cut to MAX_NAME characters first: more than a whole type's 780
+    (MAX_SEGMENTS segments of MAX_SEGMENT), so only a hostile name's tail
+    is lost."""
+    t = fallback_type("claude-code", "session", name)
+    assert TYPE_GRAMMAR.match(t) and t == fallback_type("claude-code", "session", name[:MAX_NAME])
+    assert MAX_NAME >= MAX_SEGMENTS * (MAX_SEGMENT + 1)
