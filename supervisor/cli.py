@@ -133,7 +133,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except OSError as e:
         return _refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: cannot lock "
                         f"{e.filename or 'daemon.lock'}: {e.strerror or e}"])
-    logs.setup(cfg.environ)
+    logs.setup(cfg.environ, secrets=[t for _, t in cfg.emitter_tokens])
     raise_fd_limit()
     try:
         return trio.run(run_daemon, cfg, bridges)
@@ -168,7 +168,7 @@ def _cmd_relay(args: argparse.Namespace) -> int:
     if problems:  # a port held by our own daemon is named, as run and check do
         return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this relay "
                                                       "another AEP_LISTEN)"))
-    logs.setup(cfg.environ)
+    logs.setup(cfg.environ, secrets=[t for _, t in cfg.emitter_tokens])
     raise_fd_limit()
     # AEP_NATS_URL: serve the AEP bindings from JetStream ("Past one machine")
     return trio.run(partial(run_daemon, cfg, [], nats=cfg.nats))

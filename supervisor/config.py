@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -342,6 +342,9 @@ def load(env: Mapping[str, str] | None = None, *, relay_only: bool = False,
         r.problems.append(problem)
         token = None
     limits["emitter_tokens"] = _emitter_tokens(r.text("AEP_EMITTER_TOKENS"), token, r.problems)
+    if limits["emitter_tokens"]:  # the daemon's own credentials: redacted like AEP_TOKEN
+        policy = replace(policy, secret_values=policy.secret_values + tuple(
+            t for _, t in limits["emitter_tokens"]))
     cfg = Config(token=token, relay_url=relay_url, listen=listen,
                  state_dir=state_dir(env), cors_origins=cors, policy=policy,
                  retention=retention, enabled=enabled,

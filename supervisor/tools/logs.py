@@ -70,15 +70,19 @@ class _Formatter(logging.Formatter):
         return json.dumps(obj, ensure_ascii=False, default=str)
 
 
-def setup(environ: Mapping[str, str], *, stream=None, level: str | None = None) -> None:
+def setup(environ: Mapping[str, str], *, stream=None, level: str | None = None,
+          secrets: Iterable[str] = ()) -> None:
     """Configure the root logger once for the daemon process.
     ``AEP_LOG_LEVEL`` (default ``info``); ``AEP_LOG_FORMAT`` = ``json`` |
-    ``text`` overrides the TTY detection."""
+    ``text`` overrides the TTY detection. ``secrets``: more values scrubbed
+    from every line (the per-emitter credentials, read from their file)."""
     stream = stream or sys.stderr
     fmt = (environ.get("AEP_LOG_FORMAT") or "").strip().lower()
     as_json = fmt == "json" if fmt in ("json", "text") else not stream.isatty()
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(_Formatter(as_json, secret_values(environ)))
+    extra = [s for s in secrets if len(s) >= 4]
+    handler.setFormatter(_Formatter(as_json, sorted({*secret_values(environ), *extra},
+                                                    key=len, reverse=True)))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel((level or environ.get("AEP_LOG_LEVEL") or "info").strip().upper())

@@ -1,11 +1,15 @@
 """Configuration: DESIGN.md names and defaults; bad settings refused with one
 line each before anything binds."""
+import io
+import logging
 import socket
 
 import pytest
 
+from bridges.core.cappolicy import redact_text
 from bridges.core.settings import EnvReader, parse_hostport
 from supervisor import config
+from supervisor.tools import logs
 
 
 def load(env, **kw):
@@ -256,6 +260,17 @@ def test_emitter_credentials_file(tmp_path):
     assert problems == []
     assert cfg.emitter_tokens == (("alice", "alice-tok"), ("bob", "bob-tok"))
     assert cfg.claim_grace == 30.0 and "alice-tok" not in repr(cfg)
+    # the daemon's own credentials: redacted from captured content like
+    # AEP_TOKEN (outside review of issue 25: a Bash command carrying alice's
+    # token reached every reader of the stream and the session log), and
+    # scrubbed from the daemon's log lines
+    red = redact_text("curl -u x:alice-tok http://h; echo bob-tok shared", cfg.policy)
+    assert "alice-tok" not in red and "bob-tok" not in red and "shared" not in red, red
+    out = io.StringIO()
+    logs.setup(cfg.environ, stream=out, secrets=[t for _, t in cfg.emitter_tokens])
+    logging.getLogger("aep.test").warning("a line with alice-tok in it")
+    assert "alice-tok" not in out.getvalue() and "a line with" in out.getvalue()
+    logs.setup(cfg.environ, stream=io.StringIO())
     creds.chmod(0o640)
     _, problems = load(env, check_ports=False)
     assert len(problems) == 1 and "group or others (mode 640)" in problems[0], problems
