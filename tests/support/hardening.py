@@ -325,3 +325,16 @@ def first_sequenced(url: str, token: str, conv: str) -> dict[str, Any]:
         time.sleep(0.1)
     raise AssertionError(f"no event of {conv} on the stream")
 
+
+def refused_fleet_into_owned(url: str, token: str) -> float:
+    """``aep_bridges_relay_refused_total{reason="fleet_into_owned"}`` on the
+    daemon's ``/metrics``: fleet events kept out of a session that is not
+    the fleet's to take. Raises ``AssertionError`` when the series is absent."""
+    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {token}"},
+                     timeout=30, trust_env=False).text
+    want = 'aep_bridges_relay_refused_total{reason="fleet_into_owned"} '
+    for line in text.splitlines():
+        if line.startswith(want):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError("no refused_total{reason=fleet_into_owned} in /metrics")
+

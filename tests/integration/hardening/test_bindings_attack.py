@@ -33,7 +33,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.support.daemon import DaemonProcess
@@ -44,6 +43,7 @@ from tests.support.hardening import (
     otlp_record,
     post_events,
     post_otlp,
+    refused_fleet_into_owned,
     stream_events,
 )
 from tests.support.nats import NatsCluster
@@ -160,13 +160,7 @@ def _session_events(url: str, session: str) -> list[dict[str, Any]]:
 
 
 def _refused_fleet_into_owned(url: str) -> float:
-    text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"},
-                     timeout=30, trust_env=False).text
-    want = 'aep_bridges_relay_refused_total{reason="fleet_into_owned"} '
-    for line in text.splitlines():
-        if line.startswith(want):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no refused_total{reason=fleet_into_owned} in /metrics")
+    return refused_fleet_into_owned(url, TOKEN)
 
 
 def test_an_otlp_sender_cannot_take_a_credentials_session(daemon):

@@ -21,23 +21,15 @@ a raw OTLP/JSON export, the SDK ``ControlClient``.
 """
 from __future__ import annotations
 
-import httpx
-
 from tests.integration.hooks.test_daemon import BASH, Background, HookDaemon, ask_of, moment
 from tests.support.daemon import send_command
-from tests.support.hardening import otlp_json, otlp_record, post_otlp, stream_events
+from tests.support.hardening import otlp_json, otlp_record, post_otlp, refused_fleet_into_owned, stream_events
 
 SESSION = "cc1"
 
 
 def _refused_fleet_into_owned(d: HookDaemon) -> float:
-    text = httpx.get(d.url + "/metrics", headers={"authorization": f"Bearer {d.token}"},
-                     timeout=30, trust_env=False).text
-    want = 'aep_bridges_relay_refused_total{reason="fleet_into_owned"} '
-    for line in text.splitlines():
-        if line.startswith(want):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no refused_total{reason=fleet_into_owned} in /metrics")
+    return refused_fleet_into_owned(d.url, d.token)
 
 
 def test_an_otlp_export_naming_a_held_hook_session_does_not_make_its_answer_ambiguous(tmp_path):
