@@ -53,15 +53,13 @@ from .answers import Decision
 from .config import HookConfig
 from .mapping import elapsed_ms, fallback
 from .profile import HookProfile, Moment
-from .session import Ask, Instruction, Sessions, SessionState, tool_key
+from .session import REQUESTED_MAX, Ask, Instruction, Sessions, SessionState, bounded_key, tool_key
 
 __all__ = ["COUNTERS", "HOOK_ID_MAX", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX",
            "TIMEOUT_MARGIN_S", "now_ms"]
 
 TIMEOUT_MARGIN_S = 5.0
 """A hold ends at least this long before the vendor's own hook timeout."""
-REQUESTED_MAX = 64
-"""Tool calls of a run remembered for linking a ``PermissionRequest``."""
 SEEN_MAX = 8192
 """Hook ids remembered for dedupe (contract §1)."""
 HOOK_ID_MAX = 128
@@ -244,11 +242,7 @@ class HookHub:
         if out is None:
             return None
         if t == "tool.requested":
-            call = m.get("tool_use_id")
-            if isinstance(call, str):
-                st.tools[call] = (out["id"], at)
-            st.requested.append((str(m.get("tool_name")), m.get("tool_input"), out["id"]))
-            del st.requested[:-REQUESTED_MAX]
+            st.remember_tool(m, out["id"], at)
             if ev == p.gate_event and p.gate_ask is not None and not spooled \
                     and self.config.gated(m.get("tool_name")):
                 return await self._gate(st, m, out["id"], at)
@@ -262,14 +256,14 @@ class HookHub:
         t = em["type"]
         call = m.get("tool_use_id")
         if t in ("tool.completed", "tool.failed", "tool.denied") and isinstance(call, str):
-            hit = st.tools.pop(call, None)
+            hit = st.tools.pop(bounded_key(call), None)
             if hit is not None:
                 data = em.setdefault("data", {})
                 data.setdefault("duration_ms", elapsed_ms(hit[1], at))
                 return hit[0]
         if t == "attention.requested":
-            if isinstance(call, str) and call in st.tools:
-                return st.tools[call][0]
+            if isinstance(call, str) and (key := bounded_key(call)) in st.tools:
+                return st.tools[key][0]
             return st.requested_id(m)
         return None
 

@@ -14,8 +14,9 @@ from bridges.core.capture import digest
 
 from .answers import Decision
 
-__all__ = ["Ask", "Instruction", "QUEUE_MAX", "SESSIONS_MAX", "SessionState", "Sessions",
-           "same_call", "tool_key"]
+__all__ = ["Ask", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX", "SESSIONS_MAX",
+           "SessionState", "Sessions", "TOOLS_MAX", "bounded_key", "input_print", "same_call",
+           "same_print", "tool_key"]
 
 QUEUE_MAX = 20
 """Instructions queued per session (``control-steering-design.md``)."""
@@ -32,6 +33,45 @@ def same_call(a: object, b: object) -> bool:
         return a == b
     shared = a.keys() & b.keys()
     return bool(shared) and all(digest(a[k]) == digest(b[k]) for k in shared)
+
+
+#: Longest tool name or ``tool_use_id`` kept as it is; a longer one is kept
+#: as its digest (what a session remembers of its tools stays small: a
+#: client's 3.9 MB ids grew the daemon 3.8 MB a hook, a fourth outside
+#: attack on issue 25).
+KEY_MAX = 256
+
+#: Tool calls of a run remembered for linking a ``PermissionRequest``.
+REQUESTED_MAX = 64
+
+#: Open tool calls a session remembers (a ``PreToolUse`` whose
+#: ``PostToolUse`` never came); the oldest is forgotten past it.
+TOOLS_MAX = 256
+
+
+def bounded_key(value: object) -> str:
+    """``value`` itself when a string of at most :data:`KEY_MAX` characters,
+    else ``"#"`` + its digest (never equal to a short one: ``#`` + 64 hex)."""
+    if isinstance(value, str) and len(value) <= KEY_MAX:
+        return value
+    return "#" + digest(value)
+
+
+def input_print(value: object) -> object:
+    """What a session keeps of a ``tool_input`` to pair a later moment with
+    it (:func:`same_print`): per key digests of an object, the digest of
+    anything else; never the input itself."""
+    if isinstance(value, dict):
+        return {k: digest(v) for k, v in value.items()}
+    return digest(value)
+
+
+def same_print(kept: object, value: object) -> bool:
+    """:func:`same_call` of the input :func:`input_print` kept and ``value``."""
+    if isinstance(kept, dict) and isinstance(value, dict):
+        shared = kept.keys() & value.keys()
+        return bool(shared) and all(kept[k] == digest(value[k]) for k in shared)
+    return not isinstance(kept, dict) and not isinstance(value, dict) and kept == digest(value)
 
 
 def tool_key(moment: dict[str, Any]) -> tuple[str, str]:
@@ -101,8 +141,8 @@ class SessionState:
     """One vendor session: ``run`` (the open AEP run id) and its
     ``run_started`` event id and start time (``run_t0``, Unix ms), ``last_run`` (the run closed
     last: a late moment naming it does not reopen it); ``tools``
-    (``call_id`` -> ``(tool.requested id, t0 in Unix ms)``) and ``requested``
-    (``(tool name, tool_input, tool.requested id)`` of the run: a
+    (``call_id`` -> ``(tool.requested id, t0 in Unix ms)``, bounded keys) and ``requested``
+    (``(tool name, tool_input print, tool.requested id)`` of the run: a
     ``PermissionRequest`` has no ``tool_use_id``); ``asks`` (event id -> :class:`Ask`);
     ``queue`` (steering); ``lock`` (one moment mapped at a time)."""
 
@@ -120,11 +160,24 @@ class SessionState:
 
     def requested_id(self, moment: dict[str, Any]) -> str | None:
         """The ``tool.requested`` id of the latest call ``moment`` is about."""
-        name = moment.get("tool_name")
-        for n, inp, ev_id in reversed(self.requested):
-            if n == name and same_call(inp, moment.get("tool_input")):
+        name = bounded_key(moment.get("tool_name"))
+        for n, kept, ev_id in reversed(self.requested):
+            if n == name and same_print(kept, moment.get("tool_input")):
                 return ev_id
         return None
+
+    def remember_tool(self, moment: dict[str, Any], event_id: str, at: int) -> None:
+        """A ``tool.requested`` (event ``event_id`` at ``at``, Unix ms): its
+        call id (bounded, :data:`TOOLS_MAX` open at most) and its name and
+        input print (the last :data:`REQUESTED_MAX`)."""
+        call = moment.get("tool_use_id")
+        if isinstance(call, str):
+            self.tools[bounded_key(call)] = (event_id, at)
+            while len(self.tools) > TOOLS_MAX:
+                del self.tools[next(iter(self.tools))]
+        self.requested.append((bounded_key(moment.get("tool_name")),
+                               input_print(moment.get("tool_input")), event_id))
+        del self.requested[:-REQUESTED_MAX]
 
     def open_asks(self) -> list[Ask]:
         """The asks still open, oldest first."""

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from bridges.core.aep import SEVERITIES, SEVERITY_RANK
 
 __all__ = ["Filter", "InvalidFilter", "FilterTooLarge", "DEFAULT_MAX_TERMS", "filter_terms", "validate_filter", "attr_match", "MATCH_ALL", "CORE_ATTRS",
-           "FILTERABLE", "DEFAULTS"]
+           "FILTERABLE", "DEFAULTS", "MAX_TYPE_PATTERN"]
 
 #: Every core envelope attribute (AEP-0001 §5.1); none is a legal extension key.
 CORE_ATTRS = frozenset({
@@ -39,6 +39,11 @@ DEFAULTS: Mapping[str, Any] = {"severity": "info", "capture": "metadata", "epoch
 
 _EXT_NAME = re.compile(r"[a-z0-9]{1,20}\Z")
 # "p.*": one or more dot-separated tokens, then ".*" (never "*" alone).
+#: Longest ``prefix.*`` pattern: a subscription's patterns are probed at
+#: each ``.`` of an event's type within their length (a 320 KB pattern and
+#: one matching event held the event loop 7.8 s: a fourth outside attack on
+#: issue 25).
+MAX_TYPE_PATTERN = 256
 _TYPE_PATTERN = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\.\*\Z")
 _MISSING = object()
 
@@ -82,6 +87,8 @@ def _check_scalar(key: str, v: Any) -> None:
     if isinstance(v, str) and "*" in v:
         if key != "type":
             raise InvalidFilter(f'glob patterns are only legal on "type" ({key})')
+        if len(v) > MAX_TYPE_PATTERN:  # its probe costs grow with its length squared
+            raise InvalidFilter(f"type pattern longer than {MAX_TYPE_PATTERN} characters")
         if not _TYPE_PATTERN.match(v):
             raise InvalidFilter(f"bad type pattern {v!r} (form: prefix.*)")
 

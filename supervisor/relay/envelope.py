@@ -32,7 +32,7 @@ from .attrmatch import CORE_ATTRS
 from .buffer import Entry
 from .capcheck import exceeds as capture_exceeds
 
-__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "validate", "well_formed", "encode", "to_entry", "envelope_error",
+__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "MAX_TYPE", "validate", "well_formed", "encode", "to_entry", "envelope_error",
            "has_duplicate_keys", "trusted_entry", "formed_entry", "AEP_VERSION", "is_command_type", "is_foreign"]
 
 _TYPE = re.compile(
@@ -108,11 +108,18 @@ def _enum(values: dict[str, int]) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, str) and v in values
 
 
+#: Longest ``type`` accepted (the fleet's own are at most 780 characters:
+#: :data:`bridges.core.naming.MAX_SEGMENTS` segments of ``MAX_SEGMENT``).
+MAX_TYPE = 1024
+
 #: Required attributes, checked in this order: non-empty strings.
 _REQUIRED = ("id", "type", "time", "source", "agent")
 
 #: ``(attribute, test, detail)`` for the required attributes' formats, in order.
 _FORMATS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
+    # the length first: the pattern is linear, but a 15 MiB type held the
+    # event loop 2 s on it (a fourth outside attack on issue 25)
+    ("type", lambda v: len(v) <= MAX_TYPE, f"type longer than {MAX_TYPE} characters"),
     ("type", _TYPE.match, "bad type syntax (AEP-0001 §6)"),
     ("time", _time_ok, "time must be an RFC 3339 date-time"),
     ("source", _URI.match, "source must be an absolute URI"),
@@ -227,7 +234,7 @@ def _type_scope(t: str) -> int:
     """``0`` for a ``type`` the grammar refuses, else its scope (memoized)."""
     scope = _TYPE_SCOPE.get(t)
     if scope is None:
-        if _TYPE.match(t) is None:
+        if len(t) > MAX_TYPE or _TYPE.match(t) is None:
             return 0
         scope = _AGENT if t.startswith("agent.") else _FOREIGN if is_foreign(t) else _SESSION
         if len(_TYPE_SCOPE) >= _MAX_TYPES:

@@ -316,3 +316,41 @@ async def test_a_hold_ends_before_a_short_vendor_timeout():
         t = (await rig.wait_for("attention.timeout"))[0]
         assert t["data"]["after_ms"] == 50
         n.cancel_scope.cancel()
+
+
+def test_a_session_remembers_its_tools_bounded_and_never_their_inputs():
+    """A fourth outside attack on issue 25: ``PreToolUse`` moments with
+    unique 3.9 MB ``tool_use_id`` s (or inputs), never followed by
+    ``PostToolUse``, grew the daemon 3.8 MB a hook without end. A session
+    now keeps at most TOOLS_MAX open calls, long ids and names as digests,
+    and of an input only per-key digests; pairing still works."""
+    from bridges.hooks_common.session import KEY_MAX, REQUESTED_MAX, TOOLS_MAX, SessionState, bounded_key
+    st = SessionState("s")
+    big = {"command": "x" * 100_000}
+    for i in range(TOOLS_MAX + 50):
+        st.remember_tool({"tool_name": "Bash" * 100, "tool_use_id": f"{i}-" + "t" * 10_000,
+                          "tool_input": big}, f"ev{i}", i)
+    assert len(st.tools) == TOOLS_MAX and all(len(k) <= KEY_MAX + 1 for k in st.tools)
+    assert len(st.requested) == REQUESTED_MAX
+    assert all(len(str(entry)) < 1_000 for entry in st.requested)  # no input, no long name
+    last = TOOLS_MAX + 49
+    assert st.tools[bounded_key(f"{last}-" + "t" * 10_000)] == (f"ev{last}", last)
+    assert bounded_key("0-" + "t" * 10_000) not in st.tools  # the oldest forgotten
+    # a PermissionRequest (no tool_use_id) still pairs by name and input
+    assert st.requested_id({"tool_name": "Bash" * 100, "tool_input": big}) == f"ev{last}"
+    assert st.requested_id({"tool_name": "Bash" * 100, "tool_input": {"command": "y"}}) is None
+
+
+async def test_a_long_tool_use_id_still_pairs_its_completion():
+    rig = Rig(CLAUDE, HookConfig())
+    call = "t" * 5_000
+    async with trio.open_nursery() as n:
+        await rig.start(n)
+        for mo in (m("UserPromptSubmit", prompt="hi"), m("PreToolUse", tool_use_id=call, **BASH),
+                   m("PostToolUse", tool_use_id=call, tool_response={"stdout": "x"}, **BASH)):
+            assert (await rig.post(mo))[0] == 200
+        n.cancel_scope.cancel()
+    ev = rig.events()
+    req, done = ev[1], ev[2]
+    assert (req["type"], done["type"]) == ("tool.requested", "tool.completed")
+    assert done["cause"] == req["id"]

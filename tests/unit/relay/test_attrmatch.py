@@ -126,3 +126,15 @@ def test_a_type_of_millions_of_dots_is_probed_only_as_far_as_the_patterns_reach(
     f = Filter({"type": ["attention.*", "tool.*"]})
     assert not f.matches({"type": "x." + "a." * 2_000_000 + "b"})
     assert Filter({"type": "x.a.*"}).matches({"type": "x." + "a." * 2_000_000 + "b"})
+
+
+def test_a_type_pattern_is_at_most_max_type_pattern_characters():
+    """A fourth outside attack on issue 25: a 320 KB pattern and one event of
+    a matching type held the event loop 7.8 s (its probes are bounded by the
+    pattern's length, so the pattern is bounded)."""
+    from supervisor.relay.attrmatch import MAX_TYPE_PATTERN
+    ok = "x." + "a." * ((MAX_TYPE_PATTERN - 4) // 2) + "*"
+    assert len(ok) <= MAX_TYPE_PATTERN
+    validate_filter({"type": ok})
+    with pytest.raises(InvalidFilter, match="longer than"):
+        validate_filter({"type": "x." + "a." * MAX_TYPE_PATTERN + "*"})

@@ -183,3 +183,18 @@ def test_well_formed_takes_common_times(time_):
 def test_well_formed_leaves_hard_times_to_validate(time_):
     from supervisor.relay.envelope import well_formed
     assert not well_formed(dict(GOLDEN[0], time=time_))
+
+
+def test_a_type_longer_than_max_type_is_refused_before_its_grammar():
+    """A fourth outside attack on issue 25: a 15 MiB dotted type spent 2 s
+    in the grammar on the event loop before its 400."""
+    from supervisor.relay.envelope import MAX_TYPE, well_formed
+    ev = {"aep": "0.1", "id": "01JX9YB4RQ0000000000000001", "time": "2026-12-07T12:00:00Z",
+          "source": "aep://h/x", "agent": "x", "session": "s", "seq": 0}
+    fine = {**ev, "type": "x.a" + ".b" * ((MAX_TYPE - 3) // 2)}
+    assert len(fine["type"]) <= MAX_TYPE
+    validate(fine)
+    long_ = {**ev, "type": "x." + "a." * 2_000_000 + "b"}
+    with pytest.raises(InvalidEvent, match="longer than"):
+        validate(long_)
+    assert not well_formed(long_)
