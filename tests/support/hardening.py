@@ -41,7 +41,15 @@ const [url, framesJson, waitMs] = process.argv.slice(1);
 const frames = JSON.parse(framesJson);
 const out = {messages: [], close: null, errors: 0, opened: false};
 const ws = new WebSocket(url);
-const done = () => { process.stdout.write(JSON.stringify(out) + "\n"); process.exit(0); };
+// exit only once the line is written: a write to a pipe is asynchronous in
+// Node, and process.exit right after it lost the line now and then (the
+// test then read "OPEN" as the last line: seen once in a clean-clone run)
+let finished = false;
+const done = () => {
+  if (finished) return;
+  finished = true;
+  process.stdout.write(JSON.stringify(out) + "\n", () => process.exit(0));
+};
 setTimeout(() => { out.timeout = true; done(); }, Number(waitMs));
 ws.addEventListener("open", () => {
   out.opened = true;

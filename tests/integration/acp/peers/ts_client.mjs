@@ -44,5 +44,5 @@ const result = await ctx.request(methods.agent.session.prompt, {
 view.push(["session/prompt", result]);
 proc.kill("SIGTERM");  // like the SDK's example client: stdin is never closed
 view.push(["exit", await exited]);
-process.stdout.write(JSON.stringify(view) + "\n");
-process.exit(0);
+// exit once the line is written (a write to a pipe is asynchronous in Node)
+process.stdout.write(JSON.stringify(view) + "\n", () => process.exit(0));
