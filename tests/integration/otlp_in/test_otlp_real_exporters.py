@@ -117,7 +117,12 @@ def _saturate_then_relay_later(sink: list[dict]):
             ctx.emit_nowait("filler", {"type": "x.codex.otel.unknown"})
 
         async def relay_later():
-            await trio.sleep(0.5)  # the exporter's first attempt meets a full channel
+            # The relay stays stalled until the bridge has refused the exporter's first
+            # attempt (a fixed sleep raced a slow exporter start on a loaded machine: the
+            # channel was drained before the first export arrived).
+            with trio.move_on_after(30):
+                while not ctx.health.counters.get("otlp.saturated"):
+                    await trio.sleep(0.01)
             async for out in recv:  # then a live relay drains everything
                 sink.append(out.event)
 
