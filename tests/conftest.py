@@ -55,6 +55,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="each Hypothesis property test runs a tenth of its examples (at least "
              f"{QUICK_MIN_EXAMPLES}): the quick loop of `scripts/dev test --unit`; the full "
              "run (CI) runs them all")
+    parser.addoption(
+        "--cpu-report", metavar="DIR", default=None,
+        help="write each test file's CPU seconds (the test process and the children it "
+             "reaped) to DIR/cpu-<worker>.jsonl; `python -m tests.support.cpureport DIR` "
+             "sums them (tests/support/cpureport.py)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``--cpu-report DIR``: the per-file CPU plugin, in every process."""
+    out = config.getoption("cpu_report", None)
+    if out:
+        from pathlib import Path
+
+        from tests.support.cpureport import CpuReport
+        worker = getattr(config, "workerinput", {}).get("workerid", "main")
+        config.pluginmanager.register(CpuReport(Path(out).resolve(), worker), "aep-cpu-report")
 
 
 QUICK_MIN_EXAMPLES = 20
