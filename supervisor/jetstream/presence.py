@@ -75,6 +75,8 @@ log = logging.getLogger("aep.nats.presence")
 
 #: sessions :attr:`Presence.lost` remembers (:class:`~.lost.LostSessions`)
 _LOST_CAP = 4096
+#: lost sessions asked about again per pass of :meth:`Presence._keep`
+_RECHECKS_PER_PASS = 32
 
 _HOST_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
 ID_FILE = "daemon-id"
@@ -349,10 +351,12 @@ class Presence:
             new = dict.fromkeys(c for c in self._new if c in held)
             gone = dict.fromkeys(c for c in self._gone if c not in held)
             self._new, self._gone = [], []
-            if self._recheck:
-                todo, self._recheck = list(self._recheck), {}
+            if self._recheck:  # a few a pass: the claims' puts are not held behind them
+                todo = list(self._recheck)[:_RECHECKS_PER_PASS]
                 for session in todo:
-                    await self._recheck_one(session)
+                    del self._recheck[session]
+                    if link is None or link.connected:  # (else: due again a refresh later)
+                        await self._recheck_one(session)
             for c in new:
                 if not await self._put_claim(*c):
                     retry_put[c] = None

@@ -241,7 +241,7 @@ async def test_a_fleet_bridge_takes_a_lost_shared_token_session_back_once_free(t
     refused (none logged or published)."""
     with NatsCluster(1, tmp_path / "nats") as c:
         env = {"AEP_NATS_CLAIM_TTL": "3"}  # a claim refresh each second
-        grace = 1.0
+        grace = 2.0  # (twice the refresh: a connected emitter's "at" never looks idle)
         later, stop = trio.Event(), trio.Event()
         first = BurstBridge(1, sessions=1, prefix="sh", name="first")
         second = _UntilStopped(stop, prefix="sh", name="second", pace=0.1, start=later)
