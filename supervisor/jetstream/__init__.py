@@ -11,7 +11,8 @@ the AEP bindings from the stream.
 - :mod:`.sink`: the fleet's sink into the stream; :mod:`.recover`: what a
   killed run logged but never got acknowledged, published first at start;
   :mod:`.presence`: the session claims in the KV bucket and the daemon's
-  command subject.
+  command subject; :mod:`.lost`: the sessions its fleet was refused, and
+  when each is asked about again (pure).
 - :mod:`.relay` and :mod:`.plan`: ``aep-bridges relay`` served from the
   stream (a :class:`~supervisor.relay.Relay` subclass; subject filters and
   ``from`` positions), with its three bases: :mod:`.subscribe` (each
@@ -24,5 +25,5 @@ Nothing here is imported unless ``AEP_NATS_URL`` is set: the embedded relay
 stays the single-host default.
 """
 
-__all__ = ["config", "ingest", "link", "owners", "plan", "presence", "publish", "recover", "relay",
+__all__ = ["config", "ingest", "link", "lost", "owners", "plan", "presence", "publish", "recover", "relay",
            "routing", "sink", "subjects", "subscribe"]

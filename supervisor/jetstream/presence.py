@@ -11,8 +11,10 @@ the command listener on ``S.cmd.<daemon>`` (the shapes:
   and binds it to the fleet in KV ``S_bindings`` (no remote emitter on any
   relay may claim it then, :mod:`supervisor.jetstream.owners`; a session a
   per-emitter credential holds there, or a shared-token one whose ``at``
-  is within ``AEP_CLAIM_GRACE`` plus a refresh, is never taken: not claimed, the
-  fleet's events in it dropped, :meth:`Presence.refuses`),
+  is within ``AEP_CLAIM_GRACE`` plus a refresh, is not taken: not claimed, the
+  fleet's events in it dropped, :meth:`Presence.refuses`; a shared-token
+  one is asked about again as the fleet's events come, at most once a
+  claim refresh, and taken back once free: :mod:`.lost`),
   bounded per bridge to ``AEP_MAX_SESSIONS`` (least recently used
   released); :class:`Presence` puts each new claim at once (one that
   fails, a bucket electing its leader, again after a short backoff) and
@@ -51,6 +53,7 @@ from bridges.core.paths import write_atomic
 from supervisor.relay import fleet_refusal
 
 from .config import NatsConfig
+from .lost import LostSessions
 from .subjects import (
     binding_value,
     bindings_bucket,
@@ -70,8 +73,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aep.nats.presence")
 
-#: sessions :attr:`Presence.lost` remembers
+#: sessions :attr:`Presence.lost` remembers (:class:`~.lost.LostSessions`)
 _LOST_CAP = 4096
+#: lost sessions asked about again per pass of :meth:`Presence._keep`
+_RECHECKS_PER_PASS = 32
 
 _HOST_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
 ID_FILE = "daemon-id"
@@ -192,7 +197,9 @@ class Presence:
     bool``: put the command on the bridge's inbox (``False``: full, counted
     by the fleet). ``counters``: ``claims_put``, ``claims_deleted``,
     ``kv_errors``, ``commands_received``, ``commands_delivered``,
-    ``commands_refused``."""
+    ``commands_refused``, ``refused_fleet_into_owned``, ``fleet_reclaimed``
+    (shared-token bindings taken back), ``lost_evicted`` (lost sessions
+    forgotten past their cap, :mod:`.lost`)."""
 
     def __init__(self, cfg: NatsConfig, daemon: str, *, host: str, epoch: int,
                  hellos: Mapping[str, Mapping[str, Any]], max_sessions: int,
@@ -212,11 +219,15 @@ class Presence:
             .replace("+00:00", "Z")
         self.counters: dict[str, int] = {"claims_put": 0, "claims_deleted": 0, "kv_errors": 0,
                                          "commands_received": 0, "commands_delivered": 0,
-                                         "commands_refused": 0, "refused_fleet_into_owned": 0}
-        #: sessions found bound to a per-emitter credential in KV
-        #: ``S_bindings`` (:meth:`_bind`): the fleet's events there are
-        #: dropped (:meth:`refuses`); the most recent :data:`_LOST_CAP`
-        self.lost: OrderedDict[str, None] = OrderedDict()
+                                         "commands_refused": 0, "refused_fleet_into_owned": 0,
+                                         "fleet_reclaimed": 0, "lost_evicted": 0}
+        #: sessions found held by another principal in KV ``S_bindings``
+        #: (:meth:`_bind`): the fleet's events there are dropped
+        #: (:meth:`refuses`), the bucket asked again at most once a claim
+        #: refresh per session (:meth:`_recheck_one`); the most recent :data:`_LOST_CAP`
+        self.lost = LostSessions(_LOST_CAP, every=max(0.5, cfg.claim_ttl / 3))
+        #: lost sessions due to be asked about again (by :meth:`_keep`)
+        self._recheck: dict[str, None] = {}
         self._new: list[tuple[str, str, str]] = []
         self._gone: list[tuple[str, str, str]] = []
         self._changed = trio.Event()
@@ -230,11 +241,17 @@ class Presence:
         credential (or a shared-token emitter within its hold) holds in KV
         ``S_bindings`` (:attr:`lost`): counted
         ``refused_fleet_into_owned``; the fleet drops it (not logged, not
-        published). Commands are not refused."""
+        published, not kept). Commands are not refused. A refused event
+        whose session is due (:meth:`.lost.LostSessions.due`: once a claim
+        refresh) has the bucket asked again (:meth:`_recheck_one`): once the
+        remote claim is free, the fleet's later events there flow."""
         session = event.get("session")
         if session not in self.lost or is_command_type(event.get("type")):
             return False
         self.counters["refused_fleet_into_owned"] += 1
+        if isinstance(session, str) and self.lost.due(session, trio.current_time()):
+            self._recheck[session] = None
+            self._changed.set()
         return True
 
     def note(self, bridge: str, event: Mapping[str, Any]) -> None:
@@ -296,7 +313,8 @@ class Presence:
                 replicas=self.cfg.replicas))
 
     async def _keep(self, link: Link) -> None:
-        """Put new claims as they come, delete released ones; every TTL/3
+        """Put new claims as they come, delete released ones, ask the bucket
+        again about lost sessions that are due (:meth:`_recheck_one`); every TTL/3
         put them all again (and the daemon entry). What one pass does is
         read against what is held at its start: a claim released and
         claimed again before the pass is put, not deleted, and one claimed
@@ -333,6 +351,12 @@ class Presence:
             new = dict.fromkeys(c for c in self._new if c in held)
             gone = dict.fromkeys(c for c in self._gone if c not in held)
             self._new, self._gone = [], []
+            if self._recheck:  # a few a pass: the claims' puts are not held behind them
+                todo = list(self._recheck)[:_RECHECKS_PER_PASS]
+                for session in todo:
+                    del self._recheck[session]
+                    if link is None or link.connected:  # (else: due again a refresh later)
+                        await self._recheck_one(session)
             for c in new:
                 if not await self._put_claim(*c):
                     retry_put[c] = None
@@ -345,7 +369,7 @@ class Presence:
             elif retry_at <= now or retry_at == math.inf:
                 retry_at = trio.current_time() + backoff_delay(attempt, 0.2, 5.0)
                 attempt += 1
-            if self._new or self._gone:
+            if self._new or self._gone or self._recheck:
                 continue
             with trio.move_on_at(min(next_full, retry_at)):
                 await self._changed.wait()
@@ -373,14 +397,22 @@ class Presence:
         return True
 
     async def _bind(self, session: str) -> bool:
+        """Bind ``session`` to the fleet in KV ``S_bindings`` (:meth:`_try_bind`):
+        ``False`` when another principal holds it (nothing written); a bucket
+        that did not answer counts as bound, tried again with the claim's
+        next refresh (counted ``kv_errors``)."""
+        return await self._try_bind(session) is not False
+
+    async def _try_bind(self, session: str) -> bool | None:
         """Bind ``session`` to the fleet in KV ``S_bindings``, so no remote
         emitter on any relay may claim it (:mod:`.owners`): created, or
-        taken back (compare-and-set) from the shared or anonymous principal
-        once its ``at`` is older than ``AEP_CLAIM_GRACE`` plus one claim
-        refresh (its relays re-put ``at`` while a claimant is connected),
-        never from a per-emitter credential (:func:`~supervisor.relay.fleet_refusal`:
-        returns ``False`` then, nothing written). One that fails is tried
-        again with the claim's next refresh (counted ``kv_errors``)."""
+        taken back (compare-and-set, counted ``fleet_reclaimed``) from the
+        shared or anonymous principal once its ``at`` is older than
+        ``AEP_CLAIM_GRACE`` plus one claim refresh (its relays re-put ``at``
+        while a claimant is connected), never from a per-emitter credential
+        (:func:`~supervisor.relay.fleet_refusal`). ``True`` bound, ``False``
+        held by another (nothing written), ``None`` the bucket did not
+        answer (counted ``kv_errors``)."""
         import nats.js.errors as jerr
 
         from .link import aio
@@ -414,32 +446,48 @@ class Presence:
                     return False
                 try:
                     await aio(kv.update)(key, mine, last=entry.revision)
-                    return True
                 except jerr.KeyWrongLastSequenceError:
                     continue
+                if bound != "fleet":
+                    self.counters["fleet_reclaimed"] += 1
+                return True
             raise RuntimeError("session binding changed under each try")
         except Exception as e:  # noqa: BLE001 -- again at the next refresh
             self.counters["kv_errors"] += 1
             log.debug("nats: session binding failed: %s", type(e).__name__)
-            return True
+            return None
+
+    async def _recheck_one(self, session: str) -> None:
+        """Ask the bucket again about lost ``session`` (due: :meth:`refuses`):
+        bound to the fleet now (the remote claim went free: taken back by
+        compare-and-set) -> no longer lost, the fleet's next event claims it
+        as any; still held -> lost, due again a refresh later; no answer ->
+        lost, due again at the time :meth:`refuses` set."""
+        if session not in self.lost:
+            return  # (forgotten meanwhile: its next event binds it anew)
+        got = await self._try_bind(session)
+        if got is True:
+            self.lost.regain(session)
+            log.info("nats: session %r is free again in the bindings bucket; the bridges of "
+                     "this daemon emit into it again (counted in fleet_reclaimed)", session[:128])
+        elif got is False:
+            self.lost.lose(session, trio.current_time())
 
     def _lose(self, session: str) -> None:
         """A per-emitter credential, or a shared-token emitter within its
         hold, holds ``session`` in KV ``S_bindings``:
         the fleet's claims of it are withdrawn (its commands reach the
-        credential alone) and its later events there are dropped
-        (:meth:`refuses`); logged once per session."""
+        holder alone) and its later events there are dropped
+        (:meth:`refuses`) until a check finds it free (:meth:`_recheck_one`);
+        logged once per session lost."""
         lost = self.lost
-        if session not in lost:
+        if lost.lose(session, trio.current_time()):
             log.warning("nats: a bridge of this daemon emitted into session %r, which a "
                         "per-emitter credential (or a shared-token emitter still connected or "
                         "within AEP_CLAIM_GRACE) holds in the bindings bucket; its events there "
-                        "are dropped (an OTLP sender naming that session? counted in "
-                        "refused_fleet_into_owned)", session[:128])
-        lost[session] = None
-        lost.move_to_end(session)
-        if len(lost) > _LOST_CAP:
-            lost.popitem(last=False)
+                        "are dropped while it is held (an OTLP sender naming that session? "
+                        "counted in refused_fleet_into_owned)", session[:128])
+        self.counters["lost_evicted"] = lost.evicted
         gone = self.claims.forget(session)
         if gone:
             self._gone.extend(gone)

@@ -313,8 +313,15 @@ class FleetCollector(Collector):
         yield cmds
         yield CounterMetricFamily(f"{PREFIX}_nats_fleet_refused", "Events of this daemon's "
                                   "bridges dropped (not logged, not published) because a "
-                                  "per-emitter credential holds their session in AEP_bindings",
+                                  "per-emitter credential, or a shared-token emitter within "
+                                  "its hold, holds their session in AEP_bindings",
                                   value=pc.get("refused_fleet_into_owned", 0))
+        yield CounterMetricFamily(f"{PREFIX}_nats_fleet_reclaimed", "Shared-token sessions "
+                                  "this daemon's bridges took back in AEP_bindings once free",
+                                  value=pc.get("fleet_reclaimed", 0))
+        yield CounterMetricFamily(f"{PREFIX}_nats_fleet_lost_evicted", "Sessions refused to "
+                                  "this daemon's bridges forgotten past their cap (asked about "
+                                  "again at their next event)", value=pc.get("lost_evicted", 0))
 
     def _session_log(self) -> Iterator[Metric]:
         sl = self.fleet.session_log

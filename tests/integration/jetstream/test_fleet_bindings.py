@@ -16,13 +16,14 @@ from typing import Any
 import httpx
 import trio
 
-from supervisor.jetstream.link import aio
+from bridges.core.bridge import BridgeRun
+from supervisor.jetstream.link import aio, open_link
 from supervisor.jetstream.subjects import parse_value, token
 from tests.support.hardening import event
 from tests.support.js_relay_harness import TOKEN, SocketEmitter, running_js_relay
-from tests.support.nats import NatsCluster
+from tests.support.nats import NatsCluster, stream_messages
 
-from .fleet_support import BurstBridge, running_fleet, wait_published
+from .fleet_support import BurstBridge, decoded, nats_config, running_fleet, wait_published
 
 POST = {"authorization": f"Bearer {TOKEN}", "aep-version": "0.1",
         "content-type": "application/json"}
@@ -198,3 +199,98 @@ async def test_a_fleet_bridge_takes_a_shared_token_session_only_once_its_binding
                 assert relay.counters["fleet_reclaimed"] == 0
             finally:
                 live.close()
+
+
+class _UntilStopped(BurstBridge):
+    """Emits into ``<prefix>-0`` every ``pace`` s from ``start`` until
+    ``stop`` (at most ``n``); ``done`` once it stopped."""
+
+    def __init__(self, stop: trio.Event, **kw: Any) -> None:
+        super().__init__(2000, sessions=1, **kw)
+        self.stop = stop
+
+    async def run(self, ctx, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        ctx.health.source = True
+        task_status.started(BridgeRun())
+        assert self.start is not None
+        await self.start.wait()
+        for i in range(self.n):
+            if self.stop.is_set():
+                break
+            self.emitted.append(await ctx.emit(f"{self.prefix}-0", {
+                "type": "x.toy.tick", "data": {"i": i}}, severity="info"))
+            await trio.sleep(self.pace)
+        self.done.set()
+        await trio.sleep_forever()
+
+
+def _logged_ids(state) -> set[Any]:
+    return {json.loads(line).get("id") for f in state.rglob("*.jsonl")
+            for line in f.read_text().splitlines() if line.strip()}
+
+
+async def test_a_fleet_bridge_takes_a_lost_shared_token_session_back_once_free(tmp_path) -> None:
+    """Issue 25, hardening round two: a shared-token emitter on relay A
+    claims ``sh-0``; a bridge of the daemon emits into it while it is held,
+    so the session is lost for the fleet (its events dropped, counted
+    ``refused_fleet_into_owned``). Before, it stayed lost until the daemon
+    restarted. Now, once the emitter left and ``AEP_CLAIM_GRACE`` plus one
+    claim refresh passed, the fleet's next due check takes the binding back
+    by compare-and-set (counted ``fleet_reclaimed``) and its later events
+    are logged and on the stream; those refused while it was held stay
+    refused (none logged or published)."""
+    with NatsCluster(1, tmp_path / "nats") as c:
+        env = {"AEP_NATS_CLAIM_TTL": "3"}  # a claim refresh each second
+        grace = 2.0  # (twice the refresh: a connected emitter's "at" never looks idle)
+        later, stop = trio.Event(), trio.Event()
+        first = BurstBridge(1, sessions=1, prefix="sh", name="first")
+        second = _UntilStopped(stop, prefix="sh", name="second", pace=0.1, start=later)
+        async with running_js_relay(c.url, token=TOKEN, env=env,
+                                    claim_grace_s=grace) as (relay, base):
+            em = await trio.to_thread.run_sync(lambda: SocketEmitter(
+                base, token=TOKEN, agent="plain", host="elsewhere"))
+            try:
+                em.session("sh-0").emit("run.started", severity="notice")
+                await _wait(lambda: relay.counters["published"] >= 1)
+                async with running_fleet(tmp_path, [first, second], c.url, token=TOKEN,
+                                         claim_grace=grace, **env) as fleet:
+                    presence = fleet.jetstream.presence
+                    await _wait(lambda: "sh-0" in presence.lost)
+                    later.set()
+                    # held while the emitter is connected: refused, the binding its own
+                    await _wait(lambda: presence.counters["refused_fleet_into_owned"] >= 5)
+                    assert (await _binding(relay, "sh-0"))["principal"] == "token"
+                    await trio.to_thread.run_sync(em.close)
+                    await _wait(lambda: presence.counters.get("fleet_reclaimed", 0) >= 1, timeout=60)
+                    await _wait(lambda: "sh-0" not in presence.lost)
+                    # its later events flow: a few of them, then stop
+                    await _wait(lambda: len(_logged_ids(tmp_path / "state")
+                                            & {e["id"] for e in second.emitted}) >= 5)
+                    stop.set()
+                    await _wait(second.done.is_set)
+                    state = tmp_path / "state"
+                    await _wait(lambda: len(_logged_ids(state) & {e["id"] for e in second.emitted})
+                                + presence.counters["refused_fleet_into_owned"]
+                                >= len(second.emitted))
+                    logged = _logged_ids(state)
+                    await wait_published(fleet, 1 + len(logged & {e["id"] for e in second.emitted}))
+                    assert presence.counters["fleet_reclaimed"] == 1
+                    assert (await _binding(relay, "sh-0"))["principal"] == "fleet"
+                    assert "sh-0" in {s for (_, _, s) in presence.claims.items()}
+                    counted = presence.counters["refused_fleet_into_owned"]
+            finally:
+                em.close()
+        ids = [e["id"] for e in second.emitted]
+        got = [i in logged for i in ids]
+        k = got.index(True)
+        # the refused ones are the first k (while held), every later one flowed
+        assert k >= 5 and got == [False] * k + [True] * (len(ids) - k), got
+        assert counted == k, (counted, k)
+        assert first.emitted[0]["id"] in logged  # (the stated limit: before the first answer)
+        async with open_link(nats_config(c.url)) as link:
+            on_stream = [(e["source"], e["id"]) for e in decoded(await stream_messages(link, "AEP"))
+                         if e.get("source") == first.emitted[0]["source"]
+                         or e.get("source") == second.emitted[0]["source"]]
+        want = [(first.emitted[0]["source"], first.emitted[0]["id"])] + \
+            [(e["source"], e["id"]) for e in second.emitted[k:]]
+        assert sorted(on_stream) == sorted(want), (len(on_stream), len(want))
