@@ -266,40 +266,79 @@ def spool_line(hook_id: str, agent: str, raw: bytes, now_ms: int) -> bytes:
                         "payload": payload}, separators=(",", ":")) + "\n").encode("ascii")
 
 
+def _spool_dir_fd(spool_dir: str) -> int:
+    """The spool directory opened (``O_DIRECTORY``, never through a symlink
+    at its last component) once it passes the rules ssh holds its own
+    directories to: a real directory, owned by this user, not group- or
+    world-writable (else anyone who may write there could rename our file
+    away or plant one; a ``--spool`` symlink would send the moments
+    wherever it points). Raises ``OSError`` saying which rule failed."""
+    import os
+    import stat
+    name = spool_dir.rstrip("/") or "/"  # a trailing "/" would follow a symlink
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        try:
+            link = stat.S_ISLNK(os.lstat(name).st_mode)
+        except OSError:
+            link = False
+        if link:
+            raise OSError("the spool directory is a symlink (refused, never followed)") from None
+        raise OSError(f"the spool directory cannot be opened: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user"
+    elif st.st_mode & 0o022:
+        problem = f"is group- or world-writable (mode {stat.S_IMODE(st.st_mode):o}; chmod 700 it)"
+    else:
+        return fd
+    os.close(fd)
+    raise OSError(f"the spool directory {problem} (refused)")
+
+
 def spool_write(spool_dir: str, agent: str, line: bytes, attempts: int = 8) -> str:
     """Append ``line`` to ``<spool_dir>/<agent>.jsonl`` under ``flock`` and
     return the path. The file may be renamed away for ingestion between our
     ``open`` and our lock: the inode check sees it and we reopen, so the line
     lands in the file the ingester has not taken. A symlink or anything but
-    a regular file there is refused, never followed or waited on. Raises
+    a regular file there is refused, never followed or waited on; so is a
+    directory that is a symlink, another user's, or group- or
+    world-writable (:func:`_spool_dir_fd`; the file is opened relative to
+    the directory checked, so it cannot be swapped between). Raises
     ``OSError``."""
     import fcntl
     import os
     import stat
     os.makedirs(spool_dir, mode=0o700, exist_ok=True)
     path = os.path.join(spool_dir, f"{agent}.jsonl")
-    for _ in range(attempts):
-        # no symlink (a shared spool dir: it would append anywhere we may write),
-        # no FIFO wait (O_NONBLOCK; ENXIO without a reader), a regular file only
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
-                     | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{path}: not a regular file")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    name = f"{agent}.jsonl"
+    dir_fd = _spool_dir_fd(spool_dir)
+    try:
+        for _ in range(attempts):
+            # no symlink (it would append anywhere we may write), no FIFO wait
+            # (O_NONBLOCK; ENXIO without a reader), a regular file only
+            fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                         | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600, dir_fd=dir_fd)
             try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                continue
-            mine = os.fstat(fd)
-            if (mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev):
-                continue  # taken for ingestion after our open
-            view = memoryview(line)
-            while view:  # one write unless the disk is full; the lock keeps it whole
-                view = view[os.write(fd, view):]
-            return path
-        finally:
-            os.close(fd)  # releases the lock
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(f"{path}: not a regular file")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                mine = os.fstat(fd)
+                if (mine.st_ino, mine.st_dev) != (st.st_ino, st.st_dev):
+                    continue  # taken for ingestion after our open
+                view = memoryview(line)
+                while view:  # one write unless the disk is full; the lock keeps it whole
+                    view = view[os.write(fd, view):]
+                return path
+            finally:
+                os.close(fd)  # releases the lock
+    finally:
+        os.close(dir_fd)
     raise OSError(f"{path}: replaced {attempts} times while appending")
 
 

@@ -21,7 +21,7 @@ from .acks import AckRefused
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
 from .bindings import ANONYMOUS, FLEET
 from .buffer import Position
-from .envelope import InvalidEvent
+from .envelope import MAX_ID, InvalidEvent
 from .newsessions import TooManySessions
 from .outlet import OPEN, Outlet, OutletHub, Subscriber, frame_text
 from .params import parse_capture, parse_from
@@ -465,7 +465,9 @@ class SocketConnection(Connection):
         self.send(self.relay.hello_frame())
 
     async def _event(self, ev: dict[str, Any], text: str) -> None:
-        cause = ev.get("id") if isinstance(ev.get("id"), str) else None
+        cause = ev.get("id")
+        if not isinstance(cause, str) or len(cause) > MAX_ID:
+            cause = None  # an id past the bound is refused, never echoed back
         try:
             refusal = await self.relay.ingest(ev, self, raw=text)
         except AckRefused as e:  # counted refused_acks (AEP-0004 §3: only the target decides)

@@ -32,7 +32,8 @@ from .attrmatch import CORE_ATTRS
 from .buffer import Entry
 from .capcheck import exceeds as capture_exceeds
 
-__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "MAX_TYPE", "validate", "well_formed", "encode", "to_entry", "envelope_error",
+__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "MAX_TYPE", "MAX_ID", "MAX_NAME", "MAX_SOURCE",
+           "validate", "well_formed", "encode", "to_entry", "envelope_error",
            "has_duplicate_keys", "trusted_entry", "formed_entry", "AEP_VERSION", "is_command_type", "is_foreign"]
 
 _TYPE = re.compile(
@@ -112,6 +113,25 @@ def _enum(values: dict[str, int]) -> Callable[[Any], bool]:
 #: :data:`bridges.core.naming.MAX_SEGMENTS` segments of ``MAX_SEGMENT``).
 MAX_TYPE = 1024
 
+#: Longest ``id`` and ``cause`` (a ``cause`` names an ``id``). Ids are
+#: ULIDs (26 characters, AEP-0001 §5.1 #2's recommendation; the fleet and
+#: the SDK mint them) or UUIDs (36); a 4 MB id was accepted and then held in
+#: buffers, session logs, ack tables and command ledgers (a fifth outside
+#: attack on issue 25). A ``cause`` past it could name no event.
+MAX_ID = 512
+
+#: Longest ``agent``, ``session``, ``run``, ``step`` and ``subject``: they
+#: key the relay's tables (sessions, bindings, routing) and its journal.
+#: Vendor ids pass through verbatim with no length guarantee (AEP-0001
+#: §12), so the bound is generous: a file path's (Linux ``PATH_MAX``).
+MAX_NAME = 4096
+
+#: Longest ``source``: a URI that spells ``agent`` and ``session``
+#: (``aep://{host}/agent/{agent}/session/{session}``, each percent-encoded
+#: where it must be: up to 12 characters a character), so room for a
+#: :data:`MAX_NAME` session so spelled.
+MAX_SOURCE = 65536
+
 #: Required attributes, checked in this order: non-empty strings.
 _REQUIRED = ("id", "type", "time", "source", "agent")
 
@@ -121,14 +141,24 @@ _FORMATS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
     # event loop 2 s on it (a fourth outside attack on issue 25)
     ("type", lambda v: len(v) <= MAX_TYPE, f"type longer than {MAX_TYPE} characters"),
     ("type", _TYPE.match, "bad type syntax (AEP-0001 §6)"),
+    ("id", lambda v: len(v) <= MAX_ID, f"id longer than {MAX_ID} characters"),
+    ("agent", lambda v: len(v) <= MAX_NAME, f"agent longer than {MAX_NAME} characters"),
     ("time", _time_ok, "time must be an RFC 3339 date-time"),
+    ("source", lambda v: len(v) <= MAX_SOURCE, f"source longer than {MAX_SOURCE} characters"),
     ("source", _URI.match, "source must be an absolute URI"),
 )
+
+#: ``attribute -> longest`` for the optional strings (checked once each is
+#: a non-empty string)
+_OPTIONAL_MAX = {"subject": MAX_NAME, "session": MAX_NAME, "run": MAX_NAME, "step": MAX_NAME,
+                 "cause": MAX_ID}
 
 #: ``(attribute, test, detail)`` for optional attributes, checked in this
 #: order when present: the first failing row is the answer.
 _OPTIONAL: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
     *((k, _nonempty_str, f"{k} must be a non-empty string when present")
+      for k in _OPTIONAL_STRINGS),
+    *((k, lambda v, n=_OPTIONAL_MAX[k]: len(v) <= n, f"{k} longer than {_OPTIONAL_MAX[k]} characters")
       for k in _OPTIONAL_STRINGS),
     ("seq", _count, "seq must be an integer >= 0"),
     ("epoch", _count, "epoch must be an integer >= 0"),
@@ -209,8 +239,10 @@ _TIME_FAST = re.compile(
     r"(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])\Z")
 
 
-#: the core attributes that are non-empty strings, and the counts (``seq``, ``epoch``)
-_STR_ATTRS = frozenset(("id", "type", "time", "source", "agent", *_OPTIONAL_STRINGS))
+#: the core attributes that are non-empty strings, each with its longest
+#: (``time``: its pattern is the bound), and the counts (``seq``, ``epoch``)
+_STR_ATTRS: dict[str, int] = {"id": MAX_ID, "type": MAX_TYPE, "time": 1 << 62,
+                              "source": MAX_SOURCE, "agent": MAX_NAME, **_OPTIONAL_MAX}
 _COUNT_ATTRS = frozenset(("seq", "epoch"))
 #: ``attribute -> test`` for the other core attributes but ``data`` (exact types)
 _FAST: dict[str, Callable[[Any], bool]] = {
@@ -262,8 +294,9 @@ def _source_ok(src: str) -> bool:
 def _attrs_ok(ev: dict[str, Any], shallow: bool) -> bool:
     """Every attribute of ``ev`` in one pass (see :func:`well_formed`)."""
     for k, v in ev.items():
-        if k in _STR_ATTRS:
-            if type(v) is not str or not v:
+        longest = _STR_ATTRS.get(k)
+        if longest is not None:
+            if type(v) is not str or not v or len(v) > longest:
                 return False
         elif k in _COUNT_ATTRS:
             if type(v) is not int or v < 0:

@@ -140,3 +140,80 @@ def test_spool_write_neither_follows_a_symlink_nor_blocks_on_a_fifo(tmp_path):
          "except OSError:\n    print('refused')", str(Path(SHIM).parent), str(tmp_path)],
         capture_output=True, text=True, timeout=30)
     assert done.stdout.strip() == "refused", done.stderr
+
+
+# -- the spool directory itself (a fifth outside attack on issue 25) -------------
+def _shim_run(spool: str) -> subprocess.CompletedProcess:
+    """The shim as the installer runs it (``-S -E``, stdin a hook moment)
+    with its daemon down: it spools, or says on stderr why it could not."""
+    from tests.support.net import free_ports
+    port, = free_ports(1)  # nothing listens there: connection refused, so the shim spools
+    code = (f"import sys; sys.path[0] = {str(Path(SHIM).parent)!r}; from shim import main; "
+            "sys.exit(main())")
+    return subprocess.run([sys.executable, "-S", "-E", "-c", code, "codex", "--daemon", f"http://127.0.0.1:{port}", "--spool", spool],
+                          input=b'{"hook_event_name": "Stop", "session_id": "s"}',
+                          capture_output=True, timeout=60)
+
+
+@pytest.mark.parametrize("trailing", ["", "/"])
+def test_a_symlinked_spool_directory_is_refused_and_the_hook_still_exits_0(tmp_path, trailing):
+    """``--spool`` naming a planted symlink to a directory: the shim wrote its
+    moments wherever the link pointed (the spool FILE was already refused
+    as a symlink, the directory was followed)."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    link = tmp_path / "spool-link"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    out = _shim_run(str(link) + trailing)
+    assert out.returncode == 0 and out.stdout == b""
+    err = out.stderr.decode()
+    assert "could not spool" in err and "symlink" in err and "Traceback" not in err, err
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777, 0o720])
+def test_a_group_or_world_writable_spool_directory_is_refused(tmp_path, mode):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    os.chmod(spool, mode)
+    out = _shim_run(str(spool))
+    assert out.returncode == 0 and out.stdout == b""
+    err = out.stderr.decode()
+    assert "could not spool" in err and "writable" in err and "Traceback" not in err, err
+    assert list(spool.iterdir()) == []
+    with pytest.raises(OSError, match="writable"):
+        shim.spool_write(str(spool), "codex", b'{"id":"x"}\n')
+
+
+def test_another_users_spool_directory_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("making a directory another user owns needs root")
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    os.chown(spool, 65534, 65534)
+    out = _shim_run(str(spool))
+    assert out.returncode == 0 and out.stdout == b""
+    err = out.stderr.decode()
+    assert "could not spool" in err and "owned by uid 65534" in err, err
+    assert list(spool.iterdir()) == []
+
+
+def test_an_own_private_spool_directory_still_spools(tmp_path):
+    """The rule refuses only what it must: a 0700 directory of this user
+    (made by the shim, or there already with 0755) takes the moment."""
+    made = tmp_path / "state" / "hooks-spool"
+    out = _shim_run(str(made))
+    assert out.returncode == 0 and b"spooled to" in out.stderr, out.stderr
+    assert oct(made.stat().st_mode & 0o777) == oct(0o700 & ~_umask())
+    assert json.loads((made / "codex.jsonl").read_bytes())["payload"]["hook_event_name"] == "Stop"
+    shared_read = tmp_path / "readable"
+    shared_read.mkdir()
+    os.chmod(shared_read, 0o755)
+    assert _shim_run(str(shared_read) + "/").returncode == 0
+    assert (shared_read / "codex.jsonl").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

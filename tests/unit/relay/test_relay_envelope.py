@@ -198,3 +198,74 @@ def test_a_type_longer_than_max_type_is_refused_before_its_grammar():
     with pytest.raises(InvalidEvent, match="longer than"):
         validate(long_)
     assert not well_formed(long_)
+
+
+# -- identifier lengths (a fifth outside attack on issue 25: a 4 MB id) ----------
+_BOUNDED = {"id": "MAX_ID", "cause": "MAX_ID", "agent": "MAX_NAME", "session": "MAX_NAME",
+            "run": "MAX_NAME", "step": "MAX_NAME", "subject": "MAX_NAME", "source": "MAX_SOURCE"}
+
+
+def _bound(attr: str) -> int:
+    from supervisor.relay import envelope
+    return int(getattr(envelope, _BOUNDED[attr]))
+
+
+def _sized(attr: str, n: int) -> dict:
+    """A valid session-scoped event whose ``attr`` is ``n`` characters."""
+    ev = {"aep": "0.1", "id": "01JX9YB4RQ0000000000000001", "type": "tool.completed",
+          "time": "2026-12-07T12:00:00Z", "source": "aep://h/agent/a/session/s", "agent": "a",
+          "session": "s", "seq": 0}
+    prefix = "aep://h/x/" if attr == "source" else ""
+    ev[attr] = prefix + "z" * (n - len(prefix))
+    return ev
+
+
+@pytest.mark.parametrize("attr", sorted(_BOUNDED))
+def test_an_identifier_at_its_bound_passes_and_one_past_it_is_refused(attr):
+    from supervisor.relay.envelope import to_entry, well_formed
+    n = _bound(attr)
+    at = _sized(attr, n)
+    assert len(at[attr]) == n
+    validate(at)
+    assert well_formed(at), attr  # the hot path still carries it
+    past = _sized(attr, n + 1)
+    with pytest.raises(InvalidEvent, match=f"{attr} longer than {n} characters"):
+        validate(past)
+    assert not well_formed(past) and not well_formed(past, True)
+    with pytest.raises(InvalidEvent, match="longer than"):
+        to_entry(past)
+    with pytest.raises(InvalidEvent, match="longer than"):
+        to_entry(past, json.dumps(past))
+
+
+def test_the_4mb_id_of_the_attack_is_refused_on_every_ingest_path():
+    from supervisor.relay.envelope import MAX_ID, formed_entry, to_entry
+    ev = _sized("id", 4 << 20)
+    line = json.dumps(ev).encode()
+    assert formed_entry(line) is None  # the fast path hands it to the long way, which refuses
+    with pytest.raises(InvalidEvent, match=f"id longer than {MAX_ID}"):
+        to_entry(json.loads(line), line.decode(), owned=True)
+    assert "zzzz" not in envelope_error(ev)  # the detail never echoes the value
+
+
+def test_the_bounds_hold_ulids_uuids_and_the_fleets_own_names():
+    from supervisor.relay.envelope import MAX_ID, MAX_NAME, MAX_SOURCE
+    assert MAX_ID >= 36 * 4  # a ULID (26), a UUID (36), with room for a prefix or two
+    assert MAX_NAME >= 4096  # a file path as a subject (PATH_MAX)
+    assert MAX_SOURCE >= 12 * MAX_NAME + 1024  # a MAX_NAME session percent-encoded, plus host+agent
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(sorted(_BOUNDED)), st.integers(0, 3), st.booleans())
+def test_length_verdicts_agree_on_both_paths(attr, extra, shallow):
+    """Either side of each bound, ``well_formed`` passes only what
+    ``validate`` passes, and ``validate`` refuses exactly what is past it."""
+    from supervisor.relay.envelope import well_formed
+    n = _bound(attr)
+    ev = _sized(attr, n - 1 + extra)  # n-1 .. n+2
+    ok = len(ev[attr]) <= n
+    assert _validate_ok(ev) is ok
+    if well_formed(ev, shallow):
+        assert ok
+    elif ok:
+        pytest.fail(f"{attr} of {len(ev[attr])} left the hot path")
