@@ -32,7 +32,7 @@ from .attrmatch import CORE_ATTRS
 from .buffer import Entry
 from .capcheck import exceeds as capture_exceeds
 
-__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "MAX_TYPE", "MAX_ID", "MAX_NAME", "MAX_SOURCE",
+__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "MAX_TYPE", "MAX_ID", "MAX_NAME", "MAX_SOURCE", "MAX_TIME",
            "validate", "well_formed", "encode", "to_entry", "envelope_error",
            "has_duplicate_keys", "trusted_entry", "formed_entry", "AEP_VERSION", "is_command_type", "is_foreign"]
 
@@ -132,6 +132,10 @@ MAX_NAME = 4096
 #: :data:`MAX_NAME` session so spelled.
 MAX_SOURCE = 65536
 
+#: Longest ``time``: RFC 3339 with nanoseconds and an offset is 35
+#: characters; the pattern's fraction (``\.\d+``) has no bound of its own.
+MAX_TIME = 64
+
 #: Required attributes, checked in this order: non-empty strings.
 _REQUIRED = ("id", "type", "time", "source", "agent")
 
@@ -143,6 +147,7 @@ _FORMATS: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
     ("type", _TYPE.match, "bad type syntax (AEP-0001 §6)"),
     ("id", lambda v: len(v) <= MAX_ID, f"id longer than {MAX_ID} characters"),
     ("agent", lambda v: len(v) <= MAX_NAME, f"agent longer than {MAX_NAME} characters"),
+    ("time", lambda v: len(v) <= MAX_TIME, f"time longer than {MAX_TIME} characters"),
     ("time", _time_ok, "time must be an RFC 3339 date-time"),
     ("source", lambda v: len(v) <= MAX_SOURCE, f"source longer than {MAX_SOURCE} characters"),
     ("source", _URI.match, "source must be an absolute URI"),
@@ -240,8 +245,8 @@ _TIME_FAST = re.compile(
 
 
 #: the core attributes that are non-empty strings, each with its longest
-#: (``time``: its pattern is the bound), and the counts (``seq``, ``epoch``)
-_STR_ATTRS: dict[str, int] = {"id": MAX_ID, "type": MAX_TYPE, "time": 1 << 62,
+#: and the counts (``seq``, ``epoch``)
+_STR_ATTRS: dict[str, int] = {"id": MAX_ID, "type": MAX_TYPE, "time": MAX_TIME,
                               "source": MAX_SOURCE, "agent": MAX_NAME, **_OPTIONAL_MAX}
 _COUNT_ATTRS = frozenset(("seq", "epoch"))
 #: ``attribute -> test`` for the other core attributes but ``data`` (exact types)

@@ -248,6 +248,25 @@ def test_the_4mb_id_of_the_attack_is_refused_on_every_ingest_path():
     assert "zzzz" not in envelope_error(ev)  # the detail never echoes the value
 
 
+def test_a_time_with_a_long_fraction_is_refused_by_its_length_on_both_paths():
+    # the pattern's fraction (\\.\\d+) had no bound: 4 MB of digits was a valid time
+    from supervisor.relay.envelope import MAX_TIME, to_entry, well_formed
+    nanos = "2026-12-07T12:00:00.123456789+01:00"
+    ev = _sized("id", 26)
+    validate({**ev, "time": nanos})
+    assert well_formed({**ev, "time": nanos})
+    at = {**ev, "time": "2026-12-07T12:00:00." + "1" * (MAX_TIME - 21) + "Z"}
+    assert len(at["time"]) == MAX_TIME
+    validate(at)
+    for n in (MAX_TIME - 20, 4 << 20):
+        past = {**ev, "time": "2026-12-07T12:00:00." + "1" * n + "Z"}
+        with pytest.raises(InvalidEvent, match=f"time longer than {MAX_TIME} characters"):
+            validate(past)
+        assert not well_formed(past)
+        with pytest.raises(InvalidEvent, match="longer than"):
+            to_entry(past, json.dumps(past))
+
+
 def test_the_bounds_hold_ulids_uuids_and_the_fleets_own_names():
     from supervisor.relay.envelope import MAX_ID, MAX_NAME, MAX_SOURCE
     assert MAX_ID >= 36 * 4  # a ULID (26), a UUID (36), with room for a prefix or two
