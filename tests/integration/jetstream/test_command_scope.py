@@ -88,3 +88,28 @@ async def test_a_credential_commands_only_its_own_sessions_on_every_relay(tmp_pa
                 assert rb.counters["refused_command_scope"] == 3
             finally:
                 alice.close()
+
+
+async def test_a_credentials_command_while_nats_is_down_is_no_route_not_guessed(tmp_path) -> None:
+    """The scope lives in the bucket: while this relay cannot reach NATS a
+    credential's command is refused ``no-route`` with retry advice (counted
+    ``commands_unreachable``), neither routed nor refused as unauthorized
+    on a guess, and never left hanging."""
+    with NatsCluster(1, tmp_path / "nats") as c:
+        async with running_js_relay(c.url, token=TOKEN, emitter_tokens=CREDS) as (relay, base):
+            await trio.to_thread.run_sync(c.kill, 0)
+            with trio.fail_after(10):
+                while relay.link.connected:
+                    await trio.sleep(0.05)
+            with trio.move_on_after(40) as waited:
+                reason, detail = await trio.to_thread.run_sync(
+                    lambda: _command(base, "js-scope-down", BOB, "bob-ops"),
+                    abandon_on_cancel=True)
+            assert not waited.cancelled_caught, "ControlClient.send() never returned"
+            # (the SDK reports a refusal while its subscribe is unanswered as
+            # "invalid" with the relay's code first: test_relay_outage.py)
+            assert "no-route" in (reason, str(detail).split(":")[0]), (reason, detail)
+            assert "retry" in str(detail), detail
+            assert relay.counters["commands_unreachable"] >= 1
+            assert relay.counters["refused_command_scope"] == 0
+            await trio.to_thread.run_sync(c.start, 0)
