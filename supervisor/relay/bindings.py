@@ -46,6 +46,12 @@ issue 25) meets, :meth:`Bindings.refusal`:
   owner as far as anyone can tell (the stated limit: per-emitter
   credentials lift it).
 
+Who may *command* a session follows from its binding too
+(:func:`command_refusal`, AEP-0004 §4.3 per-sender scoping): a per-emitter
+credential commands only the sessions bound to it (an unbound one
+included: refused, a credential has no claim to it); the shared token and
+the fleet command every session.
+
 Bounded: at most ``cap`` bindings. A principal whose new binding fills
 the table forgets its own least recently used one first (a party churning
 new sessions pushes out only its own: a per-emitter credential that did
