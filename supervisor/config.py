@@ -105,7 +105,9 @@ SETTINGS: tuple[Setting, ...] = (
             "only `AEP_TOKEN`) and "
             "names its holder: a session is bound to the credential that first claimed it, "
             "and no one else may emit into it or receive its commands, connected or not, "
-            "across restarts (see \"Limits and hardening\"). The file must not be readable by group or "
+            "across restarts; a credential's commands go only into its own sessions (refused "
+            "`unauthorized` elsewhere; see \"Limits and hardening\"). The file must not be "
+            "readable by group or "
             "others (mode 0600); needs `AEP_TOKEN`"),
     Setting("AEP_CLAIM_GRACE", "`120`", "seconds a session claimed with the shared "
             "`AEP_TOKEN` stays held for its emitter's `source` after its last connection left "

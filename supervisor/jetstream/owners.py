@@ -36,8 +36,16 @@ KV ``S_bindings`` (:func:`~.subjects.bindings_bucket`), key
   loses its claim at the next refresh (within ``AEP_NATS_CLAIM_TTL``/3),
   as the embedded relay drops it at once.
 
+- a command from a per-emitter credential is routed only into a session
+  the bucket binds to that credential (AEP-0004 §4.3 item 3, per-sender
+  scoping at the relay, :func:`~supervisor.relay.command_refusal`): any
+  other, unbound included, is refused ``unauthorized`` on the relay the
+  sender is on, before the claims are read (counted
+  ``refused_command_scope``; :meth:`Owners._route`).
+
 A bucket that cannot answer refuses the event ``unavailable`` (nothing
-published, counted ``bindings_unavailable``; the emitter sends it again):
+published, counted ``bindings_unavailable``; the emitter sends it again),
+and a credential's command ``no-route`` (retry with the same id):
 ownership is never guessed."""
 from __future__ import annotations
 
@@ -55,11 +63,13 @@ from supervisor.relay import (
     LocalEmitter,
     Unavailable,
     binding_refusal,
+    command_refusal,
+    is_credential,
     is_verified,
 )
 
 from .link import _NATS_ERRORS, aio
-from .routing import Routing
+from .routing import REQUEST_TIMEOUT_S, Routing
 from .subjects import binding_value, parse_value, token
 
 __all__: Sequence[str] = ("Owners",)
@@ -85,20 +95,18 @@ class Owners(Routing):
         (counted ``refused_owned_session``) when another owns it, or
         :class:`Unavailable` when the bucket does not answer."""
         session, source = e.attrs["session"], e.attrs["source"]
-        key = token(session)
         kv = self._kv_bindings
         try:
             for _ in range(3):  # a key deleted or taken between two reads: read again
                 mine = binding_value(principal=conn.principal, source=source,
                                      owner=self.relay_id, at_ms=_now_ms())
                 try:
-                    await aio(kv.create)(key, mine)
+                    await aio(kv.create)(token(session), mine)
                     break
                 except nats.js.errors.KeyWrongLastSequenceError:
                     pass
-                try:
-                    entry = await aio(kv.get)(key)
-                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+                entry = await self._binding(session)
+                if entry is None:
                     continue
                 if await self._may_take(conn, session, source, entry, mine):
                     break
@@ -113,6 +121,64 @@ class Owners(Routing):
         if len(bound) > 2 * len(conn.claims) + 16:  # the claims' LRU let some go
             for gone in [s for s in bound if s not in conn.claims and s != session]:
                 del bound[gone]
+
+    async def _binding(self, session: str) -> Any:
+        """The bucket's entry for ``session`` (its ``value`` is a
+        :func:`~.subjects.binding_value`, read with
+        :func:`~.subjects.parse_value`; ``revision`` for a compare-and-set),
+        or ``None`` when the session is unbound. Raises ``_NATS_ERRORS`` when
+        the bucket does not answer. The one reader of the bucket: claims,
+        posts, refreshes and the command scope all read through it."""
+        try:
+            return await aio(self._kv_bindings.get)(token(session))
+        except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
+            return None
+
+    async def _route(self, ev: dict[str, Any], e: Entry, sender: Connection | None,
+                     raw: str | None) -> tuple[str, str] | None:
+        """A command from a per-emitter credential meets its scope first
+        (:meth:`command_scope`: only into a session the bucket binds to
+        it), then the routing by the claims bucket
+        (:meth:`~.routing.Routing._route`). A named sender is authenticated
+        (a credential needs ``AEP_TOKEN``), so §4.1 has nothing to say first."""
+        if sender is not None and is_credential(sender.principal):
+            refusal = await self.command_scope(ev["session"], sender.principal)
+            if refusal is not None:
+                self.counters["commands_refused"] += 1
+                return refusal
+        return await super()._route(ev, e, sender, raw)
+
+    async def command_scope(self, session: str, principal: str) -> tuple[str, str] | None:
+        """AEP-0004 §4.3 per-sender scoping across relays: ``unauthorized``
+        (counted ``refused_command_scope``) unless the bindings bucket binds
+        ``session`` to ``principal`` (:func:`~supervisor.relay.command_refusal`:
+        unbound, the fleet's, another credential's, a shared-token
+        emitter's are refused); ``no-route`` (retry, same id) when the
+        bucket cannot be read now: a scope is never guessed."""
+        if not self.link.connected:
+            return self._unreachable("this relay has no NATS connection")
+        exc: BaseException | None = None
+        entry = None
+        try:
+            with trio.fail_after(REQUEST_TIMEOUT_S):
+                entry = await self._binding(session)
+        except trio.TooSlowError as e:
+            exc = e
+        except _NATS_ERRORS as e:
+            exc = e
+        if exc is not None:
+            self.counters["bindings_unavailable"] = self.counters.get("bindings_unavailable", 0) + 1
+            return ("no-route", f"the session bindings bucket did not answer "
+                                f"({type(exc).__name__}); retry the command (same id)")
+        bound = None
+        if entry is not None:
+            p = (parse_value(entry.value) or {}).get("principal")
+            bound = p if isinstance(p, str) else None
+        why = command_refusal(principal, bound)
+        if why is None:
+            return None
+        self.counters["refused_command_scope"] += 1
+        return ("unauthorized", why)
 
     async def _may_take(self, conn: Connection, session: str, source: str, entry: Any,
                         mine: bytes) -> bool:
@@ -152,7 +218,9 @@ class Owners(Routing):
         kv = self._kv_bindings
         for session, source in bound.items():
             try:
-                entry = await aio(kv.get)(token(session))
+                entry = await self._binding(session)
+                if entry is None:
+                    continue
                 v = parse_value(entry.value) or {}
                 if v.get("principal") == principal and v.get("source") == source:
                     await aio(kv.update)(token(session), binding_value(
@@ -205,12 +273,12 @@ class Owners(Routing):
                             return
                         except nats.js.errors.KeyWrongLastSequenceError:
                             pass  # another relay bound it meanwhile: read whose
-                    entry = await aio(kv.get)(token(session))
-                except (nats.js.errors.KeyNotFoundError, nats.js.errors.KeyDeletedError):
-                    unbound.append(session)
-                    return
+                    entry = await self._binding(session)
                 except _NATS_ERRORS as exc:
                     failed.append(exc)
+                    return
+                if entry is None:
+                    unbound.append(session)
                     return
                 bound = (parse_value(entry.value) or {}).get("principal")
                 if isinstance(bound, str) and is_verified(bound) and bound != principal:

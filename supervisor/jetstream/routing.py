@@ -177,7 +177,9 @@ class Routing(Relay):
                      raw: str | None) -> tuple[str, str] | None:
         """AEP-0004 §4 across hosts: the claims bucket names the one daemon
         (or relay) whose connection owns the session; the command goes to it
-        as a NATS request, verbatim."""
+        as a NATS request, verbatim. A per-emitter credential's command met
+        its scope before this (AEP-0004 §4.3, the bindings bucket:
+        :meth:`.owners.Owners._route`)."""
         refusal = self.auth_refusal(sender)
         if refusal is None:
             refusal = await self._forward(ev, raw)

@@ -58,7 +58,14 @@ Modules, one concern each (the layering: this package uses
 - transport: :mod:`.app` (HTTP routing, browsers, POST), :mod:`.streams`
   (the SSE and WebSocket pumps), :mod:`.serve`.
 """
-from .bindings import FLEET, binding_refusal, fleet_refusal, is_verified
+from .bindings import (
+    FLEET,
+    binding_refusal,
+    command_refusal,
+    fleet_refusal,
+    is_credential,
+    is_verified,
+)
 from .buffer import Entry, Position
 from .connections import (
     CommandRefused,
@@ -80,4 +87,6 @@ __all__ = ["Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEve
            "Connection", "SocketConnection", "TooLarge", "Unavailable", "Entry", "Position",
            "trusted_entry", "OPEN", "Outlet", "Subscriber", "frame_text", "exhausted_marker",
            # the session bindings' rule, shared with the JetStream relay's bucket
-           "FLEET", "binding_refusal", "fleet_refusal", "is_verified"]
+           "FLEET", "binding_refusal", "fleet_refusal", "is_verified",
+           # per-sender scoping of commands (AEP-0004 §4.3), shared likewise
+           "command_refusal", "is_credential"]

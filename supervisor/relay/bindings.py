@@ -46,6 +46,12 @@ issue 25) meets, :meth:`Bindings.refusal`:
   owner as far as anyone can tell (the stated limit: per-emitter
   credentials lift it).
 
+Who may *command* a session follows from its binding too
+(:func:`command_refusal`, AEP-0004 §4.3 per-sender scoping): a per-emitter
+credential commands only the sessions bound to it (an unbound one
+included: refused, a credential has no claim to it); the shared token and
+the fleet command every session.
+
 Bounded: at most ``cap`` bindings. A principal whose new binding fills
 the table forgets its own least recently used one first (a party churning
 new sessions pushes out only its own: a per-emitter credential that did
@@ -71,8 +77,9 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import IO, Iterable
 
-__all__ = ["ANONYMOUS", "Binding", "Bindings", "FLEET", "KEY_MAX", "SHARED", "binding_refusal",
-           "fleet_refusal", "is_verified", "key", "named"]
+__all__ = ["ANONYMOUS", "Binding", "Bindings", "COMMAND_SCOPE", "FLEET", "KEY_MAX", "SHARED",
+           "binding_refusal", "command_refusal", "fleet_refusal", "is_credential", "is_verified",
+           "key", "named"]
 
 log = logging.getLogger("aep.relay")
 
@@ -88,6 +95,42 @@ KEY_MAX = 256
 def named(name: str) -> str:
     """The principal of the per-emitter credential ``name``."""
     return _NAMED + name
+
+
+def is_credential(principal: str) -> bool:
+    """Whether ``principal`` is a per-emitter credential's (:func:`named`):
+    the one kind of sender whose commands are scoped (:func:`command_refusal`)."""
+    return principal.startswith(_NAMED)
+
+
+#: the ``detail`` of a command a per-emitter credential may not send
+#: (:func:`command_refusal`): the same whether the session is unbound or
+#: bound to another principal, so a refusal says nothing of whose it is
+COMMAND_SCOPE = ("a per-emitter credential commands only its own sessions "
+                 "(AEP-0004 §4.3); this session is not bound to it")
+
+
+def command_refusal(sender: str, bound: str | None) -> str | None:
+    """Per-sender scoping of commands at the relay (AEP-0004 §4.3 item 3,
+    "who may command whom is deployment-owned authorization", surfaced as
+    ``unauthorized``; issue 25). Pure: why a command from ``sender`` (the
+    sending connection's principal) may not be routed into a session bound
+    to ``bound`` (``None``: unbound), or ``None`` when it may.
+
+    - a per-emitter credential (``emitter:<name>``) commands only sessions
+      bound to that same credential: not another credential's, not the
+      fleet's, not a shared-token emitter's, and not an unbound session (a
+      credential has no claim to a session nobody bound; its own sessions
+      are bound by its first event in them, :meth:`Bindings.bind`);
+    - the shared ``AEP_TOKEN`` (the operator, the console) and the fleet
+      command every session, as before: the shared token is every party
+      of one deployment, so it cannot be scoped (the stated limit:
+      per-emitter credentials are what scoping applies to);
+    - an unauthenticated sender never gets here (AEP-0004 §4.1 refuses it
+      first)."""
+    if not is_credential(sender) or bound == sender:
+        return None
+    return COMMAND_SCOPE
 
 
 def is_verified(principal: str) -> bool:

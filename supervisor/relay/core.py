@@ -158,6 +158,7 @@ class Relay(StampedRuns):
             "refused_origin": 0, "refused_host": 0, "identity_mismatch": 0,
             "refused_owned_source": 0, "refused_owned_session": 0, "replay_exhausted_late": 0,
             "refused_new_sessions": 0, "fleet_reclaimed": 0, "refused_fleet_into_owned": 0,
+            "refused_command_scope": 0,
         }
         self._fleet_refusals_logged = OrderedDict()
         self.session_budget = NewSessionBudget(max_new_sessions, new_sessions_per_s,

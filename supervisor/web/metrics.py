@@ -276,12 +276,15 @@ class FleetCollector(Collector):
                                       "from a party that may not send them: an ack not from its "
                                       "command's target, another emitter's session or source; "
                                       "or past the new-session budget; a bridge of this daemon's "
-                                      "event into a per-emitter credential's session",
+                                      "event into a per-emitter credential's session; a "
+                                      "per-emitter credential's command into a session not "
+                                      "bound to it (AEP-0004 §4.3, refused unauthorized)",
                                       labels=["reason"])
         for reason, key in (("ack", "refused_acks"), ("owned_session", "refused_owned_session"),
                             ("owned_source", "refused_owned_source"),
                             ("new_sessions", "refused_new_sessions"),
-                            ("fleet_into_owned", "refused_fleet_into_owned")):
+                            ("fleet_into_owned", "refused_fleet_into_owned"),
+                            ("command_scope", "refused_command_scope")):
             refused.add_metric([reason], rc.get(key, 0))
         yield refused
         yield CounterMetricFamily(f"{PREFIX}_relay_streams_terminated", "Consumers shed as too "

@@ -338,11 +338,18 @@ def refused_fleet_into_owned(url: str, token: str) -> float:
     """``aep_bridges_relay_refused_total{reason="fleet_into_owned"}`` on the
     daemon's ``/metrics``: fleet events kept out of a session that is not
     the fleet's to take. Raises ``AssertionError`` when the series is absent."""
+    return relay_refused(url, token, "fleet_into_owned")
+
+
+def relay_refused(url: str, token: str, reason: str) -> float:
+    """``aep_bridges_relay_refused_total{reason="<reason>"}`` on the
+    ``/metrics`` at ``url`` (the daemon's or ``aep-bridges relay``'s).
+    Raises ``AssertionError`` when the series is absent."""
     text = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {token}"},
                      timeout=30, trust_env=False).text
-    want = 'aep_bridges_relay_refused_total{reason="fleet_into_owned"} '
+    want = f'aep_bridges_relay_refused_total{{reason="{reason}"}} '
     for line in text.splitlines():
         if line.startswith(want):
             return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no refused_total{reason=fleet_into_owned} in /metrics")
+    raise AssertionError(f"no refused_total{{reason={reason}}} in /metrics")
 
