@@ -93,16 +93,22 @@ async def _run_publisher(events: list[dict], script: list[str], *, outbox: int =
     js = FakeNC(script, delays)
     link = SimpleNamespace(connected=True, nc=js)
     pub = P.Publisher(_cfg(outbox), "d")
-    # no waiting in the unit test; a lost ack is given up after 5 ms without acks
+    # no waiting in the unit test; a lost ack is given up after 5 ms without acks. Restored
+    # after: left set, a later test of the same worker (the too-large one) met a 5 ms ack
+    # timeout on a loaded machine and counted a failed round.
+    saved = P.RETRY_INITIAL_S, P.RETRY_MAX_S, P.PUBLISH_TIMEOUT_S
     P.RETRY_INITIAL_S, P.RETRY_MAX_S, P.PUBLISH_TIMEOUT_S = 0.0, 0.0, 0.005
-    async with trio_asyncio.open_loop():
-        async with trio.open_nursery() as n:
-            n.start_soon(pub.run, link)
-            for ev in events:
-                await pub.put(ev, b"{}")
-            with trio.fail_after(30):
-                await pub.flush()
-            n.cancel_scope.cancel()
+    try:
+        async with trio_asyncio.open_loop():
+            async with trio.open_nursery() as n:
+                n.start_soon(pub.run, link)
+                for ev in events:
+                    await pub.put(ev, b"{}")
+                with trio.fail_after(30):
+                    await pub.flush()
+                n.cancel_scope.cancel()
+    finally:
+        P.RETRY_INITIAL_S, P.RETRY_MAX_S, P.PUBLISH_TIMEOUT_S = saved
     return js, pub
 
 
