@@ -19,6 +19,7 @@ import json
 import trio
 
 from bridges.core.asgi import Receive, Scope, Send, header, read_body, respond
+from bridges.core.signed import PROOF_HEADER, SIGNED_KEY, body_matches
 
 from .hub import HookHub, now_ms
 from .mapping import moment_ms, spooled_ms
@@ -50,25 +51,31 @@ class HookEndpoint:
             return
         if body is None:
             return
+        signed = scope.get(SIGNED_KEY)
+        if signed is not None and not body_matches(scope.get("headers", []), body):
+            self.hub.ctx.health.count("hooks_bad_signature")
+            await respond(send, 401, {"error": "the body is not the one the request signed"})
+            return
+        proven = [(PROOF_HEADER, signed[1].encode())] if signed is not None else []
         try:
             moment = json.loads(body)
         except (ValueError, RecursionError):  # absurd nesting is a bad body, not a 500
             moment = None
         if not isinstance(moment, dict):
             self.hub.ctx.health.count("hooks_bad_body")
-            await respond(send, 400, {"error": "the body is not a JSON object"})
+            await respond(send, 400, {"error": "the body is not a JSON object"}, headers=proven)
             return
         hook_id = header(scope, b"x-aep-hook-id")
         mark = header(scope, b"x-aep-hook-spooled")
         outcome = await self.hub.handle(moment, hook_id=hook_id, spooled=mark is not None,
                                         at_ms=moment_ms(now_ms(), spooled_ms(mark)))
         if outcome.ask is None:
-            await respond(send, 200, outcome.reply)
+            await respond(send, 200, outcome.reply, headers=proven)
             return
         hold_ms = round(self.hub.hold_limit(outcome.ask) * 1000)
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", b"application/json"), (b"aep-hold-ms", str(hold_ms).encode()),
-            (b"cache-control", b"no-store")]})
+            (b"cache-control", b"no-store"), *proven]})
         hangup = trio.Event()
         reply: dict = {}
         async with trio.open_nursery() as n:

@@ -188,8 +188,12 @@ def _exchange(url: str, agent: str, body: bytes, token: str | None,
     head = (f"POST {prefix}/hooks/{agent} HTTP/1.1\r\nHost: {hostport}\r\n"
             "Content-Type: application/json\r\nX-AEP-Hook-Transport: command\r\n"
             f"X-AEP-Hook-Id: {hook_id}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n")
-    if token:
-        head += f"Authorization: Bearer {token}\r\n"
+    if token:  # signed, never the token itself (bridges/core/signed.py)
+        digest = _sha256(body).hexdigest()
+        t = int(time.time())
+        mac = _hmac(token, f"aep-hook-v1\n{t}\n{hook_id}\n{prefix}/hooks/{agent}\n{digest}")
+        head += (f"X-AEP-Hook-Digest: {digest}\r\n"
+                 f"Authorization: AEP-HMAC-SHA256 {t}:{mac}\r\n")
     try:
         sock = _connect(tls, host, port, deadline)
     except OSError as e:
@@ -208,6 +212,9 @@ def _exchange(url: str, agent: str, body: bytes, token: str | None,
             headers[k.strip().lower()] = v.strip()
         if status not in (200, 400):  # 5xx; 404 before the bridge mounts; 401/403
             raise _GiveUp(f"{hostport}: HTTP {status}")
+        if token and headers.get("aep-proof") != _hmac(token, f"aep-hook-daemon-v1\n{hook_id}"):
+            # not the daemon (a process squatting its port): nothing it says is printed
+            raise _GiveUp(f"{hostport}: the listener did not prove it holds AEP_TOKEN")
         if status != 200:
             return status, None
         hold = headers.get("aep-hold-ms")
@@ -223,6 +230,26 @@ def _exchange(url: str, agent: str, body: bytes, token: str | None,
             return status, None
     finally:
         sock.close()
+
+
+def _sha256(data: bytes):
+    try:  # CPython 3.11; 3.12 renamed it (both load in well under a millisecond)
+        from _sha256 import sha256
+    except ImportError:
+        from _sha2 import sha256
+    return sha256(data)
+
+
+def _hmac(token: str, msg: str) -> str:
+    """HMAC-SHA256 (RFC 2104) of ``msg`` under ``token``, hex: the
+    :mod:`hmac` module is off limits on the fast path (it imports
+    ``_hashlib``, OpenSSL: milliseconds); a test pins it to :mod:`hmac`."""
+    key = token.encode("utf-8")
+    if len(key) > 64:
+        key = _sha256(key).digest()
+    key = key + bytes(64 - len(key))
+    inner = _sha256(bytes(b ^ 0x36 for b in key) + msg.encode("utf-8", "surrogateescape"))
+    return _sha256(bytes(b ^ 0x5C for b in key) + inner.digest()).hexdigest()
 
 
 def _read_body(conn: _Conn, headers: dict[str, str]) -> bytes:

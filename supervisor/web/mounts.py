@@ -13,7 +13,10 @@ Guards in front of every mounted app, before it sees the request:
 - a request carrying a browser ``Origin`` is refused 403 (a page must not
   inject observations; tools send no ``Origin``);
 - with ``AEP_TOKEN`` set, ``Authorization: Bearer`` (or ``?access_token=``)
-  is required, 401 otherwise.
+  is required, 401 otherwise; on the hook paths (``/hooks/...``) a request
+  signed with the token (:mod:`bridges.core.signed`, the command shim's way:
+  the token never crosses the socket) is taken too, its hook id and the
+  daemon's proof left in the scope for the hook endpoint.
 
 A refused WebSocket upgrade gets a real HTTP status (hypercorn's ASGI
 websocket denial extension). A path nobody mounts falls through to the
@@ -35,6 +38,7 @@ from typing import Any, Callable, Iterator
 from bridges.core.asgi import bearer_ok, header, host_allowed, listen_host, refuse_upgrade, respond
 from bridges.core.bridge import ASGIApp
 from bridges.core.http import FaultLog, fault_kind
+from bridges.core.signed import SIGNED_KEY, SignedRequests
 
 __all__ = ["Mounts", "refuse"]
 
@@ -59,6 +63,7 @@ class Mounts:
 
     def __init__(self, token: str | None = None) -> None:
         self.token = token
+        self._signed = SignedRequests(token) if token else None
         self._apps: dict[str, ASGIApp] = {}
         self.refused: dict[str, int] = {}
 
@@ -103,8 +108,19 @@ class Mounts:
                 return await refuse(scope, receive, send, 403, "origin-not-allowed")
             if self.token and not bearer_ok(self.token, scope.get("headers", []),
                                             scope.get("query_string", b"")):
-                self._count("unauthorized")
-                return await refuse(scope, receive, send, 401, "unauthorized")
+                signed = self._signed_hook(scope)
+                if signed is None:
+                    self._count("unauthorized")
+                    return await refuse(scope, receive, send, 401, "unauthorized")
+                scope = {**scope, SIGNED_KEY: signed}
             await target(scope, receive, send)
 
         return dispatch
+
+    def _signed_hook(self, scope: dict[str, Any]) -> tuple[str, str] | None:
+        """``(hook id, proof)`` of a hook request signed with the token, else ``None``."""
+        path = scope.get("path", "")
+        if self._signed is None or scope["type"] != "http" or not path.startswith("/hooks/"):
+            return None
+        hook_id = self._signed.verify(scope.get("headers", []), path)
+        return None if hook_id is None else (hook_id, self._signed.proof(hook_id))

@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from bridges.core.asgi import headers
+from bridges.core.signed import proof
 from tests.support.net import http_body, serve_loopback
 
 #: what the stub does with a request
@@ -32,7 +33,10 @@ class Seen:
 class HookStub:
     """``mode``: one of :data:`MODES`; ``decision``: the 200 body;
     ``hold_ms``: the ``AEP-Hold-Ms`` it announces; ``hold_s``: how long
-    it holds before the body; ``silent_s``: how long it says nothing."""
+    it holds before the body; ``silent_s``: how long it says nothing;
+    ``token``: the daemon's ``AEP_TOKEN``, with which it proves itself
+    (``AEP-Proof``, :mod:`bridges.core.signed`); ``None``: it cannot (a
+    process squatting the daemon's port)."""
 
     mode: str = "answer"
     decision: bytes = b"{}"
@@ -42,6 +46,7 @@ class HookStub:
     requests: list[Seen] = field(default_factory=list)
     finished: int = 0  # handlers that ran to their end (a silent one not before silent_s)
     url: str = ""
+    token: str | None = None
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = await http_body(scope, receive, send)
@@ -49,6 +54,9 @@ class HookStub:
             return
         self.requests.append(Seen(scope["path"], headers(scope), body, trio.current_time()))
         ctype = [(b"content-type", b"application/json")]
+        if self.token is not None:
+            ctype.append((b"aep-proof", proof(self.token, self.requests[-1].headers.get(
+                "x-aep-hook-id", "")).encode()))
         if self.mode == "silent":
             await trio.sleep(self.silent_s)
         if self.mode in ("hold", "hold-forever"):

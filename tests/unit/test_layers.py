@@ -330,7 +330,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
         "aep", "asgi", "backoff", "bridge", "captable", "cappolicy", "capture", "capwalk", "control", "envelope",
         "errors", "http", "ledger", "limits", "naming", "paths", "posture", "readers", "redaction", "settings",
-        "statefile",
+        "signed", "statefile",
     },
     "bridges.core.posture": {"MODES", "Posture"},
     "bridges.core.readers": {"arr", "obj", "text", "whole"},
@@ -391,6 +391,9 @@ PUBLIC: dict[str, set[str]] = {
     },
     "bridges.core.errors": {"leaves", "root_cause"},
     "bridges.core.limits": {"BURST_S", "LOG_INTERVAL_S", "PeerLog", "SessionBucket"},
+    "bridges.core.signed": {"SCHEME", "WINDOW_S", "SEEN_MAX", "DIGEST_HEADER", "PROOF_HEADER",
+                            "SIGNED_KEY", "request_mac", "proof", "body_digest", "body_matches",
+                            "SignedRequests"},
     "bridges.core.paths": {"state_dir", "write_atomic"},
     "bridges.core.statefile": {"COMPACT_CHUNK", "COMPACT_MIN", "StateFile", "state_path"},
     "supervisor.relay": {"Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent",

@@ -284,3 +284,52 @@ def test_a_daemon_stop_dismisses_the_held_ask_in_the_session_log(tmp_path):
     done = [e for e in mine if e["type"] == "attention.resolved" and e["subject"] == ask["id"]]
     assert [e["data"]["resolution"] for e in done] == ["dismissed"]
     validated(mine)
+
+
+def test_the_shim_signs_its_request_and_the_daemon_proves_itself(gated, tmp_path):
+    """The command shim against the real daemon with AEP_TOKEN: the token never
+    crosses the socket (an HMAC does, bridges/core/signed.py), the daemon's answer
+    carries its proof and the shim prints the decision; the same signed request
+    replayed, or its body swapped, is refused 401 (a process that saw one moment
+    while squatting the port can make nothing of it)."""
+    import subprocess
+    import sys
+
+    from bridges.core import signed
+    from bridges.hooks_common import shim
+    d, stream = gated
+    s = "s-signed"
+    body = json.dumps(moment(s, "UserPromptSubmit", prompt="hi")).encode()
+    proc = subprocess.run([sys.executable, "-S", "-E", shim.__file__, "claude-code",
+                           "--daemon", d.url, "--spool", str(tmp_path / "spool")],
+                          input=body, capture_output=True, timeout=60,
+                          env={"AEP_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and b"did not prove" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "spool").exists()  # answered by the daemon: nothing spooled
+    stream.first(lambda e: e.get("session") == s and e["type"] == "run.started")
+
+    hook = uuid.uuid4().hex
+    digest = signed.body_digest(body)
+    t = int(time.time())
+    mac = signed.request_mac(TOKEN, t, hook, "/hooks/claude-code", digest)
+    headers = {"X-AEP-Hook-Id": hook, "X-AEP-Hook-Digest": digest, "X-AEP-Hook-Transport":
+               "command", "Authorization": f"AEP-HMAC-SHA256 {t}:{mac}",
+               "Content-Type": "application/json"}
+    first = httpx.post(f"{d.url}/hooks/claude-code", content=body, headers=headers, timeout=60)
+    assert first.status_code == 200
+    assert first.headers["aep-proof"] == signed.proof(TOKEN, hook)
+    replay = httpx.post(f"{d.url}/hooks/claude-code", content=body, headers=headers, timeout=60)
+    assert replay.status_code == 401 and "aep-proof" not in replay.headers
+    hook2 = uuid.uuid4().hex
+    mac2 = signed.request_mac(TOKEN, t, hook2, "/hooks/claude-code", digest)
+    swapped = httpx.post(f"{d.url}/hooks/claude-code", content=body.replace(b"hi", b"rm"),
+                         headers={**headers, "X-AEP-Hook-Id": hook2,
+                                  "Authorization": f"AEP-HMAC-SHA256 {t}:{mac2}"}, timeout=60)
+    assert swapped.status_code == 401 and "aep-proof" not in swapped.headers
+    wrong = signed.request_mac("not-the-token", t, hook2, "/hooks/claude-code", digest)
+    forged = httpx.post(f"{d.url}/hooks/claude-code", content=body,
+                        headers={**headers, "X-AEP-Hook-Id": hook2,
+                                 "Authorization": f"AEP-HMAC-SHA256 {t}:{wrong}"}, timeout=60)
+    assert forged.status_code == 401
+    bearer = d.post(moment(s, "Stop"))  # Claude Code's own http hooks: bearer, as before
+    assert bearer.status_code == 200 and "aep-proof" not in bearer.headers

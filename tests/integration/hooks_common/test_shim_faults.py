@@ -56,7 +56,7 @@ async def stub(nursery):
 
 
 async def test_answered_decision_is_printed_with_the_contract_headers(stub, tmp_path):
-    stub.decision = DECISION
+    stub.decision, stub.token = DECISION, "file-token"
     token = tmp_path / "token"
     token.write_text("file-token\n")
     proc = await run_shim(stub.url, tmp_path / "spool", None, "--token-file", str(token))
@@ -68,17 +68,55 @@ async def test_answered_decision_is_printed_with_the_contract_headers(stub, tmp_
     assert seen.headers["x-aep-hook-transport"] == "command"
     assert re.fullmatch(r"[0-9a-f]{32}", seen.headers["x-aep-hook-id"])
     assert seen.headers["content-type"] == "application/json"
-    assert seen.headers["authorization"] == "Bearer file-token"
+    assert_signed(seen, "file-token")
     assert not spooled(tmp_path / "spool")
 
 
+def assert_signed(seen, token: str) -> None:
+    """The request is signed with ``token`` (bridges/core/signed.py) and the token
+    itself is nowhere in it."""
+    from bridges.core.signed import SignedRequests, body_matches
+    assert token not in seen.headers["authorization"]
+    assert token.encode() not in seen.body
+    raw = [(k.encode(), v.encode()) for k, v in seen.headers.items()]
+    assert SignedRequests(token).verify(raw, seen.path) == seen.headers["x-aep-hook-id"]
+    assert body_matches(raw, seen.body)
+    assert SignedRequests("another-token").verify(raw, seen.path) is None
+
+
+@pytest.mark.parametrize("mode", ["answer", "hold", "400"])
+async def test_a_listener_that_cannot_prove_it_holds_the_token_gets_no_say(stub, tmp_path, mode):
+    """A process squatting the daemon's port while it is down (a fifth outside attack,
+    issue 25): with the old shim it received ``Bearer <AEP_TOKEN>`` and its "allow" was
+    the agent's decision. Now it sees a MAC of one moment, nothing it answers is printed
+    (not even after a hold it announces), and the moment is spooled for the daemon."""
+    stub.mode, stub.decision, stub.hold_ms, stub.hold_s = mode, DECISION, 60_000, 8.0
+    proc = await run_shim(stub.url, tmp_path / "spool", env={"AEP_TOKEN": "the-real-token"})
+    assert_clean(proc)
+    assert proc.stdout == b""
+    assert b"did not prove" in proc.stderr
+    (seen,) = stub.requests
+    assert "the-real-token" not in repr(seen.headers)
+    assert stub.finished == (1 if mode != "hold" else 0)  # a hold is not waited out
+    (line,) = spooled(tmp_path / "spool")
+    assert line["id"] == seen.headers["x-aep-hook-id"]
+
+
+async def test_a_wrong_proof_is_no_proof(stub, tmp_path):
+    stub.decision, stub.token = DECISION, "a-guessed-token"
+    proc = await run_shim(stub.url, tmp_path / "spool", env={"AEP_TOKEN": "the-real-token"})
+    assert_clean(proc)
+    assert proc.stdout == b"" and len(spooled(tmp_path / "spool")) == 1
+
+
 async def test_the_token_comes_from_the_environment_and_ids_differ(stub, tmp_path):
+    stub.token = "env-token"
     for _ in range(2):
         proc = await run_shim(stub.url, tmp_path / "spool", env={"AEP_TOKEN": "env-token"})
         assert_clean(proc)
         assert proc.stdout == b"{}"
     a, b = stub.requests
-    assert a.headers["authorization"] == "Bearer env-token"
+    assert_signed(a, "env-token")
     assert a.headers["x-aep-hook-id"] != b.headers["x-aep-hook-id"]
 
 
