@@ -1,6 +1,6 @@
 """The real Claude Code 2.1.197 accepts and runs the hooks
 ``aep-bridges hooks install claude-code`` wrote: its ``SessionStart``
-through the command shim, its ``UserPromptSubmit`` as an HTTP hook with the
+through the command shim (signed with ``AEP_TOKEN``, never carrying it), its ``UserPromptSubmit`` as an HTTP hook with the
 bearer header expanded from ``AEP_TOKEN`` (``allowedEnvVars``), both to a
 stub of the daemon's endpoint. The model endpoint refuses the key at once
 (no mock conversation needed: both hooks fire before the first model
@@ -44,7 +44,7 @@ async def test_installed_hooks_run_in_the_real_claude_code(claude, tmp_path, nur
     home = tmp_path / "home"
     (home / "work").mkdir(parents=True)
     (home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True}))
-    stub = HookStub()
+    stub = HookStub(token="the-token")
     await nursery.start(stub.serve)
     model = await nursery.start(serve_loopback, refuse_every_key)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
@@ -74,7 +74,8 @@ async def test_installed_hooks_run_in_the_real_claude_code(claude, tmp_path, nur
     why = f"exit {proc.returncode}"
     assert {"SessionStart", "UserPromptSubmit"} <= set(seen), (sorted(seen), why)
     assert seen["SessionStart"].headers["x-aep-hook-transport"] == "command"
-    assert seen["SessionStart"].headers["authorization"] == "Bearer the-token"
+    shim_auth = seen["SessionStart"].headers["authorization"]  # the shim signs, never sends it
+    assert shim_auth.startswith("AEP-HMAC-SHA256 ") and "the-token" not in shim_auth
     http = seen["UserPromptSubmit"]
     assert "x-aep-hook-transport" not in http.headers  # Claude Code's own POST
     assert http.headers["authorization"] == "Bearer the-token"
