@@ -499,7 +499,7 @@ async def test_the_cap_is_shared_by_writer_not_by_agent_and_a_restart_keeps_it(t
     async def flood(log: RetainingSessionLog, n: int, first: int = 0) -> None:
         for i in range(first, first + n):  # many sessions, ~10x the cap, agent codex too
             clock.t += 0.01
-            log.write(ev(f"otlp{i % 50}", i, pad=300), writer="otlp_in")
+            log.write(ev(f"otlp{i % 50}", i, pad=300), writer="otlp_in.codex")
             log.check()
             if i % 50 == 49:
                 await log.compress_pending()
