@@ -16,7 +16,7 @@ import json
 import time
 
 from tests.support.daemon import DaemonProcess
-from tests.support.hardening import otlp_json, otlp_record, post_otlp
+from tests.support.hardening import event, otlp_json, otlp_record, post_events, post_otlp
 from tests.support.net import free_ports
 
 TOKEN = "retention-token"
@@ -110,6 +110,9 @@ def test_an_otlp_flood_as_agent_codex_does_not_evict_a_codex_hook_sessions_log(t
                            headers={"Authorization": f"Bearer {TOKEN}",
                                     "X-AEP-Hook-Id": uuid.uuid4().hex}, trust_env=False)
             assert r.status_code == 200, r.text
+        # a remote emitter's post: its principal is its files' writer
+        assert post_events(d.url, [event(0, "posted-1", agent="poster")],
+                           token=TOKEN).status_code == 202
         logs = tmp_path / "state" / "logs"
         mine = {p: p.read_bytes() for p in (logs / "codex").iterdir() if p.name.startswith(hook)}
         assert len(mine) == 1, sorted(logs.rglob("*"))
@@ -132,6 +135,14 @@ def test_an_otlp_flood_as_agent_codex_does_not_evict_a_codex_hook_sessions_log(t
             assert p.exists(), f"the hook session's log was evicted by the OTLP flood " \
                                f"({_retained(d)['jsonl_removed_files']} files removed)"
             assert p.read_bytes() == body
+        # who wrote what, as retention groups it (and a restart reads it back)
+        writers = {}
+        for line in (logs / ".writers").read_text().splitlines():
+            stem, writer = json.loads(line)
+            writers.setdefault(stem, writer)
+        assert writers[f"codex/{hook}"] == "codex_hooks"
+        assert writers["poster/posted-1"] == "relay:token"
+        assert {w for s, w in writers.items() if s.startswith("codex/flood-")} == {"otlp_in.codex"}
         # and the directories are the user's alone (attack 5, item 2)
         for p in (logs, logs / "codex"):
             assert p.stat().st_mode & 0o777 == 0o700, oct(p.stat().st_mode)
