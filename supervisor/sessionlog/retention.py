@@ -263,6 +263,8 @@ class RetainingSessionLog(SessionLog):
                          or (age is not None and now - opened >= age)):
                 if self.rotate(path) is not None:
                     rotated += 1
+        if self.writers is not None:  # who wrote the files opened since the last look
+            self.writers.flush()
         cap = self.policy.max_total_bytes
         if cap is not None and self.total_bytes > cap:
             self._wake.set()

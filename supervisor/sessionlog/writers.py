@@ -10,7 +10,10 @@ flood evict a hook session's log. The writer (a fleet bridge's name, or
 the files stay as consumers read them, so it is kept beside them in
 ``{logs}/.writers``: one JSON line ``[stem, writer]`` per session file
 stem (``{agent}/{session}``, what the live file and its rotated segments
-share), appended when a writer first opens a stem this index does not know.
+share), appended when a writer first opens a stem this index does not know
+(kept in memory at once, on disk at the next :meth:`WriterIndex.flush`:
+retention's look every second, and at close; a write per new session was
+~12 us on the pump's path, a spare file's link ~25).
 The first writer of a stem keeps it (another writer appending to the same
 session later cannot move someone's file into the flooding group). Read
 back at start, so a restart keeps the grouping; pruned to the stems still
@@ -70,6 +73,8 @@ class WriterIndex:
         self._fd = -1
         self._lines = 0  # lines in the file (what a rewrite would shrink)
         self._since: set[str] = set()  # stems noted since the last prune
+        self._pending: list[str] = []  # stems noted, not yet on disk
+        self._torn = False  # the file ends without a newline (a crash mid-line)
         self.errors = 0
         self._load()
 
@@ -81,14 +86,22 @@ class WriterIndex:
         except OSError as e:
             self._failed("read", e)
             return
-        for line in data.splitlines():
-            self._lines += 1
-            try:
-                stem, writer = json.loads(line)
-            except (ValueError, TypeError):  # a line torn by a crash: its stem falls back
-                continue
-            if isinstance(stem, str) and isinstance(writer, str):
-                self._of.setdefault(stem, writer)  # the first writer keeps it
+        self._torn = bool(data) and not data.endswith(b"\n")
+        lines = data.splitlines()
+        self._lines = len(lines)
+        try:  # one parse for the whole file (~3x faster than a line at a time)
+            rows = json.loads(b"[" + b",".join(lines) + b"]")
+        except ValueError:  # a line torn by a crash: its stem falls back, the rest are read
+            rows = []
+            for line in lines:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    continue
+        for row in rows:
+            if isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) \
+                    and isinstance(row[1], str):
+                self._of.setdefault(row[0], row[1])  # the first writer keeps it
 
     def get(self, stem: str) -> str | None:
         """The writer of ``stem``, or ``None`` when unknown."""
@@ -98,15 +111,26 @@ class WriterIndex:
         return len(self._of)
 
     def note(self, stem: str, writer: str) -> None:
-        """``writer`` opened ``stem``'s file: recorded (memory and disk)
-        unless the stem has a writer already."""
+        """``writer`` opened ``stem``'s file: recorded (in memory at once,
+        on disk at the next :meth:`flush`) unless the stem has a writer
+        already."""
         if stem in self._of:
             return
         self._of[stem] = writer
         self._since.add(stem)
-        self._append(json.dumps([stem, writer], ensure_ascii=True).encode() + b"\n")
+        self._pending.append(stem)  # encoded at the flush, off the pump's path
 
-    def _append(self, data: bytes) -> None:
+    def flush(self) -> None:
+        """Append the lines noted since the last flush, in one ``write``."""
+        if not self._pending:
+            return
+        of = self._of
+        data = "".join(json.dumps([s, of[s]], ensure_ascii=True) + "\n"
+                       for s in self._pending if s in of).encode()
+        if self._torn:  # a crash's fragment at the end: never glue a line onto it
+            data = b"\n" + data
+        lines = len(self._pending)
+        self._pending = []
         try:
             if self._fd < 0:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
@@ -115,7 +139,8 @@ class WriterIndex:
             if n != len(data):  # disk full: cut the fragment (this is the only writer)
                 os.ftruncate(self._fd, max(0, os.fstat(self._fd).st_size - n))
                 raise OSError(f"short write ({n}/{len(data)} bytes; disk full?)")
-            self._lines += 1
+            self._lines += lines
+            self._torn = False
         except OSError as e:
             self._failed("write", e)
 
@@ -142,10 +167,14 @@ class WriterIndex:
         except OSError as e:
             self._failed("rewrite", e)
             return
-        self.close()  # the next note appends to the new file
+        self._pending = []  # in the new file already
+        self._torn = False
+        self.close()  # the next flush appends to the new file
         self._lines = len(self._of)
 
     def close(self) -> None:
+        """:meth:`flush`, then close the file (the next flush opens it again)."""
+        self.flush()
         if self._fd >= 0:
             try:
                 os.close(self._fd)

@@ -563,3 +563,20 @@ def test_the_writer_index_survives_torn_lines_and_is_pruned_to_the_files(tmp_pat
         "codex/s1": "otlp_in", "codex/s2": "otlp_in", "codex/new": "relay:token", "codex/s3": None}
     assert len((tmp_path / INDEX_NAME).read_text().splitlines()) == 3
     assert (tmp_path / INDEX_NAME).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_line_noted_after_a_torn_one_is_not_glued_onto_it(tmp_path):
+    from supervisor.sessionlog.writers import INDEX_NAME, WriterIndex
+    idx = WriterIndex(tmp_path)
+    idx.note("codex/a", "codex_hooks")
+    assert not (tmp_path / INDEX_NAME).exists()  # on disk at the next flush, not per note
+    idx.flush()
+    idx.close()
+    with open(tmp_path / INDEX_NAME, "ab") as f:
+        f.write(b'["codex/b", "ot')  # a crash mid-line
+    idx = WriterIndex(tmp_path)
+    idx.note("codex/c", "otlp_in.codex")
+    idx.close()
+    again = WriterIndex(tmp_path)
+    assert (again.get("codex/a"), again.get("codex/b"), again.get("codex/c")) == \
+        ("codex_hooks", None, "otlp_in.codex")
