@@ -102,6 +102,10 @@ loop as long behind a decoding thread (issue 11)."""
 BINDINGS_FILE = "relay-bindings.jsonl"
 """The embedded relay's session bindings journal in ``AEP_STATE_DIR``
 (:mod:`supervisor.relay.bindings`)."""
+REMOTE_WRITER = "relay"
+"""The session log writer (:mod:`supervisor.sessionlog.writers`: retention's
+fairness group) of remote emitters' posts: ``relay:{principal}``
+(:meth:`supervisor.relay.core.Relay.principal`), bare when it names none."""
 
 
 def _settle_gil() -> None:
@@ -149,8 +153,12 @@ async def _make_durable(relay: Any, session_log: Any, state_dir: Path) -> None:
     (:func:`supervisor.relay.restore.restore_from_logs`)."""
     from .relay.restore import restore_from_logs
 
-    def persist(entries: list[Any]) -> bool:
-        return all(session_log.write_raw_batch([(e.attrs, e.raw) for e in entries]))
+    def persist(entries: list[Any], principal: str | None) -> bool:
+        # the sender's principal is its files' writer: retention's fairness
+        # group, apart from every fleet bridge's and every other principal's
+        writer = f"{REMOTE_WRITER}:{principal}" if principal else REMOTE_WRITER
+        return all(session_log.write_raw_batch([(e.attrs, e.raw) for e in entries],
+                                               [writer] * len(entries)))
 
     relay.persist = persist
     # who owned which session survives the restart (issue 25: a squatter

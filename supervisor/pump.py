@@ -260,8 +260,9 @@ class Pump:
                 fresh_outs, fresh = [outs[k] for k in keep], [pairs[k] for k in keep]
             else:
                 fresh_outs, fresh = outs, pairs
-            woke = self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(fresh)) \
-                if fresh else WOKE_NONE
+            # each file's writer, its bridge: the group retention's cap is shared by
+            woke = self._logged(fresh_outs, fresh, self.session_log.write_raw_batch(
+                fresh, [item.bridge for item in fresh_outs])) if fresh else WOKE_NONE
         if woke:
             await self._let_answer(woke)
         await self._hand_over(outs, pairs)
@@ -322,8 +323,9 @@ class Pump:
         keep = [k for k, item in enumerate(outs) if not item.redelivery]
         if not keep:
             return WOKE_NONE
-        got = iter(self.session_log.write_raw_batch([pairs[k] for k in keep
-                                                     if k not in refused]))
+        got = iter(self.session_log.write_raw_batch(
+            [pairs[k] for k in keep if k not in refused],
+            [outs[k].bridge for k in keep if k not in refused]))
         written = [True if k in refused else next(got) for k in keep]
         return self._logged([outs[k] for k in keep], [pairs[k] for k in keep], written)
 

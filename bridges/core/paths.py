@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["state_dir", "write_atomic"]
+__all__ = ["make_private_dirs", "state_dir", "write_atomic"]
 
 
 def state_dir(env: Mapping[str, str]) -> Path:
@@ -22,6 +22,29 @@ def state_dir(env: Mapping[str, str]) -> Path:
     return Path(xdg).expanduser() / "aep-bridges"
 
 
+def make_private_dirs(path: Path | str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, but every directory it makes
+    is ``0700`` (``os.makedirs`` gives its mode to the last one only): the
+    daemon's state and session logs are the user's alone (issue 25, attack
+    5: ``logs/<agent>/`` at 0755 let other local users list session ids).
+    Directories that exist are left as they are. Raises ``OSError``."""
+    path = os.fspath(path)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+    except FileNotFoundError:
+        parent = os.path.dirname(path.rstrip("/"))
+        if not parent or parent == path:
+            raise
+        make_private_dirs(parent)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+
+
 def write_atomic(path: Path, text: str, *, fsync: bool = False, mode: int | None = None) -> None:
     """Replace the file at ``path`` with ``text`` (UTF-8) atomically: a
     temporary file in the same directory, then ``os.replace``, so a reader
@@ -31,7 +54,7 @@ def write_atomic(path: Path, text: str, *, fsync: bool = False, mode: int | None
     ``mode``: the new file's permission bits (default ``0o600``, the
     temporary file's). Raises ``OSError``; the temporary file is removed on
     failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -53,6 +53,8 @@ from typing import Any, Generator, Iterator
 
 import trio
 
+from .paths import make_private_dirs
+
 log = logging.getLogger("aep.state")
 
 __all__ = ["COMPACT_CHUNK", "COMPACT_MIN", "StateFile", "state_path"]
@@ -322,7 +324,7 @@ class StateFile:
         fd, tmp = -1, ""
         size = 0
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(self.path.parent)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.path.name}.")
             for piece in _document(items, gen, COMPACT_CHUNK):
                 size += _write_all(fd, piece.encode())
@@ -389,7 +391,7 @@ class StateFile:
             try:
                 fd = os.open(self.journal, flags, 0o600)
             except FileNotFoundError:
-                self.journal.parent.mkdir(parents=True, exist_ok=True)
+                make_private_dirs(self.journal.parent)
                 fd = os.open(self.journal, flags, 0o600)
             n = os.write(fd, data)
             if n != len(data):

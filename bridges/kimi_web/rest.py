@@ -28,6 +28,7 @@ import trio
 
 from bridges.core.bridge import BridgeContext
 from bridges.core.ledger import Unreachable
+from bridges.core.paths import make_private_dirs
 
 from . import discovery
 from . import mapping as M
@@ -128,7 +129,7 @@ class VendorRest:
         if p is None or not self.tracker.dirty:
             return
         try:
-            p.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(p.parent)
             fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".kimi-", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(self.tracker.dump(), f)

@@ -166,11 +166,13 @@ class Relay(StampedRuns):
         self.fanout = Fanout(self.counters)
         #: which connection each routed command went to (:mod:`.acks`)
         self.acks = AckGate(self.counters)
-        #: ``persist(entries) -> bool``: write remote emitters' sequenced
-        #: events (``POST /events``, ``/socket``) durably before they are
-        #: admitted and answered (the daemon's session log); ``False``: not
-        #: written, refused ``unavailable`` (send again). ``None``: memory only
-        self.persist: Callable[[list[Entry]], bool] | None = None
+        #: ``persist(entries, principal) -> bool``: write remote emitters'
+        #: sequenced events (``POST /events``, ``/socket``) durably before
+        #: they are admitted and answered (the daemon's session log; the
+        #: sender's principal, :meth:`principal`, is the files' writer);
+        #: ``False``: not written, refused ``unavailable`` (send again).
+        #: ``None``: memory only
+        self.persist: Callable[[list[Entry], str | None], bool] | None = None
 
     def __repr__(self) -> str:  # never the token
         return (f"<Relay buffer={self.buffer_depth} max_sessions={self.max_sessions} "

@@ -52,7 +52,7 @@ class Ingest(Routing):
     strict_identity: bool
     _admitted: int
     _run: list[Entry | list[Held]] | None
-    persist: Callable[[list[Entry]], bool] | None
+    persist: Callable[[list[Entry], str | None], bool] | None
     #: sessions whose refused fleet events were logged (bounded, least recent first)
     _fleet_refusals_logged: OrderedDict[str, None]
     #: the new-session budget of remote ingest while it is logged
@@ -383,7 +383,7 @@ class Ingest(Routing):
         if self.persist is not None:  # on disk before the 202 (like an OTLP export)
             sequenced = [e for e in entries if e.pos is not None]
             if sequenced:
-                self._persist(sequenced)
+                self._persist(sequenced, principal)
         self.bind_posted(entries, principal)
         for i in range(0, len(entries), chunk):
             if i:
@@ -419,14 +419,16 @@ class Ingest(Routing):
             return await self._route(ev, e, conn, raw)
         if e.pos is not None and self.persist is not None and not isinstance(conn, LocalEmitter):
             self.check_new_sessions([e], conn)
-            self._persist([e])  # (a fleet bridge's events are logged by the fleet)
+            # (a fleet bridge's events are logged by the fleet)
+            self._persist([e], conn.principal if conn is not None else None)
         self._admit(e, conn)
         return None
 
-    def _persist(self, entries: list[Entry]) -> None:
-        """:attr:`persist` or raise :class:`Unavailable` (nothing admitted)."""
+    def _persist(self, entries: list[Entry], principal: str | None) -> None:
+        """:attr:`persist` (``principal``: the sender's) or raise
+        :class:`Unavailable` (nothing admitted)."""
         assert self.persist is not None
-        if not self.persist(entries):
+        if not self.persist(entries, principal):
             self.counters["unpersisted"] = self.counters.get("unpersisted", 0) + len(entries)
             raise Unavailable("the session log did not take these events (disk full or "
                               "unwritable?); nothing was accepted: send them again")

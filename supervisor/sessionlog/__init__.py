@@ -7,7 +7,8 @@ directory within its age and size caps (:class:`RetainingSessionLog`, the
 ``AEP_LOG_*`` settings); :mod:`.spares` makes the empty files a new session
 is linked into ahead of time, in a worker thread, so a first line never
 waits on a directory write; :mod:`.statelock` holds the state directory for
-one daemon at a time. The fleet (:mod:`supervisor.fleet`) owns one log; the
+one daemon at a time; :mod:`.writers` records who wrote each file (the
+groups retention shares its cap between). The fleet (:mod:`supervisor.fleet`) owns one log; the
 JetStream recovery reads its files. Nothing here knows the relay, the
 uplink or a bridge.
 """
@@ -15,9 +16,10 @@ from .jsonlog import SessionLog
 from .retention import RetainingSessionLog, RetentionPolicy
 from .spares import SPARE_DIR, SpareFiles
 from .statelock import StateDirBusy, StateLock
+from .writers import WriterIndex
 
 __all__ = [
-    "jsonlog", "retention", "spares", "statelock",
+    "jsonlog", "retention", "spares", "statelock", "writers",
     "SessionLog", "RetainingSessionLog", "RetentionPolicy", "SPARE_DIR", "SpareFiles",
-    "StateDirBusy", "StateLock",
+    "StateDirBusy", "StateLock", "WriterIndex",
 ]

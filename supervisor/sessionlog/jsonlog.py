@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import re
+import stat
 import time
 import urllib.parse
 from collections import OrderedDict
@@ -18,8 +19,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bridges.core.aep import dumps
+from bridges.core.paths import make_private_dirs
 
 from .spares import SpareFiles
+from .writers import WriterIndex
 
 log = logging.getLogger("aep.jsonl")
 
@@ -49,18 +52,36 @@ def encode_line(event: dict[str, Any]) -> bytes:
     return dumps(event) + b"\n"
 
 
+def tighten_dir(path: Path) -> bool:
+    """Make ``path`` ``0700`` when it is a directory (not a link) owned by
+    this user that others (or its group) may read, write or enter (issue 25,
+    attack 5: logs made before the daemon made its directories private).
+    Another user's directory is left alone (not ours to change). ``True``
+    when it changed it; raises nothing."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or not st.st_mode & 0o077:
+            return False
+        os.chmod(path, stat.S_IMODE(st.st_mode) & 0o700)
+    except OSError:
+        return False
+    return True
+
+
 class _Target:
     """One session's file: its ``path`` (the descriptors' key), the same as
-    ``file`` (a ``str``, what ``os.open`` takes), its ``directory``, and
+    ``file`` (a ``str``, what ``os.open`` takes), its ``directory``, its
+    ``stem`` (``{agent}/{session}``: the writer index's key), and
     whether this log has not opened it yet (``new``: a new session's file
     usually does not exist yet, so a spare is linked before any open)."""
 
-    __slots__ = ("path", "file", "directory", "new")
+    __slots__ = ("path", "file", "directory", "stem", "new")
 
-    def __init__(self, path: Path, file: str, directory: str) -> None:
+    def __init__(self, path: Path, file: str, directory: str, stem: str) -> None:
         self.path = path
         self.file = file
         self.directory = directory
+        self.stem = stem
         self.new = True
 
 
@@ -79,7 +100,14 @@ class SessionLog:
     ``errors``, ``failing`` stays true until a write succeeds again (the
     fleet refuses new OTLP exports retryably meanwhile; relay delivery
     continues). ``counters``: ``files_opened``, ``descriptors_evicted``,
-    ``torn_repaired``, ``unwritten``."""
+    ``torn_repaired``, ``unwritten``.
+
+    Who wrote a file (``writer``/``writers`` of the write calls: a fleet
+    bridge's name, a remote principal's) is recorded in :attr:`writers`
+    when set (:class:`~.writers.WriterIndex`; retention shares its cap by
+    it) the first time this log opens the file, never per line.
+    Directories it makes are ``0700``; :meth:`repair` tightens looser ones
+    it finds under ``root`` (issue 25, attack 5)."""
 
     def __init__(self, root: Path, *, max_open: int = 128) -> None:
         self.root = Path(root)
@@ -93,6 +121,8 @@ class SessionLog:
         #: spare files linked into place for new sessions (the fleet sets
         #: and refills it; :mod:`supervisor.sessionlog.spares`), or ``None``: created here
         self.spares: SpareFiles | None = None
+        #: who wrote each file (the retaining log sets it), or ``None``: not recorded
+        self.writers: WriterIndex | None = None
         self.errors = 0
         self.lines = 0
         self.failing = False  # the last write failed (health)
@@ -125,10 +155,11 @@ class SessionLog:
                 where = self._agent_dirs[agent] = (path, str(path))
             file = f"{name}.jsonl"
             directory = where[1]
-            target = self._paths[key] = _Target(where[0] / file, f"{directory}/{file}", directory)
+            target = self._paths[key] = _Target(where[0] / file, f"{directory}/{file}", directory,
+                                                f"{agent}/{name}")
         return target
 
-    def _fd(self, target: _Target) -> int:
+    def _fd(self, target: _Target, writer: str | None = None) -> int:
         path = target.path
         fds = self._fds
         fd = fds.get(path)
@@ -142,6 +173,8 @@ class SessionLog:
         fd = fds[path] = self._open(target.file, target.directory, target.new)
         target.new = False
         self.counters["files_opened"] += 1
+        if writer is not None and self.writers is not None:
+            self.writers.note(target.stem, writer)
         return fd
 
     def _open(self, file: str, directory: str, new: bool = False) -> int:
@@ -151,13 +184,13 @@ class SessionLog:
         the file is probably not there yet (a spare is linked before an open
         is tried). Raises ``OSError``."""
         if directory not in self._dirs:
-            os.makedirs(directory, exist_ok=True)
+            make_private_dirs(directory)
             self._dirs.add(directory)
         try:
             return self._open_in(file, new)
         except FileNotFoundError:  # the directory was removed under us
             self._dirs.discard(directory)
-            os.makedirs(directory, exist_ok=True)
+            make_private_dirs(directory)
             self._dirs.add(directory)
             return self._open_in(file, new)
 
@@ -184,36 +217,42 @@ class SessionLog:
         spares.counters["missed"] += 1
         return fd
 
-    def write(self, event: dict[str, Any], line: bytes | None = None) -> bool:
+    def write(self, event: dict[str, Any], line: bytes | None = None, *,
+              writer: str | None = None) -> bool:
         """Append one event's line; ``True`` when the whole line is on disk,
-        ``False`` (nothing of it left in the file) otherwise."""
+        ``False`` (nothing of it left in the file) otherwise. ``writer``:
+        who wrote it (see the class docstring)."""
         return self._append(self._target((event.get("agent"), event.get("session"))),
-                            line if line is not None else encode_line(event), 1)
+                            line if line is not None else encode_line(event), 1, writer)
 
-    def write_batch(self, events: list[tuple[dict[str, Any], bytes]]) -> list[bool]:
+    def write_batch(self, events: list[tuple[dict[str, Any], bytes]],
+                    writers: Sequence[str] | None = None) -> list[bool]:
         """Append ``(event, line)`` pairs with one ``write`` per session file
         (its lines joined, in order): a batch costs a syscall per file, not
         per event. Returns, per pair, whether its line is on disk; a file's
         lines are on disk all or none (a short write is cut back off, as in
-        :meth:`write`). Raises nothing."""
-        return self._write_groups(events, b"")
+        :meth:`write`). ``writers``: who wrote each pair (parallel to
+        ``events``; a file's first pair in the batch names it). Raises nothing."""
+        return self._write_groups(events, b"", writers)
 
-    def write_raw_batch(self, events: Sequence[tuple[dict[str, Any], bytes]]) -> list[bool]:
+    def write_raw_batch(self, events: Sequence[tuple[dict[str, Any], bytes]],
+                        writers: Sequence[str] | None = None) -> list[bool]:
         """:meth:`write_batch` of ``(event, raw)`` pairs whose ``raw`` is the
         event's wire form without the newline (:func:`bridges.core.aep.dumps`:
         what the relay and the uplink take): the newlines are put in by the
         one join per file, so no line is copied to add one (the fleet's
         pump). Equal to :meth:`write_batch` of ``(event, raw + b"\\n")``."""
-        return self._write_groups(events, b"\n")
+        return self._write_groups(events, b"\n", writers)
 
-    def _write_groups(self, events: Sequence[tuple[dict[str, Any], bytes]], sep: bytes
-                      ) -> list[bool]:
+    def _write_groups(self, events: Sequence[tuple[dict[str, Any], bytes]], sep: bytes,
+                      writers: Sequence[str] | None = None) -> list[bool]:
         """Each session file's lines of ``events`` in one ``write``; ``sep``:
         what follows each line (``b""``: it ends in its newline already)."""
         if len(events) == 1:
             ev, line = events[0]
             return [self._append(self._target((ev.get("agent"), ev.get("session"))),
-                                 line + sep if sep else line, 1)]
+                                 line + sep if sep else line, 1,
+                                 writers[0] if writers is not None else None)]
         groups: dict[tuple[Any, Any], list[int]] = {}
         last_key: tuple[Any, Any] | None = None
         last: list[int] = []
@@ -230,24 +269,26 @@ class SessionLog:
             last_key, last = key, idx
         done = [False] * len(events)
         for key, idx in groups.items():
+            writer = writers[idx[0]] if writers is not None else None
             if len(idx) == 1:
                 line = events[idx[0]][1]
-                ok = self._append(self._target(key), line + sep if sep else line, 1)
+                ok = self._append(self._target(key), line + sep if sep else line, 1, writer)
             else:
                 lines = [events[i][1] for i in idx]
                 if sep:
                     lines.append(b"")  # the last line's newline too
-                ok = self._append(self._target(key), sep.join(lines), len(idx))
+                ok = self._append(self._target(key), sep.join(lines), len(idx), writer)
             for i in idx:
                 done[i] = ok
         return done
 
-    def _append(self, target: _Target, data: bytes, lines: int) -> bool:
+    def _append(self, target: _Target, data: bytes, lines: int, writer: str | None = None
+                ) -> bool:
         """One ``write`` of ``lines`` whole lines to ``target``'s file: all
         on disk (``True``) or none of them left in the file."""
         fd = -1
         try:
-            fd = self._fd(target)
+            fd = self._fd(target, writer)
             n = os.write(fd, data)
             if n != len(data):  # regular files short-write only when the disk is full
                 self._cut(fd, n)
@@ -284,12 +325,18 @@ class SessionLog:
         """Start-up repair: every ``*.jsonl`` under ``root`` whose last byte
         is not a newline is truncated to its last newline; the fragment is
         appended to ``{file}.torn`` and the repair logged. Returns the
-        repaired paths. Reads one byte per file (more only when torn)."""
+        repaired paths. Reads one byte per file (more only when torn).
+        Also tightens ``root`` and the agents' directories to ``0700``
+        (:func:`tighten_dir`)."""
         repaired: list[Path] = []
         try:
             agents = [p for p in self.root.iterdir() if p.is_dir()]
         except OSError:
             return repaired
+        loose = sum(tighten_dir(d) for d in [self.root, *agents])
+        if loose:
+            log.warning("session log directories readable by other users made private (0700): "
+                        "%d under %s", loose, self.root)
         for agent in agents:
             try:
                 files = [p for p in agent.iterdir() if p.suffix == ".jsonl"]

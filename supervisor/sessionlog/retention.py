@@ -18,14 +18,19 @@ Rules (:class:`RetentionPolicy`, from ``AEP_LOG_MAX_BYTES``,
 - a file not open for writing whose last write is older than ``max_age`` is
   removed;
 - while the directory holds more than ``max_total_bytes``, the cap is
-  shared between agents (issue 25: one unauthenticated OTLP sender filling
-  it evicted every other agent's files): the agent (``{agent}/``
-  directory) holding the most bytes, its live files counted, loses its
-  oldest closed file (by last write), again and again. So an agent holding
-  no more than its share (the cap over the number of agents with files)
-  is never evicted by another's flood: it could only be the largest with
-  the directory under the cap. When the largest holds only live files,
-  they are rotated (its largest first), so they become removable. The live
+  shared between writers (issue 25: one unauthenticated OTLP sender
+  filling it evicted every other agent's files; attack 5: grouped by
+  agent, an OTLP flood as agent ``codex`` evicted the Codex hook bridge's
+  sessions, the same agent): the writer holding the most bytes, its live
+  files counted, loses its oldest closed file (by last write), again and
+  again. A file's writer is the fleet bridge that wrote it (its name), or
+  ``relay:{principal}`` for a remote emitter's posts, as recorded in
+  :mod:`.writers` (a file it has no entry for: its agent's directory). So
+  a writer holding no more than its share (the cap over the number of
+  writers with files) is never evicted by another's flood: it could only
+  be the largest with the directory under the cap. When the largest holds
+  only live files, they are rotated (its largest first), so they become
+  removable. The live
   files being written are never removed, so the directory can exceed the
   cap by at most what is written to fresh live files before the next
   sweep.
@@ -51,6 +56,7 @@ from bridges.core.settings import EnvReader, Setting, check_fields
 
 from .jsonlog import SessionLog
 from .spares import SPARE_DIR
+from .writers import WriterIndex, stem_of
 
 __all__ = ["SETTINGS", "REMOVALS_PER_STEP", "RetentionPolicy", "RetainingSessionLog", "parse_size", "parse_age",
            "segment_name"]
@@ -70,9 +76,9 @@ SETTINGS = (
             "a session log file is rotated once open this long, and files last written longer "
             "ago are removed (`s`/`m`/`h`/`d` suffixes; `0`: keep forever)"),
     Setting("AEP_LOG_MAX_TOTAL_BYTES", "`1G`",
-            "all session logs together; above it the agent holding the most bytes loses its "
-            "oldest closed files first (one source cannot evict everyone else's), never a file "
-            "being written (`0`: no cap)"),
+            "all session logs together; above it the writer (bridge, or remote principal) "
+            "holding the most bytes loses its oldest closed files first (one source cannot evict "
+            "everyone else's), never a file being written (`0`: no cap)"),
 )
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.I)
@@ -180,6 +186,7 @@ class RetainingSessionLog(SessionLog):
         self._wake = trio.Event()
         self.total_bytes = 0
         if scan:  # ``scan=False``: a fleet that writes no log (``aep-bridges relay``)
+            self.writers = WriterIndex(self.root)
             self._rescan()
 
     # -- accounting ------------------------------------------------------------
@@ -256,6 +263,8 @@ class RetainingSessionLog(SessionLog):
                          or (age is not None and now - opened >= age)):
                 if self.rotate(path) is not None:
                     rotated += 1
+        if self.writers is not None:  # who wrote the files opened since the last look
+            self.writers.flush()
         cap = self.policy.max_total_bytes
         if cap is not None and self.total_bytes > cap:
             self._wake.set()
@@ -348,6 +357,8 @@ class RetainingSessionLog(SessionLog):
         steps) and still as scanned (its size and mtime, looked at again
         now): one written since the scan is not the old file the rules saw."""
         self._apply(scan)
+        if self.writers is not None:  # the index follows the files on disk
+            self.writers.prune(self._stems(scan))
         todo = set(self._todo)
         now = self.clock()
         age, cap = self.policy.max_age, self.policy.max_total_bytes
@@ -369,17 +380,18 @@ class RetainingSessionLog(SessionLog):
         """The total cap's part of :meth:`_sweep_steps` (``rest``: the
         files the age rule left, oldest first; ``removed``: removals so
         far, for the steps)."""
-        # the cap, shared fairly: the agent holding the most bytes (its live
+        # the cap, shared fairly: the writer holding the most bytes (its live
         # files counted) loses its oldest closed file first, so one flooding
         # source eats its own files before anyone else's
+        group = self._grouper()
         held: dict[str, int] = {}
         for p, size in scan.sizes.items():
-            a = self._agent_of(p)
+            a = group(p)
             held[a] = held.get(a, 0) + size
         closed: dict[str, deque[tuple[float, int, Path]]] = {}
         for item in rest:
             if item[2] in scan.sizes:
-                closed.setdefault(self._agent_of(item[2]), deque()).append(item)
+                closed.setdefault(group(item[2]), deque()).append(item)
         heap = [(-n, a) for a, n in held.items()]
         heapq.heapify(heap)
         stuck: str | None = None
@@ -408,20 +420,48 @@ class RetainingSessionLog(SessionLog):
                 return self._sizes.get(q) or self._scanned.get(q, 0)
 
             for p in sorted(self.writing(),
-                            key=lambda q: (self._agent_of(q) != stuck, -live_size(q))):
+                            key=lambda q: (group(q) != stuck, -live_size(q))):
                 if excess <= 0:
                     break
                 size = live_size(p)
                 if size and self.rotate(p) is not None:
                     excess -= size
 
-    def _agent_of(self, p: Path) -> str:
-        """The agent directory ``p`` is under (``""``: the root itself)."""
-        try:
-            parts = p.relative_to(self.root).parts
-        except ValueError:
-            return ""
-        return parts[0] if len(parts) > 1 else ""
+    def _grouper(self) -> Callable[[Path], str]:
+        """``group(path)``: the fairness group of a session log file: its
+        writer (``w:{writer}``, from :attr:`writers`), else its agent's
+        directory (``a:{agent}``; ``a:``: the root itself)."""
+        index = self.writers
+        root = str(self.root)
+        cut = len(root) + 1
+
+        def group(p: Path) -> str:
+            s = str(p)
+            if not s.startswith(root + os.sep):
+                return "a:"
+            rel = s[cut:]
+            agent, sep, name = rel.partition(os.sep)
+            if not sep or os.sep in name:
+                return "a:" if not sep else f"a:{agent}"
+            writer = index.get(stem_of(agent, name)) if index is not None else None
+            return f"w:{writer}" if writer is not None else f"a:{agent}"
+        return group
+
+    def close(self) -> None:
+        super().close()
+        if self.writers is not None:
+            self.writers.close()
+
+    def _stems(self, scan: _Scan) -> set[str]:
+        """The writer index's keys of the files in ``scan`` and of the open ones."""
+        root = str(self.root)
+        cut = len(root) + 1
+        stems = set()
+        for p in [*scan.sizes, *self._fds]:
+            agent, sep, name = str(p)[cut:].partition(os.sep)
+            if sep and os.sep not in name:
+                stems.add(stem_of(agent, name))
+        return stems
 
     def _try_remove(self, mtime: float, size: int, p: Path, todo: set[Path]) -> bool:
         """Remove ``p`` as scanned (``mtime``, ``size``) unless it is open

@@ -49,6 +49,8 @@ from pathlib import Path
 
 import trio
 
+from bridges.core.paths import make_private_dirs
+
 __all__ = ["SpareFiles", "SPARE_DIR", "DEFAULT_TARGET", "QUIET", "CHUNK", "RETIRE_AFTER",
            "INODE_RESERVE", "give_back"]
 
@@ -284,7 +286,7 @@ class SpareFiles:
         made: list[str] = []
         i = first
         try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            make_private_dirs(self.directory)  # the logs' root too, when this makes it
             if stat.S_IMODE(os.stat(self.directory).st_mode) != 0o700:
                 os.chmod(self.directory, 0o700)  # one made otherwise (a restore, umask)
             room = _inode_room(self.directory)

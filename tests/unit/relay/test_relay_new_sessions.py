@@ -43,7 +43,7 @@ def test_the_bucket_is_all_or_nothing_and_refills():
 def _relay(**kw) -> tuple[Relay, list]:
     relay = Relay(token="t", max_new_sessions=3, new_sessions_per_s=0.001, **kw)
     logged: list = []
-    relay.persist = lambda entries: logged.extend(entries) or True
+    relay.persist = lambda entries, principal: logged.extend(entries) or True
     return relay, logged
 
 

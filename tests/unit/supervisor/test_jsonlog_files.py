@@ -7,7 +7,6 @@ written for its session, in order) and to one ``write`` per event."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -68,8 +67,8 @@ def test_batched_writes_equal_one_write_per_event(batches, max_open):
 
 def test_a_directory_is_made_once_and_a_new_file_raises_nothing(tmp_path, monkeypatch):
     made = []
-    real = os.makedirs
-    monkeypatch.setattr(jsonlog.os, "makedirs", lambda p, **kw: (made.append(p), real(p, **kw)))
+    real = jsonlog.make_private_dirs
+    monkeypatch.setattr(jsonlog, "make_private_dirs", lambda p: (made.append(p), real(p)))
     sl = SessionLog(tmp_path, max_open=4)
     for i in range(40):
         assert sl.write(_ev("codex", f"s{i}", i))
@@ -138,7 +137,7 @@ def test_raw_batches_equal_newline_batches(batches, max_open, full):
 def _failing(log_: SessionLog):
     """``log_``'s ``_append`` on a full disk: nothing written (each write
     still whole lines)."""
-    def append(target, data, lines):
+    def append(target, data, lines, writer=None):
         assert data.endswith(b"\n") and data.count(b"\n") == lines
         log_.errors += lines
         return False

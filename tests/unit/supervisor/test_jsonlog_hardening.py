@@ -112,3 +112,47 @@ def test_whole_lines_survive_an_interleaved_failure(tmp_path, monkeypatch, n):
     written = [e["seq"] for e in _lines(sl.path_for(_ev("s", 0)))]
     assert written == [i for i, ok in enumerate(results) if ok]
     sl.close()
+
+
+def _mode(p) -> int:
+    return p.stat().st_mode & 0o777
+
+
+def test_every_directory_the_log_makes_is_private_whatever_the_umask(tmp_path):
+    # issue 25, attack 5: logs/<agent>/ was 0755 (files 0600): other local
+    # users could list the session ids
+    root = tmp_path / "state" / "logs"
+    old = os.umask(0o022)
+    try:
+        sl = SessionLog(root)
+        assert sl.write(_ev("s1", 0))
+        sl.close()
+    finally:
+        os.umask(old)
+    agent = root / "codex"
+    assert (agent / "s1.jsonl").exists()
+    assert _mode(agent) == _mode(root) == _mode(tmp_path / "state") == 0o700
+
+
+def test_write_atomic_and_state_files_make_private_directories(tmp_path):
+    from bridges.core.paths import write_atomic
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "a" / "b" / "doc.json", "{}")
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "a") == _mode(tmp_path / "a" / "b") == 0o700
+
+
+def test_repair_at_start_tightens_looser_log_directories(tmp_path):
+    # logs written by an older daemon: 0755 directories are made 0700 at start
+    root = tmp_path / "logs"
+    (root / "codex").mkdir(parents=True)
+    (root / "kimi").mkdir()
+    (root / "codex" / "s.jsonl").write_text("{}\n")
+    for d in (root, root / "codex", root / "kimi"):
+        os.chmod(d, 0o755)
+    os.chmod(root / "kimi", 0o750)
+    SessionLog(root).repair()
+    assert [_mode(d) for d in (root, root / "codex", root / "kimi")] == [0o700] * 3
+    assert _mode(root / "codex" / "s.jsonl") != 0  # files untouched

@@ -479,3 +479,104 @@ async def test_the_cap_is_shared_the_largest_agent_loses_its_oldest_first(tmp_pa
     log.sweep()
     oldest = min(quiet, key=lambda p: p.name)
     assert not oldest.exists() and all(p.exists() for p in quiet if p != oldest)
+
+
+async def test_the_cap_is_shared_by_writer_not_by_agent_and_a_restart_keeps_it(tmp_path):
+    # issue 25, attack 5: the unauthenticated OTLP receiver and the Codex
+    # hook bridge both write agent ``codex``; grouped by agent, an OTLP
+    # flood evicted the hook bridge's (closed, oldest) session files. The
+    # group is the writer: the flood eats its own files first
+    clock = Clock()
+    cap = 24 * 1024
+    policy = RetentionPolicy(max_bytes=2 * 1024, max_age=None, max_total_bytes=cap)
+    log = RetainingSessionLog(tmp_path, policy, clock=clock, max_open=4)
+    for i in range(3):  # the hook bridge's sessions: the oldest files on disk
+        clock.t += 1
+        log.write(ev(f"hook{i}", i), writer="codex_hooks")
+    hooks = {p: p.read_bytes() for p in (tmp_path / "codex").iterdir()}
+    assert len(hooks) == 3
+
+    async def flood(log: RetainingSessionLog, n: int, first: int = 0) -> None:
+        for i in range(first, first + n):  # many sessions, ~10x the cap, agent codex too
+            clock.t += 0.01
+            log.write(ev(f"otlp{i % 50}", i, pad=300), writer="otlp_in.codex")
+            log.check()
+            if i % 50 == 49:
+                await log.compress_pending()
+                log.sweep()
+        await log.compress_pending()
+        log.sweep()
+
+    await flood(log, 600)
+    assert log.retained["removed_files"] > 20
+    assert du(tmp_path) <= cap + 4 * 2 * 1024 + 4096  # open live files and the index aside
+    assert {p: p.read_bytes() for p in hooks if p.exists()} == hooks
+    log.close()
+    # a restart reads who wrote what back from the index: the same again
+    log = RetainingSessionLog(tmp_path, policy, clock=clock, max_open=4)
+    await flood(log, 300, first=600)
+    assert {p: p.read_bytes() for p in hooks if p.exists()} == hooks
+    log.close()
+
+
+def test_the_group_falls_back_to_the_agent_and_the_first_writer_keeps_a_file(tmp_path):
+    log = RetainingSessionLog(tmp_path, RetentionPolicy(max_total_bytes=None), max_open=2)
+    log.write(ev("a", 0), writer="codex_hooks")
+    log.write(ev("a", 1), writer="otlp_in")  # another writer appending: the file stays the first's
+    log.write(_agent_ev("kimi", "b", 0))  # no writer said: its agent's directory
+    rotated = log.rotate(tmp_path / "codex" / "a.jsonl")
+    assert rotated is not None
+    group = log._grouper()
+    assert group(tmp_path / "codex" / "a.jsonl") == "w:codex_hooks"
+    assert group(rotated) == group(rotated.with_name(rotated.name + ".gz")) == "w:codex_hooks"
+    assert group(tmp_path / "kimi" / "b.jsonl") == "a:kimi"
+    log.close()
+
+
+def test_stems_name_a_session_across_its_files():
+    from supervisor.sessionlog.writers import stem_of
+    live = "s.jsonl"
+    seg = segment_name(Path(live), 1_796_000_000.5).name
+    for name in (live, seg, seg + ".gz", seg + ".gz.tmp", live + ".torn"):
+        assert stem_of("codex", name) == "codex/s", name
+    # a session id that looks like a file name is its own stem
+    assert stem_of("codex", "s.jsonl.jsonl") == "codex/s.jsonl"
+
+
+def test_the_writer_index_survives_torn_lines_and_is_pruned_to_the_files(tmp_path):
+    from supervisor.sessionlog.writers import INDEX_NAME, WriterIndex
+    idx = WriterIndex(tmp_path)
+    for i in range(400):
+        idx.note(f"codex/s{i}", "otlp_in")
+    idx.note("codex/s0", "codex_hooks")  # taken: the first writer keeps it
+    idx.close()
+    with open(tmp_path / INDEX_NAME, "ab") as f:
+        f.write(b'["codex/torn", "ot')  # a crash mid-line
+    idx = WriterIndex(tmp_path)
+    assert idx.get("codex/s0") == "otlp_in" and idx.get("codex/torn") is None and len(idx) == 400
+    idx.prune({"codex/s1", "codex/s2"})  # the rest are gone from disk: the file is rewritten
+    assert len(idx) == 2
+    idx.note("codex/new", "relay:token")
+    idx.close()
+    again = WriterIndex(tmp_path)
+    assert {s: again.get(s) for s in ("codex/s1", "codex/s2", "codex/new", "codex/s3")} == {
+        "codex/s1": "otlp_in", "codex/s2": "otlp_in", "codex/new": "relay:token", "codex/s3": None}
+    assert len((tmp_path / INDEX_NAME).read_text().splitlines()) == 3
+    assert (tmp_path / INDEX_NAME).stat().st_mode & 0o777 == 0o600
+
+
+def test_a_line_noted_after_a_torn_one_is_not_glued_onto_it(tmp_path):
+    from supervisor.sessionlog.writers import INDEX_NAME, WriterIndex
+    idx = WriterIndex(tmp_path)
+    idx.note("codex/a", "codex_hooks")
+    assert not (tmp_path / INDEX_NAME).exists()  # on disk at the next flush, not per note
+    idx.flush()
+    idx.close()
+    with open(tmp_path / INDEX_NAME, "ab") as f:
+        f.write(b'["codex/b", "ot')  # a crash mid-line
+    idx = WriterIndex(tmp_path)
+    idx.note("codex/c", "otlp_in.codex")
+    idx.close()
+    again = WriterIndex(tmp_path)
+    assert (again.get("codex/a"), again.get("codex/b"), again.get("codex/c")) == \
+        ("codex_hooks", None, "otlp_in.codex")
