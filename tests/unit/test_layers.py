@@ -463,7 +463,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.sessionlog.statelock": {"LOCK_FILE", "StateDirBusy", "StateLock", "hold", "probe"},
     "supervisor.tools": {"control", "doctor", "gist", "install", "logs", "notify", "resume", "tail",
                          "tailstream", "timeline", "validate"},
-    "supervisor.tools.gist": {"gist"},
+    "supervisor.tools.gist": {"gist", "ask_key", "AskKey", "OUTCOMES"},
     "supervisor.tools.doctor": {"Finding", "bridge_findings", "port", "reachable", "report", "run"},
     "supervisor.tools.timeline": {"outcomes", "render", "run"},
     "supervisor.tools.validate": {"SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"},

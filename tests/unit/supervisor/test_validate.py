@@ -106,6 +106,25 @@ def test_timeline_marks_pending_only_the_asks_the_input_does_not_settle(tmp_path
     assert len(pending("-")) == 2
 
 
+def test_timeline_keeps_an_ask_pending_that_a_foreign_outcome_names(tmp_path, monkeypatch):
+    # issue 25 (attack 5): anyone who may post can name a fleet ask's id as
+    # the subject of an outcome in a session of its own; the ask stays pending
+    monkeypatch.delenv("COLUMNS", raising=False)
+    src = "aep://host/agent/claude-code/session/victim"
+    ask = {"aep": "0.1", "id": "A1", "type": "attention.requested", "agent": "claude-code",
+           "source": src, "session": "victim", "seq": 1, "severity": "notice",
+           "time": "2026-12-01T09:31:02Z", "data": {"kind": "permission", "prompt": "deploy prod"}}
+    forged = {**ask, "id": "F1", "type": "attention.resolved", "subject": "A1", "agent": "alice",
+              "source": "urn:alice:1", "session": "alice-own", "data": {"resolution": "answered"}}
+    f = tmp_path / "log.jsonl"
+    f.write_text(json.dumps(ask) + "\n" + json.dumps(forged) + "\n")
+    out = io.StringIO()
+    assert timeline.run([str(f)], color="never", out=out, err=io.StringIO()) == 0
+    lines = out.getvalue().splitlines()
+    assert any("deploy prod" in x and x.endswith("PENDING") for x in lines), lines
+    assert not any("→ answered" in x or "← deploy prod" in x for x in lines), lines
+
+
 @pytest.mark.parametrize("case", [c for c in INVALID if "event" in c][:3], ids=lambda c: c["name"])
 def test_stdin(case, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(case["event"]) + "\n"))
