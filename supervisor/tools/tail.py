@@ -345,7 +345,7 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
         limit: int | None = None, color: str = "auto", out: TextIO | None = None,
         err: TextIO | None = None, resume_file: Any = None,
         subscribe: Callable[..., Any] | None = None,
-        settled: Callable[..., dict[str, str]] | None = None) -> int:
+        settled: Callable[..., dict[AskKey, str]] | None = None) -> int:
     """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
     events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
     the reason on stderr, exit 1) or is no AEP event stream (exit 1).

@@ -20,8 +20,11 @@ the test suite points it at ``../shared/aep/schemas`` (the ground truth), so
 one implementation serves both.
 
 :func:`run` reads JSONL (a file, a rotated ``.gz`` segment, or ``-`` for
-stdin) and prints one line per problem, ``FILE:LINE: (type id=...): problem``;
-exit 0 (all valid), 1 (problems), 2 (unreadable input)."""
+stdin) and prints one line per problem, ``FILE:LINE: (type id=...): problem``,
+through the timeline's escaping (an event's own words never reach the
+terminal raw); a line over :data:`MAX_LINE` bytes is one such problem, never
+read whole (a small ``.gz`` can inflate to gigabytes on one line); exit 0
+(all valid), 1 (problems), 2 (unreadable input)."""
 from __future__ import annotations
 
 import gzip
@@ -37,7 +40,9 @@ from jsonschema import Draft202012Validator, FormatChecker
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"]
+from .gist import _safe
+
+__all__ = ["MAX_LINE", "LongLine", "SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"]
 
 SHIPPED = Path(__file__).with_name("schemas")
 """The schemas shipped with the package (package data)."""
@@ -349,12 +354,16 @@ _INDEX = re.compile(r"^event (\d+) \(")
 
 def check_lines(lines: Iterable[str], schemas: Schemas) -> tuple[int, list[tuple[int, str]]]:
     """``(events, problems)`` for JSONL ``lines``: each problem as ``(line
-    number, text)``, a line that is no JSON object a problem of its own
-    (blank lines are skipped). Problems come in line order."""
+    number, text)``, a line that is no JSON object (or a :class:`LongLine`)
+    a problem of its own (blank lines are skipped). Problems come in line
+    order."""
     events: list[Any] = []
     numbers: list[int] = []
     problems: list[tuple[int, str]] = []
     for n, line in enumerate(lines, 1):
+        if isinstance(line, LongLine):
+            problems.append((n, line.problem))
+            continue
         if not line.strip():
             continue
         try:
@@ -375,17 +384,65 @@ def check_lines(lines: Iterable[str], schemas: Schemas) -> tuple[int, list[tuple
     return len(events), problems
 
 
+MAX_LINE = 32 << 20
+"""The longest JSONL line read (bytes, its newline included): twice the
+relay's largest event (``AEP_MAX_BODY``, 16 MiB by default), so every event a
+daemon logged fits; a longer line is a :class:`LongLine`."""
+_CHUNK = 1 << 20
+
+
+class LongLine(str):
+    """Stands in for a line over :data:`MAX_LINE` bytes, skipped while read
+    (never held whole): an empty string whose ``size`` is the line's length
+    in bytes (characters on a text stream) and ``problem`` says so."""
+
+    size: int = 0
+
+    @property
+    def problem(self) -> str:
+        return (f"line of {self.size} bytes, over the {MAX_LINE}-byte limit "
+                "(no event is that large); skipped")
+
+
+def _long(size: int) -> LongLine:
+    line = LongLine("")
+    line.size = size
+    return line
+
+
+def _lines(f: Any) -> Iterator[str]:
+    """The lines of the binary (or text) stream ``f``, each read with at
+    most :data:`MAX_LINE` bytes at once: a longer one is read on in chunks
+    to its end, counted and yielded as a :class:`LongLine`."""
+    limit = MAX_LINE
+    while raw := f.readline(limit):
+        if len(raw) >= limit and not raw.endswith(b"\n" if isinstance(raw, bytes) else "\n"):
+            size = len(raw)
+            while chunk := f.readline(_CHUNK):
+                size += len(chunk)
+                if chunk[-1:] in (b"\n", "\n"):
+                    break
+            yield _long(size)
+            continue
+        yield raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+
+
 def read_lines(name: str) -> Iterator[str]:
-    """The lines of ``name`` (``-``: stdin; ``.gz``: a rotated segment)."""
+    """The lines of ``name`` (``-``: stdin; ``.gz``: a rotated segment), as
+    :func:`_lines` reads them. Raises ``OSError`` when it cannot be read (a
+    truncated ``.gz`` included)."""
     if name == "-":
-        yield from sys.stdin
+        yield from _lines(getattr(sys.stdin, "buffer", sys.stdin))
         return
-    if name.endswith(".gz"):
-        with gzip.open(name, "rt", encoding="utf-8", errors="replace") as z:
-            yield from z
-        return
-    with open(name, encoding="utf-8", errors="replace") as f:
-        yield from f
+    try:
+        if name.endswith(".gz"):
+            with gzip.open(name, "rb") as z:
+                yield from _lines(z)
+            return
+        with open(name, "rb") as f:
+            yield from _lines(f)
+    except EOFError as e:  # a .gz cut short (a segment still being written, a bad copy)
+        raise OSError(f"truncated gzip: {e}") from e
 
 
 def run(names: list[str], *, out: TextIO | None = None, err: TextIO | None = None,
@@ -401,14 +458,14 @@ def run(names: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
         try:
             count, problems = check_lines(read_lines(name), schemas)
         except OSError as e:
-            print(f"aep-bridges validate: {shown}: {e.strerror or e}", file=err)
+            print(_safe(f"aep-bridges validate: {shown}: {e.strerror or e}"), file=err)
             status = 2
             continue
-        for n, text in problems:
-            print(f"{shown}:{n}: {text}", file=out)
+        for n, text in problems:  # an event's id, keys, values: escaped (issue 25)
+            print(_safe(f"{shown}:{n}: {text}"), file=out)
         bad = len({n for n, _ in problems})
-        print(f"{shown}: {count} event(s), " + (f"{len(problems)} problem(s) on {bad} line(s)"
-                                               if problems else "all valid"), file=out)
+        print(_safe(f"{shown}: {count} event(s), ") + (f"{len(problems)} problem(s) on {bad} line(s)"
+                                                     if problems else "all valid"), file=out)
         if problems and status == 0:
             status = 1
     return status
