@@ -28,6 +28,7 @@ read whole (a small ``.gz`` can inflate to gigabytes on one line); exit 0
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import sys
@@ -182,15 +183,15 @@ class Schemas:
 
     def stream_problems(self, events: Iterable[Any]) -> list[str]:
         """Every problem of ``events`` one by one (``event <i> (...): ...``)
-        and together (module docstring)."""
-        evs = list(events)
+        and together (module docstring): each event's own, then what the
+        cross-event rules say of it, read in one pass (no event is kept)."""
         problems: list[str] = []
-        for i, ev in enumerate(evs):
-            problems += [f"event {i} ({_label(ev)}): {p}" for p in self.event_problems(ev)]
         rules = _StreamRules()
-        for i, ev in enumerate(evs):
+        for i, ev in enumerate(events):
+            label = _label(ev)
+            problems += [f"event {i} ({label}): {p}" for p in self.event_problems(ev)]
             if isinstance(ev, dict):
-                problems += [f"event {i} ({_label(ev)}): {p}" for p in rules.feed(ev)]
+                problems += [f"event {i} ({label}): {p}" for p in rules.feed(ev)]
         return problems
 
 
@@ -222,7 +223,9 @@ class _StreamRules:
     :meth:`feed` returns that event's problems."""
 
     def __init__(self) -> None:
-        self.seen: dict[tuple[Any, Any], str] = {}
+        #: (source, id) -> a digest of the event's content (not the content: a
+        #: long log would be held whole)
+        self.seen: dict[tuple[Any, Any], bytes] = {}
         self.position: dict[tuple[Any, Any], tuple[int, int]] = {}
         self.run_terminal: dict[tuple[Any, Any, Any], Any] = {}
         self.session_end: dict[tuple[Any, Any], Any] = {}
@@ -234,7 +237,8 @@ class _StreamRules:
         src, eid = ev.get("source"), ev.get("id")
         if not isinstance(eid, str):  # no id, nothing to dedupe by (the schema said so)
             return self._order(ev) + self._terminals(ev) + self._attention(ev) + self._acks(ev)
-        canon = json.dumps(ev, sort_keys=True, default=str)
+        canon = hashlib.blake2b(json.dumps(ev, sort_keys=True, default=str).encode(
+            "utf-8", "surrogatepass"), digest_size=16).digest()
         prev = self.seen.get((src, eid))
         if prev is not None:  # a redelivery: dedupe, no further rules
             return [] if prev == canon else [
@@ -357,31 +361,33 @@ def check_lines(lines: Iterable[str], schemas: Schemas) -> tuple[int, list[tuple
     number, text)``, a line that is no JSON object (or a :class:`LongLine`)
     a problem of its own (blank lines are skipped). Problems come in line
     order."""
-    events: list[Any] = []
-    numbers: list[int] = []
+    numbers: list[int] = []  # each event's line number (an int per event, not the event)
     problems: list[tuple[int, str]] = []
-    for n, line in enumerate(lines, 1):
-        if isinstance(line, LongLine):
-            problems.append((n, line.problem))
-            continue
-        if not line.strip():
-            continue
-        try:
-            ev = json.loads(line)
-        except ValueError as e:
-            problems.append((n, f"not JSON: {e}"))
-            continue
-        if not isinstance(ev, dict):
-            problems.append((n, f"not a JSON object: {type(ev).__name__}"))
-            continue
-        events.append(ev)
-        numbers.append(n)
-    for text in schemas.stream_problems(events):
+
+    def events() -> Iterator[dict[str, Any]]:
+        for n, line in enumerate(lines, 1):
+            if isinstance(line, LongLine):
+                problems.append((n, line.problem))
+                continue
+            if not line.strip():
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError as e:
+                problems.append((n, f"not JSON: {e}"))
+                continue
+            if not isinstance(ev, dict):
+                problems.append((n, f"not a JSON object: {type(ev).__name__}"))
+                continue
+            numbers.append(n)
+            yield ev
+
+    for text in schemas.stream_problems(events()):
         m = _INDEX.match(text)
         n = numbers[int(m.group(1))] if m else 0
         problems.append((n, text[text.index("("):] if m else text))
     problems.sort(key=lambda p: p[0])
-    return len(events), problems
+    return len(numbers), problems
 
 
 MAX_LINE = 32 << 20

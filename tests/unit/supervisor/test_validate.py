@@ -216,3 +216,23 @@ def test_a_truncated_gz_is_unreadable_not_a_crash(tmp_path):
     f.write_bytes(gzip.compress(GOLDEN.read_bytes())[:-40])
     status, _, err = run(str(f))
     assert status == 2 and "truncated gzip" in err
+
+
+def test_validate_holds_one_event_at_a_time_not_the_log(tmp_path):
+    # a long log (many large events, each under the line cap) is read in one
+    # pass: what validate holds at once is about one event, not the file
+    import tracemalloc
+    base = json.loads(GOLDEN.read_text().splitlines()[0])
+    f = tmp_path / "big.jsonl"
+    with open(f, "w") as out:
+        for i in range(40):
+            out.write(json.dumps({**base, "id": f"big-{i}", "x-pad": "p" * (256 << 10)}) + "\n")
+    run(str(f))  # warm: the compiled schemas, the escaping tables
+    tracemalloc.start()
+    try:
+        status, text, _ = run(str(f))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"{f}: 40 event(s)" in text, text
+    assert peak < 4 << 20, peak  # the file is 10 MiB
