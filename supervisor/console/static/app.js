@@ -334,8 +334,7 @@ import { place, rowButton, virtual } from './lists.js';
     s.pending.delete(ask.key);
   }
 
-  function onAck(ev, d) {
-    // its target's ack: in the command's session (AEP-0004 §6), for an answer from the ask's emitter
+  function onAck(ev, d) {   // its target's: in the command's session (AEP-0004 §6), an answer's from the ask's emitter
     const c = S.cmds.get(ev.cause);
     if (!c || ev.session !== c.session) return;
     if (c.ask && String(ev.source) !== String((S.asks.get(c.ask) || { ev: {} }).ev.source)) return;
