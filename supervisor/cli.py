@@ -392,7 +392,8 @@ def _cmd_control(args: argparse.Namespace) -> int:
         else:
             command = getattr(control, args.cmd)(args.session)
     except ValueError as e:
-        print(f"{name}: {e}", file=sys.stderr)
+        from .tools.gist import _safe
+        print(_safe(f"{name}: {e}"), file=sys.stderr)  # it may name what a peer sent
         return 2
     return control.send(url, token, command, ack_window_ms=args.ack_window, wait_s=args.wait)
 

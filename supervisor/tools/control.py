@@ -125,11 +125,16 @@ def find_session(url: str, token: str | None, request: str, *, timeout: float = 
     """The session of the ``attention.requested`` Event whose id is
     ``request``, from what ``url`` holds (one ``from=all&live=0`` read of
     ``/stream``, filtered to that type); ``None`` when it holds no such
-    Event. Raises ``httpx.HTTPError`` when the endpoint cannot be read."""
+    Event. Raises ``httpx.HTTPError`` when the endpoint cannot be read, and
+    ``ValueError`` when asks of more than one session carry that id: an id
+    is unique per emitter only (AEP-0001 §5.1 #2), and anyone who may post
+    can copy a fleet ask's id into a session of its own (issue 25), so the
+    operator names the session instead of the first claimant winning."""
     import httpx
     from httpx_sse import connect_sse
     params = {"filter": json.dumps({"type": "attention.requested"}), "from": "all", "live": "0"}
     headers = {"authorization": f"Bearer {token}"} if token else {}
+    found: dict[str, None] = {}  # the sessions holding it, in order
     with httpx.Client(timeout=timeout, trust_env=False) as client, \
             connect_sse(client, "GET", url.rstrip("/") + "/stream", params=params,
                         headers=headers) as source:
@@ -140,8 +145,14 @@ def find_session(url: str, token: str | None, request: str, *, timeout: float = 
             except ValueError:
                 continue
             if isinstance(ev, dict) and ev.get("id") == request and isinstance(ev.get("session"), str):
-                return ev["session"]
-    return None
+                found.setdefault(ev["session"], None)
+                if len(found) > 1:
+                    break
+    if len(found) > 1:
+        names = ", ".join(sorted(found)[:2])
+        raise ValueError(f"asks of more than one session carry the id {request} ({names}); "
+                         "give its session: respond SESSION REQUEST_ID")
+    return next(iter(found), None)
 
 
 def _linked(cmd_type: str, cmd_id: str, ack: dict[str, Any], events: "queue.Queue[dict[str, Any]]",
@@ -149,13 +160,18 @@ def _linked(cmd_type: str, cmd_id: str, ack: dict[str, Any], events: "queue.Queu
     """Read ``events`` until the command's terminal outcome (returned) or
     ``deadline`` (``None``); every Event linked to the command is shown."""
     linked = {cmd_id, str(ack.get("id"))}
+    # the target's own events only: the ack's emitter (session identity is
+    # emitter-scoped, AEP-0001 §5.2); another emitter naming the command as
+    # its cause in the same session name settles nothing (issue 25)
+    target = ack.get("source")
     terminal = _TERMINAL.get(cmd_type)
     while (left := deadline - time.monotonic()) > 0:
         try:
             ev = events.get(timeout=min(left, 0.5))
         except queue.Empty:
             continue
-        if ev.get("cause") not in linked or ev.get("id") == ack.get("id"):
+        if ev.get("cause") not in linked or ev.get("id") == ack.get("id") or (
+                target is not None and ev.get("source") != target):
             continue
         linked.add(str(ev.get("id")))
         show(ev)
@@ -174,6 +190,7 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
     import aep_sdk
     from aep_sdk.errors import TransportError
 
+    from .gist import _safe
     from .tail import Timeline, _console
 
     out, err = out or sys.stdout, err or sys.stderr
@@ -186,7 +203,7 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
         from .tailstream import ELSEWHERE_HINT, refused
         hint = " (pass --token or set AEP_TOKEN)" if getattr(e, "status", None) in (401, 403) \
             else f" ({ELSEWHERE_HINT})" if refused(e) else ""
-        print(f"{name}: cannot reach {url}: {e}{hint}", file=err)
+        print(_safe(f"{name}: cannot reach {url}: {e}{hint}"), file=err)
         return EXIT_UNREACHABLE
     try:
         try:
@@ -196,17 +213,18 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
                               retries=retries)
         except aep_sdk.NackError as e:
             if e.synthesized:
-                print(f"{name}: no ack from session {command.session} ({e.detail}); "
-                      "is a bridge serving it?", file=err)
+                print(_safe(f"{name}: no ack from session {command.session} ({e.detail}); "
+                            "is a bridge serving it?"), file=err)
                 return EXIT_NO_ACK
-            print(f"{name}: rejected: {e.reason}" + (f" ({e.detail})" if e.detail else ""),
+            # the target's own words (issue 25): escaped, one line, never a forged one
+            print(_safe(f"{name}: rejected: {e.reason}" + (f" ({e.detail})" if e.detail else "")),
                   file=err)
             return EXIT_REJECTED
     finally:
         client.close()
     cmd_id = str(ack.get("cause"))
-    print(f"{name}: accepted by session {command.session} (command {cmd_id}, ack {ack.get('id')})",
-          file=out, flush=True)
+    print(_safe(f"{name}: accepted by session {command.session} (command {cmd_id}, "
+                f"ack {ack.get('id')})"), file=out, flush=True)
     if wait_s <= 0:
         return 0
     return _await_outcome(url, token, command, cmd_id, ack, wait_s=wait_s, out=out, err=err,

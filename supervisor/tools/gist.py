@@ -10,7 +10,11 @@ import json
 from functools import cache
 from typing import Any, Mapping
 
-__all__ = ["gist"]
+__all__ = ["gist", "ask_key", "AskKey", "OUTCOMES"]
+
+OUTCOMES = ("attention.answered", "attention.resolved", "attention.timeout")
+"""The types that settle an ``attention.requested`` (its ``subject``, in its
+own session, from its own emitter: :func:`ask_key`)."""
 
 # vendor (x.*) payload keys worth a glance, in the order shown
 _TELLING = ("tool_name", "tool", "decision", "success", "status", "outcome", "model", "kind",
@@ -240,3 +244,28 @@ def _gist(ev: Mapping[str, Any]) -> str:
         return _vendor_gist(data)
     except Exception:  # noqa: BLE001 -- a summary must never take the timeline down
         return _s(data)
+
+
+AskKey = tuple[Any, Any, str]
+"""An ask's identity: ``(source, session, id)`` of its ``attention.requested``."""
+
+
+def ask_key(ev: Any) -> AskKey | None:
+    """The ask an event is or settles, as ``(source, session, ask id)``: an
+    ``attention.requested`` its own id, an outcome (:data:`OUTCOMES`) its
+    ``subject``; ``None`` for any other event or one without that id.
+
+    An outcome settles only the ask of its own session and emitter:
+    session identity is emitter-scoped and per-session state is keyed by
+    ``(source, session)`` (AEP-0001 §5.2), the emitter owns resolution and
+    its lifecycle events carry the ask's id in ``subject`` (AEP-0002 §7).
+    So an ``attention.resolved`` posted by anyone else, in a session of its
+    own, with a fleet ask's id as ``subject``, settles nothing (issue 25)."""
+    if not isinstance(ev, Mapping):
+        return None
+    type_ = ev.get("type")
+    ref = ev.get("id") if type_ == "attention.requested" else \
+        ev.get("subject") if type_ in OUTCOMES else None
+    if not isinstance(ref, str):
+        return None
+    return (ev.get("source"), ev.get("session"), ref)

@@ -40,7 +40,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.console import Console
 from rich.text import Text
 
-from .gist import _obj, _s, _safe, _tables, gist
+from .gist import AskKey, _obj, _s, _safe, _tables, ask_key, gist
 
 __all__ = ["run", "gist", "parse_filter", "default_url", "Timeline", "DEFAULT_LISTEN",
            "FAMILY_STYLE", "OUTCOME_STYLE", "TIME_W", "AGENT_W", "SESSION_W", "TYPE_W"]
@@ -151,21 +151,22 @@ class Timeline:
     the day of the last event shown.
 
     :meth:`line` renders one event as a ``rich.text.Text`` (plain text via
-    ``.plain``); ``pending`` maps an open request's id to its event.
+    ``.plain``); ``pending`` maps an open request (:func:`.gist.ask_key`:
+    its source, session and id) to its event.
     :meth:`date_line` is the ``── 2026-12-01 ──`` line to show before an
     event from another day than the one before it (or, first, from another
     day than today, UTC), so a recorded event does not read as a clock bug
     and the columns stay aligned. ``full_types``: the type column is not cut
     (a pipe or a file, where the whole name is what a reader greps for)."""
 
-    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pending: dict[AskKey, dict[str, Any]] = field(default_factory=dict)
     full_types: bool = False
     day: str | None = None
-    #: asks known to be settled already (id -> how: ``answered``, ``timed out``...):
+    #: asks known to be settled already (:func:`.gist.ask_key` -> how: ``answered``, ``timed out``...):
     #: a replayed ``attention.requested`` among them is not pending
-    settled: dict[str, str] = field(default_factory=dict)
-    #: the settled asks shown, by id (for their outcome line's ``← prompt``)
-    asked: dict[str, dict[str, Any]] = field(default_factory=dict)
+    settled: dict[AskKey, str] = field(default_factory=dict)
+    #: the settled asks shown, by :func:`.gist.ask_key` (for their outcome line's ``← prompt``)
+    asked: dict[AskKey, dict[str, Any]] = field(default_factory=dict)
 
     def date_line(self, ev: Mapping[str, Any], *, today: str | None = None) -> Text | None:
         day = _day(ev.get("time"))
@@ -197,19 +198,18 @@ class Timeline:
             t.append(_cell(shown, TYPE_W), style)
         t.append(" ")
         summary = gist(ev)
-        subject = str(ev.get("subject"))
-        if type_ == "attention.requested" and isinstance(ev.get("id"), str) \
-                and ev["id"] in self.settled:
-            self.asked[ev["id"]] = dict(ev)
+        key = ask_key(ev)  # an ask, or what an outcome settles: in its own session (issue 25)
+        if type_ == "attention.requested" and key is not None and key in self.settled:
+            self.asked[key] = dict(ev)
             t.append(summary, style)
-            t.append(f"  → {_safe(self.settled[ev['id']])}", "green")
-        elif type_ == "attention.requested" and isinstance(ev.get("id"), str):
-            self.pending[ev["id"]] = dict(ev)
+            t.append(f"  → {_safe(self.settled[key])}", "green")
+        elif type_ == "attention.requested" and key is not None:
+            self.pending[key] = dict(ev)
             t.append(summary, "bold black on yellow")
             t.append("  PENDING", "bold yellow")
-        elif type_ in ("attention.resolved", "attention.timeout") and (
-                subject in self.pending or subject in self.asked):
-            asked = self.pending.pop(subject, None) or self.asked.pop(subject)
+        elif type_ in ("attention.resolved", "attention.timeout") and key is not None and (
+                key in self.pending or key in self.asked):
+            asked = self.pending.pop(key, None) or self.asked.pop(key)
             t.append(f"{summary} ← {_s(_obj(asked.get('data')).get('prompt') or '', 40)}",
                      "bold green")
             left = len(self.pending)
@@ -345,7 +345,7 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
         limit: int | None = None, color: str = "auto", out: TextIO | None = None,
         err: TextIO | None = None, resume_file: Any = None,
         subscribe: Callable[..., Any] | None = None,
-        settled: Callable[..., dict[str, str]] | None = None) -> int:
+        settled: Callable[..., dict[AskKey, str]] | None = None) -> int:
     """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
     events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
     the reason on stderr, exit 1) or is no AEP event stream (exit 1).

@@ -29,14 +29,14 @@ from httpx_sse import EventSource, SSEError
 
 from bridges.core.aep import loads
 
+from .gist import OUTCOMES, AskKey, ask_key
+
 __all__ = ["subscribe", "settled", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
            "OUTCOMES", "SETTLED_MAX", "settle", "ELSEWHERE_HINT", "refused"]
 
 MAX_EVENT = 16 << 20
 """The largest SSE event (characters) read; a larger one ends the subscription."""
 _SEEN = 50_000
-OUTCOMES = ("attention.answered", "attention.resolved", "attention.timeout")
-"""The types that settle an ``attention.requested`` (its ``subject``)."""
 SETTLED_MAX = 100_000
 """The most settled asks :func:`settled` remembers."""
 
@@ -229,9 +229,9 @@ class Stream:
 
 def settled(url: str, *, token: str | None = None,
             from_: str | list[dict[str, Any]] | None = "all",
-            timeout_s: float = 10.0) -> dict[str, str]:
+            timeout_s: float = 10.0) -> dict[AskKey, str]:
     """The asks already settled in what a replay from ``from_`` will show:
-    ``attention.requested`` id -> how it ended (``answered``, the
+    the ask (:func:`ask_key`: source, session, id) -> how it ended (``answered``, the
     ``attention.resolved`` resolution, ``timed out``), read from one
     replay-only request (``GET /stream?from=...&live=0``, AEP-0003 §3.3,
     filtered server-side to :data:`OUTCOMES`) before the live
@@ -246,7 +246,7 @@ def settled(url: str, *, token: str | None = None,
         headers["authorization"] = f"Bearer {token}"
     params = [("filter", json.dumps({"type": list(OUTCOMES)})), ("live", "0"),
               ("from", from_ if isinstance(from_, str) else json.dumps(from_ or []))]
-    out: dict[str, str] = {}
+    out: dict[AskKey, str] = {}
     deadline = time.monotonic() + timeout_s
     try:
         with httpx.Client(timeout=httpx.Timeout(timeout_s), headers=headers,
@@ -268,22 +268,24 @@ def settled(url: str, *, token: str | None = None,
     return out
 
 
-def settle(ev: Any, out: dict[str, str]) -> None:
-    """Note in ``out`` (ask id -> how it ended) what the event ``ev`` settles:
-    an ``attention.timeout`` -> ``timed out``; ``attention.resolved`` -> its
-    ``resolution`` (``resolved`` when none); ``attention.answered`` ->
-    ``answered`` unless a later word is known. Anything else: nothing (AEP
-    0.1 attention lifecycle; shared by :func:`settled` and ``timeline``)."""
-    if not isinstance(ev, dict) or not isinstance(ev.get("subject"), str):
+def settle(ev: Any, out: dict[AskKey, str]) -> None:
+    """Note in ``out`` (:func:`ask_key` -> how it ended) what the event
+    ``ev`` settles: an ``attention.timeout`` -> ``timed out``;
+    ``attention.resolved`` -> its ``resolution`` (``resolved`` when none);
+    ``attention.answered`` -> ``answered`` unless a later word is known.
+    Anything else: nothing (AEP 0.1 attention lifecycle; shared by
+    :func:`settled` and ``timeline``)."""
+    key = ask_key(ev)
+    if key is None or ev.get("type") == "attention.requested":
         return
     type_, data = ev.get("type"), ev.get("data")
     if type_ == "attention.timeout":
-        out[ev["subject"]] = "timed out"
+        out[key] = "timed out"
     elif type_ == "attention.resolved":
         res_ = data.get("resolution") if isinstance(data, dict) else None
-        out[ev["subject"]] = res_ if isinstance(res_, str) and res_ else "resolved"
-    elif type_ == "attention.answered":
-        out.setdefault(ev["subject"], "answered")
+        out[key] = res_ if isinstance(res_, str) and res_ else "resolved"
+    else:
+        out.setdefault(key, "answered")
 
 
 def subscribe(url: str, on_event: Callable[[dict[str, Any]], None], **kw: Any) -> Stream:

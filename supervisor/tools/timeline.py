@@ -8,8 +8,10 @@ asks and date lines; whole type names when not writing to a terminal. An
 ask whose outcome the same input carries (any of the files) is shown with
 it (``→ answered``...), never ``PENDING``: the input is scanned for
 outcomes first (stdin is held in memory for that).
-A line that is not a JSON object is reported on stderr with its line number
-and skipped (``aep-bridges validate`` says more). Exit 0, or 2 when a file
+A line that is not a JSON object, or is over
+:data:`.validate.MAX_LINE` bytes (never read whole: a small ``.gz`` can
+inflate to gigabytes on one line), is reported on stderr with its line
+number and skipped (``aep-bridges validate`` says more). Exit 0, or 2 when a file
 cannot be read."""
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import json
 import sys
 from typing import Iterable, TextIO
 
+from .gist import AskKey
 from .tail import Timeline, _console, _safe
 from .tailstream import OUTCOMES, settle
 
@@ -28,8 +31,12 @@ def render(lines: Iterable[str], timeline: Timeline, print_line, *, name: str,
     """Render each JSONL line through ``timeline`` with ``print_line``
     (a ``rich.text.Text`` each); returns the events shown. Bad lines are
     named on ``err`` (``FILE:LINE: ...``)."""
+    from .validate import LongLine
     shown = 0
     for n, line in enumerate(lines, 1):
+        if isinstance(line, LongLine):
+            print(_safe(f"{name}:{n}: {line.problem}"), file=err)
+            continue
         if not line.strip():
             continue
         try:
@@ -38,7 +45,7 @@ def render(lines: Iterable[str], timeline: Timeline, print_line, *, name: str,
             print(_safe(f"{name}:{n}: not JSON ({e}); skipped"), file=err)
             continue
         if not isinstance(ev, dict):
-            print(f"{name}:{n}: not a JSON object; skipped", file=err)
+            print(_safe(f"{name}:{n}: not a JSON object; skipped"), file=err)
             continue
         if (day := timeline.date_line(ev)) is not None:
             print_line(day)
@@ -47,8 +54,9 @@ def render(lines: Iterable[str], timeline: Timeline, print_line, *, name: str,
     return shown
 
 
-def outcomes(lines: Iterable[str], into: dict[str, str]) -> None:
-    """Note in ``into`` every ask the JSONL ``lines`` settle (ask id -> how,
+def outcomes(lines: Iterable[str], into: dict[AskKey, str]) -> None:
+    """Note in ``into`` every ask the JSONL ``lines`` settle (its
+    :func:`.gist.ask_key` -> how,
     :func:`.tailstream.settle`); only lines naming an outcome type are
     parsed, bad ones skipped (``render`` reports them)."""
     for line in lines:
@@ -86,7 +94,7 @@ def run(names: list[str], *, color: str = "auto", out: TextIO | None = None,
         try:
             render(held.get(name) or read_lines(name), timeline, print_line, name=shown, err=err)
         except OSError as e:
-            print(f"aep-bridges timeline: {shown}: {e.strerror or e}", file=err)
+            print(_safe(f"aep-bridges timeline: {shown}: {e.strerror or e}"), file=err)
             status = 2
         out.flush()
     return status

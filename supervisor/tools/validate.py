@@ -20,11 +20,15 @@ the test suite points it at ``../shared/aep/schemas`` (the ground truth), so
 one implementation serves both.
 
 :func:`run` reads JSONL (a file, a rotated ``.gz`` segment, or ``-`` for
-stdin) and prints one line per problem, ``FILE:LINE: (type id=...): problem``;
-exit 0 (all valid), 1 (problems), 2 (unreadable input)."""
+stdin) and prints one line per problem, ``FILE:LINE: (type id=...): problem``,
+through the timeline's escaping (an event's own words never reach the
+terminal raw); a line over :data:`MAX_LINE` bytes is one such problem, never
+read whole (a small ``.gz`` can inflate to gigabytes on one line); exit 0
+(all valid), 1 (problems), 2 (unreadable input)."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import sys
@@ -37,7 +41,9 @@ from jsonschema import Draft202012Validator, FormatChecker
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-__all__ = ["SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"]
+from .gist import _safe
+
+__all__ = ["MAX_LINE", "LongLine", "SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"]
 
 SHIPPED = Path(__file__).with_name("schemas")
 """The schemas shipped with the package (package data)."""
@@ -177,15 +183,15 @@ class Schemas:
 
     def stream_problems(self, events: Iterable[Any]) -> list[str]:
         """Every problem of ``events`` one by one (``event <i> (...): ...``)
-        and together (module docstring)."""
-        evs = list(events)
+        and together (module docstring): each event's own, then what the
+        cross-event rules say of it, read in one pass (no event is kept)."""
         problems: list[str] = []
-        for i, ev in enumerate(evs):
-            problems += [f"event {i} ({_label(ev)}): {p}" for p in self.event_problems(ev)]
         rules = _StreamRules()
-        for i, ev in enumerate(evs):
+        for i, ev in enumerate(events):
+            label = _label(ev)
+            problems += [f"event {i} ({label}): {p}" for p in self.event_problems(ev)]
             if isinstance(ev, dict):
-                problems += [f"event {i} ({_label(ev)}): {p}" for p in rules.feed(ev)]
+                problems += [f"event {i} ({label}): {p}" for p in rules.feed(ev)]
         return problems
 
 
@@ -217,7 +223,9 @@ class _StreamRules:
     :meth:`feed` returns that event's problems."""
 
     def __init__(self) -> None:
-        self.seen: dict[tuple[Any, Any], str] = {}
+        #: (source, id) -> a digest of the event's content (not the content: a
+        #: long log would be held whole)
+        self.seen: dict[tuple[Any, Any], bytes] = {}
         self.position: dict[tuple[Any, Any], tuple[int, int]] = {}
         self.run_terminal: dict[tuple[Any, Any, Any], Any] = {}
         self.session_end: dict[tuple[Any, Any], Any] = {}
@@ -229,7 +237,8 @@ class _StreamRules:
         src, eid = ev.get("source"), ev.get("id")
         if not isinstance(eid, str):  # no id, nothing to dedupe by (the schema said so)
             return self._order(ev) + self._terminals(ev) + self._attention(ev) + self._acks(ev)
-        canon = json.dumps(ev, sort_keys=True, default=str)
+        canon = hashlib.blake2b(json.dumps(ev, sort_keys=True, default=str).encode(
+            "utf-8", "surrogatepass"), digest_size=16).digest()
         prev = self.seen.get((src, eid))
         if prev is not None:  # a redelivery: dedupe, no further rules
             return [] if prev == canon else [
@@ -349,43 +358,97 @@ _INDEX = re.compile(r"^event (\d+) \(")
 
 def check_lines(lines: Iterable[str], schemas: Schemas) -> tuple[int, list[tuple[int, str]]]:
     """``(events, problems)`` for JSONL ``lines``: each problem as ``(line
-    number, text)``, a line that is no JSON object a problem of its own
-    (blank lines are skipped). Problems come in line order."""
-    events: list[Any] = []
-    numbers: list[int] = []
+    number, text)``, a line that is no JSON object (or a :class:`LongLine`)
+    a problem of its own (blank lines are skipped). Problems come in line
+    order."""
+    numbers: list[int] = []  # each event's line number (an int per event, not the event)
     problems: list[tuple[int, str]] = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            ev = json.loads(line)
-        except ValueError as e:
-            problems.append((n, f"not JSON: {e}"))
-            continue
-        if not isinstance(ev, dict):
-            problems.append((n, f"not a JSON object: {type(ev).__name__}"))
-            continue
-        events.append(ev)
-        numbers.append(n)
-    for text in schemas.stream_problems(events):
+
+    def events() -> Iterator[dict[str, Any]]:
+        for n, line in enumerate(lines, 1):
+            if isinstance(line, LongLine):
+                problems.append((n, line.problem))
+                continue
+            if not line.strip():
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError as e:
+                problems.append((n, f"not JSON: {e}"))
+                continue
+            if not isinstance(ev, dict):
+                problems.append((n, f"not a JSON object: {type(ev).__name__}"))
+                continue
+            numbers.append(n)
+            yield ev
+
+    for text in schemas.stream_problems(events()):
         m = _INDEX.match(text)
         n = numbers[int(m.group(1))] if m else 0
         problems.append((n, text[text.index("("):] if m else text))
     problems.sort(key=lambda p: p[0])
-    return len(events), problems
+    return len(numbers), problems
+
+
+MAX_LINE = 32 << 20
+"""The longest JSONL line read (bytes, its newline included): twice the
+relay's largest event (``AEP_MAX_BODY``, 16 MiB by default), so every event a
+daemon logged fits; a longer line is a :class:`LongLine`."""
+_CHUNK = 1 << 20
+
+
+class LongLine(str):
+    """Stands in for a line over :data:`MAX_LINE` bytes, skipped while read
+    (never held whole): an empty string whose ``size`` is the line's length
+    in bytes (characters on a text stream) and ``problem`` says so."""
+
+    size: int = 0
+
+    @property
+    def problem(self) -> str:
+        return (f"line of {self.size} bytes, over the {MAX_LINE}-byte limit "
+                "(no event is that large); skipped")
+
+
+def _long(size: int) -> LongLine:
+    line = LongLine("")
+    line.size = size
+    return line
+
+
+def _lines(f: Any) -> Iterator[str]:
+    """The lines of the binary (or text) stream ``f``, each read with at
+    most :data:`MAX_LINE` bytes at once: a longer one is read on in chunks
+    to its end, counted and yielded as a :class:`LongLine`."""
+    limit = MAX_LINE
+    while raw := f.readline(limit):
+        if len(raw) >= limit and not raw.endswith(b"\n" if isinstance(raw, bytes) else "\n"):
+            size = len(raw)
+            while chunk := f.readline(_CHUNK):
+                size += len(chunk)
+                if chunk[-1:] in (b"\n", "\n"):
+                    break
+            yield _long(size)
+            continue
+        yield raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
 
 
 def read_lines(name: str) -> Iterator[str]:
-    """The lines of ``name`` (``-``: stdin; ``.gz``: a rotated segment)."""
+    """The lines of ``name`` (``-``: stdin; ``.gz``: a rotated segment), as
+    :func:`_lines` reads them. Raises ``OSError`` when it cannot be read (a
+    truncated ``.gz`` included)."""
     if name == "-":
-        yield from sys.stdin
+        yield from _lines(getattr(sys.stdin, "buffer", sys.stdin))
         return
-    if name.endswith(".gz"):
-        with gzip.open(name, "rt", encoding="utf-8", errors="replace") as z:
-            yield from z
-        return
-    with open(name, encoding="utf-8", errors="replace") as f:
-        yield from f
+    try:
+        if name.endswith(".gz"):
+            with gzip.open(name, "rb") as z:
+                yield from _lines(z)
+            return
+        with open(name, "rb") as f:
+            yield from _lines(f)
+    except EOFError as e:  # a .gz cut short (a segment still being written, a bad copy)
+        raise OSError(f"truncated gzip: {e}") from e
 
 
 def run(names: list[str], *, out: TextIO | None = None, err: TextIO | None = None,
@@ -401,14 +464,14 @@ def run(names: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
         try:
             count, problems = check_lines(read_lines(name), schemas)
         except OSError as e:
-            print(f"aep-bridges validate: {shown}: {e.strerror or e}", file=err)
+            print(_safe(f"aep-bridges validate: {shown}: {e.strerror or e}"), file=err)
             status = 2
             continue
-        for n, text in problems:
-            print(f"{shown}:{n}: {text}", file=out)
+        for n, text in problems:  # an event's id, keys, values: escaped (issue 25)
+            print(_safe(f"{shown}:{n}: {text}"), file=out)
         bad = len({n for n, _ in problems})
-        print(f"{shown}: {count} event(s), " + (f"{len(problems)} problem(s) on {bad} line(s)"
-                                               if problems else "all valid"), file=out)
+        print(_safe(f"{shown}: {count} event(s), ") + (f"{len(problems)} problem(s) on {bad} line(s)"
+                                                     if problems else "all valid"), file=out)
         if problems and status == 0:
             status = 1
     return status

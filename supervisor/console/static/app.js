@@ -6,7 +6,7 @@ import { $, answeredText, el, offerNotifications, str } from './dom.js';
 import { fleetNodes } from './fleet.js';
 import { formFields } from './forms.js';
 import { gist, timelineLine } from './gist.js';
-import { b64url, ulid } from './ids.js';
+import { askKey, b64url, ulid } from './ids.js';
 import { installKeys } from './keys.js';
 import { place, rowButton, virtual } from './lists.js';
 
@@ -27,11 +27,11 @@ import { place, rowButton, virtual } from './lists.js';
     ws: null, live: false, backoff: 500, everConnected: false,
     seen: new Set(),              // `${source}|${id}`: dedupe (AEP-0001 §7.4)
     sessions: new Map(),          // session -> record
-    asks: new Map(),              // attention.requested id -> ask record
+    asks: new Map(),              // askKey(source, session, id) -> ask record
     cmds: new Map(),              // command id -> {ask?, session, verb}
     roster: new Map(),            // session -> control.accepts
     windows: new Map(),           // session -> its target's ack window (ms, from the roster)
-    early: new Map(),             // ask id -> outcomes that arrived before their ask
+    early: new Map(),             // askKey -> outcomes that arrived before their ask
     caps: {},                     // the relay's hello capabilities
     resumeSet: null,              // sessions resumed from positions, until the catch-up is sent
     order: [],                    // sessions sorted by last activity (rebuilt when dirty)
@@ -280,9 +280,9 @@ import { place, rowButton, virtual } from './lists.js';
       case 'control.accepted': case 'control.rejected': onAck(ev, d); break;
       default: break;
     }
-    // a run control's outcome: the domain event cause-linked to it (AEP-0004 §1)
+    // a run control's outcome: the domain event cause-linked to it in its target session (AEP-0004 §1, §6)
     const c = typeof ev.cause === 'string' ? S.cmds.get(ev.cause) : null;
-    if (c && !c.ask && !ev.type.startsWith('control.')) { s.ctl.push(c.verb + ' → ' + ev.type); mark('controls'); }
+    if (c && !c.ask && c.session === sid && !ev.type.startsWith('control.')) { s.ctl.push(c.verb + ' → ' + ev.type); mark('controls'); }
     if (s.state !== 'ended') {
       if (s.pending.size) s.state = 'waiting';
       else if (s.state === 'waiting') s.state = s.run ? 'running' : 'idle';
@@ -292,14 +292,15 @@ import { place, rowButton, virtual } from './lists.js';
   }
 
   function onAsk(ev, s) {
-    if (S.asks.has(ev.id)) return;
-    const ask = { ev, session: s.id, agent: ev.agent, lines: [], settled: false, busy: false, node: null,
+    const key = askKey(ev.source, s.id, ev.id);
+    if (S.asks.has(key)) return;
+    const ask = { ev, key, session: s.id, agent: ev.agent, lines: [], settled: false, busy: false, node: null,
                   seenAt: Date.now(), unacked: null };
-    S.asks.set(ev.id, ask);
-    s.pending.add(ev.id);
+    S.asks.set(key, ask);
+    s.pending.add(key);
     mark('inbox');
-    const early = S.early.get(ev.id);
-    if (early) { S.early.delete(ev.id); for (const o of early) onOutcome(o, o.data && typeof o.data === 'object' ? o.data : {}, s); }
+    const early = S.early.get(key);
+    if (early) { S.early.delete(key); for (const o of early) onOutcome(o, o.data && typeof o.data === 'object' ? o.data : {}, s); }
     if (ask.settled) return;
     if (S.live && document.hidden && 'Notification' in window && Notification.permission === 'granted') {
       const d = ev.data || {};
@@ -308,11 +309,12 @@ import { place, rowButton, virtual } from './lists.js';
   }
 
   function onOutcome(ev, d, s) {
-    const ask = S.asks.get(ev.subject);
+    if (typeof ev.subject !== 'string') return;
+    const key = askKey(ev.source, s.id, ev.subject);   // the ask of this emitter and session only
+    const ask = S.asks.get(key);
     if (!ask) {   // its ask is still to come (replayed on another subscription): kept for it
-      if (typeof ev.subject !== 'string') return;
-      if (!S.early.has(ev.subject)) S.early.set(ev.subject, []);
-      S.early.get(ev.subject).push(ev);
+      if (!S.early.has(key)) S.early.set(key, []);
+      S.early.get(key).push(ev);
       if (S.early.size > MAX_EARLY) S.early.delete(S.early.keys().next().value);
       return;
     }
@@ -329,12 +331,13 @@ import { place, rowButton, virtual } from './lists.js';
   }
   function settleAsk(ask, s) {
     ask.settled = true; ask.busy = false;
-    s.pending.delete(ask.ev.id);
+    s.pending.delete(ask.key);
   }
 
-  function onAck(ev, d) {
+  function onAck(ev, d) {   // its target's: in the command's session (AEP-0004 §6), an answer's from the ask's emitter
     const c = S.cmds.get(ev.cause);
-    if (!c) return;
+    if (!c || ev.session !== c.session) return;
+    if (c.ask && String(ev.source) !== String((S.asks.get(c.ask) || { ev: {} }).ev.source)) return;
     if (ev.type === 'control.accepted') settleCommand(ev.cause, 'accepted by the agent', true);
     else settleCommand(ev.cause, 'rejected: ' + String(d.reason || '') + (d.detail ? ' (' + String(d.detail) + ')' : ''), false);
   }
@@ -378,7 +381,7 @@ import { place, rowButton, virtual } from './lists.js';
     const cmd = again ? again.cmd : command('control.attention.respond', ask.session,
       { subject: ask.ev.id, cause: ask.ev.id, data: { answer: ans } }, capture);
     if (!again) {
-      S.cmds.set(cmd.id, { ask: ask.ev.id, session: ask.session, verb: cmd.type, sends: 0 });
+      S.cmds.set(cmd.id, { ask: ask.key, session: ask.session, verb: cmd.type, sends: 0 });
       ask.sentWith = { label, control };
     }
     if (!send(cmd)) { ask.lines.push(['bad', 'not sent: the socket is down']); mark('inbox'); return; }

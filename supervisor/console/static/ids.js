@@ -17,3 +17,11 @@ export function b64url(text) {
   for (const byte of new TextEncoder().encode(text)) bin += String.fromCharCode(byte);
   return btoa(bin).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
 }
+
+// an ask's identity: its emitter's source, its session, its id. An outcome
+// settles only the ask its own emitter raised in its own session (AEP-0001
+// §5.2: session identity is emitter-scoped; AEP-0002 §7: the emitter owns
+// resolution), never one whose id another session's event names (issue 25)
+export function askKey(source, session, id) {
+  return JSON.stringify([String(source), String(session), String(id)]);
+}

@@ -545,3 +545,53 @@ def test_lists_are_virtualized(relay: DaemonProcess) -> None:
         page.js("document.getElementById('timeline-scroll').scrollTop = 0")
         page.wait(lambda: "step 0" in page.css("#timeline-spacer .row")[0].text, "the top")
         assert page.js("return document.getElementsByTagName('*').length") < 400
+
+
+def _post(url: str, *events: dict) -> httpx.Response:
+    return httpx.post(url + "/events", content="".join(json.dumps(e) + "\n" for e in events),
+                      trust_env=False, timeout=30,
+                      headers={"authorization": f"Bearer {TOKEN}", "aep-version": "0.1",
+                               "content-type": "application/x-ndjson"})
+
+
+def test_a_forged_outcome_from_another_session_leaves_the_ask_in_the_inbox(
+        relay: DaemonProcess) -> None:
+    """Issue 25 (attack 5): anyone who may post reads a fleet ask's id from
+    the stream and posts, in a session of its own, ``attention.resolved``
+    (and ``attention.timeout``) naming that id as ``subject``. An outcome
+    settles only the ask its own emitter raised in its own session
+    (AEP-0001 §5.2, AEP-0002 §7): the ask stays in the inbox until its own
+    emitter resolves it."""
+    with StubTarget(relay.url, TOKEN, agent="victim", session="victim-1") as target, \
+            open_browser() as page:
+        target.emit("session.started", {})
+        ask = target.emit("attention.requested", {
+            "kind": "permission", "prompt": "deploy prod", "respond_via": ["control"],
+            "options": [{"id": "once", "label": "Allow"}]}, subject="Bash")
+        login(page, relay.url)
+        page.card(ask["id"])
+        page.wait(lambda: page.one("#inbox-count").text == "1", "the ask counted")
+        forged = [{"aep": "0.1", "id": f"FORGED{i}", "type": t, "time": ask["time"],
+                   "agent": "alice-agent", "source": "urn:alice:1", "session": sess, "seq": i + 1,
+                   "severity": "notice", "subject": ask["id"], "data": d}
+                  for i, (t, sess, d) in enumerate([
+                      ("attention.resolved", "alice-own", {"resolution": "answered"}),
+                      ("attention.timeout", "alice-own", {}),
+                      ("attention.resolved", "alice-two", {"resolution": "dismissed"})])]
+        r = _post(relay.url, *forged)
+        assert r.status_code == 202, r.text
+        keys = [f"urn:alice:1|{f['id']}" for f in forged]
+        page.wait(lambda: page.js("return arguments[0].every((k) => window.aepConsole.seen.has(k))",
+                                  keys), "the forgeries read by the page")
+        # a later ask of the victim drawn: the page has redrawn after the forgeries
+        later = target.emit("attention.requested", {"kind": "input", "prompt": "later"}, subject="q")
+        page.card(later["id"])
+        page.wait(lambda: page.one("#inbox-count").text == "2", "both asks counted")
+        assert page.css(f'#inbox-list [data-ask="{ask["id"]}"]'), page.text()
+        assert not page.css(f'#settled-list [data-ask="{ask["id"]}"]')
+        assert "resolved" not in page.status(ask["id"]) and "timed out" not in page.status(ask["id"])
+        # its own emitter, in its own session, does settle it
+        target.emit("attention.resolved", {"resolution": "dismissed"}, subject=ask["id"])
+        page.one(f'#settled-list [data-ask="{ask["id"]}"]', "the ask settled by its emitter")
+        page.wait(lambda: page.one("#inbox-count").text == "1", "one ask left")
+        assert page.console_errors() == []

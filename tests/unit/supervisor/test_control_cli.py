@@ -61,3 +61,22 @@ def test_no_ack_exits_4_and_unreachable_exits_1():
     status = control.send(f"http://127.0.0.1:{free_port()}", None, control.pause("s1"),
                           out=io.StringIO(), err=err)
     assert status == control.EXIT_UNREACHABLE == 1 and "cannot reach" in err.getvalue()
+
+
+def test_the_outcome_is_the_targets_own_not_a_namesakes():
+    # issue 25: another emitter, in the same session name, cause-linked to the
+    # command (its id is on the stream), does not end the wait; the target's does
+    import queue
+    import time
+    ack = {"id": "ACK", "type": "control.accepted", "cause": "CMD", "session": "s1",
+           "source": "aep://box/agent/claude-code/session/s1"}
+    forged = {"id": "F", "type": "attention.resolved", "cause": "CMD", "session": "s1",
+              "source": "urn:alice:1", "subject": "REQ1", "data": {"resolution": "answered"}}
+    real = {**forged, "id": "R", "source": ack["source"]}
+    events: queue.Queue = queue.Queue()
+    for ev in (forged, real):
+        events.put(ev)
+    shown: list = []
+    got = control._linked("control.attention.respond", "CMD", ack, events,
+                          time.monotonic() + 60, shown.append)
+    assert got is real and shown == [real]

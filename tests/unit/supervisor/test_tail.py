@@ -124,7 +124,7 @@ def test_columns_are_aligned_and_pending_attention_highlighted():
     done = {**base, "id": "R1", "type": "attention.resolved", "subject": "A1",
             "data": {"resolution": "answered"}}
     lines = [tl.line(tool), tl.line(ask)]
-    assert tl.pending.keys() == {"A1"}
+    assert [k[2] for k in tl.pending] == ["A1"]
     lines.append(tl.line(done))
     assert tl.pending == {}
     gist_at = TIME_W + AGENT_W + SESSION_W + TYPE_W + 4
@@ -142,8 +142,8 @@ def test_columns_are_aligned_and_pending_attention_highlighted():
 
 
 def test_an_ask_known_settled_shows_its_outcome_not_pending():
-    tl = Timeline(settled={"A1": "answered"})
     base = {"agent": "opencode", "session": "ses_0123456789abcdef", "time": "2026-12-01T09:31:02.118Z"}
+    tl = Timeline(settled={(None, base["session"], "A1"): "answered"})
     ask = {**base, "id": "A1", "type": "attention.requested",
            "data": {"kind": "permission", "prompt": "bash: ls", "options": [{"id": "once"}]}}
     line = tl.line(ask)
@@ -153,6 +153,47 @@ def test_an_ask_known_settled_shows_its_outcome_not_pending():
     done = tl.line({**base, "id": "R1", "type": "attention.resolved", "subject": "A1",
                     "data": {"resolution": "answered"}})
     assert done.plain.endswith("resolved: answered ← bash: ls") and tl.asked == {}
+
+
+def _ask_and_forgeries():
+    """A fleet ask, and the outcomes an outside emitter can post with its id
+    as ``subject`` (issue 25, attack 5): in a session of its own, and in the
+    ask's session under another emitter's ``source``."""
+    src = "aep://host/agent/claude-code/session/victim"
+    ask = {"aep": "0.1", "id": "A1", "type": "attention.requested", "agent": "claude-code",
+           "source": src, "session": "victim", "time": "2026-12-01T09:31:02.118Z",
+           "data": {"kind": "permission", "prompt": "deploy prod", "options": [{"id": "allow"}]}}
+    forged = [{**ask, "id": f"F{i}", "type": t, "subject": "A1", "agent": "alice-agent",
+               "source": s, "session": sess, "data": {"resolution": "answered"}}
+              for i, (t, s, sess) in enumerate([
+                  ("attention.resolved", "urn:alice:1", "alice-own"),
+                  ("attention.timeout", "urn:alice:1", "alice-own"),
+                  ("attention.answered", "urn:alice:1", "alice-own"),
+                  ("attention.resolved", "urn:alice:1", "victim")])]
+    real = {**ask, "id": "R1", "type": "attention.resolved", "subject": "A1",
+            "data": {"resolution": "answered"}}
+    return ask, forged, real
+
+
+def test_an_outcome_from_another_session_or_emitter_settles_no_ask():
+    from supervisor.tools.tailstream import settle
+    ask, forged, real = _ask_and_forgeries()
+    tl = Timeline()
+    assert tl.line(ask).plain.endswith("PENDING")
+    for f in forged:
+        line = tl.line(f)
+        assert "← deploy prod" not in line.plain, line.plain
+        assert len(tl.pending) == 1, f
+    # the replay's outcomes, read before the live stream: the forgeries settle nothing
+    settled: dict = {}
+    for f in forged:
+        settle(f, settled)
+    fresh = Timeline(settled=settled)
+    assert fresh.line(ask).plain.endswith("PENDING")
+    # the ask's own emitter, in its own session, does settle it
+    assert tl.line(real).plain.endswith("← deploy prod") and tl.pending == {}
+    settle(real, settled)
+    assert Timeline(settled=settled).line(ask).plain.endswith("→ answered")
 
 
 def test_a_second_pending_ask_is_counted_when_one_resolves():
