@@ -15,6 +15,7 @@ test (so the tests survive the relay/serving restructuring).
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -189,11 +190,31 @@ def healthz_once(url: str, timeout: float) -> float | None:
     return time.monotonic() - t0 if r.status_code == 200 else None
 
 
+def wedge_budget(base_s: float) -> float:
+    """How long a ``/healthz`` may take before the daemon counts as stalled:
+    ``base_s`` on a machine with a core to spare, scaled by the one-minute
+    load per core past 1 (on a box at load 11 with 2 cores, the daemon's
+    loop gets about a fifth of a core, so a second of honest work is five of
+    wall time: a clean-clone CI run beside other engineers' suites failed
+    a 5 s budget that way). A stalled loop (the attacks these tests guard
+    against held it for minutes) still exceeds it."""
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return base_s * max(1.0, per_core)
+
+
 class HealthProbe:
     """Probe ``/healthz`` every ``interval`` s in a thread (each probe with
-    ``timeout`` s) until :meth:`stop`; ``latencies`` holds each result."""
+    ``timeout`` s) until :meth:`stop`; ``latencies`` holds each result.
+    ``budget_s``: with it, ``timeout`` is :func:`wedge_budget` of it, read
+    when the probe starts and again when it stops (the larger, in
+    :attr:`budget`), so :meth:`stalled` judges by the machine's load."""
 
-    def __init__(self, url: str, *, interval: float = 0.2, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, *, interval: float = 0.2, timeout: float = 10.0,
+                 budget_s: float | None = None) -> None:
+        self.budget_s = budget_s
+        if budget_s is not None:
+            timeout = wedge_budget(budget_s)
+        self.budget = timeout
         self.url, self.interval, self.timeout = url, interval, timeout
         self.latencies: list[float | None] = []
         self._stop = threading.Event()
@@ -214,6 +235,17 @@ class HealthProbe:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(self.timeout + 5)
+        if self.budget_s is not None:
+            self.budget = max(self.budget, wedge_budget(self.budget_s))
+
+    def stalled(self) -> str | None:
+        """Why the daemon counts as stalled (a probe failed or took past
+        :attr:`budget`), with every latency and the load; else ``None``."""
+        if self.worst < self.budget:
+            return None
+        return (f"/healthz stalled: worst {self.worst:.2f} s over a budget of "
+                f"{self.budget:.1f} s (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+                f"cores): {self.latencies}")
 
     @property
     def worst(self) -> float:

@@ -115,7 +115,7 @@ def test_several_attacks_at_once_leave_healthz_fast_and_sigterm_clean(tmp_path):
                 post_events(d.url, evs)
                 time.sleep(0.3)
 
-        with HealthProbe(d.url, interval=0.2, timeout=5) as probe:
+        with HealthProbe(d.url, interval=0.2, budget_s=4.0) as probe:
             threads = [attack(f) for f in (subscribe_flood, subscribe_flood, gzip_bomb, gzip_bomb,
                                            slow_bodies, stuck_readers, forgery, huge_filter,
                                            blob_traffic)]
@@ -128,7 +128,7 @@ def test_several_attacks_at_once_leave_healthz_fast_and_sigterm_clean(tmp_path):
         # a stall, not a speed: a starved loop leaves /healthz unanswered for
         # the attack's length (tens of seconds); a loaded 2-core machine
         # answers it in well under a second most of the time, 1-2 s at worst
-        assert probe.worst < 4.0, f"/healthz stalled {probe.worst:.2f}s: {probe.latencies}"
+        assert probe.stalled() is None, probe.stalled()
         assert post_otlp(d.http_port, otlp_json([otlp_record("victim")])).status_code == 200
         time.sleep(0.5)
         after = [e for e in _stream_all(d.url) if e.get("session") == "victim"]

@@ -37,7 +37,7 @@ from tests.support.hardening import (
     ws_upgrade,
 )
 
-WEDGE_S = 5.0  # a /healthz slower than this is a stalled loop, not a busy box
+WEDGE_S = 5.0  # a /healthz slower than this (scaled by the load: wedge_budget) is a stalled loop
 
 
 def _relay(tmp_path, env=None, **kw) -> DaemonProcess:
@@ -91,9 +91,9 @@ def test_ws_subscribe_flood_then_disconnect_never_wedges_the_daemon(tmp_path):
         s.sendall(flood)
         time.sleep(0.5)
         s.close()  # never read a byte
-        with HealthProbe(d.url, timeout=WEDGE_S) as probe:
+        with HealthProbe(d.url, budget_s=WEDGE_S) as probe:
             time.sleep(6)
-        assert probe.worst < WEDGE_S, f"/healthz stalled: {probe.latencies}"
+        assert probe.stalled() is None, probe.stalled()
         _wait(lambda: _counts(d)["connections"] == 0 and _counts(d)["subscribers"] == 0,
               20, "the closed socket's subscriptions and tasks ended")
         grown = rss_kib(d.proc.pid) - base_rss
@@ -109,14 +109,14 @@ def test_sse_connect_and_close_flood_never_stalls_the_daemon(tmp_path):
         _fill(d)
         req = (f"GET /stream?from=all HTTP/1.1\r\nHost: 127.0.0.1:{d.port}\r\n"
                "Accept: text/event-stream\r\n\r\n").encode()
-        with HealthProbe(d.url, timeout=WEDGE_S) as probe:
+        with HealthProbe(d.url, budget_s=WEDGE_S) as probe:
             socks = [raw_connect(d.port, req, rcvbuf=4096) for _ in range(200)]
             for s in socks:
                 assert s.recv(1024)  # the stream started (headers, replay under way)
             for s in socks:
                 s.close()
             time.sleep(5)
-        assert probe.worst < WEDGE_S, f"/healthz stalled: {probe.latencies}"
+        assert probe.stalled() is None, probe.stalled()
         _wait(lambda: _counts(d)["subscribers"] == 0, 20, "the closed streams ended")
         _stop_ok(d)
     finally:
@@ -165,12 +165,12 @@ def test_gzip_of_many_empty_members_never_freezes_the_daemon(fleet_daemon):
         answer["took"] = time.monotonic() - t0
 
     t = threading.Thread(target=send)
-    with HealthProbe(d.url, timeout=WEDGE_S) as probe:
+    with HealthProbe(d.url, budget_s=WEDGE_S) as probe:
         t.start()
         t.join(120)
         time.sleep(0.5)
     assert answer.get("status") in (400, 413), answer
-    assert probe.worst < WEDGE_S, f"/healthz stalled during the gzip request: {probe.latencies}"
+    assert probe.stalled() is None, f"during the gzip request: {probe.stalled()}"
     assert answer["took"] < 20, answer
     assert d.healthz()["ok"] is True
 
@@ -258,7 +258,7 @@ def test_bodiless_posts_at_the_fd_limit_never_take_the_daemon_down(tmp_path):
                 "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n").encode()
         otlp = (f"POST /v1/logs HTTP/1.1\r\nHost: 127.0.0.1:{d.http_port}\r\n"
                 "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n").encode()
-        with HealthProbe(d.url, timeout=WEDGE_S, interval=0.5) as probe:
+        with HealthProbe(d.url, budget_s=WEDGE_S, interval=0.5) as probe:
             for i in range(1100):
                 port, payload = (d.http_port, otlp) if i % 4 == 3 else (d.port, post)
                 try:
