@@ -239,3 +239,30 @@ def test_vendor_strings_at_metadata_are_bounded_and_marked():
     (sub,) = claude_map({"hook_event_name": "SubagentStop", "session_id": "s",
                          "agent_id": long}, _policy())
     assert sub["subject"] == "k" * bounds.META_MAX + bounds.CUT
+
+
+async def test_a_spool_line_whose_mapping_fails_is_counted_and_the_next_one_taken(tmp_path):
+    def failing_compacts(moment, posture):
+        if moment.get("hook_event_name") == "PostCompact":
+            raise ValueError("a mapper bug")
+        return CLAUDE.map_hook(moment, posture)
+
+    def line(hid, payload):
+        return json.dumps({"id": hid, "agent": "claude-code", "spooled_at_ms": 1,
+                           "payload": {"session_id": "sp", **payload}}) + "\n"
+
+    (tmp_path / "claude-code.jsonl").write_text(
+        line("a" * 32, {"hook_event_name": "PostCompact"})
+        + line("b" * 32, {"hook_event_name": "UserPromptSubmit"}))
+    rig = Rig(dataclasses.replace(CLAUDE, map_hook=failing_compacts),
+              HookConfig(spool_dir=tmp_path))
+    async with trio.open_nursery() as n:
+        await rig.start(n)
+        for _ in range(5000):  # bounded: the sweep runs every 50 ms here
+            if rig.ctx.health.counters.get("hooks_spooled_ingested"):
+                break
+            await trio.sleep(0.001)
+        n.cancel_scope.cancel()
+    assert rig.types() == ["run.started"]
+    assert rig.ctx.health.counters["hooks_map_failed"] == 1
+    assert not list(tmp_path.iterdir())
