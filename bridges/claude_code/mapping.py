@@ -34,6 +34,7 @@ from typing import Any
 
 from bridges.core.bridge import Emission
 from bridges.core.posture import Posture
+from bridges.hooks_common.bounds import meta
 from bridges.hooks_common.forms import questions_form, schema_form
 from bridges.hooks_common.handlers import CORE, Handler, dispatch, duration, kept, nothing
 from bridges.hooks_common.mapping import fallback, obj, permission_ask, s, tool_emission
@@ -58,23 +59,23 @@ def _notification(m: dict[str, Any], posture: Posture) -> list[Emission]:
         return []
     if kind == "idle_prompt":
         return [{"type": "agent.idle", "data": {"reason": "idle_prompt"}}]
-    data: dict[str, Any] = {"phase": kind or "notification"}
+    data: dict[str, Any] = {"phase": meta(posture, kind) or "notification"}
     if s(m.get("message")):
         data["message"] = m["message"]
     return [{"type": "progress.status", "data": data}]
 
 
-def _tool_failed(m: dict[str, Any]) -> Emission:
+def _tool_failed(m: dict[str, Any], posture: Posture) -> Emission:
     err: dict[str, Any] = {"type": "interrupted" if m.get("is_interrupt") is True else "tool_error"}
     if s(m.get("error")):
         err["message"] = m["error"]
-    return tool_emission("tool.failed", m, error=err, **duration(m))
+    return tool_emission("tool.failed", m, posture, error=err, **duration(m))
 
 
-def _task(m: dict[str, Any], done: bool) -> Emission:
+def _task(m: dict[str, Any], posture: Posture, done: bool) -> Emission:
     task: dict[str, Any] = {}
-    if s(m.get("task_id")):
-        task["id"] = m["task_id"]
+    if tid := meta(posture, m.get("task_id")):
+        task["id"] = tid
     if s(m.get("task_subject")):
         task["title"] = m["task_subject"]
     data: dict[str, Any] = {"task": task}
@@ -92,7 +93,7 @@ def _run_failed(m: dict[str, Any], posture: Posture) -> list[Emission]:
     # 2.1.197: ``error`` is the category ("unknown", "rate_limit"...), the
     # API error text rides in ``last_assistant_message`` (content)
     err = m.get("error")
-    reason = (s(obj(err).get("type")) if isinstance(err, dict) else s(err)) or "error"
+    reason = meta(posture, obj(err).get("type") if isinstance(err, dict) else err) or "error"
     e: dict[str, Any] = {"type": reason}
     text = s(obj(err).get("message")) or s(m.get("last_assistant_message"))
     if text:
@@ -109,13 +110,13 @@ def _permission(m: dict[str, Any], posture: Posture) -> list[Emission]:
 def _elicitation(m: dict[str, Any], posture: Posture) -> list[Emission]:
     return [schema_form(posture, m.get("message"),
                         m.get("requested_schema") or m.get("requestedSchema"),
-                        s(m.get("mcp_server_name")))]
+                        meta(posture, m.get("mcp_server_name")))]
 
 
 def _display(m: dict[str, Any], posture: Posture) -> list[Emission]:
     # model text streamed to the screen (2.1.197: ``delta``, ``index``, ``final``):
     # content (gated), debug (per chunk)
-    data = kept(m, FALLBACK_KEEP)
+    data = kept(m, FALLBACK_KEEP, posture)
     text = s(m.get("delta")) or s(m.get("text"))
     if text:
         data["delta"] = text
@@ -125,7 +126,7 @@ def _display(m: dict[str, Any], posture: Posture) -> list[Emission]:
 
 def _expansion(m: dict[str, Any], posture: Posture) -> list[Emission]:
     data = {"prompt": m["prompt"]} if s(m.get("prompt")) else {}
-    return [fallback(posture, "UserPromptExpansion", {**kept(m, FALLBACK_KEEP), **data},
+    return [fallback(posture, "UserPromptExpansion", {**kept(m, FALLBACK_KEEP, posture), **data},
                      gating={"levels": {"prompt": "redacted"}})]
 
 
@@ -134,12 +135,12 @@ TABLE: dict[str, Handler] = {
     "SessionEnd": lambda m, p: [{"type": "session.ended",
                                  "data": {"reason": END_REASONS.get(str(m.get("reason")), "normal")}}],
     "StopFailure": _run_failed,
-    "PostToolUseFailure": lambda m, p: [_tool_failed(m)],
+    "PostToolUseFailure": lambda m, p: [_tool_failed(m, p)],
     "PermissionRequest": _permission,
-    "PermissionDenied": lambda m, p: [tool_emission("tool.denied", m, by="policy")],
+    "PermissionDenied": lambda m, p: [tool_emission("tool.denied", m, p, by="policy")],
     "Notification": _notification,
-    "TaskCreated": lambda m, p: [_task(m, False)],
-    "TaskCompleted": lambda m, p: [_task(m, True)],
+    "TaskCreated": lambda m, p: [_task(m, p, False)],
+    "TaskCompleted": lambda m, p: [_task(m, p, True)],
     "TeammateIdle": lambda m, p: [{"type": "agent.idle", "data": {"reason": "teammate_idle"}}],
     "Elicitation": _elicitation,
     "ElicitationResult": nothing,  # settles the open form (the hub), no event of its own

@@ -24,8 +24,9 @@ from typing import Any
 
 from bridges.core.bridge import Emission
 from bridges.core.posture import Posture
+from bridges.hooks_common.bounds import meta
 from bridges.hooks_common.handlers import CORE, Handler, dispatch
-from bridges.hooks_common.mapping import fallback, permission_ask, s
+from bridges.hooks_common.mapping import fallback, permission_ask
 
 __all__ = ["AGENT", "TABLE", "USAGE", "gate_ask", "map_hook"]
 
@@ -44,11 +45,15 @@ def _model_plane(m: dict[str, Any], posture: Posture) -> list[Emission]:
     # 0.171.0: {kind, request_id, attempt_number, model}; Post adds status, error,
     # token_usage: the structural ones ride at metadata, never the error text
     data: dict[str, Any] = {}
-    if s(m.get("model")):
-        data["gen_ai.request.model"] = m["model"]
+    if model := meta(posture, m.get("model")):
+        data["gen_ai.request.model"] = model
     for k in ("kind", "status", "attempt_number"):
-        if isinstance(m.get(k), (str, int)) and not isinstance(m.get(k), bool):
-            data[k] = m[k]
+        v = m.get(k)
+        if isinstance(v, str):
+            if (t := meta(posture, v)) is not None:
+                data[k] = t
+        elif isinstance(v, int) and not isinstance(v, bool):
+            data[k] = v
     usage = m.get("token_usage")
     if isinstance(usage, dict):
         for k, name in USAGE.items():

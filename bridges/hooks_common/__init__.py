@@ -5,7 +5,8 @@ the command shim (:mod:`.shim`) a vendor runs for each hook.
 :mod:`.config` (the ``AEP_<VENDOR>_*`` settings generated from a profile),
 :mod:`.mapping` (pure emission builders) and :mod:`.handlers` (the shared
 event handlers, :data:`~.handlers.CORE`, and :func:`~.handlers.dispatch`),
-:mod:`.forms` (AEP-0006 forms), :mod:`.answers` (an answer -> a decision),
+:mod:`.forms` (AEP-0006 forms), :mod:`.bounds` (what one moment may put
+into events: nesting, size, ``metadata`` strings), :mod:`.answers` (an answer -> a decision),
 :mod:`.session` (per-session state, no I/O), :mod:`.hub` (a moment's path:
 dedupe, runs, pairing, holds), :mod:`.endpoint` (``POST /hooks/<agent>``),
 :mod:`.spool` (ingesting what the shim spooled), :mod:`.control` (the
@@ -15,5 +16,5 @@ package imports the modules listed here, never another vendor.
 Import-free on purpose: the shim is started once per hook on the agent's
 critical path, and importing this package must cost nothing."""
 
-__all__ = ["answers", "bridge", "config", "control", "endpoint", "forms", "handlers", "hub",
+__all__ = ["answers", "bounds", "bridge", "config", "control", "endpoint", "forms", "handlers", "hub",
            "mapping", "profile", "session", "shim", "spool"]

@@ -114,7 +114,10 @@ def _value_error(f: dict[str, Any], v: object) -> str | None:
         if not items or not all(isinstance(x, str) and x for x in items):
             return f"field {fid} takes {'choice ids' if f.get('multi') else 'a choice id'}"
         if not f.get("other") and any(x not in ids for x in items):
-            return f"field {fid}: not one of its choices"
+            cut = f.get("x-truncated")
+            more = f" (the request carries {len(ids)} of its {cut['choices']} choices: answer " \
+                "the others in the agent)" if isinstance(cut, dict) and "choices" in cut else ""
+            return f"field {fid}: not one of its choices{more}"
         return None
     return None if isinstance(v, str) else f"field {fid} takes text"
 

@@ -4,6 +4,9 @@ listener (``ctx.mounts``; the Host guard, the no-browser-``Origin`` rule and
 
 - The body is the vendor's hook JSON; not a JSON object -> ``400
   {"error": ...}`` (counted ``hooks_bad_body``).
+- A moment whose mapping fails (a bridge bug) -> ``500 {"error": ...}``
+  (counted ``hooks_map_failed``; the shim spools it, and its hook id is
+  not remembered: the spooled copy is taken).
 - ``X-AEP-Hook-Id`` (the shim's, else one is made) dedupes;
   ``X-AEP-Hook-Spooled: <Unix ms>`` marks a replayed moment (never held;
   its events carry that time, a live moment's its arrival).
@@ -21,7 +24,7 @@ import trio
 from bridges.core.asgi import Receive, Scope, Send, header, read_body, respond
 from bridges.core.signed import PROOF_HEADER, SIGNED_KEY, body_matches
 
-from .hub import HookHub, now_ms
+from .hub import HookHub, MappingFailed, now_ms
 from .mapping import moment_ms, spooled_ms
 
 __all__ = ["BODY_MAX", "HookEndpoint"]
@@ -67,8 +70,12 @@ class HookEndpoint:
             return
         hook_id = header(scope, b"x-aep-hook-id")
         mark = header(scope, b"x-aep-hook-spooled")
-        outcome = await self.hub.handle(moment, hook_id=hook_id, spooled=mark is not None,
-                                        at_ms=moment_ms(now_ms(), spooled_ms(mark)))
+        try:
+            outcome = await self.hub.handle(moment, hook_id=hook_id, spooled=mark is not None,
+                                            at_ms=moment_ms(now_ms(), spooled_ms(mark)))
+        except MappingFailed:  # counted by the hub; the shim spools it, its id left unseen
+            await respond(send, 500, {"error": "the moment could not be mapped"})
+            return
         if outcome.ask is None:
             await respond(send, 200, outcome.reply, headers=proven)
             return

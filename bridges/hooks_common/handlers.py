@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 
 from bridges.core.bridge import Emission
 from bridges.core.posture import Posture
+from bridges.hooks_common.bounds import meta
 from bridges.hooks_common.mapping import fallback, obj, permission_ask, s, tool_emission
 
 __all__ = ["CORE", "Handler", "compacted", "dispatch", "duration", "kept", "nothing",
@@ -33,10 +34,19 @@ Handler = Callable[[dict[str, Any], Posture], list[Emission]]
 """``(moment, posture) -> [emission]``: one event's mapping."""
 
 
-def kept(m: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+def kept(m: dict[str, Any], keys: Iterable[str], posture: Posture) -> dict[str, Any]:
     """The scalar fields of ``m`` named in ``keys`` (structural ones: names
-    of things, never content), for a fallback type's ``data``."""
-    return {k: m[k] for k in keys if isinstance(m.get(k), (str, int, bool))}
+    of things, never content), for a fallback type's ``data``; strings
+    through :func:`~.bounds.meta` (redacted, bounded)."""
+    out: dict[str, Any] = {}
+    for k in keys:
+        v = m.get(k)
+        if isinstance(v, str):
+            if (t := meta(posture, v)) is not None:
+                out[k] = t
+        elif isinstance(v, (int, bool)):
+            out[k] = v
+    return out
 
 
 def duration(m: dict[str, Any]) -> dict[str, Any]:
@@ -48,10 +58,10 @@ def duration(m: dict[str, Any]) -> dict[str, Any]:
 def session_started(m: dict[str, Any], posture: Posture) -> list[Emission]:
     """``session.started``: client, trigger (``source``), model, cwd."""
     data: dict[str, Any] = {"client": {"name": posture.agent}}
-    if s(m.get("source")):
-        data["trigger"] = m["source"]
-    if s(m.get("model")):
-        data["gen_ai.request.model"] = m["model"]
+    if trigger := meta(posture, m.get("source")):
+        data["trigger"] = trigger
+    if model := meta(posture, m.get("model")):
+        data["gen_ai.request.model"] = model
     if s(m.get("cwd")):
         data["cwd"] = m["cwd"]
     return [{"type": "session.started", "data": data}]
@@ -80,13 +90,13 @@ def run_finished(m: dict[str, Any], posture: Posture) -> list[Emission]:
 
 def tool_requested(m: dict[str, Any], posture: Posture) -> list[Emission]:
     """``tool.requested``, ``args`` = ``tool_input`` (content)."""
-    return [tool_emission("tool.requested", m, args=obj(m.get("tool_input")))]
+    return [tool_emission("tool.requested", m, posture, args=obj(m.get("tool_input")))]
 
 
 def tool_completed(m: dict[str, Any], posture: Posture) -> list[Emission]:
     """``tool.completed``, ``result`` = ``tool_response`` (content), duration."""
     resp = m.get("tool_response")
-    return [tool_emission("tool.completed", m, **duration(m),
+    return [tool_emission("tool.completed", m, posture, **duration(m),
                           result=resp if isinstance(resp, (dict, str)) else {"value": resp})]
 
 
@@ -99,15 +109,16 @@ def subagent(m: dict[str, Any], posture: Posture) -> list[Emission]:
     """``delegation.subagent.started`` (``SubagentStart``, with
     ``agent_type``) or ``.stopped``; subject ``agent_id``."""
     start = m.get("hook_event_name") == "SubagentStart"
-    data = {"agent_type": m["agent_type"]} if start and s(m.get("agent_type")) else {}
+    kind = meta(posture, m.get("agent_type")) if start else None
     return [{"type": "delegation.subagent.started" if start else "delegation.subagent.stopped",
-             "data": data, "subject": s(m.get("agent_id")) or "subagent"}]
+             "data": {"agent_type": kind} if kind else {},
+             "subject": meta(posture, m.get("agent_id")) or "subagent"}]
 
 
 def compacted(m: dict[str, Any], posture: Posture) -> list[Emission]:
     """``session.compacted`` (``trigger``): said once, after the compaction."""
-    return [{"type": "session.compacted",
-             "data": {"trigger": m["trigger"]} if s(m.get("trigger")) else {}}]
+    trigger = meta(posture, m.get("trigger"))
+    return [{"type": "session.compacted", "data": {"trigger": trigger} if trigger else {}}]
 
 
 def nothing(m: dict[str, Any], posture: Posture) -> list[Emission]:
@@ -143,5 +154,5 @@ def dispatch(table: dict[str, Handler], m: dict[str, Any], posture: Posture, *,
     ev = (event if event is not None else s(m.get("hook_event_name"))) or ""
     handler = table.get(ev)
     if handler is None:
-        return [fallback(posture, ev, kept(m, keep))]
+        return [fallback(posture, ev, kept(m, keep, posture))]
     return handler(m, posture)

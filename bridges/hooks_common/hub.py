@@ -16,7 +16,11 @@ Counters: ``hooks_received``, ``hooks_duplicate``, ``hooks_no_session``,
 ``hooks_spool_malformed``, ``hooks_spool_foreign``, ``hooks_bad_body``, ``hooks_session_reended`` (a
 resumed session's later end, emitted as ``x.<agent>.session.session_end``),
 ``stamp_errors``, ``hooks_release_dropped`` (an open ask's dismissal the
-channel refused at the run's end),
+channel refused at the run's end), ``hooks_map_failed`` (a moment whose
+mapping raised: a bridge bug; :class:`MappingFailed`, the endpoint answers
+500 and the shim spools it), ``hooks_too_deep`` (a moment cut at
+:data:`~.bounds.DEPTH_MAX` levels), ``hooks_event_oversize`` (a mapped
+emission over :data:`~.bounds.EVENT_MAX`, degraded by :func:`~.bounds.fit`),
 ``instructions_delivered``, ``instructions_dropped``, ``sessions_refused``.
 
 New sessions (each a session log file) go through a token bucket
@@ -26,6 +30,11 @@ live or spooled, of a session this run has not seen while the bucket is
 empty is not mapped and not logged, is answered with no decision (the
 vendor goes on) and counted ``sessions_refused``, with at most one log line
 a minute. A session already known always passes.
+
+Dedupe: a hook id is remembered as seen once its moment's events are out
+(a failed attempt leaves it unseen: the shim's spooled copy of it is then
+taken, not dropped as a repeat); a second delivery of an id still being
+handled waits for the first, then is a repeat unless the first failed.
 
 Time: every event of a moment carries the moment's own time (``time``,
 Unix ms): a live moment's arrival, a spooled one's ``spooled_at_ms``
@@ -50,13 +59,14 @@ from bridges.core.limits import BURST_S, PeerLog, SessionBucket
 from bridges.core.posture import Posture
 
 from .answers import Decision
+from .bounds import fit, shallow
 from .config import HookConfig
 from .mapping import elapsed_ms, fallback
 from .profile import HookProfile, Moment
 from .session import REQUESTED_MAX, Ask, Instruction, Sessions, SessionState, bounded_key, tool_key
 
-__all__ = ["COUNTERS", "HOOK_ID_MAX", "HookHub", "Outcome", "REQUESTED_MAX", "SEEN_MAX",
-           "TIMEOUT_MARGIN_S", "now_ms"]
+__all__ = ["COUNTERS", "HOOK_ID_MAX", "HookHub", "MappingFailed", "Outcome", "REQUESTED_MAX",
+           "SEEN_MAX", "TIMEOUT_MARGIN_S", "now_ms"]
 
 TIMEOUT_MARGIN_S = 5.0
 """A hold ends at least this long before the vendor's own hook timeout."""
@@ -69,7 +79,12 @@ COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held
             "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
             "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
             "instructions_delivered", "instructions_dropped", "sessions_refused",
-            "hooks_release_dropped")
+            "hooks_release_dropped", "hooks_map_failed", "hooks_too_deep", "hooks_event_oversize")
+
+
+class MappingFailed(Exception):
+    """A moment's mapping raised (counted ``hooks_map_failed``, logged
+    without its input); its hook id stays unseen."""
 
 
 def now_ms() -> int:
@@ -104,6 +119,8 @@ class HookHub:
         self._in_turn = profile.tool_pre | profile.tool_post | profile.permission_events \
             | profile.run_closes
         self.seen: OrderedDict[str, None] = OrderedDict()
+        #: hook ids being handled now -> set when that handling ends
+        self._inflight: dict[str, trio.Event] = {}
         self._ids = Ulids()
         rate = config.new_sessions_per_s
         self.new_sessions = SessionBucket(rate, rate * BURST_S)
@@ -123,16 +140,28 @@ class HookHub:
             self.ctx.log.warning("%s: cannot stamp %s: %s", self.profile.key, em.get("type"), e)
             return None
 
-    def _dedupe(self, hook_id: str | None) -> bool:
-        """True when ``hook_id`` was seen already (the moment is a repeat)."""
+    async def _claim(self, hook_id: str | None) -> str | None:
+        """The id to mark seen once handled (``None``: not deduped on), or
+        raise :class:`_Repeat` when ``hook_id`` was seen already. A delivery
+        of an id in flight waits for that one's end first."""
         if not hook_id or len(hook_id) > HOOK_ID_MAX:
-            return False
+            return None
+        while (busy := self._inflight.get(hook_id)) is not None:
+            await busy.wait()
         if hook_id in self.seen:
-            return True
-        self.seen[hook_id] = None
-        if len(self.seen) > SEEN_MAX:
-            self.seen.popitem(last=False)
-        return False
+            raise _Repeat
+        self._inflight[hook_id] = trio.Event()
+        return hook_id
+
+    def _release(self, hook_id: str | None, handled: bool) -> None:
+        """End the claim on ``hook_id``; ``handled``: remember it as seen."""
+        if hook_id is None:
+            return
+        self._inflight.pop(hook_id).set()
+        if handled:
+            self.seen[hook_id] = None
+            if len(self.seen) > SEEN_MAX:
+                self.seen.popitem(last=False)
 
     # -- one moment ----------------------------------------------------------------
     async def handle(self, moment: Moment, *, hook_id: str | None = None,
@@ -144,26 +173,47 @@ class HookHub:
         the ``time`` of each of its events and the clock of its durations."""
         at = now_ms() if at_ms is None else at_ms
         health = self.ctx.health
-        if self._dedupe(hook_id):
+        try:
+            claim = await self._claim(hook_id)
+        except _Repeat:
             health.count("hooks_duplicate")
             return Outcome(self.profile.neutral(self.profile.event(moment)))
+        handled = False
+        try:
+            outcome, handled = await self._handle(moment, spooled, at)
+        finally:
+            self._release(claim, handled)
+        return outcome
+
+    async def _handle(self, moment: Moment, spooled: bool, at: int) -> tuple[Outcome, bool]:
+        """:meth:`handle` past dedupe; ``(outcome, whether the moment was
+        taken)``: a refused one is not (a later send of it is no repeat)."""
+        health = self.ctx.health
         health.count("hooks_received")
         sid = self.profile.session(moment)
         if sid is None:
             health.count("hooks_no_session")
-            return Outcome(self.profile.neutral(self.profile.event(moment)))
+            return Outcome(self.profile.neutral(self.profile.event(moment))), True
         if self._refused(sid):
-            if hook_id is not None:
-                self.seen.pop(hook_id, None)  # not taken: a later send of it is not a repeat
-            return Outcome(self.profile.neutral(self.profile.event(moment)))
+            return Outcome(self.profile.neutral(self.profile.event(moment))), False
+        moment, cut = shallow(moment)
+        if cut:
+            health.count("hooks_too_deep")
         st, evicted = self.sessions.touch(sid)
         if evicted is not None:
             await self._drop_queue(evicted, "session-forgotten")
         mark = self.ctx.log_mark()
         async with st.lock:
-            outcome = await self._map(st, moment, spooled, at)
+            try:
+                outcome = await self._map(st, moment, spooled, at)
+            except Exception as e:  # a bridge bug: counted, said, the moment left unseen
+                health.count("hooks_map_failed")
+                self.ctx.log.warning("%s: cannot map a %s moment (%s); answered 500, not "
+                                     "remembered as seen", self.profile.key,
+                                     self.profile.event(moment)[:64] or "?", type(e).__name__)
+                raise MappingFailed(type(e).__name__) from e
         await self.ctx.logged_since(mark)
-        return outcome
+        return outcome, True
 
     def _refused(self, sid: str) -> bool:
         """Whether ``sid`` is a new session past the new-session bucket
@@ -188,6 +238,11 @@ class HookHub:
         await self._runs(st, ev, m, at)
         ask: Ask | None = None
         for em in p.map_hook(m, posture):
+            em, size = fit(em)
+            if size is not None:
+                self.ctx.health.count("hooks_event_oversize")
+                self.ctx.log.warning("%s: a %s of %d bytes went out without its largest "
+                                     "members (x-truncated)", p.key, em["type"], size)
             got = await self._one(st, ev, m, self._once(st, ev, em, posture), spooled, at)
             ask = got or ask
         if ev in p.session_ends:
@@ -247,9 +302,11 @@ class HookHub:
                     and self.config.gated(m.get("tool_name")):
                 return await self._gate(st, m, out["id"], at)
         elif t == "attention.requested":
+            via = (em.get("data") or {}).get("respond_via")
             return self._register(st, em, out["id"], m, at,
                                   held=self.config.control_open and not spooled
-                                  and (ev in p.permission_events or ev in p.form_events))
+                                  and (ev in p.permission_events or ev in p.form_events)
+                                  and isinstance(via, list) and "control" in via)
         return None
 
     def _cause(self, st: SessionState, em: Emission, m: Moment, at: int) -> str | None:
@@ -485,3 +542,7 @@ class HookHub:
         await self._drop_queue(st, "session-ended", at)
         st.ended = True
         self.sessions.drop(st.id)
+
+
+class _Repeat(Exception):
+    """A hook id already seen (:meth:`HookHub._claim`)."""

@@ -5,7 +5,10 @@ plus ``gating`` hints for the stamper's capture gate). Content rides in the
 fields the type's table grades (``args`` full, ``prompt`` redacted...): the
 stamper's gate drops or redacts it to the ceiling and computes the
 ``*_digest`` fields from the original. ``transcript_path`` is never read.
-No I/O, no clock, never raises for a JSON-shaped moment.
+Every vendor string a mapper puts in a ``metadata`` field (or the
+subject) goes through :func:`~.bounds.meta`: the run's redaction and
+:data:`~.bounds.META_MAX` characters. No I/O, no clock, never raises for a
+JSON-shaped moment.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from typing import Any
 from bridges.core.bridge import Emission
 from bridges.core.naming import fallback_type
 from bridges.core.posture import Posture
+
+from .bounds import meta
 
 __all__ = ["ALLOW_DENY", "PROMPT_ARG_MAX", "elapsed_ms", "fallback", "moment_ms", "obj",
            "permission_ask", "permission_prompt", "s", "spooled_ms", "tool_emission", "tool_ref"]
@@ -74,18 +79,20 @@ def fallback(posture: Posture, event: str, data: dict[str, Any] | None = None,
     return em
 
 
-def tool_ref(moment: dict[str, Any]) -> dict[str, Any]:
-    """``{name, call_id?}`` from ``tool_name`` / ``tool_use_id``."""
-    ref: dict[str, Any] = {"name": s(moment.get("tool_name")) or "unknown"}
-    call = s(moment.get("tool_use_id"))
+def tool_ref(moment: dict[str, Any], posture: Posture) -> dict[str, Any]:
+    """``{name, call_id?}`` from ``tool_name`` / ``tool_use_id`` (each
+    through :func:`~.bounds.meta`)."""
+    ref: dict[str, Any] = {"name": meta(posture, moment.get("tool_name")) or "unknown"}
+    call = meta(posture, moment.get("tool_use_id"))
     if call:
         ref["call_id"] = call
     return ref
 
 
-def tool_emission(type_: str, moment: dict[str, Any], **data: Any) -> Emission:
+def tool_emission(type_: str, moment: dict[str, Any], posture: Posture,
+                  **data: Any) -> Emission:
     """A ``tool.*`` emission with ``tool`` and ``subject`` = the tool name."""
-    ref = tool_ref(moment)
+    ref = tool_ref(moment, posture)
     return {"type": type_, "data": {"tool": ref, **data}, "subject": ref["name"]}
 
 
@@ -111,10 +118,11 @@ def permission_ask(posture: Posture, moment: dict[str, Any]) -> Emission:
     the allow/deny options and ``respond_via`` (``control`` when the ask is
     answerable here, else ``oob``: answered in the agent's own UI)."""
     tool = s(moment.get("tool_name")) or "unknown"
+    name = meta(posture, tool) or "unknown"
     return {"type": "attention.requested",
             "data": {"kind": "permission",
                      "prompt": permission_prompt(tool, moment.get("tool_input")),
                      "options": [dict(o) for o in ALLOW_DENY],
                      "respond_via": ["control" if posture.answerable else "oob"]},
-            "subject": tool,
+            "subject": name,
             "gating": {"structural": ("options[].label",)}}

@@ -13,7 +13,8 @@ dedupe by hook id covers a repeat. A malformed line is counted
 (read line by line: a huge file costs one line of memory); a file another
 user owns, a symlink, or anything but a regular file (a FIFO would block
 ``open(2)`` on the event loop: every file is opened ``O_NONBLOCK``) is
-never read (``hooks_spool_foreign``).
+never read (``hooks_spool_foreign``). A line whose mapping fails is
+counted by the hub (``hooks_map_failed``) and skipped.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import trio
 
 from bridges.core.envelope import Ulids
 
-from .hub import HookHub, now_ms
+from .hub import HookHub, MappingFailed, now_ms
 from .mapping import moment_ms
 
 __all__ = ["INTERVAL_S", "LINE_MAX", "Foreign", "Spooled", "claim", "ingest", "parse_line",
@@ -162,8 +163,11 @@ async def ingest(hub: HookHub, path: Path) -> int:
             if rec is None:
                 health.count("hooks_spool_malformed")
                 continue
-            await hub.handle(rec.moment, hook_id=rec.id, spooled=True,
-                             at_ms=moment_ms(now_ms(), rec.at_ms))
+            try:
+                await hub.handle(rec.moment, hook_id=rec.id, spooled=True,
+                                 at_ms=moment_ms(now_ms(), rec.at_ms))
+            except MappingFailed:  # counted hooks_map_failed by the hub; the next line goes on
+                continue
             health.count("hooks_spooled_ingested")  # once its events are out and logged
             fed += 1
     try:
