@@ -46,6 +46,12 @@ class AguiBridge:
 
     name = "agui"
 
+    #: the proxy is unauthenticated and the run input's ``threadId`` becomes
+    #: the session: the relay keeps this bridge out of a session another
+    #: agent's bridge claims and evicts its buffers before the fleet's
+    #: authenticated bridges' (``supervisor/relay/pins.py``)
+    open_sessions = True
+
     def __init__(self, config: AguiConfig, policy: CapturePolicy | None = None,
                  problems: list[str] | None = None) -> None:
         self.config = config

@@ -258,6 +258,7 @@ class Relay(StampedRuns):
         """Counts for an authorized ``/healthz`` (topology stays behind auth)."""
         return {
             "sessions": len(self.buffers),
+            "sessions_pinned": self.buffers.pinned,
             "buffered_bytes": self.buffers.bytes,
             "subscribers": len(self.fanout),
             "connections": len(self._conns),

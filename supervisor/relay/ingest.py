@@ -471,13 +471,15 @@ class Ingest(Routing):
     def _admit(self, e: Entry, conn: Connection | None) -> None:
         self.counters["events"] += 1
         if e.pos is not None:
+            fleet = False  # an authenticated fleet bridge's: evicted after the open kind (.pins)
             if conn is not None and conn.can_claim:
                 if self.claims.claim(conn, e.attrs["session"]):
                     self._bind(e, conn)
                 self.claims.own_source(conn, e.attrs["source"])
+                fleet = isinstance(conn, LocalEmitter) and not conn.open_sessions
             self._admitted += 1
             e.n = self._admitted
-            self.buffers.admit(e)
+            self.buffers.admit(e, fleet)
         # agent.* and seq-less foreign events are live-only; every event is
         # fanned out as received, duplicates included (AEP-0003 §5)
         run = self._run
