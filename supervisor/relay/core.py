@@ -269,7 +269,8 @@ class Relay(StampedRuns):
     # -- connections -------------------------------------------------------------
     def attach_emitter(self, hello: dict[str, Any],
                        deliver: Callable[[dict[str, Any]], Awaitable[Any]], *,
-                       open_sessions: bool = False) -> LocalEmitter:
+                       open_sessions: bool = False, source_base: str | None = None
+                       ) -> LocalEmitter:
         """Attach an in-process emitter (a fleet bridge): ``hello`` is the
         AEP-0003 §4 hello object (role ``emitter``/``both``,
         ``identity.agent``, ``identity.instance``, ``capabilities.emits``,
@@ -277,11 +278,16 @@ class Relay(StampedRuns):
         awaited with each command envelope routed to this connection's
         sessions. ``open_sessions``: the bridge's session ids are chosen by
         unauthenticated senders (OTLP), so it may not enter a session a
-        bridge of another agent claims. Raises ``ValueError`` for a bad
-        hello, :class:`RelayClosed` after :meth:`close`."""
+        bridge of another agent claims. ``source_base``: the bridge's
+        ``aep://{host}/agent/{agent}``: every source at or under it is
+        refused to anyone but the fleet from now on (:meth:`.connections.Claims.reserve`).
+        Raises ``ValueError`` for a bad hello, :class:`RelayClosed` after
+        :meth:`close`."""
         if self.closing:
             raise RelayClosed("relay is shutting down")
         conn = LocalEmitter(self, hello, deliver, open_sessions=open_sessions)
+        if source_base is not None:
+            self.claims.reserve(source_base)
         self._conns.add(conn)
         return conn
 

@@ -80,12 +80,22 @@ class Ingest(Routing):
         another live emitter connection (a fleet bridge or an uplinked
         emitter): anyone who reads ``/stream`` learns a bridge's source and
         epoch, and a forged position would push its real events out
-        (issue 10 #8). ``conn`` ``None`` is ``POST /events``."""
-        owner = self.claims.source_owner(e.attrs["source"])
+        (issue 10 #8). ``conn`` ``None`` is ``POST /events``. A source at or
+        under a fleet bridge's ``aep://{host}/agent/{agent}``
+        (:meth:`.connections.Claims.reserve`, from the daemon's start) is
+        refused to every party but the fleet's own connections, used yet
+        or not (fifth outside attack on issue 25)."""
+        source = e.attrs["source"]
+        owner = self.claims.source_owner(source)
         if owner is not None and owner is not conn:
             self.counters["refused_owned_source"] += 1
             raise InvalidEvent("this source belongs to a connected emitter; only that "
                                "connection may send under it")
+        if not isinstance(conn, LocalEmitter) and self.claims.fleet_source(source):
+            self.counters["refused_owned_source"] += 1
+            raise InvalidEvent("this source is a bridge of this daemon's (aep://{host}/agent/"
+                               "{agent}, its agent-scoped and per-session sources); only that "
+                               "bridge may send under it")
 
     def check_session_owner(self, e: Entry, conn: Connection | None) -> None:
         """Raise :class:`InvalidEvent` (counted ``refused_owned_session``)
