@@ -73,10 +73,6 @@ class Claims:
         self.max_sessions = max_sessions
         self._holders: dict[str, dict[Connection, None]] = {}
         self._sources: dict[str, Connection] = {}  # source -> its live owning emitter
-        #: the fleet's source bases, casefolded (:meth:`reserve`), and each with
-        #: a "/" after it (``startswith`` takes the tuple)
-        self._fleet_bases: set[str] = set()
-        self._fleet_under: tuple[str, ...] = ()
 
     def claim(self, conn: Connection, session: str) -> bool:
         """``conn`` sent a sequenced event of ``session``; whether it is a
@@ -132,26 +128,6 @@ class Claims:
             old, _ = conn.sources.popitem(last=False)
             if self._sources.get(old) is conn:
                 del self._sources[old]
-
-    def reserve(self, base: str) -> None:
-        """Every source at or under ``base`` (a fleet bridge's
-        ``aep://{host}/agent/{agent}``: its agent-scoped source, and its
-        per-session ones under ``/session/``) is the fleet's from now on,
-        before its bridge's first event (fifth outside attack on issue 25:
-        a post under ``aep://{host}/agent/claude-code`` was accepted)."""
-        b = base.casefold()
-        if b not in self._fleet_bases:
-            self._fleet_bases.add(b)
-            self._fleet_under += (b + "/",)
-
-    def fleet_source(self, source: str) -> bool:
-        """Whether ``source`` is at or under a base :meth:`reserve` took
-        (compared casefolded: an authority is case-insensitive, and a
-        source that differs only in case reads as the bridge's)."""
-        if not self._fleet_under:
-            return False
-        s = source.casefold()
-        return s in self._fleet_bases or s.startswith(self._fleet_under)
 
     def source_owner(self, source: str) -> Connection | None:
         """The live connection that owns ``source``, if any."""

@@ -23,6 +23,7 @@ from .bindings import FLEET, Bindings, is_verified, key
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
 from .connections import Connection, LocalEmitter, Unavailable
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
+from .fleetsources import FleetSources
 from .newsessions import NewSessionBudget, SessionKey, TooManySessions
 from .routing import Routing
 
@@ -49,6 +50,7 @@ class Ingest(Routing):
 
     buffers: SessionBuffers
     bindings: Bindings
+    fleet_sources: FleetSources
     strict_identity: bool
     _admitted: int
     _run: list[Entry | list[Held]] | None
@@ -82,7 +84,7 @@ class Ingest(Routing):
         epoch, and a forged position would push its real events out
         (issue 10 #8). ``conn`` ``None`` is ``POST /events``. A source at or
         under a fleet bridge's ``aep://{host}/agent/{agent}``
-        (:meth:`.connections.Claims.reserve`, from the daemon's start) is
+        (:mod:`.fleetsources`, from the daemon's start) is
         refused to every party but the fleet's own connections, used yet
         or not (fifth outside attack on issue 25)."""
         source = e.attrs["source"]
@@ -91,7 +93,7 @@ class Ingest(Routing):
             self.counters["refused_owned_source"] += 1
             raise InvalidEvent("this source belongs to a connected emitter; only that "
                                "connection may send under it")
-        if not isinstance(conn, LocalEmitter) and self.claims.fleet_source(source):
+        if not isinstance(conn, LocalEmitter) and self.fleet_sources.owns(source):
             self.counters["refused_owned_source"] += 1
             raise InvalidEvent("this source is a bridge of this daemon's (aep://{host}/agent/"
                                "{agent}, its agent-scoped and per-session sources); only that "

@@ -7,8 +7,7 @@ fresh sessions under ``aep://{host}/agent/claude-code`` (the source of the
 Claude Code bridge's agent-scoped events, ``agent.idle``...) and under a
 per-session source it had not used yet were accepted. Now every source at
 or under a fleet bridge's ``aep://{host}/agent/{agent}`` is the fleet's
-from the daemon's start (``supervisor/relay/connections.py``
-``Claims.reserve``): refused ``invalid-event``, counted
+from the daemon's start (``supervisor/relay/fleetsources.py``): refused ``invalid-event``, counted
 ``refused_owned_source``, before the bridge's first event too. Naming the
 agent (``agent: claude-code``) under a source of one's own stays accepted
 with ``AEP_STRICT_IDENTITY=0`` (documented: ``agent`` is an asserted name).
