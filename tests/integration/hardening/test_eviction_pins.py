@@ -22,6 +22,8 @@ from __future__ import annotations
 import subprocess
 import uuid
 
+import httpx
+
 from tests.integration.hooks.test_daemon import BASH, Background, HookDaemon, ask_of, moment
 from tests.support.daemon import console_script
 from tests.support.hardening import otlp_json, otlp_record, post_otlp, stream_events
@@ -74,6 +76,11 @@ def test_an_otlp_flood_of_new_sessions_does_not_evict_a_held_ask(tmp_path):
         counters = _counters(d)  # the flood's buffers went, counted by kind
         assert counters["sessions_evicted_open"] >= 2 * CAP, counters
         assert counters["sessions_evicted_fleet"] == 0, counters
+        metrics = httpx.get(d.url + "/metrics", headers={"authorization": f"Bearer {d.token}"},
+                            timeout=10, trust_env=False).text
+        open_evicted = [line for line in metrics.splitlines() if line.startswith(
+            'aep_bridges_relay_sessions_evicted_total{kind="open"}')]
+        assert open_evicted and float(open_evicted[0].split()[-1]) >= 2 * CAP, open_evicted
     finally:
         stream.close()
         d.stop(timeout=20)
