@@ -119,7 +119,10 @@ SETTINGS: tuple[Setting, ...] = (
             "session logs (`logs/{agent}/{session}.jsonl`) and the persisted epoch; "
             "an absolute path (a relative one is refused)"),
     Setting("AEP_BUFFER", "`10000`", "relay replay buffer, events per session"),
-    Setting("AEP_MAX_SESSIONS", "`500`", "relay session cap (least recently written evicted)"),
+    Setting("AEP_MAX_SESSIONS", "`500`",
+            "relay session cap (least recently written evicted: OTLP, AG-UI and remote posts "
+            "first, then the authenticated bridges'; a session with an open ask is kept, up to "
+            "a quarter of the cap)"),
     Setting("AEP_MAX_BODY", "`16777216`",
             "relay `POST /events` body limit in bytes (413 above it)"),
     Setting("AEP_MAX_BATCH", "`10000`",
@@ -138,7 +141,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_BUFFER_BYTES", "`8388608`", "relay replay buffer bytes per session (oldest "
             "trimmed first; a resume from before them gets `replay-exhausted`)"),
     Setting("AEP_BUFFER_TOTAL_BYTES", "`268435456`", "relay replay bytes for all sessions "
-            "together (least recently written evicted first)"),
+            "together (least recently written trimmed first, in `AEP_MAX_SESSIONS`' order)"),
     Setting("AEP_CORS_ORIGINS", "unset", "comma-separated browser origins "
             "(`https://dash.example:8443`) allowed to read and post cross-origin and to open "
             "`/socket`; unset: no cross-origin access without a token (with `AEP_TOKEN`, any "

@@ -216,7 +216,8 @@ class Fleet(Pump, HandOff):
         if self.relay is not None:
             conn = self.relay.attach_emitter(
                 hello, self._inbox_deliver(m),
-                open_sessions=bool(getattr(m.bridge, "open_sessions", False)))
+                open_sessions=bool(getattr(m.bridge, "open_sessions", False)),
+                source_base=m.ctx.stamper.source(None))  # its sources are its own from now on
             sink = _RelaySink(conn)
         else:
             from .delivery.uplink import Uplink

@@ -33,7 +33,7 @@ from .config import AguiConfig
 from .mapping import Posture
 from .proxy import TeeProxy, new_client
 from .sse import Budget
-from .tee import Tee, run_input_ids
+from .tee import NewSessions, Tee, run_input_ids
 
 EMITS = ("run", "tool", "state", "x.agui")
 PROBE_INITIAL, PROBE_MAX = 1.0, 30.0
@@ -45,6 +45,12 @@ class AguiBridge:
     config's problem lines, reported by :meth:`preflight`."""
 
     name = "agui"
+
+    #: the proxy is unauthenticated and the run input's ``threadId`` becomes
+    #: the session: the relay keeps this bridge out of a session another
+    #: agent's bridge claims and evicts its buffers before the fleet's
+    #: authenticated bridges' (``supervisor/relay/pins.py``)
+    open_sessions = True
 
     def __init__(self, config: AguiConfig, policy: CapturePolicy | None = None,
                  problems: list[str] | None = None) -> None:
@@ -95,7 +101,8 @@ class AguiBridge:
 class AguiRun(BridgeRun):
     """Everything one run of the bridge owns (the fleet's handle on it):
     the upstream ``client``, the proxy ``app``, the bound ``address``, the
-    ``budget`` of event bytes its tees hold together (``AEP_AGUI_MAX_BUFFERED``)."""
+    ``budget`` of event bytes its tees hold together (``AEP_AGUI_MAX_BUFFERED``),
+    the ``new_sessions`` budget (``AEP_AGUI_NEW_SESSIONS_PER_S``)."""
 
     config: AguiConfig = field(default_factory=AguiConfig)
     posture: Posture = field(default_factory=Posture)
@@ -104,18 +111,21 @@ class AguiRun(BridgeRun):
     app: TeeProxy | None = None
     address: Address | None = None
     budget: Budget = field(default_factory=Budget)
+    new_sessions: NewSessions | None = None
 
     def open_tee(self, body_peek: bytes) -> Tee:
         """A tee for one event stream, scoped by the POSTed run input's ids."""
         assert self.ctx is not None
         session, run = run_input_ids(body_peek)
         return Tee(self.ctx, self.posture, session_hint=session, run_hint=run,
-                   max_event=self.config.max_event, budget=self.budget)
+                   max_event=self.config.max_event, budget=self.budget,
+                   admit=self.new_sessions.admit if self.new_sessions is not None else None)
 
     async def serve(self, task_status: trio.TaskStatus[BridgeRun | None]) -> None:
         ctx, client = self.ctx, self.client
         assert ctx is not None and client is not None
         self.budget = Budget(self.config.max_buffered)
+        self.new_sessions = NewSessions(ctx, self.config.new_sessions_per_s)
         self.app = TeeProxy(self.config.upstream, client, self.open_tee, ctx.health)
         async with trio.open_nursery() as nursery:
             self.address = await nursery.start(self._listen)

@@ -14,6 +14,7 @@ from typing import Mapping
 
 import httpx
 
+from bridges.core.limits import BURST_S
 from bridges.core.settings import EnvReader, Setting, check_fields, parse_hostport, url_problem
 
 from .sse import DEFAULT_MAX_BUFFERED, DEFAULT_MAX_EVENT
@@ -21,6 +22,9 @@ from .target import Upstream
 
 DEFAULT_LISTEN = "127.0.0.1:8790"
 DEFAULT_AGENT = "agui"
+NEW_SESSIONS_PER_S = 20
+"""New sessions (each a ``threadId``) a second the tee maps, by default (bursts of
+:data:`bridges.core.limits.BURST_S` seconds of it; issue 25, fifth outside attack)."""
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("AEP_AGUI_UPSTREAM", "unset (required when enabled)",
@@ -40,6 +44,11 @@ SETTINGS: tuple[Setting, ...] = (
             "bytes of unfinished SSE events the tee holds across all streams; an event that "
             "would go past it still passes through to the UI untouched, unparsed, counted "
             "`agui.over_budget`"),
+    Setting("AEP_AGUI_NEW_SESSIONS_PER_S", f"`{NEW_SESSIONS_PER_S}`",
+            f"new sessions (`threadId`s, each a session log file) a second the tee maps, in "
+            f"bursts of {BURST_S} seconds of it; past it a new session's stream still passes "
+            "through to the UI untouched but is not mapped or logged, counted "
+            "`sessions_refused`; known sessions always pass"),
     Setting("AEP_AGENT_NAME", f"`{DEFAULT_AGENT}`",
             "the AEP agent id the AG-UI bridge emits as (a proxy cannot know the agent's name)"),
 )
@@ -52,7 +61,8 @@ class AguiConfig:
     """``upstream``: base URL without trailing slash (``""`` when unset);
     ``listen``: ``(host, port)``; ``deltas``: the delta opt-in;
     ``max_event``: the SSE parse cap in bytes; ``max_buffered``: the bytes
-    of unfinished events held across streams; ``agent``: the AEP agent id.
+    of unfinished events held across streams; ``new_sessions_per_s``: the
+    new-session budget; ``agent``: the AEP agent id.
     Raises ``TypeError`` for a field of the wrong type."""
 
     upstream: str = ""
@@ -60,6 +70,7 @@ class AguiConfig:
     deltas: bool = False
     max_event: int = DEFAULT_MAX_EVENT
     max_buffered: int = DEFAULT_MAX_BUFFERED
+    new_sessions_per_s: int = NEW_SESSIONS_PER_S
     agent: str = DEFAULT_AGENT
 
     def __post_init__(self) -> None:
@@ -89,6 +100,8 @@ def from_env(env: Mapping[str, str]) -> tuple[AguiConfig, list[str]]:
                           maximum=1 << 30, unit="bytes")
     max_buffered = r.integer("AEP_AGUI_MAX_BUFFERED", DEFAULT_MAX_BUFFERED, minimum=1024,
                              maximum=1 << 40, unit="bytes")
+    rate = r.integer("AEP_AGUI_NEW_SESSIONS_PER_S", NEW_SESSIONS_PER_S, minimum=1,
+                     maximum=100_000)
     agent = (r.text("AEP_AGENT_NAME") or DEFAULT_AGENT).strip() or DEFAULT_AGENT
     return AguiConfig(upstream=upstream, listen=listen, deltas=deltas, max_event=max_event,
-                      max_buffered=max_buffered, agent=agent), r.problems
+                      max_buffered=max_buffered, new_sessions_per_s=rate, agent=agent), r.problems

@@ -16,15 +16,21 @@ parsed), ``agui.emitted``, ``agui.malformed`` (not JSON, not an object, no
 ``agui.over_budget`` (would have taken the bytes held across streams past
 ``AEP_AGUI_MAX_BUFFERED``: passed through unparsed, like an oversized one),
 ``agui.truncated`` (the stream ended inside an event), ``agui.unscoped``
-(nothing to stamp it into: no ``threadId`` seen), ``agui.stamp_errors``.
+(nothing to stamp it into: no ``threadId`` seen), ``agui.stamp_errors``,
+``sessions_refused`` (a new session past ``AEP_AGUI_NEW_SESSIONS_PER_S``,
+once per stream and session: :class:`NewSessions`; its stream still
+passes through to the UI untouched, its events are not emitted).
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Callable
+
+import trio
 
 from bridges.core.bridge import BridgeContext, Saturated
+from bridges.core.limits import BURST_S, PeerLog, SessionBucket
 
 from .mapping import Posture, malformed
 from .sse import Budget, SseEvent, SseParser
@@ -60,19 +66,55 @@ def decode(ev: SseEvent) -> tuple[Any, str | None]:
         return None, "not_json"
 
 
+class NewSessions:
+    """The new-session budget of one run of the proxy (issue 25, fifth
+    outside attack: 1,500 unauthenticated runs, each with a new
+    ``threadId``, made 1,500 session log files): the shared
+    :class:`~bridges.core.limits.SessionBucket` of the hook bridges and
+    ACP, ``per_s`` a second in bursts of :data:`~bridges.core.limits.BURST_S`
+    seconds of it (``AEP_AGUI_NEW_SESSIONS_PER_S``). :meth:`admit` answers
+    for a session a stream is about to emit into: a session this run's
+    stamper knows never costs a token; past the bucket it is refused,
+    counted ``sessions_refused``, with a rate-limited log line."""
+
+    def __init__(self, ctx: BridgeContext, per_s: int) -> None:
+        self.ctx = ctx
+        self.bucket = SessionBucket(per_s, per_s * BURST_S)
+        self._log = PeerLog(ctx.log)
+        ctx.health.counters.setdefault("sessions_refused", 0)
+
+    def admit(self, session: str) -> bool:
+        if self.ctx.stamper.knows(session):
+            return True
+        now = trio.current_time()
+        if self.bucket.take(now):
+            return True
+        self.ctx.health.count("sessions_refused")
+        self._log.note("new-sessions", now, "agui: new sessions (threadIds) arrive faster than "
+                       "AEP_AGUI_NEW_SESSIONS_PER_S; their streams pass through to the UI "
+                       "unmapped and unlogged (counted sessions_refused)")
+        return False
+
+
 class Tee:
     """One stream's tee. ``ctx``: where emissions go; ``posture``: capture +
     deltas; ``session_hint``/``run_hint``: the POSTed input's ids;
     ``max_event``: the SSE parse cap in bytes; ``budget``: the bytes held
-    across the proxy's streams (:class:`~bridges.agui.sse.Budget`)."""
+    across the proxy's streams (:class:`~bridges.agui.sse.Budget`);
+    ``admit(session) -> bool``: whether a session not emitted into by this
+    stream yet may be (:meth:`NewSessions.admit`; default: every one)."""
 
     def __init__(self, ctx: BridgeContext, posture: Posture, *, session_hint: str | None = None,
                  run_hint: str | None = None, max_event: int | None = None,
-                 budget: Budget | None = None) -> None:
+                 budget: Budget | None = None,
+                 admit: Callable[[str], bool] | None = None) -> None:
         self.ctx = ctx
         self.parser = SseParser(max_event or SseParser().max_event, budget)
         self.state = TeeStream(posture, session_hint=session_hint, run_hint=run_hint)
         self._saturated_warned = False
+        self._admit = admit
+        #: the sessions this stream was answered for (a stream has one, rarely two)
+        self._verdicts: dict[str, bool] = {}
 
     def feed(self, chunk: bytes) -> None:
         """Parse and emit what ``chunk`` completes. Never raises for the
@@ -108,12 +150,24 @@ class Tee:
             moments = self.state.feed(obj)
         self._emit(moments)
 
+    def _admitted(self, session: str) -> bool:
+        ok = self._verdicts.get(session)
+        if ok is None:
+            assert self._admit is not None
+            if len(self._verdicts) >= 16:  # a stream naming ever new threadIds: bounded
+                self.ctx.health.count("sessions_refused")
+                return False
+            ok = self._verdicts[session] = self._admit(session)
+        return ok
+
     def _emit(self, moments: list[Moment]) -> None:
         ctx = self.ctx
         for m in moments:
             if m.session is None:
                 ctx.health.count("agui.unscoped")
                 continue
+            if self._admit is not None and not self._admitted(m.session):
+                continue  # past the new-session budget: the UI's stream goes on, unmapped
             try:
                 ctx.emit_nowait(m.session, m.emission, run=m.run, time=m.time)
             except Saturated:

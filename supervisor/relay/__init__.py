@@ -14,8 +14,12 @@ Public API (what the daemon uses):
   ``await relay.close(reason, grace=2.0)`` (``: shutting-down`` + clean end
   on every SSE stream, ``closing`` + close 1001 on every WebSocket, in-process
   connections closed, stragglers aborted after ``grace``).
-- ``conn = relay.attach_emitter(hello, deliver)``: an in-process emitter
-  connection (:class:`LocalEmitter`), the same
+- ``conn = relay.attach_emitter(hello, deliver, *, open_sessions=False,
+  source_base=None)``: an in-process emitter connection
+  (:class:`LocalEmitter`; ``open_sessions``: its session ids come from
+  unauthenticated senders, so its buffers are the open kind of
+  :mod:`.pins`; ``source_base``: every source at or under it is the
+  fleet's, :mod:`.fleetsources`), the same
   :class:`~.connections.Connection` family as a remote WebSocket emitter.
   ``await conn.ingest(event)`` validates, claims the session, buffers, fans
   out (raises :class:`InvalidEvent`, :class:`RelayClosed`,

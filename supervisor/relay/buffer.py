@@ -16,11 +16,13 @@
   common case), insert-sorted otherwise (backfill).
 - Each buffer holds at most ``depth`` entries (``AEP_BUFFER``) and at most
   ``buffer_bytes`` (``AEP_BUFFER_BYTES``), trimming oldest first; at most
-  ``max_sessions`` buffers are held (``AEP_MAX_SESSIONS``), evicting the
-  least recently *written* one; all buffers together hold at most
-  ``total_bytes`` (``AEP_BUFFER_TOTAL_BYTES``), trimming the least recently
-  written buffer oldest first (dropping it once empty). An event bigger
-  than ``buffer_bytes`` is fanned out live but never held.
+  ``max_sessions`` buffers are held (``AEP_MAX_SESSIONS``), evicting one
+  in the order of :mod:`.pins` (the least recently *written* of the open
+  kind first, fleet buffers after them, buffers holding an open ask last);
+  all buffers together hold at most ``total_bytes``
+  (``AEP_BUFFER_TOTAL_BYTES``), trimming the buffer that order names oldest
+  first (dropping it once empty). An event bigger than ``buffer_bytes`` is
+  fanned out live but never held.
 - What was dropped is remembered (the highest dropped position per buffer,
   and per wholly evicted buffer, at most ``max_sessions`` of those), so a
   resume from before it gets ``replay-exhausted`` instead of silence.
@@ -56,6 +58,7 @@ from collections import OrderedDict
 from typing import Iterator, Sequence
 
 from .entry import ENTRY_OVERHEAD, BufKey, Entry, Held, MiB, Position, same_event, same_json
+from .pins import PIN_TYPES, Evictions
 from .ring import SessionRing
 from .stamped import AppendFault, StampedAppends
 
@@ -63,14 +66,16 @@ __all__ = ["SessionBuffers", "Entry", "Held", "Position", "BufKey", "ENTRY_OVERH
            "same_event", "same_json", "AppendFault"]
 
 
-class SessionBuffers(StampedAppends):
+class SessionBuffers(StampedAppends, Evictions):
     """All replay buffers of one relay, keyed ``(source, session)``.
 
     ``bytes``: accounted bytes held in all buffers. ``counters``:
     ``duplicates`` (admissions refused on ``(source, id)``), ``trimmed``
     (entries dropped by the per-buffer depth), ``trimmed_bytes`` (entries
     dropped by a byte budget), ``sessions_evicted`` (whole buffers dropped
-    by the buffer cap or the total byte budget). Raises ``ValueError`` for
+    by the buffer cap or the total byte budget; by kind
+    ``sessions_evicted_open``, ``sessions_evicted_fleet``,
+    ``sessions_evicted_pinned``) and ``pins_released`` (:mod:`.pins`). Raises ``ValueError`` for
     a size below 1 or ``total_bytes < buffer_bytes``."""
 
     def __init__(self, depth: int = 10_000, max_sessions: int = 500, *,
@@ -94,9 +99,13 @@ class SessionBuffers(StampedAppends):
         self._gone: OrderedDict[BufKey, Position] = OrderedDict()
         self._gone_names: dict[str, dict[BufKey, None]] = {}
         self.counters = {"duplicates": 0, "trimmed": 0, "trimmed_bytes": 0, "sessions_evicted": 0}
+        self._init_orders(max_sessions)
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def _sessions_ring(self, key: BufKey) -> SessionRing:
+        return self._sessions[key]
 
     def __contains__(self, session: object) -> bool:
         """A buffer key, or a bare session name held by any emitter."""
@@ -182,6 +191,8 @@ class SessionBuffers(StampedAppends):
         entries = s.entries
         h = entries[start]
         s.ids.pop(h[9], None)
+        if s.asks:
+            self._settled(s, h[9])
         entries[start] = None  # type: ignore[call-overload]  # release now
         size = h[5]
         s.bytes -= size
@@ -201,6 +212,7 @@ class SessionBuffers(StampedAppends):
         """Drop the buffer ``key`` whole, remembering the highest position it
         held or dropped (for ``replay-exhausted``)."""
         s = self._sessions.pop(key)
+        self._delist(s)
         self.bytes -= s.bytes
         names = self._names.get(key[1])
         if names is not None:
@@ -230,8 +242,9 @@ class SessionBuffers(StampedAppends):
                 del self._gone_names[key[1]]
 
     # -- admission -----------------------------------------------------------
-    def admit(self, entry: Entry) -> bool:
-        """Buffer a sequenced session event. Returns ``False`` (nothing
+    def admit(self, entry: Entry, fleet: bool = False) -> bool:
+        """Buffer a sequenced session event (``fleet``: an authenticated
+        fleet bridge's, :mod:`.pins`). Returns ``False`` (nothing
         stored) for a ``(source, id)`` already held in that buffer. The
         caller refuses :meth:`conflict` entries first (not re-checked).
         ``True`` means admitted, even when a byte budget trimmed it away at
@@ -243,12 +256,13 @@ class SessionBuffers(StampedAppends):
         s = self._sessions.get(key)
         if s is None:
             if len(self._sessions) >= self.max_sessions:
-                self._bury(next(iter(self._sessions)))
-                self.counters["sessions_evicted"] += 1
+                old = self._victim()
+                self._evict(old, self._sessions[old])
             dropped = self._gone.pop(key, None)
             if dropped is not None:
                 self._forget(key)
-            s = self._sessions[key] = SessionRing(dropped)
+            s = self._sessions[key] = SessionRing(dropped, key)
+            self._enlist(s, fleet)
             self._names.setdefault(key[1], {})[key] = None
             self._sources.setdefault(key[0], {})[key] = None
         elif entry.key[1] in s.ids:
@@ -256,6 +270,9 @@ class SessionBuffers(StampedAppends):
             return False
         else:
             self._sessions.move_to_end(key)  # recency = last buffered write
+            s.order.move_to_end(key)  # type: ignore[union-attr]  # (a held buffer has one)
+            if fleet and not s.fleet:
+                self._promote(s)
         h = s.ids[entry.key[1]] = entry.held()
         entries, keys = s.entries, s.keys
         if not keys or pos >= keys[-1]:
@@ -265,6 +282,8 @@ class SessionBuffers(StampedAppends):
             i = bisect_right(keys, pos, lo=s.start)
             entries.insert(i, h)
             keys.insert(i, pos)
+        if entry.attrs["type"] in PIN_TYPES:
+            self._mark(s, entry.attrs)
         size = entry.size
         s.bytes += size
         self.bytes += size
@@ -282,13 +301,13 @@ class SessionBuffers(StampedAppends):
                 self.counters["trimmed_bytes"] += 1
             if len(s) == 0:
                 self._bury(key)
-        while self.bytes > self.total_bytes:  # least recently written first, oldest first
-            victim_key, victim = next(iter(self._sessions.items()))
+        while self.bytes > self.total_bytes:  # in the eviction order (.pins), oldest first
+            victim_key = self._victim()
+            victim = self._sessions[victim_key]
             self._trim(victim)
             self.counters["trimmed_bytes"] += 1
             if len(victim) == 0:
-                self._bury(victim_key)
-                self.counters["sessions_evicted"] += 1
+                self._evict(victim_key, victim)
         return True
 
     def admit_run(self, run: Sequence[Entry]) -> None:
@@ -326,7 +345,7 @@ class SessionBuffers(StampedAppends):
                 k = e.key[1]
                 size = e.size
                 if e.bkey != key or (last is not None and pos < last) \
-                        or k in ids or added + size > room:
+                        or k in ids or added + size > room or e.attrs["type"] in PIN_TYPES:
                     break
                 h = ids[k] = e.held(h)
                 entries.append(h)
@@ -335,10 +354,11 @@ class SessionBuffers(StampedAppends):
                 added += size
                 j += 1
             if j == i:
-                self.admit(e)  # a duplicate, a backfill or a byte trim: the general path
+                self.admit(e)  # a duplicate, a backfill, a byte trim, a pin: the general path
                 i += 1
                 continue
             sessions.move_to_end(key)  # recency = last buffered write
+            s.order.move_to_end(key)  # type: ignore[union-attr]
             s.bytes += added
             self.bytes += added
             over = len(entries) - s.start - self.depth
@@ -356,6 +376,8 @@ class SessionBuffers(StampedAppends):
         for x in range(start, stop):
             h = entries[x]
             ids.pop(h[9], None)
+            if s.asks:
+                self._settled(s, h[9])
             freed += h[5]
             entries[x] = None  # type: ignore[call-overload]  # release now
         s.bytes -= freed

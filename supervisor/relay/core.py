@@ -44,6 +44,7 @@ from .connections import (
     SocketConnection,
 )
 from .fanout import Fanout
+from .fleetsources import FleetSources
 from .newsessions import NewSessionBudget
 from .outlet import Outlet, Subscriber
 from .params import normalize_origin
@@ -142,6 +143,8 @@ class Relay(StampedRuns):
         self._sse_streams = 0
         self._conns: set[Connection] = set()
         self.claims = Claims(max_sessions)
+        #: the fleet bridges' source bases, reserved at attach (:mod:`.fleetsources`)
+        self.fleet_sources = FleetSources()
         #: session -> the principal that owns it (:mod:`.bindings`)
         self.bindings = Bindings(max(65_536, 4 * max_sessions), claim_grace_s)
         self._admitted = 0
@@ -260,6 +263,7 @@ class Relay(StampedRuns):
         """Counts for an authorized ``/healthz`` (topology stays behind auth)."""
         return {
             "sessions": len(self.buffers),
+            "sessions_pinned": self.buffers.pinned,
             "buffered_bytes": self.buffers.bytes,
             "subscribers": len(self.fanout),
             "connections": len(self._conns),
@@ -270,7 +274,8 @@ class Relay(StampedRuns):
     # -- connections -------------------------------------------------------------
     def attach_emitter(self, hello: dict[str, Any],
                        deliver: Callable[[dict[str, Any]], Awaitable[Any]], *,
-                       open_sessions: bool = False) -> LocalEmitter:
+                       open_sessions: bool = False, source_base: str | None = None
+                       ) -> LocalEmitter:
         """Attach an in-process emitter (a fleet bridge): ``hello`` is the
         AEP-0003 §4 hello object (role ``emitter``/``both``,
         ``identity.agent``, ``identity.instance``, ``capabilities.emits``,
@@ -278,11 +283,16 @@ class Relay(StampedRuns):
         awaited with each command envelope routed to this connection's
         sessions. ``open_sessions``: the bridge's session ids are chosen by
         unauthenticated senders (OTLP), so it may not enter a session a
-        bridge of another agent claims. Raises ``ValueError`` for a bad
-        hello, :class:`RelayClosed` after :meth:`close`."""
+        bridge of another agent claims. ``source_base``: the bridge's
+        ``aep://{host}/agent/{agent}``: every source at or under it is
+        refused to anyone but the fleet from now on (:mod:`.fleetsources`).
+        Raises ``ValueError`` for a bad hello, :class:`RelayClosed` after
+        :meth:`close`."""
         if self.closing:
             raise RelayClosed("relay is shutting down")
         conn = LocalEmitter(self, hello, deliver, open_sessions=open_sessions)
+        if source_base is not None:
+            self.fleet_sources.reserve(source_base)
         self._conns.add(conn)
         return conn
 

@@ -23,6 +23,7 @@ from .bindings import FLEET, Bindings, is_verified, key
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers, same_event
 from .connections import Connection, LocalEmitter, Unavailable
 from .envelope import InvalidEvent, has_duplicate_keys, is_command_type, is_foreign, to_entry
+from .fleetsources import FleetSources
 from .newsessions import NewSessionBudget, SessionKey, TooManySessions
 from .routing import Routing
 
@@ -49,6 +50,7 @@ class Ingest(Routing):
 
     buffers: SessionBuffers
     bindings: Bindings
+    fleet_sources: FleetSources
     strict_identity: bool
     _admitted: int
     _run: list[Entry | list[Held]] | None
@@ -80,12 +82,22 @@ class Ingest(Routing):
         another live emitter connection (a fleet bridge or an uplinked
         emitter): anyone who reads ``/stream`` learns a bridge's source and
         epoch, and a forged position would push its real events out
-        (issue 10 #8). ``conn`` ``None`` is ``POST /events``."""
-        owner = self.claims.source_owner(e.attrs["source"])
+        (issue 10 #8). ``conn`` ``None`` is ``POST /events``. A source at or
+        under a fleet bridge's ``aep://{host}/agent/{agent}``
+        (:mod:`.fleetsources`, from the daemon's start) is
+        refused to every party but the fleet's own connections, used yet
+        or not (fifth outside attack on issue 25)."""
+        source = e.attrs["source"]
+        owner = self.claims.source_owner(source)
         if owner is not None and owner is not conn:
             self.counters["refused_owned_source"] += 1
             raise InvalidEvent("this source belongs to a connected emitter; only that "
                                "connection may send under it")
+        if not isinstance(conn, LocalEmitter) and self.fleet_sources.owns(source):
+            self.counters["refused_owned_source"] += 1
+            raise InvalidEvent("this source is a bridge of this daemon's (aep://{host}/agent/"
+                               "{agent}, its agent-scoped and per-session sources); only that "
+                               "bridge may send under it")
 
     def check_session_owner(self, e: Entry, conn: Connection | None) -> None:
         """Raise :class:`InvalidEvent` (counted ``refused_owned_session``)
@@ -473,13 +485,15 @@ class Ingest(Routing):
     def _admit(self, e: Entry, conn: Connection | None) -> None:
         self.counters["events"] += 1
         if e.pos is not None:
+            fleet = False  # an authenticated fleet bridge's: evicted after the open kind (.pins)
             if conn is not None and conn.can_claim:
                 if self.claims.claim(conn, e.attrs["session"]):
                     self._bind(e, conn)
                 self.claims.own_source(conn, e.attrs["source"])
+                fleet = isinstance(conn, LocalEmitter) and not conn.open_sessions
             self._admitted += 1
             e.n = self._admitted
-            self.buffers.admit(e)
+            self.buffers.admit(e, fleet)
         # agent.* and seq-less foreign events are live-only; every event is
         # fanned out as received, duplicates included (AEP-0003 §5)
         run = self._run

@@ -18,6 +18,7 @@ from .buffer import AppendFault, Entry, Held
 from .connections import Connection, LocalEmitter
 from .envelope import is_command_type, is_foreign, trusted_entry
 from .ingest import Ingest
+from .pins import PIN_TYPES
 
 __all__ = ["StampedRuns", "RunFault"]
 
@@ -125,7 +126,7 @@ class StampedRuns(Ingest):
                 if type_.__class__ is not str or type_ not in plain:
                     if is_command_type(type_) or type_ in ACK_TYPES:  # routed / gated
                         return i
-                    if type_.__class__ is str:
+                    if type_.__class__ is str and type_ not in PIN_TYPES:  # (.pins marks those)
                         plain.add(type_)
                 e = trusted_entry(ev, raw)
                 src = e.attrs["source"]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from bridges.core.aep import ACK_TYPES, CAPTURE_RANK, SEVERITY_RANK, is_command_type
 
 from .entry import _MAX_NAMES, _NAMES, ENTRY_OVERHEAD, BufKey, Held
+from .pins import PIN_TYPES
 from .ring import SessionRing
 
 __all__ = ["StampedAppends", "AppendFault"]
@@ -97,7 +98,9 @@ class StampedAppends(_BufferState):
         number ``n + 1``, ``n + 2``... It stops at the first pair that is
         not such an append: another ``source`` or ``session`` than
         ``key``'s, a ``type`` that is not a ``str`` in ``plain`` nor a
-        non-command ``str`` (added to ``plain`` then), an ``agent`` other
+        non-command ``str`` (added to ``plain`` then), one of
+        :data:`.pins.PIN_TYPES` (an ask opened or closed: :meth:`admit`
+        marks it), an ``agent`` other
         than ``agent`` (``None``: any), a ``seq`` or ``epoch`` that is not
         an ``int``, a position not past the buffer's last, an ``id`` it
         holds, an unknown ``severity`` or ``capture``, an entry that does
@@ -149,7 +152,8 @@ class StampedAppends(_BufferState):
                     vals = values(ev)
                     t = vals[at_t]
                     if t not in plain:
-                        if t.__class__ is not str or is_command_type(t) or t in ACK_TYPES:
+                        if t.__class__ is not str or is_command_type(t) or t in ACK_TYPES \
+                                or t in PIN_TYPES:  # (never in plain: .pins marks them)
                             break
                         plain.add(t)
                     # the buffer's own source and session: the same object (a
@@ -213,3 +217,4 @@ class StampedAppends(_BufferState):
         self.bytes += added
         if any_:
             self._sessions.move_to_end(key)  # recency = last buffered write
+            s.order.move_to_end(key)  # type: ignore[union-attr]  # (a held buffer has one)

@@ -17,6 +17,9 @@ Families (all prefixed ``aep_bridges_``):
 ``relay_subscribers``                        open SSE/WebSocket subscriptions (embedded relay)
 ``relay_replay_buffer_bytes``                bytes held in the replay buffers
 ``relay_replay_sessions``                    sessions held in the replay buffers
+``relay_replay_sessions_pinned``             of them, pinned by an open ask (``relay/pins.py``)
+``relay_sessions_evicted_total{kind}``       buffers evicted, by kind: ``open``, ``fleet`` (and
+                                             ``pinned`` among them); ``relay_pins_released_total``
 ``uplink_outbox_events{bridge}``             events waiting in an uplink outbox (AEP_RELAY_URL)
 ``uplink_connects_total{bridge}``            uplink (re)connections
 ``vendor_reconnects_total{bridge}``          vendor stream reconnects (SSE) and socket
@@ -264,7 +267,19 @@ class FleetCollector(Collector):
                                 "replay buffers", value=st["buffered_bytes"])
         yield GaugeMetricFamily(f"{PREFIX}_relay_replay_sessions", "Sessions held in the "
                                 "replay buffers", value=st["sessions"])
+        yield GaugeMetricFamily(f"{PREFIX}_relay_replay_sessions_pinned", "Sessions held in the "
+                                "replay buffers that an open ask pins", value=st.get("sessions_pinned", 0))
         rc = st["counters"]
+        evicted = CounterMetricFamily(f"{PREFIX}_relay_sessions_evicted", "Replay buffers evicted "
+                                      "by the session cap or the total byte budget, by kind: open "
+                                      "(OTLP, AG-UI, remote posts, restored), fleet (the "
+                                      "authenticated bridges'), pinned (holding an open ask; "
+                                      "also counted by its kind)", labels=["kind"])
+        for kind in ("open", "fleet", "pinned"):
+            evicted.add_metric([kind], rc.get(f"sessions_evicted_{kind}", 0))
+        yield evicted
+        yield CounterMetricFamily(f"{PREFIX}_relay_pins_released", "Open-ask pins released past "
+                                  "a quarter of AEP_MAX_SESSIONS", value=rc.get("pins_released", 0))
         yield CounterMetricFamily(f"{PREFIX}_relay_events", "Events the relay accepted",
                                   value=rc.get("events", 0))
         cmds = CounterMetricFamily(f"{PREFIX}_relay_commands", "Commands the relay routed to a "

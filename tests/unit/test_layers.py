@@ -448,6 +448,8 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.entry": {"Entry", "Held", "Position", "BufKey", "ENTRY_OVERHEAD", "MiB",
                                "same_event", "same_json"},
     "supervisor.relay.ring": {"SessionRing"},
+    "supervisor.relay.pins": {"Evictions", "PIN_TYPES"},
+    "supervisor.relay.fleetsources": {"FleetSources"},
     "supervisor.relay.stamped": {"StampedAppends", "AppendFault"},
     "supervisor.relay.routing": {"Routing"},
     "supervisor.relay.ingest": {"FleetRefused", "Ingest"},

@@ -65,10 +65,10 @@ class Harness:
 
 @asynccontextmanager
 async def proxy(upstream: str, *, policy: CapturePolicy | None = None, deltas: bool = False,
-                max_event: int | None = None) -> AsyncIterator[Harness]:
+                max_event: int | None = None, **cfg_kw: Any) -> AsyncIterator[Harness]:
     policy = policy or CapturePolicy()
     cfg = AguiConfig(upstream=upstream.rstrip("/"), listen=("127.0.0.1", 0), deltas=deltas,
-                     **({"max_event": max_event} if max_event else {}))
+                     **({"max_event": max_event} if max_event else {}), **cfg_kw)
     bridge = AguiBridge(cfg, policy)
     send, recv = trio.open_memory_channel[Outbound](100_000)
     cmd_send, cmd_recv = trio.open_memory_channel[dict](10)
@@ -374,6 +374,51 @@ async def test_many_concurrent_runs_each_get_their_own_bytes_and_story():
         assert tuple(story) == STORY
         assert {e["run"] for e in h.events if e["session"] == f"t{i}"} == {f"r{i}"}
     assert h.health.counters["agui.streams"] == n
+
+
+async def test_new_sessions_past_the_budget_pass_through_unmapped_and_counted():
+    """Issue 25, fifth outside attack: 1,500 unauthenticated runs, each
+    with a new ``threadId``, made 1,500 session log files. Past
+    ``AEP_AGUI_NEW_SESSIONS_PER_S`` (here 1 a second, bursts of 5) a new
+    session's stream still reaches the UI byte for byte, but nothing of it
+    is emitted; counted ``sessions_refused``. A session already mapped
+    always passes."""
+    async def per_run(scope, receive, send):
+        body = await http_body(scope, receive, send)
+        if body is None:
+            return
+        doc = json.loads(body)
+        data = (CAPTURE.replace(b"thread-capture-1", doc["threadId"].encode())
+                .replace(b"run-capture-1", doc["runId"].encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        await send({"type": "http.response.body", "body": data})
+
+    n = 40  # far past the burst: the bucket refills 1 a second
+    results: dict[int, bytes] = {}
+    async with upstream(per_run) as up, proxy(up, new_sessions_per_s=1) as h:
+        async with httpx.AsyncClient(trust_env=False, timeout=60,
+                                     limits=httpx.Limits(max_connections=None)) as c:
+            async def one(i: int, run: str = "r") -> None:
+                body = json.dumps({"threadId": f"t{i}", "runId": f"{run}{i}"}).encode()
+                results[i] = (await c.post(h.url + "/", content=body)).content
+
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, i)
+            await h.settle(lambda h: len(h.of("run.finished"))
+                           + h.health.counters["sessions_refused"] == n)
+            mapped = {e["session"] for e in h.events}
+            refused = h.health.counters["sessions_refused"]
+            assert refused >= 1 and len(mapped) + refused == n, (mapped, refused)
+            for i in range(n):  # the UI got every byte, mapped or not
+                assert results[i] == (CAPTURE.replace(b"thread-capture-1", f"t{i}".encode())
+                                      .replace(b"run-capture-1", f"r{i}".encode()))
+            known = int(sorted(mapped)[0][1:])
+            before = len(h.events)
+            await one(known, run="again")  # a known session takes no token
+            await h.settle(lambda h: len(h.of("run.finished")) == len(mapped) + 1)
+            assert {e["session"] for e in h.events[before:]} == {f"t{known}"}
+            assert h.health.counters["sessions_refused"] == refused
 
 
 async def test_upstream_breaking_mid_stream_truncates_the_ui_stream_and_fails_the_run():

@@ -46,7 +46,8 @@ class Stub:
     probe) is always answered ``200``; a ``POST`` per :attr:`mode`:
     ``echo`` (JSON of the target and headers), ``hang`` (never answered;
     :attr:`hanging` counts those whose client is still connected),
-    ``stream`` (a short AG-UI run), ``big`` (a run whose one event of
+    ``stream`` (a short AG-UI run), ``threads`` (a short run in the POSTed
+    ``threadId``), ``big`` (a run whose one event of
     :attr:`big` bytes is held open until :attr:`release` is set).
     :attr:`seen`: every request's ``(method, target, headers)``."""
 
@@ -100,6 +101,9 @@ class Stub:
             with self._lock:
                 self.seen.append((method, target, headers))
             mode = "echo" if method == "GET" else self.mode
+            if mode == "threads":
+                self._threads(conn, body)
+                return
             getattr(self, "_" + mode)(conn, target, headers)
 
     @staticmethod
@@ -112,6 +116,12 @@ class Stub:
 
     def _stream(self, conn: socket.socket, target: str, headers: dict[str, str]) -> None:
         self._answer(conn, "text/event-stream", RUN_STARTED + RUN_FINISHED)
+
+    def _threads(self, conn: socket.socket, body: bytes) -> None:
+        """A short AG-UI run in the POSTed input's ``threadId`` (a new session per thread)."""
+        tid = json.loads(body).get("threadId", "t").encode()
+        self._answer(conn, "text/event-stream", RUN_STARTED.replace(b'"t"', b'"' + tid + b'"')
+                     + RUN_FINISHED.replace(b'"t"', b'"' + tid + b'"'))
 
     def _hang(self, conn: socket.socket, target: str, headers: dict[str, str]) -> None:
         with self._lock:
@@ -356,6 +366,43 @@ def test_event_bytes_held_across_streams_are_bounded_counted_and_passed_through(
                          timeout=10, trust_env=False).text
         assert _metric(text, "aep_bridges_events_dropped_total", reason="agui-over-budget",
                        severity="*") == over
+    finally:
+        d.stop(timeout=20)
+        stub.close()
+
+
+def test_new_sessions_past_the_budget_pass_through_unmapped_and_make_no_files(tmp_path):
+    """Issue 25, fifth outside attack: 1,500 unauthenticated runs, each with
+    a new ``threadId``, made 1,500 session log files (bounded only by CPU).
+    Past ``AEP_AGUI_NEW_SESSIONS_PER_S`` (here 1 a second, bursts of 5)
+    a new session's run still reaches the UI whole, but it is not mapped
+    or logged: counted ``sessions_refused`` in ``/healthz`` and ``/metrics``."""
+    stub = Stub("threads")
+    d = _daemon(tmp_path, stub, {"AEP_AGUI_NEW_SESSIONS_PER_S": "1"})
+    n = 40  # far past the burst: the bucket refills 1 a second
+    try:
+        def one(i: int) -> bytes:
+            body = json.dumps({"threadId": f"th-{i}", "runId": "r"}).encode()
+            r = httpx.post(d.proxy_url + "/", content=body, timeout=60, trust_env=False)
+            assert r.status_code == 200, r.text
+            return r.content
+
+        with ThreadPoolExecutor(8) as ex:
+            answers = list(ex.map(one, range(n)))
+        for i, got in enumerate(answers):  # the UI's run, whole, mapped or not
+            assert f'"threadId":"th-{i}"'.encode() in got and b"RUN_FINISHED" in got
+
+        def counted() -> int:
+            return d.healthz(TOKEN)["bridges"]["agui"]["counters"].get("sessions_refused", 0)
+        logs = d.state / "logs"
+
+        def files() -> int:
+            return len(list(logs.rglob("th-*.jsonl")))
+        _wait(lambda: counted() + files() == n, 30, "every run mapped or refused")
+        assert counted() >= 1 and files() < n, (counted(), files())
+        metrics = httpx.get(d.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"},
+                            timeout=10, trust_env=False).text
+        assert 'reason="session-refused"' in metrics
     finally:
         d.stop(timeout=20)
         stub.close()

@@ -70,10 +70,14 @@ def test_a_forged_position_cannot_displace_a_bridge_event(fleet_daemon):
     assert d.healthz()["ok"] is True
 
 
-def test_a_bridge_event_the_relay_refuses_turns_health_red_and_is_counted(tmp_path):
+def test_a_position_forged_in_a_bridges_future_session_is_refused(tmp_path):
     """A position forged before the bridge reaches it (a guessable future
-    session) cannot be prevented by ownership; the bridge's refusal must
-    then be loud: ``/healthz`` not ok, counted."""
+    session, under the bridge's source for it) used to be accepted and the
+    bridge's own event then refused (``relay_refused``, health red). Every
+    source under a fleet bridge's ``aep://{host}/agent/{agent}`` is the
+    fleet's from the daemon's start (issue 25, fifth outside attack): the
+    forgery is refused, counted ``refused_owned_source``, and the bridge's
+    event takes its place."""
     d = DaemonProcess(tmp_path / "state", {"AEP_OTLP_PRIMARY": "1"}, token=TOKEN).start()
     try:
         assert post_otlp(d.http_port, otlp_json([otlp_record("probe")])).status_code == 200
@@ -83,14 +87,15 @@ def test_a_bridge_event_the_relay_refuses_turns_health_red_and_is_counted(tmp_pa
                    "seq": i} for i in range(5)]
         for f in forged:
             f.pop("data", None)
-        assert post_events(d.url, forged, token=TOKEN).status_code == 202
+        r = post_events(d.url, forged, token=TOKEN)
+        assert r.status_code == 400 and r.json()["error"] == "invalid-event", r.text
+        assert d.healthz(TOKEN)["relay_counts"]["counters"]["refused_owned_source"] >= 1
         assert post_otlp(d.http_port, otlp_json([otlp_record("future")])).status_code == 200
-
-        def red():
-            body = d.healthz()
-            counters = body["bridges"]["otlp_in.codex"].get("counters", {})
-            return (body["ok"] is False and counters.get("relay_refused", 0) >= 1) and body
-        _wait(red, 20, "health red with relay_refused counted")
+        events = _wait(lambda: _of(_stream_all(d.url, TOKEN), "future"), 20, "the bridge's event")
+        assert not [e for e in events if str(e["id"]).startswith("forged-")]
+        body = d.healthz(TOKEN)
+        assert body["ok"] is True
+        assert body["bridges"]["otlp_in.codex"].get("counters", {}).get("relay_refused", 0) == 0
     finally:
         d.stop(timeout=20)
 

@@ -42,7 +42,8 @@ FILTERS = [{}, {"agent": "codex"}, {"session": "s1"}, {"type": "x.codex.*"},
            {"severity": {"gte": "notice"}}, {"capture": "full"}, {"agent": "codex", "session": "s2"},
            {"epoch": 2}, {"ext": 1}, {"session": ["s1", "s2"]}]
 CEILINGS = [None, "none", "metadata", "full"]
-TYPES = ["x.codex.otel.sse_event", "x.codex.otel.api_request", "tool.completed"]
+TYPES = ["x.codex.otel.sse_event", "x.codex.otel.api_request", "tool.completed",
+         "attention.requested", "attention.resolved"]  # (an ask opened, closed: the pins)
 MUTATIONS = [None] * 8 + [
     "dup", "forge", "reid", "backfill", "epoch_up", "epoch_down", "no_epoch", "seq_bool",
     "seq_float", "sev_notice", "sev_debug", "sev_bad", "capture_full", "capture_none", "no_data",
@@ -58,10 +59,13 @@ def _pairs(script: list, stampers: list[Stamper]) -> list[tuple[dict, bytes]]:
     epochs = {}
     for who, session, type_, mut, pick in script:
         st_ = stampers[who]
-        ev = st_.stamp(session, {"type": type_, "data": {"n": len(pairs)}})
+        prev = pairs[pick % len(pairs)][0] if pairs else None
+        emission = {"type": type_, "data": {"n": len(pairs)}}
+        if type_ == "attention.resolved" and prev is not None:  # closes an ask (maybe)
+            emission["subject"] = prev["id"]
+        ev = st_.stamp(session, emission)
         if (who, session) in epochs:
             ev["epoch"] = epochs[who, session]
-        prev = pairs[pick % len(pairs)][0] if pairs else None
         if mut == "dup" and prev is not None:
             ev = copy.deepcopy(prev)
         elif mut == "forge" and prev is not None and "seq" in prev:
@@ -156,7 +160,8 @@ def _seen(relay: Relay, outlets: list[Outlet], conn) -> tuple:
             {k: list(v) for k, v in b._names.items() if v}, {k: list(v) for k, v in b._sources.items() if v},
             [(o.state, o.dropped, o.queued_bytes, [_item(i) for i in o.flat()], o.delivered)
              for o in outlets],
-            list(conn.claims), list(conn.sources), relay._admitted, relay.fanout.pending)
+            list(conn.claims), list(conn.sources), relay._admitted, relay.fanout.pending,
+            _runs._orders(b))
 
 
 def _answer(conn, ev, raw, said: list) -> None:

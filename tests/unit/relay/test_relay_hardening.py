@@ -134,3 +134,30 @@ async def test_one_source_over_two_sessions_cannot_hold_one_id_twice():
     relay.ingest_http([relay.entry(other_id)])
     assert relay.check_batch([relay.entry(ev(1, session="xs2", id="Z", source=shared))]) is None
     assert relay.check_batch([relay.entry(first)]) is None  # its own redelivery still passes
+
+
+async def test_a_fleet_bridges_sources_are_its_own_before_its_first_event():
+    """Fifth outside attack on issue 25: posts under the Claude Code
+    bridge's agent-scoped source (``aep://{host}/agent/claude-code``, its
+    ``agent.idle``'s) in fresh sessions were accepted, before and after the
+    bridge used it. Every source at or under a fleet bridge's base is the
+    fleet's from the attach on: refused to a post and to a ``/socket``
+    emitter, counted ``refused_owned_source``; the bridge itself may."""
+    base = "aep://vm/agent/claude-code"
+    relay = Relay()
+    bridge = relay.attach_emitter(hello(agent="claude-code"), _noop, source_base=base)
+    for i, source in enumerate([base, base + "/session/fresh", "AEP://VM/agent/claude-code"]):
+        forged = relay.entry(ev(1, session=f"probe-{i}", source=source, agent="claude-code"))
+        assert relay.check_batch([forged]) is not None, source  # POST /events
+    other = await ws(relay, role="emitter", agent="claude-code")
+    await other.handle_text(json.dumps(ev(1, session="probe-ws", source=base, agent="claude-code")))
+    (err,) = await take(other.outlet)
+    assert err["code"] == "invalid-event" and "bridge of this daemon" in err["detail"]
+    assert relay.counters["refused_owned_source"] == 4
+    # a look-alike that is not under the base is someone else's
+    assert relay.check_batch([relay.entry(ev(1, session="x", source=base + "-fan"))]) is None
+    # the bridge's own events under it (the agent-scoped one has no seq)
+    await bridge.ingest(ev(1, session="real", source=base + "/session/real", agent="claude-code"))
+    await bridge.ingest({"aep": "0.1", "id": "idle-1", "type": "agent.idle", "source": base,
+                         "agent": "claude-code", "time": "2026-07-03T10:00:00Z"})
+    assert relay.counters["refused_owned_source"] == 4

@@ -390,9 +390,12 @@ def test_capture_check_hot_keys_equal_the_whole_walk(typed):
 
 # -- the buffers' run admission ---------------------------------------------------------
 
-def _buf_entry(session: str, seq: int, ident: int, size: int, source: str) -> Entry:
-    attrs = {"id": f"i{ident}", "source": source, "type": "tool.completed",
+def _buf_entry(session: str, seq: int, ident: int, size: int, source: str,
+               type_: str = "tool.completed") -> Entry:
+    attrs = {"id": f"i{ident}", "source": source, "type": type_,
              "session": session, "seq": seq, "epoch": 0}
+    if type_ != "attention.requested":  # a close names an ask (maybe this one's)
+        attrs["subject"] = f"i{ident % 4}"
     return Entry(attrs, b"x" * size, (0, seq), 1, 1)
 
 
@@ -401,28 +404,38 @@ def _whole_state(b) -> tuple:
                 for key, s in b._sessions.items()]
     return (sessions, b.bytes, dict(b.counters), list(b._gone.items()),
             {k: list(v) for k, v in b._names.items()}, {k: list(v) for k, v in b._sources.items()},
-            {k: list(v) for k, v in b._gone_names.items()})
+            {k: list(v) for k, v in b._gone_names.items()}, _orders(b))
+
+
+def _orders(b) -> tuple:
+    """The eviction orders and open asks (supervisor/relay/pins.py)."""
+    return ([list(o) for o in (b._open, b._fleet, b._pinned_open, b._pinned_fleet)],
+            {k: (s.fleet, dict(s.asks or {})) for k, s in b._sessions.items()})
 
 
 # mostly an emitter appending (the shortcut's case), with duplicates, backfills,
-# other sessions, a shared source and sizes that cross the byte budgets
+# other sessions, a shared source, sizes that cross the byte budgets, asks
+# opened and closed (the pins)
 _run_step = st.tuples(st.sampled_from(["s1", "s1", "s1", "s2", "s3"]), st.integers(-2, 3),
-                      st.integers(0, 30), st.sampled_from([0, 10, 300, 3000]), st.booleans())
+                      st.integers(0, 30), st.sampled_from([0, 10, 300, 3000]), st.booleans(),
+                      st.sampled_from(["tool.completed"] * 4 + [
+                          "attention.requested", "attention.resolved", "attention.timeout",
+                          "session.ended"]))
 
 
 @settings(max_examples=800, deadline=None)
 @given(prior=st.lists(_run_step, max_size=12), runs=st.lists(st.lists(_run_step, max_size=14), max_size=4),
-       depth=st.integers(1, 6), max_sessions=st.integers(1, 3),
+       depth=st.integers(1, 6), max_sessions=st.sampled_from([1, 2, 3, 8]),
        budget=st.sampled_from([(5000, 6000), (8000, 20000), (1 << 20, 1 << 22)]))
 def test_buffers_admit_run_equals_one_admit_per_entry(prior, runs, depth, max_sessions, budget):
     from supervisor.relay.buffer import SessionBuffers
 
     def entries(steps, seq0):
         out, seq = [], seq0
-        for session, step, ident, size, shared in steps:
+        for session, step, ident, size, shared, type_ in steps:
             seq = max(seq + step, 0)  # mostly rising, sometimes back or equal
             source = "aep://h/agent/a" if shared else f"aep://h/agent/a/session/{session}"
-            out.append(_buf_entry(session, seq, ident, size, source))
+            out.append(_buf_entry(session, seq, ident, size, source, type_))
         return out
     one = SessionBuffers(depth, max_sessions, buffer_bytes=budget[0], total_bytes=budget[1])
     run = SessionBuffers(depth, max_sessions, buffer_bytes=budget[0], total_bytes=budget[1])

@@ -17,7 +17,7 @@ class RecordingRelay:
         self.hellos = []
         self.events = []
 
-    def attach_emitter(self, hello, deliver, open_sessions=False):
+    def attach_emitter(self, hello, deliver, open_sessions=False, source_base=None):
         self.hellos.append(hello)
         relay = self
 
@@ -99,7 +99,7 @@ async def test_jsonl_is_written_before_the_relay_sees_the_event(tmp_path):
     seen_on_disk = []
 
     class CheckingRelay(RecordingRelay):
-        def attach_emitter(self, hello, deliver, open_sessions=False):
+        def attach_emitter(self, hello, deliver, open_sessions=False, source_base=None):
             class Conn:
                 async def ingest(self, ev):
                     path = tmp_path / "logs" / ev["agent"] / f"{ev['session']}.jsonl"
@@ -217,7 +217,7 @@ async def test_the_fleet_nacks_commands_for_a_bridge_without_control(tmp_path):
     delivers = {}
 
     class CapturingRelay(RecordingRelay):
-        def attach_emitter(self, hello, deliver, open_sessions=False):
+        def attach_emitter(self, hello, deliver, open_sessions=False, source_base=None):
             delivers[hello["identity"]["agent"]] = deliver
             return super().attach_emitter(hello, deliver, open_sessions)
 

@@ -268,7 +268,7 @@ class Waiter:
 class _Relay:
     """The embedded relay's emitter interface, taking everything."""
 
-    def attach_emitter(self, hello, deliver, open_sessions=False):
+    def attach_emitter(self, hello, deliver, open_sessions=False, source_base=None):
         class Conn:
             async def ingest(self, ev):
                 pass
