@@ -415,3 +415,36 @@ async def test_shutdown_delivers_every_logged_drain_to_the_relay_in_order(tmp_pa
     assert [seq for _, seq in held] == [ev["seq"] for ev in sent] == list(range(10))
     assert fleet.counters["sink_errors"] == 0
     assert refused
+
+
+async def test_a_bridge_event_the_relay_refuses_is_counted_and_turns_health_red(tmp_path):
+    """The relay refusing a bridge's own event (an outside party took its place;
+    since the fifth attack on issue 25 no outside post can, so this path is
+    reached here): counted ``relay_refused``, the bridge's health red, the pump
+    goes on with the next events."""
+    from supervisor.relay import InvalidEvent
+
+    class RefusingRelay(RecordingRelay):
+        def attach_emitter(self, hello, deliver, open_sessions=False, source_base=None):
+            relay = self
+
+            class Conn:
+                async def ingest(self, ev):
+                    if ev["seq"] == 1:
+                        raise InvalidEvent("seq 1 of session s1 was taken")
+                    relay.events.append(ev)
+            return Conn()
+
+    relay = RefusingRelay()
+    fleet = Fleet(Config(state_dir=tmp_path), [Steady()], relay=relay, host="h")
+    async with trio.open_nursery() as n:
+        await n.start(fleet.run)
+        with trio.fail_after(10):
+            while len(relay.events) < 3:
+                await trio.sleep(0.05)
+        health = fleet.healthz(authorized=True)
+        n.cancel_scope.cancel()
+    steady = health["bridges"]["steady"]
+    assert steady["counters"]["relay_refused"] == 1
+    assert steady["ok"] is False and "relay refused" in steady["detail"]
+    assert [e["seq"] for e in relay.events][:3] == [0, 2, 3]
