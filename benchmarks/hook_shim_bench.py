@@ -21,12 +21,16 @@ share the machine's noise:
 - ``exchange``: the floor plus the same HTTP exchange written inline with
   ``_socket`` (no argument parsing, no checks): what any client must pay;
 - ``down``: the installed line with nothing listening (connection refused:
-  the moment is spooled, the fail-open path).
+  the moment is spooled, the fail-open path);
+- ``signed``: the installed line with ``AEP_TOKEN`` set, against a stub
+  holding the token: the request signed and the stub's proof checked
+  (``bridges/core/signed.py``), what a daemon with a token costs.
 
 Reported: median and p90 in ms, and the median as a ratio to the floor's
 median in the same run. Figures compare runs on one machine; not absolutes."""
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import statistics
@@ -57,7 +61,13 @@ def _exchange_code(port: int) -> str:
             "posix.write(1, r.partition(b'\\r\\n\\r\\n')[2])")
 
 
-def candidates(url: str, down_url: str, spool: str) -> dict[str, list[str]]:
+#: the token of the ``signed`` candidate (its own stub proves itself with it)
+TOKEN = "bench-shim-token"
+#: environment added per candidate
+ENV = {"signed": {"AEP_TOKEN": TOKEN}}
+
+
+def candidates(url: str, down_url: str, spool: str, signed_url: str) -> dict[str, list[str]]:
     py = sys.executable
     shim = str(shim_path())
     port = int(url.rsplit(":", 1)[1])
@@ -71,15 +81,19 @@ def candidates(url: str, down_url: str, spool: str) -> dict[str, list[str]]:
         "exchange": [py, "-S", "-E", "-c", _exchange_code(port)],
         "down": shlex.split(shim_command("codex", daemon=down_url, python=py))
         + ["--spool", spool],
+        "signed": shlex.split(shim_command("codex", daemon=signed_url, python=py)),
     }
 
 
-def _once(argv: list[str]) -> float:
+def _once(argv: list[str], env: dict[str, str] | None = None) -> float:
+    full = {**os.environ, **env} if env else None
     t0 = time.perf_counter()
-    out = subprocess.run(argv, input=PAYLOAD, capture_output=True, check=False)
+    out = subprocess.run(argv, input=PAYLOAD, capture_output=True, check=False, env=full)
     took = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"{argv[:3]}: exit {out.returncode}: {out.stderr[-300:]!r}")
+    if env and out.stderr:  # the signed exchange must succeed, not fall back to the spool
+        raise RuntimeError(f"{argv[:3]}: {out.stderr[-300:]!r}")
     return took
 
 
@@ -87,24 +101,28 @@ def measure(rounds: int) -> dict[str, list[float]]:
     """``{candidate: [seconds per run]}`` over ``rounds`` round-robin rounds."""
     stub = subprocess.Popen([sys.executable, "-m", "tests.support.hook_stub", "answer"],
                             cwd=ROOT, stdout=subprocess.PIPE)
+    signed = subprocess.Popen([sys.executable, "-m", "tests.support.hook_stub", "answer", TOKEN],
+                              cwd=ROOT, stdout=subprocess.PIPE)
     try:
-        assert stub.stdout is not None
+        assert stub.stdout is not None and signed.stdout is not None
         url = stub.stdout.readline().decode().strip()
+        signed_url = signed.stdout.readline().decode().strip()
         with socket.socket() as s:  # a port nothing listens on: connection refused
             s.bind(("127.0.0.1", 0))
             down = f"http://127.0.0.1:{s.getsockname()[1]}"
         with tempfile.TemporaryDirectory(prefix="aep-shim-bench-") as spool:
-            cands = candidates(url, down, spool)
-            for argv in cands.values():  # warm: page cache, bytecode caches
-                _once(argv)
+            cands = candidates(url, down, spool, signed_url)
+            for name, argv in cands.items():  # warm: page cache, bytecode caches
+                _once(argv, ENV.get(name))
             times: dict[str, list[float]] = {k: [] for k in cands}
             for _ in range(rounds):
                 for name, argv in cands.items():
-                    times[name].append(_once(argv))
+                    times[name].append(_once(argv, ENV.get(name)))
         return times
     finally:
-        stub.kill()
-        stub.wait()
+        for p in (stub, signed):
+            p.kill()
+            p.wait()
 
 
 def _p90(xs: list[float]) -> float:

@@ -82,8 +82,8 @@ class HookStub:
             task_status.started(self.url)
 
 
-async def _serve_forever(mode: str) -> None:
-    stub = HookStub(mode=mode)
+async def _serve_forever(mode: str, token: str | None = None) -> None:
+    stub = HookStub(mode=mode, token=token)
     async with trio.open_nursery() as nursery:
         url = await nursery.start(stub.serve)
         print(url, flush=True)
@@ -91,4 +91,5 @@ async def _serve_forever(mode: str) -> None:
 
 if __name__ == "__main__":  # a stub in its own process (the shim benchmark)
     import sys
-    trio.run(_serve_forever, sys.argv[1] if len(sys.argv) > 1 else "answer")
+    trio.run(_serve_forever, sys.argv[1] if len(sys.argv) > 1 else "answer",
+             sys.argv[2] if len(sys.argv) > 2 else None)
