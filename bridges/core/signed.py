@@ -17,11 +17,23 @@ The daemon (:func:`verify`) accepts it when the MAC matches, ``t`` is within
 :data:`WINDOW_S` of its clock and the MAC was not seen before (a bounded
 memory of :data:`SEEN_MAX` MACs, each kept for the window); the body is then
 checked against the digest (:func:`body_matches`) before anything reads it.
-Its 200 answers carry ``AEP-Proof: HMAC-SHA256(token, "aep-hook-daemon-v1\\n{id}")``
-(:func:`proof`), which the shim checks before it waits on a hold or prints a
-decision; a listener that cannot prove itself gets nothing printed and the
-moment spooled. A squatter sees a MAC of one moment, never the token: it can
-neither answer as the daemon nor make another request the daemon accepts.
+The request must carry each of those headers once and no
+``X-AEP-Hook-Spooled`` (the shim never sends one; a replay must not choose its
+moment's time), with the MAC and digest as 64 lower-case hex digits and the
+time as ASCII digits (a sixth outside attack: a MAC's upper-cased copy, a
+second digest or hook id header, each read by a different check, made one
+captured request into any number of moments with any bodies).
+
+Its answers carry ``AEP-Proof: HMAC-SHA256(token, "aep-hook-daemon-v2\\n{id}\\n
+{status}\\n{AEP-Hold-Ms or empty}")`` (:meth:`SignedAnswer.head`), which the
+shim checks before it waits on a hold or reads a body, and a 200 body is
+``<HMAC-SHA256(token, "aep-hook-answer-v1\\n{id}\\n" + decision), hex>\\n<decision>``
+(:meth:`SignedAnswer.body`), checked before the decision is printed: a
+listener that cannot prove itself gets nothing printed and the moment
+spooled, and one between the shim and the daemon can neither change the
+decision nor stretch the hold. A squatter sees a MAC of one moment, never the
+token: it can neither answer as the daemon nor make another request the
+daemon accepts.
 
 Bearer tokens stay accepted on the hook paths (Claude Code's own ``http``
 hooks send the configured header; that transport has no such proof)."""
@@ -34,7 +46,8 @@ from collections import OrderedDict
 from typing import Iterable
 
 __all__ = ["SCHEME", "WINDOW_S", "SEEN_MAX", "DIGEST_HEADER", "PROOF_HEADER", "request_mac",
-           "proof", "body_digest", "body_matches", "SignedRequests", "SIGNED_KEY"]
+           "head_proof", "body_proof", "body_digest", "body_matches", "SignedRequests",
+           "SignedAnswer", "SIGNED_KEY"]
 
 #: the ``Authorization`` scheme of a signed request
 SCHEME = "AEP-HMAC-SHA256"
@@ -60,10 +73,34 @@ def request_mac(token: str, t: int, hook_id: str, path: str, digest: str) -> str
     return hmac.new(_key(token), msg, hashlib.sha256).hexdigest()
 
 
-def proof(token: str, hook_id: str) -> str:
-    """The daemon's answer proof (hex) for the request ``hook_id``."""
-    msg = f"aep-hook-daemon-v1\n{hook_id}".encode("utf-8", "surrogateescape")
+def head_proof(token: str, hook_id: str, status: int, hold_ms: str = "") -> str:
+    """The daemon's ``AEP-Proof`` (hex) for its answer to ``hook_id``: the
+    status and the ``AEP-Hold-Ms`` value it sends (``""`` without one)."""
+    msg = f"aep-hook-daemon-v2\n{hook_id}\n{status}\n{hold_ms}".encode("utf-8", "surrogateescape")
     return hmac.new(_key(token), msg, hashlib.sha256).hexdigest()
+
+
+def body_proof(token: str, hook_id: str, decision: bytes) -> str:
+    """The proof (hex) the daemon puts on the line before ``decision``."""
+    msg = f"aep-hook-answer-v1\n{hook_id}\n".encode("utf-8", "surrogateescape") + decision
+    return hmac.new(_key(token), msg, hashlib.sha256).hexdigest()
+
+
+class SignedAnswer:
+    """How the daemon proves its answer to one signed request (the hook
+    endpoint's view of it, left in the scope under :data:`SIGNED_KEY`)."""
+
+    def __init__(self, token: str, hook_id: str) -> None:
+        self._token = token
+        self.hook_id = hook_id
+
+    def head(self, status: int, hold_ms: str = "") -> tuple[bytes, bytes]:
+        """The ``AEP-Proof`` header for a response start of ``status``."""
+        return (PROOF_HEADER, head_proof(self._token, self.hook_id, status, hold_ms).encode())
+
+    def body(self, decision: bytes) -> bytes:
+        """``decision`` with its proof line in front (see the module docstring)."""
+        return body_proof(self._token, self.hook_id, decision).encode() + b"\n" + decision
 
 
 def body_digest(body: bytes) -> str:
@@ -85,30 +122,28 @@ class SignedRequests:
 
     def verify(self, headers: Iterable[tuple[bytes, bytes]], path: str) -> str | None:
         """The request's hook id when ``headers`` sign it for ``path`` (a
-        fresh, unseen MAC over a well-formed request); else ``None``.
-        Remembers the MAC (a replay within the window is refused)."""
-        auth = hook_id = digest = None
+        fresh, unseen MAC over a well-formed request: each signed header
+        once, no ``X-AEP-Hook-Spooled``); else ``None``. Remembers the MAC
+        (a replay within the window is refused)."""
+        seen: dict[bytes, list[str]] = {}
         for k, v in headers:
             k = k.lower()
-            if k == b"authorization":
-                auth = v.decode("latin-1")
-            elif k == b"x-aep-hook-id":
-                hook_id = v.decode("latin-1")
-            elif k == DIGEST_HEADER:
-                digest = v.decode("latin-1")
-        if auth is None or hook_id is None or digest is None:
+            if k in _SIGNED_HEADERS:
+                seen.setdefault(k, []).append(v.decode("latin-1"))
+        if b"x-aep-hook-spooled" in seen or any(len(seen.get(k, ())) != 1 for k in _ONCE):
             return None
+        (auth,), (hook_id,), (digest,) = (seen[k] for k in _ONCE)
         scheme, _, cred = auth.partition(" ")
         t_text, _, mac = cred.strip().partition(":")
-        if scheme != SCHEME or not t_text.isdigit() or len(t_text) > 12 or len(mac) != 64:
+        if scheme != SCHEME or not (t_text.isascii() and t_text.isdigit()) or len(t_text) > 12:
             return None
-        if len(hook_id) > 128 or len(digest) != 64:
+        if not (_hex64(mac) and _hex64(digest)) or not 0 < len(hook_id) <= 128:
             return None
         now, t = self._clock(), int(t_text)
         if abs(now - t) > self.window_s:
             return None
         want = request_mac(self._token, t, hook_id, path, digest)
-        if not hmac.compare_digest(want, mac.lower()):
+        if not hmac.compare_digest(want, mac):
             return None
         self._forget(now)
         if mac in self._seen:
@@ -125,14 +160,24 @@ class SignedRequests:
                 return
             del self._seen[mac]
 
-    def proof(self, hook_id: str) -> str:
-        """:func:`proof` with this token."""
-        return proof(self._token, hook_id)
+    def answer(self, hook_id: str) -> SignedAnswer:
+        """The proofs of the daemon's answer to ``hook_id``."""
+        return SignedAnswer(self._token, hook_id)
+
+
+#: the signed request's headers, each taken once
+_ONCE = (b"authorization", b"x-aep-hook-id", DIGEST_HEADER)
+_SIGNED_HEADERS = frozenset((*_ONCE, b"x-aep-hook-spooled"))
+_HEX = frozenset("0123456789abcdef")
+
+
+def _hex64(text: str) -> bool:
+    """64 lower-case hex digits (a SHA-256 in the one spelling that is signed)."""
+    return len(text) == 64 and _HEX.issuperset(text)
 
 
 def body_matches(headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bool:
-    """Whether ``body`` is what ``X-AEP-Hook-Digest`` in ``headers`` names."""
-    for k, v in headers:
-        if k.lower() == DIGEST_HEADER:
-            return hmac.compare_digest(v.decode("latin-1").lower(), body_digest(body))
-    return False
+    """Whether ``body`` is what the one ``X-AEP-Hook-Digest`` in ``headers``
+    names (two of them: never)."""
+    digests = [v.decode("latin-1") for k, v in headers if k.lower() == DIGEST_HEADER]
+    return len(digests) == 1 and hmac.compare_digest(digests[0], body_digest(body))

@@ -212,7 +212,8 @@ def _exchange(url: str, agent: str, body: bytes, token: str | None,
             headers[k.strip().lower()] = v.strip()
         if status not in (200, 400):  # 5xx; 404 before the bridge mounts; 401/403
             raise _GiveUp(f"{hostport}: HTTP {status}")
-        if token and headers.get("aep-proof") != _hmac(token, f"aep-hook-daemon-v1\n{hook_id}"):
+        if token and headers.get("aep-proof") != _hmac(
+                token, f"aep-hook-daemon-v2\n{hook_id}\n{status}\n{headers.get('aep-hold-ms', '')}"):
             # not the daemon (a process squatting its port): nothing it says is printed
             raise _GiveUp(f"{hostport}: the listener did not prove it holds AEP_TOKEN")
         if status != 200:
@@ -224,10 +225,18 @@ def _exchange(url: str, agent: str, body: bytes, token: str | None,
             wait = CONNECT_BUDGET_S
         conn.deadline = time.monotonic() + wait
         try:
-            return status, _read_body(conn, headers)
+            body = _read_body(conn, headers)
         except (OSError, ValueError) as e:  # the daemon has the moment: nothing to spool
             _warn(f"{hostport}: the answer did not arrive ({type(e).__name__}); no decision")
             return status, None
+        if token:  # "<proof>\n<decision>": the decision is the daemon's, unchanged
+            proof, _, decision = body.partition(b"\n")
+            want = _hmac(token, f"aep-hook-answer-v1\n{hook_id}\n".encode() + decision)
+            if proof.decode("latin-1") != want:
+                _warn(f"{hostport}: the answer's proof does not match; no decision")
+                return status, None
+            body = decision
+        return status, body
     finally:
         sock.close()
 
@@ -240,7 +249,7 @@ def _sha256(data: bytes):
     return sha256(data)
 
 
-def _hmac(token: str, msg: str) -> str:
+def _hmac(token: str, msg: "str | bytes") -> str:
     """HMAC-SHA256 (RFC 2104) of ``msg`` under ``token``, hex: the
     :mod:`hmac` module is off limits on the fast path (it imports
     ``_hashlib``, OpenSSL: milliseconds); a test pins it to :mod:`hmac`."""
@@ -248,7 +257,9 @@ def _hmac(token: str, msg: str) -> str:
     if len(key) > 64:
         key = _sha256(key).digest()
     key = key + bytes(64 - len(key))
-    inner = _sha256(bytes(b ^ 0x36 for b in key) + msg.encode("utf-8", "surrogateescape"))
+    if isinstance(msg, str):
+        msg = msg.encode("utf-8", "surrogateescape")
+    inner = _sha256(bytes(b ^ 0x36 for b in key) + msg)
     return _sha256(bytes(b ^ 0x5C for b in key) + inner.digest()).hexdigest()
 
 

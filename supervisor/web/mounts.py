@@ -15,8 +15,8 @@ Guards in front of every mounted app, before it sees the request:
 - with ``AEP_TOKEN`` set, ``Authorization: Bearer`` (or ``?access_token=``)
   is required, 401 otherwise; on the hook paths (``/hooks/...``) a request
   signed with the token (:mod:`bridges.core.signed`, the command shim's way:
-  the token never crosses the socket) is taken too, its hook id and the
-  daemon's proof left in the scope for the hook endpoint.
+  the token never crosses the socket) is taken too, the proofs of the
+  daemon's answer left in the scope for the hook endpoint.
 
 A refused WebSocket upgrade gets a real HTTP status (hypercorn's ASGI
 websocket denial extension). A path nobody mounts falls through to the
@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 from bridges.core.asgi import bearer_ok, header, host_allowed, listen_host, refuse_upgrade, respond
 from bridges.core.bridge import ASGIApp
 from bridges.core.http import FaultLog, fault_kind
-from bridges.core.signed import SIGNED_KEY, SignedRequests
+from bridges.core.signed import SIGNED_KEY, SignedAnswer, SignedRequests
 
 __all__ = ["Mounts", "refuse"]
 
@@ -117,10 +117,10 @@ class Mounts:
 
         return dispatch
 
-    def _signed_hook(self, scope: dict[str, Any]) -> tuple[str, str] | None:
-        """``(hook id, proof)`` of a hook request signed with the token, else ``None``."""
+    def _signed_hook(self, scope: dict[str, Any]) -> SignedAnswer | None:
+        """The answer proofs of a hook request signed with the token, else ``None``."""
         path = scope.get("path", "")
         if self._signed is None or scope["type"] != "http" or not path.startswith("/hooks/"):
             return None
         hook_id = self._signed.verify(scope.get("headers", []), path)
-        return None if hook_id is None else (hook_id, self._signed.proof(hook_id))
+        return None if hook_id is None else self._signed.answer(hook_id)

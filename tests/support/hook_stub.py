@@ -12,7 +12,7 @@ from typing import Any
 import trio
 
 from bridges.core.asgi import headers
-from bridges.core.signed import proof
+from bridges.core.signed import SignedAnswer
 from tests.support.net import http_body, serve_loopback
 
 #: what the stub does with a request
@@ -47,6 +47,9 @@ class HookStub:
     finished: int = 0  # handlers that ran to their end (a silent one not before silent_s)
     url: str = ""
     token: str | None = None
+    #: a listener between the shim and the daemon: the daemon's proofs, its own body / hold
+    forged_body: bytes | None = None
+    forged_hold_ms: int | None = None
 
     async def app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body = await http_body(scope, receive, send)
@@ -54,22 +57,31 @@ class HookStub:
             return
         self.requests.append(Seen(scope["path"], headers(scope), body, trio.current_time()))
         ctype = [(b"content-type", b"application/json")]
-        if self.token is not None:
-            ctype.append((b"aep-proof", proof(self.token, self.requests[-1].headers.get(
-                "x-aep-hook-id", "")).encode()))
+        signed = None if self.token is None else SignedAnswer(
+            self.token, self.requests[-1].headers.get("x-aep-hook-id", ""))
         if self.mode == "silent":
             await trio.sleep(self.silent_s)
         if self.mode in ("hold", "hold-forever"):
+            hold = str(self.hold_ms)
+            proof = [signed.head(200, hold)] if signed else []
+            if self.forged_hold_ms is not None:
+                hold = str(self.forged_hold_ms)
             await send({"type": "http.response.start", "status": 200,
-                        "headers": ctype + [(b"aep-hold-ms", str(self.hold_ms).encode())]})
+                        "headers": ctype + [(b"aep-hold-ms", hold.encode()), *proof]})
             await trio.sleep(self.hold_s if self.mode == "hold" else 3600)
-            await send({"type": "http.response.body", "body": self.decision})
+            await send({"type": "http.response.body",
+                        "body": signed.body(self.decision) if signed else self.decision})
             self.finished += 1
             return
         status = {"5xx": 503, "400": 400, "404": 404}.get(self.mode, 200)
         out = {"5xx": b'{"error":"busy"}', "400": b'{"error":"not a JSON object"}',
                "404": b"not found", "not-json": b"<html>oops</html>"}.get(self.mode,
                                                                        self.decision)
+        if signed is not None:
+            ctype.append(signed.head(status))
+            out = signed.body(out) if status == 200 else out
+            if self.forged_body is not None:
+                out = out.partition(b"\n")[0] + b"\n" + self.forged_body
         await send({"type": "http.response.start", "status": status,
                     "headers": ctype + [(b"content-length", str(len(out)).encode())]})
         await send({"type": "http.response.body", "body": out})

@@ -317,7 +317,10 @@ def test_the_shim_signs_its_request_and_the_daemon_proves_itself(gated, tmp_path
                "Content-Type": "application/json"}
     first = httpx.post(f"{d.url}/hooks/claude-code", content=body, headers=headers, timeout=60)
     assert first.status_code == 200
-    assert first.headers["aep-proof"] == signed.proof(TOKEN, hook)
+    assert first.headers["aep-proof"] == signed.head_proof(TOKEN, hook, 200)
+    proof, _, decision = first.content.partition(b"\n")
+    assert proof.decode() == signed.body_proof(TOKEN, hook, decision)
+    assert json.loads(decision) == {}
     replay = httpx.post(f"{d.url}/hooks/claude-code", content=body, headers=headers, timeout=60)
     assert replay.status_code == 401 and "aep-proof" not in replay.headers
     hook2 = uuid.uuid4().hex

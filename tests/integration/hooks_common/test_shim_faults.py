@@ -102,6 +102,22 @@ async def test_a_listener_that_cannot_prove_it_holds_the_token_gets_no_say(stub,
     assert line["id"] == seen.headers["x-aep-hook-id"]
 
 
+@pytest.mark.parametrize("what", ["body", "hold"])
+async def test_a_listener_between_shim_and_daemon_can_change_nothing(stub, tmp_path, what):
+    """The daemon's proofs cover its status, its hold and its decision (a sixth outside
+    attack: the proof covered only the hook id, so a relay on the path kept it and
+    swapped the decision for an "allow", or stretched the hold)."""
+    stub.token, stub.decision = "the-real-token", b"{}"
+    if what == "body":
+        stub.forged_body = DECISION
+    else:
+        stub.mode, stub.hold_ms, stub.hold_s, stub.forged_hold_ms = "hold", 50, 0.1, 600_000
+    proc = await run_shim(stub.url, tmp_path / "spool", env={"AEP_TOKEN": "the-real-token"})
+    assert_clean(proc)
+    assert proc.stdout == b""
+    assert (b"proof does not match" if what == "body" else b"did not prove") in proc.stderr
+
+
 async def test_a_wrong_proof_is_no_proof(stub, tmp_path):
     stub.decision, stub.token = DECISION, "a-guessed-token"
     proc = await run_shim(stub.url, tmp_path / "spool", env={"AEP_TOKEN": "the-real-token"})

@@ -39,7 +39,13 @@ def test_a_fresh_signed_request_is_taken_once():
     hs = _headers(1_000_000)
     assert check.verify(hs, PATH) == HOOK
     assert check.verify(hs, PATH) is None  # a replay within the window
-    assert check.proof(HOOK) == shim._hmac(TOKEN, f"aep-hook-daemon-v1\n{HOOK}")
+    answer = check.answer(HOOK)
+    assert answer.head(200, "5000") == (b"aep-proof", shim._hmac(
+        TOKEN, f"aep-hook-daemon-v2\n{HOOK}\n200\n5000").encode())
+    assert answer.head(200) != answer.head(400) != answer.head(200, "1")
+    proof, _, decision = answer.body(b'{"a":1}').partition(b"\n")
+    assert decision == b'{"a":1}'
+    assert proof.decode() == shim._hmac(TOKEN, f"aep-hook-answer-v1\n{HOOK}\n".encode() + decision)
     assert signed.body_matches(hs, b"{}") and not signed.body_matches(hs, b'{"a":1}')
 
 
@@ -55,6 +61,31 @@ def test_what_is_refused():
     bearer = [(b"authorization", f"Bearer {TOKEN}".encode()), *_headers(now)[:2]]
     assert check.verify(bearer, PATH) is None  # bearer is the guard's other path, not this
     assert check.verify(_headers(now, hook="h" * 129), PATH) is None
+    assert check.verify(_headers(now, hook=""), PATH) is None
+
+
+def test_one_captured_request_makes_nothing_else():
+    """A sixth outside attack: one signed request a squatter captured became any number
+    of moments with any bodies: the MAC's upper-cased copies were fresh, a second digest
+    header and a second hook id header were each read by a different check, a spooled
+    mark chose the moment's time, a superscript digit in the time was a 500."""
+    now = 1_000_000
+    check = signed.SignedRequests(TOKEN, clock=lambda: float(now))
+    good = _headers(now)
+    auth = good[2][1].decode()
+    upper = [*good[:2], (b"authorization", (auth[:-64] + auth[-64:].upper()).encode())]
+    assert check.verify(upper, PATH) is None
+    other_digest = (b"x-aep-hook-digest", signed.body_digest(b'{"evil":1}').encode())
+    assert check.verify([other_digest, *good], PATH) is None
+    assert not signed.body_matches([other_digest, *good], b'{"evil":1}')
+    assert check.verify([(b"x-aep-hook-id", b"f" * 32), *good], PATH) is None
+    assert check.verify([*good, good[2]], PATH) is None
+    assert check.verify([*good, (b"x-aep-hook-spooled", b"1")], PATH) is None
+    sup = [*good[:2], (b"authorization", b"AEP-HMAC-SHA256 \xb2:" + b"0" * 64)]  # latin-1 '²'
+    assert "\xb2".isdigit()  # what the old check let through to int()
+    assert check.verify(sup, PATH) is None  # refused, not an exception
+    assert check.verify(good, PATH) == HOOK  # and the real one, once
+    assert check.verify(good, PATH) is None
     assert check.verify(_headers(now - 120), PATH) == HOOK  # the window's edge
 
 
