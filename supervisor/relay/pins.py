@@ -21,8 +21,10 @@ the agent still waited). docs/security.md "Limits", docs/stream.md.
   one), counted ``pins_released``, and goes back to the front of its kind's
   order (the next of its kind to go).
 - **Order.** The buffer dropped is the least recently written unpinned
-  open one; else the least recently written unpinned fleet one; else the
-  least recently written pinned open one; else pinned fleet. Counted
+  open one; else the least recently written pinned open one; else the
+  least recently written unpinned fleet one; else pinned fleet (the kind
+  first: asks an open party posts in its own sessions never outlive the
+  fleet's buffers). Counted
   ``sessions_evicted`` (all) and by kind: ``sessions_evicted_open``,
   ``sessions_evicted_fleet``, ``sessions_evicted_pinned``.
 
@@ -107,7 +109,10 @@ class Evictions:
 
     def _victim(self) -> BufKey:
         """The buffer to drop next (module docstring); ``KeyError`` when none is held."""
-        for order in (self._open, self._fleet, self._pinned_open, self._pinned_fleet):
+        # the kind first, then the pin: an open party's own asks never outlive the fleet's
+        # buffers (a sixth outside attack pinned its own sessions with forged asks and got
+        # every Claude Code hook session's buffer evicted under the total bytes)
+        for order in (self._open, self._pinned_open, self._fleet, self._pinned_fleet):
             if order:
                 return next(iter(order))
         raise KeyError("no buffer held")

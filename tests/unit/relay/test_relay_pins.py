@@ -156,3 +156,20 @@ def test_relay_keeps_a_hook_bridges_open_ask_through_an_otlp_flood():
         assert stats["counters"]["sessions_evicted_open"] == 200 - 19  # 201 sessions, 20 held
         assert stats["counters"]["sessions_evicted_fleet"] == 0
     trio.run(main)
+
+
+def test_asks_an_open_party_posts_in_its_own_sessions_never_outlive_the_fleets_buffers():
+    """A sixth outside attack: a credential holder posted attention.requested in its own
+    sessions, which were pinned and so outlived the fleet's unpinned buffers: every
+    Claude Code hook session's buffer was evicted under the total bytes."""
+    b = SessionBuffers(100, 12)  # at most 3 pinned
+    for i in range(9):
+        b.admit(E(f"hook-{i}", 0), True)  # the fleet's, no ask, least recently written
+    for i in range(3):
+        b.admit(E(f"alice-{i}", 0))
+        ask(b, f"alice-{i}", fleet=False)
+    assert b.pinned == 3 and len(b) == 12
+    b.admit(E("alice-new", 0))
+    assert {f"hook-{i}" for i in range(9)} <= held(b)
+    assert b.counters["sessions_evicted_fleet"] == 0
+    assert b.counters["sessions_evicted_pinned"] == 1
