@@ -64,6 +64,17 @@ class Page:
         """The inbox card of the ``attention.requested`` ``ask_id``."""
         return self.one(f'[data-ask="{ask_id}"]', f"inbox card for {ask_id}", timeout)
 
+    def answerable(self, ask_id: str, timeout: float = 60) -> Any:
+        """The inbox card of ``ask_id`` once its controls are enabled (the
+        page disables them while its socket is not live: typed text or a
+        click before that does nothing, as for a person)."""
+        def ready() -> Any:
+            card = self.css(f'[data-ask="{ask_id}"]')
+            controls = card[0].find_elements("css selector", "button, textarea, input") \
+                if card else []
+            return card[0] if controls and all(c.is_enabled() for c in controls) else None
+        return self.wait(ready, f"the answerable card of {ask_id}", timeout)
+
     def status(self, ask_id: str) -> str:
         cards = self.css(f'[data-ask="{ask_id}"] .status')
         return cards[0].text if cards else ""

@@ -91,7 +91,7 @@ def env(tmp_path_factory) -> Iterator[Env]:
 def test_permission_answered_by_a_click(env: Env) -> None:
     sid = env.prompt("AEP_BASH echo console-approved")
     ask = env.ask_of(sid)
-    card = env.page.card(ask["id"])
+    card = env.page.answerable(ask["id"])
     button = env.page.wait(lambda: [b for b in card.find_elements("css selector", ".options button")
                                     if b.text == "Allow once"], "the Allow once button")[0]
     shot = os.environ.get("AEP_CONSOLE_SCREENSHOT")
@@ -116,7 +116,7 @@ def test_question_form_answered_in_the_page(env: Env) -> None:
     sid = env.prompt("AEP_QUESTION")
     ask = env.ask_of(sid)
     assert ask["data"]["kind"] == "form"
-    card = env.page.card(ask["id"])
+    card = env.page.answerable(ask["id"])
     sqlite = env.page.wait(lambda: [lab for lab in card.find_elements("css selector", ".field label")
                                     if lab.text.strip() == "SQLite"], "the SQLite choice")[0]
     sqlite.click()
@@ -134,9 +134,11 @@ def test_free_text_reject_reaches_the_vendor(env: Env) -> None:
     reason = "not on this branch, console says use make clean"
     sid = env.prompt("AEP_BASH rm -rf build")
     ask = env.ask_of(sid)
-    card = env.page.card(ask["id"])
+    card = env.page.answerable(ask["id"])
     card.find_element("css selector", "textarea.answer-text").send_keys(reason)
     card.find_element("css selector", ".send-text").click()
+    # the click took: the card says it sent (else the failure shows the page as it was)
+    env.page.wait(lambda: "sent: text" in env.page.status(ask["id"]), "the card's 'sent: text'")
     answered = env.of(sid, "attention.answered")
     assert answered["data"]["answer"] == {"option": "reject", "text": reason}
     env.of(sid, "tool.denied")

@@ -178,7 +178,7 @@ def form_hostile_text_and_controls(relay: DaemonProcess) -> None:
         assert page.js("return document.querySelectorAll('img, #inbox script').length") == 0
         assert page.js("return window.__pwned === undefined")
 
-        fcard = page.card(form["id"])
+        fcard = page.answerable(form["id"])
         num = fcard.find_element("css selector", '[data-field="count"] input')
         num.send_keys("500")  # above max: the page refuses it before sending
         fcard.find_element("css selector", '[data-field="db"] input[value="lite"]').click()
