@@ -304,26 +304,78 @@ def spool_line(hook_id: str, agent: str, raw: bytes, now_ms: int) -> bytes:
                         "payload": payload}, separators=(",", ":")) + "\n").encode("ascii")
 
 
-def _spool_dir_fd(spool_dir: str) -> int:
-    """The spool directory opened (``O_DIRECTORY``, never through a symlink
-    at its last component) once it passes the rules ssh holds its own
-    directories to: a real directory, owned by this user, not group- or
-    world-writable (else anyone who may write there could rename our file
-    away or plant one; a ``--spool`` symlink would send the moments
-    wherever it points). Raises ``OSError`` saying which rule failed."""
+def _open_dir_at(parent: int, name: str, path: str, last: bool) -> int:
+    """``name`` in the directory ``parent`` opened ``O_DIRECTORY |
+    O_NOFOLLOW``, made first when missing (``0700`` when ``last``, else as
+    ``os.makedirs`` makes a parent); ``path``: the path so far, for the
+    message. A symlink there is followed only when root owns it, this user
+    is not root and it is not ``last``: a system layout's (``/home ->
+    /var/home``, macOS' ``/tmp``), planted by no one who could not write
+    the target anyway. Raises ``OSError``."""
     import os
     import stat
-    name = spool_dir.rstrip("/") or "/"  # a trailing "/" would follow a symlink
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.open(name, flags, dir_fd=parent)
+    except FileNotFoundError:
+        try:
+            os.mkdir(name, 0o700 if last else 0o777, dir_fd=parent)
+        except FileExistsError:
+            pass  # made meanwhile (or a symlink planted: the open below sees it)
+        except OSError as e:
+            raise OSError(f"the spool directory cannot be made: {e.strerror or e}") from None
+    except OSError:
+        pass
+    try:
+        return os.open(name, flags, dir_fd=parent)
     except OSError as e:
         try:
-            link = stat.S_ISLNK(os.lstat(name).st_mode)
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         except OSError:
-            link = False
-        if link:
-            raise OSError("the spool directory is a symlink (refused, never followed)") from None
-        raise OSError(f"the spool directory cannot be opened: {e.strerror or e}") from None
+            st = None
+        if st is None or not stat.S_ISLNK(st.st_mode):
+            raise OSError(f"the spool directory cannot be opened: {e.strerror or e}") from None
+        if last or st.st_uid != 0 or os.geteuid() == 0:
+            raise OSError(f"the spool directory's path has a symlink at {path} "
+                          "(refused, never followed)") from None
+        return os.open(name, flags & ~os.O_NOFOLLOW, dir_fd=parent)
+
+
+def _walk_dir(spool_dir: str) -> int:
+    """``spool_dir`` opened one component at a time from ``/`` (or the
+    working directory) with :func:`_open_dir_at`, each missing one made on
+    the way: a symlink anywhere in the path is refused, not only at its
+    last component (a sixth outside attack on issue 25: ``LINK/.``,
+    ``LINK/./`` and ``LINK/sub`` followed the link). A few system calls a
+    component; only when spooling."""
+    import os
+    parts = [p for p in spool_dir.split("/") if p and p != "."]
+    absolute = spool_dir.startswith("/")
+    fd = os.open("/" if absolute else ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    path = "/" if absolute else ""
+    try:
+        for i, name in enumerate(parts):
+            path = os.path.join(path, name)
+            nxt = _open_dir_at(fd, name, path, i == len(parts) - 1)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _spool_dir_fd(spool_dir: str) -> int:
+    """The spool directory opened (``O_DIRECTORY``, never through a symlink
+    anywhere in its path: :func:`_walk_dir`, which also makes it) once it
+    passes the rules ssh holds its own directories to: a real directory,
+    owned by this user, not group- or world-writable (else anyone who may
+    write there could rename our file away or plant one; a ``--spool``
+    symlink would send the moments wherever it points). Raises ``OSError``
+    saying which rule failed."""
+    import os
+    import stat
+    fd = _walk_dir(spool_dir)
     st = os.fstat(fd)
     if st.st_uid != os.geteuid():
         problem = f"is owned by uid {st.st_uid}, not by this user"
@@ -348,7 +400,6 @@ def spool_write(spool_dir: str, agent: str, line: bytes, attempts: int = 8) -> s
     import fcntl
     import os
     import stat
-    os.makedirs(spool_dir, mode=0o700, exist_ok=True)
     path = os.path.join(spool_dir, f"{agent}.jsonl")
     name = f"{agent}.jsonl"
     dir_fd = _spool_dir_fd(spool_dir)

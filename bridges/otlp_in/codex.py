@@ -227,30 +227,30 @@ def _primary(name: str, a: dict[str, Any], posture: Posture, notes: list[str]
     """The core mapping, or ``None`` when the record stays vendor-namespaced."""
     if name == "codex.conversation_starts":
         data: dict[str, Any] = {"client": {"name": CLIENT}}
-        model = short_str(a.get("model"), notes)
+        model = short_str(a.get("model"), notes, posture.policy)
         if model:
             data["gen_ai.request.model"] = model
         return [{"type": "session.started", "data": data}]
     if name == "codex.tool_result":
         return _tool_result(a, posture, notes)
     if name == "codex.tool_decision":
-        return _tool_decision(a, notes)
+        return _tool_decision(a, posture, notes)
     return None
 
 
-def _tool(a: dict[str, Any], notes: list[str]) -> dict[str, Any] | None:
-    tool_name = short_str(a.get("tool_name"), notes)
+def _tool(a: dict[str, Any], posture: Posture, notes: list[str]) -> dict[str, Any] | None:
+    tool_name = short_str(a.get("tool_name"), notes, posture.policy)
     if not tool_name:
         return None
     tool = {"name": tool_name}
-    call_id = short_str(a.get("call_id"), notes)
+    call_id = short_str(a.get("call_id"), notes, posture.policy)
     if call_id:
         tool["call_id"] = call_id
     return tool
 
 
 def _tool_result(a: dict[str, Any], posture: Posture, notes: list[str]) -> list[Emission] | None:
-    tool = _tool(a, notes)
+    tool = _tool(a, posture, notes)
     ok = to_bool(a.get("success"))
     if tool is None or ok is None:
         notes.append("otlp.degraded")
@@ -280,7 +280,8 @@ def _tool_result(a: dict[str, Any], posture: Posture, notes: list[str]) -> list[
              "subject": tool["name"]}]
 
 
-def _tool_decision(a: dict[str, Any], notes: list[str]) -> list[Emission] | None:
+def _tool_decision(a: dict[str, Any], posture: Posture, notes: list[str]
+                   ) -> list[Emission] | None:
     decision = a.get("decision")
     if not isinstance(decision, str) or decision.strip().lower() not in _DENY:
         return None  # approvals have no core type; they stay vendor-namespaced
@@ -289,7 +290,7 @@ def _tool_decision(a: dict[str, Any], notes: list[str]) -> list[Emission] | None
     if src == "user":
         return []  # a human decision already made in the CLI (pin tool_decision_user_deny)
     by = _BY_SOURCE.get(src or "")
-    tool = _tool(a, notes)
+    tool = _tool(a, posture, notes)
     if by is None or tool is None:
         notes.append("otlp.degraded")
         return None

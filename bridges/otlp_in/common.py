@@ -7,8 +7,8 @@ the :class:`~bridges.core.posture.Posture` into a list of emissions shaped exact
 Capture (design record "Capture"; AEP-0003 §9): vendor ``x.*`` types have no
 payload schema, so the stamper's field gate cannot prune them: the mapper
 itself only puts fields allowed at the ceiling. Per known event an
-:class:`EventSpec` lists the metadata-grade keys (forwarded verbatim, scalars
-only), the ``redacted``-gated free-text keys (through
+:class:`EventSpec` lists the metadata-grade keys (scalars only, a string
+through the redaction pipeline and cut: :func:`meta_str`), the ``redacted``-gated free-text keys (through
 :func:`bridges.core.capture.redact_text` at ``redacted``, verbatim at
 ``full``) and the ``full``-gated keys. Any other attribute is dropped: an
 allowlist, because the vendor adds attributes per version and capture honesty
@@ -116,17 +116,28 @@ def text_of(v: object) -> str | None:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
-def short_str(v: object, notes: list[str]) -> str | None:
-    """A metadata-grade identifier (tool name, model id): a non-empty string,
-    cut to :data:`MAX_META_STR` characters."""
+def meta_str(v: str, notes: list[str], policy: _capture.CapturePolicy) -> str:
+    """A vendor string carried at ``metadata``: through the AEP-0003 §9.4
+    redaction of ``policy`` (its configured secrets hold ``AEP_TOKEN`` and
+    the per-emitter credentials: a sixth outside attack on issue 25 had
+    them written verbatim from a ``tool_name``), over a window of four
+    times :data:`MAX_META_STR` (a secret across the cut is seen whole),
+    then cut to :data:`MAX_META_STR` characters (noted), as the hook
+    bridges bound theirs (``bridges/hooks_common/bounds.py`` ``meta``)."""
+    if len(v) > MAX_META_STR:
+        notes.append("otlp.value_truncated")
+        return _capture.redact_text(v[:4 * MAX_META_STR], policy)[:MAX_META_STR]
+    return _capture.redact_text(v, policy)
+
+
+def short_str(v: object, notes: list[str], policy: _capture.CapturePolicy) -> str | None:
+    """A metadata-grade identifier (tool name, model id): a non-empty
+    string, :func:`meta_str`."""
     if not isinstance(v, str) or not v:
         if v is not None:
             notes.append("otlp.value_unexpected")
         return None
-    if len(v) > MAX_META_STR:
-        notes.append("otlp.value_truncated")
-        return v[:MAX_META_STR]
-    return v
+    return meta_str(v, notes, policy)
 
 
 # --------------------------------------------------------------------------- record view
@@ -374,7 +385,7 @@ def vendor_type(namespace: str, leaf: str) -> str:
 def gated_payload(spec: EventSpec, a: dict[str, Any], type_: str, posture: Posture,
                   notes: list[str]) -> dict[str, Any]:
     """The vendor-namespace payload of a known event: the spec's metadata
-    keys verbatim (scalars only; strings cut to :data:`MAX_META_STR`), the
+    keys (scalars only; strings through :func:`meta_str`), the
     ``redacted`` keys through the redaction pipeline at ``redacted`` and
     verbatim at ``full``, the ``full`` keys only at ``full``. Attribute order
     is kept. The work is :func:`payload` with the type's ceiling looked up."""
@@ -398,17 +409,14 @@ def payload(grades: dict[str, int], a: dict[str, Any], notes: list[str], red_ok:
         if grade == META:
             cls = val.__class__
             if cls is str:  # the common case first: no isinstance calls
-                if len(val) > MAX_META_STR:
-                    notes.append("otlp.value_truncated")
-                    val = val[:MAX_META_STR]
+                val = meta_str(val, notes, policy)
             elif cls is not int and cls is not float and cls is not bool:
                 if not isinstance(val, (str, int, float)):  # bool is an int
                     if val is not None:
                         notes.append("otlp.value_unexpected")
                     continue
-                if isinstance(val, str) and len(val) > MAX_META_STR:
-                    notes.append("otlp.value_truncated")
-                    val = val[:MAX_META_STR]
+                if isinstance(val, str):
+                    val = meta_str(val, notes, policy)
             data[key] = val
         elif grade == REDACTED:
             if red_ok and val is not None:

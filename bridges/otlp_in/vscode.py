@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from bridges.core.bridge import Emission
+from bridges.core.capture import CapturePolicy
 from bridges.core.posture import Posture
 
 from .common import (
@@ -106,35 +107,36 @@ def map_record(rec: dict[str, Any], posture: Posture, notes: list[str] | None = 
         return [unknown(NAMESPACE, name)]
     a = attrs(rec)
     if posture.primary:
-        core = _primary(name, a, notes)
+        core = _primary(name, a, posture.policy, notes)
         if core is not None:
             return core
     type_ = vendor_type(NAMESPACE, spec.leaf)
     return [{"type": type_, "data": gated_payload(spec, a, type_, posture, notes)}]
 
 
-def _primary(name: str, a: dict[str, Any], notes: list[str]) -> list[Emission] | None:
+def _primary(name: str, a: dict[str, Any], policy: CapturePolicy, notes: list[str]
+             ) -> list[Emission] | None:
     if name == "copilot_chat.session.start":
         data: dict[str, Any] = {"client": {"name": CLIENT}}
-        model = short_str(a.get("gen_ai.request.model"), notes)
+        model = short_str(a.get("gen_ai.request.model"), notes, policy)
         if model:
             data["gen_ai.request.model"] = model
         return [{"type": "session.started", "data": data}]
     if name == "copilot_chat.tool.call":
-        tool_name = short_str(a.get("gen_ai.tool.name"), notes)
+        tool_name = short_str(a.get("gen_ai.tool.name"), notes, policy)
         ok = to_bool(a.get("success"))
         if not tool_name or ok is None:
             notes.append("otlp.degraded")
             return None
         tool = {"name": tool_name}
-        call_id = short_str(a.get("gen_ai.tool.call.id"), notes)
+        call_id = short_str(a.get("gen_ai.tool.call.id"), notes, policy)
         if call_id:
             tool["call_id"] = call_id
         data = {"tool": tool}
         if not ok:
             # The OTel error.type convention: a low-cardinality class token,
             # structural at metadata, never free text.
-            data["error"] = {"type": short_str(a.get("error.type"), notes) or "tool_error"}
+            data["error"] = {"type": short_str(a.get("error.type"), notes, policy) or "tool_error"}
         duration = to_int(a.get("duration_ms"))
         if duration is not None:
             data["duration_ms"] = duration

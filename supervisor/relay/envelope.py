@@ -32,7 +32,7 @@ from .attrmatch import CORE_ATTRS
 from .buffer import Entry
 from .capcheck import exceeds as capture_exceeds
 
-__all__ = ["InvalidEvent", "MAX_DATA_DEPTH", "MAX_TYPE", "MAX_ID", "MAX_NAME", "MAX_SOURCE", "MAX_TIME",
+__all__ = ["InvalidEvent", "MAX_COUNT", "MAX_DATA_DEPTH", "MAX_TYPE", "MAX_ID", "MAX_NAME", "MAX_SOURCE", "MAX_TIME",
            "validate", "well_formed", "encode", "to_entry", "envelope_error",
            "has_duplicate_keys", "trusted_entry", "formed_entry", "AEP_VERSION", "is_command_type", "is_foreign"]
 
@@ -45,7 +45,12 @@ _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}\Z"
 _RFC3339 = re.compile(
     r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(?:\.\d+)?"
     r"(?:[Zz]|[+-](\d{2}):(\d{2}))\Z")
-_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s\x00-\x1f\x7f]*\Z")
+#: an absolute URI (RFC 3986 §4.3): ASCII only, no space or control
+#: character (sixth outside attack on issue 25: a raw U+202E, U+200B, a
+#: Cyrillic or fullwidth lookalike passed; non-ASCII is an IRI, not the
+#: schema's ``format: uri``, and is percent-encoded in a URI, as the fleet
+#: and the SDK mint theirs)
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[\x21-\x7e]*\Z")
 _DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _OPTIONAL_STRINGS = ("subject", "session", "run", "step", "cause")
 
@@ -101,8 +106,16 @@ def _nonempty_str(v: Any) -> bool:
     return isinstance(v, str) and bool(v)
 
 
+#: Largest ``seq`` and ``epoch``: 2**53 - 1, the largest integer every JSON
+#: reader holds exactly (RFC 8259 §6; JavaScript's ``Number.MAX_SAFE_INTEGER``):
+#: a ``seq`` of 10**400 was accepted and fanned out, and a JS consumer reads
+#: it as ``Infinity`` (sixth outside attack on issue 25). A counter from 0
+#: at a million events a second takes 285 years to reach it.
+MAX_COUNT = 2**53 - 1
+
+
 def _count(v: Any) -> bool:
-    return _is_int(v) and v >= 0
+    return _is_int(v) and 0 <= v <= MAX_COUNT
 
 
 def _enum(values: dict[str, int]) -> Callable[[Any], bool]:
@@ -165,8 +178,8 @@ _OPTIONAL: tuple[tuple[str, Callable[[Any], Any], str], ...] = (
       for k in _OPTIONAL_STRINGS),
     *((k, lambda v, n=_OPTIONAL_MAX[k]: len(v) <= n, f"{k} longer than {_OPTIONAL_MAX[k]} characters")
       for k in _OPTIONAL_STRINGS),
-    ("seq", _count, "seq must be an integer >= 0"),
-    ("epoch", _count, "epoch must be an integer >= 0"),
+    ("seq", _count, f"seq must be an integer from 0 to {MAX_COUNT}"),
+    ("epoch", _count, f"epoch must be an integer from 0 to {MAX_COUNT}"),
     ("traceparent", lambda v: isinstance(v, str) and _TRACEPARENT.match(v),
      "malformed traceparent"),
     ("severity", _enum(SEVERITY_RANK), "unknown severity"),
@@ -304,7 +317,7 @@ def _attrs_ok(ev: dict[str, Any], shallow: bool) -> bool:
             if type(v) is not str or not v or len(v) > longest:
                 return False
         elif k in _COUNT_ATTRS:
-            if type(v) is not int or v < 0:
+            if type(v) is not int or not 0 <= v <= MAX_COUNT:
                 return False
         elif k == "data":
             if type(v) is not dict or (not shallow and _deeper_than(v, MAX_DATA_DEPTH)):

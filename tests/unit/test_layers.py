@@ -434,7 +434,7 @@ PUBLIC: dict[str, set[str]] = {
                                      "accepts_of", "reply_refusal", "roster_entries"},
     "supervisor.relay.params": {"parse_capture", "parse_from", "parse_last_event_id",
                                 "normalize_origin", "parse_filter_json", "parse_from_json"},
-    "supervisor.relay.envelope": {"InvalidEvent", "MAX_DATA_DEPTH", "MAX_TYPE", "MAX_ID", "MAX_NAME",
+    "supervisor.relay.envelope": {"InvalidEvent", "MAX_COUNT", "MAX_DATA_DEPTH", "MAX_TYPE", "MAX_ID", "MAX_NAME",
                                   "MAX_SOURCE", "MAX_TIME", "validate", "well_formed", "encode",
                                   "to_entry", "envelope_error", "has_duplicate_keys",
                                   "trusted_entry", "formed_entry", "AEP_VERSION", "is_command_type", "is_foreign"},

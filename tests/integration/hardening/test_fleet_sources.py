@@ -60,3 +60,40 @@ def test_posts_under_the_fleets_sources_are_refused_before_and_after_its_first_e
         assert own.status_code == 202, own.text
     finally:
         d.stop(timeout=20)
+
+
+def test_other_spellings_of_the_fleets_sources_are_refused(tmp_path):
+    """Sixth outside attack: the base was matched as a literal prefix, so
+    ``claude%2Dcode``, ``x/../``, ``u@host:80``, ``?x=1``, ``127.0.0.1``...
+    were accepted (202). Now each is refused ``invalid-event`` (normalized:
+    ``supervisor/relay/fleetsources.py``), a raw lookalike as no URI at all;
+    another agent's source under this host and another host's stay accepted."""
+    creds = tmp_path / "emitters"
+    creds.write_text(f"alice={ALICE}\n")
+    os.chmod(creds, 0o600)
+    d = HookDaemon(tmp_path / "state", AEP_EMITTER_TOKENS=str(creds))
+    d.start()
+    try:
+        host = socket.gethostname()
+        refused = [f"aep://{host}/agent/claude%2Dcode", f"aep://{host}/x/../agent/claude-code",
+                   f"aep://u@{host.upper()}.:80/agent/claude-code", f"aep://{host}/agent/claude-code?x=1",
+                   f"aep://{host}//agent/claude-code;x/session/s", "aep://127.0.0.1/agent/claude-code",
+                   f"aep://{host}/agent/claude-cod%D0%B5"]
+        not_uris = [f"aep://{host}/agent/claude-cod\u0435", f"aep://{host}/agent/claude-code\u200b"]
+        n = 0
+        for source in refused + not_uris:
+            for token in (d.token, ALICE):
+                n += 1
+                r = post_events(d.url, [event(1, f"spelling-{n}", agent="claude-code", source=source)],
+                                token=token)
+                assert r.status_code == 400, (source, token == ALICE, r.text)
+                assert "invalid-event" in r.text, r.text
+        counters = d.healthz(d.token)["relay_counts"]["counters"]
+        assert counters["refused_owned_source"] == 2 * len(refused)
+        for source in (f"aep://{host}/agent/my-agent", "aep://elsewhere/agent/claude-code"):
+            n += 1
+            r = post_events(d.url, [event(1, f"spelling-{n}", agent="claude-code", source=source)],
+                            token=ALICE)
+            assert r.status_code == 202, (source, r.text)
+    finally:
+        d.stop(timeout=20)

@@ -171,6 +171,37 @@ def test_a_symlinked_spool_directory_is_refused_and_the_hook_still_exits_0(tmp_p
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.parametrize("under", ["/.", "/./", "/sub", "/sub/", "/./sub", "/new", "/new/deeper"])
+def test_a_symlink_anywhere_in_the_spool_path_is_refused(tmp_path, under):
+    """Sixth outside attack on issue 25: only the last component was held to
+    the rule, so ``LINK/.``, ``LINK/./`` and ``LINK/sub`` followed the link
+    (and ``os.makedirs`` made ``LINK/new`` where it pointed)."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "sub").mkdir(mode=0o700, parents=True)
+    os.chmod(elsewhere, 0o700)
+    link = tmp_path / "spool-link"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    out = _shim_run(str(link) + under)
+    assert out.returncode == 0 and out.stdout == b""
+    err = out.stderr.decode()
+    assert "could not spool" in err and "symlink" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["sub"]
+    with pytest.raises(OSError, match=f"symlink at {link}"):
+        shim.spool_write(str(link) + under, "codex", b'{"id":"x"}\n')
+
+
+def test_a_relative_spool_path_is_walked_from_the_working_directory(tmp_path, monkeypatch):
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OSError, match="symlink at link"):
+        shim.spool_write("link/sub", "codex", b'{"id":"x"}\n')
+    assert shim.spool_write("./real/../real/spool", "codex", b'{"id":"x"}\n') == \
+        "./real/../real/spool/codex.jsonl"
+    assert (tmp_path / "real" / "spool" / "codex.jsonl").read_bytes() == b'{"id":"x"}\n'
+    assert list((tmp_path / "real").iterdir()) == [tmp_path / "real" / "spool"]
+
+
 @pytest.mark.parametrize("mode", [0o777, 0o770, 0o1777, 0o720])
 def test_a_group_or_world_writable_spool_directory_is_refused(tmp_path, mode):
     spool = tmp_path / "spool"
@@ -217,3 +248,22 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_root_owned_symlink_above_the_spool_is_followed_for_another_user(tmp_path, monkeypatch):
+    """A system layout's symlink (``/home -> /var/home``: root's) above the
+    spool directory is followed for a user who is not root; for root every
+    symlink is refused (nothing tells its links apart). Run as root, the
+    link below is root's; the first ``geteuid`` (the link's rule) answers
+    another user's id, the second (the directory's owner rule) root's."""
+    if os.geteuid() != 0:
+        pytest.skip("a root-owned symlink needs root to make")
+    real = tmp_path / "var-home"
+    real.mkdir(mode=0o700)
+    (tmp_path / "home").symlink_to(real, target_is_directory=True)
+    with pytest.raises(OSError, match="symlink at"):
+        shim.spool_write(str(tmp_path / "home" / "spool"), "codex", b'{"id":"x"}\n')
+    answers = iter([1000, 0])
+    monkeypatch.setattr(os, "geteuid", lambda: next(answers))
+    shim.spool_write(str(tmp_path / "home" / "spool"), "codex", b'{"id":"x"}\n')
+    assert (real / "spool" / "codex.jsonl").read_bytes() == b'{"id":"x"}\n'

@@ -354,3 +354,46 @@ def test_stamped_capture_is_the_level_actually_honored(ceiling):
     assert "gating" not in ev
     prim = codex.map_record(_pin("codex", "tool_result_ok"), Posture(mode="primary", policy=policy), [])[0]
     assert profile.stampable(prim) is prim
+
+
+# --------------------------------------------------------------------------- redaction at metadata
+
+TOKEN = "tok-3c1f9b7e22d04a55aa81"
+ALICE = "alice-secret-token-1234"
+SECRETS = CapturePolicy(secret_values=(TOKEN, ALICE))
+
+
+@pytest.mark.parametrize("mode", ["companion", "primary"])
+def test_metadata_strings_are_redacted_of_the_daemons_credentials(mode):
+    """Issue 25, sixth outside attack: an OTLP ``codex.tool_decision`` with
+    ``tool_name=$AEP_TOKEN`` and ``decision=<a per-emitter credential>`` was
+    written verbatim to the session log; the hooks redacted the same. Every
+    metadata string goes through the policy's redaction now."""
+    posture = Posture(mode=mode, policy=SECRETS)
+    for name, change in (("tool_decision_config_deny", {"tool_name": TOKEN, "call_id": f"c {ALICE}",
+                                                        "decision": "denied"}),
+                         ("tool_decision_config_deny", {"tool_name": TOKEN, "decision": ALICE}),
+                         ("conversation_starts", {"model": f"model {TOKEN}"}),
+                         ("tool_result_ok", {"tool_name": ALICE, "call_id": TOKEN})):
+        rec = _pin("codex", name)
+        rec["attributes"].update(change)
+        out = codex.map_record(rec, posture, [])
+        text = json.dumps(out)
+        assert out and TOKEN not in text and ALICE not in text, (name, text)
+        assert "[REDACTED:secret]" in text, text
+
+
+def test_a_vscode_primary_tool_name_is_redacted():
+    rec = _pin("vscode", "tool_call_ok")
+    rec["attributes"]["gen_ai.tool.name"] = TOKEN
+    out = vscode.map_record(rec, Posture(mode="primary", policy=SECRETS), [])
+    assert out and TOKEN not in json.dumps(out)
+
+
+def test_a_secret_across_the_metadata_cut_is_still_redacted():
+    rec = _pin("codex", "conversation_starts")
+    rec["attributes"]["model"] = "m" * 500 + TOKEN + "x" * 100
+    notes: list[str] = []
+    (out,) = codex.map_record(rec, Posture(mode="companion", policy=SECRETS), notes)
+    assert TOKEN[:12] not in out["data"]["model"]
+    assert len(out["data"]["model"]) == 512 and "otlp.value_truncated" in notes

@@ -16,7 +16,7 @@ from supervisor.relay import outlet as outlet_mod
 from supervisor.relay import params
 from supervisor.relay.attrmatch import Filter
 from supervisor.relay.core import CommandRefused, Relay, RelayClosed
-from supervisor.relay.envelope import InvalidEvent
+from supervisor.relay.envelope import MAX_COUNT, InvalidEvent
 
 SRC = "aep://h/agent/a/session/"
 
@@ -799,7 +799,7 @@ async def test_a_squatter_on_a_session_name_cannot_evict_a_bridge_history():
     bridge = relay.attach_emitter(hello(agent="a"), _noop)
     for s in range(5):
         await bridge.ingest(ev(s, session="victim"))
-    squat = [ev(s, session="victim", id=f"m{s}", agent="mallory", epoch=2 ** 62,
+    squat = [ev(s, session="victim", id=f"m{s}", agent="mallory", epoch=MAX_COUNT,
                 source="aep://h/agent/mallory/session/victim") for s in range(5)]
     relay.ingest_http([relay.entry(e) for e in squat])
     assert relay.buffers.held((SRC + "victim", "victim")) == 5
@@ -812,7 +812,7 @@ async def test_a_squatter_on_a_session_name_cannot_evict_a_bridge_history():
     # each buffer gets its own verdict: a's is covered (no marker); mallory's
     # starts past the position, so it is announced (the safe direction: a
     # consumer is told to consult history, never silently under-delivered)
-    assert comments == [f"replay-exhausted victim {2 ** 62}:0", "replay-complete"]
+    assert comments == [f"replay-exhausted victim {MAX_COUNT}:0", "replay-complete"]
 
 
 async def test_a_different_event_at_a_held_position_is_refused_redelivery_is_not():

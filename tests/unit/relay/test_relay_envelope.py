@@ -288,3 +288,40 @@ def test_length_verdicts_agree_on_both_paths(attr, extra, shallow):
         assert ok
     elif ok:
         pytest.fail(f"{attr} of {len(ev[attr])} left the hot path")
+
+
+# -- sixth outside attack on issue 25 ---------------------------------------------
+@pytest.mark.parametrize("attr", ["seq", "epoch"])
+@pytest.mark.parametrize("value", [2**53, 10**400, 2**64])
+def test_counts_past_the_json_safe_integers_are_refused_on_both_paths(attr, value):
+    """``seq``/``epoch`` of 10**400 were accepted (a JS consumer reads
+    ``Infinity``): both paths refuse past 2**53 - 1 and take it."""
+    from supervisor.relay.envelope import MAX_COUNT, formed_entry, to_entry, well_formed
+    ev = dict(GOLDEN[0])
+    assert "seq" in ev
+    top = {**ev, attr: MAX_COUNT}
+    assert well_formed(top) and envelope_error(top) is None
+    to_entry(top)
+    big = {**ev, attr: value}
+    assert not well_formed(big)
+    assert envelope_error(big) == f"{attr} must be an integer from 0 to {MAX_COUNT}"
+    with pytest.raises(InvalidEvent):
+        to_entry(big)
+    assert formed_entry(json.dumps(big).encode()) is None  # the long way answers (and refuses)
+
+
+@pytest.mark.parametrize("source", [
+    "aep://vm/agent/claude\u2010code", "aep://vm/agent/claude-cod\u0435", "aep://vm/agent/\uff43laude-code",
+    "aep://vm/agent/claude-code\u202e", "aep://vm/agent/claude-\u200bcode", "aep://vm/agent/claude-code\t",
+    "aep://vm/agent/claude code", "aep://v\u00e9/agent/x", "urn:\u00e9",
+])
+def test_a_source_must_be_an_ascii_uri(source):
+    """RFC 3986: a URI is ASCII, no space or control character (non-ASCII
+    percent-encoded, as the fleet and the SDK mint theirs): raw lookalikes,
+    bidi and zero-width characters were accepted."""
+    from supervisor.relay.envelope import well_formed
+    ev = dict(GOLDEN[0], source=source)
+    assert not well_formed(ev)
+    assert envelope_error(ev) == "source must be an absolute URI"
+    ok = dict(GOLDEN[0], source="aep://vm/agent/claude-cod%D0%B5/session/%E2%80%AE")
+    assert well_formed(ok) and envelope_error(ok) is None
