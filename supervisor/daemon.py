@@ -161,6 +161,9 @@ async def _make_durable(relay: Any, session_log: Any, state_dir: Path) -> None:
                                                [writer] * len(entries)))
 
     relay.persist = persist
+    if session_log.writers is not None:  # posters name their sessions: open writers
+        session_log.writers.open_writers.add(REMOTE_WRITER)
+        session_log.writers.open_prefixes += (f"{REMOTE_WRITER}:",)
     # who owned which session survives the restart (issue 25: a squatter
     # after a restart is refused, the fleet's own sessions stay the fleet's)
     relay.bindings.open(state_dir / BINDINGS_FILE, time.monotonic())

@@ -167,6 +167,9 @@ class Fleet(Pump, HandOff):
             health.control = bool(b.capabilities().get("control", {}).get("accepts"))
             ctx.attach_log(self._log_writable)
             self.members[b.name] = Member(b, ctx, health, inbox_send)
+        if self.session_log.writers is not None:  # retention: an open bridge's files rank lowest
+            self.session_log.writers.open_writers.update(
+                n for n, m in self.members.items() if getattr(m.bridge, "open_sessions", False))
         self.jetstream: JetStreamSink | None = None
         if cfg.nats is not None:  # AEP_NATS_URL: every event also published to JetStream
             from .jetstream.presence import daemon_id

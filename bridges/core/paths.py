@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Mapping
 
-__all__ = ["make_private_dirs", "state_dir", "write_atomic"]
+__all__ = ["ROTATION_STAMP", "make_private_dirs", "state_dir", "write_atomic"]
+
+ROTATION_STAMP = re.compile(r"\.[0-9]{8}T[0-9]{6}\.[0-9]{6}Z\Z")
+"""The tail of a rotated session log segment's base name (``{session}.{UTC}``
+before ``.jsonl``; ``UTC`` is ``YYYYmmddTHHMMSS.ffffffZ``): the one rule
+the session log's writer (``supervisor.sessionlog``) and its readers (the
+relay's restore, retention, the writer index) share. No session's file
+name ends in it (``supervisor.sessionlog.jsonlog.safe_name``; issue 25,
+attack 6: a session named ``{S}.{UTC}`` was read as a segment of ``S``)."""
 
 
 def state_dir(env: Mapping[str, str]) -> Path:

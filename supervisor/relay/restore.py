@@ -8,7 +8,8 @@ The layout is the session log's (``supervisor/jsonlog.py``,
 ``supervisor/retention.py``; read here, never imported: the relay layer
 uses ``bridges.core`` alone): ``{root}/{agent}/{session}.jsonl`` is a
 session's live file, ``{session}.{UTC}.jsonl[.gz]`` its closed segments
-(names sort in rotation order); the spare files' directory (a name
+(names sort in rotation order; no session's own file name ends in the
+stamp: ``bridges.core.paths.ROTATION_STAMP``, issue 25 attack 6); the spare files' directory (a name
 starting with ``.``) and ``*.torn`` fragments are not read.
 
 Bounded by the buffer settings, and cheap: only tails are read.
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import trio
 
 from bridges.core.aep import is_command_type, loads
+from bridges.core.paths import ROTATION_STAMP
 
 from .buffer import ENTRY_OVERHEAD, Entry
 from .envelope import trusted_entry
@@ -76,9 +78,10 @@ def _session_files(root: Path) -> dict[tuple[str, str], list[tuple[float, str]]]
                 base = name[:-9]
             else:
                 continue
-            live = not _is_segment(base)
-            if not live:
-                base = base.rsplit(".", 2)[0]
+            m = ROTATION_STAMP.search(base)
+            live = m is None
+            if m is not None:
+                base = base[:m.start()]
             elif name.endswith(".gz"):
                 continue  # not a name the session log makes
             try:
@@ -93,13 +96,6 @@ def _session_files(root: Path) -> dict[tuple[str, str], list[tuple[float, str]]]
         found.sort()  # segments (False) by name, i.e. by their stamp; the live file last
         out[key] = [(mtime, path) for _live, path, mtime in found]
     return out
-
-
-def _is_segment(base: str) -> bool:
-    """``{session}.{YYYYmmddTHHMMSS}.{ffffffZ}``: a closed segment's base."""
-    parts = base.rsplit(".", 2)
-    return len(parts) == 3 and len(parts[1]) == 15 and parts[1][8:9] == "T" \
-        and parts[2].endswith("Z") and parts[1][:8].isdigit()
 
 
 def _tail_plain(path: str, want: int, budget: int, counts: dict[str, int] | None = None

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bridges.core.aep import dumps
-from bridges.core.paths import make_private_dirs
+from bridges.core.paths import ROTATION_STAMP, make_private_dirs
 
 from .spares import SpareFiles
 from .writers import WriterIndex
@@ -35,12 +35,23 @@ def safe_name(value: str) -> str:
     """A file-system-safe, collision-free name for an untrusted id: the id
     itself when it fits ``[A-Za-z0-9][A-Za-z0-9._-]*`` (and is short), else
     ``~`` + its percent-encoding (shortened with a digest suffix when long).
-    The two forms cannot collide: one starts alphanumeric, the other ``~``."""
-    if _SAFE.match(value):
+    The two forms cannot collide: one starts alphanumeric, the other ``~``.
+
+    No name ends in a rotated segment's stamp
+    (:data:`~bridges.core.paths.ROTATION_STAMP`, ``.YYYYmmddTHHMMSS.ffffffZ``;
+    issue 25, attack 6: a session named ``{S}.{UTC}`` had the file name of a
+    segment of ``S``, so retention charged it to ``S``'s writer and the
+    relay's restore read it as ``S``'s history): such an id takes the
+    ``~`` form with the stamp's last dot written ``%2E`` (``quote`` never
+    writes it, and it decodes back, so the form stays collision-free).
+    Every other id keeps the name it always had."""
+    if _SAFE.match(value) and ROTATION_STAMP.search(value) is None:
         return value
     enc = urllib.parse.quote(value, safe="")
-    if len(enc) > 150:
+    if len(enc) > 150:  # ends in hex digits: never a stamp
         enc = enc[:100] + "~" + hashlib.sha256(value.encode()).hexdigest()[:24]
+    elif ROTATION_STAMP.search(enc) is not None:  # "....ffffffZ": the dot 8 from the end
+        enc = enc[:-8] + "%2E" + enc[-7:]
     return "~" + enc
 
 
@@ -73,9 +84,12 @@ class _Target:
     ``file`` (a ``str``, what ``os.open`` takes), its ``directory``, its
     ``stem`` (``{agent}/{session}``: the writer index's key), and
     whether this log has not opened it yet (``new``: a new session's file
-    usually does not exist yet, so a spare is linked before any open)."""
+    usually does not exist yet, so a spare is linked before any open);
+    ``by``, the writer last noted in the writer index since the file was
+    opened, and ``settled``, whether the index's writer for it is final
+    (authenticated), so a write asks the index nothing again."""
 
-    __slots__ = ("path", "file", "directory", "stem", "new")
+    __slots__ = ("path", "file", "directory", "stem", "new", "by", "settled")
 
     def __init__(self, path: Path, file: str, directory: str, stem: str) -> None:
         self.path = path
@@ -83,6 +97,8 @@ class _Target:
         self.directory = directory
         self.stem = stem
         self.new = True
+        self.by: str | None = None
+        self.settled = False
 
 
 class SessionLog:
@@ -105,7 +121,8 @@ class SessionLog:
     Who wrote a file (``writer``/``writers`` of the write calls: a fleet
     bridge's name, a remote principal's) is recorded in :attr:`writers`
     when set (:class:`~.writers.WriterIndex`; retention shares its cap by
-    it) the first time this log opens the file, never per line.
+    it) when this log opens the file, and again when another writer writes
+    it, until an authenticated writer has it (then never per line).
     Directories it makes are ``0700``; :meth:`repair` tightens looser ones
     it finds under ``root`` (issue 25, attack 5)."""
 
@@ -159,7 +176,7 @@ class SessionLog:
                                                 f"{agent}/{name}")
         return target
 
-    def _fd(self, target: _Target, writer: str | None = None) -> int:
+    def _fd(self, target: _Target) -> int:
         path = target.path
         fds = self._fds
         fd = fds.get(path)
@@ -172,10 +189,17 @@ class SessionLog:
             self.counters["descriptors_evicted"] += 1
         fd = fds[path] = self._open(target.file, target.directory, target.new)
         target.new = False
+        target.by = None  # noted again (the index may have pruned the stem meanwhile)
+        target.settled = False
         self.counters["files_opened"] += 1
-        if writer is not None and self.writers is not None:
-            self.writers.note(target.stem, writer)
         return fd
+
+    def _note(self, target: _Target, writer: str) -> None:
+        """``writer`` wrote to ``target``: tell the writer index (an
+        authenticated writer takes the file from an open one)."""
+        if self.writers is not None:
+            target.settled = self.writers.note(target.stem, writer)
+        target.by = writer
 
     def _open(self, file: str, directory: str, new: bool = False) -> int:
         """``file`` opened for appending (a spare linked into place or
@@ -277,7 +301,14 @@ class SessionLog:
                 lines = [events[i][1] for i in idx]
                 if sep:
                     lines.append(b"")  # the last line's newline too
-                ok = self._append(self._target(key), sep.join(lines), len(idx), writer)
+                target = self._target(key)
+                ok = self._append(target, sep.join(lines), len(idx), writer)
+                if ok and writers is not None:
+                    for i in idx:  # another writer in the same file's lines (an open one first)
+                        if target.settled:
+                            break
+                        if writers[i] != target.by:
+                            self._note(target, writers[i])
             for i in idx:
                 done[i] = ok
         return done
@@ -288,7 +319,9 @@ class SessionLog:
         on disk (``True``) or none of them left in the file."""
         fd = -1
         try:
-            fd = self._fd(target, writer)
+            fd = self._fd(target)
+            if writer is not None and not target.settled and writer != target.by:
+                self._note(target, writer)
             n = os.write(fd, data)
             if n != len(data):  # regular files short-write only when the disk is full
                 self._cut(fd, n)

@@ -15,8 +15,16 @@ share), appended when a writer first opens a stem this index does not know
 retention's look every second, and at close; a write per new session was
 ~12 us on the pump's path, a spare file's link ~25).
 The first writer of a stem keeps it (another writer appending to the same
-session later cannot move someone's file into the flooding group). Read
-back at start, so a restart keeps the grouping; pruned to the stems still
+session later cannot move someone's file into the flooding group), except
+that an authenticated writer outranks an open one (attack 6: a Codex
+session's first line from the unauthenticated OTLP receiver, Codex's own
+export or anyone naming the id, put the hook bridge's session in the
+OTLP flood's group): a writer is *open* when anyone who reaches it names
+its sessions (:attr:`WriterIndex.open_writers`/``open_prefixes``: the
+OTLP and AG-UI bridges, the relay's posters; the fleet and the daemon say
+which), and a stem an open writer has is taken by the first authenticated
+writer that writes it, recorded as ``[stem, writer, 1]``; an open writer
+never takes a stem from another writer. Read back at start, so a restart keeps the grouping; pruned to the stems still
 on disk at each sweep (:meth:`WriterIndex.prune`, rewritten atomically
 when mostly stale). A stem with no entry (logs from before this index, or
 a line lost to a crash) is grouped by its agent's directory, as before.
@@ -28,10 +36,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
-from bridges.core.paths import write_atomic
+from bridges.core.paths import ROTATION_STAMP, write_atomic
 
 __all__ = ["INDEX_NAME", "WriterIndex", "stem_of"]
 
@@ -40,7 +47,6 @@ log = logging.getLogger("aep.retention")
 INDEX_NAME = ".writers"
 """The index file, under the logs' root."""
 
-_STAMP = re.compile(r"\.\d{8}T\d{6}\.\d{6}Z\Z")
 _TAILS = (".tmp", ".gz", ".torn")
 
 
@@ -49,13 +55,15 @@ def stem_of(agent: str, name: str) -> str:
     ``agent``'s directory: its live file (``{session}.jsonl``), a rotated
     segment (``{session}.{UTC}.jsonl``, ``.gz``), a torn tail kept aside
     (``.torn``) or a compression's temporary (``.gz.tmp``) all give the
-    same stem. Pure string work (a sweep asks it once per file)."""
+    same stem. Pure string work (a sweep asks it once per file). No
+    session's own file name ends in the stamp this strips
+    (:func:`~.jsonlog.safe_name`), so a stem is one session's alone."""
     for tail in _TAILS:
         if name.endswith(tail):
             name = name[:-len(tail)]
     if name.endswith(".jsonl"):
         name = name[:-6]
-    m = _STAMP.search(name)
+    m = ROTATION_STAMP.search(name)
     if m is not None:
         name = name[:m.start()]
     return f"{agent}/{name}"
@@ -65,15 +73,21 @@ class WriterIndex:
     """The ``{logs}/.writers`` index (module docstring): ``stem -> writer``
     in memory, appended to on disk as stems are first seen. Raises nothing:
     a file it cannot read or write is logged once and counted in
-    ``errors``, and the stems it misses fall back to their agent's group."""
+    ``errors``, and the stems it misses fall back to their agent's group.
+    ``open_writers`` (names) and ``open_prefixes``: the open writers (the
+    module docstring), set by their owners before anything is written;
+    every other writer is authenticated."""
 
     def __init__(self, root: Path) -> None:
         self.path = Path(root) / INDEX_NAME
         self._of: dict[str, str] = {}
+        self._auth: set[str] = set()  # stems whose writer is authenticated (recorded so)
+        self.open_writers: set[str] = set()
+        self.open_prefixes: tuple[str, ...] = ()
         self._fd = -1
         self._lines = 0  # lines in the file (what a rewrite would shrink)
         self._since: set[str] = set()  # stems noted since the last prune
-        self._pending: list[str] = []  # stems noted, not yet on disk
+        self._pending: dict[str, None] = {}  # stems noted, not yet on disk (in order)
         self._torn = False  # the file ends without a newline (a crash mid-line)
         self.errors = 0
         self._load()
@@ -98,10 +112,17 @@ class WriterIndex:
                     rows.append(json.loads(line))
                 except ValueError:
                     continue
+        of, auth = self._of, self._auth
         for row in rows:
-            if isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) \
+            if isinstance(row, list) and 2 <= len(row) <= 3 and isinstance(row[0], str) \
                     and isinstance(row[1], str):
-                self._of.setdefault(row[0], row[1])  # the first writer keeps it
+                stem = row[0]
+                if len(row) == 3 and row[2] == 1:  # an authenticated writer's: outranks an open one
+                    if stem not in auth:
+                        of[stem] = row[1]
+                        auth.add(stem)
+                else:
+                    of.setdefault(stem, row[1])  # the first writer keeps it
 
     def get(self, stem: str) -> str | None:
         """The writer of ``stem``, or ``None`` when unknown."""
@@ -110,27 +131,48 @@ class WriterIndex:
     def __len__(self) -> int:
         return len(self._of)
 
-    def note(self, stem: str, writer: str) -> None:
-        """``writer`` opened ``stem``'s file: recorded (in memory at once,
-        on disk at the next :meth:`flush`) unless the stem has a writer
-        already."""
-        if stem in self._of:
-            return
+    def is_open(self, writer: str) -> bool:
+        """Whether ``writer`` is open (anyone who reaches it names its sessions)."""
+        return writer in self.open_writers or writer.startswith(self.open_prefixes)
+
+    def note(self, stem: str, writer: str) -> bool:
+        """``writer`` wrote to ``stem``'s file: recorded (in memory at once,
+        on disk at the next :meth:`flush`) when the stem has no writer yet,
+        or has an open one and ``writer`` is authenticated. Returns whether
+        the stem's writer is settled (authenticated: no later writer
+        changes it; the caller need not ask again)."""
+        cur = self._of.get(stem)
+        if cur is not None:
+            if stem in self._auth:
+                return True
+            if cur == writer or self.is_open(writer):  # an open writer takes no one's file
+                return False
+            if not self.is_open(cur):
+                # a line from before ranks were recorded, by an authenticated writer
+                self._auth.add(stem)
+                return True
         self._of[stem] = writer
+        settled = not self.is_open(writer)
+        if settled:
+            self._auth.add(stem)
         self._since.add(stem)
-        self._pending.append(stem)  # encoded at the flush, off the pump's path
+        self._pending[stem] = None  # encoded at the flush, off the pump's path
+        return settled
+
+    def _row(self, stem: str, writer: str) -> str:
+        row = [stem, writer, 1] if stem in self._auth else [stem, writer]
+        return json.dumps(row, ensure_ascii=True) + "\n"
 
     def flush(self) -> None:
         """Append the lines noted since the last flush, in one ``write``."""
         if not self._pending:
             return
         of = self._of
-        data = "".join(json.dumps([s, of[s]], ensure_ascii=True) + "\n"
-                       for s in self._pending if s in of).encode()
+        data = "".join(self._row(s, of[s]) for s in self._pending if s in of).encode()
         if self._torn:  # a crash's fragment at the end: never glue a line onto it
             data = b"\n" + data
         lines = len(self._pending)
-        self._pending = []
+        self._pending = {}
         try:
             if self._fd < 0:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
@@ -159,15 +201,16 @@ class WriterIndex:
         stale = [s for s in self._of if s not in stems and s not in since]
         for s in stale:
             del self._of[s]
+            self._auth.discard(s)
         if self._lines <= 2 * len(self._of) + 256:
             return
-        text = "".join(json.dumps([s, w], ensure_ascii=True) + "\n" for s, w in self._of.items())
+        text = "".join(self._row(s, w) for s, w in self._of.items())
         try:
             write_atomic(self.path, text)
         except OSError as e:
             self._failed("rewrite", e)
             return
-        self._pending = []  # in the new file already
+        self._pending = {}  # in the new file already
         self._torn = False
         self.close()  # the next flush appends to the new file
         self._lines = len(self._of)

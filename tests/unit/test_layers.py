@@ -397,7 +397,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.core.signed": {"SCHEME", "WINDOW_S", "SEEN_MAX", "DIGEST_HEADER", "PROOF_HEADER",
                             "SIGNED_KEY", "request_mac", "head_proof", "body_proof", "body_digest",
                             "body_matches", "SignedRequests", "SignedAnswer"},
-    "bridges.core.paths": {"make_private_dirs", "state_dir", "write_atomic"},
+    "bridges.core.paths": {"ROTATION_STAMP", "make_private_dirs", "state_dir", "write_atomic"},
     "bridges.core.statefile": {"COMPACT_CHUNK", "COMPACT_MIN", "StateFile", "state_path"},
     "supervisor.relay": {"Relay", "LocalEmitter", "CommandRefused", "RelayClosed", "InvalidEvent",
                          "Connection", "SocketConnection", "TooLarge", "Unavailable", "Entry",
