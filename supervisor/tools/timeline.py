@@ -31,21 +31,11 @@ def render(lines: Iterable[str], timeline: Timeline, print_line, *, name: str,
     """Render each JSONL line through ``timeline`` with ``print_line``
     (a ``rich.text.Text`` each); returns the events shown. Bad lines are
     named on ``err`` (``FILE:LINE: ...``)."""
-    from .validate import LongLine
+    from .validate import parsed
     shown = 0
-    for n, line in enumerate(lines, 1):
-        if isinstance(line, LongLine):
-            print(_safe(f"{name}:{n}: {line.problem}"), file=err)
-            continue
-        if not line.strip():
-            continue
-        try:
-            ev = json.loads(line)
-        except ValueError as e:
-            print(_safe(f"{name}:{n}: not JSON ({e}); skipped"), file=err)
-            continue
-        if not isinstance(ev, dict):
-            print(_safe(f"{name}:{n}: not a JSON object; skipped"), file=err)
+    for n, ev, problem in parsed(lines):
+        if ev is None:
+            print(_safe(f"{name}:{n}: {problem}; skipped"), file=err)
             continue
         if (day := timeline.date_line(ev)) is not None:
             print_line(day)

@@ -43,7 +43,8 @@ from referencing.jsonschema import DRAFT202012
 
 from .gist import _safe
 
-__all__ = ["MAX_LINE", "LongLine", "SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"]
+__all__ = ["MAX_LINE", "LongLine", "SHIPPED", "Schemas", "check_lines", "parsed", "read_lines", "run",
+           "shipped"]
 
 SHIPPED = Path(__file__).with_name("schemas")
 """The schemas shipped with the package (package data)."""
@@ -356,6 +357,28 @@ def shipped() -> Schemas:
 _INDEX = re.compile(r"^event (\d+) \(")
 
 
+def parsed(lines: Iterable[str]) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+    """``(line number, event, "")`` for each JSONL line that is a JSON object,
+    ``(line number, None, problem)`` for one that is not (or a
+    :class:`LongLine`); blank lines are skipped. The one reading of a log's
+    lines that ``validate`` and ``timeline`` share."""
+    for n, line in enumerate(lines, 1):
+        if isinstance(line, LongLine):
+            yield n, None, line.problem
+            continue
+        if not line.strip():
+            continue
+        try:
+            ev = json.loads(line)
+        except ValueError as e:
+            yield n, None, f"not JSON: {e}"
+            continue
+        if not isinstance(ev, dict):
+            yield n, None, f"not a JSON object: {type(ev).__name__}"
+            continue
+        yield n, ev, ""
+
+
 def check_lines(lines: Iterable[str], schemas: Schemas) -> tuple[int, list[tuple[int, str]]]:
     """``(events, problems)`` for JSONL ``lines``: each problem as ``(line
     number, text)``, a line that is no JSON object (or a :class:`LongLine`)
@@ -365,19 +388,9 @@ def check_lines(lines: Iterable[str], schemas: Schemas) -> tuple[int, list[tuple
     problems: list[tuple[int, str]] = []
 
     def events() -> Iterator[dict[str, Any]]:
-        for n, line in enumerate(lines, 1):
-            if isinstance(line, LongLine):
-                problems.append((n, line.problem))
-                continue
-            if not line.strip():
-                continue
-            try:
-                ev = json.loads(line)
-            except ValueError as e:
-                problems.append((n, f"not JSON: {e}"))
-                continue
-            if not isinstance(ev, dict):
-                problems.append((n, f"not a JSON object: {type(ev).__name__}"))
+        for n, ev, problem in parsed(lines):
+            if ev is None:
+                problems.append((n, problem))
                 continue
             numbers.append(n)
             yield ev

@@ -475,7 +475,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.tools.gist": {"gist", "ask_key", "AskKey", "OUTCOMES"},
     "supervisor.tools.doctor": {"Finding", "bridge_findings", "port", "reachable", "report", "run"},
     "supervisor.tools.timeline": {"outcomes", "render", "run"},
-    "supervisor.tools.validate": {"MAX_LINE", "LongLine", "SHIPPED", "Schemas", "check_lines", "read_lines", "run", "shipped"},
+    "supervisor.tools.validate": {"MAX_LINE", "LongLine", "SHIPPED", "Schemas", "check_lines", "parsed", "read_lines", "run", "shipped"},
     "supervisor.tools.resume": {"MAX_POSITIONS", "load", "position_file", "save"},
     "supervisor.tools.control": {"AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNREACHABLE", "cancel", "find_session", "pause", "respond", "resume", "send"},
     "supervisor.jetstream": {"config", "ingest", "link", "lost", "owners", "plan", "presence", "publish",
