@@ -268,4 +268,7 @@ def ask_key(ev: Any) -> AskKey | None:
         ev.get("subject") if type_ in OUTCOMES else None
     if not isinstance(ref, str):
         return None
-    return (ev.get("source"), ev.get("session"), ref)
+    source, session = ev.get("source"), ev.get("session")
+    # a hostile line's source or session may be any JSON value: only strings key an ask
+    return (source if isinstance(source, str) else None,
+            session if isinstance(session, str) else None, ref)

@@ -4,7 +4,7 @@ attention, the ``--filter`` parser; fuzzed so garbage never raises."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from supervisor.tools.tail import (
@@ -233,6 +233,11 @@ json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(m
        st.sampled_from(["tool.completed", "tool.failed", "attention.requested", "run.finished",
                         "attention.resolved", "session.started", "x.v.y", "control.accepted",
                         "progress.task.planned", "error.raised", None]))
+# an ask whose session (or source) is a list: its key was unhashable (found by this property
+# once the asks were keyed by (source, session, id), issue 25)
+@example(ev={"id": "", "session": []}, type_="attention.requested")
+@example(ev={"id": "a", "source": {"x": 1}}, type_="attention.requested")
+@example(ev={"subject": "a", "session": [1]}, type_="attention.resolved")
 def test_garbage_never_raises(ev, type_):
     if type_ is not None:
         ev["type"] = type_
