@@ -26,7 +26,8 @@ non-ASCII is no URI and is refused ``invalid-event`` before this).
 
 Hosts: the bridge's own (``socket.gethostname()``) and the loopback
 aliases (``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``::1``,
-``0.0.0.0``, ``::``). Not any host: an uplinked daemon on another machine
+``0.0.0.0``, ``::``, in every form an IPv4 parser takes and IPv4-mapped;
+an empty host). Only the first :data:`_MAX_READ` characters are read. Not any host: an uplinked daemon on another machine
 sends its bridges' events under ``aep://{its host}/agent/{agent}``
 (:mod:`supervisor.delivery.uplink`, over ``/socket``), and a relay that
 runs a bridge of the same agent must keep taking them. A name of this
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import unicodedata
 from urllib.parse import unquote
 
@@ -45,7 +47,16 @@ __all__ = ["FleetSources"]
 _PARTS = re.compile(r"([^:/?#]+):(?://([^/?#]*))?([^?#]*)")
 #: the categories a decoded character is dropped for: controls, format
 #: characters (bidi overrides, zero-width), separators (spaces)
-_INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp"))
+_INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"))
+#: blank letters (``Lo``) that render as nothing: the Hangul fillers, the
+#: Braille blank (a seventh attack padded ``claude-co\u3164de`` with one)
+_BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+#: at most this many characters of a source's authority and path are read:
+#: a reserved source reads as one within its first few dozen, and folding
+#: 64 KiB of U+FDFA (NFKC: 18 characters each) cost 29 ms an event (a seventh
+#: attack); a source whose reserved-looking prefix runs past it is refused
+#: (owned) rather than read to its end
+_MAX_READ = 2048
 #: at most this many path segments are read (a reserved path has two)
 _MAX_SEGMENTS = 64
 #: sources whose verdict is kept (:attr:`FleetSources._seen`)
@@ -59,9 +70,9 @@ def _fold(text: str) -> str:
     out = []
     for ch in unicodedata.normalize("NFKC", text):
         cat = unicodedata.category(ch)
-        if cat in _INVISIBLE:
+        if cat in _INVISIBLE or ch in _BLANK:  # marks NFKC leaves alone included (U+034F, VS)
             continue
-        out.append("-" if cat == "Pd" else ch)
+        out.append("-" if cat == "Pd" or ch == "_" else ch)
     return "".join(out).casefold()
 
 
@@ -96,19 +107,29 @@ def _segments(path: str) -> list[str]:
 def _key(source: str) -> tuple[str, str, list[str]] | None:
     """``(scheme, host, segments)`` of ``source`` normalized, or ``None``
     when it has no authority (no ``aep://`` source then)."""
-    m = _PARTS.match(source)
+    # a backslash reads as a slash (as browsers read one in a URL)
+    m = _PARTS.match(source[:_MAX_READ].replace("\\", "/"))
     if m is None or m.group(2) is None:
         return None
     return m.group(1).casefold(), _host(m.group(2)), _segments(m.group(3))
 
 
 def _loopback(host: str) -> bool:
-    if host == "localhost" or host.endswith(".localhost") or host == "localhost.localdomain":
+    """This machine by any spelling: a loopback name, an empty host, a
+    loopback or unspecified address in any form an IPv4 parser takes
+    (``127.1``, ``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``0``: a
+    seventh attack) or IPv4-mapped (``::ffff:127.0.0.1``)."""
+    if host in ("", "localhost", "localhost.localdomain") or host.endswith(".localhost"):
         return True
     try:
-        ip = ipaddress.ip_address(host)
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
     except ValueError:
-        return False
+        try:  # inet_aton's legacy forms (what a resolver would connect to)
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except (OSError, ValueError):
+            return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
     return ip.is_loopback or ip.is_unspecified
 
 

@@ -41,6 +41,20 @@ OWNED = {
     "localhost": "aep://localhost/agent/claude-code", "LOCALHOST.": "aep://LOCALHOST./agent/codex",
     "x.localhost": "aep://x.localhost/agent/codex", "ipv6": "aep://[::1]:9/agent/claude-code",
     "unspecified": "aep://0.0.0.0/agent/codex", "second agent": "aep://vm/agent/codex/session/s",
+    # a seventh attack: loopback in inet_aton's forms and IPv4-mapped; marks NFKC leaves
+    # alone, blank letters, lookalike separators, an empty host
+    "127.1": "aep://127.1/agent/claude-code", "decimal": "aep://2130706433/agent/claude-code",
+    "hex": "aep://0x7f000001/agent/claude-code", "octal": "aep://0177.0.0.1/agent/claude-code",
+    "zero": "aep://0/agent/claude-code", "v4-mapped": "aep://[::ffff:127.0.0.1]/agent/claude-code",
+    "v4-mapped hex": "aep://[::ffff:7f00:1]/agent/claude-code",
+    "CGJ U+034F": "aep://localhost/agent/claude-c%CD%8Fode",
+    "VS16": "aep://localhost/agent/claude-code%EF%B8%8F",
+    "Mongolian VS": "aep://localhost/agent/claude%E1%A0%8B-code",
+    "Hangul filler": "aep://localhost/agent/claude-co%E3%85%A4de",
+    "CGJ in agent": "aep://localhost/a%CD%8Fgent/claude-code",
+    "empty host": "aep:///agent/claude-code", "backslashes": "aep://localhost\\agent\\claude-code",
+    "underscore": "aep://localhost/agent/claude_code",
+    "long tail": BASE + "/" + "%EF%B7%BA" * 7000,
 }
 
 #: not the fleet's: other agents, other hosts (an uplinked daemon elsewhere
