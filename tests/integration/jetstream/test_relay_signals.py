@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from tests.support.net import free_ports
+from tests.support.pipes import rest_of
 
 
 def test_sigterm_while_connecting_to_nats_exits_0(tmp_path: Path) -> None:
@@ -33,7 +34,7 @@ def test_sigterm_while_connecting_to_nats_exits_0(tmp_path: Path) -> None:
                 break
         assert any("connecting to NATS" in ln for ln in lines), lines
         p.send_signal(signal.SIGTERM)
-        out, _ = p.communicate(timeout=30)
+        out, _ = rest_of(p, 30)  # not communicate(): it loses what readline() buffered
         lines.append(out)
     finally:
         if p.poll() is None:

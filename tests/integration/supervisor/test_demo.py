@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.daemon import ROOT
+from tests.support.pipes import rest_of
 from tests.support.vendors import skip_loudly
 
 pytestmark = pytest.mark.vendor
@@ -90,7 +91,7 @@ def test_demo_console_waits_for_the_click_in_the_printed_url():
             button.click()
             page.wait(lambda: "resolved: answered" in page.one("#settled-list .card").text,
                       "the ask answered in the page")
-        rest, _ = proc.communicate(timeout=180)
+        rest, _ = rest_of(proc, 180)  # not communicate(): it loses what readline() buffered
         out.append(rest)
         text = "".join(out)
         assert proc.returncode == 0, text[-6000:]
