@@ -43,6 +43,26 @@ def _retained(d: DaemonProcess) -> dict:
     raise AssertionError(f"no jsonl_* counts in /healthz: {sorted(h)}")
 
 
+def _otlp_flood(d: DaemonProcess, port: int) -> None:
+    """Unauthenticated OTLP exports as agent ``codex`` into 400 rotating
+    sessions, under the new-session rate, until retention has removed at
+    least 40 files (the cap at work; bounded), then one more sweep."""
+    pad = "x" * 300
+    removed = 0
+    for k in range(60):  # bounded: stops once the flood was swept several times over
+        recs = [otlp_record(f"flood-{(k * 40 + j) % 400}", event_name="codex.user_prompt",
+                            extra={"prompt_length": pad})
+                for j in range(40) for _ in range(3)]
+        r = post_otlp(port, otlp_json(recs))
+        assert r.status_code in (200, 429, 503), r.text
+        removed = _retained(d)["jsonl_removed_files"]
+        if removed >= 40 and k >= 12:
+            break
+        time.sleep(0.5)  # under the new-session rate
+    assert removed >= 40, _retained(d)  # the cap held: the flood's files went
+    time.sleep(2.5)  # a further check and sweep
+
+
 def _writers(logs) -> dict[str, str]:
     """``stem -> writer`` as ``logs/.writers`` records it (an authenticated
     writer's line, ``[stem, writer, 1]``, outranks an open one's)."""
@@ -75,20 +95,7 @@ def test_one_flooding_agent_does_not_evict_a_quiet_agents_files(tmp_path) -> Non
         quiet_agent = {p.parent for p in quiet}
         assert len(quiet_agent) == 1
         codex_http = int(d.env["AEP_OTLP_HTTP_LISTEN"].rpartition(":")[2])
-        pad = "x" * 300
-        removed = 0
-        for k in range(60):  # bounded: stops once the flood was swept several times over
-            recs = [otlp_record(f"flood-{(k * 40 + j) % 400}", event_name="codex.user_prompt",
-                                extra={"prompt_length": pad})
-                    for j in range(40) for _ in range(3)]
-            r = post_otlp(codex_http, otlp_json(recs))
-            assert r.status_code in (200, 429, 503), r.text
-            removed = _retained(d)["jsonl_removed_files"]
-            if removed >= 40 and k >= 12:
-                break
-            time.sleep(0.5)  # under the new-session rate
-        assert removed >= 40, _retained(d)  # the cap held: the flood's files went
-        time.sleep(2.5)  # a further check and sweep
+        _otlp_flood(d, codex_http)
         total = sum(p.stat().st_size for p in logs.rglob("*") if p.is_file())
         flood = [p for p in logs.rglob("*") if p.is_file() and p.parent not in quiet_agent]
         assert flood, "the flood wrote nothing"
@@ -132,20 +139,7 @@ def test_an_otlp_flood_as_agent_codex_does_not_evict_a_codex_hook_sessions_log(t
         mine = {p: p.read_bytes() for p in (logs / "codex").iterdir() if p.name.startswith(hook)}
         assert len(mine) == 1, sorted(logs.rglob("*"))
         codex_http = int(d.env["AEP_OTLP_HTTP_LISTEN"].rpartition(":")[2])
-        pad = "x" * 300
-        removed = 0
-        for k in range(60):  # bounded: stops once the flood was swept several times over
-            recs = [otlp_record(f"flood-{(k * 40 + j) % 400}", event_name="codex.user_prompt",
-                                extra={"prompt_length": pad})
-                    for j in range(40) for _ in range(3)]
-            r = post_otlp(codex_http, otlp_json(recs))
-            assert r.status_code in (200, 429, 503), r.text
-            removed = _retained(d)["jsonl_removed_files"]
-            if removed >= 40 and k >= 12:
-                break
-            time.sleep(0.5)  # under the new-session rate
-        assert removed >= 40, _retained(d)  # the cap held: the flood's files went
-        time.sleep(2.5)  # a further check and sweep
+        _otlp_flood(d, codex_http)
         for p, body in mine.items():
             assert p.exists(), f"the hook session's log was evicted by the OTLP flood " \
                                f"({_retained(d)['jsonl_removed_files']} files removed)"
@@ -203,20 +197,7 @@ def test_a_hook_session_whose_first_line_came_over_otlp_is_not_evicted_by_an_otl
         victim_file = logs / "codex" / f"{victim}.jsonl"
         kept = victim_file.read_bytes()
         assert kept.count(b"\n") == 4, kept
-        pad = "x" * 300
-        removed = 0
-        for k in range(60):  # bounded: stops once the flood was swept several times over
-            recs = [otlp_record(f"flood-{(k * 40 + j) % 400}", event_name="codex.user_prompt",
-                                extra={"prompt_length": pad})
-                    for j in range(40) for _ in range(3)]
-            r = post_otlp(codex_http, otlp_json(recs))
-            assert r.status_code in (200, 429, 503), r.text
-            removed = _retained(d)["jsonl_removed_files"]
-            if removed >= 40 and k >= 12:
-                break
-            time.sleep(0.5)  # under the new-session rate
-        assert removed >= 40, _retained(d)  # the cap held: the flood's files went
-        time.sleep(2.5)  # a further check and sweep
+        _otlp_flood(d, codex_http)
         assert victim_file.exists(), "the hook session's log was evicted by the OTLP flood"
         assert victim_file.read_bytes() == kept
         assert _writers(logs)[f"codex/{victim}"] == "codex_hooks"
