@@ -5,7 +5,11 @@ the shims' spool, and hands the fleet its controller when a gate is open.
 
 The bridge object holds only its frozen configuration; the run's
 :class:`HookHub` (sessions, asks, queues, dedupe memory) is built by
-:meth:`HookBridge.run` and dies with it, so a restart starts clean.
+:meth:`HookBridge.run` and dies with it. The one thing a run passes to the
+next is the state file of its open runs and tool calls
+(``{AEP_STATE_DIR}/<bridge>/runs.json``, :mod:`.runs`): read back before the
+spool is swept, so a turn open across a restart is closed by its own
+``Stop``.
 """
 from __future__ import annotations
 
@@ -21,10 +25,12 @@ from bridges.core.capture import CapturePolicy
 from bridges.core.settings import Address
 
 from . import control as _control
+from . import runs as _runs
 from . import spool as _spool
 from .config import HookConfig
 from .endpoint import HookEndpoint
 from .hub import HookHub
+from .hub import now_ms as _now_ms
 from .profile import HookProfile
 
 __all__ = ["EMITS", "HookBridge", "HookRun"]
@@ -45,7 +51,8 @@ class HookBridge:
 
     def __init__(self, profile: HookProfile, config: HookConfig,
                  policy: CapturePolicy | None = None, *, problems: list[str] | None = None,
-                 spool_interval_s: float = _spool.INTERVAL_S) -> None:
+                 spool_interval_s: float = _spool.INTERVAL_S,
+                 restored_idle_s: float = _runs.RESTORED_IDLE_S) -> None:
         self.profile = profile
         self.config = config
         self.policy = policy or CapturePolicy()
@@ -53,6 +60,7 @@ class HookBridge:
         self.agent = profile.agent
         self.path = f"/hooks/{profile.agent}"
         self.spool_interval_s = spool_interval_s
+        self.restored_idle_s = restored_idle_s
         self._problems = list(problems or [])
 
     @property
@@ -79,7 +87,9 @@ class HookBridge:
 
     def new_run(self, ctx: BridgeContext) -> HookRun:
         """The per-run objects (tests drive them directly)."""
-        hub = HookHub(self.profile, self.config, ctx)
+        hub = HookHub(self.profile, self.config, ctx,
+                      state=_runs.state_file(self.config.state_dir, self.name),
+                      idle_s=self.restored_idle_s)
         ctl = _control.HookControl(hub, respond=self.config.control_open,
                                    instruct=self.config.instruct_open) if self.accepts else None
         return HookRun(controller=ctl, hub=hub)
@@ -91,6 +101,7 @@ class HookBridge:
         if ctx.mounts is None:
             raise RuntimeError(f"the {self.name} bridge needs the daemon's listener (ctx.mounts)")
         run = self.new_run(ctx)
+        run.hub.runs.restore(_now_ms())  # before any moment, live or spooled
         with ctx.mounts.mount(self.path, HookEndpoint(run.hub)):
             ctx.health.source = True
             ctx.health.control = bool(self.accepts)
@@ -101,6 +112,9 @@ class HookBridge:
                          "on" if self.config.instruct_open else "off")
             try:
                 async with trio.open_nursery() as nursery:
+                    if run.hub.runs.state.path is not None:
+                        nursery.start_soon(run.hub.runs.state.compactor)
+                    nursery.start_soon(_sweep_runs, run.hub, self.spool_interval_s)
                     spool = self.config.spool_dir
                     if isinstance(spool, Path):
                         nursery.start_soon(_spool.serve, run.hub, spool, self.spool_interval_s)
@@ -109,6 +123,14 @@ class HookBridge:
             finally:
                 ctx.health.source = False
                 run.hub.release()
+
+
+async def _sweep_runs(hub: HookHub, interval_s: float) -> None:
+    """Close restored runs left idle (:meth:`.runs.RunBook.sweep`), every
+    ``interval_s`` seconds until cancelled."""
+    while True:
+        await trio.sleep(interval_s)
+        await hub.runs.sweep(_now_ms())
 
 
 if TYPE_CHECKING:  # mypy holds the class to the fleet's contract

@@ -37,7 +37,9 @@ class HookConfig:
     ``gate_tools``: tool names whose ``PreToolUse`` is held (``("*",)``:
     all; ``()``: none); ``hold_s``: the longest hold, seconds;
     ``instruct``: ``AEP_INSTRUCT=1`` (steering); ``spool_dir``: where shims
-    spool moments the daemon did not take; ``new_sessions_per_s``: the
+    spool moments the daemon did not take; ``state_dir``: ``AEP_STATE_DIR``
+    (the open runs are kept under it, :mod:`.runs`; ``None``: not kept);
+    ``new_sessions_per_s``: the
     new-session rate (session log files a second, bursts of 5 s). Raises ``TypeError`` for a field
     of the wrong type."""
 
@@ -47,6 +49,7 @@ class HookConfig:
     hold_s: float = HOLD_S
     instruct: bool = False
     spool_dir: Path | None = field(default=None)
+    state_dir: Path | None = field(default=None)
     new_sessions_per_s: int = NEW_SESSIONS_PER_S
 
     def __post_init__(self) -> None:
@@ -122,5 +125,6 @@ def from_env(profile: HookProfile, env: Mapping[str, str]) -> tuple[HookConfig, 
         problems.append("AEP_INSTRUCT=1 needs AEP_TOKEN: steering is refused on unauthenticated "
                         "bindings (set AEP_TOKEN or unset AEP_INSTRUCT)")
     cfg = HookConfig(control=control, aep_token=aep_token, gate_tools=tools, hold_s=hold,
-                     instruct=instruct, spool_dir=spool_dir(env), new_sessions_per_s=rate)
+                     instruct=instruct, spool_dir=spool_dir(env), state_dir=_state_dir(env),
+                     new_sessions_per_s=rate)
     return cfg, problems

@@ -3,7 +3,8 @@
 :meth:`HookHub.handle` takes one vendor moment (live, or spooled by a
 shim), dedupes it by hook id, maps it with the profile's pure mapper, adds
 what only state knows (the synthesized or vendor run, tool pairing and
-cause links, the out-of-band settling of open asks), emits, waits for the
+cause links, the out-of-band settling of open asks; the runs themselves,
+kept across a restart, are :mod:`.runs`), emits, waits for the
 session log, and returns the reply: ``{}``, a steering reply, or a held ask
 (:meth:`HookHub.hold` then waits for the decision, the hold limit or the
 vendor hanging up). The ASGI endpoint is :mod:`.endpoint`. Contract:
@@ -54,15 +55,17 @@ from typing import Any
 import trio
 
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated
-from bridges.core.envelope import Ulids, ms_text
+from bridges.core.envelope import ms_text
 from bridges.core.limits import BURST_S, PeerLog, SessionBucket
 from bridges.core.posture import Posture
+from bridges.core.statefile import StateFile
 
 from .answers import Decision
 from .bounds import fit, shallow
 from .config import HookConfig
 from .mapping import elapsed_ms, fallback
 from .profile import HookProfile, Moment
+from .runs import RESTORED_IDLE_S, RunBook
 from .session import REQUESTED_MAX, Ask, Instruction, Sessions, SessionState, bounded_key, tool_key
 
 __all__ = ["COUNTERS", "HOOK_ID_MAX", "HookHub", "MappingFailed", "Outcome", "REQUESTED_MAX",
@@ -104,7 +107,8 @@ class Outcome:
 class HookHub:
     """See the module docstring. Built per bridge run."""
 
-    def __init__(self, profile: HookProfile, config: HookConfig, ctx: BridgeContext) -> None:
+    def __init__(self, profile: HookProfile, config: HookConfig, ctx: BridgeContext, *,
+                 state: StateFile | None = None, idle_s: float = RESTORED_IDLE_S) -> None:
         self.profile = profile
         self.config = config
         self.ctx = ctx
@@ -113,6 +117,9 @@ class HookHub:
                                answerable=config.control_open)
         self.quiet = Posture(agent=profile.agent, mode="primary", policy=policy)
         self.sessions = Sessions()
+        #: the runs and their state file (:mod:`.runs`; ``state`` ``None``: not kept)
+        self.runs = RunBook(profile, ctx, self.sessions, self._emit, state or StateFile(None),
+                            idle_s=idle_s)
         #: sessions whose session.ended went out (a resumed session's next end is not another)
         self.ended: OrderedDict[str, None] = OrderedDict()
         #: moments that only happen inside a turn (a run seen mid-way is adopted from them)
@@ -121,7 +128,6 @@ class HookHub:
         self.seen: OrderedDict[str, None] = OrderedDict()
         #: hook ids being handled now -> set when that handling ends
         self._inflight: dict[str, trio.Event] = {}
-        self._ids = Ulids()
         rate = config.new_sessions_per_s
         self.new_sessions = SessionBucket(rate, rate * BURST_S)
         self._refusals = PeerLog(ctx.log)
@@ -201,6 +207,7 @@ class HookHub:
             health.count("hooks_too_deep")
         st, evicted = self.sessions.touch(sid)
         if evicted is not None:
+            self.runs.save(evicted, gone=True)
             await self._drop_queue(evicted, "session-forgotten")
         mark = self.ctx.log_mark()
         async with st.lock:
@@ -212,6 +219,8 @@ class HookHub:
                                      "remembered as seen", self.profile.key,
                                      self.profile.event(moment)[:64] or "?", type(e).__name__)
                 raise MappingFailed(type(e).__name__) from e
+            finally:  # what a late moment after a restart needs (:mod:`.runs`)
+                self.runs.save(st, gone=st.ended)
         await self.ctx.logged_since(mark)
         return outcome, True
 
@@ -235,7 +244,7 @@ class HookHub:
         p, ev = self.profile, self.profile.event(m)
         posture = self.quiet if spooled else self.posture
         await self._settle(st, ev, m, at)
-        await self._runs(st, ev, m, at)
+        await self.runs.moment(st, ev, m, at, self._in_turn)
         ask: Ask | None = None
         for em in p.map_hook(m, posture):
             em, size = fit(em)
@@ -253,19 +262,6 @@ class HookHub:
         if not spooled and ev in p.context_events and st.queue:
             return Outcome(await self._deliver(st, ev, at))
         return Outcome(p.neutral(ev))
-
-    async def _runs(self, st: SessionState, ev: str, m: Moment, at: int) -> None:
-        """Open, adopt or close the session's run before the moment's events."""
-        p = self.profile
-        if ev in p.run_opens:
-            await self._open_run(st, m, at)
-        elif p.run_field and isinstance(m.get(p.run_field), str) and st.run is None \
-                and m[p.run_field] != st.last_run and ev in self._in_turn:
-            st.run = m[p.run_field]  # a turn seen mid-way (the daemon came up late)
-            st.run_t0 = at
-        if ev in p.session_ends and st.run is not None:
-            await self._close_run(st, {"type": "run.cancelled",
-                                       "data": {"by": "user", "reason": "session ended"}}, at)
 
     def _once(self, st: SessionState, ev: str, em: Emission, posture: Posture) -> Emission:
         """One ``session.ended`` per session (AEP-0002 §2): a resumed session
@@ -291,7 +287,7 @@ class HookHub:
             st.run_started = out["id"] if out else None
             return None
         if t in ("run.finished", "run.failed", "run.cancelled"):
-            await self._close_run(st, em, at)
+            await self.runs.close(st, em, at)
             return None
         out = await self._emit(st.id, em, run=st.run, cause=self._cause(st, em, m, at), at=at)
         if out is None:
@@ -323,29 +319,6 @@ class HookHub:
                 return st.tools[key][0]
             return st.requested_id(m)
         return None
-
-    # -- runs ----------------------------------------------------------------------
-    async def _open_run(self, st: SessionState, m: Moment, at: int) -> None:
-        p = self.profile
-        rid = m.get(p.run_field) if p.run_field else None
-        if st.run is not None and st.run == rid and st.run_started is None:
-            return  # the turn was adopted mid-way (a moment before its prompt): it starts now
-        if st.run is not None:  # the interrupt-drain rule: a stale run closes at the next prompt
-            await self._close_run(st, {"type": "run.cancelled",
-                                       "data": {"by": "user", "reason": "superseded by a new prompt"}},
-                                  at)
-        st.run = rid if isinstance(rid, str) and rid else f"run_{self._ids()}"
-        st.run_t0 = at
-
-    async def _close_run(self, st: SessionState, em: Emission, at: int) -> None:
-        if st.run is None:
-            return
-        data = em.setdefault("data", {})
-        data.setdefault("duration_ms", elapsed_ms(st.run_t0, at))
-        await self._emit(st.id, em, run=st.run, cause=st.run_started, at=at)
-        st.last_run, st.run, st.run_started = st.run, None, None
-        st.tools.clear()
-        st.requested.clear()
 
     # -- asks ------------------------------------------------------------------------
     def _register(self, st: SessionState, em: Emission, ask_id: str, m: Moment, at: int, *,

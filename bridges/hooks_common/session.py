@@ -144,7 +144,10 @@ class SessionState:
     (``call_id`` -> ``(tool.requested id, t0 in Unix ms)``, bounded keys) and ``requested``
     (``(tool name, tool_input print, tool.requested id)`` of the run: a
     ``PermissionRequest`` has no ``tool_use_id``); ``asks`` (event id -> :class:`Ask`);
-    ``queue`` (steering); ``lock`` (one moment mapped at a time)."""
+    ``queue`` (steering); ``lock`` (one moment mapped at a time); ``last_at``
+    (the last moment's time, Unix ms) and ``restored_at`` (when read back
+    from the state file after a restart, until the session's next moment;
+    :mod:`.runs`))."""
 
     id: str
     run: str | None = None
@@ -157,6 +160,8 @@ class SessionState:
     queue: deque[Instruction] = field(default_factory=deque)
     lock: trio.Lock = field(default_factory=trio.Lock)
     ended: bool = False
+    last_at: int = 0
+    restored_at: int | None = None
 
     def requested_id(self, moment: dict[str, Any]) -> str | None:
         """The ``tool.requested`` id of the latest call ``moment`` is about."""
