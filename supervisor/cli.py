@@ -348,9 +348,11 @@ def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
              "within --wait, 1 endpoint unreachable")
     rsp = sub.add_parser("respond", parents=[waits], epilog=codes,
                          help="answer an attention request: respond [SESSION] REQUEST_ID --option ID")
-    rsp.add_argument("ids", nargs="+", metavar="[SESSION] REQUEST_ID",
+    rsp.add_argument("ids", nargs="*", metavar="[SESSION] REQUEST_ID",
                      help="the attention.requested Event's id (its session is looked up when "
-                          "not given)")
+                          "not given; none: the one pending ask, refused with the list if several)")
+    rsp.add_argument("--pending", action="store_true",
+                     help="list the pending asks (id, agent, session, age, prompt) and exit")
     rsp.add_argument("--option", help="the chosen option's id (as tail shows in [..|..])")
     rsp.add_argument("--text", help="a free-text answer")
     rsp.add_argument("--values", metavar="JSON",
@@ -374,10 +376,16 @@ def _cmd_control(args: argparse.Namespace) -> int:
     name = f"aep-bridges {args.cmd}"
     try:
         if args.cmd == "respond":
-            if len(args.ids) > 2:
-                raise ValueError("expected [SESSION] REQUEST_ID")
+            if len(args.ids) > 2 or (args.pending and args.ids):
+                raise ValueError("expected [SESSION] REQUEST_ID, or --pending alone")
+            if args.pending or not args.ids:
+                from .tools.pending import pick
+                picked = _read(url, pick, token, args.pending)
+                if isinstance(picked, int):
+                    return picked  # listed, refused or unreachable: said
+                args.ids = list(picked)
             request = args.ids[-1]
-            session = args.ids[0] if len(args.ids) == 2 else _find_session(url, token, request)
+            session = args.ids[0] if len(args.ids) == 2 else _read(url, control.find_session, token, request)
             if isinstance(session, int):
                 return session  # the endpoint could not be read: said
             if session is None:
@@ -398,16 +406,16 @@ def _cmd_control(args: argparse.Namespace) -> int:
     return control.send(url, token, command, ack_window_ms=args.ack_window, wait_s=args.wait)
 
 
-def _find_session(url: str, token: str | None, request: str) -> str | int | None:
-    """The request's session, ``None`` when the endpoint holds no such ask,
-    or exit status 1 (said on stderr) when the endpoint cannot be read:
-    unreachable is not a bad argument (the documented exit statuses)."""
+def _read(url: str, fn: Any, *args: Any) -> Any:
+    """``fn(url, *args)``, or exit status 1 (said on stderr) when the
+    endpoint cannot be read: unreachable is not a bad argument (the
+    documented exit statuses)."""
     import httpx
 
-    from .tools.control import EXIT_UNREACHABLE, find_session
+    from .tools.control import EXIT_UNREACHABLE
     from .tools.tailstream import refused
     try:
-        return find_session(url, token, request)
+        return fn(url, *args)
     except httpx.HTTPError as e:
         if isinstance(e, httpx.TransportError) and (refused(e) or isinstance(e, httpx.ConnectError)):
             why = "is the daemon running? --url URL, or --config FILE"

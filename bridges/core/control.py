@@ -38,12 +38,13 @@ needs (route, body, the answer as applied) into an immutable plan object;
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from .aep import ACK_WINDOW_MS, NACK_REASONS
 
-__all__ = ["ACK_WINDOW_MS", "Command", "Controller", "Refuse", "Unreachable", "Undo",
+__all__ = ["ACK_WINDOW_MS", "Command", "Controller", "NACK_CODE", "Refuse", "Unreachable", "Undo",
            "WriteResult"]
 
 Command = dict[str, Any]
@@ -98,20 +99,33 @@ class Controller(Protocol[PlanT]):
         ...
 
 
+NACK_CODE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+"""A :class:`Refuse` ``code``: a lower-case token of at most 32 characters."""
+
+
 class Refuse(Exception):
     """Raised by a controller's ``check`` (or ``note``, ``perform``) to refuse a command.
 
     ``reason``: one of ``unsupported``, ``unauthorized``, ``busy``,
     ``refused``, ``invalid`` (``schemas/registry/nack-reasons.json``;
     anything else raises ``ValueError``); ``detail``: human text,
-    capture-gated (``redacted``) by the stamper."""
+    capture-gated (``redacted``) by the stamper; ``code``: why, as a machine
+    token (``answered-oob``, ``timed-out``...: :data:`NACK_CODE`, else
+    ``ValueError``), sent as ``control.rejected.data.code``, a vendor member
+    of the open payload schema that leaves at ``metadata`` (AEP-0002 §5.4,
+    §5.1 rule 4): what a sender can show at the default capture, where the
+    ``detail`` is dropped."""
 
-    def __init__(self, reason: str, detail: str | None = None) -> None:
+    def __init__(self, reason: str, detail: str | None = None, *,
+                 code: str | None = None) -> None:
         if reason not in NACK_REASONS:
             raise ValueError(f"nack reason {reason!r} not in {NACK_REASONS}")
+        if code is not None and not NACK_CODE.fullmatch(code):
+            raise ValueError(f"nack code {code!r} is not a short lower-case token")
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+        self.code = code
 
 
 class Unreachable(Exception):

@@ -78,6 +78,7 @@ class _Decision:
     accepted: bool
     reason: str | None = None
     detail: str | None = None
+    code: str | None = None  # :attr:`Refuse.code`: ``data.code`` (metadata)
 
 
 @dataclass
@@ -327,7 +328,7 @@ class CommandLedger:
         try:
             write.undo = controller.note(plan)
         except Refuse as r:
-            return _Decision(False, r.reason, r.detail), None
+            return _Decision(False, r.reason, r.detail, r.code), None
         except Exception as e:
             log.exception("%s: note failed for %s", self.ctx.name, cmd.get("id"))
             return _Decision(False, "invalid", type(e).__name__), None
@@ -353,7 +354,7 @@ class CommandLedger:
                 if inspect.isawaitable(plan):
                     plan = await plan
             except Refuse as r:
-                refused = _Decision(False, r.reason, r.detail)
+                refused = _Decision(False, r.reason, r.detail, r.code)
             except Exception as e:
                 log.exception("%s: check failed for %s", self.ctx.name, cmd.get("id"))
                 refused = _Decision(False, "invalid", type(e).__name__)
@@ -375,7 +376,7 @@ class CommandLedger:
     def _verdict(self, cmd: dict[str, Any], write: _Write) -> _Decision:
         err = write.error
         if isinstance(err, Refuse):
-            return _Decision(False, err.reason, err.detail)
+            return _Decision(False, err.reason, err.detail, err.code)
         if isinstance(err, Unreachable):
             return _Decision(False, "busy", str(err) or "vendor unreachable")
         if err is not None:
@@ -438,6 +439,8 @@ class CommandLedger:
             detail = _clip(decision.detail)
             if detail is not None:
                 data["detail"] = detail
+            if decision.code is not None:
+                data["code"] = decision.code
             emission = {"type": "control.rejected", "data": data}
             self.ctx.health.count("control_rejected")
         run = cmd.get("run")

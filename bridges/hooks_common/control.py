@@ -10,7 +10,11 @@ with ``AEP_TOKEN``); the fleet's ledger serves it.
                                    reply; ``attention.answered`` + ``.resolved`` after the ack.
                                    An invalid answer is nacked ``invalid`` and the ask stays
                                    pending; an ask answered at the terminal, timed out or no
-                                   longer held is ``refused`` (the late command).
+                                   longer held is ``refused`` (the late command), with why
+                                   as ``code`` (``answered-oob``, ``answered``,
+                                   ``dismissed``, ``timed-out``, ``not-held``,
+                                   ``settling``, ``unknown-request``: ``metadata``, where
+                                   the ``detail`` is capture-gated).
 ``x.<agent>.control.instruct``     ``{text}`` queued for the session (FIFO, at most 20; full:
                                    ``invalid``); delivered on the next eligible hook reply
                                    (``docs/control-steering-design.md``).
@@ -33,6 +37,12 @@ from .session import QUEUE_MAX, Ask
 __all__ = ["ACK_WINDOW_MS", "GUARD_MS", "HookControl", "Plan", "RESPOND", "accepts"]
 
 RESPOND = "control.attention.respond"
+#: a late command's nack ``detail`` per :attr:`.session.Ask.closed_as` (its ``code``)
+_GONE = {"answered": "the request was already answered (from AEP)",
+         "answered-oob": "the request was already answered at the agent (via oob)",
+         "dismissed": "the request was dismissed (the agent moved on, or its run ended)",
+         "timed-out": "the request timed out",
+         "closed": "the request is no longer pending"}
 ACK_WINDOW_MS = 10_000
 GUARD_MS = 2_000
 
@@ -78,16 +88,23 @@ class HookControl:
         raw = cmd.get("data")
         data: dict[str, Any] = raw if isinstance(raw, dict) else {}
         if cmd.get("type") == RESPOND:
-            ask = self.hub.sessions.find_ask(cmd.get("subject"))
+            subject = cmd.get("subject")
+            ask = self.hub.sessions.find_ask(subject)
             if ask is None or ask.session != sid:
-                raise Refuse("refused", "subject is not an open attention.requested of this session")
+                gone = self.hub.sessions.why_gone(subject, sid)
+                if gone is not None:
+                    raise Refuse("refused", _GONE.get(gone, _GONE["closed"]), code=gone)
+                raise Refuse("refused", "subject is not an open attention.requested of this session",
+                             code="unknown-request")
             if not ask.open:
-                raise Refuse("refused", "the request is no longer pending (answered at the agent, "
-                                        "timed out, or the agent moved on)")
+                why = ask.closed_as or "closed"
+                raise Refuse("refused", _GONE.get(why, _GONE["closed"]), code=why)
             if not ask.held:
-                raise Refuse("refused", "no hook waits for this answer here (respond_via oob)")
+                raise Refuse("refused", "no hook waits for this answer here (respond_via oob)",
+                             code="not-held")
             if ask.settling is not None:
-                raise Refuse("refused", "an answer to this request is already settling")
+                raise Refuse("refused", "an answer to this request is already settling",
+                             code="settling")
             decision = decide(data.get("answer"), ask.options, ask.fields)
             return Plan("respond", str(cmd["id"]), sid, ask=ask, decision=decision)
         text = data.get("text")
@@ -123,8 +140,9 @@ class HookControl:
         ask, decision = plan.ask, plan.decision
         assert ask is not None and decision is not None
         if not ask.open:
-            raise Refuse("refused", "the request timed out before the answer landed")
-        ask.state, ask.decision = "answered", decision
+            why = ask.closed_as or "closed"
+            raise Refuse("refused", _GONE.get(why, _GONE["closed"]), code=why)
+        ask.state, ask.decision, ask.closed_as = "answered", decision, "answered"
         ask.done.set()
 
         async def outcome() -> None:

@@ -333,7 +333,7 @@ class HookHub:
                   key=tool_key(m) if isinstance(tool, str) else None,
                   call_id=call if isinstance(call, str) else None,
                   held=held, gate=gate, t0=at)
-        st.forget_closed()
+        self.sessions.forget_closed(st)
         st.asks[ask_id] = ask
         return ask
 
@@ -380,11 +380,13 @@ class HookHub:
         if ask.fields is not None:
             em["gating"] = {"form_fields": ask.fields}
         out = await self._emit(ask.session, em, run=ask.run, cause=ask.id, at=at)
+        ask.closed_as = "answered-oob"
         await self._resolve(ask, "answered", at, cause=out["id"] if out else ask.id)
 
     async def _resolve(self, ask: Ask, resolution: str, at: int, *,
                        cause: str | None = None) -> None:
         ask.state = "closed"
+        ask.closed_as = ask.closed_as or resolution
         ask.done.set()  # a hook still held answers {}: the vendor has moved on
         latency = elapsed_ms(ask.t0, at)
         await self._emit(ask.session, {"type": "attention.resolved", "subject": ask.id,
@@ -434,14 +436,14 @@ class HookHub:
                 await ask.done.wait()
             if ask.decision is not None:
                 return self._reply(ask, ask.decision)
-        ask.state = "closed"
+        ask.state, ask.closed_as = "closed", "timed-out"
         ask.held = False
         self.ctx.health.count("hooks_timeout")
         await self._emit(ask.session, {"type": "attention.timeout", "subject": ask.id,
                                        "data": {"after_ms": round(limit * 1000)}},
                          run=ask.run, cause=ask.id)
         if st is not None:
-            st.forget_closed()
+            self.sessions.forget_closed(st)
         return self._neutral(ask)
 
     def _neutral(self, ask: Ask) -> dict[str, Any]:
@@ -475,7 +477,7 @@ class HookHub:
                 if ask.held:
                     ask.held = False
                     n += 1
-                ask.state = "closed"
+                ask.state, ask.closed_as = "closed", "dismissed"
                 ask.done.set()
                 latency = elapsed_ms(ask.t0, now_ms())
                 em: Emission = {"type": "attention.resolved", "subject": ask.id,

@@ -14,10 +14,16 @@ from bridges.core.capture import digest
 
 from .answers import Decision
 
-__all__ = ["Ask", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX", "SESSIONS_MAX",
+__all__ = ["Ask", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX", "SESSIONS_MAX",
            "SessionState", "Sessions", "TOOLS_MAX", "bounded_key", "input_print", "same_call",
            "same_print", "tool_key"]
 
+GONE_MAX = 4096
+"""Forgotten asks whose closing a session list remembers (:meth:`Sessions.why_gone`)."""
+GONE_CODES = ("answered", "answered-oob", "dismissed", "timed-out", "closed")
+"""Why an ask is no longer open (:attr:`Ask.closed_as`; ``closed``: not said):
+answered from AEP, answered at the agent (``via: oob``), dismissed (the
+agent moved on, its run or session ended, the daemon stopped), timed out."""
 QUEUE_MAX = 20
 """Instructions queued per session (``control-steering-design.md``)."""
 SESSIONS_MAX = 1024
@@ -91,7 +97,8 @@ class Ask:
     gate), ``state`` (``open`` / ``answered`` / ``closed``), ``settling``
     (the command id whose answer is being applied), ``decision`` and
     ``done`` (set once the held hook may answer); ``t0``: its moment's time,
-    Unix ms."""
+    Unix ms; ``closed_as``: why it is no longer open, the ``code`` a late
+    command is nacked with (:data:`GONE_CODES`)."""
 
     id: str
     session: str
@@ -109,6 +116,7 @@ class Ask:
     settling: str | None = None
     decision: Decision | None = None
     done: trio.Event = field(default_factory=trio.Event)
+    closed_as: str | None = None
 
     @property
     def open(self) -> bool:
@@ -188,20 +196,42 @@ class SessionState:
         """The asks still open, oldest first."""
         return [a for a in self.asks.values() if a.open]
 
-    def forget_closed(self) -> None:
-        """Drop the asks that are settled (a late command then finds none)."""
-        for k in [k for k, a in self.asks.items() if not a.open]:
-            del self.asks[k]
+    def forget_closed(self) -> list[Ask]:
+        """Drop the asks that are settled (a late command then finds none
+        here: :meth:`Sessions.why_gone` says why); the asks dropped."""
+        gone = [a for a in self.asks.values() if not a.open]
+        for a in gone:
+            del self.asks[a.id]
+        return gone
 
 
 class Sessions:
     """The run's sessions, least recently seen first, at most
     :data:`SESSIONS_MAX` (a forgotten session's queue is counted dropped
-    by the caller)."""
+    by the caller), and why the asks they forgot are closed (the last
+    :data:`GONE_MAX`: a late command is told why, :meth:`why_gone`)."""
 
     def __init__(self, limit: int = SESSIONS_MAX) -> None:
         self._by_id: OrderedDict[str, SessionState] = OrderedDict()
         self.limit = limit
+        self._gone: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def _note_gone(self, asks: list[Ask]) -> None:
+        for a in asks:
+            self._gone[(a.session, a.id)] = a.closed_as or "closed"
+            while len(self._gone) > GONE_MAX:
+                self._gone.popitem(last=False)
+
+    def forget_closed(self, st: SessionState) -> None:
+        """:meth:`SessionState.forget_closed`, remembering why each was closed."""
+        self._note_gone(st.forget_closed())
+
+    def why_gone(self, ask_id: object, session: object) -> str | None:
+        """Why the forgotten ask ``ask_id`` of ``session`` closed (its
+        :attr:`Ask.closed_as`), or ``None`` when none such is remembered."""
+        if not isinstance(ask_id, str) or not isinstance(session, str):
+            return None
+        return self._gone.get((session, ask_id))
 
     def get(self, sid: str) -> SessionState | None:
         """The session ``sid`` if it is known (never made here)."""
@@ -218,6 +248,7 @@ class Sessions:
         evicted = None
         if len(self._by_id) > self.limit:
             _, evicted = self._by_id.popitem(last=False)
+            self._note_gone(list(evicted.asks.values()))
         return st, evicted
 
     def all(self) -> list[SessionState]:
@@ -226,7 +257,9 @@ class Sessions:
 
     def drop(self, sid: str) -> None:
         """Forget ``sid`` (its session ended)."""
-        self._by_id.pop(sid, None)
+        st = self._by_id.pop(sid, None)
+        if st is not None:
+            self._note_gone(list(st.asks.values()))
 
     def find_ask(self, ask_id: object) -> Ask | None:
         """The ask whose ``attention.requested`` id is ``ask_id`` (a

@@ -6,7 +6,8 @@ unit or launchd agent rendered from the shipped templates in
 ``supervisor/service/``), :mod:`.notify` (the service manager's readiness and
 watchdog notifications, which the daemon sends), :mod:`.logs` (the daemon's
 log format and level), :mod:`.control` (``aep-bridges respond``, ``cancel``,
-``pause``, ``resume``: one AEP-0004 command, its ack, its outcome),
+``pause``, ``resume``: one AEP-0004 command, its ack, its outcome;
+:mod:`.pending` the open asks for ``respond --pending`` or no id),
 :mod:`.resume` (``tail``'s saved position per endpoint), :mod:`.timeline`
 (``aep-bridges timeline``: session log files rendered as ``tail`` renders),
 :mod:`.validate` (``aep-bridges validate``: events against the AEP schemas
@@ -15,5 +16,5 @@ doctor``: the machine against the configuration, with a fix per failure). Each t
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["control", "doctor", "gist", "install", "logs", "notify", "resume", "tail", "tailstream",
-           "timeline", "validate"]
+__all__ = ["control", "doctor", "gist", "install", "logs", "notify", "pending", "resume", "tail",
+           "tailstream", "timeline", "validate"]

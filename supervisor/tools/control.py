@@ -9,7 +9,9 @@ outcome (AEP-0004 §3: the ack says "I will try", the outcome Event says
 
 - ``0``: accepted, and the outcome Event arrived (printed as a timeline line);
 - ``3``: rejected (``control.rejected``, or the relay's ``cause``-matched
-  ``error`` frame): the reason on stderr;
+  ``error`` frame): the reason on stderr, said in words when the nack
+  carries a ``code`` (:data:`NACK_WHY`: ``rejected: already answered (via
+  oob)``), since its ``detail`` is capture-gated and absent at ``metadata``;
 - ``4``: no ack within the ack window and its retries (the SDK's
   synthesized ``timeout``);
 - ``5``: accepted, but no outcome within ``--wait`` seconds;
@@ -43,12 +45,23 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 __all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNREACHABLE",
-           "cancel", "find_session", "pause", "respond", "resume", "send"]
+           "NACK_WHY", "cancel", "find_session", "pause", "respond", "resume", "send"]
 
 EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME = 1, 3, 4, 5
 
 #: the sender's name in the command's ``source`` (``aep://<host>/agent/<AGENT>``)
 AGENT = "aep-bridges-cli"
+
+#: a ``control.rejected``'s ``code`` (the hook bridges', ``bridges/hooks_common/control.py``)
+#: in words: said instead of the bare reason
+NACK_WHY = {"answered-oob": "already answered (via oob)",
+            "answered": "already answered",
+            "dismissed": "dismissed (the agent moved on)",
+            "timed-out": "timed out",
+            "closed": "no longer pending",
+            "not-held": "no hook waits for the answer (respond_via oob)",
+            "settling": "an answer is already settling",
+            "unknown-request": "no such open request in this session"}
 
 #: the outcome Events that end the wait, per command type (AEP-0004 §5's table)
 _TERMINAL = {
@@ -197,8 +210,11 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
     name = f"aep-bridges {command.type.rsplit('.', 1)[-1]}"
     client = (client_factory or aep_sdk.ControlClient)(
         url, agent=AGENT, host=socket.gethostname() or "localhost", token=token)
+    seen_cmd: list[str] = []  # the command's id as sent (retries resend the same)
+    rejected: dict[str, Any] = {}  # command id -> its control.rejected's data.code
     try:
         client.connect(connect_timeout_ms=10_000)
+        _watch_nacks(client, seen_cmd, rejected)
     except (TransportError, OSError) as e:
         from .tailstream import ELSEWHERE_HINT, refused
         hint = " (pass --token or set AEP_TOKEN)" if getattr(e, "status", None) in (401, 403) \
@@ -217,7 +233,10 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
                             "is a bridge serving it?"), file=err)
                 return EXIT_NO_ACK
             # the target's own words (issue 25): escaped, one line, never a forged one
-            print(_safe(f"{name}: rejected: {e.reason}" + (f" ({e.detail})" if e.detail else "")),
+            code = rejected.get(seen_cmd[-1]) if seen_cmd else None
+            why = NACK_WHY.get(code, f"{e.reason} ({code})") if isinstance(code, str) \
+                else e.reason
+            print(_safe(f"{name}: rejected: {why}" + (f" ({e.detail})" if e.detail else "")),
                   file=err)
             return EXIT_REJECTED
     finally:
@@ -230,6 +249,39 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
     return _await_outcome(url, token, command, cmd_id, ack, wait_s=wait_s, out=out, err=err,
                           subscribe=subscribe or aep_sdk.subscribe,
                           render=(Timeline(), _console("auto", out)), name=name)
+
+
+def _watch_nacks(client: Any, sent: list[str], rejected: dict[str, Any]) -> None:
+    """Keep what the SDK's ``NackError`` drops (it carries only ``reason``
+    and ``detail``): the id of each command ``client`` sends into ``sent``,
+    and each ``control.rejected``'s ``data.code`` by its ``cause`` into
+    ``rejected``. Wraps the connected client's duplex (``send_json`` /
+    ``recv_json``); a client without one (a test double) is left alone.
+    The SDK's reader takes each frame through it before it fails the
+    waiting send, so the code is there when the ``NackError`` is raised."""
+    duplex: Any = getattr(client, "_duplex", None)
+    if duplex is None or not hasattr(duplex, "recv_json") or not hasattr(duplex, "send_json"):
+        return
+
+    class _Spy:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(duplex, name)
+
+        def send_json(self, obj: dict[str, Any]) -> None:
+            if isinstance(obj, dict) and isinstance(obj.get("id"), str) \
+                    and str(obj.get("type", "")).startswith(("control.", "x.")):
+                sent.append(obj["id"])
+            duplex.send_json(obj)
+
+        def recv_json(self) -> Any:
+            msg = duplex.recv_json()
+            if isinstance(msg, dict) and msg.get("type") == "control.rejected" \
+                    and isinstance(msg.get("cause"), str) and isinstance(msg.get("data"), dict):
+                code = msg["data"].get("code")
+                if isinstance(code, str):
+                    rejected[msg["cause"]] = code[:64]
+            return msg
+    client._duplex = _Spy()  # noqa: SLF001 (the SDK has no hook for the nack's payload)
 
 
 def _await_outcome(url: str, token: str | None, command: Command, cmd_id: str,
