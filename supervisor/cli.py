@@ -431,7 +431,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     (:mod:`supervisor.tools.doctor`)."""
     from . import config as config_mod
     from .daemon import build_bridges
-    from .tools import doctor
+    from .tools import doctor, hookdoctor
     refused, _ = _apply_settings(args)
     if refused is not None:
         return refused
@@ -450,7 +450,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
             health.append(running_daemon(cfg.listen, cfg.token))
         return health[0] is not None and (bridge is None or bridge in health[0]["bridges"])
     return doctor.run(cfg, bridges, problems + more, ours=ours,
-                      lock=_lock_holder(cfg.state_dir))
+                      lock=_lock_holder(cfg.state_dir), hooks=hookdoctor.findings)
 
 
 def _cmd_timeline(args: argparse.Namespace) -> int:

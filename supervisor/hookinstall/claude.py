@@ -37,7 +37,7 @@ from .common import EXTRA_TIMEOUT_S, Plan, Refused, is_our_command, shim_command
 __all__ = ["AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE", "NOT_HOOKED",
            "QUICK_TIMEOUT_S",
            "entries",
-           "install", "is_ours", "settings_path", "status", "uninstall"]
+           "install", "is_ours", "ours", "settings_path", "status", "uninstall"]
 
 AGENT = "claude-code"
 #: the hook events of Claude Code 2.1.197 we hook (its settings schema's list
@@ -229,17 +229,24 @@ def uninstall(path: Path) -> Plan:
     return plan
 
 
-def status(path: Path) -> dict[str, str]:
-    """``{event: "http <url>" | "command"}`` for each of our hooks in ``path``."""
+def ours(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """``({event: our hook object (the last one)}, the whole settings
+    document)`` of ``path`` (``doctor`` reads the URL, the command and the
+    allow-lists). Raises :class:`Refused` for a malformed file."""
     _, doc = _load(path)
-    found: dict[str, str] = {}
+    found: dict[str, dict[str, Any]] = {}
     hooks = doc.get("hooks")
     if not isinstance(hooks, dict):
-        return found
+        return found, doc
     for event, groups in hooks.items():
         for group in groups if isinstance(groups, list) else []:
             for hook in (group.get("hooks") or []) if isinstance(group, dict) else []:
                 if is_ours(hook):
-                    found[event] = (f"http {hook.get('url')}" if hook.get("type") == "http"
-                                    else "command")
-    return found
+                    found[event] = hook
+    return found, doc
+
+
+def status(path: Path) -> dict[str, str]:
+    """``{event: "http <url>" | "command"}`` for each of our hooks in ``path``."""
+    return {event: (f"http {hook.get('url')}" if hook.get("type") == "http" else "command")
+            for event, hook in ours(path)[0].items()}

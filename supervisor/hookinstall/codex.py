@@ -43,7 +43,7 @@ from tomlkit.items import AoT, Array, Table
 from .common import EXTRA_TIMEOUT_S, Plan, Refused, is_our_command, shim_command
 
 __all__ = ["AGENT", "CAPPED_S", "EVENTS", "HOLDABLE", "QUICK_TIMEOUT_S", "config_path",
-           "event_label", "handler", "hook_key", "install", "status", "trusted_hash",
+           "event_label", "handler", "hook_key", "install", "ours", "status", "trusted_hash",
            "uninstall"]
 
 AGENT = "codex"
@@ -312,4 +312,18 @@ def status(path: Path, *, state_path: Path) -> dict[str, str]:
             found[event] = ("untrusted" if got is None
                             else "trusted" if got == trusted_hash(event, h, group.get("matcher"))
                             else "modified")
+    return found
+
+
+def ours(path: Path) -> dict[str, dict[str, Any]]:
+    """``{event: our handler (the last one)}`` in ``path`` (``doctor`` reads
+    the command). Raises :class:`Refused` for a malformed file."""
+    _, doc = _load(path)
+    hooks = doc.get("hooks")
+    found: dict[str, dict[str, Any]] = {}
+    if not isinstance(hooks, Table):
+        return found
+    for event in hooks:
+        for gi, hi in _find(hooks, event):
+            found[event] = hooks[event][gi]["hooks"][hi].unwrap()
     return found

@@ -12,9 +12,10 @@ log format and level), :mod:`.control` (``aep-bridges respond``, ``cancel``,
 (``aep-bridges timeline``: session log files rendered as ``tail`` renders),
 :mod:`.validate` (``aep-bridges validate``: events against the AEP schemas
 shipped in ``schemas/``, with line numbers), :mod:`.doctor` (``aep-bridges
-doctor``: the machine against the configuration, with a fix per failure). Each tool is loaded only by the command that uses it,
+doctor``: the machine against the configuration, with a fix per failure;
+:mod:`.hookdoctor` its checks of the hook bridges). Each tool is loaded only by the command that uses it,
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["control", "doctor", "gist", "install", "logs", "notify", "pending", "resume", "tail",
-           "tailstream", "timeline", "validate"]
+__all__ = ["control", "doctor", "gist", "hookdoctor", "install", "logs", "notify", "pending", "resume",
+           "tail", "tailstream", "timeline", "validate"]

@@ -15,6 +15,9 @@ environment, ``--env-file`` and ``--config``):
   ``kimi web`` URL), and the credential it presents is accepted (a 401/403
   is a wrong password or key); Kimi's token file readable; a bridge that
   only listens (OTLP, ACP) needs its port, nothing else;
+- each enabled hook bridge (Claude Code, Codex): its hooks installed,
+  trusted, pointing at this daemon, sending its token, their shim
+  resolvable, its spool, its control gate (:mod:`.hookdoctor`);
 - ``AEP_RELAY_URL`` (an uplink): the remote relay answers its discovery
   document;
 - every configuration problem ``check`` reports (control asked for without
@@ -139,13 +142,15 @@ def bridge_findings(bridge: Any) -> list[Finding]:
 
 def run(cfg: Any, bridges: Sequence[Any], problems: Iterable[str], *,
         ours: Callable[[str | None], bool], out: TextIO | None = None,
-        lock: Any = None) -> int:
+        lock: Any = None, hooks: Callable[..., list[Finding]] | None = None) -> int:
     """Look at everything (module docstring), print the report, return 0
     (nothing failed) or 1. ``ours(bridge)``: our daemon answers on
     ``AEP_LISTEN`` (and, given a bridge's name, runs that bridge).
     ``lock``: the state directory's live holder
     (:class:`~supervisor.sessionlog.StateDirBusy`: its ``pid`` and
-    ``refusal()``), ``None`` when free."""
+    ``refusal()``), ``None`` when free. ``hooks(bridge, cfg, ours=...)``:
+    the findings of an enabled hook bridge (one with a ``/hooks/`` path:
+    :func:`supervisor.tools.hookdoctor.findings`)."""
     out = out or sys.stdout
     problems = list(problems)
     findings = [Finding(False, f"configuration: {p}",
@@ -180,6 +185,8 @@ def run(cfg: Any, bridges: Sequence[Any], problems: Iterable[str], *,
                 findings.append(port(f"{b.name} {kind}", addr, ours=partial(ours, str(b.name)),
                                      setting=f"{b.name}'s {kind} listener setting"))
         findings += bridge_findings(b)
+        if hooks is not None and str(getattr(b, "path", "")).startswith("/hooks/"):
+            findings += hooks(b, cfg, ours=ours(str(b.name)))
     return report(findings, out)
 
 
