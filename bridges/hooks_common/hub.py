@@ -492,7 +492,9 @@ class HookHub:
     # -- steering ----------------------------------------------------------------------
     def queue(self, session: str, cmd_id: str, text: str) -> None:
         """Queue ``text`` for ``session`` (the controller checked room)."""
-        st, _ = self.sessions.touch(session)
+        st, evicted = self.sessions.touch(session)
+        if evicted is not None:  # forgotten: nothing of it is kept across a restart either
+            self.runs.save(evicted, gone=True)
         st.queue.append(Instruction(cmd_id, text, now_ms()))
 
     async def _deliver(self, st: SessionState, ev: str, at: int) -> dict[str, Any]:

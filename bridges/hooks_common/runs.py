@@ -31,7 +31,7 @@ session's next prompt or its end as any stale run does, and, when its
 session sends nothing at all, :data:`RESTORED_IDLE_S` after the later of
 its last moment and the restart, ``run.failed{reason: "interrupted"}``
 (:meth:`RunBook.sweep`; the SSE bridges' reason for a run the observer
-lost): every run reaches one terminal (AEP-0002 §3 rule 5). Held asks are
+lost): every run reaches one terminal (AEP-0002 §2 rule 5). Held asks are
 not kept: a clean stop dismisses them (:meth:`.hub.HookHub.release`).
 
 Counters: ``runs_restored`` (sessions read back at start),
