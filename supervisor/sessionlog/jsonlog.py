@@ -29,6 +29,8 @@ log = logging.getLogger("aep.jsonl")
 _FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
 _EXISTING = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
 _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,150}\Z")
+#: what a long id's percent-encoding is shortened to (:func:`safe_name`)
+_DIGEST_SHAPE = re.compile(r".{100}~[0-9a-f]{24}\Z", re.DOTALL)
 
 
 def safe_name(value: str) -> str:
@@ -44,7 +46,14 @@ def safe_name(value: str) -> str:
     relay's restore read it as ``S``'s history): such an id takes the
     ``~`` form with the stamp's last dot written ``%2E`` (``quote`` never
     writes it, and it decodes back, so the form stays collision-free).
-    Every other id keeps the name it always had."""
+    Nor does an id whose percent-encoding has the digest form's shape
+    (``_DIGEST_SHAPE``: 100 characters, ``~``, 24 lowercase hex digits;
+    round 8 outside attack, findings 2 and 3: ``'a'*100 + '~' +
+    sha256('a'*200)[:24]`` was named as ``'a'*200`` is, so a second
+    credential appended to the first's log and retention charged its bytes
+    to the first's writer): its ``~`` there is written ``%7E`` (``quote``
+    never writes that either, and it decodes back), so a digest-form name
+    is a long id's alone. Every other id keeps the name it always had."""
     if _SAFE.match(value) and ROTATION_STAMP.search(value) is None:
         return value
     enc = urllib.parse.quote(value, safe="")
@@ -52,6 +61,8 @@ def safe_name(value: str) -> str:
         enc = enc[:100] + "~" + hashlib.sha256(value.encode()).hexdigest()[:24]
     elif ROTATION_STAMP.search(enc) is not None:  # "....ffffffZ": the dot 8 from the end
         enc = enc[:-8] + "%2E" + enc[-7:]
+    elif _DIGEST_SHAPE.match(enc) is not None:  # a long id's name, if left so
+        enc = enc[:100] + "%7E" + enc[101:]
     return "~" + enc
 
 
