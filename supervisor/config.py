@@ -113,6 +113,11 @@ SETTINGS: tuple[Setting, ...] = (
             "`AEP_TOKEN` stays held for its emitter's `source` after its last connection left "
             "(a reconnect, a relay restart); another claimant meanwhile is refused, counted "
             "`refused_owned_session`"),
+    Setting("AEP_MAX_BINDINGS", "`65536` (4 × `AEP_MAX_SESSIONS` when larger)",
+            "session bindings kept (which principal owns each session, across restarts: "
+            "`relay-bindings.jsonl`); past it the least recently used are forgotten, an open "
+            "bridge's (OTLP, AG-UI) first, and an open bridge's new session pushes out only "
+            "its own kind's, never a hook or other authenticated bridge's"),
     Setting("AEP_RELAY_URL", "unset", "a remote AEP relay (`http(s)://host:port`); each bridge "
             "uplinks as its own emitter to `{url}/socket` with `AEP_TOKEN`"),
     Setting("AEP_STATE_DIR", "`$XDG_STATE_HOME/aep-bridges` (`~/.local/state/aep-bridges`)",
@@ -268,6 +273,7 @@ class Config:
     max_connections: int | None = None  # per listener; None: from the fd limit
     emitter_tokens: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     claim_grace: float = 120.0
+    max_bindings: int | None = None  # None: max(65536, 4 * max_sessions)
     channel_size: int = 4096
     drain_deadline: float = 5.0
     policy: CapturePolicy = field(default_factory=CapturePolicy, repr=False)  # holds secret values
@@ -391,6 +397,8 @@ def _relay_limits(r: EnvReader) -> dict[str, Any]:
                                       unit="bytes"),
         "body_timeout": r.seconds("AEP_BODY_TIMEOUT", 30.0, maximum=3600.0),
         "claim_grace": r.seconds("AEP_CLAIM_GRACE", 120.0, maximum=86400.0),
+        "max_bindings": (r.integer("AEP_MAX_BINDINGS", 65_536, minimum=16)
+                         if r.raw("AEP_MAX_BINDINGS") is not None else None),
         "max_connections": (r.integer("AEP_MAX_CONNECTIONS", 1000, minimum=8,
                                     shown_default="derived from the open-files limit")
                             if r.raw("AEP_MAX_CONNECTIONS") is not None else None),

@@ -123,7 +123,8 @@ def relay_options(cfg: Config) -> dict[str, Any]:
                 subscriber_bytes=cfg.subscriber_bytes,
                 max_new_sessions=cfg.relay_max_new_sessions,
                 new_sessions_per_s=cfg.relay_new_sessions_per_s,
-                emitter_tokens=dict(cfg.emitter_tokens), claim_grace_s=cfg.claim_grace)
+                emitter_tokens=dict(cfg.emitter_tokens), claim_grace_s=cfg.claim_grace,
+                max_bindings=cfg.max_bindings)
 
 
 async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,

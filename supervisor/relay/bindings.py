@@ -59,6 +59,22 @@ pushed out the fleet's and the other credentials' bindings, outside review
 of issue 25); a principal with no other binding pushes out the shared
 principal's least recently used, then the least recently used verified
 one that is not the fleet's, the fleet's last.
+The fleet's bindings are of two kinds (round 8 outside attack, finding 6:
+an unauthenticated OTLP flood of new ``conversation.id`` s, all
+:data:`FLEET`, pushed out a live Claude Code hook session's binding, and
+after a restart a per-emitter credential posted into it): those an *open*
+bridge made (``bind_fleet(..., open_=True)``: a bridge whose session ids
+unauthenticated senders choose, the OTLP receiver and the AG-UI proxy,
+:attr:`.connections.LocalEmitter.open_sessions`) are kept apart
+(:attr:`Binding.open`, ``"o": 1`` in the journal). The same rules hold for
+both (a remote party may enter neither), but an open bridge's new binding
+pushes out only an open one (its own kind's least recently used; the one
+just made when it is the only one), never an authenticated bridge's, a
+credential's or the shared principal's; an authenticated bridge's new
+binding pushes out the open kind's first, and every other principal's
+reach the open kind's before any verified one. An authenticated bridge
+that emits into a session an open bridge bound takes it into its own kind
+(as the writer index ranks them, :mod:`supervisor.sessionlog.writers`).
 Kept across restarts in a journal (:meth:`Bindings.open`: one JSON line a
 binding, appended when it is made or changed, compacted at start and
 whenever the lines appended since exceed twice the table plus 1,024, so
@@ -181,14 +197,17 @@ def fleet_refusal(bound: str, free: bool) -> str | None:
 
 class Binding:
     """One session's owner: ``principal``, the first claimant's ``source``,
-    and ``seen`` (trio clock seconds) when a claimant was last known live."""
+    and ``seen`` (trio clock seconds) when a claimant was last known live;
+    ``open``: a :data:`FLEET` binding an open bridge made (the module
+    docstring: evicted before any verified binding)."""
 
-    __slots__ = ("principal", "source", "seen")
+    __slots__ = ("principal", "source", "seen", "open")
 
-    def __init__(self, principal: str, source: str, seen: float) -> None:
+    def __init__(self, principal: str, source: str, seen: float, open_: bool = False) -> None:
         self.principal = principal
         self.source = source
         self.seen = seen
+        self.open = open_
 
     @property
     def named(self) -> bool:
@@ -209,8 +228,11 @@ class Bindings:
         #: the shared principal's sessions, least recently used first (evicted first)
         self._shared: OrderedDict[str, None] = OrderedDict()
         #: each principal's sessions, least recently used first (the shared
-        #: and anonymous principals' together: :attr:`_shared`)
+        #: and anonymous principals' together: :attr:`_shared`; the open
+        #: bridges' fleet bindings apart: :attr:`_open`)
         self._own: dict[str, OrderedDict[str, None]] = {}
+        #: the open bridges' fleet bindings, least recently used first
+        self._open: OrderedDict[str, None] = OrderedDict()
         self._journal: IO[str] | None = None
         self._path: Path | None = None
         self._appended = 0
@@ -253,22 +275,27 @@ class Bindings:
             return None
         return fleet_refusal(b.principal, free=not live and now - b.seen >= self.grace_s)
 
-    def bind_fleet(self, session: str, source: str, now: float) -> bool:
+    def bind_fleet(self, session: str, source: str, now: float, open_: bool = False) -> bool:
         """A fleet bridge claims ``session`` (allowed by
         :meth:`fleet_refusal`): bound to :data:`FLEET`, taken back from the
-        shared or anonymous principal. Returns whether it was bound to
-        someone else (the caller drops that party's claim). A session a
-        per-emitter credential holds is left to it (``False``, nothing
-        bound: the caller refused the event already)."""
+        shared or anonymous principal. ``open_``: the bridge is an open one
+        (the module docstring); an authenticated bridge's claim of an open
+        bridge's binding makes it an authenticated one. Returns whether it
+        was bound to someone else (the caller drops that party's claim). A
+        session a per-emitter credential holds is left to it (``False``,
+        nothing bound: the caller refused the event already)."""
         session = key(session)
         b = self._map.get(session)
         if b is not None and b.principal == FLEET:
             b.seen = now
-            self._refresh(session, b)
+            if b.open and not open_:
+                self._set(session, Binding(FLEET, b.source, now))
+            else:
+                self._refresh(session, b)
             return False
         if b is not None and fleet_refusal(b.principal, free=True) is not None:
             return False
-        self._set(session, Binding(FLEET, key(source), now))
+        self._set(session, Binding(FLEET, key(source), now, open_))
         return b is not None
 
     def touch(self, sessions: Iterable[str], now: float) -> None:
@@ -282,10 +309,13 @@ class Bindings:
 
     def _set(self, session: str, b: Binding) -> None:
         self._put(session, b)
-        self._trim(b.principal if b.named else None)
-        self._append(session, b)
+        self._trim(b.principal if b.named else None, b.open)
+        if session in self._map:  # (an open bridge's only binding in a full table: not kept)
+            self._append(session, b)
 
     def _order(self, b: Binding) -> OrderedDict[str, None]:
+        if b.open:
+            return self._open
         return self._own.setdefault(b.principal, OrderedDict()) if b.named else self._shared
 
     def _refresh(self, session: str, b: Binding) -> None:
@@ -303,25 +333,32 @@ class Bindings:
     def _forget_order(self, session: str, b: Binding) -> None:
         order = self._order(b)
         order.pop(session, None)
-        if not order and b.named:
+        if not order and b.named and not b.open:
             del self._own[b.principal]
 
     def _evict(self, session: str) -> None:
         self._forget_order(session, self._map.pop(session))
 
-    def _trim(self, principal: str | None = None) -> None:
-        """Within ``cap`` (the module docstring): ``principal``'s (a verified
-        one that just bound; ``None`` for the shared principal's, at
-        :meth:`open`) least recently used binding first while it holds
-        another, then the shared principal's, then the least recently used
-        verified one, the fleet's last."""
-        m, shared = self._map, self._shared
+    def _trim(self, principal: str | None = None, open_: bool = False) -> None:
+        """Within ``cap`` (the module docstring): for an open bridge's new
+        binding (``open_``), the open kind's least recently used (the new
+        one itself when it is the only one); else the open kind's first for
+        an authenticated bridge's (``principal`` :data:`FLEET`), then
+        ``principal``'s (a verified one that just bound; ``None`` for the
+        shared principal's, at :meth:`open`) least recently used while it
+        holds another, then the shared principal's, then the open kind's,
+        then the least recently used verified one, the fleet's last."""
+        m, shared, opened = self._map, self._shared, self._open
         while len(m) > self.cap:
             own = self._own.get(principal) if principal is not None else None
-            if own is not None and len(own) > 1:
+            if open_ or (principal == FLEET and opened):
+                self._evict(next(iter(opened)))
+            elif own is not None and len(own) > 1:
                 self._evict(next(iter(own)))
             elif shared:
                 self._evict(next(iter(shared)))
+            elif opened:
+                self._evict(next(iter(opened)))
             else:
                 victim = next((s for s, b in m.items() if b.principal != FLEET), None)
                 self._evict(victim if victim is not None else next(iter(m)))
@@ -340,7 +377,7 @@ class Bindings:
                     got = _parse(line)
                     if got is not None:
                         loaded.pop(got[0], None)
-                        loaded[got[0]] = Binding(got[1], got[2], now)
+                        loaded[got[0]] = Binding(got[1], got[2], now, got[3])
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -349,6 +386,7 @@ class Bindings:
             loaded.pop(s, None)
             loaded[s] = b
         self._map, self._shared, self._own = OrderedDict(), OrderedDict(), {}
+        self._open = OrderedDict()
         for s, b in loaded.items():
             self._put(s, b)
         self._trim()
@@ -417,11 +455,13 @@ def key(value: str) -> str:
 
 
 def _line(session: str, b: Binding) -> str:
-    return json.dumps({"s": session, "p": b.principal, "src": b.source},
-                      ensure_ascii=True, separators=(",", ":")) + "\n"
+    v: dict[str, object] = {"s": session, "p": b.principal, "src": b.source}
+    if b.open:
+        v["o"] = 1
+    return json.dumps(v, ensure_ascii=True, separators=(",", ":")) + "\n"
 
 
-def _parse(line: str) -> tuple[str, str, str] | None:
+def _parse(line: str) -> tuple[str, str, str, bool] | None:
     try:
         v = json.loads(line)
     except ValueError:
@@ -431,8 +471,9 @@ def _parse(line: str) -> tuple[str, str, str] | None:
     s, p, src = v.get("s"), v.get("p"), v.get("src")
     if isinstance(s, str) and isinstance(p, str) and isinstance(src, str) and s and p:
         # a key as written (:func:`key`: at most KEY_MAX + 1 characters), or
-        # an id of a journal written before keys were bounded
+        # an id of a journal written before keys were bounded; "o": an
+        # open bridge's fleet binding (a line from before kinds: authenticated)
         return (s if len(s) <= KEY_MAX + 1 else key(s), p,
-                src if len(src) <= KEY_MAX + 1 else key(src))
+                src if len(src) <= KEY_MAX + 1 else key(src), p == FLEET and v.get("o") == 1)
     return None
 

@@ -96,7 +96,9 @@ class Relay(StampedRuns):
     over all remote emitters; :mod:`.newsessions`); ``emitter_tokens``
     (``AEP_EMITTER_TOKENS``: name -> per-emitter credential, each as good
     as ``token`` and naming its holder) and ``claim_grace_s``
-    (``AEP_CLAIM_GRACE``): the session bindings of :mod:`.bindings`.
+    (``AEP_CLAIM_GRACE``): the session bindings of :mod:`.bindings`, at
+    most ``max_bindings`` of them (``AEP_MAX_BINDINGS``; ``None``: 65,536
+    or four times ``max_sessions``, the larger).
     Raises ``ValueError`` for sizes below 1."""
 
     def __init__(self, token: str | None = None, buffer: int = 10_000, max_sessions: int = 500,
@@ -111,7 +113,7 @@ class Relay(StampedRuns):
                  subscriber_bytes: int | None = None, stuck_s: float = 10.0,
                  max_new_sessions: int = 100, new_sessions_per_s: float = 50.0,
                  emitter_tokens: Mapping[str, str] | None = None,
-                 claim_grace_s: float = 120.0) -> None:
+                 claim_grace_s: float = 120.0, max_bindings: int | None = None) -> None:
         self._token = token.encode("utf-8") if token else None
         self._emitter_tokens = tuple((named(n), t.encode("utf-8"))
                                      for n, t in (emitter_tokens or {}).items() if t)
@@ -146,7 +148,7 @@ class Relay(StampedRuns):
         #: the fleet bridges' source bases, reserved at attach (:mod:`.fleetsources`)
         self.fleet_sources = FleetSources()
         #: session -> the principal that owns it (:mod:`.bindings`)
-        self.bindings = Bindings(max(65_536, 4 * max_sessions), claim_grace_s)
+        self.bindings = Bindings(max_bindings or max(65_536, 4 * max_sessions), claim_grace_s)
         self._admitted = 0
         #: while :meth:`admit_stamped_run` runs (synchronously), the entries
         #: :meth:`_admit` took (a stretch of appends: one list of held tuples,

@@ -509,8 +509,8 @@ class Ingest(Routing):
         free, or a per-emitter credential's, never got here:
         :meth:`check_fleet_session`)."""
         session, now = e.attrs["session"], time.monotonic()
-        if isinstance(conn, LocalEmitter):
-            if self.bindings.bind_fleet(session, e.attrs["source"], now):
+        if isinstance(conn, LocalEmitter):  # an open bridge's kept apart (.bindings, finding 6)
+            if self.bindings.bind_fleet(session, e.attrs["source"], now, conn.open_sessions):
                 self.counters["fleet_reclaimed"] += 1
                 self.claims.evict(session, LocalEmitter)  # (none: it was free)
         else:
