@@ -25,7 +25,10 @@ KV ``S_bindings`` (:func:`~.subjects.bindings_bucket`), key
   on any relay may claim them;
 - bindings are re-put with the claims (``at`` kept fresh while held) and
   live as long as the stream keeps events (the bucket's TTL is
-  ``AEP_NATS_MAX_AGE``): a restarted relay forgets none.
+  ``AEP_NATS_MAX_AGE``): a restarted relay forgets none. The bucket has
+  no count cap, so no binding is pushed out by others' (the embedded
+  relay's bounded table keeps the open bridges' apart for that: round 8
+  outside attack, finding 6, :mod:`supervisor.relay.bindings`).
 
 - a ``POST /events`` batch's sessions are read before it is published: a
   sequenced event in a session of the fleet or of another per-emitter
