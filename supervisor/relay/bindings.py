@@ -201,13 +201,16 @@ class Binding:
     ``open``: a :data:`FLEET` binding an open bridge made (the module
     docstring: evicted before any verified binding)."""
 
-    __slots__ = ("principal", "source", "seen", "open")
+    __slots__ = ("principal", "source", "seen", "open", "tick")
 
     def __init__(self, principal: str, source: str, seen: float, open_: bool = False) -> None:
         self.principal = principal
         self.source = source
         self.seen = seen
         self.open = open_
+        #: the table's use counter when last bound or refreshed (recency
+        #: across principals without scanning the table)
+        self.tick = 0
 
     @property
     def named(self) -> bool:
@@ -236,6 +239,7 @@ class Bindings:
         self._journal: IO[str] | None = None
         self._path: Path | None = None
         self._appended = 0
+        self._ticks = 0
 
     def __len__(self) -> int:
         return len(self._map)
@@ -321,6 +325,8 @@ class Bindings:
     def _refresh(self, session: str, b: Binding) -> None:
         self._map.move_to_end(session)
         self._order(b).move_to_end(session)
+        self._ticks += 1
+        b.tick = self._ticks
 
     def _put(self, session: str, b: Binding) -> None:
         old = self._map.get(session)
@@ -329,6 +335,8 @@ class Bindings:
         self._map[session] = b
         self._map.move_to_end(session)
         self._order(b)[session] = None
+        self._ticks += 1
+        b.tick = self._ticks
 
     def _forget_order(self, session: str, b: Binding) -> None:
         order = self._order(b)
@@ -360,8 +368,23 @@ class Bindings:
             elif opened:
                 self._evict(next(iter(opened)))
             else:
-                victim = next((s for s, b in m.items() if b.principal != FLEET), None)
+                victim = self._oldest_credential()
                 self._evict(victim if victim is not None else next(iter(m)))
+
+    def _oldest_credential(self) -> str | None:
+        """The least recently used session of any verified principal but
+        the fleet, from each principal's own order (as many steps as there
+        are principals: a table full of the fleet's bindings used to be
+        scanned whole for each eviction, minutes at start after a flood)."""
+        m, best, best_tick = self._map, None, 0
+        for principal, order in self._own.items():
+            if principal == FLEET or not order:
+                continue
+            s = next(iter(order))
+            tick = m[s].tick
+            if best is None or tick < best_tick:
+                best, best_tick = s, tick
+        return best
 
     # -- the journal -----------------------------------------------------------------
     def open(self, path: Path, now: float) -> int:
