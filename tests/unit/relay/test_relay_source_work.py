@@ -20,7 +20,7 @@ from supervisor.relay import envelope, fanout
 from supervisor.relay.app import make_app
 from supervisor.relay.core import Relay
 from supervisor.relay.fleetsources import FleetSources
-from tests.unit.relay.test_relay_core import ev
+from tests.unit.relay.test_relay_core import ev, take, ws
 
 FDFA_HOST = "%EF%B7%BA" * 227  # 2 KB; NFKC makes each character 18
 
@@ -97,3 +97,20 @@ def test_the_memos_keep_no_long_key():
     kept = sum(sys.getsizeof(k) for k in envelope._SOURCE_OK) + \
         sum(sys.getsizeof(k) for k in fanout._IDS)
     assert kept < 2 << 20, kept
+
+
+async def test_a_socket_emitters_long_sources_are_kept_by_a_bounded_key():
+    """The live owned-source table (issue 10 #8) kept each ``/socket``
+    emitter's last ``AEP_MAX_SESSIONS`` sources verbatim: 500 x 64 KiB a
+    connection. It keeps their :func:`.bindings.key`; the rule still holds."""
+    relay = Relay(token="t")
+    conn = await ws(relay, role="emitter")
+    long = [f"aep://h/{n}/" + "a" * 60_000 for n in range(200)]
+    for n, src in enumerate(long):
+        await conn.handle_text(json.dumps(ev(1, f"w{n}", source=src)))
+    assert await take(conn.outlet) == []
+    assert sum(sys.getsizeof(k) for k in conn.sources) < 1 << 20
+    other = await ws(relay, role="emitter")
+    await other.handle_text(json.dumps(ev(1, "other", source=long[7])))
+    (err,) = await take(other.outlet)
+    assert err["code"] == "invalid-event" and "connected emitter" in err["detail"], err
