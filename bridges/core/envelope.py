@@ -293,7 +293,12 @@ class Stamper:
         is a cache (its values are derived from the name alone): it is
         emptied at :data:`MAX_SOURCES` sessions, so a daemon that sees new
         sessions all day does not keep one entry per session it ever saw
-        (a soak: ~200 bytes a session)."""
+        (a soak: ~200 bytes a session). A session over 256 characters is
+        spelled every time, not kept (4,096 of them up to 4 KiB, each
+        spelled up to 12 characters a character: ~200 MiB; an eighth
+        outside attack's finding 4)."""
+        if len(session) > 256:
+            return self._session_of(session)
         if len(self._sources) >= MAX_SOURCES:
             self._sources.clear()
         known = self._sources[session] = self._session_of(session)

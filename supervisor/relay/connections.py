@@ -19,7 +19,7 @@ from bridges.core.aep import AEP_VERSION, is_command_type, loads
 
 from .acks import AckRefused
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
-from .bindings import ANONYMOUS, FLEET
+from .bindings import ANONYMOUS, FLEET, key
 from .buffer import Position
 from .envelope import MAX_ID, InvalidEvent
 from .newsessions import TooManySessions
@@ -116,7 +116,9 @@ class Claims:
 
     def own_source(self, conn: Connection, source: str) -> None:
         """``conn`` sent a sequenced event under ``source``: while it is
-        live, nobody else may (issue 10 #8). Bounded like the claims."""
+        live, nobody else may (issue 10 #8). Bounded like the claims, each
+        kept as its :func:`.bindings.key` (a 64 KiB one is 257 characters)."""
+        source = key(source)
         if source in conn.sources:
             conn.sources.move_to_end(source)
             return
@@ -131,7 +133,7 @@ class Claims:
 
     def source_owner(self, source: str) -> Connection | None:
         """The live connection that owns ``source``, if any."""
-        owner = self._sources.get(source)
+        owner = self._sources.get(key(source))
         return owner if owner is not None and owner.open else None
 
     def claimed_by_other(self, session: str, conn: Connection) -> bool:

@@ -451,7 +451,7 @@ PUBLIC: dict[str, set[str]] = {
                                "same_event", "same_json"},
     "supervisor.relay.ring": {"SessionRing"},
     "supervisor.relay.pins": {"Evictions", "PIN_TYPES"},
-    "supervisor.relay.fleetsources": {"FleetSources"},
+    "supervisor.relay.fleetsources": {"FleetSources", "MAX_CACHED", "MAX_FOLD", "MAX_HOST", "MAX_SEGMENTS"},
     "supervisor.relay.stamped": {"StampedAppends", "AppendFault"},
     "supervisor.relay.routing": {"Routing"},
     "supervisor.relay.ingest": {"FleetRefused", "Ingest"},

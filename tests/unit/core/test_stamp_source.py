@@ -6,6 +6,7 @@ which no URI parser accepts)."""
 from __future__ import annotations
 
 import re
+import sys
 from urllib.parse import unquote, urlsplit
 
 from hypothesis import given
@@ -80,3 +81,16 @@ def test_the_source_cache_is_bounded_and_an_evicted_session_is_stamped_the_same(
     assert (again["seq"], run[0]["seq"]) == (1, 1)
     assert run[0]["source"] == first[1]["source"]
     assert len(s._sources) <= 3
+
+
+def test_the_source_cache_keeps_no_long_session() -> None:
+    """An eighth outside attack, finding 4: 4,096 cached sessions of up to
+    4 KiB, each spelled into a source up to 12 characters a character, were
+    kept outside any budget (an OTLP sender chooses its session ids). A
+    session over 256 characters is spelled each time; stamped the same."""
+    s = Stamper("codex", host="h", epoch=1)
+    evs = [s.stamp(f"{n}-" + "\u00e9" * 4000, {"type": "run.started"}) for n in range(100)]
+    kept = sum(sys.getsizeof(k) + sum(map(sys.getsizeof, v)) for k, v in s._sources.items())
+    assert kept < 1 << 20, kept
+    again = s.stamp("7-" + "\u00e9" * 4000, {"type": "run.started"})
+    assert again["source"] == evs[7]["source"] and again["seq"] == evs[7]["seq"] + 1

@@ -4,8 +4,11 @@ as a literal prefix, so every other spelling of ``aep://vm/agent/claude-code``
 was accepted from a non-fleet party)."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
+from supervisor.relay import fleetsources
 from supervisor.relay.fleetsources import FleetSources
 
 BASE = "aep://vm/agent/claude-code"
@@ -55,6 +58,31 @@ OWNED = {
     "empty host": "aep:///agent/claude-code", "backslashes": "aep://localhost\\agent\\claude-code",
     "underscore": "aep://localhost/agent/claude_code",
     "long tail": BASE + "/" + "%EF%B7%BA" * 7000,
+    # an eighth attack (atk8 01/01b): past the old read limits (64 segments, 2,048
+    # characters), no authority, IPv4 in IPv6, ideographic stops, a ligature
+    "70 empty segments": "aep://vm" + "/" * 70 + "agent/claude-code/session/s1",
+    "70 ./ segments": "aep://localhost/" + "./" * 70 + "agent/claude-code/session/s2",
+    "x/.. x70": "aep://127.0.0.1/" + "x/../" * 70 + "agent/claude-code/session/s3",
+    "2100-char userinfo": "aep://" + "u" * 2100 + "@vm/agent/claude-code/session/s4",
+    "no authority": "aep:/agent/claude-code", "rootless": "aep:agent/claude-code/session/x",
+    "v4-compatible": "aep://[::127.0.0.1]/agent/claude-code",
+    "v4-translated": "aep://[::ffff:0:127.0.0.1]/agent/claude-code",
+    "NAT64": "aep://[64:ff9b::127.0.0.1]/agent/claude-code",
+    "6to4": "aep://[2002:7f00:1::1]/agent/claude-code",
+    "ideographic stops": "aep://127%E3%80%820%E3%80%820%E3%80%821/agent/claude-code",
+    "halfwidth stop": "aep://localhost%EF%BD%A1/agent/claude-code",
+    "fullwidth stop": "aep://vm%EF%BC%8E/agent/claude-code",
+    "ligature au": "aep://localhost/agent/cl%EA%9C%B7de-code",
+    # two readings of one path: a dot or empty segment in one only
+    "..;x climbs leniently only": BASE + "/..;x",
+    "empty then .. (strict)": BASE + "//..",
+    "fullwidth .. (lenient)": "aep://vm/x/%EF%BC%8E%EF%BC%8E/agent/claude-code",
+    "zero width then ..": BASE + "/%E2%80%8B/..",
+    # past the bounds under a reserved host: unreadable, so the fleet's
+    "2 KB ASCII host": "aep://" + "h" * 2043 + "/agent/claude-code/1",
+    "2 KB FDFA host": "aep://" + "%EF%B7%BA" * 227 + "/agent/claude-code/1",
+    "padded agent": "aep://vm/" + "%E2%80%8B" * 100 + "agent/claude-code",
+    "many segments, then ..": "aep://vm/agent/x/" + "y/" * 40 + "../" * 42 + "claude-code",
 }
 
 #: not the fleet's: other agents, other hosts (an uplinked daemon elsewhere
@@ -65,8 +93,20 @@ NOT_OWNED = {
     "host prefix": "aep://vmx/agent/claude-code", "other scheme": "urn:vm:agent:claude-code",
     "http": "http://vm/agent/claude-code", "not agent/": "aep://vm/agents/claude-code",
     "agent only": "aep://vm/agent", "agent deeper": "aep://vm/x/agent/claude-code",
-    "dotdot out": "aep://vm/agent/claude-code/../../x", "no authority": "aep:/agent/claude-code",
+    "dotdot out": "aep://vm/agent/claude-code/../../x",
     "non-ASCII other": "aep://vm/agent/%C3%A9t%C3%A9",
+    "no authority, other agent": "aep:/agent/my-agent",
+    # legitimate long sources: another host is not read past its host; under
+    # a loopback host a long path whose first two segments are another agent's
+    "other host, long tail": "aep://vm2/agent/claude-code/session/" + "%EF%B7%BA" * 7000,
+    "other host, 70 segments": "aep://vm2/" + "x/" * 70 + "agent/claude-code",
+    "long host of FDFA, other agent": "aep://" + "%EF%B7%BA" * 227 + "/agent/x/1",
+    "long session": "aep://localhost/agent/my-agent/session/" + "%E4%BD%A0" * 5000,
+    "many segments": "aep://localhost/agent/my-agent/session/" + "a/" * 100,
+    "trailing slash": "aep://localhost/agent/my-agent/",
+    "double slash deeper": "aep://vm/agent/my-agent/session//x",
+    "ipv6 elsewhere": "aep://[2001:db8::127.0.0.1]/agent/claude-code",
+    "a ligature too short": "aep://vm/agent/%EA%9C%B7",
 }
 
 
@@ -104,3 +144,34 @@ def test_the_verdict_cache_is_bounded(fleet):
         fleet.owns(f"aep://vm/agent/a{n}")
     assert len(fleet._seen) <= 4096
     assert fleet.owns(BASE)
+
+
+def test_the_verdict_cache_keeps_no_long_source(fleet):
+    """An eighth outside attack (finding 4): 4,096 distinct 60 KB sources
+    were kept as keys (+256 MiB outside the buffer budget)."""
+    for n in range(300):
+        fleet.owns(f"aep://h/{n}/" + "a" * 60_000)
+        fleet.owns(f"aep://vm/agent/a{n}/" + "a" * 60_000)
+    assert sum(sys.getsizeof(k) for k in fleet._seen) < 1 << 20
+
+
+#: every trick of the attack and the FDFA host, long
+HOSTILE = [*OWNED.values(), *NOT_OWNED.values(),
+           "aep://" + "%EF%B7%BA" * 7000 + "/agent/claude-code/1",
+           "aep://vm/" + "%EF%B7%BA" * 7000 + "/agent/claude-code",
+           "aep://vm/agent/" + "%EF%B7%BA" * 7000, "aep://vm" + "/." * 30000,
+           "aep://vm/agent/claude-code/" + "%EF%B7%BA/" * 6000,
+           "aep://vm/" + "%EF%BC%8E%EF%BC%8E/" * 6000]
+
+
+@pytest.mark.parametrize("source", HOSTILE)
+def test_the_per_character_work_is_bounded(fleet, source, monkeypatch):
+    """An eighth outside attack (finding 5): folding distinct 2 KB sources
+    of U+FDFA cost 1-1.6 ms each and one batch held the event loop 12 s.
+    Percent-decoding and the Unicode fold read at most MAX_FOLD characters
+    of a source, whatever its length."""
+    read = []
+    real = fleetsources.unquote
+    monkeypatch.setattr(fleetsources, "unquote", lambda t, **kw: read.append(len(t)) or real(t, **kw))
+    fleet.owns(source)
+    assert sum(read) <= getattr(fleetsources, "MAX_FOLD", 512)  # (the old module had none)
