@@ -198,8 +198,11 @@ class _AbortableTCPServer(TCPServer):
     def __init__(self, app: Any, config: HyperConfig, context: WorkerContext,
                  state: ConnectionState, stream: Any, phase: "_Phase | None" = None, *,
                  on_fault: Callable[[str], None] | None = None, where: str = "http") -> None:
-        state = ConnectionState({**state, ABORT_KEY: self._abort})
+        # the abort handle holds the stream, not this handler: no reference
+        # cycle through every request's scope (see :meth:`run`)
+        state = ConnectionState({**state, ABORT_KEY: partial(_abort, stream)})
         super().__init__(app, config, context, state, stream)
+        self._protocol: Any = None
         self._on_fault = on_fault
         self._where = where
         self._phase = phase
@@ -249,12 +252,20 @@ class _AbortableTCPServer(TCPServer):
                     pass
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
+        finally:
+            # hypercorn's protocol holds this handler's bound protocol_send: a
+            # cycle the ended connection's whole graph (h11 state, task group,
+            # locks: ~30 objects) waited in for the cyclic collector, and that
+            # garbage was half of what set the daemon's young collections off
+            # (issue 27); cut here, it is freed now
+            self._protocol = None
 
-    def _abort(self) -> None:
-        stream = self.stream
-        sock = getattr(stream, "socket", None) or getattr(stream.transport_stream, "socket", None)
-        if sock is not None:
-            sock.close()  # trio: wakes any task blocked on it with ClosedResourceError
+
+def _abort(stream: Any) -> None:
+    """Close ``stream``'s socket (the connection's abort handle)."""
+    sock = getattr(stream, "socket", None) or getattr(stream.transport_stream, "socket", None)
+    if sock is not None:
+        sock.close()  # trio: wakes any task blocked on it with ClosedResourceError
 
 
 # -- serving ------------------------------------------------------------------------

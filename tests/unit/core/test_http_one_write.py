@@ -8,6 +8,8 @@ out before its body exists. Real sockets on loopback; the server's writes
 are read off ``trio.SocketStream.send_all``."""
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -136,3 +138,37 @@ async def test_a_streamed_head_goes_out_before_its_body_exists(writes: list[byte
 ])
 def test_which_writes_wait_for_their_body(head: bytes, held: bool) -> None:
     assert http._sized_head(head) is held
+
+
+async def test_an_ended_connection_is_freed_without_the_cyclic_collector(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its handler, h11 state, task group and locks go when it ends, by
+    reference counting: in a cycle (hypercorn's protocol holding the
+    handler's bound ``protocol_send``, the abort handle holding the
+    handler) they waited for the cyclic collector, and that garbage was
+    part of every young collection a hook round trip could land in."""
+    handlers: list[weakref.ref[Any]] = []
+    init = http._AbortableTCPServer.__init__
+
+    def spy(self: Any, *a: Any, **kw: Any) -> None:
+        init(self, *a, **kw)
+        handlers.append(weakref.ref(self))
+
+    monkeypatch.setattr(http._AbortableTCPServer, "__init__", spy)
+    gc.collect()
+    gc.disable()
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as n:
+                port = await _serve(n, trio.Event())
+                for _ in range(3):
+                    assert (await _get(port, "/whole")).endswith(b'{"ok": true}')
+                for _ in range(500):  # their tasks end once the client's close is read
+                    if all(r() is None for r in handlers):
+                        break
+                    await trio.sleep(0.01)
+                alive = sum(r() is not None for r in handlers)
+                n.cancel_scope.cancel()
+    finally:
+        gc.enable()
+    assert len(handlers) == 3 and alive == 0
