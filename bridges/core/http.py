@@ -239,6 +239,17 @@ class _AbortableTCPServer(TCPServer):
         # TCPServer.run assigns the ProtocolWrapper it builds for the connection
         self._protocol = _Http11Only(wrapper)
 
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # the client is gone (end of file, a broken or aborted socket) and its
+        # last answer is out (hypercorn reads on only once it is): hypercorn
+        # keeps the connection's keep-alive timer (75 s), and the connection
+        # (its socket in CLOSE-WAIT, its tasks, h11 state, budget place) with
+        # it; a vendor hook or the shim closes after each answer, so a third
+        # of the daemon's connections lingered so (issue 27: ~50 live objects
+        # a hook that set its young collections off)
+        await self.idle_task.stop()
+
     async def run(self) -> None:
         try:
             await super().run()
