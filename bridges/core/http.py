@@ -7,7 +7,7 @@ Why not plain ``hypercorn.trio.serve``: hypercorn shields its socket writes
 from cancellation, so a consumer that stops reading parks its handler in a
 send forever; neither the relay's §8.4 "disconnect" of a slow consumer nor
 a bounded shutdown can then be honored. :func:`serve_app` runs hypercorn's
-own connection handler (``TCPServer``) with five additions:
+own connection handler (``TCPServer``) with six additions:
 
 - each connection's ASGI ``scope["state"]`` carries
   :data:`~bridges.core.asgi.ABORT_KEY`, a callable that closes that
@@ -45,7 +45,11 @@ own connection handler (``TCPServer``) with five additions:
   until the server gets the CPU back (issue 27: the hook round trip's
   tail). A head announcing a ``Content-Length`` body waits for that body's
   first bytes (up to :data:`JOIN_MAX`) and goes out with them; a streamed
-  head (chunked: SSE, a held hook's ``AEP-Hold-Ms``) goes out at once.
+  head (chunked: SSE, a held hook's ``AEP-Hold-Ms``) goes out at once;
+- a connection ends as soon as its client closes it after an answer
+  (hypercorn kept it, socket in CLOSE-WAIT, until its keep-alive timer
+  ran out) and is freed by reference counting, no cycle through its
+  handler (issue 27: the daemon's young collections on the hook path).
 
 Shutdown order (:func:`serve_app`): stop accepting, close idle keep-alive
 connections, await the caller's ``before_drain()`` (e.g. the relay's
