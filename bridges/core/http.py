@@ -7,7 +7,7 @@ Why not plain ``hypercorn.trio.serve``: hypercorn shields its socket writes
 from cancellation, so a consumer that stops reading parks its handler in a
 send forever; neither the relay's §8.4 "disconnect" of a slow consumer nor
 a bounded shutdown can then be honored. :func:`serve_app` runs hypercorn's
-own connection handler (``TCPServer``) with four additions:
+own connection handler (``TCPServer``) with six additions:
 
 - each connection's ASGI ``scope["state"]`` carries
   :data:`~bridges.core.asgi.ABORT_KEY`, a callable that closes that
@@ -38,7 +38,18 @@ own connection handler (``TCPServer``) with four additions:
   newcomer; a header timeout), so half-open requests never shed a
   ``/stream`` consumer or keep a well-formed request out. The phase comes
   from hypercorn's own idle signal (``Updated``), seen in the handler's
-  ``protocol_send``.
+  ``protocol_send``;
+- one write per whole response (:func:`_sized_head`): hypercorn writes a
+  response's head and its body with two ``send`` calls, and on a loaded
+  machine the first one wakes the client, which then waits for the second
+  until the server gets the CPU back (issue 27: the hook round trip's
+  tail). A head announcing a ``Content-Length`` body waits for that body's
+  first bytes (up to :data:`JOIN_MAX`) and goes out with them; a streamed
+  head (chunked: SSE, a held hook's ``AEP-Hold-Ms``) goes out at once;
+- a connection ends as soon as its client closes it after an answer
+  (hypercorn kept it, socket in CLOSE-WAIT, until its keep-alive timer
+  ran out) and is freed by reference counting, no cycle through its
+  handler (issue 27: the daemon's young collections on the hook path).
 
 Shutdown order (:func:`serve_app`): stop accepting, close idle keep-alive
 connections, await the caller's ``before_drain()`` (e.g. the relay's
@@ -48,6 +59,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import re
 import resource
 import socket
 import time
@@ -58,7 +70,7 @@ from typing import Any, Awaitable, Callable, cast
 import trio
 from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.config import Config as HyperConfig
-from hypercorn.events import Updated
+from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.h11 import H2CProtocolRequiredError, H2ProtocolAssumedError
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -70,7 +82,7 @@ from .settings import Address
 
 __all__ = [
     "HyperConfig", "hyper_config", "bind_socket", "serve_app", "Http2Refused",
-    "FaultLog", "fault_kind", "FAULT_LOG_INTERVAL_S",
+    "FaultLog", "fault_kind", "FAULT_LOG_INTERVAL_S", "JOIN_MAX",
 ]
 
 log = logging.getLogger("aep.http.serve")
@@ -162,6 +174,24 @@ class _Http11Only:
         return getattr(self._wrapper, name)
 
 
+JOIN_MAX = 64 * 1024
+"""Largest body a held response head is joined to (one write; a copy of
+the body): a larger one goes out after the head, as hypercorn sends it."""
+
+_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*0*[1-9]", re.IGNORECASE)
+
+
+def _sized_head(data: bytes) -> bool:
+    """Whether ``data`` (one write hypercorn's h11 protocol asks for) is a
+    whole HTTP/1.x response head announcing a body (``Content-Length`` >
+    0): its next write is that body (or the end of a ``HEAD`` answer), so
+    the head can wait for it. A head without a length (chunked: a stream,
+    a held hook) or with ``0`` is the answer's first byte a client may be
+    waiting for: never held."""
+    return data.startswith(b"HTTP/1.") and data.endswith(b"\r\n\r\n") \
+        and _LENGTH.search(data) is not None
+
+
 class _AbortableTCPServer(TCPServer):
     """hypercorn's connection handler plus an abort handle in the connection
     state (shallow-copied into every request's ``scope["state"]``), HTTP/1.1
@@ -172,13 +202,29 @@ class _AbortableTCPServer(TCPServer):
     def __init__(self, app: Any, config: HyperConfig, context: WorkerContext,
                  state: ConnectionState, stream: Any, phase: "_Phase | None" = None, *,
                  on_fault: Callable[[str], None] | None = None, where: str = "http") -> None:
-        state = ConnectionState({**state, ABORT_KEY: self._abort})
+        # the abort handle holds the stream, not this handler: no reference
+        # cycle through every request's scope (see :meth:`run`)
+        state = ConnectionState({**state, ABORT_KEY: partial(_abort, stream)})
         super().__init__(app, config, context, state, stream)
+        self._protocol: Any = None
         self._on_fault = on_fault
         self._where = where
         self._phase = phase
+        self._head: bytes | None = None  # a response head waiting for its body
 
     async def protocol_send(self, event: Any) -> None:
+        if isinstance(event, RawData):
+            head, self._head = self._head, None
+            if head is not None:  # the body (or the end of a HEAD answer): one write
+                if len(event.data) <= JOIN_MAX:
+                    event = RawData(data=head + event.data)
+                else:
+                    await super().protocol_send(RawData(data=head))
+            elif _sized_head(event.data):
+                self._head = event.data
+                return
+        elif isinstance(event, Closed):
+            self._head = None  # the connection ends before its body: nothing to answer
         # hypercorn's own idle signal: not idle = a request's headers are in
         # (the app is being called); idle = waiting for the next request's
         if isinstance(event, Updated) and self._phase is not None:
@@ -197,6 +243,17 @@ class _AbortableTCPServer(TCPServer):
         # TCPServer.run assigns the ProtocolWrapper it builds for the connection
         self._protocol = _Http11Only(wrapper)
 
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        # the client is gone (end of file, a broken or aborted socket) and its
+        # last answer is out (hypercorn reads on only once it is): hypercorn
+        # keeps the connection's keep-alive timer (75 s), and the connection
+        # (its socket in CLOSE-WAIT, its tasks, h11 state, budget place) with
+        # it; a vendor hook or the shim closes after each answer, so a third
+        # of the daemon's connections lingered so (issue 27: ~50 live objects
+        # a hook that set its young collections off)
+        await self.idle_task.stop()
+
     async def run(self) -> None:
         try:
             await super().run()
@@ -210,12 +267,20 @@ class _AbortableTCPServer(TCPServer):
                     pass
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(self.stream)
+        finally:
+            # hypercorn's protocol holds this handler's bound protocol_send: a
+            # cycle the ended connection's whole graph (h11 state, task group,
+            # locks: ~30 objects) waited in for the cyclic collector, and that
+            # garbage was half of what set the daemon's young collections off
+            # (issue 27); cut here, it is freed now
+            self._protocol = None
 
-    def _abort(self) -> None:
-        stream = self.stream
-        sock = getattr(stream, "socket", None) or getattr(stream.transport_stream, "socket", None)
-        if sock is not None:
-            sock.close()  # trio: wakes any task blocked on it with ClosedResourceError
+
+def _abort(stream: Any) -> None:
+    """Close ``stream``'s socket (the connection's abort handle)."""
+    sock = getattr(stream, "socket", None) or getattr(stream.transport_stream, "socket", None)
+    if sock is not None:
+        sock.close()  # trio: wakes any task blocked on it with ClosedResourceError
 
 
 # -- serving ------------------------------------------------------------------------

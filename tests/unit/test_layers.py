@@ -392,7 +392,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "bridges.core.http": {
         "HyperConfig", "hyper_config", "bind_socket", "serve_app", "Http2Refused", "FaultLog",
-        "fault_kind", "FAULT_LOG_INTERVAL_S",
+        "fault_kind", "FAULT_LOG_INTERVAL_S", "JOIN_MAX",
     },
     "bridges.core.errors": {"leaves", "root_cause"},
     "bridges.core.limits": {"BURST_S", "LOG_INTERVAL_S", "PeerLog", "SessionBucket"},
