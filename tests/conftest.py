@@ -5,7 +5,14 @@ assertions, and these machines are noisy. The first test that draws text
 in a fresh checkout also builds Hypothesis's Unicode cache (over a second).
 Run alone, as ``scripts/dev test tests/unit/supervisor/test_tail.py`` does,
 that test failed its first run on ``FailedHealthCheck``. Every property
-still runs its examples and still fails on a counterexample."""
+still runs its examples and still fails on a counterexample.
+
+Two Hypothesis profiles (the Hypothesis docs' pattern): ``aep``, the
+default, runs every property's full ``max_examples`` (CI, and a plain
+``pytest``); ``dev`` (``--hypothesis-profile=dev``, what ``scripts/dev
+test`` passes unless ``CI`` is set) runs each at a :data:`DEV_DIVISOR`-th
+of its examples, at least :data:`MIN_EXAMPLES`. ``--quick-properties``
+(``scripts/dev test --unit``) a :data:`QUICK_DIVISOR`-th."""
 from __future__ import annotations
 
 import os
@@ -14,7 +21,17 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
+MIN_EXAMPLES = 20
+"""No property runs fewer examples than this, whatever the profile."""
+DEV_DIVISOR = 5
+"""The ``dev`` profile's share of each property's examples (issue 29:
+measured, the full properties were ~260 of the suite's 919 CPU seconds)."""
+QUICK_DIVISOR = 10
+"""``--quick-properties``' share (the unit-only loop)."""
+
 settings.register_profile("aep", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", settings.get_profile("aep"),
+                          max_examples=max(MIN_EXAMPLES, settings.default.max_examples // DEV_DIVISOR))
 settings.load_profile("aep")
 
 
@@ -52,9 +69,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--quick-properties", action="store_true", default=False,
-        help="each Hypothesis property test runs a tenth of its examples (at least "
-             f"{QUICK_MIN_EXAMPLES}): the quick loop of `scripts/dev test --unit`; the full "
-             "run (CI) runs them all")
+        help=f"each Hypothesis property test runs a {QUICK_DIVISOR}th of its examples (at "
+             f"least {MIN_EXAMPLES}): the quick loop of `scripts/dev test --unit`; CI runs "
+             "them all")
     parser.addoption(
         "--cpu-report", metavar="DIR", default=None,
         help="write each test file's CPU seconds (the test process and the children it "
@@ -73,14 +90,22 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(CpuReport(Path(out).resolve(), worker), "aep-cpu-report")
 
 
-QUICK_MIN_EXAMPLES = 20
+def _divisor(config: pytest.Config) -> int:
+    """By how much each property's ``max_examples`` is divided in this run."""
+    if config.getoption("quick_properties"):
+        return QUICK_DIVISOR
+    if settings.get_current_profile_name() == "dev":
+        return DEV_DIVISOR
+    return 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``--quick-properties``: cap each property's ``max_examples`` (its own
-    ``@settings`` included, which a profile cannot lower). The assertions are
-    the same; only the number of generated inputs shrinks."""
-    if not config.getoption("quick_properties"):
+    """``--quick-properties`` or the ``dev`` profile: divide each property's
+    ``max_examples`` (its own ``@settings`` included, which a profile cannot
+    lower), never below :data:`MIN_EXAMPLES`. The assertions are the same;
+    only the number of generated inputs shrinks."""
+    divisor = _divisor(config)
+    if divisor == 1:
         return
     for item in items:
         fn = getattr(item, "obj", None)
@@ -88,6 +113,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         current = getattr(fn, "_hypothesis_internal_use_settings", None)
         if current is None or not hasattr(fn, "hypothesis"):
             continue
-        quick = max(QUICK_MIN_EXAMPLES, current.max_examples // 10)
-        if quick < current.max_examples:
-            fn._hypothesis_internal_use_settings = settings(current, max_examples=quick)  # type: ignore[union-attr]
+        fewer = max(MIN_EXAMPLES, current.max_examples // divisor)
+        if fewer < current.max_examples:
+            fn._hypothesis_internal_use_settings = settings(current, max_examples=fewer)  # type: ignore[union-attr]
