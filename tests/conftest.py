@@ -103,7 +103,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """``--quick-properties`` or the ``dev`` profile: divide each property's
     ``max_examples`` (its own ``@settings`` included, which a profile cannot
     lower), never below :data:`MIN_EXAMPLES`. The assertions are the same;
-    only the number of generated inputs shrinks."""
+    only the number of generated inputs shrinks.
+
+    In an xdist worker the files are also put longest first
+    (:func:`tests.support.parallel.file_rank`; a stable sort: a file's tests
+    keep their order); ``scripts/dev test`` turns xdist's own reordering off."""
+    if hasattr(config, "workerinput"):
+        from tests.support.parallel import file_rank
+        items.sort(key=lambda item: file_rank(item.nodeid.split("::", 1)[0]))
     divisor = _divisor(config)
     if divisor == 1:
         return
