@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -33,6 +34,38 @@ settings.register_profile("aep", deadline=None, suppress_health_check=[HealthChe
 settings.register_profile("dev", settings.get_profile("aep"),
                           max_examples=max(MIN_EXAMPLES, settings.default.max_examples // DEV_DIVISOR))
 settings.load_profile("aep")
+
+
+def _one_default_ssl_context() -> None:
+    """httpx builds a new default SSL context for every client (certifi's
+    CA bundle parsed: ~23 ms of CPU), and ``httpx.get``/``post`` make a
+    client per call. The suite talks plain HTTP to loopback, polling
+    (``/healthz`` every 0.1 s while a daemon starts, a stream read per
+    check): that parsing was a large share of the test processes' CPU
+    (issue 29). Here a test process builds the default context once and
+    hands the same one to every client that asks for the default
+    (``verify=True``, no ``cert``; one per ``SSL_CERT_FILE``/``SSL_CERT_DIR``
+    pair, which httpx reads); any other ``verify`` goes to httpx as given. The daemons and CLIs the tests start
+    are untouched."""
+    from httpx._transports import default as transports
+
+    made = transports.create_ssl_context
+    shared: dict[tuple[str, str], Any] = {}
+
+    def create_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+        if verify is not True or cert is not None:
+            return made(verify=verify, cert=cert, trust_env=trust_env)
+        # the default context reads SSL_CERT_FILE / SSL_CERT_DIR when trust_env
+        env = os.environ if trust_env else {}
+        key = (env.get("SSL_CERT_FILE", ""), env.get("SSL_CERT_DIR", ""))
+        if key not in shared:
+            shared[key] = made(verify=verify, cert=cert, trust_env=trust_env)
+        return shared[key]
+
+    transports.create_ssl_context = create_ssl_context  # type: ignore[assignment]
+
+
+_one_default_ssl_context()
 
 
 @pytest.hookimpl(tryfirst=True)
