@@ -506,7 +506,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="aep-bridges",
         description="Bridge coding-agent vendor surfaces to the Agent Event Protocol (AEP 0.1). "
                     "Configured from the environment or a TOML file (--config); see docs/configuration.md.")
-    parser.add_argument("--version", action="version", version=f"aep-bridges {_version()}")
+    class _Version(argparse.Action):  # the version read only when asked (importlib.metadata)
+        def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+            print(f"aep-bridges {_version()}")
+            parser.exit()
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="show the version (and the AEP version it speaks) and exit")
     sub = parser.add_subparsers(dest="cmd", required=True)
     env_file = argparse.ArgumentParser(add_help=False)
     env_file.add_argument("--env-file", metavar="PATH",

@@ -14,12 +14,16 @@ daemon side that maps what the tees observe. Design record:
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from bridges.core.capture import CapturePolicy
 
 from . import config as _config
-from .bridge import AcpBridge
+
+if TYPE_CHECKING:
+    from .bridge import AcpBridge
+_LAZY = ("AcpBridge",)
+
 
 __all__ = ["AcpBridge", "from_env"]
 
@@ -28,6 +32,17 @@ def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None)
     """One :class:`AcpBridge` per agent id in ``AEP_ACP_AGENTS`` (the FLEET
     factory). Never raises: bad values become the first bridge's
     :meth:`~AcpBridge.preflight` lines."""
+    from .bridge import AcpBridge
     cfg, problems = _config.from_env(environ)
     return [AcpBridge(agent, cfg, policy=policy, problems=problems if i == 0 else None)
             for i, agent in enumerate(cfg.agents)]
+
+
+def __getattr__(name: str) -> Any:
+    # the bridge itself (and what it imports) only when asked for: the daemon
+    # and the CLI import every bridge's config for its settings' names
+    # (supervisor.config.known_settings), enabled or not, at each start
+    if name in _LAZY:
+        from . import bridge
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

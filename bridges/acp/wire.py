@@ -58,8 +58,6 @@ import struct
 import urllib.parse
 from typing import Any, Iterator
 
-from aep_sdk import ulid
-
 from bridges.core.aep import loads as _loads
 
 CLIENT = "client"
@@ -82,6 +80,9 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def new_tee_id() -> str:
+    # the SDK (its generated pydantic types) only in the tee that mints an id:
+    # the daemon imports this module for the bridge's settings at every start
+    from aep_sdk import ulid
     return ulid()
 
 

@@ -16,12 +16,16 @@ the upstream client) and :mod:`.tee` (parse the copy, map, emit), with
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from bridges.core.capture import CapturePolicy
 
 from . import config
-from .bridge import AguiBridge
+
+if TYPE_CHECKING:
+    from .bridge import AguiBridge
+_LAZY = ("AguiBridge",)
+
 
 __all__ = ["AguiBridge", "from_env"]
 
@@ -29,5 +33,16 @@ __all__ = ["AguiBridge", "from_env"]
 def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None) -> AguiBridge:
     """The bridge from the environment (the fleet's factory). Never raises
     for bad values: each is one :meth:`AguiBridge.preflight` line."""
+    from .bridge import AguiBridge
     cfg, problems = config.from_env(environ)
     return AguiBridge(cfg, policy, problems)
+
+
+def __getattr__(name: str) -> Any:
+    # the bridge itself (and what it imports) only when asked for: the daemon
+    # and the CLI import every bridge's config for its settings' names
+    # (supervisor.config.known_settings), enabled or not, at each start
+    if name in _LAZY:
+        from . import bridge
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,13 +10,15 @@ reference behaviour ``shared/aep/docs/adapters.md``. Modules:
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from bridges.core.capture import CapturePolicy
-from bridges.hooks_common.bridge import HookBridge
 
 from .config import from_env as config_from_env
 from .profile import PROFILE
+
+if TYPE_CHECKING:  # the bridge is imported by from_env, when it is enabled
+    from bridges.hooks_common.bridge import HookBridge
 
 __all__ = ["PROFILE", "from_env", "mapping"]  # mapping: Codex's hook mapping reuses it
 
@@ -24,5 +26,6 @@ __all__ = ["PROFILE", "from_env", "mapping"]  # mapping: Codex's hook mapping re
 def from_env(environ: Mapping[str, str], *, policy: CapturePolicy) -> HookBridge:
     """The fleet factory (never raises for bad values: each becomes one
     :meth:`~bridges.hooks_common.bridge.HookBridge.preflight` line)."""
+    from bridges.hooks_common.bridge import HookBridge
     config, problems = config_from_env(environ)
     return HookBridge(PROFILE, config, policy, problems=problems)

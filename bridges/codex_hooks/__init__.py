@@ -11,18 +11,21 @@ Ground truth: AEP-0002 Annex A.2; pins
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from bridges.core.capture import CapturePolicy
-from bridges.hooks_common.bridge import HookBridge
 
 from .config import from_env as config_from_env
 from .profile import PROFILE
+
+if TYPE_CHECKING:  # the bridge is imported by from_env, when it is enabled
+    from bridges.hooks_common.bridge import HookBridge
 
 __all__ = ["PROFILE", "from_env"]
 
 
 def from_env(environ: Mapping[str, str], *, policy: CapturePolicy) -> HookBridge:
     """The fleet factory (never raises for bad values)."""
+    from bridges.hooks_common.bridge import HookBridge
     config, problems = config_from_env(environ)
     return HookBridge(PROFILE, config, policy, problems=problems)

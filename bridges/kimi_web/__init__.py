@@ -11,13 +11,17 @@ token), :mod:`.mapping` (pure), :mod:`.tracker` (state, no I/O),
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from bridges.core.capture import CapturePolicy
 
-from .bridge import KimiWebBridge
 from .config import KimiWebConfig
 from .config import from_env as config_from_env
+
+if TYPE_CHECKING:
+    from .bridge import KimiWebBridge
+_LAZY = ("KimiWebBridge",)
+
 
 __all__ = ["KimiWebBridge", "KimiWebConfig", "from_env"]
 
@@ -26,5 +30,16 @@ def from_env(environ: Mapping[str, str], *, policy: CapturePolicy) -> KimiWebBri
     """The fleet factory: the bridge configured from ``environ`` (never
     raises for bad values: each becomes one :meth:`KimiWebBridge.preflight`
     line)."""
+    from .bridge import KimiWebBridge
     config, problems = config_from_env(environ)
     return KimiWebBridge(config, policy, problems=problems)
+
+
+def __getattr__(name: str) -> Any:
+    # the bridge itself (and what it imports) only when asked for: the daemon
+    # and the CLI import every bridge's config for its settings' names
+    # (supervisor.config.known_settings), enabled or not, at each start
+    if name in _LAZY:
+        from . import bridge
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

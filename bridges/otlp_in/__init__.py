@@ -29,13 +29,17 @@ rows are generated from it).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from bridges.core.capture import CapturePolicy
 
 from . import config
-from .bridge import OtlpInBridge
 from .config import SETTINGS, OtlpConfig
+
+if TYPE_CHECKING:
+    from .bridge import OtlpInBridge
+_LAZY = ("OtlpInBridge",)
+
 
 __all__ = ["OtlpConfig", "OtlpInBridge", "SETTINGS", "from_env"]
 
@@ -47,6 +51,17 @@ def from_env(environ: Mapping[str, str], *, policy: CapturePolicy | None = None
     configuration's problem lines surface through the first bridge's
     :meth:`~OtlpInBridge.preflight` (once each), each bridge adds its own
     ports-in-use lines."""
+    from .bridge import OtlpInBridge
     configs, problems = config.from_env(environ)
     return [OtlpInBridge(cfg, policy=policy, problems=problems if i == 0 else ())
             for i, cfg in enumerate(configs)]
+
+
+def __getattr__(name: str) -> Any:
+    # the bridge itself (and what it imports) only when asked for: the daemon
+    # and the CLI import every bridge's config for its settings' names
+    # (supervisor.config.known_settings), enabled or not, at each start
+    if name in _LAZY:
+        from . import bridge
+        return getattr(bridge, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

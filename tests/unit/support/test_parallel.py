@@ -112,3 +112,18 @@ def test_the_vendor_step_prints_a_line_per_package_and_never_raises(monkeypatch)
         "vendor a 1", "vendor b 2", "vendor b 2", "vendor c 3", "vendor c 3", "vendor d 4", "vendor d 4"]
     assert lines[1].endswith("installing (npm) ...") and lines[2].startswith("vendor b 2: installed (")
     assert all(ln.endswith(" s)") for ln in lines if not ln.endswith(" ..."))
+
+
+def test_the_longest_files_are_handed_out_first():
+    """``scripts/dev test``'s order (``--no-loadscope-reorder`` and
+    :func:`parallel.file_rank`): each listed slow file exists (a renamed one
+    would silently fall back into the crowd), the slow ones come first in
+    their order, then the other integration files, then the unit tests."""
+    for path in parallel.SLOW_FIRST:
+        assert (ROOT / path).is_file(), path
+    files = ["tests/unit/core/test_aep.py", "tests/integration/relay/test_x.py",
+             parallel.SLOW_FIRST[1], parallel.SLOW_FIRST[0]]
+    assert sorted(files, key=parallel.file_rank) == [
+        parallel.SLOW_FIRST[0], parallel.SLOW_FIRST[1], "tests/integration/relay/test_x.py",
+        "tests/unit/core/test_aep.py"]
+    assert "--no-loadscope-reorder" in (ROOT / "scripts" / "dev").read_text()
