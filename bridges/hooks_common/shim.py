@@ -179,12 +179,24 @@ def _connect(tls: bool, host: str, port: int, deadline: float):
     raise err
 
 
+def _budget_s() -> float:
+    """The give-up budget in seconds: :data:`CONNECT_BUDGET_S`, or
+    ``AEP_HOOK_BUDGET_MS`` (an integer, 100..600000 ms) for a host so loaded
+    that the daemon cannot answer within a second; anything else is ignored."""
+    raw = posix.environ.get(b"AEP_HOOK_BUDGET_MS", b"")
+    if raw.isdigit() and len(raw) <= 6 and 100 <= int(raw) <= 600_000:
+        return int(raw) / 1000
+    return CONNECT_BUDGET_S
+
+
 def _exchange(url: str, agent: str, body: bytes, token: str | None,
               hook_id: str) -> tuple[int, bytes | None]:
     """POST ``body``; ``(status, decision body or None)``. Raises ``_GiveUp``
-    when the daemon is unreachable or silent past :data:`CONNECT_BUDGET_S`."""
+    when the daemon is unreachable or silent past :func:`_budget_s`
+    (:data:`CONNECT_BUDGET_S` unless ``AEP_HOOK_BUDGET_MS`` says otherwise)."""
     tls, host, port, hostport, prefix = _split_url(url)
-    deadline = time.monotonic() + CONNECT_BUDGET_S
+    budget = _budget_s()
+    deadline = time.monotonic() + budget
     head = (f"POST {prefix}/hooks/{agent} HTTP/1.1\r\nHost: {hostport}\r\n"
             "Content-Type: application/json\r\nX-AEP-Hook-Transport: command\r\n"
             f"X-AEP-Hook-Id: {hook_id}\r\nContent-Length: {len(body)}\r\nConnection: close\r\n")
@@ -220,9 +232,9 @@ def _exchange(url: str, agent: str, body: bytes, token: str | None,
             return status, None
         hold = headers.get("aep-hold-ms")
         try:
-            wait = int(hold) / 1000 + HOLD_GRACE_S if hold else CONNECT_BUDGET_S
+            wait = int(hold) / 1000 + HOLD_GRACE_S if hold else budget
         except ValueError:
-            wait = CONNECT_BUDGET_S
+            wait = budget
         conn.deadline = time.monotonic() + wait
         try:
             body = _read_body(conn, headers)

@@ -21,7 +21,8 @@ def run_shim(d: HookDaemon, spool: Path, m: dict[str, Any]) -> subprocess.Comple
     return subprocess.run([sys.executable, "-S", "-E", shim.__file__, "claude-code",
                            "--daemon", d.url, "--spool", str(spool)],
                           input=json.dumps(m).encode(), capture_output=True, timeout=60,
-                          env={"AEP_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"})
+                          env={"AEP_TOKEN": TOKEN, "PATH": "/usr/bin:/bin",
+                               "AEP_HOOK_BUDGET_MS": "30000"})
 
 
 def logged(state: Path, session: str) -> list[dict[str, Any]]:

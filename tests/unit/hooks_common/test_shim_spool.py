@@ -267,3 +267,21 @@ def test_a_root_owned_symlink_above_the_spool_is_followed_for_another_user(tmp_p
     monkeypatch.setattr(os, "geteuid", lambda: next(answers))
     shim.spool_write(str(tmp_path / "home" / "spool"), "codex", b'{"id":"x"}\n')
     assert (real / "spool" / "codex.jsonl").read_bytes() == b'{"id":"x"}\n'
+
+
+@pytest.mark.parametrize("raw, want", [
+    (None, 1.0), (b"", 1.0), (b"30000", 30.0), (b"100", 0.1), (b"600000", 600.0),
+    (b"99", 1.0), (b"600001", 1.0), (b"-5", 1.0), (b"1e3", 1.0), (b" 500", 1.0),
+    ("٣٠٠".encode(), 1.0),  # Arabic-Indic digits: not an ASCII number
+    (b"9" * 5000, 1.0),
+])
+def test_the_give_up_budget_comes_from_aep_hook_budget_ms_within_bounds(monkeypatch, raw, want):
+    import posix
+
+    from bridges.hooks_common import shim
+    env = dict(posix.environ)
+    env.pop(b"AEP_HOOK_BUDGET_MS", None)
+    if raw is not None:
+        env[b"AEP_HOOK_BUDGET_MS"] = raw
+    monkeypatch.setattr(posix, "environ", env)
+    assert shim._budget_s() == want
