@@ -50,7 +50,7 @@ from bridges.core.statefile import StateFile
 
 from .mapping import elapsed_ms
 from .profile import HookProfile, Moment
-from .session import KEY_MAX, REQUESTED_MAX, TOOLS_MAX, Sessions, SessionState
+from .session import KEY_MAX, PRINT_KEY_MAX, PRINT_KEYS, REQUESTED_MAX, TOOLS_MAX, Sessions, SessionState
 
 __all__ = ["COUNTERS", "RESTORED_IDLE_S", "RunBook", "STATE_NAME", "entry", "restore_entry",
            "state_file"]
@@ -96,8 +96,9 @@ def _int(v: object) -> int:
 def _print(v: object) -> bool:
     """An input print as :func:`~.session.input_print` makes it (digests)."""
     if isinstance(v, dict):
-        return len(v) <= 256 and all(isinstance(k, str) and len(k) <= KEY_MAX
-                                     and isinstance(d, str) and len(d) <= 128 for k, d in v.items())
+        return len(v) <= PRINT_KEYS and all(isinstance(k, str) and len(k) <= PRINT_KEY_MAX
+                                            and isinstance(d, str) and len(d) <= 128
+                                            for k, d in v.items())
     return isinstance(v, str) and len(v) <= 128
 
 

@@ -14,9 +14,9 @@ from bridges.core.capture import digest
 
 from .answers import Decision
 
-__all__ = ["Ask", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX", "SESSIONS_MAX",
-           "SessionState", "Sessions", "TOOLS_MAX", "bounded_key", "input_print", "same_call",
-           "same_print", "tool_key"]
+__all__ = ["Ask", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX",
+           "SESSIONS_MAX", "PRINT_KEYS", "PRINT_KEY_MAX", "SessionState", "Sessions", "TOOLS_MAX",
+           "bounded_key", "input_print", "same_call", "same_print", "tool_key"]
 
 GONE_MAX = 4096
 """Forgotten asks whose closing a session list remembers (:meth:`Sessions.why_gone`)."""
@@ -63,21 +63,39 @@ def bounded_key(value: object) -> str:
     return "#" + digest(value)
 
 
+#: Keys of a ``tool_input`` object printed one by one (each key at most
+#: :data:`PRINT_KEY_MAX` characters); a larger object is printed as one
+#: digest. A session keeps :data:`REQUESTED_MAX` prints and writes them to
+#: its state file at every moment: per key digests of a 200,000-key input
+#: made each moment's state line megabytes (6.6 s hooks, 1.4 GB from one
+#: session: the ninth outside attack on issue 25).
+PRINT_KEYS = 16
+PRINT_KEY_MAX = 64
+
+
 def input_print(value: object) -> object:
     """What a session keeps of a ``tool_input`` to pair a later moment with
-    it (:func:`same_print`): per key digests of an object, the digest of
-    anything else; never the input itself."""
-    if isinstance(value, dict):
+    it (:func:`same_print`): per key digests of an object of at most
+    :data:`PRINT_KEYS` string keys of at most :data:`PRINT_KEY_MAX`
+    characters, the digest of anything else; never the input itself. At
+    most ~2 KB whatever the input."""
+    if isinstance(value, dict) and len(value) <= PRINT_KEYS \
+            and all(isinstance(k, str) and len(k) <= PRINT_KEY_MAX for k in value):
         return {k: digest(v) for k, v in value.items()}
     return digest(value)
 
 
+def _prints_match(kept: object, printed: object) -> bool:
+    if isinstance(kept, dict) and isinstance(printed, dict):
+        shared = kept.keys() & printed.keys()
+        return bool(shared) and all(kept[k] == printed[k] for k in shared)
+    return kept == printed
+
+
 def same_print(kept: object, value: object) -> bool:
-    """:func:`same_call` of the input :func:`input_print` kept and ``value``."""
-    if isinstance(kept, dict) and isinstance(value, dict):
-        shared = kept.keys() & value.keys()
-        return bool(shared) and all(kept[k] == digest(value[k]) for k in shared)
-    return not isinstance(kept, dict) and not isinstance(value, dict) and kept == digest(value)
+    """:func:`same_call` of the input :func:`input_print` kept and ``value``
+    (printed the same way: a small object key by key, else whole)."""
+    return _prints_match(kept, input_print(value))
 
 
 def tool_key(moment: dict[str, Any]) -> tuple[str, str]:
@@ -174,8 +192,9 @@ class SessionState:
     def requested_id(self, moment: dict[str, Any]) -> str | None:
         """The ``tool.requested`` id of the latest call ``moment`` is about."""
         name = bounded_key(moment.get("tool_name"))
+        printed = input_print(moment.get("tool_input"))  # once, not per kept call
         for n, kept, ev_id in reversed(self.requested):
-            if n == name and same_print(kept, moment.get("tool_input")):
+            if n == name and _prints_match(kept, printed):
                 return ev_id
         return None
 

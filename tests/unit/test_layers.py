@@ -363,7 +363,7 @@ PUBLIC: dict[str, set[str]] = {
                                   "restore_entry", "state_file"},
     "bridges.hooks_common.session": {"Ask", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX",
                                      "QUEUE_MAX", "REQUESTED_MAX", "SESSIONS_MAX", "SessionState", "Sessions", "TOOLS_MAX",
-                                     "bounded_key", "input_print", "same_call", "same_print",
+                                     "PRINT_KEYS", "PRINT_KEY_MAX", "bounded_key", "input_print", "same_call", "same_print",
                                      "tool_key"},
     "bridges.hooks_common.spool": {"Foreign", "INTERVAL_S", "LINE_MAX", "Spooled", "claim", "ingest",
                                    "parse_line", "pending", "serve", "sweep"},
