@@ -69,6 +69,10 @@ _INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"))
 #: blank letters (``Lo``) that render as nothing: the Hangul fillers, the
 #: Braille blank (a seventh attack padded ``claude-co\u3164de`` with one)
 _BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+#: non-ASCII characters that spell no letter: symbols (often blank in a
+#: font: U+1D159), private use, unassigned; dropped like the invisible ones
+#: (a ninth attack inserted one into ``claude-code``: longer, never matched)
+_NO_LETTER = frozenset(("So", "Sk", "Sm", "Sc", "Co", "Cn"))
 #: the full stops IDNA reads as ``.`` in a host (after NFKC: U+FF0E is ``.``,
 #: U+FF61 is U+3002)
 _STOPS = str.maketrans({"\u3002": "."})
@@ -115,7 +119,7 @@ def _fold(text: str, limit: int) -> str | None:
     kept: list[str] = []
     for ch in norm:
         cat = unicodedata.category(ch)
-        if cat in _INVISIBLE or ch in _BLANK:  # marks NFKC leaves alone included (U+034F, VS)
+        if cat in _INVISIBLE or cat in _NO_LETTER or ch in _BLANK:  # (U+034F, VS, U+1D159)
             continue
         kept.append("-" if cat == "Pd" or ch == "_" else ch)
         if len(kept) > limit:
@@ -258,8 +262,10 @@ def _loopback(host: str) -> bool:
     NAT64 ``64:ff9b::127.0.0.1``, 6to4: an eighth)."""
     if host in ("", "localhost", "localhost.localdomain") or host.endswith(".localhost"):
         return True
-    if len(host) > 64 or not host.isascii():
+    if not host.isascii():
         return False
+    if len(host) > 64:  # an address padded with zeros (0x000...07f000001): ours, unread
+        return all(c in _NUMERIC for c in host)
     try:
         ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
     except ValueError:
@@ -279,6 +285,9 @@ def _loopback(host: str) -> bool:
             return False
     return ip.is_loopback or ip.is_unspecified
 
+
+#: what an IPv4 or IPv6 address in any form is written with
+_NUMERIC = frozenset("0123456789abcdefABCDEFxX.:")
 
 #: the high 96 bits of the IPv6 forms that carry an IPv4 address in their
 #: low 32: mapped, translated, NAT64 (compatible, ``::/96``, is 0)

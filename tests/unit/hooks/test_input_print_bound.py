@@ -10,8 +10,14 @@ from __future__ import annotations
 import json
 
 from bridges.hooks_common.runs import entry, restore_entry
-from bridges.hooks_common.session import (PRINT_KEY_MAX, PRINT_KEYS, REQUESTED_MAX,
-                                          SessionState, input_print, same_print)
+from bridges.hooks_common.session import (
+    PRINT_KEY_MAX,
+    PRINT_KEYS,
+    REQUESTED_MAX,
+    SessionState,
+    input_print,
+    same_print,
+)
 
 S = "sess-big"
 

@@ -83,6 +83,13 @@ OWNED = {
     "2 KB FDFA host": "aep://" + "%EF%B7%BA" * 227 + "/agent/claude-code/1",
     "padded agent": "aep://vm/" + "%E2%80%8B" * 100 + "agent/claude-code",
     "many segments, then ..": "aep://vm/agent/x/" + "y/" * 40 + "../" * 42 + "claude-code",
+    # a ninth attack (atk9 01): a character that spells no letter inserted
+    "blank symbol inserted": "aep://vm/agent/claude-co%F0%9D%85%99de/session/s",
+    "private use inserted": "aep://vm/agent/claude-co%EE%80%80de",
+    "unassigned inserted": "aep://vm/agent/claude-co%CD%B8de",
+    "object replacement after": "aep://vm/agent/claude-code%EF%BF%BC",
+    "cyrillic o and private use": "aep://vm/agent/claude-c%D0%BE%EE%80%80de",
+    "zero-padded hex loopback": "aep://0x" + "0" * 80 + "7f000001/agent/claude-code",
 }
 
 #: not the fleet's: other agents, other hosts (an uplinked daemon elsewhere
