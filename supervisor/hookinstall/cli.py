@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 from . import claude, codex
 from .common import AGENTS, Plan, Refused, hold_seconds, write_in_place
 
-__all__ = ["add_parser", "bad_input", "daemon_url", "plans", "run", "spool_dir"]
+__all__ = ["add_parser", "bad_input", "daemon_url", "plans", "project_trusted", "run",
+           "spool_dir"]
 
 _DEFAULT_DAEMON = "http://127.0.0.1:8787"
 
@@ -114,14 +115,16 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
                         hold_s=hold_seconds("codex", args.hold_s, env),
                         daemon=url if url != _DEFAULT_DAEMON else None,
                         spool=spool_dir(args.spool, env))
-    if project is not None and not _project_trusted(state_path, project):
+    if project is not None and not project_trusted(state_path, project):
         out[0].notes.append(
             f"Codex reads {path} only for a trusted project: trust {project} when Codex "
             f"asks, or add [projects.\"{project}\"] trust_level = \"trusted\" to {state_path}")
     return out
 
 
-def _project_trusted(user_config: Path, project: Path) -> bool:
+def project_trusted(user_config: Path, project: Path) -> bool:
+    """Whether Codex's user config trusts ``project`` (``[projects."<dir>"]
+    trust_level = "trusted"``): Codex reads a project's config only then."""
     import tomllib
     try:
         doc = tomllib.loads(user_config.read_text(encoding="utf-8"))
@@ -172,7 +175,7 @@ def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             for what in found.values():
                 kinds[what] = kinds.get(what, 0) + 1
             summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-            untrusted_project = (agent == "codex" and proj is not None and not _project_trusted(
+            untrusted_project = (agent == "codex" and proj is not None and not project_trusted(
                 codex.config_path(project=None, codex_home=home), proj))
             print(f"{agent} ({scope}) {path}: {len(found)} events: {summary}"
                   + (" (the project is not trusted: Codex does not read this file)"

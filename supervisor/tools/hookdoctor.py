@@ -112,13 +112,15 @@ def _where(listen: tuple[str, int]) -> str:
 _Installed = tuple[Path, str, dict[str, dict[str, Any]], dict[str, Any]]
 
 
-def _installed(agent: str, project: Path, home: Path, env: Mapping[str, str], where: str
-               ) -> tuple[list[_Installed], list[Finding]]:
+def _installed(agent: str, project: Path, home: Path, env: Mapping[str, str], where: str,
+               unread: set[Path]) -> tuple[list[_Installed], list[Finding]]:
     """Our entries per config file that has any (``(path, the install flag
     of its scope: `` --user`` / `` --project DIR``, {event: hook}, the
     document)``; a project that is the home is one file), and the findings
-    of reading them (malformed files, Codex's trust)."""
+    of reading them (malformed files, Codex's trust); adds to ``unread`` a
+    file the agent does not read (an untrusted Codex project's)."""
     from supervisor.hookinstall import claude, codex
+    from supervisor.hookinstall.cli import project_trusted
     from supervisor.hookinstall.common import Refused
     out: list[_Installed] = []
     notes: list[Finding] = []
@@ -151,6 +153,14 @@ def _installed(agent: str, project: Path, home: Path, env: Mapping[str, str], wh
             notes.append(Finding(False, f"{agent} hooks: {e}", "fix the file by hand, then "
                                  f"aep-bridges hooks status {agent}"))
             continue
+        state = codex.config_path(project=None, codex_home=codex_home)
+        if found and agent == "codex" and proj is not None and not project_trusted(state, proj):
+            # Codex reads a project's config only for a trusted project: not twice, maybe never
+            notes.append(Finding(bool(out), f"{agent} hooks in {path}: the project is not "
+                                            "trusted: Codex does not read this file",
+                                 f"trust {proj} when Codex asks, or add [projects.\"{proj}\"] "
+                                 f"trust_level = \"trusted\" to {state}"))
+            unread.add(path)
         if found:
             out.append((path, scope, found, doc))
     return out, notes
@@ -166,11 +176,12 @@ def _moments(n: int) -> str:
     return f"{n} moment{'' if n == 1 else 's'} waiting"
 
 
-def _twice(agent: str, installed: list[_Installed]) -> list[Finding]:
-    """Hooks for ``agent`` in both the user's and the project's file: the
-    agent runs both, so every moment reaches the daemon twice (two asks per
-    gated tool)."""
-    scopes = {scope.split()[0]: (path, scope) for path, scope, _, _ in installed}
+def _twice(agent: str, installed: list[_Installed], unread: set[Path]) -> list[Finding]:
+    """Hooks for ``agent`` in both the user's and the project's file (but
+    ``unread``: an untrusted Codex project's): the agent runs both, so every
+    moment reaches the daemon twice (two asks per gated tool)."""
+    scopes = {scope.split()[0]: (path, scope) for path, scope, _, _ in installed
+              if path not in unread}
     if len(scopes) < 2:
         return []
     (user, _), (project, pscope) = scopes["--user"], scopes["--project"]
@@ -276,13 +287,14 @@ def findings(bridge: Any, cfg: Any, *, ours: bool, env: Mapping[str, str] | None
     if hold != HOLD_S:
         spool_flag += f" --hold-s {max(1, math.ceil(hold))}"
     out: list[Finding] = []
-    installed, notes = _installed(agent, project, home, env, where)
+    unread: set[Path] = set()
+    installed, notes = _installed(agent, project, home, env, where, unread)
     if not installed:
         out.append(Finding(False, f"{agent} hooks: not installed (user or {project} config)",
                            f"{_install(agent, where, ' --user', spool_flag)} (or --project "
                            "DIR for one project)"))
     out += notes
-    out += _twice(agent, installed)
+    out += _twice(agent, installed, unread)
     spools = {daemon_spool: " --user"}
     for path, scope, hooks, doc in installed:
         install = _install(agent, where, scope, spool_flag)

@@ -271,3 +271,29 @@ def test_one_moment_is_singular(tmp_path):
     (spool / "claude-code.jsonl").write_text('{"a": 1}\n')
     found, _ = check(w, ours=True)
     assert any("1 moment waiting (the running" in f.what for f in found)
+
+
+def test_codex_twice_only_when_the_project_is_trusted(tmp_path):
+    w = world(tmp_path, agent="codex")
+    home = w.home / ".codex"
+    user = codex.config_path(project=None, codex_home=home)
+    proj = codex.config_path(project=w.project.resolve(), codex_home=home)
+    proj.parent.mkdir(parents=True)
+    for path in (proj,):  # the project's alone, its project untrusted: Codex never reads it
+        for plan in codex.install(path, state_path=user, hold_s=120,
+                                  spool=str(w.state / "hooks-spool")):
+            plan.path.parent.mkdir(parents=True, exist_ok=True)
+            write_in_place(plan.path, plan.after)
+    _, fails = check(w)
+    (f,) = fails
+    assert "the project is not trusted" in f.what and "trust_level" in f.fix
+    for plan in codex.install(user, state_path=user, hold_s=120,
+                              spool=str(w.state / "hooks-spool")):
+        write_in_place(plan.path, plan.after)
+    assert check(w)[1] == []  # the user's file runs; the untrusted project's is not read
+    user.write_text(user.read_text() + f'\n[projects."{w.project.resolve()}"]\n'
+                                       'trust_level = "trusted"\n')
+    _, fails = check(w)
+    (f,) = fails
+    assert "installed twice" in f.what
+    assert runnable(f.fix)[:4] == ["aep-bridges", "hooks", "uninstall", "codex"]
