@@ -480,7 +480,13 @@ def _cmd_service(args: argparse.Namespace) -> int:
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
+    """``hooks install`` reads ``--env-file`` / ``--config`` / ``AEP_CONFIG``
+    first (as the client commands do), so its default ``--daemon`` is the
+    configured ``AEP_LISTEN`` (and ``--spool``, ``--hold-s`` the configured
+    state directory and hold)."""
     from .hookinstall.cli import run
+    if args.action == "install" and (refused := _apply_settings(args)[0]) is not None:
+        return refused
     return run(args)
 
 
@@ -565,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "aep-bridges hook <agent> [--daemon URL] [--token-file F] "
                                 "[--spool DIR] (stdin: the hook JSON)")
     from .hookinstall.cli import add_parser as hooks_parser
-    hooks_parser(sub)
+    hooks_parser(sub, env_file)
     args = parser.parse_args(args_in)
     if args.cmd == "acp":  # the agent's status, without the interpreter's teardown
         tee.leave(tee.main(args))

@@ -9,23 +9,29 @@ import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from . import claude, codex
 from .common import AGENTS, Plan, Refused, hold_seconds, write_in_place
 
-__all__ = ["add_parser", "daemon_url", "plans", "run", "spool_dir"]
+__all__ = ["add_parser", "bad_input", "daemon_url", "plans", "project_trusted", "run",
+           "spool_dir"]
 
 _DEFAULT_DAEMON = "http://127.0.0.1:8787"
 
 
-def add_parser(sub: Any) -> None:
-    """``hooks`` and its three actions on the console script's subparsers."""
+def add_parser(sub: Any, settings: argparse.ArgumentParser | None = None) -> None:
+    """``hooks`` and its three actions on the console script's subparsers;
+    ``install`` takes ``settings``' options (``--config`` / ``--env-file``,
+    read as the client commands read them, for the default ``--daemon``,
+    ``--spool`` and ``--hold-s``)."""
     hooks = sub.add_parser("hooks", help="install, remove or show the hook entries that send "
                                          "Claude Code's or Codex's hooks to this daemon")
     act = hooks.add_subparsers(dest="action", required=True)
     for name, text in (("install", "merge our hook entries into the vendor's config"),
                        ("uninstall", "remove the entries install added (only those)")):
-        p = act.add_parser(name, help=text)
+        p = act.add_parser(name, help=text,
+                           parents=[settings] if settings is not None and name == "install" else [])
         p.add_argument("agent", choices=sorted(AGENTS))
         where = p.add_mutually_exclusive_group()
         where.add_argument("--project", metavar="DIR",
@@ -39,16 +45,18 @@ def add_parser(sub: Any) -> None:
                            help="claude-code: http hooks where Claude Code runs them (the "
                                 "default) or the command shim everywhere; codex: command only")
             p.add_argument("--daemon", metavar="URL", default=None,
-                           help="the daemon's base URL (default http:// + $AEP_LISTEN, "
-                                "else http://127.0.0.1:8787)")
+                           help="the daemon's base URL, http(s):// (default http:// + "
+                                "AEP_LISTEN of the environment, --env-file or --config / "
+                                "$AEP_CONFIG, else http://127.0.0.1:8787)")
             p.add_argument("--spool", metavar="DIR", default=None,
                            help="the spool directory written into the command hooks (default "
                                 "the daemon's: $AEP_STATE_DIR/hooks-spool, else "
                                 "$XDG_STATE_HOME/aep-bridges/hooks-spool, else "
                                 "~/.local/state/aep-bridges/hooks-spool, as of the install)")
             p.add_argument("--hold-s", type=int, default=None, metavar="N",
-                           help="the bridge's hold limit: holdable hooks get a vendor timeout "
-                                "of N + 10 s (default $AEP_<AGENT>_HOLD_S, else 120)")
+                           help="the bridge's hold limit, 1 to 3600: holdable hooks get a "
+                                "vendor timeout of N + 10 s (default AEP_<AGENT>_HOLD_S, else "
+                                "120)")
     st = act.add_parser("status", help="say which of our hook entries are installed where")
     st.add_argument("agent", nargs="?", choices=sorted(AGENTS))
     st.add_argument("--project", metavar="DIR", default=None,
@@ -107,14 +115,16 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
                         hold_s=hold_seconds("codex", args.hold_s, env),
                         daemon=url if url != _DEFAULT_DAEMON else None,
                         spool=spool_dir(args.spool, env))
-    if project is not None and not _project_trusted(state_path, project):
+    if project is not None and not project_trusted(state_path, project):
         out[0].notes.append(
             f"Codex reads {path} only for a trusted project: trust {project} when Codex "
             f"asks, or add [projects.\"{project}\"] trust_level = \"trusted\" to {state_path}")
     return out
 
 
-def _project_trusted(user_config: Path, project: Path) -> bool:
+def project_trusted(user_config: Path, project: Path) -> bool:
+    """Whether Codex's user config trusts ``project`` (``[projects."<dir>"]
+    trust_level = "trusted"``): Codex reads a project's config only then."""
     import tomllib
     try:
         doc = tomllib.loads(user_config.read_text(encoding="utf-8"))
@@ -165,7 +175,7 @@ def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             for what in found.values():
                 kinds[what] = kinds.get(what, 0) + 1
             summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-            untrusted_project = (agent == "codex" and proj is not None and not _project_trusted(
+            untrusted_project = (agent == "codex" and proj is not None and not project_trusted(
                 codex.config_path(project=None, codex_home=home), proj))
             print(f"{agent} ({scope}) {path}: {len(found)} events: {summary}"
                   + (" (the project is not trusted: Codex does not read this file)"
@@ -173,11 +183,41 @@ def _status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return rc
 
 
+def bad_input(args: argparse.Namespace) -> str | None:
+    """Why an install/uninstall's options cannot be used, or ``None``: a
+    ``--project`` that is not a directory (never created: a typo would
+    install hooks nobody reads), a ``--hold-s`` outside 1 ..
+    ``HOLD_MAX_S`` (the bridge's own bound on ``AEP_<AGENT>_HOLD_S``; the
+    vendor timeout is the hold + 10 s), a ``--daemon`` that is not an
+    ``http(s)://host[:port]`` URL."""
+    from bridges.hooks_common.config import HOLD_MAX_S
+    if args.project and not Path(args.project).expanduser().is_dir():
+        return f"--project {args.project}: no such directory"
+    hold = getattr(args, "hold_s", None)
+    if hold is not None and not 1 <= hold <= HOLD_MAX_S:
+        return f"--hold-s {hold}: the hold must be 1 to {HOLD_MAX_S:g} s"
+    given = getattr(args, "daemon", None)
+    if given is not None:
+        try:
+            parts = urlsplit(given)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            return f"--daemon {given}: not an http:// or https:// URL"
+    return None
+
+
 def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
-    """Do ``args.action``; 0, or 2 when a file is refused (nothing written)."""
+    """Do ``args.action``; 0, or 2 when a file is refused or an option is
+    bad (:func:`bad_input`; nothing written). An install says the daemon URL
+    its hooks send to."""
     env = os.environ if env is None else env
     if args.action == "status":
         return _status(args, env)
+    if (why := bad_input(args)) is not None:
+        print(f"aep-bridges hooks {args.action}: {why}; nothing written", file=sys.stderr)
+        return 2
     try:
         todo = plans(args, env)
     except Refused as e:
@@ -185,6 +225,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
         return 2
     for plan in todo:
         _show(plan, args.dry_run, args.agent)
+    if args.action == "install":
+        print(f"aep-bridges hooks: {args.agent}: the hooks send to the daemon at "
+              f"{daemon_url(args.daemon, env)}")
     if args.dry_run:
         print("aep-bridges hooks: dry run: nothing written")
         return 0

@@ -6,7 +6,8 @@ the agent's hooks reaching it. For each enabled hook bridge:
   ``hooks status`` reading, :mod:`supervisor.hookinstall`; the project is
   the current directory), and for Codex whether they are trusted (Codex
   skips an untrusted hook without a word); a malformed file is a failure
-  with its line;
+  with its line; hooks in both the user's and the project's file fail (the
+  agent runs both: every moment reaches the daemon twice);
 - **this daemon**: every installed entry points at this daemon's
   ``AEP_LISTEN`` (an HTTP hook's URL, a command hook's ``--daemon``, else
   the shim's default ``http://127.0.0.1:8787``);
@@ -21,10 +22,13 @@ the agent's hooks reaching it. For each enabled hook bridge:
   ``aep-bridges`` is on ``PATH``);
 - **the gate**: the bridge's control gate on or off, said (not a failure).
 
-Each failure carries its fix, as the rest of ``doctor``."""
+Each failure carries its fix, as the rest of ``doctor``, runnable as
+printed: an install fix names this daemon's ``--daemon``, the file's
+``--user`` / ``--project DIR`` and the daemon's ``--spool``."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shlex
@@ -108,23 +112,33 @@ def _where(listen: tuple[str, int]) -> str:
 _Installed = tuple[Path, str, dict[str, dict[str, Any]], dict[str, Any]]
 
 
-def _installed(agent: str, project: Path, home: Path, env: Mapping[str, str]
-               ) -> tuple[list[_Installed], list[Finding]]:
+def _installed(agent: str, project: Path, home: Path, env: Mapping[str, str], where: str,
+               unread: set[Path]) -> tuple[list[_Installed], list[Finding]]:
     """Our entries per config file that has any (``(path, the install flag
-    of its scope, {event: hook}, the document)``), and the findings of
-    reading them (malformed files, Codex's trust)."""
+    of its scope: `` --user`` / `` --project DIR``, {event: hook}, the
+    document)``; a project that is the home is one file), and the findings
+    of reading them (malformed files, Codex's trust); adds to ``unread`` a
+    file the agent does not read (an untrusted Codex project's)."""
     from supervisor.hookinstall import claude, codex
+    from supervisor.hookinstall.cli import project_trusted
     from supervisor.hookinstall.common import Refused
     out: list[_Installed] = []
     notes: list[Finding] = []
     codex_home = Path(env.get("CODEX_HOME") or home / ".codex").expanduser()
+    seen: set[Path] = set()
     for proj in (None, project):
+        scope = " --user" if proj is None else f" --project {shlex.quote(str(proj))}"
+        if agent == "claude-code":
+            path = claude.settings_path(project=proj, home=home)
+        else:
+            path = codex.config_path(project=proj, codex_home=codex_home)
+        if Path(os.path.realpath(path)) in seen:  # the project is the home: one file
+            continue
+        seen.add(Path(os.path.realpath(path)))
         try:
             if agent == "claude-code":
-                path = claude.settings_path(project=proj, home=home)
                 found, doc = claude.ours(path)
             else:
-                path = codex.config_path(project=proj, codex_home=codex_home)
                 found, doc = codex.ours(path), {}
                 state = codex.config_path(project=None, codex_home=codex_home)
                 untrusted = sorted(e for e, how in codex.status(path, state_path=state).items()
@@ -133,23 +147,57 @@ def _installed(agent: str, project: Path, home: Path, env: Mapping[str, str]
                     notes.append(Finding(False, f"{agent} hooks in {path}: {len(untrusted)} not "
                                                 f"trusted ({', '.join(untrusted[:4])}): Codex "
                                                 "skips them without a word",
-                                         f"aep-bridges hooks install codex"
-                                         f"{'' if proj is None else f' --project {proj}'} "
+                                         f"{_install(agent, where, scope)} "
                                          "(it writes them trusted)"))
         except Refused as e:
             notes.append(Finding(False, f"{agent} hooks: {e}", "fix the file by hand, then "
                                  f"aep-bridges hooks status {agent}"))
             continue
+        state = codex.config_path(project=None, codex_home=codex_home)
+        if found and agent == "codex" and proj is not None and not project_trusted(state, proj):
+            # Codex reads a project's config only for a trusted project: not twice, maybe never
+            notes.append(Finding(bool(out), f"{agent} hooks in {path}: the project is not "
+                                            "trusted: Codex does not read this file",
+                                 f"trust {proj} when Codex asks, or add [projects.\"{proj}\"] "
+                                 f"trust_level = \"trusted\" to {state}"))
+            unread.add(path)
         if found:
-            out.append((path, "" if proj is None else f" --project {proj}", found, doc))
+            out.append((path, scope, found, doc))
     return out, notes
 
 
+def _install(agent: str, where: str, scope: str, extra: str = "") -> str:
+    """The ``hooks install`` command line that writes hooks for this daemon
+    (``where``) into the file of ``scope`` (`` --user`` / `` --project DIR``)."""
+    return f"aep-bridges hooks install {agent} --daemon {where}{scope}{extra}"
+
+
+def _moments(n: int) -> str:
+    return f"{n} moment{'' if n == 1 else 's'} waiting"
+
+
+def _twice(agent: str, installed: list[_Installed], unread: set[Path]) -> list[Finding]:
+    """Hooks for ``agent`` in both the user's and the project's file (but
+    ``unread``: an untrusted Codex project's): the agent runs both, so every
+    moment reaches the daemon twice (two asks per gated tool)."""
+    scopes = {scope.split()[0]: (path, scope) for path, scope, _, _ in installed
+              if path not in unread}
+    if len(scopes) < 2:
+        return []
+    (user, _), (project, pscope) = scopes["--user"], scopes["--project"]
+    return [Finding(False, f"{agent} hooks installed twice, in {user} and in {project}: the "
+                           "agent runs both, so every moment reaches the daemon twice (two "
+                           "asks per gated tool)",
+                    f"aep-bridges hooks uninstall {agent}{pscope} (or aep-bridges hooks "
+                    f"uninstall {agent} --user)")]
+
+
 def _token(agent: str, path: Path, hooks: dict[str, dict[str, Any]], doc: dict[str, Any],
-           token: str) -> list[Finding]:
-    """The daemon requires ``token``: do the hooks of ``path`` send it?"""
+           token: str, install: str) -> list[Finding]:
+    """The daemon requires ``token``: do the hooks of ``path`` send it?
+    ``install``: the command that rewrites this file's hooks."""
     bad: list[str] = []
-    fix = f"aep-bridges hooks install {agent} (it writes the token header and allow-lists)"
+    files: set[str] = set()
     for event, hook in hooks.items():
         if hook.get("type") == "http":
             raw = hook.get("headers")
@@ -168,13 +216,21 @@ def _token(agent: str, path: Path, hooks: dict[str, dict[str, Any]], doc: dict[s
                 held = Path(tf).expanduser().read_text().strip()
             except OSError as e:
                 bad.append(f"{event}'s --token-file {tf} is unreadable ({e.strerror or e})")
+                files.add(tf)
                 continue
             if held != token:
                 bad.append(f"{event}'s --token-file {tf} holds another token than the daemon's")
+                files.add(tf)
     listed = doc.get("httpHookAllowedEnvVars")
     if isinstance(listed, list) and "AEP_TOKEN" not in listed and any(
             h.get("type") == "http" for h in hooks.values()):
         bad.append("httpHookAllowedEnvVars lacks AEP_TOKEN (Claude Code sends an empty token)")
+    if files:  # the installer writes no --token-file: fill the file, or drop the option
+        fix = (f"write the daemon's AEP_TOKEN into {', '.join(sorted(files))} (one line), or "
+               f"{install} (its command hooks have no --token-file: the shim sends the "
+               "AEP_TOKEN of the agent's environment)")
+    else:
+        fix = f"{install} (it writes the token header and allow-lists)"
     if bad:
         return [Finding(False, f"{agent} hooks in {path}: the daemon requires AEP_TOKEN, but "
                                + "; ".join(bad[:3]) + (f" (+{len(bad) - 3} more)" if len(bad) > 3
@@ -184,8 +240,10 @@ def _token(agent: str, path: Path, hooks: dict[str, dict[str, Any]], doc: dict[s
                           "or the hook's --token-file)")]
 
 
-def _shims(agent: str, path: Path, hooks: dict[str, dict[str, Any]]) -> list[Finding]:
-    """Each command hook's launcher and shim file resolvable."""
+def _shims(agent: str, path: Path, hooks: dict[str, dict[str, Any]],
+           install: str) -> list[Finding]:
+    """Each command hook's launcher and shim file resolvable (``install``:
+    the command that rewrites this file's hooks)."""
     missing: set[str] = set()
     commands = [str(h.get("command")) for h in hooks.values() if h.get("type") == "command"]
     for command in set(commands):
@@ -203,8 +261,7 @@ def _shims(agent: str, path: Path, hooks: dict[str, dict[str, Any]]) -> list[Fin
     if missing:
         return [Finding(False, f"{agent} hooks in {path}: the shim command does not resolve: "
                                + ", ".join(sorted(missing)[:3]),
-                        f"aep-bridges hooks install {agent} (it writes this install's "
-                        "interpreter and shim path)")]
+                        f"{install} (it writes this install's interpreter and shim path)")]
     return [Finding(True, f"{agent} hooks in {path}: the shim command resolves "
                           f"({len(commands)} command hooks)")]
 
@@ -216,22 +273,31 @@ def findings(bridge: Any, cfg: Any, *, ours: bool, env: Mapping[str, str] | None
     ``ours``: our daemon runs now (it takes the spool within 3 s);
     ``project`` / ``home``: where to look (default: the current directory,
     ``~``)."""
-    from bridges.hooks_common.config import spool_dir
+    from bridges.hooks_common.config import HOLD_S, spool_dir
     agent = str(bridge.agent)
     env = os.environ if env is None else env
     project = Path(os.getcwd() if project is None else project).resolve()
     home = Path.home() if home is None else home
     listen = (str(cfg.listen[0]), int(cfg.listen[1]))
     where = _where(listen)
-    daemon_flag = "" if where == "http://127.0.0.1:8787" else f" --daemon {where}"
+    daemon_spool = Path(bridge.config.spool_dir or spool_dir(env))
+    # the fixes write what this daemon's configuration says, whatever the shell's
+    spool_flag = f" --spool {shlex.quote(str(daemon_spool))}"
+    hold = float(getattr(bridge.config, "hold_s", HOLD_S))
+    if hold != HOLD_S:
+        spool_flag += f" --hold-s {max(1, math.ceil(hold))}"
     out: list[Finding] = []
-    installed, notes = _installed(agent, project, home, env)
+    unread: set[Path] = set()
+    installed, notes = _installed(agent, project, home, env, where, unread)
     if not installed:
         out.append(Finding(False, f"{agent} hooks: not installed (user or {project} config)",
-                           f"aep-bridges hooks install {agent}{daemon_flag} (or --project DIR)"))
+                           f"{_install(agent, where, ' --user', spool_flag)} (or --project "
+                           "DIR for one project)"))
     out += notes
-    spools = {Path(bridge.config.spool_dir or spool_dir(env))}
+    out += _twice(agent, installed, unread)
+    spools = {daemon_spool: " --user"}
     for path, scope, hooks, doc in installed:
+        install = _install(agent, where, scope, spool_flag)
         kinds = sorted({str(h.get("type")) for h in hooks.values()})
         out.append(Finding(True, f"{agent} hooks: {len(hooks)} events installed in {path} "
                                  f"({', '.join(kinds)})"))
@@ -243,31 +309,30 @@ def findings(bridge: Any, cfg: Any, *, ours: bool, env: Mapping[str, str] | None
                 parts = command_parts(str(hook.get("command")), agent)
                 url = parts.get("daemon") or "http://127.0.0.1:8787"  # the shim's default
                 if parts.get("spool"):
-                    spools.add(Path(parts["spool"]).expanduser())
+                    spools.setdefault(Path(parts["spool"]).expanduser(), scope)
             if not _same_daemon(url, listen):
                 elsewhere.add(url)
         out.append(Finding(False, f"{agent} hooks in {path} point at "
                                   f"{', '.join(sorted(elsewhere)[:2])}, not this daemon ({where})",
-                           f"aep-bridges hooks install {agent} --daemon {where}{scope}")
+                           install)
                    if elsewhere else
                    Finding(True, f"{agent} hooks in {path}: point at this daemon ({where})"))
         if cfg.token:
-            out += _token(agent, path, hooks, doc, str(cfg.token))
-        out += _shims(agent, path, hooks)
-    daemon_spool = Path(bridge.config.spool_dir or spool_dir(env))
+            out += _token(agent, path, hooks, doc, str(cfg.token), install)
+        out += _shims(agent, path, hooks, install)
     for sp in sorted(spools):
         n = spool_count(sp, agent)
-        other = "" if sp == daemon_spool else f" (a hook spools here; the daemon reads {daemon_spool})"
         if sp != daemon_spool:
-            out.append(Finding(False, f"{agent} spool {sp}: {n} moments waiting{other}",
-                               f"aep-bridges hooks install {agent} (it writes the daemon's spool "
-                               "directory), or give the daemon that AEP_STATE_DIR"))
+            out.append(Finding(False, f"{agent} spool {sp}: {_moments(n)} (a hook spools here; "
+                                      f"the daemon reads {daemon_spool})",
+                               f"{_install(agent, where, spools[sp], spool_flag)}, or give the "
+                               "daemon that AEP_STATE_DIR"))
         elif n and not ours:
-            out.append(Finding(False, f"{agent} spool {sp}: {n} moments waiting (the daemon is "
+            out.append(Finding(False, f"{agent} spool {sp}: {_moments(n)} (the daemon is "
                                       "not running)",
                                "start the daemon (aep-bridges run): it takes the spool at start"))
         else:
-            out.append(Finding(True, f"{agent} spool {sp}: {n} moments waiting"
+            out.append(Finding(True, f"{agent} spool {sp}: {_moments(n)}"
                                      + (" (the running daemon takes them within 3 s)" if n else "")))
     knob = bridge.profile.knob("CONTROL")
     out.append(Finding(True, f"{agent} control gate: " + (

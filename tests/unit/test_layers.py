@@ -515,7 +515,8 @@ PUBLIC: dict[str, set[str]] = {
                                      "QUICK_TIMEOUT_S", "config_path", "event_label", "handler",
                                      "hook_key", "install", "ours", "status", "trusted_hash",
                                      "uninstall"},
-    "supervisor.hookinstall.cli": {"add_parser", "daemon_url", "plans", "run", "spool_dir"},
+    "supervisor.hookinstall.cli": {"add_parser", "bad_input", "daemon_url", "plans",
+                                   "project_trusted", "run", "spool_dir"},
     "supervisor.tools.install": {"CONFIG_TEMPLATE", "SYSTEMD_CONFIG_FILE", "ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 

@@ -79,7 +79,8 @@ def test_hooks_pointing_at_another_port_fail_with_a_reinstall(tmp_path):
     _, fails = check(w)
     (f,) = [f for f in fails if "not this daemon" in f.what]
     assert "http://127.0.0.1:8787/hooks/claude-code" in f.what
-    assert f.fix == "aep-bridges hooks install claude-code --daemon http://127.0.0.1:8790"
+    assert f.fix == ("aep-bridges hooks install claude-code --daemon http://127.0.0.1:8790 "
+                     f"--user --spool {w.state / 'hooks-spool'}")
 
 
 def test_a_token_the_hooks_do_not_send_fails(tmp_path):
@@ -183,3 +184,116 @@ def test_doctor_runs_the_hook_checks_for_a_hook_bridge_only(tmp_path):
         return [doctor.Finding(False, "hooked", "fix it")]
     rc = doctor.run(cfg, [w.bridge], [], ours=lambda _b=None: False, out=out, hooks=hooks)
     assert rc == 1 and seen == ["claude_code"] and "FAIL  hooked" in out.getvalue()
+
+
+def runnable(fix: str) -> list[str]:
+    """The fix's command line (before any parenthesized remark), parsed by
+    the real ``hooks install`` argument parser."""
+    import argparse
+    import shlex
+
+    from supervisor.hookinstall.cli import add_parser
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="cmd"))
+    argv = shlex.split(fix.split(" (")[0].split(", or ")[0])
+    assert argv[:2] == ["aep-bridges", "hooks"], fix
+    parser.parse_args(argv[1:])  # exits on an unknown option
+    return argv
+
+
+def test_every_install_fix_names_the_scope_and_this_daemon(tmp_path):
+    w = world(tmp_path, port=8790)
+    _, fails = check(w)
+    (f,) = fails
+    argv = runnable(f.fix)
+    assert argv[argv.index("--daemon") + 1] == "http://127.0.0.1:8790" and "--user" in argv
+    # a project file pointing at another daemon, with a gone interpreter
+    path = claude.settings_path(project=w.project, home=w.home)
+    plan = claude.install(path, transport="command", daemon="http://127.0.0.1:8787", hold_s=120,
+                          python=str(tmp_path / "gone" / "python3"),
+                          spool=str(w.state / "hooks-spool"))
+    path.parent.mkdir(parents=True)
+    write_in_place(path, plan.after)
+    _, fails = check(w)
+    fixes = [f.fix for f in fails if "hooks install" in f.fix]
+    assert len(fixes) == 2, fails
+    for fix in fixes:
+        argv = runnable(fix)
+        assert argv[argv.index("--daemon") + 1] == "http://127.0.0.1:8790"
+        assert argv[argv.index("--project") + 1] == str(w.project.resolve())
+
+
+def test_a_wrong_token_file_fix_says_no_http_header(tmp_path):
+    w = world(tmp_path)
+    path = install_claude(w, transport="command")
+    tf = tmp_path / "tok"
+    tf.write_text("not-it\n")
+    doc = json.loads(path.read_text())
+    for groups in doc["hooks"].values():
+        groups[0]["hooks"][0]["command"] += f" --token-file {tf}"
+    path.write_text(json.dumps(doc))
+    _, fails = check(w)
+    (f,) = [f for f in fails if "requires AEP_TOKEN" in f.what]
+    assert "header" not in f.fix and str(tf) in f.fix
+    runnable(f.fix.split(", or ", 1)[1])
+
+
+def test_hooks_in_both_the_user_and_the_project_file_fail(tmp_path):
+    w = world(tmp_path)
+    install_claude(w)
+    assert check(w)[1] == []
+    path = claude.settings_path(project=w.project, home=w.home)
+    plan = claude.install(path, transport="http", daemon="http://127.0.0.1:8787", hold_s=120,
+                          spool=str(w.state / "hooks-spool"))
+    path.parent.mkdir(parents=True)
+    write_in_place(path, plan.after)
+    _, fails = check(w)
+    (f,) = fails
+    assert "installed twice" in f.what and "two asks per gated tool" in f.what
+    assert runnable(f.fix)[:4] == ["aep-bridges", "hooks", "uninstall", "claude-code"]
+    assert f"--project {w.project.resolve()}" in f.fix
+
+
+def test_a_project_that_is_the_home_is_one_file_not_twice(tmp_path):
+    w = world(tmp_path)
+    install_claude(w)
+    found = hookdoctor.findings(w.bridge, w.cfg, ours=False, env=w.env, project=w.home,
+                                home=w.home)
+    assert [f for f in found if not f.ok] == []
+    assert sum("events installed in" in f.what for f in found) == 1
+
+
+def test_one_moment_is_singular(tmp_path):
+    w = world(tmp_path)
+    install_claude(w)
+    spool = w.state / "hooks-spool"
+    spool.mkdir()
+    (spool / "claude-code.jsonl").write_text('{"a": 1}\n')
+    found, _ = check(w, ours=True)
+    assert any("1 moment waiting (the running" in f.what for f in found)
+
+
+def test_codex_twice_only_when_the_project_is_trusted(tmp_path):
+    w = world(tmp_path, agent="codex")
+    home = w.home / ".codex"
+    user = codex.config_path(project=None, codex_home=home)
+    proj = codex.config_path(project=w.project.resolve(), codex_home=home)
+    proj.parent.mkdir(parents=True)
+    for path in (proj,):  # the project's alone, its project untrusted: Codex never reads it
+        for plan in codex.install(path, state_path=user, hold_s=120,
+                                  spool=str(w.state / "hooks-spool")):
+            plan.path.parent.mkdir(parents=True, exist_ok=True)
+            write_in_place(plan.path, plan.after)
+    _, fails = check(w)
+    (f,) = fails
+    assert "the project is not trusted" in f.what and "trust_level" in f.fix
+    for plan in codex.install(user, state_path=user, hold_s=120,
+                              spool=str(w.state / "hooks-spool")):
+        write_in_place(plan.path, plan.after)
+    assert check(w)[1] == []  # the user's file runs; the untrusted project's is not read
+    user.write_text(user.read_text() + f'\n[projects."{w.project.resolve()}"]\n'
+                                       'trust_level = "trusted"\n')
+    _, fails = check(w)
+    (f,) = fails
+    assert "installed twice" in f.what
+    assert runnable(f.fix)[:4] == ["aep-bridges", "hooks", "uninstall", "codex"]
