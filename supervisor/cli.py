@@ -345,7 +345,7 @@ def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
     waits.add_argument("--ack-window", type=int, default=5000, metavar="MS",
                        help="milliseconds to wait for the ack, per try (3 tries)")
     codes = ("exit 0 accepted and the outcome seen, 3 rejected, 4 no ack, 5 no outcome "
-             "within --wait, 1 endpoint unreachable")
+             "within --wait, 1 endpoint unreachable, 6 unauthorized (the token), 2 bad arguments")
     rsp = sub.add_parser("respond", parents=[waits], epilog=codes,
                          help="answer an attention request: respond [SESSION] REQUEST_ID --option ID")
     rsp.add_argument("ids", nargs="*", metavar="[SESSION] REQUEST_ID",
@@ -412,16 +412,18 @@ def _read(url: str, fn: Any, *args: Any) -> Any:
     documented exit statuses)."""
     import httpx
 
-    from .tools.control import EXIT_UNREACHABLE
+    from .tools.control import EXIT_UNAUTHORIZED, EXIT_UNREACHABLE, UNAUTHORIZED
     from .tools.tailstream import refused
     try:
         return fn(url, *args)
     except httpx.HTTPError as e:
         if isinstance(e, httpx.TransportError) and (refused(e) or isinstance(e, httpx.ConnectError)):
             why = "is the daemon running? --url URL, or --config FILE"
+        elif getattr(getattr(e, "response", None), "status_code", None) in (401, 403):
+            print(f"aep-bridges respond: {UNAUTHORIZED}", file=sys.stderr)
+            return EXIT_UNAUTHORIZED  # the token, not the endpoint: not said as unreachable
         else:
-            status = getattr(getattr(e, "response", None), "status_code", None)
-            why = f"{e}" + ("; pass --token or set AEP_TOKEN" if status in (401, 403) else "")
+            why = f"{e}"
         print(f"aep-bridges respond: cannot reach {url} ({why})", file=sys.stderr)
         return EXIT_UNREACHABLE
 

@@ -16,6 +16,9 @@ outcome (AEP-0004 §3: the ack says "I will try", the outcome Event says
   synthesized ``timeout``);
 - ``5``: accepted, but no outcome within ``--wait`` seconds;
 - ``1``: the endpoint could not be reached or refused the connection;
+- ``6``: the endpoint refused the credentials (HTTP 401/403: no token, or
+  not the daemon's): ``unauthorized: pass --token or set AEP_TOKEN (the
+  daemon's)``, not said as unreachable;
 - ``2``: bad arguments (``--values`` not a JSON object, no answer given, a
   request id alone that the endpoint holds no ask for).
 
@@ -44,10 +47,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-__all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNREACHABLE",
-           "NACK_WHY", "cancel", "find_session", "pause", "respond", "resume", "send"]
+__all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNAUTHORIZED",
+           "EXIT_UNREACHABLE", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "pause", "respond", "resume", "send"]
 
-EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME = 1, 3, 4, 5
+EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME, EXIT_UNAUTHORIZED = 1, 3, 4, 5, 6
+
+#: what a 401/403 from the endpoint is said as (exit :data:`EXIT_UNAUTHORIZED`)
+UNAUTHORIZED = "unauthorized: pass --token or set AEP_TOKEN (the daemon's)"
 
 #: the sender's name in the command's ``source`` (``aep://<host>/agent/<AGENT>``)
 AGENT = "aep-bridges-cli"
@@ -217,8 +223,10 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
         _watch_nacks(client, seen_cmd, rejected)
     except (TransportError, OSError) as e:
         from .tailstream import ELSEWHERE_HINT, refused
-        hint = " (pass --token or set AEP_TOKEN)" if getattr(e, "status", None) in (401, 403) \
-            else f" ({ELSEWHERE_HINT})" if refused(e) else ""
+        if getattr(e, "status", None) in (401, 403):
+            print(f"{name}: {UNAUTHORIZED}", file=err)
+            return EXIT_UNAUTHORIZED
+        hint = f" ({ELSEWHERE_HINT})" if refused(e) else ""
         print(_safe(f"{name}: cannot reach {url}: {e}{hint}"), file=err)
         return EXIT_UNREACHABLE
     try:

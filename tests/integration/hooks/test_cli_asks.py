@@ -91,3 +91,24 @@ def test_respond_pending_lists_the_open_asks_and_no_id_picks_only_one(daemon):
     assert f"accepted by session {s2}" in one.stdout
     assert h2.result().json()["hookSpecificOutput"]["decision"]["behavior"] == "allow"
     assert "no pending asks" in cli(d, "respond", "--pending").stdout
+
+
+def test_a_wrong_token_is_said_as_unauthorized_not_unreachable(daemon):
+    """Trial issue 27: `respond --pending` and `respond` with a wrong token said
+    `cannot reach URL (Client error '401 ' ...)` and exited 1 (unreachable)."""
+    d, stream = daemon
+    s = f"s-tok-{uuid.uuid4().hex[:6]}"
+    held = Background(d, moment(s, "PermissionRequest", **BASH))
+    ask = ask_of(stream, s)
+    wrong = {"PATH": "/usr/bin:/bin", "AEP_TOKEN": "not-the-daemons", "COLUMNS": "200"}
+    for args in (["respond", "--pending"], ["respond", ask["id"], "--option", "allow"],
+                 ["respond", s, ask["id"], "--option", "allow"]):
+        p = subprocess.run(console_script() + [*args, "--url", d.url], capture_output=True,
+                           text=True, timeout=120, env=wrong)
+        assert p.returncode == 6, (args, p.stdout, p.stderr)
+        assert "unauthorized: pass --token or set AEP_TOKEN (the daemon's)" in p.stderr, p.stderr
+        assert "cannot reach" not in p.stderr and "not-the-daemons" not in p.stderr
+    status, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                             data={"answer": {"option": "deny"}})
+    assert status == "accepted"  # nothing was answered with the wrong token
+    assert held.result().json()["hookSpecificOutput"]["decision"]["behavior"] == "deny"
