@@ -394,6 +394,13 @@ def _cmd_control(args: argparse.Namespace) -> int:
                 return 2  # a request id that names nothing is a bad argument, not an unreachable endpoint
             command = control.respond(session, request, option=args.option, text=args.text,
                                       values=args.values)
+            ended = _read(url, control.resolved_as, token, session, request)
+            if isinstance(ended, int):
+                return ended  # the endpoint could not be read: said
+            if ended is not None:  # nothing to answer: said, not sent (a no-route after a restart)
+                from .tools.gist import _safe
+                print(_safe(f"{name}: already resolved: {ended}"), file=sys.stderr)
+                return control.EXIT_REJECTED
         elif args.cmd == "cancel":
             command = control.cancel(args.session, run=args.run, scope=args.scope,
                                      reason=args.reason)
