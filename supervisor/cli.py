@@ -354,7 +354,7 @@ def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
     rsp.add_argument("--pending", action="store_true",
                      help="list the pending asks (id, agent, session, age, prompt) and exit")
     rsp.add_argument("--option", help="the chosen option's id (as tail shows in [..|..])")
-    rsp.add_argument("--text", help="a free-text answer")
+    rsp.add_argument("--text", help="a free-text answer (with --option deny: the reason)")
     rsp.add_argument("--values", metavar="JSON",
                      help="a form's answers (AEP-0006): a JSON object of field id -> answer")
     can = sub.add_parser("cancel", parents=[waits], epilog=codes,
@@ -394,13 +394,17 @@ def _cmd_control(args: argparse.Namespace) -> int:
                 return 2  # a request id that names nothing is a bad argument, not an unreachable endpoint
             command = control.respond(session, request, option=args.option, text=args.text,
                                       values=args.values)
-            ended = _read(url, control.resolved_as, token, session, request)
-            if isinstance(ended, int):
-                return ended  # the endpoint could not be read: said
+            held = _read(url, control.resolved_as, token, session, request)
+            if isinstance(held, int):
+                return held  # the endpoint could not be read: said
+            ended, ids = held
             if ended is not None:  # nothing to answer: said, not sent (a no-route after a restart)
                 from .tools.gist import _safe
                 print(_safe(f"{name}: already resolved: {ended}"), file=sys.stderr)
                 return control.EXIT_REJECTED
+            if args.option is not None and ids is not None and args.option not in ids:
+                raise ValueError(f"--option {args.option}: not an option of this ask; "
+                                 f"its options: {', '.join(ids)}")
         elif args.cmd == "cancel":
             command = control.cancel(args.session, run=args.run, scope=args.scope,
                                      reason=args.reason)

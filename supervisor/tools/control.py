@@ -177,8 +177,10 @@ def find_session(url: str, token: str | None, request: str, *, timeout: float = 
 
 
 def resolved_as(url: str, token: str | None, session: str, request: str, *,
-                timeout: float = 10.0) -> str | None:
-    """How the ask ``request`` of ``session`` already ended, from what
+                timeout: float = 10.0) -> tuple[str | None, list[str] | None]:
+    """``(how it ended, its option ids)``: the option ids of the ask
+    ``request`` of ``session`` as held (``None`` when not held or it
+    offers none: a form, a question), and how it already ended, from what
     ``url`` holds (one ``from=all&live=0`` read of ``/stream``, filtered to
     the session's ``attention.requested``, ``.resolved`` and ``.timeout``):
     ``"dismissed (attention.resolved <id> at <time>)"`` (the resolution:
@@ -201,6 +203,7 @@ def resolved_as(url: str, token: str | None, session: str, request: str, *,
               "from": "all", "live": "0"}
     headers = {"authorization": f"Bearer {token}"} if token else {}
     asks: set[Any] = set()  # the ask's keys (source, session, id) as requested
+    ids: list[str] | None = None
     ended: dict[Any, str] = {}
     via: dict[Any, str] = {}  # an attention.answered's data.via (oob: at the agent's terminal)
     with httpx.Client(timeout=timeout, trust_env=False) as client, \
@@ -215,10 +218,14 @@ def resolved_as(url: str, token: str | None, session: str, request: str, *,
             key = ask_key(ev)
             if key is None or key[1] != session or key[2] != request:
                 continue
+            data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
             if ev.get("type") == "attention.requested":
                 asks.add(key)
+                opts = data.get("options")
+                if isinstance(opts, list) and opts:
+                    ids = [str(o["id"])[:64] for o in opts[:64]
+                           if isinstance(o, dict) and isinstance(o.get("id"), str)]
                 continue
-            data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
             if ev.get("type") == "attention.answered":
                 if isinstance(data.get("via"), str):
                     via.setdefault(key, data["via"][:32])
@@ -230,8 +237,8 @@ def resolved_as(url: str, token: str | None, session: str, request: str, *,
     for k in asks:
         if k in ended:
             return ended[k].replace("{via}", f"via {via[k]}; " if k in via and
-                                    ended[k].startswith("answered") else "", 1)
-    return None
+                                    ended[k].startswith("answered") else "", 1), ids
+    return None, ids
 
 
 def _linked(cmd_type: str, cmd_id: str, ack: dict[str, Any], events: "queue.Queue[dict[str, Any]]",

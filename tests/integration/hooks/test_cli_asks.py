@@ -83,6 +83,14 @@ def test_respond_pending_lists_the_open_asks_and_no_id_picks_only_one(daemon):
     assert [ln.split()[0] for ln in lines] == [a1["id"], a2["id"]]  # oldest first
     assert all("claude-code" in ln for ln in lines)
     assert f"session {s1}" in lines[0] and f"session {s2}" in lines[1]
+    # each ask's option ids, as timeline shows them (trial issue 27 #4)
+    ids = [o["id"] for o in a1["data"]["options"]]
+    assert len(ids) >= 2 and f"[{'|'.join(ids)}]" in lines[0], lines[0]
+    bogus = cli(d, "respond", a1["id"], "--option", "bogus")
+    assert bogus.returncode == 2, (bogus.stdout, bogus.stderr)
+    assert f"--option bogus: not an option of this ask; its options: {', '.join(ids)}" \
+        in bogus.stderr
+    assert "accepted" not in bogus.stdout
     several = cli(d, "respond", "--option", "allow")
     assert several.returncode == 2
     assert "2 asks are pending" in several.stderr
