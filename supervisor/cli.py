@@ -345,7 +345,7 @@ def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
     waits.add_argument("--ack-window", type=int, default=5000, metavar="MS",
                        help="milliseconds to wait for the ack, per try (3 tries)")
     codes = ("exit 0 accepted and the outcome seen, 3 rejected, 4 no ack, 5 no outcome "
-             "within --wait, 1 endpoint unreachable")
+             "within --wait, 1 endpoint unreachable, 6 unauthorized (the token), 2 bad arguments")
     rsp = sub.add_parser("respond", parents=[waits], epilog=codes,
                          help="answer an attention request: respond [SESSION] REQUEST_ID --option ID")
     rsp.add_argument("ids", nargs="*", metavar="[SESSION] REQUEST_ID",
@@ -354,7 +354,7 @@ def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
     rsp.add_argument("--pending", action="store_true",
                      help="list the pending asks (id, agent, session, age, prompt) and exit")
     rsp.add_argument("--option", help="the chosen option's id (as tail shows in [..|..])")
-    rsp.add_argument("--text", help="a free-text answer")
+    rsp.add_argument("--text", help="a free-text answer (with --option deny: the reason)")
     rsp.add_argument("--values", metavar="JSON",
                      help="a form's answers (AEP-0006): a JSON object of field id -> answer")
     can = sub.add_parser("cancel", parents=[waits], epilog=codes,
@@ -394,6 +394,17 @@ def _cmd_control(args: argparse.Namespace) -> int:
                 return 2  # a request id that names nothing is a bad argument, not an unreachable endpoint
             command = control.respond(session, request, option=args.option, text=args.text,
                                       values=args.values)
+            held = _read(url, control.resolved_as, token, session, request)
+            if isinstance(held, int):
+                return held  # the endpoint could not be read: said
+            ended, ids = held
+            if ended is not None:  # nothing to answer: said, not sent (a no-route after a restart)
+                from .tools.gist import _safe
+                print(_safe(f"{name}: already resolved: {ended}"), file=sys.stderr)
+                return control.EXIT_REJECTED
+            if args.option is not None and ids is not None and args.option not in ids:
+                raise ValueError(f"--option {args.option}: not an option of this ask; "
+                                 f"its options: {', '.join(ids)}")
         elif args.cmd == "cancel":
             command = control.cancel(args.session, run=args.run, scope=args.scope,
                                      reason=args.reason)
@@ -412,16 +423,18 @@ def _read(url: str, fn: Any, *args: Any) -> Any:
     documented exit statuses)."""
     import httpx
 
-    from .tools.control import EXIT_UNREACHABLE
+    from .tools.control import EXIT_UNAUTHORIZED, EXIT_UNREACHABLE, UNAUTHORIZED
     from .tools.tailstream import refused
     try:
         return fn(url, *args)
     except httpx.HTTPError as e:
         if isinstance(e, httpx.TransportError) and (refused(e) or isinstance(e, httpx.ConnectError)):
             why = "is the daemon running? --url URL, or --config FILE"
+        elif getattr(getattr(e, "response", None), "status_code", None) in (401, 403):
+            print(f"aep-bridges respond: {UNAUTHORIZED}", file=sys.stderr)
+            return EXIT_UNAUTHORIZED  # the token, not the endpoint: not said as unreachable
         else:
-            status = getattr(getattr(e, "response", None), "status_code", None)
-            why = f"{e}" + ("; pass --token or set AEP_TOKEN" if status in (401, 403) else "")
+            why = f"{e}"
         print(f"aep-bridges respond: cannot reach {url} ({why})", file=sys.stderr)
         return EXIT_UNREACHABLE
 

@@ -7,6 +7,11 @@ listener (``ctx.mounts``; the Host guard, the no-browser-``Origin`` rule and
 - A moment whose mapping fails (a bridge bug) -> ``500 {"error": ...}``
   (counted ``hooks_map_failed``; the shim spools it, and its hook id is
   not remembered: the spooled copy is taken).
+- A request the daemon's guard refuses (no ``AEP_TOKEN``, neither bearer
+  nor signed with it: the agent's token differs from the daemon's) is
+  told to :meth:`HookEndpoint.refused`: counted ``hooks_unauthorized``,
+  one log line a minute at most, never the token (the shim spools such a
+  moment; it is ingested later, unheld: the gate was bypassed).
 - ``X-AEP-Hook-Id`` (the shim's, else one is made) dedupes;
   ``X-AEP-Hook-Spooled: <Unix ms>`` marks a replayed moment (never held;
   its events carry that time, a live moment's its arrival).
@@ -38,6 +43,19 @@ class HookEndpoint:
 
     def __init__(self, hub: HookHub) -> None:
         self.hub = hub
+
+    def refused(self, why: str) -> None:
+        """The daemon's guard refused a request to this path (``why``:
+        ``"unauthorized"``): counted ``hooks_unauthorized`` and logged at
+        most once a minute (:class:`bridges.core.limits.PeerLog`); nothing
+        of the request (its credentials least of all) is logged."""
+        hub = self.hub
+        hub.ctx.health.count("hooks_unauthorized")
+        hub._refusals.note(  # noqa: SLF001 (the hub's rate-limited log, shared)
+            "unauthorized", trio.current_time(),
+            "%s: a hook request was refused %s: the agent's AEP_TOKEN (or the shim's "
+            "--token-file) does not match the daemon's; its moment is spooled and taken "
+            "later without holding its ask (counted hooks_unauthorized)", hub.profile.key, why)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope.get("type") != "http":

@@ -22,7 +22,9 @@ mapping raised: a bridge bug; :class:`MappingFailed`, the endpoint answers
 500 and the shim spools it), ``hooks_too_deep`` (a moment cut at
 :data:`~.bounds.DEPTH_MAX` levels), ``hooks_event_oversize`` (a mapped
 emission over :data:`~.bounds.EVENT_MAX`, degraded by :func:`~.bounds.fit`),
-``instructions_delivered``, ``instructions_dropped``, ``sessions_refused``.
+``instructions_delivered``, ``instructions_dropped``, ``sessions_refused``,
+``hooks_unauthorized`` (a request the daemon's token guard refused:
+:meth:`.endpoint.HookEndpoint.refused`).
 
 New sessions (each a session log file) go through a token bucket
 (``AEP_<AGENT>_NEW_SESSIONS_PER_S``, bursts of
@@ -82,7 +84,8 @@ COUNTERS = ("hooks_received", "hooks_duplicate", "hooks_no_session", "hooks_held
             "hooks_timeout", "hooks_hangup", "hooks_spooled_ingested", "hooks_spool_malformed",
             "hooks_spool_foreign", "hooks_bad_body", "hooks_session_reended", "stamp_errors",
             "instructions_delivered", "instructions_dropped", "sessions_refused",
-            "hooks_release_dropped", "hooks_map_failed", "hooks_too_deep", "hooks_event_oversize")
+            "hooks_release_dropped", "hooks_map_failed", "hooks_too_deep", "hooks_event_oversize",
+            "hooks_unauthorized")
 
 
 class MappingFailed(Exception):

@@ -47,6 +47,12 @@ class _GiveUp(Exception):
     """The daemon did not answer in time (or at all): spool the moment."""
 
 
+class _Refused(_GiveUp):
+    """The daemon refused the hook's credentials (HTTP 401/403): spooled
+    like any give-up, but said as what it is (a token mismatch), since the
+    spooled moment is later ingested unheld: the gate was bypassed."""
+
+
 def _warn(msg: str) -> None:
     try:
         posix.write(2, f"aep-bridges hook: {msg}\n".encode("utf-8", "replace"))
@@ -222,7 +228,9 @@ def _exchange(url: str, agent: str, body: bytes, token: str | None,
         for line in lines[1:]:
             k, _, v = line.partition(":")
             headers[k.strip().lower()] = v.strip()
-        if status not in (200, 400):  # 5xx; 404 before the bridge mounts; 401/403
+        if status in (401, 403):  # before the proof: a daemon that refuses us cannot prove
+            raise _Refused(f"HTTP {status}")
+        if status not in (200, 400):  # 5xx; 404 before the bridge mounts
             raise _GiveUp(f"{hostport}: HTTP {status}")
         if token and headers.get("aep-proof") != _hmac(
                 token, f"aep-hook-daemon-v2\n{hook_id}\n{status}\n{headers.get('aep-hold-ms', '')}"):
@@ -480,13 +488,15 @@ def _run(argv: list[str]) -> int:
     except _GiveUp as e:
         import os
         spool_dir = spool or default_spool_dir(dict(os.environ))
+        why = (f"the daemon refused the hook's credentials ({e}): the agent's AEP_TOKEN / "
+               "--token-file does not match the daemon's") if isinstance(e, _Refused) \
+            else f"daemon unavailable ({e})"
         try:
             where = spool_write(spool_dir, agent,
                                 spool_line(hook_id, agent, body, int(time.time() * 1000)))
-            _warn(f"daemon unavailable ({e}); spooled to {where}")
+            _warn(f"{why}; spooled to {where}")
         except OSError as oe:
-            _warn(f"daemon unavailable ({e}); could not spool to {spool_dir}: "
-                  f"{oe.strerror or oe}")
+            _warn(f"{why}; could not spool to {spool_dir}: {oe.strerror or oe}")
         return 0
     except ValueError as e:  # a bad --daemon
         _warn(str(e))

@@ -16,6 +16,9 @@ outcome (AEP-0004 §3: the ack says "I will try", the outcome Event says
   synthesized ``timeout``);
 - ``5``: accepted, but no outcome within ``--wait`` seconds;
 - ``1``: the endpoint could not be reached or refused the connection;
+- ``6``: the endpoint refused the credentials (HTTP 401/403: no token, or
+  not the daemon's): ``unauthorized: pass --token or set AEP_TOKEN (the
+  daemon's)``, not said as unreachable;
 - ``2``: bad arguments (``--values`` not a JSON object, no answer given, a
   request id alone that the endpoint holds no ask for).
 
@@ -28,7 +31,9 @@ before the consumer connected is replayed, not missed; an Event is the
 command's when its ``cause`` is the command, the ack, or an Event already
 linked (``attention.resolved`` is caused by ``attention.answered``).
 
-``respond`` takes the request's session, or finds it: with only the request
+``respond`` first reads whether the ask already ended
+(:func:`resolved_as`): then it says ``already resolved: dismissed (...)``
+and exits ``3`` without sending. It takes the request's session, or finds it: with only the request
 id, the endpoint's held ``attention.requested`` Events are read once
 (``GET /stream?from=all&live=0``) and the one with that id names it.
 
@@ -44,10 +49,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-__all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNREACHABLE",
-           "NACK_WHY", "cancel", "find_session", "pause", "respond", "resume", "send"]
+__all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNAUTHORIZED",
+           "EXIT_UNREACHABLE", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "resolved_as", "pause", "respond", "resume", "send"]
 
-EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME = 1, 3, 4, 5
+EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME, EXIT_UNAUTHORIZED = 1, 3, 4, 5, 6
+
+#: what a 401/403 from the endpoint is said as (exit :data:`EXIT_UNAUTHORIZED`)
+UNAUTHORIZED = "unauthorized: pass --token or set AEP_TOKEN (the daemon's)"
 
 #: the sender's name in the command's ``source`` (``aep://<host>/agent/<AGENT>``)
 AGENT = "aep-bridges-cli"
@@ -168,6 +176,71 @@ def find_session(url: str, token: str | None, request: str, *, timeout: float = 
     return next(iter(found), None)
 
 
+def resolved_as(url: str, token: str | None, session: str, request: str, *,
+                timeout: float = 10.0) -> tuple[str | None, list[str] | None]:
+    """``(how it ended, its option ids)``: the option ids of the ask
+    ``request`` of ``session`` as held (``None`` when not held or it
+    offers none: a form, a question), and how it already ended, from what
+    ``url`` holds (one ``from=all&live=0`` read of ``/stream``, filtered to
+    the session's ``attention.requested``, ``.resolved`` and ``.timeout``):
+    ``"dismissed (attention.resolved <id> at <time>)"`` (the resolution:
+    ``answered``, with its ``attention.answered``'s ``via`` when held:
+    ``answered (via oob; ...)``, ``auto``, ``dismissed``) or ``"timed out (...)"``;
+    ``None`` when it is still open or the endpoint no longer holds the ask.
+    Only an outcome from the ask's own emitter counts (:func:`.gist.ask_key`,
+    issue 25: anyone else's ``attention.resolved`` settles nothing).
+    ``respond`` asks this first (trial issue 27): after a daemon restart
+    the bridge has forgotten an ask it dismissed at shutdown, and the
+    command would be refused ``no-route`` instead of saying why. Raises
+    ``httpx.HTTPError`` when the endpoint cannot be read."""
+    import httpx
+    from httpx_sse import connect_sse
+
+    from .gist import ask_key
+    types = ["attention.requested", "attention.answered", "attention.resolved",
+             "attention.timeout"]
+    params = {"filter": json.dumps({"type": types, "session": session}),
+              "from": "all", "live": "0"}
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    asks: set[Any] = set()  # the ask's keys (source, session, id) as requested
+    ids: list[str] | None = None
+    ended: dict[Any, str] = {}
+    via: dict[Any, str] = {}  # an attention.answered's data.via (oob: at the agent's terminal)
+    with httpx.Client(timeout=timeout, trust_env=False) as client, \
+            connect_sse(client, "GET", url.rstrip("/") + "/stream", params=params,
+                        headers=headers) as source:
+        source.response.raise_for_status()
+        for sse in source.iter_sse():
+            try:
+                ev = json.loads(sse.data)
+            except ValueError:
+                continue
+            key = ask_key(ev)
+            if key is None or key[1] != session or key[2] != request:
+                continue
+            data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+            if ev.get("type") == "attention.requested":
+                asks.add(key)
+                opts = data.get("options")
+                if isinstance(opts, list) and opts:
+                    ids = [str(o["id"])[:64] for o in opts[:64]
+                           if isinstance(o, dict) and isinstance(o.get("id"), str)]
+                continue
+            if ev.get("type") == "attention.answered":
+                if isinstance(data.get("via"), str):
+                    via.setdefault(key, data["via"][:32])
+                continue
+            how = "timed out" if ev.get("type") == "attention.timeout" else \
+                str(data.get("resolution") or "resolved")[:32]
+            ended.setdefault(key, f"{how} ({{via}}{ev.get('type')} {str(ev.get('id'))[:64]} at "
+                                  f"{str(ev.get('time'))[:40]})")
+    for k in asks:
+        if k in ended:
+            return ended[k].replace("{via}", f"via {via[k]}; " if k in via and
+                                    ended[k].startswith("answered") else "", 1), ids
+    return None, ids
+
+
 def _linked(cmd_type: str, cmd_id: str, ack: dict[str, Any], events: "queue.Queue[dict[str, Any]]",
             deadline: float, show: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
     """Read ``events`` until the command's terminal outcome (returned) or
@@ -217,8 +290,10 @@ def send(url: str, token: str | None, command: Command, *, ack_window_ms: int = 
         _watch_nacks(client, seen_cmd, rejected)
     except (TransportError, OSError) as e:
         from .tailstream import ELSEWHERE_HINT, refused
-        hint = " (pass --token or set AEP_TOKEN)" if getattr(e, "status", None) in (401, 403) \
-            else f" ({ELSEWHERE_HINT})" if refused(e) else ""
+        if getattr(e, "status", None) in (401, 403):
+            print(f"{name}: {UNAUTHORIZED}", file=err)
+            return EXIT_UNAUTHORIZED
+        hint = f" ({ELSEWHERE_HINT})" if refused(e) else ""
         print(_safe(f"{name}: cannot reach {url}: {e}{hint}"), file=err)
         return EXIT_UNREACHABLE
     try:

@@ -8,7 +8,8 @@ the same emitter, in the same session: :func:`.gist.ask_key`, AEP-0002
 /stream?from=all&live=0``, AEP-0003 §3.3) filtered server-side to those
 types. :func:`show` lists them (id, agent, session, age, kind, the
 request's ``prompt`` as captured: at ``metadata`` the synthesized
-``"{agent} requests {kind}: {subject}"``); :func:`choose` picks the one
+``"{agent} requests {kind}: {subject}"``; its option ids ``[allow|deny]``
+or a form's fields ``{...}``, as ``timeline`` shows them); :func:`choose` picks the one
 open ask for ``respond`` with no id, and refuses with the list when there
 are none or several (the newest is no safer a guess than the oldest).
 """
@@ -19,7 +20,7 @@ import time
 from datetime import datetime
 from typing import Any, TextIO
 
-from .gist import OUTCOMES, AskKey, _s, _safe, ask_key
+from .gist import OUTCOMES, AskKey, _options, _s, _safe, ask_key
 from .tailstream import settle
 
 __all__ = ["EXIT_CHOICE", "PENDING_MAX", "age", "choose", "open_asks", "pick", "show"]
@@ -81,7 +82,8 @@ def _line(ev: dict[str, Any], now: float | None) -> str:
     data: dict[str, Any] = raw if isinstance(raw, dict) else {}
     what = data.get("prompt") or ev.get("subject") or ""
     return _safe(f"{ev.get('id')}  {_s(ev.get('agent'), 24)}  session {_s(ev.get('session'), 48)}  "
-                 f"{age(ev, now)} ago  {_s(data.get('kind') or 'ask', 16)}: {_s(what, 80)}")
+                 f"{age(ev, now)} ago  {_s(data.get('kind') or 'ask', 16)}: {_s(what, 80)}"
+                 f"{_options(data)}")
 
 
 def show(asks: list[dict[str, Any]], out: TextIO, *, now: float | None = None) -> None:

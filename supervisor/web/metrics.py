@@ -234,8 +234,13 @@ class FleetCollector(Collector):
         held = GaugeMetricFamily(f"{PREFIX}_acp_held_bytes", "Bytes of unfinished lines an ACP "
                                  "bridge holds for its tees (AEP_ACP_MAX_HELD_BYTES)",
                                  labels=["bridge"])
+        unauth = CounterMetricFamily(f"{PREFIX}_hooks_unauthorized", "Hook requests the "
+                                     "daemon's token guard refused (the agent's AEP_TOKEN or "
+                                     "--token-file differs from the daemon's)", labels=["bridge"])
         for name, m in sorted(f.members.items()):
             c = m.health.counters
+            if "hooks_unauthorized" in c:
+                unauth.add_metric([name], int(c["hooks_unauthorized"]))
             up.add_metric([name], 1.0 if m.health.ok else 0.0)
             restarts.add_metric([name], m.restarts)
             reconnects.add_metric([name], sum(int(c.get(k, 0)) for k in _RECONNECTS))
@@ -252,7 +257,7 @@ class FleetCollector(Collector):
                 uc = m.uplink.counters
                 outbox.add_metric([name], int(uc.get("outbox", 0)))
                 connects.add_metric([name], int(uc.get("connects", 0)))
-        yield from (up, restarts, reconnects, otlp, outbox, connects, held)
+        yield from (up, restarts, reconnects, otlp, outbox, connects, held, unauth)
 
     def _relay(self) -> Iterator[Metric]:
         relay = self.fleet.relay

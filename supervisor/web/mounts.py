@@ -13,7 +13,8 @@ Guards in front of every mounted app, before it sees the request:
 - a request carrying a browser ``Origin`` is refused 403 (a page must not
   inject observations; tools send no ``Origin``);
 - with ``AEP_TOKEN`` set, ``Authorization: Bearer`` (or ``?access_token=``)
-  is required, 401 otherwise; on the hook paths (``/hooks/...``) a request
+  is required, 401 otherwise (told to the mounted app's ``refused(why)``
+  when it has one, so a bridge counts and logs it); on the hook paths (``/hooks/...``) a request
   signed with the token (:mod:`bridges.core.signed`, the command shim's way:
   the token never crosses the socket) is taken too, the proofs of the
   daemon's answer left in the scope for the hook endpoint.
@@ -111,6 +112,11 @@ class Mounts:
                 signed = self._signed_hook(scope)
                 if signed is None:
                     self._count("unauthorized")
+                    # the mounted app's own count and log line (a hook bridge's
+                    # hooks_unauthorized): a wrong token is otherwise silent there
+                    notice = getattr(target, "refused", None)
+                    if callable(notice):
+                        notice("unauthorized")
                     return await refuse(scope, receive, send, 401, "unauthorized")
                 scope = {**scope, SIGNED_KEY: signed}
             await target(scope, receive, send)

@@ -16,7 +16,8 @@ from bridges.core.signed import SignedAnswer
 from tests.support.net import http_body, serve_loopback
 
 #: what the stub does with a request
-MODES = ("answer", "hold", "silent", "5xx", "400", "404", "not-json", "hold-forever")
+MODES = ("answer", "hold", "silent", "5xx", "400", "404", "not-json", "hold-forever",
+         "401", "403")
 
 
 @dataclass
@@ -73,8 +74,11 @@ class HookStub:
                         "body": signed.body(self.decision) if signed else self.decision})
             self.finished += 1
             return
-        status = {"5xx": 503, "400": 400, "404": 404}.get(self.mode, 200)
+        status = {"5xx": 503, "400": 400, "404": 404, "401": 401, "403": 403}.get(self.mode, 200)
+        if status in (401, 403):  # the daemon's guard: it cannot prove (the tokens differ)
+            signed = None
         out = {"5xx": b'{"error":"busy"}', "400": b'{"error":"not a JSON object"}',
+               "401": b'{"error":"unauthorized"}', "403": b'{"error":"origin-not-allowed"}',
                "404": b"not found", "not-json": b"<html>oops</html>"}.get(self.mode,
                                                                        self.decision)
         if signed is not None:

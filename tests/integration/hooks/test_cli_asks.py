@@ -43,7 +43,13 @@ def test_a_late_respond_to_an_ask_answered_at_the_terminal_says_why(daemon):
     assert held.result().json() == {}
     late = cli(d, "respond", s, ask["id"], "--option", "allow")
     assert late.returncode == 3, (late.stdout, late.stderr)
-    assert "rejected: already answered (via oob)" in late.stderr
+    # the stream says it ended (trial issue 27 #3): nothing is sent
+    assert "already resolved: answered (via oob; attention.resolved " in late.stderr
+    assert "accepted" not in late.stdout
+    # a command sent anyway is refused with the bridge's code, said in words
+    status, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                             data={"answer": {"option": "allow"}})
+    assert status == "refused"
     nack = stream.first(lambda e: e.get("session") == s and e["type"] == "control.rejected")
     assert nack["data"]["code"] == "answered-oob" and "detail" not in nack["data"]
     assert nack["capture"] == "metadata"
@@ -53,7 +59,7 @@ def test_a_late_respond_to_an_ask_answered_at_the_terminal_says_why(daemon):
     ask2 = stream.first(lambda e: e.get("session") == s and e["type"] == "attention.requested"
                         and e["id"] != ask["id"])
     again = cli(d, "respond", ask["id"], "--option", "deny")
-    assert again.returncode == 3 and "rejected: already answered (via oob)" in again.stderr, \
+    assert again.returncode == 3 and "already resolved: answered (via oob" in again.stderr, \
         again.stderr
     status, _ = send_command(d, "control.attention.respond", s, subject=ask2["id"],
                              data={"answer": {"option": "allow"}})
@@ -77,6 +83,14 @@ def test_respond_pending_lists_the_open_asks_and_no_id_picks_only_one(daemon):
     assert [ln.split()[0] for ln in lines] == [a1["id"], a2["id"]]  # oldest first
     assert all("claude-code" in ln for ln in lines)
     assert f"session {s1}" in lines[0] and f"session {s2}" in lines[1]
+    # each ask's option ids, as timeline shows them (trial issue 27 #4)
+    ids = [o["id"] for o in a1["data"]["options"]]
+    assert len(ids) >= 2 and f"[{'|'.join(ids)}]" in lines[0], lines[0]
+    bogus = cli(d, "respond", a1["id"], "--option", "bogus")
+    assert bogus.returncode == 2, (bogus.stdout, bogus.stderr)
+    assert f"--option bogus: not an option of this ask; its options: {', '.join(ids)}" \
+        in bogus.stderr
+    assert "accepted" not in bogus.stdout
     several = cli(d, "respond", "--option", "allow")
     assert several.returncode == 2
     assert "2 asks are pending" in several.stderr
@@ -91,3 +105,48 @@ def test_respond_pending_lists_the_open_asks_and_no_id_picks_only_one(daemon):
     assert f"accepted by session {s2}" in one.stdout
     assert h2.result().json()["hookSpecificOutput"]["decision"]["behavior"] == "allow"
     assert "no pending asks" in cli(d, "respond", "--pending").stdout
+
+
+def test_a_wrong_token_is_said_as_unauthorized_not_unreachable(daemon):
+    """Trial issue 27: `respond --pending` and `respond` with a wrong token said
+    `cannot reach URL (Client error '401 ' ...)` and exited 1 (unreachable)."""
+    d, stream = daemon
+    s = f"s-tok-{uuid.uuid4().hex[:6]}"
+    held = Background(d, moment(s, "PermissionRequest", **BASH))
+    ask = ask_of(stream, s)
+    wrong = {"PATH": "/usr/bin:/bin", "AEP_TOKEN": "not-the-daemons", "COLUMNS": "200"}
+    for args in (["respond", "--pending"], ["respond", ask["id"], "--option", "allow"],
+                 ["respond", s, ask["id"], "--option", "allow"]):
+        p = subprocess.run(console_script() + [*args, "--url", d.url], capture_output=True,
+                           text=True, timeout=120, env=wrong)
+        assert p.returncode == 6, (args, p.stdout, p.stderr)
+        assert "unauthorized: pass --token or set AEP_TOKEN (the daemon's)" in p.stderr, p.stderr
+        assert "cannot reach" not in p.stderr and "not-the-daemons" not in p.stderr
+    status, _ = send_command(d, "control.attention.respond", s, subject=ask["id"],
+                             data={"answer": {"option": "deny"}})
+    assert status == "accepted"  # nothing was answered with the wrong token
+    assert held.result().json()["hookSpecificOutput"]["decision"]["behavior"] == "deny"
+
+
+def test_respond_after_a_restart_says_the_ask_was_dismissed(tmp_path):
+    """Trial issue 27 #3: an ask dismissed at the daemon's shutdown, answered
+    after its restart, said `rejected: invalid (no-route: ...)`; the relay
+    still replays its attention.resolved, so respond says how it ended and
+    sends nothing."""
+    d = HookDaemon(tmp_path / "state", AEP_CLAUDE_CODE_CONTROL="1", AEP_CLAUDE_CODE_HOLD_S="60")
+    d.start()
+    stream = d.subscribe()
+    try:
+        s = f"s-restart-{uuid.uuid4().hex[:6]}"
+        held = Background(d, moment(s, "PermissionRequest", **BASH))
+        ask = ask_of(stream, s)
+        stream.close()
+        assert d.stop() == 0
+        held.thread.join(60)
+        d.start()
+        late = cli(d, "respond", ask["id"], "--option", "allow")
+        assert late.returncode == 3, (late.stdout, late.stderr)
+        assert "already resolved: dismissed (attention.resolved " in late.stderr, late.stderr
+        assert "no-route" not in late.stderr and "accepted" not in late.stdout
+    finally:
+        assert d.stop() == 0

@@ -7,6 +7,7 @@ event read is schema-valid, alone and as a stream."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -336,3 +337,35 @@ def test_the_shim_signs_its_request_and_the_daemon_proves_itself(gated, tmp_path
     assert forged.status_code == 401
     bearer = d.post(moment(s, "Stop"))  # Claude Code's own http hooks: bearer, as before
     assert bearer.status_code == 200 and "aep-proof" not in bearer.headers
+
+
+def test_a_shim_with_the_wrong_token_is_told_and_the_daemon_counts_it(gated, tmp_path):
+    """Trial issue 27: a wrong token bypassed the gate silently (the shim said
+    "daemon unavailable", the daemon nothing). The shim says the credentials were
+    refused; the daemon counts hooks_unauthorized (/healthz, /metrics) and logs it,
+    never the token."""
+    import subprocess
+    import sys
+
+    from bridges.hooks_common import shim
+    d, _ = gated
+    before = d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]["hooks_unauthorized"]
+    body = json.dumps(moment("s-wrong-token", "UserPromptSubmit", prompt="hi")).encode()
+    proc = subprocess.run([sys.executable, "-S", "-E", shim.__file__, "claude-code",
+                           "--daemon", d.url, "--spool", str(tmp_path / "spool")],
+                          input=body, capture_output=True, timeout=60,
+                          env={"AEP_TOKEN": "the-agents-wrong-token", "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0 and proc.stdout == b""
+    assert b"the daemon refused the hook's credentials (HTTP 401): the agent's AEP_TOKEN / " \
+        b"--token-file does not match the daemon's" in proc.stderr, proc.stderr
+    assert (tmp_path / "spool" / "claude-code.jsonl").exists()  # fail-open: spooled
+    counters = d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]
+    assert counters["hooks_unauthorized"] == before + 1
+    metrics = httpx.get(d.url + "/metrics", headers={"authorization": f"Bearer {TOKEN}"},
+                        timeout=10).text
+    (n,) = re.findall(r'^aep_bridges_hooks_unauthorized_total\{bridge="claude_code"\} (\S+)$',
+                      metrics, re.M)
+    assert float(n) == before + 1
+    log = d.log()
+    assert "hooks_unauthorized" in log
+    assert "the-agents-wrong-token" not in log and TOKEN not in log

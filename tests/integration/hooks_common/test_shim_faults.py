@@ -268,3 +268,19 @@ async def test_the_installed_command_line_answers_importing_nothing_heavy(stub, 
     assert {"shim", "_socket"} <= imported  # the measurement sees the shim's imports
     heavy = imported & {"os", "json", "re", "enum", "socket", "http.client", "typing", "fcntl"}
     assert not heavy, heavy
+
+
+@pytest.mark.parametrize("status", ["401", "403"])
+async def test_refused_credentials_are_said_plainly_and_still_spooled(stub, tmp_path, status):
+    # trial issue 27: a wrong token read "daemon unavailable (...: HTTP 401)", as if the
+    # daemon were down, while the moment it refused was spooled and later taken unheld
+    stub.mode = status
+    proc = await run_shim(stub.url, tmp_path / "spool", env={"AEP_TOKEN": "not-the-daemons"})
+    assert_clean(proc)
+    assert proc.stdout == b""
+    err = proc.stderr.decode()
+    assert f"the daemon refused the hook's credentials (HTTP {status}): the agent's " \
+        "AEP_TOKEN / --token-file does not match the daemon's" in err
+    assert "unavailable" not in err and "not-the-daemons" not in err
+    (line,) = spooled(tmp_path / "spool")  # the contract: any status but 200/400 spools
+    assert line["id"] == stub.requests[0].headers["x-aep-hook-id"]
