@@ -20,6 +20,7 @@ rate is raised, so the flood takes one request instead of ~22 minutes.
 from __future__ import annotations
 
 import json
+import time
 
 from tests.integration.hooks.test_daemon import HookDaemon, moment
 from tests.support.hardening import event, otlp_json, otlp_record, post_events, post_otlp
@@ -54,8 +55,16 @@ def test_an_otlp_flood_and_a_restart_leave_a_hook_session_to_its_bridge(tmp_path
         assert r.status_code == 200, r.text
         files = {p.name for p in (d.state / "logs" / "codex").iterdir()}
         assert sum(n.startswith("otlp-flood-") for n in files) == 4 * CAP  # all taken
-        journal = [json.loads(x) for x in (d.state / "relay-bindings.jsonl").read_text().splitlines()]
-        assert sum(str(j["s"]).startswith("otlp-flood-") for j in journal) == 4 * CAP  # all bound
+        # the relay binds after the session log's write (the fleet pump): wait for it
+        deadline = time.monotonic() + 60
+        while True:
+            journal = [json.loads(x) for x in
+                       (d.state / "relay-bindings.jsonl").read_text().splitlines()]
+            bound = sum(str(j["s"]).startswith("otlp-flood-") for j in journal)
+            if bound >= 4 * CAP or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert bound == 4 * CAP  # all bound
         # the daemon restarts (an upgrade, a crash); Claude Code's session goes on
         d.restart()
         r = _evil_post(d, 1)

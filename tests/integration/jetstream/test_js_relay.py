@@ -210,6 +210,9 @@ async def test_a_command_through_relay_b_reaches_the_emitter_on_relay_a(tmp_path
                 outcome, ack = await trio.to_thread.run_sync(_command, base_b, verb, "s1")
                 assert outcome == "accepted", ack
                 assert ack["type"] == "control.accepted"
+                # the SDK's ControlTarget sends the ack, then runs the command (on the
+                # emitter's reader thread): the ack can arrive first
+                await wait_until(lambda: len(em.executed) >= 1)
                 assert len(em.executed) == 1 and em.executed[0]["type"] == verb
                 assert rb.counters["commands_forwarded"] == 1
                 assert ra.counters["commands_received"] == 1
