@@ -201,8 +201,10 @@ def install(path: Path, *, transport: str, daemon: str, hold_s: int,
     return plan
 
 
-def uninstall(path: Path) -> Plan:
-    """The plan that removes our entries (and only them) from ``path``."""
+def uninstall(path: Path, *, keep_hooks: bool = False) -> Plan:
+    """The plan that removes our entries (and only them) from ``path``; a
+    ``hooks`` object left empty goes unless ``keep_hooks`` (the file had
+    one before install)."""
     before, doc = _load(path)
     original = json.loads(json.dumps(doc))
     plan = Plan(path, before, before or "")
@@ -216,7 +218,7 @@ def uninstall(path: Path) -> Plan:
                 plan.changes.append(f"hooks.{event}: removed our hook")
                 if had and not hooks[event]:
                     del hooks[event]
-        if not hooks and original.get("hooks"):
+        if not hooks and original.get("hooks") and not keep_hooks:
             del doc["hooks"]
     allowed = doc.get("allowedHttpHookUrls")
     if isinstance(allowed, list):

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from . import claude, codex
+from . import claude, codex, record
 from .common import AGENTS, Plan, Refused, hold_seconds, write_in_place
 
-__all__ = ["add_parser", "bad_input", "daemon_url", "plans", "project_trusted", "run",
+__all__ = ["add_parser", "bad_input", "daemon_url", "plans", "project_trusted", "restore", "run",
            "spool_dir"]
 
 _DEFAULT_DAEMON = "http://127.0.0.1:8787"
@@ -97,7 +98,8 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
     if args.agent == "claude-code":
         path = claude.settings_path(project=project, home=Path.home())
         if args.action == "uninstall":
-            return [claude.uninstall(path)]
+            rec = record.load(env, path)
+            return [claude.uninstall(path, keep_hooks=_had_hooks(rec))]
         url = daemon_url(args.daemon, env)
         return [claude.install(path, transport=args.transport or "http", daemon=url,
                                hold_s=hold_seconds("claude-code", args.hold_s, env),
@@ -120,6 +122,48 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
             f"Codex reads {path} only for a trusted project: trust {project} when Codex "
             f"asks, or add [projects.\"{project}\"] trust_level = \"trusted\" to {state_path}")
     return out
+
+
+def _had_hooks(rec: dict[str, Any] | None) -> bool:
+    """Whether a record's ``before`` (a Claude Code settings file) had a ``hooks`` key."""
+    try:
+        doc = json.loads(rec["before"]) if rec and rec["before"] else None
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "hooks" in doc
+
+
+def _raw(path: Path) -> str | None:
+    """``path``'s exact text (no newline translation), ``None``: no file."""
+    try:
+        return Path(os.path.realpath(path)).read_bytes().decode("utf-8", "surrogateescape")
+    except FileNotFoundError:
+        return None
+
+
+def _fresh(agent: str, path: Path) -> bool:
+    """Whether ``path`` holds none of our entries (``Refused``: treated as not)."""
+    try:
+        return not (claude.ours(path)[0] if agent == "claude-code" else codex.ours(path))
+    except Refused:
+        return False
+
+
+def restore(plan: Plan, rec: dict[str, Any] | None, now_sha: str | None) -> None:
+    """Turn an uninstall ``plan`` into giving the file back (module
+    :mod:`.record`): the recorded text when the file is exactly what install
+    wrote (``now_sha``: its SHA-256), else the edited result, or the file's
+    removal when install created it and nothing else is left in it."""
+    if rec is None or plan.before is None:
+        return
+    if now_sha == rec["after_sha256"]:
+        plan.after = rec["before"] or ""
+        plan.remove = rec["before"] is None
+        plan.changes = ["removed the file install created" if plan.remove
+                        else "put back as it was before install"]
+    elif rec["before"] is None and plan.after.strip() in ("", "{}"):
+        plan.after, plan.remove = "", True
+        plan.changes.append("removed the file install created (nothing else is in it)")
 
 
 def project_trusted(user_config: Path, project: Path) -> bool:
@@ -223,6 +267,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     except Refused as e:
         print(f"aep-bridges hooks: {e}; nothing written", file=sys.stderr)
         return 2
+    if args.action == "uninstall":
+        for plan in todo:
+            restore(plan, record.load(env, plan.path), record.sha256_of(plan.path))
     for plan in todo:
         _show(plan, args.dry_run, args.agent)
     if args.action == "install":
@@ -231,11 +278,20 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     if args.dry_run:
         print("aep-bridges hooks: dry run: nothing written")
         return 0
+    fresh = args.action == "install" and _fresh(args.agent, todo[0].path)
     for plan in todo:
-        if plan.changed:
-            try:
-                write_in_place(plan.path, plan.after)
-            except OSError as e:
-                print(f"aep-bridges hooks: {plan.path}: {e.strerror or e}", file=sys.stderr)
-                return 2
+        try:
+            if plan.changed:
+                before = _raw(plan.path)
+                if plan.remove:
+                    os.unlink(os.path.realpath(plan.path))
+                else:
+                    write_in_place(plan.path, plan.after)
+                if args.action == "install":
+                    record.remember(env, plan.path, before, fresh=fresh)
+            if args.action == "uninstall":
+                record.forget(env, plan.path)
+        except OSError as e:
+            print(f"aep-bridges hooks: {plan.path}: {e.strerror or e}", file=sys.stderr)
+            return 2
     return 0

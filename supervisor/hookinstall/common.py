@@ -32,17 +32,19 @@ class Refused(Exception):
 @dataclass
 class Plan:
     """One install/uninstall on one file: the text before (``None``: no file)
-    and after, and one line per change made (empty: nothing to do)."""
+    and after, and one line per change made (empty: nothing to do);
+    ``remove``: delete the file instead (an uninstall of a file install created)."""
 
     path: Path
     before: str | None
     after: str
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    remove: bool = False
 
     @property
     def changed(self) -> bool:
-        return self.after != (self.before or "")
+        return (self.remove and self.before is not None) or self.after != (self.before or "")
 
 
 def hold_seconds(agent: str, given: int | None, env: Mapping[str, str]) -> int:

@@ -503,7 +503,8 @@ PUBLIC: dict[str, set[str]] = {
                                      "read_back", "recover", "ulid_ms"},
     "bridges.hooks_common.shim": {"CONNECT_BUDGET_S", "DEFAULT_DAEMON", "HOLD_GRACE_S", "MAX_RESPONSE",
                                   "default_spool_dir", "main", "spool_line", "spool_write"},
-    "supervisor.hookinstall": {"claude", "cli", "codex", "common"},
+    "supervisor.hookinstall": {"claude", "cli", "codex", "common", "record"},
+    "supervisor.hookinstall.record": {"forget", "load", "record_path", "remember", "sha256_of"},
     "supervisor.hookinstall.common": {"AGENTS", "DEFAULT_HOLD_S", "EXTRA_TIMEOUT_S", "Plan",
                                       "Refused", "hold_seconds", "is_our_command",
                                       "shim_command", "shim_path", "write_in_place"},
@@ -516,7 +517,7 @@ PUBLIC: dict[str, set[str]] = {
                                      "hook_key", "install", "ours", "status", "trusted_hash",
                                      "uninstall"},
     "supervisor.hookinstall.cli": {"add_parser", "bad_input", "daemon_url", "plans",
-                                   "project_trusted", "run", "spool_dir"},
+                                   "project_trusted", "restore", "run", "spool_dir"},
     "supervisor.tools.install": {"CONFIG_TEMPLATE", "SYSTEMD_CONFIG_FILE", "ENV_TEMPLATE", "PLIST_LABEL", "Planned", "SYSTEMD_ENV_FILE", "SYSTEMD_UNIT_DIR", "UNIT_NAME", "console_script", "default_manager", "install", "plan", "read_env_file", "render_plist", "render_unit", "unreachable"},
 }
 

@@ -1,0 +1,134 @@
+"""``hooks install`` then ``hooks uninstall`` gives the file back (the
+trial of issue 27: uninstall reformatted settings.json, dropped a user's
+empty ``hooks``, left a created file behind as ``{}``, and left Codex's
+config.toml with extra blank lines): byte for byte when nobody edited it in
+between; with an edit, the edit stays and only our entries go."""
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+
+import pytest
+
+from supervisor.cli import main
+from supervisor.hookinstall import claude, codex
+
+JSON_FILES = {
+    "inline arrays": '{\n  "permissions": {"allow": ["Read"], "deny": []},\n'
+                     '  "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "say done"}]}]},\n'
+                     '  "model": "opus"\n}\n',
+    "4-space indent": '{\n    "model": "opus",\n    "env": {\n        "A": "1"\n    }\n}\n',
+    "tabs": '{\n\t"model": "opus",\n\t"permissions": {\n\t\t"allow": [\n\t\t\t"Read"\n\t\t]\n\t}\n}',
+    "empty hooks": '{\n  "hooks": {},\n  "model": "opus"\n}\n',
+    "crlf": '{\r\n  "model": "opus"\r\n}\r\n',
+}
+TOML_FILES = {
+    "comments and blank lines": '# my codex\nmodel = "o3"   # the model\n\n\n[tui]\n'
+                                'theme = "dark"\n\n# trailing\n',
+    "their hooks": 'model = "o3"\n\n[[hooks.Stop]]\n[[hooks.Stop.hooks]]\ntype = "command"\n'
+                   'command = "say done"\n\n[profiles.x]\nmodel = "o4"\n',
+    "no final newline": 'model = "o3"',
+}
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """``HOME``, ``CODEX_HOME`` and the state directory under ``tmp_path``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AEP_")}
+    home = tmp_path / "home"
+    home.mkdir()
+    env.update(HOME=str(home), CODEX_HOME=str(home / ".codex"),
+               AEP_STATE_DIR=str(tmp_path / "state"))
+    env.pop("XDG_STATE_HOME", None)
+    monkeypatch.setattr(os, "environ", env)
+    return home
+
+
+def hooks(action, agent, *more):
+    assert main(["hooks", action, agent, *more]) == 0
+
+
+@pytest.mark.parametrize("name", sorted(JSON_FILES))
+def test_claude_settings_come_back_byte_for_byte(home, name):
+    path = home / ".claude" / "settings.json"
+    path.parent.mkdir()
+    path.write_bytes(JSON_FILES[name].encode())
+    hooks("install", "claude-code")
+    assert claude.ours(path)[0]
+    hooks("install", "claude-code", "--hold-s", "60")  # a re-install keeps the record
+    hooks("uninstall", "claude-code")
+    assert path.read_bytes() == JSON_FILES[name].encode()
+
+
+@pytest.mark.parametrize("name", sorted(TOML_FILES))
+@pytest.mark.parametrize("project", [False, True])
+def test_codex_config_comes_back_byte_for_byte(home, tmp_path, name, project):
+    user = home / ".codex" / "config.toml"
+    user.parent.mkdir()
+    user.write_bytes(TOML_FILES[name].encode())
+    more = []
+    path = user
+    if project:
+        (tmp_path / "p" / ".codex").mkdir(parents=True)
+        path = tmp_path / "p" / ".codex" / "config.toml"
+        path.write_bytes(TOML_FILES[name].encode())
+        more = ["--project", str(tmp_path / "p")]
+    hooks("install", "codex", *more)
+    assert codex.ours(path)
+    hooks("uninstall", "codex", *more)
+    assert user.read_bytes() == TOML_FILES[name].encode()
+    assert path.read_bytes() == TOML_FILES[name].encode()
+    hooks("install", "codex", *more)  # and a second round does the same
+    hooks("uninstall", "codex", *more)
+    assert path.read_bytes() == TOML_FILES[name].encode()
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+def test_a_file_install_created_goes_with_uninstall(home, agent):
+    path = (home / ".claude" / "settings.json" if agent == "claude-code"
+            else home / ".codex" / "config.toml")
+    hooks("install", agent)
+    assert path.exists()
+    hooks("uninstall", agent)
+    assert not path.exists()
+
+
+def test_a_created_file_the_user_added_to_stays_with_their_setting(home):
+    path = home / ".claude" / "settings.json"
+    hooks("install", "claude-code")
+    path.write_text(path.read_text().replace("{", '{\n  "model": "opus",', 1))
+    hooks("uninstall", "claude-code")
+    assert json.loads(path.read_text()) == {"model": "opus"}
+
+
+def test_a_created_file_only_reformatted_goes(home):
+    path = home / ".claude" / "settings.json"
+    hooks("install", "claude-code")
+    path.write_text(json.dumps(json.loads(path.read_text())))  # edited: not what we wrote
+    hooks("uninstall", "claude-code")
+    assert not path.exists()
+
+
+def test_a_user_edit_between_survives_and_ours_go(home):
+    path = home / ".claude" / "settings.json"
+    path.parent.mkdir()
+    path.write_text(JSON_FILES["empty hooks"])
+    hooks("install", "claude-code")
+    path.write_text(path.read_text().replace('"opus"', '"sonnet"'))
+    hooks("uninstall", "claude-code")
+    assert json.loads(path.read_text()) == {"hooks": {}, "model": "sonnet"}
+
+
+def test_a_codex_user_edit_between_survives_and_ours_go(home):
+    path = home / ".codex" / "config.toml"
+    path.parent.mkdir()
+    path.write_text(TOML_FILES["their hooks"])
+    hooks("install", "codex")
+    path.write_text(path.read_text().replace('model = "o3"', '# mine\nmodel = "o5"'))
+    hooks("uninstall", "codex")
+    text = path.read_text()
+    assert "# mine\nmodel = \"o5\"" in text and not codex.ours(path)
+    doc = tomllib.loads(text)
+    assert "state" not in doc["hooks"]
+    assert doc["hooks"]["Stop"] == [{"hooks": [{"type": "command", "command": "say done"}]}]
