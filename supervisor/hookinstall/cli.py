@@ -164,6 +164,13 @@ def restore(plan: Plan, rec: dict[str, Any] | None, now_sha: str | None) -> None
     elif rec["before"] is None and plan.after.strip() in ("", "{}"):
         plan.after, plan.remove = "", True
         plan.changes.append("removed the file install created (nothing else is in it)")
+    elif rec["before"] is not None and plan.changes:
+        # the blank lines tomlkit (or the JSON dump) put after the file's last
+        # line for ours: back to the file's own ending (only line breaks go)
+        core, was = plan.after.rstrip("\r\n"), rec["before"]
+        tail = was[len(was.rstrip("\r\n")):]
+        if len(plan.after) - len(core) > len(tail):
+            plan.after = core + tail
 
 
 def project_trusted(user_config: Path, project: Path) -> bool:

@@ -132,3 +132,14 @@ def test_a_codex_user_edit_between_survives_and_ours_go(home):
     doc = tomllib.loads(text)
     assert "state" not in doc["hooks"]
     assert doc["hooks"]["Stop"] == [{"hooks": [{"type": "command", "command": "say done"}]}]
+
+
+@pytest.mark.parametrize("end", ["\n", "", "\n\n"])
+def test_an_edited_codex_config_keeps_its_own_ending(home, end):
+    path = home / ".codex" / "config.toml"
+    path.parent.mkdir()
+    path.write_text(f'model = "o3"\n\n[tui]\ntheme = "dark"{end}')
+    hooks("install", "codex")
+    path.write_text(path.read_text().replace('"dark"', '"light"'))
+    hooks("uninstall", "codex")
+    assert path.read_text() == f'model = "o3"\n\n[tui]\ntheme = "light"{end}'
