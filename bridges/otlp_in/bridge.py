@@ -231,20 +231,25 @@ class OtlpRun:
 
     def _up(self) -> None:
         vendor = self.config.vendor
-        self.ctx.log.info(
-            "%s: primary mode (core types, and x.%s.otel.* for the rest); AEP_OTLP_PRIMARY=0 "
-            "when another %s channel is the core-type authority" if self.config.primary else
-            "%s: companion mode (x.%s.otel.* only): AEP_OTLP_PRIMARY=0, or another %s channel "
-            "is the core-type authority", self.name, vendor, vendor)
+        # the mode, said once: the hook bridge's reason when it is the one
+        if self.config.primary:
+            self.ctx.log.info(
+                "%s: primary mode (core types, and x.%s.otel.* for the rest); "
+                "AEP_OTLP_PRIMARY=0 when another %s channel is the core-type authority",
+                self.name, vendor, vendor)
+        elif self.config.hook_channel:
+            self.ctx.log.info("%s: companion mode (x.%s.otel.* only): the %s hook bridge (%s=1) is "
+                              "the core-type authority for this agent", self.name,
+                              vendor, vendor, self.config.hook_channel)
+        else:
+            self.ctx.log.info(
+                "%s: companion mode (x.%s.otel.* only): AEP_OTLP_PRIMARY=0, or another %s "
+                "channel is the core-type authority", self.name, vendor, vendor)
         self.serving = True
         self.ctx.health.source = True
         self.ctx.health.detail = None
         self.ctx.log.info("%s listening: %s", self.name, ", ".join(
             f"{k} {a[0]}:{a[1]}" for k, a in self.bound.items() if a))
-        if self.config.hook_channel:
-            self.ctx.log.info("%s: companion mode (x.%s.otel.* only): the %s hook bridge (%s=1) is "
-                              "the core-type authority for this agent", self.name,
-                              self.config.vendor, self.config.vendor, self.config.hook_channel)
 
     async def _serve_http(self, listen: Address, *,
                           task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
