@@ -61,10 +61,12 @@ async def test_respond_by_request_id_alone_waits_for_the_outcome(world) -> None:
     await stream.wait_for(lambda s: s.of(sid, "run.finished"), what="run.finished")
     answered = stream.of(sid, "attention.answered")[0]
     assert answered["data"]["answer"] == {"option": "once"} and answered["subject"] == req["id"]
-    # the same request again: the bridge refuses it (already answered), exit 3
+    # the same request again: the stream says it ended (answered through control),
+    # so nothing is sent; exit 3 as for a rejection
     r = await cli(daemon, "respond", sid, req["id"], "--option", "once")
     assert r.returncode == 3, (r.stdout, r.stderr)
-    assert "rejected: refused" in r.stderr
+    assert "already resolved: answered (via control" in r.stderr, r.stderr
+    assert len(stream.of(sid, "attention.answered")) == 1  # no second answer
 
 
 async def test_cancel_mid_run_and_an_unsupported_pause(world) -> None:
