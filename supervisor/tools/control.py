@@ -47,10 +47,10 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 __all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNAUTHORIZED",
-           "EXIT_UNREACHABLE", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "resolved_as", "pause", "respond", "resume", "send"]
+           "EXIT_UNREACHABLE", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "held_events", "resolved_as", "pause", "respond", "resume", "send"]
 
 EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME, EXIT_UNAUTHORIZED = 1, 3, 4, 5, 6
 
@@ -142,20 +142,15 @@ def resume(session: str) -> Command:
     return Command("control.resume", session)
 
 
-def find_session(url: str, token: str | None, request: str, *, timeout: float = 10.0) -> str | None:
-    """The session of the ``attention.requested`` Event whose id is
-    ``request``, from what ``url`` holds (one ``from=all&live=0`` read of
-    ``/stream``, filtered to that type); ``None`` when it holds no such
-    Event. Raises ``httpx.HTTPError`` when the endpoint cannot be read, and
-    ``ValueError`` when asks of more than one session carry that id: an id
-    is unique per emitter only (AEP-0001 §5.1 #2), and anyone who may post
-    can copy a fleet ask's id into a session of its own (issue 25), so the
-    operator names the session instead of the first claimant winning."""
+def held_events(url: str, token: str | None, flt: dict[str, Any], *,
+                timeout: float = 10.0) -> Iterator[dict[str, Any]]:
+    """The Events ``url`` holds that match ``flt`` (one ``from=all&live=0``
+    read of ``/stream``, oldest first; a line that is not a JSON object is
+    skipped). Raises ``httpx.HTTPError`` when the endpoint cannot be read."""
     import httpx
     from httpx_sse import connect_sse
-    params = {"filter": json.dumps({"type": "attention.requested"}), "from": "all", "live": "0"}
+    params = {"filter": json.dumps(flt), "from": "all", "live": "0"}
     headers = {"authorization": f"Bearer {token}"} if token else {}
-    found: dict[str, None] = {}  # the sessions holding it, in order
     with httpx.Client(timeout=timeout, trust_env=False) as client, \
             connect_sse(client, "GET", url.rstrip("/") + "/stream", params=params,
                         headers=headers) as source:
@@ -165,10 +160,25 @@ def find_session(url: str, token: str | None, request: str, *, timeout: float = 
                 ev = json.loads(sse.data)
             except ValueError:
                 continue
-            if isinstance(ev, dict) and ev.get("id") == request and isinstance(ev.get("session"), str):
-                found.setdefault(ev["session"], None)
-                if len(found) > 1:
-                    break
+            if isinstance(ev, dict):
+                yield ev
+
+
+def find_session(url: str, token: str | None, request: str, *, timeout: float = 10.0) -> str | None:
+    """The session of the ``attention.requested`` Event whose id is
+    ``request``, from what ``url`` holds (one ``from=all&live=0`` read of
+    ``/stream``, filtered to that type); ``None`` when it holds no such
+    Event. Raises ``httpx.HTTPError`` when the endpoint cannot be read, and
+    ``ValueError`` when asks of more than one session carry that id: an id
+    is unique per emitter only (AEP-0001 §5.1 #2), and anyone who may post
+    can copy a fleet ask's id into a session of its own (issue 25), so the
+    operator names the session instead of the first claimant winning."""
+    found: dict[str, None] = {}  # the sessions holding it, in order
+    for ev in held_events(url, token, {"type": "attention.requested"}, timeout=timeout):
+        if ev.get("id") == request and isinstance(ev.get("session"), str):
+            found.setdefault(ev["session"], None)
+            if len(found) > 1:
+                break
     if len(found) > 1:
         names = ", ".join(sorted(found)[:2])
         raise ValueError(f"asks of more than one session carry the id {request} ({names}); "
@@ -193,47 +203,34 @@ def resolved_as(url: str, token: str | None, session: str, request: str, *,
     the bridge has forgotten an ask it dismissed at shutdown, and the
     command would be refused ``no-route`` instead of saying why. Raises
     ``httpx.HTTPError`` when the endpoint cannot be read."""
-    import httpx
-    from httpx_sse import connect_sse
-
     from .gist import ask_key
     types = ["attention.requested", "attention.answered", "attention.resolved",
              "attention.timeout"]
-    params = {"filter": json.dumps({"type": types, "session": session}),
-              "from": "all", "live": "0"}
-    headers = {"authorization": f"Bearer {token}"} if token else {}
     asks: set[Any] = set()  # the ask's keys (source, session, id) as requested
     ids: list[str] | None = None
     ended: dict[Any, str] = {}
     via: dict[Any, str] = {}  # an attention.answered's data.via (oob: at the agent's terminal)
-    with httpx.Client(timeout=timeout, trust_env=False) as client, \
-            connect_sse(client, "GET", url.rstrip("/") + "/stream", params=params,
-                        headers=headers) as source:
-        source.response.raise_for_status()
-        for sse in source.iter_sse():
-            try:
-                ev = json.loads(sse.data)
-            except ValueError:
-                continue
-            key = ask_key(ev)
-            if key is None or key[1] != session or key[2] != request:
-                continue
-            data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
-            if ev.get("type") == "attention.requested":
-                asks.add(key)
-                opts = data.get("options")
-                if isinstance(opts, list) and opts:
-                    ids = [str(o["id"])[:64] for o in opts[:64]
-                           if isinstance(o, dict) and isinstance(o.get("id"), str)]
-                continue
-            if ev.get("type") == "attention.answered":
-                if isinstance(data.get("via"), str):
-                    via.setdefault(key, data["via"][:32])
-                continue
-            how = "timed out" if ev.get("type") == "attention.timeout" else \
-                str(data.get("resolution") or "resolved")[:32]
-            ended.setdefault(key, f"{how} ({{via}}{ev.get('type')} {str(ev.get('id'))[:64]} at "
-                                  f"{str(ev.get('time'))[:40]})")
+    for ev in held_events(url, token, {"type": types, "session": session}, timeout=timeout):
+        key = ask_key(ev)
+        if key is None or key[1] != session or key[2] != request:
+            continue
+        raw = ev.get("data")
+        data: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if ev.get("type") == "attention.requested":
+            asks.add(key)
+            opts = data.get("options")
+            if isinstance(opts, list) and opts:
+                ids = [str(o["id"])[:64] for o in opts[:64]
+                       if isinstance(o, dict) and isinstance(o.get("id"), str)]
+            continue
+        if ev.get("type") == "attention.answered":
+            if isinstance(data.get("via"), str):
+                via.setdefault(key, data["via"][:32])
+            continue
+        how = "timed out" if ev.get("type") == "attention.timeout" else \
+            str(data.get("resolution") or "resolved")[:32]
+        ended.setdefault(key, f"{how} ({{via}}{ev.get('type')} {str(ev.get('id'))[:64]} at "
+                              f"{str(ev.get('time'))[:40]})")
     for k in asks:
         if k in ended:
             return ended[k].replace("{via}", f"via {via[k]}; " if k in via and

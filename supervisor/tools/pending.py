@@ -15,11 +15,11 @@ are none or several (the newest is no safer a guess than the oldest).
 """
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime
 from typing import Any, TextIO
 
+from .control import held_events
 from .gist import OUTCOMES, AskKey, _options, _s, _safe, ask_key
 from .tailstream import settle
 
@@ -35,31 +35,19 @@ def open_asks(url: str, token: str | None, *, timeout: float = 10.0) -> list[dic
     """The ``attention.requested`` Events ``url`` holds with no outcome,
     oldest first. Raises ``httpx.HTTPError`` when the endpoint cannot be
     read."""
-    import httpx
-    from httpx_sse import connect_sse
-    params = {"filter": json.dumps({"type": ["attention.requested", *OUTCOMES]}),
-              "from": "all", "live": "0"}
-    headers = {"authorization": f"Bearer {token}"} if token else {}
     asked: dict[AskKey, dict[str, Any]] = {}
     done: dict[AskKey, str] = {}
-    with httpx.Client(timeout=timeout, trust_env=False) as client, \
-            connect_sse(client, "GET", url.rstrip("/") + "/stream", params=params,
-                        headers=headers) as source:
-        source.response.raise_for_status()
-        for sse in source.iter_sse():
-            try:
-                ev = json.loads(sse.data)
-            except ValueError:
-                continue
-            key = ask_key(ev)
-            if key is None:
-                continue
-            if ev.get("type") == "attention.requested":
-                asked[key] = ev
-                while len(asked) > PENDING_MAX:
-                    del asked[next(iter(asked))]
-            else:
-                settle(ev, done)
+    for ev in held_events(url, token, {"type": ["attention.requested", *OUTCOMES]},
+                          timeout=timeout):
+        key = ask_key(ev)
+        if key is None:
+            continue
+        if ev.get("type") == "attention.requested":
+            asked[key] = ev
+            while len(asked) > PENDING_MAX:
+                del asked[next(iter(asked))]
+        else:
+            settle(ev, done)
     return [ev for key, ev in asked.items() if key not in done]
 
 

@@ -483,7 +483,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.tools.resume": {"MAX_POSITIONS", "load", "position_file", "save"},
     "supervisor.tools.pending": {"EXIT_CHOICE", "PENDING_MAX", "age", "choose", "open_asks", "pick",
                                  "show"},
-    "supervisor.tools.control": {"AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNAUTHORIZED", "EXIT_UNREACHABLE", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "resolved_as", "pause", "respond", "resume", "send"},
+    "supervisor.tools.control": {"AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNAUTHORIZED", "EXIT_UNREACHABLE", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "held_events", "resolved_as", "pause", "respond", "resume", "send"},
     "supervisor.jetstream": {"config", "ingest", "link", "lost", "owners", "plan", "presence", "publish",
                              "recover", "relay", "routing", "sink", "subjects", "subscribe"},
     "supervisor.jetstream.owners": {"Owners"},
