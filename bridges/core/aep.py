@@ -41,7 +41,7 @@ __all__ = [
     "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
     "CORE_COMMANDS", "ACK_TYPES", "is_command_type", "is_command", "is_foreign",
     "NACK_REASONS", "ACK_WINDOW_MS",
-    "dumps", "loads", "scrub_surrogates",
+    "dumps", "loads", "scrub_surrogates", "MAX_CONTAINERS", "containers", "check_containers",
 ]
 
 AEP_VERSION = "0.1"
@@ -312,3 +312,36 @@ def scrub_surrogates(value: Any) -> Any:
     if isinstance(value, list):
         return [scrub_surrogates(v) for v in value]
     return value
+
+
+MAX_CONTAINERS = 65_536
+"""Most JSON arrays and objects one event, frame or hook body may open:
+each becomes Python objects every later walk (capture gate, redaction,
+size) visits, so 15 MiB of ``[[],[],...]`` (5 million of them) held the
+event loop 2-3.4 s and a gated hook failed open meanwhile (a tenth outside
+attack on issue 25). A big event of ordinary shape opens far fewer."""
+
+_STRING_B = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_STRING_S = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def containers(text: str | bytes) -> int:
+    """How many JSON arrays and objects ``text`` (JSON) opens, at C speed:
+    every ``[`` and ``{``, and only when that passes :data:`MAX_CONTAINERS`
+    those outside strings (code in a tool result is full of brackets)."""
+    n = text.count("[") + text.count("{") if isinstance(text, str) \
+        else text.count(b"[") + text.count(b"{")
+    if n <= MAX_CONTAINERS:
+        return n
+    if isinstance(text, str):
+        bare_s = _STRING_S.sub("", text)
+        return bare_s.count("[") + bare_s.count("{")
+    bare = _STRING_B.sub(b"", text)
+    return bare.count(b"[") + bare.count(b"{")
+
+
+def check_containers(text: str | bytes) -> None:
+    """Raise ``ValueError`` when ``text`` opens over :data:`MAX_CONTAINERS`
+    JSON arrays and objects (:func:`containers`); before parsing it."""
+    if containers(text) > MAX_CONTAINERS:
+        raise ValueError(f"over {MAX_CONTAINERS} JSON arrays and objects in one value")

@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import trio
 
-from bridges.core.aep import AEP_VERSION, is_command_type, loads
+from bridges.core.aep import AEP_VERSION, check_containers, is_command_type, loads
 
 from .acks import AckRefused
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
@@ -413,12 +413,13 @@ class SocketConnection(Connection):
         if self.outlet.state != OPEN:
             return
         try:
+            check_containers(text)  # before the parse (a tenth outside attack)
             msg = loads(text)
-        except ValueError:
+        except ValueError as e:
             msg = None
             if self.hello_done:
                 self.relay.counters["bad_frames"] += 1
-                self.error("bad-json", "frame is not valid JSON")
+                self.error("bad-json", f"frame refused: {str(e)[:200]}")
                 return
         if not isinstance(msg, dict):
             if self.hello_done:

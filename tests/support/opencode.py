@@ -748,13 +748,17 @@ class SseDaemon(DaemonProcess):
 
     def wait_source(self, timeout: float = 30.0) -> "SseDaemon":
         """Until the bridge reads the server's event stream (``source`` true
-        in ``/healthz``): a session created before that is seen only from
+        in ``/healthz`` and a frame read): a session created before that is seen only from
         its later events (under a parallel run's load the first test's
         session came before the subscription: ``run.started`` first, no
         ``session.started``). Raises ``AssertionError`` with the log."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.bridge_health().get("source") is True:
+            h = self.bridge_health()
+            # and its first frame read (the server's `server.connected`, written as
+            # it subscribes): the response headers alone (source true) came before
+            # the subscription under load, and a session created then was missed
+            if h.get("source") is True and h.get("counters", {}).get("frames", 0) >= 1:
                 return self
             time.sleep(0.05)
         raise AssertionError(f"{self.bridge} not connected within {timeout}s:\n{self.log()[-4000:]}")
