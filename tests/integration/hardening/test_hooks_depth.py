@@ -82,3 +82,25 @@ def test_a_deep_spool_line_does_not_crash_the_hook_bridge(tmp_path):
         assert d.healthz(TOKEN)["bridges"]["claude_code"]["source"] is True
     finally:
         d.stop(timeout=20)
+
+
+def test_a_body_of_millions_of_arrays_is_a_counted_400_before_the_parse(tmp_path):
+    """A tenth outside attack: 4 MiB of ``[[],...]`` in a hook body held the
+    loop about a second (a gated hook sent meanwhile failed open); it opens
+    over MAX_CONTAINERS arrays, so it is refused before the parse."""
+    from bridges.core.aep import MAX_CONTAINERS
+    d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_CLAUDE_CODE": "1"}, token=TOKEN)
+    d.start()
+    try:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        body = json.dumps({"session_id": "s-many", "hook_event_name": "PostToolUse",
+                           "tool_name": "Bash", "tool_response": [[]] * (MAX_CONTAINERS + 1)})
+        r = httpx.post(f"{d.url}/hooks/claude-code", content=body, headers=auth, timeout=30)
+        assert r.status_code == 400 and "JSON arrays and objects" in r.text, r.text
+        assert _counters(d)["hooks_bad_body"] == 1
+        code = json.dumps({"session_id": "s-code", "hook_event_name": "PostToolUse",
+                           "tool_name": "Read", "tool_response": "[{" * (MAX_CONTAINERS + 1)})
+        r = httpx.post(f"{d.url}/hooks/claude-code", content=code, headers=auth, timeout=30)
+        assert r.status_code == 200, r.text  # brackets in a string are text
+    finally:
+        d.stop(timeout=20)
