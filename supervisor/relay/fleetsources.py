@@ -389,6 +389,7 @@ class FleetSources:
         names = [_fold(unquote(s), 1 << 10) or "" for s in segs]
         if not host or len(names) != 2 or names[0] != "agent" or not names[1]:
             raise ValueError(f"not an aep://{{host}}/agent/{{agent}} base: {base!r}")
+        _confusables()  # (built at the daemon's start, not in the first event's turn)
         self._hosts.add(host)
         self._agents.add(names[1])
         self._width = max(self._width, len(names[1]))
