@@ -21,10 +21,14 @@ not only the unreserved ones), dot segments, empty segments, userinfo,
 port, a host's trailing dot, ``;params``, query and fragment. Decoded
 hosts and segments are NFKC-folded with invisible characters dropped and
 dashes unified (an ideographic full stop in a host is a dot), and a
-non-ASCII character in the agent's name matches any one or two characters
-(a lookalike such as a Cyrillic ``е`` spelled ``%D0%B5``, a ligature such as
-``ꜷ`` for ``au``; raw non-ASCII is no URI and is refused ``invalid-event``
-before this). A path is read twice, leniently as above and strictly as
+non-ASCII character in a host or the agent's name stands for the letters
+it is a known lookalike of (:func:`_lookalikes`: Unicode's UTS #39
+confusables, a lookalike such as a Cyrillic ``е`` spelled ``%D0%B5``, a
+ligature such as ``ꜷ`` for ``au``; a Latin letter with marks for its base
+letter), and for nothing else (a tenth attack: any non-ASCII character
+matched any one or two letters, so a local agent named ``小助手`` read as
+``codex`` and a remote host ``开发服务器`` as this host; raw non-ASCII is no
+URI and is refused ``invalid-event`` before this). A path is read twice, leniently as above and strictly as
 RFC 3986 §5.2.4 (only ``.``, ``..`` and ``%2E`` spellings are dot segments,
 an empty segment is one): a reserved path in either reading is the fleet's
 (``aep://vm/agent/claude-code/..;x``, ``.../claude-code//..``).
@@ -55,11 +59,14 @@ another interface's address) is not reserved (docs/security.md
 "Limits")."""
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
 import unicodedata
 from urllib.parse import unquote
+
+from confusable_homoglyphs.utils import load as load_confusables
 
 __all__ = ["FleetSources", "MAX_CACHED", "MAX_FOLD", "MAX_HOST", "MAX_SEGMENTS"]
 
@@ -69,10 +76,15 @@ _INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"))
 #: blank letters (``Lo``) that render as nothing: the Hangul fillers, the
 #: Braille blank (a seventh attack padded ``claude-co\u3164de`` with one)
 _BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800")
-#: non-ASCII characters that spell no letter: symbols (often blank in a
-#: font: U+1D159), private use, unassigned; dropped like the invisible ones
-#: (a ninth attack inserted one into ``claude-code``: longer, never matched)
-_NO_LETTER = frozenset(("So", "Sk", "Sm", "Sc", "Co", "Cn"))
+#: non-ASCII characters that render as nothing or as a box: private use,
+#: unassigned, dropped like the invisible ones (a ninth attack inserted one
+#: into ``claude-code``: longer, never matched); other symbols stay
+#: (``codex🚀`` is another name: a tenth attack)
+_NO_LETTER = frozenset(("Co", "Cn"))
+#: the symbols (``So``) that render as nothing or as a box: a blank
+#: notehead (U+1D159, the ninth attack's), the object replacement character,
+#: the replacement character (an escaped byte that is no UTF-8)
+_BLANK_SYMBOLS = frozenset("\U0001d159\ufffc\ufffd")
 #: the full stops IDNA reads as ``.`` in a host (after NFKC: U+FF0E is ``.``,
 #: U+FF61 is U+3002)
 _STOPS = str.maketrans({"\u3002": "."})
@@ -119,7 +131,7 @@ def _fold(text: str, limit: int) -> str | None:
     kept: list[str] = []
     for ch in norm:
         cat = unicodedata.category(ch)
-        if cat in _INVISIBLE or cat in _NO_LETTER or ch in _BLANK:  # (U+034F, VS, U+1D159)
+        if cat in _INVISIBLE or cat in _NO_LETTER or ch in _BLANK or ch in _BLANK_SYMBOLS:
             continue
         kept.append("-" if cat == "Pd" or ch == "_" else ch)
         if len(kept) > limit:
@@ -296,20 +308,60 @@ _V4_IN_V6 = frozenset((0xFFFF, 0xFFFF << 16, 0x64FF9B << 64))
 
 def _same_name(seg: str, name: str) -> bool:
     """``seg`` spells ``name`` (both folded), a non-ASCII character of
-    ``seg`` matching any one or two characters (a lookalike, a ligature)."""
+    ``seg`` matching one of its :func:`_lookalikes` (a lookalike letter, a
+    ligature's two letters), never any other character."""
     if seg == name:
         return True
-    if seg.isascii() or not len(name) / 2 <= len(seg) <= len(name):
+    if seg.isascii() or len(seg) > len(name):  # (every character stands for one or more)
         return False
     reach = {0}  # how much of name the read part of seg can spell
     for ch in seg:
         if ch.isascii():
             reach = {i + 1 for i in reach if i < len(name) and name[i] == ch}
         else:
-            reach = {i + k for i in reach for k in (1, 2) if i + k <= len(name)}
+            reach = {i + len(alt) for i in reach for alt in _lookalikes(ch)
+                     if name.startswith(alt, i)}
         if not reach:
             return False
     return len(name) in reach
+
+
+@functools.lru_cache(maxsize=1024)
+def _lookalikes(ch: str) -> tuple[str, ...]:
+    """The ASCII spellings (lower case, ``[a-z0-9.-]``) a non-ASCII
+    character reads as: its UTS #39 confusables (Unicode's confusables.txt
+    through ``confusable-homoglyphs``: Cyrillic ``е`` is ``e``, ``ꜷ`` is
+    ``au``, ``℮`` is ``e``) with the ASCII ones those are confusable with
+    (``l`` and ``1``, ``rn`` and ``m``), and, for a letter with marks, its
+    base letter (``é`` is ``e``); ``()`` for every other character (a CJK
+    or kana letter, an emoji, a currency sign: they spell no Latin name)."""
+    table = _confusables()
+    alts = set(table.get(ch, ()))
+    for alt in tuple(alts):
+        alts.update(table.get(alt, ()))
+    base = "".join(c for c in unicodedata.normalize("NFD", ch) if not unicodedata.combining(c))
+    if base != ch and _ASCII_NAME.match(base.casefold()):
+        alts.add(base.casefold())
+    return tuple(sorted(alts))
+
+
+#: what a lookalike's ASCII spelling may hold
+_ASCII_NAME = re.compile(r"[a-z0-9.-]+\Z")
+
+
+@functools.cache
+def _confusables() -> dict[str, tuple[str, ...]]:
+    """Every character of confusables.txt with an ASCII lookalike, and the
+    ASCII spellings it reads as (built once, at the first non-ASCII name
+    compared: ~1,500 entries of the package's 9,600, ~65 ms)."""
+    table: dict[str, tuple[str, ...]] = {}
+    for ch, glyphs in load_confusables("confusables.json").items():
+        # (right-to-left glyphs are stored wrapped in U+200E marks)
+        alts = {g["c"].replace("\u200e", "").casefold() for g in glyphs}
+        ascii_alts = tuple(sorted(a for a in alts if _ASCII_NAME.match(a)))
+        if ascii_alts:
+            table[ch] = ascii_alts
+    return table
 
 
 class FleetSources:
@@ -337,6 +389,7 @@ class FleetSources:
         names = [_fold(unquote(s), 1 << 10) or "" for s in segs]
         if not host or len(names) != 2 or names[0] != "agent" or not names[1]:
             raise ValueError(f"not an aep://{{host}}/agent/{{agent}} base: {base!r}")
+        _confusables()  # (built at the daemon's start, not in the first event's turn)
         self._hosts.add(host)
         self._agents.add(names[1])
         self._width = max(self._width, len(names[1]))

@@ -5,6 +5,7 @@ was accepted from a non-fleet party)."""
 from __future__ import annotations
 
 import sys
+from urllib.parse import quote
 
 import pytest
 
@@ -114,6 +115,13 @@ NOT_OWNED = {
     "double slash deeper": "aep://vm/agent/my-agent/session//x",
     "ipv6 elsewhere": "aep://[2001:db8::127.0.0.1]/agent/claude-code",
     "a ligature too short": "aep://vm/agent/%EA%9C%B7",
+    # a tenth attack (atk10 06): any non-ASCII character stood for one or two
+    # letters and symbols were dropped, so these read as codex / claude-code
+    "CJK 4 (智能助手)": "aep://localhost/agent/" + quote("智能助手") + "/session/s1",
+    "CJK 3 (小助手)": "aep://localhost/agent/" + quote("小助手") + "/session/s1",
+    "kana 9 (コードアシスタント)": "aep://localhost/agent/" + quote("コードアシスタント") + "/session/s1",
+    "codex + emoji": "aep://localhost/agent/" + quote("codex🚀") + "/session/s1",
+    "codex + currency": "aep://localhost/agent/" + quote("codex€"),
 }
 
 
@@ -182,3 +190,14 @@ def test_the_per_character_work_is_bounded(fleet, source, monkeypatch):
     monkeypatch.setattr(fleetsources, "unquote", lambda t, **kw: read.append(len(t)) or real(t, **kw))
     fleet.owns(source)
     assert sum(read) <= getattr(fleetsources, "MAX_FOLD", 512)  # (the old module had none)
+
+
+@pytest.mark.parametrize("host", ["开发服务器", "开发机", "サーバー"])
+def test_a_non_ascii_remote_host_is_not_this_one(host):
+    """A tenth outside attack (atk10 06): a host of non-ASCII letters half
+    to all of this host's length was read as this host, so a remote
+    daemon's own claude-code sources were refused."""
+    f = FleetSources()
+    f.reserve("aep://dev-box/agent/claude-code")
+    assert not f.owns(f"aep://{quote(host)}/agent/claude-code/session/s1")
+    assert f.owns("aep://d%D0%B5v-b%D0%BEx/agent/claude-code")  # (Cyrillic е, о: still this host)
