@@ -149,28 +149,68 @@ def _fresh(agent: str, path: Path) -> bool:
         return False
 
 
-def restore(plan: Plan, rec: dict[str, Any] | None, now_sha: str | None) -> None:
-    """Turn an uninstall ``plan`` into giving the file back (module
-    :mod:`.record`): the recorded text when the file is exactly what install
-    wrote (``now_sha``: its SHA-256), else the edited result, or the file's
-    removal when install created it and nothing else is left in it."""
+def _same(path: Path, a: str, b: str) -> bool:
+    """Whether two texts of ``path`` (a Claude Code settings file, JSON, or a
+    Codex ``config.toml``) say the same thing: ``json.loads`` equal, or
+    tomlkit ``unwrap()`` equal with an empty ``[hooks.state]`` / ``[hooks]``
+    counted as absent (uninstall drops them). Unparsable: not the same."""
+    if path.suffix == ".toml":
+        import tomlkit
+
+        def norm(text: str) -> Any:
+            doc = tomlkit.parse(text).unwrap()
+            hooks = doc.get("hooks")
+            if isinstance(hooks, dict):
+                if hooks.get("state") == {}:
+                    del hooks["state"]
+                if not hooks:
+                    del doc["hooks"]
+            return doc
+        try:
+            return bool(norm(a) == norm(b))
+        except Exception:  # noqa: BLE001 - tomlkit raises several kinds: not the same
+            return False
+    try:
+        return bool(json.loads(a or "{}") == json.loads(b or "{}"))
+    except ValueError:
+        return False
+
+
+def restore(plan: Plan, rec: dict[str, Any] | None, now_sha: str | None) -> bool:
+    """Turn an uninstall ``plan`` (our entries out of the file as it is now)
+    into giving the file back (module :mod:`.record`). The recorded text is
+    put back only when the file is exactly what install wrote (``now_sha``:
+    its SHA-256) AND the plan's result says the same as that text (the record
+    is per file: a Codex project install also trusts its hooks in the user
+    config, so the user config's record may predate another scope's or
+    project's entries, which must stay); the file is removed when install
+    created it and nothing else is left in it; else the plan's result is
+    written. Returns whether the record must be kept (the file written is
+    still install's lineage, with other entries in it: a later uninstall
+    gives the recorded text back)."""
     if rec is None or plan.before is None:
-        return
-    if now_sha == rec["after_sha256"]:
-        plan.after = rec["before"] or ""
-        plan.remove = rec["before"] is None
-        plan.changes = ["removed the file install created" if plan.remove
-                        else "put back as it was before install"]
-    elif rec["before"] is None and plan.after.strip() in ("", "{}"):
-        plan.after, plan.remove = "", True
-        plan.changes.append("removed the file install created (nothing else is in it)")
-    elif rec["before"] is not None and plan.changes:
+        return False
+    exact = now_sha == rec["after_sha256"]
+    if rec["before"] is None:
+        if plan.after.strip() in ("", "{}"):
+            plan.after, plan.remove = "", True
+            plan.changes = (["removed the file install created"] if exact else
+                            plan.changes + ["removed the file install created "
+                                            "(nothing else is in it)"])
+            return False
+        return exact
+    if exact and _same(plan.path, plan.after, rec["before"]):
+        plan.after = rec["before"]
+        plan.changes = ["put back as it was before install"]
+        return False
+    if plan.changes:
         # the blank lines tomlkit (or the JSON dump) put after the file's last
         # line for ours: back to the file's own ending (only line breaks go)
         core, was = plan.after.rstrip("\r\n"), rec["before"]
         tail = was[len(was.rstrip("\r\n")):]
         if len(plan.after) - len(core) > len(tail):
             plan.after = core + tail
+    return exact
 
 
 def project_trusted(user_config: Path, project: Path) -> bool:
@@ -274,9 +314,11 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     except Refused as e:
         print(f"aep-bridges hooks: {e}; nothing written", file=sys.stderr)
         return 2
+    keep: set[Path] = set()
     if args.action == "uninstall":
         for plan in todo:
-            restore(plan, record.load(env, plan.path), record.sha256_of(plan.path))
+            if restore(plan, record.load(env, plan.path), record.sha256_of(plan.path)):
+                keep.add(plan.path)
     for plan in todo:
         _show(plan, args.dry_run, args.agent)
     if args.action == "install":
@@ -285,6 +327,13 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     if args.dry_run:
         print("aep-bridges hooks: dry run: nothing written")
         return 0
+    return _write(todo, args, env, keep)
+
+
+def _write(todo: list[Plan], args: argparse.Namespace, env: Mapping[str, str],
+           keep: set[Path]) -> int:
+    """Write the plans and keep the records in step (``keep``: the files whose
+    record an uninstall keeps, :func:`restore`); 0, or 2 on an ``OSError``."""
     fresh = args.action == "install" and _fresh(args.agent, todo[0].path)
     for plan in todo:
         try:
@@ -294,9 +343,9 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
                     os.unlink(os.path.realpath(plan.path))
                 else:
                     write_in_place(plan.path, plan.after)
-                if args.action == "install":
+                if args.action == "install" or plan.path in keep:
                     record.remember(env, plan.path, before, fresh=fresh)
-            if args.action == "uninstall":
+            if args.action == "uninstall" and plan.path not in keep:
                 record.forget(env, plan.path)
         except OSError as e:
             print(f"aep-bridges hooks: {plan.path}: {e.strerror or e}", file=sys.stderr)

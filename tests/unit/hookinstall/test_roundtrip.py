@@ -143,3 +143,59 @@ def test_an_edited_codex_config_keeps_its_own_ending(home, end):
     path.write_text(path.read_text().replace('"dark"', '"light"'))
     hooks("uninstall", "codex")
     assert path.read_text() == f'model = "o3"\n\n[tui]\ntheme = "light"{end}'
+
+
+def _trusted(home, project=None) -> dict[str, str]:
+    path = (home / ".codex" / "config.toml" if project is None
+            else project / ".codex" / "config.toml")
+    return codex.status(path, state_path=home / ".codex" / "config.toml")
+
+
+def test_codex_project_uninstall_keeps_the_user_scope_installed_and_trusted(home, tmp_path):
+    """The user trial: a user and a project install, then the ``uninstall
+    --project`` doctor prints for the double install. The user config's
+    record predates the project's trust entries: putting it back removed the
+    user's own hooks too."""
+    user = home / ".codex" / "config.toml"
+    user.parent.mkdir()
+    user.write_bytes(TOML_FILES["comments and blank lines"].encode())
+    proj = tmp_path / "p"
+    (proj / ".codex").mkdir(parents=True)
+    hooks("install", "codex")
+    hooks("install", "codex", "--project", str(proj))
+    hooks("uninstall", "codex", "--project", str(proj))
+    assert not _trusted(home, proj)
+    found = _trusted(home)
+    assert found and set(found.values()) == {"trusted"}
+    hooks("uninstall", "codex")  # and the last uninstall still gives the bytes back
+    assert user.read_bytes() == TOML_FILES["comments and blank lines"].encode()
+
+
+def test_codex_uninstalling_one_project_keeps_the_others_trust(home, tmp_path):
+    user = home / ".codex" / "config.toml"
+    user.parent.mkdir()
+    user.write_bytes(TOML_FILES["their hooks"].encode())
+    one, two = tmp_path / "one", tmp_path / "two"
+    for p in (one, two):
+        (p / ".codex").mkdir(parents=True)
+        hooks("install", "codex", "--project", str(p))
+    hooks("uninstall", "codex", "--project", str(one))
+    found = _trusted(home, two)
+    assert found and set(found.values()) == {"trusted"}
+    hooks("uninstall", "codex", "--project", str(two))
+    assert user.read_bytes() == TOML_FILES["their hooks"].encode()
+
+
+def test_codex_project_uninstall_with_a_user_config_install_created(home, tmp_path):
+    """No user config before: the project install creates it (the trust),
+    a user install adds to it; uninstalling the project keeps the file."""
+    user = home / ".codex" / "config.toml"
+    proj = tmp_path / "p"
+    (proj / ".codex").mkdir(parents=True)
+    hooks("install", "codex", "--project", str(proj))
+    hooks("install", "codex")
+    hooks("uninstall", "codex", "--project", str(proj))
+    found = _trusted(home)
+    assert found and set(found.values()) == {"trusted"}
+    hooks("uninstall", "codex")
+    assert not user.exists()
