@@ -23,16 +23,17 @@ _DEFAULT_DAEMON = "http://127.0.0.1:8787"
 
 def add_parser(sub: Any, settings: argparse.ArgumentParser | None = None) -> None:
     """``hooks`` and its three actions on the console script's subparsers;
-    ``install`` takes ``settings``' options (``--config`` / ``--env-file``,
-    read as the client commands read them, for the default ``--daemon``,
-    ``--spool`` and ``--hold-s``)."""
+    ``install`` and ``uninstall`` take ``settings``' options (``--config`` /
+    ``--env-file``, read as the client commands read them: the default
+    ``--daemon``, ``--spool`` and ``--hold-s``, and the state directory
+    where install keeps the record uninstall reads)."""
     hooks = sub.add_parser("hooks", help="install, remove or show the hook entries that send "
                                          "Claude Code's or Codex's hooks to this daemon")
     act = hooks.add_subparsers(dest="action", required=True)
     for name, text in (("install", "merge our hook entries into the vendor's config"),
                        ("uninstall", "remove the entries install added (only those)")):
         p = act.add_parser(name, help=text,
-                           parents=[settings] if settings is not None and name == "install" else [])
+                           parents=[settings] if settings is not None else [])
         p.add_argument("agent", choices=sorted(AGENTS))
         where = p.add_mutually_exclusive_group()
         where.add_argument("--project", metavar="DIR",

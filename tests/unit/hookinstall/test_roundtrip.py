@@ -199,3 +199,28 @@ def test_codex_project_uninstall_with_a_user_config_install_created(home, tmp_pa
     assert found and set(found.values()) == {"trusted"}
     hooks("uninstall", "codex")
     assert not user.exists()
+
+
+ODD = '{\n    "model": "opus",   "theme":"dark"\n}\n'  # no re-serializing gives it back
+
+
+@pytest.mark.parametrize("how", ["--config", "AEP_CONFIG", "--env-file"])
+def test_uninstall_finds_the_record_in_the_configured_state_dir(home, tmp_path, how):
+    """``AEP_STATE_DIR`` from the daemon's config: install kept the record
+    there, so uninstall must read the same settings to find it."""
+    os.environ.pop("AEP_STATE_DIR")
+    conf = tmp_path / ("daemon.env" if how == "--env-file" else "daemon.toml")
+    conf.write_text(f"AEP_STATE_DIR={tmp_path / 'conf-state'}\n" if how == "--env-file"
+                    else f'AEP_STATE_DIR = "{tmp_path / "conf-state"}"\n')
+    more = [] if how == "AEP_CONFIG" else [how, str(conf)]
+    if how == "AEP_CONFIG":
+        os.environ["AEP_CONFIG"] = str(conf)
+    path = home / ".claude" / "settings.json"
+    path.parent.mkdir()
+    path.write_bytes(ODD.encode())
+    hooks("install", "claude-code", *more)
+    assert list((tmp_path / "conf-state" / "hookinstall").iterdir())
+    for k in [k for k in os.environ if k.startswith("AEP_") and k != "AEP_CONFIG"]:
+        del os.environ[k]  # what the config put into the environment is the config's
+    hooks("uninstall", "claude-code", *more)
+    assert path.read_bytes() == ODD.encode()
