@@ -93,11 +93,33 @@ def _codex_home(env: Mapping[str, str]) -> Path:
     return Path(env.get("CODEX_HOME") or Path.home() / ".codex").expanduser()
 
 
+def _inside(path: Path, project: Path | None) -> None:
+    """Raise :class:`Refused` when a project's config file or its directory
+    (``.claude`` / ``.codex``) is a symlink leading out of the project (its
+    real path), or nowhere: a repository may ship ``.claude/settings.json ->
+    ~/.gitconfig``, and writing through it would change a file outside the
+    project (a user config merged with "project" hooks, a created dotfile)."""
+    if project is None:
+        return
+    for p in (path.parent, path):
+        if not os.path.islink(p):
+            continue
+        target = os.readlink(p)
+        real = Path(os.path.realpath(p))
+        if not real.exists():
+            raise Refused(f"{p} is a symlink to {target}, which does not exist; "
+                          "remove the link or install with --user")
+        if not real.is_relative_to(project):
+            raise Refused(f"{p} is a symlink to {real}, outside the project {project}; "
+                          "remove the link or install with --user")
+
+
 def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
     """The plans of one install/uninstall (raises :class:`Refused`)."""
     project = Path(args.project).resolve() if args.project else None
     if args.agent == "claude-code":
         path = claude.settings_path(project=project, home=Path.home())
+        _inside(path, project)
         if args.action == "uninstall":
             rec = record.load(env, path)
             return [claude.uninstall(path, keep_hooks=_had_hooks(rec))]
@@ -108,6 +130,7 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
                                spool=spool_dir(args.spool, env))]
     home = _codex_home(env)
     path = codex.config_path(project=project, codex_home=home)
+    _inside(path, project)
     state_path = codex.config_path(project=None, codex_home=home)
     if args.action == "uninstall":
         return codex.uninstall(path, state_path=state_path)

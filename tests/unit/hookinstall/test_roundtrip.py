@@ -224,3 +224,41 @@ def test_uninstall_finds_the_record_in_the_configured_state_dir(home, tmp_path, 
         del os.environ[k]  # what the config put into the environment is the config's
     hooks("uninstall", "claude-code", *more)
     assert path.read_bytes() == ODD.encode()
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+@pytest.mark.parametrize("link", ["file", "dir", "dangling"])
+def test_a_project_link_out_of_the_project_is_refused(home, tmp_path, capsys, agent, link):
+    """A cloned repository's ``.claude/settings.json -> ~/.gitconfig`` (or
+    ``.codex/config.toml -> ~/.codex/config.toml``): install and uninstall
+    ``--project`` refuse, exit 2, and nothing outside is written."""
+    sub, name = (".claude", "settings.json") if agent == "claude-code" else (".codex", "config.toml")
+    proj = tmp_path / "repo"
+    proj.mkdir()
+    outside = home / "outside"
+    outside.mkdir()
+    victim = outside / name
+    if link == "dir":
+        victim.write_text("{}\n" if agent == "claude-code" else 'model = "o3"\n')
+        (proj / sub).symlink_to(outside)
+    else:
+        (proj / sub).mkdir()
+        if link == "file":
+            victim.write_text("{}\n" if agent == "claude-code" else 'model = "o3"\n')
+        (proj / sub / name).symlink_to(victim)
+    before = victim.read_bytes() if victim.exists() else None
+    for action in ("install", "uninstall"):
+        assert main(["hooks", action, agent, "--project", str(proj)]) == 2
+        assert "symlink" in capsys.readouterr().err
+        assert (victim.read_bytes() if victim.exists() else None) == before
+
+
+def test_a_project_link_inside_the_project_is_followed(home, tmp_path):
+    proj = tmp_path / "repo"
+    (proj / "conf").mkdir(parents=True)
+    (proj / ".claude").mkdir()
+    (proj / "conf" / "settings.json").write_text("{}\n")
+    (proj / ".claude" / "settings.json").symlink_to(proj / "conf" / "settings.json")
+    hooks("install", "claude-code", "--project", str(proj))
+    assert (proj / ".claude" / "settings.json").is_symlink()
+    assert claude.ours(proj / "conf" / "settings.json")[0]
