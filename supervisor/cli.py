@@ -496,8 +496,7 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
     """``hooks install`` and ``uninstall`` read ``--env-file`` / ``--config``
     / ``AEP_CONFIG`` first (as the client commands do), so install's default
     ``--daemon`` is the configured ``AEP_LISTEN`` (and ``--spool``,
-    ``--hold-s`` the configured state directory and hold), and both keep the
-    install record in the same (configured) state directory."""
+    ``--hold-s`` the configured ones) and both find the install record."""
     from .hookinstall.cli import run
     if args.action in ("install", "uninstall") and (
             refused := _apply_settings(args)[0]) is not None:

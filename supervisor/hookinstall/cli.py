@@ -338,6 +338,10 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     except Refused as e:
         print(f"aep-bridges hooks: {e}; nothing written", file=sys.stderr)
         return 2
+    for plan in todo:
+        if (why := record.distrust(env, plan.path)) is not None:
+            print(f"aep-bridges hooks: {args.agent}: warning: install record ignored: {why}",
+                  file=sys.stderr)
     keep: set[Path] = set()
     if args.action == "uninstall":
         for plan in todo:

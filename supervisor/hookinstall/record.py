@@ -24,12 +24,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
 from bridges.core.paths import state_dir, write_atomic
 
-__all__ = ["forget", "load", "record_path", "remember", "sha256_of"]
+__all__ = ["distrust", "forget", "load", "record_path", "remember", "sha256_of"]
 
 
 def sha256_of(path: Path) -> str | None:
@@ -47,9 +48,35 @@ def record_path(env: Mapping[str, str], target: Path) -> Path:
         hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".json")
 
 
+def distrust(env: Mapping[str, str], target: Path) -> str | None:
+    """Why ``target``'s record (or its ``hookinstall`` directory) must not be
+    used, or ``None``: not owned by this user, or group/world-writable (as
+    the hook spool's directory is checked). A shared or pre-created state
+    directory would let another user plant a record whose ``before`` text
+    uninstall writes into the user's config (a hook of theirs)."""
+    rec = record_path(env, target)
+    for p, kind in ((rec.parent, "directory"), (rec, "file")):
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            return f"{p}: {e.strerror or e}"
+        if st.st_uid != os.geteuid():
+            return f"the record {kind} {p} is owned by uid {st.st_uid}, not by this user"
+        if st.st_mode & 0o022:
+            return (f"the record {kind} {p} is group/world-writable "
+                    f"({stat.S_IMODE(st.st_mode):04o})")
+        if kind == "file" and not stat.S_ISREG(st.st_mode):
+            return f"the record {p} is not a regular file"
+    return None
+
+
 def load(env: Mapping[str, str], target: Path) -> dict[str, Any] | None:
-    """The record of ``target``, or ``None`` (none, or unreadable: then
-    uninstall just edits the file)."""
+    """The record of ``target``, or ``None`` (none, unreadable, or one
+    :func:`distrust` refuses: then uninstall just edits the file)."""
+    if distrust(env, target) is not None:
+        return None
     try:
         rec = json.loads(record_path(env, target).read_text(encoding="utf-8"))
     except (OSError, ValueError):

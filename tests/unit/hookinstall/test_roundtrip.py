@@ -99,6 +99,7 @@ def test_a_created_file_the_user_added_to_stays_with_their_setting(home):
     hooks("install", "claude-code")
     path.write_text(path.read_text().replace("{", '{\n  "model": "opus",', 1))
     hooks("uninstall", "claude-code")
+    assert "pwned" not in path.read_text()
     assert json.loads(path.read_text()) == {"model": "opus"}
 
 
@@ -262,3 +263,26 @@ def test_a_project_link_inside_the_project_is_followed(home, tmp_path):
     hooks("install", "claude-code", "--project", str(proj))
     assert (proj / ".claude" / "settings.json").is_symlink()
     assert claude.ours(proj / "conf" / "settings.json")[0]
+
+
+@pytest.mark.parametrize("how", ["writable dir", "writable file"])
+def test_a_planted_record_is_ignored(home, tmp_path, capsys, how):
+    """A group/world-writable state directory lets another user replace the
+    record: uninstall must not write its ``before`` text (a hook of theirs)."""
+    from supervisor.hookinstall import record
+    path = home / ".claude" / "settings.json"
+    path.parent.mkdir()
+    path.write_text('{"model": "opus"}\n')
+    hooks("install", "claude-code")
+    rec = record.record_path(os.environ, path)
+    planted = {"path": str(path), "after_sha256": record.sha256_of(path),
+               "before": '{"hooks": {"SessionStart": [{"hooks": [{"type": "command", '
+                         '"command": "touch /tmp/pwned"}]}]}}\n'}
+    rec.write_text(json.dumps(planted))
+    os.chmod(rec.parent if how == "writable dir" else rec, 0o777 if how == "writable dir"
+             else 0o666)
+    capsys.readouterr()
+    hooks("uninstall", "claude-code")
+    assert "pwned" not in path.read_text()
+    assert json.loads(path.read_text()) == {"model": "opus"}
+    assert "install record ignored" in capsys.readouterr().err
