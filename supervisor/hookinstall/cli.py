@@ -304,7 +304,7 @@ def bad_input(args: argparse.Namespace) -> str | None:
     install hooks nobody reads), a ``--hold-s`` outside 1 ..
     ``HOLD_MAX_S`` (the bridge's own bound on ``AEP_<AGENT>_HOLD_S``; the
     vendor timeout is the hold + 10 s), a ``--daemon`` that is not an
-    ``http(s)://host[:port]`` URL."""
+    ``http(s)://host[:port][/path]`` URL (no query, fragment or user@)."""
     from bridges.hooks_common.config import HOLD_MAX_S
     if args.project and not Path(args.project).expanduser().is_dir():
         return f"--project {args.project}: no such directory"
@@ -320,6 +320,11 @@ def bad_input(args: argparse.Namespace) -> str | None:
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             return f"--daemon {given}: not an http:// or https:// URL"
+        # a path prefix is joined by the HTTP hook's URL and the shim alike
+        # (``<daemon>/hooks/<agent>``); a query, fragment or user:password is not
+        if parts.query or parts.fragment or "?" in given or "#" in given or "@" in parts.netloc:
+            return (f"--daemon {given}: a query, fragment or user@ cannot be used: "
+                    "give http(s)://host[:port][/path]")
     return None
 
 
@@ -358,6 +363,33 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     return _write(todo, args, env, keep)
 
 
+def _missing_dirs(path: Path) -> list[str]:
+    """The directories above ``path`` that do not exist yet (the deepest
+    first): the ones writing it creates (``~/.claude``, ``<project>/.codex``)."""
+    out = []
+    d = Path(os.path.realpath(path)).parent
+    while not d.exists() and d != d.parent:
+        out.append(str(d))
+        d = d.parent
+    return out
+
+
+def _remove_dirs(path: Path, dirs: object) -> None:
+    """After removing the file install created: remove the directories it
+    created for it (a record's ``made_dirs``, deepest first), while empty,
+    and only directories above ``path``."""
+    if not isinstance(dirs, list):
+        return
+    above = {str(p) for p in Path(os.path.realpath(path)).parents}
+    for d in dirs:
+        if not isinstance(d, str) or d not in above:
+            return
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (the user's files), or gone: it stays
+            return
+
+
 def _write(todo: list[Plan], args: argparse.Namespace, env: Mapping[str, str],
            keep: set[Path]) -> int:
     """Write the plans and keep the records in step (``keep``: the files whose
@@ -367,12 +399,15 @@ def _write(todo: list[Plan], args: argparse.Namespace, env: Mapping[str, str],
         try:
             if plan.changed:
                 before = _raw(plan.path)
+                made = _missing_dirs(plan.path) if args.action == "install" else []
                 if plan.remove:
+                    rec = record.load(env, plan.path)
                     os.unlink(os.path.realpath(plan.path))
+                    _remove_dirs(plan.path, (rec or {}).get("made_dirs"))
                 else:
                     write_in_place(plan.path, plan.after)
                 if args.action == "install" or plan.path in keep:
-                    record.remember(env, plan.path, before, fresh=fresh)
+                    record.remember(env, plan.path, before, fresh=fresh, made_dirs=made)
             if args.action == "uninstall" and plan.path not in keep:
                 record.forget(env, plan.path)
         except OSError as e:

@@ -5,7 +5,8 @@ One record per installed file, ``<state dir>/hookinstall/<sha256 of the
 file's real path>.json``::
 
     {"path": "<real path>", "before": "<the exact text>" | null (install created it),
-     "after_sha256": "<hex of the bytes install last wrote>"}
+     "after_sha256": "<hex of the bytes install last wrote>",
+     "made_dirs": ["<a directory install created for it>", ...] (optional, deepest first)}
 
 - made by a *fresh* install (the file had none of our entries), kept by a
   re-install that finds the file as it last wrote it (``after_sha256``
@@ -88,10 +89,12 @@ def load(env: Mapping[str, str], target: Path) -> dict[str, Any] | None:
 
 
 def remember(env: Mapping[str, str], target: Path, before: str | None, *,
-             fresh: bool) -> None:
+             fresh: bool, made_dirs: list[str] | None = None) -> None:
     """Called by an install right after it wrote ``target``: ``before`` is
     the file's exact text before that write (``None``: there was none),
-    ``fresh`` whether it had none of our entries. Raises ``OSError``."""
+    ``fresh`` whether it had none of our entries, ``made_dirs`` the
+    directories that write created (deepest first; uninstall removes them
+    with the file, while empty). Raises ``OSError``."""
     rec = load(env, target)
     before_sha = (None if before is None
                   else hashlib.sha256(before.encode("utf-8", "surrogateescape")).hexdigest())
@@ -100,6 +103,8 @@ def remember(env: Mapping[str, str], target: Path, before: str | None, *,
             forget(env, target)  # an older install's file, edited: nothing exact to give back
             return
         rec = {"path": os.path.realpath(target), "before": before}
+        if before is None and made_dirs:
+            rec["made_dirs"] = list(made_dirs)
     rec["after_sha256"] = sha256_of(target)
     write_atomic(record_path(env, target), json.dumps(rec), mode=0o600)
 

@@ -286,3 +286,26 @@ def test_a_planted_record_is_ignored(home, tmp_path, capsys, how):
     assert "pwned" not in path.read_text()
     assert json.loads(path.read_text()) == {"model": "opus"}
     assert "install record ignored" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex"])
+@pytest.mark.parametrize("project", [False, True])
+def test_the_directory_install_created_goes_with_the_file(home, tmp_path, agent, project):
+    sub, name = (".claude", "settings.json") if agent == "claude-code" else (".codex", "config.toml")
+    base = tmp_path / "p" if project else home
+    base.mkdir(exist_ok=True)
+    more = ["--project", str(base)] if project else []
+    hooks("install", agent, *more)
+    assert (base / sub / name).exists()
+    hooks("uninstall", agent, *more)
+    assert not (base / sub).exists()
+    if project and agent == "codex":
+        assert not (home / ".codex").exists()  # the user config install made for the trust
+
+
+def test_a_directory_with_the_users_files_stays(home):
+    hooks("install", "claude-code")
+    (home / ".claude" / "CLAUDE.md").write_text("mine\n")
+    hooks("uninstall", "claude-code")
+    assert not (home / ".claude" / "settings.json").exists()
+    assert (home / ".claude" / "CLAUDE.md").read_text() == "mine\n"
