@@ -493,12 +493,13 @@ def _cmd_service(args: argparse.Namespace) -> int:
 
 
 def _cmd_hooks(args: argparse.Namespace) -> int:
-    """``hooks install`` reads ``--env-file`` / ``--config`` / ``AEP_CONFIG``
-    first (as the client commands do), so its default ``--daemon`` is the
-    configured ``AEP_LISTEN`` (and ``--spool``, ``--hold-s`` the configured
-    state directory and hold)."""
+    """``hooks install`` and ``uninstall`` read ``--env-file`` / ``--config``
+    / ``AEP_CONFIG`` first (as the client commands do), so install's default
+    ``--daemon`` is the configured ``AEP_LISTEN`` (and ``--spool``,
+    ``--hold-s`` the configured ones) and both find the install record."""
     from .hookinstall.cli import run
-    if args.action == "install" and (refused := _apply_settings(args)[0]) is not None:
+    if args.action in ("install", "uninstall") and (
+            refused := _apply_settings(args)[0]) is not None:
         return refused
     return run(args)
 

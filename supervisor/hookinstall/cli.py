@@ -23,16 +23,17 @@ _DEFAULT_DAEMON = "http://127.0.0.1:8787"
 
 def add_parser(sub: Any, settings: argparse.ArgumentParser | None = None) -> None:
     """``hooks`` and its three actions on the console script's subparsers;
-    ``install`` takes ``settings``' options (``--config`` / ``--env-file``,
-    read as the client commands read them, for the default ``--daemon``,
-    ``--spool`` and ``--hold-s``)."""
+    ``install`` and ``uninstall`` take ``settings``' options (``--config`` /
+    ``--env-file``, read as the client commands read them: the default
+    ``--daemon``, ``--spool`` and ``--hold-s``, and the state directory
+    where install keeps the record uninstall reads)."""
     hooks = sub.add_parser("hooks", help="install, remove or show the hook entries that send "
                                          "Claude Code's or Codex's hooks to this daemon")
     act = hooks.add_subparsers(dest="action", required=True)
     for name, text in (("install", "merge our hook entries into the vendor's config"),
                        ("uninstall", "remove the entries install added (only those)")):
         p = act.add_parser(name, help=text,
-                           parents=[settings] if settings is not None and name == "install" else [])
+                           parents=[settings] if settings is not None else [])
         p.add_argument("agent", choices=sorted(AGENTS))
         where = p.add_mutually_exclusive_group()
         where.add_argument("--project", metavar="DIR",
@@ -92,11 +93,33 @@ def _codex_home(env: Mapping[str, str]) -> Path:
     return Path(env.get("CODEX_HOME") or Path.home() / ".codex").expanduser()
 
 
+def _inside(path: Path, project: Path | None) -> None:
+    """Raise :class:`Refused` when a project's config file or its directory
+    (``.claude`` / ``.codex``) is a symlink leading out of the project (its
+    real path), or nowhere: a repository may ship ``.claude/settings.json ->
+    ~/.gitconfig``, and writing through it would change a file outside the
+    project (a user config merged with "project" hooks, a created dotfile)."""
+    if project is None:
+        return
+    for p in (path.parent, path):
+        if not os.path.islink(p):
+            continue
+        target = os.readlink(p)
+        real = Path(os.path.realpath(p))
+        if not real.exists():
+            raise Refused(f"{p} is a symlink to {target}, which does not exist; "
+                          "remove the link or install with --user")
+        if not real.is_relative_to(project):
+            raise Refused(f"{p} is a symlink to {real}, outside the project {project}; "
+                          "remove the link or install with --user")
+
+
 def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
     """The plans of one install/uninstall (raises :class:`Refused`)."""
     project = Path(args.project).resolve() if args.project else None
     if args.agent == "claude-code":
         path = claude.settings_path(project=project, home=Path.home())
+        _inside(path, project)
         if args.action == "uninstall":
             rec = record.load(env, path)
             return [claude.uninstall(path, keep_hooks=_had_hooks(rec))]
@@ -107,6 +130,7 @@ def plans(args: argparse.Namespace, env: Mapping[str, str]) -> list[Plan]:
                                spool=spool_dir(args.spool, env))]
     home = _codex_home(env)
     path = codex.config_path(project=project, codex_home=home)
+    _inside(path, project)
     state_path = codex.config_path(project=None, codex_home=home)
     if args.action == "uninstall":
         return codex.uninstall(path, state_path=state_path)
@@ -149,28 +173,68 @@ def _fresh(agent: str, path: Path) -> bool:
         return False
 
 
-def restore(plan: Plan, rec: dict[str, Any] | None, now_sha: str | None) -> None:
-    """Turn an uninstall ``plan`` into giving the file back (module
-    :mod:`.record`): the recorded text when the file is exactly what install
-    wrote (``now_sha``: its SHA-256), else the edited result, or the file's
-    removal when install created it and nothing else is left in it."""
+def _same(path: Path, a: str, b: str) -> bool:
+    """Whether two texts of ``path`` (a Claude Code settings file, JSON, or a
+    Codex ``config.toml``) say the same thing: ``json.loads`` equal, or
+    tomlkit ``unwrap()`` equal with an empty ``[hooks.state]`` / ``[hooks]``
+    counted as absent (uninstall drops them). Unparsable: not the same."""
+    if path.suffix == ".toml":
+        import tomlkit
+
+        def norm(text: str) -> Any:
+            doc = tomlkit.parse(text).unwrap()
+            hooks = doc.get("hooks")
+            if isinstance(hooks, dict):
+                if hooks.get("state") == {}:
+                    del hooks["state"]
+                if not hooks:
+                    del doc["hooks"]
+            return doc
+        try:
+            return bool(norm(a) == norm(b))
+        except Exception:  # noqa: BLE001 - tomlkit raises several kinds: not the same
+            return False
+    try:
+        return bool(json.loads(a or "{}") == json.loads(b or "{}"))
+    except ValueError:
+        return False
+
+
+def restore(plan: Plan, rec: dict[str, Any] | None, now_sha: str | None) -> bool:
+    """Turn an uninstall ``plan`` (our entries out of the file as it is now)
+    into giving the file back (module :mod:`.record`). The recorded text is
+    put back only when the file is exactly what install wrote (``now_sha``:
+    its SHA-256) AND the plan's result says the same as that text (the record
+    is per file: a Codex project install also trusts its hooks in the user
+    config, so the user config's record may predate another scope's or
+    project's entries, which must stay); the file is removed when install
+    created it and nothing else is left in it; else the plan's result is
+    written. Returns whether the record must be kept (the file written is
+    still install's lineage, with other entries in it: a later uninstall
+    gives the recorded text back)."""
     if rec is None or plan.before is None:
-        return
-    if now_sha == rec["after_sha256"]:
-        plan.after = rec["before"] or ""
-        plan.remove = rec["before"] is None
-        plan.changes = ["removed the file install created" if plan.remove
-                        else "put back as it was before install"]
-    elif rec["before"] is None and plan.after.strip() in ("", "{}"):
-        plan.after, plan.remove = "", True
-        plan.changes.append("removed the file install created (nothing else is in it)")
-    elif rec["before"] is not None and plan.changes:
+        return False
+    exact = now_sha == rec["after_sha256"]
+    if rec["before"] is None:
+        if plan.after.strip() in ("", "{}"):
+            plan.after, plan.remove = "", True
+            plan.changes = (["removed the file install created"] if exact else
+                            plan.changes + ["removed the file install created "
+                                            "(nothing else is in it)"])
+            return False
+        return exact
+    if exact and _same(plan.path, plan.after, rec["before"]):
+        plan.after = rec["before"]
+        plan.changes = ["put back as it was before install"]
+        return False
+    if plan.changes:
         # the blank lines tomlkit (or the JSON dump) put after the file's last
         # line for ours: back to the file's own ending (only line breaks go)
         core, was = plan.after.rstrip("\r\n"), rec["before"]
         tail = was[len(was.rstrip("\r\n")):]
         if len(plan.after) - len(core) > len(tail):
             plan.after = core + tail
+    return exact
 
 
 def project_trusted(user_config: Path, project: Path) -> bool:
@@ -240,7 +304,7 @@ def bad_input(args: argparse.Namespace) -> str | None:
     install hooks nobody reads), a ``--hold-s`` outside 1 ..
     ``HOLD_MAX_S`` (the bridge's own bound on ``AEP_<AGENT>_HOLD_S``; the
     vendor timeout is the hold + 10 s), a ``--daemon`` that is not an
-    ``http(s)://host[:port]`` URL."""
+    ``http(s)://host[:port][/path]`` URL (no query, fragment or user@)."""
     from bridges.hooks_common.config import HOLD_MAX_S
     if args.project and not Path(args.project).expanduser().is_dir():
         return f"--project {args.project}: no such directory"
@@ -256,6 +320,11 @@ def bad_input(args: argparse.Namespace) -> str | None:
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             return f"--daemon {given}: not an http:// or https:// URL"
+        # a path prefix is joined by the HTTP hook's URL and the shim alike
+        # (``<daemon>/hooks/<agent>``); a query, fragment or user:password is not
+        if parts.query or parts.fragment or "?" in given or "#" in given or "@" in parts.netloc:
+            return (f"--daemon {given}: a query, fragment or user@ cannot be used: "
+                    "give http(s)://host[:port][/path]")
     return None
 
 
@@ -274,9 +343,15 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     except Refused as e:
         print(f"aep-bridges hooks: {e}; nothing written", file=sys.stderr)
         return 2
+    for plan in todo:
+        if (why := record.distrust(env, plan.path)) is not None:
+            print(f"aep-bridges hooks: {args.agent}: warning: install record ignored: {why}",
+                  file=sys.stderr)
+    keep: set[Path] = set()
     if args.action == "uninstall":
         for plan in todo:
-            restore(plan, record.load(env, plan.path), record.sha256_of(plan.path))
+            if restore(plan, record.load(env, plan.path), record.sha256_of(plan.path)):
+                keep.add(plan.path)
     for plan in todo:
         _show(plan, args.dry_run, args.agent)
     if args.action == "install":
@@ -285,18 +360,55 @@ def run(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
     if args.dry_run:
         print("aep-bridges hooks: dry run: nothing written")
         return 0
+    return _write(todo, args, env, keep)
+
+
+def _missing_dirs(path: Path) -> list[str]:
+    """The directories above ``path`` that do not exist yet (the deepest
+    first): the ones writing it creates (``~/.claude``, ``<project>/.codex``)."""
+    out = []
+    d = Path(os.path.realpath(path)).parent
+    while not d.exists() and d != d.parent:
+        out.append(str(d))
+        d = d.parent
+    return out
+
+
+def _remove_dirs(path: Path, dirs: object) -> None:
+    """After removing the file install created: remove the directories it
+    created for it (a record's ``made_dirs``, deepest first), while empty,
+    and only directories above ``path``."""
+    if not isinstance(dirs, list):
+        return
+    above = {str(p) for p in Path(os.path.realpath(path)).parents}
+    for d in dirs:
+        if not isinstance(d, str) or d not in above:
+            return
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (the user's files), or gone: it stays
+            return
+
+
+def _write(todo: list[Plan], args: argparse.Namespace, env: Mapping[str, str],
+           keep: set[Path]) -> int:
+    """Write the plans and keep the records in step (``keep``: the files whose
+    record an uninstall keeps, :func:`restore`); 0, or 2 on an ``OSError``."""
     fresh = args.action == "install" and _fresh(args.agent, todo[0].path)
     for plan in todo:
         try:
             if plan.changed:
                 before = _raw(plan.path)
+                made = _missing_dirs(plan.path) if args.action == "install" else []
                 if plan.remove:
+                    rec = record.load(env, plan.path)
                     os.unlink(os.path.realpath(plan.path))
+                    _remove_dirs(plan.path, (rec or {}).get("made_dirs"))
                 else:
                     write_in_place(plan.path, plan.after)
-                if args.action == "install":
-                    record.remember(env, plan.path, before, fresh=fresh)
-            if args.action == "uninstall":
+                if args.action == "install" or plan.path in keep:
+                    record.remember(env, plan.path, before, fresh=fresh, made_dirs=made)
+            if args.action == "uninstall" and plan.path not in keep:
                 record.forget(env, plan.path)
         except OSError as e:
             print(f"aep-bridges hooks: {plan.path}: {e.strerror or e}", file=sys.stderr)

@@ -504,7 +504,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.hooks_common.shim": {"CONNECT_BUDGET_S", "DEFAULT_DAEMON", "HOLD_GRACE_S", "MAX_RESPONSE",
                                   "default_spool_dir", "main", "spool_line", "spool_write"},
     "supervisor.hookinstall": {"claude", "cli", "codex", "common", "record"},
-    "supervisor.hookinstall.record": {"forget", "load", "record_path", "remember", "sha256_of"},
+    "supervisor.hookinstall.record": {"distrust", "forget", "load", "record_path", "remember", "sha256_of"},
     "supervisor.hookinstall.common": {"AGENTS", "DEFAULT_HOLD_S", "EXTRA_TIMEOUT_S", "Plan",
                                       "Refused", "hold_seconds", "is_our_command",
                                       "shim_command", "shim_path", "write_in_place"},

@@ -95,3 +95,23 @@ def test_a_good_hold_and_https_daemon_pass(home):
     assert main(["hooks", "install", "claude-code", "--hold-s", "3600",
                  "--daemon", "https://box.lan:9443/"]) == 0
     assert urls(home) == {"https://box.lan:9443/hooks/claude-code"}
+
+
+@pytest.mark.parametrize("daemon", ["http://127.0.0.1:1/x?q=1", "http://127.0.0.1:1/#f",
+                                    "http://u:p@127.0.0.1:1"])
+def test_a_daemon_with_a_query_fragment_or_user_is_refused(home, capsys, daemon):
+    assert main(["hooks", "install", "claude-code", "--daemon", daemon]) == 2
+    assert f"--daemon {daemon}: a query" in capsys.readouterr().err
+    assert not (home / ".claude").exists()
+
+
+def test_a_daemon_path_prefix_is_joined_by_the_url_and_the_shim(home):
+    """``--daemon http://h:p/aep``: the HTTP hook's URL and the shim (its own
+    URL split) both post to ``/aep/hooks/<agent>``."""
+    from bridges.hooks_common.shim import _split_url
+    assert main(["hooks", "install", "claude-code", "--daemon", "http://127.0.0.1:9/aep/"]) == 0
+    assert urls(home) == {"http://127.0.0.1:9/aep/hooks/claude-code"}
+    doc = json.loads((home / ".claude" / "settings.json").read_text())
+    command = doc["hooks"]["SessionStart"][0]["hooks"][0]["command"]
+    assert "--daemon http://127.0.0.1:9/aep" in command
+    assert _split_url("http://127.0.0.1:9/aep")[4] == "/aep"
