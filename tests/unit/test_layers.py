@@ -359,7 +359,7 @@ PUBLIC: dict[str, set[str]] = {
                                      "s", "spooled_ms", "tool_emission", "tool_ref"},
     "bridges.hooks_common.profile": {"HookProfile", "Mapper", "Moment", "claude_reply",
                                      "context_reply", "no_decision"},
-    "bridges.hooks_common.runs": {"COUNTERS", "RESTORED_IDLE_S", "RunBook", "STATE_NAME", "entry",
+    "bridges.hooks_common.runs": {"COUNTERS", "PERSIST_REQUESTED", "PERSIST_TOOLS", "RESTORED_IDLE_S", "RunBook", "STATE_NAME", "entry",
                                   "restore_entry", "state_file"},
     "bridges.hooks_common.session": {"ASKS_MAX", "ASKS_TOTAL_MAX", "Ask", "FORM_INPUT_MAX",
                                      "SESSION_ID_MAX", "reply_moment", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX",

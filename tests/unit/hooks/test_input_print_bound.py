@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from bridges.hooks_common.runs import entry, restore_entry
+from bridges.hooks_common.runs import PERSIST_REQUESTED, entry, restore_entry
 from bridges.hooks_common.session import (
     PRINT_KEY_MAX,
     PRINT_KEYS,
@@ -38,7 +38,8 @@ def test_a_sessions_state_line_stays_small_whatever_the_inputs():
     assert len(line) < REQUESTED_MAX * 3_000, len(line)
     back = SessionState(S)
     assert restore_entry(back, json.loads(line))
-    assert back.requested == st.requested  # the reader keeps what the writer wrote
+    # the reader keeps what the writer wrote (the newest PERSIST_REQUESTED)
+    assert back.requested == st.requested[-PERSIST_REQUESTED:]
 
 
 def test_pairing_still_works_for_small_and_large_inputs():
