@@ -68,7 +68,19 @@ from .config import HookConfig
 from .mapping import elapsed_ms, fallback
 from .profile import HookProfile, Moment
 from .runs import RESTORED_IDLE_S, RunBook
-from .session import REQUESTED_MAX, Ask, Instruction, Sessions, SessionState, bounded_key, tool_key
+from .session import (
+    ASKS_MAX,
+    ASKS_TOTAL_MAX,
+    PRINT_KEY_MAX,
+    REQUESTED_MAX,
+    Ask,
+    Instruction,
+    Sessions,
+    SessionState,
+    bounded_key,
+    input_print,
+    reply_moment,
+)
 
 __all__ = ["COUNTERS", "HOOK_ID_MAX", "HookHub", "MappingFailed", "Outcome", "REQUESTED_MAX",
            "SEEN_MAX", "TIMEOUT_MARGIN_S", "now_ms"]
@@ -302,7 +314,7 @@ class HookHub:
                 return await self._gate(st, m, out["id"], at)
         elif t == "attention.requested":
             via = (em.get("data") or {}).get("respond_via")
-            return self._register(st, em, out["id"], m, at,
+            return await self._register(st, em, out["id"], m, at,
                                   held=self.config.control_open and not spooled
                                   and (ev in p.permission_events or ev in p.form_events)
                                   and isinstance(via, list) and "control" in via)
@@ -324,21 +336,37 @@ class HookHub:
         return None
 
     # -- asks ------------------------------------------------------------------------
-    def _register(self, st: SessionState, em: Emission, ask_id: str, m: Moment, at: int, *,
-                  held: bool, gate: bool = False) -> Ask:
+    async def _register(self, st: SessionState, em: Emission, ask_id: str, m: Moment, at: int,
+                        *, held: bool, gate: bool = False) -> Ask:
         data = em.get("data") or {}
         kind = str(data.get("kind", "permission"))
         tool = m.get("tool_name")
         call = m.get("tool_use_id")
-        ask = Ask(ask_id, st.id, st.run, kind, m,
+        kept, form_input = reply_moment(m, form=kind == "form")
+        ask = Ask(ask_id, st.id, st.run, kind, kept, event=self.profile.event(m)[:PRINT_KEY_MAX],
                   options=data.get("options") if kind != "form" else None,
                   fields=data.get("fields") if kind == "form" else None,
-                  key=tool_key(m) if isinstance(tool, str) else None,
-                  call_id=call if isinstance(call, str) else None,
-                  held=held, gate=gate, t0=at)
+                  tool=bounded_key(tool) if isinstance(tool, str) else None,
+                  call_id=bounded_key(call) if isinstance(call, str) else None,
+                  printed=input_print(m.get("tool_input")), form_input=form_input,
+                  held=held and form_input is not None, gate=gate, t0=at)
         self.sessions.forget_closed(st)
         st.asks[ask_id] = ask
+        await self._cap_asks(st, at)
         return ask
+
+    async def _cap_asks(self, st: SessionState, at: int) -> None:
+        """At most :data:`ASKS_MAX` open asks in ``st`` and
+        :data:`ASKS_TOTAL_MAX` in the bridge: the oldest past either is
+        dismissed (its ``attention.resolved``, a held hook answers ``{}``)."""
+        mine = st.open_asks()
+        for ask in mine[:max(0, len(mine) - ASKS_MAX)]:
+            await self._resolve(ask, "dismissed", at)
+        every = [a for s in self.sessions.all() for a in s.open_asks()]
+        if len(every) > ASKS_TOTAL_MAX:
+            every.sort(key=lambda a: a.t0)
+            for ask in every[:len(every) - ASKS_TOTAL_MAX]:
+                await self._resolve(ask, "dismissed", at)
 
     async def _gate(self, st: SessionState, m: Moment, cause: str, at: int) -> Ask | None:
         assert self.profile.gate_ask is not None
@@ -346,7 +374,7 @@ class HookHub:
         out = await self._emit(st.id, em, run=st.run, cause=cause, at=at)
         if out is None:
             return None
-        return self._register(st, em, out["id"], m, at, held=True, gate=True)
+        return await self._register(st, em, out["id"], m, at, held=True, gate=True)
 
     async def _settle(self, st: SessionState, ev: str, m: Moment, at: int) -> None:
         """Settle open asks by what the vendor does next (answered ``via:
@@ -354,10 +382,13 @@ class HookHub:
         elsewhere; a new prompt, the run's end or the session's end
         dismisses what is still open."""
         p = self.profile
-        for ask in st.open_asks():
-            if ask.settling is not None:
+        asks = st.open_asks()
+        printed = input_print(m.get("tool_input")) \
+            if asks and (ev in p.tool_done or ev in p.tool_denied) else None  # once, not per ask
+        for ask in asks:
+            if ask.settling is not None or not ask.open:
                 continue  # an answer from AEP is being applied
-            if ev in p.tool_done and ask.matches(m):
+            if ev in p.tool_done and ask.matches(m, printed):
                 if ask.kind == "form":
                     values = p.form_answer(ask.fields or [], m) if p.form_answer else None
                     if values:
@@ -366,9 +397,9 @@ class HookHub:
                         await self._resolve(ask, "dismissed", at)
                 else:
                     await self._answered_oob(ask, {"option": "allow"}, at)
-            elif ev in p.tool_denied and ask.matches(m):
+            elif ev in p.tool_denied and ask.matches(m, printed):
                 await self._answered_oob(ask, {"option": "deny"}, at)
-            elif ev in p.form_results and ask.kind == "form" and ask.key is None:
+            elif ev in p.form_results and ask.kind == "form" and ask.tool is None:
                 action = m.get("action")
                 content = m.get("content")
                 answer = {"values": content} if action == "accept" and isinstance(content, dict) \
@@ -450,20 +481,20 @@ class HookHub:
         return self._neutral(ask)
 
     def _neutral(self, ask: Ask) -> dict[str, Any]:
-        return self.profile.neutral(self.profile.event(ask.moment))
+        return self.profile.neutral(ask.event)
 
     def hold_limit(self, ask: Ask) -> float:
         """How long ``ask``'s hook is held, seconds: ``AEP_<AGENT>_HOLD_S``,
         and never past the vendor's own timeout for that event, less
         :data:`TIMEOUT_MARGIN_S` (``profile.vendor_timeout_s``: the hold
         always ends first, even where no installer wrote a longer one)."""
-        vendor = self.profile.vendor_timeout_s.get(self.profile.event(ask.moment))
+        vendor = self.profile.vendor_timeout_s.get(ask.event)
         if vendor is None:
             return self.config.hold_s
         return max(0.0, min(self.config.hold_s, vendor - TIMEOUT_MARGIN_S))
 
     def _reply(self, ask: Ask, decision: Decision) -> dict[str, Any]:
-        return self.profile.reply(ask.moment, decision)
+        return self.profile.reply(ask.reply_moment(), decision)
 
     def release(self) -> int:
         """At the run's end: every hook still held answers no decision now

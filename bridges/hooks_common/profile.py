@@ -23,6 +23,7 @@ from bridges.core.bridge import Emission
 from bridges.core.posture import Posture
 
 from .answers import Decision
+from .session import SESSION_ID_MAX, bounded_key
 
 __all__ = ["HookProfile", "Mapper", "Moment", "claude_reply", "context_reply", "no_decision"]
 
@@ -154,9 +155,12 @@ class HookProfile:
         return v if isinstance(v, str) else ""
 
     def session(self, moment: Moment) -> str | None:
-        """The moment's session id, or ``None``."""
+        """The moment's session id, or ``None``; one over
+        :data:`~.session.SESSION_ID_MAX` characters is ``"#"`` + its digest
+        (the same for the same id: 1 MiB ids were stamped past the relay's
+        envelope bound and refused upstream)."""
         v = _path(moment, self.session_field)
-        return v if isinstance(v, str) and v else None
+        return bounded_key(v, SESSION_ID_MAX) if isinstance(v, str) and v else None
 
 
 def _path(moment: Moment, dotted: str) -> object:

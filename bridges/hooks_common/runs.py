@@ -50,9 +50,10 @@ from bridges.core.statefile import StateFile
 
 from .mapping import elapsed_ms
 from .profile import HookProfile, Moment
-from .session import KEY_MAX, PRINT_KEY_MAX, PRINT_KEYS, REQUESTED_MAX, TOOLS_MAX, Sessions, SessionState
+from .session import KEY_MAX, PRINT_KEY_MAX, PRINT_KEYS, Sessions, SessionState
 
-__all__ = ["COUNTERS", "RESTORED_IDLE_S", "RunBook", "STATE_NAME", "entry", "restore_entry",
+__all__ = ["COUNTERS", "PERSIST_REQUESTED", "PERSIST_TOOLS", "RESTORED_IDLE_S", "RunBook",
+           "STATE_NAME", "entry", "restore_entry",
            "state_file"]
 
 STATE_NAME = "runs.json"
@@ -61,6 +62,15 @@ RESTORED_IDLE_S = 6 * 3600.0
 """A restored run whose session sent nothing for this long (seconds, from
 the later of its last moment and the restart) is closed ``interrupted``."""
 COUNTERS = ("runs_restored", "runs_interrupted", "state_write_errors")
+
+PERSIST_TOOLS = 64
+"""Open tool calls of a session written to its state entry (the newest)."""
+PERSIST_REQUESTED = 16
+"""Recent calls' prints of a session written to its state entry (the newest):
+with :data:`PERSIST_TOOLS` and tool names/ids bounded at
+:data:`~.session.KEY_MAX`, an entry is at most ~36 KiB (it was ~200 KiB:
+256 ids of 256 characters and 64 prints, the tenth outside attack on issue
+25), written at every moment."""
 
 _ID_MAX = 128  # an event or run id kept from the state file (ours are 26-40 characters)
 
@@ -76,13 +86,17 @@ def state_file(state_dir: Path | None, bridge: str) -> StateFile:
 
 
 def entry(st: SessionState) -> dict[str, Any] | None:
-    """What ``st`` keeps across a restart (module docstring), or ``None``
-    when it has no run and no tool call open."""
+    """What ``st`` keeps across a restart (module docstring): its newest
+    :data:`PERSIST_TOOLS` open tools and :data:`PERSIST_REQUESTED` prints,
+    names and ids in their bounded form (:func:`~.session.bounded_key`, as
+    the lookups make them); ``None`` when it has no run and no tool call
+    open."""
     if st.run is None and not st.tools:
         return None
     return {"run": st.run, "started": st.run_started, "t0": st.run_t0, "last_run": st.last_run,
-            "at": st.last_at, "tools": {k: [v[0], v[1]] for k, v in st.tools.items()},
-            "requested": [[n, p, i] for n, p, i in st.requested]}
+            "at": st.last_at,
+            "tools": {k: [v[0], v[1]] for k, v in list(st.tools.items())[-PERSIST_TOOLS:]},
+            "requested": [[n, p, i] for n, p, i in st.requested[-PERSIST_REQUESTED:]]}
 
 
 def _id(v: object) -> str | None:
@@ -104,8 +118,8 @@ def _print(v: object) -> bool:
 
 def restore_entry(st: SessionState, raw: object) -> bool:
     """Set ``st`` from a state entry (untrusted JSON: anything of the wrong
-    shape is left out; at most :data:`~.session.TOOLS_MAX` tools and
-    :data:`~.session.REQUESTED_MAX` calls); whether it held anything open."""
+    shape is left out; at most :data:`PERSIST_TOOLS` tools and
+    :data:`PERSIST_REQUESTED` calls, what :func:`entry` writes); whether it held anything open."""
     if not isinstance(raw, dict):
         return False
     st.run = _id(raw.get("run"))
@@ -115,15 +129,15 @@ def restore_entry(st: SessionState, raw: object) -> bool:
     st.last_at = _int(raw.get("at"))
     tools = raw.get("tools")
     if isinstance(tools, dict):
-        for k, v in list(tools.items())[-TOOLS_MAX:]:
-            if isinstance(k, str) and len(k) <= KEY_MAX + 1 and isinstance(v, list) \
+        for k, v in list(tools.items())[-PERSIST_TOOLS:]:
+            if isinstance(k, str) and len(k) <= KEY_MAX and isinstance(v, list) \
                     and len(v) == 2 and _id(v[0]) is not None:
                 st.tools[k] = (v[0], _int(v[1]))
     req = raw.get("requested")
     if isinstance(req, list):
-        for item in req[-REQUESTED_MAX:]:
+        for item in req[-PERSIST_REQUESTED:]:
             if isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) \
-                    and len(item[0]) <= KEY_MAX + 1 and _print(item[1]) and _id(item[2]):
+                    and len(item[0]) <= KEY_MAX and _print(item[1]) and _id(item[2]):
                 st.requested.append((item[0], item[1], item[2]))
     return st.run is not None or bool(st.tools)
 

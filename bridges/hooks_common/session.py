@@ -4,6 +4,8 @@ calls (pairing), the open asks, the steering queue. No I/O; the hub
 """
 from __future__ import annotations
 
+import heapq
+import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,9 +16,9 @@ from bridges.core.capture import digest
 
 from .answers import Decision
 
-__all__ = ["Ask", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX",
-           "SESSIONS_MAX", "PRINT_KEYS", "PRINT_KEY_MAX", "SessionState", "Sessions", "TOOLS_MAX",
-           "bounded_key", "input_print", "same_call", "same_print", "tool_key"]
+__all__ = ["ASKS_MAX", "ASKS_TOTAL_MAX", "Ask", "FORM_INPUT_MAX", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX",
+           "SESSIONS_MAX", "SESSION_ID_MAX", "PRINT_KEYS", "PRINT_KEY_MAX", "SessionState", "Sessions", "TOOLS_MAX",
+           "bounded_key", "input_print", "reply_moment", "same_call", "same_print", "tool_key"]
 
 GONE_MAX = 4096
 """Forgotten asks whose closing a session list remembers (:meth:`Sessions.why_gone`)."""
@@ -44,8 +46,15 @@ def same_call(a: object, b: object) -> bool:
 #: Longest tool name or ``tool_use_id`` kept as it is; a longer one is kept
 #: as its digest (what a session remembers of its tools stays small: a
 #: client's 3.9 MB ids grew the daemon 3.8 MB a hook, a fourth outside
-#: attack on issue 25).
-KEY_MAX = 256
+#: attack on issue 25; 256-character ids made a state entry ~200 KiB, the
+#: tenth: 64, the same form in memory and in the state file).
+KEY_MAX = 64
+
+#: Longest hook ``session_id`` kept as it is; a longer one is the session
+#: ``"#"`` + its digest (:meth:`.profile.HookProfile.session`): 1 MiB ids
+#: were stamped past the relay's own envelope bound (4,096), refused
+#: upstream (the tenth outside attack on issue 25).
+SESSION_ID_MAX = 256
 
 #: Tool calls of a run remembered for linking a ``PermissionRequest``.
 REQUESTED_MAX = 64
@@ -54,34 +63,52 @@ REQUESTED_MAX = 64
 #: ``PostToolUse`` never came); the oldest is forgotten past it.
 TOOLS_MAX = 256
 
+#: Open asks a session keeps; past it the oldest is dismissed (each held
+#: the whole vendor moment: 8 asks of 4 MiB bodies took 800 MiB, the tenth
+#: outside attack on issue 25).
+ASKS_MAX = 32
 
-def bounded_key(value: object) -> str:
-    """``value`` itself when a string of at most :data:`KEY_MAX` characters,
-    else ``"#"`` + its digest (never equal to a short one: ``#`` + 64 hex)."""
-    if isinstance(value, str) and len(value) <= KEY_MAX:
+#: Open asks a bridge keeps over all its sessions; past it the oldest is
+#: dismissed.
+ASKS_TOTAL_MAX = 1024
+
+#: Largest form ``tool_input`` (JSON characters) an ask keeps for its reply
+#: (Claude Code's ``AskUserQuestion`` answer echoes the input); a larger
+#: form is not held (answered at the agent).
+FORM_INPUT_MAX = 64 * 1024
+
+
+def bounded_key(value: object, limit: int = KEY_MAX) -> str:
+    """``value`` itself when a string of at most ``limit`` characters
+    (:data:`KEY_MAX` unless said), else ``"#"`` + its digest (33
+    characters; never equal to a short one's digest form of another)."""
+    if isinstance(value, str) and len(value) <= limit:
         return value
     return "#" + digest(value)
 
 
-#: Keys of a ``tool_input`` object printed one by one (each key at most
-#: :data:`PRINT_KEY_MAX` characters); a larger object is printed as one
-#: digest. A session keeps :data:`REQUESTED_MAX` prints and writes them to
-#: its state file at every moment: per key digests of a 200,000-key input
-#: made each moment's state line megabytes (6.6 s hooks, 1.4 GB from one
-#: session: the ninth outside attack on issue 25).
+#: Keys of a ``tool_input`` object printed one by one: the first
+#: :data:`PRINT_KEYS` in sorted order, a key over :data:`PRINT_KEY_MAX`
+#: characters as ``"#"`` + its digest; the rest are not printed. A session
+#: keeps :data:`REQUESTED_MAX` prints and writes them to its state file:
+#: per key digests of every key of a 200,000-key input made each moment's
+#: state line megabytes (the ninth outside attack on issue 25); one digest
+#: for a large input lost the pairing of a 16-key input with its 17-key
+#: ``PermissionRequest`` (the tenth).
 PRINT_KEYS = 16
 PRINT_KEY_MAX = 64
 
 
 def input_print(value: object) -> object:
     """What a session keeps of a ``tool_input`` to pair a later moment with
-    it (:func:`same_print`): per key digests of an object of at most
-    :data:`PRINT_KEYS` string keys of at most :data:`PRINT_KEY_MAX`
-    characters, the digest of anything else; never the input itself. At
-    most ~2 KB whatever the input."""
-    if isinstance(value, dict) and len(value) <= PRINT_KEYS \
-            and all(isinstance(k, str) and len(k) <= PRINT_KEY_MAX for k in value):
-        return {k: digest(v) for k, v in value.items()}
+    it (:func:`same_print`): for an object, the digests of the values of its
+    first :data:`PRINT_KEYS` keys in sorted order (keys bounded by
+    :func:`bounded_key` at :data:`PRINT_KEY_MAX`), so inputs that differ in
+    a key still compare on the keys they share; the digest of anything
+    else; never the input itself. At most ~1.7 KB whatever the input."""
+    if isinstance(value, dict):
+        keys = heapq.nsmallest(PRINT_KEYS, (k for k in value if isinstance(k, str)))
+        return {bounded_key(k, PRINT_KEY_MAX): digest(value[k]) for k in keys}
     return digest(value)
 
 
@@ -105,28 +132,51 @@ def tool_key(moment: dict[str, Any]) -> tuple[str, str]:
     return (name if isinstance(name, str) else "", digest(moment.get("tool_input")))
 
 
+def reply_moment(moment: dict[str, Any], *, form: bool) -> tuple[dict[str, Any], str | None]:
+    """What an ask keeps of its vendor ``moment`` for the reply
+    (``profile.reply`` reads ``hook_event_name``, and a Claude Code
+    ``AskUserQuestion`` form answer echoes ``tool_input``): the event name,
+    and for a ``form`` the ``tool_input`` as JSON text (``None`` when over
+    :data:`FORM_INPUT_MAX`: too large to keep, the form is not held). Never
+    the rest of the moment."""
+    kept: dict[str, Any] = {}
+    ev = moment.get("hook_event_name")
+    if isinstance(ev, str) and len(ev) <= PRINT_KEY_MAX:
+        kept["hook_event_name"] = ev
+    if not form or "tool_input" not in moment:
+        return kept, ""
+    text = json.dumps(moment["tool_input"], separators=(",", ":"), ensure_ascii=False, default=str)
+    return kept, text if len(text) <= FORM_INPUT_MAX else None
+
+
 @dataclass(eq=False)
 class Ask:
     """One ``attention.requested``: ``id`` (its event id, the command's
-    subject), ``kind`` (``permission`` / ``form``), the vendor ``moment``
-    (for the reply), ``options`` or ``fields`` (the mapper's, before the
-    capture gate), the tool it is about (``key``, ``call_id``), ``held``
-    (a hook waits for the answer here), ``gate`` (the ``PreToolUse``
-    gate), ``state`` (``open`` / ``answered`` / ``closed``), ``settling``
-    (the command id whose answer is being applied), ``decision`` and
-    ``done`` (set once the held hook may answer); ``t0``: its moment's time,
-    Unix ms; ``closed_as``: why it is no longer open, the ``code`` a late
-    command is nacked with (:data:`GONE_CODES`)."""
+    subject), ``kind`` (``permission`` / ``form``), ``reply_to`` (what the
+    vendor reply reads of the moment: :func:`reply_moment`; never the whole
+    moment), ``event`` (the moment's event name), ``options`` or ``fields``
+    (the mapper's, before the capture gate), the tool it is about (``tool``:
+    its bounded name, ``call_id``: its bounded ``tool_use_id``, ``printed``:
+    its :func:`input_print`), ``form_input`` (a form's ``tool_input``, JSON
+    text), ``held`` (a hook waits for the answer here), ``gate`` (the
+    ``PreToolUse`` gate), ``state`` (``open`` / ``answered`` / ``closed``),
+    ``settling`` (the command id whose answer is being applied),
+    ``decision`` and ``done`` (set once the held hook may answer); ``t0``:
+    its moment's time, Unix ms; ``closed_as``: why it is no longer open, the
+    ``code`` a late command is nacked with (:data:`GONE_CODES`)."""
 
     id: str
     session: str
     run: str | None
     kind: str
-    moment: dict[str, Any]
+    reply_to: dict[str, Any]
+    event: str = ""
     options: list[dict[str, Any]] | None = None
     fields: list[dict[str, Any]] | None = None
-    key: tuple[str, str] | None = None
+    tool: str | None = None
     call_id: str | None = None
+    printed: object = None
+    form_input: str | None = ""
     held: bool = False
     gate: bool = False
     t0: int = 0
@@ -140,16 +190,26 @@ class Ask:
     def open(self) -> bool:
         return self.state == "open"
 
-    def matches(self, moment: dict[str, Any]) -> bool:
+    def reply_moment(self) -> dict[str, Any]:
+        """The moment ``profile.reply`` is given: :attr:`reply_to` and, for a
+        form, its ``tool_input`` read back."""
+        if not self.form_input:
+            return dict(self.reply_to)
+        return {**self.reply_to, "tool_input": json.loads(self.form_input)}
+
+    def matches(self, moment: dict[str, Any], printed: object = None) -> bool:
         """Whether ``moment`` is about this ask's tool call: the same
         ``tool_use_id`` when both have one, else the same tool name and
-        :func:`same_call` inputs."""
+        matching :func:`input_print` (``printed``: the moment's, made once
+        by the caller for every open ask; made here when ``None``)."""
         call = moment.get("tool_use_id")
         if self.call_id and isinstance(call, str):
-            return call == self.call_id
-        if self.key is None or moment.get("tool_name") != self.key[0]:
+            return bounded_key(call) == self.call_id
+        if self.tool is None or bounded_key(moment.get("tool_name")) != self.tool:
             return False
-        return same_call(self.moment.get("tool_input"), moment.get("tool_input"))
+        if printed is None:
+            printed = input_print(moment.get("tool_input"))
+        return _prints_match(self.printed, printed)
 
 
 @dataclass

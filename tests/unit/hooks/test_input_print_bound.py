@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from bridges.hooks_common.runs import entry, restore_entry
+from bridges.hooks_common.runs import PERSIST_REQUESTED, entry, restore_entry
 from bridges.hooks_common.session import (
     PRINT_KEY_MAX,
     PRINT_KEYS,
@@ -38,7 +38,8 @@ def test_a_sessions_state_line_stays_small_whatever_the_inputs():
     assert len(line) < REQUESTED_MAX * 3_000, len(line)
     back = SessionState(S)
     assert restore_entry(back, json.loads(line))
-    assert back.requested == st.requested  # the reader keeps what the writer wrote
+    # the reader keeps what the writer wrote (the newest PERSIST_REQUESTED)
+    assert back.requested == st.requested[-PERSIST_REQUESTED:]
 
 
 def test_pairing_still_works_for_small_and_large_inputs():
@@ -52,7 +53,26 @@ def test_pairing_still_works_for_small_and_large_inputs():
     assert st.requested_id({**ask, "tool_input": {"command": "ls", "cwd": "/w"}}) == "ev_small"
     assert st.requested_id({**ask, "tool_input": dict(big)}) == "ev_big"
     assert st.requested_id({**ask, "tool_input": {**big, "k0": -1}}) is None
-    assert isinstance(input_print(big), str)  # one digest
-    assert isinstance(input_print({"k" * PRINT_KEY_MAX: 1}), dict)
-    assert isinstance(input_print({"k" * (PRINT_KEY_MAX + 1): 1}), str)
-    assert same_print(input_print(big), big) and not same_print(input_print(big), {"k0": 0})
+    assert len(input_print(big)) == PRINT_KEYS  # the first keys in sorted order
+    assert list(input_print({"k" * PRINT_KEY_MAX: 1})) == ["k" * PRINT_KEY_MAX]
+    (long,) = input_print({"k" * (PRINT_KEY_MAX + 1): 1})
+    assert long.startswith("#") and len(long) <= PRINT_KEY_MAX
+    assert same_print(input_print(big), big) and not same_print(input_print(big), {"k0": -1})
+
+
+def test_a_16_key_input_pairs_with_its_permission_request_that_adds_a_key():
+    """Tenth outside attack, finding 5: an input of exactly :data:`PRINT_KEYS`
+    keys (or with a key over :data:`PRINT_KEY_MAX`) was printed as one
+    digest, and Codex's ``PermissionRequest`` adds ``description``: the
+    ``attention.requested`` lost its cause."""
+    exact = {f"k{j:02}": j for j in range(PRINT_KEYS)}
+    long_key = {"command": "ls", "x" * (PRINT_KEY_MAX + 1): 1}
+    st = SessionState(S, run="run_1", run_started="ev_s", run_t0=1)
+    st.remember_tool(_pre(1, exact), "ev_exact", 1)
+    st.remember_tool(_pre(2, long_key), "ev_long", 2)
+    ask = {"hook_event_name": "PermissionRequest", "session_id": S, "tool_name": "mcp__x"}
+    assert st.requested_id({**ask, "tool_input": {**exact, "description": "d"}}) == "ev_exact"
+    assert st.requested_id({**ask, "tool_input": {**long_key, "description": "d"}}) == "ev_long"
+    back = SessionState(S)
+    assert restore_entry(back, json.loads(json.dumps(entry(st))))
+    assert back.requested_id({**ask, "tool_input": {**exact, "description": "d"}}) == "ev_exact"
