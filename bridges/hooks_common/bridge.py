@@ -126,11 +126,13 @@ class HookBridge:
 
 
 async def _sweep_runs(hub: HookHub, interval_s: float) -> None:
-    """Close restored runs left idle (:meth:`.runs.RunBook.sweep`), every
+    """Close restored runs left idle (:meth:`.runs.RunBook.sweep`) and time
+    out the asks whose hook hung up (:meth:`.hub.HookHub.expire`), every
     ``interval_s`` seconds until cancelled."""
     while True:
         await trio.sleep(interval_s)
         await hub.runs.sweep(_now_ms())
+        await hub.expire()
 
 
 if TYPE_CHECKING:  # mypy holds the class to the fleet's contract

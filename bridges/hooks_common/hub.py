@@ -447,6 +447,7 @@ class HookHub:
         set (the vendor closed the connection): the ask is no longer
         answerable here and stays open for the out-of-band settling."""
         limit = self.hold_limit(ask)
+        deadline = trio.current_time() + limit
         with trio.move_on_after(limit):
             async with trio.open_nursery() as n:
                 async def _wait_hangup() -> None:
@@ -460,9 +461,11 @@ class HookHub:
             return self._reply(ask, ask.decision)
         if ask.state != "open":
             return self._neutral(ask)  # settled by the vendor's next moment
-        st = self.sessions.get(ask.session)
         if hangup is not None and hangup.is_set():
-            ask.held = False
+            # open for the vendor's next moment (an answer at the terminal settles
+            # it oob); unsettled when the hold would have ended, it times out: an
+            # agent killed mid-ask sends no next moment (a user trial, issue 27)
+            ask.held, ask.expires = False, deadline
             self.ctx.health.count("hooks_hangup")
             return self._neutral(ask)
         if ask.settling is not None:  # an accepted answer is being applied: let it land
@@ -470,15 +473,31 @@ class HookHub:
                 await ask.done.wait()
             if ask.decision is not None:
                 return self._reply(ask, ask.decision)
+        await self._time_out(ask, limit)
+        return self._neutral(ask)
+
+    async def _time_out(self, ask: Ask, limit: float) -> None:
         ask.state, ask.closed_as = "closed", "timed-out"
         ask.held = False
         self.ctx.health.count("hooks_timeout")
         await self._emit(ask.session, {"type": "attention.timeout", "subject": ask.id,
                                        "data": {"after_ms": round(limit * 1000)}},
                          run=ask.run, cause=ask.id)
+        st = self.sessions.get(ask.session)
         if st is not None:
             self.sessions.forget_closed(st)
-        return self._neutral(ask)
+
+    async def expire(self) -> int:
+        """Time out the asks whose hook hung up and that nothing settled by
+        the time their hold would have ended (``attention.timeout``, counted
+        ``hooks_timeout``); how many. Run by the bridge's sweep."""
+        now, n = trio.current_time(), 0
+        for st in self.sessions.all():
+            for ask in st.open_asks():
+                if ask.expires is not None and now >= ask.expires and not ask.held:
+                    await self._time_out(ask, self.hold_limit(ask))
+                    n += 1
+        return n
 
     def _neutral(self, ask: Ask) -> dict[str, Any]:
         return self.profile.neutral(ask.event)

@@ -179,6 +179,9 @@ class Ask:
     form_input: str | None = ""
     held: bool = False
     gate: bool = False
+    #: when the hook that held it hung up: the trio time its hold would have
+    #: ended (then, still unsettled, it times out: :meth:`.hub.HookHub.expire`)
+    expires: float | None = None
     t0: int = 0
     state: str = "open"
     settling: str | None = None

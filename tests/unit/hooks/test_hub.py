@@ -354,3 +354,40 @@ async def test_a_long_tool_use_id_still_pairs_its_completion():
     req, done = ev[1], ev[2]
     assert (req["type"], done["type"]) == ("tool.requested", "tool.completed")
     assert done["cause"] == req["id"]
+
+
+async def test_an_ask_whose_hook_hung_up_times_out_when_its_hold_would_have_ended():
+    """A user trial (issue 27): the agent killed mid-ask sends no next
+    moment, and its ask stayed pending for good (``respond --pending``
+    listed it; a later ask made ``respond`` with no id refuse). Unsettled
+    when its hold would have ended, it times out."""
+    rig = Rig(CLAUDE, HookConfig(control=True, aep_token=True, gate_tools=("Bash",), hold_s=0.5))
+    async with trio.open_nursery() as n:
+        rig.nursery = n
+        run = await rig.start(n)
+        hang = trio.Event()
+        box: dict = {}
+
+        async def go():
+            box["r"] = await rig.post(m("PermissionRequest", **BASH), hangup=hang)
+        n.start_soon(go)
+        ask = (await rig.wait_for("attention.requested"))[0]
+        hang.set()  # the hook process is gone
+        await finish(box)
+        await trio.sleep(0.6)
+        await run.hub.expire()  # (or the bridge's own sweep did it already)
+        t = (await rig.wait_for("attention.timeout"))[0]
+        assert t["subject"] == ask["id"] and t["cause"] == ask["id"]
+        # not at the hang-up: once the hold would have ended (a lower bound only)
+        assert t["data"]["after_ms"] == 500
+        assert _ms(t["time"]) - _ms(ask["time"]) >= 500
+        assert await run.hub.expire() == 0 and len(rig.of("attention.timeout")) == 1  # once
+        late = await rig.command("control.attention.respond", S, {"answer": {"option": "allow"}},
+                                 subject=ask["id"])
+        assert late["type"] == "control.rejected"
+        n.cancel_scope.cancel()
+
+
+def _ms(stamp: str) -> float:
+    from datetime import datetime
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000
