@@ -41,6 +41,8 @@ gate runs again and agrees (tested).
 """
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from bridges.core import capture as _capture
@@ -344,3 +346,35 @@ def answerable(emission: Emission) -> Emission:
     e["data"] = {**emission["data"], "options": [{"id": i, "label": lbl} for i, lbl in APPROVAL_OPTIONS],
                  "respond_via": ["control"]}
     return e
+
+
+#: what :func:`parse_frame` answers for text that is not JSON
+NOT_JSON = object()
+
+
+def seq_of(frame: dict[str, Any]) -> int:
+    seq = frame.get("seq")
+    return seq if isinstance(seq, int) else 0
+
+
+DEFAULT_HEARTBEAT_S = 10.0
+#: the server's ``heartbeat_ms`` is clamped to this range (seconds)
+HEARTBEAT_MIN_S, HEARTBEAT_MAX_S = 1.0, 300.0
+
+
+def heartbeat_s(hb: object) -> float:
+    """The server's announced ``heartbeat_ms`` in seconds, clamped to
+    [:data:`HEARTBEAT_MIN_S`, :data:`HEARTBEAT_MAX_S`];
+    :data:`DEFAULT_HEARTBEAT_S` for anything not a positive finite number
+    (a boolean, a string, NaN, Infinity)."""
+    if isinstance(hb, bool) or not isinstance(hb, (int, float)) or not math.isfinite(hb) or hb <= 0:
+        return DEFAULT_HEARTBEAT_S
+    return min(HEARTBEAT_MAX_S, max(HEARTBEAT_MIN_S, hb / 1000))
+
+
+def parse_frame(raw: Any) -> Any:
+    """A socket frame's JSON, or :data:`NOT_JSON`."""
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
+        return NOT_JSON

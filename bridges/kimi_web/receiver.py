@@ -29,7 +29,10 @@ web channel"); the 2.1.0 drifts: ``tests/fixtures/kimi_web_real/README.md``.
   epoch, seq)``. ``resync_required`` (or a ``resync_required`` list in an
   ack) rebuilds from REST (:meth:`Tracker.resync`). Sessions subscribed
   without a cursor that are busy or waiting on an interaction are rebuilt
-  too, so a run or an ask that predates the attach is seen.
+  too, so a run or an ask that predates the attach is seen; so is one woken
+  by a later global frame (not its creation) and, once the attach's
+  subscribes are acked, one the listing again finds working or new (the
+  first listing precedes the socket: :meth:`VendorRest._relist`).
 - **State** and **REST**: :mod:`bridges.kimi_web.rest` (the receiver's base,
   :class:`~bridges.kimi_web.rest.VendorRest`).
 
@@ -40,7 +43,8 @@ Counters (``ctx.health.counters``): ``frames``, ``frames_not_json``,
 ``socket_too_large``, ``sessions_subscribed``, ``sessions_dormant``, ``rest_errors``,
 ``sessions_evicted``, ``sessions_wake_refused`` (:data:`MAX_WOKEN`),
 ``frames_held_overflow`` (:data:`MAX_HELD`, :data:`MAX_HELD_BYTES`, :data:`MAX_HELD_TOTAL`),
-``reannounced``, ``reannounce_skipped``,
+``reannounced``, ``reannounce_skipped``, ``sessions_moved_while_attaching``,
+``sessions_made_while_attaching``,
 ``discovery_failed``, ``reattach_endpoint_changed``, ``state_write_errors``; and
 the tracker's (:mod:`bridges.kimi_web.tracker`): ``frames_duplicate``,
 ``resyncs``, ``tool_results_unpaired``, ``turn_ended_without_run``,
@@ -52,7 +56,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from typing import Any
 
 import httpx
@@ -66,14 +69,14 @@ from bridges.core.ledger import Unreachable
 from . import discovery
 from . import mapping as M
 from .config import KimiWebConfig
-from .rest import AuthRefused, VendorError, VendorRest, state_path
+from .mapping import DEFAULT_HEARTBEAT_S, heartbeat_s  # noqa: F401 - DEFAULT_HEARTBEAT_S re-exported
+from .rest import AuthRefused, VendorError, VendorRest, state_path, working
 from .tracker import GLOBAL, Out, Tracker
 
 log = logging.getLogger("aep.bridge.kimi_web")
 
 WATCH_S = 1.0
 SILENT_HEARTBEATS = 3
-DEFAULT_HEARTBEAT_S = 10.0
 HELLO_TIMEOUT = 10.0
 REST_TIMEOUT = 10.0
 MAX_FRAME = 16 * 1024 * 1024
@@ -90,8 +93,6 @@ BACKOFF_INITIAL, BACKOFF_CAP = 0.5, 30.0
 #: an attachment that stayed up this long resets the backoff (one that the
 #: server accepts and drops at once keeps backing off)
 STABLE_S = 30.0
-#: the server's ``heartbeat_ms`` is clamped to this range (seconds)
-HEARTBEAT_MIN_S, HEARTBEAT_MAX_S = 1.0, 300.0
 CLIENT_ID = "aep-bridges"
 
 
@@ -131,6 +132,10 @@ class Receiver(VendorRest):
         self._listed: set[str] = set()
         self._woken: dict[str, None] = {}  # insertion order = LRU
         self._no_cursor: set[str] = set()
+        self._recheck: set[str] = set()
+        #: the attach's own subscribes still awaiting their ack (the
+        #: re-listing waits for all of them: :meth:`VendorRest._relist`)
+        self._first_acks: set[str] = set()
         self._restarted: set[str] = set()
         self._state_path = state_path(config)
         # one set of counters: the tracker's (duplicates, unpaired results,
@@ -252,7 +257,7 @@ class Receiver(VendorRest):
     async def _serve_socket(self, ws: trio_websocket.WebSocketConnection,
                             listing: tuple[list[dict[str, Any]], bool]) -> None:
         with trio.fail_after(HELLO_TIMEOUT):
-            hello = _parse(await ws.get_message())
+            hello = M.parse_frame(await ws.get_message())
         if not isinstance(hello, dict) or hello.get("type") != "server_hello":
             raise VendorError(0, "no server_hello")
         heartbeat = heartbeat_s(M.obj(hello.get("payload")).get("heartbeat_ms"))
@@ -270,19 +275,24 @@ class Receiver(VendorRest):
         ids = [s["id"] for s in sessions]
         self._listed, self._woken = set(ids), {}
         cursors = self.tracker.cursors()
-        busy = {s["id"] for s in sessions if s.get("busy") is True
-                or s.get("pending_interaction") not in (None, "none")}
+        busy = {s["id"] for s in sessions if working(s)}
         self._no_cursor = {sid for sid in ids if sid not in cursors and sid in busy}
+        # idle at the listing, no cursor (no replay): the listing again after
+        # the acks rebuilds those that moved before the subscribe
+        self._recheck = {sid for sid in ids if sid not in cursors and sid not in busy}
         known = set(ids)
         if complete:  # a session missing from a complete listing is gone (deleted or archived)
             for sid in [s for s in list(self.tracker.sessions) if s not in known]:
                 await self._emit(self.tracker.gone(sid))
         await self.subscribe(ids)
+        self._first_acks = set(self._pending_subs)
         self.ctx.health.source, self.ctx.health.detail = True, None
         self._attached_at = trio.current_time()
         self.attached.set()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch, ep)
+            if not self._first_acks:  # nothing listed: nothing to ack first
+                self._start_relist(nursery)
             try:
                 while True:
                     with trio.move_on_after(heartbeat * SILENT_HEARTBEATS) as cs:
@@ -357,8 +367,8 @@ class Receiver(VendorRest):
         """One text frame off the socket (see the module docstring)."""
         h = self.ctx.health
         h.count("frames")
-        frame = _parse(raw)
-        if frame is _BAD:
+        frame = M.parse_frame(raw)
+        if frame is M.NOT_JSON:
             h.count("frames_not_json")
         elif not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             h.count("frames_malformed")
@@ -421,6 +431,10 @@ class Receiver(VendorRest):
         seq, epoch = frame.get("seq"), frame.get("epoch")
         st = self.tracker.sessions.get(sid)
         cur = st.cursor if st is not None else None
+        if cur is None and frame.get("type") != "event.session.created":
+            # never followed, woken by a later global frame (2.1.0's work_changed
+            # goes to every socket): what preceded it is rebuilt from REST
+            self._no_cursor.add(sid)
         if cur is None and isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 \
                 and isinstance(epoch, str):
             cur = {"seq": seq - 1, "epoch": epoch}
@@ -498,11 +512,23 @@ class Receiver(VendorRest):
         self._drop_held(sid)
         cut = sid in self._held_cut
         self._held_cut.discard(sid)
-        for f in sorted(held, key=_seq_of):
+        for f in sorted(held, key=M.seq_of):
             await self._process(f)
         return cut
 
     async def _on_ack(self, frame: dict[str, Any], nursery: trio.Nursery) -> None:
+        await self._take_ack(frame, nursery)
+        fid = frame.get("id")
+        if isinstance(fid, str) and fid in self._first_acks:
+            self._first_acks.discard(fid)
+            if not self._first_acks:
+                self._start_relist(nursery)
+
+    def _start_relist(self, nursery: trio.Nursery) -> None:
+        recheck, self._recheck = self._recheck, set()
+        nursery.start_soon(self._relist, recheck)
+
+    async def _take_ack(self, frame: dict[str, Any], nursery: trio.Nursery) -> None:
         fid = frame.get("id")
         chunk = self._pending_subs.pop(fid, None) if isinstance(fid, str) else None
         p = M.obj(frame.get("payload"))
@@ -566,34 +592,9 @@ class _Reattach(Exception):
     """The watcher saw another instance or token."""
 
 
-_BAD = object()
-
-
-def _seq_of(frame: dict[str, Any]) -> int:
-    seq = frame.get("seq")
-    return seq if isinstance(seq, int) else 0
-
-
-def heartbeat_s(hb: object) -> float:
-    """The server's announced ``heartbeat_ms`` in seconds, clamped to
-    [:data:`HEARTBEAT_MIN_S`, :data:`HEARTBEAT_MAX_S`];
-    :data:`DEFAULT_HEARTBEAT_S` for anything not a positive finite number
-    (a boolean, a string, NaN, Infinity)."""
-    if isinstance(hb, bool) or not isinstance(hb, (int, float)) or not math.isfinite(hb) or hb <= 0:
-        return DEFAULT_HEARTBEAT_S
-    return min(HEARTBEAT_MAX_S, max(HEARTBEAT_MIN_S, hb / 1000))
-
-
 def root_cause(exc: BaseException) -> BaseException:
     """The one exception inside nested single-member exception groups (a
     nursery wraps what its tasks raise)."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def _parse(raw: Any) -> Any:
-    try:
-        return json.loads(raw)
-    except (TypeError, ValueError, RecursionError):
-        return _BAD

@@ -80,6 +80,12 @@ def state_path(config: KimiWebConfig) -> Path | None:
     return Path(config.state_dir) / "kimi_web" / f"{h}.json"
 
 
+def working(session: Any) -> bool:
+    """A REST session item that is busy or waits on an approval or a question."""
+    return isinstance(session, dict) and (
+        session.get("busy") is True or session.get("pending_interaction") not in (None, "none"))
+
+
 def seg(vendor_id: str) -> str:
     """A vendor id (session, approval, prompt) as one URL path segment or
     query value: percent-quoted, ``/``, ``?``, ``#`` and ``..`` included, so
@@ -100,6 +106,7 @@ class VendorRest:
     subscribed: set[str]
     dormant: set[str]
     _no_cursor: set[str]
+    _listed: set[str]
     #: sessions resubscribed after the server restarted: their next rebuild
     #: closes a run still open as cut off (:meth:`Tracker.resync` ``restarted``)
     _restarted: set[str]
@@ -206,6 +213,36 @@ class VendorRest:
         if not complete:
             self.ctx.health.count("sessions_list_capped")
         return items[:MAX_SESSIONS], complete and len(items) <= MAX_SESSIONS
+
+    async def _relist(self, recheck: set[str]) -> None:
+        """The listing again, once the attach's subscribes are acked: the
+        first listing is read before the socket opens, and what happened in
+        between reached no socket of ours. ``recheck``: sessions listed idle
+        and subscribed without a cursor (no replay); one busy or waiting on
+        an interaction now is rebuilt from REST (its turn or ask started
+        before the subscribe). A session missing from the first listing
+        (made in between: its ``event.session.created`` went to no socket)
+        is subscribed, and rebuilt after the ack when it is working. Counted
+        ``sessions_moved_while_attaching`` and ``sessions_made_while_attaching``."""
+        h = self.ctx.health
+        try:
+            sessions, _ = await self.list_sessions()
+        except (VendorError, Unreachable, AuthRefused):
+            h.count("rest_errors")
+            return
+        new: list[str] = []
+        for s in sessions:
+            sid = s["id"]
+            if sid in recheck and sid in self.subscribed and working(s):
+                h.count("sessions_moved_while_attaching")
+                await self._resync(sid, None)
+            elif sid not in self.subscribed and sid not in self.dormant and not self._follows(sid):
+                h.count("sessions_made_while_attaching")
+                self._listed.add(sid)
+                if working(s):
+                    self._no_cursor.add(sid)
+                new.append(sid)
+        await self.subscribe(new)
 
     async def _check_exists(self, sid: str) -> None:
         """A ``not_found`` at subscribe: gone (40401) closes the session's

@@ -5,11 +5,19 @@ restarted mid-turn, and the gate off (zero writes)."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
 import trio
 
+from bridges.core.bridge import BridgeContext, BridgeHealth
+from bridges.core.capture import CapturePolicy
+from bridges.core.envelope import Stamper
+from bridges.kimi_web.bridge import KimiWebBridge
+from bridges.kimi_web.config import KimiWebConfig
+from bridges.kimi_web.rest import VendorRest
+from supervisor.fleet import run_bridge
 from tests.support.daemon import command
 from tests.support.kimi import KimiDaemon, KimiUser, KimiWeb, ThreadedMock, control_writes
 from tests.support.mock_chat import Hold, Text, Tool
@@ -166,7 +174,10 @@ async def test_token_rotated(mock, server, tmp_path):
         old = server.token()
         new = await trio.to_thread.run_sync(server.rotate_token)
         assert new != old
-        await wait_health(daemon, lambda b: b["source"] is True)
+        # the rotation leaves the old socket up (source stays True): wait for
+        # the bridge's second socket, opened with the new token
+        await wait_health(daemon, lambda b: b["counters"].get("socket_connects", 0) >= 2
+                          and b["source"] is True)
         user = KimiUser(server)  # reads the new token
         mock.play(BASH, Text("ran"))
         sid = await user.create_session()
@@ -361,3 +372,81 @@ async def test_the_right_token_is_nowhere_at_debug_level(mock, server, tmp_path)
              if p.is_file()}
     assert any(p.suffix == ".jsonl" for p in files) and any(p.parent.name == "kimi_web" for p in files)
     assert [p for p, body in files.items() if token.encode() in body] == []
+
+
+@pytest.mark.parametrize("when", ["idle-at-the-listing", "made-before-the-socket", "woken-by-work-changed"])
+async def test_an_ask_between_the_listing_and_the_subscribe_is_asked(mock, server, tmp_path, monkeypatch, when):
+    """The clean-clone CI flake of ``test_token_rotated``: the bridge lists
+    the sessions by REST BEFORE its socket opens, so what a session did in
+    between reached no socket of ours. Held here (the bridge's first
+    listing waits for the test) instead of left to load: ``idle-at-the-listing``
+    the session was listed idle (subscribed without a cursor: no replay) and
+    its approval came before the subscribe; ``made-before-the-socket`` the
+    session was made and asked meanwhile (absent from the listing, its
+    ``event.session.created`` sent to no socket); ``woken-by-work-changed``
+    made meanwhile, its approval comes once attached, and the only frame
+    the socket gets is 2.1.0's global ``event.session.work_changed``
+    (pending_interaction approval; what CI saw) that wakes it from that
+    frame on. Each pending approval must become an ``attention.requested``."""
+    user = KimiUser(server)
+    sid = await user.create_session() if when == "idle-at-the-listing" else None
+    listed, go = trio.Event(), trio.Event()
+    first_listing = VendorRest.list_sessions
+
+    async def held_listing(self):
+        got = await first_listing(self)
+        if not go.is_set():
+            listed.set()
+            await go.wait()
+        return got
+    monkeypatch.setattr(VendorRest, "list_sessions", held_listing)
+    cfg = KimiWebConfig(home=server.home, primary=True, state_dir=tmp_path / "state")
+    policy = CapturePolicy.from_env({"AEP_CAPTURE": "metadata"})
+    bridge = KimiWebBridge(cfg, policy)
+    out_s, out_r = trio.open_memory_channel(100_000)
+    _, cmd_r = trio.open_memory_channel(16)
+    ctx = BridgeContext(bridge.name, Stamper("kimi-code", epoch=1, host="t", policy=policy), out_s, cmd_r,
+                        BridgeHealth(), logging.getLogger("aep.test"))
+    events: list[dict] = []
+
+    async def collect():
+        async for o in out_r:
+            events.append(o.event)
+
+    async def until(pred, what):
+        with trio.move_on_after(60):
+            while not pred():
+                await trio.sleep(0.05)
+            return
+        raise AssertionError(f"timed out waiting for {what}: {[(e['type'], e.get('data')) for e in events]}")
+
+    async with trio.open_nursery() as n:
+        n.start_soon(collect)
+        await n.start(run_bridge, bridge, ctx)
+        with trio.fail_after(60):
+            await listed.wait()
+        if when == "woken-by-work-changed":
+            mock.play(Hold(BASH), Text("ran"))
+        else:
+            mock.play(BASH, Text("ran"))
+        sid = sid or await user.create_session()
+        await user.prompt(sid, "run echo probe")
+        if when == "woken-by-work-changed":
+            await mock.wait_held()  # the turn started before the socket
+        else:
+            for _ in range(600):
+                if await user.approvals(sid):
+                    break
+                await trio.sleep(0.1)
+            assert len(await user.approvals(sid)) == 1
+        go.set()
+        await until(lambda: ctx.health.source is True, "attached")
+        if when == "woken-by-work-changed":
+            mock.release()  # the approval now: its frame is not ours, work_changed is
+        await until(lambda: [e for e in events if e.get("session") == sid
+                             and e["type"] == "attention.requested"], "the ask")
+        pending = await user.approvals(sid)
+        ask = next(e for e in events if e["type"] == "attention.requested")
+        assert ask["subject"] == pending[0]["approval_id"]
+        assert [e["type"] for e in events if e["type"] == "run.started"] == ["run.started"]
+        n.cancel_scope.cancel()
