@@ -448,5 +448,8 @@ async def test_an_ask_between_the_listing_and_the_subscribe_is_asked(mock, serve
         pending = await user.approvals(sid)
         ask = next(e for e in events if e["type"] == "attention.requested")
         assert ask["subject"] == pending[0]["approval_id"]
+        # the run may be announced after the ask (the rebuild runs after the subscribe's
+        # ack; the live approval frame can come first): wait for it, then exactly one
+        await until(lambda: [e for e in events if e["type"] == "run.started"], "run.started")
         assert [e["type"] for e in events if e["type"] == "run.started"] == ["run.started"]
         n.cancel_scope.cancel()
