@@ -191,7 +191,11 @@ def form_hostile_text_and_controls(relay: DaemonProcess) -> None:
         fcard.find_element("css selector", '[data-field="tags"] input[value="b"]').click()
         fcard.find_element("css selector", '[data-field="dry"] input').click()
         fcard.find_element("css selector", ".send-form").click()
-        cmds = target.wait_commands(1)
+        try:
+            cmds = target.wait_commands(1)
+        except AssertionError as e:  # what the page and the relay said, for the record
+            raise AssertionError(f"{e}; the card says {page.status(form['id'])!r}; "
+                                 f"the relay's log:\n{relay.log()[-4000:]}") from None
         # the first command to arrive is the valid one: the bad value never left the page
         assert cmds[0]["type"] == "control.attention.respond" and cmds[0]["subject"] == form["id"]
         assert cmds[0]["data"]["answer"] == {"values": {"count": 7, "db": "lite", "tags": ["b"],
