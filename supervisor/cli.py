@@ -32,16 +32,20 @@ from typing import TYPE_CHECKING, Any
 # trio, argparse, json and the config stack are imported where used: `aep-bridges
 # hook` (once per vendor hook, on the agent's critical path) must reach the shim
 # without them (tests/unit/hooks_common/test_shim_spool.py pins it)
+from .cliconfig import apply_settings, refuse
+from .clientcli import (
+    cmd_control,
+    cmd_tail,
+    cmd_timeline,
+    cmd_validate,
+    control_parsers,
+    tail_parser,
+)
+
 if TYPE_CHECKING:
     import argparse
 
     from . import config as config_mod
-
-
-def _refuse(problems: list[str]) -> int:
-    for p in problems:
-        print(f"aep-bridges: config: {p}", file=sys.stderr)
-    return 2
 
 
 def _load(*, relay_only: bool = False, check_ports: bool = True, create: bool = True):
@@ -76,47 +80,12 @@ def raise_fd_limit() -> tuple[int, int]:
         return (-1, -1)
 
 
-def _apply_settings(args: argparse.Namespace) -> tuple[int | None, Any]:
-    """``--env-file`` (the systemd-style KEY=VALUE file: launchd's way to the
-    same settings) and ``--config`` / ``AEP_CONFIG`` (the TOML file,
-    :mod:`supervisor.configfile`) into ``os.environ``, the process
-    environment winning over both and the environment file over the config
-    file (systemd's ``Environment=`` after ``EnvironmentFile=``). Returns
-    ``(exit status 2 or None, the Sources)``: an unreadable or malformed file
-    refuses, a misspelt name in it warns."""
-    from pathlib import Path
-
-    from . import config as config_mod
-    from .configfile import Sources, read
-    sources = Sources.of(os.environ)
-    path = getattr(args, "env_file", None)
-    if path:
-        from .tools.install import read_env_file
-        try:
-            values = read_env_file(path)
-        except (OSError, ValueError) as e:
-            return _refuse([f"--env-file {path}: {getattr(e, 'strerror', None) or e}"]), sources
-        sources.fill(os.environ, values, f"--env-file {path}")
-    cfg_path = getattr(args, "config", None) or os.environ.get("AEP_CONFIG")
-    if cfg_path:
-        secrets = frozenset(st.name for group in config_mod.all_settings().values()
-                            for st in group if st.secret)
-        values, problems, warnings = read(Path(cfg_path), known=config_mod.known_settings(),
-                                          secrets=secrets)
-        for w in warnings:
-            print(f"aep-bridges: config: warning: {w}", file=sys.stderr)
-        if problems:
-            return _refuse(problems), sources
-        sources.fill(os.environ, values, f"config file {cfg_path}")
-    return None, sources
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from .daemon import run_daemon
     from .tools import logs
-    if (refused := _apply_settings(args)[0]) is not None:
+    if (refused := apply_settings(args)[0]) is not None:
         return refused
     cfg, bridges, problems = _load()
     from .sessionlog.statelock import StateDirBusy, hold
@@ -125,13 +94,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                                   "ports: AEP_LISTEN, AEP_OTLP_*_LISTEN)")
         if (held := _lock_holder(cfg.state_dir)) is not None:  # the same daemon on its ports
             problems = ["; ".join(held.refusal()), *problems]  # and its state directory
-        return _refuse(problems)
+        return refuse(problems)
     try:  # one daemon per state directory: the session logs and state files have one writer
         lock = hold(cfg.state_dir)
     except StateDirBusy as e:
-        return _refuse(["; ".join(e.refusal())])
+        return refuse(["; ".join(e.refusal())])
     except OSError as e:
-        return _refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: cannot lock "
+        return refuse([f"AEP_STATE_DIR={str(cfg.state_dir)!r}: cannot lock "
                         f"{e.filename or 'daemon.lock'}: {e.strerror or e}"])
     logs.setup(cfg.environ, secrets=[t for _, t in cfg.emitter_tokens])
     raise_fd_limit()
@@ -162,11 +131,11 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
     from .daemon import run_daemon
     from .tools import logs
-    if (refused := _apply_settings(args)[0]) is not None:
+    if (refused := apply_settings(args)[0]) is not None:
         return refused
     cfg, _, problems = _load(relay_only=True)
     if problems:  # a port held by our own daemon is named, as run and check do
-        return _refuse(_explain_in_use(cfg, problems, "stop it first (or give this relay "
+        return refuse(_explain_in_use(cfg, problems, "stop it first (or give this relay "
                                                       "another AEP_LISTEN)"))
     logs.setup(cfg.environ, secrets=[t for _, t in cfg.emitter_tokens])
     raise_fd_limit()
@@ -205,7 +174,7 @@ def _explain_in_use(cfg: config_mod.Config, problems: list[str], hint: str) -> l
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    refused, sources = _apply_settings(args)
+    refused, sources = apply_settings(args)
     if refused is not None:
         return refused
     # check creates nothing: a missing state directory is reported, not made
@@ -213,7 +182,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     problems, notes = _held_by_ours(cfg, bridges, problems, _lock_holder(cfg.state_dir),
                                     ports=not args.no_ports)
     if problems:
-        return _refuse(problems)
+        return refuse(problems)
     print("aep-bridges: configuration ok: bridges "
           + (", ".join(s.key for s in cfg.enabled) or "none"))
     for note in notes:
@@ -278,174 +247,13 @@ def _print_sources(sources: Any) -> None:
         print(f"  {n}={shown}  ({sources.of_name(n)})")
 
 
-def _tail_parser(sub: Any, settings: argparse.ArgumentParser) -> None:
-    from .tools.tail import default_url
-    tail = sub.add_parser("tail", parents=[settings],
-                          help="follow an AEP endpoint's /stream as a human timeline")
-    tail.add_argument("--url", default=None,
-                      help="the AEP endpoint (default: the local relay, http:// + AEP_LISTEN of "
-                           "the environment or --config; here now without --config "
-                           f"{default_url().replace('%', '%%')})")  # argparse %-formats help
-    tail.add_argument("--token", default=None,
-                      help="bearer token (default: AEP_TOKEN of the environment or --config)")
-    tail.add_argument("--filter", action="append", default=[], metavar="F",
-                      help="attr-match filter: JSON object or key=value[,value] (agent=codex, "
-                           "type=attention.*, severity>=warning); repeatable")
-    tail.add_argument("--from", dest="from_", default=None, metavar="all|JSON",
-                      help="'all': replay everything the relay holds first; or a JSON array of "
-                           "{session, epoch, seq} resume positions")
-    tail.add_argument("--json", action="store_true", help="print raw events, one JSON line each")
-    tail.add_argument("--limit", type=int, default=None, metavar="N", help="exit after N events")
-    tail.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    tail.add_argument("--no-resume", action="store_true",
-                      help="neither start from nor save the position kept per endpoint under the "
-                           "state directory (tail/); without it a restarted tail shows what it missed")
-
-
-def _cmd_tail(args: argparse.Namespace) -> int:
-    import json
-
-    from .tools.tail import parse_filter, run
-    try:
-        flt = parse_filter(args.filter)
-        from_ = args.from_
-        if from_ not in (None, "all"):
-            from_ = json.loads(from_)
-            if not isinstance(from_, list):
-                raise ValueError("--from: expected 'all' or a JSON array of positions")
-    except ValueError as e:
-        print(f"aep-bridges tail: {e}", file=sys.stderr)
-        return 2
-    if (refused := _apply_settings(args)[0]) is not None:
-        return refused
-    from .tools.resume import position_file
-    url, token = _endpoint(args)
-    return run(url, token=token, flt=flt, from_=from_, as_json=args.json,
-               limit=args.limit, color=args.color,
-               resume_file=None if args.no_resume else position_file(url, os.environ))
-
-
-def _endpoint(args: argparse.Namespace) -> tuple[str, str | None]:
-    """A client command's ``--url`` (default: the local relay,
-    ``http://`` + ``AEP_LISTEN``) and ``--token`` (default: ``AEP_TOKEN``).
-    The defaults come from ``os.environ`` after :func:`_apply_settings`:
-    the environment wins over ``--env-file``, that over ``--config`` (as
-    for ``run``); a flag wins over all."""
-    from .tools.tail import default_url
-    token = args.token if args.token is not None else os.environ.get("AEP_TOKEN") or None
-    return args.url or default_url(), token
-
-
-def _control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
-    """``respond``, ``cancel``, ``pause``, ``resume`` (:mod:`supervisor.tools.control`)."""
-    import argparse
-    waits = argparse.ArgumentParser(add_help=False, parents=[endpoint])
-    waits.add_argument("--wait", type=float, default=30.0, metavar="S",
-                       help="seconds to wait for the outcome after the ack (0: only the ack)")
-    waits.add_argument("--ack-window", type=int, default=5000, metavar="MS",
-                       help="milliseconds to wait for the ack, per try (3 tries)")
-    codes = ("exit 0 accepted and the outcome seen, 3 rejected, 4 no ack, 5 no outcome "
-             "within --wait, 1 endpoint unreachable, 6 unauthorized (the token), 2 bad arguments")
-    rsp = sub.add_parser("respond", parents=[waits], epilog=codes,
-                         help="answer an attention request: respond [SESSION] REQUEST_ID --option ID")
-    rsp.add_argument("ids", nargs="*", metavar="[SESSION] REQUEST_ID",
-                     help="the attention.requested Event's id (its session is looked up when "
-                          "not given; none: the one pending ask, refused with the list if several)")
-    rsp.add_argument("--pending", action="store_true",
-                     help="list the pending asks (id, agent, session, age, prompt) and exit")
-    rsp.add_argument("--option", help="the chosen option's id (as tail shows in [..|..])")
-    rsp.add_argument("--text", help="a free-text answer (with --option deny: the reason)")
-    rsp.add_argument("--values", metavar="JSON",
-                     help="a form's answers (AEP-0006): a JSON object of field id -> answer")
-    can = sub.add_parser("cancel", parents=[waits], epilog=codes,
-                         help="cancel a session's run: cancel SESSION [--run RUN]")
-    can.add_argument("session")
-    can.add_argument("--run", help="the run to cancel (default: the target's open run)")
-    can.add_argument("--scope", choices=("run", "session"), default="run")
-    can.add_argument("--reason", help="why (sent as the command's reason)")
-    for verb in ("pause", "resume"):
-        p = sub.add_parser(verb, parents=[waits], epilog=codes, help=f"{verb} a session: {verb} SESSION")
-        p.add_argument("session")
-
-
-def _cmd_control(args: argparse.Namespace) -> int:
-    from .tools import control
-    if (refused := _apply_settings(args)[0]) is not None:
-        return refused
-    url, token = _endpoint(args)
-    name = f"aep-bridges {args.cmd}"
-    try:
-        if args.cmd == "respond":
-            if len(args.ids) > 2 or (args.pending and args.ids):
-                raise ValueError("expected [SESSION] REQUEST_ID, or --pending alone")
-            if args.pending or not args.ids:
-                from .tools.pending import pick
-                picked = _read(url, pick, token, args.pending)
-                if isinstance(picked, int):
-                    return picked  # listed, refused or unreachable: said
-                args.ids = list(picked)
-            request = args.ids[-1]
-            session = args.ids[0] if len(args.ids) == 2 else _read(url, control.find_session, token, request)
-            if isinstance(session, int):
-                return session  # the endpoint could not be read: said
-            if session is None:
-                print(f"{name}: {url} holds no attention.requested with id {request}; "
-                      "give its session: respond SESSION REQUEST_ID", file=sys.stderr)
-                return 2  # a request id that names nothing is a bad argument, not an unreachable endpoint
-            command = control.respond(session, request, option=args.option, text=args.text,
-                                      values=args.values)
-            held = _read(url, control.resolved_as, token, session, request)
-            if isinstance(held, int):
-                return held  # the endpoint could not be read: said
-            ended, ids = held
-            if ended is not None:  # nothing to answer: said, not sent (a no-route after a restart)
-                from .tools.gist import _safe
-                print(_safe(f"{name}: already resolved: {ended}"), file=sys.stderr)
-                return control.EXIT_REJECTED
-            if args.option is not None and ids is not None and args.option not in ids:
-                raise ValueError(f"--option {args.option}: not an option of this ask; "
-                                 f"its options: {', '.join(ids)}")
-        elif args.cmd == "cancel":
-            command = control.cancel(args.session, run=args.run, scope=args.scope,
-                                     reason=args.reason)
-        else:
-            command = getattr(control, args.cmd)(args.session)
-    except ValueError as e:
-        from .tools.gist import _safe
-        print(_safe(f"{name}: {e}"), file=sys.stderr)  # it may name what a peer sent
-        return 2
-    return control.send(url, token, command, ack_window_ms=args.ack_window, wait_s=args.wait)
-
-
-def _read(url: str, fn: Any, *args: Any) -> Any:
-    """``fn(url, *args)``, or exit status 1 (said on stderr) when the
-    endpoint cannot be read: unreachable is not a bad argument (the
-    documented exit statuses)."""
-    import httpx
-
-    from .tools.control import EXIT_UNAUTHORIZED, EXIT_UNREACHABLE, UNAUTHORIZED
-    from .tools.tailstream import refused
-    try:
-        return fn(url, *args)
-    except httpx.HTTPError as e:
-        if isinstance(e, httpx.TransportError) and (refused(e) or isinstance(e, httpx.ConnectError)):
-            why = "is the daemon running? --url URL, or --config FILE"
-        elif getattr(getattr(e, "response", None), "status_code", None) in (401, 403):
-            print(f"aep-bridges respond: {UNAUTHORIZED}", file=sys.stderr)
-            return EXIT_UNAUTHORIZED  # the token, not the endpoint: not said as unreachable
-        else:
-            why = f"{e}"
-        print(f"aep-bridges respond: cannot reach {url} ({why})", file=sys.stderr)
-        return EXIT_UNREACHABLE
-
-
 def _cmd_doctor(args: argparse.Namespace) -> int:
     """The configuration ``check`` validates, then the machine against it
     (:mod:`supervisor.tools.doctor`)."""
     from . import config as config_mod
     from .daemon import build_bridges
     from .tools import doctor, hookdoctor
-    refused, _ = _apply_settings(args)
+    refused, _ = apply_settings(args)
     if refused is not None:
         return refused
     cfg, problems = config_mod.load(check_ports=False, create=False)
@@ -464,16 +272,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         return health[0] is not None and (bridge is None or bridge in health[0]["bridges"])
     return doctor.run(cfg, bridges, problems + more, ours=ours,
                       lock=_lock_holder(cfg.state_dir), hooks=hookdoctor.findings)
-
-
-def _cmd_timeline(args: argparse.Namespace) -> int:
-    from .tools.timeline import run
-    return run(args.files, color=args.color)
-
-
-def _cmd_validate(args: argparse.Namespace) -> int:
-    from .tools.validate import run
-    return run(args.files)
 
 
 def _cmd_service(args: argparse.Namespace) -> int:
@@ -499,7 +297,7 @@ def _cmd_hooks(args: argparse.Namespace) -> int:
     ``--hold-s`` the configured ones) and both find the install record."""
     from .hookinstall.cli import run
     if args.action in ("install", "uninstall") and (
-            refused := _apply_settings(args)[0]) is not None:
+            refused := apply_settings(args)[0]) is not None:
         return refused
     return run(args)
 
@@ -551,14 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     tee.add_arguments(sub.add_parser(
         "acp", help="the ACP tee: run as an editor's agent command, "
                     "aep-bridges acp [--daemon URL] [--name NAME] -- AGENT_CMD..."))
-    _tail_parser(sub, env_file)
+    tail_parser(sub, env_file)
     endpoint = argparse.ArgumentParser(add_help=False, parents=[env_file])
     endpoint.add_argument("--url", default=None,
                           help="the AEP endpoint (default: the local relay, http:// + AEP_LISTEN "
                                "of the environment or --config)")
     endpoint.add_argument("--token", default=None,
                           help="bearer token (default: AEP_TOKEN of the environment or --config)")
-    _control_parsers(sub, endpoint)
+    control_parsers(sub, endpoint)
     sub.add_parser("doctor", parents=[env_file],
                    help="is this machine ready for the configured daemon? each bridge's vendor "
                         "reachable, tokens readable, ports free or ours, state dir writable; "
@@ -589,10 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(args_in)
     if args.cmd == "acp":  # the agent's status, without the interpreter's teardown
         tee.leave(tee.main(args))
-    handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": _cmd_tail,
-               "service": _cmd_service, "hooks": _cmd_hooks, "respond": _cmd_control,
-               "cancel": _cmd_control, "pause": _cmd_control, "resume": _cmd_control,
-               "timeline": _cmd_timeline, "validate": _cmd_validate, "doctor": _cmd_doctor}[args.cmd]
+    handler = {"run": _cmd_run, "relay": _cmd_relay, "check": _cmd_check, "tail": cmd_tail,
+               "service": _cmd_service, "hooks": _cmd_hooks, "respond": cmd_control,
+               "cancel": cmd_control, "pause": cmd_control, "resume": cmd_control,
+               "timeline": cmd_timeline, "validate": cmd_validate, "doctor": _cmd_doctor}[args.cmd]
     return handler(args)
 
 

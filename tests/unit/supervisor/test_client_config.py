@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from supervisor import cli
+from supervisor import cli, cliconfig, clientcli
 from supervisor.sessionlog.statelock import LOCK_FILE, StateDirBusy, hold, probe
 from supervisor.tools.tail import default_url
 from supervisor.tools.tailstream import ELSEWHERE_HINT, refused
@@ -21,7 +21,7 @@ from tests.support.net import free_port
 
 @pytest.fixture
 def environ(monkeypatch):
-    """A process environment of the test's own (``_apply_settings`` writes
+    """A process environment of the test's own (``apply_settings`` writes
     the file's values into it), with no AEP_* setting."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AEP_")}
     monkeypatch.setattr(os, "environ", env)
@@ -31,8 +31,8 @@ def environ(monkeypatch):
 def endpoint(config: str | None = None, *, url: str | None = None,
              token: str | None = None) -> tuple[int | None, str, str | None]:
     args = argparse.Namespace(config=config, env_file=None, url=url, token=token)
-    refused_status = cli._apply_settings(args)[0]
-    return (refused_status, *cli._endpoint(args))
+    refused_status = cliconfig.apply_settings(args)[0]
+    return (refused_status, *clientcli.endpoint(args))
 
 
 def conf(tmp_path, text: str) -> str:
