@@ -453,6 +453,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.ring": {"SessionRing"},
     "supervisor.relay.pins": {"Evictions", "PIN_TYPES"},
     "supervisor.relay.fleetsources": {"FleetSources", "MAX_CACHED", "MAX_FOLD", "MAX_HOST", "MAX_SEGMENTS"},
+    "supervisor.relay.lookalike": {"fold", "lookalikes", "prepare", "reads_as", "readings", "spelling"},
     "supervisor.relay.stamped": {"StampedAppends", "AppendFault"},
     "supervisor.relay.routing": {"Routing"},
     "supervisor.relay.ingest": {"FleetRefused", "Ingest"},
