@@ -510,7 +510,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.hookinstall.common": {"AGENTS", "DEFAULT_HOLD_S", "EXTRA_TIMEOUT_S", "Plan",
                                       "Refused", "hold_seconds", "is_our_command",
                                       "shim_command", "shim_path", "write_in_place"},
-    "supervisor.hookinstall.claude": {"AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE",
+    "supervisor.hookinstall.claude": {"AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE", "MAX_DEPTH",
                                       "NOT_HOOKED",
                                       "QUICK_TIMEOUT_S", "entries", "install", "is_ours", "ours",
                                       "settings_path", "status", "uninstall"},
