@@ -235,7 +235,7 @@ def _spellings(host: str) -> set[str]:
     ``u＠localhost``: RFC 3986 reads either as data, a person as the
     delimiter), what stands after its last ``@``, inside its ``[]``,
     before its ``:`` (unless it is an IPv6 address); each without trailing
-    full stops, lookalike ones too (``localhost꓿``). C-speed scans."""
+    full stops, lookalike ones too (``localhostꓸ``). C-speed scans."""
     out = {host}
     seen = host.translate(_delimiters())  # (lookalike delimiters as ASCII ones, in place)
     if seen.endswith("."):

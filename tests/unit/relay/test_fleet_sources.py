@@ -106,6 +106,7 @@ OWNED = {
     "escaped userinfo": "aep://u%40localhost/agent/claude-code",
     "fullwidth brackets": "aep://%EF%BC%BB::1%EF%BC%BD/agent/claude-code",
     "fullwidth colon and port": "aep://127.0.0.1%EF%BC%9A80/agent/claude-code",
+    "lookalike colon and port": "aep://localhost%EA%9E%8980/agent/claude-code",
     "ypogegrammeni (casefold: a letter) after the name": "aep://vm/agent/claude-code%CD%85",
 }
 
@@ -140,6 +141,7 @@ NOT_OWNED = {
     "codex + currency": "aep://localhost/agent/" + quote("codex€"),
     # the eleventh attack's readings make no other host this one
     "escaped port elsewhere": "aep://vm2%3A80/agent/claude-code",
+    "lookalike colon elsewhere": "aep://vm2%EA%9E%8980/agent/claude-code",
     "escaped userinfo elsewhere": "aep://localhost%40vm2/agent/claude-code",
     "an IPv6 host elsewhere": "aep://[2001:db8::1]/agent/claude-code",
     "greek word host": "aep://%CE%B7%CE%BF%CF%83%CF%84/agent/claude-code",
