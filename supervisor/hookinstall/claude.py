@@ -34,7 +34,7 @@ from typing import Any
 
 from .common import EXTRA_TIMEOUT_S, Plan, Refused, is_our_command, shim_command
 
-__all__ = ["AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE", "NOT_HOOKED",
+__all__ = ["AGENT", "COMMAND_ONLY", "EVENTS", "EXIT_TIMEOUT_S", "HOLDABLE", "MAX_DEPTH", "NOT_HOOKED",
            "QUICK_TIMEOUT_S",
            "entries",
            "install", "is_ours", "ours", "settings_path", "status", "uninstall"]
@@ -61,6 +61,15 @@ HOLDABLE = ("PreToolUse", "PermissionRequest", "Elicitation")
 QUICK_TIMEOUT_S = 10
 #: events Claude Code waits for at exit: its own default is 1.5 s, ours stays near it
 EXIT_TIMEOUT_S = {"SessionEnd": 2}
+#: the deepest a settings file may nest its arrays and objects (the file's
+#: object is one level): Python's parser recurses, and a cloned repo's
+#: ``{"a": [[[...]]]}`` 100,000 deep made install and status die with a
+#: RecursionError (round 11 of issue 25, finding 5). As tomlkit's bound on
+#: TOML (Codex's config); Claude Code's own settings nest a handful.
+MAX_DEPTH = 100
+#: a JSON string (or an unterminated one, to the end: the parser then says
+#: where), or a bracket; possessive, so the scan is linear
+_TOKEN = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\Z)|[\[\]{}]', re.DOTALL)
 
 
 def settings_path(*, project: Path | None, home: Path) -> Path:
@@ -108,6 +117,7 @@ def _load(path: Path) -> tuple[str | None, dict[str, Any]]:
         return None, {}
     if not text.strip():
         return text, {}
+    _check_depth(text, path)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -115,6 +125,26 @@ def _load(path: Path) -> tuple[str | None, dict[str, Any]]:
     if not isinstance(doc, dict):
         raise Refused(f"{path}:1:1: not a JSON object")
     return text, doc
+
+
+def _check_depth(text: str, path: Path) -> None:
+    """Raise :class:`Refused` (``path:line:col``, the container that opens
+    the level past :data:`MAX_DEPTH`) for JSON nested deeper than that;
+    brackets inside strings do not count."""
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return
+    depth = 0
+    for m in _TOKEN.finditer(text):
+        c = m.group()[0]
+        if c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                at = m.start()
+                raise Refused(f"{path}:{text.count(chr(10), 0, at) + 1}:"
+                              f"{at - text.rfind(chr(10), 0, at)}: nested more than {MAX_DEPTH} "
+                              "levels deep (a settings file needs a handful); fix it by hand first")
+        elif c in "]}":
+            depth -= 1
 
 
 def _dump(doc: dict[str, Any], before: str | None) -> str:

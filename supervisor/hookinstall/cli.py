@@ -152,7 +152,7 @@ def _had_hooks(rec: dict[str, Any] | None) -> bool:
     """Whether a record's ``before`` (a Claude Code settings file) had a ``hooks`` key."""
     try:
         doc = json.loads(rec["before"]) if rec and rec["before"] else None
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return isinstance(doc, dict) and "hooks" in doc
 
@@ -196,7 +196,7 @@ def _same(path: Path, a: str, b: str) -> bool:
             return False
     try:
         return bool(json.loads(a or "{}") == json.loads(b or "{}"))
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the parser's recursion)
         return False
 
 
@@ -243,7 +243,7 @@ def project_trusted(user_config: Path, project: Path) -> bool:
     import tomllib
     try:
         doc = tomllib.loads(user_config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (tomllib recurses: 500 levels deep is too deep)
         return False
     entry = (doc.get("projects") or {}).get(str(project)) or {}
     return isinstance(entry, dict) and entry.get("trust_level") == "trusted"

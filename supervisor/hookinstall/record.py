@@ -80,7 +80,7 @@ def load(env: Mapping[str, str], target: Path) -> dict[str, Any] | None:
         return None
     try:
         rec = json.loads(record_path(env, target).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # (nested past the parser's recursion)
         return None
     if (not isinstance(rec, dict) or not isinstance(rec.get("after_sha256"), str)
             or not isinstance(rec.get("before"), (str, type(None)))):

@@ -53,7 +53,9 @@ Modules, one concern each (the layering: this package uses
   capture), :mod:`.buffer` (session buffers, over :mod:`.entry` (what is
   held of an event), :mod:`.ring` (one buffer) and :mod:`.stamped` (the
   stamped-append fast path)), :mod:`.replay` (replay plans
-  and the chunked reader), :mod:`.params` (request parameters);
+  and the chunked reader), :mod:`.params` (request parameters),
+  :mod:`.lookalike` (names as a person reads them: the Unicode fold and the
+  confusables the reserved sources of :mod:`.fleetsources` are read with);
 - state: :mod:`.outlet` (a consumer's bounded queue, one dataclass per
   queued item), :mod:`.fanout` (live subscriptions), :mod:`.connections`
   (in-process and WebSocket parties, the claim table), :mod:`.core` (the

@@ -19,15 +19,17 @@ normalization and then some, so that every spelling that reads as the
 bridge's is refused: scheme and host case, percent-decoding (every octet,
 not only the unreserved ones), dot segments, empty segments, userinfo,
 port, a host's trailing dot, ``;params``, query and fragment. Decoded
-hosts and segments are NFKC-folded with invisible characters dropped and
-dashes unified (an ideographic full stop in a host is a dot), and a
-non-ASCII character in a host or the agent's name stands for the letters
-it is a known lookalike of (:func:`_lookalikes`: Unicode's UTS #39
-confusables, a lookalike such as a Cyrillic ``е`` spelled ``%D0%B5``, a
-ligature such as ``ꜷ`` for ``au``; a Latin letter with marks for its base
-letter), and for nothing else (a tenth attack: any non-ASCII character
-matched any one or two letters, so a local agent named ``小助手`` read as
-``codex`` and a remote host ``开发服务器`` as this host; raw non-ASCII is no
+hosts and segments are folded (:func:`.lookalike.fold`: Unicode's
+compatibility caseless match with marks and invisible characters dropped
+before and after the casefold, dashes unified; an ideographic full stop in
+a host is a dot), and a non-ASCII character in a host or the agent's name
+stands for the letters it is a known lookalike of
+(:func:`.lookalike.reads_as`: Unicode's UTS #39 confusables, a lookalike
+such as a Cyrillic ``е`` spelled ``%D0%B5``, a ligature such as ``ꜷ`` for
+``au``; Greek ``Η``, which folds to ``η``, for ``h``), and for nothing else
+(a tenth attack: any non-ASCII character matched any one or two letters,
+so a local agent named ``小助手`` read as ``codex`` and a remote host
+``开发服务器`` as this host; raw non-ASCII is no
 URI and is refused ``invalid-event`` before this). A path is read twice, leniently as above and strictly as
 RFC 3986 §5.2.4 (only ``.``, ``..`` and ``%2E`` spellings are dot segments,
 an empty segment is one): a reserved path in either reading is the fleet's
@@ -50,7 +52,11 @@ Hosts: the bridge's own (``socket.gethostname()``) and the loopback
 aliases (``localhost``, ``*.localhost``, ``127.0.0.0/8``, ``::1``,
 ``0.0.0.0``, ``::``, in every form an IPv4 parser takes, IPv4-mapped,
 IPv4-compatible, IPv4-translated, NAT64, 6to4; an empty host, and a source
-with no authority, ``aep:/agent/...`` and ``aep:agent/...``). Not any host:
+with no authority, ``aep:/agent/...`` and ``aep:agent/...``), each spelled
+with lookalikes too (an eleventh attack: ``lоcalhost`` with a Cyrillic
+``о`` was compared literally, as another host), and read past a delimiter
+that surfaced in the fold (``localhost%3A80``, ``u%40localhost``,
+fullwidth brackets). Not any host:
 an uplinked daemon on another machine sends its bridges' events under
 ``aep://{its host}/agent/{agent}`` (:mod:`supervisor.delivery.uplink`,
 over ``/socket``), and a relay that runs a bridge of the same agent must
@@ -63,30 +69,13 @@ import functools
 import ipaddress
 import re
 import socket
-import unicodedata
 from urllib.parse import unquote
 
-from confusable_homoglyphs.utils import load as load_confusables
+from .lookalike import fold, prepare, readings, reads_as, spelling
 
 __all__ = ["FleetSources", "MAX_CACHED", "MAX_FOLD", "MAX_HOST", "MAX_SEGMENTS"]
 
-#: the categories a decoded character is dropped for: controls, format
-#: characters (bidi overrides, zero-width), separators (spaces)
-_INVISIBLE = frozenset(("Cc", "Cf", "Zs", "Zl", "Zp", "Mn", "Me"))
-#: blank letters (``Lo``) that render as nothing: the Hangul fillers, the
-#: Braille blank (a seventh attack padded ``claude-co\u3164de`` with one)
-_BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800")
-#: non-ASCII characters that render as nothing or as a box: private use,
-#: unassigned, dropped like the invisible ones (a ninth attack inserted one
-#: into ``claude-code``: longer, never matched); other symbols stay
-#: (``codex🚀`` is another name: a tenth attack)
-_NO_LETTER = frozenset(("Co", "Cn"))
-#: the symbols (``So``) that render as nothing or as a box: a blank
-#: notehead (U+1D159, the ninth attack's), the object replacement character,
-#: the replacement character (an escaped byte that is no UTF-8)
-_BLANK_SYMBOLS = frozenset("\U0001d159\ufffc\ufffd")
-#: the full stops IDNA reads as ``.`` in a host (after NFKC: U+FF0E is ``.``,
-#: U+FF61 is U+3002)
+#: the full stops IDNA reads as ``.`` in a host (after NFKD: U+FF61 is U+3002)
 _STOPS = str.maketrans({"\u3002": "."})
 #: at most this many characters of a source are percent-decoded and folded,
 #: host and segments together (per-character work: a 2 KB host of U+FDFA
@@ -118,31 +107,6 @@ _POP_IN = re.compile(r"(?:^|/)(?:\.|%[0-9A-Fa-f]{2}|[^\x21-\x7e/])+(?:;[^/]*)?(?
 _PCT_DOT = re.compile(r"%2[eE]")
 
 
-def _fold(text: str, limit: int) -> str | None:
-    """A decoded host or segment as a person reads it: NFKC (fullwidth
-    forms, compatibility characters), invisible characters dropped, every
-    dash (``Pd``) and ``_`` a ``-``, casefolded; ``None`` once more than
-    ``limit`` characters would remain (too long to be what it is compared
-    with: the loop stops there, whatever NFKC made of the input)."""
-    norm = unicodedata.normalize("NFKC", text)
-    if norm.isascii():  # (what most are: no per-character loop)
-        out = norm.replace("_", "-").translate(_ASCII_DROP).lower()
-        return out if len(out) <= limit else None
-    kept: list[str] = []
-    for ch in norm:
-        cat = unicodedata.category(ch)
-        if cat in _INVISIBLE or cat in _NO_LETTER or ch in _BLANK or ch in _BLANK_SYMBOLS:
-            continue
-        kept.append("-" if cat == "Pd" or ch == "_" else ch)
-        if len(kept) > limit:
-            return None
-    return "".join(kept).casefold()
-
-
-#: the ASCII characters :func:`_fold` drops (controls, space)
-_ASCII_DROP = str.maketrans("", "", "".join(map(chr, range(33))) + "\x7f")
-
-
 class _Budget:
     """What is left of :data:`MAX_FOLD` for one source."""
 
@@ -152,7 +116,7 @@ class _Budget:
         self.left = MAX_FOLD
 
     def fold(self, raw: str, limit: int) -> str | None:
-        """``raw`` percent-decoded and folded (:func:`_fold`), :data:`_LONG`
+        """``raw`` percent-decoded and folded (:func:`.lookalike.fold`), :data:`_LONG`
         when that is longer than ``limit`` (no name, no dot), ``None`` when
         the budget does not reach its end."""
         if _PLAIN.match(raw):
@@ -163,14 +127,14 @@ class _Budget:
             cut = head.rfind("%", _HEAD - 2)
             self.left -= _HEAD
             # (a character cut short dropped; jamo compose at most three into one)
-            if self.left >= 0 and _fold(unquote(head[:cut] if cut >= 0 else head,
+            if self.left >= 0 and fold(unquote(head[:cut] if cut >= 0 else head,
                                                 errors="ignore"), 3 * limit) is None:
                 return _LONG
         if len(raw) > self.left:
             self.left = 0
             return None
         self.left -= len(raw)
-        folded = _fold(unquote(raw, errors="replace"), limit)
+        folded = fold(unquote(raw, errors="replace"), limit)
         return _LONG if folded is None else folded
 
 
@@ -265,17 +229,78 @@ def _path(path: str, budget: _Budget, width: int) -> tuple[list[str], list[str]]
     return lfirst, sfirst
 
 
+def _spellings(host: str) -> set[str]:
+    """The hosts a folded host reads as: itself and, when a delimiter
+    surfaced in the fold (escaped, ``localhost%3A80``, or a lookalike,
+    ``u＠localhost``: RFC 3986 reads either as data, a person as the
+    delimiter), what stands after its last ``@``, inside its ``[]``,
+    before its ``:`` (unless it is an IPv6 address); each without trailing
+    full stops, lookalike ones too (``localhostꓸ``). C-speed scans."""
+    out = {host}
+    seen = host.translate(_delimiters())  # (lookalike delimiters as ASCII ones, in place)
+    if seen.endswith("."):
+        out.add(host[:len(seen.rstrip("."))])
+    if "@" not in seen and "[" not in seen and ":" not in seen:
+        return out
+    start = seen.rfind("@") + 1
+    rest, seen = host[start:], seen[start:]
+    if seen.startswith("["):
+        end = seen.find("]") % (len(seen) + 1)  # (no "]": to the end)
+        rest, seen = rest[1:end], seen[1:end]
+    else:
+        colon = seen.find(":")
+        if colon >= 0 and not _ipv6(rest):
+            rest, seen = rest[:colon], seen[:colon]
+    out.add(rest[:len(seen.rstrip("."))])
+    return out
+
+
+@functools.cache
+def _delimiters() -> dict[int, str]:
+    """What :func:`_spellings` reads as a delimiter: each non-ASCII
+    lookalike (:func:`.lookalike.spelling`) of ``@ [ ] : .``, as a
+    ``str.translate`` table."""
+    return {ord(ch): d for d in ".:]@[" for ch in spelling(d)}
+
+
+def _ipv6(host: str) -> bool:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
+
+
+#: the loopback names (``*.localhost`` too)
+_LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
+
+
 def _loopback(host: str) -> bool:
     """This machine by any spelling: a loopback name, an empty host, a
     loopback or unspecified address in any form an IPv4 parser takes
     (``127.1``, ``2130706433``, ``0x7f000001``, ``0177.0.0.1``, ``0``: a
     seventh attack) or embedded in IPv6 (IPv4-mapped ``::ffff:127.0.0.1``,
     -compatible ``::127.0.0.1``, -translated ``::ffff:0:127.0.0.1``,
-    NAT64 ``64:ff9b::127.0.0.1``, 6to4: an eighth)."""
-    if host in ("", "localhost", "localhost.localdomain") or host.endswith(".localhost"):
+    NAT64 ``64:ff9b::127.0.0.1``, 6to4: an eighth); a name or address
+    spelled with lookalikes too (an eleventh: ``lоcalhost`` with a Cyrillic
+    ``о`` was another host): a non-ASCII host reads as a loopback name
+    (:func:`.lookalike.reads_as`) or as an address in one of its readings
+    (:func:`.lookalike.readings`; more than 64 readings: ours, unread)."""
+    if host in ("", *_LOOPBACK_NAMES) or host.endswith(".localhost"):
         return True
-    if not host.isascii():
-        return False
+    if host.isascii():
+        return _address(host)
+    seen = host.translate(_delimiters())
+    if any(reads_as(host, name) for name in _LOOPBACK_NAMES) or any(
+            seen[i] == "." and reads_as(host[i:], ".localhost")
+            for i in range(max(0, len(host) - 10), len(host))):
+        return True
+    texts = readings(host, _NUMERIC, 64)
+    return texts is None or any(_address(t) for t in texts)
+
+
+def _address(host: str) -> bool:
+    """An ASCII host is a loopback or unspecified address (:func:`_loopback`)."""
     if len(host) > 64:  # an address padded with zeros (0x000...07f000001): ours, unread
         return all(c in _NUMERIC for c in host)
     try:
@@ -306,64 +331,6 @@ _NUMERIC = frozenset("0123456789abcdefABCDEFxX.:")
 _V4_IN_V6 = frozenset((0xFFFF, 0xFFFF << 16, 0x64FF9B << 64))
 
 
-def _same_name(seg: str, name: str) -> bool:
-    """``seg`` spells ``name`` (both folded), a non-ASCII character of
-    ``seg`` matching one of its :func:`_lookalikes` (a lookalike letter, a
-    ligature's two letters), never any other character."""
-    if seg == name:
-        return True
-    if seg.isascii() or len(seg) > len(name):  # (every character stands for one or more)
-        return False
-    reach = {0}  # how much of name the read part of seg can spell
-    for ch in seg:
-        if ch.isascii():
-            reach = {i + 1 for i in reach if i < len(name) and name[i] == ch}
-        else:
-            reach = {i + len(alt) for i in reach for alt in _lookalikes(ch)
-                     if name.startswith(alt, i)}
-        if not reach:
-            return False
-    return len(name) in reach
-
-
-@functools.lru_cache(maxsize=1024)
-def _lookalikes(ch: str) -> tuple[str, ...]:
-    """The ASCII spellings (lower case, ``[a-z0-9.-]``) a non-ASCII
-    character reads as: its UTS #39 confusables (Unicode's confusables.txt
-    through ``confusable-homoglyphs``: Cyrillic ``е`` is ``e``, ``ꜷ`` is
-    ``au``, ``℮`` is ``e``) with the ASCII ones those are confusable with
-    (``l`` and ``1``, ``rn`` and ``m``), and, for a letter with marks, its
-    base letter (``é`` is ``e``); ``()`` for every other character (a CJK
-    or kana letter, an emoji, a currency sign: they spell no Latin name)."""
-    table = _confusables()
-    alts = set(table.get(ch, ()))
-    for alt in tuple(alts):
-        alts.update(table.get(alt, ()))
-    base = "".join(c for c in unicodedata.normalize("NFD", ch) if not unicodedata.combining(c))
-    if base != ch and _ASCII_NAME.match(base.casefold()):
-        alts.add(base.casefold())
-    return tuple(sorted(alts))
-
-
-#: what a lookalike's ASCII spelling may hold
-_ASCII_NAME = re.compile(r"[a-z0-9.-]+\Z")
-
-
-@functools.cache
-def _confusables() -> dict[str, tuple[str, ...]]:
-    """Every character of confusables.txt with an ASCII lookalike, and the
-    ASCII spellings it reads as (built once, at the first non-ASCII name
-    compared: ~1,500 entries of the package's 9,600, ~65 ms)."""
-    table: dict[str, tuple[str, ...]] = {}
-    for ch, glyphs in load_confusables("confusables.json").items():
-        # (right-to-left glyphs are stored wrapped in U+200E marks)
-        alts = {g["c"].replace("\u200e", "").casefold() for g in glyphs}
-        ascii_alts = tuple(sorted(a for a in alts if _ASCII_NAME.match(a)))
-        if ascii_alts:
-            table[ch] = ascii_alts
-    return table
-
-
 class FleetSources:
     """The reserved source bases (a handful: one per fleet bridge agent)."""
 
@@ -386,10 +353,10 @@ class FleetSources:
         authority, path = _split(base) if base[:4].casefold() == "aep:" else (None, "")
         host = _host(authority, _Budget()) if authority is not None else None
         segs = path.strip("/").split("/")
-        names = [_fold(unquote(s), 1 << 10) or "" for s in segs]
+        names = [fold(unquote(s), 1 << 10) or "" for s in segs]
         if not host or len(names) != 2 or names[0] != "agent" or not names[1]:
             raise ValueError(f"not an aep://{{host}}/agent/{{agent}} base: {base!r}")
-        _confusables()  # (built at the daemon's start, not in the first event's turn)
+        prepare()  # (built at the daemon's start, not in the first event's turn)
         self._hosts.add(host)
         self._agents.add(names[1])
         self._width = max(self._width, len(names[1]))
@@ -416,11 +383,11 @@ class FleetSources:
         budget = _Budget()
         authority, path = _split(source)
         host = _host(authority, budget)
-        if host is not None and not (_loopback(host) or any(_same_name(host, h)
-                                                            for h in self._hosts)):
+        if host is not None and not any(_loopback(h) or any(reads_as(h, mine) for mine in self._hosts)
+                                        for h in _spellings(host)):
             return False  # another machine's: its path is not read
         firsts = _path(path, budget, self._width)
         if firsts is None:
             return True  # ours or unreadable, and a path too long or odd to read: fail closed
-        return any(len(first) == 2 and _same_name(first[0], "agent") and
-                   any(_same_name(first[1], a) for a in self._agents) for first in firsts)
+        return any(len(first) == 2 and reads_as(first[0], "agent") and
+                   any(reads_as(first[1], a) for a in self._agents) for first in firsts)

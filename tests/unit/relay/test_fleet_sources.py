@@ -91,6 +91,23 @@ OWNED = {
     "object replacement after": "aep://vm/agent/claude-code%EF%BF%BC",
     "cyrillic o and private use": "aep://vm/agent/claude-c%D0%BE%EE%80%80de",
     "zero-padded hex loopback": "aep://0x" + "0" * 80 + "7f000001/agent/claude-code",
+    # an eleventh attack (atk11 f2): loopback names were compared literally, and
+    # casefold split a letter into a letter and a mark the fold kept (ẗ: t U+0308)
+    "cyrillic o in localhost": "aep://l%D0%BEcalhost/agent/claude-code/session/s3",
+    "t with diaeresis in agent": "aep://localhost/agen%E1%BA%97/claude-code/session/s4",
+    "t with diaeresis, this host": "aep://vm/agen%E1%BA%97/claude-code/session/s6",
+    "greek capital eta in localhost (folds to eta, an n)": "aep://local%CE%97ost/agent/claude-code",
+    "cyrillic capital en in localhost": "aep://local%D0%9Dost/agent/codex",
+    "greek capital epsilon in the name": "aep://vm/agent/claude-cod%CE%95",
+    "lookalike subdomain of localhost": "aep://x.l%D0%BEcalhost/agent/codex",
+    "lookalike trailing stop": "aep://localhost%EA%93%B8/agent/codex",
+    "lookalike digit in an address": "aep://%D3%8F27.0.0.1/agent/claude-code",
+    "escaped port": "aep://localhost%3A80/agent/claude-code",
+    "escaped userinfo": "aep://u%40localhost/agent/claude-code",
+    "fullwidth brackets": "aep://%EF%BC%BB::1%EF%BC%BD/agent/claude-code",
+    "fullwidth colon and port": "aep://127.0.0.1%EF%BC%9A80/agent/claude-code",
+    "lookalike colon and port": "aep://localhost%EA%9E%8980/agent/claude-code",
+    "ypogegrammeni (casefold: a letter) after the name": "aep://vm/agent/claude-code%CD%85",
 }
 
 #: not the fleet's: other agents, other hosts (an uplinked daemon elsewhere
@@ -122,6 +139,12 @@ NOT_OWNED = {
     "kana 9 (コードアシスタント)": "aep://localhost/agent/" + quote("コードアシスタント") + "/session/s1",
     "codex + emoji": "aep://localhost/agent/" + quote("codex🚀") + "/session/s1",
     "codex + currency": "aep://localhost/agent/" + quote("codex€"),
+    # the eleventh attack's readings make no other host this one
+    "escaped port elsewhere": "aep://vm2%3A80/agent/claude-code",
+    "lookalike colon elsewhere": "aep://vm2%EA%9E%8980/agent/claude-code",
+    "escaped userinfo elsewhere": "aep://localhost%40vm2/agent/claude-code",
+    "an IPv6 host elsewhere": "aep://[2001:db8::1]/agent/claude-code",
+    "greek word host": "aep://%CE%B7%CE%BF%CF%83%CF%84/agent/claude-code",
 }
 
 
@@ -201,3 +224,15 @@ def test_a_non_ascii_remote_host_is_not_this_one(host):
     f.reserve("aep://dev-box/agent/claude-code")
     assert not f.owns(f"aep://{quote(host)}/agent/claude-code/session/s1")
     assert f.owns("aep://d%D0%B5v-b%D0%BEx/agent/claude-code")  # (Cyrillic е, о: still this host)
+
+
+@pytest.mark.parametrize("name", ["k%C4%B0mi-code", "open%E1%BA%96ands", "%C7%B0%E1%BA%98%E1%BA%99"])
+def test_a_letter_casefold_splits_is_its_letter(name):
+    """An eleventh outside attack (atk11 f2): casefold splits ``İ ẖ ǰ ẘ ẙ``
+    (as ``ẗ``) into a letter and a combining mark, and the old fold
+    casefolded after it had dropped the marks."""
+    f = FleetSources()
+    for agent in ("kimi-code", "openhands", "jwy"):
+        f.reserve(f"aep://vm/agent/{agent}")
+    assert f.owns(f"aep://vm/agent/{name}/session/s1")
+    assert f.owns(f"aep://l%D0%BEcalhost/agent/{name}")

@@ -89,6 +89,25 @@ async def test_a_refused_source_still_refuses_the_batch_whole():
     assert relay.counters["events"] == 0 and relay.counters["refused_owned_source"] == 1
 
 
+ROUND_11 = ["aep://l%D0%BEcalhost/agent/claude-code/session/s3",  # Cyrillic о
+            "aep://localhost/agen%E1%BA%97/claude-code/session/s4",  # ẗ
+            "aep://vm/agen%E1%BA%97/claude-code/session/s6"]
+
+
+async def test_the_eleventh_attacks_spellings_are_refused_on_post():
+    """An eleventh outside attack on issue 25 (atk11 f2): these were
+    accepted 202 with ``agent: claude-code``, each alone in its post; each
+    is now refused 400 and counted, and the plain forms still are."""
+    relay = Relay(token="t")
+    relay.fleet_sources.reserve("aep://vm/agent/claude-code")
+    for n, source in enumerate([*ROUND_11, "aep://localhost/agent/claude-code/session/s1"]):
+        event = ev(0, f"r11-{n}", type="session.started", source=source, agent="claude-code")
+        assert await _post(relay, [event]) == 400, source
+    assert relay.counters["events"] == 0 and relay.counters["refused_owned_source"] == 4
+    other = ev(0, "r11-other", type="session.started", source="aep://vm2/agen%E1%BA%97/claude-code")
+    assert await _post(relay, [other]) == 202  # another host's stays its own
+
+
 def test_the_memos_keep_no_long_key():
     for n in range(300):
         src = f"aep://h/{n}/" + "a" * 60_000
