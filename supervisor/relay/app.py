@@ -61,7 +61,7 @@ from typing import Any, Callable, Sequence
 
 import trio
 
-from bridges.core.aep import ACK_TYPES, AEP_VERSION, check_containers, is_command_type, loads
+from bridges.core.aep import ACK_TYPES, AEP_VERSION, check_json, is_command_type, loads
 from bridges.core.asgi import (
     Message,
     Receive,
@@ -350,7 +350,7 @@ class RelayApp:
             if j % _YIELD_LINES == _YIELD_LINES - 1:
                 await trio.lowlevel.checkpoint()
             try:
-                check_containers(ln)  # before any parse: a tenth attack's loop stall
+                check_json(ln)  # before any parse: a tenth attack's loop stall
                 # the event's entry from its bytes when that path knows the
                 # answer (envelope.formed_entry), else from its text
                 entry = formed_entry(ln)
