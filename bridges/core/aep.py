@@ -396,11 +396,11 @@ def check_json(text: str | bytes) -> int:
     will be (:mod:`bridges.core.pacing`). C-speed counts; strings are
     skipped (one linear pass) only when a count passes its cap."""
     n, v = _counts(text)
-    f = _floats(text)
+    f = 0 if n > MAX_CONTAINERS or v > MAX_VALUES else _floats(text)
     if n > MAX_CONTAINERS or v > MAX_VALUES or f > MAX_FLOATS:
         bare = _bare(text)  # brackets, commas and digits in strings do not count
         n, v = _counts(bare)
-        f = _floats(bare) if f > MAX_FLOATS else 0
+        f = _floats(bare)
     if n > MAX_CONTAINERS:
         raise ValueError(f"over {MAX_CONTAINERS} JSON arrays and objects in one value")
     if v > MAX_VALUES:
