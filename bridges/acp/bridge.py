@@ -22,7 +22,10 @@ Health (``/healthz``, counters behind the token when one is set):
 ``tee_skipped_bytes`` (what the tees reported: pieces their bounded queue
 dropped, bytes of over-cap lines not shipped), ``lines``, ``oversize``
 (lines over the tee's parse cap: passed through, never parsed),
-``malformed``, ``unmatched``, ``refused`` (upgrades refused: bad hello,
+``malformed``, ``lines_refused`` (lines past the JSON bounds of
+:func:`~bridges.core.aep.check_json` or holding a batch of over
+:data:`~bridges.acp.join.MAX_BATCH` members: not parsed or not walked,
+counted ``malformed`` too, logged rate-limited), ``unmatched``, ``refused`` (upgrades refused: bad hello,
 wrong agent, too many tees, a tee id claimed by another connection).
 
 Bounds (issue 25, hardening round two): every tee input is parsed depth-
@@ -58,6 +61,7 @@ from bridges.core.asgi import refuse_upgrade, respond
 from bridges.core.bridge import BridgeContext, BridgeRun, Emission
 from bridges.core.capture import CapturePolicy
 from bridges.core.limits import BURST_S, PeerLog, SessionBucket
+from bridges.core.pacing import Pacer
 
 from . import wire
 from .config import AcpConfig
@@ -171,7 +175,7 @@ class TeeHub:
         self.new_sessions = SessionBucket(rate, rate * BURST_S)
         for c in ("tees_attached", "tees_seen", "tee_connections", "tee_drops",
                   "tee_skipped_bytes", "lines", "oversize", "malformed", "unmatched", "refused",
-                  "tee_claims_refused", "control_refused", "tee_faults", "lines_cut",
+                  "tee_claims_refused", "control_refused", "tee_faults", "lines_cut", "lines_refused",
                   "sessions_refused", "log_suppressed"):
             ctx.health.counters.setdefault(c, 0)
         ctx.health.counters["tees_attached"] = 0
@@ -260,12 +264,26 @@ class TeeHub:
             self.ctx.health.count("log_suppressed")
 
     async def _lines(self, tee: TeeState, direction: str, lines: list[bytes | int]) -> None:
+        """Feed ``lines`` to the tee's story, yielding by bytes parsed
+        (:class:`~bridges.core.pacing.Pacer`: a batch holds up to
+        :data:`QUEUE_BYTES` of lines, each parsed and walked on this loop)."""
+        story = tee.story
+        pace = Pacer()
         for line in lines:
             if isinstance(line, int):
                 self.ctx.health.count("oversize")  # passed through, never parsed
-                tee.story.counters.lines += 1
+                story.counters.lines += 1
                 continue
-            await self._emit(tee, tee.story.feed(direction, line))
+            await pace.take(len(line))
+            refused = story.counters.refused
+            outs = story.feed(direction, line)
+            if story.counters.refused > refused:
+                self.ctx.health.count("lines_refused")
+                self._warn(tee.tee, "%s: tee %s: a line of %d bytes holds more JSON arrays, "
+                           "objects, values or batch members than a frame may; not parsed "
+                           "(counted lines_refused and malformed)", self.bridge.name, tee.tee,
+                           len(line))
+            await self._emit(tee, outs)
 
     async def _emit(self, tee: TeeState, outs: list[Any]) -> None:
         for o in outs:

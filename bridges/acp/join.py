@@ -24,6 +24,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from bridges.core.aep import check_json
+
 from .mapping import Emission, Posture, fallback, map_moment, map_update, resolution, session_of
 from .wire import AGENT, CLIENT  # a line the agent sent / the client (editor) sent
 
@@ -34,6 +36,12 @@ a frame with a longer one is ``malformed`` (ids are kept per pending
 request, run and session: their length bounds what a tee costs)."""
 MAX_TITLE = 1024
 """Characters of a tool title remembered for its later updates."""
+MAX_BATCH = 1024
+"""Most members of one JSON-RPC batch array a line may carry: a longer one
+is one ``malformed`` line, never walked (six 16 MiB lines of ``[{},...]``,
+5.6 million members each, held the daemon's loop 1.6-2.2 s a line: an
+eleventh outside attack on issue 25, finding 3). Real agents send one
+frame a line."""
 
 
 def _short_id(rpc_id: Any) -> bool:
@@ -55,7 +63,25 @@ def parse_line(line: bytes) -> list[dict[str, Any]] | None:
     escape sequences, a stray banner): when the line does not parse, it is
     parsed again from its first ``{``. Invalid UTF-8 is replaced (the
     pass-through itself never decodes anything). A JSON-RPC batch array
-    yields its object members."""
+    yields its object members. A line past the bounds (:func:`refused`)
+    holds none."""
+    frames = _frames(line)
+    return None if frames is REFUSED else frames
+
+
+REFUSED: list[dict[str, Any]] = []
+""":func:`_frames` of a line past the bounds (not a list of frames: a marker)."""
+
+
+def _frames(line: bytes) -> list[dict[str, Any]] | None:
+    """:func:`parse_line`, but :data:`REFUSED` for a line past the bounds:
+    over the JSON bounds of :func:`bridges.core.aep.check_json` (arrays
+    and objects, values, floats: not parsed) or a batch array of over
+    :data:`MAX_BATCH` members (not walked)."""
+    try:
+        check_json(line)  # before the parse: its cost is bounded by these counts
+    except ValueError:
+        return REFUSED
     text = line.decode("utf-8", "replace")
     try:
         obj = json.loads(text)
@@ -70,6 +96,8 @@ def parse_line(line: bytes) -> list[dict[str, Any]] | None:
     if isinstance(obj, dict):
         return [obj]
     if isinstance(obj, list):
+        if len(obj) > MAX_BATCH:
+            return REFUSED
         frames = [f for f in obj if isinstance(f, dict)]
         return frames or None
     return None
@@ -161,6 +189,8 @@ class Counters:
     lines: int = 0
     frames: int = 0
     malformed: int = 0
+    refused: int = 0
+    """Lines past the bounds (:func:`_frames`), each counted ``malformed`` too."""
     unmatched: int = 0
     mapping_errors: int = 0
 
@@ -200,11 +230,14 @@ class Story:
 
     def feed(self, direction: str, line: bytes) -> list[Out]:
         """Every emission one observed line yields (``[]`` for a line that
-        carries no JSON-RPC frame: counted ``malformed``). Never raises."""
+        carries no JSON-RPC frame: counted ``malformed``, once a line; one
+        past the bounds is counted ``refused`` too). Never raises."""
         self.counters.lines += 1
-        frames = parse_line(line)
-        if frames is None:
+        frames = _frames(line)
+        if not frames:  # None, or REFUSED
             self.counters.malformed += 1
+            if frames is REFUSED:
+                self.counters.refused += 1
             return []
         out: list[Out] = []
         for frame in frames:

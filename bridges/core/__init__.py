@@ -3,7 +3,8 @@ the protocol vocabulary (:mod:`.aep`), envelope stamping, capture gating
 and redaction, vendor fallback naming, the mappers' one posture
 (:mod:`.posture`) and their tolerant JSON readers (:mod:`.readers`), the command ledger and control shape, settings, the
 HTTP machinery (:mod:`.asgi`, :mod:`.http`), the bounds on what a peer
-may cost (:mod:`.limits`: the new-session bucket, rate-limited log lines),
+may cost (:mod:`.limits`: the new-session bucket, rate-limited log lines;
+:mod:`.pacing`: a loop over untrusted input yielding by work done),
 the hook shim's signed requests (:mod:`.signed`).
 
 The layers point one way: ``bridges.core`` -> the bridges -> ``supervisor``
@@ -14,6 +15,6 @@ and :mod:`.http` (serving sockets it is handed)."""
 
 __all__ = [
     "aep", "asgi", "backoff", "bridge", "captable", "cappolicy", "capture", "capwalk", "control", "envelope", "errors",
-    "http", "ledger", "limits", "naming", "paths", "posture", "readers", "redaction", "settings", "signed",
+    "http", "ledger", "limits", "naming", "pacing", "paths", "posture", "readers", "redaction", "settings", "signed",
     "statefile",
 ]

@@ -41,7 +41,8 @@ __all__ = [
     "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
     "CORE_COMMANDS", "ACK_TYPES", "is_command_type", "is_command", "is_foreign",
     "NACK_REASONS", "ACK_WINDOW_MS",
-    "dumps", "loads", "scrub_surrogates", "MAX_CONTAINERS", "containers", "check_containers",
+    "dumps", "loads", "scrub_surrogates", "MAX_CONTAINERS", "MAX_VALUES", "MAX_FLOATS", "containers",
+    "check_json",
 ]
 
 AEP_VERSION = "0.1"
@@ -321,6 +322,22 @@ size) visits, so 15 MiB of ``[[],[],...]`` (5 million of them) held the
 event loop 2-3.4 s and a gated hook failed open meanwhile (a tenth outside
 attack on issue 25). A big event of ordinary shape opens far fewer."""
 
+MAX_VALUES = 131_072
+"""Most JSON values (numbers, strings, literals, arrays and objects;
+counted as its arrays and objects plus its commas plus one, outside
+strings) one event, frame or hook body may hold: each is a Python object
+the parse makes and every walk visits (some 0.3 us a member of an object
+here). A big event of ordinary shape (prose, code, a file's text: strings)
+holds far fewer."""
+
+MAX_FLOATS = 65_536
+"""Most JSON numbers with a fraction or an exponent (counted once for each:
+``1.5e3`` is two) one event, frame or hook body may hold, outside strings:
+each costs ~1 us (the exact re-encoding's ``repr`` check), so one 8 MB
+line of two million (``[0.5,0.5,...]``, two containers) held the event loop
+1.7-2.7 s; with :data:`MAX_VALUES` a line now costs at most ~0.15 s of CPU
+here (found while fixing an eleventh outside attack on issue 25)."""
+
 # A string, or an unterminated one to the end: every match succeeds, so the
 # scan is linear (one that must end in '"' restarted at every later quote:
 # 130 KB of '\\"' held the loop 9 s, an eleventh outside attack on issue 25);
@@ -329,23 +346,65 @@ _STRING_B = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\Z)', re.DOTALL)
 _STRING_S = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\Z)', re.DOTALL)
 
 
+def _counts(text: str | bytes) -> tuple[int, int]:
+    """``(containers, values)``: every ``[`` and ``{``, and that plus every
+    ``,`` plus one, of ``text`` (upper bounds: strings are not skipped)."""
+    if isinstance(text, str):
+        n = text.count("[") + text.count("{")
+        return n, n + text.count(",") + 1
+    n = text.count(b"[") + text.count(b"{")
+    return n, n + text.count(b",") + 1
+
+
+# digits -> "0", "." -> ".", "e" and "E" -> "e", every other byte -> " ": a
+# number's fraction is a "0." and its exponent a "0e" (in true/false an "e"
+# follows a letter)
+_FLOAT_MAP = bytes(0x30 if 0x30 <= b <= 0x39 else b if b == 0x2E else 0x65 if b in (0x45, 0x65)
+                   else 0x20 for b in range(256))
+
+
+def _floats(text: str | bytes) -> int:
+    """Fractions and exponents of the numbers of ``text`` (upper bound:
+    strings are not skipped). Each needs two bytes: text shorter than
+    ``2 * MAX_FLOATS`` is not scanned (0)."""
+    if len(text) < 2 * MAX_FLOATS:
+        return 0
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    scan = raw.translate(_FLOAT_MAP)
+    return scan.count(b"0.") + scan.count(b"0e")
+
+
+def _bare(text: str | bytes) -> str | bytes:
+    """``text`` without its JSON strings (an unterminated one to the end)."""
+    return _STRING_S.sub("", text) if isinstance(text, str) else _STRING_B.sub(b"", text)
+
+
 def containers(text: str | bytes) -> int:
     """How many JSON arrays and objects ``text`` (JSON) opens, at C speed:
     every ``[`` and ``{``, and only when that passes :data:`MAX_CONTAINERS`
     those outside strings (code in a tool result is full of brackets)."""
-    n = text.count("[") + text.count("{") if isinstance(text, str) \
-        else text.count(b"[") + text.count(b"{")
-    if n <= MAX_CONTAINERS:
-        return n
-    if isinstance(text, str):
-        bare_s = _STRING_S.sub("", text)
-        return bare_s.count("[") + bare_s.count("{")
-    bare = _STRING_B.sub(b"", text)
-    return bare.count(b"[") + bare.count(b"{")
+    n = _counts(text)[0]
+    return n if n <= MAX_CONTAINERS else _counts(_bare(text))[0]
 
 
-def check_containers(text: str | bytes) -> None:
-    """Raise ``ValueError`` when ``text`` opens over :data:`MAX_CONTAINERS`
-    JSON arrays and objects (:func:`containers`); before parsing it."""
-    if containers(text) > MAX_CONTAINERS:
+def check_json(text: str | bytes) -> int:
+    """Raise ``ValueError`` when ``text`` (JSON, before it is parsed) opens
+    over :data:`MAX_CONTAINERS` arrays and objects (:func:`containers`),
+    holds over :data:`MAX_VALUES` values or over :data:`MAX_FLOATS`
+    fractions and exponents; else the containers it opens (an upper bound:
+    brackets in strings count while under the cap), the work its parse
+    will be (:mod:`bridges.core.pacing`). C-speed counts; strings are
+    skipped (one linear pass) only when a count passes its cap."""
+    n, v = _counts(text)
+    f = 0 if n > MAX_CONTAINERS or v > MAX_VALUES else _floats(text)
+    if n > MAX_CONTAINERS or v > MAX_VALUES or f > MAX_FLOATS:
+        bare = _bare(text)  # brackets, commas and digits in strings do not count
+        n, v = _counts(bare)
+        f = _floats(bare)
+    if n > MAX_CONTAINERS:
         raise ValueError(f"over {MAX_CONTAINERS} JSON arrays and objects in one value")
+    if v > MAX_VALUES:
+        raise ValueError(f"over {MAX_VALUES} JSON values in one value")
+    if f > MAX_FLOATS:
+        raise ValueError(f"over {MAX_FLOATS} JSON fractions and exponents in one value")
+    return n

@@ -27,7 +27,7 @@ from typing import Any
 
 import trio
 
-from bridges.core.aep import check_containers
+from bridges.core.aep import check_json
 from bridges.core.asgi import Receive, Scope, Send, header, read_body, respond
 from bridges.core.signed import SIGNED_KEY, SignedAnswer, body_matches
 
@@ -45,7 +45,7 @@ def _parsed(body: bytes) -> tuple[Any, str]:
     bad body, not a 500; 4 MiB of ``[[],...]`` held the loop a second: a
     tenth outside attack, refused before the parse)."""
     try:
-        check_containers(body)
+        check_json(body)
     except ValueError as e:
         return None, str(e)
     try:

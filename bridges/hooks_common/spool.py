@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import trio
 
+from bridges.core.aep import check_json
 from bridges.core.envelope import Ulids
 
 from .hub import HookHub, MappingFailed, now_ms
@@ -114,8 +115,11 @@ def parse_line(line: bytes, agent: str) -> Spooled | None:
     """One spool line -> :class:`Spooled`, or ``None`` when malformed
     (not JSON, not the contract's shape, another agent's, a payload that is
     not a JSON object: raw text the vendor sent cannot be mapped; nesting
-    too deep to decode)."""
+    too deep to decode; more JSON arrays, objects, values or floats than
+    the endpoint takes in a body, :func:`bridges.core.aep.check_json`: a
+    spooled body the daemon never saw is held to the same bounds)."""
     try:
+        check_json(line)
         rec = json.loads(line)
     except (ValueError, RecursionError):  # nesting: one bad line, never a bridge crash
         return None
@@ -124,6 +128,7 @@ def parse_line(line: bytes, agent: str) -> Spooled | None:
     payload = rec.get("payload")
     if isinstance(payload, str):
         try:
+            check_json(payload)
             payload = json.loads(payload)
         except (ValueError, RecursionError):
             return None

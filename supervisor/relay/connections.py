@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable, Protocol, Sequence
 
 import trio
 
-from bridges.core.aep import AEP_VERSION, check_containers, is_command_type, loads
+from bridges.core.aep import AEP_VERSION, check_json, is_command_type, loads
 
 from .acks import AckRefused
 from .attrmatch import Filter, FilterTooLarge, InvalidFilter
@@ -413,7 +413,7 @@ class SocketConnection(Connection):
         if self.outlet.state != OPEN:
             return
         try:
-            check_containers(text)  # before the parse (a tenth outside attack)
+            check_json(text)  # before the parse (a tenth outside attack)
             msg = loads(text)
         except ValueError as e:
             msg = None

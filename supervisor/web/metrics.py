@@ -72,6 +72,7 @@ _BRIDGE_DROPS = {
     "otlp.rejected": ("otlp-record-rejected", "*"),
     "emit_errors": ("emit-error", "*"),
     "lines_cut": ("acp-line-cut", "*"),  # ACP: unfinished lines past AEP_ACP_MAX_HELD_BYTES
+    "lines_refused": ("acp-line-refused", "*"),  # ACP: lines past the JSON bounds, unparsed
     # ACP and the hook bridges: AEP_ACP_NEW_SESSIONS_PER_S, AEP_<AGENT>_NEW_SESSIONS_PER_S
     "sessions_refused": ("session-refused", "*"),
     "agui.over_budget": ("agui-over-budget", "*"),  # AEP_AGUI_MAX_BUFFERED: mapped unparsed

@@ -329,8 +329,8 @@ def test_no_module_over_600_lines():
 PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
         "aep", "asgi", "backoff", "bridge", "captable", "cappolicy", "capture", "capwalk", "control", "envelope",
-        "errors", "http", "ledger", "limits", "naming", "paths", "posture", "readers", "redaction", "settings",
-        "signed", "statefile",
+        "errors", "http", "ledger", "limits", "naming", "pacing", "paths", "posture", "readers", "redaction",
+        "settings", "signed", "statefile",
     },
     "bridges.core.posture": {"MODES", "Posture"},
     "bridges.core.readers": {"arr", "obj", "text", "whole"},
@@ -380,7 +380,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.codex_hooks.config": {"SETTINGS", "from_env"},
     "bridges.codex_hooks.mapping": {"AGENT", "TABLE", "USAGE", "gate_ask", "map_hook"},
     "bridges.codex_hooks.profile": {"PROFILE", "reply"},
-    "bridges.core.aep": {"MAX_CONTAINERS", "containers", "check_containers", 
+    "bridges.core.aep": {"MAX_CONTAINERS", "MAX_VALUES", "MAX_FLOATS", "containers", "check_json",
         "AEP_VERSION", "SUPPORTED_VERSIONS", "SEVERITIES", "SEVERITY_RANK", "DEFAULT_SEVERITY",
         "NOTICE_RANK", "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
         "CORE_COMMANDS", "ACK_TYPES", "is_command_type", "is_command", "is_foreign",
@@ -397,6 +397,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "bridges.core.errors": {"leaves", "root_cause"},
     "bridges.core.limits": {"BURST_S", "LOG_INTERVAL_S", "PeerLog", "SessionBucket"},
+    "bridges.core.pacing": {"YIELD_BYTES", "YIELD_CONTAINERS", "YIELD_ITEMS", "Pacer"},
     "bridges.core.signed": {"SCHEME", "WINDOW_S", "SEEN_MAX", "DIGEST_HEADER", "PROOF_HEADER",
                             "SIGNED_KEY", "request_mac", "head_proof", "body_proof", "body_digest",
                             "body_matches", "SignedRequests", "SignedAnswer"},

@@ -300,3 +300,29 @@ def test_malformed_hellos_log_one_line_per_peer_and_no_traceback(tmp_path):
         assert len(refusals) == 1, refusals
         c = counters(d)
         assert c["refused"] == 100 and c["log_suppressed"] >= 99, c
+
+
+# ------------------------------------------------------------------ round 11, finding 3
+
+def test_lines_past_the_json_bounds_are_one_malformed_line_each(tmp_path):
+    """A tee's lines of ``[{},{},...]`` (the attack: 16 MiB lines of 5.6
+    million members held the loop ~2 s each and counted 33.5 million
+    ``malformed``): over 65,536 members (past the container cap) or 2,000
+    (past the batch bound), each is one ``malformed`` line, counted
+    ``lines_refused``, logged once for the tee; a good line after them maps."""
+    attack = [b"[" + b",".join([b"{}"] * 70_000) + b"]\n",
+              b"[" + b",".join([b"{}"] * 2_000) + b"]\n"] * 2
+    good = frame({"jsonrpc": "2.0", "method": "session/cancel", "params": {"sessionId": "after"}})
+    with run_daemon(tmp_path, DAEMON_ENV, healthy=True) as d:
+        async def send() -> None:
+            async with open_websocket_url(ws_url(d)) as ws:
+                await ws.send_message(hello("BATCHER"))
+                await ws.send_message(wire.record("agent", b"".join(attack) + good))
+                await ws.send_message(wire.control({"exit": 0}))
+
+        trio.run(send)
+        c = counters_when(d, lambda c: c["lines"] >= 5 and c["tees_attached"] == 0)
+        assert (c["lines_refused"], c["malformed"]) == (4, 4), c
+        refusals = [ln for ln in d.log().splitlines() if "lines_refused" in ln]
+        assert len(refusals) == 1, refusals
+        assert list((d.state / "logs" / "acp").glob("*.jsonl"))  # the good line mapped

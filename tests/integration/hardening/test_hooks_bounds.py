@@ -41,29 +41,38 @@ def _wait(pred, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_million_value_enum_makes_a_small_bounded_form(tmp_path):
+def test_a_huge_enum_makes_a_small_bounded_form(tmp_path):
+    """100,000 choices make a form of the first few (and a body of a
+    million, past ``MAX_VALUES``, is refused before it is parsed: 400,
+    counted ``hooks_bad_body``)."""
     d = DaemonProcess(tmp_path / "state", {"AEP_BRIDGE_CLAUDE_CODE": "1"}, token=TOKEN)
     d.start()
     sid = "elbig"
-    moment = {"hook_event_name": "Elicitation", "session_id": sid, "mcp_server_name": "evil",
-              "message": "pick one",
-              "requested_schema": {"type": "object",
-                                   "properties": {"a": {"type": "string",
-                                                        "enum": ["a"] * 1_000_000}}}}
-    body = json.dumps(moment, separators=(",", ":")).encode()
-    assert len(body) < 4 * 1024 * 1024  # under the body cap: the daemon takes it
+
+    def body(n: int) -> bytes:
+        moment = {"hook_event_name": "Elicitation", "session_id": sid, "mcp_server_name": "evil",
+                  "message": "pick one",
+                  "requested_schema": {"type": "object",
+                                       "properties": {"a": {"type": "string",
+                                                            "enum": ["a"] * n}}}}
+        return json.dumps(moment, separators=(",", ":")).encode()
+    auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
     try:
-        r = httpx.post(f"{d.url}/hooks/claude-code", content=body, timeout=60,
-                       headers={"authorization": f"Bearer {TOKEN}",
-                                "content-type": "application/json"})
+        huge = body(1_000_000)
+        assert len(huge) < 4 * 1024 * 1024  # under the body cap
+        r = httpx.post(f"{d.url}/hooks/claude-code", content=huge, timeout=60, headers=auth)
+        assert r.status_code == 400 and "JSON values" in r.json()["error"], r.text
+        assert d.healthz(TOKEN)["bridges"]["claude_code"]["counters"]["hooks_bad_body"] == 1
+        r = httpx.post(f"{d.url}/hooks/claude-code", content=body(100_000), timeout=60,
+                       headers=auth)
         assert r.status_code == 200
         lines = _lines(d, sid)
         asks = [json.loads(x) for x in lines if b'"attention.requested"' in x]
         assert len(asks) == 1
         (field,) = asks[0]["data"]["fields"]
         assert len(field["choices"]) == forms.CHOICES_MAX
-        assert field["x-truncated"] == {"choices": 1_000_000}
-        assert sum(len(x) for x in lines) < 64 * 1024  # was 23 MB
+        assert field["x-truncated"] == {"choices": 100_000}
+        assert sum(len(x) for x in lines) < 64 * 1024  # was 23 MB (a million choices)
     finally:
         d.stop(timeout=20)
 

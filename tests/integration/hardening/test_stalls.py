@@ -20,6 +20,7 @@ import time
 import httpx
 import pytest
 
+from bridges.core.aep import MAX_VALUES
 from tests.support.daemon import DaemonProcess
 from tests.support.hardening import (
     HealthProbe,
@@ -177,17 +178,25 @@ def test_gzip_of_many_empty_members_never_freezes_the_daemon(fleet_daemon):
 
 # ------------------------------------------------------------------ #5 filter size
 
-def test_a_huge_ws_filter_is_refused_limit_exceeded(relay_daemon):
+@pytest.mark.parametrize("terms", [100_000, 1_000_000])
+def test_a_huge_ws_filter_is_refused_limit_exceeded(relay_daemon, terms):
+    """Past ``AEP_MAX_FILTER_TERMS``: ``limit-exceeded`` for that
+    subscription; a frame of over ``MAX_VALUES`` JSON values (a million
+    terms, ~9 MB) is refused before it is parsed (``bad-json``)."""
     s = ws_upgrade(relay_daemon.port)
     try:
         s.sendall(ws_frame({"type": "hello", "versions": ["0.1"], "role": "consumer"}))
-        prefixes = [f"t{i}.*" for i in range(1_000_000)]  # ~9 MB frame
+        prefixes = [f"t{i}.*" for i in range(terms)]
         s.sendall(ws_frame({"type": "subscribe", "id": "big", "filter": {"type": prefixes}}))
         frames = ws_read_frames(s, until=lambda f: f.get("type") in ("error", "subscribed"),
                                 timeout=60)
     finally:
         s.close()
     last = frames[-1] if frames else {}
+    if terms > MAX_VALUES:
+        assert last.get("type") == "error" and last.get("code") == "bad-json", frames[-2:]
+        assert "JSON values" in last.get("detail", ""), last
+        return
     assert last.get("type") == "error" and last.get("code") == "limit-exceeded", frames[-2:]
     assert last.get("id") == "big"
 

@@ -30,6 +30,24 @@ def test_spool_line_keeps_what_is_not_a_json_object_as_text(raw, payload):
     assert json.loads(shim.spool_line("b" * 32, "codex", raw, 1))["payload"] == payload
 
 
+@pytest.mark.parametrize("payload", [
+    "[" + ",".join(["[]"] * 70_000) + "]",  # over MAX_CONTAINERS
+    "[" + ",".join(["0.5"] * 70_000) + "]",  # over MAX_FLOATS
+])
+def test_a_spool_line_past_the_endpoints_json_bounds_is_malformed(payload):
+    """A body the daemon never saw (it was down) is held to the endpoint's
+    bounds when the sweep reads it (:func:`bridges.core.aep.check_json`):
+    the sweep's parse holds the loop as the endpoint's would."""
+    from bridges.hooks_common.spool import parse_line
+    moment = '{"session_id": "s", "hook_event_name": "PostToolUse", "tool_response": %s}'
+    line = shim.spool_line("c" * 32, "claude-code", (moment % payload).encode(), 1)
+    assert parse_line(line, "claude-code") is None  # the payload: an object (parsed)
+    text = json.dumps({"id": "d" * 32, "agent": "claude-code", "payload": moment % payload})
+    assert parse_line(text.encode(), "claude-code") is None  # the payload: JSON text
+    ok = shim.spool_line("e" * 32, "claude-code", (moment % "[1]").encode(), 1)
+    assert parse_line(ok, "claude-code") is not None
+
+
 def test_default_spool_dir_follows_the_state_dir_rule():
     assert shim.default_spool_dir({"AEP_STATE_DIR": "/s", "HOME": "/h"}) == "/s/hooks-spool"
     assert (shim.default_spool_dir({"XDG_STATE_HOME": "/x", "HOME": "/h"})
