@@ -26,6 +26,7 @@ from bridges.core.aep import MAX_CONTAINERS, MAX_FLOATS
 from bridges.core.bridge import BridgeContext, BridgeHealth
 from bridges.core.envelope import Stamper
 from bridges.core.pacing import YIELD_BYTES
+from tests.support.ticker import Ticker
 
 
 def _note(i: int) -> dict:
@@ -69,25 +70,12 @@ async def test_a_batch_of_big_lines_is_fed_with_yields_by_bytes(monkeypatch):
     else yields): all 40 (4 MB) were fed in one step before."""
     hub, tee = _hub()
     lines: list[bytes | int] = [json.dumps({"x": "a" * 100_000}).encode() for _ in range(40)]
-    ticks = 0
+    ticker = Ticker()
     fed: dict[int, int] = defaultdict(int)
     feed = tee.story.feed
-    monkeypatch.setattr(tee.story, "feed",
-                        lambda d, ln: fed.__setitem__(ticks, fed[ticks] + len(ln)) or feed(d, ln))
-    done = False
-
-    async def ticker():
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker)
-        while not ticks:
-            await trio.lowlevel.checkpoint()
-        await hub._lines(tee, AGENT, lines)
-        done = True
+    monkeypatch.setattr(tee.story, "feed", lambda d, ln: fed.__setitem__(
+        ticker.ticks, fed[ticker.ticks] + len(ln)) or feed(d, ln))
+    await ticker.beside(lambda: hub._lines(tee, AGENT, lines))
     assert sum(fed.values()) == sum(len(ln) for ln in lines if isinstance(ln, bytes))
     # trio may run the ticker before or after the feeder in a round: two steps a tick
     assert max(fed.values()) <= 2 * YIELD_BYTES, max(fed.values())

@@ -16,12 +16,12 @@ import json
 from collections import defaultdict
 
 import pytest
-import trio
 
 from bridges.core.aep import containers
 from bridges.core.pacing import YIELD_BYTES, YIELD_CONTAINERS, YIELD_ITEMS, Pacer
 from supervisor.relay import app as relay_app
 from supervisor.relay.core import Relay
+from tests.support.ticker import Ticker
 from tests.unit.relay.test_relay_core import ev
 
 
@@ -35,11 +35,11 @@ async def _post_paced(monkeypatch, lines: list[bytes]) -> tuple[int, dict[int, l
     """POST ``lines`` as one batch while a ticker runs: (status, the lines
     parsed in each tick)."""
     relay = Relay(token="t")
-    ticks = 0
+    ticker = Ticker()
     parsed: dict[int, list[bytes]] = defaultdict(list)
     formed = relay_app.formed_entry
     monkeypatch.setattr(relay_app, "formed_entry",
-                        lambda ln: parsed[ticks].append(ln) or formed(ln))
+                        lambda ln: parsed[ticker.ticks].append(ln) or formed(ln))
     sent: list = []
     scope = {"type": "http", "path": "/events", "method": "POST", "query_string": b"",
              "server": ("127.0.0.1", 1), "headers": [
@@ -52,20 +52,7 @@ async def _post_paced(monkeypatch, lines: list[bytes]) -> tuple[int, dict[int, l
 
     async def send(m):
         sent.append(m)
-    done = False
-
-    async def ticker():
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(ticker)
-        while not ticks:
-            await trio.lowlevel.checkpoint()
-        await relay_app.make_app(relay)(scope, receive, send)
-        done = True
+    await ticker.beside(lambda: relay_app.make_app(relay)(scope, receive, send))
     assert sum(len(v) for v in parsed.values()) == len(lines)
     return sent[0]["status"], parsed
 

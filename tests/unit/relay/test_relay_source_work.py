@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import sys
 
-import trio
-
 from supervisor.relay import envelope, fanout
 from supervisor.relay.app import make_app
 from supervisor.relay.core import Relay
 from supervisor.relay.fleetsources import FleetSources
+from tests.support.ticker import Ticker
 from tests.unit.relay.test_relay_core import ev, take, ws
 
 FDFA_HOST = "%EF%B7%BA" * 227  # 2 KB; NFKC makes each character 18
@@ -49,29 +48,17 @@ async def test_a_big_batch_lets_other_tasks_run_while_it_is_read(monkeypatch):
     yields, seen from each source check and each parsed line, advance."""
     relay = Relay(token="t")
     relay.fleet_sources.reserve("aep://vm/agent/claude-code")
-    ticks = 0
+    ticker = Ticker()
     seen_by_check: list[int] = []
     seen_by_parse: list[int] = []
     owns = FleetSources.owns
     monkeypatch.setattr(FleetSources, "owns",
-                        lambda self, s: seen_by_check.append(ticks) or owns(self, s))
+                        lambda self, s: seen_by_check.append(ticker.ticks) or owns(self, s))
     formed = sys.modules["supervisor.relay.app"].formed_entry
     monkeypatch.setattr("supervisor.relay.app.formed_entry",
-                        lambda ln: seen_by_parse.append(ticks) or formed(ln))
+                        lambda ln: seen_by_parse.append(ticker.ticks) or formed(ln))
     events = [ev(i + 1, "flood", source=f"aep://{FDFA_HOST}/agent/x/{i}") for i in range(1000)]
-    done = False
-
-    async def other_task():
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await trio.lowlevel.checkpoint()
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(other_task)
-        await trio.lowlevel.checkpoint()
-        status = await _post(relay, events)
-        done = True
+    status = await ticker.beside(lambda: _post(relay, events))
     assert status == 202
     assert len(seen_by_check) == len(seen_by_parse) == 1000
     # bounded runs between yields (128 lines parsed, 64 sources checked; trio
