@@ -72,6 +72,23 @@ async def finish(box):
     raise AssertionError("the held hook never answered")
 
 
+async def hung_up(rig, mo):
+    """POST ``mo`` (an asking moment), then its hook process hangs up (the
+    terminal answered, or the agent was killed) once the ask is out; returns
+    the ask event after the post ended."""
+    hang = trio.Event()
+    box: dict = {}
+    before = len(rig.of("attention.requested"))
+
+    async def go():
+        box["r"] = await rig.post(mo, hangup=hang)
+    rig.nursery.start_soon(go)
+    ask = (await rig.wait_for("attention.requested", before + 1))[-1]
+    hang.set()
+    await finish(box)
+    return ask
+
+
 async def test_permission_allow_option_through_the_ledger():
     rig = Rig(CLAUDE, OPEN)
     async with trio.open_nursery() as n:
@@ -164,15 +181,7 @@ async def test_answered_at_the_terminal_resolves_oob_and_the_late_command_is_nac
     async with trio.open_nursery() as n:
         rig.nursery = n
         await rig.start(n)
-        hang = trio.Event()
-        box: dict = {}
-
-        async def go():
-            box["r"] = await rig.post(m("PermissionRequest", **BASH), hangup=hang)
-        n.start_soon(go)
-        ask = (await rig.wait_for("attention.requested"))[0]
-        hang.set()  # the terminal answered: the vendor stops waiting
-        await finish(box)
+        ask = await hung_up(rig, m("PermissionRequest", **BASH))  # the terminal answered
         await rig.post(m("PostToolUse", tool_use_id="x", tool_response="ok", **BASH))
         ans = (await rig.wait_for("attention.answered"))[0]
         assert ans["data"] == {"answer": {"option": "allow"}, "via": "oob"}
@@ -365,15 +374,7 @@ async def test_an_ask_whose_hook_hung_up_times_out_when_its_hold_would_have_ende
     async with trio.open_nursery() as n:
         rig.nursery = n
         run = await rig.start(n)
-        hang = trio.Event()
-        box: dict = {}
-
-        async def go():
-            box["r"] = await rig.post(m("PermissionRequest", **BASH), hangup=hang)
-        n.start_soon(go)
-        ask = (await rig.wait_for("attention.requested"))[0]
-        hang.set()  # the hook process is gone
-        await finish(box)
+        ask = await hung_up(rig, m("PermissionRequest", **BASH))  # the hook process is gone
         await trio.sleep(0.6)
         await run.hub.expire()  # (or the bridge's own sweep did it already)
         t = (await rig.wait_for("attention.timeout"))[0]

@@ -11,7 +11,7 @@ from bridges.claude_code.profile import PROFILE as CLAUDE
 from bridges.core.control import Refuse
 from bridges.hooks_common.config import HookConfig
 from tests.support.hooks import Rig
-from tests.unit.hooks.test_hub import BASH, OPEN, S, finish, held, m
+from tests.unit.hooks.test_hub import BASH, OPEN, S, finish, held, hung_up, m
 
 
 def test_a_nack_code_is_a_short_token():
@@ -26,15 +26,7 @@ async def test_late_commands_say_why_at_metadata_capture():
     async with trio.open_nursery() as n:
         rig.nursery = n
         await rig.start(n)
-        hang = trio.Event()
-        box: dict = {}
-
-        async def go():
-            box["r"] = await rig.post(m("PermissionRequest", **BASH), hangup=hang)
-        n.start_soon(go)
-        ask = (await rig.wait_for("attention.requested"))[0]
-        hang.set()
-        await finish(box)
+        ask = await hung_up(rig, m("PermissionRequest", **BASH))
         await rig.post(m("PostToolUse", tool_use_id="x", tool_response="ok", **BASH))
         await rig.wait_for("attention.resolved")
         late = await rig.command("control.attention.respond", S, {"answer": {"option": "deny"}},
