@@ -18,7 +18,7 @@ from .answers import Decision
 
 __all__ = ["ASKS_MAX", "ASKS_TOTAL_MAX", "Ask", "FORM_INPUT_MAX", "GONE_CODES", "GONE_MAX", "Instruction", "KEY_MAX", "QUEUE_MAX", "REQUESTED_MAX",
            "SESSIONS_MAX", "SESSION_ID_MAX", "PRINT_KEYS", "PRINT_KEY_MAX", "SessionState", "Sessions", "TOOLS_MAX",
-           "bounded_key", "input_print", "reply_moment", "same_call", "same_print", "tool_key"]
+           "bounded_key", "input_print", "reply_moment", "same_call", "same_print"]
 
 GONE_MAX = 4096
 """Forgotten asks whose closing a session list remembers (:meth:`Sessions.why_gone`)."""
@@ -123,13 +123,6 @@ def same_print(kept: object, value: object) -> bool:
     """:func:`same_call` of the input :func:`input_print` kept and ``value``
     (printed the same way: a small object key by key, else whole)."""
     return _prints_match(kept, input_print(value))
-
-
-def tool_key(moment: dict[str, Any]) -> tuple[str, str]:
-    """``(tool_name, digest(tool_input))``: pairs a ``PermissionRequest``
-    (which has no ``tool_use_id``) with the tool's other moments."""
-    name = moment.get("tool_name")
-    return (name if isinstance(name, str) else "", digest(moment.get("tool_input")))
 
 
 def reply_moment(moment: dict[str, Any], *, form: bool) -> tuple[dict[str, Any], str | None]:
