@@ -508,6 +508,12 @@ def _run(argv: list[str]) -> int:
         decision = _decision(answer)
         if decision is None:
             _warn("the daemon's answer is not a JSON object; no decision")
+        elif decision and token is None and decision.strip() != b"{}":
+            # a daemon decides only with AEP_TOKEN set (its control gate needs one), and
+            # without a token the shim cannot tell the daemon from a process holding its
+            # port: a decision then is never the agent's
+            _warn("a decision came back, but with no AEP_TOKEN (or --token-file) the daemon "
+                  "makes none (control needs a token) and its listener is unproven; ignored")
         elif decision:
             _write_stdout(decision)
     return 0

@@ -105,6 +105,24 @@ async def test_a_listener_that_cannot_prove_it_holds_the_token_gets_no_say(stub,
     assert line["id"] == seen.headers["x-aep-hook-id"]
 
 
+@pytest.mark.parametrize("mode", ["answer", "hold"])
+async def test_with_no_token_a_decision_is_never_printed(stub, tmp_path, mode):
+    """With no AEP_TOKEN the daemon makes no decision (its control gate needs a
+    token), and the shim cannot tell it from a process holding its port: an
+    "allow" from whatever answers is not the agent's decision (round 11 of issue
+    25's known limits: the tokenless shim obeyed any listener). ``{}`` still is."""
+    stub.mode, stub.decision, stub.hold_ms, stub.hold_s = mode, DECISION, 5000, 0.1
+    proc = await run_shim(stub.url, tmp_path / "spool", env={})
+    assert_clean(proc)
+    assert proc.stdout == b""
+    assert b"with no AEP_TOKEN" in proc.stderr and b"ignored" in proc.stderr
+    assert not spooled(tmp_path / "spool")  # the daemon (if it was one) has the moment
+    stub.mode, stub.decision = "answer", b"{}"
+    proc = await run_shim(stub.url, tmp_path / "spool", env={})
+    assert_clean(proc)
+    assert proc.stdout == b"{}" and b"ignored" not in proc.stderr
+
+
 @pytest.mark.parametrize("what", ["body", "hold"])
 async def test_a_listener_between_shim_and_daemon_can_change_nothing(stub, tmp_path, what):
     """The daemon's proofs cover its status, its hold and its decision (a sixth outside
@@ -141,7 +159,8 @@ async def test_the_token_comes_from_the_environment_and_ids_differ(stub, tmp_pat
 
 async def test_a_held_answer_is_waited_for_past_the_first_second(stub, tmp_path):
     stub.mode, stub.decision, stub.hold_ms, stub.hold_s = "hold", DECISION, 5000, 1.3
-    proc = await run_shim(stub.url, tmp_path / "spool")
+    stub.token = "the-real-token"
+    proc = await run_shim(stub.url, tmp_path / "spool", env={"AEP_TOKEN": "the-real-token"})
     assert_clean(proc)
     assert proc.stdout == DECISION
     assert stub.finished == 1 and not spooled(tmp_path / "spool")
@@ -235,11 +254,12 @@ async def test_an_unwritable_spool_still_exits_0(tmp_path):
 
 
 async def test_the_console_script_reaches_the_shim(stub, tmp_path):
-    stub.decision = DECISION
+    stub.decision, stub.token = DECISION, "the-real-token"
     exe = Path(sys.executable).with_name("aep-bridges")
     proc = await trio.run_process(
         [str(exe), "hook", "claude-code", "--daemon", stub.url, "--spool", str(tmp_path)],
-        stdin=b"{}", capture_stdout=True, capture_stderr=True, check=False)
+        stdin=b"{}", capture_stdout=True, capture_stderr=True, check=False,
+        env={**os.environ, "AEP_TOKEN": "the-real-token"})
     assert_clean(proc)
     assert proc.stdout == DECISION
     assert stub.requests[0].path == "/hooks/claude-code"
