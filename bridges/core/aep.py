@@ -41,7 +41,7 @@ __all__ = [
     "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
     "CORE_COMMANDS", "ACK_TYPES", "is_command_type", "is_command", "is_foreign",
     "NACK_REASONS", "ACK_WINDOW_MS",
-    "dumps", "loads", "scrub_surrogates", "MAX_CONTAINERS", "MAX_VALUES", "MAX_FLOATS", "containers",
+    "dumps", "loads", "scrub_surrogates", "MAX_CONTAINERS", "MAX_VALUES", "MAX_FLOATS", "MAX_DIGITS", "containers",
     "check_json",
 ]
 
@@ -338,6 +338,27 @@ line of two million (``[0.5,0.5,...]``, two containers) held the event loop
 1.7-2.7 s; with :data:`MAX_VALUES` a line now costs at most ~0.15 s of CPU
 here (found while fixing an eleventh outside attack on issue 25)."""
 
+MAX_DIGITS = 256
+"""Most digits in a row one JSON number may have, outside strings: reading
+and writing an int of n digits costs n squared (Python's int), so one
+16 MiB line of 3,800 ints of 4,299 digits (just under Python's own limit)
+held the event loop 1.4 s and gated hooks failed open (a twelfth outside
+attack on issue 25). At 256 a 16 MiB line of such numbers costs ~0.15 s;
+no vendor or AEP number comes near it (an int64 has 19)."""
+
+_DIGIT_MAP = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_RUN_LONG = b"0" * (MAX_DIGITS + 1)
+
+
+def _long_number(text: str | bytes) -> bool:
+    """Whether ``text`` holds a run of over :data:`MAX_DIGITS` digits
+    (upper bound: strings are not skipped). One C-speed pass."""
+    if len(text) <= MAX_DIGITS:
+        return False
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    return _RUN_LONG in raw.translate(_DIGIT_MAP)
+
+
 # A string, or an unterminated one to the end: every match succeeds, so the
 # scan is linear (one that must end in '"' restarted at every later quote:
 # 130 KB of '\\"' held the loop 9 s, an eleventh outside attack on issue 25);
@@ -390,21 +411,26 @@ def containers(text: str | bytes) -> int:
 def check_json(text: str | bytes) -> int:
     """Raise ``ValueError`` when ``text`` (JSON, before it is parsed) opens
     over :data:`MAX_CONTAINERS` arrays and objects (:func:`containers`),
-    holds over :data:`MAX_VALUES` values or over :data:`MAX_FLOATS`
-    fractions and exponents; else the containers it opens (an upper bound:
+    holds over :data:`MAX_VALUES` values, over :data:`MAX_FLOATS`
+    fractions and exponents, or a number of over :data:`MAX_DIGITS`
+    digits; else the containers it opens (an upper bound:
     brackets in strings count while under the cap), the work its parse
     will be (:mod:`bridges.core.pacing`). C-speed counts; strings are
     skipped (one linear pass) only when a count passes its cap."""
     n, v = _counts(text)
     f = 0 if n > MAX_CONTAINERS or v > MAX_VALUES else _floats(text)
-    if n > MAX_CONTAINERS or v > MAX_VALUES or f > MAX_FLOATS:
+    long = _long_number(text)
+    if n > MAX_CONTAINERS or v > MAX_VALUES or f > MAX_FLOATS or long:
         bare = _bare(text)  # brackets, commas and digits in strings do not count
         n, v = _counts(bare)
         f = _floats(bare)
+        long = _long_number(bare)
     if n > MAX_CONTAINERS:
         raise ValueError(f"over {MAX_CONTAINERS} JSON arrays and objects in one value")
     if v > MAX_VALUES:
         raise ValueError(f"over {MAX_VALUES} JSON values in one value")
     if f > MAX_FLOATS:
         raise ValueError(f"over {MAX_FLOATS} JSON fractions and exponents in one value")
+    if long:
+        raise ValueError(f"a JSON number of over {MAX_DIGITS} digits")
     return n

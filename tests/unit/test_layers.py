@@ -379,7 +379,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.codex_hooks.config": {"SETTINGS", "from_env"},
     "bridges.codex_hooks.mapping": {"AGENT", "TABLE", "USAGE", "gate_ask", "map_hook"},
     "bridges.codex_hooks.profile": {"PROFILE", "reply"},
-    "bridges.core.aep": {"MAX_CONTAINERS", "MAX_VALUES", "MAX_FLOATS", "containers", "check_json",
+    "bridges.core.aep": {"MAX_CONTAINERS", "MAX_VALUES", "MAX_FLOATS", "MAX_DIGITS", "containers", "check_json",
         "AEP_VERSION", "SUPPORTED_VERSIONS", "SEVERITIES", "SEVERITY_RANK", "DEFAULT_SEVERITY",
         "NOTICE_RANK", "CAPTURE_LEVELS", "CAPTURE_RANK", "DEFAULT_CAPTURE", "capture_rank",
         "CORE_COMMANDS", "ACK_TYPES", "is_command_type", "is_command", "is_foreign",

@@ -145,3 +145,36 @@ async def test_a_post_of_one_event_of_millions_of_floats_is_refused(monkeypatch)
     ok = ev(1, session="s-text")
     ok["data"] = {"text": "0.5," * (MAX_VALUES + 1)}  # in a string: taken
     assert await _post(relay, [ok]) == 202
+
+
+def test_a_number_of_over_max_digits_is_refused_outside_strings_only():
+    """A twelfth outside attack: 3,800 ints of 4,299 digits (under Python's own
+    limit of 4,300) in one 16 MiB line held the loop 1.4 s (reading and writing
+    such an int is quadratic). A number of over MAX_DIGITS digits is refused
+    before the parse; the same digits in a string (a hash, a long id) are not."""
+    from bridges.core.aep import MAX_DIGITS
+    ok = json.dumps({"n": int("9" * MAX_DIGITS), "s": "1" * 5000})
+    check_json(ok)
+    check_json(ok.encode())
+    for bad in (json.dumps({"n": int("9" * (MAX_DIGITS + 1))}),
+                '{"f": 1.' + "5" * (MAX_DIGITS + 1) + "}",
+                '{"e": 1e' + "1" * (MAX_DIGITS + 1) + "}"):
+        with pytest.raises(ValueError, match="digits"):
+            check_json(bad)
+        with pytest.raises(ValueError, match="digits"):
+            check_json(bad.encode())
+
+
+async def test_a_post_of_a_long_number_is_refused_before_the_parse(monkeypatch):
+    from bridges.core.aep import MAX_DIGITS
+    relay = Relay(token="t")
+    parsed = []
+    monkeypatch.setattr("supervisor.relay.app.formed_entry",
+                        lambda ln: parsed.append(ln) or None)
+    e = ev(1, session="s-digits")
+    e["data"] = {"v": [int("9" * 4299)] * 3}
+    assert await _post(relay, [e]) == 400
+    assert not parsed and relay.counters["invalid_events"] == 1
+    ok = ev(1, session="s-digits-ok")
+    ok["data"] = {"v": int("9" * MAX_DIGITS)}
+    assert await _post(relay, [ok]) == 202
