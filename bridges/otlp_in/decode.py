@@ -19,14 +19,39 @@ from __future__ import annotations
 
 import json
 import zlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 
+from bridges.core.aep import check_json
+
 from . import flatten, rawattrs
 from .flatten import FlatRecord, NotOtlp
 from .status import BadRequest, Refusal
+
+MAX_RECORDS = 65_536
+"""Most LogRecords one export request may carry (the SDKs' batch processors
+send at most 512 by default). Each costs a few microseconds of Python in a
+decoding thread, whose hold of the GIL slows the event loop: 2,000,000
+empty records in a 4 MB protobuf held it 1.3-1.6 s, 7 s with several at
+once, and gated hooks failed open (a twelfth outside attack on issue 25).
+Past it the request is refused whole (413, ``RESOURCE_EXHAUSTED``) before
+any record is read; an OTLP/JSON body is bounded by
+:func:`~bridges.core.aep.check_json` (131,072 values) before its parse."""
+
+
+def _check_records(n: int) -> None:
+    """413 (:class:`BadRequest`) when ``n`` is over :data:`MAX_RECORDS`."""
+    if n > MAX_RECORDS:
+        raise BadRequest(Refusal.TOO_LARGE, f"{n} LogRecords in one export request (at most "
+                         f"{MAX_RECORDS}); export smaller batches", "otlp.too_many_records")
+
+
+def _records_in(request: Any) -> int:
+    """LogRecords of a parsed request (protobuf ``len`` of each list: no record read)."""
+    n: int = sum(len(sl.log_records) for rl in request.resource_logs for sl in rl.scope_logs)
+    return n
 
 
 class Reads(NamedTuple):
@@ -149,6 +174,11 @@ def decode_json(body: bytes, notes: list[str]) -> list[FlatRecord | None]:
     malformed value is counted, as the OTLP/JSON receiver always did); 400
     on invalid JSON or a document that is not an export request."""
     try:
+        check_json(body)  # bounded before the parse: values, containers, numbers
+    except ValueError as e:
+        raise BadRequest(Refusal.MALFORMED, f"body refused before its parse: {e}",
+                         "otlp.undecodable") from None
+    try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
         raise BadRequest(Refusal.MALFORMED, f"body is not JSON: {type(e).__name__}",
@@ -168,6 +198,7 @@ def decode_proto(body: bytes, notes: list[str], reads: Reads = ALL) -> list[Flat
     except (DecodeError, RecursionError, ValueError) as e:
         raise BadRequest(Refusal.MALFORMED, f"undecodable protobuf: {str(e)[:200]}",
                          "otlp.undecodable") from None
+    _check_records(_records_in(req))
     return list(flatten.records_from_proto(req, notes, keys=reads.attributes,
                                            resource_keys=reads.resource, extras=reads.extras))
 
@@ -193,6 +224,7 @@ class ProtoDecoder:
         (:class:`BadRequest`) on a corrupt or truncated message."""
         try:
             req = rawattrs.RawRequest.FromString(body)
+            _check_records(_records_in(req))
             return list(rawattrs.records_from_raw(req, notes, self._attribute,
                                                  resource_keys=self.reads.resource,
                                                  extras=self._extras))

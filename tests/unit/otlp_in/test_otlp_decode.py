@@ -118,3 +118,39 @@ def test_response_message_partial_success():
     resp = response_message(Accepted(2, "2 LogRecords rejected: no session key"))
     assert resp.partial_success.rejected_log_records == 2
     assert resp.partial_success.error_message == "2 LogRecords rejected: no session key"
+
+
+def _empty_records(n: int) -> bytes:
+    """An export request of ``n`` empty LogRecords (2 bytes each on the wire)."""
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+    return ExportLogsServiceRequest(resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(
+        log_records=[LogRecord() for _ in range(n)])])]).SerializeToString()
+
+
+@pytest.mark.parametrize("path", ["protobuf", "raw protobuf", "json"])
+def test_an_export_of_too_many_records_is_refused_before_any_is_read(path, monkeypatch):
+    """A twelfth outside attack on issue 25: 2,000,000 empty LogRecords in one
+    4 MB protobuf export were read one by one in a decoding thread whose GIL
+    held the event loop 1.3-7 s, and gated hooks failed open. Past MAX_RECORDS
+    the request is refused whole (413), before any record is read."""
+    from bridges.otlp_in import decode, flatten, rawattrs
+    from bridges.otlp_in.decode import MAX_RECORDS, ProtoDecoder
+    read: list[int] = []
+    for mod, name in ((flatten, "records_from_proto"), (rawattrs, "records_from_raw"),
+                      (flatten, "records_from_json")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, **k: read.append(1) or _real(*a, **k))
+    over = MAX_RECORDS + 1
+    if path == "json":
+        body = json.dumps({"resourceLogs": [{"scopeLogs": [{"logRecords": [{}] * (over * 2)}]}]})
+        call = lambda: decode_http_body("application/json", None, body.encode(), 1 << 26, [])  # noqa: E731
+    elif path == "protobuf":
+        call = lambda: decode.decode_proto(_empty_records(over), [])  # noqa: E731
+    else:
+        call = lambda: ProtoDecoder()(_empty_records(over), [])  # noqa: E731
+    with pytest.raises(BadRequest) as e:
+        call()
+    assert e.value.status == (400 if path == "json" else 413) and not read
+    # at the cap: read, every record
+    assert len(decode.decode_proto(_empty_records(MAX_RECORDS), [])) == MAX_RECORDS
+    assert len(ProtoDecoder()(_empty_records(MAX_RECORDS), [])) == MAX_RECORDS
