@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
+from bridges.core.pacing import YIELD_BYTES
+
 from .attrmatch import Filter
 from .buffer import BufKey, Entry, Held, Position, SessionBuffers
 from .fanout import View
@@ -75,6 +77,11 @@ class ReplayJob:
 
     CHUNK = 256  # rendered events per chunk
     SCAN = 4096  # entries examined per chunk (a narrow filter over a big buffer)
+    #: event bytes rendered per chunk (past it the chunk ends after its event):
+    #: a render below the event's capture parses and re-encodes it, and 8
+    #: subscribers replaying 8 events of 4 MB at ``capture=metadata`` held
+    #: the loop 3.6 s in one chunk each (a twelfth outside attack, issue 25)
+    CHUNK_BYTES = YIELD_BYTES
 
     def __init__(self, buffers: SessionBuffers, render: Callable[[Entry, str | None], View],
                  sub: Subscriber, plan: Plan, cutoff: int, tail: list[Any] | None = None) -> None:
@@ -94,8 +101,8 @@ class ReplayJob:
             return None
         out: list[Any] = []
         outlet = self.sub.outlet
-        scanned = 0
-        while len(out) < self.CHUNK and scanned < self.SCAN:
+        scanned = work = 0
+        while len(out) < self.CHUNK and scanned < self.SCAN and work < self.CHUNK_BYTES:
             if not self._cur:
                 if not self.plan:
                     break
@@ -113,6 +120,7 @@ class ReplayJob:
             if not self.sub.filter.matches(e.attrs):
                 continue
             view = self.render(e, self.sub.ceiling)
+            work += len(e.raw)
             if outlet.kind == "sse":
                 out.append(view.sse())
             else:

@@ -830,3 +830,31 @@ async def test_a_different_event_at_a_held_position_is_refused_redelivery_is_not
     # check (issue 10 #8: a live emitter's source is its own)
     with pytest.raises(InvalidEvent, match="epoch, seq|connected emitter"):
         await local.ingest(ev(3, id="z"))
+
+
+async def test_a_replay_below_the_events_capture_is_chunked_by_bytes(monkeypatch):
+    """A twelfth outside attack: 8 subscribers replaying 8 events of 4 MB at
+    ``capture=metadata`` each down-leveled (parsed and re-encoded) a chunk of
+    up to 256 events in one step: the loop was held 3.6 s. A chunk now ends
+    once the events it rendered pass CHUNK_BYTES."""
+    from supervisor.relay.replay import ReplayJob
+    chunks: list[int] = []
+    real = ReplayJob.next_chunk
+
+    def spy(self):
+        out = real(self)
+        if out:
+            chunks.append(sum(1 for p in out if isinstance(p, (bytes, str)) and b"s1:0:" in
+                              (p if isinstance(p, bytes) else p.encode())))
+        return out
+    monkeypatch.setattr(ReplayJob, "next_chunk", spy)
+    relay = Relay()
+    big = "y" * 100_000
+    relay.ingest_http([relay.entry(ev(s, capture="full", data={"text": big})) for s in range(12)])
+    outlet = relay.open_stream(Filter({"session": "s1"}), "metadata", plan_all=True,
+                               positions=None, live=False)
+    msgs, _ = sse_events(await take(outlet))
+    assert [m["id"] for m in msgs] == [f"s1:0:{s}" for s in range(12)]
+    assert all(json.loads(m["data"])["capture"] == "metadata" for m in msgs)
+    per_chunk = -(-ReplayJob.CHUNK_BYTES // 100_000)  # the chunk ends after the event past it
+    assert sum(chunks) == 12 and max(chunks) <= per_chunk, chunks
