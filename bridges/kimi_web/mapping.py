@@ -45,6 +45,7 @@ import json
 import math
 from typing import Any
 
+from bridges.core import aep
 from bridges.core import capture as _capture
 from bridges.core.bridge import Emission
 from bridges.core.naming import dotted_type
@@ -373,8 +374,12 @@ def heartbeat_s(hb: object) -> float:
 
 
 def parse_frame(raw: Any) -> Any:
-    """A socket frame's JSON, or :data:`NOT_JSON`."""
+    """A socket frame's JSON, or :data:`NOT_JSON`: also for a frame over
+    :func:`bridges.core.aep.check_json`'s caps (refused before the parse:
+    a 16 MiB frame of them held the event loop for seconds)."""
     try:
+        if isinstance(raw, (str, bytes)):
+            aep.check_json(raw)
         return json.loads(raw)
     except (TypeError, ValueError, RecursionError):
         return NOT_JSON

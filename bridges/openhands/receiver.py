@@ -129,7 +129,10 @@ def _frame_json(raw: str | bytes) -> Any:
     that module adopts), and with ``json.loads`` again only when the strict
     reader refuses the text (``NaN``/``Infinity``, which a vendor frame may
     carry, or not JSON at all: then ``json.loads`` gives the answer). Equal
-    to ``json.loads`` by a property test."""
+    to ``json.loads`` by a property test, for text within
+    :func:`bridges.core.aep.check_json`'s caps: over them ``ValueError``
+    before any parse (counted ``frames_not_json``)."""
+    aep.check_json(raw)
     try:
         return aep.loads(raw)
     except ValueError:
@@ -410,7 +413,7 @@ class Receiver(Discovery, ConversationStore):
         self.ctx.health.count("frames")
         try:
             ev = _frame_json(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deep
             self.ctx.health.count("frames_not_json")
             return
         if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str) or not ev["kind"]:

@@ -21,6 +21,8 @@ import json
 import re
 from typing import Any
 
+from bridges.core import aep
+
 MAX_FRAME = 8 * 1024 * 1024
 """Largest ``data`` payload parsed (characters). Bigger frames are skipped
 and counted: the real servers truncate tool output long before this."""
@@ -135,10 +137,13 @@ def unversioned(type_: str) -> str:
 def parse_frame(data: str, *, wrapped: bool = False, max_frame: int = MAX_FRAME) -> BusEvent:
     """Parse one SSE ``data`` payload. ``wrapped``: the frame came from
     ``/global/event`` (an unwrapped frame there is tolerated). Raises
-    :class:`FrameError` when there is nothing to map."""
+    :class:`FrameError` when there is nothing to map: ``not_json`` also
+    for a payload over :func:`bridges.core.aep.check_json`'s caps (refused
+    before the parse, which would hold the event loop for seconds)."""
     if len(data) > max_frame:
         raise FrameError("oversize")
     try:
+        aep.check_json(data)
         obj = json.loads(data)
     except (ValueError, RecursionError):
         raise FrameError("not_json") from None

@@ -86,8 +86,18 @@ def test_frame_json_is_json_loads(raw):
 
 def test_frame_json_is_json_loads_at_the_edges():
     for raw in ('{"a": NaN}', "[Infinity, -Infinity]", " {} ", "\ufeff{}", b"\xef\xbb\xbf{}", b"\xff",
-                "1" * 5000, "[" * 100_000, '"\\ud800"', "", "nul", '{"a":1}x'):
+                "1" * 200, "[" * 60_000, '"\\ud800"', "", "nul", '{"a":1}x'):
         assert _answer(_frame_json, raw) == _answer(json.loads, raw), raw[:20]
+
+
+def test_frame_json_refuses_text_over_check_json_caps():
+    """Over :func:`bridges.core.aep.check_json`'s caps (65,538 arrays, a
+    number of 300 or 5,000 digits, 100,000 ``[``) ``ValueError`` before any
+    parse, where ``json.loads`` would take the text or raise
+    ``RecursionError`` (round 12 of issue 25)."""
+    for raw in ("[" + ",".join(["[]"] * 65_537) + "]", "1" * 300, "1" * 5000, "[" * 100_000):
+        assert _answer(_frame_json, raw) == ("raises", "ValueError"), raw[:20]
+        assert _answer(_frame_json, raw.encode()) == ("raises", "ValueError"), raw[:20]
 
 
 def _captures() -> list[str]:

@@ -186,6 +186,17 @@ async def test_not_json_and_malformed_frames_are_counted():
     assert h.health.counters["frames_not_json"] == 1 and h.health.counters["frames_malformed"] == 3
 
 
+async def test_frames_over_check_json_caps_or_too_deep_are_not_json():
+    """Round 12 of issue 25: a frame over :func:`bridges.core.aep.check_json`'s
+    caps (65,538 arrays) is refused before the parse, and one nested too deep
+    for the parser (``RecursionError``) is not JSON, not a dead socket."""
+    h = Harness()
+    wide = "[" + ",".join(["[]"] * 65_537) + "]"
+    evs = await h.feed([json.dumps({"kind": "PauseEvent", "id": "p1", "timestamp": "2026-01-01T00:00:00"})[:-1]
+                        + ', "x": ' + wide + "}", "[" * 2000 + "]" * 2000])
+    assert evs == [] and h.health.counters["frames_not_json"] == 2
+
+
 async def test_state_is_bounded():
     h = Harness()
     await h.feed([{"kind": "PauseEvent", "id": f"id-{i}", "timestamp": f"2026-01-01T10:{i // 60:02d}:{i % 60:02d}"}

@@ -106,3 +106,17 @@ def test_session_identity_per_the_pins(props, sid):
 
 def test_session_info_id_for_session_events():
     assert BusEvent("session.created", {"info": {"id": "ses_9"}}).session == "ses_9"
+
+
+@pytest.mark.parametrize("inner", ["[" + ",".join(["[]"] * 65_537) + "]", "1" * 300])
+def test_a_frame_over_check_json_caps_is_not_json(inner):
+    """Round 12 of issue 25: a payload over :func:`bridges.core.aep.check_json`'s
+    caps (65,538 arrays; a 300-digit number) is refused before the parse,
+    counted ``frames_not_json`` as a frame that is not JSON; one within them
+    parses as before."""
+    data = '{"type": "x.y", "properties": {"a": ' + inner + "}}"
+    with pytest.raises(FrameError) as e:
+        parse_frame(data)
+    assert e.value.reason == "not_json"
+    ok = json.dumps({"type": "x.y", "properties": {"a": [[]] * 1000, "n": 10**200}})
+    assert parse_frame(ok).properties == json.loads(ok)["properties"]
