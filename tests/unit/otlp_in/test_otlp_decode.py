@@ -154,3 +154,35 @@ def test_an_export_of_too_many_records_is_refused_before_any_is_read(path, monke
     # at the cap: read, every record
     assert len(decode.decode_proto(_empty_records(MAX_RECORDS), [])) == MAX_RECORDS
     assert len(ProtoDecoder()(_empty_records(MAX_RECORDS), [])) == MAX_RECORDS
+
+
+@pytest.mark.parametrize("shape", ["resources", "scopes", "attributes"])
+@pytest.mark.parametrize("raw", [False, True], ids=["protobuf", "raw protobuf"])
+def test_an_export_of_too_many_items_is_refused_before_any_is_read(shape, raw, monkeypatch):
+    """A thirteenth outside attack: 2,000,000 empty ResourceLogs (no record, so
+    the record cap never fired) took 5-7 s of a decoding thread, and two such
+    senders kept every legitimate export waiting; 400,000 attribute keys in one
+    record 2.7 s. Past MAX_ITEMS the request is refused (413) before the walk."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord, ResourceLogs, ScopeLogs
+
+    from bridges.otlp_in import flatten, rawattrs
+    from bridges.otlp_in.decode import MAX_ITEMS, ProtoDecoder, decode_proto
+    read: list[int] = []
+    for mod, name in ((flatten, "records_from_proto"), (rawattrs, "records_from_raw")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, **k: read.append(1) or _real(*a, **k))
+    over = MAX_ITEMS + 1
+    if shape == "resources":
+        req = ExportLogsServiceRequest(resource_logs=[ResourceLogs() for _ in range(over)])
+    elif shape == "scopes":
+        req = ExportLogsServiceRequest(resource_logs=[ResourceLogs(
+            scope_logs=[ScopeLogs() for _ in range(over)])])
+    else:
+        attrs = [KeyValue(key=f"k{i}", value=AnyValue(int_value=i)) for i in range(over)]
+        req = ExportLogsServiceRequest(resource_logs=[ResourceLogs(scope_logs=[ScopeLogs(
+            log_records=[LogRecord(attributes=attrs)])])])
+    body = req.SerializeToString()
+    with pytest.raises(BadRequest) as e:
+        ProtoDecoder()(body, []) if raw else decode_proto(body, [])
+    assert e.value.status == 413 and not read
