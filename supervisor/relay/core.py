@@ -371,7 +371,7 @@ class Relay(StampedRuns):
                                                   positions=positions, live=live))
         if plan or tail:
             sub.outlet.push_replay(ReplayJob(self.buffers, self.fanout.render, sub, plan,
-                                             self._admitted, tail))
+                                             self._admitted, tail, self.fanout.render_gate))
 
     def open_stream(self, flt: Filter, ceiling: str | None, *, plan_all: bool,
                     positions: list[tuple[str, Position | None]] | None,

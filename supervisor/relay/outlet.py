@@ -179,8 +179,10 @@ class Rendered(Protocol):
 
 class Chunked(Protocol):
     """A replay read chunk by chunk when it reaches the head of the queue
-    (:class:`~.replay.ReplayJob`, above this module): ``next_chunk()`` is
-    the next chunk's items, ``None`` when done."""
+    (:class:`~.replay.ReplayJob`, above this module): ``next_chunk()``, under
+    ``gate`` (relay-wide), is the next chunk's items, ``None`` when done."""
+
+    gate: Any
 
     def next_chunk(self) -> list[Any] | None: ...
 
@@ -461,6 +463,21 @@ class Outlet:
         return [{"sub": sid, "session": s, "epoch": p[0], "seq": p[1]}
                 for sid, per in self.delivered.items() for s, p in per.items()]
 
+    async def _replay_chunk(self, item: ReplayItem) -> list[Any] | None:
+        """The head replay's next chunk, or ``None`` when there is none to
+        write now (ended; nothing matched; cleared meanwhile)."""
+        async with item.job.gate:
+            chunk = item.job.next_chunk()
+        if not self._q or self._q[0] is not item:
+            return None  # ended or shed while it waited for the gate
+        if chunk is None:
+            self._q.popleft()
+            return None
+        if not chunk:  # a slice scanned, nothing matched: let others run
+            await trio.lowlevel.checkpoint()
+            return None
+        return chunk
+
     async def next_batch(self, max_bytes: int | None = None, linger: float = 0.0,
                          last_write: float | None = None) -> tuple[list[Any], Any]:
         """Wait for output; returns ``(payloads, end)``: payloads to write in
@@ -509,12 +526,8 @@ class Outlet:
             if isinstance(item, ReplayItem):
                 if out:
                     break
-                chunk = item.job.next_chunk()
+                chunk = await self._replay_chunk(item)
                 if chunk is None:
-                    self._q.popleft()
-                    continue
-                if not chunk:  # a slice scanned, nothing matched: let others run
-                    await trio.lowlevel.checkpoint()
                     continue
                 return chunk, None
             if isinstance(item, RunItem):

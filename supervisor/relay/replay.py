@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable
 
+import trio
+
 from bridges.core.pacing import YIELD_BYTES
 
 from .attrmatch import Filter
@@ -84,9 +86,12 @@ class ReplayJob:
     CHUNK_BYTES = YIELD_BYTES
 
     def __init__(self, buffers: SessionBuffers, render: Callable[[Entry, str | None], View],
-                 sub: Subscriber, plan: Plan, cutoff: int, tail: list[Any] | None = None) -> None:
+                 sub: Subscriber, plan: Plan, cutoff: int, tail: list[Any] | None = None,
+                 gate: Any = None) -> None:
         self.buffers = buffers
         self.render = render
+        #: held while a chunk renders (:attr:`.fanout.Fanout.render_gate`, relay-wide)
+        self.gate = gate if gate is not None else trio.Lock()
         self.sub = sub
         self.plan = deque(plan)
         self.cutoff = cutoff

@@ -424,7 +424,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.relay.outlet": {"Outlet", "OutletHub", "Rendered", "Chunked", "Subscriber", "Item", "EventItem", "RunItem",
                                 "FrameItem", "ReplayItem", "EndItem", "OPEN", "FINISHING",
                                 "TERMINATED", "CLOSED", "frame_text", "exhausted_marker"},
-    "supervisor.relay.fanout": {"Fanout", "View", "downlevel_raw", "sse_safe", "sse_message"},
+    "supervisor.relay.fanout": {"RENDER_CACHE_BYTES", "Fanout", "View", "downlevel_raw", "sse_safe", "sse_message"},
     "supervisor.relay.replay": {"ReplayJob", "Plan", "exhausted_marker", "plan_replay",
                                 "unheld_positions"},
     "supervisor.jetstream.plan": {"Found", "Lookup", "MAX_SUBJECTS", "Position", "Resolved",

@@ -858,3 +858,50 @@ async def test_a_replay_below_the_events_capture_is_chunked_by_bytes(monkeypatch
     assert all(json.loads(m["data"])["capture"] == "metadata" for m in msgs)
     per_chunk = -(-ReplayJob.CHUNK_BYTES // 100_000)  # the chunk ends after the event past it
     assert sum(chunks) == 12 and max(chunks) <= per_chunk, chunks
+
+
+async def test_many_replays_below_capture_render_each_event_once_and_one_at_a_time(monkeypatch):
+    """A thirteenth outside attack: 32 subscribers replaying at
+    ``capture=metadata`` each re-rendered the same events, all in one
+    scheduling round (each writer took its chunk without waiting for the
+    others): the loop was held 3-9 s and gated hooks failed open. Now a
+    replay's render is shared by the replays that render it meanwhile, and one
+    chunk renders at a time relay-wide (a second task ticks between them)."""
+    from bridges.core import capture
+    from supervisor.relay.replay import ReplayJob
+    from tests.support.ticker import Ticker
+    downlevels: list[int] = []
+    real_downlevel = capture.downlevel
+    monkeypatch.setattr("bridges.core.capture.downlevel",
+                        lambda ev, c: downlevels.append(1) or real_downlevel(ev, c))
+    ticker = Ticker()
+    rendered_at: list[int] = []
+    real_chunk = ReplayJob.next_chunk
+    monkeypatch.setattr(ReplayJob, "next_chunk",
+                        lambda self: rendered_at.append(ticker.ticks) or real_chunk(self))
+    relay = Relay()
+    big = "y" * 100_000
+    relay.ingest_http([relay.entry(ev(s, capture="full", data={"text": big})) for s in range(6)])
+    outlets = [relay.open_stream(Filter({"session": "s1"}), "metadata", plan_all=True,
+                                 positions=None, live=False) for _ in range(8)]
+    got: list[list] = []
+
+    async def all_of_them():
+        async with trio.open_nursery() as n:
+            for o in outlets:
+                n.start_soon(lambda o=o: _gather_into(got, take(o)))
+    await ticker.beside(all_of_them)
+    assert len(got) == 8
+    for out in got:
+        msgs, _ = sse_events(out)
+        assert [m["id"] for m in msgs] == [f"s1:0:{s}" for s in range(6)]
+    assert len(downlevels) == 6  # once per event, not once per subscriber
+    # one chunk renders per round (the ticker may run before or after it: two a tick)
+    per_tick: dict[int, int] = {}
+    for t in rendered_at:
+        per_tick[t] = per_tick.get(t, 0) + 1
+    assert max(per_tick.values()) <= 2, per_tick
+
+
+async def _gather_into(into: list, coro) -> None:
+    into.append(await coro)
