@@ -29,6 +29,7 @@ from bridges.core.settings import Address
 
 from .decode import ALL, ProtoDecoder, Reads
 from .export import Export, OnProblem
+from .lane import LANE, LANE_WAIT_S, Lane, LaneBusy
 from .status import BadRequest, Refused, Unavailable, grpc_refused, response_message
 
 SERVICE = logs_service_pb2.DESCRIPTOR.services_by_name["LogsService"].full_name
@@ -43,8 +44,10 @@ class GrpcReceiver:
     attributes to flatten (:class:`~bridges.otlp_in.decode.Reads`)."""
 
     def __init__(self, export: Export, token: trio.lowlevel.TrioToken, *, max_body: int,
-                 on_problem: OnProblem, workers: int = 4, reads: Reads = ALL) -> None:
+                 on_problem: OnProblem, workers: int = 4, reads: Reads = ALL,
+                 lane: Lane = LANE) -> None:
         self.export = export
+        self.lane = lane
         self.reads = reads
         self.decode = ProtoDecoder(reads)
         self.token = token
@@ -95,12 +98,16 @@ class GrpcReceiver:
         """The handler (on a grpcio thread)."""
         notes: list[str] = []
         try:
-            records = self.decode(body, notes)
+            with self.lane.held(LANE_WAIT_S):  # one decode at a time process-wide
+                records = self.decode(body, notes)
             result = trio.from_thread.run(self.export, records, notes, trio_token=self.token)
         except Refused as e:
             if isinstance(e, BadRequest):
                 self.on_problem(e.counter, f"gRPC {e.refusal.grpc_code.name}: {e.message}")
             _abort(context, e)
+        except LaneBusy as e:
+            self.on_problem("otlp.decode_timeout", str(e))
+            _abort(context, Unavailable(f"{e}; retry later"))
         except trio.RunFinishedError:
             _abort(context, Unavailable("receiver is shutting down", retry_after=None))
         return response_message(result)

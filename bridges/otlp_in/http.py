@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 import trio
 
@@ -30,12 +30,16 @@ from bridges.core.settings import Address
 
 from .decode import ALL, ProtoDecoder, Reads, decode_http_body, is_json
 from .export import Export, OnProblem
+from .flatten import FlatRecord
+from .lane import LANE, LANE_WAIT_S, Lane, LaneBusy
 from .status import BadRequest, HttpAnswer, Refusal, Refused, Unavailable, http_accepted, http_refused
 
 LOGS_PATH = "/v1/logs"
 
 DECODE_DEADLINE_S = 10.0
-"""Seconds one OTLP/HTTP body may take to decode (in a worker thread)."""
+"""Seconds one OTLP/HTTP body may take to decode (in a worker thread), its
+wait for the decoding lane (:data:`~bridges.otlp_in.lane.LANE_WAIT_S`)
+included."""
 
 _NOT_FOUND = HttpAnswer(404, b"not found: OTLP logs are accepted at POST /v1/logs\n",
                         "text/plain")
@@ -51,16 +55,18 @@ class HttpReceiver:
     flatten (:class:`~bridges.otlp_in.decode.Reads`)."""
 
     def __init__(self, export: Export, *, max_body: int, on_problem: OnProblem,
-                 body_timeout: float = 30.0, reads: Reads = ALL) -> None:
+                 body_timeout: float = 30.0, reads: Reads = ALL, lane: Lane = LANE) -> None:
         self.export = export
+        self.lane = lane
         self.reads = reads
         self._proto = ProtoDecoder(reads)  # shared by the decode threads
         self.max_body = max_body
         self.on_problem = on_problem
         self.body_timeout = body_timeout
         # decoding (inflate, protobuf/JSON parse, flatten) runs in worker
-        # threads, at most two at once, so no body can hold the event loop
-        # (issue 10 #4); past DECODE_DEADLINE_S the request is refused 503
+        # threads, so no body can hold the event loop (issue 10 #4), one at
+        # a time process-wide (the lane); past DECODE_DEADLINE_S the request
+        # is refused 503. Two threads: one decoding, one queued for the lane
         self._decoders = trio.CapacityLimiter(2)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -87,13 +93,16 @@ class HttpReceiver:
             notes: list[str] = []
             with trio.move_on_after(DECODE_DEADLINE_S) as late:
                 json_answer, records = await trio.to_thread.run_sync(
-                    decode_http_body, headers.get("content-type"),
+                    self._decode, headers.get("content-type"),
                     headers.get("content-encoding"), body, self.max_body, notes, self.reads,
                     self._proto, abandon_on_cancel=True, limiter=self._decoders)
             if late.cancelled_caught:
                 self.on_problem("otlp.decode_timeout", "decoding exceeded its deadline")
                 raise Unavailable(f"decoding took over {DECODE_DEADLINE_S:g}s; retry later")
             result = await self.export(records, notes)
+        except LaneBusy as e:
+            self.on_problem("otlp.decode_timeout", str(e))
+            return http_refused(Unavailable(f"{e}; retry later"), is_json=json_answer)
         except Refused as e:
             if isinstance(e, BadRequest):
                 self.on_problem(e.counter, f"HTTP {e.status}: {e.message}")
@@ -103,6 +112,13 @@ class HttpReceiver:
                                              + ((b"connection", b"close"),))
             return answer
         return http_accepted(result, is_json=json_answer)
+
+    def _decode(self, *args: Any) -> tuple[bool, list[FlatRecord | None]]:
+        """:func:`decode_http_body` in the lane (on a worker thread); raises
+        :class:`~bridges.otlp_in.lane.LaneBusy` when no turn comes within
+        :data:`~bridges.otlp_in.lane.LANE_WAIT_S`."""
+        with self.lane.held(LANE_WAIT_S):
+            return decode_http_body(*args)
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         declared = headers.get("content-length")

@@ -80,7 +80,7 @@ _BRIDGE_DROPS = {
 _RECONNECTS = ("reconnects", "socket_connects")
 _OTLP_REFUSALS = ("otlp.bad_gzip", "otlp.too_large", "otlp.unsupported_media_type",
                   "otlp.unsupported_encoding", "otlp.undecodable", "otlp.disconnected",
-                  "otlp.refused_host", "otlp.too_many_records")
+                  "otlp.refused_host", "otlp.too_many_records", "otlp.decode_timeout")
 
 
 class WatchedMember(Protocol):

@@ -1,0 +1,120 @@
+"""Round 14 of issue 25: eight unauthenticated OTLP senders (four HTTP,
+four gRPC) repeating a 4 MB body of 2,000,000 empty ResourceLogs, refused
+413 each time, kept six decoding threads in C protobuf parses that hold the
+GIL; the event loop starved and 8-11 of 50 gated hooks failed open. Both
+transports now decode in the process's one lane
+(``bridges/otlp_in/lane.py``), in arrival order, and a request that gets no
+turn within ``LANE_WAIT_S`` is answered retryable and counted."""
+from __future__ import annotations
+
+import threading
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import grpc
+import httpx
+import trio
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+
+from bridges.otlp_in import grpc as otlp_grpc
+from bridges.otlp_in import http as otlp_http
+from bridges.otlp_in.lane import LANE
+from tests.support.otlp_in import bridge_context, drain, otlp_bridge
+
+PB = (Path(__file__).resolve().parents[2] / "fixtures" / "codex_otel_real" / "otlp-http-protobuf"
+      / "export-000.pb").read_bytes()
+N_PB = sum(len(sl.log_records) for rl in ExportLogsServiceRequest.FromString(PB).resource_logs
+           for sl in rl.scope_logs)
+PROTO = {"content-type": "application/x-protobuf"}
+
+
+@asynccontextmanager
+async def running(bridge):
+    ctx, recv = bridge_context(bridge.name, bridge.agent)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(20):
+            await nursery.start(bridge.run, ctx)
+        yield ctx, recv
+        nursery.cancel_scope.cancel()
+
+
+@contextmanager
+def lane_held():
+    """The process lane held by a plain thread until the block ends or
+    the yielded event is set."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with LANE.held(30):
+            entered.set()
+            release.wait(60)
+
+    t = threading.Thread(target=hold, name="test-lane-holder")
+    t.start()
+    try:
+        assert entered.wait(30)
+        yield release
+    finally:
+        release.set()
+        t.join(30)
+
+
+def grpc_export(port: int, body: bytes):
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        export = ch.unary_unary("/opentelemetry.proto.collector.logs.v1.LogsService/Export",
+                                request_serializer=None,
+                                response_deserializer=ExportLogsServiceResponse.FromString)
+        try:
+            export(body, timeout=30)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+
+async def test_http_and_grpc_exports_decode_one_at_a_time_in_the_one_lane():
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
+    answers: dict[str, object] = {}
+    async with running(b) as (ctx, recv), httpx.AsyncClient(timeout=30) as c:
+        async def post() -> None:
+            answers["http"] = (await c.post(f"http://127.0.0.1:{b.http_address[1]}/v1/logs",
+                                            content=PB, headers=PROTO)).status_code
+
+        async def call() -> None:
+            answers["grpc"] = await trio.to_thread.run_sync(grpc_export, b.grpc_address[1], PB)
+
+        with lane_held() as release:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                nursery.start_soon(call)
+                with trio.fail_after(20):  # both wait for the lane, neither decodes beside it
+                    while LANE.waiting < 2:
+                        await trio.sleep(0.01)
+                assert drain(recv) == [] and answers == {}
+                release.set()
+        assert len(drain(recv)) == 2 * N_PB
+    assert answers == {"http": 200, "grpc": grpc.StatusCode.OK}
+    assert LANE.waiting == 0 and not LANE.busy
+
+
+async def test_an_export_without_a_turn_is_answered_retryable_and_counted(monkeypatch):
+    monkeypatch.setattr(otlp_http, "LANE_WAIT_S", 0.2)
+    monkeypatch.setattr(otlp_grpc, "LANE_WAIT_S", 0.2)
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
+    async with running(b) as (ctx, recv), httpx.AsyncClient(timeout=30) as c:
+        url = f"http://127.0.0.1:{b.http_address[1]}/v1/logs"
+        with lane_held():
+            r = await c.post(url, content=PB, headers=PROTO)
+            code = await trio.to_thread.run_sync(grpc_export, b.grpc_address[1], PB)
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        st = status_pb2.Status.FromString(r.content)
+        assert st.code == 14 and "no turn to decode" in st.message
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert ctx.health.counters["otlp.decode_timeout"] == 2
+        assert drain(recv) == []
+        # the lane free again, the same export goes through
+        assert (await c.post(url, content=PB, headers=PROTO)).status_code == 200
+        assert len(drain(recv)) == N_PB
