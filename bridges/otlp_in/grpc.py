@@ -30,7 +30,7 @@ from bridges.core.settings import Address
 from .decode import ALL, ProtoDecoder, Reads
 from .export import Export, OnProblem
 from .lane import LANE, LANE_WAIT_S, Lane, LaneBusy
-from .status import BadRequest, Refused, Unavailable, grpc_refused, response_message
+from .status import BadRequest, Refused, Unavailable, detached, grpc_refused, response_message
 
 SERVICE = logs_service_pb2.DESCRIPTOR.services_by_name["LogsService"].full_name
 
@@ -95,22 +95,29 @@ class GrpcReceiver:
         self.server = None
 
     def _export(self, body: bytes, context: grpc.ServicerContext) -> ExportLogsServiceResponse:
-        """The handler (on a grpcio thread)."""
+        """The handler (on a grpcio thread). A refusal is aborted with
+        outside the ``except`` that caught it, :func:`detached` from the
+        decoding frames, so grpcio's abort exception does not carry them
+        (the body, the parsed request) as its context."""
         notes: list[str] = []
+        refusal: Refused
         try:
             with self.lane.held(LANE_WAIT_S):  # one decode at a time process-wide
                 records = self.decode(body, notes)
-            result = trio.from_thread.run(self.export, records, notes, trio_token=self.token)
+            return response_message(trio.from_thread.run(self.export, records, notes,
+                                                          trio_token=self.token))
         except Refused as e:
-            if isinstance(e, BadRequest):
-                self.on_problem(e.counter, f"gRPC {e.refusal.grpc_code.name}: {e.message}")
-            _abort(context, e)
+            refusal = detached(e)
         except LaneBusy as e:
             self.on_problem("otlp.decode_timeout", str(e))
-            _abort(context, Unavailable(f"{e}; retry later"))
+            refusal = Unavailable(f"{e}; retry later")
         except trio.RunFinishedError:
-            _abort(context, Unavailable("receiver is shutting down", retry_after=None))
-        return response_message(result)
+            refusal = Unavailable("receiver is shutting down", retry_after=None)
+        del body
+        if isinstance(refusal, BadRequest):
+            self.on_problem(refusal.counter,
+                            f"gRPC {refusal.refusal.grpc_code.name}: {refusal.message}")
+        _abort(context, refusal)
 
 
 def _abort(context: grpc.ServicerContext, err: Refused) -> NoReturn:

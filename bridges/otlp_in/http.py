@@ -32,9 +32,21 @@ from .decode import ALL, ProtoDecoder, Reads, decode_http_body, is_json
 from .export import Export, OnProblem
 from .flatten import FlatRecord
 from .lane import LANE, LANE_WAIT_S, Lane, LaneBusy
-from .status import BadRequest, HttpAnswer, Refusal, Refused, Unavailable, http_accepted, http_refused
+from .status import (
+    BadRequest,
+    HttpAnswer,
+    Refusal,
+    Refused,
+    Unavailable,
+    detached,
+    http_accepted,
+    http_refused,
+)
 
 LOGS_PATH = "/v1/logs"
+
+Decoded = tuple[bool, list[FlatRecord | None]] | Refused
+"""What a decoding thread hands back: ``(is_json, records)`` or the refusal."""
 
 DECODE_DEADLINE_S = 10.0
 """Seconds one OTLP/HTTP body may take to decode (in a worker thread), its
@@ -91,34 +103,48 @@ class HttpReceiver:
                 raise BadRequest(Refusal.TIMEOUT, "request body not received within "
                                  f"{self.body_timeout:g}s", "otlp.body_timeout")
             notes: list[str] = []
+            decoded: Decoded | None = None
             with trio.move_on_after(DECODE_DEADLINE_S) as late:
-                json_answer, records = await trio.to_thread.run_sync(
+                decoded = await trio.to_thread.run_sync(
                     self._decode, headers.get("content-type"),
                     headers.get("content-encoding"), body, self.max_body, notes, self.reads,
                     self._proto, abandon_on_cancel=True, limiter=self._decoders)
-            if late.cancelled_caught:
+            del body  # the records are all that is kept of it
+            if late.cancelled_caught or decoded is None:
                 self.on_problem("otlp.decode_timeout", "decoding exceeded its deadline")
                 raise Unavailable(f"decoding took over {DECODE_DEADLINE_S:g}s; retry later")
+            if isinstance(decoded, Refused):  # answered, not raised: see _decode
+                if isinstance(decoded, Unavailable):  # no decoding turn came
+                    self.on_problem("otlp.decode_timeout", decoded.message)
+                return self._refused(decoded, json_answer)
+            json_answer, records = decoded
             result = await self.export(records, notes)
-        except LaneBusy as e:
-            self.on_problem("otlp.decode_timeout", str(e))
-            return http_refused(Unavailable(f"{e}; retry later"), is_json=json_answer)
         except Refused as e:
-            if isinstance(e, BadRequest):
-                self.on_problem(e.counter, f"HTTP {e.status}: {e.message}")
-            answer = http_refused(e, is_json=json_answer)
-            if e.refusal is Refusal.TIMEOUT:  # the rest of the body may never come
-                answer = dataclasses.replace(answer, headers=answer.headers
-                                             + ((b"connection", b"close"),))
-            return answer
+            return self._refused(e, json_answer)
         return http_accepted(result, is_json=json_answer)
 
-    def _decode(self, *args: Any) -> tuple[bool, list[FlatRecord | None]]:
-        """:func:`decode_http_body` in the lane (on a worker thread); raises
-        :class:`~bridges.otlp_in.lane.LaneBusy` when no turn comes within
-        :data:`~bridges.otlp_in.lane.LANE_WAIT_S`."""
-        with self.lane.held(LANE_WAIT_S):
-            return decode_http_body(*args)
+    def _refused(self, e: Refused, json_answer: bool) -> HttpAnswer:
+        if isinstance(e, BadRequest):
+            self.on_problem(e.counter, f"HTTP {e.status}: {e.message}")
+        answer = http_refused(e, is_json=json_answer)
+        if e.refusal is Refusal.TIMEOUT:  # the rest of the body may never come
+            answer = dataclasses.replace(answer, headers=answer.headers
+                                         + ((b"connection", b"close"),))
+        return answer
+
+    def _decode(self, *args: Any) -> Decoded:
+        """:func:`decode_http_body` in the lane (on a worker thread); a
+        refusal is returned, :func:`~bridges.otlp_in.status.detached` from
+        the frames that hold the body, never raised across the hand-off;
+        :class:`~bridges.otlp_in.status.Unavailable` when no turn comes
+        within :data:`~bridges.otlp_in.lane.LANE_WAIT_S`."""
+        try:
+            with self.lane.held(LANE_WAIT_S):
+                return decode_http_body(*args)
+        except Refused as e:
+            return detached(e)
+        except LaneBusy as e:
+            return Unavailable(f"{e}; retry later")
 
     async def _read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         declared = headers.get("content-length")

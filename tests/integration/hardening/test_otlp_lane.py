@@ -7,7 +7,9 @@ transports now decode in the process's one lane
 turn within ``LANE_WAIT_S`` is answered retryable and counted."""
 from __future__ import annotations
 
+import gc
 import threading
+import types
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -118,3 +120,52 @@ async def test_an_export_without_a_turn_is_answered_retryable_and_counted(monkey
         # the lane free again, the same export goes through
         assert (await c.post(url, content=PB, headers=PROTO)).status_code == 200
         assert len(drain(recv)) == N_PB
+
+
+# ---------------------------------------------------------------- round 15
+
+REFUSED = b"\x0a\x00" * 2_000_000  # 2,000,000 empty ResourceLogs: 413 past MAX_ITEMS
+_DECODING = {"decode_http_body", "decode_proto", "_check_size", "_decode", "_answer",
+             "_read_body", "_export", "__call__"}
+
+
+def _decoding_frames() -> list[str]:
+    """Finished frames of the OTLP receivers still reachable from some
+    object (with the collector off: from a reference cycle)."""
+    return [f"{o.f_code.co_filename.rsplit('/', 1)[-1]}:{o.f_code.co_name}"
+            for o in gc.get_objects()
+            if isinstance(o, types.FrameType) and "/bridges/otlp_in/" in o.f_code.co_filename
+            and o.f_code.co_name in _DECODING]
+
+
+async def test_a_refused_export_leaves_no_decoding_frame_behind(monkeypatch):
+    """Round 15 of issue 25: a refused body's exception carried the decoding
+    frames (the 4 MB body, the parsed request's upb arena of 2,000,000
+    messages) into a reference cycle through trio's thread hand-off; only a
+    full collection frees it, and the arena's C memory never triggers one:
+    eight senders drove the daemon's RSS to 10.7 GB. With the collector off,
+    nothing of a refused request may stay reachable."""
+    monkeypatch.setattr(otlp_http, "LANE_WAIT_S", 0.2)
+    monkeypatch.setattr(otlp_grpc, "LANE_WAIT_S", 0.2)
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
+    async with running(b) as (ctx, recv), httpx.AsyncClient(timeout=60) as c:
+        url = f"http://127.0.0.1:{b.http_address[1]}/v1/logs"
+        gc.collect()
+        gc.disable()
+        try:
+            statuses = [(await c.post(url, content=body, headers=PROTO)).status_code
+                        for body in (REFUSED, REFUSED, b"\x00\xffgarbage", PB[: len(PB) // 2],
+                                     b"\x0a" * (5 << 20))]
+            codes = [await trio.to_thread.run_sync(grpc_export, b.grpc_address[1], body)
+                     for body in (REFUSED, b"\x00\xffgarbage")]
+            with lane_held():
+                statuses.append((await c.post(url, content=PB, headers=PROTO)).status_code)
+                codes.append(await trio.to_thread.run_sync(grpc_export, b.grpc_address[1], PB))
+            left = _decoding_frames()
+        finally:
+            gc.enable()
+        assert statuses == [413, 413, 400, 400, 413, 503]
+        assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT,
+                         grpc.StatusCode.UNAVAILABLE]
+        assert left == []
+        assert drain(recv) == []
