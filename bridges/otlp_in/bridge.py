@@ -52,7 +52,7 @@ class OtlpInBridge:
     :func:`bridges.otlp_in.config.check`); ``emit_grace``: seconds a request
     may wait for room on the relay channel, before admission (then 503) and
     again mid-request (then ``partial_success``); ``retry_after``: seconds
-    suggested on 503/UNAVAILABLE; ``grpc_workers``: grpcio handler threads."""
+    suggested on 503/UNAVAILABLE; ``grpc_workers``: grpcio handler threads, one per admitted call."""
 
     #: the receiver is unauthenticated and a ``conversation.id`` becomes the
     #: session verbatim: the relay keeps this bridge out of a session another
@@ -61,7 +61,7 @@ class OtlpInBridge:
 
     def __init__(self, config: OtlpConfig | None = None, *, policy: CapturePolicy | None = None,
                  problems: Sequence[str] | None = None, emit_grace: float = 3.0,
-                 retry_after: int = 1, grpc_workers: int = 4) -> None:
+                 retry_after: int = 1, grpc_workers: int = 16) -> None:
         self.config = config or OtlpConfig()
         self.vendor = self.config.vendor
         self.profile: Profile | None = PROFILES.get(self.vendor)

@@ -40,11 +40,11 @@ class GrpcReceiver:
     export coroutine, called through ``token``; ``max_body``: the message
     limit in bytes; ``on_problem``: told about each non-retryable refusal
     (:data:`bridges.otlp_in.export.OnProblem`); ``workers``: handler threads
-    (at most ``4 * workers`` RPCs are admitted at once); ``reads``: the
+    (as many RPCs are admitted at once; past them ``RESOURCE_EXHAUSTED``); ``reads``: the
     attributes to flatten (:class:`~bridges.otlp_in.decode.Reads`)."""
 
     def __init__(self, export: Export, token: trio.lowlevel.TrioToken, *, max_body: int,
-                 on_problem: OnProblem, workers: int = 4, reads: Reads = ALL,
+                 on_problem: OnProblem, workers: int = 16, reads: Reads = ALL,
                  lane: Lane = LANE) -> None:
         self.export = export
         self.lane = lane
@@ -71,7 +71,9 @@ class GrpcReceiver:
             })],
             options=[("grpc.max_receive_message_length", self.max_body),
                      ("grpc.so_reuseport", 0)],  # a taken port must fail, not be shared
-            maximum_concurrent_rpcs=self.workers * 4)
+            # every admitted call has its thread, so the decoding lane, not
+            # the executor's queue, orders the decodes (small before large)
+            maximum_concurrent_rpcs=self.workers)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             bound = server.add_insecure_port(target)
@@ -102,7 +104,7 @@ class GrpcReceiver:
         notes: list[str] = []
         refusal: Refused
         try:
-            with self.lane.held(LANE_WAIT_S):  # one decode at a time process-wide
+            with self.lane.held(LANE_WAIT_S, size=len(body)):  # one decode at a time
                 records = self.decode(body, notes)
             return response_message(trio.from_thread.run(self.export, records, notes,
                                                           trio_token=self.token))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 import trio
 
@@ -53,6 +53,11 @@ DECODE_DEADLINE_S = 10.0
 wait for the decoding lane (:data:`~bridges.otlp_in.lane.LANE_WAIT_S`)
 included."""
 
+DECODERS = 16
+"""OTLP/HTTP bodies handed to decoding threads at once, per listener (each
+queued for the lane or decoding; bodies past them wait their turn on the
+event loop, within ``DECODE_DEADLINE_S``)."""
+
 _NOT_FOUND = HttpAnswer(404, b"not found: OTLP logs are accepted at POST /v1/logs\n",
                         "text/plain")
 _NOT_ALLOWED = HttpAnswer(405, b"method not allowed\n", "text/plain", ((b"allow", b"POST"),))
@@ -78,8 +83,10 @@ class HttpReceiver:
         # decoding (inflate, protobuf/JSON parse, flatten) runs in worker
         # threads, so no body can hold the event loop (issue 10 #4), one at
         # a time process-wide (the lane); past DECODE_DEADLINE_S the request
-        # is refused 503. Two threads: one decoding, one queued for the lane
-        self._decoders = trio.CapacityLimiter(2)
+        # is refused 503. Threads enough for the lane, not this limiter, to
+        # order the bodies waiting (small before large: a limiter of two let
+        # two slow bodies keep every small export from the lane)
+        self._decoders = trio.CapacityLimiter(DECODERS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -106,9 +113,8 @@ class HttpReceiver:
             decoded: Decoded | None = None
             with trio.move_on_after(DECODE_DEADLINE_S) as late:
                 decoded = await trio.to_thread.run_sync(
-                    self._decode, headers.get("content-type"),
-                    headers.get("content-encoding"), body, self.max_body, notes, self.reads,
-                    self._proto, abandon_on_cancel=True, limiter=self._decoders)
+                    self._decode, headers.get("content-type"), headers.get("content-encoding"),
+                    body, notes, abandon_on_cancel=True, limiter=self._decoders)
             del body  # the records are all that is kept of it
             if late.cancelled_caught or decoded is None:
                 self.on_problem("otlp.decode_timeout", "decoding exceeded its deadline")
@@ -132,15 +138,17 @@ class HttpReceiver:
                                          + ((b"connection", b"close"),))
         return answer
 
-    def _decode(self, *args: Any) -> Decoded:
+    def _decode(self, content_type: str | None, content_encoding: str | None, body: bytes,
+                notes: list[str]) -> Decoded:
         """:func:`decode_http_body` in the lane (on a worker thread); a
         refusal is returned, :func:`~bridges.otlp_in.status.detached` from
         the frames that hold the body, never raised across the hand-off;
         :class:`~bridges.otlp_in.status.Unavailable` when no turn comes
         within :data:`~bridges.otlp_in.lane.LANE_WAIT_S`."""
         try:
-            with self.lane.held(LANE_WAIT_S):
-                return decode_http_body(*args)
+            with self.lane.held(LANE_WAIT_S, size=len(body)):
+                return decode_http_body(content_type, content_encoding, body, self.max_body,
+                                        notes, self.reads, self._proto)
         except Refused as e:
             return detached(e)
         except LaneBusy as e:

@@ -1,5 +1,5 @@
-"""One decoding lane per process: OTLP bodies decode one at a time, in
-arrival order, whichever transport brought them.
+"""One decoding lane per process: OTLP bodies decode one at a time,
+small before large, whichever transport brought them.
 
 Decoding (the protobuf parse in C, the flatten in Python, a JSON parse)
 runs in worker threads: the HTTP receiver's and grpcio's own handler
@@ -17,16 +17,21 @@ busy with slow bodies, the loop has the GIL at least half the time and
 waits at most one decode for it. Ordinary exports (200 Codex records
 decode in about 1 ms) never rest.
 
-The lane is first come, first served, so a legitimate export waits behind
-at most the decodes that arrived before it, not behind a flood that keeps
-arriving (a plain lock lets a waiter lose every race).
+Turns go by arrival, each body counted as arriving later by its size
+(:data:`SECONDS_PER_BYTE`: a second per MiB), so a legitimate export of a
+few KB passes a queue of 4 MB bodies that arrived in the seconds before it
+and waits only for the decode in progress: one unauthenticated sender of
+bodies under the caps that take 1.5 s each to decode had kept every other
+export waiting 2-4 s, and eight had HTTP exports answered 503 (a fifteenth
+outside attack). Among equal sizes the order is first come, first served;
+no body waits forever behind smaller ones (its lead shrinks as time
+passes); a plain lock lets a waiter lose every race.
 """
 from __future__ import annotations
 
 import sys
 import threading
 import time
-from collections import deque
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -35,6 +40,10 @@ LANE_WAIT_S = 5.0
 retryable (HTTP 503 with ``Retry-After``, gRPC ``UNAVAILABLE``) and counted
 ``otlp.decode_timeout``."""
 
+
+SECONDS_PER_BYTE = 1 / (1 << 20)
+"""How much later a body counts as arrived, per byte of it, for its turn
+in the lane."""
 
 REST = 1.0
 """Seconds the lane rests (held, its thread asleep without the GIL) per
@@ -69,7 +78,8 @@ class Lane:
         self._clock = clock
         self._sleep = sleep
         self._cond = threading.Condition()
-        self._queue: deque[object] = deque()
+        self._queue: list[tuple[float, int]] = []  # (turn key, ticket)
+        self._tickets = 0
         self._busy = False
 
     @property
@@ -84,21 +94,25 @@ class Lane:
         return self._busy
 
     @contextmanager
-    def held(self, timeout: float) -> Iterator[None]:
-        """Hold the lane for the ``with`` body; raises :class:`LaneBusy`
+    def held(self, timeout: float, size: int = 0) -> Iterator[None]:
+        """Hold the lane for the ``with`` body, a decode of ``size`` bytes
+        (its turn key: now + ``size`` x :data:`SECONDS_PER_BYTE`; the
+        smallest key goes next, ties by arrival); raises :class:`LaneBusy`
         when the turn does not come within ``timeout`` seconds."""
-        me = object()
-        deadline = self._clock() + timeout
+        now = self._clock()
+        deadline = now + timeout
         with self._cond:
+            self._tickets += 1
+            me = (now + max(size, 0) * SECONDS_PER_BYTE, self._tickets)
             self._queue.append(me)
-            while self._busy or self._queue[0] is not me:
+            while self._busy or min(self._queue) != me:
                 left = deadline - self._clock()
                 if left <= 0:
                     self._queue.remove(me)
-                    self._cond.notify_all()  # the head may have changed
+                    self._cond.notify_all()  # the next turn may be another's now
                     raise LaneBusy(f"no turn to decode within {timeout:g}s")
                 self._cond.wait(left)
-            self._queue.popleft()
+            self._queue.remove(me)
             self._busy = True
         start = self._clock()
         try:

@@ -169,3 +169,36 @@ async def test_a_refused_export_leaves_no_decoding_frame_behind(monkeypatch):
                          grpc.StatusCode.UNAVAILABLE]
         assert left == []
         assert drain(recv) == []
+
+
+async def test_every_admitted_export_queues_in_the_lane_where_small_ones_go_first():
+    """Round 15: two slow HTTP bodies held the HTTP receiver's two decoding
+    threads and four gRPC ones its four handler threads, so a small
+    legitimate export never reached the lane, where it would go first; it
+    waited 2-10 s (HTTP answered 503). Now each admitted request (16 per
+    transport) waits in the lane itself."""
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
+    answers: list[object] = []
+    async with running(b) as (ctx, recv), httpx.AsyncClient(timeout=60) as c:
+        url = f"http://127.0.0.1:{b.http_address[1]}/v1/logs"
+
+        async def post(body: bytes) -> None:
+            answers.append((await c.post(url, content=body, headers=PROTO)).status_code)
+
+        async def call(body: bytes) -> None:
+            answers.append(await trio.to_thread.run_sync(grpc_export, b.grpc_address[1], body))
+
+        with lane_held() as release:
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(post, REFUSED)
+                for _ in range(5):
+                    nursery.start_soon(call, REFUSED)
+                nursery.start_soon(post, PB)
+                with trio.fail_after(30):
+                    while LANE.waiting < 9:
+                        await trio.sleep(0.01)
+                release.set()
+        assert sorted(map(str, answers)) == sorted(
+            ["200"] + ["413"] * 3 + [str(grpc.StatusCode.RESOURCE_EXHAUSTED)] * 5)
+        assert len(drain(recv)) == N_PB

@@ -122,3 +122,52 @@ def test_a_failing_body_still_releases_the_lane():
     assert not lane.busy
     with lane.held(0.1):
         assert lane.busy
+
+
+def _queue_in_order(lane: Lane, sizes: list[int], order: list[int],
+                    before_each=lambda i: None) -> list[threading.Thread]:
+    threads = []
+    for i, size in enumerate(sizes):
+        before_each(i)
+
+        def waiter(i: int = i, size: int = size) -> None:
+            with lane.held(30, size=size):
+                order.append(i)
+        t = threading.Thread(target=waiter)
+        t.start()
+        threads.append(t)
+        _until(lambda i=i: lane.waiting == i + 1, f"waiter {i} queued")
+    return threads
+
+
+def test_a_small_body_goes_before_large_ones_that_came_just_before_it():
+    """Round 15: one sender of slow 4 MB bodies kept legitimate exports of
+    a few KB waiting 2-4 s; a body counts as arriving a second per MiB
+    later, so the small one passes the queue."""
+    lane = Lane(rest=0)
+    release = threading.Event()
+    holder = _hold(lane, threading.Event(), release)
+    order: list[int] = []
+    threads = _queue_in_order(lane, [4 << 20, 4 << 20, 4 << 20, 2048, 4 << 20], order)
+    release.set()
+    for t in [holder, *threads]:
+        t.join(30)
+    assert order == [3, 0, 1, 2, 4]
+
+
+def test_a_large_body_is_not_passed_forever():
+    now = [0.0]
+    lane = Lane(rest=0, clock=lambda: now[0])
+    release = threading.Event()
+    holder = _hold(lane, threading.Event(), release)
+    order: list[int] = []
+
+    def later(i: int) -> None:
+        if i == 1:
+            now[0] += 5.0  # the 4 MiB body (4 s of lead) has waited 5 s
+
+    threads = _queue_in_order(lane, [4 << 20, 2048], order, before_each=later)
+    release.set()
+    for t in [holder, *threads]:
+        t.join(30)
+    assert order == [0, 1]
