@@ -247,38 +247,6 @@ def _sessions(url: str, token: str | None) -> int | None:
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
-@dataclass
-class _Resume:
-    """Where the positions are saved (:mod:`.resume`), and when last. The
-    positions are those of the events *shown* (the SDK's own run ahead of
-    the screen: it has read what ``--limit`` never prints), newest last."""
-
-    path: Any
-    url: str
-    err: TextIO
-    positions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    saved_at: float = 0.0
-    failed: bool = False
-
-    def shown(self, ev: Mapping[str, Any]) -> None:
-        session, seq = ev.get("session"), ev.get("seq")
-        if isinstance(session, str) and isinstance(seq, int):
-            self.positions.pop(session, None)
-            self.positions[session] = {"session": session, "epoch": ev.get("epoch", 0), "seq": seq}
-
-    def save(self, *, now: float, force: bool = False) -> None:
-        if self.failed or (not force and now - self.saved_at < 1.0):
-            return
-        from .resume import save
-        self.saved_at = now
-        try:
-            save(self.path, self.url, list(self.positions.values()))
-        except OSError as e:
-            self.failed = True  # said once; the tail goes on
-            print(_safe(f"aep-bridges tail: cannot save the resume position in {self.path}: "
-                        f"{e.strerror or e} (--no-resume to not try)"), file=self.err)
-
-
 class _Signals:
     """What the reader says besides events (on stderr): the connect line,
     each retry with its reason, events that are not AEP (once per kind, the
@@ -340,78 +308,182 @@ class _Signals:
                   file=self.err, flush=True)
 
 
+class _Stop(Exception):
+    """SIGTERM or SIGHUP (a closed terminal): end as Ctrl-C does, the
+    position saved."""
+
+
+def _on_stop(signum: int, frame: Any) -> None:
+    raise _Stop(signum)
+
+
+def _stop_signals() -> dict[int, Any]:
+    """SIGTERM and SIGHUP end ``tail`` as SIGINT does (the position
+    saved, exit 0), from the main thread only; returns the handlers they
+    had, for :func:`_restore`."""
+    import signal
+    import threading
+    old: dict[int, Any] = {}
+    if threading.current_thread() is not threading.main_thread():
+        return old
+    for name in ("SIGTERM", "SIGHUP"):
+        if (signum := getattr(signal, name, None)) is not None:
+            old[signum] = signal.signal(signum, _on_stop)
+    return old
+
+
+def _restore(old: dict[int, Any]) -> None:
+    import signal
+    for signum, handler in old.items():
+        signal.signal(signum, handler)
+
+
+def _position(ev: Mapping[str, Any]) -> tuple[int, int] | None:
+    """A session event's ``(epoch, seq)`` (``None`` for an agent-scoped one)."""
+    session, epoch, seq = ev.get("session"), ev.get("epoch", 0), ev.get("seq")
+    if isinstance(session, str) and type(seq) is int and type(epoch) is int:
+        return epoch, seq
+    return None
+
+
+@dataclass
+class _Screen:
+    """Where events are shown (a line each, or ``--json``), counted against
+    ``limit``, their positions kept (``keeper``, :class:`.resume.Keeper`);
+    ``caught``: the last position per session that catching up showed,
+    which the stream then does not show again."""
+
+    out: TextIO
+    console: Console
+    timeline: Timeline
+    as_json: bool
+    keeper: Any
+    limit: int | None
+    printed: int = 0
+    caught: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def full(self) -> bool:
+        return self.limit is not None and self.printed >= self.limit
+
+    def show(self, item: dict[str, Any], *, catching_up: bool = False) -> None:
+        import time
+        pos = _position(item)
+        if pos is not None:
+            session = item["session"]
+            if catching_up:
+                self.caught[session] = max(pos, self.caught.get(session, pos))
+            elif pos <= self.caught.get(session, (-1, -1)):
+                return  # shown while catching up
+        if self.as_json:
+            line = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
+            self.out.write(line.translate(_tables()[1]) + "\n")  # the same JSON, escaped
+            self.out.flush()
+        else:
+            if (day := self.timeline.date_line(item)) is not None:
+                self.console.print(day, no_wrap=True)
+            self.console.print(self.timeline.line(item), no_wrap=True, overflow="ellipsis")
+            self.out.flush()
+        self.printed += 1
+        if self.keeper is not None:
+            self.keeper.shown(item)
+            self.keeper.save(now=time.monotonic())
+
+
+def _catch_up(screen: _Screen, catch_up: Callable[..., tuple[list[str], Any]], url: str, *,
+              token: str | None, flt: dict[str, Any], known: set[str], since: float,
+              err: TextIO) -> None:
+    """Show the sessions not in the saved position (``known``) with events
+    since it was saved (``since``, Unix seconds) from their start
+    (:func:`.missed.catch_up`), before what the stream brings."""
+    sessions, held = catch_up(url, token=token, flt=flt, known=known, since=since,
+                              settled=screen.timeline.settled)
+    if not sessions:
+        return
+    print(_safe(f"aep-bridges tail: {len(sessions)} session(s) not in the saved position have "
+                "events since it was saved: shown from their start"), file=err, flush=True)
+    for ev in held:
+        if screen.full():
+            return
+        screen.show(ev, catching_up=True)
+
+
 def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None,
         from_: str | list[dict[str, Any]] | None = None, as_json: bool = False,
         limit: int | None = None, color: str = "auto", out: TextIO | None = None,
         err: TextIO | None = None, resume_file: Any = None,
         subscribe: Callable[..., Any] | None = None,
-        settled: Callable[..., dict[AskKey, str]] | None = None) -> int:
-    """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
-    events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
-    the reason on stderr, exit 1) or is no AEP event stream (exit 1).
+        settled: Callable[..., dict[AskKey, str]] | None = None,
+        catch_up: Callable[..., tuple[list[str], Any]] | None = None) -> int:
+    """Follow ``url``'s ``/stream`` until interrupted (SIGINT, SIGTERM or
+    SIGHUP: exit 0), ``limit`` events were printed (exit 0), or the
+    endpoint refuses us (401/403/4xx: the reason on stderr, exit 1) or is
+    no AEP event stream (exit 1).
     Transport errors are shown and retried with backoff; an event that is
     not AEP is skipped, its kind named once on stderr, the count on exit.
     On stderr: ``connected to URL (N sessions)`` at each connect, and each
     retry with its reason. ``resume_file`` (:func:`.resume.position_file`):
-    start from the positions saved there when ``from_`` is not given, and
-    keep them there (at most once a second, and at the end). ``settled``
-    (default :func:`.tailstream.settled` with the default ``subscribe``):
-    the asks a replay already settles, looked up before subscribing."""
+    when ``from_`` is not given and a position is saved there, start from
+    it and, once connected, first show the sessions it does not name that
+    have events since it was saved (``catch_up``, default
+    :func:`.missed.catch_up`); keep the position there (at most once a
+    second, and at the end, however it ends). ``settled`` (default
+    :func:`.tailstream.settled` with the default ``subscribe``): the asks
+    a replay already settles, looked up before subscribing."""
     import time
 
+    from .resume import Keeper, load_saved
     from .tailstream import settled as _settled
     from .tailstream import subscribe as _subscribe
 
     out = out or sys.stdout
     err = err or sys.stderr
     if subscribe is None:
+        from .missed import catch_up as _catch_up_default
         subscribe, settled = _subscribe, settled or _settled
+        catch_up = catch_up or _catch_up_default
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     console = _console(color, out)
-    timeline = Timeline(full_types=not console.is_terminal)
-    keeper = _Resume(resume_file, url, err) if resume_file is not None else None
-    if keeper is not None and from_ is None:
-        from .resume import load
-        if saved := load(resume_file):
-            from_ = saved
-            for p in saved:
-                keeper.shown(p)
-            print(_safe(f"aep-bridges tail: resuming {len(saved)} session(s) from the position "
-                        f"saved in {resume_file} (--no-resume: start live)"), file=err)
-    if from_ is not None and not as_json and settled is not None:  # a replay comes first
-        timeline.settled = settled(url, token=token, from_=from_)
+    keeper = Keeper(resume_file, url, err) if resume_file is not None else None
+    screen = _Screen(out, console, Timeline(full_types=not console.is_terminal), as_json,
+                     keeper, limit)
+    saved = load_saved(resume_file) if keeper is not None and from_ is None else None
+    if saved is not None:  # resume, and catch up at the first connect
+        from_ = saved.positions or None
+        for p in saved.positions:
+            keeper.shown(p)  # type: ignore[union-attr]
+        print(_safe(f"aep-bridges tail: resuming {len(saved.positions)} session(s) from the "
+                    f"position saved in {resume_file}, and any begun since "
+                    "(--no-resume: start live)"), file=err)
+    if (from_ is not None or saved is not None) and not as_json and settled is not None:
+        # a replay comes first (catching up replays any session held)
+        screen.timeline.settled = settled(url, token=token,
+                                          from_="all" if saved is not None else from_)
     sub = subscribe(url, lambda ev: events.put(("event", ev)), filter=flt or {}, token=token,
                     from_=from_, on_error=lambda e: events.put(("error", e)),
                     on_comment=lambda c: events.put(("comment", c)),
                     backoff_initial_ms=250, backoff_max_ms=5000, timeout_ms=60_000)
-    printed = 0
     signals = _Signals(url, token, err)
+    old = _stop_signals()
     try:
-        while limit is None or printed < limit:
+        while not screen.full():
             try:
                 kind, item = events.get(timeout=0.5)
             except queue.Empty:
                 continue
-            if kind != "event":
-                if (code := signals.take(kind, item)) is not None:
-                    return code
-                continue
-            if as_json:
-                line = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
-                out.write(line.translate(_tables()[1]) + "\n")  # the same JSON, escaped
-                out.flush()
-            else:
-                if (day := timeline.date_line(item)) is not None:
-                    console.print(day, no_wrap=True)
-                console.print(timeline.line(item), no_wrap=True, overflow="ellipsis")
-                out.flush()
-            printed += 1
-            if keeper is not None:
-                keeper.shown(item)
-                keeper.save(now=time.monotonic())
-    except KeyboardInterrupt:
+            if kind == "event":
+                screen.show(item)
+            elif (code := signals.take(kind, item)) is not None:
+                return code
+            elif signals.connected and saved is not None and catch_up is not None:
+                # the stream is registered: what it does not bring, catching up does
+                since, saved = saved.saved_at, None
+                _catch_up(screen, catch_up, url, token=token, flt=flt or {},
+                          known={p["session"] for p in from_ or ()
+                                 if isinstance(p, dict)}, since=since, err=err)
+    except (KeyboardInterrupt, _Stop):
         pass
     finally:
+        _restore(old)
         sub.close()
         signals.close()
         if keeper is not None:

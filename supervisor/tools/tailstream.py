@@ -31,7 +31,7 @@ from bridges.core.aep import loads
 
 from .gist import OUTCOMES, AskKey, ask_key
 
-__all__ = ["subscribe", "settled", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
+__all__ = ["subscribe", "settled", "held", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
            "OUTCOMES", "SETTLED_MAX", "settle", "ELSEWHERE_HINT", "refused"]
 
 MAX_EVENT = 16 << 20
@@ -227,44 +227,63 @@ class Stream:
         self.on_event(ev)
 
 
+def held(url: str, token: str | None, flt: dict[str, Any], *,
+         from_: str | list[dict[str, Any]] | None = "all",
+         deadline: float) -> Iterator[dict[str, Any]]:
+    """The events ``url`` holds that match ``flt`` after ``from_``, as one
+    replay-only read (``GET /stream?from=...&live=0``, AEP-0003 §3.3, §5),
+    until the replay ends or ``deadline`` (``time.monotonic()`` seconds)
+    passes. A line that is no JSON object is skipped; a refusal, a failure
+    or an answer that is no event stream ends it quietly (never raises)."""
+    import time
+
+    headers = {"accept": "text/event-stream"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    params = [("filter", json.dumps(flt)), ("live", "0"),
+              ("from", from_ if isinstance(from_, str) else json.dumps(from_ or []))]
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return
+    try:
+        with httpx.Client(timeout=httpx.Timeout(left), headers=headers,
+                          follow_redirects=False, trust_env=False) as client, \
+                client.stream("GET", f"{url.rstrip('/')}/stream", params=tuple(params)) as res:
+            ctype = res.headers.get("content-type", "").partition(";")[0].strip()
+            if res.status_code != 200 or ctype != "text/event-stream":
+                return
+            for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
+                if time.monotonic() > deadline:
+                    return
+                try:
+                    ev = loads(sse.data) if sse.data else None
+                except ValueError:
+                    continue
+                if isinstance(ev, dict):
+                    yield ev
+    except (httpx.HTTPError, SSEError, OSError, _Overflow):
+        return
+
+
 def settled(url: str, *, token: str | None = None,
             from_: str | list[dict[str, Any]] | None = "all",
             timeout_s: float = 10.0) -> dict[AskKey, str]:
     """The asks already settled in what a replay from ``from_`` will show:
     the ask (:func:`ask_key`: source, session, id) -> how it ended (``answered``, the
     ``attention.resolved`` resolution, ``timed out``), read from one
-    replay-only request (``GET /stream?from=...&live=0``, AEP-0003 §3.3,
-    filtered server-side to :data:`OUTCOMES`) before the live
-    subscription, so ``tail`` does not mark a replayed ask ``PENDING``
-    whose outcome the same replay carries. Best effort: an endpoint that
-    refuses or is slow (``timeout_s`` in all) gives what was read, never
-    raises. At most :data:`SETTLED_MAX` asks."""
+    replay-only request (:func:`held`, filtered server-side to
+    :data:`OUTCOMES`) before the live subscription, so ``tail`` does not
+    mark a replayed ask ``PENDING`` whose outcome the same replay carries.
+    Best effort: an endpoint that refuses or is slow (``timeout_s`` in all)
+    gives what was read, never raises. At most :data:`SETTLED_MAX` asks."""
     import time
 
-    headers = {"accept": "text/event-stream"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    params = [("filter", json.dumps({"type": list(OUTCOMES)})), ("live", "0"),
-              ("from", from_ if isinstance(from_, str) else json.dumps(from_ or []))]
     out: dict[AskKey, str] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        with httpx.Client(timeout=httpx.Timeout(timeout_s), headers=headers,
-                          follow_redirects=False, trust_env=False) as client, \
-                client.stream("GET", f"{url.rstrip('/')}/stream", params=tuple(params)) as res:
-            ctype = res.headers.get("content-type", "").partition(";")[0].strip()
-            if res.status_code != 200 or ctype != "text/event-stream":
-                return out
-            for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
-                if time.monotonic() > deadline or len(out) >= SETTLED_MAX:
-                    break
-                try:
-                    ev = loads(sse.data) if sse.data else None
-                except ValueError:
-                    continue
-                settle(ev, out)
-    except (httpx.HTTPError, SSEError, OSError, _Overflow):
-        pass
+    for ev in held(url, token, {"type": list(OUTCOMES)}, from_=from_,
+                   deadline=time.monotonic() + timeout_s):
+        settle(ev, out)
+        if len(out) >= SETTLED_MAX:
+            break
     return out
 
 
