@@ -53,7 +53,7 @@ def test_demo_runs_to_completion_and_cleans_up():
     # a narration line ending in a colon has what it announces under it (a tail line), never
     # the next narration (issue 29's trial: "its OTLP export reached the daemon:" and nothing)
     said = [ln for ln in lines if ln.strip()]
-    dangling = [ln for ln, nxt in zip(said, said[1:] + [""])
+    dangling = [ln for ln, nxt in zip(said, said[1:] + [""], strict=True)
                 if ln.startswith("demo ▸") and ln.endswith(":") and not re.match(r"\d\d:", nxt)]
     assert not dangling, out[-5000:]
     codex = next(i for i, ln in enumerate(lines) if ln.startswith("demo ▸ codex exited 0"))
