@@ -14,9 +14,10 @@ a restarted ``tail`` catches up on), :mod:`.timeline`
 :mod:`.validate` (``aep-bridges validate``: events against the AEP schemas
 shipped in ``schemas/``, with line numbers), :mod:`.doctor` (``aep-bridges
 doctor``: the machine against the configuration, with a fix per failure;
-:mod:`.hookdoctor` its checks of the hook bridges). Each tool is loaded only by the command that uses it,
+:mod:`.hookdoctor` its checks of the hook bridges; :mod:`.holder` which
+aep-bridges process holds a port). Each tool is loaded only by the command that uses it,
 so this ``__init__`` imports none of them: it lists them.
 """
 
-__all__ = ["control", "doctor", "gist", "hookdoctor", "install", "logs", "missed", "notify", "pending", "resume",
+__all__ = ["control", "doctor", "gist", "hookdoctor", "holder", "install", "logs", "missed", "notify", "pending", "resume",
            "tail", "tailstream", "timeline", "validate"]
