@@ -232,110 +232,51 @@ def _console(color: str, out: TextIO) -> Console:
     return console
 
 
-def _sessions(url: str, token: str | None) -> int | None:
-    """How many sessions the endpoint holds, when it tells (an aep-bridges
-    relay's authorized ``/healthz``); ``None`` otherwise. Never raises."""
-    import httpx
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    try:
-        body = httpx.get(url.rstrip("/") + "/healthz", headers=headers, timeout=2,
-                         trust_env=False).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    counts = body.get("relay_counts", body) if isinstance(body, dict) else {}
-    n = counts.get("sessions") if isinstance(counts, dict) else None
-    return n if isinstance(n, int) and not isinstance(n, bool) else None
-
-
-class _Signals:
-    """What the reader says besides events (on stderr): the connect line,
-    each retry with its reason, events that are not AEP (once per kind, the
-    count at the end), and the refusals that end ``tail``."""
-
-    def __init__(self, url: str, token: str | None, err: TextIO) -> None:
-        self.url, self.token, self.err = url, token, err
-        self.skipped: dict[str, int] = {}
-        self.attempts = 0
-        self.connected = False
-        self.hinted = False
-
-    def take(self, kind: str, item: Any) -> int | None:
-        """Handle one ``comment`` or ``error`` item; an exit status ends ``tail``."""
-        from .tailstream import BadEvent, NotAnAepStream
-        url, err = self.url, self.err
-        if kind == "comment":
-            if str(item).startswith("connected") and not self.connected:
-                self.connected, self.attempts = True, 0
-                n = _sessions(url, self.token)
-                held = f" ({n} session{'s' if n != 1 else ''})" if n is not None else ""
-                print(_safe(f"aep-bridges tail: connected to {url}{held}"), file=err, flush=True)
-            return None
-        if isinstance(item, NotAnAepStream):
-            print(_safe(f"aep-bridges tail: {url}: not an AEP event stream: {item} "
-                        "(is this an AEP endpoint?)"), file=err)
-            return 1
-        if isinstance(item, BadEvent):
-            self.skipped[item.kind] = self.skipped.get(item.kind, 0) + 1
-            if self.skipped[item.kind] == 1:  # once per kind; the count comes on exit
-                print(_safe(f"aep-bridges tail: {url}: {item} (not AEP; skipping such "
-                            "events, the stream goes on)"), file=err, flush=True)
-            return None
-        status = getattr(item, "status", None)
-        # 400: the reader falls back by itself (no `from=all` there, a
-        # `from` too long), so only these end the tail
-        if status in (401, 403, 404):
-            hint = {401: " (pass --token or set AEP_TOKEN)",
-                    404: " (is this an AEP endpoint?)"}.get(status, "")
-            print(_safe(f"aep-bridges tail: {url} refused the stream: HTTP {status}{hint}"),
-                  file=err)
-            return 1
-        # each retry is visible, with its reason (the endpoint's own words, a
-        # status line, are its content: made safe)
-        from .tailstream import ELSEWHERE_HINT, refused
-        self.connected = False
-        self.attempts += 1
-        hint = ""
-        if not self.hinted and refused(item):  # nothing listens there: said once
-            self.hinted, hint = True, f"; {ELSEWHERE_HINT}"
-        print(_safe(f"aep-bridges tail: {url}: {item} (retrying, attempt {self.attempts}{hint})"),
-              file=err, flush=True)
-        return None
-
-    def close(self) -> None:
-        if self.skipped:
-            print(f"aep-bridges tail: skipped {sum(self.skipped.values())} event(s) that were not "
-                  f"AEP ({', '.join(f'{k}: {n}' for k, n in sorted(self.skipped.items()))})",
-                  file=self.err, flush=True)
-
-
 class _Stop(Exception):
-    """SIGTERM or SIGHUP (a closed terminal): end as Ctrl-C does, the
-    position saved."""
+    """SIGINT, SIGTERM or SIGHUP (a closed terminal): ``tail`` ends, exit 0,
+    its position saved."""
 
 
-def _on_stop(signum: int, frame: Any) -> None:
-    raise _Stop(signum)
+class _Stopper:
+    """SIGINT, SIGTERM and SIGHUP end ``tail`` alike: :class:`_Stop` is
+    raised at once, except while an event is being shown and its position
+    noted (``with stopper:``), where it is raised right after, so the
+    position saved is that of the last event shown. Installed from the
+    main thread only (:meth:`install`), the previous handlers put back by
+    :meth:`restore`."""
 
+    def __init__(self) -> None:
+        self.held = False
+        self.pending = False
+        self.old: dict[int, Any] = {}
 
-def _stop_signals() -> dict[int, Any]:
-    """SIGTERM and SIGHUP end ``tail`` as SIGINT does (the position
-    saved, exit 0), from the main thread only; returns the handlers they
-    had, for :func:`_restore`."""
-    import signal
-    import threading
-    old: dict[int, Any] = {}
-    if threading.current_thread() is not threading.main_thread():
-        return old
-    for name in ("SIGTERM", "SIGHUP"):
-        if (signum := getattr(signal, name, None)) is not None:
-            old[signum] = signal.signal(signum, _on_stop)
-    return old
+    def _on(self, signum: int, frame: Any) -> None:
+        if self.held:
+            self.pending = True
+        else:
+            raise _Stop(signum)
 
+    def install(self) -> None:
+        import signal
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if (signum := getattr(signal, name, None)) is not None:
+                self.old[signum] = signal.signal(signum, self._on)
 
-def _restore(old: dict[int, Any]) -> None:
-    import signal
-    for signum, handler in old.items():
-        signal.signal(signum, handler)
+    def restore(self) -> None:
+        import signal
+        for signum, handler in self.old.items():
+            signal.signal(signum, handler)
+
+    def __enter__(self) -> None:
+        self.held = True
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        self.held = False
+        if self.pending and kind is None:
+            raise _Stop()
 
 
 def _position(ev: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -359,6 +300,7 @@ class _Screen:
     as_json: bool
     keeper: Any
     limit: int | None
+    stopper: _Stopper = field(default_factory=_Stopper)
     printed: int = 0
     caught: dict[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -366,6 +308,10 @@ class _Screen:
         return self.limit is not None and self.printed >= self.limit
 
     def show(self, item: dict[str, Any], *, catching_up: bool = False) -> None:
+        with self.stopper:  # a signal waits until the event is shown and noted
+            self._show(item, catching_up)
+
+    def _show(self, item: dict[str, Any], catching_up: bool) -> None:
         import time
         pos = _position(item)
         if pos is not None:
@@ -432,6 +378,7 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
     import time
 
     from .resume import Keeper, load_saved
+    from .tailstream import Signals
     from .tailstream import settled as _settled
     from .tailstream import subscribe as _subscribe
 
@@ -462,8 +409,8 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
                     from_=from_, on_error=lambda e: events.put(("error", e)),
                     on_comment=lambda c: events.put(("comment", c)),
                     backoff_initial_ms=250, backoff_max_ms=5000, timeout_ms=60_000)
-    signals = _Signals(url, token, err)
-    old = _stop_signals()
+    signals = Signals(url, token, err)
+    screen.stopper.install()
     try:
         while not screen.full():
             try:
@@ -483,7 +430,7 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
     except (KeyboardInterrupt, _Stop):
         pass
     finally:
-        _restore(old)
+        screen.stopper.restore()
         sub.close()
         signals.close()
         if keeper is not None:

@@ -496,6 +496,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.lost": {"LostSessions"},
     "supervisor.tools.tail": {"AGENT_W", "DEFAULT_LISTEN", "FAMILY_STYLE", "OUTCOME_STYLE", "SESSION_W", "TIME_W", "TYPE_W", "Timeline", "default_url", "gist", "parse_filter", "run"},
     "supervisor.tools.tailstream": {"BadEvent", "MAX_EVENT", "NotAnAepStream", "OUTCOMES", "SETTLED_MAX", "settle", "held",
+                                    "Signals", "held_sessions",
                                     "Stream", "settled", "subscribe", "ELSEWHERE_HINT", "refused"},
     "supervisor.jetstream.publish": {"AckInbox", "LEADER_WAIT_S", "Message", "PUBLISH_TIMEOUT_S", "Publisher",
                                      "RETRY_INITIAL_S", "RETRY_MAX_S", "ROUND_MAX", "TooLarge",
