@@ -81,11 +81,14 @@ def raise_fd_limit() -> tuple[int, int]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from functools import partial
+
     import trio
 
     from .daemon import run_daemon
     from .tools import logs
-    if (refused := apply_settings(args)[0]) is not None:
+    refused, sources = apply_settings(args)
+    if refused is not None:
         return refused
     cfg, bridges, problems = _load()
     from .sessionlog.statelock import StateDirBusy, hold
@@ -105,7 +108,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     logs.setup(cfg.environ, secrets=[t for _, t in cfg.emitter_tokens])
     raise_fd_limit()
     try:
-        return trio.run(run_daemon, cfg, bridges)
+        return trio.run(partial(run_daemon, cfg, bridges, settings_from=sources.read))
     finally:
         lock.release()
 
@@ -131,7 +134,8 @@ def _cmd_relay(args: argparse.Namespace) -> int:
 
     from .daemon import run_daemon
     from .tools import logs
-    if (refused := apply_settings(args)[0]) is not None:
+    refused, sources = apply_settings(args)
+    if refused is not None:
         return refused
     cfg, _, problems = _load(relay_only=True)
     if problems:  # a port held by our own daemon is named, as run and check do
@@ -140,7 +144,7 @@ def _cmd_relay(args: argparse.Namespace) -> int:
     logs.setup(cfg.environ, secrets=[t for _, t in cfg.emitter_tokens])
     raise_fd_limit()
     # AEP_NATS_URL: serve the AEP bindings from JetStream ("Past one machine")
-    return trio.run(partial(run_daemon, cfg, [], nats=cfg.nats))
+    return trio.run(partial(run_daemon, cfg, [], nats=cfg.nats, settings_from=sources.read))
 
 
 def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:
@@ -158,13 +162,38 @@ def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:
     return body if isinstance(body, dict) and "ok" in body and "bridges" in body else None
 
 
+def _name_holder(problem: str, lock: Any) -> str:
+    """``NAME=host:port: address in use or not bindable`` -> ``...: in use
+    by aep-bridges pid N`` when an aep-bridges process holds that port
+    (:mod:`supervisor.tools.holder`; the state directory's holder ``lock``
+    looked at first), as the state directory's refusal names its holder."""
+    import re
+
+    from .tools.holder import aep_bridges_holder
+    m = re.match(r"\w+=.*:(\d+): address in use or not bindable$", problem)
+    if m is None:
+        return problem
+    first = [lock.pid] if lock is not None and lock.pid else []
+    pid = aep_bridges_holder(int(m.group(1)), first=first)
+    return problem if pid is None else problem.replace(
+        "address in use or not bindable", f"in use by aep-bridges pid {pid}")
+
+
 def _explain_in_use(cfg: config_mod.Config, problems: list[str], hint: str) -> list[str]:
     """When ports are "in use" and an aep-bridges daemon answers ``/healthz``
-    on ``AEP_LISTEN``, say so (and ``hint``) instead of a bare "in use"."""
+    on ``AEP_LISTEN``, say so (and ``hint``) instead of a bare "in use";
+    else name each port's holder when it is an aep-bridges process (a
+    daemon of another configuration)."""
     import json
     in_use = [p for p in problems if "address in use" in p]
-    if not in_use or (health := running_daemon(cfg.listen, cfg.token)) is None:
+    if not in_use:
         return problems
+    if (health := running_daemon(cfg.listen, cfg.token)) is None:
+        lock = _lock_holder(cfg.state_dir)
+        named = [_name_holder(p, lock) if p in in_use else p for p in problems]
+        if (n := sum(a != b for a, b in zip(named, problems, strict=True))):
+            named.append(f"another aep-bridges daemon holds {'them' if n > 1 else 'it'}; {hint}")
+        return named
     bridges = ", ".join(sorted(health.get("bridges") or {})) or "none"
     out = [p.replace("address in use or not bindable", "held by the running aep-bridges daemon")
            if p in in_use else p for p in problems]

@@ -86,7 +86,9 @@ def control_parsers(sub: Any, endpoint: argparse.ArgumentParser) -> None:
     codes = ("exit 0 accepted and the outcome seen, 3 rejected, 4 no ack, 5 no outcome "
              "within --wait, 1 endpoint unreachable, 6 unauthorized (the token), 2 bad arguments")
     rsp = sub.add_parser("respond", parents=[waits], epilog=codes,
-                         help="answer an attention request: respond [SESSION] REQUEST_ID --option ID")
+                         help="answer an attention request: respond --pending (list the open "
+                              "asks); respond --option ID (the one open ask); respond "
+                              "[SESSION] REQUEST_ID --option ID (one of several)")
     rsp.add_argument("ids", nargs="*", metavar="[SESSION] REQUEST_ID",
                      help="the attention.requested Event's id (its session is looked up when "
                           "not given; none: the one pending ask, refused with the list if several)")

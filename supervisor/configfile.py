@@ -123,6 +123,8 @@ class Sources:
     overriding any already set."""
 
     origin: dict[str, str] = field(default_factory=dict)
+    #: each source :meth:`fill` read (``config file PATH``, ``--env-file PATH``), in order
+    read: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, environ: Mapping[str, str]) -> "Sources":
@@ -130,6 +132,7 @@ class Sources:
 
     def fill(self, environ: MutableMapping[str, str], values: Mapping[str, str], source: str) -> None:
         """Set each of ``values`` in ``environ`` unless already set there."""
+        self.read.append(source)
         for k, v in values.items():
             if k not in environ:
                 environ[k] = v

@@ -128,21 +128,23 @@ def relay_options(cfg: Config) -> dict[str, Any]:
 
 
 async def run_daemon(cfg: Config, bridges: list[Bridge], *, notifier: Notifier | None = None,
-                     nats: Any = None,
+                     nats: Any = None, settings_from: list[str] | None = None,
                      task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> int:
     """Run until SIGTERM/SIGINT; returns the process exit status. ``nats``
     (a :class:`~supervisor.jetstream.config.NatsConfig`, ``aep-bridges
     relay`` with ``AEP_NATS_URL``): the relay serves from JetStream
-    (:class:`~supervisor.jetstream.relay.JetStreamRelay`)."""
+    (:class:`~supervisor.jetstream.relay.JetStreamRelay`). ``settings_from``:
+    the files the settings were read from (``config file PATH``), named
+    on the ``aep-bridges up`` line."""
     if nats is not None and cfg.embedded_relay:
         return await _run_jetstream_relay(cfg, bridges, nats, notifier=notifier,
-                                          task_status=task_status)
+                                          settings_from=settings_from, task_status=task_status)
     relay = None
     if cfg.embedded_relay:
         from .relay.core import Relay
         relay = Relay(**relay_options(cfg))
     return await _run_daemon(cfg, bridges, relay, notifier=notifier, task_status=task_status,
-                             durable=relay is not None)
+                             durable=relay is not None, settings_from=settings_from)
 
 
 async def _make_durable(relay: Any, session_log: Any, state_dir: Path) -> None:
@@ -176,7 +178,7 @@ async def _make_durable(relay: Any, session_log: Any, state_dir: Path) -> None:
 
 
 async def _run_jetstream_relay(cfg: Config, bridges: list[Bridge], nats: Any, *,
-                               notifier: Notifier | None,
+                               notifier: Notifier | None, settings_from: list[str] | None,
                                task_status: trio.TaskStatus[list[str]]) -> int:
     """``aep-bridges relay`` over JetStream: connect (retrying until a
     server answers), then serve. SIGTERM/SIGINT while still connecting
@@ -206,7 +208,8 @@ async def _run_jetstream_relay(cfg: Config, bridges: list[Bridge], nats: Any, *,
                 await outer.start(js_relay.run)
                 # the relay is the one NATS party here: the (bridgeless) fleet runs no sink
                 status = await _run_daemon(replace(cfg, nats=None), bridges, js_relay,
-                                           notifier=notifier, task_status=task_status)
+                                           notifier=notifier, task_status=task_status,
+                                           settings_from=settings_from)
                 outer.cancel_scope.cancel()
             guard.cancel_scope.cancel()
     return status
@@ -214,7 +217,8 @@ async def _run_jetstream_relay(cfg: Config, bridges: list[Bridge], nats: Any, *,
 
 async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
                       notifier: Notifier | None,
-                      task_status: trio.TaskStatus[list[str]], durable: bool = False) -> int:
+                      task_status: trio.TaskStatus[list[str]], durable: bool = False,
+                      settings_from: list[str] | None = None) -> int:
     notifier = notifier or Notifier(cfg.environ)
     from .web.mounts import Mounts
     mounts = Mounts(cfg.token)  # bridge-served paths on AEP_LISTEN (the ACP tees)
@@ -263,12 +267,13 @@ async def _run_daemon(cfg: Config, bridges: list[Bridge], relay: Any, *,
             _settle_gc()
             _settle_gil()
             root.start_soon(notifier.watchdog_loop)
-            log.info("aep-bridges up: %s on %s; bridges: %s; epoch %d; %s",
+            log.info("aep-bridges up: %s on %s; bridges: %s; epoch %d; %s%s",
                      (getattr(relay, "mode", "embedded relay") if relay else "health"),
                      ", ".join(bound),
                      ", ".join(fleet.members) or "none", fleet.epoch,
                      "control routing on (token set)" if cfg.token
-                     else "watch-only (no AEP_TOKEN: commands refused)")
+                     else "watch-only (no AEP_TOKEN: commands refused)",
+                     f"; settings from {' and '.join(settings_from)}" if settings_from else "")
             task_status.started(bound)
             await got_signal.wait()
             log.info("received %s: draining", signal.Signals(received[0]).name)

@@ -232,112 +232,125 @@ def _console(color: str, out: TextIO) -> Console:
     return console
 
 
-def _sessions(url: str, token: str | None) -> int | None:
-    """How many sessions the endpoint holds, when it tells (an aep-bridges
-    relay's authorized ``/healthz``); ``None`` otherwise. Never raises."""
-    import httpx
-    headers = {"authorization": f"Bearer {token}"} if token else {}
-    try:
-        body = httpx.get(url.rstrip("/") + "/healthz", headers=headers, timeout=2,
-                         trust_env=False).json()
-    except (httpx.HTTPError, ValueError):
-        return None
-    counts = body.get("relay_counts", body) if isinstance(body, dict) else {}
-    n = counts.get("sessions") if isinstance(counts, dict) else None
-    return n if isinstance(n, int) and not isinstance(n, bool) else None
+class _Stop(Exception):
+    """SIGINT, SIGTERM or SIGHUP (a closed terminal): ``tail`` ends, exit 0,
+    its position saved."""
+
+
+class _Stopper:
+    """SIGINT, SIGTERM and SIGHUP end ``tail`` alike: :class:`_Stop` is
+    raised at once, except while an event is being shown and its position
+    noted (``with stopper:``), where it is raised right after, so the
+    position saved is that of the last event shown. Installed from the
+    main thread only (:meth:`install`), the previous handlers put back by
+    :meth:`restore`."""
+
+    def __init__(self) -> None:
+        self.held = False
+        self.pending = False
+        self.old: dict[int, Any] = {}
+
+    def _on(self, signum: int, frame: Any) -> None:
+        if self.held:
+            self.pending = True
+        else:
+            raise _Stop(signum)
+
+    def install(self) -> None:
+        import signal
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+            if (signum := getattr(signal, name, None)) is not None:
+                self.old[signum] = signal.signal(signum, self._on)
+
+    def restore(self) -> None:
+        import signal
+        for signum, handler in self.old.items():
+            signal.signal(signum, handler)
+
+    def __enter__(self) -> None:
+        self.held = True
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        self.held = False
+        if self.pending and kind is None:
+            raise _Stop()
+
+
+def _position(ev: Mapping[str, Any]) -> tuple[int, int] | None:
+    """A session event's ``(epoch, seq)`` (``None`` for an agent-scoped one)."""
+    session, epoch, seq = ev.get("session"), ev.get("epoch", 0), ev.get("seq")
+    if isinstance(session, str) and type(seq) is int and type(epoch) is int:
+        return epoch, seq
+    return None
 
 
 @dataclass
-class _Resume:
-    """Where the positions are saved (:mod:`.resume`), and when last. The
-    positions are those of the events *shown* (the SDK's own run ahead of
-    the screen: it has read what ``--limit`` never prints), newest last."""
+class _Screen:
+    """Where events are shown (a line each, or ``--json``), counted against
+    ``limit``, their positions kept (``keeper``, :class:`.resume.Keeper`);
+    ``caught``: the last position per session that catching up showed,
+    which the stream then does not show again."""
 
-    path: Any
-    url: str
-    err: TextIO
-    positions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    saved_at: float = 0.0
-    failed: bool = False
+    out: TextIO
+    console: Console
+    timeline: Timeline
+    as_json: bool
+    keeper: Any
+    limit: int | None
+    stopper: _Stopper = field(default_factory=_Stopper)
+    printed: int = 0
+    caught: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def shown(self, ev: Mapping[str, Any]) -> None:
-        session, seq = ev.get("session"), ev.get("seq")
-        if isinstance(session, str) and isinstance(seq, int):
-            self.positions.pop(session, None)
-            self.positions[session] = {"session": session, "epoch": ev.get("epoch", 0), "seq": seq}
+    def full(self) -> bool:
+        return self.limit is not None and self.printed >= self.limit
 
-    def save(self, *, now: float, force: bool = False) -> None:
-        if self.failed or (not force and now - self.saved_at < 1.0):
+    def show(self, item: dict[str, Any], *, catching_up: bool = False) -> None:
+        with self.stopper:  # a signal waits until the event is shown and noted
+            self._show(item, catching_up)
+
+    def _show(self, item: dict[str, Any], catching_up: bool) -> None:
+        import time
+        pos = _position(item)
+        if pos is not None:
+            session = item["session"]
+            if catching_up:
+                self.caught[session] = max(pos, self.caught.get(session, pos))
+            elif pos <= self.caught.get(session, (-1, -1)):
+                return  # shown while catching up
+        if self.as_json:
+            line = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
+            self.out.write(line.translate(_tables()[1]) + "\n")  # the same JSON, escaped
+            self.out.flush()
+        else:
+            if (day := self.timeline.date_line(item)) is not None:
+                self.console.print(day, no_wrap=True)
+            self.console.print(self.timeline.line(item), no_wrap=True, overflow="ellipsis")
+            self.out.flush()
+        self.printed += 1
+        if self.keeper is not None:
+            self.keeper.shown(item)
+            self.keeper.save(now=time.monotonic())
+
+
+def _catch_up(screen: _Screen, catch_up: Callable[..., tuple[list[str], Any]], url: str, *,
+              token: str | None, flt: dict[str, Any], known: set[str], since: float,
+              err: TextIO) -> None:
+    """Show the sessions not in the saved position (``known``) with events
+    since it was saved (``since``, Unix seconds) from their start
+    (:func:`.missed.catch_up`), before what the stream brings."""
+    sessions, held = catch_up(url, token=token, flt=flt, known=known, since=since,
+                              settled=screen.timeline.settled)
+    if not sessions:
+        return
+    print(_safe(f"aep-bridges tail: {len(sessions)} session(s) not in the saved position have "
+                "events since it was saved: shown from their start"), file=err, flush=True)
+    for ev in held:
+        if screen.full():
             return
-        from .resume import save
-        self.saved_at = now
-        try:
-            save(self.path, self.url, list(self.positions.values()))
-        except OSError as e:
-            self.failed = True  # said once; the tail goes on
-            print(_safe(f"aep-bridges tail: cannot save the resume position in {self.path}: "
-                        f"{e.strerror or e} (--no-resume to not try)"), file=self.err)
-
-
-class _Signals:
-    """What the reader says besides events (on stderr): the connect line,
-    each retry with its reason, events that are not AEP (once per kind, the
-    count at the end), and the refusals that end ``tail``."""
-
-    def __init__(self, url: str, token: str | None, err: TextIO) -> None:
-        self.url, self.token, self.err = url, token, err
-        self.skipped: dict[str, int] = {}
-        self.attempts = 0
-        self.connected = False
-        self.hinted = False
-
-    def take(self, kind: str, item: Any) -> int | None:
-        """Handle one ``comment`` or ``error`` item; an exit status ends ``tail``."""
-        from .tailstream import BadEvent, NotAnAepStream
-        url, err = self.url, self.err
-        if kind == "comment":
-            if str(item).startswith("connected") and not self.connected:
-                self.connected, self.attempts = True, 0
-                n = _sessions(url, self.token)
-                held = f" ({n} session{'s' if n != 1 else ''})" if n is not None else ""
-                print(_safe(f"aep-bridges tail: connected to {url}{held}"), file=err, flush=True)
-            return None
-        if isinstance(item, NotAnAepStream):
-            print(_safe(f"aep-bridges tail: {url}: not an AEP event stream: {item} "
-                        "(is this an AEP endpoint?)"), file=err)
-            return 1
-        if isinstance(item, BadEvent):
-            self.skipped[item.kind] = self.skipped.get(item.kind, 0) + 1
-            if self.skipped[item.kind] == 1:  # once per kind; the count comes on exit
-                print(_safe(f"aep-bridges tail: {url}: {item} (not AEP; skipping such "
-                            "events, the stream goes on)"), file=err, flush=True)
-            return None
-        status = getattr(item, "status", None)
-        # 400: the reader falls back by itself (no `from=all` there, a
-        # `from` too long), so only these end the tail
-        if status in (401, 403, 404):
-            hint = {401: " (pass --token or set AEP_TOKEN)",
-                    404: " (is this an AEP endpoint?)"}.get(status, "")
-            print(_safe(f"aep-bridges tail: {url} refused the stream: HTTP {status}{hint}"),
-                  file=err)
-            return 1
-        # each retry is visible, with its reason (the endpoint's own words, a
-        # status line, are its content: made safe)
-        from .tailstream import ELSEWHERE_HINT, refused
-        self.connected = False
-        self.attempts += 1
-        hint = ""
-        if not self.hinted and refused(item):  # nothing listens there: said once
-            self.hinted, hint = True, f"; {ELSEWHERE_HINT}"
-        print(_safe(f"aep-bridges tail: {url}: {item} (retrying, attempt {self.attempts}{hint})"),
-              file=err, flush=True)
-        return None
-
-    def close(self) -> None:
-        if self.skipped:
-            print(f"aep-bridges tail: skipped {sum(self.skipped.values())} event(s) that were not "
-                  f"AEP ({', '.join(f'{k}: {n}' for k, n in sorted(self.skipped.items()))})",
-                  file=self.err, flush=True)
+        screen.show(ev, catching_up=True)
 
 
 def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None,
@@ -345,73 +358,79 @@ def run(url: str, *, token: str | None = None, flt: dict[str, Any] | None = None
         limit: int | None = None, color: str = "auto", out: TextIO | None = None,
         err: TextIO | None = None, resume_file: Any = None,
         subscribe: Callable[..., Any] | None = None,
-        settled: Callable[..., dict[AskKey, str]] | None = None) -> int:
-    """Follow ``url``'s ``/stream`` until interrupted (exit 0), ``limit``
-    events were printed (exit 0), or the endpoint refuses us (401/403/4xx:
-    the reason on stderr, exit 1) or is no AEP event stream (exit 1).
+        settled: Callable[..., dict[AskKey, str]] | None = None,
+        catch_up: Callable[..., tuple[list[str], Any]] | None = None) -> int:
+    """Follow ``url``'s ``/stream`` until interrupted (SIGINT, SIGTERM or
+    SIGHUP: exit 0), ``limit`` events were printed (exit 0), or the
+    endpoint refuses us (401/403/4xx: the reason on stderr, exit 1) or is
+    no AEP event stream (exit 1).
     Transport errors are shown and retried with backoff; an event that is
     not AEP is skipped, its kind named once on stderr, the count on exit.
     On stderr: ``connected to URL (N sessions)`` at each connect, and each
     retry with its reason. ``resume_file`` (:func:`.resume.position_file`):
-    start from the positions saved there when ``from_`` is not given, and
-    keep them there (at most once a second, and at the end). ``settled``
-    (default :func:`.tailstream.settled` with the default ``subscribe``):
-    the asks a replay already settles, looked up before subscribing."""
+    when ``from_`` is not given and a position is saved there, start from
+    it and, once connected, first show the sessions it does not name that
+    have events since it was saved (``catch_up``, default
+    :func:`.missed.catch_up`); keep the position there (at most once a
+    second, and at the end, however it ends). ``settled`` (default
+    :func:`.tailstream.settled` with the default ``subscribe``): the asks
+    a replay already settles, looked up before subscribing."""
     import time
 
+    from .resume import Keeper, load_saved
+    from .tailstream import Signals
     from .tailstream import settled as _settled
     from .tailstream import subscribe as _subscribe
 
     out = out or sys.stdout
     err = err or sys.stderr
     if subscribe is None:
+        from .missed import catch_up as _catch_up_default
         subscribe, settled = _subscribe, settled or _settled
+        catch_up = catch_up or _catch_up_default
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     console = _console(color, out)
-    timeline = Timeline(full_types=not console.is_terminal)
-    keeper = _Resume(resume_file, url, err) if resume_file is not None else None
-    if keeper is not None and from_ is None:
-        from .resume import load
-        if saved := load(resume_file):
-            from_ = saved
-            for p in saved:
-                keeper.shown(p)
-            print(_safe(f"aep-bridges tail: resuming {len(saved)} session(s) from the position "
-                        f"saved in {resume_file} (--no-resume: start live)"), file=err)
-    if from_ is not None and not as_json and settled is not None:  # a replay comes first
-        timeline.settled = settled(url, token=token, from_=from_)
+    keeper = Keeper(resume_file, url, err) if resume_file is not None else None
+    screen = _Screen(out, console, Timeline(full_types=not console.is_terminal), as_json,
+                     keeper, limit)
+    saved = load_saved(resume_file) if keeper is not None and from_ is None else None
+    if saved is not None:  # resume, and catch up at the first connect
+        from_ = saved.positions or None
+        for p in saved.positions:
+            keeper.shown(p)  # type: ignore[union-attr]
+        print(_safe(f"aep-bridges tail: resuming {len(saved.positions)} session(s) from the "
+                    f"position saved in {resume_file}, and any begun since "
+                    "(--no-resume: start live)"), file=err)
+    if (from_ is not None or saved is not None) and not as_json and settled is not None:
+        # a replay comes first (catching up replays any session held)
+        screen.timeline.settled = settled(url, token=token,
+                                          from_="all" if saved is not None else from_)
     sub = subscribe(url, lambda ev: events.put(("event", ev)), filter=flt or {}, token=token,
                     from_=from_, on_error=lambda e: events.put(("error", e)),
                     on_comment=lambda c: events.put(("comment", c)),
                     backoff_initial_ms=250, backoff_max_ms=5000, timeout_ms=60_000)
-    printed = 0
-    signals = _Signals(url, token, err)
+    signals = Signals(url, token, err)
+    screen.stopper.install()
     try:
-        while limit is None or printed < limit:
+        while not screen.full():
             try:
                 kind, item = events.get(timeout=0.5)
             except queue.Empty:
                 continue
-            if kind != "event":
-                if (code := signals.take(kind, item)) is not None:
-                    return code
-                continue
-            if as_json:
-                line = json.dumps(item, separators=(",", ":"), ensure_ascii=False)
-                out.write(line.translate(_tables()[1]) + "\n")  # the same JSON, escaped
-                out.flush()
-            else:
-                if (day := timeline.date_line(item)) is not None:
-                    console.print(day, no_wrap=True)
-                console.print(timeline.line(item), no_wrap=True, overflow="ellipsis")
-                out.flush()
-            printed += 1
-            if keeper is not None:
-                keeper.shown(item)
-                keeper.save(now=time.monotonic())
-    except KeyboardInterrupt:
+            if kind == "event":
+                screen.show(item)
+            elif (code := signals.take(kind, item)) is not None:
+                return code
+            elif signals.connected and saved is not None and catch_up is not None:
+                # the stream is registered: what it does not bring, catching up does
+                since, saved = saved.saved_at, None
+                _catch_up(screen, catch_up, url, token=token, flt=flt or {},
+                          known={p["session"] for p in from_ or ()
+                                 if isinstance(p, dict)}, since=since, err=err)
+    except (KeyboardInterrupt, _Stop):
         pass
     finally:
+        screen.stopper.restore()
         sub.close()
         signals.close()
         if keeper is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 import httpx
 from aep_sdk import TransportError
@@ -29,10 +29,11 @@ from httpx_sse import EventSource, SSEError
 
 from bridges.core.aep import loads
 
-from .gist import OUTCOMES, AskKey, ask_key
+from .gist import OUTCOMES, AskKey, _safe, ask_key
 
-__all__ = ["subscribe", "settled", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
-           "OUTCOMES", "SETTLED_MAX", "settle", "ELSEWHERE_HINT", "refused"]
+__all__ = ["subscribe", "settled", "held", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
+           "OUTCOMES", "SETTLED_MAX", "settle", "ELSEWHERE_HINT", "refused", "Signals",
+           "held_sessions"]
 
 MAX_EVENT = 16 << 20
 """The largest SSE event (characters) read; a larger one ends the subscription."""
@@ -227,44 +228,63 @@ class Stream:
         self.on_event(ev)
 
 
+def held(url: str, token: str | None, flt: dict[str, Any], *,
+         from_: str | list[dict[str, Any]] | None = "all",
+         deadline: float) -> Iterator[dict[str, Any]]:
+    """The events ``url`` holds that match ``flt`` after ``from_``, as one
+    replay-only read (``GET /stream?from=...&live=0``, AEP-0003 §3.3, §5),
+    until the replay ends or ``deadline`` (``time.monotonic()`` seconds)
+    passes. A line that is no JSON object is skipped; a refusal, a failure
+    or an answer that is no event stream ends it quietly (never raises)."""
+    import time
+
+    headers = {"accept": "text/event-stream"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    params = [("filter", json.dumps(flt)), ("live", "0"),
+              ("from", from_ if isinstance(from_, str) else json.dumps(from_ or []))]
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return
+    try:
+        with httpx.Client(timeout=httpx.Timeout(left), headers=headers,
+                          follow_redirects=False, trust_env=False) as client, \
+                client.stream("GET", f"{url.rstrip('/')}/stream", params=tuple(params)) as res:
+            ctype = res.headers.get("content-type", "").partition(";")[0].strip()
+            if res.status_code != 200 or ctype != "text/event-stream":
+                return
+            for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
+                if time.monotonic() > deadline:
+                    return
+                try:
+                    ev = loads(sse.data) if sse.data else None
+                except ValueError:
+                    continue
+                if isinstance(ev, dict):
+                    yield ev
+    except (httpx.HTTPError, SSEError, OSError, _Overflow):
+        return
+
+
 def settled(url: str, *, token: str | None = None,
             from_: str | list[dict[str, Any]] | None = "all",
             timeout_s: float = 10.0) -> dict[AskKey, str]:
     """The asks already settled in what a replay from ``from_`` will show:
     the ask (:func:`ask_key`: source, session, id) -> how it ended (``answered``, the
     ``attention.resolved`` resolution, ``timed out``), read from one
-    replay-only request (``GET /stream?from=...&live=0``, AEP-0003 §3.3,
-    filtered server-side to :data:`OUTCOMES`) before the live
-    subscription, so ``tail`` does not mark a replayed ask ``PENDING``
-    whose outcome the same replay carries. Best effort: an endpoint that
-    refuses or is slow (``timeout_s`` in all) gives what was read, never
-    raises. At most :data:`SETTLED_MAX` asks."""
+    replay-only request (:func:`held`, filtered server-side to
+    :data:`OUTCOMES`) before the live subscription, so ``tail`` does not
+    mark a replayed ask ``PENDING`` whose outcome the same replay carries.
+    Best effort: an endpoint that refuses or is slow (``timeout_s`` in all)
+    gives what was read, never raises. At most :data:`SETTLED_MAX` asks."""
     import time
 
-    headers = {"accept": "text/event-stream"}
-    if token:
-        headers["authorization"] = f"Bearer {token}"
-    params = [("filter", json.dumps({"type": list(OUTCOMES)})), ("live", "0"),
-              ("from", from_ if isinstance(from_, str) else json.dumps(from_ or []))]
     out: dict[AskKey, str] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        with httpx.Client(timeout=httpx.Timeout(timeout_s), headers=headers,
-                          follow_redirects=False, trust_env=False) as client, \
-                client.stream("GET", f"{url.rstrip('/')}/stream", params=tuple(params)) as res:
-            ctype = res.headers.get("content-type", "").partition(";")[0].strip()
-            if res.status_code != 200 or ctype != "text/event-stream":
-                return out
-            for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
-                if time.monotonic() > deadline or len(out) >= SETTLED_MAX:
-                    break
-                try:
-                    ev = loads(sse.data) if sse.data else None
-                except ValueError:
-                    continue
-                settle(ev, out)
-    except (httpx.HTTPError, SSEError, OSError, _Overflow):
-        pass
+    for ev in held(url, token, {"type": list(OUTCOMES)}, from_=from_,
+                   deadline=time.monotonic() + timeout_s):
+        settle(ev, out)
+        if len(out) >= SETTLED_MAX:
+            break
     return out
 
 
@@ -291,3 +311,76 @@ def settle(ev: Any, out: dict[AskKey, str]) -> None:
 def subscribe(url: str, on_event: Callable[[dict[str, Any]], None], **kw: Any) -> Stream:
     """Start a :class:`Stream` (keywords as its constructor's) and return it."""
     return Stream(url, on_event, **kw).start()
+
+
+def held_sessions(url: str, token: str | None) -> int | None:
+    """How many sessions the endpoint holds, when it tells (an aep-bridges
+    relay's authorized ``/healthz``); ``None`` otherwise. Never raises."""
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    try:
+        body = httpx.get(url.rstrip("/") + "/healthz", headers=headers, timeout=2,
+                         trust_env=False).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    counts = body.get("relay_counts", body) if isinstance(body, dict) else {}
+    n = counts.get("sessions") if isinstance(counts, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+class Signals:
+    """What ``tail`` says on stderr besides events: the connect line,
+    each retry with its reason, events that are not AEP (once per kind, the
+    count at the end), and the refusals that end ``tail``."""
+
+    def __init__(self, url: str, token: str | None, err: TextIO) -> None:
+        self.url, self.token, self.err = url, token, err
+        self.skipped: dict[str, int] = {}
+        self.attempts = 0
+        self.connected = False
+        self.hinted = False
+
+    def take(self, kind: str, item: Any) -> int | None:
+        """Handle one ``comment`` or ``error`` item; an exit status ends ``tail``."""
+        url, err = self.url, self.err
+        if kind == "comment":
+            if str(item).startswith("connected") and not self.connected:
+                self.connected, self.attempts = True, 0
+                n = held_sessions(url, self.token)
+                held = f" ({n} session{'s' if n != 1 else ''})" if n is not None else ""
+                print(_safe(f"aep-bridges tail: connected to {url}{held}"), file=err, flush=True)
+            return None
+        if isinstance(item, NotAnAepStream):
+            print(_safe(f"aep-bridges tail: {url}: not an AEP event stream: {item} "
+                        "(is this an AEP endpoint?)"), file=err)
+            return 1
+        if isinstance(item, BadEvent):
+            self.skipped[item.kind] = self.skipped.get(item.kind, 0) + 1
+            if self.skipped[item.kind] == 1:  # once per kind; the count comes on exit
+                print(_safe(f"aep-bridges tail: {url}: {item} (not AEP; skipping such "
+                            "events, the stream goes on)"), file=err, flush=True)
+            return None
+        status = getattr(item, "status", None)
+        # 400: the reader falls back by itself (no `from=all` there, a
+        # `from` too long), so only these end the tail
+        if status in (401, 403, 404):
+            hint = {401: " (pass --token or set AEP_TOKEN)",
+                    404: " (is this an AEP endpoint?)"}.get(status, "")
+            print(_safe(f"aep-bridges tail: {url} refused the stream: HTTP {status}{hint}"),
+                  file=err)
+            return 1
+        # each retry is visible, with its reason (the endpoint's own words, a
+        # status line, are its content: made safe)
+        self.connected = False
+        self.attempts += 1
+        hint = ""
+        if not self.hinted and refused(item):  # nothing listens there: said once
+            self.hinted, hint = True, f"; {ELSEWHERE_HINT}"
+        print(_safe(f"aep-bridges tail: {url}: {item} (retrying, attempt {self.attempts}{hint})"),
+              file=err, flush=True)
+        return None
+
+    def close(self) -> None:
+        if self.skipped:
+            print(f"aep-bridges tail: skipped {sum(self.skipped.values())} event(s) that were not "
+                  f"AEP ({', '.join(f'{k}: {n}' for k, n in sorted(self.skipped.items()))})",
+                  file=self.err, flush=True)

@@ -95,10 +95,12 @@ async def _codex_part(tmp: Path, daemon: DemoDaemon, stream, tail: Tail) -> None
     if run.returncode != 0:
         raise RuntimeError(f"codex failed:\n{run.describe()}")
     conv = run.thread_id
-    say(f"codex exited 0 (conversation {conv}); its OTLP export reached the daemon:")
     await _wait(stream, lambda s: s.of(conv, "tool.completed"), "Codex tool.completed")
     await trio.sleep(0.3)  # the export's last records
     await tail.caught_up(len(stream.events))
+    # said once the tail has shown them: the lines it refers to are above it
+    say(f"codex exited 0 (conversation {conv}); its OTLP export reached the daemon: "
+        f"the {len(stream.of(conv))} codex events above")
 
 
 async def _held_for_console(stream, sid: str, ask: dict, hold: float | None) -> bool:
@@ -231,7 +233,7 @@ async def demo(tmp: Path, hold: float | None = 0) -> int:
             await trio.to_thread.run_sync(daemon.start)
             say(f"daemon up: relay {daemon.url} (token {TOKEN[:8]}…), OTLP/gRPC "
                 f"127.0.0.1:{daemon.grpc_port}; bridges: otlp_in (primary), opencode_sse "
-                "(primary, control on). `aep-bridges tail` follows its /stream:")
+                "(primary, control on); `aep-bridges tail` follows its /stream, one line an event")
             say(f"console: open {daemon.url}/ in a browser (token {TOKEN}) to watch and answer")
             await n.start(tail.run, daemon)
             stream = daemon.subscribe()  # the demo's own eyes, to know when to go on

@@ -154,3 +154,27 @@ def test_check_refuses_beside_another_configurations_daemon(daemon, tmp_path):
     out = cli("check", "--no-ports", "--config", str(other))
     assert out.returncode == 0, (out.stdout, out.stderr)
     assert "(not checked: --no-ports)" in out.stdout, out.stdout
+
+
+def test_the_start_line_names_the_config_file_it_read(daemon):
+    up = [line for line in daemon.log().splitlines() if "aep-bridges up:" in line]
+    assert len(up) == 1, daemon.log()[-3000:]
+    assert f"settings from config file {daemon.config}" in up[0], up[0]
+
+
+def test_check_names_the_aep_bridges_daemon_holding_a_port(daemon, tmp_path):
+    """Another configuration whose OTLP/gRPC port the running daemon holds
+    (its AEP_LISTEN elsewhere, so no /healthz answers there): the port's
+    line names the daemon's pid, as the state directory's does (issue 29's
+    trial), for check and for run."""
+    listen, _, http = free_ports(3)
+    other = write_config(tmp_path / "other.toml", daemon.state, (listen, daemon.grpc_port, http))
+    pid = daemon.proc.pid
+    held = f"AEP_OTLP_GRPC_LISTEN=127.0.0.1:{daemon.grpc_port}: in use by aep-bridges pid {pid}"
+    out = cli("check", "--config", str(other))
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert held in out.stderr, out.stderr
+    assert "another aep-bridges daemon holds it; to validate this configuration beside it: " \
+           "aep-bridges check --no-ports" in out.stderr, out.stderr
+    run = cli("run", "--config", str(other), timeout=60)
+    assert run.returncode == 2 and held in run.stderr, run.stderr

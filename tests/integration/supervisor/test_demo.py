@@ -50,6 +50,15 @@ def test_demo_runs_to_completion_and_cleans_up():
              or (" opencode " in ln and " run.finished " in ln)]
     assert len(order) == 3 and order == sorted(order)
     assert "demo ▸ demo complete:" in out
+    # a narration line ending in a colon has what it announces under it (a tail line), never
+    # the next narration (issue 29's trial: "its OTLP export reached the daemon:" and nothing)
+    said = [ln for ln in lines if ln.strip()]
+    dangling = [ln for ln, nxt in zip(said, said[1:] + [""], strict=True)
+                if ln.startswith("demo ▸") and ln.endswith(":") and not re.match(r"\d\d:", nxt)]
+    assert not dangling, out[-5000:]
+    codex = next(i for i, ln in enumerate(lines) if ln.startswith("demo ▸ codex exited 0"))
+    assert re.search(r"reached the daemon: the \d+ codex events above$", lines[codex]), lines[codex]
+    assert any(" codex " in ln and " tool.completed " in ln for ln in lines[:codex])
     assert re.search(r"console: open http://127\.0\.0\.1:\d+/ in a browser", out)
     assert "the ask is pending in the console: http://127.0.0.1:" in out
     # cleaned up: the directory is gone, nothing listens where the daemon did

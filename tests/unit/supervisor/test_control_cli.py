@@ -80,3 +80,15 @@ def test_the_outcome_is_the_targets_own_not_a_namesakes():
     got = control._linked("control.attention.respond", "CMD", ack, events,
                           time.monotonic() + 60, shown.append)
     assert got is real and shown == [real]
+
+
+def test_the_help_summary_of_respond_names_its_forms(capsys):
+    """``aep-bridges --help`` says what ``respond`` takes: ``--pending``,
+    the no-id form the README leads with, and an id (issue 29's trial)."""
+    from supervisor import cli
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    usage = " ".join(capsys.readouterr().out.split())
+    summary = usage.split(" respond ", 1)[1].split(" cancel ", 1)[0]
+    assert "respond --pending" in summary and "respond --option ID (the one open ask)" in summary
+    assert "respond [SESSION] REQUEST_ID --option ID" in summary, summary

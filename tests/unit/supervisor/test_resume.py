@@ -27,3 +27,19 @@ def test_round_trip_and_bad_files(tmp_path):
     save(f, "http://x", [{"session": f"s{i}", "seq": i} for i in range(MAX_POSITIONS + 5)])
     kept = load(f)
     assert len(kept) == MAX_POSITIONS and kept[-1]["session"] == f"s{MAX_POSITIONS + 4}"
+
+
+def test_the_save_time_is_kept_and_an_older_file_gives_its_mtime(tmp_path):
+    import json
+    import os
+
+    from supervisor.tools.resume import load_saved
+    f = tmp_path / "tail" / "x.json"
+    assert load_saved(f) is None  # no file: the tail starts live
+    save(f, "http://x", [], saved_at=1_800_000_000.5)
+    assert load_saved(f) == ([], 1_800_000_000.5)  # a position with no session is still one
+    f.write_text(json.dumps({"url": "http://x", "positions": [{"session": "s", "seq": 1}]}))
+    os.utime(f, (1_700_000_000, 1_700_000_000))
+    assert load_saved(f) == ([{"session": "s", "epoch": 0, "seq": 1}], 1_700_000_000)
+    f.write_text("{")
+    assert load_saved(f) is None
