@@ -26,10 +26,10 @@ from typing import Any, Awaitable, Callable
 import httpx
 import trio
 
-from bridges.core import aep
 from bridges.core.bridge import BridgeContext
 from bridges.core.ledger import Unreachable
 from bridges.core.paths import make_private_dirs
+from bridges.core.rest import BadAnswer, fetch, parse_json
 
 from . import discovery
 from . import mapping as M
@@ -39,13 +39,6 @@ from .tracker import Out, Tracker
 MAX_PAGES = 50
 MAX_SESSIONS = 10_000
 FLUSH_EVERY = 1.0
-MAX_BODY = 16 * 1024 * 1024
-"""Most bytes of one REST answer read (decoded, as they arrive): a longer
-one is a :class:`VendorError` (the not-JSON path) and the rest is never
-read, so a huge listing page cannot grow memory without bound. A page of
-100 sessions is tens of KiB; the socket's frame cap is the same 16 MiB."""
-
-
 class VendorError(Exception):
     """A ``{code, msg}`` envelope with a non-zero code (or a non-JSON
     answer: code ``0`` and the HTTP status in ``msg``)."""
@@ -62,13 +55,13 @@ class AuthRefused(Exception):
 def envelope(r: httpx.Response) -> Any:
     """The ``data`` of a kap-server answer. Raises :class:`AuthRefused`,
     :class:`VendorError` (also for a body over
-    :func:`bridges.core.aep.check_json`'s caps, refused before the parse)."""
+    :func:`bridges.core.aep.check_json`'s caps, refused before the parse:
+    :func:`bridges.core.rest.parse_json`)."""
     if r.status_code in (401, 403):
         raise AuthRefused(f"HTTP {r.status_code}")
     try:
-        aep.check_json(r.content)
-        body = json.loads(r.content)
-    except (ValueError, RecursionError):
+        body = parse_json(r.content)
+    except BadAnswer:
         raise VendorError(0, f"HTTP {r.status_code}: not JSON") from None
     if not isinstance(body, dict) or not isinstance(body.get("code"), int):
         raise VendorError(0, f"HTTP {r.status_code}: not a {{code,msg,data}} envelope")
@@ -78,24 +71,6 @@ def envelope(r: httpx.Response) -> Any:
     if r.status_code >= 300:
         raise VendorError(0, f"HTTP {r.status_code}")
     return body.get("data")
-
-
-async def read_capped(r: httpx.Response) -> httpx.Response:
-    """``r`` (streamed) read whole as a new response with its status and
-    body, :data:`MAX_BODY` bytes at most; a 401/403 body is not read.
-    Raises :class:`VendorError` for a longer body (announced or read),
-    ``httpx.TransportError`` from the read."""
-    if r.status_code in (401, 403):
-        return httpx.Response(r.status_code)
-    over = VendorError(0, f"HTTP {r.status_code}: answer over {MAX_BODY} bytes")
-    if r.headers.get("content-length", "").isdigit() and int(r.headers["content-length"]) > MAX_BODY:
-        raise over
-    body = bytearray()
-    async for chunk in r.aiter_bytes():
-        body += chunk
-        if len(body) > MAX_BODY:
-            raise over
-    return httpx.Response(r.status_code, content=bytes(body))
 
 
 def state_path(config: KimiWebConfig) -> Path | None:
@@ -177,8 +152,10 @@ class VendorRest:
         ``/api/v1``); the ``data``. A 401 re-resolves the token once (a
         rotation) and retries, on the same server only: a write refused by
         one kimi web is never resent to another (its sessions are its
-        own). The answer is read to :data:`MAX_BODY` bytes at most
-        (:func:`read_capped`). Raises :class:`VendorError`,
+        own). The answer is read to :data:`~bridges.core.rest.MAX_BODY`
+        bytes at most, whole within :data:`~bridges.core.rest.DEADLINE`
+        (:func:`bridges.core.rest.fetch`; past either a
+        :class:`VendorError` of code ``0``). Raises :class:`VendorError`,
         :class:`AuthRefused`, :class:`bridges.core.ledger.Unreachable`."""
         assert self._client is not None
         for attempt in (0, 1):
@@ -186,11 +163,14 @@ class VendorRest:
             if ep is None:
                 raise Unreachable("kimi web is not attached")
             try:
-                async with self._client.stream(method, ep.url + "/api/v1" + path, json=body,
-                                               headers={"authorization": f"Bearer {ep.token}"}) as s:
-                    r = await read_capped(s)
+                r = await fetch(self._client, method, ep.url + "/api/v1" + path, json=body,
+                                headers={"authorization": f"Bearer {ep.token}"})
             except (httpx.TransportError, OSError):
                 raise Unreachable("kimi web unreachable") from None
+            except BadAnswer as e:  # over the cap or the deadline: a refusal still refuses
+                if e.status not in (401, 403):
+                    raise VendorError(0, str(e)) from None
+                r = httpx.Response(e.status)
             try:
                 return envelope(r)
             except AuthRefused:

@@ -50,6 +50,7 @@ import trio
 
 from bridges.core.bridge import Emission
 from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, WriteResult
+from bridges.core.rest import BadAnswer, fetch, parse_json
 
 from . import mapping as M
 from .config import OpenHandsConfig
@@ -255,9 +256,9 @@ class OpenHandsControl:
         if approve:
             await _approvable(plan)
         snaps = plan.conv.snaps
-        try:
-            r = await self._client.post(plan.path, json=plan.body)
-        except (httpx.TransportError, OSError):
+        try:  # the status is the answer: a body past the bounds is dropped
+            r = await fetch(self._client, "POST", plan.path, json=plan.body, status_only=True)
+        except (httpx.TransportError, OSError, BadAnswer):
             raise Unreachable("OpenHands agent server unreachable") from None
         result = WriteResult(r.status_code, _detail(r))
         if approve and 200 <= r.status_code < 300:
@@ -290,8 +291,8 @@ class OpenHandsControl:
                          "still winding down); writing it again", conv.id, plan.command)
                 self.receiver.ctx.health.count("control_respond_rewritten")
                 try:
-                    await self._client.post(plan.path, json=plan.body)
-                except (httpx.TransportError, OSError):
+                    await fetch(self._client, "POST", plan.path, json=plan.body, status_only=True)
+                except (httpx.TransportError, OSError, BadAnswer):
                     return
 
     async def _input_sent(self, plan: Plan) -> None:
@@ -336,7 +337,7 @@ def _detail(r: httpx.Response) -> str | None:
     if 200 <= r.status_code < 300:
         return None
     try:
-        body = r.json()
+        body = parse_json(r.content)
     except ValueError:
         return (r.text or "")[:200] or None
     if isinstance(body, dict) and isinstance(body.get("detail"), str):

@@ -18,6 +18,7 @@ import trio_websocket
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext
 from bridges.core.errors import leaves
+from bridges.core.rest import parse_json
 
 from .config import OpenHandsConfig
 from .conversation import Conversation
@@ -89,7 +90,8 @@ class Discovery:
         """All conversation ids the server lists, and whether the listing is
         complete (``False`` when :data:`MAX_PAGES` was hit or a page id
         repeated). Raises :class:`AuthRefused`, ``httpx.HTTPError``,
-        ``ValueError`` (an unparsable page)."""
+        ``ValueError`` (an unparsable page, or one over
+        :mod:`bridges.core.rest`'s bounds: ``BadAnswer``)."""
         ids: list[str] = []
         page_id: str | None = None
         seen_pages: set[str] = set()
@@ -101,7 +103,7 @@ class Discovery:
             if r.status_code in (401, 403):
                 raise AuthRefused()
             r.raise_for_status()
-            body = r.json()
+            body = parse_json(r.content, r.status_code)
             if not isinstance(body, dict) or not isinstance(body.get("items"), list):
                 raise ValueError("search page is not {items: [...]}")
             for item in body["items"]:
@@ -145,7 +147,7 @@ class Discovery:
     async def _confirmed_gone(self, cid: str) -> bool:
         try:
             r = await self.rest.get(f"/api/conversations/{cid}")
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):  # ValueError: an answer past the bounds
             return False
         return r.status_code == 404
 

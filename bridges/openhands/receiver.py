@@ -76,6 +76,7 @@ from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated, keepable
 from bridges.core.errors import leaves
 from bridges.core.posture import Posture
+from bridges.core.rest import fetch, parse_json
 from bridges.core.statefile import StateFile, state_path
 
 from . import mapping as M
@@ -110,7 +111,6 @@ FRAME_DEADLINE = 10.0
 """Seconds one frame's emissions may wait for room on the relay channel."""
 
 
-
 class Gone(Exception):
     """The conversation does not exist on the server (socket 4004)."""
 
@@ -139,7 +139,6 @@ def _frame_json(raw: str | bytes) -> Any:
         return json.loads(raw)
 
 
-
 Settings = OpenHandsConfig
 """The receiver's configuration is the bridge's (:mod:`bridges.openhands.config`)."""
 
@@ -153,7 +152,9 @@ class ReadOnlyRest:
         self._client = client
 
     async def get(self, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
-        return await self._client.get(path, params=params)
+        """``GET path``, read within :func:`bridges.core.rest.fetch`'s bounds
+        (raises its ``BadAnswer``, a ``ValueError``; ``httpx.HTTPError``)."""
+        return await fetch(self._client, "GET", path, params=params)
 
 
 def rest_client(settings: Settings, **kw: Any) -> httpx.AsyncClient:
@@ -395,7 +396,7 @@ class Receiver(Discovery, ConversationStore):
         try:
             r = await self.rest.get(f"/api/conversations/{conv.id}/events/search",
                                     {"limit": 1, "sort_order": "TIMESTAMP_DESC"})
-            items = r.json().get("items") if r.status_code == 200 else None
+            items = parse_json(r.content).get("items") if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             items = None
         if not isinstance(items, list):

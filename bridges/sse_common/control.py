@@ -31,6 +31,7 @@ from typing import Any, Callable
 import httpx
 
 from bridges.core.control import ACK_WINDOW_MS, Refuse, Undo, Unreachable, WriteResult
+from bridges.core.rest import BadAnswer, fetch, parse_json
 
 from .mapping import PERMISSION_OPTIONS
 from .profile import SseProfile
@@ -150,7 +151,9 @@ class ReadOnlyClient:
         self._client = client
 
     async def get(self, path: str, **kw: Any) -> httpx.Response:
-        return await self._client.get(path, **kw)
+        """``GET path``, read within :func:`bridges.core.rest.fetch`'s bounds
+        (raises its ``BadAnswer``, a ``ValueError``; ``httpx.HTTPError``)."""
+        return await fetch(self._client, "GET", path, **kw)
 
     def stream_get(self, path: str, **kw: Any):
         """``client.stream("GET", ...)`` (an async context manager)."""
@@ -272,10 +275,13 @@ class ControlGate:
 
     # -- perform: the one POST --
     async def perform(self, plan: Plan) -> WriteResult:
-        """The plan's POST; transport failures are :class:`Unreachable`."""
+        """The plan's POST; transport failures (and no answer within
+        :data:`bridges.core.rest.DEADLINE`) are :class:`Unreachable`; the
+        status is the answer: a body past the bounds is dropped."""
         try:
-            r = await self._client.post(plan.path, params=plan.params, json=plan.body)
-        except (httpx.TransportError, httpx.TimeoutException) as e:
+            r = await fetch(self._client, "POST", plan.path, params=plan.params, json=plan.body,
+                            status_only=True)
+        except (httpx.TransportError, httpx.TimeoutException, BadAnswer) as e:
             raise Unreachable(f"{self.profile.agent} unreachable ({type(e).__name__})") from None
         return WriteResult(r.status_code, None if r.is_success else _detail(r))
 
@@ -283,7 +289,7 @@ class ControlGate:
 def _detail(r: httpx.Response) -> str:
     """The vendor's error line (``message`` of its JSON error, else text)."""
     try:
-        body = r.json()
+        body = parse_json(r.content)
     except ValueError:
         return r.text.strip()[:200] or r.reason_phrase
     if isinstance(body, dict):

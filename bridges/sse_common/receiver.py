@@ -52,6 +52,7 @@ from httpx_sse import EventSource, SSEError
 
 from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, Saturated
+from bridges.core.rest import parse_json
 
 from .control import ReadOnlyClient
 from .frames import MAX_FRAME, FrameError, parse_frame
@@ -439,7 +440,7 @@ class SseReceiver:
             raise AuthFailed()
         if r.status_code != 200:
             raise HttpStatus(r.status_code)
-        return r.json()
+        return parse_json(r.content, r.status_code)  # past the bounds: BadAnswer, a ValueError
 
     async def _recent_directories(self) -> set[str]:
         try:

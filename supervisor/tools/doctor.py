@@ -70,12 +70,16 @@ def reachable(label: str, url: str, *, start: str, setting: str,
               auth: tuple[str, str] | None = None, headers: dict[str, str] | None = None,
               credential: str = "", path: str = "") -> Finding:
     """``url`` (+ ``path``) answers HTTP at all (any status but 401/403: a
-    server is there); a 401/403 is a refused ``credential``."""
+    server is there); a 401/403 is a refused ``credential``. The status
+    line is the answer: the body is never read (a server answering an
+    endless one would hold the check, and its memory, for as long as it
+    sends)."""
     import httpx
     target = url.rstrip("/") + path
     try:
-        r = httpx.get(target, auth=auth, headers=headers or {}, timeout=_TIMEOUT_S,
-                      trust_env=False, follow_redirects=False)
+        with httpx.stream("GET", target, auth=auth, headers=headers or {}, timeout=_TIMEOUT_S,
+                          trust_env=False, follow_redirects=False) as r:
+            pass
     except httpx.HTTPError as e:
         return Finding(False, f"{label}: {url} unreachable ({type(e).__name__})",
                        f"start {start} there, or point {setting} at where it runs")

@@ -330,7 +330,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.core": {
         "aep", "asgi", "backoff", "bridge", "captable", "cappolicy", "capture", "capwalk", "control", "envelope",
         "errors", "http", "ledger", "limits", "naming", "pacing", "paths", "posture", "readers", "redaction",
-        "settings", "signed", "statefile",
+        "rest", "settings", "signed", "statefile",
     },
     "bridges.core.posture": {"MODES", "Posture"},
     "bridges.core.readers": {"arr", "obj", "text", "whole"},
@@ -397,6 +397,7 @@ PUBLIC: dict[str, set[str]] = {
     "bridges.core.errors": {"leaves", "root_cause"},
     "bridges.core.limits": {"BURST_S", "LOG_INTERVAL_S", "PeerLog", "SessionBucket"},
     "bridges.core.pacing": {"YIELD_BYTES", "YIELD_CONTAINERS", "YIELD_ITEMS", "Pacer"},
+    "bridges.core.rest": {"DEADLINE", "MAX_BODY", "BadAnswer", "fetch", "parse_json"},
     "bridges.core.signed": {"SCHEME", "WINDOW_S", "SEEN_MAX", "DIGEST_HEADER", "PROOF_HEADER",
                             "SIGNED_KEY", "request_mac", "head_proof", "body_proof", "body_digest",
                             "body_matches", "SignedRequests", "SignedAnswer"},

@@ -1,7 +1,7 @@
 """Vendor JSON passes :func:`bridges.core.aep.check_json` before its parse
 (round 12 of issue 25, finding 4): a socket frame over the caps is
 :data:`~bridges.kimi_web.mapping.NOT_JSON` (counted ``frames_not_json``),
-a REST answer over them or over :data:`~bridges.kimi_web.rest.MAX_BODY`
+a REST answer over them or over :data:`~bridges.core.rest.MAX_BODY`
 bytes is a :class:`~bridges.kimi_web.rest.VendorError` (the not-JSON path)."""
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import json
 import httpx
 import pytest
 
+from bridges.core.rest import MAX_BODY
 from bridges.kimi_web import mapping as M
 from bridges.kimi_web.discovery import Endpoint
-from bridges.kimi_web.rest import MAX_BODY, AuthRefused, VendorError, VendorRest, envelope
+from bridges.kimi_web.rest import AuthRefused, VendorError, VendorRest, envelope
 
 #: valid JSON of 65,538 arrays (one over the cap): the old parse took it
 WIDE = "[" + ",".join(["[]"] * 65_537) + "]"

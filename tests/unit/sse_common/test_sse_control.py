@@ -263,7 +263,8 @@ def test_preflight_never_shows_the_password():
 
 def test_the_only_writes_in_the_package_live_in_the_gate():
     """Structural proof: every HTTP call that could write (post/put/patch/
-    delete/request/stream with a non-GET verb) in bridges/sse_common is inside
+    delete/request, stream or :func:`bridges.core.rest.fetch` with a non-GET
+    verb) in bridges/sse_common is inside
     ``ControlGate.perform``; the receiver's client type has no such method."""
     root = Path(control.__file__).parent
     writes = []
@@ -272,14 +273,16 @@ def test_the_only_writes_in_the_package_live_in_the_gate():
         for cls in [n for n in ast.walk(tree)]:
             for fn in ast.walk(cls) if isinstance(cls, (ast.FunctionDef, ast.AsyncFunctionDef)) \
                     else []:
-                if not isinstance(fn, ast.Call) or not isinstance(fn.func, ast.Attribute):
+                if not isinstance(fn, ast.Call) or not isinstance(fn.func, (ast.Attribute, ast.Name)):
                     continue
-                verb = fn.func.attr
+                verb = fn.func.attr if isinstance(fn.func, ast.Attribute) else fn.func.id
+                # the verb of client.stream(VERB, ...) and rest.fetch(client, VERB, ...)
+                at = {"stream": 0, "fetch": 1}.get(verb)
+                given = fn.args[at] if at is not None and len(fn.args) > at else None
                 if verb in ("post", "put", "patch", "delete", "request") or (
-                        verb == "stream" and not (fn.args and isinstance(fn.args[0], ast.Constant)
-                                                  and fn.args[0].value == "GET")):
+                        at is not None and not (isinstance(given, ast.Constant) and given.value == "GET")):
                     writes.append((path.name, cls.name, verb))
-    assert writes == [("control.py", "perform", "post")]
+    assert writes == [("control.py", "perform", "fetch")]
     assert not any(hasattr(control.ReadOnlyClient, v)
                    for v in ("post", "put", "patch", "delete", "request", "stream"))
 
