@@ -28,7 +28,7 @@ from bridges.core.asgi import Receive, Scope, Send, host_guard, lifespan
 from bridges.core.http import bind_socket, hyper_config, serve_app
 from bridges.core.settings import Address
 
-from .decode import ALL, ProtoDecoder, Reads, decode_http_body, is_json
+from .decode import ALL, ProtoDecoder, Reads, decode_http_body, inflate_http_body, is_json
 from .export import Export, OnProblem
 from .flatten import FlatRecord
 from .lane import LANE, LANE_WAIT_S, Lane, LaneBusy
@@ -146,9 +146,12 @@ class HttpReceiver:
         :class:`~bridges.otlp_in.status.Unavailable` when no turn comes
         within :data:`~bridges.otlp_in.lane.LANE_WAIT_S`."""
         try:
+            # inflated first, outside the lane (zlib lets go of the GIL), so
+            # the turn goes by the size the decoder reads
+            body = inflate_http_body(content_type, content_encoding, body, self.max_body)
             with self.lane.held(LANE_WAIT_S, size=len(body)):
-                return decode_http_body(content_type, content_encoding, body, self.max_body,
-                                        notes, self.reads, self._proto)
+                return decode_http_body(content_type, None, body, self.max_body, notes,
+                                        self.reads, self._proto)
         except Refused as e:
             return detached(e)
         except LaneBusy as e:

@@ -8,6 +8,7 @@ turn within ``LANE_WAIT_S`` is answered retryable and counted."""
 from __future__ import annotations
 
 import gc
+import gzip
 import threading
 import types
 from contextlib import asynccontextmanager, contextmanager
@@ -77,7 +78,18 @@ def grpc_export(port: int, body: bytes):
             return e.code()
 
 
-async def test_http_and_grpc_exports_decode_one_at_a_time_in_the_one_lane():
+def patient(monkeypatch) -> None:
+    """Requests wait for their turn as long as a test needs: queued
+    decodes, each resting after it, can outlast the 5 s a request waits
+    (and the 10 s OTLP/HTTP deadline) on a loaded machine, which is not
+    what these tests are about."""
+    monkeypatch.setattr(otlp_http, "LANE_WAIT_S", 120.0)
+    monkeypatch.setattr(otlp_grpc, "LANE_WAIT_S", 120.0)
+    monkeypatch.setattr(otlp_http, "DECODE_DEADLINE_S", 240.0)
+
+
+async def test_http_and_grpc_exports_decode_one_at_a_time_in_the_one_lane(monkeypatch):
+    patient(monkeypatch)
     b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
     answers: dict[str, object] = {}
     async with running(b) as (ctx, recv), httpx.AsyncClient(timeout=30) as c:
@@ -171,12 +183,13 @@ async def test_a_refused_export_leaves_no_decoding_frame_behind(monkeypatch):
         assert drain(recv) == []
 
 
-async def test_every_admitted_export_queues_in_the_lane_where_small_ones_go_first():
+async def test_every_admitted_export_queues_in_the_lane_where_small_ones_go_first(monkeypatch):
     """Round 15: two slow HTTP bodies held the HTTP receiver's two decoding
     threads and four gRPC ones its four handler threads, so a small
     legitimate export never reached the lane, where it would go first; it
     waited 2-10 s (HTTP answered 503). Now each admitted request (16 per
     transport) waits in the lane itself."""
+    patient(monkeypatch)
     b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
     answers: list[object] = []
     async with running(b) as (ctx, recv), httpx.AsyncClient(timeout=60) as c:
@@ -202,3 +215,26 @@ async def test_every_admitted_export_queues_in_the_lane_where_small_ones_go_firs
         assert sorted(map(str, answers)) == sorted(
             ["200"] + ["413"] * 3 + [str(grpc.StatusCode.RESOURCE_EXHAUSTED)] * 5)
         assert len(drain(recv)) == N_PB
+
+
+async def test_a_gzip_body_takes_its_turn_by_the_size_it_inflates_to(monkeypatch):
+    """Round 16: a few KB of gzip inflating to 4 MB of slow records passed
+    the lane's small-first order as small, and legitimate exports waited
+    4.5-5 s. The body is inflated before it queues."""
+    sizes: list[int] = []
+    held = LANE.held
+
+    def spy(timeout: float, size: int = 0):
+        sizes.append(size)
+        return held(timeout, size=size)
+
+    monkeypatch.setattr(LANE, "held", spy)
+    b = otlp_bridge(grpc="127.0.0.1:0", http="127.0.0.1:0")
+    async with running(b) as (ctx, recv), httpx.AsyncClient(timeout=60) as c:
+        packed = gzip.compress(REFUSED)
+        assert len(packed) < 10_000
+        r = await c.post(f"http://127.0.0.1:{b.http_address[1]}/v1/logs", content=packed,
+                         headers={**PROTO, "content-encoding": "gzip"})
+        assert r.status_code == 413
+        assert sizes == [len(REFUSED)]
+        assert drain(recv) == []
