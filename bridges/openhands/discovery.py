@@ -28,7 +28,20 @@ log = logging.getLogger("aep.bridge.openhands")
 MAX_PAGES = 100
 """Search pages read per poll (100 conversations each); a server that pages
 beyond it is counted (``search_pages_capped``) and nothing is detached."""
+PAGE_ITEMS = 100
+"""Conversations asked for per search page (``limit``). A page of more is
+refused whole (a ``ValueError``: ``search_errors``, backoff): a hostile or
+port-squatting server answered 100 pages of 65,000 ids a poll, the daemon
+walked 6.5 million ids on the event loop, grew to 1 GB, and 11-15 of 50
+gated hooks failed open (a sixteenth outside attack on issue 25)."""
+PAGE_BYTES = 4 * 1024 * 1024
+"""Most bytes of one search page read (OpenHands 1.58 sends about 7 KB a
+conversation: 100 of them are about 0.7 MB)."""
 MAX_CONVERSATIONS = 10_000
+ATTACH_PER_POLL = 100
+"""New conversations attached per poll at most (each opens a socket and
+reads the server); the rest wait for the next poll, counted
+``conversations_deferred``."""
 MAX_BACKOFF = 60.0
 
 
@@ -96,16 +109,19 @@ class Discovery:
         page_id: str | None = None
         seen_pages: set[str] = set()
         for _ in range(MAX_PAGES):
-            params: dict[str, Any] = {"limit": 100}
+            params: dict[str, Any] = {"limit": PAGE_ITEMS}
             if page_id:
                 params["page_id"] = page_id
-            r = await self.rest.get("/api/conversations/search", params)
+            r = await self.rest.get("/api/conversations/search", params, max_bytes=PAGE_BYTES)
             if r.status_code in (401, 403):
                 raise AuthRefused()
             r.raise_for_status()
             body = parse_json(r.content, r.status_code)
             if not isinstance(body, dict) or not isinstance(body.get("items"), list):
                 raise ValueError("search page is not {items: [...]}")
+            if len(body["items"]) > PAGE_ITEMS:
+                raise ValueError(f"search page of {len(body['items'])} items; "
+                                 f"asked for {PAGE_ITEMS}")
             for item in body["items"]:
                 cid = item.get("id") if isinstance(item, dict) else None
                 if isinstance(cid, str) and re.fullmatch(r"[0-9A-Fa-f-]{32,36}", cid):
@@ -126,15 +142,20 @@ class Discovery:
     async def _reconcile(self, listed: list[str], complete: bool) -> None:
         assert self._nursery is not None
         listed_set = set(listed)
+        attached = 0
         for cid in listed:
             if cid in self.conversations:
                 continue
             if len(self.conversations) >= MAX_CONVERSATIONS:
                 self.ctx.health.count("conversations_capped")
                 continue
+            if attached >= ATTACH_PER_POLL:
+                self.ctx.health.count("conversations_deferred")
+                continue
             conv = self._load(cid)
             if conv.ended:
                 continue
+            attached += 1
             self.conversations[cid] = conv
             self.ctx.health.count("conversations_attached")
             self._nursery.start_soon(self._conversation_task, conv)

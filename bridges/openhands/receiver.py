@@ -76,7 +76,7 @@ from bridges.core.backoff import backoff_delay
 from bridges.core.bridge import BridgeContext, Emission, Envelope, Saturated, keepable
 from bridges.core.errors import leaves
 from bridges.core.posture import Posture
-from bridges.core.rest import fetch, parse_json
+from bridges.core.rest import MAX_BODY, fetch, parse_json
 from bridges.core.statefile import StateFile, state_path
 
 from . import mapping as M
@@ -151,10 +151,12 @@ class ReadOnlyRest:
     def __init__(self, client: httpx.AsyncClient) -> None:
         self._client = client
 
-    async def get(self, path: str, params: dict[str, Any] | None = None) -> httpx.Response:
-        """``GET path``, read within :func:`bridges.core.rest.fetch`'s bounds
-        (raises its ``BadAnswer``, a ``ValueError``; ``httpx.HTTPError``)."""
-        return await fetch(self._client, "GET", path, params=params)
+    async def get(self, path: str, params: dict[str, Any] | None = None, *,
+                  max_bytes: int = MAX_BODY) -> httpx.Response:
+        """``GET path``, read within :func:`bridges.core.rest.fetch`'s bounds,
+        ``max_bytes`` at most (raises its ``BadAnswer``, a ``ValueError``;
+        ``httpx.HTTPError``)."""
+        return await fetch(self._client, "GET", path, params=params, max_bytes=max_bytes)
 
 
 def rest_client(settings: Settings, **kw: Any) -> httpx.AsyncClient:

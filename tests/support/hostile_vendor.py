@@ -10,6 +10,8 @@ Every request is answered ``200`` with a chunked JSON body shaped by
 - ``deep``: 200,000 ``[`` (nesting past the parser's recursion limit);
 - ``drip``: one space every ``drip_s`` seconds, forever (each read is well
   within a per-read timeout);
+- ``pages``: a search page of ``page_items`` distinct valid ids (2.9 MB at
+  65,000) with a fresh ``next_page_id``, every time;
 - ``ok``: ``body`` (JSON), then the next request on the connection.
 
 A path starting with ``sse_path`` is answered instead with an SSE stream
@@ -45,6 +47,7 @@ class HostileVendor:
     body: Any = None
     sse_path: str | None = None
     sse_first: bytes = b""
+    page_items: int = 65_000
     answers: list[Answer] = field(default_factory=list)
     port: int = 0
 
@@ -104,6 +107,10 @@ class HostileVendor:
             await chunk(ITEM[:-1] + b"]}")
         elif self.mode == "deep":
             await chunk(b"[" * 200_000)
+        elif self.mode == "pages":
+            base = len(self.answers) * self.page_items
+            ids = ",".join(f'{{"id":"{base + i:032x}"}}' for i in range(self.page_items))
+            await chunk(f'{{"items":[{ids}],"next_page_id":"p{len(self.answers)}"}}'.encode())
         elif self.mode == "drip":
             while True:
                 await chunk(b" ")

@@ -67,6 +67,26 @@ async def test_openhands_search_answers_past_the_bounds_are_counted_and_polled_a
         n.cancel_scope.cancel()
 
 
+async def test_openhands_search_pages_of_more_than_asked_are_refused_whole(tmp_path):
+    """Round 16: a server answering every search page with 65,000 valid ids
+    (2.9 MB, under every byte and JSON cap) and a next page, 100 pages a
+    poll, had the daemon walk 6.5 million ids on the event loop, grow to
+    1 GB and attach conversations by the thousand; 11-15 of 50 gated hooks
+    failed open. A page of more items than asked (100) is refused whole."""
+    server = HostileVendor("pages")
+    async with trio.open_nursery() as n:
+        await n.start(server.serve)
+        rig = Rig({"AEP_OPENHANDS_URL": server.url, "AEP_OPENHANDS_SESSION_API_KEY": SESSION_KEY,
+                   "AEP_OPENHANDS_POLL": "0.2", "AEP_STATE_DIR": str(tmp_path / "state")})
+        await n.start(rig.run)
+        await until(lambda: rig.health.counters.get("search_errors", 0) >= 2, "two refused searches")
+        assert rig.health.source == "degraded"
+        assert not rig.receiver.conversations
+        # one page a poll, never the next
+        assert len(server.answers) == rig.health.counters["search_errors"]
+        n.cancel_scope.cancel()
+
+
 @asynccontextmanager
 async def opencode_on(server: HostileVendor):
     async with trio.open_nursery() as n:

@@ -275,3 +275,20 @@ async def test_gate_off_writes_nothing_at_all(tmp_path):
     assert stub.posts == [] and all(m == "GET" for m, _ in stub.requests)
     assert all(frames == [auth_frame()] for frames in stub.inbound)
     assert rig.health.public()["control"] is False
+
+
+async def test_a_listing_of_many_new_conversations_is_attached_a_hundred_a_poll(tmp_path):
+    """Round 16 of issue 25: each new conversation opens a socket and reads
+    the server; a listing of thousands attached them all in one poll. At
+    most ATTACH_PER_POLL (100) a poll, the rest counted and attached later."""
+    from bridges.openhands.discovery import ATTACH_PER_POLL
+
+    stub = StubAgentServer()
+    convs = [running_conv(stub) for _ in range(ATTACH_PER_POLL + 5)]
+    async with running(stub, tmp_path) as rig:
+        await until(lambda: rig.health.counters.get("conversations_deferred", 0) >= 5,
+                    what="the first poll deferring five", timeout=60)
+        assert rig.health.counters["conversations_attached"] >= ATTACH_PER_POLL
+        await until(lambda: all(c.id in rig.receiver.conversations for c in convs),
+                    what="every conversation attached over the next polls", timeout=60)
+    assert rig.health.counters["conversations_attached"] == len(convs)
