@@ -153,10 +153,11 @@ def running_daemon(listen: tuple[str, int], token: str | None) -> dict | None:
     import httpx
 
     from .tools.tail import default_url
+    from .tools.tailstream import get_json
     url = default_url({"AEP_LISTEN": f"{listen[0]}:{listen[1]}"}) + "/healthz"
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
-        body = httpx.get(url, headers=headers, timeout=2, trust_env=False).json()
+        body = get_json(url, headers, timeout=2)  # bounded: whatever answers there
     except (httpx.HTTPError, ValueError):
         return None
     return body if isinstance(body, dict) and "ok" in body and "bridges" in body else None

@@ -142,6 +142,12 @@ def resume(session: str) -> Command:
     return Command("control.resume", session)
 
 
+HELD_READ_S = 60.0
+"""Seconds one ``from=all&live=0`` read of what an endpoint holds may take
+in all (a hostile endpoint's endless answer grew ``tail`` without bound: a
+sixteenth outside attack on issue 25)."""
+
+
 def held_events(url: str, token: str | None, flt: dict[str, Any], *,
                 timeout: float = 10.0) -> Iterator[dict[str, Any]]:
     """The Events ``url`` holds that match ``flt`` (one ``from=all&live=0``
@@ -149,13 +155,17 @@ def held_events(url: str, token: str | None, flt: dict[str, Any], *,
     skipped). Raises ``httpx.HTTPError`` when the endpoint cannot be read."""
     import httpx
     from httpx_sse import connect_sse
+
+    from .tailstream import bounded_sse
     params = {"filter": json.dumps(flt), "from": "all", "live": "0"}
     headers = {"authorization": f"Bearer {token}"} if token else {}
+    end = time.monotonic() + HELD_READ_S
     with httpx.Client(timeout=timeout, trust_env=False) as client, \
             connect_sse(client, "GET", url.rstrip("/") + "/stream", params=params,
                         headers=headers) as source:
         source.response.raise_for_status()
-        for sse in source.iter_sse():
+        # an event past 16 MiB, a replay not over within HELD_READ_S: httpx.HTTPError
+        for sse in bounded_sse(source.response, end):
             try:
                 ev = json.loads(sse.data)
             except ValueError:

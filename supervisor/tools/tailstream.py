@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Iterator, TextIO
 
@@ -28,6 +29,7 @@ from aep_sdk import TransportError
 from httpx_sse import EventSource, SSEError
 
 from bridges.core.aep import loads
+from bridges.core.rest import parse_json
 
 from .gist import OUTCOMES, AskKey, _safe, ask_key
 
@@ -79,18 +81,67 @@ class _Overflow(Exception):
     pass
 
 
+class _Late(Exception):
+    """A read's deadline passed (checked at every chunk, comments included:
+    a replay of nothing but ``: ping`` kept tail's catch-up waiting
+    forever, a sixteenth outside attack on issue 25)."""
+
+
+HEALTHZ_BYTES = 1 << 20
+"""Most bytes of an endpoint's ``/healthz`` answer a client command reads
+(an aep-bridges daemon's is a few KiB): an endless answer from a hostile
+endpoint grew ``tail`` to 3.6 GB in 5 s (a sixteenth outside attack on
+issue 25)."""
+
+
+def bounded_sse(response: httpx.Response, deadline: float | None = None) -> Iterator[Any]:
+    """``response``'s Server-Sent Events (``httpx_sse.ServerSentEvent``),
+    none buffered past :data:`MAX_EVENT` characters (past it raises
+    ``httpx.DecodingError``), read until ``deadline`` (``time.monotonic()``
+    seconds; past it raises ``httpx.ReadTimeout``): both ``httpx.HTTPError``."""
+    try:
+        yield from EventSource(_Bounded(response, MAX_EVENT, deadline)).iter_sse()  # type: ignore[arg-type]
+    except _Overflow:
+        raise httpx.DecodingError(f"an event over {MAX_EVENT} characters") from None
+    except _Late:
+        raise httpx.ReadTimeout("the answer did not end in time") from None
+
+
+def get_json(url: str, headers: dict[str, str], *, timeout: float,
+             limit: int = HEALTHZ_BYTES) -> Any:
+    """``GET url``'s JSON answer, read to ``limit`` bytes at most and whole
+    within ``timeout`` seconds in all. Raises ``httpx.HTTPError`` (the
+    transport, a read timeout) or ``ValueError`` (over ``limit``, past the
+    deadline, not JSON within :func:`bridges.core.aep.check_json`'s caps)."""
+    deadline = time.monotonic() + timeout
+    data = bytearray()
+    with httpx.stream("GET", url, headers=headers, timeout=timeout, trust_env=False) as r:
+        for chunk in r.iter_bytes():
+            data += chunk
+            if len(data) > limit:
+                raise ValueError(f"answer over {limit} bytes")
+            if time.monotonic() > deadline:
+                raise ValueError(f"answer not whole within {timeout:g}s")
+    return parse_json(bytes(data))
+
+
 class _Bounded:
     """A response view for :class:`httpx_sse.EventSource` that refuses to
-    buffer one SSE event beyond ``limit`` characters."""
+    buffer one SSE event beyond ``limit`` characters (:class:`_Overflow`)
+    nor read past ``deadline`` (``time.monotonic()`` seconds, :class:`_Late`)."""
 
-    def __init__(self, response: httpx.Response, limit: int) -> None:
+    def __init__(self, response: httpx.Response, limit: int,
+                 deadline: float | None = None) -> None:
         self._r = response
         self._limit = limit
+        self._deadline = deadline
         self.headers = response.headers
 
     def iter_text(self) -> Iterator[str]:
         pending, tail = 0, ""
         for text in self._r.iter_text():
+            if self._deadline is not None and time.monotonic() > self._deadline:
+                raise _Late()
             joined = tail + text
             cut = max(joined.rfind("\n\n"), joined.rfind("\r\r"), joined.rfind("\n\r\n"))
             pending = len(joined) - cut if cut >= 0 else pending + len(text)
@@ -236,8 +287,6 @@ def held(url: str, token: str | None, flt: dict[str, Any], *,
     until the replay ends or ``deadline`` (``time.monotonic()`` seconds)
     passes. A line that is no JSON object is skipped; a refusal, a failure
     or an answer that is no event stream ends it quietly (never raises)."""
-    import time
-
     headers = {"accept": "text/event-stream"}
     if token:
         headers["authorization"] = f"Bearer {token}"
@@ -253,16 +302,14 @@ def held(url: str, token: str | None, flt: dict[str, Any], *,
             ctype = res.headers.get("content-type", "").partition(";")[0].strip()
             if res.status_code != 200 or ctype != "text/event-stream":
                 return
-            for sse in EventSource(_Bounded(res, MAX_EVENT)).iter_sse():  # type: ignore[arg-type]
-                if time.monotonic() > deadline:
-                    return
+            for sse in EventSource(_Bounded(res, MAX_EVENT, deadline)).iter_sse():  # type: ignore[arg-type]
                 try:
                     ev = loads(sse.data) if sse.data else None
                 except ValueError:
                     continue
                 if isinstance(ev, dict):
                     yield ev
-    except (httpx.HTTPError, SSEError, OSError, _Overflow):
+    except (httpx.HTTPError, SSEError, OSError, _Overflow, _Late):
         return
 
 
@@ -277,8 +324,6 @@ def settled(url: str, *, token: str | None = None,
     mark a replayed ask ``PENDING`` whose outcome the same replay carries.
     Best effort: an endpoint that refuses or is slow (``timeout_s`` in all)
     gives what was read, never raises. At most :data:`SETTLED_MAX` asks."""
-    import time
-
     out: dict[AskKey, str] = {}
     for ev in held(url, token, {"type": list(OUTCOMES)}, from_=from_,
                    deadline=time.monotonic() + timeout_s):
@@ -318,8 +363,7 @@ def held_sessions(url: str, token: str | None) -> int | None:
     relay's authorized ``/healthz``); ``None`` otherwise. Never raises."""
     headers = {"authorization": f"Bearer {token}"} if token else {}
     try:
-        body = httpx.get(url.rstrip("/") + "/healthz", headers=headers, timeout=2,
-                         trust_env=False).json()
+        body = get_json(url.rstrip("/") + "/healthz", headers, timeout=2)
     except (httpx.HTTPError, ValueError):
         return None
     counts = body.get("relay_counts", body) if isinstance(body, dict) else {}
