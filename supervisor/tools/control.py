@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, TextIO
 
 __all__ = ["AGENT", "Command", "EXIT_NO_ACK", "EXIT_NO_OUTCOME", "EXIT_REJECTED", "EXIT_UNAUTHORIZED",
-           "EXIT_UNREACHABLE", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "held_events", "resolved_as", "pause", "respond", "resume", "send"]
+           "EXIT_UNREACHABLE", "HELD_READ_S", "NACK_WHY", "UNAUTHORIZED", "cancel", "find_session", "held_events", "resolved_as", "pause", "respond", "resume", "send"]
 
 EXIT_UNREACHABLE, EXIT_REJECTED, EXIT_NO_ACK, EXIT_NO_OUTCOME, EXIT_UNAUTHORIZED = 1, 3, 4, 5, 6
 

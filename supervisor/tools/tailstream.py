@@ -35,7 +35,7 @@ from .gist import OUTCOMES, AskKey, _safe, ask_key
 
 __all__ = ["subscribe", "settled", "held", "Stream", "BadEvent", "NotAnAepStream", "MAX_EVENT",
            "OUTCOMES", "SETTLED_MAX", "settle", "ELSEWHERE_HINT", "refused", "Signals",
-           "held_sessions"]
+           "held_sessions", "HEALTHZ_BYTES", "bounded_sse", "get_json"]
 
 MAX_EVENT = 16 << 20
 """The largest SSE event (characters) read; a larger one ends the subscription."""
