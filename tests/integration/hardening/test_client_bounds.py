@@ -7,23 +7,22 @@ endpoint on loopback (fault injection) streams forever and counts what it
 sent; the reads end within their bounds."""
 from __future__ import annotations
 
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 import pytest
 
 from supervisor.tools import control, tailstream
+from tests.support.http_stub import LoopbackHttp
 
 
-class Endless:
+class Endless(LoopbackHttp):
     """Every GET is answered 200 with ``ctype`` and ``chunk`` written again
     and again (``every`` seconds apart) until the client goes away."""
 
     def __init__(self, chunk: bytes, ctype: str, every: float = 0.0) -> None:
         self.sent = 0
-        self.stop = threading.Event()
         me = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,15 +43,7 @@ class Endless:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture

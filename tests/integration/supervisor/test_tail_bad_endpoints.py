@@ -10,11 +10,12 @@ import io
 import json
 import subprocess
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from tests.support.daemon import console_script
+from tests.support.http_stub import LoopbackHttp
 
 GOOD = {"id": "01J0000000000000000000GOOD", "type": "tool.completed", "agent": "stub",
         "source": "stub", "session": "s1", "seq": 0, "epoch": 1,
@@ -27,12 +28,11 @@ def sse(*datas: str) -> bytes:
     return b"".join(b"data: " + d.encode() + b"\n\n" for d in datas)
 
 
-class Stub:
+class Stub(LoopbackHttp):
     """A one-body HTTP endpoint on loopback; each request gets ``body`` with
     ``ctype`` and is then held open until :meth:`close` (a live stream)."""
 
     def __init__(self, body: bytes, ctype: str = "text/event-stream") -> None:
-        self.stop = threading.Event()
         self.requests = 0
         stub = self
 
@@ -50,16 +50,7 @@ class Stub:
             def log_message(self, *args) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.stop.set()
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 @pytest.fixture
