@@ -431,7 +431,7 @@ PUBLIC: dict[str, set[str]] = {
     "supervisor.jetstream.plan": {"Found", "Lookup", "MAX_SUBJECTS", "Position", "Resolved",
                                   "resolve_after", "session_subject", "subject_plan"},
     "supervisor.jetstream.relay": {"JetStreamRelay", "JsSocketConnection", "MAX_SESSION_ENTRIES"},
-    "supervisor.jetstream.subscribe": {"CONSUMER_INACTIVE_S", "CONSUMER_PREFIX", "FETCH_BATCH",
+    "supervisor.jetstream.subscribe": {"CONSUMER_INACTIVE_S", "CONSUMER_PREFIX", "FETCH_BATCH", "FETCH_FIRST", "next_batch",
                                        "FETCH_TIMEOUT_S", "IDLE_CHECKS", "Subscriptions"},
     "supervisor.jetstream.ingest": {"Ingest", "PUBLISH_DEADLINE_S", "PUBLISH_WINDOW"},
     "supervisor.jetstream.routing": {"REQUEST_TIMEOUT_S", "ROUTE_DEADLINE_S", "Routing",

@@ -96,3 +96,20 @@ def test_reply_refusal_reads_the_daemons_reply_shape() -> None:
 def test_reply_refusal_never_raises(data: bytes) -> None:
     got = R.reply_refusal(data)
     assert got is None or (isinstance(got[0], str) and isinstance(got[1], str))
+
+
+def test_the_next_pull_asks_for_what_the_outlet_takes_by_the_last_sizes():
+    """Round 16 of issue 25: 256 events of 1-4 MB pulled at once overran the
+    outlet's budget and a replay lost some; small events still go 256 a pull."""
+    from types import SimpleNamespace
+
+    from supervisor.jetstream.subscribe import FETCH_BATCH, next_batch
+
+    def msgs(*sizes: int) -> list:
+        return [SimpleNamespace(data=b"x" * n) for n in sizes]
+
+    room = 512 * 1024
+    assert next_batch(msgs(900_000), room) == 1
+    assert next_batch(msgs(100_000, 100_000), room) == 5
+    assert next_batch(msgs(300, 500), room) == FETCH_BATCH
+    assert next_batch([SimpleNamespace(data=None)], room) == FETCH_BATCH
