@@ -137,7 +137,12 @@ def test_a_retry_after_the_ack_window_is_the_same_command(tmp_path: Path) -> Non
             # (the target's declared window comes with the roster)
             page.wait(lambda: page.js("return window.aepConsole.roster.size") == 1, "the roster")
             page.one(opt).click()
-            first = target.wait_commands(1)[0]
+            try:
+                first = target.wait_commands(1)[0]
+            except AssertionError as e:  # what the page and the relay said, for the record
+                raise AssertionError(f"{e}; the card says {page.status(ask['id'])!r}; console "
+                                     f"live={page.js('return window.aepConsole.live')!r}; "
+                                     f"the relay's log:\n{d.log()[-4000:]}") from None
             page.wait(lambda: "no acknowledgement" in page.status(ask["id"]), "the window to pass")
             page.wait(lambda: page.one(opt).is_enabled(), "the option again, to retry")
             other = page.one(f'[data-ask="{ask["id"]}"] [data-option="reject"]').is_enabled()
